@@ -1,0 +1,301 @@
+"""The ``pgqueue`` command: migrate, run workers, inspect and control jobs, and the demo.
+
+Commands that need tasks take an application path ``module:attribute`` naming a ``PgQueue``
+(e.g. ``myapp.jobs:pgq``). Commands that only touch tables take ``--database-url`` (default
+``$PGQUEUE_DATABASE_URL``, then the embedded server).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from pgqueue.core import PgQueue
+from pgqueue.errors import PgQueueError
+from pgqueue.states import JobState
+
+console = Console()
+
+
+def load_app(path: str) -> PgQueue:
+    """Import ``module:attribute`` and return the PgQueue it names."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter(f"{path!r} is not of the form module:attribute", param_hint="APP")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="APP") from exc
+    obj: Any = module
+    for part in attribute.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise click.BadParameter(
+                f"{module_name!r} has no attribute {attribute!r}", param_hint="APP"
+            )
+    if callable(obj) and not isinstance(obj, PgQueue):
+        obj = obj()
+    if not isinstance(obj, PgQueue):
+        raise click.BadParameter(
+            f"{path!r} is a {type(obj).__name__}, not a PgQueue", param_hint="APP"
+        )
+    return obj
+
+
+def _queue_for(database_url: str | None) -> PgQueue:
+    return PgQueue(database_url) if database_url else PgQueue()
+
+
+database_option = click.option(
+    "--database-url",
+    envvar="PGQUEUE_DATABASE_URL",
+    default=None,
+    help="SQLAlchemy URL (default: $PGQUEUE_DATABASE_URL, else the embedded server).",
+)
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.version_option(package_name="pgqueue")
+def main(verbose: int) -> None:
+    """pgqueue: PostgreSQL job queue for SQLAlchemy applications."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# -- migrate ----------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("action", type=click.Choice(["upgrade", "downgrade", "current"]), default="upgrade")
+@click.argument("revision", required=False)
+@database_option
+def migrate(action: str, revision: str | None, database_url: str | None) -> None:
+    """Upgrade (default), downgrade, or show pgqueue's schema revision."""
+    from pgqueue import migrations
+
+    pgq = _queue_for(database_url)
+    with pgq.engine.begin() as connection:
+        if action == "current":
+            current = migrations.current(connection)
+            head = migrations.head()
+            marker = " (head)" if current == head else f" (head is {head})"
+            click.echo(f"{current or 'none'}{marker}")
+            return
+        if action == "downgrade":
+            if not revision:
+                raise click.UsageError("downgrade needs a REVISION (e.g. base)")
+            migrations.downgrade(connection, revision)
+        else:
+            migrations.upgrade(connection, revision or "head")
+    with pgq.engine.connect() as connection:
+        click.echo(f"pgqueue schema at {migrations.current(connection) or 'base'}")
+
+
+# -- worker -----------------------------------------------------------------------------------
+
+
+def worker_options(function: Any) -> Any:
+    options = [
+        click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all)."),
+        click.option("--concurrency", "-c", default=10, show_default=True, type=click.IntRange(1)),
+        click.option("--processes", "-p", default=1, show_default=True, type=click.IntRange(1)),
+        click.option("--no-listen", is_flag=True, help="Poll only (behind transaction poolers)."),
+        click.option("--poll-interval", type=click.FloatRange(min=0.01), default=None),
+        click.option("--lease-seconds", type=click.FloatRange(min=0.1), default=None),
+        click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=None),
+        click.option("--drain", is_flag=True, help="Exit when no job is ready."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+@main.command()
+@click.argument("app")
+@worker_options
+def worker(app: str, **options: Any) -> None:
+    """Run workers for the PgQueue at APP (module:attribute)."""
+    pgq = load_app(app)
+    run_worker_command(pgq, app_argv=[app], **options)
+
+
+def run_worker_command(
+    pgq: PgQueue,
+    *,
+    app_argv: list[str],
+    queues: str | None,
+    concurrency: int,
+    processes: int,
+    no_listen: bool,
+    poll_interval: float | None,
+    lease_seconds: float | None,
+    shutdown_timeout: float | None,
+    drain: bool,
+    command_prefix: list[str] | None = None,
+) -> None:
+    """Shared by ``pgqueue worker`` and ``flask pgqueue worker``."""
+    if processes > 1:
+        from pgqueue.worker.supervisor import Supervisor
+
+        argv = [
+            "--concurrency",
+            str(concurrency),
+            *(["--queues", queues] if queues else []),
+            *(["--no-listen"] if no_listen else []),
+            *(["--poll-interval", str(poll_interval)] if poll_interval else []),
+            *(["--lease-seconds", str(lease_seconds)] if lease_seconds else []),
+            *(
+                ["--shutdown-timeout", str(shutdown_timeout)]
+                if shutdown_timeout is not None
+                else []
+            ),
+            *(["--drain"] if drain else []),
+        ]
+        pgq.url  # noqa: B018 - start the embedded server here so children share it
+        prefix = command_prefix or [sys.executable, "-m", "pgqueue", "worker"]
+        code = Supervisor([*prefix, *app_argv, *argv], processes).run()
+        sys.exit(code)
+    from pgqueue.worker import Worker
+
+    logging.getLogger("pgqueue").setLevel(min(logging.getLogger().level, logging.INFO))
+    w = Worker(
+        pgq,
+        queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+        concurrency=concurrency,
+        listen=False if no_listen else None,
+        poll_interval=poll_interval,
+        lease_seconds=lease_seconds,
+        shutdown_timeout=shutdown_timeout,
+        install_signal_handlers=True,
+    )
+    w.run(drain=drain)
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+@main.command()
+@database_option
+def stats(database_url: str | None) -> None:
+    """Job counts per queue and state."""
+    counts = _queue_for(database_url).counts()
+    table = Table(title="pgqueue jobs")
+    table.add_column("queue")
+    for state in JobState:
+        table.add_column(state.value, justify="right")
+    for queue, by_state in sorted(counts.items()):
+        table.add_row(queue, *(str(by_state.get(s, 0)) for s in JobState))
+    console.print(table)
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@database_option
+def show(job_id: int, database_url: str | None) -> None:
+    """Show one job as JSON."""
+    job = _queue_for(database_url).get_job(job_id)
+    data = {c.key: getattr(job, c.key) for c in job.__table__.columns}
+    click.echo(json.dumps(data, default=str, indent=2))
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@database_option
+def retry(job_id: int, database_url: str | None) -> None:
+    """Run a failed or cancelled job again."""
+    _queue_for(database_url).retry_job(job_id)
+    click.echo(f"job {job_id} queued again")
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@database_option
+def cancel(job_id: int, database_url: str | None) -> None:
+    """Cancel a waiting job, or ask a running one to stop."""
+    state = _queue_for(database_url).cancel_job(job_id)
+    click.echo(
+        f"job {job_id}: {'cancelled' if state is JobState.CANCELLED else 'cancel requested'}"
+    )
+
+
+@main.command()
+@database_option
+def prune(database_url: str | None) -> None:
+    """Delete finished jobs past their retention (PGQUEUE_SUCCEEDED_RETENTION, ...)."""
+    deleted = _queue_for(database_url).prune()
+    click.echo(f"pruned {deleted} jobs")
+
+
+@main.command()
+@click.argument("app")
+@click.argument("task_name")
+@click.option("--args", "args_json", default="[]", help="JSON array of positional arguments.")
+@click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
+@click.option("--queue", default=None)
+@click.option("--delay", type=float, default=None)
+@click.option("--priority", type=int, default=None)
+def enqueue(
+    app: str,
+    task_name: str,
+    args_json: str,
+    kwargs_json: str,
+    queue: str | None,
+    delay: float | None,
+    priority: int | None,
+) -> None:
+    """Enqueue TASK_NAME of the PgQueue at APP with JSON arguments."""
+    enqueue_from_cli(load_app(app), task_name, args_json, kwargs_json, queue, delay, priority)
+
+
+def enqueue_from_cli(
+    pgq: PgQueue,
+    task_name: str,
+    args_json: str,
+    kwargs_json: str,
+    queue: str | None,
+    delay: float | None,
+    priority: int | None,
+) -> None:
+    try:
+        args = json.loads(args_json)
+        kwargs = json.loads(kwargs_json)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}") from None
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise click.BadParameter("--args must be a JSON array and --kwargs a JSON object")
+    task = pgq.registry.get(task_name)
+    job_id = task.configure(queue=queue, delay=delay, priority=priority).enqueue(*args, **kwargs)
+    click.echo(str(job_id))
+
+
+# -- demo -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--jobs", "job_count", default=10_000, show_default=True, type=click.IntRange(1))
+@click.option("--concurrency", default=16, show_default=True, type=click.IntRange(1))
+@database_option
+def demo(job_count: int, concurrency: int, database_url: str | None) -> None:
+    """Migrate, enqueue JOBS jobs (some fail and retry), run a worker, print a summary."""
+    from pgqueue.demo import run_demo
+
+    run_demo(database_url, job_count=job_count, concurrency=concurrency, console=console)
+
+
+def entrypoint() -> None:
+    try:
+        main(standalone_mode=True)
+    except PgQueueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)

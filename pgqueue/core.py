@@ -1,0 +1,315 @@
+"""``PgQueue``: the object an application creates once; it owns engines, tasks and job control.
+
+It resolves where the database is (a URL, an Engine, ``$PGQUEUE_DATABASE_URL``, or the embedded
+PostgreSQL server, started lazily on first use), registers tasks, inserts jobs for them, and
+offers the job-control calls (``get_job``, ``retry_job``, ``cancel_job`` ...) and ``run_worker``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar, overload
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session, sessionmaker
+
+from pgqueue import backoff, repository, uow
+from pgqueue.config import Settings, normalize_database_url
+from pgqueue.errors import ConfigurationError, InvalidStateTransition, JobNotFound, ValidationError
+from pgqueue.models import Job
+from pgqueue.repository import NewJob
+from pgqueue.states import JobState
+from pgqueue.tasks import Task, TaskRegistry
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+__all__ = ["PgQueue"]
+
+
+class PgQueue:
+    """A job queue in a PostgreSQL database.
+
+    ``database`` is a SQLAlchemy URL (``postgresql+psycopg://...``), an ``Engine``, or None for
+    ``$PGQUEUE_DATABASE_URL`` and, failing that, the embedded PostgreSQL server. URLs are checked
+    here, before anything connects.
+    """
+
+    def __init__(
+        self,
+        database: str | URL | Engine | None = None,
+        *,
+        settings: Settings | None = None,
+        session_factory: Callable[[], Session] | None = None,
+    ) -> None:
+        self.settings = settings if settings is not None else Settings.from_env()
+        self.registry = TaskRegistry()
+        self._lock = threading.Lock()
+        self._engine: Engine | None = None
+        self._handler_engine: Engine | None = None
+        self._url: URL | None = None
+        self._external_session_factory = session_factory
+        if isinstance(database, Engine):
+            if database.dialect.name != "postgresql":
+                raise ConfigurationError(
+                    f"pgqueue needs a PostgreSQL engine, got dialect {database.dialect.name!r}"
+                )
+            self._engine = database
+            self._handler_engine = database
+        elif database is not None:
+            self._url = normalize_database_url(database)
+        elif self.settings.database_url is not None:
+            self._url = normalize_database_url(self.settings.database_url)
+        # else: the embedded server, started on first use
+
+    # -- engines -----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> URL:
+        """The database URL (starts the embedded server if that is the database)."""
+        if self._url is None:
+            if self._engine is not None:
+                return self._engine.url
+            from pgqueue import embedded
+
+            self._url = normalize_database_url(
+                embedded.shared_server(
+                    self.settings.embedded_data_dir, bin_dir=self.settings.embedded_bin_dir
+                )
+            )
+        return self._url
+
+    @property
+    def engine(self) -> Engine:
+        """Engine for pgqueue's own short transactions (statement timeout applied)."""
+        with self._lock:
+            if self._engine is None:
+                timeout = self.settings.statement_timeout_ms
+                self._engine = create_engine(
+                    self.url,
+                    pool_size=5,
+                    max_overflow=10,
+                    pool_pre_ping=False,
+                    connect_args={
+                        "options": f"-c statement_timeout={timeout} "
+                        f"-c idle_in_transaction_session_timeout={max(timeout * 6, 60_000)}",
+                        "application_name": "pgqueue",
+                    },
+                )
+            return self._engine
+
+    @property
+    def handler_engine(self) -> Engine:
+        """Engine for handlers' sessions: no pgqueue statement timeout on the app's queries."""
+        with self._lock:
+            if self._handler_engine is None:
+                self._handler_engine = create_engine(
+                    self.url,
+                    pool_size=10,
+                    max_overflow=40,
+                    pool_pre_ping=True,
+                    connect_args={"application_name": "pgqueue-handler"},
+                )
+            return self._handler_engine
+
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        return sessionmaker(self.engine, expire_on_commit=False)
+
+    def handler_session(self) -> Session:
+        """A new session for a handler (the host's factory when one was given)."""
+        if self._external_session_factory is not None:
+            return self._external_session_factory()
+        return Session(self.handler_engine, expire_on_commit=False)
+
+    def dispose(self) -> None:
+        """Close pooled connections (engines are recreated on next use)."""
+        with self._lock:
+            for engine in {self._engine, self._handler_engine}:
+                if engine is not None and self._url is not None:
+                    engine.dispose()
+            if self._url is not None:
+                self._engine = None
+                self._handler_engine = None
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def migrate(self, revision: str = "head") -> None:
+        """Upgrade pgqueue's own tables (its Alembic lineage) to ``revision``."""
+        from pgqueue import migrations
+
+        with self.engine.begin() as connection:
+            migrations.upgrade(connection, revision)
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        retry: backoff.BackoffPolicy | None = None,
+        atomic: bool = False,
+        pass_context: bool = False,
+        name: str | None = None,
+        lease_seconds: float | None = None,
+        timeout: float | None = None,
+        unique_key: Callable[..., str | None] | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        retry: backoff.BackoffPolicy | None = None,
+        atomic: bool = False,
+        pass_context: bool = False,
+        name: str | None = None,
+        lease_seconds: float | None = None,
+        timeout: float | None = None,
+        unique_key: Callable[..., str | None] | None = None,
+    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a function as a task (usable bare, ``@pgq.task``, or with options)."""
+
+        def register(function: Callable[P, R]) -> Task[P, R]:
+            task_name = name or f"{function.__module__}.{function.__qualname__}"
+            if name is None and len(task_name.encode()) > 63:
+                raise ValidationError(
+                    f"default task name {task_name!r} is longer than 63 bytes; pass name="
+                )
+            task = Task(
+                function,
+                sink=self,
+                name=task_name,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                retry=retry,
+                atomic=atomic,
+                pass_context=pass_context,
+                lease_seconds=lease_seconds,
+                timeout=timeout,
+                unique_key=unique_key,
+            )
+            self.registry.add(task)
+            return task
+
+        return register(fn) if fn is not None else register
+
+    def insert_jobs(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]:
+        """Insert validated jobs in ``session``'s transaction, or in an own one."""
+        return uow.in_caller_or_own_transaction(
+            session, self.sessions, lambda s: repository.insert_jobs(s, jobs)
+        )
+
+    # -- job control -------------------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> Job:
+        """A snapshot of one job (detached from any session). Raises JobNotFound."""
+        job_id = _job_id(job_id)
+        with self.sessions() as session:
+            job = repository.get_job(session, job_id)
+            if job is None:
+                raise JobNotFound(f"no job with id {job_id}")
+            session.expunge(job)
+            return job
+
+    def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
+        """Make a FAILED or CANCELLED job run again now, whatever its attempt count."""
+        job_id = _job_id(job_id)
+
+        def work(s: Session) -> None:
+            if not repository.rerun(s, job_id):
+                self._raise_for_state(s, job_id, "retry", {JobState.FAILED, JobState.CANCELLED})
+
+        uow.in_caller_or_own_transaction(session, self.sessions, work)
+
+    def cancel_job(self, job_id: int, *, session: Session | None = None) -> JobState:
+        """Cancel a waiting job (it never runs) or ask a running one to stop.
+
+        Returns CANCELLED for a waiting job, RUNNING when the running job was flagged (its
+        handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried).
+        """
+        job_id = _job_id(job_id)
+
+        def work(s: Session) -> JobState:
+            if repository.cancel_waiting(s, job_id, "cancelled by request"):
+                return JobState.CANCELLED
+            if repository.request_cancel_running(s, job_id):
+                return JobState.RUNNING
+            self._raise_for_state(
+                s, job_id, "cancel", {JobState.QUEUED, JobState.RETRYING, JobState.RUNNING}
+            )
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        return uow.in_caller_or_own_transaction(session, self.sessions, work)
+
+    def _raise_for_state(
+        self, session: Session, job_id: int, action: str, allowed: set[JobState]
+    ) -> None:
+        job = repository.get_job(session, job_id)
+        if job is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        names = ", ".join(sorted(s.value for s in allowed))
+        raise InvalidStateTransition(
+            f"cannot {action} job {job_id}: it is {job.state.value} (allowed from: {names})"
+        )
+
+    def counts(self) -> dict[str, dict[JobState, int]]:
+        """``{queue: {state: count}}`` over all jobs."""
+        with self.sessions() as session:
+            return repository.state_counts(session)
+
+    def prune(self, *, batch_size: int = 10_000) -> int:
+        """Delete finished jobs past their retention (see Settings); returns how many."""
+        total = 0
+        while True:
+            deleted = uow.run_in_transaction(
+                self.sessions,
+                lambda s: repository.prune_finished(
+                    s,
+                    succeeded_before=self.settings.succeeded_retention,
+                    failed_before=self.settings.failed_retention,
+                    limit=batch_size,
+                ),
+            )
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def run_worker(
+        self,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 10,
+        drain: bool = False,
+        **options: Any,
+    ) -> Any:
+        """Run a worker in this thread until stopped (or, with ``drain``, until idle).
+
+        Returns the worker's stats. Other options: see ``pgqueue.worker.Worker``.
+        """
+        from pgqueue.worker import Worker
+
+        worker = Worker(self, queues=queues, concurrency=concurrency, **options)
+        return worker.run(drain=drain)
+
+
+def _job_id(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValidationError(f"job id must be a positive int, got {value!r}")
+    return value

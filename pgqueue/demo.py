@@ -1,0 +1,127 @@
+"""``pgqueue demo``: a real run on a real PostgreSQL, with a progress bar and a summary.
+
+It creates a fresh ``pgqueue_demo`` database (on the embedded server unless a URL is given),
+migrates it, enqueues jobs of which every 20th fails its first attempt and every 1000th always
+fails, runs a worker until every job is final, and prints what happened.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy import create_engine, text
+
+from pgqueue import backoff
+from pgqueue.config import Settings, normalize_database_url
+from pgqueue.core import PgQueue
+from pgqueue.states import FINAL_STATES, JobState
+from pgqueue.worker import Worker
+
+DEMO_DATABASE = "pgqueue_demo"
+
+
+def _fresh_database(base_url: str) -> str:
+    url = normalize_database_url(base_url)
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{DEMO_DATABASE}" WITH (FORCE)'))
+        connection.execute(text(f'CREATE DATABASE "{DEMO_DATABASE}"'))
+    admin.dispose()
+    return url.set(database=DEMO_DATABASE).render_as_string(hide_password=False)
+
+
+def build_demo_queue(url: str) -> PgQueue:
+    pgq = PgQueue(url, settings=Settings.from_env(poll_interval=0.5))
+
+    @pgq.task(name="demo.resize_image", retry=backoff.constant(0.5), max_attempts=3)
+    def resize_image(image_id: int, width: int) -> dict[str, int]:
+        # Deterministic failures so the summary is reproducible.
+        if image_id % 1000 == 0:
+            raise RuntimeError(f"image {image_id} is corrupt")
+        if image_id % 20 == 0 and not _seen(image_id):
+            raise ConnectionError(f"storage timeout for image {image_id}")
+        return {"image_id": image_id, "width": width, "height": width * 3 // 4}
+
+    return pgq
+
+
+_attempted: set[int] = set()
+_attempted_lock = threading.Lock()
+
+
+def _seen(image_id: int) -> bool:
+    with _attempted_lock:
+        if image_id in _attempted:
+            return True
+        _attempted.add(image_id)
+        return False
+
+
+def run_demo(
+    database_url: str | None, *, job_count: int, concurrency: int, console: Console
+) -> None:
+    started = time.monotonic()
+    if database_url is None:
+        console.print("Starting the embedded PostgreSQL server ...")
+        base_url = PgQueue().url.render_as_string(hide_password=False)
+    else:
+        base_url = database_url
+    url = _fresh_database(base_url)
+    pgq = build_demo_queue(url)
+    pgq.migrate()
+    console.print(
+        f"Database ready in {time.monotonic() - started:.1f}s: {pgq.url.render_as_string()}"
+    )
+
+    task = pgq.registry.get("demo.resize_image")
+    enqueue_started = time.monotonic()
+    task.enqueue_many([{"image_id": i, "width": 640} for i in range(1, job_count + 1)])
+    enqueue_seconds = time.monotonic() - enqueue_started
+    console.print(f"Enqueued {job_count:,} jobs in {enqueue_seconds:.2f}s (one statement)")
+
+    worker = Worker(pgq, concurrency=concurrency)
+    thread = threading.Thread(target=worker.run, name="demo-worker", daemon=True)
+    run_started = time.monotonic()
+    thread.start()
+    with Progress(
+        TextColumn("[bold]jobs"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>8.0f} jobs/s"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        bar = progress.add_task("jobs", total=job_count, rate=0.0)
+        while True:
+            counts = pgq.counts().get("default", {})
+            final = sum(n for state, n in counts.items() if state in FINAL_STATES)
+            elapsed = time.monotonic() - run_started
+            progress.update(bar, completed=final, rate=final / elapsed if elapsed else 0.0)
+            if final >= job_count:
+                break
+            time.sleep(0.2)
+    run_seconds = time.monotonic() - run_started
+    worker.stop()
+    thread.join()
+
+    counts = pgq.counts().get("default", {})
+    stats = worker.stats
+    table = Table(title="pgqueue demo summary")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("jobs enqueued", f"{job_count:,}")
+    table.add_row("succeeded", f"{counts.get(JobState.SUCCEEDED, 0):,}")
+    table.add_row(
+        "  of which after a retry", f"{stats.retried - counts.get(JobState.FAILED, 0) * 2:,}"
+    )
+    table.add_row("attempts that failed and were retried", f"{stats.retried:,}")
+    table.add_row("failed for good (after 3 attempts)", f"{counts.get(JobState.FAILED, 0):,}")
+    table.add_row("attempts run", f"{stats.processed:,}")
+    table.add_row("wall time", f"{run_seconds:.2f}s")
+    table.add_row("throughput", f"{job_count / run_seconds:,.0f} jobs/s")
+    console.print(table)
+    pgq.dispose()

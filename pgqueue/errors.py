@@ -1,0 +1,137 @@
+"""The pgqueue exception tree, and the one place that classifies database errors by SQLSTATE.
+
+Everything pgqueue raises on purpose derives from :class:`PgQueueError`. Input problems are
+:class:`ValidationError` subclasses and are always raised before any SQL is sent. Database
+errors are classified here (by SQLSTATE, never by message text) so that the unit of work and the
+worker can decide what is retryable in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "ConfigurationError",
+    "EmbeddedPostgresError",
+    "InvalidStateTransition",
+    "JobNotFound",
+    "LeaseLost",
+    "PayloadTooLarge",
+    "PgQueueError",
+    "SerializationError",
+    "UnknownTask",
+    "ValidationError",
+    "is_connection_error",
+    "is_transient_conflict",
+    "sqlstate_of",
+]
+
+
+class PgQueueError(Exception):
+    """Base class of every error pgqueue raises on purpose."""
+
+
+class ConfigurationError(PgQueueError):
+    """A setting (database URL, interval, limit...) is missing or malformed."""
+
+
+class EmbeddedPostgresError(PgQueueError):
+    """The embedded PostgreSQL server could not be found, initialised or started."""
+
+
+class ValidationError(PgQueueError, ValueError):
+    """Input refused before any SQL ran: bad queue name, bad delay, bad priority..."""
+
+
+class SerializationError(ValidationError, TypeError):
+    """Task arguments (or a result) cannot be stored as JSON."""
+
+
+class PayloadTooLarge(ValidationError):
+    """Encoded task arguments exceed the configured size limit."""
+
+
+class UnknownTask(PgQueueError, LookupError):
+    """A task name that no registry knows."""
+
+
+class JobNotFound(PgQueueError, LookupError):
+    """No job with the given id."""
+
+
+class InvalidStateTransition(PgQueueError):
+    """A transition was asked for from a state the transition table does not allow."""
+
+
+class LeaseLost(PgQueueError):
+    """A worker tried to record an outcome for a job whose lease it no longer holds.
+
+    The guarded update matched 0 rows: the lease expired and the job was rescued (and maybe run
+    again) by someone else, or it was cancelled. The stale outcome is dropped.
+    """
+
+    def __init__(self, job_id: int, transition: str) -> None:
+        super().__init__(f"lease lost on job {job_id}: {transition!r} matched no row")
+        self.job_id = job_id
+        self.transition = transition
+
+
+# SQLSTATE classes, https://www.postgresql.org/docs/current/errcodes-appendix.html
+SERIALIZATION_FAILURE: Final = "40001"
+DEADLOCK_DETECTED: Final = "40P01"
+LOCK_NOT_AVAILABLE: Final = "55P03"
+QUERY_CANCELED: Final = "57014"  # statement_timeout lands here too
+ADMIN_SHUTDOWN: Final = "57P01"  # pg_terminate_backend, server shutdown
+CRASH_SHUTDOWN: Final = "57P02"
+CANNOT_CONNECT_NOW: Final = "57P03"
+IDLE_SESSION_TIMEOUT: Final = "57P05"
+
+_TRANSIENT_CONFLICTS: Final = frozenset({SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
+_CONNECTION_STATES: Final = frozenset(
+    {ADMIN_SHUTDOWN, CRASH_SHUTDOWN, CANNOT_CONNECT_NOW, IDLE_SESSION_TIMEOUT}
+)
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE carried by a psycopg error, possibly wrapped by SQLAlchemy."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        state = getattr(current, "sqlstate", None)
+        if isinstance(state, str):
+            return state
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else current.__cause__
+    return None
+
+
+def is_transient_conflict(exc: BaseException) -> bool:
+    """True for deadlock or serialization failure: the whole transaction may be retried."""
+    return sqlstate_of(exc) in _TRANSIENT_CONFLICTS
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when the connection itself is gone (terminated backend, restart, network)."""
+    state = sqlstate_of(exc)
+    if state is not None:
+        return state in _CONNECTION_STATES or state.startswith("08")
+    # psycopg raises OperationalError without SQLSTATE for a closed socket; SQLAlchemy marks it.
+    return bool(getattr(exc, "connection_invalidated", False)) or _is_psycopg_operational(exc)
+
+
+def _is_psycopg_operational(exc: BaseException) -> bool:
+    import psycopg
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if (
+            isinstance(current, psycopg.OperationalError)
+            and getattr(current, "sqlstate", None) is None
+        ):
+            return True
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else current.__cause__
+    return False

@@ -1,0 +1,169 @@
+"""pgqueue's schema as an Alembic lineage, run from code, the CLI, or a host's own Alembic.
+
+The revisions live in ``pgqueue/migrations/versions`` (shipped in the wheel) under the branch
+label ``pgqueue`` with ids prefixed ``pgqueue_``, and are recorded in their own version table,
+``pgqueue_alembic_version``, so they never collide with the host application's history.
+
+Three ways to run them:
+
+* ``pgqueue migrate`` (CLI) or ``PgQueue.migrate()``;
+* ``pgqueue.migrations.upgrade(op.get_bind(), "pgqueue_0001")`` from one of the host's own
+  revisions, pinning pgqueue's schema version in the host's history;
+* adding ``pgqueue:migrations/versions`` to the host's ``version_locations`` and upgrading
+  ``pgqueue@head`` with the host's own Alembic.
+
+For hosts' autogenerate, :func:`include_object` keeps pgqueue's tables out of the comparison.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from alembic.config import Config
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
+
+VERSION_TABLE: Final = "pgqueue_alembic_version"
+BRANCH_LABEL: Final = "pgqueue"
+SCRIPT_LOCATION: Final = "pgqueue:migrations"
+VERSION_LOCATION: Final = "pgqueue:migrations/versions"
+TABLE_PREFIX: Final = "pgqueue_"
+
+__all__ = [
+    "BRANCH_LABEL",
+    "VERSION_TABLE",
+    "alembic_config",
+    "current",
+    "downgrade",
+    "head",
+    "include_object",
+    "upgrade",
+]
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic Config for pgqueue's lineage, optionally bound to an open connection."""
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    config.set_main_option("version_locations", VERSION_LOCATION)
+    # "pgqueue:..." contains the os separator ":", so split version locations on spaces.
+    config.set_main_option("path_separator", "space")
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def upgrade(connection: Connection, revision: str = "head") -> None:
+    """Upgrade pgqueue's tables to ``revision`` using the caller's connection (and its
+    transaction: nothing is committed here). Safe to call from inside a host's revision."""
+    script = ScriptDirectory.from_config(alembic_config())
+    target = _qualified(revision)
+    _run(connection, lambda rev, _ctx: script._upgrade_revs(target, rev))
+
+
+def downgrade(connection: Connection, revision: str) -> None:
+    """Downgrade pgqueue's tables to ``revision`` (``"base"`` removes them)."""
+    script = ScriptDirectory.from_config(alembic_config())
+    _run(connection, lambda rev, _ctx: script._downgrade_revs(revision, rev))
+
+
+def _run(connection: Connection, step: Any) -> None:
+    # Run the revisions on a MigrationContext of our own rather than through alembic.command:
+    # a command would load an env.py and install Alembic's module-level ``op``/``context``
+    # proxies, clobbering those of a host migration that called us. The host's ``op`` proxy,
+    # if any, is put back afterwards.
+    from alembic import op as op_module
+
+    outer = getattr(op_module, "_proxy", None)
+    context = MigrationContext.configure(
+        connection, opts={"version_table": VERSION_TABLE, "fn": step}
+    )
+    try:
+        with Operations.context(context):
+            context.run_migrations()
+    finally:
+        if outer is not None:
+            outer._install_proxy()
+
+
+def current(connection: Connection) -> str | None:
+    """The revision recorded in ``pgqueue_alembic_version``, or None before the first upgrade."""
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
+def head() -> str:
+    """The newest revision shipped with this version of pgqueue."""
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    assert len(heads) == 1, heads
+    return heads[0]
+
+
+def _qualified(revision: str) -> str:
+    if revision in {"head", "heads"}:
+        return f"{BRANCH_LABEL}@head"
+    return revision
+
+
+def include_object(
+    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """Pass as ``include_object=`` in a host's ``context.configure`` so its autogenerate never
+    proposes to create, alter or drop pgqueue's tables (or their indexes and version table)."""
+    if type_ == "table":
+        return not (name or "").startswith(TABLE_PREFIX)
+    table = getattr(obj, "table", None)
+    table_name = getattr(table, "name", "") or ""
+    return not table_name.startswith(TABLE_PREFIX)
+
+
+def run_environment(context: Any) -> None:
+    """Body of Alembic's ``env.py`` for pgqueue's lineage (shared by the shipped env and the
+    authoring env at the repository top)."""
+    from sqlalchemy import create_engine, pool
+
+    from pgqueue.models import metadata
+
+    def configure_and_run(connection: Connection) -> None:
+        context.configure(
+            connection=connection,
+            target_metadata=metadata,
+            version_table=VERSION_TABLE,
+            include_object=_only_pgqueue,
+            compare_type=True,
+            transactional_ddl=True,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+
+    connection = context.config.attributes.get("connection")
+    if connection is not None:
+        configure_and_run(connection)
+        return
+    if context.is_offline_mode():
+        context.configure(
+            url=context.config.get_main_option("sqlalchemy.url"),
+            target_metadata=metadata,
+            version_table=VERSION_TABLE,
+            literal_binds=True,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    url = context.config.get_main_option("sqlalchemy.url")
+    if not url:
+        from pgqueue.config import Settings
+
+        url = Settings.from_env().database_url
+    if not url:
+        raise RuntimeError("set sqlalchemy.url in alembic.ini or PGQUEUE_DATABASE_URL")
+    engine = create_engine(url, poolclass=pool.NullPool)
+    with engine.begin() as conn:
+        configure_and_run(conn)
+
+
+def _only_pgqueue(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    # When pgqueue autogenerates its own revisions, the host's tables are none of its business.
+    return not include_object(obj, name, type_, reflected, compare_to)

@@ -1,0 +1,187 @@
+"""The two tables: ``pgqueue_jobs`` (durable history) and ``pgqueue_message_queue`` (ready tickets).
+
+A job row lives for the job's whole life and keeps its history until pruned. A ticket row exists
+only while one attempt of a job is waiting to be claimed; claiming deletes it. The claim
+therefore scans a table that holds waiting work only, however much history accumulates.
+
+Both models use their own ``MetaData`` with a naming convention so constraint names are
+deterministic and the shipped migrations match the models exactly (a test compares them).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Enum,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    Text,
+    Uuid,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from pgqueue.states import JobState
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+TABLE_PREFIX = "pgqueue_"
+
+# Values of JobState stored as text with a CHECK constraint rather than a native enum type: new
+# states can be added by a migration without ALTER TYPE, and text compares as fast here.
+job_state_type = Enum(
+    JobState,
+    name="job_state",
+    native_enum=False,
+    create_constraint=True,
+    length=16,
+    values_callable=lambda states: [s.value for s in states],
+    validate_strings=True,
+)
+
+
+class Base(DeclarativeBase):
+    """Declarative base bound to pgqueue's own MetaData (never the host application's)."""
+
+    metadata = metadata
+
+
+class Job(Base):
+    """The durable record of one unit of work."""
+
+    __tablename__ = "pgqueue_jobs"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    """Job id, returned by ``enqueue``."""
+    task_name: Mapped[str] = mapped_column(Text)
+    """Registered name of the task to run (``module.qualname`` unless named)."""
+    queue: Mapped[str] = mapped_column(Text, server_default="default")
+    """Queue the job's tickets go to; workers subscribe to queues."""
+    args: Mapped[list[Any]] = mapped_column(JSON, server_default=text("'[]'::json"))
+    """Positional arguments, stored as ``json`` so the text round-trips exactly."""
+    kwargs: Mapped[dict[str, Any]] = mapped_column(JSON, server_default=text("'{}'::json"))
+    """Keyword arguments."""
+    state: Mapped[JobState] = mapped_column(job_state_type, server_default=JobState.QUEUED.value)
+    """Current state; changed only through the transitions in ``pgqueue.states``."""
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    """Lower runs first (copied to the ticket)."""
+    attempts: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Attempts started so far (incremented by each claim)."""
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default="3")
+    """After this many failed attempts the job is FAILED for good."""
+    run_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    """Earliest time (database clock) the next attempt may start."""
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """When the job was enqueued (database clock)."""
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """When the latest attempt was claimed."""
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """When the job reached a final state."""
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """Last state change."""
+    last_error: Mapped[str | None] = mapped_column(Text)
+    """Error and traceback of the latest failed attempt (capped in size)."""
+    errors: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    """One entry per failed attempt: ``{"attempt", "at", "error"}`` (error text capped)."""
+    result: Mapped[Any | None] = mapped_column(JSON)
+    """The handler's return value (JSON) once SUCCEEDED."""
+    lease_owner: Mapped[str | None] = mapped_column(Text)
+    """Worker id holding the job while RUNNING."""
+    lease_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    """Fencing token, new at every claim; outcome writes must present it."""
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """When the lease lapses unless heartbeated; the rescuer re-queues expired jobs."""
+    unique_key: Mapped[str | None] = mapped_column(Text)
+    """At most one queued/running job per key (see the partial unique index)."""
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """Set on a running job by ``cancel_job``; the handler sees it via its context."""
+    atomic: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """Run inside the claim transaction (the task's ``atomic=True`` at enqueue time)."""
+
+    __table_args__ = (
+        CheckConstraint("attempts >= 0", name="attempts_non_negative"),
+        CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+        # Rescue scans running jobs by lease expiry; partial, so it stays tiny.
+        Index(
+            "ix_pgqueue_jobs_lease_expires_at",
+            "lease_expires_at",
+            postgresql_where=text("state = 'running'"),
+        ),
+        # Pruning and the dashboard walk finished jobs by age.
+        Index(
+            "ix_pgqueue_jobs_finished_at",
+            "finished_at",
+            postgresql_where=text("finished_at IS NOT NULL"),
+        ),
+        # Race-free unique jobs: the index, not a read-then-write, rejects the duplicate.
+        Index(
+            "uq_pgqueue_jobs_unique_key_active",
+            "unique_key",
+            unique=True,
+            postgresql_where=text(
+                "unique_key IS NOT NULL AND state IN ('queued', 'running', 'retrying')"
+            ),
+        ),
+    )
+
+
+class MessageQueue(Base):
+    """A ticket: one runnable attempt of one job, deleted when claimed.
+
+    The primary key is the job id, so a job can never have two tickets at once: a retry, a
+    rescue and a manual re-run cannot race each other into a double run.
+    """
+
+    __tablename__ = "pgqueue_message_queue"
+
+    job_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey(Job.id, ondelete="CASCADE"), primary_key=True
+    )
+    """The job this ticket runs."""
+    queue: Mapped[str] = mapped_column(Text)
+    """Copied from the job so the claim never reads ``pgqueue_jobs``."""
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    """Copied from the job; lower first."""
+    run_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    """Not claimable before this (database clock)."""
+    atomic: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """Copied from the job: atomic tickets are claimed one per open transaction."""
+
+    __table_args__ = (
+        # The claim's WHERE atomic = ? and ORDER BY in one index, with queue included so the scan
+        # filters queues without visiting the heap.
+        Index(
+            "ix_pgqueue_message_queue_claim",
+            "atomic",
+            "priority",
+            "run_at",
+            "job_id",
+            postgresql_include=["queue"],
+        ),
+    )

@@ -1,0 +1,287 @@
+"""Runs the statements of ``queries.py`` on a Session it is given; never commits.
+
+The caller owns the transaction: the unit of work (``uow.py``), the worker, or the host
+application's own session for transactional enqueue. Methods translate between Python values and
+the statements' bind parameters, and report lost leases as the set of ids that matched no row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from pgqueue import queries
+from pgqueue.models import Job
+from pgqueue.states import JobState
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One validated job ready to insert (arguments already encoded as JSON text)."""
+
+    task_name: str
+    queue: str
+    args_json: str
+    kwargs_json: str
+    priority: int
+    max_attempts: int
+    delay: float | None
+    run_at: dt.datetime | None
+    unique_key: str | None
+    atomic: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """What a worker needs to run one claimed attempt."""
+
+    id: int
+    task_name: str
+    queue: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    priority: int
+    lease_token: uuid.UUID
+    atomic: bool
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The result of one attempt, to be written by a batched transition."""
+
+    job_id: int
+    lease_token: uuid.UUID
+    kind: str  # "complete" | "retry" | "fail" | "cancelled" | "release"
+    result_json: str = "null"
+    error: str = ""
+    delay: float = 0.0
+
+
+def _core(session: Session) -> Connection:
+    """The session's connection: statements here are Core, so skip ORM statement handling."""
+    return session.connection()
+
+
+def insert_jobs(session: Session, jobs: Sequence[NewJob]) -> list[int]:
+    """Insert jobs and their tickets; return ids in input order.
+
+    A job whose unique key is already held by an active job is not inserted; the existing job's
+    id is returned in its place (if that job finished meanwhile, the insert is tried again).
+    """
+    if not jobs:
+        return []
+    with_keys = any(j.unique_key is not None for j in jobs)
+    for _ in range(10):
+        rows = _core(session).execute(queries.insert_jobs(with_keys), _insert_params(jobs)).all()
+        if not with_keys:
+            return [row[0] for row in rows]
+        resolved = _match_unique(session, jobs, rows)
+        if resolved is not None:
+            return resolved
+    raise RuntimeError("unique-key enqueue did not settle after 10 tries")  # pragma: no cover
+
+
+def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
+    return {
+        "task_names": [j.task_name for j in jobs],
+        "queues": [j.queue for j in jobs],
+        "args": [j.args_json for j in jobs],
+        "kwargs": [j.kwargs_json for j in jobs],
+        "priorities": [j.priority for j in jobs],
+        "max_attempts": [j.max_attempts for j in jobs],
+        "delays": [j.delay for j in jobs],
+        "run_ats": [None if j.run_at is None else j.run_at.isoformat() for j in jobs],
+        "unique_keys": [j.unique_key for j in jobs],
+        "atomics": [j.atomic for j in jobs],
+    }
+
+
+def _match_unique(
+    session: Session, jobs: Sequence[NewJob], rows: Sequence[Any]
+) -> list[int] | None:
+    """Map inserted rows back to inputs; look up the holders of keys that conflicted."""
+    inserted_plain = iter(sorted(row[0] for row in rows if row[1] is None))
+    by_key: dict[str, int] = {row[1]: row[0] for row in rows if row[1] is not None}
+    missing = [
+        j.unique_key for j in jobs if j.unique_key is not None and j.unique_key not in by_key
+    ]
+    if missing:
+        found = (
+            _core(session)
+            .execute(queries.active_job_ids_by_unique_key(), {"unique_keys": missing})
+            .all()
+        )
+        by_key.update({key: job_id for job_id, key in found if key is not None})
+        if any(key not in by_key for key in missing):
+            return None  # the holder finished between our insert and lookup: insert again
+    return [next(inserted_plain) if j.unique_key is None else by_key[j.unique_key] for j in jobs]
+
+
+def claim(
+    session: Session,
+    *,
+    worker_id: str,
+    limit: int,
+    queues: Sequence[str] | None,
+    lease_seconds: float,
+    task_leases: Mapping[str, float],
+    atomic: bool = False,
+) -> list[ClaimedJob]:
+    """Claim up to ``limit`` ready jobs (see ``queries.claim``)."""
+    params: dict[str, Any] = {
+        "limit": limit,
+        "worker": worker_id,
+        "lease_seconds": lease_seconds,
+        "task_leases": dict(task_leases),
+    }
+    if queues is not None:
+        params["queues"] = list(queues)
+    rows = _core(session).execute(
+        queries.claim(atomic=atomic, filter_queues=queues is not None), params
+    )
+    return [
+        ClaimedJob(
+            id=r.id,
+            task_name=r.task_name,
+            queue=r.queue,
+            args=r.args,
+            kwargs=r.kwargs,
+            attempt=r.attempts,
+            max_attempts=r.max_attempts,
+            priority=r.priority,
+            lease_token=r.lease_token,
+            atomic=r.atomic,
+            cancel_requested=r.cancel_requested,
+        )
+        for r in rows
+    ]
+
+
+def record_outcomes(session: Session, outcomes: Iterable[Outcome]) -> set[int]:
+    """Write many outcomes, one statement per kind; return the ids whose lease was lost."""
+    by_kind: dict[str, list[Outcome]] = {}
+    for outcome in outcomes:
+        by_kind.setdefault(outcome.kind, []).append(outcome)
+    lost: set[int] = set()
+    for kind, items in by_kind.items():
+        params: dict[str, Any] = {
+            "ids": [o.job_id for o in items],
+            "tokens": [o.lease_token for o in items],
+        }
+        if kind == "complete":
+            stmt: Any = queries.complete()
+            params["results"] = [o.result_json for o in items]
+        elif kind == "retry":
+            stmt = queries.retry()
+            params["delays"] = [o.delay for o in items]
+            params["errors"] = [o.error for o in items]
+        elif kind == "fail":
+            stmt = queries.fail()
+            params["errors"] = [o.error for o in items]
+        elif kind == "cancelled":
+            stmt = queries.mark_cancelled()
+            params["errors"] = [o.error for o in items]
+        elif kind == "release":
+            stmt = queries.release()
+        else:  # pragma: no cover - Outcome kinds are produced by pgqueue only
+            raise ValueError(f"unknown outcome kind {kind!r}")
+        done = set(_core(session).execute(stmt, params).scalars())
+        lost.update(o.job_id for o in items if o.job_id not in done)
+    return lost
+
+
+def heartbeat(session: Session, leases: Sequence[tuple[int, uuid.UUID, float]]) -> dict[int, bool]:
+    """Extend leases ``(job id, token, seconds)``; return ``{id: cancel_requested}`` for those
+    still held (ids missing from the result have lost their lease)."""
+    if not leases:
+        return {}
+    rows = session.execute(
+        queries.heartbeat(),
+        {
+            "ids": [job_id for job_id, _, _ in leases],
+            "tokens": [token for _, token, _ in leases],
+            "lease_secondss": [seconds for _, _, seconds in leases],
+        },
+    )
+    return {job_id: bool(flag) for job_id, flag in rows}
+
+
+def rescue_expired(
+    session: Session, *, lock_key: int, limit: int, error: str
+) -> list[tuple[int, str]]:
+    params = {"lock_key": lock_key, "limit": limit, "error": error}
+    return [(row[0], row[1]) for row in _core(session).execute(queries.rescue_expired(), params)]
+
+
+def prune_finished(
+    session: Session, *, succeeded_before: float, failed_before: float, limit: int
+) -> int:
+    result = session.execute(
+        queries.prune_finished(),
+        {"succeeded_before": succeeded_before, "failed_before": failed_before, "limit": limit},
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def try_maintenance_lock(session: Session, key: int) -> bool:
+    return bool(_core(session).execute(queries.try_maintenance_lock(), {"key": key}).scalar_one())
+
+
+def rerun(session: Session, job_id: int) -> bool:
+    return _core(session).execute(queries.rerun(), {"job_id": job_id}).first() is not None
+
+
+def cancel_waiting(session: Session, job_id: int, reason: str) -> bool:
+    return (
+        _core(session)
+        .execute(queries.cancel_waiting(), {"job_id": job_id, "reason": reason})
+        .first()
+        is not None
+    )
+
+
+def request_cancel_running(session: Session, job_id: int) -> bool:
+    return (
+        _core(session).execute(queries.request_cancel_running(), {"job_id": job_id}).first()
+        is not None
+    )
+
+
+def get_job(session: Session, job_id: int) -> Job | None:
+    return session.execute(queries.get_job(), {"job_id": job_id}).scalar_one_or_none()
+
+
+def state_counts(session: Session) -> dict[str, dict[JobState, int]]:
+    counts: dict[str, dict[JobState, int]] = {}
+    for queue, state, count in _core(session).execute(queries.job_state_counts()):
+        counts.setdefault(queue, {})[JobState(state)] = count
+    return counts
+
+
+def ready_ticket_exists(session: Session, queues: Sequence[str] | None) -> bool:
+    params = {} if queues is None else {"queues": list(queues)}
+    return bool(
+        _core(session).execute(queries.ready_ticket_exists(queues is not None), params).scalar()
+    )
+
+
+def active_job_exists(session: Session, queues: Sequence[str] | None) -> bool:
+    params = {} if queues is None else {"queues": list(queues)}
+    return bool(
+        _core(session).execute(queries.active_job_exists(queues is not None), params).scalar()
+    )
+
+
+def next_ticket_run_at(session: Session, queues: Sequence[str] | None) -> dt.datetime | None:
+    params = {} if queues is None else {"queues": list(queues)}
+    value = _core(session).execute(queries.next_ticket_run_at(queues is not None), params).scalar()
+    return value if isinstance(value, dt.datetime) else None

@@ -1,0 +1,82 @@
+"""Job states and the table of allowed transitions.
+
+Every change of a job's state in pgqueue is one of the named transitions below, applied by
+``queries.py`` as a guarded ``UPDATE ... WHERE state IN (<from states>)`` (plus the lease token
+for transitions made by the worker holding the job). Nothing else writes ``pgqueue_jobs.state``.
+
+::
+
+    enqueue      (new)              -> QUEUED      ticket inserted
+    claim        QUEUED, RETRYING   -> RUNNING     ticket deleted, attempts + 1, lease taken
+    complete     RUNNING            -> SUCCEEDED   lease checked, result stored
+    retry        RUNNING            -> RETRYING    lease checked, error kept, ticket at now()+backoff
+    fail         RUNNING            -> FAILED      lease checked, attempts exhausted or not retryable
+    cancelled    RUNNING            -> CANCELLED   lease checked, handler saw the cancel request
+    release      RUNNING            -> QUEUED      lease checked, graceful shutdown; attempt not counted
+    rescue       RUNNING            -> RETRYING    lease expired (database clock); ticket now
+    rescue_fail  RUNNING            -> FAILED      lease expired and attempts exhausted
+    cancel       QUEUED, RETRYING   -> CANCELLED   ticket deleted (running jobs get a flag instead)
+    rerun        FAILED, CANCELLED  -> QUEUED      manual retry: ticket now, attempt count kept
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+
+class JobState(enum.StrEnum):
+    """Where a job is in its life. Stored as lowercase text."""
+
+    QUEUED = "queued"  # waiting for its run_at, a ticket exists
+    RUNNING = "running"  # claimed; held by a lease (or by an open transaction for atomic tasks)
+    RETRYING = "retrying"  # an attempt failed; a ticket exists for the next one
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # failed for good: attempts exhausted, unknown task, or rescued too often
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATES
+
+
+FINAL_STATES: Final = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+WAITING_STATES: Final = frozenset({JobState.QUEUED, JobState.RETRYING})
+ACTIVE_STATES: Final = WAITING_STATES | {JobState.RUNNING}
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A named, allowed change of state."""
+
+    name: str
+    sources: frozenset[JobState]
+    target: JobState
+    needs_lease: bool  # guarded by the fencing token of the worker holding the job
+
+
+def _t(name: str, sources: set[JobState], target: JobState, *, lease: bool) -> Transition:
+    return Transition(name, frozenset(sources), target, lease)
+
+
+CLAIM: Final = _t("claim", {JobState.QUEUED, JobState.RETRYING}, JobState.RUNNING, lease=False)
+COMPLETE: Final = _t("complete", {JobState.RUNNING}, JobState.SUCCEEDED, lease=True)
+RETRY: Final = _t("retry", {JobState.RUNNING}, JobState.RETRYING, lease=True)
+FAIL: Final = _t("fail", {JobState.RUNNING}, JobState.FAILED, lease=True)
+CANCELLED: Final = _t("cancelled", {JobState.RUNNING}, JobState.CANCELLED, lease=True)
+RELEASE: Final = _t("release", {JobState.RUNNING}, JobState.QUEUED, lease=True)
+RESCUE: Final = _t("rescue", {JobState.RUNNING}, JobState.RETRYING, lease=False)
+RESCUE_FAIL: Final = _t("rescue_fail", {JobState.RUNNING}, JobState.FAILED, lease=False)
+CANCEL: Final = _t("cancel", {JobState.QUEUED, JobState.RETRYING}, JobState.CANCELLED, lease=False)
+RERUN: Final = _t("rerun", {JobState.FAILED, JobState.CANCELLED}, JobState.QUEUED, lease=False)
+
+TRANSITIONS: Final[dict[str, Transition]] = {
+    t.name: t
+    for t in (CLAIM, COMPLETE, RETRY, FAIL, CANCELLED, RELEASE, RESCUE, RESCUE_FAIL, CANCEL, RERUN)
+}
+
+
+def allowed(source: JobState, target: JobState) -> bool:
+    """Whether any named transition leads from ``source`` to ``target``."""
+    return any(source in t.sources and t.target is target for t in TRANSITIONS.values())

@@ -1,0 +1,327 @@
+"""Tasks: the ``@task`` decorator, the registry, and the enqueue API.
+
+A :class:`Task` wraps a function with its defaults (queue, priority, attempts, backoff, mode).
+``task.enqueue(...)`` validates everything (names, JSON arguments against the function's
+signature, size, delay) before any SQL runs, then inserts the job and its ticket in one
+statement: in its own short transaction, or in the caller's session via
+``task.configure(session=s)`` so the job commits or rolls back with the caller's own writes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
+
+from sqlalchemy.orm import Session
+
+from pgqueue import backoff, validation
+from pgqueue.errors import UnknownTask, ValidationError
+from pgqueue.repository import NewJob
+
+if TYPE_CHECKING:
+    from pgqueue.config import Settings
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+__all__ = ["ConfiguredTask", "JobContext", "Retry", "Task", "TaskRegistry"]
+
+
+class Retry(Exception):
+    """Raise from a handler to ask for another attempt after ``delay`` seconds.
+
+    The attempt still counts towards ``max_attempts``; ``delay=None`` uses the task's backoff.
+    """
+
+    def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
+        super().__init__(reason)
+        self.delay = None if delay is None else validation.delay(delay)
+        self.reason = reason
+
+
+class JobContext:
+    """What a ``pass_context=True`` handler receives as its first argument.
+
+    ``session`` is a SQLAlchemy session: for atomic tasks, the very transaction that claimed the
+    job (its writes commit together with the job's completion); for leased tasks a fresh session
+    that pgqueue commits when the handler returns and rolls back when it raises.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_id: int,
+        attempt: int,
+        max_attempts: int,
+        queue: str,
+        task_name: str,
+        session_factory: Callable[[], Session],
+        cancel_event: threading.Event,
+    ) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.queue = queue
+        self.task_name = task_name
+        self._session_factory = session_factory
+        self._session: Session | None = None
+        self._cancel_event = cancel_event
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            self._session = self._session_factory()
+        return self._session
+
+    @property
+    def session_opened(self) -> bool:
+        return self._session is not None
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once ``cancel_job`` was called for this job (seen within one heartbeat)."""
+        return self._cancel_event.is_set()
+
+    def __repr__(self) -> str:
+        return f"JobContext(job_id={self.job_id}, attempt={self.attempt}, task={self.task_name!r})"
+
+
+class JobSink(Protocol):
+    """What a task needs from its queue object to enqueue (implemented by ``PgQueue``)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def insert_jobs(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOptions:
+    """Per-enqueue overrides of a task's defaults (all validated on creation)."""
+
+    session: Session | None = None
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    delay: float | None = None
+    run_at: dt.datetime | None = None
+    unique_key: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Task(Generic[P, R]):
+    """A function registered as a task. Calling it runs the function directly, in-process."""
+
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        *,
+        sink: JobSink,
+        name: str,
+        queue: str,
+        priority: int,
+        max_attempts: int,
+        retry: backoff.BackoffPolicy | None,
+        atomic: bool,
+        pass_context: bool,
+        lease_seconds: float | None,
+        timeout: float | None,
+        unique_key: Callable[..., str | None] | None,
+    ) -> None:
+        self.fn = fn
+        self.sink = sink
+        self.name = validation.task_name(name)
+        self.queue = validation.queue_name(queue)
+        self.priority = validation.priority(priority)
+        self.max_attempts = validation.max_attempts(max_attempts)
+        if retry is not None and not callable(retry):
+            raise ValidationError(f"retry must be a backoff policy (callable), got {retry!r}")
+        self.retry_policy: backoff.BackoffPolicy = retry or backoff.default()
+        self.atomic = bool(atomic)
+        self.pass_context = bool(pass_context)
+        if lease_seconds is not None and not (
+            isinstance(lease_seconds, int | float) and lease_seconds > 0
+        ):
+            raise ValidationError(f"lease_seconds must be a positive number, got {lease_seconds!r}")
+        self.lease_seconds = lease_seconds
+        if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+            raise ValidationError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = timeout
+        self.unique_key_fn = unique_key
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._signature = inspect.signature(fn)
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue!r}>"
+
+    def configure(
+        self,
+        *,
+        session: Session | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        delay: float | dt.timedelta | None = None,
+        run_at: dt.datetime | None = None,
+        unique_key: str | None = None,
+    ) -> ConfiguredTask[P, R]:
+        """Overrides for the next enqueue; ``session=`` joins the caller's transaction."""
+        if delay is not None and run_at is not None:
+            raise ValidationError("give either delay or run_at, not both")
+        if session is not None and not isinstance(session, Session):
+            raise ValidationError(
+                f"session must be a SQLAlchemy Session, got {type(session).__name__}"
+            )
+        options = EnqueueOptions(
+            session=session,
+            queue=None if queue is None else validation.queue_name(queue),
+            priority=None if priority is None else validation.priority(priority),
+            max_attempts=None if max_attempts is None else validation.max_attempts(max_attempts),
+            delay=validation.delay(delay),
+            run_at=validation.run_at(run_at),
+            unique_key=validation.unique_key(unique_key),
+        )
+        return ConfiguredTask(self, options)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue one job in its own committed transaction; returns the job id."""
+        return ConfiguredTask(self, EnqueueOptions()).enqueue(*args, **kwargs)
+
+    def enqueue_many(
+        self, items: Iterable[Mapping[str, Any] | Sequence[Any]], *, session: Session | None = None
+    ) -> list[int]:
+        """Enqueue many jobs in one statement. Each item is a kwargs dict or an args list."""
+        return ConfiguredTask(self, EnqueueOptions(session=session)).enqueue_many(items)
+
+    # -- used by the worker ------------------------------------------------------------------
+
+    def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """Raise ValidationError if the arguments do not fit the function's signature."""
+        bind_args: tuple[Any, ...] = (None, *args) if self.pass_context else tuple(args)
+        try:
+            self._signature.bind(*bind_args, **kwargs)
+        except TypeError as exc:
+            raise ValidationError(f"arguments do not match task {self.name}: {exc}") from None
+
+    def backoff_delay(self, attempt: int) -> float:
+        return float(self.retry_policy(attempt))
+
+
+class ConfiguredTask(Generic[P, R]):
+    """A task with per-call options, returned by :meth:`Task.configure`."""
+
+    def __init__(self, task: Task[P, R], options: EnqueueOptions) -> None:
+        self.task = task
+        self.options = options
+
+    def configure(self, **changes: Any) -> ConfiguredTask[P, R]:
+        merged = self.task.configure(**changes).options
+        kept: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("session", merged.session),
+                ("queue", merged.queue),
+                ("priority", merged.priority),
+                ("max_attempts", merged.max_attempts),
+                ("delay", merged.delay),
+                ("run_at", merged.run_at),
+                ("unique_key", merged.unique_key),
+            )
+            if v is not None
+        }
+        return ConfiguredTask(self.task, replace(self.options, **kept))
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
+        job = self._build(args, kwargs)
+        return self.task.sink.insert_jobs(self.options.session, [job])[0]
+
+    def enqueue_many(self, items: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[int]:
+        jobs: list[NewJob] = []
+        for index, item in enumerate(items):
+            if isinstance(item, Mapping):
+                jobs.append(self._build((), item))
+            elif isinstance(item, Sequence) and not isinstance(item, str | bytes):
+                jobs.append(self._build(tuple(item), {}))
+            else:
+                raise ValidationError(
+                    f"enqueue_many item {index} must be a kwargs dict or an args list, "
+                    f"got {type(item).__name__}"
+                )
+        return self.task.sink.insert_jobs(self.options.session, jobs) if jobs else []
+
+    def _build(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
+        task, opts = self.task, self.options
+        task.check_arguments(args, kwargs)
+        settings = task.sink.settings
+        args_json, kwargs_json = validation.encode_args(
+            args, kwargs, max_bytes=settings.max_payload_bytes, max_depth=settings.max_json_depth
+        )
+        unique_key = opts.unique_key
+        if unique_key is None and task.unique_key_fn is not None:
+            unique_key = validation.unique_key(task.unique_key_fn(*args, **kwargs))
+        return NewJob(
+            task_name=task.name,
+            queue=opts.queue or task.queue,
+            args_json=args_json,
+            kwargs_json=kwargs_json,
+            priority=task.priority if opts.priority is None else opts.priority,
+            max_attempts=opts.max_attempts or task.max_attempts,
+            delay=opts.delay,
+            run_at=opts.run_at,
+            unique_key=unique_key,
+            atomic=task.atomic,
+        )
+
+
+class TaskRegistry:
+    """Tasks by name; the worker resolves each claimed job's task here."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task[Any, Any]] = {}
+
+    def add(self, task: Task[Any, Any]) -> None:
+        existing = self._tasks.get(task.name)
+        if existing is not None and existing.fn is not task.fn:
+            raise ValidationError(
+                f"task name {task.name!r} is already registered for {existing.fn!r}; "
+                "pass name= to tell them apart"
+            )
+        self._tasks[task.name] = task
+
+    def get(self, name: str) -> Task[Any, Any]:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            raise UnknownTask(f"no task named {name!r} is registered in this worker") from None
+
+    def find(self, name: str) -> Task[Any, Any] | None:
+        return self._tasks.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __iter__(self) -> Any:
+        return iter(self._tasks.values())
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def names(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def lease_overrides(self) -> dict[str, float]:
+        return {t.name: float(t.lease_seconds) for t in self._tasks.values() if t.lease_seconds}
+
+    @property
+    def has_atomic(self) -> bool:
+        return any(t.atomic for t in self._tasks.values())

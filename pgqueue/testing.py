@@ -1,0 +1,82 @@
+"""Helpers for test suites of applications that use pgqueue (and for pgqueue's own).
+
+``run_until_final`` runs an in-process worker until the given jobs reach a final state, which is
+what most tests of a task want: enqueue, run, assert on the job and on the task's effects.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection, Iterable
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
+
+from pgqueue.core import PgQueue
+from pgqueue.models import Job, MessageQueue
+from pgqueue.states import FINAL_STATES, JobState
+from pgqueue.worker import Worker
+
+__all__ = ["run_until_final", "states_of", "table_counts", "wait_for_states"]
+
+
+def table_counts(engine: Engine) -> dict[str, int]:
+    """Row counts of pgqueue's two tables."""
+    with Session(engine) as session:
+        return {
+            "pgqueue_jobs": session.scalar(select(func.count()).select_from(Job)) or 0,
+            "pgqueue_message_queue": session.scalar(select(func.count()).select_from(MessageQueue))
+            or 0,
+        }
+
+
+def states_of(pgq: PgQueue, job_ids: Iterable[int]) -> dict[int, JobState]:
+    ids = list(job_ids)
+    with pgq.sessions() as session:
+        rows = session.execute(select(Job.id, Job.state).where(Job.id.in_(ids)))
+        return {job_id: JobState(state) for job_id, state in rows}
+
+
+def wait_for_states(
+    pgq: PgQueue,
+    job_ids: Iterable[int],
+    states: Collection[JobState] = FINAL_STATES,
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.05,
+) -> dict[int, JobState]:
+    """Wait until every job is in one of ``states``; raise TimeoutError with the stragglers."""
+    ids = list(job_ids)
+    deadline = time.monotonic() + timeout
+    while True:
+        current = states_of(pgq, ids)
+        if all(current.get(i) in states for i in ids):
+            return current
+        if time.monotonic() > deadline:
+            pending = {i: current.get(i) for i in ids if current.get(i) not in states}
+            raise TimeoutError(
+                f"{len(pending)} jobs not in {sorted(states)}: {dict(list(pending.items())[:10])}"
+            )
+        time.sleep(interval)
+
+
+def run_until_final(
+    pgq: PgQueue,
+    job_ids: Iterable[int],
+    *,
+    timeout: float = 60.0,
+    **worker_options: Any,
+) -> dict[int, JobState]:
+    """Run a worker in a thread until the jobs are final (retries included), then stop it."""
+    ids = list(job_ids)
+    worker_options.setdefault("concurrency", 4)
+    worker = Worker(pgq, **worker_options)
+    thread = threading.Thread(target=worker.run, name="pgqueue-test-worker", daemon=True)
+    thread.start()
+    try:
+        return wait_for_states(pgq, ids, timeout=timeout)
+    finally:
+        worker.stop()
+        thread.join(timeout=60)

@@ -1,0 +1,175 @@
+"""Checks on user input that run before any SQL: names, delays, priorities and JSON payloads.
+
+Arguments are stored as PostgreSQL ``json`` (text kept verbatim), so anything accepted here comes
+back from the worker exactly as given. Only JSON's own types are accepted: ``dict`` with ``str``
+keys, ``list``, ``str``, ``int``, finite ``float``, ``bool`` and ``None``. Tuples, sets, bytes,
+dates and objects are refused rather than silently converted, so a job never runs with arguments
+that differ from what the caller passed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pgqueue.config import NAME_PATTERN, TASK_NAME_PATTERN
+from pgqueue.errors import PayloadTooLarge, SerializationError, ValidationError
+
+PRIORITY_MIN = -32768
+PRIORITY_MAX = 32767
+MAX_ATTEMPTS_LIMIT = 1_000_000
+
+
+def queue_name(value: object) -> str:
+    """A queue name: letters, digits, ``_ . : -``; 1 to 63 bytes."""
+    return _name("queue name", value, NAME_PATTERN)
+
+
+def task_name(value: object) -> str:
+    """A task name: like a queue name, plus ``< >`` (for ``<locals>`` in qualnames)."""
+    return _name("task name", value, TASK_NAME_PATTERN)
+
+
+def _name(what: str, value: object, pattern: Any) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(f"{what} must be a string, got {type(value).__name__}")
+    if len(value.encode("utf-8", "surrogatepass")) > 63:
+        raise ValidationError(f"{what} {value[:80]!r} is longer than 63 bytes")
+    if not pattern.fullmatch(value):
+        raise ValidationError(
+            f"{what} {value!r} has characters outside letters, digits and '_.:-'"
+            + (" (and '<>')" if what == "task name" else "")
+        )
+    return value
+
+
+def priority(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValidationError(f"priority must be an int, got {value!r}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ValidationError(
+            f"priority must be within {PRIORITY_MIN}..{PRIORITY_MAX}, got {value}"
+        )
+    return value
+
+
+def max_attempts(value: object) -> int:
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not 1 <= value <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise ValidationError(
+            f"max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, got {value!r}"
+        )
+    return value
+
+
+def delay(value: object) -> float | None:
+    """Seconds from now (database clock); ``None`` means now."""
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValidationError(f"delay must be seconds (a number or timedelta), got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValidationError(
+            f"delay must be a finite, non-negative number of seconds, got {value!r}"
+        )
+    return float(value)
+
+
+def run_at(value: object) -> dt.datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, dt.datetime):
+        raise ValidationError(f"run_at must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValidationError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    return value
+
+
+def unique_key(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 512 or "\x00" in value:
+        raise ValidationError(
+            f"unique_key must be a non-empty string of at most 512 characters without NUL, got {value!r}"
+        )
+    return value
+
+
+def encode_args(
+    args: Sequence[Any], kwargs: Mapping[str, Any], *, max_bytes: int, max_depth: int
+) -> tuple[str, str]:
+    """JSON text of positional and keyword arguments, checked for type, depth and size."""
+    for index, item in enumerate(args):
+        _check_json(item, f"args[{index}]", max_depth)
+    for key, item in kwargs.items():
+        _check_json(item, f"kwargs[{key!r}]", max_depth)
+    args_text = _dumps(list(args))
+    kwargs_text = _dumps(dict(kwargs))
+    size = len(args_text.encode("utf-8")) + len(kwargs_text.encode("utf-8"))
+    if size > max_bytes:
+        raise PayloadTooLarge(f"task arguments are {size} bytes encoded; the limit is {max_bytes}")
+    return args_text, kwargs_text
+
+
+def encode_result(value: Any, *, max_bytes: int, max_depth: int) -> str:
+    """JSON text of a handler's return value (same rules as arguments)."""
+    _check_json(value, "result", max_depth)
+    text = _dumps(value)
+    if len(text.encode("utf-8")) > max_bytes:
+        raise PayloadTooLarge(f"task result is larger than {max_bytes} bytes encoded")
+    return text
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _check_json(value: Any, path: str, max_depth: int) -> None:
+    # Iterative walk: recursion would hit Python's own limit before ours on hostile input.
+    stack: list[tuple[Any, str, int]] = [(value, path, 1)]
+    while stack:
+        item, where, depth = stack.pop()
+        if item is None or isinstance(item, bool | int):
+            continue
+        if isinstance(item, str):
+            _check_text(item, where)
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise SerializationError(f"{where} is {item!r}; JSON has no NaN or infinity")
+            continue
+        if isinstance(item, list | dict):
+            if depth > max_depth:
+                raise SerializationError(f"{where} is nested deeper than {max_depth} levels")
+            if isinstance(item, list):
+                stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+            else:
+                for key, v in item.items():
+                    if not isinstance(key, str):
+                        raise SerializationError(
+                            f"{where} has a {type(key).__name__} key {key!r}; JSON keys are strings"
+                        )
+                    _check_text(key, f"{where} key")
+                    stack.append((v, f"{where}[{key!r}]", depth + 1))
+            continue
+        raise SerializationError(
+            f"{where} is a {type(item).__name__}, which is not JSON "
+            "(use dict, list, str, int, float, bool or None)"
+        )
+
+
+def _check_text(value: str, where: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SerializationError(
+            f"{where} contains a lone surrogate and is not valid Unicode"
+        ) from None

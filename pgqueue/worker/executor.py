@@ -1,0 +1,242 @@
+"""Runs one claimed job and turns what happened into exactly one outcome (one transition).
+
+Leased jobs run outside any pgqueue transaction; the outcome is returned to the engine, which
+writes it in a batch. Atomic jobs run inside the transaction that claimed them: the handler's
+writes (in a savepoint) and the outcome commit together, or the whole claim rolls back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from pgqueue import repository, validation
+from pgqueue.config import Settings
+from pgqueue.errors import UnknownTask, ValidationError
+from pgqueue.repository import ClaimedJob, Outcome
+from pgqueue.tasks import JobContext, Retry, Task, TaskRegistry
+
+log = logging.getLogger("pgqueue.worker")
+
+
+class JobTimeout(Exception):
+    """The handler ran past its task's ``timeout``."""
+
+
+@dataclass(slots=True)
+class Execution:
+    """Book-keeping for a running attempt, shared with the heartbeat and shutdown paths."""
+
+    job: ClaimedJob
+    lease_seconds: float
+    timeout: float | None
+    started: float
+    cancel_event: threading.Event
+    async_future: concurrent.futures.Future[Any] | None = None
+    abandoned: bool = (
+        False  # outcome already decided elsewhere (timeout, release): ignore the handler's
+    )
+
+
+class Executor:
+    """Resolves tasks, calls handlers, and maps results and exceptions to outcomes."""
+
+    def __init__(
+        self,
+        registry: TaskRegistry,
+        settings: Settings,
+        session_factory: Callable[[], Session],
+        loop: Callable[[], asyncio.AbstractEventLoop],
+    ) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.session_factory = session_factory
+        self._loop = loop
+
+    # -- leased ------------------------------------------------------------------------------
+
+    def run_leased(self, execution: Execution) -> Outcome:
+        job = execution.job
+        try:
+            task = self._resolve(job)
+        except (UnknownTask, ValidationError) as exc:
+            return self._outcome(job, "fail", error=_describe(exc))
+        context = self._context(job, task, execution.cancel_event, self.session_factory)
+        try:
+            result = self._call(task, job, context, execution)
+            if context is not None and context.session_opened:
+                context.session.commit()
+            return self._success(job, result, execution)
+        except BaseException as exc:
+            if context is not None and context.session_opened:
+                context.session.rollback()
+            return self._failure(job, task, exc, execution)
+        finally:
+            if context is not None and context.session_opened:
+                context.session.close()
+
+    # -- atomic ------------------------------------------------------------------------------
+
+    def run_atomic(
+        self, session: Session, job: ClaimedJob, cancel_event: threading.Event
+    ) -> Outcome:
+        """Run an atomic job in ``session``'s open claim transaction and write its outcome there.
+
+        The handler runs in a savepoint: on failure its writes are rolled back while the claim
+        and the retry/failure record still commit. The caller commits.
+        """
+        execution = Execution(job, 0.0, None, time.monotonic(), cancel_event)
+        try:
+            task = self._resolve(job)
+        except (UnknownTask, ValidationError) as exc:
+            outcome = self._outcome(job, "fail", error=_describe(exc))
+        else:
+            context = self._context(job, task, cancel_event, lambda: session)
+            savepoint = session.begin_nested()
+            try:
+                result = self._call(task, job, context, execution)
+                savepoint.commit()
+                outcome = self._success(job, result, execution)
+            except BaseException as exc:
+                if savepoint.is_active:
+                    savepoint.rollback()
+                outcome = self._failure(job, task, exc, execution)
+        repository.record_outcomes(session, [outcome])
+        return outcome
+
+    # -- shared ------------------------------------------------------------------------------
+
+    def _resolve(self, job: ClaimedJob) -> Task[Any, Any]:
+        task = self.registry.get(job.task_name)
+        if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
+            raise ValidationError(
+                f"job {job.id} has malformed arguments (args must be a JSON array and kwargs "
+                f"an object; got {type(job.args).__name__} and {type(job.kwargs).__name__})"
+            )
+        task.check_arguments(job.args, job.kwargs)
+        return task
+
+    def _context(
+        self,
+        job: ClaimedJob,
+        task: Task[Any, Any],
+        cancel_event: threading.Event,
+        session_factory: Callable[[], Session],
+    ) -> JobContext | None:
+        if not task.pass_context:
+            return None
+        return JobContext(
+            job_id=job.id,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            queue=job.queue,
+            task_name=job.task_name,
+            session_factory=session_factory,
+            cancel_event=cancel_event,
+        )
+
+    def _call(
+        self,
+        task: Task[Any, Any],
+        job: ClaimedJob,
+        context: JobContext | None,
+        execution: Execution,
+    ) -> Any:
+        args = [context, *job.args] if context is not None else list(job.args)
+        if not task.is_async:
+            return task.fn(*args, **job.kwargs)
+        coroutine: Coroutine[Any, Any, Any] = task.fn(*args, **job.kwargs)
+        if task.timeout is not None:
+            coroutine = asyncio.wait_for(coroutine, task.timeout)
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop())
+        execution.async_future = future
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise asyncio.CancelledError("cancelled") from None
+        except TimeoutError:
+            raise JobTimeout(f"timed out after {task.timeout}s") from None
+
+    def _success(self, job: ClaimedJob, result: Any, execution: Execution) -> Outcome:
+        if execution.cancel_event.is_set():
+            return self._outcome(job, "cancelled", error="cancelled while running")
+        try:
+            encoded = validation.encode_result(
+                result,
+                max_bytes=self.settings.max_payload_bytes,
+                max_depth=self.settings.max_json_depth,
+            )
+        except ValidationError as exc:
+            return self._outcome(job, "fail", error=f"result could not be stored: {exc}")
+        return self._outcome(job, "complete", result_json=encoded)
+
+    def _failure(
+        self, job: ClaimedJob, task: Task[Any, Any], exc: BaseException, execution: Execution
+    ) -> Outcome:
+        if execution.cancel_event.is_set():
+            return self._outcome(job, "cancelled", error="cancelled while running")
+        error = self._error_text(exc)
+        if job.attempt >= job.max_attempts:
+            return self._outcome(job, "fail", error=error)
+        if isinstance(exc, Retry) and exc.delay is not None:
+            delay = exc.delay
+        else:
+            delay = task.backoff_delay(job.attempt)
+        return self._outcome(job, "retry", error=error, delay=delay)
+
+    def timed_out(self, execution: Execution) -> Outcome:
+        """The outcome for a handler still running past its timeout (retryable failure)."""
+        job = execution.job
+        error = f"JobTimeout: still running after the task's timeout of {execution.timeout}s"
+        if job.attempt >= job.max_attempts:
+            return self._outcome(job, "fail", error=error)
+        try:
+            delay = self.registry.get(job.task_name).backoff_delay(job.attempt)
+        except UnknownTask:
+            delay = 0.0
+        return self._outcome(job, "retry", error=error, delay=delay)
+
+    def _outcome(
+        self,
+        job: ClaimedJob,
+        kind: str,
+        *,
+        error: str = "",
+        result_json: str = "null",
+        delay: float = 0.0,
+    ) -> Outcome:
+        return Outcome(
+            job_id=job.id,
+            lease_token=job.lease_token,
+            kind=kind,
+            result_json=result_json,
+            error=error,
+            delay=delay,
+        )
+
+    def _error_text(self, exc: BaseException) -> str:
+        text = "".join(traceback.format_exception(exc))
+        limit = self.settings.max_error_bytes
+        encoded = text.encode("utf-8", "replace")
+        if len(encoded) <= limit:
+            return text
+        # Keep the head (the exception's origin) and the tail (the message), drop the middle.
+        half = limit // 2 - 32
+        return (
+            encoded[:half].decode("utf-8", "ignore")
+            + "\n... [traceback truncated] ...\n"
+            + encoded[-half:].decode("utf-8", "ignore")
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

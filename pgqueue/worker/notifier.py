@@ -1,0 +1,88 @@
+"""The LISTEN connection: turns NOTIFYs from the ticket trigger into wake-ups.
+
+One dedicated psycopg connection per worker process listens on pgqueue's channel. A payload is
+a queue name, or ``"<queue> <epoch>"`` when the earliest new ticket is in the future. If the
+connection drops, it reconnects with backoff and wakes the worker once (notifications may have
+been missed meanwhile); polling covers the gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection
+
+import psycopg
+from sqlalchemy.engine import URL
+
+from pgqueue.queries import NOTIFY_CHANNEL
+
+log = logging.getLogger("pgqueue.worker")
+
+
+def conninfo(url: URL) -> str:
+    """A libpq URI for a SQLAlchemy URL (psycopg does not understand ``+psycopg``)."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class Notifier(threading.Thread):
+    """Background thread calling ``on_ready(run_at_epoch | None)`` for relevant notifications."""
+
+    def __init__(
+        self,
+        url: URL,
+        queues: Collection[str] | None,
+        on_ready: Callable[[float | None], None],
+        stopping: threading.Event,
+    ) -> None:
+        super().__init__(name="pgqueue-listener", daemon=True)
+        self._conninfo = conninfo(url)
+        self._queues = None if queues is None else frozenset(queues)
+        self._on_ready = on_ready
+        self._stopping = stopping
+        self.connected = threading.Event()
+        self.connection_pid: int | None = None
+
+    def run(self) -> None:
+        delay = 0.05
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(
+                    self._conninfo, autocommit=True, application_name="pgqueue-listener"
+                ) as connection:
+                    connection.execute(f"LISTEN {NOTIFY_CHANNEL}")  # constant channel name
+                    self.connection_pid = connection.info.backend_pid
+                    self.connected.set()
+                    delay = 0.05
+                    self._on_ready(None)  # anything sent while we were away: look once
+                    self._listen(connection)
+            except psycopg.Error as exc:
+                self.connected.clear()
+                if self._stopping.is_set():
+                    return
+                log.warning("listener connection lost (%s); reconnecting in %.2fs", exc, delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _listen(self, connection: psycopg.Connection[object]) -> None:
+        while not self._stopping.is_set():
+            for notify in connection.notifies(timeout=0.5):
+                self._dispatch(notify.payload)
+
+    def _dispatch(self, payload: str) -> None:
+        queue, _, epoch = payload.partition(" ")
+        if self._queues is not None and queue not in self._queues:
+            return
+        run_at: float | None = None
+        if epoch:
+            try:
+                run_at = float(epoch)
+            except ValueError:
+                run_at = None
+        self._on_ready(run_at)
+
+
+def wall_to_monotonic(epoch: float) -> float:
+    """Translate a database timestamp to this process's monotonic clock (for wait timeouts)."""
+    return time.monotonic() + (epoch - time.time())

@@ -1,0 +1,138 @@
+"""The worker's access to the database: repository calls in autocommit sessions, with retry.
+
+Each worker operation (claim, record outcomes, heartbeat, rescue) is a single statement, so it
+runs in autocommit mode: one round trip, no BEGIN/COMMIT, and no transaction left open while
+handlers run. When the connection is lost (terminated backend, server restart) the pool drops
+it and the operation is tried again on a fresh connection with capped exponential backoff, so
+the worker rides out outages instead of crashing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session
+
+from pgqueue import repository
+from pgqueue.errors import is_connection_error, is_transient_conflict
+from pgqueue.repository import ClaimedJob, Outcome
+
+T = TypeVar("T")
+
+log = logging.getLogger("pgqueue.worker")
+
+# Any 64-bit constant unique to pgqueue: "pgqueue" in ASCII.
+MAINTENANCE_LOCK_KEY = 0x7067717565756500 >> 8
+
+
+class WorkerStore:
+    """Database operations used by a worker, safe to call from several threads."""
+
+    def __init__(self, engine: Engine, *, stopping: threading.Event) -> None:
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._transactional = engine
+        self._stopping = stopping
+
+    def _run(
+        self,
+        what: str,
+        work: Callable[[Session], T],
+        *,
+        give_up_when_stopping: bool,
+        autocommit: bool = True,
+    ) -> T:
+        delay = 0.05
+        engine = self._autocommit if autocommit else self._transactional
+        while True:
+            try:
+                with Session(engine) as session:
+                    return work(session)
+            except (DBAPIError, OperationalError) as exc:
+                if not (is_connection_error(exc) or is_transient_conflict(exc)):
+                    raise
+                if give_up_when_stopping and self._stopping.is_set():
+                    raise
+                log.warning(
+                    "%s: database unavailable (%s); retrying in %.2fs", what, _short(exc), delay
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def claim(
+        self,
+        *,
+        worker_id: str,
+        limit: int,
+        queues: Sequence[str] | None,
+        lease_seconds: float,
+        task_leases: Mapping[str, float],
+    ) -> list[ClaimedJob]:
+        return self._run(
+            "claim",
+            lambda s: repository.claim(
+                s,
+                worker_id=worker_id,
+                limit=limit,
+                queues=queues,
+                lease_seconds=lease_seconds,
+                task_leases=task_leases,
+            ),
+            give_up_when_stopping=True,
+        )
+
+    def record_outcomes(self, outcomes: Iterable[Outcome]) -> set[int]:
+        items = list(outcomes)
+        return self._run(
+            "record outcomes",
+            lambda s: repository.record_outcomes(s, items),
+            give_up_when_stopping=False,
+        )
+
+    def heartbeat(self, leases: Sequence[tuple[int, object, float]]) -> dict[int, bool]:
+        return self._run(
+            "heartbeat",
+            lambda s: repository.heartbeat(s, leases),  # type: ignore[arg-type]
+            give_up_when_stopping=True,
+        )
+
+    def rescue_expired(self, *, limit: int, error: str) -> list[tuple[int, str]]:
+        return self._run(
+            "rescue",
+            lambda s: repository.rescue_expired(
+                s, lock_key=MAINTENANCE_LOCK_KEY, limit=limit, error=error
+            ),
+            give_up_when_stopping=True,
+        )
+
+    def prune(self, *, succeeded_before: float, failed_before: float, limit: int) -> int:
+        def work(session: Session) -> int:
+            # One transaction: the advisory lock lasts until its end, so one pruner at a time.
+            with session.begin():
+                if not repository.try_maintenance_lock(session, MAINTENANCE_LOCK_KEY + 1):
+                    return 0
+                return repository.prune_finished(
+                    session,
+                    succeeded_before=succeeded_before,
+                    failed_before=failed_before,
+                    limit=limit,
+                )
+
+        return self._run("prune", work, give_up_when_stopping=True, autocommit=False)
+
+    def ready_work_exists(self, queues: Sequence[str] | None) -> bool:
+        return self._run(
+            "drain check",
+            lambda s: repository.ready_ticket_exists(s, queues),
+            give_up_when_stopping=True,
+        )
+
+
+def _short(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", exc)).strip().splitlines()
+    return text[0] if text else type(exc).__name__

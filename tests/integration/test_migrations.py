@@ -1,0 +1,167 @@
+"""pgqueue's Alembic lineage: matches the models, round-trips, and lives beside a host's."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, inspect, text
+from sqlalchemy.engine import URL
+
+from alembic import command
+from pgqueue import migrations
+from pgqueue.models import metadata as pgqueue_metadata
+
+
+def _pgqueue_tables(url: URL) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return {t for t in inspect(engine).get_table_names() if t.startswith("pgqueue_")}
+    finally:
+        engine.dispose()
+
+
+def test_migrated_schema_equals_models(database_url: URL) -> None:
+    engine = create_engine(database_url)
+    with engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection,
+            opts={
+                "version_table": migrations.VERSION_TABLE,
+                "compare_type": True,
+                "include_object": lambda obj, name, type_, reflected, compare_to: (
+                    not migrations.include_object(obj, name, type_, reflected, compare_to)
+                    and name != migrations.VERSION_TABLE
+                ),
+            },
+        )
+        diff = compare_metadata(context, pgqueue_metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_upgrade_downgrade_upgrade(empty_database_url: URL) -> None:
+    engine = create_engine(empty_database_url)
+    with engine.begin() as connection:
+        assert migrations.current(connection) is None
+        migrations.upgrade(connection)
+        assert migrations.current(connection) == migrations.head()
+    assert _pgqueue_tables(empty_database_url) == {
+        "pgqueue_jobs",
+        "pgqueue_message_queue",
+        migrations.VERSION_TABLE,
+    }
+    with engine.begin() as connection:
+        migrations.downgrade(connection, "base")
+        assert migrations.current(connection) is None
+        functions = connection.execute(
+            text("SELECT count(*) FROM pg_proc WHERE proname = 'pgqueue_notify_tickets'")
+        ).scalar_one()
+        assert functions == 0
+    assert _pgqueue_tables(empty_database_url) == {migrations.VERSION_TABLE}
+    with engine.begin() as connection:
+        migrations.upgrade(connection)
+        assert migrations.current(connection) == migrations.head()
+    assert "pgqueue_jobs" in _pgqueue_tables(empty_database_url)
+    engine.dispose()
+
+
+def _host_metadata() -> MetaData:
+    host = MetaData()
+    Table("orders", host, Column("id", Integer, primary_key=True), Column("item", String(50)))
+    return host
+
+
+def test_host_autogenerate_with_include_object_proposes_nothing(database_url: URL) -> None:
+    host = _host_metadata()
+    engine = create_engine(database_url)
+    with engine.begin() as connection:
+        host.create_all(connection)
+    with engine.connect() as connection:
+        without_helper = compare_metadata(MigrationContext.configure(connection), host)
+        with_helper = compare_metadata(
+            MigrationContext.configure(
+                connection, opts={"include_object": migrations.include_object}
+            ),
+            host,
+        )
+    engine.dispose()
+    # Without the helper the host would drop pgqueue's tables: the helper is what prevents it.
+    dropped = {d[1].name for d in without_helper if d[0] == "remove_table"}
+    assert {"pgqueue_jobs", "pgqueue_message_queue"} <= dropped
+    assert with_helper == []
+
+
+HOST_ENV = """
+from alembic import context
+from pgqueue.migrations import include_object
+
+connection = context.config.attributes["connection"]
+context.configure(connection=connection, target_metadata=None, include_object=include_object)
+with context.begin_transaction():
+    context.run_migrations()
+"""
+
+HOST_REVISION = '''
+"""host revision that creates orders and pins pgqueue's schema"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "host_0001"
+down_revision = None
+branch_labels = ("host",)
+depends_on = None
+
+
+def upgrade():
+    op.create_table("orders", sa.Column("id", sa.Integer, primary_key=True))
+    from pgqueue import migrations
+    migrations.upgrade(op.get_bind(), "pgqueue_0001")
+
+
+def downgrade():
+    op.drop_table("orders")
+'''
+
+
+def _host_config(tmp_path: Path, connection: object, *, with_pgqueue_location: bool) -> Config:
+    (tmp_path / "versions").mkdir(exist_ok=True)
+    (tmp_path / "env.py").write_text(textwrap.dedent(HOST_ENV))
+    config = Config()
+    config.set_main_option("script_location", str(tmp_path))
+    locations = [str(tmp_path / "versions")]
+    if with_pgqueue_location:
+        locations.append(migrations.VERSION_LOCATION)
+    config.set_main_option("path_separator", "space")
+    config.set_main_option("version_locations", " ".join(locations))
+    config.attributes["connection"] = connection
+    return config
+
+
+def test_host_revision_calls_pgqueue_upgrade(empty_database_url: URL, tmp_path: Path) -> None:
+    engine = create_engine(empty_database_url)
+    with engine.begin() as connection:
+        config = _host_config(tmp_path, connection, with_pgqueue_location=False)
+        (tmp_path / "versions" / "host_0001.py").write_text(textwrap.dedent(HOST_REVISION))
+        command.upgrade(config, "heads")
+    with engine.connect() as connection:
+        assert migrations.current(connection) == "pgqueue_0001"
+        host_version = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        assert host_version == "host_0001"
+    assert "pgqueue_jobs" in _pgqueue_tables(empty_database_url)
+    engine.dispose()
+
+
+def test_host_version_locations_include_pgqueue(empty_database_url: URL, tmp_path: Path) -> None:
+    engine = create_engine(empty_database_url)
+    with engine.begin() as connection:
+        config = _host_config(tmp_path, connection, with_pgqueue_location=True)
+        command.upgrade(config, "pgqueue@head")
+    with engine.connect() as connection:
+        recorded = connection.execute(text("SELECT version_num FROM alembic_version")).scalars()
+        assert set(recorded) == {migrations.head()}
+    assert "pgqueue_jobs" in _pgqueue_tables(empty_database_url)
+    engine.dispose()

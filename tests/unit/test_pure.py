@@ -1,0 +1,148 @@
+"""Unit tests of the pure modules: backoff, validation, states, config. No database."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+import pytest
+
+from pgqueue import backoff, validation
+from pgqueue.config import Settings, normalize_database_url
+from pgqueue.errors import (
+    ConfigurationError,
+    PayloadTooLarge,
+    SerializationError,
+    ValidationError,
+    is_transient_conflict,
+)
+from pgqueue.states import FINAL_STATES, TRANSITIONS, JobState, allowed
+
+
+def test_constant_and_linear_backoff() -> None:
+    assert [backoff.constant(3)(n) for n in (1, 2, 5)] == [3.0, 3.0, 3.0]
+    assert [backoff.linear(2)(n) for n in (1, 2, 3)] == [2.0, 4.0, 6.0]
+    assert backoff.linear(2, cap=5)(10) == 5.0
+
+
+def test_exponential_backoff_grows_caps_and_jitters_within_half() -> None:
+    plain = backoff.exponential(base=2, cap=100, jitter=False)
+    assert [plain(n) for n in (1, 2, 3, 10)] == [2.0, 4.0, 8.0, 100.0]
+    jittered = backoff.exponential(base=2, cap=3600, jitter=True)
+    for attempt in range(1, 12):
+        nominal = min(2.0**attempt, 3600)
+        assert nominal / 2 <= jittered(attempt) <= nominal
+    assert math.isfinite(plain(10**9))
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), "3", True])
+def test_backoff_rejects_bad_numbers(bad: object) -> None:
+    with pytest.raises(ValidationError):
+        backoff.constant(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "name", ["", "a b", "x'y", "a$$b", "50%", "nul\x00", "new\nline", "q" * 64, "é"]
+)
+def test_bad_queue_names_are_refused(name: str) -> None:
+    with pytest.raises(ValidationError):
+        validation.queue_name(name)
+
+
+@pytest.mark.parametrize("name", ["default", "emails", "reports.high", "a:b-c_d", "q" * 63])
+def test_good_queue_names_pass(name: str) -> None:
+    assert validation.queue_name(name) == name
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (object(), SerializationError),
+        (float("nan"), SerializationError),
+        (float("inf"), SerializationError),
+        (b"bytes", SerializationError),
+        ((1, 2), SerializationError),
+        ({1: "int key"}, SerializationError),
+        (dt.datetime(2020, 1, 1), SerializationError),
+        ("\ud800", SerializationError),
+    ],
+)
+def test_non_json_arguments_are_refused(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        validation.encode_args([value], {}, max_bytes=10_000, max_depth=10)
+
+
+def test_depth_and_size_limits() -> None:
+    deep: list[object] = []
+    cursor = deep
+    for _ in range(20):
+        nxt: list[object] = []
+        cursor.append(nxt)
+        cursor = nxt
+    with pytest.raises(SerializationError, match="deeper than 10"):
+        validation.encode_args([deep], {}, max_bytes=10_000, max_depth=10)
+    with pytest.raises(PayloadTooLarge, match="limit is 100"):
+        validation.encode_args(["x" * 200], {}, max_bytes=100, max_depth=10)
+
+
+def test_valid_arguments_encode_exactly() -> None:
+    args_text, kwargs_text = validation.encode_args(
+        [1, 1.5, "é\x00", None, True, [1, {"k": "v"}]], {"n": -0.0}, max_bytes=10_000, max_depth=10
+    )
+    assert args_text == '[1,1.5,"é\\u0000",null,true,[1,{"k":"v"}]]'
+    assert kwargs_text == '{"n":-0.0}'
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "5", True])
+def test_bad_delay(bad: object) -> None:
+    with pytest.raises(ValidationError):
+        validation.delay(bad)
+
+
+def test_naive_run_at_is_refused() -> None:
+    with pytest.raises(ValidationError, match="timezone-aware"):
+        validation.run_at(dt.datetime(2030, 1, 1))
+
+
+def test_transition_table_is_consistent() -> None:
+    for transition in TRANSITIONS.values():
+        assert transition.target not in transition.sources
+        assert not (transition.sources & FINAL_STATES) or transition.name == "rerun"
+    assert allowed(JobState.RUNNING, JobState.SUCCEEDED)
+    assert not allowed(JobState.SUCCEEDED, JobState.RUNNING)
+    assert not allowed(JobState.QUEUED, JobState.SUCCEEDED)
+
+
+@pytest.mark.parametrize(
+    "url", ["not a url", "mysql://u@h/db", "sqlite:///x.db", "postgresql+asyncpg://u@h/db"]
+)
+def test_bad_database_urls(url: str) -> None:
+    with pytest.raises(ConfigurationError):
+        normalize_database_url(url)
+
+
+def test_url_driver_is_normalised() -> None:
+    assert normalize_database_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+
+
+def test_settings_from_env_and_validation() -> None:
+    settings = Settings.from_env({"PGQUEUE_LEASE_SECONDS": "60", "PGQUEUE_LISTEN": "off"})
+    assert settings.lease_seconds == 60.0 and settings.listen is False
+    assert settings.effective_heartbeat_interval == 20.0
+    with pytest.raises(ConfigurationError, match="PGQUEUE_POLL_INTERVAL"):
+        Settings.from_env({"PGQUEUE_POLL_INTERVAL": "soon"})
+    with pytest.raises(ConfigurationError, match="heartbeat_interval"):
+        Settings(lease_seconds=5, heartbeat_interval=10)
+
+
+def test_sqlstate_classification() -> None:
+    class Fake(Exception):
+        sqlstate = "40P01"
+
+    class Wrapped(Exception):
+        def __init__(self) -> None:
+            super().__init__("wrapped")
+            self.orig = Fake()
+
+    assert is_transient_conflict(Wrapped())
+    assert not is_transient_conflict(ValueError())
