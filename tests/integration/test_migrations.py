@@ -50,8 +50,7 @@ def test_upgrade_downgrade_upgrade(empty_database_url: URL) -> None:
         migrations.upgrade(connection)
         assert migrations.current(connection) == migrations.head()
     assert _pgqueue_tables(empty_database_url) == {
-        "pgqueue_jobs",
-        "pgqueue_message_queue",
+        *(t.name for t in pgqueue_metadata.sorted_tables),
         migrations.VERSION_TABLE,
     }
     with engine.begin() as connection:

@@ -1,0 +1,369 @@
+"""Issue 2 acceptance: transactional enqueue, retries with backoff, atomic tasks, delays, bad
+input, manual retry, unknown tasks. All against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, Table, create_engine, func, select, text
+from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
+
+from pgqueue import (
+    ConfigurationError,
+    JobContext,
+    JobState,
+    PgQueue,
+    PgQueueError,
+    Retry,
+    SerializationError,
+    Settings,
+    ValidationError,
+    backoff,
+)
+from pgqueue.errors import InvalidStateTransition, JobNotFound
+from pgqueue.testing import run_until_final, table_counts
+
+ledger_metadata = MetaData()
+ledger = Table("ledger", ledger_metadata, Column("job_id", Integer, nullable=False))
+orders = Table("orders", ledger_metadata, Column("id", Integer, primary_key=True))
+
+
+@pytest.fixture
+def app_tables(engine: object) -> None:
+    ledger_metadata.create_all(engine)  # type: ignore[arg-type]
+
+
+def test_transactional_enqueue_rollback_and_commit(pgq: PgQueue, engine, app_tables) -> None:
+    runs: list[int] = []
+    lock = threading.Lock()
+
+    @pgq.task(name="record")
+    def record(n: int) -> None:
+        with lock:
+            runs.append(n)
+
+    for n in range(1000):
+        with Session(engine) as session, session.begin():
+            session.execute(orders.insert().values(id=n))
+            record.configure(session=session).enqueue(n)
+            session.rollback()
+    assert table_counts(engine) == {"pgqueue_jobs": 0, "pgqueue_message_queue": 0}
+    with engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(orders)).scalar_one() == 0
+    stats = pgq.run_worker(concurrency=4, drain=True)
+    assert stats.claimed == 0 and runs == []
+
+    committed: list[int] = []
+    for n in range(1000):
+        with Session(engine) as session, session.begin():
+            session.execute(orders.insert().values(id=n))
+            committed.append(record.configure(session=session).enqueue(n))
+    stats = pgq.run_worker(concurrency=8, drain=True)
+    assert stats.succeeded == 1000
+    assert sorted(runs) == list(range(1000))
+    assert len(set(committed)) == 1000
+
+
+def test_enqueue_returns_ids_and_results_round_trip(pgq: PgQueue) -> None:
+    @pgq.task(name="add")
+    def add(a: int, b: int) -> dict[str, int]:
+        return {"sum": a + b}
+
+    single = add.enqueue(1, b=2)
+    many = add.enqueue_many([{"a": 1, "b": 1}, [2, 3], {"a": 10, "b": -4}])
+    assert isinstance(single, int) and len(many) == 3 and many == sorted(many)
+    run_until_final(pgq, [single, *many])
+    results = [pgq.get_job(i).result for i in (single, *many)]
+    assert results == [{"sum": 3}, {"sum": 2}, {"sum": 5}, {"sum": 6}]
+    job = pgq.get_job(single)
+    assert job.state is JobState.SUCCEEDED and job.attempts == 1
+    assert job.started_at is not None and job.finished_at is not None
+    assert job.lease_token is None and job.args == [1] and job.kwargs == {"b": 2}
+
+
+def test_failing_twice_then_succeeding_keeps_last_error(pgq: PgQueue) -> None:
+    attempts: list[int] = []
+
+    @pgq.task(name="flaky", retry=backoff.constant(0.1), max_attempts=5, pass_context=True)
+    def flaky(ctx: JobContext) -> str:
+        attempts.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise RuntimeError(f"boom on attempt {ctx.attempt}")
+        return "ok"
+
+    job_id = flaky.enqueue()
+    run_until_final(pgq, [job_id])
+    job = pgq.get_job(job_id)
+    assert job.state is JobState.SUCCEEDED
+    assert job.attempts == 3 and attempts == [1, 2, 3]
+    assert job.result == "ok"
+    assert job.last_error is not None and "boom on attempt 2" in job.last_error
+    assert [e["attempt"] for e in job.errors] == [1, 2]
+    assert "Traceback" in job.errors[0]["error"]
+
+
+def test_always_failing_task_fails_after_max_attempts_with_backoff_gaps(
+    pgq: PgQueue, engine
+) -> None:
+    @pgq.task(name="doomed", retry=backoff.linear(0.5), max_attempts=3)
+    def doomed() -> None:
+        raise ValueError("never works")
+
+    job_id = doomed.enqueue()
+    run_until_final(pgq, [job_id], timeout=30)
+    job = pgq.get_job(job_id)
+    assert job.state is JobState.FAILED and job.attempts == 3
+    assert "never works" in (job.last_error or "")
+    # Gaps between attempts by the database clock: linear(0.5) -> 0.5 s after attempt 1, 1.0 s
+    # after attempt 2. The errors' timestamps are when each attempt failed; the next attempt's
+    # start cannot precede failure time + delay.
+    failures = [dt.datetime.fromisoformat(e["at"]) for e in job.errors]
+    assert len(failures) == 3
+    gap1 = (failures[1] - failures[0]).total_seconds()
+    gap2 = (failures[2] - failures[1]).total_seconds()
+    assert gap1 >= 0.5 and gap2 >= 1.0
+    assert gap1 < 0.5 + 2.0 and gap2 < 1.0 + 2.0  # run within a poll interval or so of run_at
+
+    # retry_job makes it run again (once more: the attempt count is kept)
+    pgq.retry_job(job_id)
+    assert pgq.get_job(job_id).state is JobState.QUEUED
+    run_until_final(pgq, [job_id])
+    again = pgq.get_job(job_id)
+    assert again.state is JobState.FAILED and again.attempts == 4
+
+
+def test_retry_job_refuses_jobs_that_did_not_fail(pgq: PgQueue) -> None:
+    @pgq.task(name="fine")
+    def fine() -> int:
+        return 1
+
+    job_id = fine.enqueue()
+    run_until_final(pgq, [job_id])
+    with pytest.raises(InvalidStateTransition, match="it is succeeded"):
+        pgq.retry_job(job_id)
+    assert pgq.get_job(job_id).state is JobState.SUCCEEDED
+
+
+def test_retry_exception_sets_delay(pgq: PgQueue) -> None:
+    @pgq.task(name="later", max_attempts=2, pass_context=True)
+    def later(ctx: JobContext) -> int:
+        if ctx.attempt == 1:
+            raise Retry(delay=0.3)
+        return ctx.attempt
+
+    job_id = later.enqueue()
+    run_until_final(pgq, [job_id])
+    job = pgq.get_job(job_id)
+    assert job.state is JobState.SUCCEEDED and job.result == 2
+
+
+def test_atomic_task_commits_with_the_job_or_not_at_all(pgq: PgQueue, engine, app_tables) -> None:
+    @pgq.task(
+        name="atomic_write",
+        atomic=True,
+        pass_context=True,
+        max_attempts=2,
+        retry=backoff.constant(0),
+    )
+    def atomic_write(ctx: JobContext, n: int, fail: bool) -> int:
+        ctx.session.execute(ledger.insert().values(job_id=n))
+        if fail and ctx.attempt == 1:
+            raise RuntimeError("after writing")
+        return n
+
+    bad = atomic_write.enqueue(1, fail=True)
+    good = atomic_write.enqueue(2, fail=False)
+    # Drain once: attempt 1 of the failing job must leave no row and a retrying job.
+    pgq.run_worker(concurrency=1, drain=True)
+    with engine.connect() as connection:
+        rows = sorted(r[0] for r in connection.execute(select(ledger.c.job_id)))
+    first = pgq.get_job(bad)
+    if first.state is JobState.RETRYING:
+        assert rows == [2]
+    run_until_final(pgq, [bad, good])
+    with engine.connect() as connection:
+        rows = sorted(r[0] for r in connection.execute(select(ledger.c.job_id)))
+    assert rows == [1, 2]  # job 1's second attempt wrote once; the failed attempt's row is gone
+    bad_job, good_job = pgq.get_job(bad), pgq.get_job(good)
+    assert bad_job.state is JobState.SUCCEEDED and bad_job.attempts == 2
+    assert "after writing" in (bad_job.last_error or "")
+    assert good_job.state is JobState.SUCCEEDED and good_job.attempts == 1
+
+
+def test_atomic_failure_rolls_back_handler_writes(pgq: PgQueue, engine, app_tables) -> None:
+    @pgq.task(name="atomic_fail", atomic=True, pass_context=True, max_attempts=1)
+    def atomic_fail(ctx: JobContext) -> None:
+        ctx.session.execute(ledger.insert().values(job_id=99))
+        raise RuntimeError("rolled back")
+
+    job_id = atomic_fail.enqueue()
+    run_until_final(pgq, [job_id])
+    with engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(ledger)).scalar_one() == 0
+    job = pgq.get_job(job_id)
+    assert job.state is JobState.FAILED and "rolled back" in (job.last_error or "")
+
+
+def test_atomic_crash_rolls_back_the_claim(pgq: PgQueue, engine, database_url: URL) -> None:
+    """A transaction that dies mid-handler leaves the ticket claimable again at once."""
+    from pgqueue import repository
+
+    @pgq.task(name="atomic_crash", atomic=True)
+    def atomic_crash() -> None:
+        return None
+
+    job_id = atomic_crash.enqueue()
+    session = pgq.handler_session()
+    session.begin()
+    claimed = repository.claim(
+        session,
+        worker_id="doomed",
+        limit=1,
+        queues=None,
+        lease_seconds=30,
+        task_leases={},
+        atomic=True,
+    )
+    assert [c.id for c in claimed] == [job_id]
+    # While the claim is open the ticket is locked: another claimer skips it.
+    with Session(engine) as other, other.begin():
+        assert (
+            repository.claim(
+                other,
+                worker_id="other",
+                limit=1,
+                queues=None,
+                lease_seconds=30,
+                task_leases={},
+                atomic=True,
+            )
+            == []
+        )
+    # The worker "crashes": its connection is terminated by the server.
+    pid = session.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    with create_engine(database_url, isolation_level="AUTOCOMMIT").connect() as admin:
+        admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    session.invalidate()  # the connection is gone; a rollback could not be sent
+    job = pgq.get_job(job_id)
+    assert job.state is JobState.QUEUED and job.attempts == 0
+    run_until_final(pgq, [job_id])
+    assert pgq.get_job(job_id).state is JobState.SUCCEEDED
+
+
+def test_delayed_job_waits_for_the_database_clock(pgq: PgQueue, engine) -> None:
+    @pgq.task(name="delayed", pass_context=True)
+    def delayed(ctx: JobContext) -> str:
+        return str(ctx.session.execute(text("SELECT clock_timestamp()")).scalar_one())
+
+    job_id = delayed.configure(delay=2).enqueue()
+    stats = pgq.run_worker(concurrency=2, drain=True)
+    assert stats.claimed == 0
+    assert pgq.get_job(job_id).state is JobState.QUEUED
+    run_until_final(pgq, [job_id], timeout=20)
+    job = pgq.get_job(job_id)
+    assert job.state is JobState.SUCCEEDED
+    assert job.started_at is not None
+    assert (job.started_at - job.created_at).total_seconds() >= 2.0
+    assert (job.started_at - job.created_at).total_seconds() < 2.0 + 2.0
+
+
+def test_run_at_in_the_past_runs_now(pgq: PgQueue) -> None:
+    @pgq.task(name="past")
+    def past() -> int:
+        return 7
+
+    job_id = past.configure(run_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC)).enqueue()
+    run_until_final(pgq, [job_id])
+    assert pgq.get_job(job_id).result == 7
+
+
+def test_unknown_task_fails_the_job_not_the_worker(pgq: PgQueue, database_url: URL) -> None:
+    other = PgQueue(database_url.render_as_string(hide_password=False), settings=pgq.settings)
+
+    @other.task(name="only.in.producer")
+    def producer_only() -> None:
+        return None
+
+    @pgq.task(name="known")
+    def known() -> int:
+        return 1
+
+    orphan = producer_only.enqueue()
+    fine = known.enqueue()
+    run_until_final(pgq, [orphan, fine])
+    orphan_job = pgq.get_job(orphan)
+    assert orphan_job.state is JobState.FAILED and orphan_job.attempts == 1
+    assert "no task named 'only.in.producer'" in (orphan_job.last_error or "")
+    assert pgq.get_job(fine).state is JobState.SUCCEEDED
+    other.dispose()
+
+
+def test_bad_input_is_refused_before_any_sql(pgq: PgQueue, engine) -> None:
+    @pgq.task(name="takes_one")
+    def takes_one(x: object) -> None:
+        return None
+
+    statements: list[str] = []
+    from sqlalchemy import event
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    pgq.engine
+    event.listen(pgq.engine, "before_cursor_execute", count)
+    before = table_counts(engine)
+    cases = [
+        (lambda: takes_one.enqueue(object()), SerializationError),
+        (lambda: takes_one.enqueue(float("nan")), SerializationError),
+        (lambda: takes_one.enqueue(b"raw"), SerializationError),
+        (lambda: takes_one.configure(queue="bad'queue").enqueue(1), ValidationError),
+        (lambda: takes_one.configure(queue="has space").enqueue(1), ValidationError),
+        (lambda: takes_one.configure(queue="x" * 64).enqueue(1), ValidationError),
+        (lambda: takes_one.configure(delay=-1).enqueue(1), ValidationError),
+        (lambda: takes_one.configure(priority=10**6).enqueue(1), ValidationError),
+        (lambda: takes_one.enqueue(1, 2), ValidationError),  # does not fit the signature
+        (lambda: takes_one.enqueue_many([{"x": 1}, {"y": 2}]), ValidationError),
+        (lambda: takes_one.enqueue("x" * 2_000_000), ValidationError),
+        (lambda: pgq.get_job(-5), ValidationError),
+    ]
+    for call, error in cases:
+        with pytest.raises(error) as caught:
+            call()
+        assert isinstance(caught.value, PgQueueError)
+        assert str(caught.value)
+    assert statements == []
+    assert table_counts(engine) == before
+    with pytest.raises(ConfigurationError, match="PostgreSQL"):
+        PgQueue("mysql://user@localhost/db")
+    with pytest.raises(ConfigurationError):
+        PgQueue("::not a url::")
+    with pytest.raises(JobNotFound):
+        pgq.get_job(123456789)
+
+
+def test_task_names_must_be_unique_and_valid(pgq: PgQueue) -> None:
+    @pgq.task(name="dup")
+    def first() -> None:
+        return None
+
+    with pytest.raises(ValidationError, match="already registered"):
+
+        @pgq.task(name="dup")
+        def second() -> None:
+            return None
+
+    with pytest.raises(ValidationError):
+        pgq.task(name="bad name")(lambda: None)
+
+
+def test_settings_statement_timeout_applies_to_pgqueue_engine(database_url: URL) -> None:
+    queue = PgQueue(
+        database_url.render_as_string(hide_password=False),
+        settings=Settings(statement_timeout_ms=1234),
+    )
+    with queue.engine.connect() as connection:
+        assert connection.execute(text("SHOW statement_timeout")).scalar_one() == "1234ms"
+    queue.dispose()
