@@ -4,7 +4,12 @@ Arguments are stored as PostgreSQL ``json`` (text kept verbatim), so anything ac
 back from the worker exactly as given. Only JSON's own types are accepted: ``dict`` with ``str``
 keys, ``list``, ``str``, ``int``, finite ``float``, ``bool`` and ``None``. Tuples, sets, bytes,
 dates and objects are refused rather than silently converted, so a job never runs with arguments
-that differ from what the caller passed.
+that differ from what the caller passed. Subclasses of the JSON types (``IntEnum``, ``StrEnum``,
+``OrderedDict``, ``defaultdict``...) are refused too: JSON would store them as the plain base
+type, and the handler would receive something other than what was enqueued.
+
+Error messages quote offending values through :func:`_short`, so a hostile value (a megabyte
+string key, say) cannot blow up the message that ends in a job's recorded error.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import datetime as dt
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from pgqueue.config import NAME_PATTERN, TASK_NAME_PATTERN
 from pgqueue.errors import PayloadTooLarge, SerializationError, ValidationError
@@ -110,7 +115,11 @@ def encode_args(
     for index, item in enumerate(args):
         _check_json(item, f"args[{index}]", max_depth)
     for key, item in kwargs.items():
-        _check_json(item, f"kwargs[{key!r}]", max_depth)
+        # Keyword names are JSON object keys too (enqueue_many takes any Mapping).
+        if type(key) is not str:
+            raise SerializationError(f"kwargs has a {type(key).__name__} key {_short(key)}")
+        _check_text(key, "kwargs key")
+        _check_json(item, f"kwargs[{_short(key)}]", max_depth)
     args_text = _dumps(list(args))
     kwargs_text = _dumps(dict(kwargs))
     size = len(args_text.encode("utf-8")) + len(kwargs_text.encode("utf-8"))
@@ -129,7 +138,29 @@ def encode_result(value: Any, *, max_bytes: int, max_depth: int) -> str:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except ValueError as exc:
+        # Python refuses to print ints over sys.get_int_max_str_digits() digits (4300 by
+        # default), and could not read them back either: refuse them as input.
+        raise SerializationError(f"value cannot be encoded as JSON: {exc}") from None
+
+
+# Exact types, not isinstance: a subclass would be stored as its base type (see module doc).
+_SCALARS: Final = frozenset({type(None), bool, int})
+_REPR_LIMIT: Final = 60
+_PATH_LIMIT: Final = 200
+
+
+def _short(value: Any) -> str:
+    """``repr`` of a value for an error message, cut to a few dozen characters."""
+    text = repr(value)
+    return text if len(text) <= _REPR_LIMIT else text[: _REPR_LIMIT - 5] + "...'" + text[-1:]
+
+
+def _child(where: str, step: str) -> str:
+    # Paths of deep or long-keyed structures are cut: the message must stay small.
+    return where + step if len(where) < _PATH_LIMIT else where
 
 
 def _check_json(value: Any, path: str, max_depth: int) -> None:
@@ -137,32 +168,34 @@ def _check_json(value: Any, path: str, max_depth: int) -> None:
     stack: list[tuple[Any, str, int]] = [(value, path, 1)]
     while stack:
         item, where, depth = stack.pop()
-        if item is None or isinstance(item, bool | int):
+        kind = type(item)
+        if kind in _SCALARS:
             continue
-        if isinstance(item, str):
+        if kind is str:
             _check_text(item, where)
             continue
-        if isinstance(item, float):
+        if kind is float:
             if not math.isfinite(item):
                 raise SerializationError(f"{where} is {item!r}; JSON has no NaN or infinity")
             continue
-        if isinstance(item, list | dict):
+        if kind is list or kind is dict:
             if depth > max_depth:
                 raise SerializationError(f"{where} is nested deeper than {max_depth} levels")
-            if isinstance(item, list):
-                stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+            if kind is list:
+                stack.extend((v, _child(where, f"[{i}]"), depth + 1) for i, v in enumerate(item))
             else:
                 for key, v in item.items():
-                    if not isinstance(key, str):
+                    if type(key) is not str:
                         raise SerializationError(
-                            f"{where} has a {type(key).__name__} key {key!r}; JSON keys are strings"
+                            f"{where} has a {type(key).__name__} key {_short(key)}; "
+                            "JSON keys are plain strings"
                         )
                     _check_text(key, f"{where} key")
-                    stack.append((v, f"{where}[{key!r}]", depth + 1))
+                    stack.append((v, _child(where, f"[{_short(key)}]"), depth + 1))
             continue
         raise SerializationError(
-            f"{where} is a {type(item).__name__}, which is not JSON "
-            "(use dict, list, str, int, float, bool or None)"
+            f"{where} is a {kind.__name__}, which is not JSON "
+            "(use plain dict, list, str, int, float, bool or None; not subclasses)"
         )
 
 
