@@ -1,0 +1,44 @@
+"""The benchmark tasks, importable by worker subprocesses as ``benchmarks.app:make_app``.
+
+``pgqueue worker`` calls ``make_app()`` (a callable APP is called), which builds a ``PgQueue``
+for the database in ``$PGQUEUE_BENCH_URL``. Task names are fixed so the benchmark process and
+the workers agree on them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pgqueue import PgQueue, Settings
+
+NOOP = "bench.noop"
+SPIN = "bench.spin"
+PROBE = "bench.probe"
+
+
+def build(url: str, settings: Settings | None = None) -> PgQueue:
+    """A PgQueue on ``url`` with the benchmark tasks registered (default settings)."""
+    pgq = PgQueue(url, settings=settings or Settings())
+
+    @pgq.task(name=NOOP)
+    def noop(n: int = 0) -> None:
+        """Does nothing: measures pgqueue's own overhead per job."""
+
+    @pgq.task(name=SPIN)
+    def spin(ms: float = 2.0) -> None:
+        """Spends ``ms`` milliseconds of pure Python (holding the GIL), like a CPU-bound job."""
+        end = time.perf_counter() + ms / 1000.0
+        while time.perf_counter() < end:
+            pass
+
+    @pgq.task(name=PROBE)
+    def probe(n: int = 0) -> float:
+        """Returns the wall clock at handler start; the latency workload reads it back."""
+        return time.time()
+
+    return pgq
+
+
+def make_app() -> PgQueue:
+    return build(os.environ["PGQUEUE_BENCH_URL"])

@@ -1,0 +1,176 @@
+"""The ceiling: the same work done by hand-written SQL on one table, with psycopg directly.
+
+One table ``baseline_jobs`` with a partial index over queued rows, the seed's claim (a CTE that
+selects ``FOR UPDATE SKIP LOCKED`` and an ``UPDATE ... RETURNING``), batched claims and batched
+completions (``id = ANY(...)``), COPY for bulk enqueue and LISTEN/NOTIFY for wake-ups. No
+leases, no heartbeats, no retries, no validation: that is what makes it a ceiling.
+
+The workers run in a child process like pgqueue's (``python -m benchmarks.baseline drain URL
+BATCH`` / ``listen URL BATCH``) so both sides pay the same interprocess costs.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+SCHEMA = """
+CREATE TABLE baseline_jobs (
+    id bigserial PRIMARY KEY,
+    task text NOT NULL,
+    args jsonb NOT NULL DEFAULT '[]',
+    state text NOT NULL DEFAULT 'queued',
+    priority smallint NOT NULL DEFAULT 0,
+    run_at timestamptz NOT NULL DEFAULT now(),
+    attempts int NOT NULL DEFAULT 0,
+    started_at timestamptz,
+    finished_at timestamptz,
+    result jsonb
+);
+CREATE INDEX baseline_jobs_ready ON baseline_jobs (priority, run_at, id) WHERE state = 'queued';
+"""
+
+INSERT_ONE = "INSERT INTO baseline_jobs (task, args) VALUES (%s, %s) RETURNING id"
+
+CLAIM = """
+WITH cte AS (
+    SELECT id FROM baseline_jobs
+    WHERE state = 'queued' AND run_at <= now()
+    ORDER BY priority, run_at, id
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE baseline_jobs AS j
+SET state = 'running', attempts = j.attempts + 1, started_at = now()
+FROM cte WHERE j.id = cte.id
+RETURNING j.id, j.task, j.args
+"""
+
+COMPLETE = """
+UPDATE baseline_jobs AS j SET state = 'succeeded', finished_at = now(), result = r.result
+FROM unnest(%s::bigint[], %s::jsonb[]) AS r(id, result)
+WHERE j.id = r.id AND j.state = 'running'
+"""
+
+CHANNEL = "baseline"
+
+
+def create_schema(conninfo: str) -> None:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+
+
+def enqueue_one_each(conninfo: str, n: int) -> float:
+    """``n`` single-row INSERTs, each its own (autocommit) transaction; returns seconds."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for i in range(20):  # warm-up: prepare the statement, as pgqueue gets a warm pool
+            conn.execute(INSERT_ONE, ("noop", Jsonb([i])), prepare=True)
+        conn.execute("TRUNCATE baseline_jobs")
+        start = time.perf_counter()
+        for i in range(n):
+            conn.execute(INSERT_ONE, ("noop", Jsonb([i])), prepare=True).fetchone()
+        return time.perf_counter() - start
+
+
+def enqueue_copy(conninfo: str, n: int) -> float:
+    """``n`` rows with one COPY in one transaction; returns seconds."""
+    with psycopg.connect(conninfo) as conn:
+        start = time.perf_counter()
+        with conn.cursor() as cur, cur.copy("COPY baseline_jobs (task, args) FROM STDIN") as copy:
+            for i in range(n):
+                copy.write_row(("noop", f"[{i}]"))
+        conn.commit()
+        return time.perf_counter() - start
+
+
+def fill(conninfo: str, n: int) -> None:
+    enqueue_copy(conninfo, n)
+
+
+def span(conninfo: str) -> dict[str, Any]:
+    """Counts, first claim -> last completion, and the 10th -> 90th percentile of completions."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE state = 'succeeded'), count(*),"
+            " extract(epoch FROM max(finished_at) - min(started_at))::float8,"
+            " extract(epoch FROM percentile_disc(0.9) WITHIN GROUP (ORDER BY finished_at)"
+            " - percentile_disc(0.1) WITHIN GROUP (ORDER BY finished_at))::float8"
+            " FROM baseline_jobs"
+        ).fetchone()
+    assert row is not None
+    return {"succeeded": row[0], "total": row[1], "span_s": row[2], "steady_s": row[3]}
+
+
+def _run_batch(conn: psycopg.Connection[Any], batch: int) -> int:
+    rows = conn.execute(CLAIM, (batch,), prepare=True).fetchall()
+    if not rows:
+        return 0
+    ids: list[int] = []
+    results: list[Jsonb] = []
+    for job_id, _task, _args in rows:
+        ids.append(job_id)
+        results.append(Jsonb(time.time()))  # the handler: report when it started
+    conn.execute(COMPLETE, (ids, results), prepare=True)
+    return len(rows)
+
+
+def drain(conninfo: str, batch: int) -> int:
+    """Claim ``batch`` at a time and complete them until nothing is ready; returns the count."""
+    done = 0
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        while True:
+            got = _run_batch(conn, batch)
+            if not got:
+                return done
+            done += got
+
+
+def listen(conninfo: str, batch: int) -> None:
+    """Idle worker: LISTEN, and on each notification claim until empty. Stops on SIGTERM."""
+    stopping = False
+
+    def stop(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f"LISTEN {CHANNEL}")
+        print("listening", flush=True)
+        while not stopping:
+            while _run_batch(conn, batch):
+                pass
+            # Wait for one NOTIFY (psycopg keeps those that arrived during the claims in a
+            # backlog, so none is missed), or poll after a second.
+            for _ in conn.notifies(timeout=1.0, stop_after=1):
+                pass
+
+
+def enqueue_notify(conn: psycopg.Connection[Any], i: int) -> None:
+    """One job in its own transaction with a NOTIFY (what a trigger would send)."""
+    with conn.transaction():
+        conn.execute(INSERT_ONE, ("probe", Jsonb([i])), prepare=True)
+        conn.execute("SELECT pg_notify(%s, '')", (CHANNEL,), prepare=True)
+
+
+def probe_results(conninfo: str) -> dict[int, float]:
+    """Job id -> handler start wall time (epoch seconds) for completed probes."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT id, result FROM baseline_jobs WHERE task = 'probe' AND state = 'succeeded'"
+        ).fetchall()
+    return {job_id: float(result) for job_id, result in rows}
+
+
+if __name__ == "__main__":
+    mode, url, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if mode == "drain":
+        print(json.dumps({"processed": drain(url, size)}))
+    else:
+        listen(url, size)

@@ -1,0 +1,420 @@
+"""The entry point: ``python -m benchmarks [--quick | --soak] [--json PATH]``.
+
+Runs every workload against a fresh database on one server (a durable embedded PostgreSQL, or
+``$PGQUEUE_DATABASE_URL``), prints a table of pgqueue vs. the raw-SQL baseline with the ratio
+and the target, and writes the JSON to ``benchmarks/results/<timestamp>.json`` (and ``--json``).
+No threshold is asserted: the exit status is 0 unless a workload could not run at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks import server as server_module
+from benchmarks import workloads as w
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+console = Console()
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each workload does; ``quick`` keeps the whole run under a minute."""
+
+    enqueue1: int
+    enqueue_batch: int
+    drain: int
+    drain_concurrency: tuple[int, ...]
+    baseline_batches: tuple[int, ...]
+    latency: int
+    history_rows: int
+    history_rounds: int
+    cpu: int
+    memory: int
+
+
+QUICK = Sizes(
+    enqueue1=300,
+    enqueue_batch=5_000,
+    drain=3_000,
+    drain_concurrency=(10, 50),
+    baseline_batches=(50,),
+    latency=200,
+    history_rows=100_000,
+    history_rounds=1,
+    cpu=400,
+    memory=0,
+)
+FULL = Sizes(
+    enqueue1=3_000,
+    enqueue_batch=100_000,
+    drain=30_000,
+    drain_concurrency=(10, 25, 50, 100, 200),
+    baseline_batches=(10, 50, 200),
+    latency=3_000,
+    history_rows=1_000_000,
+    history_rounds=2,
+    cpu=3_000,
+    memory=200_000,
+)
+LATENCY_RATE = 100.0
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (0.0, 0.0, 0.0)
+    return {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_avg_at_start": load,
+    }
+
+
+def run_suite(srv: server_module.Server, sizes: Sizes) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+
+    def step(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        console.log(f"[bold]{name}[/bold] ...")
+        started = time.perf_counter()
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            console.log(f"[red]{name} failed:[/red] {exc}")
+            traceback.print_exc()
+            results.setdefault("errors", {})[name] = repr(exc)
+            return None
+        console.log(f"{name} done in {time.perf_counter() - started:.1f} s")
+        return value
+
+    results["enqueue1"] = step("enqueue1", w.enqueue1, srv, sizes.enqueue1)
+    results["enqueueB"] = step("enqueueB", w.enqueue_batch, srv, sizes.enqueue_batch)
+
+    sweep = [
+        step(f"drain c={c}", w.drain_pgqueue, srv, sizes.drain, c) for c in sizes.drain_concurrency
+    ]
+    base_sweep = [
+        step(f"baseline drain batch={b}", w.drain_baseline, srv, sizes.drain, b)
+        for b in sizes.baseline_batches
+    ]
+    sweep_ok = [r for r in sweep if r and r["ok"]]
+    base_ok = [r for r in base_sweep if r and r["ok"]]
+    best = max(sweep_ok, key=lambda r: r["jobs_per_s"]) if sweep_ok else None
+    results["drain"] = {
+        "default": sweep[0],
+        "best": best,
+        "sweep": sweep,
+        "baseline": max(base_ok, key=lambda r: r["jobs_per_s"]) if base_ok else None,
+        "baseline_sweep": base_sweep,
+    }
+    best_c = best["concurrency"] if best else sizes.drain_concurrency[0]
+
+    results["latency"] = {
+        "pgqueue": step("latency", w.latency_pgqueue, srv, sizes.latency, LATENCY_RATE),
+        "baseline": step("baseline latency", w.latency_baseline, srv, sizes.latency, LATENCY_RATE),
+    }
+
+    empty, full = [], []
+    for r in range(sizes.history_rounds):
+        empty.append(
+            step(f"history round {r + 1}: empty", w.drain_pgqueue, srv, sizes.drain, best_c)
+        )
+        full.append(
+            step(
+                f"history round {r + 1}: {sizes.history_rows:,} finished jobs",
+                w.drain_pgqueue,
+                srv,
+                sizes.drain,
+                best_c,
+                history=sizes.history_rows,
+            )
+        )
+    results["history"] = {"empty": empty, "history": full, "rows": sizes.history_rows}
+
+    spin = {"ms": 2.0}
+    results["cpu"] = {
+        "one": step(
+            "cpu 1 process",
+            w.drain_pgqueue,
+            srv,
+            sizes.cpu,
+            10,
+            task_name="bench.spin",
+            task_kwargs=spin,
+        ),
+        "two": step(
+            "cpu 2 processes",
+            w.drain_pgqueue,
+            srv,
+            sizes.cpu,
+            10,
+            processes=2,
+            task_name="bench.spin",
+            task_kwargs=spin,
+        ),
+    }
+    if sizes.memory:
+        results["memory"] = step("memory", w.memory, srv, sizes.memory, best_c)
+    return results
+
+
+def _median_rate(runs: list[Any]) -> float | None:
+    rates = sorted(r["jobs_per_s"] for r in runs if r and r["ok"])
+    return rates[len(rates) // 2] if rates else None
+
+
+def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of (workload, pgqueue, baseline, ratio, target, met) for the table and the JSON."""
+    rows: list[dict[str, Any]] = []
+
+    def add(
+        workload: str,
+        pg: float | None,
+        base: float | None,
+        unit: str,
+        target: str,
+        met: bool | None,
+        ratio: float | None = None,
+    ) -> None:
+        if ratio is None and pg is not None and base:
+            ratio = pg / base
+        rows.append(
+            {
+                "workload": workload,
+                "pgqueue": pg,
+                "baseline": base,
+                "unit": unit,
+                "ratio": ratio,
+                "target": target,
+                "met": met,
+            }
+        )
+
+    def ratio_row(
+        name: str, pg: float | None, base: float | None, unit: str, minimum: float
+    ) -> None:
+        ratio = pg / base if pg is not None and base else None
+        add(
+            name,
+            pg,
+            base,
+            unit,
+            f">= {minimum}x baseline",
+            None if ratio is None else ratio >= minimum,
+        )
+
+    e1, eb = results.get("enqueue1"), results.get("enqueueB")
+    ratio_row("enqueue1", e1 and e1["pgqueue"], e1 and e1["baseline"], "jobs/s", 0.7)
+    ratio_row("enqueueB", eb and eb["pgqueue"], eb and eb["baseline"], "jobs/s", 0.6)
+
+    d = results.get("drain") or {}
+    base = d.get("baseline")
+    base_rate = base["jobs_per_s"] if base else None
+    default = d.get("default")
+    add(
+        f"drain default (c={default['concurrency']})" if default else "drain default",
+        default["jobs_per_s"] if default else None,
+        base_rate,
+        "jobs/s",
+        "(informative)",
+        None,
+    )
+    best = d.get("best")
+    ratio_row(
+        f"drain best (c={best['concurrency']})" if best else "drain best",
+        best["jobs_per_s"] if best else None,
+        base_rate,
+        "jobs/s",
+        0.6,
+    )
+
+    lat = results.get("latency") or {}
+    lp, lb = lat.get("pgqueue"), lat.get("baseline")
+    p50_ratio = lp["p50"] / lb["p50"] if lp and lb and lb["p50"] > 0 else None
+    add(
+        "latency p50",
+        lp and lp["p50"],
+        lb and lb["p50"],
+        "ms",
+        "<= 1.5x baseline",
+        None if p50_ratio is None else p50_ratio <= 1.5,
+        p50_ratio,
+    )
+    add("latency p95", lp and lp["p95"], lb and lb["p95"], "ms", "(informative)", None)
+    add(
+        "latency p99",
+        lp and lp["p99"],
+        lb and lb["p99"],
+        "ms",
+        "< 10 ms",
+        None if not lp else lp["p99"] < 10,
+    )
+
+    h = results.get("history") or {}
+    empty, full = _median_rate(h.get("empty", [])), _median_rate(h.get("history", []))
+    hratio = full / empty if full and empty else None
+    add(
+        f"history ({h.get('rows', 0):,} finished) vs empty",
+        full,
+        empty,
+        "jobs/s",
+        ">= 0.9x empty",
+        None if hratio is None else hratio >= 0.9,
+    )
+
+    c = results.get("cpu") or {}
+    one, two = c.get("one"), c.get("two")
+    r1 = one["jobs_per_s"] if one and one["ok"] else None
+    r2 = two["jobs_per_s"] if two and two["ok"] else None
+    cratio = r2 / r1 if r1 and r2 else None
+    add(
+        "cpu 2 ms jobs: 2 processes vs 1",
+        r2,
+        r1,
+        "jobs/s",
+        ">= 1.4x one",
+        None if cratio is None else cratio >= 1.4,
+    )
+
+    m = results.get("memory")
+    if m:
+        growth = m.get("growth_mb")
+        add(
+            f"memory RSS growth over {m['jobs']:,} jobs",
+            growth,
+            None,
+            "MB",
+            "< 20 MB",
+            None if growth is None else growth < 20,
+        )
+    return rows
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "ms":
+        return f"{value:.2f} ms"
+    if unit == "MB":
+        return f"{value:.1f} MB"
+    return f"{value:,.0f}"
+
+
+def print_table(rows: list[dict[str, Any]], title: str) -> None:
+    table = Table(title=title)
+    for name, justify in (
+        ("workload", "left"),
+        ("pgqueue", "right"),
+        ("baseline", "right"),
+        ("ratio", "right"),
+        ("target", "left"),
+        ("met", "center"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        met = {True: "[green]yes[/green]", False: "[red]no[/red]", None: ""}[row["met"]]
+        table.add_row(
+            row["workload"],
+            _fmt(row["pgqueue"], row["unit"]),
+            _fmt(row["baseline"], row["unit"]),
+            "-" if row["ratio"] is None else f"{row['ratio']:.2f}x",
+            row["target"],
+            met,
+        )
+    console.print(table)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| workload | pgqueue | baseline | ratio | target | met |",
+        "|---|---:|---:|---:|---|:---:|",
+    ]
+    for row in rows:
+        met = {True: "yes", False: "**no**", None: ""}[row["met"]]
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+        lines.append(
+            f"| {row['workload']} | {_fmt(row['pgqueue'], row['unit'])} | "
+            f"{_fmt(row['baseline'], row['unit'])} | {ratio} | {row['target']} | {met} |"
+        )
+    return "\n".join(lines)
+
+
+def write_json(report: dict[str, Any], extra_path: str | None) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    path = RESULTS_DIR / f"{stamp}-{report['mode']}.json"
+    text = json.dumps(report, indent=2, default=str)
+    path.write_text(text)
+    if extra_path:
+        Path(extra_path).write_text(text)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="small N, under a minute (CI smoke)")
+    mode.add_argument("--soak", action="store_true", help="only the sustained-load soak")
+    parser.add_argument("--soak-seconds", type=float, default=300.0)
+    parser.add_argument("--soak-rate", type=float, default=500.0)
+    parser.add_argument("--json", dest="json_path", default=None, help="also write JSON here")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("PGQUEUE_DATABASE_URL"),
+        help="an existing server (default $PGQUEUE_DATABASE_URL, else a durable embedded one)",
+    )
+    args = parser.parse_args(argv)
+    mode_name = "soak" if args.soak else "quick" if args.quick else "full"
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "mode": mode_name,
+        "started_at": dt.datetime.now(dt.UTC).isoformat(),
+        "machine": machine(),
+    }
+    with server_module.start(args.database_url) as srv:
+        report["server"] = {"embedded": srv.embedded, **srv.settings()}
+        console.log(f"server: {report['server']}")
+        if args.soak:
+            from benchmarks import soak
+
+            report["soak"] = soak.run(srv, seconds=args.soak_seconds, rate=args.soak_rate)
+            soak.print_report(report["soak"], console)
+        else:
+            sizes = QUICK if args.quick else FULL
+            report["sizes"] = sizes.__dict__
+            report["results"] = run_suite(srv, sizes)
+            report["summary"] = summarize(report["results"])
+            print_table(report["summary"], f"pgqueue vs raw-SQL baseline ({mode_name} run)")
+            print(markdown_table(report["summary"]))
+    report["elapsed_s"] = time.perf_counter() - started
+    path = write_json(report, args.json_path)
+    console.log(f"{mode_name} run took {report['elapsed_s']:.0f} s; JSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

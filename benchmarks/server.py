@@ -1,0 +1,98 @@
+"""Where the benchmarks run: a durable embedded PostgreSQL, or ``$PGQUEUE_DATABASE_URL``.
+
+Every workload gets a fresh database (``CREATE DATABASE`` + pgqueue's migrations) so no run sees
+another's dead tuples, sequences or cached plans; it is dropped afterwards to keep the disk small.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.engine import URL, make_url
+
+from pgqueue import migrations
+from pgqueue.embedded import EmbeddedPostgres
+
+_counter = itertools.count(1)
+
+
+def libpq(url: URL) -> str:
+    """A libpq URI for a SQLAlchemy URL (psycopg does not understand ``+psycopg``)."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def sqlalchemy_url(url: URL) -> str:
+    return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+@dataclass
+class Server:
+    """An admin URL plus what the run needs to describe the server in its report."""
+
+    admin_url: URL
+    embedded: bool
+
+    def settings(self) -> dict[str, str]:
+        """The server settings that decide durability and memory, as the report shows them."""
+        names = (
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "full_page_writes",
+            "wal_sync_method",
+            "shared_buffers",
+            "max_connections",
+        )
+        with psycopg.connect(libpq(self.admin_url), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)", [list(names)]
+            ).fetchall()
+        return {name: f"{setting}{unit or ''}" for name, setting, unit in rows}
+
+    @contextmanager
+    def fresh_database(self, label: str, *, migrate: bool = True) -> Iterator[URL]:
+        """A new database migrated to pgqueue's head; dropped (with force) on exit."""
+        name = f"bench_{label}_{os.getpid()}_{next(_counter)}"
+        with psycopg.connect(libpq(self.admin_url), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')  # name built from a fixed pattern
+        url = self.admin_url.set(database=name)
+        try:
+            if migrate:
+                engine = create_engine(sqlalchemy_url(url))
+                try:
+                    with engine.begin() as connection:
+                        migrations.upgrade(connection)
+                finally:
+                    engine.dispose()
+            yield url
+        finally:
+            with psycopg.connect(libpq(self.admin_url), autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def start(database_url: str | None) -> Iterator[Server]:
+    """Use ``database_url`` when given, else a durable embedded server in a temp directory."""
+    if database_url:
+        yield Server(make_url(database_url).set(drivername="postgresql+psycopg"), embedded=False)
+        return
+    base = Path(tempfile.mkdtemp(prefix="pgqueue-bench-"))
+    # When root, the server runs as `nobody`, which must traverse this directory.
+    base.chmod(0o755)
+    # fsync and synchronous_commit stay on (durable=True): the numbers are for a real deployment.
+    server = EmbeddedPostgres(base / "data", durable=True)
+    try:
+        server.start()
+        yield Server(make_url(server.url()), embedded=True)
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,410 @@
+"""The workloads, each on a fresh database, pgqueue and (where it has one) the baseline.
+
+pgqueue's workers run as ``python -m pgqueue worker benchmarks.app:make_app`` subprocesses,
+exactly as a deployment runs them; the baseline's workers run as ``python -m
+benchmarks.baseline`` subprocesses. Throughput is measured by the database clock, first claim
+to last completion, so interpreter start-up is not counted for either side; the wall time
+including start-up is kept in the JSON too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy.engine import URL
+
+from benchmarks import app, baseline
+from benchmarks.server import Server, libpq, sqlalchemy_url
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKER_TIMEOUT = 900.0
+FILL_CHUNK = 50_000
+
+Result = dict[str, Any]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+
+    def pick(p: float) -> float:
+        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+    return {
+        "p50": pick(50),
+        "p95": pick(95),
+        "p99": pick(99),
+        "max": ordered[-1],
+        "mean": statistics.fmean(ordered),
+    }
+
+
+def _env(url: URL) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PGQUEUE_BENCH_URL"] = sqlalchemy_url(url)
+    env.pop("PGQUEUE_DATABASE_URL", None)
+    return env
+
+
+@contextmanager
+def process(
+    command: list[str], env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """A child process that is stopped (SIGTERM, then SIGKILL) on the way out, whatever happens.
+
+    Its stderr (pgqueue's worker logs a line per job at INFO) goes to a temporary file, not the
+    terminal, and its tail is raised with the error when the child fails.
+    """
+    with tempfile.TemporaryFile("w+") as log:
+        child = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True
+        )
+        try:
+            yield child
+        except BaseException as exc:
+            log.seek(0)
+            tail = log.read()[-3000:]
+            raise RuntimeError(f"{exc!r}; child stderr tail:\n{tail}") from exc
+        finally:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+                try:
+                    child.wait(30)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+
+
+def worker_command(concurrency: int, processes: int = 1, drain: bool = True) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pgqueue",
+        "worker",
+        "benchmarks.app:make_app",
+        "--concurrency",
+        str(concurrency),
+        "--processes",
+        str(processes),
+        *(["--drain"] if drain else []),
+    ]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def fill_pgqueue(url: URL, n: int, task_name: str = app.NOOP, **kwargs: Any) -> None:
+    """``n`` jobs through ``enqueue_many`` (in chunks, to bound the statement's arrays)."""
+    pgq = app.build(sqlalchemy_url(url))
+    try:
+        task = pgq.registry.get(task_name)
+        for start in range(0, n, FILL_CHUNK):
+            task.enqueue_many(
+                [kwargs or {"n": i} for i in range(start, min(n, start + FILL_CHUNK))]
+            )
+    finally:
+        pgq.dispose()
+
+
+# Succeeded and total counts, first claim -> last completion, and the 10th -> 90th percentile
+# of completion times: the steady-state window, which leaves out worker start-up (a second
+# process importing pgqueue competes for the CPU with the first one already working) and the
+# tail where fewer jobs than slots remain.
+STEADY_COLUMNS = (
+    "count(*) FILTER (WHERE state = 'succeeded'), count(*),"
+    " extract(epoch FROM max(finished_at) - min(started_at))::float8,"
+    " extract(epoch FROM percentile_disc(0.9) WITHIN GROUP (ORDER BY finished_at)"
+    " - percentile_disc(0.1) WITHIN GROUP (ORDER BY finished_at))::float8"
+)
+
+
+def _counts(row: Any) -> dict[str, Any]:
+    return {"succeeded": row[0], "total": row[1], "span_s": row[2], "steady_s": row[3]}
+
+
+def _throughput(n: int, counts: dict[str, Any], wall: float) -> Result:
+    """Jobs/s over the steady window (the table's number), plus first-to-last and wall."""
+    ok = counts["succeeded"] == n and counts["total"] == n
+    span = counts["span_s"] or float("nan")
+    steady = counts["steady_s"] or float("nan")
+    return {
+        "jobs": n,
+        "jobs_per_s": 0.8 * n / steady if ok else 0.0,
+        "jobs_per_s_first_to_last": n / span if ok else 0.0,
+        "span_s": span,
+        "steady_s": steady,
+        "wall_s": wall,
+        "succeeded": counts["succeeded"],
+        "ok": ok,
+    }
+
+
+# -- enqueue ---------------------------------------------------------------------------------
+
+
+def enqueue1(server: Server, n: int) -> Result:
+    with server.fresh_database("enq1") as url:
+        pgq = app.build(sqlalchemy_url(url))
+        try:
+            task = pgq.registry.get(app.NOOP)
+            for i in range(20):  # warm-up: pool connections and compiled-statement cache
+                task.enqueue(n=i)
+            start = time.perf_counter()
+            for i in range(n):
+                task.enqueue(n=i)
+            pg = time.perf_counter() - start
+        finally:
+            pgq.dispose()
+    with server.fresh_database("enq1_base", migrate=False) as url:
+        baseline.create_schema(libpq(url))
+        base = baseline.enqueue_one_each(libpq(url), n)
+    return {"jobs": n, "pgqueue": n / pg, "baseline": n / base, "unit": "jobs/s"}
+
+
+def enqueue_batch(server: Server, n: int) -> Result:
+    with server.fresh_database("enqB") as url:
+        pgq = app.build(sqlalchemy_url(url))
+        try:
+            task = pgq.registry.get(app.NOOP)
+            task.enqueue_many([{"n": i} for i in range(10)])  # warm-up
+            items = [{"n": i} for i in range(n)]
+            start = time.perf_counter()
+            ids = task.enqueue_many(items)
+            pg = time.perf_counter() - start
+            assert len(ids) == n
+        finally:
+            pgq.dispose()
+    with server.fresh_database("enqB_base", migrate=False) as url:
+        baseline.create_schema(libpq(url))
+        baseline.enqueue_copy(libpq(url), 10)  # warm-up
+        base = baseline.enqueue_copy(libpq(url), n)
+    return {"jobs": n, "pgqueue": n / pg, "baseline": n / base, "unit": "jobs/s"}
+
+
+# -- drain -----------------------------------------------------------------------------------
+
+
+def drain_pgqueue(
+    server: Server,
+    n: int,
+    concurrency: int,
+    *,
+    processes: int = 1,
+    task_name: str = app.NOOP,
+    history: int = 0,
+    task_kwargs: dict[str, Any] | None = None,
+) -> Result:
+    with server.fresh_database("drain") as url:
+        if history:
+            add_history(url, history)
+        fill_pgqueue(url, n, task_name, **(task_kwargs or {}))
+        start = time.perf_counter()
+        with process(worker_command(concurrency, processes), _env(url)) as child:
+            code = child.wait(WORKER_TIMEOUT)
+            if code != 0:
+                raise RuntimeError(f"pgqueue worker exited with {code}")
+        wall = time.perf_counter() - start
+        result = _throughput(n, _succeeded_new(url, history), wall)
+    result.update(concurrency=concurrency, processes=processes, history=history)
+    return result
+
+
+def _succeeded_new(url: URL, history: int) -> dict[str, Any]:
+    """Like ``pgqueue_span`` but ignoring the ``history`` pre-finished rows (ids 1..history)."""
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT {STEADY_COLUMNS} FROM pgqueue_jobs WHERE id > %s",
+            (history,),
+        ).fetchone()
+    assert row is not None
+    return _counts(row)
+
+
+def drain_baseline(server: Server, n: int, batch: int) -> Result:
+    with server.fresh_database("drain_base", migrate=False) as url:
+        baseline.create_schema(libpq(url))
+        baseline.fill(libpq(url), n)
+        start = time.perf_counter()
+        command = [sys.executable, "-m", "benchmarks.baseline", "drain", libpq(url), str(batch)]
+        with process(command) as child:
+            code = child.wait(WORKER_TIMEOUT)
+            if code != 0:
+                raise RuntimeError(f"baseline worker exited with {code}")
+        wall = time.perf_counter() - start
+        result = _throughput(n, baseline.span(libpq(url)), wall)
+    result.update(batch=batch)
+    return result
+
+
+def add_history(url: URL, rows: int) -> None:
+    """``rows`` finished jobs in one INSERT ... SELECT, then VACUUM ANALYZE (as autovacuum
+    would have done by the time that much history has accumulated)."""
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        conn.execute(
+            """
+            INSERT INTO pgqueue_jobs (task_name, queue, args, kwargs, state, priority, attempts,
+                max_attempts, run_at, created_at, started_at, finished_at, updated_at, result)
+            SELECT %s, 'default', '[]', json_build_object('n', g), 'succeeded', 0, 1, 3,
+                t, t, t, t + interval '2 ms', t + interval '2 ms', 'null'
+            FROM generate_series(1, %s) AS g,
+                LATERAL (SELECT now() - interval '2 days' + g * interval '100 ms' AS t) AS ts
+            """,
+            (app.NOOP, rows),
+        )
+        conn.execute("VACUUM ANALYZE pgqueue_jobs")
+
+
+# -- latency ---------------------------------------------------------------------------------
+
+
+def _listener_connected(url: URL, application_name: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with psycopg.connect(libpq(url), autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = %s"
+                " AND query ILIKE 'LISTEN%%'",
+                (application_name,),
+            ).fetchone()
+        return bool(row and row[0])
+
+    return check
+
+
+def _paced(n: int, rate: float) -> Iterator[int]:
+    start = time.perf_counter()
+    for i in range(n):
+        pause = start + i / rate - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        yield i
+
+
+def latency_pgqueue(server: Server, n: int, rate: float) -> Result:
+    with server.fresh_database("lat") as url:
+        pgq = app.build(sqlalchemy_url(url))
+        try:
+            task = pgq.registry.get(app.PROBE)
+            with process(worker_command(10, drain=False), _env(url)) as child:
+                wait_until(_listener_connected(url, "pgqueue-listener"), 60, "the worker's LISTEN")
+                warm = [task.enqueue(n=-i - 1) for i in range(10)]
+                wait_until(lambda: _probe_done(url, len(warm)), 60, "warm-up jobs")
+                sent: dict[int, float] = {}
+                for i in _paced(n, rate):
+                    job_id = task.enqueue(n=i)
+                    sent[job_id] = time.time()  # commit acknowledged
+                wait_until(lambda: _probe_done(url, n + len(warm)), 60, "probe jobs")
+                assert child.poll() is None, "worker died"
+            started = _probe_starts(url)
+        finally:
+            pgq.dispose()
+    delays = [(started[job_id] - t) * 1000 for job_id, t in sent.items()]
+    return {"jobs": n, "rate": rate, **percentiles(delays), "unit": "ms"}
+
+
+def _probe_done(url: URL, expected: int) -> bool:
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pgqueue_jobs WHERE state = 'succeeded'").fetchone()
+    return bool(row and row[0] >= expected)
+
+
+def _probe_starts(url: URL) -> dict[int, float]:
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT id, result::text FROM pgqueue_jobs WHERE state = 'succeeded'"
+        ).fetchall()
+    return {job_id: float(result) for job_id, result in rows}
+
+
+def latency_baseline(server: Server, n: int, rate: float) -> Result:
+    with server.fresh_database("lat_base", migrate=False) as url:
+        conninfo = libpq(url)
+        baseline.create_schema(conninfo)
+        command = [sys.executable, "-m", "benchmarks.baseline", "listen", conninfo, "10"]
+        with process(command) as child, psycopg.connect(conninfo) as conn:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "listening"
+            for i in range(10):
+                baseline.enqueue_notify(conn, -i - 1)
+            wait_until(lambda: len(baseline.probe_results(conninfo)) >= 10, 60, "warm-up")
+            conn.execute("DELETE FROM baseline_jobs")
+            conn.commit()
+            sent: dict[int, float] = {}
+            for i in _paced(n, rate):
+                with conn.transaction():
+                    row = conn.execute(
+                        baseline.INSERT_ONE, ("probe", baseline.Jsonb([i])), prepare=True
+                    ).fetchone()
+                    conn.execute("SELECT pg_notify(%s, '')", (baseline.CHANNEL,), prepare=True)
+                assert row is not None
+                sent[row[0]] = time.time()
+            wait_until(lambda: len(baseline.probe_results(conninfo)) >= n, 60, "probe jobs")
+            started = baseline.probe_results(conninfo)
+    delays = [(started[job_id] - t) * 1000 for job_id, t in sent.items()]
+    return {"jobs": n, "rate": rate, **percentiles(delays), "unit": "ms"}
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def memory(server: Server, n: int, concurrency: int) -> Result:
+    """Worker RSS while it drains ``n`` jobs; growth after the first 5% (warm-up) is what counts."""
+    with server.fresh_database("mem") as url:
+        fill_pgqueue(url, n)
+        samples: list[tuple[int, float]] = []  # (jobs done, RSS MB)
+        with (
+            process(worker_command(concurrency), _env(url)) as child,
+            psycopg.connect(libpq(url), autocommit=True) as conn,
+        ):
+            while child.poll() is None:
+                rss = _rss_mb(child.pid)
+                row = conn.execute("SELECT count(*) FROM pgqueue_message_queue").fetchone()
+                if rss is not None and row is not None:
+                    samples.append((n - row[0], rss))
+                time.sleep(0.5)
+            if child.returncode != 0:
+                raise RuntimeError(f"pgqueue worker exited with {child.returncode}")
+        counts = _succeeded_new(url, 0)
+    warm = [rss for done, rss in samples if done >= n * 0.05]
+    if not warm:
+        warm = [rss for _, rss in samples]
+    return {
+        "jobs": n,
+        "concurrency": concurrency,
+        "rss_start_mb": samples[0][1] if samples else None,
+        "rss_after_warmup_mb": warm[0] if warm else None,
+        "rss_end_mb": warm[-1] if warm else None,
+        "rss_max_mb": max(warm) if warm else None,
+        "growth_mb": (warm[-1] - warm[0]) if warm else None,
+        "samples": samples[:: max(1, len(samples) // 50)],
+        "succeeded": counts["succeeded"],
+        "ok": counts["succeeded"] == n,
+    }
