@@ -1,0 +1,1 @@
+"""Integrations with web frameworks; the only part of pgqueue that imports them."""

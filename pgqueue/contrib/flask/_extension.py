@@ -1,0 +1,330 @@
+"""The Flask extension: tasks declared at import time, one core ``pgqueue.PgQueue`` per app.
+
+Tasks are declared on the extension (``@pgq.task``) before any app exists, as in an app
+factory. ``init_app(app)`` reads the ``PGQUEUE_*`` config, builds a core queue for that app on
+the Flask-SQLAlchemy engine (or ``PGQUEUE_DATABASE_URL``), registers every declared task on it
+wrapped so the job runs inside ``app.app_context()``, and keeps that state in
+``app.extensions["pgqueue"]``. The task objects users hold are proxies: ``enqueue`` finds the
+current app's task and, when the extension knows ``db``, joins ``db.session`` so the job commits
+or rolls back with the request's own writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+
+from flask import Flask, current_app, has_app_context
+from sqlalchemy.orm import Session
+
+from pgqueue import backoff, migrations
+from pgqueue.config import Settings
+from pgqueue.core import PgQueue as CoreQueue
+from pgqueue.errors import ConfigurationError, ValidationError
+from pgqueue.tasks import ConfiguredTask, Task
+
+if TYPE_CHECKING:
+    from flask_sqlalchemy import SQLAlchemy
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EXTENSION_KEY = "pgqueue"
+
+# Config keys read by init_app, with their defaults. Settings fields can also be given as
+# PGQUEUE_<FIELD> (e.g. PGQUEUE_LEASE_SECONDS); they override the environment.
+DEFAULTS: dict[str, Any] = {
+    "PGQUEUE_DATABASE_URL": None,  # None: the Flask-SQLAlchemy engine, else env/embedded
+    "PGQUEUE_SETTINGS": None,  # a pgqueue.Settings to start from (default: from the env)
+    "PGQUEUE_JOIN_SESSION": True,  # enqueue inside an app context joins db.session
+    "PGQUEUE_CONFIGURE_MIGRATE": True,  # keep pgqueue's tables out of `flask db migrate`
+}
+
+
+@dataclasses.dataclass(slots=True)
+class _State:
+    """What one app holds in ``app.extensions["pgqueue"]``."""
+
+    extension: PgQueue
+    queue: CoreQueue
+    db: SQLAlchemy | None
+    join_session: bool
+    tasks: dict[str, Task[Any, Any]]
+
+    def request_session(self) -> Session | None:
+        """The app's ``db.session`` (current scope) when enqueues should join it."""
+        if self.join_session and self.db is not None:
+            session: Session = self.db.session()
+            return session
+        return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Declaration:
+    """A task as declared on the extension, before any app registers it."""
+
+    fn: Callable[..., Any]
+    name: str
+    options: Mapping[str, Any]
+
+
+class FlaskTask(Generic[P, R]):
+    """A task declared on the Flask extension; resolves to the current app's core task.
+
+    Calling it runs the function directly. ``enqueue``/``configure``/``enqueue_many`` need an
+    app context; inside one (a request, a CLI command, a job) they join ``db.session`` unless
+    ``session=`` is given or ``PGQUEUE_JOIN_SESSION`` is false.
+    """
+
+    def __init__(self, extension: PgQueue, declaration: _Declaration) -> None:
+        self._extension = extension
+        self._declaration = declaration
+        self.fn: Callable[P, R] = declaration.fn
+        self.name = declaration.name
+        self.__doc__ = declaration.fn.__doc__
+        self.__wrapped__ = declaration.fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<FlaskTask {self.name}>"
+
+    def task_for(self, app: Flask | None = None) -> Task[P, R]:
+        """The core task registered for ``app`` (default: the current app)."""
+        task: Task[P, R] = self._extension.state(app).tasks[self.name]
+        return task
+
+    def configure(self, *, session: Session | None = None, **options: Any) -> ConfiguredTask[P, R]:
+        state = self._extension.state()
+        if session is None:
+            session = state.request_session()
+        return self.task_for().configure(session=session, **options)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueue one job (in ``db.session``'s transaction inside an app context)."""
+        return self.configure().enqueue(*args, **kwargs)
+
+    def enqueue_many(
+        self, items: Iterable[Mapping[str, Any] | Sequence[Any]], *, session: Session | None = None
+    ) -> list[int]:
+        return self.configure(session=session).enqueue_many(items)
+
+
+class PgQueue:
+    """pgqueue as a Flask extension.
+
+    ``db`` (a Flask-SQLAlchemy ``SQLAlchemy``) is optional: with it, pgqueue uses ``db.engine``
+    and enqueues join ``db.session``, and handlers' ``db.session`` is committed when they return
+    and removed after every job. ``init_app`` must come after ``db.init_app`` (and after
+    ``Migrate(app, db)`` for the automatic Flask-Migrate configuration).
+    """
+
+    def __init__(self, app: Flask | None = None, *, db: SQLAlchemy | None = None) -> None:
+        self.db = db
+        self._declarations: dict[str, _Declaration] = {}
+        self._apps: weakref.WeakSet[Flask] = weakref.WeakSet()
+        if app is not None:
+            self.init_app(app)
+
+    # -- registration ------------------------------------------------------------------------
+
+    def init_app(self, app: Flask) -> None:
+        """Set up pgqueue for ``app``; refuses an app that already has pgqueue registered."""
+        if EXTENSION_KEY in app.extensions:
+            raise RuntimeError(
+                f"pgqueue is already registered on app {app.name!r}; call init_app once per app"
+            )
+        for key, value in DEFAULTS.items():
+            app.config.setdefault(key, value)
+        settings = _settings(app.config)
+        url = app.config["PGQUEUE_DATABASE_URL"]
+        join_session = False
+        if url:
+            # A separate jobs database: enqueues cannot share db.session's transaction.
+            queue = CoreQueue(url, settings=settings)
+        elif self.db is not None:
+            try:
+                with app.app_context():
+                    engine = self.db.engine
+            except RuntimeError as exc:  # Flask-SQLAlchemy: app not registered with db
+                raise ConfigurationError(
+                    "call db.init_app(app) before pgq.init_app(app): pgqueue reuses db.engine"
+                ) from exc
+            queue = CoreQueue(engine, settings=settings)
+            join_session = bool(app.config["PGQUEUE_JOIN_SESSION"])
+        else:
+            queue = CoreQueue(None, settings=settings)
+        state = _State(self, queue, self.db, join_session, {})
+        app.extensions[EXTENSION_KEY] = state
+        for declaration in self._declarations.values():
+            self._register(app, state, declaration)
+        self._apps.add(app)
+        if app.config["PGQUEUE_CONFIGURE_MIGRATE"]:
+            _configure_flask_migrate(app)
+
+    def _register(self, app: Flask, state: _State, declaration: _Declaration) -> None:
+        wrapped = _in_app_context(app, self.db, declaration.fn)
+        register = state.queue.task(name=declaration.name, **declaration.options)
+        state.tasks[declaration.name] = register(wrapped)
+
+    def state(self, app: Flask | None = None) -> _State:
+        """The per-app state (default: the current app's)."""
+        if app is None:
+            if not has_app_context():
+                raise RuntimeError(
+                    "no Flask app context: use `with app.app_context():` or pass the app"
+                )
+            app = current_app._get_current_object()  # type: ignore[attr-defined]
+        assert app is not None
+        state = app.extensions.get(EXTENSION_KEY)
+        if not isinstance(state, _State) or state.extension is not self:
+            raise RuntimeError(f"pgqueue (this extension) is not registered on app {app.name!r}")
+        return state
+
+    @property
+    def queue(self) -> CoreQueue:
+        """The current app's core ``pgqueue.PgQueue`` (job control, counts, workers)."""
+        return self.state().queue
+
+    def migrate(self, revision: str = "head") -> None:
+        """Upgrade pgqueue's tables in the current app's database."""
+        self.queue.migrate(revision)
+
+    def run_worker(self, **options: Any) -> Any:
+        """Run a worker for the current app in this thread (see ``pgqueue.PgQueue.run_worker``)."""
+        return self.queue.run_worker(**options)
+
+    # -- tasks -------------------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> FlaskTask[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        retry: backoff.BackoffPolicy | None = None,
+        atomic: bool = False,
+        pass_context: bool = False,
+        name: str | None = None,
+        lease_seconds: float | None = None,
+        timeout: float | None = None,
+        unique_key: Callable[..., str | None] | None = None,
+    ) -> Callable[[Callable[P, R]], FlaskTask[P, R]]: ...
+
+    def task(
+        self, fn: Callable[P, R] | None = None, /, *, name: str | None = None, **options: Any
+    ) -> FlaskTask[P, R] | Callable[[Callable[P, R]], FlaskTask[P, R]]:
+        """Declare a task (same options as ``pgqueue.PgQueue.task``); usable before init_app."""
+
+        def declare(function: Callable[P, R]) -> FlaskTask[P, R]:
+            task_name = name or f"{function.__module__}.{function.__qualname__}"
+            if name is None and len(task_name.encode()) > 63:
+                raise ValidationError(
+                    f"default task name {task_name!r} is longer than 63 bytes; pass name="
+                )
+            existing = self._declarations.get(task_name)
+            if existing is not None and existing.fn is not function:
+                raise ValidationError(f"task name {task_name!r} is already declared; pass name=")
+            declaration = _Declaration(function, task_name, dict(options))
+            self._declarations[task_name] = declaration
+            # Tasks declared after init_app (e.g. in a module imported late) still reach the apps.
+            for app in list(self._apps):
+                state = app.extensions[EXTENSION_KEY]
+                if task_name not in state.tasks:
+                    self._register(app, state, declaration)
+            return FlaskTask(self, declaration)
+
+        return declare(fn) if fn is not None else declare
+
+
+def _settings(config: Mapping[str, Any]) -> Settings:
+    base = config.get("PGQUEUE_SETTINGS")
+    if base is not None and not isinstance(base, Settings):
+        raise ConfigurationError(f"PGQUEUE_SETTINGS must be a pgqueue.Settings, got {base!r}")
+    settings = base if base is not None else Settings.from_env()
+    overrides = {
+        f.name: config[f"PGQUEUE_{f.name.upper()}"]
+        for f in dataclasses.fields(Settings)
+        if f.name not in {"database_url", "extra"}
+        and config.get(f"PGQUEUE_{f.name.upper()}") is not None
+    }
+    return settings.replace(**overrides) if overrides else settings
+
+
+def _in_app_context(app: Flask, db: SQLAlchemy | None, fn: Callable[..., Any]) -> Any:
+    """``fn`` wrapped to run in ``app.app_context()``: ``db.session`` is committed when it
+    returns and removed afterwards either way (its uncommitted writes roll back on failure).
+
+    ``functools.wraps`` keeps the signature visible, so the core still checks job arguments.
+    """
+
+    def finish(ok: bool) -> None:
+        if db is None:
+            return
+        try:
+            if ok:
+                db.session.commit()
+        finally:
+            db.session.remove()
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            with app.app_context():
+                ok = False
+                try:
+                    result = await fn(*args, **kwargs)
+                    ok = True
+                    return result
+                finally:
+                    finish(ok)
+
+        return run_async
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with app.app_context():
+            ok = False
+            try:
+                result = fn(*args, **kwargs)
+                ok = True
+                return result
+            finally:
+                finish(ok)
+
+    return run
+
+
+def _configure_flask_migrate(app: Flask) -> None:
+    """Make Flask-Migrate's autogenerate skip pgqueue's tables (chaining any host filter).
+
+    Flask-Migrate's ``env.py`` passes ``app.extensions["migrate"].configure_args`` to Alembic's
+    ``context.configure``, so an ``include_object`` set there applies to ``flask db migrate``.
+    """
+    migrate_state = app.extensions.get("migrate")
+    configure_args = getattr(migrate_state, "configure_args", None)
+    if not isinstance(configure_args, dict):
+        return
+    host_filter = configure_args.get("include_object")
+    if getattr(host_filter, "_pgqueue_filter", False):
+        return
+
+    def include_object(obj: Any, name: str | None, type_: str, reflected: bool, other: Any) -> bool:
+        if not migrations.include_object(obj, name, type_, reflected, other):
+            return False
+        return host_filter is None or bool(host_filter(obj, name, type_, reflected, other))
+
+    include_object._pgqueue_filter = True  # type: ignore[attr-defined]
+    configure_args["include_object"] = include_object

@@ -1,0 +1,297 @@
+"""A server-rendered dashboard for the app's queue: overview, job list, job detail, actions.
+
+``init_dashboard(app, access=...)`` mounts a blueprint (default under ``/pgqueue``). Pages are
+plain Jinja templates and forms, so everything works without JavaScript; the per-minute chart
+is inline SVG. Every request passes the ``access`` callable first (falsy -> 403; it may also
+``abort()`` with its own response, e.g. a 401 asking for credentials). Registration without
+``access`` is refused unless ``public=True`` says the dashboard is meant to be open.
+
+Actions (retry, cancel, delete) are POST forms carrying a CSRF token bound to the Flask session;
+a POST without the matching token is rejected with 400 before anything runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hmac
+import json
+import secrets
+from collections.abc import Callable
+from typing import Any, Final
+
+from flask import (
+    Blueprint,
+    Flask,
+    abort,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
+from werkzeug.wrappers import Response
+
+from pgqueue import repository, uow
+from pgqueue.contrib.flask._extension import EXTENSION_KEY, _State
+from pgqueue.core import PgQueue as CoreQueue
+from pgqueue.errors import ConfigurationError, PgQueueError
+from pgqueue.states import FINAL_STATES, JobState
+
+__all__ = ["init_dashboard"]
+
+BLUEPRINT_NAME: Final = "pgqueue_dashboard"
+CSRF_SESSION_KEY: Final = "_pgqueue_csrf"
+CSRF_FIELD: Final = "csrf_token"
+PAGE_SIZE: Final = 50
+STATES: Final = list(JobState)
+
+
+def init_dashboard(
+    app: Flask,
+    url_prefix: str = "/pgqueue",
+    access: Callable[[], Any] | None = None,
+    public: bool = False,
+) -> Blueprint:
+    """Mount the dashboard on ``app`` (which must have the pgqueue extension) and return its
+    blueprint. ``access`` is called on every dashboard request; ``public=True`` is required to
+    mount it without one."""
+    if access is None and not public:
+        raise ConfigurationError(
+            "init_dashboard needs access= (a callable deciding per request, e.g. checking the "
+            "logged-in user); pass public=True to mount the dashboard without any check"
+        )
+    if access is not None and not callable(access):
+        raise ConfigurationError(f"access must be a callable, got {access!r}")
+    if not isinstance(app.extensions.get(EXTENSION_KEY), _State):
+        raise ConfigurationError("call pgq.init_app(app) before init_dashboard(app)")
+    if not app.secret_key:
+        raise ConfigurationError(
+            "the dashboard's CSRF protection needs app.secret_key (SECRET_KEY)"
+        )
+    blueprint = _blueprint(access)
+    app.register_blueprint(blueprint, url_prefix=url_prefix)
+    return blueprint
+
+
+def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
+    bp = Blueprint(
+        BLUEPRINT_NAME,
+        __name__,
+        template_folder="templates",
+        static_folder="static",
+        static_url_path="/static",
+    )
+
+    @bp.before_request
+    def guard() -> None:
+        if access is not None and not access():
+            abort(403)
+        if request.method == "POST":
+            expected = session.get(CSRF_SESSION_KEY)
+            given = request.form.get(CSRF_FIELD, "")
+            if not expected or not hmac.compare_digest(str(expected), given):
+                abort(400, description="CSRF token missing or invalid")
+
+    @bp.context_processor
+    def helpers() -> dict[str, Any]:
+        return {
+            "csrf_token": _csrf_token,
+            "age": _age,
+            "timestamp": _timestamp,
+            "pretty_json": _pretty_json,
+            "states": STATES,
+        }
+
+    bp.add_url_rule("/", view_func=overview)
+    bp.add_url_rule("/jobs", view_func=job_list)
+    bp.add_url_rule("/jobs/<int:job_id>", view_func=job_detail)
+    bp.add_url_rule("/jobs/<int:job_id>/<action>", view_func=job_action, methods=["POST"])
+    return bp
+
+
+def _queue() -> CoreQueue:
+    state: _State = current_app.extensions[EXTENSION_KEY]
+    return state.queue
+
+
+def _csrf_token() -> str:
+    token = session.get(CSRF_SESSION_KEY)
+    if not token:
+        token = secrets.token_urlsafe(32)
+        session[CSRF_SESSION_KEY] = token
+    return str(token)
+
+
+# -- views ------------------------------------------------------------------------------------
+
+
+def overview() -> str:
+    queue = _queue()
+    counts = queue.counts()
+    with queue.sessions() as s:
+        oldest = repository.oldest_waiting(s)
+        series = repository.finished_per_minute(s)
+    names = sorted(set(counts) | set(oldest) | set(series))
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        by_state = counts.get(name, {})
+        per_minute = series.get(name, {})
+        succeeded = per_minute.get(JobState.SUCCEEDED, [0] * 60)
+        failed = per_minute.get(JobState.FAILED, [0] * 60)
+        rows.append(
+            {
+                "name": name,
+                "counts": {s: by_state.get(s, 0) for s in STATES},
+                "oldest": oldest.get(name),
+                "chart": _chart(succeeded, failed),
+                "done_last_hour": sum(succeeded) + sum(failed),
+            }
+        )
+    totals = {s: sum(r["counts"][s] for r in rows) for s in STATES}
+    return render_template("pgqueue/overview.html", rows=rows, totals=totals)
+
+
+def job_list() -> str:
+    queue_name = request.args.get("queue") or None
+    state_name = request.args.get("state") or None
+    task_name = request.args.get("task") or None
+    state = None
+    if state_name is not None:
+        try:
+            state = JobState(state_name)
+        except ValueError:
+            abort(400, description=f"unknown state {state_name!r}")
+    before = request.args.get("before", type=int)
+    after = request.args.get("after", type=int) if before is None else None
+    limit = min(max(request.args.get("limit", PAGE_SIZE, type=int), 1), 500)
+    with _queue().sessions() as s:
+        jobs = repository.list_jobs(
+            s,
+            queue=queue_name,
+            state=state,
+            task_name=task_name,
+            before=before,
+            after=after,
+            limit=limit + 1,
+        )
+        s.expunge_all()
+    # One row more than a page tells whether another page exists in the direction we walked.
+    if after is not None:
+        has_newer, has_older = len(jobs) > limit, True
+        jobs = jobs[-limit:]
+    else:
+        has_newer, has_older = before is not None, len(jobs) > limit
+        jobs = jobs[:limit]
+    filters: dict[str, Any] = {
+        k: v for k, v in (("queue", queue_name), ("state", state_name), ("task", task_name)) if v
+    }
+    state_obj: _State = current_app.extensions[EXTENSION_KEY]
+    return render_template(
+        "pgqueue/jobs.html",
+        jobs=jobs,
+        filters=filters,
+        queues=sorted(_queue().counts()),
+        task_names=sorted(state_obj.tasks),
+        newer_url=url_for(".job_list", after=jobs[0].id, **filters) if has_newer and jobs else None,
+        older_url=url_for(".job_list", before=jobs[-1].id, **filters)
+        if has_older and jobs
+        else None,
+    )
+
+
+def job_detail(job_id: int) -> str:
+    try:
+        job = _queue().get_job(job_id)
+    except PgQueueError:
+        abort(404, description=f"no job with id {job_id}")
+    return render_template(
+        "pgqueue/job.html",
+        job=job,
+        final=job.state in FINAL_STATES,
+        can_retry=job.state in {JobState.FAILED, JobState.CANCELLED},
+        can_cancel=job.state in {JobState.QUEUED, JobState.RETRYING, JobState.RUNNING},
+        can_delete=job.state is not JobState.RUNNING,
+    )
+
+
+def job_action(job_id: int, action: str) -> Response:
+    queue = _queue()
+    back = redirect(url_for(".job_detail", job_id=job_id))
+    try:
+        if action == "retry":
+            queue.retry_job(job_id)
+            flash(f"Job {job_id} queued again.", "ok")
+        elif action == "cancel":
+            state = queue.cancel_job(job_id)
+            flash(
+                f"Job {job_id} cancelled."
+                if state is JobState.CANCELLED
+                else f"Cancellation of running job {job_id} requested.",
+                "ok",
+            )
+        elif action == "delete":
+            deleted = uow.run_in_transaction(
+                queue.sessions, lambda s: repository.delete_job(s, job_id)
+            )
+            if not deleted:
+                flash(f"Job {job_id} was not deleted (it is running, or already gone).", "error")
+                return back
+            flash(f"Job {job_id} deleted.", "ok")
+            return redirect(url_for(".job_list"))
+        else:
+            abort(404)
+    except PgQueueError as exc:
+        flash(str(exc), "error")
+    return back
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+
+def _age(seconds: float) -> str:
+    """``3d 4h``, ``5m 12s``, ``in 40s`` for negative values (scheduled in the future)."""
+    prefix = "in " if seconds < 0 else ""
+    left = int(abs(seconds))
+    parts: list[str] = []
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)):
+        if left >= size or (unit == "s" and not parts):
+            parts.append(f"{left // size}{unit}")
+            left %= size
+        if len(parts) == 2:
+            break
+    return prefix + " ".join(parts)
+
+
+def _timestamp(value: dt.datetime | None) -> str:
+    if value is None:
+        return ""
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def _chart(succeeded: list[int], failed: list[int]) -> dict[str, Any]:
+    """Bars for the last hour, oldest minute on the left: SVG geometry for the template."""
+    width, height, bar = 180, 36, 3
+    peak = max([s + f for s, f in zip(succeeded, failed, strict=True)] + [1])
+    bars = []
+    for index in range(60):
+        minutes_ago = 59 - index
+        ok, bad = succeeded[minutes_ago], failed[minutes_ago]
+        ok_h = round(height * ok / peak, 1)
+        bad_h = round(height * bad / peak, 1)
+        bars.append(
+            {
+                "x": index * bar,
+                "ok_y": height - ok_h,
+                "ok_h": ok_h,
+                "bad_y": height - ok_h - bad_h,
+                "bad_h": bad_h,
+                "title": f"{minutes_ago} min ago: {ok} succeeded, {bad} failed",
+            }
+        )
+    return {"width": width, "height": height, "bar": bar - 0.5, "bars": bars, "peak": peak}
