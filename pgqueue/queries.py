@@ -629,3 +629,80 @@ def set_local_statement_timeout() -> Any:
     return select(
         func.set_config("statement_timeout", cast(bindparam("ms", type_=Integer), Text), True)
     )
+
+
+# --- dashboard (pgqueue.contrib.flask.dashboard) ---------------------------------------------
+# Read-mostly statements for the web dashboard: paged job lists, the oldest waiting ticket per
+# queue, finished jobs per minute, and deleting one job. Kept apart from the worker's hot path.
+
+
+@cache
+def list_jobs(*, by_queue: bool, by_state: bool, by_task: bool, cursor: str | None) -> Select[Job]:
+    """One page of jobs, newest first, optionally filtered.
+
+    Binds ``limit``; ``queue``, ``state``, ``task_name`` for the enabled filters; ``cursor`` (a
+    job id) when ``cursor`` is ``"before"`` (older jobs: ``id < cursor``, newest first) or
+    ``"after"`` (newer jobs: ``id > cursor``, oldest first so the page nearest the cursor comes
+    back; the caller reverses it). Keyset paging walks the primary key, so deep pages stay cheap.
+    """
+    stmt = select(Job)
+    if by_queue:
+        stmt = stmt.where(Job.queue == bindparam("queue", type_=Text))
+    if by_state:
+        stmt = stmt.where(Job.state == bindparam("state", type_=Text))
+    if by_task:
+        stmt = stmt.where(Job.task_name == bindparam("task_name", type_=Text))
+    position = bindparam("cursor", type_=BigInteger)
+    if cursor == "before":
+        stmt = stmt.where(Job.id < position)
+    elif cursor == "after":
+        stmt = stmt.where(Job.id > position)
+    order = Job.id.asc() if cursor == "after" else Job.id.desc()
+    return stmt.order_by(order).limit(bindparam("limit", type_=Integer))
+
+
+def oldest_waiting_per_queue() -> Select[str, int, Any, Any]:
+    """``(queue, job_id, run_at, waiting_seconds)``: per queue, the ticket with the earliest
+    ``run_at`` (``waiting_seconds`` is negative for a job scheduled in the future).
+
+    Reads the ticket table, which holds waiting work only, so this stays small."""
+    from sqlalchemy.dialects.postgresql import distinct_on  # only this dashboard query needs it
+
+    return (
+        select(
+            MessageQueue.queue,
+            MessageQueue.job_id,
+            MessageQueue.run_at,
+            func.extract("epoch", func.now() - MessageQueue.run_at).label("waiting_seconds"),
+        )
+        .ext(distinct_on(MessageQueue.queue))
+        .order_by(MessageQueue.queue, MessageQueue.run_at, MessageQueue.job_id)
+    )
+
+
+def finished_per_minute() -> Select[str, JobState, int, int]:
+    """``(queue, state, minutes_ago, count)`` for jobs finished in the last hour, bucketed by
+    whole minutes before ``now()`` (0 = the current minute). Uses the ``finished_at`` index."""
+    minutes_ago = cast(
+        func.floor(func.extract("epoch", func.now() - Job.finished_at) / 60), Integer
+    ).label("minutes_ago")
+    return (
+        select(Job.queue, Job.state, minutes_ago, func.count())
+        .where(
+            Job.finished_at.is_not(None),
+            Job.finished_at > func.now() - _seconds(literal(3600.0)),
+        )
+        .group_by(Job.queue, Job.state, minutes_ago)
+    )
+
+
+@cache
+def delete_job() -> Any:  # a ReturningDelete
+    """Delete one job that is not RUNNING (its ticket goes with it by the foreign key's
+    cascade). Binds ``job_id``; returns the id when deleted. A running job is left alone: its
+    worker still holds it and would report an outcome for a missing row."""
+    return (
+        delete(Job)
+        .where(Job.id == bindparam("job_id", type_=BigInteger), Job.state != JobState.RUNNING)
+        .returning(Job.id)
+    )

@@ -285,3 +285,61 @@ def next_ticket_run_at(session: Session, queues: Sequence[str] | None) -> dt.dat
     params = {} if queues is None else {"queues": list(queues)}
     value = _core(session).execute(queries.next_ticket_run_at(queues is not None), params).scalar()
     return value if isinstance(value, dt.datetime) else None
+
+
+# --- dashboard (pgqueue.contrib.flask.dashboard) ---------------------------------------------
+
+
+def list_jobs(
+    session: Session,
+    *,
+    queue: str | None = None,
+    state: JobState | None = None,
+    task_name: str | None = None,
+    before: int | None = None,
+    after: int | None = None,
+    limit: int = 50,
+) -> list[Job]:
+    """Up to ``limit`` jobs, newest first, matching the filters; ``before``/``after`` (a job id)
+    page to older/newer jobs. Returns ORM objects of ``session``."""
+    cursor = "before" if before is not None else "after" if after is not None else None
+    params: dict[str, Any] = {"limit": limit}
+    if queue is not None:
+        params["queue"] = queue
+    if state is not None:
+        params["state"] = state.value
+    if task_name is not None:
+        params["task_name"] = task_name
+    if cursor is not None:
+        params["cursor"] = before if before is not None else after
+    stmt = queries.list_jobs(
+        by_queue=queue is not None,
+        by_state=state is not None,
+        by_task=task_name is not None,
+        cursor=cursor,
+    )
+    jobs = list(session.scalars(stmt, params))
+    return jobs[::-1] if cursor == "after" else jobs
+
+
+def oldest_waiting(session: Session) -> dict[str, tuple[int, dt.datetime, float]]:
+    """``{queue: (job_id, run_at, seconds waiting)}`` for the earliest ticket of each queue."""
+    rows = _core(session).execute(queries.oldest_waiting_per_queue())
+    return {row[0]: (row[1], row[2], float(row[3])) for row in rows}
+
+
+def finished_per_minute(session: Session) -> dict[str, dict[JobState, list[int]]]:
+    """``{queue: {state: [count per minute]}}`` over the last hour; index 0 is the current
+    minute, index 59 an hour ago. Only queues with finished jobs in that hour appear."""
+    series: dict[str, dict[JobState, list[int]]] = {}
+    for queue, state, minutes_ago, count in _core(session).execute(queries.finished_per_minute()):
+        if not 0 <= minutes_ago < 60:
+            continue  # the boundary of the hour, by a fraction of a second
+        by_state = series.setdefault(queue, {})
+        by_state.setdefault(JobState(state), [0] * 60)[minutes_ago] += int(count)
+    return series
+
+
+def delete_job(session: Session, job_id: int) -> bool:
+    """Delete a job that is not running (and its ticket); False when nothing was deleted."""
+    return _core(session).execute(queries.delete_job(), {"job_id": job_id}).first() is not None
