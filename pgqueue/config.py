@@ -26,6 +26,9 @@ ENV_PREFIX: Final = "PGQUEUE_"
 NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,62}")
 TASK_NAME_PATTERN: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:<>\-]{0,62}")
 
+# Smallest accepted ``max_error_bytes``.
+MIN_ERROR_BYTES: Final = 256
+
 
 def normalize_database_url(url: str | URL) -> URL:
     """Parse a PostgreSQL URL and select the psycopg 3 driver; raise ConfigurationError if bad."""
@@ -79,7 +82,7 @@ class Settings:
     max_json_depth: int = 64
     """Deepest nesting of lists/dicts accepted in args."""
     max_error_bytes: int = 16_384
-    """Error text + traceback kept per attempt is cut to this size."""
+    """Error text + traceback kept per attempt is cut to this many UTF-8 bytes (at least 256)."""
     succeeded_retention: float = 7 * 86_400.0
     """Age after which succeeded jobs are pruned."""
     failed_retention: float = 30 * 86_400.0
@@ -119,6 +122,12 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_error_bytes < MIN_ERROR_BYTES:
+            # The worker keeps the head and tail of a long traceback around a marker; below this
+            # size nothing useful fits, and the cut could not stay within the limit.
+            raise ConfigurationError(
+                f"max_error_bytes must be at least {MIN_ERROR_BYTES}, got {self.max_error_bytes}"
+            )
 
     @property
     def effective_heartbeat_interval(self) -> float:
