@@ -32,7 +32,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from pgqueue import repository, validation
-from pgqueue.errors import ConfigurationError, ValidationError
+from pgqueue.errors import ConfigurationError, LeaseLost, ValidationError
 from pgqueue.repository import Outcome
 from pgqueue.worker.executor import Execution, Executor
 from pgqueue.worker.notifier import Notifier, wall_to_monotonic
@@ -120,12 +120,18 @@ class Worker:
         self._slots_lock = threading.Lock()
         self._running: dict[int, Execution] = {}
         self._atomic_in_flight = 0
+        # Atomic claims run on a pool thread (they hold a transaction); the claim loop starts one
+        # probe at a time and learns from its callback whether it found a ticket, never waiting.
+        self._atomic_probing = False
+        self._atomic_idle = False  # the last probe found nothing: wait for a wake-up or a poll
+        self._notified = False  # a notification (not just a freed slot) set ``_wake``
         self._outcomes: queue_module.Queue[tuple[Execution, Outcome] | None] = queue_module.Queue()
         self._next_known_run_at: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         self._signals_seen = 0
-        self._work: queue_module.Queue[Callable[[], None] | None] = queue_module.Queue()
+        # Work items return True when their thread must retire (a replacement was started).
+        self._work: queue_module.Queue[Callable[[], bool] | None] = queue_module.Queue()
         self._threads: list[threading.Thread] = []
         self.store = WorkerStore(pgq.engine, stopping=self._stopping)
         self.executor = Executor(pgq.registry, settings, pgq.handler_session, self._event_loop)
@@ -168,34 +174,55 @@ class Worker:
     def _claim_loop(self, drain: bool) -> None:
         task_leases = self.pgq.registry.lease_overrides()
         has_atomic = self.pgq.registry.has_atomic
-        atomic_idle = False  # the last atomic claim found nothing: wait for a wake-up
+        failures = 0
         while not self._stopping.is_set():
             self._wake.clear()
-            free = requested = self._free_slots()
-            claimed = 0
-            if free > 0:
-                jobs = self.store.claim(
-                    worker_id=self.worker_id,
-                    limit=free,
-                    queues=self.queues,
-                    lease_seconds=self.lease_seconds,
-                    task_leases=task_leases,
-                )
-                claimed = len(jobs)
-                self._start_leased(jobs, task_leases)
-                free -= claimed
-            if has_atomic and free > 0 and not atomic_idle:
-                atomic_idle = not self._run_one_atomic_slot()
-                free -= 0 if atomic_idle else 1
-            if claimed and claimed == requested and self._free_slots() > 0:
+            try:
+                full_batch = self._claim_once(task_leases, has_atomic)
+                if (
+                    drain
+                    and not full_batch
+                    and self._idle()
+                    and not self.store.ready_work_exists(self.queues)
+                ):
+                    return
+            except Exception:
+                # A claim that fails for a reason other than a lost connection (which the store
+                # retries itself) must not end the worker: log, back off, try again.
+                if self._stopping.is_set():
+                    return
+                failures += 1
+                delay = min(0.1 * 2 ** min(failures - 1, 6), 5.0)
+                log.exception("claim failed (%d in a row); retrying in %.2fs", failures, delay)
+                self._stopping.wait(delay)
+                continue
+            failures = 0
+            if full_batch:
                 continue  # a full batch: more may be waiting
-            if drain and self._idle() and not self.store.ready_work_exists(self.queues):
-                return
-            self._wake.wait(self._wait_timeout())
-            if self._wake.is_set():
-                atomic_idle = False
-            elif has_atomic:
-                atomic_idle = False  # poll timeout: look again
+            woken = self._wake.wait(self._wait_timeout())
+            with self._slots_lock:
+                if not woken or self._notified:
+                    self._atomic_idle = False  # poll time or new tickets: look for atomic work
+                self._notified = False
+
+    def _claim_once(self, task_leases: dict[str, float], has_atomic: bool) -> bool:
+        """Claim for the free slots; True when the claim was full (more may be waiting)."""
+        free = requested = self._free_slots()
+        claimed = 0
+        if free > 0:
+            jobs = self.store.claim(
+                worker_id=self.worker_id,
+                limit=free,
+                queues=self.queues,
+                lease_seconds=self.lease_seconds,
+                task_leases=task_leases,
+            )
+            claimed = len(jobs)
+            self._start_leased(jobs, task_leases)
+            free -= claimed
+        if has_atomic and free > 0:
+            self._maybe_probe_atomic()
+        return claimed > 0 and claimed == requested and self._free_slots() > 0
 
     def _free_slots(self) -> int:
         with self._slots_lock:
@@ -218,6 +245,8 @@ class Worker:
 
     def _on_notify(self, run_at_epoch: float | None) -> None:
         if run_at_epoch is None:
+            with self._slots_lock:
+                self._notified = True
             self._wake.set()
             return
         at = wall_to_monotonic(run_at_epoch)
@@ -246,34 +275,47 @@ class Worker:
             self.stats.claimed += 1
             self._work.put(functools.partial(self._execute_leased, execution))
 
-    def _execute_leased(self, execution: Execution) -> None:
+    def _execute_leased(self, execution: Execution) -> bool:
         outcome = self.executor.run_leased(execution)
-        if not execution.abandoned:
-            self._outcomes.put((execution, outcome))
-
-    def _run_one_atomic_slot(self) -> bool:
-        """Start one atomic runner; returns False when it found no atomic ticket."""
-        found = threading.Event()
-        done = threading.Event()
         with self._slots_lock:
+            decided, execution.decided = execution.decided, True
+        if not decided:
+            self._outcomes.put((execution, outcome))
+        # A timed-out handler's thread was replaced when its job was given up: retire it.
+        return execution.timed_out
+
+    def _maybe_probe_atomic(self) -> None:
+        """Start one atomic runner unless one is claiming or the last found nothing."""
+        with self._slots_lock:
+            if self._atomic_probing or self._atomic_idle:
+                return
+            self._atomic_probing = True
             self._atomic_in_flight += 1
+        self._work.put(self._atomic_runner)
 
-        def runner() -> None:
-            try:
-                self._execute_atomic(found)
-            finally:
-                with self._slots_lock:
-                    self._atomic_in_flight -= 1
-                done.set()
-                self._wake.set()
+    def _atomic_runner(self) -> bool:
+        reported = False
 
-        self._work.put(runner)
-        # Wait only for the claim (not the handler) to learn whether there was anything.
-        while not (found.is_set() or done.is_set()):
-            found.wait(0.05)
-        return found.is_set()
+        def claimed(found: bool) -> None:
+            nonlocal reported
+            reported = True
+            with self._slots_lock:
+                self._atomic_probing = False
+                self._atomic_idle = not found
+            self._wake.set()  # found: probe for the next one; not found: nothing to do
 
-    def _execute_atomic(self, found: threading.Event) -> None:
+        try:
+            self._execute_atomic(claimed)
+        finally:
+            with self._slots_lock:
+                self._atomic_in_flight -= 1
+                if not reported:
+                    self._atomic_probing = False
+                    self._atomic_idle = True  # it failed before claiming: wait for a poll
+            self._wake.set()
+        return False
+
+    def _execute_atomic(self, claimed: Callable[[bool], None]) -> None:
         session = self.pgq.handler_session()
         started = time.monotonic()
         try:
@@ -287,9 +329,9 @@ class Worker:
                     task_leases={},
                     atomic=True,
                 )
+                claimed(bool(jobs))
                 if not jobs:
                     return
-                found.set()
                 self.stats.claimed += 1
                 outcome = self.executor.run_atomic(session, jobs[0], threading.Event())
             self._count(outcome, time.monotonic() - started, jobs[0])
@@ -321,21 +363,28 @@ class Worker:
         try:
             lost = self.store.record_outcomes(outcome for _, outcome in batch)
         except Exception:
+            # Not a lost connection (the store retries those): the rows stay RUNNING and their
+            # leases expire (no more heartbeats), so the rescuer re-queues them.
             log.exception("could not record %d outcomes; their leases will expire", len(batch))
-            lost = {outcome.job_id for _, outcome in batch}
+            with self._slots_lock:
+                for execution, _ in batch:
+                    self._running.pop(execution.job.id, None)
+            self._wake.set()
+            return
         now = time.monotonic()
         with self._slots_lock:
             for execution, _ in batch:
                 self._running.pop(execution.job.id, None)
         for execution, outcome in batch:
             if outcome.job_id in lost:
-                self.stats.lost_leases += 1
+                if not execution.lease_lost:
+                    self.stats.lost_leases += 1
                 log.warning(
-                    "lease lost: job %s (%s attempt %d) outcome %r dropped; another worker owns it",
-                    outcome.job_id,
+                    "%s; outcome %r of %s attempt %d dropped (another worker owns the job)",
+                    LeaseLost(outcome.job_id, outcome.kind),
+                    outcome.kind,
                     execution.job.task_name,
                     execution.job.attempt,
-                    outcome.kind,
                 )
                 continue
             self._count(outcome, now - execution.started, execution.job)
@@ -388,7 +437,7 @@ class Worker:
                 leases = [
                     (e.job.id, e.job.lease_token, e.lease_seconds)
                     for e in self._running.values()
-                    if not e.abandoned
+                    if not e.decided and not e.lease_lost
                 ]
             if not leases:
                 continue
@@ -403,8 +452,16 @@ class Worker:
                 if execution is None:
                     continue
                 if job_id not in held:
-                    # The outcome write will be refused too; stop paying attention to it.
-                    log.warning("lease lost on running job %s", job_id)
+                    # Rescued after its lease expired (this process was frozen or cut off): the
+                    # handler runs on, but its outcome write will be refused. Report it once.
+                    if not execution.lease_lost:
+                        execution.lease_lost = True
+                        self.stats.lost_leases += 1
+                        log.warning(
+                            "%s; job %s keeps running here but its outcome will be dropped",
+                            LeaseLost(job_id, "heartbeat"),
+                            job_id,
+                        )
                 elif held[job_id] and not execution.cancel_event.is_set():
                     execution.cancel_event.set()
                     if execution.async_future is not None:
@@ -422,11 +479,15 @@ class Worker:
             overdue = [
                 e
                 for e in self._running.values()
-                if e.timeout and not e.abandoned and now - e.started > e.timeout
+                if e.timeout and not e.decided and now - e.started > e.timeout
             ]
             for execution in overdue:
-                execution.abandoned = True
+                execution.decided = True
+                execution.timed_out = True
         for execution in overdue:
+            # A sync handler cannot be interrupted: its thread stays busy until the function
+            # returns, so another thread takes its place in the pool (the old one then retires).
+            self._spawn(self._pool_thread, "pgqueue-slot-replacement")
             if execution.async_future is not None:
                 execution.async_future.cancel()
             self._outcomes.put((execution, self.executor.timed_out(execution)))
@@ -464,10 +525,13 @@ class Worker:
             item = self._work.get()
             if item is None:
                 return
+            retire = False
             try:
-                item()
+                retire = item()
             except Exception:
                 log.exception("worker thread error")
+            if retire:
+                return
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:
@@ -480,14 +544,15 @@ class Worker:
                 self._loop = loop
             return self._loop
 
-    def _start_threads(self) -> None:
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
         # Daemon threads: a handler that never returns must not keep the process alive after a
         # shutdown has released its job.
-        def spawn(target: Callable[[], None], name: str) -> None:
-            thread = threading.Thread(target=target, name=name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
+    def _start_threads(self) -> None:
+        spawn = self._spawn
         for index in range(self.concurrency + 2):
             spawn(self._pool_thread, f"pgqueue-slot-{index}")
         spawn(self._completer, "pgqueue-completer")
@@ -508,9 +573,9 @@ class Worker:
                 break
             time.sleep(0.02)
         with self._slots_lock:
-            unfinished = [e for e in self._running.values() if not e.abandoned]
+            unfinished = [e for e in self._running.values() if not e.decided]
             for execution in unfinished:
-                execution.abandoned = True
+                execution.decided = True
         for execution in unfinished:
             log.warning(
                 "shutdown: releasing job %s (%s) still running after %.1fs",

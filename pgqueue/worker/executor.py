@@ -42,9 +42,11 @@ class Execution:
     started: float
     cancel_event: threading.Event
     async_future: concurrent.futures.Future[Any] | None = None
-    abandoned: bool = (
-        False  # outcome already decided elsewhere (timeout, release): ignore the handler's
-    )
+    # The outcome was decided elsewhere (timeout, shutdown release): the handler's own result is
+    # dropped. Set under the engine's slots lock, so exactly one outcome is written per attempt.
+    decided: bool = False
+    timed_out: bool = False  # decided by the timeout check while its thread still runs
+    lease_lost: bool = False  # a heartbeat found the lease gone (reported once)
 
 
 class Executor:

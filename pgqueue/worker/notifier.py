@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Collection
 
 import psycopg
+from psycopg import sql
 from sqlalchemy.engine import URL
 
 from pgqueue.queries import NOTIFY_CHANNEL
@@ -51,7 +52,7 @@ class Notifier(threading.Thread):
                 with psycopg.connect(
                     self._conninfo, autocommit=True, application_name="pgqueue-listener"
                 ) as connection:
-                    connection.execute(f"LISTEN {NOTIFY_CHANNEL}")  # constant channel name
+                    connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
                     self.connection_pid = connection.info.backend_pid
                     self.connected.set()
                     delay = 0.05
