@@ -1,0 +1,324 @@
+"""End-to-end fixtures: real ``python -m pgqueue worker`` subprocesses against a fresh database.
+
+``app`` writes a small application module (``e2eapp.py``) into ``tmp_path``, creates a ``ledger``
+table that its handlers write to, and returns an :class:`App`: the same module imported in the
+test process (to enqueue with the very same task objects), plus helpers to start, signal and
+reap worker processes. Every worker started here is killed (by PID) when the test ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL
+
+APP_SOURCE = '''
+"""Tasks run by the e2e worker subprocesses. Every handler leaves rows in ``ledger``."""
+
+import asyncio
+import os
+import threading
+import time
+
+from sqlalchemy import text
+
+from pgqueue import PgQueue, Settings
+
+pgq = PgQueue(os.environ["DB_URL"], settings=Settings.from_env())
+
+INSERT = text(
+    "INSERT INTO ledger (job_id, attempt, tag, pid, info) VALUES (:job, :attempt, :tag, :pid, :info)"
+)
+
+
+def mark(ctx, tag, info=""):
+    """Committed at once on its own connection: visible while the handler still runs."""
+    with pgq.handler_engine.begin() as connection:
+        connection.execute(
+            INSERT,
+            {"job": ctx.job_id, "attempt": ctx.attempt, "tag": tag, "pid": os.getpid(), "info": info},
+        )
+
+
+@pgq.task(name="record", pass_context=True)
+def record(ctx, secret=""):
+    # In the handler's session: committed by pgqueue when the handler returns.
+    ctx.session.execute(
+        INSERT,
+        {"job": ctx.job_id, "attempt": ctx.attempt, "tag": "done", "pid": os.getpid(), "info": ""},
+    )
+    return {"pid": os.getpid()}
+
+
+STARTS = text("SELECT count(*) FROM ledger WHERE job_id = :job AND tag = 'start'")
+
+
+@pgq.task(name="sleep", pass_context=True, max_attempts=5)
+def sleep(ctx, seconds, first_run_only=False):
+    mark(ctx, "start")
+    with pgq.handler_engine.connect() as connection:
+        runs = connection.execute(STARTS, {"job": ctx.job_id}).scalar_one()
+    if not first_run_only or runs == 1:
+        time.sleep(seconds)
+    mark(ctx, "end")
+    return {"pid": os.getpid(), "attempt": ctx.attempt}
+
+
+@pgq.task(name="die", pass_context=True, max_attempts=3)
+def die(ctx):
+    mark(ctx, "start")
+    os._exit(1)
+
+
+@pgq.task(name="healthy", pass_context=True, max_attempts=10)
+def healthy(ctx):
+    mark(ctx, "done")
+
+
+@pgq.task(name="slow_sync", pass_context=True, max_attempts=1, timeout=0.5)
+def slow_sync(ctx):
+    mark(ctx, "start")
+    time.sleep(30)
+
+
+@pgq.task(name="async_info", pass_context=True)
+async def async_info(ctx):
+    await asyncio.sleep(0.01)
+    loop = asyncio.get_running_loop()
+    info = f"{threading.current_thread().name} {id(loop)}"
+    await asyncio.to_thread(mark, ctx, "async", info)
+    return info
+
+
+@pgq.task(name="async_slow", pass_context=True, max_attempts=2, timeout=0.3)
+async def async_slow(ctx):
+    await asyncio.to_thread(mark, ctx, "start")
+    await asyncio.sleep(30)
+'''
+
+LEDGER_DDL = """
+CREATE TABLE ledger (
+    id bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    attempt int NOT NULL,
+    tag text NOT NULL,
+    pid int NOT NULL,
+    info text NOT NULL DEFAULT '',
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = _now() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if _now() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class WorkerProcess:
+    """One ``pgqueue worker`` subprocess and where its output goes."""
+
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.popen.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout=timeout)
+
+
+@dataclass
+class App:
+    """The application module, its database, and the worker processes started for it."""
+
+    directory: Path
+    url: URL
+    module: ModuleType
+    engine: Engine
+    processes: list[WorkerProcess] = field(default_factory=list)
+
+    @property
+    def url_string(self) -> str:
+        return self.url.render_as_string(hide_password=False)
+
+    def env(self, **settings: Any) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+        env["DB_URL"] = self.url_string
+        env["PYTHONUNBUFFERED"] = "1"
+        for key, value in settings.items():
+            env[f"PGQUEUE_{key.upper()}"] = str(value)
+        return env
+
+    def start_worker(self, *args: str, **settings: Any) -> WorkerProcess:
+        """``python -m pgqueue worker e2eapp:pgq ARGS`` with ``PGQUEUE_<SETTING>`` variables."""
+        log_path = self.directory / f"worker-{len(self.processes)}.log"
+        with log_path.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "pgqueue", "worker", "e2eapp:pgq", *args],
+                cwd=self.directory,
+                env=self.env(**settings),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        process = WorkerProcess(popen, log_path)
+        self.processes.append(process)
+        return process
+
+    def wait_listening(self, count: int = 1, timeout: float = 30.0) -> list[int]:
+        """Wait until ``count`` listener connections have run LISTEN; return their backend pids."""
+
+        def listening() -> list[int]:
+            rows = self.scalars(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'pgqueue-listener' AND query ILIKE 'LISTEN%'"
+            )
+            return rows if len(rows) >= count else []
+
+        return list(wait_until(listening, timeout, f"{count} listening workers"))
+
+    wait_until = staticmethod(wait_until)
+    children_of = staticmethod(lambda pid: children_of(pid))
+
+    def scalars(self, sql: str, **params: Any) -> list[Any]:
+        with self.engine.connect() as connection:
+            return list(connection.execute(text(sql), params).scalars())
+
+    def rows(self, sql: str, **params: Any) -> list[Any]:
+        with self.engine.connect() as connection:
+            return list(connection.execute(text(sql), params).all())
+
+    def execute(self, sql: str, **params: Any) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(text(sql), params)
+
+    def ledger(self, tag: str | None = None) -> list[Any]:
+        if tag is None:
+            return self.rows("SELECT job_id, attempt, tag, pid, info, at FROM ledger ORDER BY id")
+        return self.rows(
+            "SELECT job_id, attempt, tag, pid, info, at FROM ledger WHERE tag = :tag ORDER BY id",
+            tag=tag,
+        )
+
+    def jobs(self, ids: list[int] | None = None) -> dict[int, Any]:
+        rows = self.rows(
+            "SELECT id, state, attempts, last_error, errors, result, finished_at, lease_token "
+            "FROM pgqueue_jobs" + ("" if ids is None else " WHERE id = ANY(:ids)"),
+            **({} if ids is None else {"ids": ids}),
+        )
+        return {row.id: row for row in rows}
+
+    def wait_final(self, ids: list[int], timeout: float) -> dict[int, Any]:
+        def final() -> dict[int, Any] | None:
+            jobs = self.jobs(ids)
+            done = all(j.state in ("succeeded", "failed", "cancelled") for j in jobs.values())
+            return jobs if done and len(jobs) == len(ids) else None
+
+        return dict(wait_until(final, timeout, f"{len(ids)} jobs to finish", interval=0.1))
+
+    def kill_all(self) -> None:
+        for process in self.processes:
+            if process.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.popen.send_signal(signal.SIGCONT)  # a SIGSTOPped one must die too
+                    for child in children_of(process.pid):
+                        os.kill(child, signal.SIGKILL)
+                    process.popen.kill()
+                process.popen.wait(timeout=30)
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (from /proc; no extra dependency)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces: fields after the last ')' are fixed.
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def load_module(directory: Path, url: URL) -> ModuleType:
+    """Import ``e2eapp.py`` in the test process under a unique name (one per test)."""
+    name = f"e2eapp_{directory.name}_{id(directory)}"
+    spec = importlib.util.spec_from_file_location(name, directory / "e2eapp.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    saved = os.environ.get("DB_URL")
+    os.environ["DB_URL"] = url.render_as_string(hide_password=False)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            os.environ.pop("DB_URL", None)
+        else:
+            os.environ["DB_URL"] = saved
+    return module
+
+
+@contextlib.contextmanager
+def running_app(directory: Path, url: URL) -> Iterator[App]:
+    """Write the application module for the database at ``url``; kill its workers at the end."""
+    (directory / "e2eapp.py").write_text(APP_SOURCE)
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as connection:
+        connection.execute(text(LEDGER_DDL))
+    module = load_module(directory, url)
+    application = App(directory, url, module, engine)
+    try:
+        yield application
+    finally:
+        application.kill_all()
+        module.pgq.dispose()
+        engine.dispose()
+
+
+@pytest.fixture
+def app(tmp_path: Path, database_url: URL) -> Iterator[App]:
+    with running_app(tmp_path, database_url) as application:
+        yield application
+
+
+@pytest.fixture
+def app_factory() -> Callable[[Path, URL], contextlib.AbstractContextManager[App]]:
+    """``running_app`` for tests that bring their own database (e.g. their own server)."""
+    return running_app

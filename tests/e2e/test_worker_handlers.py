@@ -1,0 +1,56 @@
+"""Per-job timeouts, ``async def`` handlers, and the outcome log lines of a worker process."""
+
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conftest import App
+
+
+def test_timeouts_are_retryable_failures_and_the_worker_keeps_going(app: App) -> None:
+    # One slot: four handlers stuck past their timeout must not use up the worker's threads.
+    worker = app.start_worker("--concurrency", "1")
+    stuck = app.module.slow_sync.enqueue_many([{}] * 4)
+    jobs = app.wait_final(stuck, timeout=60)
+    for job in jobs.values():
+        assert (job.state, job.attempts) == ("failed", 1)  # max_attempts=1
+        assert "JobTimeout" in job.last_error and "0.5" in job.last_error
+    # Async: the timeout is retryable (max_attempts=2: retried once, then failed).
+    [slow] = app.module.async_slow.enqueue_many([{}])
+    [job] = app.wait_final([slow], timeout=60).values()
+    assert (job.state, job.attempts) == ("failed", 2)
+    assert [e["attempt"] for e in job.errors] == [1, 2]
+    assert all("timed out" in e["error"] or "Timeout" in e["error"] for e in job.errors)
+
+    healthy = app.module.record.enqueue_many([{}] * 5)
+    done = app.wait_final(healthy, timeout=10)
+    assert {j.state for j in done.values()} == {"succeeded"}
+    assert worker.popen.poll() is None
+
+
+def test_async_handlers_share_the_workers_event_loop(app: App) -> None:
+    worker = app.start_worker("--concurrency", "4")
+    ids = app.module.async_info.enqueue_many([{}] * 6)
+    jobs = app.wait_final(ids, timeout=30)
+    assert {j.state for j in jobs.values()} == {"succeeded"}
+    infos = {row.info for row in app.ledger("async")}
+    assert len(infos) == 1  # one loop, one thread, for every async job
+    [info] = infos
+    assert info.startswith("pgqueue-asyncio ")
+    assert {row.pid for row in app.ledger("async")} == {worker.pid}
+
+
+def test_one_log_line_per_outcome_without_args(app: App) -> None:
+    worker = app.start_worker("--concurrency", "4")
+    ids = app.module.record.enqueue_many([{"secret": "hunter2-personal-data"}] * 7)
+    app.wait_final(ids, timeout=30)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    lines = [line for line in worker.log().splitlines() if " outcome=" in line]
+    assert len(lines) == 7, lines
+    for job_id in ids:
+        [line] = [line for line in lines if f"job {job_id} " in line]
+        assert "task=record attempt=1 outcome=complete duration_ms=" in line
+    assert "hunter2" not in worker.log()

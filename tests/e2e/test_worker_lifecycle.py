@@ -1,0 +1,211 @@
+"""Graceful shutdown, lost database connections, and ``--processes`` under a supervisor."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pgqueue import PgQueue
+from pgqueue.config import normalize_database_url
+from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.states import JobState
+
+if TYPE_CHECKING:
+    from conftest import App
+
+
+def test_sigterm_lets_running_jobs_finish_and_exits_0(app: App) -> None:
+    worker = app.start_worker("--concurrency", "4", "--shutdown-timeout", "20")
+    ids = app.module.sleep.enqueue_many([{"seconds": 1.5}] * 3)
+    app.wait_until(lambda: len(app.ledger("start")) == 3, 30, "3 running jobs")
+    signalled = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(20) == 0
+    assert time.monotonic() - signalled < 15
+    jobs = app.jobs(ids)
+    assert {(j.state, j.attempts) for j in jobs.values()} == {("succeeded", 1)}
+    # Stopped claiming: a job enqueued after the signal is still waiting.
+    [later] = app.module.record.enqueue_many([{}])
+    time.sleep(0.5)
+    assert app.jobs([later])[later].state == "queued"
+
+
+def test_sigterm_releases_a_job_longer_than_the_timeout(app: App) -> None:
+    # A long lease: only the release (not an expiry) can let another worker have it quickly.
+    worker = app.start_worker(
+        "--concurrency", "2", "--shutdown-timeout", "1", "--lease-seconds", "60"
+    )
+    [job_id] = app.module.sleep.enqueue_many([{"seconds": 120, "first_run_only": True}])
+    app.wait_until(lambda: app.ledger("start"), 30, "the job to start")
+    signalled = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(20) == 0
+    assert time.monotonic() - signalled < 10
+    [released] = app.jobs([job_id]).values()
+    assert (released.state, released.attempts, released.lease_token) == ("queued", 0, None)
+    assert "releasing job" in worker.log()
+
+    other = app.start_worker("--concurrency", "2", "--lease-seconds", "60")
+    [job] = app.wait_final([job_id], timeout=30).values()
+    assert (job.state, job.attempts, job.result["pid"]) == ("succeeded", 1, other.pid)
+
+
+def test_second_signal_exits_at_once(app: App) -> None:
+    worker = app.start_worker("--concurrency", "2", "--shutdown-timeout", "60")
+    app.module.sleep.enqueue_many([{"seconds": 120}])
+    app.wait_until(lambda: app.ledger("start"), 30, "the job to start")
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert worker.popen.poll() is None  # waiting for the running job
+    worker.signal(signal.SIGINT)
+    assert worker.wait(10) != 0
+
+
+def test_terminated_connections_reconnect_and_listen_again(app: App) -> None:
+    # A poll interval far above the 1 s budget: only LISTEN (and the reconnect) can be in time.
+    worker = app.start_worker("--concurrency", "2", "--poll-interval", "30", rescue_interval=30)
+    [old_listener] = app.wait_listening()
+    [warm] = app.module.record.enqueue_many([{}])
+    app.wait_final([warm], timeout=30)
+
+    app.module.pgq.dispose()  # the test's own pgqueue connections are not the worker's
+    backends = app.scalars(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND application_name LIKE 'pgqueue%'"
+    )
+    assert len(backends) >= 2
+    # An aggregate, so every backend is terminated (not just the first row a LIMIT would pull).
+    # A backend of the test's own just-closed connections may be gone already (false).
+    [(killed, killed_at)] = app.rows(
+        "SELECT array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)), "
+        "extract(epoch FROM clock_timestamp()) FROM unnest(CAST(:pids AS int[])) AS pid",
+        pids=backends,
+    )
+    assert old_listener in killed and len(killed) >= 2
+    killed_at = float(killed_at)
+    [job_id] = app.module.record.enqueue_many([{}])
+    [row] = app.wait_until(
+        lambda: app.rows(
+            "SELECT extract(epoch FROM at) AS at FROM ledger WHERE job_id = :j", j=job_id
+        ),
+        10,
+        "the job after the kill to start",
+        interval=0.01,
+    )
+    assert float(row.at) - killed_at < 1.0
+    [new_listener] = app.wait_listening()
+    assert new_listener != old_listener
+    app.wait_until(
+        lambda: (
+            not app.scalars(
+                "SELECT pid FROM pg_stat_activity WHERE pid = ANY(:pids)", pids=backends
+            )
+        ),
+        10,
+        "the terminated backends to be gone",
+    )
+
+    # LISTEN is live again: a job enqueued now starts long before the next poll.
+    time.sleep(0.5)
+    [next_id] = app.module.record.enqueue_many([{}])
+    enqueued = time.monotonic()
+    app.wait_until(lambda: app.rows("SELECT 1 FROM ledger WHERE job_id = :j", j=next_id), 10, "x")
+    assert time.monotonic() - enqueued < 1.0
+    assert worker.popen.poll() is None
+    assert app.wait_final([job_id, next_id], timeout=10)[job_id].state == JobState.SUCCEEDED
+
+
+@pytest.mark.slow
+def test_two_processes_run_2000_jobs_exactly_once_and_a_killed_child_is_replaced(
+    app: App,
+) -> None:
+    supervisor = app.start_worker("--processes", "2", "--concurrency", "8")
+    app.wait_listening(count=2)
+    children = app.wait_until(lambda: len(app.children_of(supervisor.pid)) == 2, 30, "2 children")
+    children = app.children_of(supervisor.pid)
+    ids: list[int] = []
+    for _ in range(4):
+        ids += app.module.record.enqueue_many([{}] * 500)
+    jobs = app.wait_final(ids, timeout=240)
+    assert {(j.state, j.attempts) for j in jobs.values()} == {("succeeded", 1)}
+    counts = app.rows(
+        "SELECT count(*) AS n, count(DISTINCT job_id) AS jobs FROM ledger WHERE tag = 'done'"
+    )[0]
+    assert (counts.n, counts.jobs) == (2000, 2000)
+    by_pid = dict(app.rows("SELECT pid, count(*) FROM ledger GROUP BY pid"))
+    assert set(by_pid) == set(children), by_pid  # both children worked
+
+    victim = children[0]
+    os.kill(victim, signal.SIGKILL)
+    replaced = app.wait_until(
+        lambda: (lambda now: now if len(now) == 2 and victim not in now else None)(
+            app.children_of(supervisor.pid)
+        ),
+        30,
+        "the supervisor to start a new child",
+    )
+    [newcomer] = set(replaced) - set(children)
+    app.wait_listening(count=2)
+    more = app.module.record.enqueue_many([{}] * 200)
+    app.wait_final(more, timeout=60)
+    pids = set(app.scalars("SELECT pid FROM ledger WHERE job_id = ANY(:ids)", ids=more))
+    assert pids <= {children[1], newcomer}
+    assert supervisor.popen.poll() is None
+
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(30) == 0
+    assert app.children_of(supervisor.pid) == []
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@pytest.mark.slow
+def test_worker_rides_out_a_database_outage(tmp_path: Path, app_factory: Any) -> None:
+    # Its own server: stopping the shared one would break every other test.
+    root = Path(tempfile.mkdtemp(prefix="pgqueue-outage-"))
+    root.chmod(0o755)
+    server = EmbeddedPostgres(root / "data", durable=False)
+    server.start()
+    restarted: EmbeddedPostgres | None = None
+    try:
+        url = normalize_database_url(server.url())
+        PgQueue(url).migrate()
+        with app_factory(tmp_path, url) as app:
+            worker = app.start_worker("--poll-interval", "0.2", rescue_interval=0.5)
+            app.wait_listening()
+            [before] = app.module.record.enqueue_many([{}])
+            app.wait_final([before], timeout=30)
+
+            server.stop()
+            cpu_before = _cpu_seconds(worker.pid)
+            log_before = len(worker.log().splitlines())
+            time.sleep(5)
+            cpu = _cpu_seconds(worker.pid) - cpu_before
+            complaints = len(worker.log().splitlines()) - log_before
+            print(f"outage of 5 s: worker used {cpu:.2f} s CPU, wrote {complaints} log lines")
+            assert worker.popen.poll() is None
+            assert cpu < 1.0  # backing off, not spinning
+            assert complaints < 100
+
+            restarted = EmbeddedPostgres(root / "data", durable=False, port=server.port)
+            restarted.start()
+            app.module.pgq.dispose()
+            app.engine.dispose()
+            [after] = app.module.record.enqueue_many([{}])
+            [job] = app.wait_final([after], timeout=30).values()
+            assert job.state == "succeeded"
+            app.wait_listening()
+            assert worker.popen.poll() is None
+    finally:
+        (restarted or server).stop()
+        shutil.rmtree(root, ignore_errors=True)
