@@ -279,6 +279,69 @@ def enqueue_from_cli(
     click.echo(str(job_id))
 
 
+# -- schedules and queue control --------------------------------------------------------------
+
+
+@main.command()
+@click.argument("app")
+def schedules(app: str) -> None:
+    """List the periodic schedules of the PgQueue at APP with their next run."""
+    import datetime as dt
+
+    from pgqueue.scheduler import describe
+
+    pgq = load_app(app)
+    table = Table(title="pgqueue schedules")
+    for column in ("name", "cron", "time zone", "task", "missed", "next run (local)", "UTC"):
+        table.add_column(column)
+    for row in describe(list(pgq.schedules.values()), dt.datetime.now(dt.UTC)):
+        table.add_row(
+            row["name"],
+            row["cron"],
+            row["tz"],
+            row["task"],
+            row["missed"],
+            row["next_run_local"].strftime("%Y-%m-%d %H:%M:%S %Z"),
+            row["next_run_utc"].strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    Console(width=200).print(table)
+
+
+@main.command()
+@click.argument("queue")
+@database_option
+def pause(queue: str, database_url: str | None) -> None:
+    """Stop all workers from claiming QUEUE's jobs (running jobs finish)."""
+    _queue_for(database_url).pause_queue(queue)
+    click.echo(f"queue {queue} paused")
+
+
+@main.command()
+@click.argument("queue")
+@database_option
+def resume(queue: str, database_url: str | None) -> None:
+    """Let workers claim QUEUE's jobs again."""
+    _queue_for(database_url).resume_queue(queue)
+    click.echo(f"queue {queue} resumed")
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("limit")
+@database_option
+def limit(queue: str, limit: str, database_url: str | None) -> None:
+    """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
+    if limit.lower() == "none":
+        value: int | None = None
+    else:
+        try:
+            value = int(limit)
+        except ValueError:
+            raise click.BadParameter(f"{limit!r} is not a number or 'none'") from None
+    _queue_for(database_url).set_queue_limit(queue, value)
+    click.echo(f"queue {queue}: limit {'removed' if value is None else value}")
+
+
 # -- demo -------------------------------------------------------------------------------------
 
 

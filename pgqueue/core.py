@@ -20,6 +20,7 @@ from pgqueue.config import Settings, normalize_database_url
 from pgqueue.errors import ConfigurationError, InvalidStateTransition, JobNotFound, ValidationError
 from pgqueue.models import Job
 from pgqueue.repository import NewJob
+from pgqueue.scheduler import Schedule, Scheduler
 from pgqueue.states import JobState
 from pgqueue.tasks import Task, TaskRegistry
 
@@ -46,6 +47,8 @@ class PgQueue:
     ) -> None:
         self.settings = settings if settings is not None else Settings.from_env()
         self.registry = TaskRegistry()
+        self.schedules: dict[str, Schedule] = {}
+        self._scheduler: Scheduler | None = None
         self._lock = threading.Lock()
         self._engine: Engine | None = None
         self._handler_engine: Engine | None = None
@@ -307,6 +310,87 @@ class PgQueue:
 
         worker = Worker(self, queues=queues, concurrency=concurrency, **options)
         return worker.run(drain=drain)
+
+    # -- schedules and queue control ---------------------------------------------------------
+
+    def periodic(
+        self,
+        cron: str,
+        *,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        name: str | None = None,
+        missed: str = "latest",
+    ) -> Callable[[Task[P, R]], Task[P, R]]:
+        """Run a task on a cron schedule in time zone ``tz``; put it above ``@pgq.task``.
+
+        ``missed`` says what happens to ticks missed while no scheduler ran: ``"latest"`` runs
+        the latest one once, ``"all"`` runs them all, ``"skip"`` drops them. Each tick is
+        enqueued exactly once however many workers run the scheduler.
+        """
+
+        def register(task: Task[P, R]) -> Task[P, R]:
+            if not isinstance(task, Task):
+                raise ValidationError("@pgq.periodic goes above @pgq.task (it needs a Task)")
+            schedule = Schedule.create(
+                cron, task, tz=tz, name=name, args=args, kwargs=kwargs, missed=missed
+            )
+            if schedule.name in self.schedules:
+                raise ValidationError(
+                    f"a schedule named {schedule.name!r} exists already; pass name="
+                )
+            self.schedules[schedule.name] = schedule
+            return task
+
+        return register
+
+    def run_schedules(self) -> list[int]:
+        """Enqueue the due ticks of all schedules now (workers do this in their maintenance
+        loop); returns the ids of the jobs this call enqueued."""
+        if not self.schedules:
+            return []
+        if self._scheduler is None:
+            self._scheduler = Scheduler(self)
+        return self._scheduler.run_pending()
+
+    def pause_queue(self, queue: str) -> None:
+        """Stop all workers from claiming ``queue``'s jobs (within one poll interval); running
+        jobs finish. Tickets stay, so ``resume_queue`` picks up where it left off."""
+        self._queue_control(queue, paused=True)
+
+    def resume_queue(self, queue: str) -> None:
+        """Let workers claim ``queue``'s jobs again."""
+        self._queue_control(queue, paused=False)
+
+    def set_queue_limit(self, queue: str, limit: int | None) -> None:
+        """At most ``limit`` jobs of ``queue`` RUNNING at once across all workers and hosts
+        (enforced in the claim); ``None`` removes the limit."""
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+        ):
+            raise ValidationError(f"queue limit must be a positive int or None, got {limit!r}")
+        self._queue_control(queue, concurrency_limit=limit)
+
+    def queue_controls(self) -> dict[str, dict[str, Any]]:
+        """``{queue: {"paused", "concurrency_limit", "running"}}`` for queues with settings."""
+        with self.sessions() as session:
+            return {
+                row.name: {
+                    "paused": row.paused,
+                    "concurrency_limit": row.concurrency_limit,
+                    "running": row.running,
+                }
+                for row in repository.queue_controls(session)
+            }
+
+    def _queue_control(self, queue: str, **changes: Any) -> None:
+        from pgqueue import validation
+
+        name = validation.queue_name(queue)
+        uow.run_in_transaction(
+            self.sessions, lambda s: repository.set_queue_control(s, name, **changes)
+        )
 
 
 def _job_id(value: object) -> int:

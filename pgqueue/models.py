@@ -32,7 +32,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from pgqueue.states import JobState
@@ -123,6 +123,12 @@ class Job(Base):
     """Set on a running job by ``cancel_job``; the handler sees it via its context."""
     atomic: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     """Run inside the claim transaction (the task's ``atomic=True`` at enqueue time)."""
+    depends_on: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
+    """Ids of the jobs this one waited for (``configure(depends_on=...)``); null for most jobs."""
+    dependents: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
+    """Ids of WAITING jobs to settle when this one ends. On this row, not in an edge table, so the
+    outcome's UPDATE (which waits for an enqueuing dependent's lock on this row, then re-reads
+    the row's newest version) returns dependents added concurrently too."""
 
     __table_args__ = (
         CheckConstraint("attempts >= 0", name="attempts_non_negative"),
@@ -185,3 +191,56 @@ class MessageQueue(Base):
             postgresql_include=["queue"],
         ),
     )
+
+
+# --- scheduling and queue control (migration pgqueue_0002) -----------------------------------
+
+
+class QueueControl(Base):
+    """Per-queue switches: paused, and a concurrency limit across all workers.
+
+    A queue without a row is running and unlimited, so the common case costs the claim nothing
+    but an anti-join against an empty set.
+    """
+
+    __tablename__ = "pgqueue_queues"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    """Queue name."""
+    paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """While true no worker claims this queue's tickets (running jobs finish normally)."""
+    concurrency_limit: Mapped[int | None] = mapped_column(Integer)
+    """At most this many jobs of the queue RUNNING at once, across all workers; null = no limit."""
+    running: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Jobs of the queue counted as RUNNING, maintained only while a limit is set: the claim adds
+    what it claims and every exit from RUNNING subtracts, in the same statements. A counter on
+    the locked row, not a count(*), because a claim waiting for this row's lock sees the row's
+    newest version but only an older snapshot of ``pgqueue_jobs``."""
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """Last change of the switches."""
+
+    __table_args__ = (
+        CheckConstraint(
+            "concurrency_limit IS NULL OR concurrency_limit >= 1", name="limit_positive"
+        ),
+    )
+
+
+class PeriodicTick(Base):
+    """One enqueued tick of a periodic schedule. The primary key makes each tick happen once,
+    however many schedulers race for it (insert ``ON CONFLICT DO NOTHING``)."""
+
+    __tablename__ = "pgqueue_periodic_ticks"
+
+    schedule_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    """The schedule's name (``periodic(name=...)``, default the task name)."""
+    scheduled_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    """The cron instant this tick stands for (UTC), not when it was enqueued."""
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    """The job enqueued for the tick (no foreign key: pruning jobs keeps the tick history)."""
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """When a scheduler enqueued it (database clock)."""

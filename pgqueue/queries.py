@@ -19,6 +19,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     ColumnElement,
+    CompoundSelect,
     Delete,
     Float,
     Integer,
@@ -44,10 +45,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import aliased
 from sqlalchemy.sql.dml import ReturningUpdate
 
-from pgqueue.models import Job, MessageQueue
+from pgqueue.models import Job, MessageQueue, PeriodicTick, QueueControl
 from pgqueue.states import (
+    ABANDON,
     CANCEL,
     CANCELLED,
     CLAIM,
@@ -58,6 +61,7 @@ from pgqueue.states import (
     RESCUE,
     RESCUE_FAIL,
     RETRY,
+    UNBLOCK,
     JobState,
     Transition,
 )
@@ -115,7 +119,7 @@ CLAIMED_COLUMNS: Final = (
 
 
 @cache
-def insert_jobs(with_unique_keys: bool) -> Select[Any]:
+def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Select[Any]:
     """Insert N jobs and their tickets in one statement; returns ``(id, unique_key)`` rows.
 
     Binds parallel arrays: ``task_names``, ``queues``, ``args`` and ``kwargs`` (JSON text),
@@ -124,6 +128,12 @@ def insert_jobs(with_unique_keys: bool) -> Select[Any]:
     Ids come back in input order (ordered by ordinality, assigned by the identity in that
     order). With unique keys, a row whose key is already held by an active job is skipped
     (``ON CONFLICT DO NOTHING`` on the partial unique index) and gets no ticket.
+
+    ``with_dependencies`` also binds ``states`` (QUEUED, WAITING, or CANCELLED when a
+    dependency already failed), ``depends_ons``
+    (``'{1,2}'`` array literals or null) and ``reasons``; only QUEUED jobs get a ticket, and the
+    rows also return ``(state, depends_on)`` so the caller can register the waiting ones with
+    their dependencies (``add_dependents``).
     """
     rows = (
         func.unnest(
@@ -157,6 +167,31 @@ def insert_jobs(with_unique_keys: bool) -> Select[Any]:
         cast(rows.c.run_at, Job.run_at.type),
         func.now() + _seconds(func.coalesce(rows.c.delay, 0.0)),
     )
+    extra_columns: list[str] = []
+    extra_values: list[Any] = []
+    if with_dependencies:
+        deps = (
+            func.unnest(
+                _array("states", Text),
+                _array("depends_ons", Text),
+                _array("reasons", Text),
+            )
+            .table_valued("state", "depends_on", "reason", with_ordinality="ord")
+            .render_derived(name="d")
+        )
+        rows_deps: Any = deps
+        extra_columns = [
+            "state",
+            "depends_on",
+            "last_error",
+            "finished_at",
+        ]
+        extra_values = [
+            rows_deps.c.state,
+            cast(rows_deps.c.depends_on, ARRAY(BigInteger)),
+            rows_deps.c.reason,
+            case((rows_deps.c.state == JobState.CANCELLED.value, func.now()), else_=null()),
+        ]
     source = select(
         rows.c.task_name,
         rows.c.queue,
@@ -167,7 +202,10 @@ def insert_jobs(with_unique_keys: bool) -> Select[Any]:
         run_at,
         rows.c.unique_key,
         rows.c.atomic,
+        *extra_values,
     ).order_by(rows.c.ord)
+    if with_dependencies:
+        source = source.where(rows_deps.c.ord == rows.c.ord)
     columns = [
         "task_name",
         "queue",
@@ -178,6 +216,7 @@ def insert_jobs(with_unique_keys: bool) -> Select[Any]:
         "run_at",
         "unique_key",
         "atomic",
+        *extra_columns,
     ]
     stmt = pg_insert(Job).from_select(columns, source)
     if with_unique_keys:
@@ -189,18 +228,31 @@ def insert_jobs(with_unique_keys: bool) -> Select[Any]:
             ),
         )
     jobs = stmt.returning(
-        Job.id, Job.queue, Job.priority, Job.run_at, Job.unique_key, Job.atomic
+        Job.id,
+        Job.queue,
+        Job.priority,
+        Job.run_at,
+        Job.unique_key,
+        Job.atomic,
+        Job.state,
+        Job.depends_on,
     ).cte("new_jobs")
+    ticketed = select(jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic)
+    if with_dependencies:
+        ticketed = ticketed.where(jobs.c.state == JobState.QUEUED.value)
     tickets = (
         insert(MessageQueue)
-        .from_select(
-            ["job_id", "queue", "priority", "run_at", "atomic"],
-            select(jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic),
-        )
+        .from_select(["job_id", "queue", "priority", "run_at", "atomic"], ticketed)
         .cte("new_tickets")
     )
     # Referencing the ticket CTE is not needed for it to run (data-modifying CTEs always run),
     # but keeping it in the FROM list documents the dependency and keeps SQLAlchemy rendering it.
+    if with_dependencies:
+        return (
+            select(jobs.c.id, jobs.c.unique_key, jobs.c.state, jobs.c.depends_on)
+            .add_cte(tickets)
+            .order_by(jobs.c.id)
+        )
     return select(jobs.c.id, jobs.c.unique_key).add_cte(tickets).order_by(jobs.c.id)
 
 
@@ -224,25 +276,84 @@ def claim(*, atomic: bool, filter_queues: bool) -> ReturningUpdate[Any]:
     ``task_leases`` (JSON object task name -> lease seconds, for tasks with their own lease),
     and ``queues`` (array) when ``filter_queues``. Atomic claims (one per open transaction)
     set no lease expiry: if the transaction dies the claim itself rolls back.
+
+    Queues with a row in ``pgqueue_queues`` that is paused or limited are left out of the main
+    index scan (a hashed anti-join on a usually empty set). Each limited queue that is not
+    paused is claimed from separately, and first: its control row is locked (SKIP LOCKED: a
+    queue another worker is claiming right now is skipped, not waited for) and at most
+    ``limit - running`` of its tickets are taken; the row's ``running`` counter grows by what
+    was claimed, in this same statement. Priority therefore orders tickets within the limited
+    queues and within the rest, not across the two.
     """
-    picked = (
-        select(MessageQueue.job_id)
-        .where(
-            MessageQueue.atomic == (true() if atomic else false()),
-            MessageQueue.run_at <= func.now(),
-        )
-        .order_by(MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
+    ready = and_(
+        MessageQueue.atomic == (true() if atomic else false()),
+        MessageQueue.run_at <= func.now(),
+    )
+    queue_filter: ColumnElement[bool] = true()
+    if filter_queues:
+        queue_filter = MessageQueue.queue == func.any(_array("queues", Text))
+    order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
+    controlled = select(QueueControl.name).where(
+        or_(QueueControl.paused, QueueControl.concurrency_limit.is_not(None))
+    )
+    free = (
+        select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at)
+        .where(ready, queue_filter, MessageQueue.queue.not_in(controlled))
+        .order_by(*order)
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
     )
+    limited_where: list[ColumnElement[bool]] = [
+        QueueControl.concurrency_limit.is_not(None),
+        QueueControl.paused.is_(False),
+    ]
     if filter_queues:
-        picked = picked.where(MessageQueue.queue == func.any(_array("queues", Text)))
-    picked_cte = picked.cte("picked")
+        limited_where.append(QueueControl.name == func.any(_array("queues", Text)))
+    limited = (
+        select(
+            QueueControl.name,
+            (QueueControl.concurrency_limit - QueueControl.running).label("room"),
+        )
+        .where(*limited_where)
+        .with_for_update(skip_locked=True)
+        .cte("limited")
+    )
+    per_queue = (
+        select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at)
+        .where(ready, MessageQueue.queue == limited.c.name)
+        .order_by(*order)
+        .limit(func.least(func.greatest(limited.c.room, 0), bindparam("limit", type_=Integer)))
+        .with_for_update(skip_locked=True)
+        .lateral("per_queue")
+    )
+    capped = select(per_queue.c.job_id, per_queue.c.priority, per_queue.c.run_at).select_from(
+        limited.join(per_queue, true())
+    )
+    # FOR UPDATE is not allowed in a UNION's branches; as CTEs each keeps its own locking scan.
+    # Limited queues come first (each bounded by its room), the free scan fills the remaining
+    # slots. No ORDER BY over the union: each branch already comes in index order, and a sort
+    # here would sit on the hot path of every claim.
+    free_cte = free.cte("free")
+    capped_cte = capped.cte("capped")
+    both = select(capped_cte.c.job_id).union_all(select(free_cte.c.job_id)).subquery("candidates")
+    picked_cte = select(both.c.job_id).limit(bindparam("limit", type_=Integer)).cte("picked")
     deleted = (
         delete(MessageQueue)
         .where(MessageQueue.job_id == picked_cte.c.job_id)
-        .returning(MessageQueue.job_id)
+        .returning(MessageQueue.job_id, MessageQueue.queue)
         .cte("claimed")
+    )
+    taken = (
+        select(deleted.c.queue, func.count().label("n"))
+        .where(deleted.c.queue == limited.c.name)
+        .group_by(deleted.c.queue)
+        .subquery("taken")
+    )
+    bump = (
+        update(QueueControl)
+        .where(QueueControl.name == taken.c.queue)
+        .values(running=QueueControl.running + taken.c.n)
+        .cte("bump")
     )
     task_lease = cast(
         func.jsonb_extract_path_text(bindparam("task_leases", type_=JSONB), Job.task_name), Float
@@ -266,6 +377,30 @@ def claim(*, atomic: bool, filter_queues: bool) -> ReturningUpdate[Any]:
             lease_expires_at=lease_expiry,
         )
         .returning(*CLAIMED_COLUMNS)
+        .add_cte(bump)
+    )
+
+
+# --- follow-ups shared by the outcome statements --------------------------------------------
+# Every statement that moves jobs out of RUNNING gives back their queue slots in the same
+# statement. Statements that end jobs return the ended jobs' ``dependents``; the repository then
+# settles those (``settle_dependents``) in a follow-up statement. A follow-up and not a CTE: a
+# dependent enqueued while the outcome statement waited for the dependency's row lock is
+# invisible to that statement's snapshot, but visible to the next statement's.
+
+
+def _free_slots(exited: Any) -> Any:
+    """CTE: subtract jobs that left RUNNING (``exited`` has ``queue``) from limited queues."""
+    gone = (
+        select(exited.c.queue, func.count().label("n"))
+        .group_by(exited.c.queue)
+        .subquery("exited_per_queue")
+    )
+    return (
+        update(QueueControl)
+        .where(QueueControl.name == gone.c.queue, QueueControl.concurrency_limit.is_not(None))
+        .values(running=func.greatest(QueueControl.running - gone.c.n, 0))
+        .cte(f"slots_{exited.name}")
     )
 
 
@@ -287,13 +422,13 @@ def _leased(transition: Transition, rows: Any) -> ColumnElement[bool]:
 
 
 @cache
-def complete() -> ReturningUpdate[int]:
+def complete() -> Select[int, list[int] | None]:
     """RUNNING -> SUCCEEDED for many jobs. Binds ``ids``, ``tokens``, ``results`` (JSON text).
 
     Returns the ids actually updated; a missing id means that worker's lease was lost.
     """
     rows = _outcome_rows(("result", Text))
-    return (
+    completed = (
         update(Job)
         .where(_leased(COMPLETE, rows))
         .values(
@@ -303,8 +438,10 @@ def complete() -> ReturningUpdate[int]:
             updated_at=func.now(),
             **_CLEAR_LEASE,
         )
-        .returning(Job.id)
+        .returning(Job.id, Job.queue, Job.dependents)
+        .cte("completed")
     )
+    return select(completed.c.id, completed.c.dependents).add_cte(_free_slots(completed))
 
 
 @cache
@@ -328,7 +465,7 @@ def retry() -> Select[int]:
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("retried")
     )
-    return _select_ids_with_tickets(updated)
+    return _select_ids_with_tickets(updated).add_cte(_free_slots(updated))
 
 
 def _select_ids_with_tickets(updated: Any) -> Select[int]:
@@ -350,10 +487,10 @@ def _select_ids_with_tickets(updated: Any) -> Select[int]:
 
 
 @cache
-def fail() -> ReturningUpdate[int]:
+def fail() -> Select[int, list[int] | None]:
     """RUNNING -> FAILED for many jobs. Binds ``ids``, ``tokens``, ``errors``."""
     rows = _outcome_rows(("error", Text))
-    return (
+    failed = (
         update(Job)
         .where(_leased(FAIL, rows))
         .values(
@@ -364,17 +501,19 @@ def fail() -> ReturningUpdate[int]:
             errors=_append_error(Job.attempts, rows.c.error),
             **_CLEAR_LEASE,
         )
-        .returning(Job.id)
+        .returning(Job.id, Job.queue, Job.state, Job.dependents)
+        .cte("failed")
     )
+    return select(failed.c.id, failed.c.dependents).add_cte(_free_slots(failed))
 
 
 @cache
-def mark_cancelled() -> ReturningUpdate[int]:
+def mark_cancelled() -> Select[int, list[int] | None]:
     """RUNNING -> CANCELLED for jobs whose handler stopped on a cancel request.
 
     Binds ``ids``, ``tokens``, ``errors`` (the reason)."""
     rows = _outcome_rows(("error", Text))
-    return (
+    stopped = (
         update(Job)
         .where(_leased(CANCELLED, rows))
         .values(
@@ -382,10 +521,14 @@ def mark_cancelled() -> ReturningUpdate[int]:
             finished_at=func.now(),
             updated_at=func.now(),
             last_error=rows.c.error,
+            # Explicit, or SQLAlchemy would SET errors from the same-named ``errors`` bind.
+            errors=Job.errors,
             **_CLEAR_LEASE,
         )
-        .returning(Job.id)
+        .returning(Job.id, Job.queue, Job.state, Job.dependents)
+        .cte("stopped")
     )
+    return select(stopped.c.id, stopped.c.dependents).add_cte(_free_slots(stopped))
 
 
 @cache
@@ -407,7 +550,7 @@ def release() -> Select[int]:
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("released")
     )
-    return _select_ids_with_tickets(updated)
+    return _select_ids_with_tickets(updated).add_cte(_free_slots(updated))
 
 
 @cache
@@ -430,7 +573,7 @@ def heartbeat() -> ReturningUpdate[int, bool]:
 
 
 @cache
-def rescue_expired() -> Select[int, str]:
+def rescue_expired() -> Select[int, str, list[int] | None]:
     """Re-queue (``rescue``) or fail for good (``rescue_fail``) up to ``limit`` jobs whose lease
     expired by the database clock; rescued jobs get a ticket for now. A job whose cancellation
     was requested ends CANCELLED instead. Binds ``lock_key``, ``limit``, ``error``.
@@ -469,7 +612,9 @@ def rescue_expired() -> Select[int, str]:
             errors=_append_error(Job.attempts, error),
             **_CLEAR_LEASE,
         )
-        .returning(Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .returning(
+            Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.dependents
+        )
         .cte("rescued")
     )
     tickets = (
@@ -486,7 +631,9 @@ def rescue_expired() -> Select[int, str]:
         )
         .cte("rescue_tickets")
     )
-    return select(updated.c.id, updated.c.state).add_cte(tickets)
+    return select(updated.c.id, updated.c.state, updated.c.dependents).add_cte(
+        tickets, _free_slots(updated)
+    )
 
 
 @cache
@@ -548,27 +695,32 @@ def rerun() -> Select[int]:
 
 
 @cache
-def cancel_waiting() -> Select[int]:
+def cancel_waiting() -> Select[int, list[int] | None]:
     """QUEUED/RETRYING -> CANCELLED, deleting the ticket. Binds ``job_id``, ``reason``."""
+    job_id = bindparam("job_id", type_=BigInteger)
     gone = (
         delete(MessageQueue)
-        .where(MessageQueue.job_id == bindparam("job_id", type_=BigInteger))
+        .where(MessageQueue.job_id == job_id)
         .returning(MessageQueue.job_id)
         .cte("gone")
     )
+    # A WAITING job (blocked on dependencies) has no ticket to delete.
+    has_ticket_or_blocked = or_(
+        Job.id.in_(select(gone.c.job_id)), Job.state == JobState.WAITING.value
+    )
     updated = (
         update(Job)
-        .where(Job.id == gone.c.job_id, _sources(CANCEL))
+        .where(Job.id == job_id, has_ticket_or_blocked, _sources(CANCEL))
         .values(
             state=CANCEL.target,
             finished_at=func.now(),
             updated_at=func.now(),
             last_error=bindparam("reason", type_=Text),
         )
-        .returning(Job.id)
+        .returning(Job.id, Job.dependents)
         .cte("cancelled")
     )
-    return select(updated.c.id)
+    return select(updated.c.id, updated.c.dependents)
 
 
 @cache
@@ -596,8 +748,13 @@ def job_state_counts() -> Select[str, JobState, int]:
 
 
 def ready_ticket_exists(filter_queues: bool) -> Select[bool]:
-    """Whether any ticket is claimable now (for ``drain``). Binds ``queues`` when filtering."""
-    inner = select(literal(1)).where(MessageQueue.run_at <= func.now())
+    """Whether any ticket is claimable now (for ``drain``). Binds ``queues`` when filtering.
+
+    Tickets of paused queues are not claimable, so they do not count."""
+    paused = select(QueueControl.name).where(QueueControl.paused)
+    inner = select(literal(1)).where(
+        MessageQueue.run_at <= func.now(), MessageQueue.queue.not_in(paused)
+    )
     if filter_queues:
         inner = inner.where(MessageQueue.queue == func.any(_array("queues", Text)))
     return select(inner.exists())
@@ -705,4 +862,215 @@ def delete_job() -> Any:  # a ReturningDelete
         delete(Job)
         .where(Job.id == bindparam("job_id", type_=BigInteger), Job.state != JobState.RUNNING)
         .returning(Job.id)
+    )
+
+
+# --- scheduling and job control (periodic ticks, queue switches, dependencies) ---------------
+
+
+def lock_dependencies() -> Select[int, str]:
+    """``(id, state)`` of the jobs ``ids`` (array), locked until the enqueuing transaction ends.
+
+    The lock makes a dependency's outcome statement wait for the new dependent to commit; that
+    statement then re-reads the row's newest version, ``dependents`` included, so a dependency
+    finishing during the enqueue still releases (or cancels) the new job.
+    """
+    return (
+        select(Job.id, Job.state)
+        .where(Job.id == func.any(_array("ids", BigInteger)))
+        .order_by(Job.id)
+        .with_for_update(key_share=True)
+    )
+
+
+@cache
+def add_dependents() -> Any:
+    """Append dependents to their dependencies' ``dependents`` arrays. Binds parallel arrays
+    ``dependency_ids`` and ``dependent_ids`` (one pair per edge)."""
+    edges = (
+        func.unnest(_array("dependency_ids", BigInteger), _array("dependent_ids", BigInteger))
+        .table_valued("dependency", "dependent")
+        .render_derived(name="e")
+    )
+    grouped = (
+        select(edges.c.dependency, func.array_agg(edges.c.dependent).label("ids"))
+        .group_by(edges.c.dependency)
+        .subquery("grouped")
+    )
+    return (
+        update(Job)
+        .where(Job.id == grouped.c.dependency)
+        .values(
+            dependents=func.array_cat(
+                func.coalesce(Job.dependents, cast(literal("{}"), ARRAY(BigInteger))),
+                grouped.c.ids,
+            )
+        )
+    )
+
+
+@cache
+def set_queue_control(*, paused: bool, limit: bool) -> Any:
+    """Create or update a queue's control row. Binds ``name`` and ``paused`` and/or
+    ``concurrency_limit`` (null removes the limit). Setting a limit starts the ``running``
+    counter from the queue's RUNNING jobs, so jobs already running count against it."""
+    name = bindparam("name", type_=Text)
+    values: dict[str, Any] = {"name": name, "updated_at": func.now()}
+    if paused:
+        values["paused"] = bindparam("paused", type_=Boolean)
+    if limit:
+        values["concurrency_limit"] = bindparam("concurrency_limit", type_=Integer)
+        values["running"] = (
+            select(func.count())
+            .select_from(Job)
+            .where(Job.queue == name, Job.state == JobState.RUNNING.value)
+            .scalar_subquery()
+        )
+    stmt = pg_insert(QueueControl).values(**values)
+    return stmt.on_conflict_do_update(
+        index_elements=[QueueControl.name],
+        set_={k: stmt.excluded[k] for k in values if k != "name"},
+    )
+
+
+def queue_controls() -> Select[QueueControl]:
+    """All queue control rows, by name."""
+    return select(QueueControl).order_by(QueueControl.name)
+
+
+@cache
+def record_tick() -> Any:
+    """Claim one tick of a schedule; binds ``tick_name``, ``tick_at``. Returns a row
+    only for the one caller that inserted it (``ON CONFLICT DO NOTHING`` on the primary key),
+    which then enqueues the job in the same transaction."""
+    return (
+        pg_insert(PeriodicTick)
+        .values(
+            schedule_name=bindparam("tick_name", type_=Text),
+            scheduled_at=bindparam("tick_at", type_=PeriodicTick.scheduled_at.type),
+        )
+        .on_conflict_do_nothing(
+            index_elements=[PeriodicTick.schedule_name, PeriodicTick.scheduled_at]
+        )
+        .returning(PeriodicTick.scheduled_at)
+    )
+
+
+@cache
+def set_tick_job() -> Any:
+    """Record the job enqueued for a tick. Binds ``tick_name``, ``tick_at``, ``tick_job``."""
+    return (
+        update(PeriodicTick)
+        .where(
+            PeriodicTick.schedule_name == bindparam("tick_name", type_=Text),
+            PeriodicTick.scheduled_at == bindparam("tick_at", type_=PeriodicTick.scheduled_at.type),
+        )
+        .values(job_id=bindparam("tick_job", type_=BigInteger))
+    )
+
+
+def last_ticks() -> Select[str, Any]:
+    """``(schedule_name, latest scheduled_at)`` for the schedules ``names`` (array)."""
+    return (
+        select(PeriodicTick.schedule_name, func.max(PeriodicTick.scheduled_at))
+        .where(PeriodicTick.schedule_name == func.any(_array("names", Text)))
+        .group_by(PeriodicTick.schedule_name)
+    )
+
+
+def database_now() -> Select[Any]:
+    """The database clock."""
+    return select(func.now())
+
+
+@cache
+def settle_dependents() -> CompoundSelect[Any]:
+    """Release or cancel the WAITING jobs ``ids`` (array) from their dependencies' states.
+
+    A job all of whose ``depends_on`` SUCCEEDED gets its ticket (``unblock``); a job with a
+    dependency FAILED or CANCELLED is cancelled (``abandon``) with the reason, and so is every
+    WAITING job depending on it, transitively. Others stay WAITING. Idempotent: the state guard
+    makes a second run (or a concurrent one) change nothing, so each job is queued at most once.
+    Returns ``(id, new state)``.
+    """
+    dependency = aliased(Job, name="dependency")
+    candidates = (
+        select(Job.id, Job.depends_on)
+        .where(Job.id == func.any(_array("ids", BigInteger)), _sources(UNBLOCK))
+        .cte("candidates")
+    )
+    dead = (
+        select(dependency.id, dependency.state)
+        .where(
+            dependency.id == func.any(candidates.c.depends_on),
+            dependency.state.in_([JobState.FAILED.value, JobState.CANCELLED.value]),
+        )
+        .order_by(dependency.id)
+        .limit(1)
+        .lateral("dead")
+    )
+    unfinished = (
+        select(literal(1))
+        .where(
+            dependency.id == func.any(candidates.c.depends_on),
+            dependency.state != JobState.SUCCEEDED.value,
+        )
+        .exists()
+    )
+    seeds = (
+        select(
+            candidates.c.id.label("id"),
+            dead.c.id.label("root"),
+            dead.c.state.label("root_state"),
+        )
+        .select_from(candidates.join(dead, true()))
+        .cte("doomed", recursive=True)
+    )
+    deeper = select(
+        func.unnest(Job.dependents).label("id"), seeds.c.root, seeds.c.root_state
+    ).where(Job.id == seeds.c.id, Job.dependents.is_not(None))
+    doomed = seeds.union(deeper)
+    reason = func.concat("dependency ", doomed.c.root, " ended ", doomed.c.root_state, "; not run")
+    abandoned = (
+        update(Job)
+        .where(Job.id == doomed.c.id, _sources(ABANDON))
+        .values(
+            state=ABANDON.target,
+            finished_at=func.now(),
+            updated_at=func.now(),
+            last_error=reason,
+        )
+        .returning(Job.id, Job.state)
+        .cte("abandoned")
+    )
+    ready = select(candidates.c.id).where(~unfinished)
+    unblocked = (
+        update(Job)
+        .where(Job.id.in_(ready), _sources(UNBLOCK))
+        .values(
+            state=UNBLOCK.target,
+            run_at=func.greatest(Job.run_at, func.now()),
+            updated_at=func.now(),
+        )
+        .returning(Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .cte("unblocked")
+    )
+    tickets = (
+        insert(MessageQueue)
+        .from_select(
+            ["job_id", "queue", "priority", "run_at", "atomic"],
+            select(
+                unblocked.c.id,
+                unblocked.c.queue,
+                unblocked.c.priority,
+                unblocked.c.run_at,
+                unblocked.c.atomic,
+            ),
+        )
+        .cte("unblocked_tickets")
+    )
+    return (
+        select(abandoned.c.id, abandoned.c.state)
+        .union_all(select(unblocked.c.id, unblocked.c.state))
+        .add_cte(tickets)
     )

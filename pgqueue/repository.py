@@ -35,6 +35,7 @@ class NewJob:
     run_at: dt.datetime | None
     unique_key: str | None
     atomic: bool
+    depends_on: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,8 @@ def insert_jobs(session: Session, jobs: Sequence[NewJob]) -> list[int]:
     """
     if not jobs:
         return []
+    if any(j.depends_on for j in jobs):
+        return insert_dependent_jobs(session, jobs)
     with_keys = any(j.unique_key is not None for j in jobs)
     for _ in range(10):
         rows = _core(session).execute(queries.insert_jobs(with_keys), _insert_params(jobs)).all()
@@ -172,6 +175,7 @@ def record_outcomes(session: Session, outcomes: Iterable[Outcome]) -> set[int]:
     for outcome in outcomes:
         by_kind.setdefault(outcome.kind, []).append(outcome)
     lost: set[int] = set()
+    dependents: set[int] = set()
     for kind, items in by_kind.items():
         params: dict[str, Any] = {
             "ids": [o.job_id for o in items],
@@ -194,8 +198,13 @@ def record_outcomes(session: Session, outcomes: Iterable[Outcome]) -> set[int]:
             stmt = queries.release()
         else:  # pragma: no cover - Outcome kinds are produced by pgqueue only
             raise ValueError(f"unknown outcome kind {kind!r}")
-        done = set(_core(session).execute(stmt, params).scalars())
+        rows = _core(session).execute(stmt, params).all()
+        done = {row[0] for row in rows}
+        if kind in ("complete", "fail", "cancelled"):
+            dependents.update(d for row in rows for d in row[1] or ())
         lost.update(o.job_id for o in items if o.job_id not in done)
+    if dependents:
+        settle_dependents(session, dependents)
     return lost
 
 
@@ -219,7 +228,11 @@ def rescue_expired(
     session: Session, *, lock_key: int, limit: int, error: str
 ) -> list[tuple[int, str]]:
     params = {"lock_key": lock_key, "limit": limit, "error": error}
-    return [(row[0], row[1]) for row in _core(session).execute(queries.rescue_expired(), params)]
+    rows = _core(session).execute(queries.rescue_expired(), params).all()
+    dependents = {d for row in rows if row[1] != JobState.RETRYING.value for d in row[2] or ()}
+    if dependents:
+        settle_dependents(session, dependents)
+    return [(row[0], row[1]) for row in rows]
 
 
 def prune_finished(
@@ -241,12 +254,14 @@ def rerun(session: Session, job_id: int) -> bool:
 
 
 def cancel_waiting(session: Session, job_id: int, reason: str) -> bool:
-    return (
+    row = (
         _core(session)
         .execute(queries.cancel_waiting(), {"job_id": job_id, "reason": reason})
         .first()
-        is not None
     )
+    if row is not None and row[1]:
+        settle_dependents(session, row[1])
+    return row is not None
 
 
 def request_cancel_running(session: Session, job_id: int) -> bool:
@@ -343,3 +358,127 @@ def finished_per_minute(session: Session) -> dict[str, dict[JobState, list[int]]
 def delete_job(session: Session, job_id: int) -> bool:
     """Delete a job that is not running (and its ticket); False when nothing was deleted."""
     return _core(session).execute(queries.delete_job(), {"job_id": job_id}).first() is not None
+
+
+# --- scheduling and job control --------------------------------------------------------------
+
+
+def insert_dependent_jobs(session: Session, jobs: Sequence[NewJob]) -> list[int]:
+    """Insert jobs some of which depend on others (``NewJob.depends_on``).
+
+    The dependencies are locked first (see ``queries.lock_dependencies``) and their states read
+    after the lock: a job whose dependencies all SUCCEEDED is queued at once; one with a
+    dependency FAILED or CANCELLED is inserted CANCELLED with the reason; the others wait
+    (WAITING, no ticket) and are appended to their unfinished dependencies' ``dependents``.
+    Unique keys are not combined with dependencies (the waiting job would hold no key).
+    """
+    from pgqueue.errors import JobNotFound, ValidationError
+
+    if any(j.unique_key is not None and j.depends_on for j in jobs):
+        raise ValidationError("a job with depends_on cannot also have a unique_key")
+    wanted = sorted({d for j in jobs for d in j.depends_on})
+    found = dict(_core(session).execute(queries.lock_dependencies(), {"ids": wanted}).all())
+    missing = [d for d in wanted if d not in found]
+    if missing:
+        raise JobNotFound(f"depends_on names jobs that do not exist: {missing}")
+    states: list[str] = []
+    depends_ons: list[str | None] = []
+    reasons: list[str | None] = []
+    for job in jobs:
+        dep_states = {d: JobState(found[d]) for d in job.depends_on}
+        dead = [d for d, st in dep_states.items() if st in (JobState.FAILED, JobState.CANCELLED)]
+        pending = sum(1 for st in dep_states.values() if st is not JobState.SUCCEEDED)
+        if dead:
+            state = JobState.CANCELLED
+            reasons.append(f"dependency {dead[0]} ended {dep_states[dead[0]].value}; not run")
+        else:
+            state = JobState.WAITING if pending else JobState.QUEUED
+            reasons.append(None)
+        states.append(state.value)
+        depends_ons.append(
+            "{" + ",".join(str(d) for d in job.depends_on) + "}" if job.depends_on else None
+        )
+    params: dict[str, Any] = _insert_params(jobs)
+    params.update(states=states, depends_ons=depends_ons, reasons=reasons)
+    with_keys = any(j.unique_key is not None for j in jobs)
+    rows = (
+        _core(session).execute(queries.insert_jobs(with_keys, with_dependencies=True), params).all()
+    )
+    edges = [
+        (dependency, row[0])
+        for row in rows
+        if row[2] == JobState.WAITING.value
+        for dependency in row[3] or ()
+        if JobState(found[dependency]) is not JobState.SUCCEEDED
+    ]
+    if edges:
+        _core(session).execute(
+            queries.add_dependents(),
+            {
+                "dependency_ids": [d for d, _ in edges],
+                "dependent_ids": [j for _, j in edges],
+            },
+        )
+    if with_keys:
+        resolved = _match_unique(session, jobs, rows)
+        if resolved is None:  # pragma: no cover - keys are refused above
+            raise RuntimeError("unique-key enqueue with dependencies did not settle")
+        return resolved
+    return [row[0] for row in rows]
+
+
+def set_queue_control(
+    session: Session,
+    name: str,
+    *,
+    paused: bool | None = None,
+    concurrency_limit: int | bool | None = False,
+) -> None:
+    """Upsert a queue's switches; ``concurrency_limit=False`` leaves the limit as it is."""
+    params: dict[str, Any] = {"name": name}
+    if paused is not None:
+        params["paused"] = paused
+    set_limit = concurrency_limit is not False
+    if set_limit:
+        params["concurrency_limit"] = concurrency_limit
+    stmt = queries.set_queue_control(paused=paused is not None, limit=set_limit)
+    _core(session).execute(stmt, params)
+
+
+def queue_controls(session: Session) -> list[Any]:
+    """All queue control rows (``QueueControl`` objects of ``session``)."""
+    return list(session.scalars(queries.queue_controls()))
+
+
+def record_tick(session: Session, schedule_name: str, scheduled_at: dt.datetime) -> bool:
+    """True when this caller recorded the tick first (and so must enqueue its job)."""
+    params = {"tick_name": schedule_name, "tick_at": scheduled_at}
+    return _core(session).execute(queries.record_tick(), params).first() is not None
+
+
+def set_tick_job(
+    session: Session, schedule_name: str, scheduled_at: dt.datetime, job_id: int
+) -> None:
+    params = {"tick_name": schedule_name, "tick_at": scheduled_at, "tick_job": job_id}
+    _core(session).execute(queries.set_tick_job(), params)
+
+
+def last_ticks(session: Session, names: Sequence[str]) -> dict[str, dt.datetime]:
+    """Latest recorded tick per schedule name (schedules never ticked are absent)."""
+    rows = _core(session).execute(queries.last_ticks(), {"names": list(names)})
+    return {name: at for name, at in rows}
+
+
+def database_now(session: Session) -> dt.datetime:
+    value = _core(session).execute(queries.database_now()).scalar_one()
+    assert isinstance(value, dt.datetime)
+    return value
+
+
+def settle_dependents(session: Session, job_ids: Iterable[int]) -> dict[int, JobState]:
+    """Queue or cancel WAITING jobs whose dependencies ended (``queries.settle_dependents``).
+
+    Runs right after the outcome statement, in its own statement so that it sees dependents
+    enqueued while that statement waited (see ``queries`` on the follow-ups)."""
+    rows = _core(session).execute(queries.settle_dependents(), {"ids": sorted(set(job_ids))})
+    return {row[0]: JobState(row[1]) for row in rows}

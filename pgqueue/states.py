@@ -15,8 +15,12 @@ for transitions made by the worker holding the job). Nothing else writes ``pgque
     release      RUNNING            -> QUEUED      lease checked, graceful shutdown; attempt not counted
     rescue       RUNNING            -> RETRYING    lease expired (database clock); ticket now
     rescue_fail  RUNNING            -> FAILED      lease expired and attempts exhausted
-    cancel       QUEUED, RETRYING   -> CANCELLED   ticket deleted (running jobs get a flag instead)
+    cancel       QUEUED, RETRYING,  -> CANCELLED   ticket deleted (running jobs get a flag instead)
+                 WAITING
     rerun        FAILED, CANCELLED  -> QUEUED      manual retry: ticket now, attempt count kept
+    hold         (new)              -> WAITING     enqueued with unfinished dependencies, no ticket
+    unblock      WAITING            -> QUEUED      the last dependency succeeded; ticket inserted
+    abandon      WAITING            -> CANCELLED   a dependency failed for good or was cancelled
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class JobState(enum.StrEnum):
     """Where a job is in its life. Stored as lowercase text."""
 
     QUEUED = "queued"  # waiting for its run_at, a ticket exists
+    WAITING = "waiting"  # waiting for its dependencies to succeed; no ticket yet
     RUNNING = "running"  # claimed; held by a lease (or by an open transaction for atomic tasks)
     RETRYING = "retrying"  # an attempt failed; a ticket exists for the next one
     SUCCEEDED = "succeeded"
@@ -44,6 +49,8 @@ class JobState(enum.StrEnum):
 FINAL_STATES: Final = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 WAITING_STATES: Final = frozenset({JobState.QUEUED, JobState.RETRYING})
 ACTIVE_STATES: Final = WAITING_STATES | {JobState.RUNNING}
+# Not in ACTIVE_STATES on purpose: a job blocked on dependencies holds no ticket and no unique key.
+BLOCKED_STATES: Final = frozenset({JobState.WAITING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +75,32 @@ CANCELLED: Final = _t("cancelled", {JobState.RUNNING}, JobState.CANCELLED, lease
 RELEASE: Final = _t("release", {JobState.RUNNING}, JobState.QUEUED, lease=True)
 RESCUE: Final = _t("rescue", {JobState.RUNNING}, JobState.RETRYING, lease=False)
 RESCUE_FAIL: Final = _t("rescue_fail", {JobState.RUNNING}, JobState.FAILED, lease=False)
-CANCEL: Final = _t("cancel", {JobState.QUEUED, JobState.RETRYING}, JobState.CANCELLED, lease=False)
+CANCEL: Final = _t(
+    "cancel",
+    {JobState.QUEUED, JobState.RETRYING, JobState.WAITING},
+    JobState.CANCELLED,
+    lease=False,
+)
 RERUN: Final = _t("rerun", {JobState.FAILED, JobState.CANCELLED}, JobState.QUEUED, lease=False)
+UNBLOCK: Final = _t("unblock", {JobState.WAITING}, JobState.QUEUED, lease=False)
+ABANDON: Final = _t("abandon", {JobState.WAITING}, JobState.CANCELLED, lease=False)
 
 TRANSITIONS: Final[dict[str, Transition]] = {
     t.name: t
-    for t in (CLAIM, COMPLETE, RETRY, FAIL, CANCELLED, RELEASE, RESCUE, RESCUE_FAIL, CANCEL, RERUN)
+    for t in (
+        CLAIM,
+        COMPLETE,
+        RETRY,
+        FAIL,
+        CANCELLED,
+        RELEASE,
+        RESCUE,
+        RESCUE_FAIL,
+        CANCEL,
+        RERUN,
+        UNBLOCK,
+        ABANDON,
+    )
 }
 
 

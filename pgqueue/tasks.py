@@ -110,6 +110,7 @@ class EnqueueOptions:
     delay: float | None = None
     run_at: dt.datetime | None = None
     unique_key: str | None = None
+    depends_on: tuple[int, ...] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -174,8 +175,10 @@ class Task(Generic[P, R]):
         delay: float | dt.timedelta | None = None,
         run_at: dt.datetime | None = None,
         unique_key: str | None = None,
+        depends_on: Iterable[int] | None = None,
     ) -> ConfiguredTask[P, R]:
-        """Overrides for the next enqueue; ``session=`` joins the caller's transaction."""
+        """Overrides for the next enqueue; ``session=`` joins the caller's transaction;
+        ``depends_on`` (job ids) holds the job until all of them SUCCEEDED."""
         if delay is not None and run_at is not None:
             raise ValidationError("give either delay or run_at, not both")
         if session is not None and not isinstance(session, Session):
@@ -190,6 +193,7 @@ class Task(Generic[P, R]):
             delay=validation.delay(delay),
             run_at=validation.run_at(run_at),
             unique_key=validation.unique_key(unique_key),
+            depends_on=_job_ids(depends_on),
         )
         return ConfiguredTask(self, options)
 
@@ -236,6 +240,7 @@ class ConfiguredTask(Generic[P, R]):
                 ("delay", merged.delay),
                 ("run_at", merged.run_at),
                 ("unique_key", merged.unique_key),
+                ("depends_on", merged.depends_on),
             )
             if v is not None
         }
@@ -280,7 +285,20 @@ class ConfiguredTask(Generic[P, R]):
             run_at=opts.run_at,
             unique_key=unique_key,
             atomic=task.atomic,
+            depends_on=opts.depends_on or (),
         )
+
+
+def _job_ids(values: Iterable[int] | None) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise ValidationError(f"depends_on must be a list of job ids, got {values!r}")
+    ids = tuple(dict.fromkeys(values))
+    for value in ids:
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValidationError(f"depends_on must hold positive job ids, got {value!r}")
+    return ids or None
 
 
 class TaskRegistry:

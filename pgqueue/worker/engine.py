@@ -499,6 +499,7 @@ class Worker:
         next_prune = time.monotonic() + settings.prune_interval / 10
         while not self._halt.wait(settings.rescue_interval):
             try:
+                self.pgq.run_schedules()  # periodic tasks: each tick once, whoever runs it
                 rescued = self.store.rescue_expired(limit=1000, error="lease expired (worker lost)")
                 if rescued:
                     self.stats.rescued += len(rescued)

@@ -1,0 +1,224 @@
+"""Periodic tasks: cron schedules in a time zone, each tick enqueued exactly once.
+
+``@pgq.periodic("*/5 * * * *", tz="Europe/Oslo")`` on top of a task registers a
+:class:`Schedule`. A :class:`Scheduler` (run by every worker's maintenance loop, or on its own)
+looks at the clock, works out which cron instants are due since the schedule's latest recorded
+tick, and for each one inserts a row into ``pgqueue_periodic_ticks`` with ``ON CONFLICT DO
+NOTHING`` and, only when that insert won, the job, in the same transaction. However many
+schedulers race for a tick, the primary key (schedule name, instant) lets exactly one enqueue it;
+nothing depends on timing.
+
+Cron instants are computed with ``croniter`` on time-zone-aware datetimes (``zoneinfo``), so
+daylight-saving transitions follow the zone: a daily 09:00 in New York is 14:00 UTC in winter and
+13:00 UTC in summer; a time that does not exist on the spring-forward day fires at the first
+valid instant after it; a time that occurs twice on the fall-back day fires once (the first),
+unless the hour field is ``*`` (an hourly schedule does tick in both repeated hours).
+
+After downtime, the schedule's ``missed`` policy applies to ticks older than ``grace`` seconds:
+``"latest"`` (default) runs only the latest missed tick, ``"all"`` runs every one, ``"skip"``
+runs none. The clock is injectable (``clock=``) so tests can drive hours of schedule in
+milliseconds; by default it is the database's ``now()``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+
+from pgqueue import repository, uow
+from pgqueue.errors import ValidationError
+
+if TYPE_CHECKING:
+    from pgqueue.core import PgQueue
+    from pgqueue.tasks import Task
+
+log = logging.getLogger("pgqueue.scheduler")
+
+MissedPolicy = Literal["latest", "all", "skip"]
+MISSED_POLICIES: Final = ("latest", "all", "skip")
+UTC: Final = dt.UTC
+# Ticks enqueued per schedule and pass at most, so a per-second schedule after a week offline
+# with missed="all" catches up in bounded steps instead of one enormous transaction.
+MAX_TICKS_PER_PASS: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One periodic task: a cron expression in a time zone, with the job's arguments."""
+
+    name: str
+    cron: str
+    task: Task[Any, Any]
+    tz: ZoneInfo
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    missed: MissedPolicy = "latest"
+
+    @classmethod
+    def create(
+        cls,
+        cron: str,
+        task: Task[Any, Any],
+        *,
+        tz: str | ZoneInfo = "UTC",
+        name: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: str = "latest",
+    ) -> Schedule:
+        """Validate everything before anything is registered."""
+        if not isinstance(cron, str) or not croniter.is_valid(cron):
+            raise ValidationError(f"invalid cron expression {cron!r}")
+        if missed not in MISSED_POLICIES:
+            raise ValidationError(f"missed must be one of {MISSED_POLICIES}, got {missed!r}")
+        if isinstance(tz, str):
+            try:
+                zone = ZoneInfo(tz)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValidationError(f"unknown time zone {tz!r}") from None
+        elif isinstance(tz, ZoneInfo):
+            zone = tz
+        else:
+            raise ValidationError(f"tz must be a zone name or ZoneInfo, got {tz!r}")
+        schedule_name = name or task.name
+        if not isinstance(schedule_name, str) or not schedule_name or len(schedule_name) > 200:
+            raise ValidationError(f"schedule name must be 1-200 characters, got {name!r}")
+        kw = dict(kwargs or {})
+        task.check_arguments(list(args), kw)
+        return cls(schedule_name, cron, task, zone, tuple(args), kw, missed)  # type: ignore[arg-type]
+
+    def ticks_between(self, after: dt.datetime, until: dt.datetime) -> list[dt.datetime]:
+        """Cron instants in ``(after, until]``, in UTC, oldest first."""
+        local_after = after.astimezone(self.tz)
+        iterator = croniter(self.cron, local_after)
+        hourly = self.cron.split()[1] == "*"
+        ticks: list[dt.datetime] = []
+        previous_wall = local_after.replace(tzinfo=None, fold=0)
+        while True:
+            local: dt.datetime = iterator.get_next(dt.datetime)
+            instant = local.astimezone(UTC)
+            if instant > until:
+                return ticks
+            wall = local.replace(tzinfo=None, fold=0)
+            # The fall-back hour repeats wall times; a fixed-hour schedule runs once in it.
+            if not hourly and wall == previous_wall:
+                continue
+            previous_wall = wall
+            if instant > after:
+                ticks.append(instant)
+            if len(ticks) >= MAX_TICKS_PER_PASS:
+                return ticks
+
+    def next_after(self, moment: dt.datetime) -> dt.datetime:
+        """The first cron instant after ``moment`` (UTC)."""
+        return self.ticks_between(moment, moment + dt.timedelta(days=400))[0]
+
+
+class Scheduler:
+    """Enqueues due ticks of ``pgq``'s schedules; safe to run in any number of processes.
+
+    ``clock`` returns an aware datetime (default: the database's ``now()``). ``grace`` is how
+    late a tick may be and still count as on time rather than missed.
+    """
+
+    def __init__(
+        self,
+        pgq: PgQueue,
+        *,
+        clock: Callable[[], dt.datetime] | None = None,
+        grace: float = 60.0,
+    ) -> None:
+        self.pgq = pgq
+        self.clock = clock
+        self.grace = dt.timedelta(seconds=grace)
+        # Where a schedule never ticked before starts: the first time this scheduler saw it, so a
+        # new schedule does not replay its whole past.
+        self._first_seen: dict[str, dt.datetime] = {}
+
+    def now(self) -> dt.datetime:
+        if self.clock is not None:
+            value = self.clock()
+            if value.tzinfo is None:
+                raise ValidationError("the scheduler clock must return aware datetimes")
+            return value.astimezone(UTC)
+        with self.pgq.sessions() as session:
+            return repository.database_now(session).astimezone(UTC)
+
+    def run_pending(self) -> list[int]:
+        """Enqueue every due tick of every schedule; return the ids of jobs this call created."""
+        schedules = list(self.pgq.schedules.values())
+        if not schedules:
+            return []
+        now = self.now()
+        with self.pgq.sessions() as session:
+            last = repository.last_ticks(session, [s.name for s in schedules])
+        created: list[int] = []
+        for schedule in schedules:
+            since = last.get(schedule.name) or self._first_seen.setdefault(schedule.name, now)
+            due = schedule.ticks_between(since, now)
+            run, marker = self._apply_policy(schedule, due, now)
+            for instant in run:
+                job_id = self._enqueue_tick(schedule, instant)
+                if job_id is not None:
+                    created.append(job_id)
+            if marker is not None:
+                # Record the newest dropped tick (without a job) so the next pass starts there.
+                self._record_dropped(schedule.name, marker)
+        return created
+
+    def _apply_policy(
+        self, schedule: Schedule, due: list[dt.datetime], now: dt.datetime
+    ) -> tuple[list[dt.datetime], dt.datetime | None]:
+        missed = [t for t in due if now - t > self.grace]
+        on_time = [t for t in due if now - t <= self.grace]
+        if not missed or schedule.missed == "all":
+            return due, None
+        if schedule.missed == "latest" and not on_time:
+            return missed[-1:], None
+        return on_time, None if on_time else missed[-1]
+
+    def _record_dropped(self, name: str, instant: dt.datetime) -> None:
+        uow.run_in_transaction(
+            self.pgq.sessions, lambda session: repository.record_tick(session, name, instant)
+        )
+
+    def _enqueue_tick(self, schedule: Schedule, instant: dt.datetime) -> int | None:
+        def work(session: Any) -> int | None:
+            if not repository.record_tick(session, schedule.name, instant):
+                return None  # another scheduler enqueued this tick
+            job_id = schedule.task.configure(session=session).enqueue(
+                *schedule.args, **schedule.kwargs
+            )
+            repository.set_tick_job(session, schedule.name, instant, job_id)
+            return job_id
+
+        job_id = uow.run_in_transaction(self.pgq.sessions, work)
+        if job_id is not None:
+            log.info("schedule %s: tick %s enqueued as job %s", schedule.name, instant, job_id)
+        return job_id
+
+
+def describe(schedules: Sequence[Schedule], now: dt.datetime) -> list[dict[str, Any]]:
+    """Rows for ``pgqueue schedules``: name, cron, zone, task, policy and next run (UTC and
+    local)."""
+    rows = []
+    for schedule in sorted(schedules, key=lambda s: s.name):
+        upcoming = schedule.next_after(now)
+        rows.append(
+            {
+                "name": schedule.name,
+                "cron": schedule.cron,
+                "tz": schedule.tz.key,
+                "task": schedule.task.name,
+                "missed": schedule.missed,
+                "next_run_utc": upcoming,
+                "next_run_local": upcoming.astimezone(schedule.tz),
+            }
+        )
+    return rows

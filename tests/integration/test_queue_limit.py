@@ -1,0 +1,125 @@
+"""A queue-wide concurrency limit holds across worker processes (enforced in the claim)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+from sqlalchemy import text
+from sqlalchemy.engine import URL
+
+from pgqueue import JobState, PgQueue
+from pgqueue.testing import states_of, wait_for_states
+
+APP = """
+import os
+import time
+
+from sqlalchemy import create_engine, text
+
+from pgqueue import PgQueue, Settings
+
+pgq = PgQueue(os.environ["DB_URL"], settings=Settings(poll_interval=0.05, rescue_interval=0.5))
+ledger = create_engine(os.environ["DB_URL"], pool_size=8)
+
+
+@pgq.task(queue="reports", name="report")
+def report(n: int) -> None:
+    with ledger.begin() as c:
+        c.execute(text("INSERT INTO ledger VALUES (:n, 'start', clock_timestamp(), :pid)"), {"n": n, "pid": os.getpid()})
+    time.sleep(0.2)
+    with ledger.begin() as c:
+        c.execute(text("INSERT INTO ledger VALUES (:n, 'end', clock_timestamp(), :pid)"), {"n": n, "pid": os.getpid()})
+"""
+
+
+def _max_overlap(events: list[tuple[object, str]]) -> int:
+    running = peak = 0
+    # At equal timestamps count ends first: touching intervals do not overlap.
+    for _, event in sorted(events, key=lambda e: (e[0], e[1] != "end")):
+        running += 1 if event == "start" else -1
+        peak = max(peak, running)
+    return peak
+
+
+def test_limit_two_across_four_worker_processes(
+    database_url: URL, pgq: PgQueue, tmp_path: Path
+) -> None:
+    url = database_url.render_as_string(hide_password=False)
+    (tmp_path / "limitapp.py").write_text(textwrap.dedent(APP))
+    with pgq.engine.begin() as c:
+        c.execute(text("CREATE TABLE ledger (n int, event text, at timestamptz, pid int)"))
+
+    @pgq.task(queue="reports", name="report")
+    def report(n: int) -> None:  # the workers' copy runs it; this one only enqueues
+        raise AssertionError("runs in the worker processes")
+
+    pgq.set_queue_limit("reports", 2)
+    ids = report.enqueue_many([[i] for i in range(40)])
+    env = {**os.environ, "DB_URL": url}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pgqueue", "worker", "limitapp:pgq", "--concurrency", "4"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(4)
+    ]
+    try:
+        wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=120)
+    finally:
+        for proc in workers:
+            proc.terminate()
+        for proc in workers:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    with pgq.engine.connect() as c:
+        events = [(row.at, row.event) for row in c.execute(text("SELECT at, event FROM ledger"))]
+        processes = c.execute(text("SELECT count(DISTINCT pid) FROM ledger")).scalar()
+    assert len(events) == 80
+    assert _max_overlap(events) == 2
+    assert processes is not None and processes >= 2  # the limit held across processes
+    assert pgq.queue_controls()["reports"] == {
+        "paused": False,
+        "concurrency_limit": 2,
+        "running": 0,
+    }
+
+
+def test_limit_applies_within_one_worker_and_can_be_lifted(pgq: PgQueue) -> None:
+    peak = 0
+    current = 0
+    lock = threading.Lock()
+
+    @pgq.task(queue="q1", name="slow")
+    def slow() -> None:
+        nonlocal peak, current
+        with lock:
+            current += 1
+            peak = max(peak, current)
+        time.sleep(0.1)
+        with lock:
+            current -= 1
+
+    pgq.set_queue_limit("q1", 1)
+    ids = [slow.enqueue() for _ in range(6)]
+    stats = pgq.run_worker(drain=True, concurrency=6)
+    assert stats.succeeded == 6
+    assert peak == 1
+    assert set(states_of(pgq, ids).values()) == {JobState.SUCCEEDED}
+    pgq.set_queue_limit("q1", None)
+    peak = 0
+    ids = [slow.enqueue() for _ in range(6)]
+    stats = pgq.run_worker(drain=True, concurrency=6)
+    assert stats.succeeded == 6
+    assert peak > 1

@@ -1,0 +1,113 @@
+"""Unique jobs: one active job per key, race-free under concurrent enqueues; reusable after."""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy import func, select
+
+from pgqueue import Job, JobState, PgQueue
+from pgqueue.testing import run_until_final, states_of, wait_for_states
+from pgqueue.worker import Worker
+
+
+def _enqueue_concurrently(count: int, enqueue: object) -> list[int]:
+    barrier = threading.Barrier(count)
+    results: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            barrier.wait(timeout=30)
+            job_id = enqueue()  # type: ignore[operator]
+            with lock:
+                results.append(job_id)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    return results
+
+
+def _jobs_with_key(pgq: PgQueue, key: str) -> int:
+    with pgq.sessions() as session:
+        return session.scalar(select(func.count()).select_from(Job).where(Job.unique_key == key))
+
+
+def test_fifty_threads_same_key_one_job_same_id(pgq: PgQueue) -> None:
+    @pgq.task(name="invoice")
+    def invoice(n: int) -> int:
+        return n
+
+    ids = _enqueue_concurrently(50, lambda: invoice.configure(unique_key="invoice-42").enqueue(1))
+    assert len(ids) == 50
+    assert len(set(ids)) == 1
+    assert _jobs_with_key(pgq, "invoice-42") == 1
+    (job_id,) = set(ids)
+    assert run_until_final(pgq, [job_id]) == {job_id: JobState.SUCCEEDED}
+    # Finished: the key is free again and a new job gets a new id.
+    again = invoice.configure(unique_key="invoice-42").enqueue(2)
+    assert again != job_id
+    assert _jobs_with_key(pgq, "invoice-42") == 2
+    assert states_of(pgq, [again]) == {again: JobState.QUEUED}
+
+
+def test_task_level_key_function_races_too(pgq: PgQueue) -> None:
+    @pgq.task(name="sync_customer", unique_key=lambda customer: f"customer-{customer}")
+    def sync_customer(customer: int) -> None:
+        return None
+
+    ids = _enqueue_concurrently(50, lambda: sync_customer.enqueue(7))
+    assert len(set(ids)) == 1
+    other = sync_customer.enqueue(8)
+    assert other not in ids
+    # An explicit key overrides the function's.
+    explicit = sync_customer.configure(unique_key="customer-7").enqueue(9)
+    assert explicit == ids[0]
+
+
+def test_key_held_while_running_and_retrying(pgq: PgQueue) -> None:
+    attempts: list[int] = []
+    gate = threading.Event()
+
+    @pgq.task(name="flaky", max_attempts=2, retry=lambda attempt: 0.0)
+    def flaky() -> None:
+        attempts.append(1)
+        gate.wait(10)
+        if len(attempts) == 1:
+            raise RuntimeError("first attempt fails")
+
+    first = flaky.configure(unique_key="k").enqueue()
+    worker = Worker(pgq, concurrency=1)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for_states(pgq, [first], {JobState.RUNNING}, timeout=30)
+        assert flaky.configure(unique_key="k").enqueue() == first
+        gate.set()
+        wait_for_states(pgq, [first], {JobState.SUCCEEDED}, timeout=30)
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert len(attempts) == 2
+    assert flaky.configure(unique_key="k").enqueue() != first
+
+
+def test_batch_with_duplicate_keys_in_one_call(pgq: PgQueue) -> None:
+    @pgq.task(name="batch_task")
+    def batch_task(n: int) -> None:
+        return None
+
+    with pgq.sessions() as session, session.begin():
+        a = batch_task.configure(session=session, unique_key="x").enqueue(1)
+        b = batch_task.configure(session=session, unique_key="x").enqueue(2)
+        c = batch_task.configure(session=session, unique_key="y").enqueue(3)
+    assert a == b
+    assert c != a
+    assert _jobs_with_key(pgq, "x") == 1
