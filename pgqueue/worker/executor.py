@@ -71,7 +71,7 @@ class Executor:
         try:
             task = self._resolve(job)
         except (UnknownTask, ValidationError) as exc:
-            return self._outcome(job, "fail", error=_describe(exc))
+            return self._outcome(job, "fail", error=self._describe(exc))
         context = self._context(job, task, execution.cancel_event, self.session_factory)
         try:
             result = self._call(task, job, context, execution)
@@ -100,7 +100,7 @@ class Executor:
         try:
             task = self._resolve(job)
         except (UnknownTask, ValidationError) as exc:
-            outcome = self._outcome(job, "fail", error=_describe(exc))
+            outcome = self._outcome(job, "fail", error=self._describe(exc))
         else:
             context = self._context(job, task, cancel_event, lambda: session)
             savepoint = session.begin_nested()
@@ -226,7 +226,14 @@ class Executor:
         )
 
     def _error_text(self, exc: BaseException) -> str:
-        text = "".join(traceback.format_exception(exc))
+        return self._capped("".join(traceback.format_exception(exc)))
+
+    def _describe(self, exc: BaseException) -> str:
+        """One line for errors pgqueue itself raises about a job (no traceback), capped too:
+        a hand-edited row can carry a huge task or argument name."""
+        return self._capped(f"{type(exc).__name__}: {exc}")
+
+    def _capped(self, text: str) -> str:
         limit = self.settings.max_error_bytes
         encoded = text.encode("utf-8", "replace")
         if len(encoded) <= limit:
@@ -238,7 +245,3 @@ class Executor:
             + "\n... [traceback truncated] ...\n"
             + encoded[-half:].decode("utf-8", "ignore")
         )
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

@@ -189,12 +189,6 @@ def _check_caps(pgq: PgQueue, engine: Engine, cap: int) -> None:
             )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pgqueue/worker/executor.py records UnknownTask/ValidationError text uncapped "
-    "(_describe bypasses _error_text): a hand-edited 100 KB task name or kwarg name is "
-    "stored in full",
-)
 def test_errors_about_hand_edited_rows_are_capped(pgq: PgQueue, engine: Engine) -> None:
     cap = pgq.settings.max_error_bytes
 
