@@ -41,6 +41,7 @@ from pgqueue.tasks import JobContext
 from pgqueue.testing import table_counts
 
 EXAMPLES = 1000
+runs: list[int] = []  # one entry per example run by the current property
 PROPERTY = hyp_settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -326,6 +327,7 @@ def test_non_json_arguments_are_refused_before_any_sql(small_pgq: PgQueue, engin
     @PROPERTY
     @given(with_bad_leaf(), st.booleans())
     def prop(payload: tuple[list[Any], dict[str, Any]], many: bool) -> None:
+        runs.append(1)
         args, kwargs = payload
         with no_sql_sent(), pytest.raises(SerializationError) as info:
             if many:
@@ -336,7 +338,9 @@ def test_non_json_arguments_are_refused_before_any_sql(small_pgq: PgQueue, engin
         assert len(str(info.value)) < 600, str(info.value)[:200]
         seen_kinds.add(str(info.value).split(" is ")[-1][:12])
 
+    runs.clear()
     prop()
+    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
     assert snapshot(engine) == before
     assert len(seen_kinds) > 5  # many different refusals were exercised, not one
 
@@ -350,13 +354,16 @@ def test_nesting_past_the_limit_is_refused_before_any_sql(
     @PROPERTY
     @given(too_deep(), st.booleans())
     def prop(value: Any, as_kwarg: bool) -> None:
+        runs.append(1)
         with no_sql_sent(), pytest.raises(SerializationError, match="nested deeper than 8"):
             if as_kwarg:
                 task.enqueue(deep=value)
             else:
                 task.enqueue(value)
 
+    runs.clear()
     prop()
+    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
     assert snapshot(engine) == before
 
 
@@ -402,11 +409,14 @@ def test_oversized_arguments_are_refused_before_any_sql(small_pgq: PgQueue, engi
     @PROPERTY
     @given(oversized())
     def prop(payload: tuple[list[Any], dict[str, Any]]) -> None:
+        runs.append(1)
         args, kwargs = payload
         with no_sql_sent(), pytest.raises(PayloadTooLarge, match=f"the limit is {SIZE_LIMIT}"):
             task.enqueue(*args, **kwargs)
 
+    runs.clear()
     prop()
+    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
     assert snapshot(engine) == before
 
 
@@ -450,6 +460,7 @@ def test_hostile_names_are_refused_before_any_sql(pgq: PgQueue, engine: Engine) 
     @example("q" * 64)
     @example("é" * 32)  # 32 characters, 64 bytes
     def prop(name: Any) -> None:
+        runs.append(1)
         with no_sql_sent():
             with pytest.raises(ValidationError) as queue_error:
                 task.configure(queue=name)
@@ -461,7 +472,9 @@ def test_hostile_names_are_refused_before_any_sql(pgq: PgQueue, engine: Engine) 
             assert "longer than 63 bytes" in str(queue_error.value)
             assert "longer than 63 bytes" in str(task_error.value)
 
+    runs.clear()
     prop()
+    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
     assert snapshot(engine) == before
     assert pgq.registry.names() == ["props.anything"]  # nothing half-registered
 
@@ -476,12 +489,15 @@ def test_valid_names_are_accepted_without_sql(pgq: PgQueue) -> None:
     @PROPERTY
     @given(valid_queue_names, valid_task_names)
     def prop(queue: str, name: str) -> None:
+        runs.append(1)
         with no_sql_sent():
             assert task.configure(queue=queue).options.queue == queue
             registered = pgq.task(name=name, queue=queue)(handler)
         assert (registered.name, registered.queue) == (name, queue)
 
+    runs.clear()
     prop()
+    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
 
 
 # --- acceptance: exact round trip ----------------------------------------------------------------
@@ -508,6 +524,7 @@ def test_valid_arguments_round_trip_exactly(pgq: PgQueue) -> None:
     @example([([-0.0, 0.0, 1.0, 10**40, -(10**40), 5e-324, 1e308], {})], "\x00")
     @example([([], {"": None, "\x00": "\x00", "a\nb": [{"$$": "%s"}]})], {"\ud7ff": -0.0})
     def prop(items: list[tuple[list[Any], dict[str, Any]]], extra: Any) -> None:
+        runs.append(1)
         # One statement for the batch; the single enqueue path gets args and kwargs together.
         payloads = [k if k else a for a, k in items]
         ids = echo.enqueue_many(payloads)
@@ -527,7 +544,9 @@ def test_valid_arguments_round_trip_exactly(pgq: PgQueue) -> None:
             assert same_json(got_kwargs, kwargs), (got_kwargs, kwargs)
             expected[job_id] = (args, kwargs)
 
+    runs.clear()
     prop()
+    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
     assert len(expected) >= 2 * EXAMPLES
     # get_job, the public read path, agrees (on a sample: each call is a round trip).
     for job_id in list(expected)[::20]:
