@@ -268,7 +268,7 @@ def active_job_ids_by_unique_key() -> Select[int, str | None]:
 
 
 @cache
-def claim(*, atomic: bool, filter_queues: bool) -> ReturningUpdate[Any]:
+def claim(*, atomic: bool, filter_queues: bool, limits: bool = True) -> ReturningUpdate[Any]:
     """Claim up to ``limit`` ready tickets: lock them (SKIP LOCKED), delete them, and move their
     jobs to RUNNING with a fresh lease, in one statement.
 
@@ -284,6 +284,10 @@ def claim(*, atomic: bool, filter_queues: bool) -> ReturningUpdate[Any]:
     ``limit - running`` of its tickets are taken; the row's ``running`` counter grows by what
     was claimed, in this same statement. Priority therefore orders tickets within the limited
     queues and within the rest, not across the two.
+
+    ``limits=False`` builds the lean variant for when no queue has a limit (the common case):
+    the main scan alone, still skipping paused and limited queues, so it can never break a limit
+    that was set after the caller last looked, it only leaves that queue to the full variant.
     """
     ready = and_(
         MessageQueue.atomic == (true() if atomic else false()),
@@ -303,6 +307,38 @@ def claim(*, atomic: bool, filter_queues: bool) -> ReturningUpdate[Any]:
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
     )
+    task_lease = cast(
+        func.jsonb_extract_path_text(bindparam("task_leases", type_=JSONB), Job.task_name), Float
+    )
+    lease_expiry: ColumnElement[Any] = (
+        null()
+        if atomic
+        else func.now()
+        + _seconds(func.coalesce(task_lease, bindparam("lease_seconds", type_=Float)))
+    )
+    claimed_values: dict[str, Any] = {
+        "state": CLAIM.target,
+        "attempts": Job.attempts + 1,
+        "started_at": func.now(),
+        "updated_at": func.now(),
+        "lease_owner": bindparam("worker", type_=Text),
+        "lease_token": func.gen_random_uuid(),
+        "lease_expires_at": lease_expiry,
+    }
+    if not limits:
+        lean_picked = free.cte("picked")
+        lean_deleted = (
+            delete(MessageQueue)
+            .where(MessageQueue.job_id == lean_picked.c.job_id)
+            .returning(MessageQueue.job_id)
+            .cte("claimed")
+        )
+        return (
+            update(Job)
+            .where(Job.id == lean_deleted.c.job_id, _sources(CLAIM))
+            .values(**claimed_values)
+            .returning(*CLAIMED_COLUMNS)
+        )
     limited_where: list[ColumnElement[bool]] = [
         QueueControl.concurrency_limit.is_not(None),
         QueueControl.paused.is_(False),
@@ -355,30 +391,19 @@ def claim(*, atomic: bool, filter_queues: bool) -> ReturningUpdate[Any]:
         .values(running=QueueControl.running + taken.c.n)
         .cte("bump")
     )
-    task_lease = cast(
-        func.jsonb_extract_path_text(bindparam("task_leases", type_=JSONB), Job.task_name), Float
-    )
-    lease_expiry: ColumnElement[Any] = (
-        null()
-        if atomic
-        else func.now()
-        + _seconds(func.coalesce(task_lease, bindparam("lease_seconds", type_=Float)))
-    )
     return (
         update(Job)
         .where(Job.id == deleted.c.job_id, _sources(CLAIM))
-        .values(
-            state=CLAIM.target,
-            attempts=Job.attempts + 1,
-            started_at=func.now(),
-            updated_at=func.now(),
-            lease_owner=bindparam("worker", type_=Text),
-            lease_token=func.gen_random_uuid(),
-            lease_expires_at=lease_expiry,
-        )
+        .values(**claimed_values)
         .returning(*CLAIMED_COLUMNS)
         .add_cte(bump)
     )
+
+
+@cache
+def any_queue_limit() -> Select[bool]:
+    """Whether any queue has a concurrency limit (chooses the claim variant)."""
+    return select(select(literal(1)).where(QueueControl.concurrency_limit.is_not(None)).exists())
 
 
 # --- follow-ups shared by the outcome statements --------------------------------------------

@@ -8,6 +8,7 @@ the statements' bind parameters, and report lost leases as the set of ids that m
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -148,9 +149,16 @@ def claim(
     }
     if queues is not None:
         params["queues"] = list(queues)
-    rows = _core(session).execute(
-        queries.claim(atomic=atomic, filter_queues=queues is not None), params
-    )
+    key = id(session.get_bind())
+    seen = _limits_seen.get(key)
+    # Until this claimer has looked, assume limits exist: the full variant is always correct.
+    limits = True if seen is None else seen[1]
+    stmt = queries.claim(atomic=atomic, filter_queues=queues is not None, limits=limits)
+    rows = _core(session).execute(stmt, params).all()
+    if seen is None or time.monotonic() >= seen[0]:
+        # After the claim, so the claim itself stays the first and only statement of its turn.
+        exists = bool(_core(session).execute(queries.any_queue_limit()).scalar())
+        _limits_seen[key] = (time.monotonic() + LIMITS_CHECK_SECONDS, exists)
     return [
         ClaimedJob(
             id=r.id,
@@ -167,6 +175,13 @@ def claim(
         )
         for r in rows
     ]
+
+
+# How long a claimer trusts its last look at whether any queue has a limit. Only the limited
+# queues wait on it (the lean claim skips them): pause and the limits themselves are read by
+# every claim statement, so staleness can delay a limited queue by this much, never break it.
+LIMITS_CHECK_SECONDS = 1.0
+_limits_seen: dict[int, tuple[float, bool]] = {}
 
 
 def record_outcomes(session: Session, outcomes: Iterable[Outcome]) -> set[int]:

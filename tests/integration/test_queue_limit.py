@@ -15,6 +15,7 @@ from sqlalchemy.engine import URL
 
 from pgqueue import JobState, PgQueue
 from pgqueue.testing import states_of, wait_for_states
+from pgqueue.worker import Worker
 
 APP = """
 import os
@@ -123,3 +124,35 @@ def test_limit_applies_within_one_worker_and_can_be_lifted(pgq: PgQueue) -> None
     stats = pgq.run_worker(drain=True, concurrency=6)
     assert stats.succeeded == 6
     assert peak > 1
+
+
+def test_limit_set_while_a_worker_runs_holds_at_once(pgq: PgQueue) -> None:
+    """The worker last saw no limits (lean claim); a limit set now is never exceeded."""
+    peak = current = 0
+    lock = threading.Lock()
+
+    @pgq.task(queue="q2", name="busy")
+    def busy() -> None:
+        nonlocal peak, current
+        with lock:
+            current += 1
+            peak = max(peak, current)
+        time.sleep(0.1)
+        with lock:
+            current -= 1
+
+    worker = Worker(pgq, concurrency=4)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        first = busy.enqueue()
+        wait_for_states(pgq, [first], {JobState.SUCCEEDED}, timeout=30)
+        time.sleep(1.2)  # past the claimer's limits check: it has seen "no limits"
+        peak = 0
+        pgq.set_queue_limit("q2", 1)
+        ids = [busy.enqueue() for _ in range(6)]
+        wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=60)
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert peak == 1
