@@ -66,16 +66,11 @@ def create_schema(conninfo: str) -> None:
         conn.execute(SCHEMA)
 
 
-def enqueue_one_each(conninfo: str, n: int) -> float:
-    """``n`` single-row INSERTs, each its own (autocommit) transaction; returns seconds."""
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        for i in range(20):  # warm-up: prepare the statement, as pgqueue gets a warm pool
-            conn.execute(INSERT_ONE, ("noop", Jsonb([i])), prepare=True)
-        conn.execute("TRUNCATE baseline_jobs")
-        start = time.perf_counter()
-        for i in range(n):
-            conn.execute(INSERT_ONE, ("noop", Jsonb([i])), prepare=True).fetchone()
-        return time.perf_counter() - start
+def insert_one(conn: psycopg.Connection[Any], i: int) -> int:
+    """One single-row INSERT on an autocommit connection: its own transaction (and fsync)."""
+    row = conn.execute(INSERT_ONE, ("noop", Jsonb([i])), prepare=True).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def enqueue_copy(conninfo: str, n: int) -> float:

@@ -36,9 +36,11 @@ class Sizes:
 
     enqueue1: int
     enqueue_batch: int
+    enqueue_rounds: int
     drain: int
     drain_concurrency: tuple[int, ...]
     baseline_batches: tuple[int, ...]
+    drain_rounds: int
     latency: int
     history_rows: int
     history_rounds: int
@@ -47,23 +49,27 @@ class Sizes:
 
 
 QUICK = Sizes(
-    enqueue1=300,
+    enqueue1=150,
     enqueue_batch=5_000,
-    drain=3_000,
+    enqueue_rounds=2,
+    drain=2_000,
     drain_concurrency=(10, 50),
     baseline_batches=(50,),
+    drain_rounds=0,
     latency=200,
-    history_rows=100_000,
+    history_rows=50_000,
     history_rounds=1,
-    cpu=400,
+    cpu=300,
     memory=0,
 )
 FULL = Sizes(
-    enqueue1=3_000,
-    enqueue_batch=100_000,
+    enqueue1=500,
+    enqueue_batch=50_000,
+    enqueue_rounds=5,
     drain=30_000,
-    drain_concurrency=(10, 25, 50, 100, 200),
-    baseline_batches=(10, 50, 200),
+    drain_concurrency=(10, 50, 100, 200),
+    baseline_batches=(50, 200),
+    drain_rounds=3,
     latency=3_000,
     history_rows=1_000_000,
     history_rounds=2,
@@ -111,8 +117,10 @@ def run_suite(srv: server_module.Server, sizes: Sizes) -> dict[str, Any]:
         console.log(f"{name} done in {time.perf_counter() - started:.1f} s")
         return value
 
-    results["enqueue1"] = step("enqueue1", w.enqueue1, srv, sizes.enqueue1)
-    results["enqueueB"] = step("enqueueB", w.enqueue_batch, srv, sizes.enqueue_batch)
+    results["enqueue1"] = step("enqueue1", w.enqueue1, srv, sizes.enqueue1, sizes.enqueue_rounds)
+    results["enqueueB"] = step(
+        "enqueueB", w.enqueue_batch, srv, sizes.enqueue_batch, sizes.enqueue_rounds
+    )
 
     sweep = [
         step(f"drain c={c}", w.drain_pgqueue, srv, sizes.drain, c) for c in sizes.drain_concurrency
@@ -132,6 +140,21 @@ def run_suite(srv: server_module.Server, sizes: Sizes) -> dict[str, Any]:
         "baseline_sweep": base_sweep,
     }
     best_c = best["concurrency"] if best else sizes.drain_concurrency[0]
+    best_b = (
+        results["drain"]["baseline"]["batch"]
+        if results["drain"]["baseline"]
+        else sizes.baseline_batches[-1]
+    )
+    pairs = []
+    for r in range(sizes.drain_rounds):
+        pg = step(f"drain round {r + 1}: c={best_c}", w.drain_pgqueue, srv, sizes.drain, best_c)
+        base = step(f"drain round {r + 1}: baseline", w.drain_baseline, srv, sizes.drain, best_b)
+        if pg and base and pg["ok"] and base["ok"]:
+            pairs.append((pg["jobs_per_s"], base["jobs_per_s"]))
+    if pairs:
+        results["drain"]["paired"] = {"concurrency": best_c, "batch": best_b} | w._paired(
+            pairs, sizes.drain
+        )
 
     results["latency"] = {
         "pgqueue": step("latency", w.latency_pgqueue, srv, sizes.latency, LATENCY_RATE),
@@ -215,9 +238,15 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
 
     def ratio_row(
-        name: str, pg: float | None, base: float | None, unit: str, minimum: float
+        name: str,
+        pg: float | None,
+        base: float | None,
+        unit: str,
+        minimum: float,
+        ratio: float | None = None,
     ) -> None:
-        ratio = pg / base if pg is not None and base else None
+        if ratio is None:
+            ratio = pg / base if pg is not None and base else None
         add(
             name,
             pg,
@@ -228,8 +257,12 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
 
     e1, eb = results.get("enqueue1"), results.get("enqueueB")
-    ratio_row("enqueue1", e1 and e1["pgqueue"], e1 and e1["baseline"], "jobs/s", 0.7)
-    ratio_row("enqueueB", eb and eb["pgqueue"], eb and eb["baseline"], "jobs/s", 0.6)
+    ratio_row(
+        "enqueue1", e1 and e1["pgqueue"], e1 and e1["baseline"], "jobs/s", 0.7, e1 and e1["ratio"]
+    )
+    ratio_row(
+        "enqueueB", eb and eb["pgqueue"], eb and eb["baseline"], "jobs/s", 0.6, eb and eb["ratio"]
+    )
 
     d = results.get("drain") or {}
     base = d.get("baseline")
@@ -243,14 +276,25 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
         "(informative)",
         None,
     )
-    best = d.get("best")
-    ratio_row(
-        f"drain best (c={best['concurrency']})" if best else "drain best",
-        best["jobs_per_s"] if best else None,
-        base_rate,
-        "jobs/s",
-        0.6,
-    )
+    best, paired = d.get("best"), d.get("paired")
+    if paired:
+        ratio_row(
+            f"drain best (c={paired['concurrency']}, median of {len(paired['rounds'])} "
+            f"paired rounds vs batch {paired['batch']})",
+            paired["pgqueue"],
+            paired["baseline"],
+            "jobs/s",
+            0.6,
+            paired["ratio"],
+        )
+    else:
+        ratio_row(
+            f"drain best (c={best['concurrency']})" if best else "drain best",
+            best["jobs_per_s"] if best else None,
+            base_rate,
+            "jobs/s",
+            0.6,
+        )
 
     lat = results.get("latency") or {}
     lp, lb = lat.get("pgqueue"), lat.get("baseline")
