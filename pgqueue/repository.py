@@ -179,8 +179,9 @@ def claim(
 
 # How long a claimer trusts its last look at whether any queue has a limit. Only the limited
 # queues wait on it (the lean claim skips them): pause and the limits themselves are read by
-# every claim statement, so staleness can delay a limited queue by this much, never break it.
-LIMITS_CHECK_SECONDS = 1.0
+# every claim statement, so staleness can delay a newly limited queue by this much, never let
+# it exceed its limit. Long enough that an idle worker's statement rate barely changes.
+LIMITS_CHECK_SECONDS = 5.0
 _limits_seen: dict[int, tuple[float, bool]] = {}
 
 

@@ -10,10 +10,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import URL
 
-from pgqueue import JobState, PgQueue
+from pgqueue import JobState, PgQueue, repository
 from pgqueue.testing import states_of, wait_for_states
 from pgqueue.worker import Worker
 
@@ -126,8 +127,11 @@ def test_limit_applies_within_one_worker_and_can_be_lifted(pgq: PgQueue) -> None
     assert peak > 1
 
 
-def test_limit_set_while_a_worker_runs_holds_at_once(pgq: PgQueue) -> None:
+def test_limit_set_while_a_worker_runs_holds_at_once(
+    pgq: PgQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The worker last saw no limits (lean claim); a limit set now is never exceeded."""
+    monkeypatch.setattr(repository, "LIMITS_CHECK_SECONDS", 0.3)
     peak = current = 0
     lock = threading.Lock()
 
@@ -147,7 +151,7 @@ def test_limit_set_while_a_worker_runs_holds_at_once(pgq: PgQueue) -> None:
     try:
         first = busy.enqueue()
         wait_for_states(pgq, [first], {JobState.SUCCEEDED}, timeout=30)
-        time.sleep(1.2)  # past the claimer's limits check: it has seen "no limits"
+        time.sleep(0.6)  # past the claimer's limits check: it has seen "no limits"
         peak = 0
         pgq.set_queue_limit("q2", 1)
         ids = [busy.enqueue() for _ in range(6)]
