@@ -82,9 +82,13 @@ def main(verbose: int) -> None:
 @database_option
 def migrate(action: str, revision: str | None, database_url: str | None) -> None:
     """Upgrade (default), downgrade, or show pgqueue's schema revision."""
+    run_migrate_command(_queue_for(database_url), action, revision)
+
+
+def run_migrate_command(pgq: PgQueue, action: str, revision: str | None) -> None:
+    """Shared by ``pgqueue migrate`` and ``flask pgqueue migrate``."""
     from pgqueue import migrations
 
-    pgq = _queue_for(database_url)
     with pgq.engine.begin() as connection:
         if action == "current":
             current = migrations.current(connection)

@@ -18,7 +18,7 @@ from flask.cli import AppGroup, ScriptInfo
 from rich.table import Table
 
 from pgqueue import cli as core_cli
-from pgqueue import migrations, repository
+from pgqueue import repository
 from pgqueue.core import PgQueue as CoreQueue
 from pgqueue.errors import PgQueueError
 from pgqueue.states import JobState
@@ -56,22 +56,7 @@ def _errors_as_usage(function: Any) -> Any:
 @click.argument("revision", required=False)
 def migrate(action: str, revision: str | None) -> None:
     """Upgrade (default), downgrade, or show pgqueue's schema revision."""
-    queue = _queue()
-    with queue.engine.begin() as connection:
-        if action == "current":
-            current = migrations.current(connection)
-            head = migrations.head()
-            marker = " (head)" if current == head else f" (head is {head})"
-            click.echo(f"{current or 'none'}{marker}")
-            return
-        if action == "downgrade":
-            if not revision:
-                raise click.UsageError("downgrade needs a REVISION (e.g. base)")
-            migrations.downgrade(connection, revision)
-        else:
-            migrations.upgrade(connection, revision or "head")
-    with queue.engine.connect() as connection:
-        click.echo(f"pgqueue schema at {migrations.current(connection) or 'base'}")
+    core_cli.run_migrate_command(_queue(), action, revision)
 
 
 @pgqueue_group.command()
