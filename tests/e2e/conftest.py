@@ -35,7 +35,7 @@ import time
 
 from sqlalchemy import text
 
-from pgqueue import PgQueue, Settings
+from pgqueue import PgQueue, Settings, backoff
 
 pgq = PgQueue(os.environ["DB_URL"], settings=Settings.from_env())
 
@@ -92,6 +92,19 @@ def healthy(ctx):
 def slow_sync(ctx):
     mark(ctx, "start")
     time.sleep(30)
+
+
+@pgq.task(name="work", pass_context=True, max_attempts=25, retry=backoff.constant(0.2))
+def work(ctx, seconds=0.0, start_mark=False):
+    """The fault tests' job: an optional committed 'start' mark, a sleep, a 'done' row."""
+    if start_mark:
+        mark(ctx, "start")
+    if seconds:
+        time.sleep(seconds)
+    ctx.session.execute(
+        INSERT,
+        {"job": ctx.job_id, "attempt": ctx.attempt, "tag": "done", "pid": os.getpid(), "info": ""},
+    )
 
 
 @pgq.task(name="async_info", pass_context=True)
@@ -248,6 +261,24 @@ class App:
             return jobs if done and len(jobs) == len(ids) else None
 
         return dict(wait_until(final, timeout, f"{len(ids)} jobs to finish", interval=0.1))
+
+    def wait_all_final(self, count: int, timeout: float) -> None:
+        """Wait until the database holds ``count`` jobs and every one is in a final state.
+
+        Counts in SQL (cheap to poll every 0.2 s with thousands of jobs)."""
+
+        def final() -> bool:
+            [(total, open_)] = self.rows(
+                "SELECT count(*), count(*) FILTER (WHERE state NOT IN "
+                "('succeeded', 'failed', 'cancelled')) FROM pgqueue_jobs"
+            )
+            return bool(total == count and open_ == 0)
+
+        wait_until(final, timeout, f"{count} jobs to finish", interval=0.2)
+
+    def done_counts(self) -> dict[int, int]:
+        """``job_id -> number of committed 'done' rows`` (a run that completed its handler)."""
+        return dict(self.rows("SELECT job_id, count(*) FROM ledger WHERE tag = 'done' GROUP BY 1"))
 
     def kill_all(self) -> None:
         for process in self.processes:
