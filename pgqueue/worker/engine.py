@@ -498,26 +498,36 @@ class Worker:
         settings = self.pgq.settings
         next_prune = time.monotonic() + settings.prune_interval / 10
         while not self._halt.wait(settings.rescue_interval):
-            try:
-                self.pgq.run_schedules()  # periodic tasks: each tick once, whoever runs it
-                rescued = self.store.rescue_expired(limit=1000, error="lease expired (worker lost)")
-                if rescued:
-                    self.stats.rescued += len(rescued)
-                    log.warning(
-                        "rescued %d jobs with expired leases: %s", len(rescued), rescued[:20]
-                    )
-                if time.monotonic() >= next_prune:
-                    next_prune = time.monotonic() + settings.prune_interval
-                    pruned = self.store.prune(
-                        succeeded_before=settings.succeeded_retention,
-                        failed_before=settings.failed_retention,
-                        limit=10_000,
-                    )
-                    if pruned:
-                        log.info("pruned %d finished jobs", pruned)
-            except Exception:
-                if not self._halt.is_set():
-                    log.exception("maintenance pass failed")
+            # Each duty guarded on its own: a failing schedule (say, a periodic task whose
+            # arguments no longer validate) must not stop expired leases being rescued.
+            self._maintenance_step("schedule pass", self.pgq.run_schedules)
+            self._maintenance_step("rescue pass", self._rescue)
+            if time.monotonic() >= next_prune:
+                next_prune = time.monotonic() + settings.prune_interval
+                self._maintenance_step("prune pass", self._prune)
+
+    def _maintenance_step(self, what: str, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception:
+            if not self._halt.is_set():
+                log.exception("maintenance: %s failed", what)
+
+    def _rescue(self) -> None:
+        rescued = self.store.rescue_expired(limit=1000, error="lease expired (worker lost)")
+        if rescued:
+            self.stats.rescued += len(rescued)
+            log.warning("rescued %d jobs with expired leases: %s", len(rescued), rescued[:20])
+
+    def _prune(self) -> None:
+        settings = self.pgq.settings
+        pruned = self.store.prune(
+            succeeded_before=settings.succeeded_retention,
+            failed_before=settings.failed_retention,
+            limit=10_000,
+        )
+        if pruned:
+            log.info("pruned %d finished jobs", pruned)
 
     # -- threads, loop, shutdown -------------------------------------------------------------
 

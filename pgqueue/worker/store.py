@@ -90,8 +90,9 @@ class WorkerStore:
         items = list(outcomes)
         return self._run(
             "record outcomes",
-            lambda s: repository.record_outcomes(s, items),
+            _in_one_transaction(lambda s: repository.record_outcomes(s, items)),
             give_up_when_stopping=False,
+            autocommit=False,
         )
 
     def heartbeat(self, leases: Sequence[tuple[int, object, float]]) -> dict[int, bool]:
@@ -104,10 +105,13 @@ class WorkerStore:
     def rescue_expired(self, *, limit: int, error: str) -> list[tuple[int, str]]:
         return self._run(
             "rescue",
-            lambda s: repository.rescue_expired(
-                s, lock_key=MAINTENANCE_LOCK_KEY, limit=limit, error=error
+            _in_one_transaction(
+                lambda s: repository.rescue_expired(
+                    s, lock_key=MAINTENANCE_LOCK_KEY, limit=limit, error=error
+                )
             ),
             give_up_when_stopping=True,
+            autocommit=False,
         )
 
     def prune(self, *, succeeded_before: float, failed_before: float, limit: int) -> int:
@@ -131,6 +135,21 @@ class WorkerStore:
             lambda s: repository.ready_ticket_exists(s, queues),
             give_up_when_stopping=True,
         )
+
+
+def _in_one_transaction(work: Callable[[Session], T]) -> Callable[[Session], T]:
+    """Run ``work`` in one transaction.
+
+    For writes that end jobs: the outcome (or rescue) and the follow-up that settles the ended
+    jobs' dependents must commit together. In autocommit, a worker dying between the two
+    statements would leave dependents WAITING for good, with nothing left to release them.
+    """
+
+    def run(session: Session) -> T:
+        with session.begin():
+            return work(session)
+
+    return run
 
 
 def _short(exc: BaseException) -> str:
