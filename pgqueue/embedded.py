@@ -516,7 +516,6 @@ class EmbeddedPostgres:
         if port is not None and not 0 < port < 65536:
             raise ValueError(f"port must be in 1..65535, got {port}")
         self._data_dir = Path(os.path.abspath(os.fspath(data_dir)))
-        self._requested_port = port
         self._port = port
         self._durable = durable
         self._bin_dir_argument = bin_dir
@@ -566,7 +565,8 @@ class EmbeddedPostgres:
     def start(self, timeout: float = 30.0) -> None:
         """Initialise the data directory if needed, start the server, wait until it is ready.
 
-        Does nothing if this object's server is already running.
+        Does nothing if this object's server is already running. A server started again
+        after ``stop()`` comes back on the port it had, so URLs handed out stay valid.
         """
         with self._lock:
             if self._is_running():
@@ -575,9 +575,12 @@ class EmbeddedPostgres:
             run_as = _run_as()
             bin_dir = _usable_bin_dir(find_bin_dir(self._bin_dir_argument), run_as)
             self._prepare_data_dir(bin_dir, run_as, deadline)
-            attempts = 1 if self._requested_port is not None else _PORT_ATTEMPTS
+            # A restart (or an explicit port) binds that one port or fails; a fresh free port is
+            # only chosen on the first start.
+            fixed_port = self._port
+            attempts = 1 if fixed_port is not None else _PORT_ATTEMPTS
             for attempt in range(1, attempts + 1):
-                port = self._requested_port or _free_port()
+                port = fixed_port or _free_port()
                 try:
                     process = self._launch(bin_dir, run_as, port, deadline, timeout)
                 except _BindFailed as exc:

@@ -176,6 +176,20 @@ def test_restart_existing_data_dir(pg_dir: Path) -> None:
         restarted.stop()
 
 
+def test_start_after_stop_comes_back_on_the_same_port(pg_dir: Path) -> None:
+    server = EmbeddedPostgres(pg_dir / "data", durable=False)
+    server.start()
+    try:
+        port = server.port
+        server.stop()
+        server.start()
+        assert server.port == port
+        with _connect(port) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        server.stop()
+
+
 def test_explicit_port(pg_dir: Path) -> None:
     port = embedded._free_port()
     with EmbeddedPostgres(pg_dir / "data", port=port, durable=False) as server:
