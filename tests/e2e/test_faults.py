@@ -11,15 +11,26 @@ Durations are printed (``-s``) so the suite's budget can be checked.
 
 from __future__ import annotations
 
+import os
 import random
+import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import psycopg
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
+
+from pgqueue import PgQueue
+from pgqueue.config import normalize_database_url
+from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.worker.notifier import conninfo
 
 if TYPE_CHECKING:
     from conftest import App, WorkerProcess
@@ -134,3 +145,235 @@ def test_enqueue_under_load_processed_set_equals_committed_set(app: App) -> None
     assert app.scalars("SELECT count(*) FROM pgqueue_message_queue") == [0]
     _stop(supervisor)
     print(f"enqueue under load: {time.monotonic() - began:.1f}s")
+
+
+# -- 2. repeated kills -----------------------------------------------------------------------
+
+
+def _db_now(app: App) -> float:
+    return float(app.scalars("SELECT extract(epoch FROM clock_timestamp())")[0])
+
+
+def _runs(app: App) -> dict[int, dict[str, list[Any]]]:
+    """``job_id -> {'start': [...], 'done': [...]}`` ledger rows (epoch ``at``), in order."""
+    runs: dict[int, dict[str, list[Any]]] = {}
+    for row in app.rows(
+        "SELECT job_id, attempt, tag, pid, extract(epoch FROM at) AS at FROM ledger ORDER BY id"
+    ):
+        runs.setdefault(row.job_id, {"start": [], "done": []})[row.tag].append(row)
+    return runs
+
+
+def _assert_lost_attempts_recorded(jobs: dict[int, Any], reason: str) -> None:
+    """Every attempt before the last one of every job ended with ``reason`` in its errors."""
+    for job in jobs.values():
+        recorded = [(e["attempt"], reason in e["error"]) for e in job.errors]
+        assert recorded == [(a, True) for a in range(1, job.attempts)], job
+
+
+@pytest.mark.slow
+def test_repeated_sigkills_lose_nothing_and_duplicates_only_follow_a_kill(app: App) -> None:
+    """2,000 jobs, 10 SIGKILLs of random worker processes (the supervisor restarts them)."""
+    began = time.monotonic()
+    rng = random.Random(5)
+    supervisor = app.start_worker(
+        "--processes", "3", "--concurrency", "8", "--lease-seconds", "2", rescue_interval=0.5
+    )
+    _children(app, supervisor.pid, 3)
+    app.wait_listening(count=3)
+    ids = app.module.work.enqueue_many(
+        [{"seconds": round(rng.uniform(0.05, 0.15), 3), "start_mark": True} for _ in range(2000)]
+    )
+    killed: dict[int, float] = {}  # pid -> database time once it was dead
+    for _ in range(10):
+        time.sleep(0.6)
+        victim = rng.choice(
+            app.wait_until(lambda: app.children_of(supervisor.pid), 30, "a worker process")
+        )
+        os.kill(victim, signal.SIGKILL)
+        app.wait_until(lambda: victim not in app.children_of(supervisor.pid), 10, "the kill")
+        killed[victim] = _db_now(app)
+    last_kill = time.monotonic()
+    [(open_at_last_kill,)] = app.rows(
+        "SELECT count(*) FROM pgqueue_jobs WHERE state NOT IN ('succeeded', 'failed')"
+    )
+    assert open_at_last_kill > 0, "the kills came after the run: make the jobs longer"
+    app.wait_all_final(2000, timeout=30)
+    print(f"all final {time.monotonic() - last_kill:.1f}s after the last kill")
+
+    jobs = app.jobs(ids)
+    assert {j.state for j in jobs.values()} == {"succeeded"}
+    assert app.scalars("SELECT count(*) FROM pgqueue_jobs WHERE state = 'running'") == [0]
+    assert app.scalars("SELECT count(*) FROM pgqueue_message_queue") == [0]
+    runs = _runs(app)
+    assert set(runs) == set(ids) and all(r["done"] for r in runs.values())  # 2,000 ids
+    _assert_lost_attempts_recorded(jobs, "lease expired")
+    duplicated = 0
+    for job_id, job_runs in runs.items():
+        starts, dones = job_runs["start"], job_runs["done"]
+        job = jobs[job_id]
+        # The last run is the one that succeeded; every run before it was cut short by a kill:
+        # it ran in a process killed afterwards, and its attempt ended "lease expired".
+        assert [s.attempt for s in starts] == sorted({s.attempt for s in starts})
+        assert starts[-1].attempt == job.attempts
+        for run in starts[:-1] + [d for d in dones if d.attempt != job.attempts]:
+            assert run.pid in killed and run.at < killed[run.pid], (job_id, run)
+        assert [d.attempt for d in dones].count(job.attempts) == 1
+        if len(starts) > 1 or len(dones) > 1:
+            duplicated += 1
+            assert job.attempts >= 2
+    assert app.children_of(supervisor.pid) and supervisor.popen.poll() is None
+    assert supervisor.log().count("starting a new one") == 10
+    print(
+        f"repeated kills: {duplicated} jobs ran more than once, "
+        f"max attempts {max(j.attempts for j in jobs.values())}, "
+        f"{time.monotonic() - began:.1f}s"
+    )
+    _stop(supervisor)
+
+
+# -- 3. connection storm ---------------------------------------------------------------------
+
+# Every connection pgqueue opens names itself (own engine, LISTEN, handler sessions).
+TERMINATE_PGQUEUE = (
+    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+    "AND application_name LIKE 'pgqueue%'"
+)
+
+
+@pytest.mark.slow
+def test_connection_storm_no_worker_exits_and_nothing_is_lost(app: App) -> None:
+    """pg_terminate_backend on every pgqueue connection every 500 ms for 20 s, 5,000 jobs."""
+    began = time.monotonic()
+    # A poll interval far above the 1 s budget below: only LISTEN can start the last job.
+    supervisor = app.start_worker(
+        "--processes", "2", "--concurrency", "8", "--poll-interval", "30", rescue_interval=0.5
+    )
+    children = _children(app, supervisor.pid, 2)
+    app.wait_listening(count=2)
+    # The producer's and the storm's connections are not pgqueue's: they survive the storm.
+    producer = create_engine(app.url, connect_args={"application_name": "storm-producer"})
+    storm = create_engine(
+        app.url, isolation_level="AUTOCOMMIT", connect_args={"application_name": "storm"}
+    )
+    ids: list[int] = []
+    terminated: list[int] = []
+    with storm.connect() as connection:
+        for _ in range(40):  # 20 s: 125 new jobs and one round of terminations every 500 ms
+            tick = time.monotonic()
+            with Session(producer) as session, session.begin():
+                ids += app.module.work.enqueue_many([{"seconds": 0.02}] * 125, session=session)
+            terminated.append(connection.execute(text(TERMINATE_PGQUEUE)).scalar_one())
+            time.sleep(max(0.0, 0.5 - (time.monotonic() - tick)))
+    producer.dispose()
+    storm.dispose()
+    print(f"storm: terminated {sum(terminated)} connections, per round {terminated}")
+    assert all(count >= 2 for count in terminated)  # at least both listeners, every round
+
+    app.wait_all_final(5000, timeout=120)
+    jobs = app.jobs(ids)
+    assert {j.state for j in jobs.values()} == {"succeeded"}
+    done = app.done_counts()
+    assert set(done) == set(ids)  # 0 lost
+    # A handler whose session was cut off failed and was retried; the error says so.
+    for job_id, count in done.items():
+        assert count <= jobs[job_id].attempts
+    assert app.children_of(supervisor.pid) == children  # no worker process exited
+    assert "starting a new one" not in supervisor.log()
+    assert "Traceback" not in supervisor.log()
+
+    # After the storm: LISTEN is back in both processes, and a new job starts within 1 s.
+    app.wait_listening(count=2)
+    time.sleep(0.5)
+    [job_id] = app.module.work.enqueue_many([{}])
+    enqueued = _db_now(app)
+    [at] = app.wait_until(
+        lambda: app.scalars(
+            "SELECT extract(epoch FROM at) FROM ledger WHERE job_id = :j", j=job_id
+        ),
+        10,
+        "the job after the storm",
+        interval=0.01,
+    )
+    assert float(at) - enqueued < 1.0
+    retried = sum(1 for j in jobs.values() if j.attempts > 1)
+    print(f"connection storm: {retried} jobs retried, {time.monotonic() - began:.1f}s")
+    _stop(supervisor)
+
+
+# -- 4. database restart ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_database_restart_workers_ride_it_out(tmp_path: Path, app_factory: Any) -> None:
+    """The server is stopped (fast shutdown) for 2 s and started again on the same port."""
+    began = time.monotonic()
+    # Its own server: stopping the session's shared one would break every other test.
+    root = Path(tempfile.mkdtemp(prefix="pgqueue-restart-"))
+    root.chmod(0o755)
+    server = EmbeddedPostgres(root / "data", durable=False)
+    server.start()
+    try:
+        url = normalize_database_url(server.url())
+        owner = PgQueue(url)
+        owner.migrate()
+        owner.dispose()
+        with app_factory(tmp_path, url) as app:
+            _ride_out_a_restart(app, server)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"database restart: {time.monotonic() - began:.1f}s")
+
+
+def _ride_out_a_restart(app: App, server: EmbeddedPostgres) -> None:
+    supervisor = app.start_worker("--processes", "2", "--concurrency", "8", rescue_interval=0.5)
+    children = _children(app, supervisor.pid, 2)
+    app.wait_listening(count=2)
+    ids = app.module.work.enqueue_many([{"seconds": 0.02, "start_mark": True}] * 5000)
+    app.wait_until(lambda: len(app.done_counts()) >= 1000, 60, "1,000 jobs done")
+
+    # In flight at the stop: RUNNING while no claim can commit (the ticket table is locked
+    # until the shutdown aborts this transaction). Jobs may still finish meanwhile.
+    blocker = psycopg.connect(conninfo(app.url))
+    blocker.execute("SET lock_timeout = '5s'")
+    blocker.execute("LOCK TABLE pgqueue_message_queue IN EXCLUSIVE MODE")
+    in_flight = {
+        row[0] for row in blocker.execute("SELECT id FROM pgqueue_jobs WHERE state = 'running'")
+    }
+    log_offset = len(supervisor.log())
+    server.stop()
+    blocker.close()  # its transaction died with the server
+    assert in_flight
+    stopped = time.monotonic()
+    time.sleep(2.0)
+    server.start()
+    print(f"down for {time.monotonic() - stopped:.2f}s; {len(in_flight)} jobs in flight")
+    app.module.pgq.dispose()  # the test's own pooled connections died with the server
+    app.engine.dispose()
+    app.wait_all_final(5000, timeout=120)
+
+    jobs = app.jobs(ids)
+    assert {j.state for j in jobs.values()} == {"succeeded"}
+    runs = _runs(app)
+    assert set(runs) == set(ids) and all(r["done"] for r in runs.values())  # 0 lost
+    repeated = {i for i, r in runs.items() if len(r["start"]) > 1 or len(r["done"]) > 1}
+    assert repeated <= in_flight  # duplicates only among jobs in flight at the stop
+    assert {jobs[i].attempts for i in set(ids) - in_flight} == {1}
+    for job in jobs.values():  # an attempt cut off by the outage ended with a recorded error
+        assert [e["attempt"] for e in job.errors] == list(range(1, job.attempts))
+
+    # The workers rode it out: same processes, reconnects logged with a growing backoff, no
+    # crash loop, LISTEN back.
+    assert app.children_of(supervisor.pid) == children
+    assert "starting a new one" not in supervisor.log()
+    outage_log = supervisor.log()[log_offset:]
+    delays = [
+        float(d) for d in re.findall(r"database unavailable .*retrying in ([\d.]+)s", outage_log)
+    ]
+    print(f"{len(delays)} reconnect attempts logged, longest wait {max(delays):.2f}s")
+    assert delays and max(delays) >= 0.4
+    assert len(delays) < 200
+    app.wait_listening(count=2)
+    _stop(supervisor)
