@@ -598,13 +598,24 @@ def heartbeat() -> ReturningUpdate[int, bool]:
 
 
 @cache
+def expired_lease_exists() -> Select[bool]:
+    """Whether any RUNNING job's lease has expired (database clock): the rescue's cheap
+    autocommit pre-check, so an idle worker's maintenance pass opens no transaction."""
+    return select(
+        select(literal(1))
+        .where(Job.state == JobState.RUNNING.value, Job.lease_expires_at < func.now())
+        .exists()
+    )
+
+
+@cache
 def rescue_expired() -> Select[int, str, list[int] | None]:
     """Re-queue (``rescue``) or fail for good (``rescue_fail``) up to ``limit`` jobs whose lease
     expired by the database clock; rescued jobs get a ticket for now. A job whose cancellation
     was requested ends CANCELLED instead. Binds ``lock_key``, ``limit``, ``error``.
     Returns ``(id, new state)``; nothing when another session holds the maintenance lock.
     """
-    # The advisory lock (held to the end of this one statement) elects a single rescuer per
+    # The advisory lock (held to the end of the transaction) elects a single rescuer per
     # database at a time; SKIP LOCKED would keep concurrent rescuers correct anyway.
     leader = select(
         func.pg_try_advisory_xact_lock(bindparam("lock_key", type_=BigInteger))
@@ -955,6 +966,44 @@ def set_queue_control(*, paused: bool, limit: bool) -> Any:
     return stmt.on_conflict_do_update(
         index_elements=[QueueControl.name],
         set_={k: stmt.excluded[k] for k in values if k != "name"},
+    )
+
+
+def lock_limited_queues() -> Select[str]:
+    """Names of limited queues, their control rows locked (SKIP LOCKED) until the transaction
+    ends: the first half of ``recount_running``."""
+    return (
+        select(QueueControl.name)
+        .where(QueueControl.concurrency_limit.is_not(None))
+        .order_by(QueueControl.name)
+        .with_for_update(skip_locked=True)
+    )
+
+
+@cache
+def recount_running() -> Any:  # a ReturningUpdate
+    """Reset the ``running`` counter of the queues ``names`` (array) to their RUNNING jobs,
+    where it drifted. Returns ``(name, running)`` for the corrected queues.
+
+    Run in the transaction that locked those rows (``lock_limited_queues``), as a later
+    statement: its snapshot then holds every claim that counted against the queue (claims take
+    the row lock), and a job leaving RUNNING right now still counts as running here, because
+    its statement also updates the locked row and so waits to commit until after this one.
+    """
+    running_jobs = (
+        select(func.count())
+        .select_from(Job)
+        .where(Job.queue == QueueControl.name, Job.state == JobState.RUNNING.value)
+        .scalar_subquery()
+    )
+    return (
+        update(QueueControl)
+        .where(
+            QueueControl.name == func.any(_array("names", Text)),
+            QueueControl.running != running_jobs,
+        )
+        .values(running=running_jobs)
+        .returning(QueueControl.name, QueueControl.running)
     )
 
 

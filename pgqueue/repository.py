@@ -157,7 +157,7 @@ def claim(
     rows = _core(session).execute(stmt, params).all()
     if seen is None or time.monotonic() >= seen[0]:
         # After the claim, so the claim itself stays the first and only statement of its turn.
-        exists = bool(_core(session).execute(queries.any_queue_limit()).scalar())
+        exists = any_queue_limit(session)
         _limits_seen[key] = (time.monotonic() + LIMITS_CHECK_SECONDS, exists)
     return [
         ClaimedJob(
@@ -238,6 +238,10 @@ def heartbeat(session: Session, leases: Sequence[tuple[int, uuid.UUID, float]]) 
         },
     )
     return {job_id: bool(flag) for job_id, flag in rows}
+
+
+def expired_lease_exists(session: Session) -> bool:
+    return bool(_core(session).execute(queries.expired_lease_exists()).scalar())
 
 
 def rescue_expired(
@@ -459,6 +463,20 @@ def set_queue_control(
         params["concurrency_limit"] = concurrency_limit
     stmt = queries.set_queue_control(paused=paused is not None, limit=set_limit)
     _core(session).execute(stmt, params)
+
+
+def any_queue_limit(session: Session) -> bool:
+    return bool(_core(session).execute(queries.any_queue_limit()).scalar())
+
+
+def recount_running(session: Session) -> dict[str, int]:
+    """Correct drifted ``running`` counters of limited queues (call inside a transaction);
+    returns ``{queue: corrected count}``. Queues a claim is using right now are skipped."""
+    names = list(_core(session).execute(queries.lock_limited_queues()).scalars())
+    if not names:
+        return {}
+    rows = _core(session).execute(queries.recount_running(), {"names": names})
+    return {name: running for name, running in rows}
 
 
 def queue_controls(session: Session) -> list[Any]:

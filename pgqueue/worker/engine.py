@@ -505,6 +505,7 @@ class Worker:
             if time.monotonic() >= next_prune:
                 next_prune = time.monotonic() + settings.prune_interval
                 self._maintenance_step("prune pass", self._prune)
+                self._maintenance_step("queue limit recount", self._recount_running)
 
     def _maintenance_step(self, what: str, step: Callable[[], object]) -> None:
         try:
@@ -518,6 +519,13 @@ class Worker:
         if rescued:
             self.stats.rescued += len(rescued)
             log.warning("rescued %d jobs with expired leases: %s", len(rescued), rescued[:20])
+
+    def _recount_running(self) -> None:
+        # The running counters of limited queues are kept exact by the statements that move
+        # jobs in and out of RUNNING; this only repairs what bypassed them (rows deleted or
+        # edited by hand), which would otherwise hold a queue at its limit for good.
+        for queue, running in self.store.recount_running().items():
+            log.warning("queue %s: running count corrected to %d", queue, running)
 
     def _prune(self) -> None:
         settings = self.pgq.settings

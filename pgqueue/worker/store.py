@@ -103,6 +103,10 @@ class WorkerStore:
         )
 
     def rescue_expired(self, *, limit: int, error: str) -> list[tuple[int, str]]:
+        if not self._run(
+            "rescue check", repository.expired_lease_exists, give_up_when_stopping=True
+        ):
+            return []
         return self._run(
             "rescue",
             _in_one_transaction(
@@ -128,6 +132,16 @@ class WorkerStore:
                 )
 
         return self._run("prune", work, give_up_when_stopping=True, autocommit=False)
+
+    def recount_running(self) -> dict[str, int]:
+        if not self._run("limit check", repository.any_queue_limit, give_up_when_stopping=True):
+            return {}  # the usual case, in one autocommit statement
+        return self._run(
+            "recount limited queues",
+            _in_one_transaction(repository.recount_running),
+            give_up_when_stopping=True,
+            autocommit=False,
+        )
 
     def ready_work_exists(self, queues: Sequence[str] | None) -> bool:
         return self._run(

@@ -6,6 +6,8 @@
   job runs again).
 - Each maintenance duty is guarded on its own: a scheduler pass that fails does not stop the
   same pass from rescuing expired leases.
+- A limited queue's running counter that drifted (rows changed behind pgqueue's back) is
+  recounted by the maintenance loop instead of holding the queue at its limit for good.
 
 Failures are injected with real PostgreSQL triggers, not mocks.
 """
@@ -17,9 +19,10 @@ import time
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-from pgqueue import JobState, PgQueue
+from pgqueue import JobState, PgQueue, Settings
 from pgqueue.repository import Outcome
 from pgqueue.testing import states_of
 from pgqueue.worker import Worker
@@ -138,3 +141,45 @@ def test_a_failing_scheduler_pass_does_not_stop_rescue(
     # The scheduler failed in every pass, the first one included; rescue still ran.
     assert failures and rescues and failures[0] < rescues[0], messages
     assert worker.stats.rescued == 1
+
+
+def test_a_drifted_queue_limit_counter_is_repaired(
+    database_url: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    pgq = PgQueue(
+        database_url.render_as_string(hide_password=False),
+        settings=Settings(poll_interval=0.2, rescue_interval=0.2, prune_interval=0.5),
+    )
+    try:
+
+        @pgq.task(queue="reports", name="report")
+        def report(n: int) -> int:
+            return n
+
+        pgq.set_queue_limit("reports", 2)
+        ids = report.enqueue_many([[i] for i in range(5)])
+        # As if two running jobs had been deleted by hand: the counter says the queue is full.
+        with pgq.engine.begin() as connection:
+            connection.execute(text("UPDATE pgqueue_queues SET running = 2"))
+        store = WorkerStore(pgq.engine, stopping=threading.Event())
+        claim = {"limit": 5, "queues": ["reports"], "lease_seconds": 30.0, "task_leases": {}}
+        assert store.claim(worker_id="probe", **claim) == []  # held at its (false) limit
+
+        worker = Worker(pgq, queues=["reports"], concurrency=2)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            while set(states_of(pgq, ids).values()) != {JobState.SUCCEEDED}:
+                assert time.monotonic() < deadline, states_of(pgq, ids)
+                time.sleep(0.1)
+        finally:
+            worker.stop()
+            thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert "queue reports: running count corrected to 0" in caplog.text
+        assert pgq.queue_controls()["reports"]["running"] == 0
+        # A correct counter is left alone.
+        assert store.recount_running() == {}
+    finally:
+        pgq.dispose()
