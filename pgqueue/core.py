@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import backoff, repository, uow
+from pgqueue import repository, uow
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.errors import ConfigurationError, InvalidStateTransition, JobNotFound, ValidationError
 from pgqueue.models import Job
 from pgqueue.repository import NewJob
 from pgqueue.scheduler import Schedule, Scheduler
 from pgqueue.states import JobState
-from pgqueue.tasks import Task, TaskRegistry
+from pgqueue.tasks import Task, TaskOptions, TaskRegistry, task_name_for
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -153,20 +153,7 @@ class PgQueue:
 
     @overload
     def task(
-        self,
-        fn: None = None,
-        /,
-        *,
-        queue: str = "default",
-        priority: int = 0,
-        max_attempts: int = 3,
-        retry: backoff.BackoffPolicy | None = None,
-        atomic: bool = False,
-        pass_context: bool = False,
-        name: str | None = None,
-        lease_seconds: float | None = None,
-        timeout: float | None = None,
-        unique_key: Callable[..., str | None] | None = None,
+        self, fn: None = None, /, *, name: str | None = None, **options: Unpack[TaskOptions]
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -174,39 +161,14 @@ class PgQueue:
         fn: Callable[P, R] | None = None,
         /,
         *,
-        queue: str = "default",
-        priority: int = 0,
-        max_attempts: int = 3,
-        retry: backoff.BackoffPolicy | None = None,
-        atomic: bool = False,
-        pass_context: bool = False,
         name: str | None = None,
-        lease_seconds: float | None = None,
-        timeout: float | None = None,
-        unique_key: Callable[..., str | None] | None = None,
+        **options: Unpack[TaskOptions],
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
-        """Register a function as a task (usable bare, ``@pgq.task``, or with options)."""
+        """Register a function as a task (usable bare, ``@pgq.task``, or with the options of
+        ``pgqueue.tasks.TaskOptions``)."""
 
         def register(function: Callable[P, R]) -> Task[P, R]:
-            task_name = name or f"{function.__module__}.{function.__qualname__}"
-            if name is None and len(task_name.encode()) > 63:
-                raise ValidationError(
-                    f"default task name {task_name!r} is longer than 63 bytes; pass name="
-                )
-            task = Task(
-                function,
-                sink=self,
-                name=task_name,
-                queue=queue,
-                priority=priority,
-                max_attempts=max_attempts,
-                retry=retry,
-                atomic=atomic,
-                pass_context=pass_context,
-                lease_seconds=lease_seconds,
-                timeout=timeout,
-                unique_key=unique_key,
-            )
+            task = Task(function, sink=self, name=task_name_for(function, name), **options)
             self.registry.add(task)
             return task
 

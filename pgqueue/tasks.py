@@ -14,7 +14,7 @@ import inspect
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypedDict, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -114,6 +114,38 @@ class EnqueueOptions:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+class TaskOptions(TypedDict, total=False):
+    """The options of ``@pgq.task(...)`` (and of the Flask extension's ``task``).
+
+    ``queue`` ("default"), ``priority`` (0, lower first), ``max_attempts`` (3), ``retry`` (a
+    backoff policy; exponential with jitter by default), ``atomic`` (run inside the claim
+    transaction), ``pass_context`` (first argument is a ``JobContext``), ``lease_seconds``
+    (this task's lease instead of the worker's), ``timeout`` (seconds; the attempt fails as
+    retryable when exceeded), ``unique_key`` (a function of the job's arguments returning the
+    job's unique key, or None).
+    """
+
+    queue: str
+    priority: int
+    max_attempts: int
+    retry: backoff.BackoffPolicy | None
+    atomic: bool
+    pass_context: bool
+    lease_seconds: float | None
+    timeout: float | None
+    unique_key: Callable[..., str | None] | None
+
+
+def task_name_for(function: Callable[..., Any], name: str | None) -> str:
+    """``name``, or by default the function's module-qualified name (if it fits 63 bytes)."""
+    if name is not None:
+        return name
+    default = f"{function.__module__}.{function.__qualname__}"
+    if len(default.encode()) > 63:
+        raise ValidationError(f"default task name {default!r} is longer than 63 bytes; pass name=")
+    return default
+
+
 class Task(Generic[P, R]):
     """A function registered as a task. Calling it runs the function directly, in-process."""
 
@@ -123,15 +155,15 @@ class Task(Generic[P, R]):
         *,
         sink: JobSink,
         name: str,
-        queue: str,
-        priority: int,
-        max_attempts: int,
-        retry: backoff.BackoffPolicy | None,
-        atomic: bool,
-        pass_context: bool,
-        lease_seconds: float | None,
-        timeout: float | None,
-        unique_key: Callable[..., str | None] | None,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        retry: backoff.BackoffPolicy | None = None,
+        atomic: bool = False,
+        pass_context: bool = False,
+        lease_seconds: float | None = None,
+        timeout: float | None = None,
+        unique_key: Callable[..., str | None] | None = None,
     ) -> None:
         self.fn = fn
         self.sink = sink

@@ -16,16 +16,16 @@ import functools
 import inspect
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Unpack, overload
 
 from flask import Flask, current_app, has_app_context
 from sqlalchemy.orm import Session
 
-from pgqueue import backoff, migrations
+from pgqueue import migrations
 from pgqueue.config import Settings
 from pgqueue.core import PgQueue as CoreQueue
 from pgqueue.errors import ConfigurationError, ValidationError
-from pgqueue.tasks import ConfiguredTask, Task
+from pgqueue.tasks import ConfiguredTask, Task, TaskOptions, task_name_for
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -206,33 +206,21 @@ class PgQueue:
 
     @overload
     def task(
-        self,
-        fn: None = None,
-        /,
-        *,
-        queue: str = "default",
-        priority: int = 0,
-        max_attempts: int = 3,
-        retry: backoff.BackoffPolicy | None = None,
-        atomic: bool = False,
-        pass_context: bool = False,
-        name: str | None = None,
-        lease_seconds: float | None = None,
-        timeout: float | None = None,
-        unique_key: Callable[..., str | None] | None = None,
+        self, fn: None = None, /, *, name: str | None = None, **options: Unpack[TaskOptions]
     ) -> Callable[[Callable[P, R]], FlaskTask[P, R]]: ...
 
     def task(
-        self, fn: Callable[P, R] | None = None, /, *, name: str | None = None, **options: Any
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        **options: Unpack[TaskOptions],
     ) -> FlaskTask[P, R] | Callable[[Callable[P, R]], FlaskTask[P, R]]:
         """Declare a task (same options as ``pgqueue.PgQueue.task``); usable before init_app."""
 
         def declare(function: Callable[P, R]) -> FlaskTask[P, R]:
-            task_name = name or f"{function.__module__}.{function.__qualname__}"
-            if name is None and len(task_name.encode()) > 63:
-                raise ValidationError(
-                    f"default task name {task_name!r} is longer than 63 bytes; pass name="
-                )
+            task_name = task_name_for(function, name)
             existing = self._declarations.get(task_name)
             if existing is not None and existing.fn is not function:
                 raise ValidationError(f"task name {task_name!r} is already declared; pass name=")
