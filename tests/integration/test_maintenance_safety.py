@@ -23,7 +23,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue import JobState, PgQueue, Settings
-from pgqueue.repository import Outcome
+from pgqueue.repository import ClaimedJob, Outcome
 from pgqueue.testing import states_of
 from pgqueue.worker import Worker
 from pgqueue.worker.store import WorkerStore
@@ -43,8 +43,10 @@ def _execute(engine: Engine, sql: str) -> None:
         connection.execute(text(sql))
 
 
-def test_outcome_and_settling_dependents_commit_together(pgq: PgQueue, engine: Engine) -> None:
-    @pgq.task(name="step")
+def _running_with_dependent(pgq: PgQueue, max_attempts: int) -> tuple[WorkerStore, ClaimedJob, int]:
+    """A claimed (RUNNING) job, a WAITING job depending on it, and the store that claimed it."""
+
+    @pgq.task(name="step", max_attempts=max_attempts)
     def step() -> None:
         pass
 
@@ -55,6 +57,12 @@ def test_outcome_and_settling_dependents_commit_together(pgq: PgQueue, engine: E
         worker_id="test", limit=10, queues=None, lease_seconds=30.0, task_leases={}
     )
     assert claimed.id == first
+    return store, claimed, second
+
+
+def test_outcome_and_settling_dependents_commit_together(pgq: PgQueue, engine: Engine) -> None:
+    store, claimed, second = _running_with_dependent(pgq, max_attempts=3)
+    first = claimed.id
     done = Outcome(job_id=first, lease_token=claimed.lease_token, kind="complete")
 
     _execute(engine, REFUSE_UNBLOCK)
@@ -69,17 +77,8 @@ def test_outcome_and_settling_dependents_commit_together(pgq: PgQueue, engine: E
 
 
 def test_rescue_and_settling_dependents_commit_together(pgq: PgQueue, engine: Engine) -> None:
-    @pgq.task(name="step", max_attempts=1)
-    def step() -> None:
-        pass
-
-    first = step.enqueue()
-    second = step.configure(depends_on=[first]).enqueue()
-    store = WorkerStore(pgq.engine, stopping=threading.Event())
-    [claimed] = store.claim(
-        worker_id="test", limit=10, queues=None, lease_seconds=30.0, task_leases={}
-    )
-    assert claimed.id == first
+    store, claimed, second = _running_with_dependent(pgq, max_attempts=1)
+    first = claimed.id
     _execute(
         engine,
         f"UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = {first}",
