@@ -15,7 +15,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import repository, uow
+from pgqueue import queries, repository, uow
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.errors import ConfigurationError, InvalidStateTransition, JobNotFound, ValidationError
 from pgqueue.models import Job
@@ -51,6 +51,7 @@ class PgQueue:
         self._scheduler: Scheduler | None = None
         self._lock = threading.Lock()
         self._engine: Engine | None = None
+        self._sessions: sessionmaker[Session] | None = None
         self._handler_engine: Engine | None = None
         self._url: URL | None = None
         self._external_session_factory = session_factory
@@ -119,7 +120,10 @@ class PgQueue:
 
     @property
     def sessions(self) -> sessionmaker[Session]:
-        return sessionmaker(self.engine, expire_on_commit=False)
+        factory = self._sessions
+        if factory is None:
+            factory = self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        return factory
 
     def handler_session(self) -> Session:
         """A new session for a handler (the host's factory when one was given)."""
@@ -136,6 +140,7 @@ class PgQueue:
             if self._url is not None:
                 self._engine = None
                 self._handler_engine = None
+                self._sessions = None
 
     # -- schema ------------------------------------------------------------------------------
 
@@ -176,6 +181,12 @@ class PgQueue:
 
     def insert_jobs(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]:
         """Insert validated jobs in ``session``'s transaction, or in an own one."""
+        if session is None and len(jobs) == 1:
+            job = jobs[0]
+            if job.unique_key is None and not job.depends_on:
+                # One statement is its own transaction: one round trip, no Session.
+                params = repository.insert_one_job_params(job)
+                return [int(uow.run_one_statement(self.engine, queries.insert_one_job(), params))]
         return uow.in_caller_or_own_transaction(
             session, self.sessions, lambda s: repository.insert_jobs(s, jobs)
         )

@@ -256,6 +256,46 @@ def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Sele
     return select(jobs.c.id, jobs.c.unique_key).add_cte(tickets).order_by(jobs.c.id)
 
 
+@cache
+def insert_one_job() -> Select[int]:
+    """Insert one job (no unique key, no dependencies) and its ticket; returns its id.
+
+    The single-row form of ``insert_jobs``: plain ``VALUES`` binds instead of ``unnest`` over ten
+    one-element arrays, for the common ``task.enqueue(...)`` outside any caller transaction.
+    Binds ``task_name``, ``queue``, ``args`` and ``kwargs`` (JSON text), ``priority``,
+    ``max_attempts``, ``delay`` (seconds from now(), may be null), ``run_at`` (absolute, may be
+    null) and ``atomic``.
+    """
+    run_at = func.coalesce(
+        bindparam("run_at", type_=Job.run_at.type),
+        func.now() + _seconds(func.coalesce(bindparam("delay", type_=Float), literal_column("0"))),
+    )
+    job = (
+        insert(Job)
+        .values(
+            task_name=bindparam("task_name", type_=Text),
+            queue=bindparam("queue", type_=Text),
+            args=cast(bindparam("args", type_=Text), JSON),
+            kwargs=cast(bindparam("kwargs", type_=Text), JSON),
+            priority=bindparam("priority", type_=SmallInteger),
+            max_attempts=bindparam("max_attempts", type_=Integer),
+            run_at=run_at,
+            atomic=bindparam("atomic", type_=Boolean),
+        )
+        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .cte("new_job")
+    )
+    ticket = (
+        insert(MessageQueue)
+        .from_select(
+            ["job_id", "queue", "priority", "run_at", "atomic"],
+            select(job.c.id, job.c.queue, job.c.priority, job.c.run_at, job.c.atomic),
+        )
+        .cte("new_ticket")
+    )
+    return select(job.c.id).add_cte(ticket)
+
+
 def active_job_ids_by_unique_key() -> Select[int, str | None]:
     """Ids of active jobs holding the given ``unique_keys`` (array)."""
     return select(Job.id, Job.unique_key).where(
@@ -267,14 +307,27 @@ def active_job_ids_by_unique_key() -> Select[int, str | None]:
 # --- claim ---------------------------------------------------------------------------------
 
 
+def _among(column: Any, ids: Any) -> ColumnElement[bool]:
+    """``column = ANY(ARRAY(SELECT ids))``: matches a CTE's ids by index probes whatever the
+    planner believes about the CTE's size. A join (``USING``/``FROM`` the CTE) is planned from
+    the ``LIMIT``'s estimate, and for a large ``LIMIT`` or a generic plan (where ``LIMIT $n``
+    counts as 10 % of the table) that becomes a hash join over a sequential scan of the whole
+    table: ~20 ms instead of ~1 ms for 200 tickets among 30,000."""
+    matched: ColumnElement[bool] = column == func.any(func.array(select(ids).scalar_subquery()))
+    return matched
+
+
 @cache
-def claim(*, atomic: bool, filter_queues: bool, limits: bool = True) -> ReturningUpdate[Any]:
+def claim(
+    *, atomic: bool, filter_queues: bool, limits: bool = True, task_leases: bool = True
+) -> ReturningUpdate[Any]:
     """Claim up to ``limit`` ready tickets: lock them (SKIP LOCKED), delete them, and move their
     jobs to RUNNING with a fresh lease, in one statement.
 
     Binds: ``limit``, ``worker`` (lease owner id), ``lease_seconds`` (default lease),
-    ``task_leases`` (JSON object task name -> lease seconds, for tasks with their own lease),
-    and ``queues`` (array) when ``filter_queues``. Atomic claims (one per open transaction)
+    ``task_leases`` (JSON object task name -> lease seconds, for tasks with their own lease)
+    unless ``task_leases=False`` (no task overrides its lease: every job gets the default,
+    with no per-row JSON lookup), and ``queues`` (array) when ``filter_queues``. Atomic claims (one per open transaction)
     set no lease expiry: if the transaction dies the claim itself rolls back.
 
     Queues with a row in ``pgqueue_queues`` that is paused or limited are left out of the main
@@ -307,15 +360,14 @@ def claim(*, atomic: bool, filter_queues: bool, limits: bool = True) -> Returnin
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
     )
-    task_lease = cast(
-        func.jsonb_extract_path_text(bindparam("task_leases", type_=JSONB), Job.task_name), Float
-    )
-    lease_expiry: ColumnElement[Any] = (
-        null()
-        if atomic
-        else func.now()
-        + _seconds(func.coalesce(task_lease, bindparam("lease_seconds", type_=Float)))
-    )
+    lease: ColumnElement[Any] = bindparam("lease_seconds", type_=Float)
+    if task_leases:
+        task_lease = cast(
+            func.jsonb_extract_path_text(bindparam("task_leases", type_=JSONB), Job.task_name),
+            Float,
+        )
+        lease = func.coalesce(task_lease, lease)
+    lease_expiry: ColumnElement[Any] = null() if atomic else func.now() + _seconds(lease)
     claimed_values: dict[str, Any] = {
         "state": CLAIM.target,
         "attempts": Job.attempts + 1,
@@ -329,13 +381,13 @@ def claim(*, atomic: bool, filter_queues: bool, limits: bool = True) -> Returnin
         lean_picked = free.cte("picked")
         lean_deleted = (
             delete(MessageQueue)
-            .where(MessageQueue.job_id == lean_picked.c.job_id)
+            .where(_among(MessageQueue.job_id, lean_picked.c.job_id))
             .returning(MessageQueue.job_id)
             .cte("claimed")
         )
         return (
             update(Job)
-            .where(Job.id == lean_deleted.c.job_id, _sources(CLAIM))
+            .where(_among(Job.id, lean_deleted.c.job_id), _sources(CLAIM))
             .values(**claimed_values)
             .returning(*CLAIMED_COLUMNS)
         )
@@ -375,7 +427,7 @@ def claim(*, atomic: bool, filter_queues: bool, limits: bool = True) -> Returnin
     picked_cte = select(both.c.job_id).limit(bindparam("limit", type_=Integer)).cte("picked")
     deleted = (
         delete(MessageQueue)
-        .where(MessageQueue.job_id == picked_cte.c.job_id)
+        .where(_among(MessageQueue.job_id, picked_cte.c.job_id))
         .returning(MessageQueue.job_id, MessageQueue.queue)
         .cte("claimed")
     )
@@ -393,7 +445,7 @@ def claim(*, atomic: bool, filter_queues: bool, limits: bool = True) -> Returnin
     )
     return (
         update(Job)
-        .where(Job.id == deleted.c.job_id, _sources(CLAIM))
+        .where(_among(Job.id, deleted.c.job_id), _sources(CLAIM))
         .values(**claimed_values)
         .returning(*CLAIMED_COLUMNS)
         .add_cte(bump)

@@ -94,6 +94,21 @@ def insert_jobs(session: Session, jobs: Sequence[NewJob]) -> list[int]:
     raise RuntimeError("unique-key enqueue did not settle after 10 tries")  # pragma: no cover
 
 
+def insert_one_job_params(job: NewJob) -> dict[str, Any]:
+    """Parameters of ``queries.insert_one_job`` (a job without unique key or dependencies)."""
+    return {
+        "task_name": job.task_name,
+        "queue": job.queue,
+        "args": job.args_json,
+        "kwargs": job.kwargs_json,
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+        "delay": job.delay,
+        "run_at": job.run_at,
+        "atomic": job.atomic,
+    }
+
+
 def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
     return {
         "task_names": [j.task_name for j in jobs],
@@ -141,19 +156,21 @@ def claim(
     atomic: bool = False,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` ready jobs (see ``queries.claim``)."""
-    params: dict[str, Any] = {
-        "limit": limit,
-        "worker": worker_id,
-        "lease_seconds": lease_seconds,
-        "task_leases": dict(task_leases),
-    }
+    params: dict[str, Any] = {"limit": limit, "worker": worker_id, "lease_seconds": lease_seconds}
+    if task_leases:
+        params["task_leases"] = dict(task_leases)
     if queues is not None:
         params["queues"] = list(queues)
     key = id(session.get_bind())
     seen = _limits_seen.get(key)
     # Until this claimer has looked, assume limits exist: the full variant is always correct.
     limits = True if seen is None else seen[1]
-    stmt = queries.claim(atomic=atomic, filter_queues=queues is not None, limits=limits)
+    stmt = queries.claim(
+        atomic=atomic,
+        filter_queues=queues is not None,
+        limits=limits,
+        task_leases=bool(task_leases),
+    )
     rows = _core(session).execute(stmt, params).all()
     if seen is None or time.monotonic() >= seen[0]:
         # After the claim, so the claim itself stays the first and only statement of its turn.

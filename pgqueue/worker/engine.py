@@ -3,8 +3,9 @@
 Threads of one worker process::
 
     main        claim loop: claims up to <free slots> tickets per statement, hands them to the pool
-    pool (N)    handlers (sync directly; ``async def`` on the worker's event-loop thread)
-    completer   writes outcomes in batches (one statement per kind) and frees slots
+    pool (N)    handlers (sync directly; ``async def`` on the worker's event-loop thread); a
+                handler's slot is free as soon as it returns
+    completer   writes outcomes in batches (one statement per kind), overlapping the next claims
     heartbeat   extends leases of running jobs, learns about cancel requests and lost leases,
                 and times out handlers past their task's timeout
     maintenance rescues expired leases and prunes history (one leader per database at a time)
@@ -17,7 +18,7 @@ for atomic tasks, one transaction per job on the handler engine.
 from __future__ import annotations
 
 import asyncio
-import functools
+import collections
 import logging
 import os
 import queue as queue_module
@@ -26,10 +27,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pgqueue import repository, validation
 from pgqueue.errors import ConfigurationError, LeaseLost, ValidationError
@@ -44,6 +45,44 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgqueue.worker")
 
 OUTCOME_BATCH = 500
+
+
+class _WorkQueue:
+    """Work for the pool threads: a deque and one condition.
+
+    ``put_many`` wakes one idle thread and each thread that takes an item wakes the next while
+    items remain, so a batch of quick jobs is run by the few threads that are already awake
+    instead of waking every idle thread at once (each wake-up costs a GIL hand-off), while a
+    batch of slow jobs still spreads over all threads, one wake-up per job.
+    """
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._ready = threading.Condition(threading.Lock())
+        self._idle = 0
+
+    def put_many(self, items: Iterable[Any]) -> None:
+        with self._ready:
+            self._items.extend(items)
+            if self._idle:
+                self._ready.notify()
+
+    def put(self, item: Any) -> None:
+        self.put_many((item,))
+
+    def get(self) -> Any:
+        with self._ready:
+            items = self._items
+            while not items:
+                self._idle += 1
+                try:
+                    self._ready.wait()
+                finally:
+                    self._idle -= 1
+            item = items.popleft()
+            if items and self._idle:
+                self._ready.notify()
+            return item
 
 
 @dataclass(slots=True)
@@ -118,7 +157,12 @@ class Worker:
         self._halt = threading.Event()  # helper threads end
         self._wake = threading.Event()
         self._slots_lock = threading.Lock()
+        # Claimed leased attempts whose outcome is not written yet: the heartbeat set. A slot
+        # is given back when the handler returns (``_busy``), so the next claim overlaps the
+        # outcome write; up to ``concurrency`` more attempts may wait for their write.
         self._running: dict[int, Execution] = {}
+        self._busy = 0
+        self._max_held = 2 * concurrency
         self._atomic_in_flight = 0
         # Atomic claims run on a pool thread (they hold a transaction); the claim loop starts one
         # probe at a time and learns from its callback whether it found a ticket, never waiting.
@@ -130,8 +174,9 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         self._signals_seen = 0
-        # Work items return True when their thread must retire (a replacement was started).
-        self._work: queue_module.Queue[Callable[[], bool] | None] = queue_module.Queue()
+        # Executions to run, callables (True when their thread must retire because a
+        # replacement was started), or None (stop).
+        self._work = _WorkQueue()
         self._threads: list[threading.Thread] = []
         self.store = WorkerStore(pgq.engine, stopping=self._stopping)
         self.executor = Executor(pgq.registry, settings, pgq.handler_session, self._event_loop)
@@ -226,7 +271,11 @@ class Worker:
 
     def _free_slots(self) -> int:
         with self._slots_lock:
-            return self.concurrency - len(self._running) - self._atomic_in_flight
+            atomic = self._atomic_in_flight
+            return min(
+                self.concurrency - self._busy - atomic,
+                self._max_held - len(self._running) - atomic,
+            )
 
     def _idle(self) -> bool:
         with self._slots_lock:
@@ -258,29 +307,40 @@ class Worker:
     def _start_leased(
         self, jobs: Sequence[repository.ClaimedJob], leases: dict[str, float]
     ) -> None:
+        if not jobs:
+            return
         now = time.monotonic()
+        find = self.pgq.registry.find
+        default_lease = self.lease_seconds
+        executions = []
         for job in jobs:
-            task = self.pgq.registry.find(job.task_name)
+            task = find(job.task_name)
             execution = Execution(
                 job=job,
-                lease_seconds=leases.get(job.task_name, self.lease_seconds),
+                lease_seconds=leases.get(job.task_name, default_lease) if leases else default_lease,
                 timeout=task.timeout if task is not None else None,
                 started=now,
-                cancel_event=threading.Event(),
+                cancelled=job.cancel_requested,
             )
-            if job.cancel_requested:
-                execution.cancel_event.set()
-            with self._slots_lock:
-                self._running[job.id] = execution
-            self.stats.claimed += 1
-            self._work.put(functools.partial(self._execute_leased, execution))
+            executions.append(execution)
+        with self._slots_lock:
+            running = self._running
+            for execution in executions:
+                running[execution.job.id] = execution
+            self._busy += len(executions)
+        self.stats.claimed += len(executions)
+        self._work.put_many(executions)
 
     def _execute_leased(self, execution: Execution) -> bool:
         outcome = self.executor.run_leased(execution)
         with self._slots_lock:
             decided, execution.decided = execution.decided, True
+            if execution.holds_slot:
+                execution.holds_slot = False
+                self._busy -= 1
         if not decided:
             self._outcomes.put((execution, outcome))
+        self._wake.set()  # a slot is free
         # A timed-out handler's thread was replaced when its job was given up: retire it.
         return execution.timed_out
 
@@ -360,6 +420,9 @@ class Worker:
             self._write(batch)
 
     def _write(self, batch: list[tuple[Execution, Outcome]]) -> None:
+        with self._slots_lock:
+            for execution, _ in batch:
+                execution.writing = True
         try:
             lost = self.store.record_outcomes(outcome for _, outcome in batch)
         except Exception:
@@ -402,26 +465,29 @@ class Worker:
             self.stats.cancelled += 1
         elif kind == "release":
             self.stats.released += 1
-        extra = {
-            "task": job.task_name,
-            "job_id": job.id,
-            "attempt": job.attempt,
-            "duration_ms": round(duration * 1000, 2),
-            "outcome": kind,
-        }
-        if self.pgq.settings.log_args:
-            extra["args"] = job.args
-            extra["kwargs"] = job.kwargs
-        log.info(
-            "job %s task=%s attempt=%d outcome=%s duration_ms=%.2f%s",
-            job.id,
-            job.task_name,
-            job.attempt,
-            kind,
-            extra["duration_ms"],
-            "" if not outcome.error else " error=" + outcome.error.strip().splitlines()[-1][:200],
-            extra={"pgqueue": extra},
-        )
+        if log.isEnabledFor(logging.INFO):
+            extra = {
+                "task": job.task_name,
+                "job_id": job.id,
+                "attempt": job.attempt,
+                "duration_ms": round(duration * 1000, 2),
+                "outcome": kind,
+            }
+            if self.pgq.settings.log_args:
+                extra["args"] = job.args
+                extra["kwargs"] = job.kwargs
+            log.info(
+                "job %s task=%s attempt=%d outcome=%s duration_ms=%.2f%s",
+                job.id,
+                job.task_name,
+                job.attempt,
+                kind,
+                extra["duration_ms"],
+                ""
+                if not outcome.error
+                else " error=" + outcome.error.strip().splitlines()[-1][:200],
+                extra={"pgqueue": extra},
+            )
         if self.on_outcome is not None:
             try:
                 self.on_outcome(outcome)
@@ -434,10 +500,13 @@ class Worker:
         while not self._halt.wait(self._heartbeat_wait()):
             self._check_timeouts()
             with self._slots_lock:
+                # Attempts whose outcome waits for its write are extended too: their lease must
+                # not run out in the meantime. Those being written are left alone (the write
+                # may commit before this statement runs, which would look like a lost lease).
                 leases = [
                     (e.job.id, e.job.lease_token, e.lease_seconds)
                     for e in self._running.values()
-                    if not e.decided and not e.lease_lost
+                    if not e.writing and not e.lease_lost
                 ]
             if not leases:
                 continue
@@ -449,7 +518,7 @@ class Worker:
             with self._slots_lock:
                 executions = {job_id: self._running.get(job_id) for job_id, _, _ in leases}
             for job_id, execution in executions.items():
-                if execution is None:
+                if execution is None or execution.writing:
                     continue
                 if job_id not in held:
                     # Rescued after its lease expired (this process was frozen or cut off): the
@@ -462,8 +531,8 @@ class Worker:
                             LeaseLost(job_id, "heartbeat"),
                             job_id,
                         )
-                elif held[job_id] and not execution.cancel_event.is_set():
-                    execution.cancel_event.set()
+                elif held[job_id] and not execution.cancelled:
+                    execution.request_cancel()
                     if execution.async_future is not None:
                         execution.async_future.cancel()
 
@@ -484,6 +553,11 @@ class Worker:
             for execution in overdue:
                 execution.decided = True
                 execution.timed_out = True
+                if execution.holds_slot:  # its replacement thread takes the slot
+                    execution.holds_slot = False
+                    self._busy -= 1
+        if overdue:
+            self._wake.set()
         for execution in overdue:
             # A sync handler cannot be interrupted: its thread stays busy until the function
             # returns, so another thread takes its place in the pool (the old one then retires).
@@ -540,13 +614,15 @@ class Worker:
     # -- threads, loop, shutdown -------------------------------------------------------------
 
     def _pool_thread(self) -> None:
+        work = self._work
+        execute = self._execute_leased
         while True:
-            item = self._work.get()
+            item = work.get()
             if item is None:
                 return
             retire = False
             try:
-                retire = item()
+                retire = execute(item) if type(item) is Execution else item()
             except Exception:
                 log.exception("worker thread error")
             if retire:

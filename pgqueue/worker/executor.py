@@ -34,19 +34,43 @@ class JobTimeout(Exception):
 
 @dataclass(slots=True)
 class Execution:
-    """Book-keeping for a running attempt, shared with the heartbeat and shutdown paths."""
+    """Book-keeping for an attempt from its claim until its outcome is written, shared with the
+    heartbeat and shutdown paths."""
 
     job: ClaimedJob
     lease_seconds: float
     timeout: float | None
     started: float
-    cancel_event: threading.Event
     async_future: concurrent.futures.Future[Any] | None = None
-    # The outcome was decided elsewhere (timeout, shutdown release): the handler's own result is
-    # dropped. Set under the engine's slots lock, so exactly one outcome is written per attempt.
+    # The outcome was decided (the handler returned, or a timeout or shutdown release decided it
+    # first, in which case the handler's own result is dropped). Set under the engine's slots
+    # lock, so exactly one outcome is written per attempt.
     decided: bool = False
     timed_out: bool = False  # decided by the timeout check while its thread still runs
     lease_lost: bool = False  # a heartbeat found the lease gone (reported once)
+    holds_slot: bool = True  # counted in the engine's busy slots (until the handler is done)
+    writing: bool = False  # its outcome statement is being sent: heartbeats leave it alone
+    cancelled: bool = False  # a cancel was requested (seen by a heartbeat or at claim)
+    # Created only when a handler asks (JobContext) or an async handler runs: most jobs never
+    # need one, and an Event per job is measurable at thousands of jobs per second.
+    _event: threading.Event | None = None
+
+    def cancel_event(self) -> threading.Event:
+        """The event a handler's ``JobContext`` watches (created on first use)."""
+        event = self._event
+        if event is None:
+            event = self._event = threading.Event()
+            # Ordered against request_cancel (flag first, then read the event) so that one of
+            # the two always sets it.
+            if self.cancelled:
+                event.set()
+        return event
+
+    def request_cancel(self) -> None:
+        self.cancelled = True
+        event = self._event
+        if event is not None:
+            event.set()
 
 
 class Executor:
@@ -72,7 +96,7 @@ class Executor:
             task = self._resolve(job)
         except (UnknownTask, ValidationError) as exc:
             return self._outcome(job, "fail", error=self._describe(exc))
-        context = self._context(job, task, execution.cancel_event, self.session_factory)
+        context = self._context(job, task, execution, self.session_factory)
         try:
             result = self._call(task, job, context, execution)
             if context is not None and context.session_opened:
@@ -96,13 +120,13 @@ class Executor:
         The handler runs in a savepoint: on failure its writes are rolled back while the claim
         and the retry/failure record still commit. The caller commits.
         """
-        execution = Execution(job, 0.0, None, time.monotonic(), cancel_event)
+        execution = Execution(job, 0.0, None, time.monotonic(), _event=cancel_event)
         try:
             task = self._resolve(job)
         except (UnknownTask, ValidationError) as exc:
             outcome = self._outcome(job, "fail", error=self._describe(exc))
         else:
-            context = self._context(job, task, cancel_event, lambda: session)
+            context = self._context(job, task, execution, lambda: session)
             savepoint = session.begin_nested()
             try:
                 result = self._call(task, job, context, execution)
@@ -131,7 +155,7 @@ class Executor:
         self,
         job: ClaimedJob,
         task: Task[Any, Any],
-        cancel_event: threading.Event,
+        execution: Execution,
         session_factory: Callable[[], Session],
     ) -> JobContext | None:
         if not task.pass_context:
@@ -143,7 +167,7 @@ class Executor:
             queue=job.queue,
             task_name=job.task_name,
             session_factory=session_factory,
-            cancel_event=cancel_event,
+            cancel_event=execution.cancel_event(),
         )
 
     def _call(
@@ -153,9 +177,11 @@ class Executor:
         context: JobContext | None,
         execution: Execution,
     ) -> Any:
-        args = [context, *job.args] if context is not None else list(job.args)
         if not task.is_async:
-            return task.fn(*args, **job.kwargs)
+            if context is None:
+                return task.fn(*job.args, **job.kwargs)
+            return task.fn(context, *job.args, **job.kwargs)
+        args = [context, *job.args] if context is not None else list(job.args)
         coroutine: Coroutine[Any, Any, Any] = task.fn(*args, **job.kwargs)
         if task.timeout is not None:
             coroutine = asyncio.wait_for(coroutine, task.timeout)
@@ -169,8 +195,10 @@ class Executor:
             raise JobTimeout(f"timed out after {task.timeout}s") from None
 
     def _success(self, job: ClaimedJob, result: Any, execution: Execution) -> Outcome:
-        if execution.cancel_event.is_set():
+        if execution.cancelled or self._event_set(execution):
             return self._outcome(job, "cancelled", error="cancelled while running")
+        if result is None:  # most handlers return nothing: skip the JSON checks
+            return Outcome(job.id, job.lease_token, "complete")
         try:
             encoded = validation.encode_result(
                 result,
@@ -184,7 +212,7 @@ class Executor:
     def _failure(
         self, job: ClaimedJob, task: Task[Any, Any], exc: BaseException, execution: Execution
     ) -> Outcome:
-        if execution.cancel_event.is_set():
+        if execution.cancelled or self._event_set(execution):
             return self._outcome(job, "cancelled", error="cancelled while running")
         error = self._error_text(exc)
         if job.attempt >= job.max_attempts:
@@ -194,6 +222,12 @@ class Executor:
         else:
             delay = task.backoff_delay(job.attempt)
         return self._outcome(job, "retry", error=error, delay=delay)
+
+    @staticmethod
+    def _event_set(execution: Execution) -> bool:
+        # Atomic jobs are cancelled through the event given to ``run_atomic``.
+        event = execution._event
+        return event is not None and event.is_set()
 
     def timed_out(self, execution: Execution) -> Outcome:
         """The outcome for a handler still running past its timeout (retryable failure)."""
