@@ -296,6 +296,59 @@ def insert_one_job() -> Select[int]:
     return select(job.c.id).add_cte(ticket)
 
 
+@cache
+def allocate_job_ids() -> Select[Any]:
+    """``n`` new job ids from the jobs' identity sequence, ascending, each with the run_at of
+    the batch (``run_at`` if given, else ``now()`` plus ``delay`` seconds, may be null): for
+    ``COPY`` of a large batch, which cannot evaluate defaults per row. Binds ``n``, ``run_at``,
+    ``delay``."""
+    sequence = func.pg_get_serial_sequence(literal(Job.__tablename__), literal("id"))
+    run_at = func.coalesce(
+        bindparam("run_at", type_=Job.run_at.type),
+        func.now() + _seconds(func.coalesce(bindparam("delay", type_=Float), literal_column("0"))),
+    )
+    series = (
+        func.generate_series(1, bindparam("n", type_=Integer))
+        .table_valued("i")
+        .render_derived(name="series")
+    )
+    return select(func.nextval(sequence), run_at).select_from(series).order_by(series.c.i)
+
+
+def copy_jobs() -> Any:
+    """``COPY pgqueue_jobs (...) FROM STDIN`` for a batch with allocated ids (a psycopg
+    ``sql.Composed``: COPY has no SQLAlchemy construct). Rows: ``COPY_JOB_COLUMNS``."""
+    return _copy(Job.__tablename__, COPY_JOB_COLUMNS)
+
+
+def copy_tickets() -> Any:
+    """``COPY pgqueue_message_queue (...) FROM STDIN``; rows: ``COPY_TICKET_COLUMNS``. The
+    statement-level NOTIFY trigger fires once for the whole COPY, as for an INSERT."""
+    return _copy(MessageQueue.__tablename__, COPY_TICKET_COLUMNS)
+
+
+COPY_JOB_COLUMNS: Final = (
+    "id",
+    "task_name",
+    "queue",
+    "args",
+    "kwargs",
+    "priority",
+    "max_attempts",
+    "run_at",
+    "atomic",
+)
+COPY_TICKET_COLUMNS: Final = ("job_id", "queue", "priority", "run_at", "atomic")
+
+
+def _copy(table: str, columns: tuple[str, ...]) -> Any:
+    from psycopg import sql  # only the COPY statements need psycopg's SQL composition
+
+    return sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    )
+
+
 def active_job_ids_by_unique_key() -> Select[int, str | None]:
     """Ids of active jobs holding the given ``unique_keys`` (array)."""
     return select(Job.id, Job.unique_key).where(

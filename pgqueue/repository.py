@@ -22,7 +22,7 @@ from pgqueue.models import Job
 from pgqueue.states import JobState
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs 3 us per job to build
 class NewJob:
     """One validated job ready to insert (arguments already encoded as JSON text)."""
 
@@ -107,6 +107,45 @@ def insert_one_job_params(job: NewJob) -> dict[str, Any]:
         "run_at": job.run_at,
         "atomic": job.atomic,
     }
+
+
+def copy_jobs(
+    driver: Any, allocate_sql: str, allocate_params: dict[str, Any], jobs: Sequence[NewJob]
+) -> list[int]:
+    """Insert a large batch of jobs (no unique keys, no dependencies, one ``delay``/``run_at``
+    for all) and their tickets with two ``COPY``s on a psycopg connection, in the caller's
+    transaction; return the ids in input order.
+
+    Ids come from the identity sequence first (``queries.allocate_job_ids``, ascending like
+    the ``INSERT``'s), with the batch's ``run_at``, so both tables get the same values.
+    """
+    first = jobs[0]
+    params = {**allocate_params, "n": len(jobs), "run_at": first.run_at, "delay": first.delay}
+    allocated = driver.execute(allocate_sql, params).fetchall()
+    ids = [row[0] for row in allocated]
+    run_at = allocated[0][1]
+    with driver.cursor() as cursor:
+        with cursor.copy(queries.copy_jobs()) as copy:
+            write = copy.write_row
+            for job_id, job in zip(ids, jobs, strict=True):
+                write(
+                    (
+                        job_id,
+                        job.task_name,
+                        job.queue,
+                        job.args_json,
+                        job.kwargs_json,
+                        job.priority,
+                        job.max_attempts,
+                        run_at,
+                        job.atomic,
+                    )
+                )
+        with cursor.copy(queries.copy_tickets()) as copy:
+            write = copy.write_row
+            for job_id, job in zip(ids, jobs, strict=True):
+                write((job_id, job.queue, job.priority, run_at, job.atomic))
+    return ids
 
 
 def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:

@@ -63,17 +63,86 @@ def run_one_statement(
     column. Transient conflicts are retried like ``run_in_transaction``.
 
     On psycopg the statement (built in ``queries``) is compiled once and sent on the pooled
-    DB-API connection directly: for a one-row enqueue, SQLAlchemy's per-execution work (and
-    switching the pooled connection's isolation level back and forth) costs as much CPU as the
-    whole round trip does on the client. Errors are raised as SQLAlchemy's ``DBAPIError``
-    subclasses, as on any other path, and a lost connection is dropped from the pool.
+    DB-API connection directly (``run_on_driver``): for a one-row enqueue, SQLAlchemy's
+    per-execution work (and switching the pooled connection's isolation level back and forth)
+    costs as much CPU as the whole round trip does on the client.
     """
+    if not driver_usable(engine):
+        return _retrying(lambda: _one_on_sqlalchemy(engine, statement, params), attempts)
+    sql, defaults = compiled_sql(statement, engine)
+    values = {**defaults, **params} if defaults else params
+
+    def work(driver: Any) -> Any:
+        row = driver.execute(sql, values).fetchone()
+        if row is None:  # pragma: no cover - the statements used here always return a row
+            raise AssertionError("statement returned no row")
+        return row[0]
+
+    return run_on_driver(engine, work, autocommit=True, attempts=attempts)
+
+
+def driver_usable(engine: Engine) -> bool:
+    """Whether ``run_on_driver`` may bypass SQLAlchemy's execution layer for ``engine``: only
+    psycopg, and only when nothing watches statements (``echo``, cursor or execute event
+    listeners, error handlers), so tracing and logging see every statement they saw before."""
+    if engine.dialect.driver != "psycopg" or engine.echo:
+        return False
+    dispatch = engine.dispatch
+    return not (
+        dispatch.before_cursor_execute
+        or dispatch.after_cursor_execute
+        or dispatch.before_execute
+        or dispatch.after_execute
+        or engine.dialect.dispatch.handle_error
+    )
+
+
+def _one_on_sqlalchemy(engine: Engine, statement: Executable, params: dict[str, Any]) -> Any:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        return connection.execute(statement, params).scalar_one()
+
+
+def run_on_driver(
+    engine: Engine,
+    work: Callable[[Any], T],
+    *,
+    autocommit: bool,
+    attempts: int = DEFAULT_ATTEMPTS,
+) -> T:
+    """Run ``work(psycopg_connection)`` on a pooled connection of ``engine`` (only where
+    ``driver_usable``):
+    in autocommit mode, or in one transaction committed at the end. Transient conflicts are
+    retried; errors are raised as SQLAlchemy's ``DBAPIError`` subclasses, as on any other path,
+    and a lost connection is dropped from the pool."""
+    import psycopg
+
+    def once() -> T:
+        raw = engine.raw_connection()
+        driver: Any = raw.driver_connection
+        try:
+            if autocommit:
+                driver.autocommit = True
+                try:
+                    return work(driver)
+                finally:
+                    if not driver.closed:
+                        driver.autocommit = False
+            with driver.transaction():
+                return work(driver)
+        except psycopg.Error as exc:
+            if engine.dialect.is_disconnect(exc, raw.dbapi_connection, None):  # type: ignore[arg-type]
+                raw.invalidate(exc)
+            raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
+        finally:
+            raw.close()
+
+    return _retrying(once, attempts)
+
+
+def _retrying(once: Callable[[], T], attempts: int) -> T:
     for attempt in range(1, attempts + 1):
         try:
-            if engine.dialect.driver == "psycopg":
-                return _run_on_driver(engine, statement, params)
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-                return connection.execute(statement, params).scalar_one()
+            return once()
         except DBAPIError as exc:
             if attempt >= attempts or not is_transient_conflict(exc):
                 raise
@@ -83,39 +152,27 @@ def run_one_statement(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-_compiled: dict[tuple[int, int], tuple[Executable, str]] = {}
+_compiled: dict[tuple[int, int], tuple[Executable, str, dict[str, Any]]] = {}
 
 
-def _run_on_driver(engine: Engine, statement: Executable, params: dict[str, Any]) -> Any:
-    import psycopg
-
+def compiled_sql(statement: Executable, engine: Engine) -> tuple[str, dict[str, Any]]:
+    """The SQL text ``statement`` compiles to for ``engine`` and the values of the binds it
+    carries itself (literals), cached (the statements are cached too, so ``id`` identifies
+    them). Parameters are named and nothing is left to render at execution time."""
     dialect = engine.dialect
     key = (id(statement), id(dialect))
     cached = _compiled.get(key)
     if cached is None or cached[0] is not statement:
         compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
         if compiled.positional or compiled.literal_execute_params or compiled.post_compile_params:
-            raise AssertionError("run_one_statement needs named, fully rendered parameters")
-        cached = _compiled[key] = (statement, str(compiled))
-    sql = cached[1]
-    raw = engine.raw_connection()
-    driver: Any = raw.driver_connection
-    try:
-        driver.autocommit = True
-        try:
-            row = driver.execute(sql, params).fetchone()
-        finally:
-            if not driver.closed:
-                driver.autocommit = False
-    except psycopg.Error as exc:
-        if dialect.is_disconnect(exc, raw.dbapi_connection, None):  # type: ignore[arg-type]
-            raw.invalidate(exc)
-        raise DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
-    finally:
-        raw.close()
-    if row is None:  # pragma: no cover - the statements used here always return a row
-        raise AssertionError("statement returned no row")
-    return row[0]
+            raise AssertionError("compiled_sql needs named, fully rendered parameters")
+        own = {
+            name: bind.value
+            for name, bind in compiled.binds.items()
+            if not bind.required and bind.value is not None
+        }
+        cached = _compiled[key] = (statement, str(compiled), own)
+    return cached[1], cached[2]
 
 
 def in_caller_or_own_transaction(

@@ -112,6 +112,9 @@ def encode_args(
     args: Sequence[Any], kwargs: Mapping[str, Any], *, max_bytes: int, max_depth: int
 ) -> tuple[str, str]:
     """JSON text of positional and keyword arguments, checked for type, depth and size."""
+    fast = _encode_flat_args(args, kwargs, max_bytes)
+    if fast is not None:
+        return fast
     for index, item in enumerate(args):
         _check_json(item, f"args[{index}]", max_depth)
     for key, item in kwargs.items():
@@ -128,6 +131,39 @@ def encode_args(
     return args_text, kwargs_text
 
 
+_FLAT: Final = frozenset({type(None), bool, int, float, str})
+
+
+def _encode_flat_args(
+    args: Sequence[Any], kwargs: Mapping[str, Any], max_bytes: int
+) -> tuple[str, str] | None:
+    """The common case, cheaply: arguments that are all plain scalars (exact types) encoded
+    without the walk. None when anything needs the full checks (containers, a non-finite
+    float, an over-long int, a lone surrogate, too large): the caller then runs them, and they
+    raise with the precise message."""
+    for item in args:
+        if type(item) not in _FLAT:
+            return None
+    for key, item in kwargs.items():
+        if type(key) is not str or type(item) not in _FLAT:
+            return None
+    try:
+        args_text = _DUMPS(list(args)) if args else "[]"
+        kwargs_text = _DUMPS(dict(kwargs)) if kwargs else "{}"
+    except ValueError:
+        return None
+    if args_text.isascii() and kwargs_text.isascii():
+        size = len(args_text) + len(kwargs_text)
+    else:
+        try:
+            size = len(args_text.encode("utf-8")) + len(kwargs_text.encode("utf-8"))
+        except UnicodeEncodeError:
+            return None
+    if size > max_bytes:
+        return None
+    return args_text, kwargs_text
+
+
 def encode_result(value: Any, *, max_bytes: int, max_depth: int) -> str:
     """JSON text of a handler's return value (same rules as arguments)."""
     _check_json(value, "result", max_depth)
@@ -135,6 +171,9 @@ def encode_result(value: Any, *, max_bytes: int, max_depth: int) -> str:
     if len(text.encode("utf-8")) > max_bytes:
         raise PayloadTooLarge(f"task result is larger than {max_bytes} bytes encoded")
     return text
+
+
+_DUMPS: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 
 
 def _dumps(value: Any) -> str:

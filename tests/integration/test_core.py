@@ -4,6 +4,7 @@ input, manual retry, unknown tasks. All against a real PostgreSQL."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 
 import pytest
@@ -326,6 +327,11 @@ def test_bad_input_is_refused_before_any_sql(pgq: PgQueue, engine) -> None:
         (lambda: takes_one.configure(priority=10**6).enqueue(1), ValidationError),
         (lambda: takes_one.enqueue(1, 2), ValidationError),  # does not fit the signature
         (lambda: takes_one.enqueue_many([{"x": 1}, {"y": 2}]), ValidationError),
+        # A batch large enough for the COPY path, its last item bad: nothing is written.
+        (
+            lambda: takes_one.enqueue_many([[i] for i in range(1500)] + [[{"x": {1}}]]),
+            SerializationError,
+        ),
         (lambda: takes_one.enqueue("x" * 2_000_000), ValidationError),
         (lambda: pgq.get_job(-5), ValidationError),
     ]
@@ -367,3 +373,66 @@ def test_settings_statement_timeout_applies_to_pgqueue_engine(database_url: URL)
     with queue.engine.connect() as connection:
         assert connection.execute(text("SHOW statement_timeout")).scalar_one() == "1234ms"
     queue.dispose()
+
+
+def test_large_enqueue_many_copies_jobs_and_tickets_in_input_order(
+    pgq: PgQueue, engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From ``COPY_THRESHOLD`` jobs on, an own-transaction ``enqueue_many`` uses COPY: the ids,
+    the JSON text (COPY escaping), run_at, the tickets and the NOTIFY must be what the INSERT
+    path gives, and the jobs must run."""
+    import psycopg
+
+    from pgqueue import core, repository
+
+    seen: list[int] = []
+
+    @pgq.task(name="echo")
+    def echo(*args: object, **kwargs: object) -> None:
+        seen.append(1)
+
+    copies: list[int] = []
+    real_copy = repository.copy_jobs
+
+    def spy(driver: object, sql: str, defaults: dict[str, object], jobs: list[object]) -> list[int]:
+        copies.append(len(jobs))
+        return real_copy(driver, sql, defaults, jobs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(repository, "copy_jobs", spy)
+    tricky = ["tab\there", "line\nbreak", "back\\slash", "\\N", "", "quote\"'", "é€𝄞", "\r\x01"]
+    n = core.COPY_THRESHOLD + 234
+    items: list[dict[str, object] | list[object]] = [
+        {"i": i, "s": tricky[i % len(tricky)]} if i % 3 else [i, tricky[i % len(tricky)], None]
+        for i in range(n)
+    ]
+    conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as listener:
+        listener.execute("LISTEN pgqueue")
+        ids = echo.configure(delay=3600).enqueue_many(items)
+        notified = [n.payload for n in listener.notifies(timeout=2.0, stop_after=1)]
+    assert copies == [n]
+    assert notified and notified[0].startswith("default ")  # a future ticket: queue + epoch
+    assert len(ids) == n and ids == sorted(ids) and len(set(ids)) == n
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text(
+                """SELECT j.id, j.args::text, j.kwargs::text, j.state, j.run_at = t.run_at,
+                          t.queue, round(extract(epoch FROM j.run_at - now()))
+                   FROM pgqueue_jobs j JOIN pgqueue_message_queue t ON t.job_id = j.id
+                   ORDER BY j.id"""
+            )
+        ).all()
+    assert [r[0] for r in rows] == ids
+    for row, item in zip(rows, items, strict=True):
+        args, kwargs = ([], item) if isinstance(item, dict) else (item, {})
+        assert row[1] == json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+        assert row[2] == json.dumps(kwargs, ensure_ascii=False, separators=(",", ":"))
+        assert row[3:6] == ("queued", True, "default")
+        assert 3590 <= row[6] <= 3600
+    # The same batch due now runs, each job once.
+    ids_now = echo.enqueue_many(items)
+    assert copies == [n, n]
+    with engine.begin() as connection:
+        connection.execute(text("DELETE FROM pgqueue_jobs WHERE id = ANY(:ids)"), {"ids": ids})
+    states = run_until_final(pgq, ids_now, concurrency=20)
+    assert set(states.values()) == {JobState.SUCCEEDED} and len(seen) == n
