@@ -17,9 +17,10 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.exc import DBAPIError
 
 from pgqueue.core import PgQueue
-from pgqueue.errors import PgQueueError
+from pgqueue.errors import PgQueueError, is_insufficient_privilege
 from pgqueue.states import JobState
 
 console = Console()
@@ -87,6 +88,21 @@ def migrate(action: str, revision: str | None, database_url: str | None) -> None
 
 def run_migrate_command(pgq: PgQueue, action: str, revision: str | None) -> None:
     """Shared by ``pgqueue migrate`` and ``flask pgqueue migrate``."""
+    try:
+        _migrate(pgq, action, revision)
+    except DBAPIError as exc:
+        if not is_insufficient_privilege(exc):
+            raise
+        # The expected failure for an application role with DML rights only: one line, no
+        # traceback (the transaction rolled back, nothing changed).
+        reason = str(exc.orig).strip().splitlines()[0]
+        raise click.ClickException(
+            f"pgqueue migrate: {reason} (SQLSTATE 42501): this database role may not change the "
+            "schema; run migrate as the schema owner"
+        ) from None
+
+
+def _migrate(pgq: PgQueue, action: str, revision: str | None) -> None:
     from pgqueue import migrations
 
     with pgq.engine.begin() as connection:

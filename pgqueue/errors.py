@@ -22,6 +22,7 @@ __all__ = [
     "UnknownTask",
     "ValidationError",
     "is_connection_error",
+    "is_insufficient_privilege",
     "is_transient_conflict",
     "sqlstate_of",
 ]
@@ -85,6 +86,7 @@ ADMIN_SHUTDOWN: Final = "57P01"  # pg_terminate_backend, server shutdown
 CRASH_SHUTDOWN: Final = "57P02"
 CANNOT_CONNECT_NOW: Final = "57P03"
 IDLE_SESSION_TIMEOUT: Final = "57P05"
+INSUFFICIENT_PRIVILEGE: Final = "42501"  # "permission denied for ..."
 
 _TRANSIENT_CONFLICTS: Final = frozenset({SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
 _CONNECTION_STATES: Final = frozenset(
@@ -109,6 +111,11 @@ def sqlstate_of(exc: BaseException) -> str | None:
 def is_transient_conflict(exc: BaseException) -> bool:
     """True for deadlock or serialization failure: the whole transaction may be retried."""
     return sqlstate_of(exc) in _TRANSIENT_CONFLICTS
+
+
+def is_insufficient_privilege(exc: BaseException) -> bool:
+    """True when the role lacks a right (e.g. ``pgqueue migrate`` run with DML rights only)."""
+    return sqlstate_of(exc) == INSUFFICIENT_PRIVILEGE
 
 
 def is_connection_error(exc: BaseException) -> bool:

@@ -344,3 +344,20 @@ def test_migrate_needs_ddl_rights(
     # The same call with the owner's rights works: it is the privilege, not the command.
     owner = _cli(tmp_path, empty_database_url, "migrate")
     assert owner.returncode == 0, owner.stderr
+
+
+def test_migrate_without_ddl_rights_says_so_in_one_line(
+    database_url: URL, empty_database_url: URL, app_role: str, tmp_path: Path
+) -> None:
+    """Insufficient privilege (SQLSTATE 42501) is an expected answer, not a crash: one clear
+    line on stderr, no traceback, a non-zero exit, on a fresh and on a migrated database."""
+    for url, denied in [
+        (empty_database_url, "permission denied for schema public"),
+        (database_url, "permission denied for table pgqueue_alembic_version"),
+    ]:
+        result = _cli(tmp_path, as_role(url, app_role), "migrate")
+        assert result.returncode == 1
+        assert result.stdout == ""
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith("Error: pgqueue migrate: " + denied), line
+        assert "(SQLSTATE 42501)" in line and "run migrate as the schema owner" in line
