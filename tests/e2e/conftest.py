@@ -30,6 +30,7 @@ APP_SOURCE = '''
 
 import asyncio
 import os
+import random
 import threading
 import time
 
@@ -101,6 +102,18 @@ def work(ctx, seconds=0.0, start_mark=False):
         mark(ctx, "start")
     if seconds:
         time.sleep(seconds)
+    ctx.session.execute(
+        INSERT,
+        {"job": ctx.job_id, "attempt": ctx.attempt, "tag": "done", "pid": os.getpid(), "info": ""},
+    )
+
+
+@pgq.task(name="flaky", pass_context=True, max_attempts=2, retry=backoff.constant(0.05))
+def flaky(ctx, seconds=0.0, fail_ratio=0.5):
+    """Fails ``fail_ratio`` of its runs (so some jobs end FAILED), else writes a 'done' row."""
+    time.sleep(seconds)
+    if random.random() < fail_ratio:
+        raise RuntimeError("flaky job failed on purpose")
     ctx.session.execute(
         INSERT,
         {"job": ctx.job_id, "attempt": ctx.attempt, "tag": "done", "pid": os.getpid(), "info": ""},

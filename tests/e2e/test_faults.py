@@ -30,7 +30,9 @@ from sqlalchemy.orm import Session
 from pgqueue import PgQueue
 from pgqueue.config import normalize_database_url
 from pgqueue.embedded import EmbeddedPostgres
+from pgqueue.errors import PgQueueError
 from pgqueue.worker.notifier import conninfo
+from pgqueue.worker.store import WorkerStore
 
 if TYPE_CHECKING:
     from conftest import App, WorkerProcess
@@ -363,6 +365,10 @@ def _ride_out_a_restart(app: App, server: EmbeddedPostgres) -> None:
     assert {jobs[i].attempts for i in set(ids) - in_flight} == {1}
     for job in jobs.values():  # an attempt cut off by the outage ended with a recorded error
         assert [e["attempt"] for e in job.errors] == list(range(1, job.attempts))
+    reasons = sorted(
+        {e["error"].strip().splitlines()[-1][:80] for i in in_flight for e in jobs[i].errors}
+    )
+    print(f"{len(repeated)} of the jobs in flight ran again; recorded errors: {reasons}")
 
     # The workers rode it out: same processes, reconnects logged with a growing backoff, no
     # crash loop, LISTEN back.
@@ -377,3 +383,240 @@ def _ride_out_a_restart(app: App, server: EmbeddedPostgres) -> None:
     assert len(delays) < 200
     app.wait_listening(count=2)
     _stop(supervisor)
+
+
+# -- 5. statement timeout and deadlocks ------------------------------------------------------
+
+
+def test_pgqueue_statements_carry_a_statement_timeout(app: App) -> None:
+    """pgqueue's own connections set ``statement_timeout``; a blocked claim is cancelled by it."""
+    with app.module.pgq.engine.connect() as connection:
+        settings = connection.execute(
+            text("SELECT current_setting('statement_timeout'), current_setting('application_name')")
+        ).one()
+    assert tuple(settings) == ("10s", "pgqueue")
+    with app.module.pgq.handler_engine.connect() as connection:  # the app's queries: no limit
+        assert connection.execute(text("SHOW statement_timeout")).scalar_one() == "0"
+
+    worker = app.start_worker("--concurrency", "2", statement_timeout_ms=300)
+    app.wait_listening()
+    blocker = psycopg.connect(conninfo(app.url))  # not a pgqueue connection
+    try:
+        blocker.execute("LOCK TABLE pgqueue_message_queue IN ACCESS EXCLUSIVE MODE")
+        # The worker's claim queues behind the lock and is cancelled after 300 ms, again and
+        # again (it backs off), instead of waiting as long as the lock is held.
+        app.wait_until(
+            lambda: worker.log().count("canceling statement due to statement timeout") >= 2,
+            10,
+            "the worker's blocked statements to time out",
+        )
+    finally:
+        blocker.close()
+    [job_id] = app.module.work.enqueue_many([{}])
+    [job] = app.wait_final([job_id], timeout=30).values()
+    assert (job.state, job.attempts) == ("succeeded", 1)
+    assert worker.popen.poll() is None
+
+
+def _deadlocks(app: App) -> int:
+    return int(
+        app.scalars("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")[0]
+    )
+
+
+def _provoke_one_deadlock(app: App) -> None:
+    """Two plain connections lock two rows in opposite orders: the server detects a deadlock.
+
+    Shows that the checks below (the counter, the server log) do see a deadlock when one
+    happens."""
+    app.execute("CREATE TABLE deadlock_probe (id int PRIMARY KEY)")
+    app.execute("INSERT INTO deadlock_probe VALUES (1), (2)")
+    first, second = psycopg.connect(conninfo(app.url)), psycopg.connect(conninfo(app.url))
+    detected: list[str] = []
+
+    def update(connection: psycopg.Connection[Any], row: int) -> None:
+        try:
+            connection.execute("UPDATE deadlock_probe SET id = id WHERE id = %s", (row,))
+        except psycopg.errors.DeadlockDetected as exc:
+            detected.append(exc.sqlstate or "")
+        connection.rollback()
+
+    try:
+        first.execute("UPDATE deadlock_probe SET id = id WHERE id = 1")
+        second.execute("UPDATE deadlock_probe SET id = id WHERE id = 2")
+        waiter = threading.Thread(target=update, args=(first, 2))
+        waiter.start()
+        time.sleep(0.2)
+        update(second, 1)
+        waiter.join(30)
+    finally:
+        first.close()
+        second.close()
+    assert detected == ["40P01"]
+
+
+def _server_log(app: App) -> Path | None:
+    """The embedded test server's log (beside its data directory), when this process can see it."""
+    data_dir = app.scalars("SELECT current_setting('data_directory')")[0]
+    log = Path(data_dir + ".log")
+    return log if log.is_file() else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_conflicting_workload_no_deadlock_and_short_transactions(app: App) -> None:
+    """60 s of cancels, reruns, rescues and claims on the same jobs: 0 deadlocks (40P01), and
+    no pgqueue transaction open longer than 2 s (pg_stat_activity sampled every 100 ms)."""
+    began = time.monotonic()
+    pgq = app.module.pgq
+    flaky = app.module.flaky
+    log = _server_log(app)
+    # The control: a deadlock outside pgqueue shows in the counter and the log.
+    counted = _deadlocks(app)
+    log_offset = log.stat().st_size if log else 0
+    _provoke_one_deadlock(app)
+    app.wait_until(lambda: _deadlocks(app) == counted + 1, 10, "the deadlock to be counted")
+    if log is not None:
+        with log.open("rb") as server_log:
+            server_log.seek(log_offset)
+            assert b"deadlock detected" in server_log.read()
+    log_offset = log.stat().st_size if log else 0
+    deadlocks_before = _deadlocks(app)
+
+    supervisor = app.start_worker(
+        "--processes", "2", "--concurrency", "4", "--lease-seconds", "0.5", rescue_interval=0.2
+    )
+    _children(app, supervisor.pid, 2)
+    app.wait_listening(count=2)
+
+    ids: list[int] = list(flaky.enqueue_many([{"seconds": 0.05}] * 200))
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    counts = {"cancel": 0, "rerun": 0, "rescued": 0, "freeze": 0}
+    longest: dict[str, Any] = {"age": 0.0, "row": None}
+    lock = threading.Lock()
+
+    def loop(name: str, interval: float, step: Any) -> None:
+        rng = random.Random(name)
+        try:
+            while not stop.is_set():
+                step(rng)
+                stop.wait(interval)
+        except BaseException as exc:
+            failures.append(exc)
+            stop.set()
+
+    def recent(rng: random.Random) -> int:
+        with lock:
+            return rng.choice(ids[-300:])  # the live end of the pool: the most contention
+
+    def cancel(rng: random.Random) -> None:
+        try:
+            pgq.cancel_job(recent(rng))
+            counts["cancel"] += 1
+        except PgQueueError:
+            pass  # already final: the race is the point
+
+    def rerun(rng: random.Random) -> None:
+        try:
+            pgq.retry_job(recent(rng))
+            counts["rerun"] += 1
+        except PgQueueError:
+            pass
+
+    rescuer = WorkerStore(pgq.engine, stopping=threading.Event())
+
+    def rescue(rng: random.Random) -> None:
+        counts["rescued"] += len(rescuer.rescue_expired(limit=50, error="lease expired (test)"))
+
+    def enqueue(rng: random.Random) -> None:
+        new = flaky.enqueue_many([{"seconds": round(rng.uniform(0, 0.3), 3)}] * 10)
+        with lock:
+            ids.extend(new)
+
+    def freeze(rng: random.Random) -> None:
+        # A stopped process keeps its leases past expiry (0.5 s): the other process and the
+        # test's rescuer take its jobs back while its heartbeats and outcomes are in flight. A
+        # transaction it has open stays open as long as it is stopped: 0.8 s, well below the
+        # 2 s bound checked below, so a longer one is pgqueue's doing.
+        children = app.children_of(supervisor.pid)
+        if children:
+            victim = rng.choice(children)
+            os.kill(victim, signal.SIGSTOP)
+            stop.wait(0.8)
+            os.kill(victim, signal.SIGCONT)
+            counts["freeze"] += 1
+
+    sampler = create_engine(app.url, isolation_level="AUTOCOMMIT")
+
+    def sample(rng: random.Random) -> None:
+        with sampler.connect() as connection:
+            rows = connection.execute(
+                text(
+                    "SELECT extract(epoch FROM clock_timestamp() - xact_start) AS age, pid, "
+                    "application_name, state, wait_event_type, left(query, 200) AS query "
+                    "FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name IN ('pgqueue', 'pgqueue-listener') "
+                    "AND xact_start IS NOT NULL ORDER BY 1 DESC LIMIT 1"
+                )
+            ).all()
+        if rows and float(rows[0].age) > longest["age"]:
+            longest["age"], longest["row"] = float(rows[0].age), tuple(rows[0])
+
+    threads = [
+        threading.Thread(target=loop, args=args)
+        for args in [
+            ("cancel-1", 0.01, cancel),
+            ("cancel-2", 0.01, cancel),
+            ("rerun-1", 0.01, rerun),
+            ("rerun-2", 0.01, rerun),
+            ("rescue", 0.05, rescue),
+            ("enqueue", 0.2, enqueue),
+            ("freeze", 1.5, freeze),
+            ("sample", 0.1, sample),
+        ]
+    ]
+    for thread in threads:
+        thread.start()
+    stop.wait(60)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    sampler.dispose()
+    assert failures == []
+    for child in app.children_of(supervisor.pid):
+        os.kill(child, signal.SIGCONT)  # in case the freezer was stopped mid-freeze
+
+    # Everything settles: no job stuck, every ticket belongs to a waiting job.
+    app.wait_until(
+        lambda: (
+            not app.scalars(
+                "SELECT count(*) FROM pgqueue_jobs WHERE state NOT IN "
+                "('succeeded', 'failed', 'cancelled')"
+            )[0]
+        ),
+        60,
+        "the jobs to settle",
+    )
+    assert app.scalars("SELECT count(*) FROM pgqueue_message_queue") == [0]
+    states = dict(app.rows("SELECT state, count(*) FROM pgqueue_jobs GROUP BY 1"))
+    lease_lost = supervisor.log().count("lease lost")
+    print(
+        f"workload: {counts}, {len(ids)} jobs {states}, {lease_lost} lost leases reported, "
+        f"longest pgqueue transaction {longest['age']:.3f}s {longest['row']}"
+    )
+    assert all(counts.values()), counts  # each kind of conflict really happened
+    assert lease_lost > 0
+
+    assert longest["age"] < 2.0, longest
+    # Deadlocks: none detected by the server (its counter is flushed by each backend within
+    # a second or at exit: the workers are stopped first), none retried by a worker.
+    _stop(supervisor)
+    time.sleep(1.5)
+    assert _deadlocks(app) - deadlocks_before == 0
+    assert "deadlock" not in supervisor.log()
+    if log is not None:
+        with log.open("rb") as server_log:
+            server_log.seek(log_offset)
+            assert b"deadlock detected" not in server_log.read()
+    print(f"conflicting workload: {time.monotonic() - began:.1f}s")
