@@ -506,6 +506,20 @@ def claim(
 
 
 @cache
+@cache
+def claimed_by() -> Select[Any]:
+    """RUNNING jobs leased to ``worker``, claimed in the last ``within`` seconds, other than
+    ``held`` (array of ids): what a claim whose answer never arrived (the connection broke after
+    its commit) left to that worker. Binds ``worker``, ``held``, ``within``. Reads the partial
+    index on running jobs."""
+    return select(*CLAIMED_COLUMNS).where(
+        Job.state == JobState.RUNNING,
+        Job.lease_owner == bindparam("worker", type_=Text),
+        Job.started_at >= func.now() - _seconds(bindparam("within", type_=Float)),
+        Job.id != func.all(_array("held", BigInteger)),
+    )
+
+
 def any_queue_limit() -> Select[bool]:
     """Whether any queue has a concurrency limit (chooses the claim variant)."""
     return select(select(literal(1)).where(QueueControl.concurrency_limit.is_not(None)).exists())

@@ -233,6 +233,31 @@ def claim(
     ]
 
 
+def claimed_by(
+    session: Session, *, worker_id: str, held: Iterable[int], within: float
+) -> list[ClaimedJob]:
+    """Jobs RUNNING under ``worker_id``, claimed in the last ``within`` seconds, that it does not
+    hold (``queries.claimed_by``)."""
+    params = {"worker": worker_id, "held": sorted(held), "within": within}
+    rows = _core(session).execute(queries.claimed_by(), params).all()
+    return [
+        ClaimedJob(
+            id=r.id,
+            task_name=r.task_name,
+            queue=r.queue,
+            args=r.args,
+            kwargs=r.kwargs,
+            attempt=r.attempts,
+            max_attempts=r.max_attempts,
+            priority=r.priority,
+            lease_token=r.lease_token,
+            atomic=r.atomic,
+            cancel_requested=r.cancel_requested,
+        )
+        for r in rows
+    ]
+
+
 # How long a claimer trusts its last look at whether any queue has a limit. Only the limited
 # queues wait on it (the lean claim skips them): pause and the limits themselves are read by
 # every claim statement, so staleness can delay a newly limited queue by this much, never let

@@ -261,6 +261,7 @@ class Worker:
                 queues=self.queues,
                 lease_seconds=self.lease_seconds,
                 task_leases=task_leases,
+                held=lambda: self.running_job_ids,
             )
             claimed = len(jobs)
             self._start_leased(jobs, task_leases)

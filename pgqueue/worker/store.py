@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from sqlalchemy import Engine
@@ -72,19 +72,47 @@ class WorkerStore:
         queues: Sequence[str] | None,
         lease_seconds: float,
         task_leases: Mapping[str, float],
+        held: Callable[[], Collection[int]] = frozenset,
     ) -> list[ClaimedJob]:
-        return self._run(
-            "claim",
-            lambda s: repository.claim(
-                s,
+        """Claim up to ``limit`` jobs; ``held`` gives the ids this worker already runs.
+
+        A claim commits by itself (autocommit), so when the connection breaks after the commit
+        but before the answer arrives, its jobs are RUNNING under this worker's name and nobody
+        runs them; left alone they would wait for their leases to expire. So after a failed
+        attempt the retry first takes those jobs (their attempt is already counted) and only
+        claims anew when there are none. Only jobs claimed since this call began (plus a second
+        for the gap between the clocks' readings) qualify: a job this worker gave up on earlier
+        (its outcome could not be written) is left to its lease, as documented.
+        """
+        began: float | None = None
+
+        def work(session: Session) -> list[ClaimedJob]:
+            nonlocal began
+            if began is None:
+                began = time.monotonic()
+            else:
+                orphans = repository.claimed_by(
+                    session,
+                    worker_id=worker_id,
+                    held=held(),
+                    within=time.monotonic() - began + 1.0,
+                )
+                if orphans:
+                    log.warning(
+                        "claim: took back %d jobs claimed by the attempt whose answer was lost",
+                        len(orphans),
+                    )
+                    return orphans
+            return repository.claim(
+                session,
                 worker_id=worker_id,
                 limit=limit,
                 queues=queues,
                 lease_seconds=lease_seconds,
                 task_leases=task_leases,
-            ),
-            give_up_when_stopping=True,
-        )
+            )
+
+        return self._run("claim", work, give_up_when_stopping=True)
 
     def record_outcomes(self, outcomes: Iterable[Outcome]) -> set[int]:
         items = list(outcomes)
