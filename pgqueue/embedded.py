@@ -536,6 +536,11 @@ class EmbeddedPostgres:
         return self._port
 
     @property
+    def data_dir(self) -> Path:
+        """The cluster's data directory (absolute)."""
+        return self._data_dir
+
+    @property
     def _log_path(self) -> Path:
         # Beside the data dir, opened by this process and handed to the child as an fd, so it
         # works whether or not the server's user could create files there; initdb insists on
