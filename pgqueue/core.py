@@ -200,10 +200,10 @@ class PgQueue:
             and len({(j.delay, j.run_at) for j in jobs}) == 1
         ):
             # A large batch: COPY instead of one INSERT over ten unnested arrays.
-            sql, defaults = uow.compiled_sql(queries.allocate_job_ids(), self.engine)
+            allocate = uow.driver_statement(queries.allocate_job_ids(), self.engine)
             return uow.run_on_driver(
                 self.engine,
-                lambda driver: repository.copy_jobs(driver, sql, defaults, jobs),
+                lambda driver: repository.copy_jobs(driver, allocate, jobs),
                 autocommit=False,
             )
         return uow.in_caller_or_own_transaction(

@@ -85,6 +85,13 @@ def _sources(transition: Transition) -> ColumnElement[bool]:
     return Job.state.in_([s.value for s in sorted(transition.sources)])
 
 
+def _sources_fixed(transition: Transition) -> ColumnElement[bool]:
+    """``_sources`` as ``state = a OR state = b``: plain binds, no expanding ``IN`` list that
+    SQLAlchemy renders at execution time, so the statement's SQL text is final when compiled
+    (the claim runs on the driver connection directly, see ``uow.driver_statement``)."""
+    return or_(*(Job.state == s.value for s in sorted(transition.sources)))
+
+
 def _append_error(attempt: Any, error: ColumnElement[Any]) -> ColumnElement[Any]:
     """``errors || [{"attempt", "at", "error"}]``: the per-attempt error history."""
     entry = func.jsonb_build_array(
@@ -440,7 +447,7 @@ def claim(
         )
         return (
             update(Job)
-            .where(_among(Job.id, lean_deleted.c.job_id), _sources(CLAIM))
+            .where(_among(Job.id, lean_deleted.c.job_id), _sources_fixed(CLAIM))
             .values(**claimed_values)
             .returning(*CLAIMED_COLUMNS)
         )
@@ -498,7 +505,7 @@ def claim(
     )
     return (
         update(Job)
-        .where(_among(Job.id, deleted.c.job_id), _sources(CLAIM))
+        .where(_among(Job.id, deleted.c.job_id), _sources_fixed(CLAIM))
         .values(**claimed_values)
         .returning(*CLAIMED_COLUMNS)
         .add_cte(bump)

@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
-from pgqueue import queries
+from pgqueue import queries, uow
 from pgqueue.models import Job
 from pgqueue.states import JobState
 
@@ -39,7 +39,7 @@ class NewJob:
     depends_on: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen (cheaper to build, thousands per second); never mutated
 class ClaimedJob:
     """What a worker needs to run one claimed attempt."""
 
@@ -109,9 +109,7 @@ def insert_one_job_params(job: NewJob) -> dict[str, Any]:
     }
 
 
-def copy_jobs(
-    driver: Any, allocate_sql: str, allocate_params: dict[str, Any], jobs: Sequence[NewJob]
-) -> list[int]:
+def copy_jobs(driver: Any, allocate: uow.DriverStatement, jobs: Sequence[NewJob]) -> list[int]:
     """Insert a large batch of jobs (no unique keys, no dependencies, one ``delay``/``run_at``
     for all) and their tickets with two ``COPY``s on a psycopg connection, in the caller's
     transaction; return the ids in input order.
@@ -120,8 +118,8 @@ def copy_jobs(
     the ``INSERT``'s), with the batch's ``run_at``, so both tables get the same values.
     """
     first = jobs[0]
-    params = {**allocate_params, "n": len(jobs), "run_at": first.run_at, "delay": first.delay}
-    allocated = driver.execute(allocate_sql, params).fetchall()
+    params = allocate.params({"n": len(jobs), "run_at": first.run_at, "delay": first.delay})
+    allocated = driver.execute(allocate.sql, params).fetchall()
     ids = [row[0] for row in allocated]
     run_at = allocated[0][1]
     with driver.cursor() as cursor:
@@ -210,27 +208,17 @@ def claim(
         limits=limits,
         task_leases=bool(task_leases),
     )
-    rows = _core(session).execute(stmt, params).all()
+    bind = session.get_bind()
+    if not atomic and isinstance(bind, Engine) and not session.in_transaction():
+        rows: Sequence[Any] = uow.run_one_statement_rows(bind, stmt, params)
+    else:
+        rows = _core(session).execute(stmt, params).all()
     if seen is None or time.monotonic() >= seen[0]:
         # After the claim, so the claim itself stays the first and only statement of its turn.
         exists = any_queue_limit(session)
         _limits_seen[key] = (time.monotonic() + LIMITS_CHECK_SECONDS, exists)
-    return [
-        ClaimedJob(
-            id=r.id,
-            task_name=r.task_name,
-            queue=r.queue,
-            args=r.args,
-            kwargs=r.kwargs,
-            attempt=r.attempts,
-            max_attempts=r.max_attempts,
-            priority=r.priority,
-            lease_token=r.lease_token,
-            atomic=r.atomic,
-            cancel_requested=r.cancel_requested,
-        )
-        for r in rows
-    ]
+    # Positional, in ``queries.CLAIMED_COLUMNS`` order (rows may be plain driver tuples).
+    return [ClaimedJob(*row) for row in rows]
 
 
 def claimed_by(

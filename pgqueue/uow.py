@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
@@ -69,8 +69,8 @@ def run_one_statement(
     """
     if not driver_usable(engine):
         return _retrying(lambda: _one_on_sqlalchemy(engine, statement, params), attempts)
-    sql, defaults = compiled_sql(statement, engine)
-    values = {**defaults, **params} if defaults else params
+    prepared = driver_statement(statement, engine)
+    sql, values = prepared.sql, prepared.params(params)
 
     def work(driver: Any) -> Any:
         row = driver.execute(sql, values).fetchone()
@@ -97,6 +97,23 @@ def driver_usable(engine: Engine) -> bool:
     )
 
 
+def run_one_statement_rows(
+    engine: Engine, statement: Executable, params: dict[str, Any]
+) -> Sequence[Any]:
+    """Like ``run_one_statement`` but returns all rows, and without retries (for callers with
+    their own retry, like the worker's store): the worker's claim, where SQLAlchemy's
+    execution layer would cost ~0.2 ms of CPU per claim, a third of an idle worker's pick-up
+    latency."""
+    if not driver_usable(engine):
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            return connection.execute(statement, params).all()
+    prepared = driver_statement(statement, engine)
+    sql, values = prepared.sql, prepared.params(params)
+    return run_on_driver(
+        engine, lambda driver: driver.execute(sql, values).fetchall(), autocommit=True, attempts=1
+    )
+
+
 def _one_on_sqlalchemy(engine: Engine, statement: Executable, params: dict[str, Any]) -> Any:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         return connection.execute(statement, params).scalar_one()
@@ -117,7 +134,10 @@ def run_on_driver(
     import psycopg
 
     def once() -> T:
-        raw = engine.raw_connection()
+        try:
+            raw = engine.raw_connection()
+        except psycopg.Error as exc:  # cannot connect: wrapped like SQLAlchemy's own checkout
+            raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
         driver: Any = raw.driver_connection
         try:
             if autocommit:
@@ -152,27 +172,47 @@ def _retrying(once: Callable[[], T], attempts: int) -> T:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-_compiled: dict[tuple[int, int], tuple[Executable, str, dict[str, Any]]] = {}
+class DriverStatement:
+    """A statement of ``queries`` compiled once for the driver connection: its SQL text, the
+    values of the binds it carries itself (literals) and SQLAlchemy's bind processors for the
+    others, so ``params`` gives exactly what SQLAlchemy would send."""
 
-
-def compiled_sql(statement: Executable, engine: Engine) -> tuple[str, dict[str, Any]]:
-    """The SQL text ``statement`` compiles to for ``engine`` and the values of the binds it
-    carries itself (literals), cached (the statements are cached too, so ``id`` identifies
-    them). Parameters are named and nothing is left to render at execution time."""
-    dialect = engine.dialect
-    key = (id(statement), id(dialect))
-    cached = _compiled.get(key)
-    if cached is None or cached[0] is not statement:
-        compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+    def __init__(self, statement: Executable, engine: Engine) -> None:
+        dialect = engine.dialect
+        compiled: Any = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
         if compiled.positional or compiled.literal_execute_params or compiled.post_compile_params:
-            raise AssertionError("compiled_sql needs named, fully rendered parameters")
-        own = {
-            name: bind.value
-            for name, bind in compiled.binds.items()
-            if not bind.required and bind.value is not None
-        }
-        cached = _compiled[key] = (statement, str(compiled), own)
-    return cached[1], cached[2]
+            raise AssertionError("a driver statement needs named, fully rendered parameters")
+        self.statement = statement
+        self.sql: str = str(compiled)
+        self.defaults: dict[str, Any] = {}
+        self.processors: dict[str, Callable[[Any], Any]] = {}
+        for bind, name in compiled.bind_names.items():
+            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if bind.required:
+                if process is not None:
+                    self.processors[name] = process
+            elif bind.value is not None:
+                self.defaults[name] = process(bind.value) if process else bind.value
+
+    def params(self, given: dict[str, Any]) -> dict[str, Any]:
+        values = {**self.defaults, **given}
+        for name, process in self.processors.items():
+            if name in values:
+                values[name] = process(values[name])
+        return values
+
+
+_driver_statements: dict[tuple[int, int], DriverStatement] = {}
+
+
+def driver_statement(statement: Executable, engine: Engine) -> DriverStatement:
+    """``DriverStatement`` for ``statement`` on ``engine``, cached (the statements of
+    ``queries`` are cached too, so ``id`` identifies them; the entry keeps it alive)."""
+    key = (id(statement), id(engine.dialect))
+    found = _driver_statements.get(key)
+    if found is None or found.statement is not statement:
+        found = _driver_statements[key] = DriverStatement(statement, engine)
+    return found
 
 
 def in_caller_or_own_transaction(

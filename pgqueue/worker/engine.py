@@ -163,6 +163,7 @@ class Worker:
         self._running: dict[int, Execution] = {}
         self._busy = 0
         self._max_held = 2 * concurrency
+        self._backlog = True  # the last claim was full (or not tried): more may be waiting
         self._atomic_in_flight = 0
         # Atomic claims run on a pool thread (they hold a transaction); the claim loop starts one
         # probe at a time and learns from its callback whether it found a ticket, never waiting.
@@ -264,8 +265,13 @@ class Worker:
                 held=lambda: self.running_job_ids,
             )
             claimed = len(jobs)
+            # Fewer than asked for: nothing else is ready, so a freed slot is no reason to
+            # claim again; a notification, a poll or a known run_at is.
+            self._backlog = claimed == requested
             self._start_leased(jobs, task_leases)
             free -= claimed
+        else:
+            self._backlog = True  # no room to look: work may be waiting
         if has_atomic and free > 0:
             self._maybe_probe_atomic()
         return claimed > 0 and claimed == requested and self._free_slots() > 0
@@ -339,9 +345,14 @@ class Worker:
             if execution.holds_slot:
                 execution.holds_slot = False
                 self._busy -= 1
+            # Wake the claim loop only if it may find work and can claim now: while the
+            # unwritten outcomes are at their bound, the completer wakes it after the next
+            # write instead (a wake-up per job would cost a thread switch per job for nothing).
+            claimable = self._backlog and len(self._running) < self._max_held
         if not decided:
             self._outcomes.put((execution, outcome))
-        self._wake.set()  # a slot is free
+        if claimable:
+            self._wake.set()
         # A timed-out handler's thread was replaced when its job was given up: retire it.
         return execution.timed_out
 

@@ -394,9 +394,9 @@ def test_large_enqueue_many_copies_jobs_and_tickets_in_input_order(
     copies: list[int] = []
     real_copy = repository.copy_jobs
 
-    def spy(driver: object, sql: str, defaults: dict[str, object], jobs: list[object]) -> list[int]:
+    def spy(driver: object, allocate: object, jobs: list[object]) -> list[int]:
         copies.append(len(jobs))
-        return real_copy(driver, sql, defaults, jobs)  # type: ignore[arg-type]
+        return real_copy(driver, allocate, jobs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(repository, "copy_jobs", spy)
     tricky = ["tab\there", "line\nbreak", "back\\slash", "\\N", "", "quote\"'", "é€𝄞", "\r\x01"]
@@ -436,3 +436,43 @@ def test_large_enqueue_many_copies_jobs_and_tickets_in_input_order(
         connection.execute(text("DELETE FROM pgqueue_jobs WHERE id = ANY(:ids)"), {"ids": ids})
     states = run_until_final(pgq, ids_now, concurrency=20)
     assert set(states.values()) == {JobState.SUCCEEDED} and len(seen) == n
+
+
+def test_enqueue_errors_are_sqlalchemy_errors_on_every_path(pgq: PgQueue, engine) -> None:
+    """One-job and COPY enqueues run on the driver connection; their errors must still be
+    SQLAlchemy's (what callers catch), and a failed COPY batch must leave nothing behind."""
+    import socket
+
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    from pgqueue import core
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    down = PgQueue(f"postgresql+psycopg://nobody@127.0.0.1:{port}/none", settings=pgq.settings)
+
+    @down.task(name="t_down")
+    def t_down(n: int) -> None:
+        return None
+
+    with pytest.raises(OperationalError):
+        t_down.enqueue(1)
+    with pytest.raises(OperationalError):
+        t_down.enqueue_many([[i] for i in range(core.COPY_THRESHOLD)])
+    down.dispose()
+
+    @pgq.task(name="t_up", queue="q")
+    def t_up(n: int) -> None:
+        return None
+
+    before = table_counts(engine)
+    with engine.begin() as connection:  # every ticket insert now fails, after the jobs' COPY
+        connection.execute(
+            text("ALTER TABLE pgqueue_message_queue ADD CONSTRAINT no_q CHECK (queue <> 'q')")
+        )
+    with pytest.raises(DBAPIError):
+        t_up.enqueue(1)
+    with pytest.raises(DBAPIError):
+        t_up.enqueue_many([[i] for i in range(core.COPY_THRESHOLD)])
+    assert table_counts(engine) == before
