@@ -714,10 +714,37 @@ def heartbeat() -> ReturningUpdate[int, bool]:
     rows = _outcome_rows(("lease_seconds", Float))
     return (
         update(Job)
-        .where(Job.id == rows.c.id, Job.state == JobState.RUNNING, Job.lease_token == rows.c.token)
+        .where(
+            Job.id == rows.c.id,
+            Job.state == JobState.RUNNING,
+            Job.lease_token == rows.c.token,
+            Job.id.in_(_locked_in_id_order(Job.state == JobState.RUNNING)),
+        )
         .values(lease_expires_at=func.now() + _seconds(rows.c.lease_seconds))
         .returning(Job.id, Job.cancel_requested)
     )
+
+
+def _locked_in_id_order(*where: ColumnElement[bool]) -> Select[int]:
+    """Rows of jobs ``ids`` (array), locked in id order.
+
+    The writers that wait for the row locks of several RUNNING jobs (a heartbeat, a batch of
+    outcomes written in one transaction: ``lock_jobs``) all take them in this one order, so two
+    of them can never deadlock (a heartbeat covers attempts whose outcome is being written).
+    """
+    return (
+        select(Job.id)
+        .where(Job.id == func.any(_array("ids", BigInteger)), *where)
+        .order_by(Job.id)
+        .with_for_update()
+    )
+
+
+@cache
+def lock_jobs() -> Select[int]:
+    """Lock the rows of jobs ``ids`` (array) in id order, first thing in a transaction that
+    then updates them in several statements (``record_outcomes``). Binds ``ids``."""
+    return _locked_in_id_order()
 
 
 # --- maintenance ---------------------------------------------------------------------------

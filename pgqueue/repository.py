@@ -259,6 +259,11 @@ def record_outcomes(session: Session, outcomes: Iterable[Outcome]) -> set[int]:
     by_kind: dict[str, list[Outcome]] = {}
     for outcome in outcomes:
         by_kind.setdefault(outcome.kind, []).append(outcome)
+    ids = sorted({o.job_id for items in by_kind.values() for o in items})
+    if len(ids) > 1:
+        # One statement per kind would lock the rows in kind order; in a transaction that can
+        # deadlock with a heartbeat of the same jobs. Take them all first, in id order.
+        _core(session).execute(queries.lock_jobs(), {"ids": ids})
     lost: set[int] = set()
     dependents: set[int] = set()
     for kind, items in by_kind.items():

@@ -1,0 +1,77 @@
+"""An outcome batch and a heartbeat of the same jobs never deadlock (found by fault test 5).
+
+Outcomes are written in one transaction, one statement per kind, and a heartbeat also covers
+attempts whose outcome is being written. Without a common lock order the batch [complete B,
+retry A] holds B and waits for A while the heartbeat (A, B) holds A and waits for B: the server
+breaks the cycle with 40P01 after ``deadlock_timeout``. The interleaving is forced here: the
+batch pauses after its first statement until the heartbeat is waiting for a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+
+from pgqueue import PgQueue
+from pgqueue.repository import Outcome
+from pgqueue.worker.store import WorkerStore
+
+
+def test_outcome_batch_and_heartbeat_of_the_same_jobs_do_not_deadlock(
+    pgq: PgQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    @pgq.task(name="noop")
+    def noop() -> None: ...
+
+    store = WorkerStore(pgq.engine, stopping=threading.Event())
+    noop.enqueue_many([{}] * 2)
+    claimed = store.claim(worker_id="w1", limit=2, queues=None, lease_seconds=30.0, task_leases={})
+    a, b = sorted(claimed, key=lambda job: job.id)
+    paused, resume = threading.Event(), threading.Event()
+
+    def pause_after_first_statement(*args: Any) -> None:
+        if threading.current_thread().name == "outcomes" and not paused.is_set():
+            paused.set()
+            resume.wait(10)
+
+    results: dict[str, Any] = {}
+
+    def write_outcomes() -> None:
+        results["lost"] = store.record_outcomes(
+            [
+                Outcome(b.id, b.lease_token, "complete"),
+                Outcome(a.id, a.lease_token, "retry", error="boom", delay=60.0),
+            ]
+        )
+
+    def heartbeat() -> None:
+        results["held"] = store.heartbeat(
+            [(a.id, a.lease_token, 30.0), (b.id, b.lease_token, 30.0)]
+        )
+
+    event.listen(pgq.engine, "after_cursor_execute", pause_after_first_statement)
+    caplog.set_level(logging.WARNING, logger="pgqueue.worker")
+    try:
+        outcomes = threading.Thread(target=write_outcomes, name="outcomes")
+        outcomes.start()
+        assert paused.wait(10)
+        beat = threading.Thread(target=heartbeat, name="heartbeat")
+        beat.start()
+        time.sleep(0.3)  # the heartbeat now waits for a row the batch holds
+        resume.set()
+        outcomes.join(30)
+        beat.join(30)
+    finally:
+        resume.set()
+        event.remove(pgq.engine, "after_cursor_execute", pause_after_first_statement)
+
+    assert "deadlock" not in caplog.text
+    assert results == {"lost": set(), "held": {}}  # written; then nothing left to extend
+    with pgq.engine.connect() as connection:
+        states = dict(connection.execute(text("SELECT id, state FROM pgqueue_jobs")).all())
+    assert states == {a.id: "retrying", b.id: "succeeded"}
