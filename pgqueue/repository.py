@@ -56,7 +56,7 @@ class ClaimedJob:
     cancel_requested: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen (cheaper to build, one per job); never mutated
 class Outcome:
     """The result of one attempt, to be written by a batched transition."""
 

@@ -21,7 +21,6 @@ import asyncio
 import collections
 import logging
 import os
-import queue as queue_module
 import signal
 import socket
 import threading
@@ -45,6 +44,44 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgqueue.worker")
 
 OUTCOME_BATCH = 500
+
+
+class _Outcomes:
+    """Outcomes waiting for the completer, which takes everything waiting at once (up to a
+    batch); ``None`` marks the stop. Producers wake the completer only while it waits."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Execution, Outcome] | None] = collections.deque()
+        self._ready = threading.Condition(threading.Lock())
+        self._waiting = False
+
+    def put(self, item: tuple[Execution, Outcome] | None) -> None:
+        with self._ready:
+            self._items.append(item)
+            if self._waiting:
+                self._ready.notify()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def take(self, limit: int) -> tuple[list[tuple[Execution, Outcome]], bool]:
+        """Up to ``limit`` outcomes (waiting while there are none), and whether the stop
+        marker came after them."""
+        with self._ready:
+            items = self._items
+            while not items:
+                self._waiting = True
+                try:
+                    self._ready.wait()
+                finally:
+                    self._waiting = False
+            batch: list[tuple[Execution, Outcome]] = []
+            while items and len(batch) < limit:
+                item = items.popleft()
+                if item is None:
+                    return batch, True
+                batch.append(item)
+            return batch, False
 
 
 class _WorkQueue:
@@ -170,7 +207,7 @@ class Worker:
         self._atomic_probing = False
         self._atomic_idle = False  # the last probe found nothing: wait for a wake-up or a poll
         self._notified = False  # a notification (not just a freed slot) set ``_wake``
-        self._outcomes: queue_module.Queue[tuple[Execution, Outcome] | None] = queue_module.Queue()
+        self._outcomes = _Outcomes()
         self._next_known_run_at: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
@@ -416,20 +453,11 @@ class Worker:
 
     def _completer(self) -> None:
         while True:
-            first = self._outcomes.get()
-            if first is None:
+            batch, stop = self._outcomes.take(OUTCOME_BATCH)
+            if batch:
+                self._write(batch)
+            if stop:
                 return
-            batch = [first]
-            while len(batch) < OUTCOME_BATCH:
-                try:
-                    item = self._outcomes.get_nowait()
-                except queue_module.Empty:
-                    break
-                if item is None:
-                    self._outcomes.put(None)  # keep the stop marker for the outer loop
-                    break
-                batch.append(item)
-            self._write(batch)
 
     def _write(self, batch: list[tuple[Execution, Outcome]]) -> None:
         with self._slots_lock:
