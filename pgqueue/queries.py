@@ -43,7 +43,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.dml import ReturningUpdate
@@ -304,11 +304,11 @@ def insert_one_job() -> Select[int]:
 
 
 @cache
-def allocate_job_ids() -> Select[Any]:
-    """``n`` new job ids from the jobs' identity sequence, ascending, each with the run_at of
-    the batch (``run_at`` if given, else ``now()`` plus ``delay`` seconds, may be null): for
-    ``COPY`` of a large batch, which cannot evaluate defaults per row. Binds ``n``, ``run_at``,
-    ``delay``."""
+def allocate_job_ids() -> Select[Any, Any]:
+    """One row: an array of ``n`` new job ids from the jobs' identity sequence, ascending, and
+    the batch's run_at (``run_at`` if given, else ``now()`` plus ``delay`` seconds, may be
+    null): for ``COPY`` of a large batch, which cannot evaluate defaults per row. One array,
+    not ``n`` rows: half the cost per job. Binds ``n``, ``run_at``, ``delay``."""
     sequence = func.pg_get_serial_sequence(literal(Job.__tablename__), literal("id"))
     run_at = func.coalesce(
         bindparam("run_at", type_=Job.run_at.type),
@@ -319,7 +319,8 @@ def allocate_job_ids() -> Select[Any]:
         .table_valued("i")
         .render_derived(name="series")
     )
-    return select(func.nextval(sequence), run_at).select_from(series).order_by(series.c.i)
+    ids = func.array_agg(aggregate_order_by(func.nextval(sequence), series.c.i))
+    return select(ids, run_at).select_from(series)
 
 
 def copy_jobs() -> Any:

@@ -119,9 +119,7 @@ def copy_jobs(driver: Any, allocate: uow.DriverStatement, jobs: Sequence[NewJob]
     """
     first = jobs[0]
     params = allocate.params({"n": len(jobs), "run_at": first.run_at, "delay": first.delay})
-    allocated = driver.execute(allocate.sql, params).fetchall()
-    ids = [row[0] for row in allocated]
-    run_at = allocated[0][1]
+    ids, run_at = driver.execute(allocate.sql, params).fetchone()
     with driver.cursor() as cursor:
         with cursor.copy(queries.copy_jobs()) as copy:
             write = copy.write_row
@@ -143,7 +141,7 @@ def copy_jobs(driver: Any, allocate: uow.DriverStatement, jobs: Sequence[NewJob]
             write = copy.write_row
             for job_id, job in zip(ids, jobs, strict=True):
                 write((job_id, job.queue, job.priority, run_at, job.atomic))
-    return ids
+    return list(ids)
 
 
 def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
