@@ -254,6 +254,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
             unit,
             f">= {minimum}x baseline",
             None if ratio is None else ratio >= minimum,
+            ratio,  # the median of per-round ratios where rounds were paired, as judged
         )
 
     e1, eb = results.get("enqueue1"), results.get("enqueueB")
