@@ -142,3 +142,19 @@ def _is_psycopg_operational(exc: BaseException) -> bool:
         orig = getattr(current, "orig", None)
         current = orig if isinstance(orig, BaseException) else current.__cause__
     return False
+
+
+# Lines SQLAlchemy appends after an error's message: the statement, its parameters and a link.
+_DECORATION_PREFIXES = ("(Background on this error at", "[SQL:", "[parameters:")
+
+
+def error_summary(recorded: str, limit: int = 200) -> str:
+    """The line of a recorded traceback worth a log line: the last one naming the error.
+
+    The last line of a SQLAlchemy error's text is a documentation link, not the failure, so
+    trailing statement, parameter and link lines are skipped.
+    """
+    lines = [line.strip() for line in recorded.strip().splitlines() if line.strip()]
+    while len(lines) > 1 and lines[-1].startswith(_DECORATION_PREFIXES):
+        lines.pop()
+    return lines[-1][:limit] if lines else ""

@@ -32,7 +32,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pgqueue import repository, validation
-from pgqueue.errors import ConfigurationError, LeaseLost, ValidationError
+from pgqueue.errors import ConfigurationError, LeaseLost, ValidationError, error_summary
 from pgqueue.repository import Outcome
 from pgqueue.worker.executor import Execution, Executor
 from pgqueue.worker.notifier import Notifier, wall_to_monotonic
@@ -523,9 +523,7 @@ class Worker:
                 job.attempt,
                 kind,
                 extra["duration_ms"],
-                ""
-                if not outcome.error
-                else " error=" + outcome.error.strip().splitlines()[-1][:200],
+                "" if not outcome.error else " error=" + error_summary(outcome.error),
                 extra={"pgqueue": extra},
             )
         if self.on_outcome is not None:

@@ -1,11 +1,13 @@
-"""Unit tests of the pure modules: backoff, validation, states, config. No database."""
+"""Unit tests of the pure modules: backoff, validation, states, config, errors. No database."""
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+import traceback
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from pgqueue import backoff, validation
 from pgqueue.config import Settings, normalize_database_url
@@ -14,6 +16,7 @@ from pgqueue.errors import (
     PayloadTooLarge,
     SerializationError,
     ValidationError,
+    error_summary,
     is_transient_conflict,
 )
 from pgqueue.states import FINAL_STATES, TRANSITIONS, JobState, allowed
@@ -146,3 +149,20 @@ def test_sqlstate_classification() -> None:
 
     assert is_transient_conflict(Wrapped())
     assert not is_transient_conflict(ValueError())
+
+
+def test_error_summary_names_the_error_not_sqlalchemys_link() -> None:
+    try:
+        raise OperationalError("SELECT 1", {"x": 1}, Exception("server closed the connection"))
+    except OperationalError as exc:
+        recorded = "".join(traceback.format_exception(exc))
+    assert recorded.strip().splitlines()[-1].startswith("(Background on this error at")
+    assert error_summary(recorded) == (
+        "sqlalchemy.exc.OperationalError: (builtins.Exception) server closed the connection"
+    )
+    try:
+        raise ValueError("bad value " + "x" * 300)
+    except ValueError as exc:
+        recorded = "".join(traceback.format_exception(exc))
+    assert error_summary(recorded) == ("ValueError: bad value " + "x" * 300)[:200]
+    assert error_summary("") == ""
