@@ -243,19 +243,26 @@ def drain_pgqueue(
     task_name: str = app.NOOP,
     history: int = 0,
     task_kwargs: dict[str, Any] | None = None,
+    log_successes: bool = True,
 ) -> Result:
+    """``n`` jobs drained by ``pgqueue worker --drain``; ``log_successes=False`` is the
+    documented high-throughput setting (no INFO line per succeeded job)."""
     with server.fresh_database("drain") as url:
         if history:
             add_history(url, history)
         fill_pgqueue(url, n, task_name, **(task_kwargs or {}))
         start = time.perf_counter()
-        with process(worker_command(concurrency, processes), _env(url)) as child:
+        env = _env(url)
+        env["PGQUEUE_LOG_SUCCESSES"] = "true" if log_successes else "false"
+        with process(worker_command(concurrency, processes), env) as child:
             code = child.wait(WORKER_TIMEOUT)
             if code != 0:
                 raise RuntimeError(f"pgqueue worker exited with {code}")
         wall = time.perf_counter() - start
         result = _throughput(n, _succeeded_new(url, history), wall)
-    result.update(concurrency=concurrency, processes=processes, history=history)
+    result.update(
+        concurrency=concurrency, processes=processes, history=history, log_successes=log_successes
+    )
     return result
 
 

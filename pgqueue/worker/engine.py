@@ -202,6 +202,7 @@ class Worker:
         self._max_held = 2 * concurrency
         self._backlog = True  # the last claim was full (or not tried): more may be waiting
         self._atomic_in_flight = 0
+        self._log_successes = settings.log_successes
         # Atomic claims run on a pool thread (they hold a transaction); the claim loop starts one
         # probe at a time and learns from its callback whether it found a ticket, never waiting.
         self._atomic_probing = False
@@ -505,7 +506,7 @@ class Worker:
             self.stats.cancelled += 1
         elif kind == "release":
             self.stats.released += 1
-        if log.isEnabledFor(logging.INFO):
+        if (kind != "complete" or self._log_successes) and log.isEnabledFor(logging.INFO):
             extra = {
                 "task": job.task_name,
                 "job_id": job.id,

@@ -54,3 +54,19 @@ def test_one_log_line_per_outcome_without_args(app: App) -> None:
         [line] = [line for line in lines if f"job {job_id} " in line]
         assert "task=record attempt=1 outcome=complete duration_ms=" in line
     assert "hunter2" not in worker.log()
+
+
+def test_log_successes_off_keeps_only_the_problems(app: App) -> None:
+    worker = app.start_worker("--concurrency", "4", log_successes="false")
+    ok = app.module.record.enqueue_many([{}] * 5)
+    # fail_ratio 1: both attempts fail, so the job logs one retry and one failure.
+    failing = app.module.flaky.enqueue(fail_ratio=1.0)
+    jobs = app.wait_final([*ok, failing], timeout=30)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert {jobs[i].state for i in ok} == {"succeeded"}
+    assert jobs[failing].state == "failed"
+    lines = [line for line in worker.log().splitlines() if " outcome=" in line]
+    assert [line.split(" outcome=")[1].split()[0] for line in lines] == ["retry", "fail"], lines
+    assert all(f"job {failing} " in line for line in lines)
+    assert "error=RuntimeError: flaky job failed on purpose" in lines[-1]
