@@ -39,17 +39,12 @@ def run_in_transaction(
     attempts: int = DEFAULT_ATTEMPTS,
 ) -> T:
     """Run ``work(session)`` in its own committed transaction, retrying transient conflicts."""
-    for attempt in range(1, attempts + 1):
-        try:
-            with sessions() as session, session.begin():
-                return work(session)
-        except DBAPIError as exc:
-            if attempt >= attempts or not is_transient_conflict(exc):
-                raise
-            pause = min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.5)
-            log.info("transient conflict (%s), retrying in %.3fs", exc.orig, pause)
-            time.sleep(pause)
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    def once() -> T:
+        with sessions() as session, session.begin():
+            return work(session)
+
+    return _retrying(once, attempts)
 
 
 def run_one_statement(
@@ -160,6 +155,8 @@ def run_on_driver(
 
 
 def _retrying(once: Callable[[], T], attempts: int) -> T:
+    """``once()``, run again (with jittered backoff) on a deadlock or serialization failure, up
+    to ``attempts`` times in all."""
     for attempt in range(1, attempts + 1):
         try:
             return once()
