@@ -196,7 +196,9 @@ HOSTILE = [
 
 
 def _outside_safe(s: str) -> bool:
-    return any(c not in SAFE_CHARS for c in s)
+    # "<" and ">" are allowed in task names (for "<locals>" in qualified names), so a name is
+    # hostile to both kinds only with some other character outside the safe set.
+    return any(c not in SAFE_CHARS + "<>" for c in s)
 
 
 hostile_names = st.one_of(
