@@ -244,14 +244,8 @@ def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Sele
         Job.state,
         Job.depends_on,
     ).cte("new_jobs")
-    ticketed = select(jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic)
-    if with_dependencies:
-        ticketed = ticketed.where(jobs.c.state == JobState.QUEUED.value)
-    tickets = (
-        insert(MessageQueue)
-        .from_select(["job_id", "queue", "priority", "run_at", "atomic"], ticketed)
-        .cte("new_tickets")
-    )
+    only_queued = [jobs.c.state == JobState.QUEUED.value] if with_dependencies else []
+    tickets = _tickets_for(jobs, "new_tickets", *only_queued)
     # Referencing the ticket CTE is not needed for it to run (data-modifying CTEs always run),
     # but keeping it in the FROM list documents the dependency and keeps SQLAlchemy rendering it.
     if with_dependencies:
@@ -292,15 +286,7 @@ def insert_one_job() -> Select[int]:
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("new_job")
     )
-    ticket = (
-        insert(MessageQueue)
-        .from_select(
-            ["job_id", "queue", "priority", "run_at", "atomic"],
-            select(job.c.id, job.c.queue, job.c.priority, job.c.run_at, job.c.atomic),
-        )
-        .cte("new_ticket")
-    )
-    return select(job.c.id).add_cte(ticket)
+    return select(job.c.id).add_cte(_tickets_for(job, "new_ticket"))
 
 
 @cache
@@ -541,6 +527,13 @@ def any_queue_limit() -> Select[bool]:
 # invisible to that statement's snapshot, but visible to the next statement's.
 
 
+def _tickets_for(jobs: Any, name: str, *where: ColumnElement[bool]) -> Any:
+    """CTE named ``name``: a ticket for each row of ``jobs`` (a CTE returning the jobs' id,
+    queue, priority, run_at and atomic) that matches ``where``."""
+    rows = select(jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic)
+    return insert(MessageQueue).from_select(list(COPY_TICKET_COLUMNS), rows.where(*where)).cte(name)
+
+
 def _free_slots(exited: Any) -> Any:
     """CTE: subtract jobs that left RUNNING (``exited`` has ``queue``) from limited queues."""
     gone = (
@@ -621,21 +614,7 @@ def retry() -> Select[int]:
 
 
 def _select_ids_with_tickets(updated: Any) -> Select[int]:
-    tickets = (
-        insert(MessageQueue)
-        .from_select(
-            ["job_id", "queue", "priority", "run_at", "atomic"],
-            select(
-                updated.c.id,
-                updated.c.queue,
-                updated.c.priority,
-                updated.c.run_at,
-                updated.c.atomic,
-            ),
-        )
-        .cte("requeued")
-    )
-    return select(updated.c.id).add_cte(tickets)
+    return select(updated.c.id).add_cte(_tickets_for(updated, "requeued"))
 
 
 @cache
@@ -807,20 +786,7 @@ def rescue_expired() -> Select[int, str, list[int] | None]:
         )
         .cte("rescued")
     )
-    tickets = (
-        insert(MessageQueue)
-        .from_select(
-            ["job_id", "queue", "priority", "run_at", "atomic"],
-            select(
-                updated.c.id,
-                updated.c.queue,
-                updated.c.priority,
-                updated.c.run_at,
-                updated.c.atomic,
-            ).where(updated.c.state == RESCUE.target.value),
-        )
-        .cte("rescue_tickets")
-    )
+    tickets = _tickets_for(updated, "rescue_tickets", updated.c.state == RESCUE.target.value)
     return select(updated.c.id, updated.c.state, updated.c.dependents).add_cte(
         tickets, _free_slots(updated)
     )
@@ -1283,20 +1249,7 @@ def settle_dependents() -> CompoundSelect[Any]:
         .returning(Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("unblocked")
     )
-    tickets = (
-        insert(MessageQueue)
-        .from_select(
-            ["job_id", "queue", "priority", "run_at", "atomic"],
-            select(
-                unblocked.c.id,
-                unblocked.c.queue,
-                unblocked.c.priority,
-                unblocked.c.run_at,
-                unblocked.c.atomic,
-            ),
-        )
-        .cte("unblocked_tickets")
-    )
+    tickets = _tickets_for(unblocked, "unblocked_tickets")
     return (
         select(abandoned.c.id, abandoned.c.state)
         .union_all(select(unblocked.c.id, unblocked.c.state))
