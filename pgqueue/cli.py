@@ -126,6 +126,7 @@ def _migrate(pgq: PgQueue, action: str, revision: str | None) -> None:
 
 
 def worker_options(function: Any) -> Any:
+    """The options of ``pgqueue worker`` (shared with ``flask pgqueue worker``)."""
     options = [
         click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all)."),
         click.option("--concurrency", "-c", default=10, show_default=True, type=click.IntRange(1)),
@@ -135,6 +136,24 @@ def worker_options(function: Any) -> Any:
         click.option("--lease-seconds", type=click.FloatRange(min=0.1), default=None),
         click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=None),
         click.option("--drain", is_flag=True, help="Exit when no job is ready."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def enqueue_options(function: Any) -> Any:
+    """The options of ``pgqueue enqueue`` (shared with ``flask pgqueue enqueue``)."""
+    options = [
+        click.option(
+            "--args", "args_json", default="[]", help="JSON array of positional arguments."
+        ),
+        click.option(
+            "--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments."
+        ),
+        click.option("--queue", default=None),
+        click.option("--delay", type=float, default=None),
+        click.option("--priority", type=int, default=None),
     ]
     for option in reversed(options):
         function = option(function)
@@ -260,11 +279,7 @@ def prune(database_url: str | None) -> None:
 @main.command()
 @click.argument("app")
 @click.argument("task_name")
-@click.option("--args", "args_json", default="[]", help="JSON array of positional arguments.")
-@click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
-@click.option("--queue", default=None)
-@click.option("--delay", type=float, default=None)
-@click.option("--priority", type=int, default=None)
+@enqueue_options
 def enqueue(
     app: str,
     task_name: str,

@@ -74,11 +74,7 @@ def worker(**options: Any) -> None:
 
 @pgqueue_group.command()
 @click.argument("task_name")
-@click.option("--args", "args_json", default="[]", help="JSON array of positional arguments.")
-@click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
-@click.option("--queue", default=None)
-@click.option("--delay", type=float, default=None)
-@click.option("--priority", type=int, default=None)
+@core_cli.enqueue_options
 @_errors_as_usage
 def enqueue(
     task_name: str,
