@@ -108,33 +108,42 @@ def test_limit_two_across_four_worker_processes(
     }
 
 
+class ConcurrencyProbe:
+    """Counts handlers running at once in this process; ``peak`` is the most seen."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._current = 0
+        self._lock = threading.Lock()
+
+    def run(self, seconds: float) -> None:
+        with self._lock:
+            self._current += 1
+            self.peak = max(self.peak, self._current)
+        time.sleep(seconds)
+        with self._lock:
+            self._current -= 1
+
+
 def test_limit_applies_within_one_worker_and_can_be_lifted(pgq: PgQueue) -> None:
-    peak = 0
-    current = 0
-    lock = threading.Lock()
+    probe = ConcurrencyProbe()
 
     @pgq.task(queue="q1", name="slow")
     def slow() -> None:
-        nonlocal peak, current
-        with lock:
-            current += 1
-            peak = max(peak, current)
-        time.sleep(0.1)
-        with lock:
-            current -= 1
+        probe.run(0.1)
 
     pgq.set_queue_limit("q1", 1)
     ids = [slow.enqueue() for _ in range(6)]
     stats = pgq.run_worker(drain=True, concurrency=6)
     assert stats.succeeded == 6
-    assert peak == 1
+    assert probe.peak == 1
     assert set(states_of(pgq, ids).values()) == {JobState.SUCCEEDED}
     pgq.set_queue_limit("q1", None)
-    peak = 0
+    probe.peak = 0
     ids = [slow.enqueue() for _ in range(6)]
     stats = pgq.run_worker(drain=True, concurrency=6)
     assert stats.succeeded == 6
-    assert peak > 1
+    assert probe.peak > 1
 
 
 def test_limit_set_while_a_worker_runs_holds_at_once(
@@ -142,18 +151,11 @@ def test_limit_set_while_a_worker_runs_holds_at_once(
 ) -> None:
     """The worker last saw no limits (lean claim); a limit set now is never exceeded."""
     monkeypatch.setattr(repository, "LIMITS_CHECK_SECONDS", 0.3)
-    peak = current = 0
-    lock = threading.Lock()
+    probe = ConcurrencyProbe()
 
     @pgq.task(queue="q2", name="busy")
     def busy() -> None:
-        nonlocal peak, current
-        with lock:
-            current += 1
-            peak = max(peak, current)
-        time.sleep(0.1)
-        with lock:
-            current -= 1
+        probe.run(0.1)
 
     worker = Worker(pgq, concurrency=4)
     thread = threading.Thread(target=worker.run, daemon=True)
@@ -162,11 +164,11 @@ def test_limit_set_while_a_worker_runs_holds_at_once(
         first = busy.enqueue()
         wait_for_states(pgq, [first], {JobState.SUCCEEDED}, timeout=30)
         time.sleep(0.6)  # past the claimer's limits check: it has seen "no limits"
-        peak = 0
+        probe.peak = 0
         pgq.set_queue_limit("q2", 1)
         ids = [busy.enqueue() for _ in range(6)]
         wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=60)
     finally:
         worker.stop()
         thread.join(timeout=30)
-    assert peak == 1
+    assert probe.peak == 1
