@@ -16,6 +16,7 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,13 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run_suite(srv: server_module.Server, sizes: Sizes) -> dict[str, Any]:
+WORKLOADS = ("enqueue1", "enqueueB", "drain", "latency", "history", "cpu", "memory")
+
+
+def run_suite(
+    srv: server_module.Server, sizes: Sizes, only: Sequence[str] = WORKLOADS
+) -> dict[str, Any]:
+    """Run the workloads named in ``only`` (all by default), in the table's order."""
     results: dict[str, Any] = {}
 
     def step(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -117,98 +124,112 @@ def run_suite(srv: server_module.Server, sizes: Sizes) -> dict[str, Any]:
         console.log(f"{name} done in {time.perf_counter() - started:.1f} s")
         return value
 
-    results["enqueue1"] = step("enqueue1", w.enqueue1, srv, sizes.enqueue1, sizes.enqueue_rounds)
-    results["enqueueB"] = step(
-        "enqueueB", w.enqueue_batch, srv, sizes.enqueue_batch, sizes.enqueue_rounds
-    )
-
-    sweep = [
-        step(f"drain c={c}", w.drain_pgqueue, srv, sizes.drain, c) for c in sizes.drain_concurrency
-    ]
-    base_sweep = [
-        step(f"baseline drain batch={b}", w.drain_baseline, srv, sizes.drain, b)
-        for b in sizes.baseline_batches
-    ]
-    sweep_ok = [r for r in sweep if r and r["ok"]]
-    base_ok = [r for r in base_sweep if r and r["ok"]]
-    best = max(sweep_ok, key=lambda r: r["jobs_per_s"]) if sweep_ok else None
-    results["drain"] = {
-        "default": sweep[0],
-        "best": best,
-        "sweep": sweep,
-        "baseline": max(base_ok, key=lambda r: r["jobs_per_s"]) if base_ok else None,
-        "baseline_sweep": base_sweep,
-    }
-    best_c = best["concurrency"] if best else sizes.drain_concurrency[0]
-    best_b = (
-        results["drain"]["baseline"]["batch"]
-        if results["drain"]["baseline"]
-        else sizes.baseline_batches[-1]
-    )
-    pairs = []
-    for r in range(sizes.drain_rounds):
-        # The best setting: the best concurrency of the sweep, without a log line per success.
-        pg = step(
-            f"drain round {r + 1}: c={best_c}, log_successes off",
-            w.drain_pgqueue,
-            srv,
-            sizes.drain,
-            best_c,
-            log_successes=False,
+    if "enqueue1" in only:
+        results["enqueue1"] = step(
+            "enqueue1", w.enqueue1, srv, sizes.enqueue1, sizes.enqueue_rounds
         )
-        base = step(f"drain round {r + 1}: baseline", w.drain_baseline, srv, sizes.drain, best_b)
-        if pg and base and pg["ok"] and base["ok"]:
-            pairs.append((pg["jobs_per_s"], base["jobs_per_s"]))
-    if pairs:
-        results["drain"]["paired"] = {"concurrency": best_c, "batch": best_b} | w._paired(
-            pairs, sizes.drain
+    if "enqueueB" in only:
+        results["enqueueB"] = step(
+            "enqueueB", w.enqueue_batch, srv, sizes.enqueue_batch, sizes.enqueue_rounds
         )
 
-    results["latency"] = {
-        "pgqueue": step("latency", w.latency_pgqueue, srv, sizes.latency, LATENCY_RATE),
-        "baseline": step("baseline latency", w.latency_baseline, srv, sizes.latency, LATENCY_RATE),
-    }
-
-    empty, full = [], []
-    for r in range(sizes.history_rounds):
-        empty.append(
-            step(f"history round {r + 1}: empty", w.drain_pgqueue, srv, sizes.drain, best_c)
+    best_c = sizes.drain_concurrency[-1]
+    if "drain" in only:
+        sweep = [
+            step(f"drain c={c}", w.drain_pgqueue, srv, sizes.drain, c)
+            for c in sizes.drain_concurrency
+        ]
+        base_sweep = [
+            step(f"baseline drain batch={b}", w.drain_baseline, srv, sizes.drain, b)
+            for b in sizes.baseline_batches
+        ]
+        sweep_ok = [r for r in sweep if r and r["ok"]]
+        base_ok = [r for r in base_sweep if r and r["ok"]]
+        best = max(sweep_ok, key=lambda r: r["jobs_per_s"]) if sweep_ok else None
+        results["drain"] = {
+            "default": sweep[0],
+            "best": best,
+            "sweep": sweep,
+            "baseline": max(base_ok, key=lambda r: r["jobs_per_s"]) if base_ok else None,
+            "baseline_sweep": base_sweep,
+        }
+        best_c = best["concurrency"] if best else sizes.drain_concurrency[0]
+        best_b = (
+            results["drain"]["baseline"]["batch"]
+            if results["drain"]["baseline"]
+            else sizes.baseline_batches[-1]
         )
-        full.append(
-            step(
-                f"history round {r + 1}: {sizes.history_rows:,} finished jobs",
+        pairs = []
+        for r in range(sizes.drain_rounds):
+            # The best setting: the best concurrency of the sweep, without a log line per success.
+            pg = step(
+                f"drain round {r + 1}: c={best_c}, log_successes off",
                 w.drain_pgqueue,
                 srv,
                 sizes.drain,
                 best_c,
-                history=sizes.history_rows,
+                log_successes=False,
             )
-        )
-    results["history"] = {"empty": empty, "history": full, "rows": sizes.history_rows}
+            base = step(
+                f"drain round {r + 1}: baseline", w.drain_baseline, srv, sizes.drain, best_b
+            )
+            if pg and base and pg["ok"] and base["ok"]:
+                pairs.append((pg["jobs_per_s"], base["jobs_per_s"]))
+        if pairs:
+            results["drain"]["paired"] = {"concurrency": best_c, "batch": best_b} | w._paired(
+                pairs, sizes.drain
+            )
 
-    spin = {"ms": 2.0}
-    results["cpu"] = {
-        "one": step(
-            "cpu 1 process",
-            w.drain_pgqueue,
-            srv,
-            sizes.cpu,
-            10,
-            task_name="bench.spin",
-            task_kwargs=spin,
-        ),
-        "two": step(
-            "cpu 2 processes",
-            w.drain_pgqueue,
-            srv,
-            sizes.cpu,
-            10,
-            processes=2,
-            task_name="bench.spin",
-            task_kwargs=spin,
-        ),
-    }
-    if sizes.memory:
+    if "latency" in only:
+        results["latency"] = {
+            "pgqueue": step("latency", w.latency_pgqueue, srv, sizes.latency, LATENCY_RATE),
+            "baseline": step(
+                "baseline latency", w.latency_baseline, srv, sizes.latency, LATENCY_RATE
+            ),
+        }
+
+    if "history" in only:
+        empty, full = [], []
+        for r in range(sizes.history_rounds):
+            empty.append(
+                step(f"history round {r + 1}: empty", w.drain_pgqueue, srv, sizes.drain, best_c)
+            )
+            full.append(
+                step(
+                    f"history round {r + 1}: {sizes.history_rows:,} finished jobs",
+                    w.drain_pgqueue,
+                    srv,
+                    sizes.drain,
+                    best_c,
+                    history=sizes.history_rows,
+                )
+            )
+        results["history"] = {"empty": empty, "history": full, "rows": sizes.history_rows}
+
+    if "cpu" in only:
+        spin = {"ms": 2.0}
+        results["cpu"] = {
+            "one": step(
+                "cpu 1 process",
+                w.drain_pgqueue,
+                srv,
+                sizes.cpu,
+                10,
+                task_name="bench.spin",
+                task_kwargs=spin,
+            ),
+            "two": step(
+                "cpu 2 processes",
+                w.drain_pgqueue,
+                srv,
+                sizes.cpu,
+                10,
+                processes=2,
+                task_name="bench.spin",
+                task_kwargs=spin,
+            ),
+        }
+    if sizes.memory and "memory" in only:
         results["memory"] = step("memory", w.memory, srv, sizes.memory, best_c)
     return results
 
@@ -434,6 +455,12 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--soak", action="store_true", help="only the sustained-load soak")
     parser.add_argument("--soak-seconds", type=float, default=300.0)
     parser.add_argument("--soak-rate", type=float, default=500.0)
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=WORKLOADS,
+        help="run only this workload (repeatable; default all)",
+    )
     parser.add_argument("--json", dest="json_path", default=None, help="also write JSON here")
     parser.add_argument(
         "--database-url",
@@ -459,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sizes = QUICK if args.quick else FULL
             report["sizes"] = sizes.__dict__
-            report["results"] = run_suite(srv, sizes)
+            report["results"] = run_suite(srv, sizes, args.only or WORKLOADS)
             report["summary"] = summarize(report["results"])
             print_table(report["summary"], f"pgqueue vs raw-SQL baseline ({mode_name} run)")
             print(markdown_table(report["summary"]))
