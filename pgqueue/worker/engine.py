@@ -85,30 +85,48 @@ class _Outcomes:
 
 
 class _WorkQueue:
-    """Work for the pool threads: a deque and one condition.
+    """Work for the pool threads: a deque, and a dispatcher that decides how many threads to wake.
 
-    ``put_many`` wakes one idle thread and each thread that takes an item wakes the next while
-    items remain, so a batch of quick jobs is run by the few threads that are already awake
-    instead of waking every idle thread at once (each wake-up costs a GIL hand-off), while a
-    batch of slow jobs still spreads over all threads, one wake-up per job.
+    Waking a sleeping thread costs a futex round trip and a GIL hand-off, more CPU than a
+    no-op job's whole run; waking one per job made thread switches the largest cost of a
+    drain. So ``put_many`` wakes one sleeping thread, and the threads already awake take item
+    after item. While items wait, the dispatcher thread looks every ``SPREAD_INTERVAL``: when
+    the awake threads took nothing since its last look (they are all inside slow handlers) it
+    wakes a thread per waiting item; when they made progress but too slowly to finish the
+    waiting items before its next look, it wakes enough more threads at the rate they showed.
+    A batch of quick jobs is run by one or two threads; a batch of slow jobs still spreads over
+    all threads, each waiting at most a few intervals for its thread.
     """
 
+    SPREAD_INTERVAL = 0.002
+
     def __init__(self) -> None:
+        lock = threading.Lock()
         self._items: collections.deque[Any] = collections.deque()
-        self._ready = threading.Condition(threading.Lock())
-        self._idle = 0
+        self._ready = threading.Condition(lock)  # pool threads wait here
+        self._tick = threading.Condition(lock)  # the dispatcher waits here
+        self._idle = 0  # pool threads waiting for items
+        self._active = 0  # pool threads that took an item and have not asked for the next
+        self._taken = 0  # items taken, ever
+        self._dispatcher_waiting = False
+        self._closed = False
 
     def put_many(self, items: Iterable[Any]) -> None:
         with self._ready:
             self._items.extend(items)
             if self._idle:
                 self._ready.notify()
+            if self._dispatcher_waiting:
+                self._tick.notify()
 
     def put(self, item: Any) -> None:
         self.put_many((item,))
 
-    def get(self) -> Any:
+    def get(self, finished: bool = False) -> Any:
+        """The next item; ``finished``: the calling thread is done with its previous item."""
         with self._ready:
+            if finished:
+                self._active -= 1
             items = self._items
             while not items:
                 self._idle += 1
@@ -116,10 +134,46 @@ class _WorkQueue:
                     self._ready.wait()
                 finally:
                     self._idle -= 1
-            item = items.popleft()
-            if items and self._idle:
-                self._ready.notify()
-            return item
+            self._active += 1
+            self._taken += 1
+            return items.popleft()
+
+    def retire(self) -> None:
+        """The calling pool thread ends after its current item (it will not call ``get``)."""
+        with self._ready:
+            self._active -= 1
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._tick.notify()
+
+    def dispatch(self) -> None:
+        """The dispatcher thread's loop (until ``close``)."""
+        with self._ready:
+            while not self._closed:
+                if not self._items or not self._idle:
+                    self._dispatcher_waiting = True
+                    try:
+                        # Without idle threads there is nobody to wake: look again in a while.
+                        self._tick.wait(None if not self._items else self.SPREAD_INTERVAL)
+                    finally:
+                        self._dispatcher_waiting = False
+                    continue
+                taken = self._taken
+                self._tick.wait(self.SPREAD_INTERVAL)
+                waiting = len(self._items)
+                if not waiting or not self._idle:
+                    continue
+                rate = self._taken - taken  # by ~``_active`` threads in one interval
+                if rate == 0:
+                    wake = waiting
+                elif rate < waiting:
+                    active = max(self._active, 1)
+                    wake = -(-active * (waiting - rate) // rate)  # ceil
+                else:
+                    continue
+                self._ready.notify(min(wake, waiting, self._idle))
 
 
 @dataclass(slots=True)
@@ -655,9 +709,12 @@ class Worker:
     def _pool_thread(self) -> None:
         work = self._work
         execute = self._execute_leased
+        finished = False
         while True:
-            item = work.get()
+            item = work.get(finished)
+            finished = True
             if item is None:
+                work.retire()
                 return
             retire = False
             try:
@@ -665,6 +722,7 @@ class Worker:
             except Exception:
                 log.exception("worker thread error")
             if retire:
+                work.retire()
                 return
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
@@ -689,6 +747,7 @@ class Worker:
         spawn = self._spawn
         for index in range(self.concurrency + 2):
             spawn(self._pool_thread, f"pgqueue-slot-{index}")
+        spawn(self._work.dispatch, "pgqueue-dispatcher")
         spawn(self._completer, "pgqueue-completer")
         spawn(self._heartbeat_loop, "pgqueue-heartbeat")
         if self.maintenance:
@@ -730,6 +789,7 @@ class Worker:
         self._halt.set()
         for _ in range(self.concurrency + 2):
             self._work.put(None)
+        self._work.close()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
