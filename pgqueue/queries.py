@@ -563,7 +563,8 @@ def _outcome_rows(*extra: tuple[str, Any]) -> Any:
 
 
 def _leased(transition: Transition, rows: Any) -> ColumnElement[bool]:
-    return and_(Job.id == rows.c.id, _sources(transition), Job.lease_token == rows.c.token)
+    # Fixed SQL text: the worker sends outcome statements on the driver connection.
+    return and_(Job.id == rows.c.id, _sources_fixed(transition), Job.lease_token == rows.c.token)
 
 
 @cache

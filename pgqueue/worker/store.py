@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
-from pgqueue import repository
+from pgqueue import repository, uow
 from pgqueue.errors import is_connection_error, is_transient_conflict
 from pgqueue.repository import ClaimedJob, Outcome
 
@@ -47,12 +47,21 @@ class WorkerStore:
         give_up_when_stopping: bool,
         autocommit: bool = True,
     ) -> T:
-        delay = 0.05
         engine = self._autocommit if autocommit else self._transactional
+
+        def once() -> T:
+            with Session(engine) as session:
+                return work(session)
+
+        return self._retry(what, once, give_up_when_stopping=give_up_when_stopping)
+
+    def _retry(self, what: str, once: Callable[[], T], *, give_up_when_stopping: bool) -> T:
+        """``once()``, again (capped exponential backoff) after a lost connection or a
+        transient conflict."""
+        delay = 0.05
         while True:
             try:
-                with Session(engine) as session:
-                    return work(session)
+                return once()
             except (DBAPIError, OperationalError) as exc:
                 if not (is_connection_error(exc) or is_transient_conflict(exc)):
                     raise
@@ -116,6 +125,13 @@ class WorkerStore:
 
     def record_outcomes(self, outcomes: Iterable[Outcome]) -> set[int]:
         items = list(outcomes)
+        engine = self._transactional
+        if uow.driver_usable(engine):
+            return self._retry(
+                "record outcomes",
+                lambda: repository.record_outcomes_on_driver(engine, items),
+                give_up_when_stopping=False,
+            )
         return self._run(
             "record outcomes",
             _in_one_transaction(lambda s: repository.record_outcomes(s, items)),
