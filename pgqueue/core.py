@@ -15,7 +15,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import queries, repository, uow
+from pgqueue import queries, repository, uow, validation
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.errors import ConfigurationError, InvalidStateTransition, JobNotFound, ValidationError
 from pgqueue.models import Job
@@ -101,6 +101,7 @@ class PgQueue:
                     pool_size=5,
                     max_overflow=10,
                     pool_pre_ping=False,
+                    json_deserializer=validation.load_json,
                     connect_args={
                         "options": f"-c statement_timeout={timeout} "
                         f"-c idle_in_transaction_session_timeout={max(timeout * 6, 60_000)}",

@@ -31,6 +31,10 @@ R = TypeVar("R")
 __all__ = ["ConfiguredTask", "JobContext", "Retry", "Task", "TaskRegistry"]
 
 
+# Argument shapes remembered per task as known to bind (see ``Task.check_arguments``).
+_SHAPES_KEPT = 64
+
+
 class Retry(Exception):
     """Raise from a handler to ask for another attempt after ``delay`` seconds.
 
@@ -187,6 +191,7 @@ class Task(Generic[P, R]):
         self.unique_key_fn = unique_key
         self.is_async = inspect.iscoroutinefunction(fn)
         self._signature = inspect.signature(fn)
+        self._shapes_bound: set[tuple[int, tuple[str, ...]]] = set()
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
@@ -243,11 +248,19 @@ class Task(Generic[P, R]):
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Raise ValidationError if the arguments do not fit the function's signature."""
+        # Whether arguments bind depends only on their shape (how many positional ones, which
+        # keywords), never on their values: a shape that bound once binds again. The worker
+        # checks every job it runs, and nearly all jobs of a task share one or two shapes.
+        shape = (len(args), tuple(kwargs))
+        if shape in self._shapes_bound:
+            return
         bind_args: tuple[Any, ...] = (None, *args) if self.pass_context else tuple(args)
         try:
             self._signature.bind(*bind_args, **kwargs)
         except TypeError as exc:
             raise ValidationError(f"arguments do not match task {self.name}: {exc}") from None
+        if len(self._shapes_bound) < _SHAPES_KEPT:  # bounded: rows may carry any keywords
+            self._shapes_bound.add(shape)
 
     def backoff_delay(self, attempt: int) -> float:
         return float(self.retry_policy(attempt))

@@ -185,6 +185,24 @@ def _dumps(value: Any) -> str:
         raise SerializationError(f"value cannot be encoded as JSON: {exc}") from None
 
 
+_DECODE: Final = json.JSONDecoder().decode
+
+
+def load_json(data: bytes | str) -> Any:
+    """``json.loads`` for JSON read back from pgqueue's engine (the driver's loader for ``json``
+    and ``jsonb``), cheaper per value: a worker decodes two per job (args and kwargs).
+
+    Empty arrays and objects, which pgqueue stores verbatim as ``[]`` and ``{}``, need no
+    parsing; other bytes are UTF-8 (the server's JSON output), so ``json.loads``' encoding
+    detection is skipped. Results are the same as ``json.loads``'.
+    """
+    if data == b"[]":
+        return []
+    if data == b"{}":
+        return {}
+    return _DECODE(data.decode() if isinstance(data, bytes) else data)
+
+
 # Exact types, not isinstance: a subclass would be stored as its base type (see module doc).
 _SCALARS: Final = frozenset({type(None), bool, int})
 _REPR_LIMIT: Final = 60

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import traceback
 
@@ -20,6 +21,7 @@ from pgqueue.errors import (
     is_transient_conflict,
 )
 from pgqueue.states import FINAL_STATES, TRANSITIONS, JobState, allowed
+from pgqueue.tasks import Task
 
 
 def test_constant_and_linear_backoff() -> None:
@@ -166,3 +168,42 @@ def test_error_summary_names_the_error_not_sqlalchemys_link() -> None:
         recorded = "".join(traceback.format_exception(exc))
     assert error_summary(recorded) == ("ValueError: bad value " + "x" * 300)[:200]
     assert error_summary("") == ""
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[]", "{}", "[ ]", "{ }", '{"n":1}', '[1,"a",null,true,1.5]', '"x"', "null", '{"é":"ü"}'],
+)
+def test_load_json_reads_what_json_loads_reads(text: str) -> None:
+    for data in (text.encode(), text):
+        loaded = validation.load_json(data)
+        assert loaded == json.loads(text)
+        assert type(loaded) is type(json.loads(text))
+
+
+def test_load_json_refuses_what_json_loads_refuses() -> None:
+    for bad in (b"[", b"{]", b"", "[1,]"):
+        with pytest.raises(json.JSONDecodeError):
+            validation.load_json(bad)
+
+
+def test_checked_argument_shapes_do_not_let_other_shapes_through() -> None:
+    # check_arguments remembers shapes that bound; each other shape is still bound for real.
+    def handler(a: int, b: int = 1) -> None:
+        """Two parameters, one optional."""
+
+    task = Task(handler, sink=None, name="shapes")  # type: ignore[arg-type]
+    for _ in range(2):  # the second round answers from the remembered shapes
+        task.check_arguments([1], {})
+        task.check_arguments([], {"a": 1, "b": 2})
+    for args, kwargs in (
+        ([1, 2, 3], {}),
+        ([], {}),
+        ([1], {"a": 2}),
+        ([], {"a": 1, "c": 2}),
+        ([], {"b": 2}),
+    ):
+        with pytest.raises(ValidationError):
+            task.check_arguments(args, kwargs)
+        with pytest.raises(ValidationError):  # and not remembered as good
+            task.check_arguments(args, kwargs)
