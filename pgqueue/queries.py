@@ -514,6 +514,7 @@ def claimed_by() -> Select[Any]:
     )
 
 
+@cache
 def any_queue_limit() -> Select[bool]:
     """Whether any queue has a concurrency limit (chooses the claim variant)."""
     return select(select(literal(1)).where(QueueControl.concurrency_limit.is_not(None)).exists())

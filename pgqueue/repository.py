@@ -191,12 +191,62 @@ def claim(
     atomic: bool = False,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` ready jobs (see ``queries.claim``)."""
+    bind = session.get_bind()
+    key = id(bind)
+    stmt, params = _claim_statement(
+        key, worker_id, limit, queues, lease_seconds, task_leases, atomic=atomic
+    )
+    if not atomic and isinstance(bind, Engine) and not session.in_transaction():
+        rows: Sequence[Any] = uow.run_one_statement_rows(bind, stmt, params)
+    else:
+        rows = _core(session).execute(stmt, params).all()
+    seen = _limits_seen.get(key)
+    if seen is None or time.monotonic() >= seen[0]:
+        # After the claim, so the claim itself stays the first and only statement of its turn.
+        exists = any_queue_limit(session)
+        _limits_seen[key] = (time.monotonic() + LIMITS_CHECK_SECONDS, exists)
+    # Positional, in ``queries.CLAIMED_COLUMNS`` order (rows may be plain driver tuples).
+    return [ClaimedJob(*row) for row in rows]
+
+
+def claim_held(
+    held: uow.HeldConnection,
+    *,
+    worker_id: str,
+    limit: int,
+    queues: Sequence[str] | None,
+    lease_seconds: float,
+    task_leases: Mapping[str, float],
+) -> list[ClaimedJob]:
+    """``claim`` (leased) on a connection the claimer keeps (``uow.HeldConnection``, autocommit):
+    the worker's claim without a Session or a pool checkout per call."""
+    key = id(held.engine)
+    stmt, params = _claim_statement(
+        key, worker_id, limit, queues, lease_seconds, task_leases, atomic=False
+    )
+    rows = held.rows(stmt, params)
+    seen = _limits_seen.get(key)
+    if seen is None or time.monotonic() >= seen[0]:
+        exists = bool(held.rows(queries.any_queue_limit(), {})[0][0])
+        _limits_seen[key] = (time.monotonic() + LIMITS_CHECK_SECONDS, exists)
+    return [ClaimedJob(*row) for row in rows]
+
+
+def _claim_statement(
+    key: int,
+    worker_id: str,
+    limit: int,
+    queues: Sequence[str] | None,
+    lease_seconds: float,
+    task_leases: Mapping[str, float],
+    *,
+    atomic: bool,
+) -> tuple[Any, dict[str, Any]]:
     params: dict[str, Any] = {"limit": limit, "worker": worker_id, "lease_seconds": lease_seconds}
     if task_leases:
         params["task_leases"] = dict(task_leases)
     if queues is not None:
         params["queues"] = list(queues)
-    key = id(session.get_bind())
     seen = _limits_seen.get(key)
     # Until this claimer has looked, assume limits exist: the full variant is always correct.
     limits = True if seen is None else seen[1]
@@ -206,17 +256,7 @@ def claim(
         limits=limits,
         task_leases=bool(task_leases),
     )
-    bind = session.get_bind()
-    if not atomic and isinstance(bind, Engine) and not session.in_transaction():
-        rows: Sequence[Any] = uow.run_one_statement_rows(bind, stmt, params)
-    else:
-        rows = _core(session).execute(stmt, params).all()
-    if seen is None or time.monotonic() >= seen[0]:
-        # After the claim, so the claim itself stays the first and only statement of its turn.
-        exists = any_queue_limit(session)
-        _limits_seen[key] = (time.monotonic() + LIMITS_CHECK_SECONDS, exists)
-    # Positional, in ``queries.CLAIMED_COLUMNS`` order (rows may be plain driver tuples).
-    return [ClaimedJob(*row) for row in rows]
+    return stmt, params
 
 
 def claimed_by(

@@ -109,6 +109,64 @@ def run_one_statement_rows(
     )
 
 
+class HeldConnection:
+    """One pooled connection of ``engine`` kept checked out by a single user (the worker's
+    claimer) in autocommit mode, for statements sent on the driver directly (only where
+    ``driver_usable``). Against ``run_on_driver`` it saves, per statement, the pool checkout and
+    return (with its reset) and two autocommit switches: ~50 us of an idle worker's pick-up.
+
+    Not thread-safe: its user serializes the calls. After any error the connection goes back to
+    the pool (dropped when the error was a lost connection) and the next call checks out another,
+    so a broken connection is never reused.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._raw: Any = None
+
+    def rows(self, statement: Executable, params: dict[str, Any]) -> Sequence[Any]:
+        """All rows of ``statement`` (a cached statement of ``queries``) run in autocommit."""
+        import psycopg
+
+        raw = self._raw
+        if raw is None:
+            try:
+                raw = self.engine.raw_connection()
+            except psycopg.Error as exc:  # cannot connect: wrapped like SQLAlchemy's own checkout
+                raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
+            driver: Any = raw.driver_connection
+            driver.autocommit = True
+            self._raw = raw
+        prepared = driver_statement(statement, self.engine)
+        try:
+            rows: Sequence[Any] = raw.driver_connection.execute(
+                prepared.sql, prepared.params(params)
+            ).fetchall()
+        except psycopg.Error as exc:
+            self._release(exc)
+            raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
+        return rows
+
+    def close(self) -> None:
+        """Give the connection back to the pool (a later ``rows`` checks out another)."""
+        self._release(None)
+
+    def _release(self, error: BaseException | None) -> None:
+        raw, self._raw = self._raw, None
+        if raw is None:
+            return
+        driver = raw.driver_connection
+        if error is not None and self.engine.dialect.is_disconnect(
+            error,  # type: ignore[arg-type]
+            raw.dbapi_connection,
+            None,
+        ):
+            raw.invalidate(error)
+        elif not driver.closed:
+            driver.autocommit = False
+        raw.close()
+
+
 def _one_on_sqlalchemy(engine: Engine, statement: Executable, params: dict[str, Any]) -> Any:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         return connection.execute(statement, params).scalar_one()

@@ -9,7 +9,8 @@ Threads of one worker process::
     heartbeat   extends leases of running jobs, learns about cancel requests and lost leases,
                 and times out handlers past their task's timeout
     maintenance rescues expired leases and prunes history (one leader per database at a time)
-    listener    LISTEN connection (see ``notifier.py``)
+    listener    LISTEN connection (see ``notifier.py``); while the claim loop is idle it claims
+                for a notification itself, one thread hand-off less on an idle worker's pick-up
 
 No SQL here: database work goes through ``WorkerStore`` (pgqueue's own engine, autocommit) and,
 for atomic tasks, one transaction per job on the handler engine.
@@ -262,6 +263,11 @@ class Worker:
         self._atomic_probing = False
         self._atomic_idle = False  # the last probe found nothing: wait for a wake-up or a poll
         self._notified = False  # a notification (not just a freed slot) set ``_wake``
+        # One claimer at a time (the claim loop, or the listener for a notification): free slots
+        # are counted and filled under it, and the store's claim connection is used under it.
+        self._claim_lock = threading.Lock()
+        self._claim_on_notify = False  # set by ``run`` (not in drain mode, no atomic tasks)
+        self._task_leases: dict[str, float] = {}
         self._outcomes = _Outcomes()
         self._next_known_run_at: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -291,6 +297,10 @@ class Worker:
         """Process jobs until ``stop()`` (or, with ``drain``, until nothing is ready)."""
         if self.install_signal_handlers:
             self._install_signal_handlers()
+        self._task_leases = self.pgq.registry.lease_overrides()
+        # Atomic work is found by probes that the claim loop starts; in drain mode the claim
+        # loop decides when the queue is empty. Both keep every claim on the claim loop.
+        self._claim_on_notify = not drain and not self.pgq.registry.has_atomic
         self._start_threads()
         log.info(
             "worker %s started: queues=%s concurrency=%d listen=%s",
@@ -310,13 +320,14 @@ class Worker:
     # -- claim loop --------------------------------------------------------------------------
 
     def _claim_loop(self, drain: bool) -> None:
-        task_leases = self.pgq.registry.lease_overrides()
+        task_leases = self._task_leases
         has_atomic = self.pgq.registry.has_atomic
         failures = 0
         while not self._stopping.is_set():
             self._wake.clear()
             try:
-                full_batch = self._claim_once(task_leases, has_atomic)
+                with self._claim_lock:
+                    full_batch = self._claim_once(task_leases, has_atomic)
                 if (
                     drain
                     and not full_batch
@@ -393,6 +404,17 @@ class Worker:
 
     def _on_notify(self, run_at_epoch: float | None) -> None:
         if run_at_epoch is None:
+            if self._claim_on_notify and self._claim_lock.acquire(blocking=False):
+                # The claim loop is waiting (or between claims): claim here, on the thread the
+                # notification woke, instead of waking the claim loop to do it.
+                try:
+                    if self._stopping.is_set() or not self._claim_once(self._task_leases, False):
+                        return
+                except Exception:
+                    log.exception("claim on notification failed; the claim loop takes over")
+                finally:
+                    self._claim_lock.release()
+                # A full claim (more may be waiting) or a failed one: the claim loop goes on.
             with self._slots_lock:
                 self._notified = True
             self._wake.set()
@@ -758,6 +780,8 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._stopping.set()
+        with self._claim_lock:  # a claim under way on the listener registers its jobs first
+            self.store.close()
         deadline = time.monotonic() + self.shutdown_timeout
         while time.monotonic() < deadline:
             with self._slots_lock:

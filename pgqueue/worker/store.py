@@ -38,6 +38,8 @@ class WorkerStore:
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._transactional = engine
         self._stopping = stopping
+        # The claimer's own connection (claims are serialized by the worker, see ``claim``).
+        self._claim_connection = uow.HeldConnection(self._autocommit)
 
     def _run(
         self,
@@ -92,8 +94,28 @@ class WorkerStore:
         claims anew when there are none. Only jobs claimed since this call began (plus a second
         for the gap between the clocks' readings) qualify: a job this worker gave up on earlier
         (its outcome could not be written) is left to its lease, as documented.
+
+        Not to be called from two threads at once: the first attempt runs on the store's own
+        claim connection (kept checked out, autocommit), retries on pooled sessions.
         """
         began: float | None = None
+        if uow.driver_usable(self._autocommit):
+            began = time.monotonic()
+            try:
+                return repository.claim_held(
+                    self._claim_connection,
+                    worker_id=worker_id,
+                    limit=limit,
+                    queues=queues,
+                    lease_seconds=lease_seconds,
+                    task_leases=task_leases,
+                )
+            except (DBAPIError, OperationalError) as exc:
+                if not (is_connection_error(exc) or is_transient_conflict(exc)):
+                    raise
+                if self._stopping.is_set():
+                    raise
+                log.warning("claim: database unavailable (%s); retrying", _short(exc))
 
         def work(session: Session) -> list[ClaimedJob]:
             nonlocal began
@@ -122,6 +144,10 @@ class WorkerStore:
             )
 
         return self._run("claim", work, give_up_when_stopping=True)
+
+    def close(self) -> None:
+        """Give the claim connection back to the pool (the worker calls this when it stops)."""
+        self._claim_connection.close()
 
     def record_outcomes(self, outcomes: Iterable[Outcome]) -> set[int]:
         items = list(outcomes)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
+import pytest
 from sqlalchemy import Engine, event, text
 
 from pgqueue import PgQueue
@@ -74,3 +75,51 @@ def test_retry_after_a_lost_claim_answer_takes_the_claimed_jobs(pgq: PgQueue) ->
     # A claim with no failed attempt never looks for such jobs: it claims anew.
     again = store.claim(limit=2, held=lambda: [held, *ids], **claim)  # type: ignore[arg-type]
     assert sorted(j.id for j in again) == later[:2]
+
+
+def test_lost_answer_on_the_claim_connection(pgq: PgQueue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on the connection the store keeps for its claims (used when nothing watches
+    statements, so no event listener can break it): the statement runs and commits, then
+    reading its rows fails as a broken connection does. The retry takes exactly those jobs, and
+    the next claim runs on a fresh connection."""
+
+    @pgq.task(name="noop")
+    def noop() -> None: ...
+
+    store = WorkerStore(pgq.engine, stopping=threading.Event())
+    claim = {"worker_id": "w1", "queues": None, "lease_seconds": 30.0, "task_leases": {}}
+    [held] = noop.enqueue_many([{}])
+    [first] = store.claim(limit=1, **claim)  # type: ignore[arg-type]
+    assert first.id == held
+    claim_connection = store._claim_connection._raw.driver_connection
+    ids = noop.enqueue_many([{}] * 3)
+    later = noop.enqueue_many([{}] * 5)
+
+    lost: list[object] = []
+    fetchall = psycopg.Cursor.fetchall
+
+    def lose_once(cursor: psycopg.Cursor[object]) -> list[object]:
+        rows = fetchall(cursor)
+        if not lost and cursor.connection is claim_connection:
+            lost.append(rows)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return rows
+
+    monkeypatch.setattr(psycopg.Cursor, "fetchall", lose_once)
+    jobs = store.claim(limit=3, held=lambda: [held], **claim)  # type: ignore[arg-type]
+    assert len(lost) == 1 and len(lost[0]) == 3  # type: ignore[arg-type]
+    assert sorted(j.id for j in jobs) == ids
+    assert {j.attempt for j in jobs} == {1}
+    with pgq.engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT id, state, attempts, lease_owner FROM pgqueue_jobs ORDER BY id")
+        ).all()
+    assert [tuple(r) for r in rows] == (
+        [(held, "running", 1, "w1")]
+        + [(i, "running", 1, "w1") for i in ids]
+        + [(i, "queued", 0, None) for i in later]
+    )
+    again = store.claim(limit=2, held=lambda: [held, *ids], **claim)  # type: ignore[arg-type]
+    assert sorted(j.id for j in again) == later[:2]
+    assert store._claim_connection._raw.driver_connection is not claim_connection
+    store.close()

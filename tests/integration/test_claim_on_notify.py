@@ -1,0 +1,88 @@
+"""An idle listening worker claims on the listener thread (one thread hand-off less on pick-up).
+
+Two claimers then exist in one worker: the claim loop and the listener. They take turns under
+one lock, so the free slots are never over-filled, and every job still runs exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from pgqueue import JobState, PgQueue
+from pgqueue.testing import states_of, wait_for_states
+from pgqueue.worker import Worker
+
+
+class Peak:
+    """Handlers running at once in this process; ``peak`` is the most seen."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._current = 0
+        self._lock = threading.Lock()
+
+    def run(self, seconds: float) -> None:
+        with self._lock:
+            self._current += 1
+            self.peak = max(self.peak, self._current)
+        time.sleep(seconds)
+        with self._lock:
+            self._current -= 1
+
+
+def test_notifications_are_claimed_on_the_listener_within_the_free_slots(pgq: PgQueue) -> None:
+    probe = Peak()
+
+    @pgq.task(name="slow")
+    def slow() -> None:
+        probe.run(0.05)
+
+    # Polls never come in time: jobs are found through notifications and freed slots only.
+    worker = Worker(pgq, concurrency=2, poll_interval=60, maintenance=False)
+    claimers: list[str] = []
+    claim = worker.store.claim
+
+    def recording_claim(**kwargs: Any) -> Any:
+        jobs = claim(**kwargs)
+        if jobs:
+            claimers.append(threading.current_thread().name)
+        return jobs
+
+    worker.store.claim = recording_claim  # type: ignore[method-assign]
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert _wait(lambda: worker.notifier is not None)
+        assert worker.notifier is not None
+        assert worker.notifier.connected.wait(10)
+        # Warm up (first connections, statements prepared), then let the worker go idle.
+        warm = slow.enqueue()
+        wait_for_states(pgq, [warm], timeout=30)
+        time.sleep(0.3)
+        ids = []
+        for _ in range(12):
+            ids.append(slow.enqueue())
+            time.sleep(0.01)
+        wait_for_states(pgq, ids, timeout=30)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert set(states_of(pgq, ids).values()) == {JobState.SUCCEEDED}
+    assert worker.stats.claimed == 13
+    assert worker.stats.succeeded == 13
+    # The listener claimed for notifications that found the worker idle; the claim loop took
+    # what waited for a freed slot. Never more than the two slots ran at once.
+    assert "pgqueue-listener" in claimers
+    assert probe.peak == 2
+
+
+def _wait(predicate: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
