@@ -411,7 +411,8 @@ class Worker:
                     if self._stopping.is_set() or not self._claim_once(self._task_leases, False):
                         return
                 except Exception:
-                    log.exception("claim on notification failed; the claim loop takes over")
+                    if not self._stopping.is_set():
+                        log.exception("claim on notification failed; the claim loop takes over")
                 finally:
                     self._claim_lock.release()
                 # A full claim (more may be waiting) or a failed one: the claim loop goes on.
