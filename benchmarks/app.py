@@ -18,7 +18,7 @@ PROBE = "bench.probe"
 
 
 def build(url: str, settings: Settings | None = None) -> PgQueue:
-    """A PgQueue on ``url`` with the benchmark tasks registered (default settings)."""
+    """A PgQueue on ``url`` with the benchmark tasks registered (default settings unless given)."""
     pgq = PgQueue(url, settings=settings or Settings())
 
     @pgq.task(name=NOOP)
@@ -41,4 +41,6 @@ def build(url: str, settings: Settings | None = None) -> PgQueue:
 
 
 def make_app() -> PgQueue:
-    return build(os.environ["PGQUEUE_BENCH_URL"])
+    # Settings from the environment: the drain's best setting is PGQUEUE_LOG_SUCCESSES=false
+    # (with ``Settings()`` the worker subprocess ignored it and logged every success).
+    return build(os.environ["PGQUEUE_BENCH_URL"], Settings.from_env())
