@@ -117,7 +117,9 @@ class _WorkQueue:
             self._items.extend(items)
             if self._idle:
                 self._ready.notify()
-            if self._dispatcher_waiting:
+            # One item goes to the thread just woken (or one already awake): the dispatcher
+            # is needed only for more, so a lone job (an idle worker's pick-up) wakes nothing else.
+            if self._dispatcher_waiting and len(self._items) > 1:
                 self._tick.notify()
 
     def put(self, item: Any) -> None:
@@ -466,7 +468,9 @@ class Worker:
             claimable = self._backlog and len(self._running) < self._max_held
         if not decided:
             self._outcomes.put((execution, outcome))
-        if claimable:
+        # Already set: the claim loop has not cleared it yet, and it reads the free slots
+        # only after clearing it, so this handler's slot is seen (Event.set costs a lock).
+        if claimable and not self._wake.is_set():
             self._wake.set()
         # A timed-out handler's thread was replaced when its job was given up: retire it.
         return execution.timed_out
