@@ -202,9 +202,10 @@ class PgQueue:
         ):
             # A large batch: COPY instead of one INSERT over ten unnested arrays.
             allocate = uow.driver_statement(queries.allocate_job_ids(), self.engine)
+            notify = uow.driver_statement(queries.notify_tickets(), self.engine)
             return uow.run_on_driver(
                 self.engine,
-                lambda driver: repository.copy_jobs(driver, allocate, jobs),
+                lambda driver: repository.copy_jobs(driver, allocate, notify, jobs),
                 autocommit=False,
             )
         return uow.in_caller_or_own_transaction(

@@ -21,7 +21,6 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Enum,
-    ForeignKey,
     Identity,
     Index,
     Integer,
@@ -162,13 +161,16 @@ class MessageQueue(Base):
 
     The primary key is the job id, so a job can never have two tickets at once: a retry, a
     rescue and a manual re-run cannot race each other into a double run.
+
+    No foreign key to ``pgqueue_jobs`` (dropped in ``pgqueue_0003``: its per-row check cost more
+    than the ticket insert itself). The statements that delete jobs delete their tickets too,
+    and the claim only moves jobs that exist and are waiting, so a ticket left without its job
+    is deleted by the claim that picks it and runs nothing.
     """
 
     __tablename__ = "pgqueue_message_queue"
 
-    job_id: Mapped[int] = mapped_column(
-        BigInteger, ForeignKey(Job.id, ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     """The job this ticket runs."""
     queue: Mapped[str] = mapped_column(Text)
     """Copied from the job so the claim never reads ``pgqueue_jobs``."""

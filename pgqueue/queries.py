@@ -20,7 +20,6 @@ from sqlalchemy import (
     Boolean,
     ColumnElement,
     CompoundSelect,
-    Delete,
     Float,
     Integer,
     Select,
@@ -252,9 +251,15 @@ def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Sele
         return (
             select(jobs.c.id, jobs.c.unique_key, jobs.c.state, jobs.c.depends_on)
             .add_cte(tickets)
+            .where(_woken(tickets))
             .order_by(jobs.c.id)
         )
-    return select(jobs.c.id, jobs.c.unique_key).add_cte(tickets).order_by(jobs.c.id)
+    return (
+        select(jobs.c.id, jobs.c.unique_key)
+        .add_cte(tickets)
+        .where(_woken(tickets))
+        .order_by(jobs.c.id)
+    )
 
 
 @cache
@@ -286,7 +291,8 @@ def insert_one_job() -> Select[int]:
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("new_job")
     )
-    return select(job.c.id).add_cte(_tickets_for(job, "new_ticket"))
+    ticket = _tickets_for(job, "new_ticket")
+    return select(job.c.id).add_cte(ticket).where(_woken(ticket))
 
 
 @cache
@@ -316,9 +322,19 @@ def copy_jobs() -> Any:
 
 
 def copy_tickets() -> Any:
-    """``COPY pgqueue_message_queue (...) FROM STDIN``; rows: ``COPY_TICKET_COLUMNS``. The
-    statement-level NOTIFY trigger fires once for the whole COPY, as for an INSERT."""
+    """``COPY pgqueue_message_queue (...) FROM STDIN``; rows: ``COPY_TICKET_COLUMNS``. Sends
+    no wake-up: follow it with ``notify_tickets`` in the same transaction."""
     return _copy(MessageQueue.__tablename__, COPY_TICKET_COLUMNS)
+
+
+@cache
+def notify_tickets() -> Select[Any]:
+    """The wake-up for tickets inserted by COPY, which runs no pgqueue expression per row: one
+    NOTIFY per queue of ``queues`` (array) with the batch's ``run_at``, the payload the INSERT
+    paths send (``_woken``). Delivered at commit, so its place in the transaction is free."""
+    queues = func.unnest(_array("queues", Text)).table_valued("queue").render_derived(name="q")
+    run_at = bindparam("run_at", type_=MessageQueue.run_at.type)
+    return select(func.count(func.pg_notify(NOTIFY_CHANNEL, _wake_payload(queues.c.queue, run_at))))
 
 
 COPY_JOB_COLUMNS: Final = (
@@ -478,15 +494,20 @@ def claim(
         .returning(MessageQueue.job_id, MessageQueue.queue)
         .cte("claimed")
     )
-    taken = (
-        select(deleted.c.queue, func.count().label("n"))
-        .where(deleted.c.queue == limited.c.name)
-        .group_by(deleted.c.queue)
-        .subquery("taken")
+    # Count only tickets whose job this statement moves to RUNNING: a ticket whose job is gone
+    # (no foreign key since migration 0003) or not waiting is deleted but runs nothing.
+    moved = select(literal(1)).where(Job.id == deleted.c.job_id, _sources_fixed(CLAIM)).exists()
+    # Per limited queue, not GROUP BY: grouping the claimed rows made the planner sort them.
+    per_limited = (
+        select(func.count())
+        .select_from(deleted)
+        .where(deleted.c.queue == limited.c.name, moved)
+        .scalar_subquery()
     )
+    taken = select(limited.c.name.label("queue"), per_limited.label("n")).subquery("taken")
     bump = (
         update(QueueControl)
-        .where(QueueControl.name == taken.c.queue)
+        .where(QueueControl.name == taken.c.queue, taken.c.n > 0)
         .values(running=QueueControl.running + taken.c.n)
         .cte("bump")
     )
@@ -530,9 +551,41 @@ def any_queue_limit() -> Select[bool]:
 
 def _tickets_for(jobs: Any, name: str, *where: ColumnElement[bool]) -> Any:
     """CTE named ``name``: a ticket for each row of ``jobs`` (a CTE returning the jobs' id,
-    queue, priority, run_at and atomic) that matches ``where``."""
+    queue, priority, run_at and atomic) that matches ``where``. The statement must also
+    include ``_woken`` of it, which sends the wake-up."""
     rows = select(jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic)
-    return insert(MessageQueue).from_select(list(COPY_TICKET_COLUMNS), rows.where(*where)).cte(name)
+    return (
+        insert(MessageQueue)
+        .from_select(list(COPY_TICKET_COLUMNS), rows.where(*where))
+        .returning(MessageQueue.queue, MessageQueue.run_at)
+        .cte(name)
+    )
+
+
+def _wake_payload(queue: Any, first_run_at: Any) -> ColumnElement[str]:
+    """What an idle worker is told: the queue, plus the epoch of the earliest new ticket when
+    that is in the future (so it knows when to wake for a delayed job)."""
+    epoch = cast(func.extract("epoch", first_run_at), Text)
+    return case((first_run_at <= func.now(), queue), else_=queue + literal(" ") + epoch)
+
+
+def _woken(tickets: Any) -> ColumnElement[bool]:
+    """An always-true condition for the statement that inserts ``tickets`` (a ``_tickets_for``
+    CTE): evaluating it sends one NOTIFY per queue of the new tickets (none when there are
+    none), delivered at commit. In the statement and not a trigger on the ticket table: a
+    transition-table trigger cost ~20 us of server time per enqueue (migration 0003). A
+    condition because a CTE nothing reads is never evaluated; uncorrelated, it runs once."""
+    first = (
+        select(tickets.c.queue, func.min(tickets.c.run_at).label("first_run_at"))
+        .group_by(tickets.c.queue)
+        .subquery(f"{tickets.name}_queues")
+    )
+    sent = select(
+        func.count(
+            func.pg_notify(NOTIFY_CHANNEL, _wake_payload(first.c.queue, first.c.first_run_at))
+        )
+    ).scalar_subquery()
+    return sent >= 0
 
 
 def _free_slots(exited: Any) -> Any:
@@ -616,7 +669,8 @@ def retry() -> Select[int]:
 
 
 def _select_ids_with_tickets(updated: Any) -> Select[int]:
-    return select(updated.c.id).add_cte(_tickets_for(updated, "requeued"))
+    tickets = _tickets_for(updated, "requeued")
+    return select(updated.c.id).add_cte(tickets).where(_woken(tickets))
 
 
 @cache
@@ -789,16 +843,21 @@ def rescue_expired() -> Select[int, str, list[int] | None]:
         .cte("rescued")
     )
     tickets = _tickets_for(updated, "rescue_tickets", updated.c.state == RESCUE.target.value)
-    return select(updated.c.id, updated.c.state, updated.c.dependents).add_cte(
-        tickets, _free_slots(updated)
+    return (
+        select(updated.c.id, updated.c.state, updated.c.dependents)
+        .add_cte(tickets, _free_slots(updated))
+        .where(_woken(tickets))
     )
 
 
 @cache
-def prune_finished() -> Delete:
-    """Delete up to ``limit`` finished jobs older than their retention.
+def prune_finished() -> Select[int]:
+    """Delete up to ``limit`` finished jobs older than their retention; returns their count.
 
-    Binds ``succeeded_before``/``failed_before`` (seconds of age), ``limit``."""
+    Binds ``succeeded_before``/``failed_before`` (seconds of age), ``limit``. A finished job
+    has no ticket (the claim deleted it, a re-run gives a new one only to a job it moves out of
+    the finished states, and this statement locks what it deletes); any ticket of a pruned job
+    is deleted all the same, as the foreign key's cascade did before migration 0003."""
     old = (
         select(Job.id)
         .where(
@@ -821,7 +880,11 @@ def prune_finished() -> Delete:
         .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
-    return delete(Job).where(Job.id.in_(old))
+    pruned = delete(Job).where(Job.id.in_(old)).returning(Job.id).cte("pruned")
+    tickets = (
+        delete(MessageQueue).where(_among(MessageQueue.job_id, pruned.c.id)).cte("pruned_tickets")
+    )
+    return select(func.count()).select_from(pruned).add_cte(tickets)
 
 
 def try_maintenance_lock() -> Select[bool]:
@@ -1013,12 +1076,24 @@ def finished_per_minute() -> Select[str, JobState, int, int]:
 
 @cache
 def delete_job() -> Any:  # a ReturningDelete
-    """Delete one job that is not RUNNING (its ticket goes with it by the foreign key's
-    cascade). Binds ``job_id``; returns the id when deleted. A running job is left alone: its
-    worker still holds it and would report an outcome for a missing row."""
+    """Delete one job that is not RUNNING, and its ticket. Binds ``job_id``; returns the id when
+    deleted. A running job is left alone: its worker still holds it and would report an outcome
+    for a missing row (and it has no ticket: the claim deleted it).
+
+    The ticket goes first, in the claim's lock order (ticket, then job), so this statement and
+    a claim of the same job cannot deadlock: whichever locks the ticket first wins, and the
+    other finds it gone (the claim then skips it, or this sees the job RUNNING and stops)."""
+    job_id = bindparam("job_id", type_=BigInteger)
+    ticket = (
+        delete(MessageQueue)
+        .where(MessageQueue.job_id == job_id)
+        .returning(MessageQueue.job_id)
+        .cte("gone_ticket")
+    )
+    ticket_first = select(func.count()).select_from(ticket).scalar_subquery() >= 0
     return (
         delete(Job)
-        .where(Job.id == bindparam("job_id", type_=BigInteger), Job.state != JobState.RUNNING)
+        .where(Job.id == job_id, Job.state != JobState.RUNNING, ticket_first)
         .returning(Job.id)
     )
 
@@ -1254,6 +1329,6 @@ def settle_dependents() -> CompoundSelect[Any]:
     tickets = _tickets_for(unblocked, "unblocked_tickets")
     return (
         select(abandoned.c.id, abandoned.c.state)
-        .union_all(select(unblocked.c.id, unblocked.c.state))
+        .union_all(select(unblocked.c.id, unblocked.c.state).where(_woken(tickets)))
         .add_cte(tickets)
     )

@@ -109,13 +109,19 @@ def insert_one_job_params(job: NewJob) -> dict[str, Any]:
     }
 
 
-def copy_jobs(driver: Any, allocate: uow.DriverStatement, jobs: Sequence[NewJob]) -> list[int]:
+def copy_jobs(
+    driver: Any,
+    allocate: uow.DriverStatement,
+    notify: uow.DriverStatement,
+    jobs: Sequence[NewJob],
+) -> list[int]:
     """Insert a large batch of jobs (no unique keys, no dependencies, one ``delay``/``run_at``
     for all) and their tickets with two ``COPY``s on a psycopg connection, in the caller's
     transaction; return the ids in input order.
 
     Ids come from the identity sequence first (``queries.allocate_job_ids``, ascending like
-    the ``INSERT``'s), with the batch's ``run_at``, so both tables get the same values.
+    the ``INSERT``'s), with the batch's ``run_at``, so both tables get the same values. The
+    wake-up (``queries.notify_tickets``, one per queue) is sent last, delivered at commit.
     """
     first = jobs[0]
     params = allocate.params({"n": len(jobs), "run_at": first.run_at, "delay": first.delay})
@@ -141,6 +147,8 @@ def copy_jobs(driver: Any, allocate: uow.DriverStatement, jobs: Sequence[NewJob]
             write = copy.write_row
             for job_id, job in zip(ids, jobs, strict=True):
                 write((job_id, job.queue, job.priority, run_at, job.atomic))
+    queues = sorted({job.queue for job in jobs})
+    driver.execute(notify.sql, notify.params({"queues": queues, "run_at": run_at}))
     return list(ids)
 
 
@@ -442,11 +450,8 @@ def rescue_expired(
 def prune_finished(
     session: Session, *, succeeded_before: float, failed_before: float, limit: int
 ) -> int:
-    result = session.execute(
-        queries.prune_finished(),
-        {"succeeded_before": succeeded_before, "failed_before": failed_before, "limit": limit},
-    )
-    return int(getattr(result, "rowcount", 0) or 0)
+    params = {"succeeded_before": succeeded_before, "failed_before": failed_before, "limit": limit}
+    return int(_core(session).execute(queries.prune_finished(), params).scalar_one())
 
 
 def try_maintenance_lock(session: Session, key: int) -> bool:

@@ -394,9 +394,9 @@ def test_large_enqueue_many_copies_jobs_and_tickets_in_input_order(
     copies: list[int] = []
     real_copy = repository.copy_jobs
 
-    def spy(driver: object, allocate: object, jobs: list[object]) -> list[int]:
+    def spy(driver: object, allocate: object, notify: object, jobs: list[object]) -> list[int]:
         copies.append(len(jobs))
-        return real_copy(driver, allocate, jobs)  # type: ignore[arg-type]
+        return real_copy(driver, allocate, notify, jobs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(repository, "copy_jobs", spy)
     tricky = ["tab\there", "line\nbreak", "back\\slash", "\\N", "", "quote\"'", "é€𝄞", "\r\x01"]
@@ -433,6 +433,9 @@ def test_large_enqueue_many_copies_jobs_and_tickets_in_input_order(
     ids_now = echo.enqueue_many(items)
     assert copies == [n, n]
     with engine.begin() as connection:
+        connection.execute(
+            text("DELETE FROM pgqueue_message_queue WHERE job_id = ANY(:ids)"), {"ids": ids}
+        )
         connection.execute(text("DELETE FROM pgqueue_jobs WHERE id = ANY(:ids)"), {"ids": ids})
     states = run_until_final(pgq, ids_now, concurrency=20)
     assert set(states.values()) == {JobState.SUCCEEDED} and len(seen) == n

@@ -164,3 +164,49 @@ def test_host_version_locations_include_pgqueue(empty_database_url: URL, tmp_pat
         assert set(recorded) == {migrations.head()}
     assert "pgqueue_jobs" in _pgqueue_tables(empty_database_url)
     engine.dispose()
+
+
+def test_0003_drops_the_ticket_foreign_key_and_trigger_and_downgrade_restores_them(
+    empty_database_url: URL,
+) -> None:
+    """0003 leaves tickets without the foreign key and the NOTIFY trigger; its downgrade first
+    deletes tickets whose job is gone (the constraint could not be added over them), then puts
+    both back, cascade included."""
+
+    def ticket_fk_and_trigger(connection: object) -> tuple[int, int]:
+        fks = connection.execute(  # type: ignore[attr-defined]
+            text(
+                "SELECT count(*) FROM pg_constraint"
+                " WHERE conrelid = 'pgqueue_message_queue'::regclass AND contype = 'f'"
+            )
+        ).scalar_one()
+        triggers = connection.execute(  # type: ignore[attr-defined]
+            text(
+                "SELECT count(*) FROM pg_trigger"
+                " WHERE tgrelid = 'pgqueue_message_queue'::regclass AND NOT tgisinternal"
+            )
+        ).scalar_one()
+        return fks, triggers
+
+    engine = create_engine(empty_database_url)
+    with engine.begin() as connection:
+        migrations.upgrade(connection, "pgqueue_0002")
+        assert ticket_fk_and_trigger(connection) == (1, 1)
+        migrations.upgrade(connection, "pgqueue_0003")
+        assert ticket_fk_and_trigger(connection) == (0, 0)
+        connection.execute(
+            text(
+                "INSERT INTO pgqueue_jobs (id, task_name, queue) VALUES (1, 't', 'q'), (2, 't', 'q');"
+                " INSERT INTO pgqueue_message_queue (job_id, queue) VALUES (1, 'q'), (2, 'q');"
+                " DELETE FROM pgqueue_jobs WHERE id = 2"
+            )
+        )
+        migrations.downgrade(connection, "pgqueue_0002")
+        assert ticket_fk_and_trigger(connection) == (1, 1)
+        tickets = connection.execute(text("SELECT job_id FROM pgqueue_message_queue")).all()
+        assert tickets == [(1,)]
+        connection.execute(text("DELETE FROM pgqueue_jobs WHERE id = 1"))  # the cascade is back
+        assert connection.execute(text("SELECT count(*) FROM pgqueue_message_queue")).scalar() == 0
+        migrations.upgrade(connection)
+        assert ticket_fk_and_trigger(connection) == (0, 0)
+    engine.dispose()
