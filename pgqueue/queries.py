@@ -42,7 +42,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, aggregate_order_by
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REGCLASS, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.dml import ReturningUpdate
@@ -300,8 +300,13 @@ def allocate_job_ids() -> Select[Any, Any]:
     """One row: an array of ``n`` new job ids from the jobs' identity sequence, ascending, and
     the batch's run_at (``run_at`` if given, else ``now()`` plus ``delay`` seconds, may be
     null): for ``COPY`` of a large batch, which cannot evaluate defaults per row. One array,
-    not ``n`` rows: half the cost per job. Binds ``n``, ``run_at``, ``delay``."""
-    sequence = func.pg_get_serial_sequence(literal(Job.__tablename__), literal("id"))
+    not ``n`` rows: half the cost per job. Binds ``n``, ``run_at``, ``delay``.
+
+    The sequence is looked up once, as a ``regclass`` (an InitPlan): as ``nextval``'s argument
+    the lookup and the text-to-regclass cast ran per id, 3 us of the 3.5 us each id cost."""
+    sequence = select(
+        cast(func.pg_get_serial_sequence(literal(Job.__tablename__), literal("id")), REGCLASS)
+    ).scalar_subquery()
     run_at = func.coalesce(
         bindparam("run_at", type_=Job.run_at.type),
         func.now() + _seconds(func.coalesce(bindparam("delay", type_=Float), literal_column("0"))),
