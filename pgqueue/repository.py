@@ -126,30 +126,59 @@ def copy_jobs(
     first = jobs[0]
     params = allocate.params({"n": len(jobs), "run_at": first.run_at, "delay": first.delay})
     ids, run_at = driver.execute(allocate.sql, params).fetchone()
+    # The rows as COPY text, formatted here: psycopg's write_row adapts every value on its own
+    # (~2.5 us per row), an f-string takes ~0.5 us. Text columns are escaped (``_copy_text``);
+    # the others are ints, one timestamp and booleans, whose text needs no escaping. Written in
+    # chunks, so a huge batch is never held as text all at once.
+    stamp = run_at.isoformat()
+    text = _copy_text
+    names = {name: text(name) for name in {j.task_name for j in jobs} | {j.queue for j in jobs}}
+    rows: list[str] = []
     with driver.cursor() as cursor:
         with cursor.copy(queries.copy_jobs()) as copy:
-            write = copy.write_row
             for job_id, job in zip(ids, jobs, strict=True):
-                write(
-                    (
-                        job_id,
-                        job.task_name,
-                        job.queue,
-                        job.args_json,
-                        job.kwargs_json,
-                        job.priority,
-                        job.max_attempts,
-                        run_at,
-                        job.atomic,
-                    )
+                rows.append(
+                    f"{job_id}\t{names[job.task_name]}\t{names[job.queue]}\t"
+                    f"{text(job.args_json)}\t{text(job.kwargs_json)}\t{job.priority}\t"
+                    f"{job.max_attempts}\t{stamp}\t{'t' if job.atomic else 'f'}\n"
                 )
+                if len(rows) == _COPY_CHUNK:
+                    copy.write("".join(rows))
+                    rows.clear()
+            copy.write("".join(rows))
+            rows.clear()
         with cursor.copy(queries.copy_tickets()) as copy:
-            write = copy.write_row
             for job_id, job in zip(ids, jobs, strict=True):
-                write((job_id, job.queue, job.priority, run_at, job.atomic))
+                rows.append(
+                    f"{job_id}\t{names[job.queue]}\t{job.priority}\t{stamp}"
+                    f"\t{'t' if job.atomic else 'f'}\n"
+                )
+                if len(rows) == _COPY_CHUNK:
+                    copy.write("".join(rows))
+                    rows.clear()
+            copy.write("".join(rows))
     queues = sorted({job.queue for job in jobs})
     driver.execute(notify.sql, notify.params({"queues": queues, "run_at": run_at}))
     return list(ids)
+
+
+_COPY_CHUNK = 5000  # rows per write of a COPY
+
+_COPY_ESCAPES: dict[int, str] = {
+    ord("\\"): "\\\\",
+    ord("\t"): "\\t",
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+}
+
+
+def _copy_text(value: str) -> str:
+    """``value`` as a field of COPY's text format: backslash, tab, newline and carriage return
+    escaped (``\\N`` in a value thus stays text, never NULL). JSON text from ``validation``
+    holds no raw control characters, so usually only a backslash needs it, or nothing."""
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return value.translate(_COPY_ESCAPES)
+    return value
 
 
 def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:

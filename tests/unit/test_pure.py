@@ -207,3 +207,12 @@ def test_checked_argument_shapes_do_not_let_other_shapes_through() -> None:
             task.check_arguments(args, kwargs)
         with pytest.raises(ValidationError):  # and not remembered as good
             task.check_arguments(args, kwargs)
+
+
+def test_copy_text_escapes_what_copys_text_format_would_read_as_syntax() -> None:
+    from pgqueue.repository import _copy_text
+
+    assert _copy_text('{"a":"plain"}') == '{"a":"plain"}'
+    # One pass: the backslashes the escapes add are not escaped again; \N stays text, not NULL.
+    assert _copy_text("a\tb\nc\rd\\e\\N") == "a\\tb\\nc\\rd\\\\e\\\\N"
+    assert _copy_text(json.dumps(["tab\t", "\\"])) == '["tab\\\\t", "\\\\\\\\"]'
