@@ -54,10 +54,18 @@ job_state_type = Enum(
     JobState,
     name="job_state",
     native_enum=False,
-    create_constraint=True,
+    create_constraint=False,  # STATE_CHECK instead
     length=16,
     values_callable=lambda states: [s.value for s in states],
     validate_strings=True,
+)
+
+# The states as one array constant, not the IN list of seven that the Enum would generate:
+# PostgreSQL prepares a table's CHECK expressions again for every statement that writes it,
+# and the IN list took ~10 us of each INSERT and UPDATE of a job against ~4 us (migration
+# pgqueue_0004). A unit test keeps it equal to JobState.
+STATE_CHECK = (
+    "state::text = ANY ('{queued,waiting,running,retrying,succeeded,failed,cancelled}'::text[])"
 )
 
 
@@ -130,6 +138,7 @@ class Job(Base):
     the row's newest version) returns dependents added concurrently too."""
 
     __table_args__ = (
+        CheckConstraint(STATE_CHECK, name="state_valid"),
         CheckConstraint("attempts >= 0", name="attempts_non_negative"),
         CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
         # Rescue scans running jobs by lease expiry; partial, so it stays tiny.

@@ -216,3 +216,10 @@ def test_copy_text_escapes_what_copys_text_format_would_read_as_syntax() -> None
     # One pass: the backslashes the escapes add are not escaped again; \N stays text, not NULL.
     assert _copy_text("a\tb\nc\rd\\e\\N") == "a\\tb\\nc\\rd\\\\e\\\\N"
     assert _copy_text(json.dumps(["tab\t", "\\"])) == '["tab\\\\t", "\\\\\\\\"]'
+
+
+def test_state_check_allows_exactly_the_job_states() -> None:
+    from pgqueue.models import STATE_CHECK
+
+    listed = STATE_CHECK.split("'{", 1)[1].split("}'", 1)[0].split(",")
+    assert sorted(listed) == sorted(s.value for s in JobState)
