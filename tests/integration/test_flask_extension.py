@@ -137,11 +137,12 @@ def test_failed_handler_rolls_back_its_db_session_and_sessions_are_removed(
     each job sees a fresh session (removed after the previous job)."""
     local_db = SQLAlchemy()
     local_pgq = PgQueue(db=local_db)
-    seen_sessions: list[int] = []
+    # The sessions themselves, not their id(): a freed session's id can be reused by the next.
+    seen_sessions: list[object] = []
 
     @local_pgq.task(name="t.write_then_fail", max_attempts=1)
     def write_then_fail(value: int) -> None:
-        seen_sessions.append(id(local_db.session()))
+        seen_sessions.append(local_db.session())
         local_db.session.execute(text("INSERT INTO notes (value) VALUES (:v)"), {"v": value})
         if value < 0:
             raise ValueError("negative")
@@ -165,7 +166,7 @@ def test_failed_handler_rolls_back_its_db_session_and_sessions_are_removed(
         with app.app_context():
             values = sorted(local_db.session.scalars(text("SELECT value FROM notes")))
         assert values == [1, 2]
-        assert len(seen_sessions) == 3 and len(set(seen_sessions)) == 3
+        assert len(seen_sessions) == 3 and len({id(s) for s in seen_sessions}) == 3
         assert "ValueError: negative" in (
             local_pgq.state(app).queue.get_job(ids[1]).last_error or ""
         )
