@@ -43,6 +43,7 @@ class Sizes:
     baseline_batches: tuple[int, ...]
     drain_rounds: int
     latency: int
+    latency_rounds: int
     history_rows: int
     history_rounds: int
     cpu: int
@@ -58,6 +59,7 @@ QUICK = Sizes(
     baseline_batches=(50,),
     drain_rounds=1,
     latency=200,
+    latency_rounds=1,
     history_rows=50_000,
     history_rounds=1,
     cpu=300,
@@ -67,11 +69,12 @@ FULL = Sizes(
     enqueue1=500,
     enqueue_batch=50_000,
     enqueue_rounds=5,
-    drain=30_000,
+    drain=60_000,
     drain_concurrency=(10, 50, 100, 200),
     baseline_batches=(50, 200),
     drain_rounds=3,
-    latency=3_000,
+    latency=1_000,
+    latency_rounds=3,
     history_rows=1_000_000,
     history_rounds=2,
     cpu=3_000,
@@ -181,12 +184,20 @@ def run_suite(
             )
 
     if "latency" in only:
-        results["latency"] = {
-            "pgqueue": step("latency", w.latency_pgqueue, srv, sizes.latency, LATENCY_RATE),
-            "baseline": step(
-                "baseline latency", w.latency_baseline, srv, sizes.latency, LATENCY_RATE
-            ),
-        }
+        latency_pairs = []
+        for r in range(sizes.latency_rounds):
+            pg = step(f"latency round {r + 1}", w.latency_pgqueue, srv, sizes.latency, LATENCY_RATE)
+            base = step(
+                f"latency round {r + 1}: baseline",
+                w.latency_baseline,
+                srv,
+                sizes.latency,
+                LATENCY_RATE,
+            )
+            if pg and base:
+                latency_pairs.append((pg, base))
+        if latency_pairs:
+            results["latency"] = w.paired_latency(latency_pairs)
 
     if "history" in only:
         empty, full = [], []
@@ -328,9 +339,9 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     lat = results.get("latency") or {}
     lp, lb = lat.get("pgqueue"), lat.get("baseline")
-    p50_ratio = lp["p50"] / lb["p50"] if lp and lb and lb["p50"] > 0 else None
+    p50_ratio = lat.get("p50_ratio")
     add(
-        "latency p50",
+        f"latency p50 (median of {len(lat.get('rounds', []))} paired rounds)",
         lp and lp["p50"],
         lb and lb["p50"],
         "ms",

@@ -356,7 +356,7 @@ def latency_pgqueue(server: Server, n: int, rate: float) -> Result:
         finally:
             pgq.dispose()
     delays = [(started[job_id] - t) * 1000 for job_id, t in sent.items()]
-    return {"jobs": n, "rate": rate, **percentiles(delays), "unit": "ms"}
+    return {"jobs": n, "rate": rate, **percentiles(delays), "unit": "ms", "delays": delays}
 
 
 def _probe_done(url: URL, expected: int) -> bool:
@@ -398,7 +398,36 @@ def latency_baseline(server: Server, n: int, rate: float) -> Result:
             wait_until(lambda: len(baseline.probe_results(conninfo)) >= n, 60, "probe jobs")
             started = baseline.probe_results(conninfo)
     delays = [(started[job_id] - t) * 1000 for job_id, t in sent.items()]
-    return {"jobs": n, "rate": rate, **percentiles(delays), "unit": "ms"}
+    return {"jobs": n, "rate": rate, **percentiles(delays), "unit": "ms", "delays": delays}
+
+
+def paired_latency(rounds: list[tuple[Result, Result]]) -> Result:
+    """Per-round (pgqueue, baseline) latency results -> each side's median of per-round p50s,
+    the median of per-round p50 ratios, and p95/p99/max over all rounds' samples.
+
+    As for the throughput pairs, the sides alternate round by round: a p50 of under a
+    millisecond moves by a third with the machine's load, and a single pgqueue run minutes
+    before a single baseline run compared two different machines."""
+
+    def side(index: int) -> Result:
+        samples = [d for pair in rounds for d in pair[index]["delays"]]
+        return {
+            **percentiles(samples),
+            "p50": statistics.median(pair[index]["p50"] for pair in rounds),
+            "jobs": len(samples),
+            "unit": "ms",
+        }
+
+    return {
+        "rounds": [
+            {"pgqueue": pg["p50"], "baseline": base["p50"], "ratio": pg["p50"] / base["p50"]}
+            for pg, base in rounds
+        ],
+        "pgqueue": side(0),
+        "baseline": side(1),
+        "p50_ratio": statistics.median(pg["p50"] / base["p50"] for pg, base in rounds),
+        "rounds_detail": [{"pgqueue": pg, "baseline": base} for pg, base in rounds],
+    }
 
 
 # -- memory ----------------------------------------------------------------------------------
