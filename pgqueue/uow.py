@@ -117,12 +117,18 @@ class HeldConnection:
 
     Not thread-safe: its user serializes the calls. After any error the connection goes back to
     the pool (dropped when the error was a lost connection) and the next call checks out another,
-    so a broken connection is never reused.
+    so a broken connection is never reused. ``setup`` runs once on each connection it checks
+    out, and ``reset`` undoes it before the connection goes back to the pool.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self, engine: Engine, *, setup: str | None = None, reset: str | None = None
+    ) -> None:
         self.engine = engine
+        self._setup = setup
+        self._reset = reset
         self._raw: Any = None
+        self._set_up = False  # ``setup`` has run on ``_raw``
 
     def rows(self, statement: Executable, params: dict[str, Any]) -> Sequence[Any]:
         """All rows of ``statement`` (a cached statement of ``queries``) run in autocommit."""
@@ -139,6 +145,9 @@ class HeldConnection:
             self._raw = raw
         prepared = driver_statement(statement, self.engine)
         try:
+            if self._setup is not None and not self._set_up:
+                raw.driver_connection.execute(self._setup)
+                self._set_up = True
             rows: Sequence[Any] = raw.driver_connection.execute(
                 prepared.sql, prepared.params(params)
             ).fetchall()
@@ -152,7 +161,10 @@ class HeldConnection:
         self._release(None)
 
     def _release(self, error: BaseException | None) -> None:
+        import psycopg
+
         raw, self._raw = self._raw, None
+        set_up, self._set_up = self._set_up, False
         if raw is None:
             return
         driver = raw.driver_connection
@@ -163,7 +175,13 @@ class HeldConnection:
         ):
             raw.invalidate(error)
         elif not driver.closed:
-            driver.autocommit = False
+            try:
+                if set_up and self._reset is not None:
+                    driver.execute(self._reset)
+                driver.autocommit = False
+            except psycopg.Error as exc:
+                # Not back to the pool with the claimer's settings: other users share it.
+                raw.invalidate(exc)
         raw.close()
 
 

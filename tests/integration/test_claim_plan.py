@@ -17,6 +17,7 @@ Autovacuum is switched off on both tables so that "stale" stays stale while the 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,7 +27,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from pgqueue import repository
+from pgqueue import queries, repository
+from pgqueue.worker.store import WorkerStore
 
 FINISHED = 100_000
 READY = 50_000
@@ -295,3 +297,55 @@ def test_claim_of_200_probes_primary_keys_instead_of_scanning(admin: Engine, lim
         assert {"pk_pgqueue_message_queue", "pk_pgqueue_jobs"} <= {
             n.get("Index Name") for n in nodes(plan)
         }, describe(plan)
+
+
+def sequential_scans(plan: dict[str, Any]) -> list[str]:
+    return [
+        n["Relation Name"]
+        for n in nodes(plan)
+        if n["Node Type"] == "Seq Scan" and n.get("Relation Name") in BIG_TABLES
+    ]
+
+
+def test_claim_connection_settings_keep_scans_off_tiny_tables(admin: Engine) -> None:
+    # psycopg prepares the worker's claim after five runs and PostgreSQL may keep the generic
+    # plan for the connection's life. Made while the tables are tiny (a fresh install), that plan
+    # scans them whole, and each later claim walked every job row and dead ticket as the tables
+    # grew (server time per empty claim 56 -> 226 us over 3,000 claims at 100 jobs/s). The
+    # claim connection's settings (queries.CLAIM_CONNECTION_SETUP) leave only index plans.
+    with admin.connect() as connection:
+        insert_ready(connection, 3)
+        analyze(connection)
+        sql, _ = captured_claim(connection, filter_queues=False)
+        assert sequential_scans(generic_plan(connection, sql)), "no problem to fix on tiny tables?"
+        connection.exec_driver_sql(queries.CLAIM_CONNECTION_SETUP)
+        try:
+            plan = generic_plan(connection, sql)
+        finally:
+            connection.exec_driver_sql(queries.CLAIM_CONNECTION_RESET)
+        assert sequential_scans(plan) == [], describe(plan)
+        assert CLAIM_INDEX in {n.get("Index Name") for n in nodes(plan)}, describe(plan)
+
+
+def test_worker_claim_connection_has_the_settings_and_goes_back_to_the_pool_without(
+    database_url: URL,
+) -> None:
+    engine = create_engine(database_url, pool_size=1, max_overflow=0)
+    store = WorkerStore(engine, stopping=threading.Event())
+    show = text("SELECT current_setting('enable_seqscan'), pg_backend_pid()")
+    try:
+        assert (
+            store.claim(worker_id="w", limit=5, queues=None, lease_seconds=30.0, task_leases={})
+            == []
+        )
+        held = store._claim_connection  # the connection the worker's claims ran on
+        setting, claimer_pid = held.rows(show, {})[0]
+        assert setting == "off"
+        store.close()
+        # The pool's only connection, the one the claimer held: its settings are the defaults.
+        with engine.connect() as connection:
+            setting, pid = connection.execute(show).one()
+        assert (setting, pid) == ("on", claimer_pid)
+    finally:
+        store.close()
+        engine.dispose()
