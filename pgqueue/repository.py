@@ -133,36 +133,46 @@ def copy_jobs(
     stamp = run_at.isoformat()
     text = _copy_text
     names = {name: text(name) for name in {j.task_name for j in jobs} | {j.queue for j in jobs}}
-    rows: list[str] = []
+    pairs = list(zip(ids, jobs, strict=True))
     with driver.cursor() as cursor:
         with cursor.copy(queries.copy_jobs()) as copy:
-            for job_id, job in zip(ids, jobs, strict=True):
-                rows.append(
+            _write_in_chunks(
+                copy,
+                (
                     f"{job_id}\t{names[job.task_name]}\t{names[job.queue]}\t"
                     f"{text(job.args_json)}\t{text(job.kwargs_json)}\t{job.priority}\t"
                     f"{job.max_attempts}\t{stamp}\t{'t' if job.atomic else 'f'}\n"
-                )
-                if len(rows) == _COPY_CHUNK:
-                    copy.write("".join(rows))
-                    rows.clear()
-            copy.write("".join(rows))
-            rows.clear()
+                    for job_id, job in pairs
+                ),
+            )
         with cursor.copy(queries.copy_tickets()) as copy:
-            for job_id, job in zip(ids, jobs, strict=True):
-                rows.append(
+            _write_in_chunks(
+                copy,
+                (
                     f"{job_id}\t{names[job.queue]}\t{job.priority}\t{stamp}"
                     f"\t{'t' if job.atomic else 'f'}\n"
-                )
-                if len(rows) == _COPY_CHUNK:
-                    copy.write("".join(rows))
-                    rows.clear()
-            copy.write("".join(rows))
+                    for job_id, job in pairs
+                ),
+            )
     queues = sorted({job.queue for job in jobs})
     driver.execute(notify.sql, notify.params({"queues": queues, "run_at": run_at}))
     return list(ids)
 
 
 _COPY_CHUNK = 5000  # rows per write of a COPY
+
+
+def _write_in_chunks(copy: Any, lines: Iterable[str]) -> None:
+    """Send COPY text lines ``_COPY_CHUNK`` at a time: one ``write`` per line costs more
+    Python than the line, one for the whole batch holds it all in memory twice."""
+    rows: list[str] = []
+    for line in lines:
+        rows.append(line)
+        if len(rows) == _COPY_CHUNK:
+            copy.write("".join(rows))
+            rows.clear()
+    copy.write("".join(rows))
+
 
 _COPY_ESCAPES: dict[int, str] = {
     ord("\\"): "\\\\",

@@ -19,7 +19,37 @@ from pgqueue.models import Job, MessageQueue
 from pgqueue.states import FINAL_STATES, JobState
 from pgqueue.worker import Worker
 
-__all__ = ["run_until_final", "states_of", "table_counts", "wait_for_states"]
+__all__ = [
+    "ConcurrencyProbe",
+    "run_until_final",
+    "states_of",
+    "table_counts",
+    "wait_for_states",
+]
+
+
+class ConcurrencyProbe:
+    """Counts handlers running at once in this process; ``peak`` is the most seen.
+
+    Call ``run(seconds)`` inside a handler, run the jobs, then assert on ``peak``: a queue limit
+    or a worker's concurrency held, or was used.
+    """
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._current = 0
+        self._lock = threading.Lock()
+
+    def run(self, seconds: float) -> None:
+        """Count this handler as running for ``seconds`` (it sleeps)."""
+        with self._lock:
+            self._current += 1
+            self.peak = max(self.peak, self._current)
+        try:
+            time.sleep(seconds)
+        finally:
+            with self._lock:
+                self._current -= 1
 
 
 def table_counts(engine: Engine) -> dict[str, int]:

@@ -11,29 +11,12 @@ import time
 from typing import Any
 
 from pgqueue import JobState, PgQueue
-from pgqueue.testing import states_of, wait_for_states
+from pgqueue.testing import ConcurrencyProbe, states_of, wait_for_states
 from pgqueue.worker import Worker
 
 
-class Peak:
-    """Handlers running at once in this process; ``peak`` is the most seen."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._current = 0
-        self._lock = threading.Lock()
-
-    def run(self, seconds: float) -> None:
-        with self._lock:
-            self._current += 1
-            self.peak = max(self.peak, self._current)
-        time.sleep(seconds)
-        with self._lock:
-            self._current -= 1
-
-
 def test_notifications_are_claimed_on_the_listener_within_the_free_slots(pgq: PgQueue) -> None:
-    probe = Peak()
+    probe = ConcurrencyProbe()
 
     @pgq.task(name="slow")
     def slow() -> None:

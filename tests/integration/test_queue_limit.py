@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import URL
 
 from pgqueue import JobState, PgQueue, repository
-from pgqueue.testing import states_of, wait_for_states
+from pgqueue.testing import ConcurrencyProbe, states_of, wait_for_states
 from pgqueue.worker import Worker
 
 APP = """
@@ -106,23 +106,6 @@ def test_limit_two_across_four_worker_processes(
         "concurrency_limit": 2,
         "running": 0,
     }
-
-
-class ConcurrencyProbe:
-    """Counts handlers running at once in this process; ``peak`` is the most seen."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._current = 0
-        self._lock = threading.Lock()
-
-    def run(self, seconds: float) -> None:
-        with self._lock:
-            self._current += 1
-            self.peak = max(self.peak, self._current)
-        time.sleep(seconds)
-        with self._lock:
-            self._current -= 1
 
 
 def test_limit_applies_within_one_worker_and_can_be_lifted(pgq: PgQueue) -> None:
