@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 import pytest
@@ -39,24 +41,38 @@ def answer_lost_once(engine: Engine, marker: str) -> Iterator[list[str]]:
         event.remove(engine, "after_cursor_execute", after)
 
 
-def test_retry_after_a_lost_claim_answer_takes_the_claimed_jobs(pgq: PgQueue) -> None:
+CLAIM = {"worker_id": "w1", "queues": None, "lease_seconds": 30.0, "task_leases": {}}
+
+
+@dataclass
+class Scene:
+    """A store whose worker holds one claimed job (``held``), then 3 and 5 queued jobs."""
+
+    store: WorkerStore
+    held: int
+    ids: list[int]
+    later: list[int]
+
+    def claim(self, limit: int, held: list[int]) -> list[Any]:
+        return self.store.claim(limit=limit, held=lambda: held, **CLAIM)  # type: ignore[arg-type]
+
+
+def scene(pgq: PgQueue) -> Scene:
     @pgq.task(name="noop")
     def noop() -> None: ...
 
     store = WorkerStore(pgq.engine, stopping=threading.Event())
-    claim = {"worker_id": "w1", "queues": None, "lease_seconds": 30.0, "task_leases": {}}
     [held] = noop.enqueue_many([{}])
-    [first] = store.claim(limit=1, **claim)  # type: ignore[arg-type]
+    [first] = store.claim(limit=1, **CLAIM)  # type: ignore[arg-type]
     assert first.id == held
-    ids = noop.enqueue_many([{}] * 3)
-    later = noop.enqueue_many([{}] * 5)
+    return Scene(store, held, noop.enqueue_many([{}] * 3), noop.enqueue_many([{}] * 5))
 
-    with answer_lost_once(pgq.engine, "DELETE FROM pgqueue_message_queue") as lost:
-        jobs = store.claim(limit=3, held=lambda: [held], **claim)  # type: ignore[arg-type]
-    assert lost  # the first attempt committed and its answer was lost
-    # The retry returned exactly the jobs that attempt claimed, as attempt 1 with their tokens;
-    # it claimed nothing more, and left the job this worker already holds alone.
-    assert sorted(j.id for j in jobs) == ids
+
+def assert_took_back_exactly_the_lost_claim(pgq: PgQueue, s: Scene, jobs: list[Any]) -> None:
+    """The retry returned exactly the jobs the lost attempt claimed, as attempt 1 with their
+    tokens; it claimed nothing more and left the job the worker already held alone. A later
+    claim with no failed attempt claims anew."""
+    assert sorted(j.id for j in jobs) == s.ids
     assert {j.attempt for j in jobs} == {1}
     with pgq.engine.connect() as connection:
         rows = connection.execute(
@@ -66,15 +82,21 @@ def test_retry_after_a_lost_claim_answer_takes_the_claimed_jobs(pgq: PgQueue) ->
         ).all()
     tokens = {j.id: j.lease_token for j in jobs}
     assert [(r.id, r.state, r.attempts, r.lease_owner) for r in rows] == (
-        [(held, "running", 1, "w1")]
-        + [(i, "running", 1, "w1") for i in ids]
-        + [(i, "queued", 0, None) for i in later]
+        [(s.held, "running", 1, "w1")]
+        + [(i, "running", 1, "w1") for i in s.ids]
+        + [(i, "queued", 0, None) for i in s.later]
     )
     assert all(tokens[r.id] == r.lease_token for r in rows if r.id in tokens)
+    again = s.claim(2, [s.held, *s.ids])
+    assert sorted(j.id for j in again) == s.later[:2]
 
-    # A claim with no failed attempt never looks for such jobs: it claims anew.
-    again = store.claim(limit=2, held=lambda: [held, *ids], **claim)  # type: ignore[arg-type]
-    assert sorted(j.id for j in again) == later[:2]
+
+def test_retry_after_a_lost_claim_answer_takes_the_claimed_jobs(pgq: PgQueue) -> None:
+    s = scene(pgq)
+    with answer_lost_once(pgq.engine, "DELETE FROM pgqueue_message_queue") as lost:
+        jobs = s.claim(3, [s.held])
+    assert lost  # the first attempt committed and its answer was lost
+    assert_took_back_exactly_the_lost_claim(pgq, s, jobs)
 
 
 def test_lost_answer_on_the_claim_connection(pgq: PgQueue, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,19 +104,8 @@ def test_lost_answer_on_the_claim_connection(pgq: PgQueue, monkeypatch: pytest.M
     statements, so no event listener can break it): the statement runs and commits, then
     reading its rows fails as a broken connection does. The retry takes exactly those jobs, and
     the next claim runs on a fresh connection."""
-
-    @pgq.task(name="noop")
-    def noop() -> None: ...
-
-    store = WorkerStore(pgq.engine, stopping=threading.Event())
-    claim = {"worker_id": "w1", "queues": None, "lease_seconds": 30.0, "task_leases": {}}
-    [held] = noop.enqueue_many([{}])
-    [first] = store.claim(limit=1, **claim)  # type: ignore[arg-type]
-    assert first.id == held
-    claim_connection = store._claim_connection._raw.driver_connection
-    ids = noop.enqueue_many([{}] * 3)
-    later = noop.enqueue_many([{}] * 5)
-
+    s = scene(pgq)
+    claim_connection = s.store._claim_connection._raw.driver_connection
     lost: list[object] = []
     fetchall = psycopg.Cursor.fetchall
 
@@ -106,20 +117,8 @@ def test_lost_answer_on_the_claim_connection(pgq: PgQueue, monkeypatch: pytest.M
         return rows
 
     monkeypatch.setattr(psycopg.Cursor, "fetchall", lose_once)
-    jobs = store.claim(limit=3, held=lambda: [held], **claim)  # type: ignore[arg-type]
+    jobs = s.claim(3, [s.held])
     assert len(lost) == 1 and len(lost[0]) == 3  # type: ignore[arg-type]
-    assert sorted(j.id for j in jobs) == ids
-    assert {j.attempt for j in jobs} == {1}
-    with pgq.engine.connect() as connection:
-        rows = connection.execute(
-            text("SELECT id, state, attempts, lease_owner FROM pgqueue_jobs ORDER BY id")
-        ).all()
-    assert [tuple(r) for r in rows] == (
-        [(held, "running", 1, "w1")]
-        + [(i, "running", 1, "w1") for i in ids]
-        + [(i, "queued", 0, None) for i in later]
-    )
-    again = store.claim(limit=2, held=lambda: [held, *ids], **claim)  # type: ignore[arg-type]
-    assert sorted(j.id for j in again) == later[:2]
-    assert store._claim_connection._raw.driver_connection is not claim_connection
-    store.close()
+    assert_took_back_exactly_the_lost_claim(pgq, s, jobs)
+    assert s.store._claim_connection._raw.driver_connection is not claim_connection
+    s.store.close()
