@@ -929,16 +929,21 @@ def rerun() -> Select[int]:
     return _select_ids_with_tickets(updated)
 
 
+def _ticket_deleted(job_id: Any, name: str) -> Any:
+    """CTE named ``name``: delete the ticket of job ``job_id`` (if any), returning its job id."""
+    return (
+        delete(MessageQueue)
+        .where(MessageQueue.job_id == job_id)
+        .returning(MessageQueue.job_id)
+        .cte(name)
+    )
+
+
 @cache
 def cancel_waiting() -> Select[int, list[int] | None]:
     """QUEUED/RETRYING -> CANCELLED, deleting the ticket. Binds ``job_id``, ``reason``."""
     job_id = bindparam("job_id", type_=BigInteger)
-    gone = (
-        delete(MessageQueue)
-        .where(MessageQueue.job_id == job_id)
-        .returning(MessageQueue.job_id)
-        .cte("gone")
-    )
+    gone = _ticket_deleted(job_id, "gone")
     # A WAITING job (blocked on dependencies) has no ticket to delete.
     has_ticket_or_blocked = or_(
         Job.id.in_(select(gone.c.job_id)), Job.state == JobState.WAITING.value
@@ -1098,12 +1103,7 @@ def delete_job() -> Any:  # a ReturningDelete
     a claim of the same job cannot deadlock: whichever locks the ticket first wins, and the
     other finds it gone (the claim then skips it, or this sees the job RUNNING and stops)."""
     job_id = bindparam("job_id", type_=BigInteger)
-    ticket = (
-        delete(MessageQueue)
-        .where(MessageQueue.job_id == job_id)
-        .returning(MessageQueue.job_id)
-        .cte("gone_ticket")
-    )
+    ticket = _ticket_deleted(job_id, "gone_ticket")
     ticket_first = select(func.count()).select_from(ticket).scalar_subquery() >= 0
     return (
         delete(Job)
