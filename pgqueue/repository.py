@@ -238,21 +238,13 @@ def claim(
     atomic: bool = False,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` ready jobs (see ``queries.claim``)."""
-    bind = session.get_bind()
-    key = id(bind)
+    key = id(session.get_bind())
     stmt, params = _claim_statement(
         key, worker_id, limit, queues, lease_seconds, task_leases, atomic=atomic
     )
-    if not atomic and isinstance(bind, Engine) and not session.in_transaction():
-        rows: Sequence[Any] = uow.run_one_statement_rows(bind, stmt, params)
-    else:
-        rows = _core(session).execute(stmt, params).all()
-    seen = _limits_seen.get(key)
-    if seen is None or time.monotonic() >= seen[0]:
-        # After the claim, so the claim itself stays the first and only statement of its turn.
-        exists = any_queue_limit(session)
-        _limits_seen[key] = (time.monotonic() + LIMITS_CHECK_SECONDS, exists)
-    # Positional, in ``queries.CLAIMED_COLUMNS`` order (rows may be plain driver tuples).
+    rows = _core(session).execute(stmt, params).all()
+    _refresh_limits_seen(key, lambda: any_queue_limit(session))
+    # Positional, in ``queries.CLAIMED_COLUMNS`` order (the same for plain driver tuples).
     return [ClaimedJob(*row) for row in rows]
 
 
@@ -272,11 +264,18 @@ def claim_held(
         key, worker_id, limit, queues, lease_seconds, task_leases, atomic=False
     )
     rows = held.rows(stmt, params)
+    _refresh_limits_seen(key, lambda: bool(held.rows(queries.any_queue_limit(), {})[0][0]))
+    return [ClaimedJob(*row) for row in rows]
+
+
+def _refresh_limits_seen(key: int, any_limit: Callable[[], bool]) -> None:
+    """Ask ``any_limit()`` whether any queue has a limit when this claimer's answer is missing
+    or older than ``LIMITS_CHECK_SECONDS``. After the claim, so the claim itself stays the first
+    and only statement of its turn."""
     seen = _limits_seen.get(key)
     if seen is None or time.monotonic() >= seen[0]:
-        exists = bool(held.rows(queries.any_queue_limit(), {})[0][0])
+        exists = any_limit()
         _limits_seen[key] = (time.monotonic() + LIMITS_CHECK_SECONDS, exists)
-    return [ClaimedJob(*row) for row in rows]
 
 
 def _claim_statement(

@@ -92,23 +92,6 @@ def driver_usable(engine: Engine) -> bool:
     )
 
 
-def run_one_statement_rows(
-    engine: Engine, statement: Executable, params: dict[str, Any]
-) -> Sequence[Any]:
-    """Like ``run_one_statement`` but returns all rows, and without retries (for callers with
-    their own retry, like the worker's store): the worker's claim, where SQLAlchemy's
-    execution layer would cost ~0.2 ms of CPU per claim, a third of an idle worker's pick-up
-    latency."""
-    if not driver_usable(engine):
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-            return connection.execute(statement, params).all()
-    prepared = driver_statement(statement, engine)
-    sql, values = prepared.sql, prepared.params(params)
-    return run_on_driver(
-        engine, lambda driver: driver.execute(sql, values).fetchall(), autocommit=True, attempts=1
-    )
-
-
 class HeldConnection:
     """One pooled connection of ``engine`` kept checked out by a single user (the worker's
     claimer) in autocommit mode, for statements sent on the driver directly (only where
@@ -136,12 +119,8 @@ class HeldConnection:
 
         raw = self._raw
         if raw is None:
-            try:
-                raw = self.engine.raw_connection()
-            except psycopg.Error as exc:  # cannot connect: wrapped like SQLAlchemy's own checkout
-                raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
-            driver: Any = raw.driver_connection
-            driver.autocommit = True
+            raw = _checkout(self.engine)
+            raw.driver_connection.autocommit = True
             self._raw = raw
         prepared = driver_statement(statement, self.engine)
         try:
@@ -185,6 +164,17 @@ class HeldConnection:
         raw.close()
 
 
+def _checkout(engine: Engine) -> Any:
+    """A pooled connection of ``engine``; a failure to connect is raised as SQLAlchemy's own
+    checkout raises it (``DBAPIError``), so callers classify it the same way."""
+    import psycopg
+
+    try:
+        return engine.raw_connection()
+    except psycopg.Error as exc:
+        raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
+
+
 def _one_on_sqlalchemy(engine: Engine, statement: Executable, params: dict[str, Any]) -> Any:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         return connection.execute(statement, params).scalar_one()
@@ -205,10 +195,7 @@ def run_on_driver(
     import psycopg
 
     def once() -> T:
-        try:
-            raw = engine.raw_connection()
-        except psycopg.Error as exc:  # cannot connect: wrapped like SQLAlchemy's own checkout
-            raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
+        raw = _checkout(engine)
         driver: Any = raw.driver_connection
         try:
             if autocommit:
