@@ -26,6 +26,9 @@ ENV_PREFIX: Final = "PGQUEUE_"
 NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,62}")
 TASK_NAME_PATTERN: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:<>\-]{0,62}")
 
+# What may sit between pgqueue and the server (see ``Settings.pooler``).
+POOLER_MODES: Final = ("none", "transaction", "session")
+
 # Smallest accepted ``max_error_bytes``.
 MIN_ERROR_BYTES: Final = 256
 
@@ -66,7 +69,16 @@ class Settings:
     poll_interval: float = 1.0
     """How often an idle worker looks for work when no notification arrives."""
     listen: bool = True
-    """Use LISTEN/NOTIFY wake-ups; off behind transaction-pooling proxies."""
+    """Use LISTEN/NOTIFY wake-ups (polling covers gaps either way)."""
+    listen_database_url: str | None = None
+    """Where the worker's LISTEN connection goes when it must bypass a transaction pooler
+    (``postgresql+psycopg://`` URL of the server itself); default: the database URL."""
+    pooler: str = "none"
+    """What sits between pgqueue and PostgreSQL: ``"none"`` (a direct connection),
+    ``"transaction"`` (PgBouncer or another pooler in transaction mode) or ``"session"``
+    (session mode). Behind a pooler pgqueue sends no startup ``options``, prepares no
+    statements, and sets its timeouts per transaction; in transaction mode it listens only
+    through ``listen_database_url`` (else it polls)."""
     lease_seconds: float = 30.0
     """How long a claimed job's lease lasts without a heartbeat."""
     heartbeat_interval: float | None = None
@@ -100,6 +112,12 @@ class Settings:
     def __post_init__(self) -> None:
         if self.database_url is not None:
             normalize_database_url(self.database_url)
+        if self.listen_database_url is not None:
+            normalize_database_url(self.listen_database_url)
+        if self.pooler not in POOLER_MODES:
+            raise ConfigurationError(
+                f"pooler must be one of {', '.join(POOLER_MODES)}, got {self.pooler!r}"
+            )
         for name in (
             "poll_interval",
             "lease_seconds",
@@ -132,6 +150,10 @@ class Settings:
             raise ConfigurationError(
                 f"max_error_bytes must be at least {MIN_ERROR_BYTES}, got {self.max_error_bytes}"
             )
+
+    @property
+    def behind_pooler(self) -> bool:
+        return self.pooler != "none"
 
     @property
     def effective_heartbeat_interval(self) -> float:

@@ -11,11 +11,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import queries, repository, uow, validation
+from pgqueue import connections, queries, repository, uow, validation
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.errors import ConfigurationError, InvalidStateTransition, JobNotFound, ValidationError
 from pgqueue.models import Job
@@ -65,6 +65,7 @@ class PgQueue:
                 raise ConfigurationError(
                     f"pgqueue needs a PostgreSQL engine, got dialect {database.dialect.name!r}"
                 )
+            connections.adapt_given_engine(database, self.settings)
             self._engine = database
             self._handler_engine = database
         elif database is not None:
@@ -92,21 +93,11 @@ class PgQueue:
 
     @property
     def engine(self) -> Engine:
-        """Engine for pgqueue's own short transactions (statement timeout applied)."""
+        """Engine for pgqueue's own short transactions (statement timeout applied, no JIT)."""
         with self._lock:
             if self._engine is None:
-                timeout = self.settings.statement_timeout_ms
-                self._engine = create_engine(
-                    self.url,
-                    pool_size=5,
-                    max_overflow=10,
-                    pool_pre_ping=False,
-                    json_deserializer=validation.load_json,
-                    connect_args={
-                        "options": f"-c statement_timeout={timeout} "
-                        f"-c idle_in_transaction_session_timeout={max(timeout * 6, 60_000)}",
-                        "application_name": "pgqueue",
-                    },
+                self._engine = connections.create_queue_engine(
+                    self.url, self.settings, pool_size=5, max_overflow=10
                 )
             return self._engine
 
@@ -115,14 +106,40 @@ class PgQueue:
         """Engine for handlers' sessions: no pgqueue statement timeout on the app's queries."""
         with self._lock:
             if self._handler_engine is None:
-                self._handler_engine = create_engine(
-                    self.url,
-                    pool_size=10,
-                    max_overflow=40,
-                    pool_pre_ping=True,
-                    connect_args={"application_name": "pgqueue-handler"},
+                self._handler_engine = connections.create_handler_engine(
+                    self.url, self.settings, pool_size=10, max_overflow=40
                 )
             return self._handler_engine
+
+    @property
+    def can_listen(self) -> bool:
+        """Whether workers can LISTEN: not through a transaction pooler (a notification goes to
+        the server session that listened, which such a pooler hands to other clients), unless
+        ``listen_database_url`` names a way around it."""
+        settings = self.settings
+        return settings.pooler != "transaction" or settings.listen_database_url is not None
+
+    def listen_connection(self) -> Any:
+        """A new autocommit psycopg connection for LISTEN, made like every connection of
+        ``engine`` (URL, ``connect_args``, ``creator`` and ``do_connect`` hooks, TLS), or to
+        ``listen_database_url``; it never goes back to a pool."""
+        listen_url = self.settings.listen_database_url
+        if listen_url is not None:
+            import psycopg
+
+            return psycopg.connect(
+                connections.conninfo(normalize_database_url(listen_url)),
+                autocommit=True,
+                application_name="pgqueue-listener",
+            )
+        raw = self.engine.raw_connection()
+        connection = raw.driver_connection
+        assert connection is not None
+        raw.detach()
+        connection.autocommit = True
+        # Its own session, never pooled: naming it cannot leak to another user.
+        connection.execute("SELECT set_config('application_name', 'pgqueue-listener', false)")
+        return connection
 
     @property
     def sessions(self) -> sessionmaker[Session]:
@@ -379,7 +396,6 @@ class PgQueue:
             }
 
     def _queue_control(self, queue: str, **changes: Any) -> None:
-        from pgqueue import validation
 
         name = validation.queue_name(queue)
         uow.run_in_transaction(

@@ -21,6 +21,7 @@ __all__ = [
     "SerializationError",
     "UnknownTask",
     "ValidationError",
+    "ended_before_commit",
     "is_connection_error",
     "is_insufficient_privilege",
     "is_transient_conflict",
@@ -111,6 +112,20 @@ def sqlstate_of(exc: BaseException) -> str | None:
 def is_transient_conflict(exc: BaseException) -> bool:
     """True for deadlock or serialization failure: the whole transaction may be retried."""
     return sqlstate_of(exc) in _TRANSIENT_CONFLICTS
+
+
+# The server ended the session before (or instead of) running the statement: an administrator's
+# terminate or a shutdown (57P01) aborts the transaction in progress (a commit under way runs
+# to its end before the session checks for the signal, and its answer is sent first); an idle
+# session timeout (57P05) fires only between statements; 57P03 refuses the connection itself.
+# A server crash (57P02) is not here: it can come after a commit reached the WAL.
+_ENDED_BEFORE_COMMIT: Final = frozenset({ADMIN_SHUTDOWN, CANNOT_CONNECT_NOW, IDLE_SESSION_TIMEOUT})
+
+
+def ended_before_commit(exc: BaseException) -> bool:
+    """True when the server ended the session without committing the work it was given, so
+    running that work again on a new connection cannot do it twice."""
+    return sqlstate_of(exc) in _ENDED_BEFORE_COMMIT
 
 
 def is_insufficient_privilege(exc: BaseException) -> bool:

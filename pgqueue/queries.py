@@ -67,15 +67,6 @@ from pgqueue.states import (
 
 NOTIFY_CHANNEL: Final = "pgqueue"
 
-# The worker's claim connection plans with sequential scans disabled. psycopg prepares the claim
-# after a few executions and PostgreSQL may then keep one generic plan for the connection's
-# life; a plan made while the tables were tiny (a fresh install, the first minutes of a worker)
-# scans them sequentially, and every later claim walks all job rows and dead tickets as the
-# tables grow (server time per empty claim 56 -> 226 us over 3,000 claims at 100 jobs/s). Every
-# table the claim reads has the index it needs, so no plan of it should scan one whole.
-CLAIM_CONNECTION_SETUP: Final = "SET enable_seqscan = off"
-CLAIM_CONNECTION_RESET: Final = "RESET enable_seqscan"
-
 _ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
 JOB_TABLE = Job.__table__
 TICKET_TABLE = MessageQueue.__table__

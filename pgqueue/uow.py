@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql import Executable
 
-from pgqueue.errors import is_transient_conflict
+from pgqueue.errors import ended_before_commit, is_transient_conflict
 
 T = TypeVar("T")
 
@@ -98,20 +98,24 @@ class HeldConnection:
     ``driver_usable``). Against ``run_on_driver`` it saves, per statement, the pool checkout and
     return (with its reset) and two autocommit switches: ~50 us of an idle worker's pick-up.
 
+    Its prepared statements are dropped every ``plan_max_age`` seconds. PostgreSQL may keep one
+    generic plan for a prepared statement for the connection's life, and a plan made while a
+    table was tiny (a fresh install, an idle queue) scans it sequentially however large it grows;
+    the next plan is made for the table as it is then. Behind a pooler nothing is prepared.
+
     Not thread-safe: its user serializes the calls. After any error the connection goes back to
     the pool (dropped when the error was a lost connection) and the next call checks out another,
-    so a broken connection is never reused. ``setup`` runs once on each connection it checks
-    out, and ``reset`` undoes it before the connection goes back to the pool.
+    so a broken connection is never reused.
     """
 
-    def __init__(
-        self, engine: Engine, *, setup: str | None = None, reset: str | None = None
-    ) -> None:
+    def __init__(self, engine: Engine, *, plan_max_age: float = 5.0) -> None:
+        from pgqueue.connections import local_settings
+
         self.engine = engine
-        self._setup = setup
-        self._reset = reset
+        self._local = local_settings(engine)
+        self._plan_max_age = plan_max_age
         self._raw: Any = None
-        self._set_up = False  # ``setup`` has run on ``_raw``
+        self._plans_since = 0.0
 
     def rows(self, statement: Executable, params: dict[str, Any]) -> Sequence[Any]:
         """All rows of ``statement`` (a cached statement of ``queries``) run in autocommit."""
@@ -122,14 +126,25 @@ class HeldConnection:
             raw = _checkout(self.engine)
             raw.driver_connection.autocommit = True
             self._raw = raw
+            self._plans_since = time.monotonic()
+        driver = raw.driver_connection
         prepared = driver_statement(statement, self.engine)
         try:
-            if self._setup is not None and not self._set_up:
-                raw.driver_connection.execute(self._setup)
-                self._set_up = True
-            rows: Sequence[Any] = raw.driver_connection.execute(
-                prepared.sql, prepared.params(params)
-            ).fetchall()
+            if (
+                driver.prepare_threshold is not None
+                and time.monotonic() - self._plans_since > self._plan_max_age
+            ):
+                driver.execute("DEALLOCATE ALL")  # psycopg forgets its own prepared names too
+                self._plans_since = time.monotonic()
+            if self._local is None:
+                rows: Sequence[Any] = driver.execute(
+                    prepared.sql, prepared.params(params)
+                ).fetchall()
+            else:
+                # Behind a pooler: pgqueue's timeout and no JIT, for this transaction only.
+                with driver.transaction():
+                    driver.execute(self._local)
+                    rows = driver.execute(prepared.sql, prepared.params(params)).fetchall()
         except psycopg.Error as exc:
             self._release(exc)
             raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
@@ -143,7 +158,6 @@ class HeldConnection:
         import psycopg
 
         raw, self._raw = self._raw, None
-        set_up, self._set_up = self._set_up, False
         if raw is None:
             return
         driver = raw.driver_connection
@@ -155,11 +169,8 @@ class HeldConnection:
             raw.invalidate(error)
         elif not driver.closed:
             try:
-                if set_up and self._reset is not None:
-                    driver.execute(self._reset)
                 driver.autocommit = False
             except psycopg.Error as exc:
-                # Not back to the pool with the claimer's settings: other users share it.
                 raw.invalidate(exc)
         raw.close()
 
@@ -194,6 +205,10 @@ def run_on_driver(
     and a lost connection is dropped from the pool."""
     import psycopg
 
+    from pgqueue.connections import local_settings
+
+    local = local_settings(engine)
+
     def once() -> T:
         raw = _checkout(engine)
         driver: Any = raw.driver_connection
@@ -206,6 +221,8 @@ def run_on_driver(
                     if not driver.closed:
                         driver.autocommit = False
             with driver.transaction():
+                if local is not None:
+                    driver.execute(local)
                 return work(driver)
         except psycopg.Error as exc:
             if engine.dialect.is_disconnect(exc, raw.dbapi_connection, None):  # type: ignore[arg-type]
@@ -219,17 +236,25 @@ def run_on_driver(
 
 def _retrying(once: Callable[[], T], attempts: int) -> T:
     """``once()``, run again (with jittered backoff) on a deadlock or serialization failure, up
-    to ``attempts`` times in all."""
-    for attempt in range(1, attempts + 1):
+    to ``attempts`` times in all; and once more, at once, when the server ended the session
+    before the work committed (``errors.ended_before_commit``), so a connection killed while it
+    sat in the pool (restart, failover, ``pg_terminate_backend``) is not the caller's problem."""
+    reconnected = False
+    attempt = 1
+    while True:
         try:
             return once()
         except DBAPIError as exc:
+            if not reconnected and ended_before_commit(exc):
+                reconnected = True
+                log.info("connection ended by the server (%s); retrying once", exc.orig)
+                continue
             if attempt >= attempts or not is_transient_conflict(exc):
                 raise
             pause = min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.5)
             log.info("transient conflict (%s), retrying in %.3fs", exc.orig, pause)
             time.sleep(pause)
-    raise AssertionError("unreachable")  # pragma: no cover
+            attempt += 1
 
 
 class DriverStatement:

@@ -230,7 +230,7 @@ class Worker:
         if self.queues is not None and not self.queues:
             raise ValidationError("queues must name at least one queue (or be None for all)")
         self.concurrency = concurrency
-        self.listen = settings.listen if listen is None else listen
+        self.listen = (settings.listen if listen is None else listen) and pgq.can_listen
         self.poll_interval = poll_interval or settings.poll_interval
         self.lease_seconds = lease_seconds or settings.lease_seconds
         if self.lease_seconds <= 0 or self.poll_interval <= 0:
@@ -780,7 +780,9 @@ class Worker:
         if self.maintenance:
             spawn(self._maintenance_loop, "pgqueue-maintenance")
         if self.listen:
-            self.notifier = Notifier(self.pgq.url, self.queues, self._on_notify, self._halt)
+            self.notifier = Notifier(
+                self.pgq.listen_connection, self.queues, self._on_notify, self._halt
+            )
             self.notifier.start()
 
     def _shutdown(self) -> None:

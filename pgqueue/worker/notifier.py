@@ -1,6 +1,7 @@
-"""The LISTEN connection: turns NOTIFYs from the ticket trigger into wake-ups.
+"""The LISTEN connection: turns NOTIFYs sent with new tickets into wake-ups.
 
-One dedicated psycopg connection per worker process listens on pgqueue's channel. A payload is
+One dedicated psycopg connection per worker process listens on pgqueue's channel (opened by
+``PgQueue.listen_connection``, with the engine's connection parameters). A payload is
 a queue name, or ``"<queue> <epoch>"`` when the earliest new ticket is in the future. If the
 connection drops, it reconnects with backoff and wakes the worker once (notifications may have
 been missed meanwhile); polling covers the gap.
@@ -12,19 +13,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
+from typing import Any
 
 import psycopg
 from psycopg import sql
-from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 
 from pgqueue.queries import NOTIFY_CHANNEL
 
 log = logging.getLogger("pgqueue.worker")
-
-
-def conninfo(url: URL) -> str:
-    """A libpq URI for a SQLAlchemy URL (psycopg does not understand ``+psycopg``)."""
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 class Notifier(threading.Thread):
@@ -32,13 +29,13 @@ class Notifier(threading.Thread):
 
     def __init__(
         self,
-        url: URL,
+        connect: Callable[[], psycopg.Connection[Any]],
         queues: Collection[str] | None,
         on_ready: Callable[[float | None], None],
         stopping: threading.Event,
     ) -> None:
         super().__init__(name="pgqueue-listener", daemon=True)
-        self._conninfo = conninfo(url)
+        self._connect = connect
         self._queues = None if queues is None else frozenset(queues)
         self._on_ready = on_ready
         self._stopping = stopping
@@ -49,16 +46,14 @@ class Notifier(threading.Thread):
         delay = 0.05
         while not self._stopping.is_set():
             try:
-                with psycopg.connect(
-                    self._conninfo, autocommit=True, application_name="pgqueue-listener"
-                ) as connection:
+                with self._connect() as connection:
                     connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
                     self.connection_pid = connection.info.backend_pid
                     self.connected.set()
                     delay = 0.05
                     self._on_ready(None)  # anything sent while we were away: look once
                     self._listen(connection)
-            except psycopg.Error as exc:
+            except (psycopg.Error, DBAPIError) as exc:
                 self.connected.clear()
                 if self._stopping.is_set():
                     return
@@ -66,7 +61,7 @@ class Notifier(threading.Thread):
                 self._stopping.wait(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _listen(self, connection: psycopg.Connection[object]) -> None:
+    def _listen(self, connection: psycopg.Connection[Any]) -> None:
         while not self._stopping.is_set():
             for notify in connection.notifies(timeout=0.5):
                 self._dispatch(notify.payload)

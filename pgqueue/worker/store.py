@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
-from pgqueue import queries, repository, uow
+from pgqueue import repository, uow
 from pgqueue.errors import is_connection_error, is_transient_conflict
 from pgqueue.repository import ClaimedJob, Outcome
 
@@ -39,11 +39,7 @@ class WorkerStore:
         self._transactional = engine
         self._stopping = stopping
         # The claimer's own connection (claims are serialized by the worker, see ``claim``).
-        self._claim_connection = uow.HeldConnection(
-            self._autocommit,
-            setup=queries.CLAIM_CONNECTION_SETUP,
-            reset=queries.CLAIM_CONNECTION_RESET,
-        )
+        self._claim_connection = uow.HeldConnection(self._autocommit)
 
     def _run(
         self,

@@ -29,9 +29,9 @@ from sqlalchemy.orm import Session
 
 from pgqueue import PgQueue
 from pgqueue.config import normalize_database_url
+from pgqueue.connections import conninfo
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.errors import PgQueueError
-from pgqueue.worker.notifier import conninfo
 from pgqueue.worker.store import WorkerStore
 
 if TYPE_CHECKING:

@@ -1,0 +1,162 @@
+"""How pgqueue connects: its engines, their per-connection settings, and dead-connection checks.
+
+pgqueue's own statements are short and planned for index scans, so they must never be
+JIT-compiled (on a server with JIT on, compiling one costs ~100 ms) and must carry pgqueue's
+``statement_timeout``. On a direct connection both are startup ``options`` of pgqueue's own
+connections. A pooler (PgBouncer) refuses startup ``options`` and shares one server session
+between clients, so behind one pgqueue sends none: it sets the same values with
+``set_config(..., true)`` at the start of each transaction it opens (they end with it and never
+reach another client), and turns psycopg's prepared statements off (a prepared statement lives
+in one server session, which a transaction pooler does not keep).
+
+Connections that sat in the pool can be dead (server restart, failover, an idle timeout in a
+proxy, ``pg_terminate_backend``). A checkout looks at the socket without a round trip: a server
+that ended the session has already sent its goodbye (or closed the socket), so a readable idle
+socket whose input leaves the connection broken is replaced before any statement is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+from typing import Any, Final
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DisconnectionError
+
+from pgqueue.config import Settings
+
+log = logging.getLogger("pgqueue")
+
+# Execution option carrying the SQL that a pgqueue transaction runs first behind a pooler.
+LOCAL_SETTINGS_OPTION: Final = "pgqueue_local_settings"
+
+# Server settings of pgqueue's own connections that are not its statement timeouts.
+_NO_JIT: Final = {"jit": "off"}
+
+
+def conninfo(url: URL) -> str:
+    """A libpq URI for a SQLAlchemy URL (psycopg does not understand ``+psycopg``)."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def startup_options(settings: Settings) -> str:
+    """The ``options`` startup parameter of pgqueue's own direct connections."""
+    return " ".join(f"-c {name}={value}" for name, value in _own_settings(settings).items())
+
+
+def local_settings_sql(settings: Settings) -> str:
+    """The statement that gives one transaction pgqueue's settings (for use behind a pooler).
+
+    Values are pgqueue's own integers and constants, never user text."""
+    calls = ", ".join(
+        f"set_config('{name}', '{value}', true)" for name, value in _own_settings(settings).items()
+    )
+    return f"SELECT {calls}"
+
+
+def _own_settings(settings: Settings) -> dict[str, str]:
+    timeout = settings.statement_timeout_ms
+    return {
+        "statement_timeout": str(timeout),
+        "idle_in_transaction_session_timeout": str(max(timeout * 6, 60_000)),
+        **_NO_JIT,
+    }
+
+
+def create_queue_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
+    """The engine for pgqueue's own short statements on ``url``."""
+    from pgqueue import validation
+
+    connect_args: dict[str, Any] = {"application_name": "pgqueue"}
+    execution_options: dict[str, Any] = {}
+    if settings.behind_pooler:
+        connect_args["prepare_threshold"] = None
+        execution_options[LOCAL_SETTINGS_OPTION] = local_settings_sql(settings)
+    else:
+        connect_args["options"] = startup_options(settings)
+    engine = create_engine(
+        url,
+        json_deserializer=validation.load_json,
+        connect_args=connect_args,
+        execution_options=execution_options,
+        **pool,
+    )
+    install_dead_connection_check(engine)
+    if settings.behind_pooler:
+        _set_locals_on_begin(engine)
+    return engine
+
+
+def create_handler_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
+    """The engine for handlers' sessions on ``url``: no pgqueue timeouts on the app's queries,
+    but pooler-safe statements when a pooler is in the path."""
+    connect_args: dict[str, Any] = {"application_name": "pgqueue-handler"}
+    if settings.behind_pooler:
+        connect_args["prepare_threshold"] = None
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **pool)
+
+
+def adapt_given_engine(engine: Engine, settings: Settings) -> None:
+    """Make an application's own engine safe for pgqueue's use: dead pooled connections are
+    replaced at checkout, and behind a pooler its connections prepare no statements."""
+    install_dead_connection_check(engine)
+    if settings.behind_pooler:
+
+        @event.listens_for(engine, "connect")
+        def no_prepared_statements(dbapi_connection: Any, record: Any) -> None:
+            dbapi_connection.prepare_threshold = None
+
+
+def local_settings(engine: Engine) -> str | None:
+    """The statement a transaction of pgqueue's on ``engine`` runs first (behind a pooler)."""
+    value = engine.get_execution_options().get(LOCAL_SETTINGS_OPTION)
+    return value if isinstance(value, str) else None
+
+
+def _set_locals_on_begin(engine: Engine) -> None:
+    sql = local_settings(engine)
+    assert sql is not None
+
+    @event.listens_for(engine, "begin")
+    def set_locals(connection: Any) -> None:
+        driver = connection.connection.driver_connection
+        if driver.autocommit:
+            return  # each statement is its own transaction: nothing to carry settings into
+        # On the driver, not through ``connection``: this runs inside SQLAlchemy's begin.
+        driver.execute(sql)
+
+
+def install_dead_connection_check(engine: Engine) -> None:
+    """Replace a pooled connection the server already ended, at checkout, without a round trip
+    (idempotent per engine)."""
+    if event.contains(engine, "checkout", _replace_if_dead):
+        return
+    event.listen(engine, "checkout", _replace_if_dead)
+
+
+def _replace_if_dead(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    if is_dead(dbapi_connection):
+        # The pool drops this connection and checks out (or opens) another.
+        raise DisconnectionError("pooled connection was closed by the server")
+
+
+def is_dead(connection: Any) -> bool:
+    """Whether an idle psycopg connection was ended by the server: its socket is readable (an
+    idle session gets nothing unasked but a goodbye, a notice or a notification) and reading
+    leaves the connection broken."""
+    import psycopg
+    from psycopg import pq
+
+    if connection.closed:
+        return True
+    pgconn = connection.pgconn
+    try:
+        readable, _, _ = select.select([pgconn.socket], [], [], 0)
+        if not readable:
+            return False
+        pgconn.consume_input()
+    except (OSError, ValueError, psycopg.OperationalError):
+        return True
+    return bool(pgconn.status != pq.ConnStatus.OK)

@@ -1,0 +1,77 @@
+"""Connections the server ends are not the caller's problem: enqueues ride through them.
+
+A web process enqueues on pgqueue's own engine; its pooled connections die whenever the server
+ends sessions (restart, failover, ``pg_terminate_backend``, a proxy's idle timeout). The next
+enqueue must not raise, and must not insert its job twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+from sqlalchemy import create_engine, text
+
+if TYPE_CHECKING:
+    from conftest import App
+
+# Every pgqueue connection of every process: the workers', and the enqueuing loop's own engine.
+TERMINATE_PGQUEUE = (
+    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+    "AND application_name LIKE 'pgqueue%'"
+)
+
+
+def test_enqueue_after_its_pooled_connections_were_terminated(app: App) -> None:
+    work = app.module.work
+    first = work.enqueue()
+    killer = create_engine(app.url, isolation_level="AUTOCOMMIT")
+    with killer.connect() as connection:
+        assert connection.execute(text(TERMINATE_PGQUEUE)).scalar_one() >= 1
+    killer.dispose()
+    time.sleep(0.1)  # the terminated backend's goodbye reaches the pooled socket
+    second = work.enqueue()
+    assert app.scalars("SELECT id FROM pgqueue_jobs ORDER BY id") == [first, second]
+
+
+@pytest.mark.slow
+def test_web_loop_enqueues_through_terminations_every_500ms(app: App) -> None:
+    worker = app.start_worker("--processes", "2", "--concurrency", "4")
+    app.wait_listening(count=2)
+    returned: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def web_loop() -> None:
+        while not stop.is_set():
+            try:
+                returned.append(app.module.work.enqueue())
+            except BaseException as exc:  # every failure is the finding
+                errors.append(exc)
+            time.sleep(0.005)
+
+    enqueuer = threading.Thread(target=web_loop)
+    enqueuer.start()
+    terminated: list[int] = []
+    killer = create_engine(app.url, isolation_level="AUTOCOMMIT")
+    try:
+        with killer.connect() as connection:
+            for _ in range(20):  # 10 s
+                tick = time.monotonic()
+                terminated.append(connection.execute(text(TERMINATE_PGQUEUE)).scalar_one())
+                time.sleep(max(0.0, 0.5 - (time.monotonic() - tick)))
+    finally:
+        stop.set()
+        enqueuer.join()
+        killer.dispose()
+    print(f"{len(returned)} enqueues; terminated per round {terminated}")
+    assert errors == []
+    assert all(count >= 1 for count in terminated)
+    # Exactly the jobs whose enqueue returned: none lost, none inserted twice.
+    assert sorted(app.scalars("SELECT id FROM pgqueue_jobs")) == sorted(returned)
+    app.wait_final(returned, timeout=120)
+    assert set(app.done_counts()) == set(returned)
+    assert "Traceback" not in worker.log()
