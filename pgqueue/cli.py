@@ -131,7 +131,7 @@ def worker_options(function: Any) -> Any:
         click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all)."),
         click.option("--concurrency", "-c", default=10, show_default=True, type=click.IntRange(1)),
         click.option("--processes", "-p", default=1, show_default=True, type=click.IntRange(1)),
-        click.option("--no-listen", is_flag=True, help="Poll only (behind transaction poolers)."),
+        click.option("--no-listen", is_flag=True, help="Poll only, never LISTEN."),
         click.option("--poll-interval", type=click.FloatRange(min=0.01), default=None),
         click.option("--lease-seconds", type=click.FloatRange(min=0.1), default=None),
         click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=None),
