@@ -7,8 +7,9 @@ offers the job-control calls (``get_job``, ``retry_job``, ``cancel_job`` ...) an
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from sqlalchemy import Engine
@@ -119,27 +120,37 @@ class PgQueue:
         settings = self.settings
         return settings.pooler != "transaction" or settings.listen_database_url is not None
 
-    def listen_connection(self) -> Any:
+    @contextlib.contextmanager
+    def listen_connection(self) -> Iterator[Any]:
         """A new autocommit psycopg connection for LISTEN, made like every connection of
         ``engine`` (URL, ``connect_args``, ``creator`` and ``do_connect`` hooks, TLS), or to
-        ``listen_database_url``; it never goes back to a pool."""
+        ``listen_database_url``; closed on exit, never returned to a pool."""
         listen_url = self.settings.listen_database_url
         if listen_url is not None:
             import psycopg
 
-            return psycopg.connect(
+            with psycopg.connect(
                 connections.conninfo(normalize_database_url(listen_url)),
                 autocommit=True,
                 application_name="pgqueue-listener",
-            )
+            ) as direct:
+                yield direct
+            return
         raw = self.engine.raw_connection()
         connection = raw.driver_connection
         assert connection is not None
+        # Out of the pool for good. ``raw`` is kept until the end (its garbage collection would
+        # close the connection) and then dropped without the pool's reset, which would fail,
+        # and log, on a connection the server ended.
         raw.detach()
-        connection.autocommit = True
-        # Its own session, never pooled: naming it cannot leak to another user.
-        connection.execute("SELECT set_config('application_name', 'pgqueue-listener', false)")
-        return connection
+        try:
+            connection.autocommit = True
+            # Its own session, never pooled: naming it cannot leak to another user.
+            connection.execute("SELECT set_config('application_name', 'pgqueue-listener', false)")
+            yield connection
+        finally:
+            connection.close()
+            raw.invalidate()
 
     @property
     def sessions(self) -> sessionmaker[Session]:

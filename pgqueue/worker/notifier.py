@@ -9,6 +9,7 @@ been missed meanwhile); polling covers the gap.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -29,7 +30,7 @@ class Notifier(threading.Thread):
 
     def __init__(
         self,
-        connect: Callable[[], psycopg.Connection[Any]],
+        connect: Callable[[], contextlib.AbstractContextManager[psycopg.Connection[Any]]],
         queues: Collection[str] | None,
         on_ready: Callable[[float | None], None],
         stopping: threading.Event,
