@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import select
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
@@ -32,9 +32,6 @@ log = logging.getLogger("pgqueue")
 # Execution option carrying the SQL that a pgqueue transaction runs first behind a pooler.
 LOCAL_SETTINGS_OPTION: Final = "pgqueue_local_settings"
 
-# Server settings of pgqueue's own connections that are not its statement timeouts.
-_NO_JIT: Final = {"jit": "off"}
-
 
 def conninfo(url: URL) -> str:
     """A libpq URI for a SQLAlchemy URL (psycopg does not understand ``+psycopg``)."""
@@ -46,14 +43,11 @@ def startup_options(settings: Settings) -> str:
     return " ".join(f"-c {name}={value}" for name, value in _own_settings(settings).items())
 
 
-def local_settings_sql(settings: Settings) -> str:
-    """The statement that gives one transaction pgqueue's settings (for use behind a pooler).
+class LocalSettings(NamedTuple):
+    """The statement, ready for the driver, that gives one transaction pgqueue's settings."""
 
-    Values are pgqueue's own integers and constants, never user text."""
-    calls = ", ".join(
-        f"set_config('{name}', '{value}', true)" for name, value in _own_settings(settings).items()
-    )
-    return f"SELECT {calls}"
+    sql: str
+    params: dict[str, Any]
 
 
 def _own_settings(settings: Settings) -> dict[str, str]:
@@ -61,7 +55,7 @@ def _own_settings(settings: Settings) -> dict[str, str]:
     return {
         "statement_timeout": str(timeout),
         "idle_in_transaction_session_timeout": str(max(timeout * 6, 60_000)),
-        **_NO_JIT,
+        "jit": "off",
     }
 
 
@@ -73,7 +67,11 @@ def create_queue_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
     execution_options: dict[str, Any] = {}
     if settings.behind_pooler:
         connect_args["prepare_threshold"] = None
-        execution_options[LOCAL_SETTINGS_OPTION] = local_settings_sql(settings)
+        own = _own_settings(settings)
+        execution_options[LOCAL_SETTINGS_OPTION] = {
+            "statement_timeout": own["statement_timeout"],
+            "idle_timeout": own["idle_in_transaction_session_timeout"],
+        }
     else:
         connect_args["options"] = startup_options(settings)
     engine = create_engine(
@@ -109,15 +107,20 @@ def adapt_given_engine(engine: Engine, settings: Settings) -> None:
             dbapi_connection.prepare_threshold = None
 
 
-def local_settings(engine: Engine) -> str | None:
-    """The statement a transaction of pgqueue's on ``engine`` runs first (behind a pooler)."""
-    value = engine.get_execution_options().get(LOCAL_SETTINGS_OPTION)
-    return value if isinstance(value, str) else None
+def local_settings(engine: Engine) -> LocalSettings | None:
+    """What a transaction of pgqueue's on ``engine`` runs first (behind a pooler), else None."""
+    from pgqueue import queries, uow
+
+    params = engine.get_execution_options().get(LOCAL_SETTINGS_OPTION)
+    if params is None:
+        return None
+    prepared = uow.driver_statement(queries.set_local_settings(), engine)
+    return LocalSettings(prepared.sql, prepared.params(params))
 
 
 def _set_locals_on_begin(engine: Engine) -> None:
-    sql = local_settings(engine)
-    assert sql is not None
+    local = local_settings(engine)
+    assert local is not None
 
     @event.listens_for(engine, "begin")
     def set_locals(connection: Any) -> None:
@@ -125,7 +128,7 @@ def _set_locals_on_begin(engine: Engine) -> None:
         if driver.autocommit:
             return  # each statement is its own transaction: nothing to carry settings into
         # On the driver, not through ``connection``: this runs inside SQLAlchemy's begin.
-        driver.execute(sql)
+        driver.execute(local.sql, local.params)
 
 
 def install_dead_connection_check(engine: Engine) -> None:

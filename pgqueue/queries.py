@@ -1012,10 +1012,17 @@ def notify(queue: str) -> Any:
     return select(func.pg_notify(NOTIFY_CHANNEL, queue))
 
 
-def set_local_statement_timeout() -> Any:
-    """``SET LOCAL statement_timeout`` for one pgqueue transaction (binds ``ms``)."""
+@cache
+def set_local_settings() -> Select[Any]:
+    """pgqueue's timeouts and ``jit = off`` for the current transaction only (used behind a
+    pooler, where a session setting would reach other clients). Binds ``statement_timeout`` and
+    ``idle_timeout`` (milliseconds, as text)."""
     return select(
-        func.set_config("statement_timeout", cast(bindparam("ms", type_=Integer), Text), True)
+        func.set_config("statement_timeout", bindparam("statement_timeout", type_=Text), True),
+        func.set_config(
+            "idle_in_transaction_session_timeout", bindparam("idle_timeout", type_=Text), True
+        ),
+        func.set_config("jit", "off", True),
     )
 
 

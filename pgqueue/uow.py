@@ -143,7 +143,7 @@ class HeldConnection:
             else:
                 # Behind a pooler: pgqueue's timeout and no JIT, for this transaction only.
                 with driver.transaction():
-                    driver.execute(self._local)
+                    driver.execute(self._local.sql, self._local.params)
                     rows = driver.execute(prepared.sql, prepared.params(params)).fetchall()
         except psycopg.Error as exc:
             self._release(exc)
@@ -222,7 +222,7 @@ def run_on_driver(
                         driver.autocommit = False
             with driver.transaction():
                 if local is not None:
-                    driver.execute(local)
+                    driver.execute(local.sql, local.params)
                 return work(driver)
         except psycopg.Error as exc:
             if engine.dialect.is_disconnect(exc, raw.dbapi_connection, None):  # type: ignore[arg-type]

@@ -1,0 +1,154 @@
+"""pgqueue through a real PgBouncer in transaction mode (Debian's ``pgbouncer`` package).
+
+PgBouncer refuses startup ``options``, hands each transaction to whichever server session is
+free, and (before 1.21) knows nothing of prepared statements. With ``pooler="transaction"``
+pgqueue sends no startup options, prepares nothing, keeps its settings inside its own
+transactions and polls instead of listening; a worker drains through it with no error, and
+the pool's other clients never see pgqueue's settings.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL
+
+from pgqueue import PgQueue, Settings
+
+if TYPE_CHECKING:
+    from conftest import App
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def bouncer(app: App) -> Iterator[URL]:
+    """A PgBouncer in transaction mode in front of the test database; yields its URL."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    assert Path(binary).exists(), "install Debian's pgbouncer (.ci/run does)"
+    server = app.url
+    port = _free_port()
+    directory = Path(tempfile.mkdtemp(prefix="pgqueue-bouncer-"))
+    directory.chmod(0o755)
+    password = f" password={server.password}" if server.password else ""
+    (directory / "pgbouncer.ini").write_text(
+        f"""[databases]
+{server.database} = host={server.host or "127.0.0.1"} port={server.port} user={server.username}{password}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {directory}/users.txt
+pool_mode = transaction
+max_client_conn = 200
+default_pool_size = 10
+"""
+    )
+    (directory / "users.txt").write_text(f'"{server.username}" ""\n')
+    as_nobody = {"user": "nobody", "group": "nogroup"} if os.geteuid() == 0 else {}
+    process = subprocess.Popen(
+        [binary, str(directory / "pgbouncer.ini")],
+        stdout=subprocess.DEVNULL,
+        stderr=(directory / "log").open("wb"),
+        **as_nobody,  # type: ignore[arg-type]
+    )
+    url = server.set(host="127.0.0.1", port=port, password=None)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise AssertionError((directory / "log").read_text()) from None
+            time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_without_the_pooler_setting_pgbouncer_refuses_pgqueue(bouncer: URL) -> None:
+    pgq = PgQueue(bouncer, settings=Settings())
+    with pytest.raises(Exception, match="unsupported startup parameter"), pgq.engine.connect():
+        pass
+    pgq.dispose()
+
+
+@pytest.mark.slow
+def test_enqueue_and_drain_through_pgbouncer_in_transaction_mode(app: App, bouncer: URL) -> None:
+    pgq = PgQueue(bouncer, settings=Settings(pooler="transaction"))
+
+    @pgq.task(name="record", pass_context=True)
+    def record(ctx: object, secret: str = "") -> None:
+        """The worker's ``record`` (from the e2e app) runs it; declared here to enqueue it."""
+
+    ids = [record.enqueue() for _ in range(200)]
+    ids += record.enqueue_many([{} for _ in range(5000)])
+    assert len(set(ids)) == 5200
+
+    env = app.env(pooler="transaction")
+    env["DB_URL"] = bouncer.render_as_string(hide_password=False)
+    log = app.directory / "bouncer-worker.log"
+    with log.open("wb") as out:
+        finished = subprocess.run(
+            [
+                *(sys.executable, "-m", "pgqueue", "worker", "e2eapp:pgq", "--processes", "2"),
+                *("--concurrency", "8", "--drain", "--poll-interval", "0.2"),
+            ],
+            cwd=app.directory,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=240,
+        )
+    output = log.read_text()
+    assert finished.returncode == 0, output
+    for marker in ("WARNING", "ERROR", "Traceback"):
+        assert marker not in output, output
+    jobs = app.jobs(ids)
+    assert {(j.state, j.attempts) for j in jobs.values()} == {("succeeded", 1)}
+    assert app.done_counts() == dict.fromkeys(ids, 1)
+
+    # Another client of the same pool: server defaults, no statement left prepared.
+    conninfo = bouncer.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as other:
+        for _ in range(10):
+            row = other.execute(
+                "SELECT current_setting('jit'), current_setting('statement_timeout'), "
+                "(SELECT count(*) FROM pg_prepared_statements)"
+            ).fetchone()
+            assert row == (
+                _server_default(app, "jit"),
+                _server_default(app, "statement_timeout"),
+                0,
+            )
+    pgq.dispose()
+
+
+def _server_default(app: App, name: str) -> str:
+    engine = create_engine(app.url)
+    with engine.connect() as connection:
+        value = connection.execute(text("SELECT current_setting(:n)"), {"n": name}).scalar_one()
+    engine.dispose()
+    return str(value)
