@@ -1,0 +1,299 @@
+"""pgqueue on a server that accepts TLS only, verified in full (``sslmode=verify-full``).
+
+The server is Debian's packaged PostgreSQL (``apt-get install postgresql``) with ``ssl = on``,
+a certificate signed by a CA made for the test, and ``hostssl`` lines only. Every connection
+pgqueue opens (its engine, the worker's claim connection and its LISTEN connection) must use
+the TLS parameters of the URL; with the wrong CA the error says which server refused and why.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL, make_url
+
+from pgqueue import PgQueue, Settings
+
+APP = """
+import os
+from pgqueue import PgQueue, Settings
+
+pgq = PgQueue(os.environ["DB_URL"], settings=Settings.from_env())
+
+
+@pgq.task(name="noop")
+def noop(i=0):
+    return i
+"""
+
+
+def _bin_dir() -> Path:
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4])
+    )
+    assert found, "install Debian's postgresql package (.ci/run does)"
+    return Path(found[-1]).parent
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def tls_server() -> Iterator[tuple[URL, Path, Path]]:
+    """(URL without TLS parameters, the right CA file, a wrong CA file)."""
+    root = Path(tempfile.mkdtemp(prefix="pgqueue-tls-"))
+    root.chmod(0o755)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=pgqueue-test-ca",
+        cwd=root,
+    )
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "wrong.key",
+        "-out",
+        "wrong.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=another-ca",
+        cwd=root,
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+        cwd=root,
+    )
+    (root / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+        cwd=root,
+    )
+    (root / "pw").write_text("tls-test-password\n")
+    as_postgres: dict[str, str] = {}
+    if os.geteuid() == 0:
+        as_postgres = {"user": "postgres", "group": "postgres"}
+        shutil.chown(root, "postgres", "postgres")
+        for path in root.iterdir():
+            shutil.chown(path, "postgres", "postgres")
+    (root / "server.key").chmod(0o600)
+    bin_dir = _bin_dir()
+    data = root / "data"
+    subprocess.run(
+        [
+            bin_dir / "initdb",
+            "-D",
+            data,
+            "-U",
+            "postgres",
+            "-A",
+            "scram-sha-256",
+            "--pwfile",
+            root / "pw",
+        ],
+        check=True,
+        capture_output=True,
+        **as_postgres,  # type: ignore[arg-type]
+    )
+    with (data / "postgresql.conf").open("a") as conf:
+        conf.write(
+            f"ssl = on\nssl_cert_file = '{root}/server.crt'\nssl_key_file = '{root}/server.key'\n"
+        )
+    (data / "pg_hba.conf").write_text("hostssl all all 127.0.0.1/32 scram-sha-256\n")
+    port = _free_port()
+    subprocess.run(
+        [
+            bin_dir / "pg_ctl",
+            "-D",
+            data,
+            "-w",
+            "-l",
+            root / "log",
+            "-o",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+        **as_postgres,  # type: ignore[arg-type]
+    )
+    try:
+        url = make_url(f"postgresql+psycopg://postgres:tls-test-password@localhost:{port}/postgres")
+        yield url, root / "ca.pem", root / "wrong.pem"
+    finally:
+        subprocess.run(
+            [bin_dir / "pg_ctl", "-D", data, "-m", "fast", "stop"],
+            capture_output=True,
+            **as_postgres,  # type: ignore[arg-type]
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _verified(url: URL, ca: Path, database: str) -> URL:
+    return url.set(database=database).update_query_dict(
+        {"sslmode": "verify-full", "sslrootcert": str(ca)}
+    )
+
+
+def test_a_plain_connection_is_refused(tls_server: tuple[URL, Path, Path]) -> None:
+    url, _, _ = tls_server
+    engine = create_engine(url.update_query_dict({"sslmode": "disable"}))
+    with pytest.raises(Exception, match="no encryption"), engine.connect():
+        pass
+    engine.dispose()
+
+
+def test_migrate_enqueue_and_a_listening_worker_over_verified_tls(
+    tls_server: tuple[URL, Path, Path], tmp_path: Path
+) -> None:
+    url, ca, _ = tls_server
+    admin = create_engine(_verified(url, ca, "postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text("DROP DATABASE IF EXISTS tls_app WITH (FORCE)"))
+        connection.execute(text("CREATE DATABASE tls_app"))
+    app_url = _verified(url, ca, "tls_app")
+    (tmp_path / "tlsapp.py").write_text(APP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env["DB_URL"] = app_url.render_as_string(hide_password=False)
+    pgq = PgQueue(app_url, settings=Settings())
+    pgq.migrate()
+
+    @pgq.task(name="noop")
+    def noop(i: int = 0) -> int:
+        return i
+
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "pgqueue", "worker", "tlsapp:pgq", "--poll-interval", "30"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        listening = text(
+            "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) "
+            "WHERE a.datname = 'tls_app' AND a.application_name = 'pgqueue-listener' "
+            "AND a.query ILIKE 'LISTEN%'"
+        )
+        deadline = time.monotonic() + 30
+        with admin.connect() as watcher:
+            while not (rows := watcher.execute(listening).all()):
+                assert time.monotonic() < deadline, "the worker never listened"
+                time.sleep(0.1)
+        assert rows == [(True,)]
+        ids = [noop.enqueue(i) for i in range(20)]
+        # A poll interval of 30 s: only LISTEN over TLS can wake the worker this soon.
+        deadline = time.monotonic() + 10
+        with pgq.engine.connect() as connection:
+            while True:
+                done = connection.execute(
+                    text("SELECT count(*) FROM pgqueue_jobs WHERE state = 'succeeded'")
+                ).scalar_one()
+                connection.rollback()
+                if done == len(ids):
+                    break
+                assert time.monotonic() < deadline, f"{done} of {len(ids)} done"
+                time.sleep(0.1)
+            unencrypted = connection.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) "
+                    "WHERE a.datname = 'tls_app' AND NOT s.ssl"
+                )
+            ).scalar_one()
+        assert unencrypted == 0
+    finally:
+        worker.terminate()
+        output = worker.communicate(timeout=30)[0].decode()
+        pgq.dispose()
+        admin.dispose()
+    assert "WARNING" not in output and "ERROR" not in output, output
+
+
+def test_a_wrong_ca_fails_naming_the_server(tls_server: tuple[URL, Path, Path]) -> None:
+    url, _, wrong = tls_server
+    pgq = PgQueue(_verified(url, wrong, "postgres"), settings=Settings())
+
+    @pgq.task(name="noop")
+    def noop() -> None:
+        return None
+
+    with pytest.raises(Exception) as failure:
+        noop.enqueue()
+    message = str(failure.value)
+    assert "certificate verify failed" in message
+    assert f"port {url.port}" in message
+    pgq.dispose()
+
+
+def test_listen_connection_uses_the_given_engines_connect_args(
+    tls_server: tuple[URL, Path, Path],
+) -> None:
+    # TLS given to the engine, not in the URL: a LISTEN connection made from the URL alone
+    # would be refused (hostssl only) or unverified.
+    url, ca, _ = tls_server
+    engine = create_engine(url, connect_args={"sslmode": "verify-full", "sslrootcert": str(ca)})
+    pgq = PgQueue(engine, settings=Settings())
+    with pgq.listen_connection() as connection:
+        connection.execute("LISTEN pgqueue")
+        row = connection.execute(
+            "SELECT ssl, current_setting('application_name') FROM pg_stat_ssl "
+            "WHERE pid = pg_backend_pid()"
+        ).fetchone()
+    assert row == (True, "pgqueue-listener")
+    engine.dispose()
