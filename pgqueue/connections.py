@@ -17,7 +17,6 @@ socket whose input leaves the connection broken is replaced before any statement
 
 from __future__ import annotations
 
-import logging
 import select
 from typing import Any, Final, NamedTuple
 
@@ -27,9 +26,7 @@ from sqlalchemy.exc import DisconnectionError
 
 from pgqueue.config import Settings
 
-log = logging.getLogger("pgqueue")
-
-# Execution option carrying the SQL that a pgqueue transaction runs first behind a pooler.
+# Execution option carrying the values a pgqueue transaction sets first behind a pooler.
 LOCAL_SETTINGS_OPTION: Final = "pgqueue_local_settings"
 
 
