@@ -30,7 +30,9 @@ def bin_dir() -> Path:
     return Path(max(found, key=lambda path: int(path.split("/")[4]))).parent
 
 
-def _as_postgres(root: Path) -> dict[str, Any]:
+def as_postgres(root: Path) -> dict[str, Any]:
+    """``subprocess`` arguments that run a server command as ``postgres`` when root (which
+    PostgreSQL refuses), with ``root`` and everything in it handed to that user."""
     if os.geteuid() != 0:
         return {}
     shutil.chown(root, "postgres", "postgres")
@@ -39,7 +41,7 @@ def _as_postgres(root: Path) -> dict[str, Any]:
     return {"user": "postgres", "group": "postgres"}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -50,7 +52,7 @@ def start(root: Path) -> str:
     root.chmod(0o755)
     password = secrets.token_hex(12)
     (root / "pw").write_text(password + "\n")
-    user = _as_postgres(root)
+    user = as_postgres(root)
     data = root / "data"
     initdb = [bin_dir() / "initdb", "-D", data, "-U", "postgres", "-A", "scram-sha-256"]
     subprocess.run(
@@ -59,7 +61,7 @@ def start(root: Path) -> str:
         capture_output=True,
         **user,
     )
-    port = _free_port()
+    port = free_port()
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
     subprocess.run(
         [bin_dir() / "pg_ctl", "-D", data, "-w", "-l", root / "log", "-o", options, "start"],

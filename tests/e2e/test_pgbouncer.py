@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
+from debian_postgres import free_port
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 
@@ -31,19 +32,13 @@ if TYPE_CHECKING:
     from conftest import App
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def bouncer(app: App) -> Iterator[URL]:
     """A PgBouncer in transaction mode in front of the test database; yields its URL."""
     binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     assert Path(binary).exists(), "install Debian's pgbouncer (.ci/run does)"
     server = app.url
-    port = _free_port()
+    port = free_port()
     directory = Path(tempfile.mkdtemp(prefix="pgqueue-bouncer-"))
     directory.chmod(0o755)
     password = f" password={server.password}" if server.password else ""

@@ -8,10 +8,8 @@ the TLS parameters of the URL; with the wrong CA the error says which server ref
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from debian_postgres import as_postgres, bin_dir, free_port
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
@@ -38,22 +37,8 @@ def noop(i=0):
 """
 
 
-def _bin_dir() -> Path:
-    found = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4])
-    )
-    assert found, "install Debian's postgresql package (.ci/run does)"
-    return Path(found[-1]).parent
-
-
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -126,18 +111,13 @@ def tls_server() -> Iterator[tuple[URL, Path, Path]]:
         cwd=root,
     )
     (root / "pw").write_text("tls-test-password\n")
-    as_postgres: dict[str, str] = {}
-    if os.geteuid() == 0:
-        as_postgres = {"user": "postgres", "group": "postgres"}
-        shutil.chown(root, "postgres", "postgres")
-        for path in root.iterdir():
-            shutil.chown(path, "postgres", "postgres")
+    user = as_postgres(root)
     (root / "server.key").chmod(0o600)
-    bin_dir = _bin_dir()
+    server_bin = bin_dir()
     data = root / "data"
     subprocess.run(
         [
-            bin_dir / "initdb",
+            server_bin / "initdb",
             "-D",
             data,
             "-U",
@@ -149,17 +129,17 @@ def tls_server() -> Iterator[tuple[URL, Path, Path]]:
         ],
         check=True,
         capture_output=True,
-        **as_postgres,  # type: ignore[arg-type]
+        **user,  # type: ignore[arg-type]
     )
     with (data / "postgresql.conf").open("a") as conf:
         conf.write(
             f"ssl = on\nssl_cert_file = '{root}/server.crt'\nssl_key_file = '{root}/server.key'\n"
         )
     (data / "pg_hba.conf").write_text("hostssl all all 127.0.0.1/32 scram-sha-256\n")
-    port = _free_port()
+    port = free_port()
     subprocess.run(
         [
-            bin_dir / "pg_ctl",
+            server_bin / "pg_ctl",
             "-D",
             data,
             "-w",
@@ -171,16 +151,16 @@ def tls_server() -> Iterator[tuple[URL, Path, Path]]:
         ],
         check=True,
         capture_output=True,
-        **as_postgres,  # type: ignore[arg-type]
+        **user,  # type: ignore[arg-type]
     )
     try:
         url = make_url(f"postgresql+psycopg://postgres:tls-test-password@localhost:{port}/postgres")
         yield url, root / "ca.pem", root / "wrong.pem"
     finally:
         subprocess.run(
-            [bin_dir / "pg_ctl", "-D", data, "-m", "fast", "stop"],
+            [server_bin / "pg_ctl", "-D", data, "-m", "fast", "stop"],
             capture_output=True,
-            **as_postgres,  # type: ignore[arg-type]
+            **user,  # type: ignore[arg-type]
         )
         shutil.rmtree(root, ignore_errors=True)
 
