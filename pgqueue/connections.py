@@ -1,7 +1,7 @@
 """How pgqueue connects: its engines, their per-connection settings, and dead-connection checks.
 
 pgqueue's own statements are short and planned for index scans, so they must never be
-JIT-compiled (on a server with JIT on, compiling one costs ~100 ms) and must carry pgqueue's
+JIT-compiled (compiling one costs far more than running it) and must carry pgqueue's
 ``statement_timeout``. On a direct connection both are startup ``options`` of pgqueue's own
 connections. A pooler (PgBouncer) refuses startup ``options`` and shares one server session
 between clients, so behind one pgqueue sends none: it sets the same values with

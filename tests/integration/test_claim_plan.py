@@ -427,7 +427,7 @@ def test_worker_claim_connection_changes_no_session_setting(database_url: URL) -
 @pytest.mark.parametrize("tickets", [0, 10_000])
 def test_claim_plans_stay_below_the_jit_threshold(admin: Engine, tickets: int) -> None:
     # On a server with JIT on (the default since PostgreSQL 12), a plan whose estimated cost
-    # passes jit_above_cost is compiled, ~100 ms per run. pgqueue's connections turn JIT off,
+    # passes jit_above_cost is compiled on every run. pgqueue's connections turn JIT off,
     # but a claim must also be cheap as planned on a connection with every default, custom and
     # generic: that is what runs behind a pooler or on an application's own engine.
     with admin.connect() as connection:

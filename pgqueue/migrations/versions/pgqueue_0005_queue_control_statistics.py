@@ -7,9 +7,9 @@ Create Date: 2026-11-22
 The claim reads ``pgqueue_queues`` (paused and limited queues) on every run. The table holds a
 handful of rows and changes rarely, so autovacuum's default threshold (50 changed rows) is
 never reached and it is never analyzed. A never-analyzed table is planned as ten pages of rows
-(~500 here): the claim with queue limits then plans one ticket scan per imagined limited queue,
+(hundreds here): the claim with queue limits then plans one ticket scan per imagined limited queue,
 and its estimated cost passes ``jit_above_cost`` on servers with JIT on, so each claim is
-JIT-compiled (~100 ms). Analyzed once now, and again after any change, it is planned as the
+JIT-compiled. Analyzed once now, and again after any change, it is planned as the
 few rows it has.
 """
 
