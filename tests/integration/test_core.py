@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import shutil
+import tempfile
 import threading
+from pathlib import Path
 
+import psycopg
 import pytest
 from sqlalchemy import Column, Integer, MetaData, Table, create_engine, func, select, text
 from sqlalchemy.engine import URL
@@ -23,6 +28,7 @@ from pgqueue import (
     Settings,
     ValidationError,
     backoff,
+    embedded,
 )
 from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.testing import run_until_final, table_counts
@@ -479,3 +485,50 @@ def test_enqueue_errors_are_sqlalchemy_errors_on_every_path(pgq: PgQueue, engine
     with pytest.raises(DBAPIError):
         t_up.enqueue_many([[i] for i in range(core.COPY_THRESHOLD)])
     assert table_counts(engine) == before
+
+
+def test_no_configuration_warns_once_and_its_server_refuses_tcp(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``PgQueue()`` with nothing configured: the embedded development server, said so once
+    (naming its data directory), and reachable through its Unix socket only."""
+    # Not tmp_path: as root the server runs as nobody, which cannot traverse pytest's 0700 dirs.
+    root = Path(tempfile.mkdtemp(prefix="pgqueue-test-default-"))
+    root.chmod(0o755)
+    data_dir = root / "postgres"
+    try:
+        with caplog.at_level(logging.INFO, logger="pgqueue"):
+            pgq = PgQueue(settings=Settings(embedded_data_dir=str(data_dir)))
+            url = pgq.url
+            with pgq.engine.connect() as connection:
+                assert connection.scalar(text("SELECT current_setting('data_directory')")) == (
+                    str(data_dir)
+                )
+            pgq.dispose()
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        message = warnings[0].getMessage()
+        assert str(data_dir) in message
+        assert "PGQUEUE_DATABASE_URL" in message
+        assert "development" in message
+
+        port = int(str(url.query.get("port") or url.port))
+        assert port > 0
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(
+                host="127.0.0.1", port=port, user="postgres", dbname="postgres", connect_timeout=2
+            ).close()
+    finally:
+        server = embedded._SHARED.pop(data_dir, None)
+        if server is not None:
+            server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_configured_database_gives_no_warning(
+    database_url: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="pgqueue"):
+        PgQueue(database_url, settings=Settings())
+        PgQueue(settings=Settings(database_url=database_url.render_as_string(False)))
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

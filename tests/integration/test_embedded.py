@@ -14,11 +14,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pytest
 
 from pgqueue import embedded
+from pgqueue.config import normalize_database_url
+from pgqueue.connections import conninfo
 from pgqueue.embedded import EmbeddedPostgres, find_bin_dir, shared_server
 from pgqueue.errors import EmbeddedPostgresError
 
@@ -61,10 +65,23 @@ def pg_dir(tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _connect(port: int) -> psycopg.Connection[tuple[object, ...]]:
+def _connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(conninfo(normalize_database_url(url)), connect_timeout=2)
+
+
+def _connect_tcp(port: int, password: str | None = None) -> psycopg.Connection[Any]:
     return psycopg.connect(
-        host="127.0.0.1", port=port, user="postgres", dbname="postgres", connect_timeout=2
+        host="127.0.0.1",
+        port=port,
+        user="postgres",
+        dbname="postgres",
+        password=password,
+        connect_timeout=2,
     )
+
+
+def _password(server: EmbeddedPostgres) -> str:
+    return server.password_file.read_text().strip()
 
 
 def _postmaster_pid(data_dir: Path) -> int:
@@ -129,9 +146,12 @@ def test_start_query_stop(pg_dir: Path, durable: bool) -> None:
     server.start()
     print(f"initdb + start (durable={durable}): {time.monotonic() - started:.2f}s")
     try:
-        assert server.url() == f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/postgres"
-        assert server.url("jobs").endswith(f":{server.port}/jobs")
-        with _connect(server.port) as conn:
+        socket = quote(str(data_dir), safe="")
+        assert server.url() == (
+            f"postgresql+psycopg://postgres@/postgres?host={socket}&port={server.port}"
+        )
+        assert server.url("jobs").startswith("postgresql+psycopg://postgres@/jobs?")
+        with _connect(server.url()) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
             assert conn.execute("SHOW fsync").fetchone() == ("on" if durable else "off",)
             assert conn.execute("SHOW max_connections").fetchone() == ("200",)
@@ -151,14 +171,14 @@ def test_start_query_stop(pg_dir: Path, durable: bool) -> None:
     assert _wait_gone([postmaster, *backends], timeout=2) == []
     assert not (data_dir / "postmaster.pid").exists()
     with pytest.raises(psycopg.OperationalError):
-        _connect(server.port)
+        _connect(server.url())
     server.stop()  # idempotent
     assert (pg_dir / "data.log").read_text()  # server output went to the log beside data_dir
 
 
 def test_restart_existing_data_dir(pg_dir: Path) -> None:
     data_dir = pg_dir / "data"
-    with EmbeddedPostgres(data_dir) as server, _connect(server.port) as conn:
+    with EmbeddedPostgres(data_dir) as server, _connect(server.url()) as conn:
         conn.execute("CREATE TABLE kept (v int)")
         conn.execute("INSERT INTO kept VALUES (42)")
         conn.commit()
@@ -168,7 +188,7 @@ def test_restart_existing_data_dir(pg_dir: Path) -> None:
     restarted.start()
     print(f"restart of an existing data dir: {time.monotonic() - started:.3f}s")
     try:
-        with _connect(restarted.port) as conn:
+        with _connect(restarted.url()) as conn:
             assert conn.execute("SELECT v FROM kept").fetchone() == (42,)
             assert conn.execute("SHOW work_mem").fetchone() == ("8MB",)
             assert conn.execute("SHOW fsync").fetchone() == ("on",)
@@ -184,7 +204,7 @@ def test_start_after_stop_comes_back_on_the_same_port(pg_dir: Path) -> None:
         server.stop()
         server.start()
         assert server.port == port
-        with _connect(port) as conn:
+        with _connect(server.url()) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         server.stop()
@@ -192,9 +212,9 @@ def test_start_after_stop_comes_back_on_the_same_port(pg_dir: Path) -> None:
 
 def test_explicit_port(pg_dir: Path) -> None:
     port = embedded._free_port()
-    with EmbeddedPostgres(pg_dir / "data", port=port, durable=False) as server:
+    with EmbeddedPostgres(pg_dir / "data", port=port, durable=False, tcp=True) as server:
         assert server.port == port
-        with _connect(port) as conn:
+        with _connect_tcp(port, _password(server)) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
@@ -205,16 +225,16 @@ def test_server_dies_with_parent(pg_dir: Path) -> None:
         "from pgqueue.embedded import EmbeddedPostgres\n"
         "server = EmbeddedPostgres(sys.argv[1], durable=False)\n"
         "server.start()\n"
-        "print(server.port, flush=True)\n"
+        "print(server.url(), flush=True)\n"
         "time.sleep(60)\n"
     )
     parent = _python(script, str(data_dir))
     postmaster = None
     try:
         assert parent.stdout is not None
-        port = int(parent.stdout.readline())
+        url = parent.stdout.readline().strip()
         postmaster = _postmaster_pid(data_dir)
-        with _connect(port) as conn:
+        with _connect(url) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
         parent.kill()  # SIGKILL: no atexit, only PR_SET_PDEATHSIG can stop the server
         parent.wait()
@@ -245,7 +265,7 @@ def test_start_from_short_lived_thread(pg_dir: Path) -> None:
     try:
         assert errors == []
         time.sleep(0.3)
-        with _connect(server.port) as conn:
+        with _connect(server.url()) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         server.stop()
@@ -266,8 +286,7 @@ def test_shared_server_reused_across_processes(pg_dir: Path) -> None:
         assert first.stdout is not None and second.stdout is not None
         url_first, url_second = first.stdout.readline().strip(), second.stdout.readline().strip()
         assert url_first == url_second
-        assert url_first.startswith("postgresql+psycopg://postgres@127.0.0.1:")
-        port = int(url_first.rsplit(":", 1)[1].split("/")[0])
+        assert url_first.startswith("postgresql+psycopg://postgres@/postgres?host=")
         postmaster = _postmaster_pid(data_dir)
         stat_fields = _proc_stat(postmaster)
         assert stat_fields is not None
@@ -277,7 +296,7 @@ def test_shared_server_reused_across_processes(pg_dir: Path) -> None:
 
         # The process that only reused the server does not stop it when it exits...
         reuser.communicate(timeout=10)
-        with _connect(port) as conn:
+        with _connect(url_first) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
         # ...the owner does (atexit).
         owner.communicate(timeout=10)
@@ -378,7 +397,7 @@ def test_binaries_unreachable_by_nobody_are_relocated(
     cache_root = pg_dir / "bin-cache"
     monkeypatch.setattr(embedded, "_BIN_CACHE_ROOT", cache_root)
     with EmbeddedPostgres(pg_dir / "data", bin_dir=hidden_bin, durable=False) as server:
-        with _connect(server.port) as conn:
+        with _connect(server.url()) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
         relocated = [p for p in cache_root.iterdir() if p.name.startswith("pgbin-")]
         assert len(relocated) == 1
@@ -392,3 +411,100 @@ def test_default_data_dir() -> None:
         else Path.home() / ".local" / "share" / "pgqueue" / "postgres"
     )
     assert embedded.default_data_dir() == expected
+
+
+# --- who may connect ---------------------------------------------------------------------------
+
+
+def test_listens_on_its_unix_socket_only(pg_dir: Path) -> None:
+    with EmbeddedPostgres(pg_dir / "data", durable=False) as server:
+        with _connect(server.url()) as conn:
+            assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
+        with pytest.raises(psycopg.OperationalError):
+            _connect_tcp(server.port)
+        assert server.socket_dir == server.data_dir
+        assert stat.S_IMODE(server.socket_dir.stat().st_mode) == 0o700
+
+
+def test_tcp_asks_for_the_random_password_kept_in_a_private_file(pg_dir: Path) -> None:
+    with EmbeddedPostgres(pg_dir / "data", durable=False, tcp=True) as server:
+        password_file = server.password_file
+        assert password_file == pg_dir / "data.password"
+        assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
+        assert password_file.stat().st_uid == os.geteuid()
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            _connect_tcp(server.port)
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            _connect_tcp(server.port, "not-the-password")
+        with _connect(server.tcp_url()) as conn:
+            assert conn.execute("SELECT inet_server_addr()::text").fetchone() == ("127.0.0.1/32",)
+        with _connect_tcp(server.port, _password(server)) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_laxer_pg_hba_is_replaced_at_start(pg_dir: Path) -> None:
+    data_dir = pg_dir / "data"
+    with EmbeddedPostgres(data_dir, durable=False, tcp=True):
+        pass
+    (data_dir / "pg_hba.conf").write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n")
+    with (
+        EmbeddedPostgres(data_dir, durable=False, tcp=True) as server,
+        pytest.raises(psycopg.OperationalError, match="password"),
+    ):
+        _connect_tcp(server.port)
+
+
+def test_another_local_user_is_refused(pg_dir: Path) -> None:
+    """Under root the server runs as `nobody`, whose uid other daemons share: a `nobody`
+    process reaches the socket but is refused; otherwise the 0700 socket directory of this
+    user keeps everyone else out."""
+    with EmbeddedPostgres(pg_dir / "data", durable=False) as server:
+        socket_dir = server.socket_dir.stat()
+        assert stat.S_IMODE(socket_dir.st_mode) == 0o700
+        if not IS_ROOT:
+            assert socket_dir.st_uid == os.geteuid()
+            return
+        # The server's own psql: `nobody` can run it (the server runs from the same tree).
+        psql = embedded._usable_bin_dir(find_bin_dir(), embedded._run_as()) / "psql"
+        result = subprocess.run(
+            [
+                str(psql),
+                "-h",
+                str(server.socket_dir),
+                "-p",
+                str(server.port),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-Atc",
+                "SELECT 'connected'",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "PGCONNECT_TIMEOUT": "2"},
+            user="nobody",
+            group="nogroup",
+            extra_groups=[],
+        )
+        assert "connected" not in result.stdout
+        assert result.returncode == 2, result.stderr
+        assert "Peer authentication failed" in result.stderr
+        # root itself is let in, as every other test here shows.
+        with _connect(server.url()) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_data_dir_too_long_for_a_socket_gets_a_private_socket_dir(pg_dir: Path) -> None:
+    data_dir = pg_dir / ("d" * 100)
+    with EmbeddedPostgres(data_dir, durable=False) as server:
+        socket_dir = server.socket_dir
+        assert socket_dir != data_dir
+        assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700
+        with _connect(server.url()) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        with pytest.raises(psycopg.OperationalError):
+            _connect_tcp(server.port)
+    assert not socket_dir.exists()

@@ -4,7 +4,9 @@ app context with db.session, registration rules, and the dashboard's server-side
 from __future__ import annotations
 
 import re
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import URL
 
-from pgqueue import ConfigurationError, Job, JobState, MessageQueue
+from pgqueue import ConfigurationError, Job, JobState, MessageQueue, embedded
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.testing import run_until_final
@@ -247,3 +249,78 @@ def test_dashboard_access_and_csrf_guards(app: Flask) -> None:
     )
     assert deleted.status_code == 302
     assert client.get(f"/pgqueue/jobs/{job_id}", headers=auth).status_code == 404
+
+
+def test_without_db_the_extension_uses_the_apps_flask_sqlalchemy(database_url: URL) -> None:
+    """The usual extension style, ``PgQueue()`` then ``init_app``: jobs live in the app's
+    database and commit with the request, so a failed request's job never runs and a committed
+    request's job runs once."""
+    local_db = SQLAlchemy()
+    local_pgq = PgQueue()
+
+    @local_pgq.task(name="t.ship")
+    def ship(order_id: int) -> None:
+        local_db.session.execute(text("INSERT INTO shipped VALUES (:id)"), {"id": order_id})
+
+    app = Flask("usual_style")
+    # Should the app's database be missed, the jobs would go to this throwaway embedded server
+    # rather than the user's default one.
+    spare = Path(tempfile.mkdtemp(prefix="pgqueue-test-spare-"))
+    spare.chmod(0o755)
+    app.config.update(
+        SQLALCHEMY_DATABASE_URI=_url(database_url),
+        PROPAGATE_EXCEPTIONS=False,
+        PGQUEUE_EMBEDDED_DATA_DIR=str(spare / "postgres"),
+    )
+    local_db.init_app(app)
+    local_pgq.init_app(app)
+
+    def place(fail: int) -> dict[str, int]:
+        order_id = local_db.session.scalar(text("INSERT INTO placed DEFAULT VALUES RETURNING id"))
+        assert order_id is not None
+        ship.enqueue(order_id)
+        if fail:
+            raise RuntimeError("payment declined")
+        local_db.session.commit()
+        return {"id": order_id}
+
+    app.add_url_rule("/place/<int:fail>", view_func=place, methods=["POST"])
+    queue = local_pgq.state(app).queue
+    try:
+        with app.app_context():
+            local_db.session.execute(text("CREATE TABLE placed (id serial PRIMARY KEY)"))
+            local_db.session.execute(text("CREATE TABLE shipped (order_id int NOT NULL)"))
+            local_db.session.commit()
+        queue.migrate()  # a no-op on the app's database, which has pgqueue's tables already
+        client = app.test_client()
+        statuses = [client.post(f"/place/{n % 2}").status_code for n in range(10)]
+        assert statuses == [200, 500] * 5
+        stats = queue.run_worker(concurrency=2, drain=True)
+        with app.app_context():
+            placed = sorted(local_db.session.scalars(text("SELECT id FROM placed")))
+            shipped = sorted(local_db.session.scalars(text("SELECT order_id FROM shipped")))
+        assert len(placed) == 5
+        assert shipped == placed
+        assert stats.claimed == 5
+        assert _count(database_url, Job) == 5
+        assert queue.engine.url.database == database_url.database
+    finally:
+        with app.app_context():
+            local_db.engine.dispose()
+        server = embedded._SHARED.pop(spare / "postgres", None)
+        if server is not None:
+            server.stop()
+        shutil.rmtree(spare, ignore_errors=True)
+
+
+def test_another_extension_under_the_sqlalchemy_key_is_refused(database_url: URL) -> None:
+    app = Flask("lite")
+    app.extensions["sqlalchemy"] = object()
+    with pytest.raises(ConfigurationError, match=r"PGQUEUE_DATABASE_URL"):
+        PgQueue().init_app(app)
+    assert "pgqueue" not in app.extensions
+    # A separate jobs database is still a choice the app can make.
+    app.config["PGQUEUE_DATABASE_URL"] = _url(database_url)
+    separate = PgQueue()
+    separate.init_app(app)
+    assert separate.state(app).queue.url.database == database_url.database

@@ -2,7 +2,8 @@
 
 Tasks are declared on the extension (``@pgq.task``) before any app exists, as in an app
 factory. ``init_app(app)`` reads the ``PGQUEUE_*`` config, builds a core queue for that app on
-the Flask-SQLAlchemy engine (or ``PGQUEUE_DATABASE_URL``), registers every declared task on it
+the Flask-SQLAlchemy engine (``db=`` or the one registered on the app; a separate jobs database
+with ``PGQUEUE_DATABASE_URL``), registers every declared task on it
 wrapped so the job runs inside ``app.app_context()``, and keeps that state in
 ``app.extensions["pgqueue"]``. The task objects users hold are proxies: ``enqueue`` finds the
 current app's task and, when the extension knows ``db``, joins ``db.session`` so the job commits
@@ -38,7 +39,7 @@ EXTENSION_KEY = "pgqueue"
 # Config keys read by init_app, with their defaults. Settings fields can also be given as
 # PGQUEUE_<FIELD> (e.g. PGQUEUE_LEASE_SECONDS); they override the environment.
 DEFAULTS: dict[str, Any] = {
-    "PGQUEUE_DATABASE_URL": None,  # None: the Flask-SQLAlchemy engine, else env/embedded
+    "PGQUEUE_DATABASE_URL": None,  # None: the app's Flask-SQLAlchemy engine, else env/embedded
     "PGQUEUE_SETTINGS": None,  # a pgqueue.Settings to start from (default: from the env)
     "PGQUEUE_JOIN_SESSION": True,  # enqueue inside an app context joins db.session
     "PGQUEUE_CONFIGURE_MIGRATE": True,  # keep pgqueue's tables out of `flask db migrate`
@@ -118,9 +119,12 @@ class FlaskTask(Generic[P, R]):
 class PgQueue:
     """pgqueue as a Flask extension.
 
-    ``db`` (a Flask-SQLAlchemy ``SQLAlchemy``) is optional: with it, pgqueue uses ``db.engine``
-    and enqueues join ``db.session``, and handlers' ``db.session`` is committed when they return
-    and removed after every job. ``init_app`` must come after ``db.init_app`` (and after
+    The database is the app's Flask-SQLAlchemy one: ``db`` when given, else the ``SQLAlchemy``
+    registered on the app (``app.extensions["sqlalchemy"]``). pgqueue then uses ``db.engine``,
+    enqueues join ``db.session``, and handlers' ``db.session`` is committed when they return and
+    removed after every job. ``PGQUEUE_DATABASE_URL`` in the config selects a separate jobs
+    database instead. Only an app with neither falls back to ``$PGQUEUE_DATABASE_URL`` or the
+    embedded development server. ``init_app`` must come after ``db.init_app`` (and after
     ``Migrate(app, db)`` for the automatic Flask-Migrate configuration).
     """
 
@@ -143,14 +147,23 @@ class PgQueue:
             app.config.setdefault(key, value)
         settings = _settings(app.config)
         url = app.config["PGQUEUE_DATABASE_URL"]
+        db = self.db if self.db is not None else _app_sqlalchemy(app)
+        if not url and db is None and "sqlalchemy" in app.extensions:
+            # Another extension under that key (flask-sqlalchemy-lite, a custom one): the jobs
+            # must not quietly land elsewhere than the app's data.
+            kind = type(app.extensions["sqlalchemy"]).__name__
+            raise ConfigurationError(
+                f"app.extensions['sqlalchemy'] is a {kind}, not Flask-SQLAlchemy's SQLAlchemy: "
+                "set PGQUEUE_DATABASE_URL to the database pgqueue should use"
+            )
         join_session = False
         if url:
             # A separate jobs database: enqueues cannot share db.session's transaction.
             queue = CoreQueue(url, settings=settings)
-        elif self.db is not None:
+        elif db is not None:
             try:
                 with app.app_context():
-                    engine = self.db.engine
+                    engine = db.engine
             except RuntimeError as exc:  # Flask-SQLAlchemy: app not registered with db
                 raise ConfigurationError(
                     "call db.init_app(app) before pgq.init_app(app): pgqueue reuses db.engine"
@@ -159,7 +172,7 @@ class PgQueue:
             join_session = bool(app.config["PGQUEUE_JOIN_SESSION"])
         else:
             queue = CoreQueue(None, settings=settings)
-        state = _State(self, queue, self.db, join_session, {})
+        state = _State(self, queue, db, join_session, {})
         app.extensions[EXTENSION_KEY] = state
         for declaration in self._declarations.values():
             self._register(app, state, declaration)
@@ -168,7 +181,7 @@ class PgQueue:
             _configure_flask_migrate(app)
 
     def _register(self, app: Flask, state: _State, declaration: _Declaration) -> None:
-        wrapped = _in_app_context(app, self.db, declaration.fn)
+        wrapped = _in_app_context(app, state.db, declaration.fn)
         register = state.queue.task(name=declaration.name, **declaration.options)
         state.tasks[declaration.name] = register(wrapped)
 
@@ -234,6 +247,18 @@ class PgQueue:
             return FlaskTask(self, declaration)
 
         return declare(fn) if fn is not None else declare
+
+
+def _app_sqlalchemy(app: Flask) -> SQLAlchemy | None:
+    """The Flask-SQLAlchemy extension registered on ``app``, if any."""
+    registered = app.extensions.get("sqlalchemy")
+    if registered is None:
+        return None
+    try:
+        from flask_sqlalchemy import SQLAlchemy as FlaskSQLAlchemy
+    except ImportError:
+        return None
+    return registered if isinstance(registered, FlaskSQLAlchemy) else None
 
 
 def _settings(config: Mapping[str, Any]) -> Settings:
