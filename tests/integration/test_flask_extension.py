@@ -299,9 +299,9 @@ def test_without_db_the_extension_uses_the_apps_flask_sqlalchemy(database_url: U
         with app.app_context():
             placed = sorted(local_db.session.scalars(text("SELECT id FROM placed")))
             shipped = sorted(local_db.session.scalars(text("SELECT order_id FROM shipped")))
+        assert stats.claimed == 5
         assert len(placed) == 5
         assert shipped == placed
-        assert stats.claimed == 5
         assert _count(database_url, Job) == 5
         assert queue.engine.url.database == database_url.database
     finally:
