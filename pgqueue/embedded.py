@@ -1078,7 +1078,8 @@ def shared_server(
     server already running on it (in this or another process) is reused; otherwise one is
     started, owned by this process and stopped when it exits. A process that merely reuses a
     server does not own it: if the owner exits, the server goes with it, and the next call here
-    starts a new one (on a new port).
+    starts a new one. The URL is the server's Unix socket (no TCP): a development server for
+    this user on this host, never one to share between hosts.
     """
     directory = (
         Path(os.path.abspath(os.fspath(data_dir))) if data_dir is not None else default_data_dir()
