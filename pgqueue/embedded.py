@@ -884,9 +884,9 @@ def _wait_until_ready(
         try:
             if _serves_data_dir(socket_dir, port, data_dir, connect_timeout=1):
                 return
-            # Someone else's server answers on "our" port (it won the race for it); ours will
-            # exit with a bind error, which the poll above reports.
-            last_error = f"another PostgreSQL answers on port {port}"
+            # Another cluster answers in this socket directory (a stale or shared directory);
+            # ours is still starting or will exit, which the poll above reports.
+            last_error = f"another PostgreSQL answers in {socket_dir} on port {port}"
         except psycopg.Error as exc:
             last_error = str(exc).strip() or type(exc).__name__
         if time.monotonic() >= deadline:
