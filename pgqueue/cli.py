@@ -20,7 +20,7 @@ from rich.table import Table
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.core import PgQueue
-from pgqueue.errors import PgQueueError, is_insufficient_privilege
+from pgqueue.errors import PgQueueError, connection_failure, is_insufficient_privilege
 from pgqueue.states import JobState
 
 console = Console()
@@ -401,6 +401,12 @@ def demo(job_count: int, concurrency: int, database_url: str | None) -> None:
 def entrypoint() -> None:
     try:
         main(standalone_mode=True)
+    except DBAPIError as exc:
+        failure = connection_failure(exc)  # the connection that could not be opened, named
+        if failure is None:
+            raise
+        click.echo(f"error: {failure}", err=True)
+        sys.exit(2)
     except PgQueueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
