@@ -20,7 +20,7 @@ from rich.table import Table
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.core import PgQueue
-from pgqueue.errors import PgQueueError, is_insufficient_privilege
+from pgqueue.errors import PgQueueError, connection_failure, is_insufficient_privilege
 from pgqueue.states import JobState
 
 console = Console()
@@ -136,6 +136,8 @@ def worker_options(function: Any) -> Any:
         click.option("--lease-seconds", type=click.FloatRange(min=0.1), default=None),
         click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=None),
         click.option("--drain", is_flag=True, help="Exit when no job is ready."),
+        # Given by the supervisor to its children: they stop when it is gone.
+        click.option("--supervisor-pid", type=int, default=None, hidden=True),
     ]
     for option in reversed(options):
         function = option(function)
@@ -182,6 +184,7 @@ def run_worker_command(
     shutdown_timeout: float | None,
     drain: bool,
     command_prefix: list[str] | None = None,
+    supervisor_pid: int | None = None,
 ) -> None:
     """Shared by ``pgqueue worker`` and ``flask pgqueue worker``."""
     if processes > 1:
@@ -218,6 +221,10 @@ def run_worker_command(
         shutdown_timeout=shutdown_timeout,
         install_signal_handlers=True,
     )
+    if supervisor_pid is not None:
+        from pgqueue.worker.supervisor import watch_supervisor
+
+        watch_supervisor(supervisor_pid, w.stop)
     w.run(drain=drain)
 
 
@@ -394,6 +401,12 @@ def demo(job_count: int, concurrency: int, database_url: str | None) -> None:
 def entrypoint() -> None:
     try:
         main(standalone_mode=True)
+    except DBAPIError as exc:
+        failure = connection_failure(exc)  # the connection that could not be opened, named
+        if failure is None:
+            raise
+        click.echo(f"error: {failure}", err=True)
+        sys.exit(2)
     except PgQueueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)

@@ -13,6 +13,11 @@ Connections that sat in the pool can be dead (server restart, failover, an idle 
 proxy, ``pg_terminate_backend``). A checkout looks at the socket without a round trip: a server
 that ended the session has already sent its goodbye (or closed the socket), so a readable idle
 socket whose input leaves the connection broken is replaced before any statement is sent.
+
+A connection that cannot be opened (a wrong CA, a refused password, a server that is down) says
+which of pgqueue's connections it was and where it went (``pgqueue engine connection to
+db.example:5432/app failed: ...``): a worker has several (the engine's, the handler engine's,
+the listener's), and the driver's message names only the server.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DisconnectionError
 
 from pgqueue.config import Settings
+from pgqueue.errors import name_connection_failure
 
 # Execution option carrying the values a pgqueue transaction sets first behind a pooler.
 LOCAL_SETTINGS_OPTION: Final = "pgqueue_local_settings"
@@ -81,6 +87,7 @@ def create_queue_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
     install_dead_connection_check(engine)
     if settings.behind_pooler:
         _set_locals_on_begin(engine)
+    name_connect_failures(engine, "engine")
     return engine
 
 
@@ -90,7 +97,32 @@ def create_handler_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
     connect_args: dict[str, Any] = {"application_name": "pgqueue-handler"}
     if settings.behind_pooler:
         connect_args["prepare_threshold"] = None
-    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **pool)
+    engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args, **pool)
+    name_connect_failures(engine, "handler engine")
+    return engine
+
+
+def name_connect_failures(engine: Engine, name: str) -> None:
+    """Make a failure to open a connection of ``engine`` (one pgqueue created) name it.
+
+    Only on pgqueue's own engines: the hook opens the connection itself, which ends the
+    ``do_connect`` chain, so on an application's engine it would skip hooks added after it.
+    """
+
+    @event.listens_for(engine, "do_connect")
+    def connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        try:
+            return dialect.connect(*cargs, **cparams)
+        except dialect.loaded_dbapi.Error as exc:
+            name_connection_failure(
+                exc, name, target(cparams.get("host"), cparams.get("port"), cparams.get("dbname"))
+            )
+            raise
+
+
+def target(host: object, port: object, database: object) -> str:
+    """``host:port/database`` for messages (libpq's defaults where a part is not given)."""
+    return f"{host or 'local socket'}:{port or 5432}" + (f"/{database}" if database else "")
 
 
 def adapt_given_engine(engine: Engine, settings: Settings) -> None:

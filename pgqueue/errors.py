@@ -21,10 +21,12 @@ __all__ = [
     "SerializationError",
     "UnknownTask",
     "ValidationError",
+    "connection_failure",
     "ended_before_commit",
     "is_connection_error",
     "is_insufficient_privilege",
     "is_transient_conflict",
+    "name_connection_failure",
     "sqlstate_of",
 ]
 
@@ -173,3 +175,43 @@ def error_summary(recorded: str, limit: int = 200) -> str:
     while len(lines) > 1 and lines[-1].startswith(_DECORATION_PREFIXES):
         lines.pop()
     return lines[-1][:limit] if lines else ""
+
+
+# Set on a driver error raised while one of pgqueue's connections was being opened: the
+# failure's own text and the server it was for, kept apart from the rewritten message so that a
+# caller who knows better (the listener, whose connection an engine opens) can rename it.
+_CONNECT_FAILURE: Final = "pgqueue_connect_failure"
+
+
+def name_connection_failure(exc: BaseException, name: str, target: str | None = None) -> None:
+    """Rewrite, in place, the message of ``exc`` (raised while opening a connection) as one line
+    naming the connection: ``pgqueue <name> connection to <target> failed: <reason>``.
+
+    In place, so its type, SQLSTATE and cause stay as they were and it is classified (and
+    retried) exactly as before.
+    """
+    known = getattr(exc, _CONNECT_FAILURE, None)
+    if known is None:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = "; ".join(lines) or type(exc).__name__
+        reason = reason.removeprefix("connection failed: ")  # psycopg's own, said again below
+        known = (reason, None)
+    reason, known_target = known
+    target = target or known_target
+    setattr(exc, _CONNECT_FAILURE, (reason, target))
+    where = f" to {target}" if target else ""
+    exc.args = (f"pgqueue {name} connection{where} failed: {reason}",)
+
+
+def connection_failure(exc: BaseException) -> str | None:
+    """The one-line message of a named failure to open a connection (``name_connection_failure``)
+    found in ``exc`` or what it wraps, else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(current, _CONNECT_FAILURE, None) is not None:
+            return str(current.args[0])
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else current.__cause__
+    return None

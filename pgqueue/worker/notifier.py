@@ -4,7 +4,9 @@ One dedicated psycopg connection per worker process listens on pgqueue's channel
 ``PgQueue.listen_connection``, with the engine's connection parameters). A payload is
 a queue name, or ``"<queue> <epoch>"`` when the earliest new ticket is in the future. If the
 connection drops, it reconnects with backoff and wakes the worker once (notifications may have
-been missed meanwhile); polling covers the gap.
+been missed meanwhile); polling covers the gap. A connection that cannot be opened is logged as
+the listener's (``pgqueue listener connection to host:port/db failed: ...``), even when the
+engine opened it: a worker's engine can be fine while its listen URL is not.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import psycopg
 from psycopg import sql
 from sqlalchemy.exc import DBAPIError
 
+from pgqueue import connections
+from pgqueue.errors import name_connection_failure
 from pgqueue.queries import NOTIFY_CHANNEL
 
 log = logging.getLogger("pgqueue.worker")
@@ -46,8 +50,10 @@ class Notifier(threading.Thread):
     def run(self) -> None:
         delay = 0.05
         while not self._stopping.is_set():
+            opened = False
             try:
                 with self._connect() as connection:
+                    opened = True
                     connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
                     self.connection_pid = connection.info.backend_pid
                     self.connected.set()
@@ -58,7 +64,10 @@ class Notifier(threading.Thread):
                 self.connected.clear()
                 if self._stopping.is_set():
                     return
-                log.warning("listener connection lost (%s); reconnecting in %.2fs", exc, delay)
+                if opened:
+                    log.warning("listener connection lost (%s); reconnecting in %.2fs", exc, delay)
+                else:
+                    log.warning("%s; retrying in %.2fs", _named_failure(exc), delay)
                 self._stopping.wait(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -78,6 +87,26 @@ class Notifier(threading.Thread):
             except ValueError:
                 run_at = None
         self._on_ready(run_at)
+
+
+def _named_failure(exc: BaseException) -> str:
+    """The one-line message of a failure to open the listener connection, naming it."""
+    driver = exc.orig if isinstance(exc, DBAPIError) else exc
+    if not isinstance(driver, BaseException):
+        driver = exc
+    pgconn = getattr(driver, "pgconn", None)
+    where = None
+    if pgconn is not None:
+        try:
+            where = connections.target(
+                pgconn.host.decode(errors="replace"),
+                pgconn.port.decode(errors="replace"),
+                pgconn.db.decode(errors="replace"),
+            )
+        except psycopg.Error:  # a connection object that is already closed answers nothing
+            where = None
+    name_connection_failure(driver, "listener", where)
+    return str(driver.args[0])
 
 
 def wall_to_monotonic(epoch: float) -> float:

@@ -4,18 +4,33 @@ The supervisor runs each worker as a child process (the same command with one pr
 restarts a child that dies (with a short backoff if children keep dying at once), and forwards
 SIGTERM/SIGINT to the children; a second signal is forwarded as SIGKILL. It exits 0 when every
 child stopped cleanly after a signal.
+
+A supervisor killed outright (SIGKILL from the OOM killer, or from a process manager that
+signals only the main PID) forwards nothing, so each child is given the supervisor's PID and
+watches its own parent: when the parent changes (the child was re-parented), it stops as on
+SIGTERM, finishing its running jobs within the shutdown timeout and releasing the rest.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
 log = logging.getLogger("pgqueue.supervisor")
+
+# The hidden ``pgqueue worker`` option by which a child learns its supervisor's PID.
+SUPERVISOR_PID_OPTION = "--supervisor-pid"
+
+# How often a child looks at its parent: a getppid() call, so cheap enough to do often, and
+# small next to any shutdown timeout.
+PARENT_CHECK_INTERVAL = 0.25
 
 
 class Supervisor:
@@ -29,7 +44,7 @@ class Supervisor:
         self._drain = "--drain" in command
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        child = subprocess.Popen(self.command)
+        child = subprocess.Popen([*self.command, SUPERVISOR_PID_OPTION, str(os.getpid())])
         log.info("started worker process %d", child.pid)
         return child
 
@@ -66,3 +81,29 @@ class Supervisor:
                 codes = [child.returncode for child in self.children]
                 return 0 if all(code == 0 for code in codes) else 1
             time.sleep(0.1)
+
+
+def watch_supervisor(
+    supervisor_pid: int, stop: Callable[[], None], interval: float = PARENT_CHECK_INTERVAL
+) -> threading.Thread:
+    """In a child: call ``stop()`` once the supervisor ``supervisor_pid`` is no longer its parent.
+
+    A parent check rather than ``PR_SET_PDEATHSIG``: it works on every POSIX system, it does not
+    depend on which supervisor thread started the child, and it calls ``stop()`` directly. A
+    parent-death SIGTERM arriving after a forwarded one would count as the worker's second
+    signal, which exits at once without releasing the running jobs.
+    """
+
+    def watch() -> None:
+        while os.getppid() == supervisor_pid:
+            time.sleep(interval)
+        log.warning(
+            "supervisor process %d is gone; stopping this worker process (%d)",
+            supervisor_pid,
+            os.getpid(),
+        )
+        stop()
+
+    thread = threading.Thread(target=watch, name="pgqueue-supervisor-watch", daemon=True)
+    thread.start()
+    return thread

@@ -3,7 +3,8 @@
 The server is Debian's packaged PostgreSQL (``apt-get install postgresql``) with ``ssl = on``,
 a certificate signed by a CA made for the test, and ``hostssl`` lines only. Every connection
 pgqueue opens (its engine, the worker's claim connection and its LISTEN connection) must use
-the TLS parameters of the URL; with the wrong CA the error says which server refused and why.
+the TLS parameters of the URL; with the wrong CA the error says which of pgqueue's connections
+failed, to which server, and why.
 """
 
 from __future__ import annotations
@@ -258,7 +259,88 @@ def test_a_wrong_ca_fails_naming_the_server(tls_server: tuple[URL, Path, Path]) 
     message = str(failure.value)
     assert "certificate verify failed" in message
     assert f"port {url.port}" in message
+    assert f"pgqueue engine connection to localhost:{url.port}/postgres failed: " in message
     pgq.dispose()
+
+
+def test_the_cli_with_a_wrong_ca_prints_one_line_naming_the_connection(
+    tls_server: tuple[URL, Path, Path],
+) -> None:
+    url, _, wrong = tls_server
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env["PGQUEUE_DATABASE_URL"] = _verified(url, wrong, "postgres").render_as_string(
+        hide_password=False
+    )
+    for command in (["migrate"], ["stats"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "pgqueue", *command], env=env, capture_output=True, timeout=60
+        )
+        assert done.returncode == 2, done
+        assert done.stdout == b""
+        [line] = done.stderr.decode().splitlines()
+        assert line.startswith(f"error: pgqueue engine connection to localhost:{url.port}/postgres")
+        assert line.endswith("certificate verify failed"), line
+
+
+def test_a_listen_url_with_a_wrong_ca_is_logged_as_the_listeners_failure(
+    tls_server: tuple[URL, Path, Path], tmp_path: Path
+) -> None:
+    # The engine's URL is right, the listen URL is not: the worker runs its jobs by polling and
+    # says which of its connections cannot be opened.
+    url, ca, wrong = tls_server
+    admin = create_engine(_verified(url, ca, "postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text("DROP DATABASE IF EXISTS tls_listen WITH (FORCE)"))
+        connection.execute(text("CREATE DATABASE tls_listen"))
+    admin.dispose()
+    app_url = _verified(url, ca, "tls_listen")
+    (tmp_path / "tlsapp.py").write_text(APP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env["DB_URL"] = app_url.render_as_string(hide_password=False)
+    env["PGQUEUE_LISTEN_DATABASE_URL"] = _verified(url, wrong, "tls_listen").render_as_string(
+        hide_password=False
+    )
+    pgq = PgQueue(app_url, settings=Settings())
+    pgq.migrate()
+
+    @pgq.task(name="noop")
+    def noop(i: int = 0) -> int:
+        return i
+
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "pgqueue", "worker", "tlsapp:pgq", "--poll-interval", "0.2"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        ids = [noop.enqueue(i) for i in range(5)]
+        deadline = time.monotonic() + 30
+        with pgq.engine.connect() as connection:
+            while True:
+                done = connection.execute(
+                    text("SELECT count(*) FROM pgqueue_jobs WHERE state = 'succeeded'")
+                ).scalar_one()
+                connection.rollback()
+                if done == len(ids):
+                    break
+                assert time.monotonic() < deadline, f"{done} of {len(ids)} done"
+                time.sleep(0.1)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        pgq.dispose()
+    failures = [
+        line
+        for line in log.read_text().splitlines()
+        if f"pgqueue listener connection to localhost:{url.port}/tls_listen failed: " in line
+    ]
+    assert failures, log.read_text()
+    assert all("certificate verify failed" in line for line in failures), failures
+    assert "pgqueue engine connection" not in log.read_text()
 
 
 def test_listen_connection_uses_the_given_engines_connect_args(
@@ -277,3 +359,38 @@ def test_listen_connection_uses_the_given_engines_connect_args(
         ).fetchone()
     assert row == (True, "pgqueue-listener")
     engine.dispose()
+
+
+def test_a_worker_with_a_wrong_ca_names_its_engine_and_its_listener(
+    tls_server: tuple[URL, Path, Path], tmp_path: Path
+) -> None:
+    # The listener's connection is opened by the engine, yet its failure is the listener's.
+    url, _, wrong = tls_server
+    (tmp_path / "tlsapp.py").write_text(APP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env["DB_URL"] = _verified(url, wrong, "postgres").render_as_string(hide_password=False)
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "pgqueue", "worker", "tlsapp:pgq", "--poll-interval", "0.2"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    engine = f"pgqueue engine connection to localhost:{url.port}/postgres failed: "
+    listener = f"pgqueue listener connection to localhost:{url.port}/postgres failed: "
+    try:
+        deadline = time.monotonic() + 30
+        while not (engine in (output := log.read_text()) and listener in output):
+            assert time.monotonic() < deadline, output
+            time.sleep(0.1)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    lines = log.read_text().splitlines()
+    claims = [line for line in lines if "claim: database unavailable (" + engine in line]
+    listens = [line for line in lines if listener in line]
+    assert claims and listens, lines
+    assert all("certificate verify failed" in line for line in claims + listens)
+    assert not any("pgqueue engine connection" in line for line in listens), listens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import signal
@@ -162,6 +163,71 @@ def test_two_processes_run_2000_jobs_exactly_once_and_a_killed_child_is_replaced
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(30) == 0
     assert app.children_of(supervisor.pid) == []
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) pgqueue process; an orphan is reaped by init, not
+    by this test, so a zombie counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"pgqueue" in cmdline
+
+
+def test_children_of_a_killed_supervisor_finish_or_release_their_jobs_and_exit(app: App) -> None:
+    shutdown = 6.0
+    supervisor = app.start_worker(
+        "--processes", "2", "--concurrency", "3", "--shutdown-timeout", str(shutdown),
+        "--lease-seconds", "3",
+    )  # fmt: skip
+    children: list[int] = app.wait_until(
+        lambda: (lambda now: now if len(now) == 2 else None)(app.children_of(supervisor.pid)),
+        30,
+        "2 children",
+    )
+    try:
+        app.wait_listening(count=2)
+        # Three slots per child and six jobs: each child runs three when the supervisor dies.
+        short = app.module.sleep.enqueue_many([{"seconds": 3}] * 4)
+        long = app.module.sleep.enqueue_many([{"seconds": 300, "first_run_only": True}] * 2)
+        app.wait_until(lambda: len(app.ledger("start")) == 6, 30, "6 running jobs")
+        assert {row.pid for row in app.ledger("start")} == set(children)
+
+        supervisor.popen.kill()
+        assert supervisor.wait(10) == -signal.SIGKILL
+        killed = time.monotonic()
+        app.wait_until(
+            lambda: not any(_running(pid) for pid in children),
+            shutdown + 10,
+            "both children to exit",
+        )
+        assert time.monotonic() - killed < shutdown + 10
+
+        # Past the leases (3 s): nothing is RUNNING; the short jobs finished, the long ones
+        # were released (attempt not counted), and nothing else was claimed meanwhile.
+        time.sleep(4)
+        jobs = app.jobs(short + long)
+        assert {(j.state, j.attempts) for i, j in jobs.items() if i in short} == {("succeeded", 1)}
+        assert [(j.state, j.attempts, j.lease_token) for i, j in jobs.items() if i in long] == [
+            ("queued", 0, None)
+        ] * 2
+        assert len(app.ledger("start")) == 6
+        assert sorted(row.job_id for row in app.ledger("end")) == sorted(short)
+
+        # A new worker runs the released jobs: every job ran to exactly one outcome.
+        assert app.start_worker("--concurrency", "2", "--drain").wait(60) == 0
+        jobs = app.jobs(short + long)
+        assert {(j.state, j.attempts) for j in jobs.values()} == {("succeeded", 1)}
+        starts = collections.Counter(row.job_id for row in app.ledger("start"))
+        assert starts == {**dict.fromkeys(short, 1), **dict.fromkeys(long, 2)}
+        assert sorted(row.job_id for row in app.ledger("end")) == sorted(short + long)
+    finally:
+        # Orphans are not the test's children: end any still running by PID.
+        for pid in children:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -17,8 +17,12 @@ from pgqueue.errors import (
     PayloadTooLarge,
     SerializationError,
     ValidationError,
+    connection_failure,
     error_summary,
+    is_connection_error,
     is_transient_conflict,
+    name_connection_failure,
+    sqlstate_of,
 )
 from pgqueue.states import FINAL_STATES, TRANSITIONS, JobState, allowed
 from pgqueue.tasks import Task
@@ -223,3 +227,24 @@ def test_state_check_allows_exactly_the_job_states() -> None:
 
     listed = STATE_CHECK.split("'{", 1)[1].split("}'", 1)[0].split(",")
     assert sorted(listed) == sorted(s.value for s in JobState)
+
+
+def test_a_named_connection_failure_is_one_line_and_classified_as_before() -> None:
+    import psycopg.errors
+
+    refused = psycopg.errors.CannotConnectNow(
+        "connection failed: the database system is starting up\n\tHINT: wait"
+    )
+    wrapped = OperationalError(None, None, refused)
+    assert connection_failure(wrapped) is None  # not named yet: nothing to say
+    name_connection_failure(refused, "engine", "db.example:5432/app")
+    named = "pgqueue engine connection to db.example:5432/app failed: "
+    assert connection_failure(wrapped) == named + "the database system is starting up; HINT: wait"
+    assert type(refused) is psycopg.errors.CannotConnectNow
+    assert sqlstate_of(wrapped) == "57P03" and is_connection_error(wrapped)
+    # The listener's connection is opened by the engine: renamed, same server, same reason.
+    name_connection_failure(refused, "listener")
+    assert connection_failure(wrapped) == (
+        "pgqueue listener connection to db.example:5432/app failed: "
+        "the database system is starting up; HINT: wait"
+    )
