@@ -1031,29 +1031,103 @@ def set_local_settings() -> Select[Any]:
 # queue, finished jobs per minute, and deleting one job. Kept apart from the worker's hot path.
 
 
+def _distinct_queues() -> Any:  # a CTE
+    """The queue names present in ``pgqueue_jobs``, by a loose index scan: one index probe per
+    queue on the ``(queue, state, id)`` index (``min(queue) WHERE queue > previous``), never a
+    pass over the history."""
+    smallest = select(func.min(Job.queue).label("queue")).cte("job_queues", recursive=True)
+    following = (
+        select(
+            select(func.min(Job.queue))
+            .where(Job.queue > smallest.c.queue)
+            .scalar_subquery()
+            .label("queue")
+        )
+        .select_from(smallest)
+        .where(smallest.c.queue.is_not(None))
+    )
+    return smallest.union_all(following)
+
+
+@cache
+def job_queues() -> Select[str]:
+    """Names of the queues that have jobs, sorted (the dashboard's queue filter)."""
+    queues = _distinct_queues()
+    return select(queues.c.queue).where(queues.c.queue.is_not(None)).order_by(queues.c.queue)
+
+
+@cache
+def capped_state_counts() -> Select[str, str, int]:
+    """``(queue, state, count)`` for every queue with jobs and every state in ``states`` (an
+    array), each count stopping at ``cap``: a count of ``cap`` means "at least ``cap``".
+
+    Each count reads at most ``cap`` entries of the ``(queue, state, id)`` index, so the
+    overview costs the same with a long history as with a short one."""
+    queues = _distinct_queues()
+    states = func.unnest(_array("states", Text)).table_valued("state").render_derived(name="states")
+    hits = (
+        select(literal(1).label("hit"))
+        .where(Job.queue == queues.c.queue, Job.state == states.c.state)
+        .limit(bindparam("cap", type_=Integer))
+        .correlate(queues, states)
+        .subquery("hits")
+    )
+    counted = select(func.count()).select_from(hits).scalar_subquery()
+    return (
+        select(queues.c.queue, states.c.state, counted.label("count"))
+        .select_from(queues)
+        .join(states, true())
+        .where(queues.c.queue.is_not(None))
+    )
+
+
 @cache
 def list_jobs(*, by_queue: bool, by_state: bool, by_task: bool, cursor: str | None) -> Select[Job]:
     """One page of jobs, newest first, optionally filtered.
 
-    Binds ``limit``; ``queue``, ``state``, ``task_name`` for the enabled filters; ``cursor`` (a
-    job id) when ``cursor`` is ``"before"`` (older jobs: ``id < cursor``, newest first) or
-    ``"after"`` (newer jobs: ``id > cursor``, oldest first so the page nearest the cursor comes
-    back; the caller reverses it). Keyset paging walks the primary key, so deep pages stay cheap.
+    Binds ``limit``; ``cursor`` (a job id) when ``cursor`` is ``"before"`` (older jobs:
+    ``id < cursor``, newest first) or ``"after"`` (newer jobs: ``id > cursor``, oldest first so
+    the page nearest the cursor comes back; the caller reverses it). Keyset paging walks an
+    index in id order, so deep pages stay cheap.
+
+    Unfiltered, the page walks the primary key. Filtered, it is the merge of one short walk per
+    ``(queue, state)`` pair (``queues`` and ``states`` arrays: the chosen ones, or all of them)
+    on the ``(queue, state, id)`` index, or per state on ``(task_name, state, id)`` when a task
+    is chosen (binds ``task_name``, and ``queue`` with it). Each walk stops after ``limit`` ids,
+    so a filter matching few of many finished jobs never scans the history for them.
     """
-    stmt = select(Job)
-    if by_queue:
-        stmt = stmt.where(Job.queue == bindparam("queue", type_=Text))
-    if by_state:
-        stmt = stmt.where(Job.state == bindparam("state", type_=Text))
-    if by_task:
-        stmt = stmt.where(Job.task_name == bindparam("task_name", type_=Text))
     position = bindparam("cursor", type_=BigInteger)
-    if cursor == "before":
-        stmt = stmt.where(Job.id < position)
-    elif cursor == "after":
-        stmt = stmt.where(Job.id > position)
     order = Job.id.asc() if cursor == "after" else Job.id.desc()
-    return stmt.order_by(order).limit(bindparam("limit", type_=Integer))
+    limit = bindparam("limit", type_=Integer)
+
+    def paged(stmt: Select[Any]) -> Select[Any]:
+        if cursor == "before":
+            stmt = stmt.where(Job.id < position)
+        elif cursor == "after":
+            stmt = stmt.where(Job.id > position)
+        return stmt.order_by(order).limit(limit)
+
+    if not (by_queue or by_state or by_task):
+        return paged(select(Job))
+    states = func.unnest(_array("states", Text)).table_valued("state").render_derived(name="states")
+    if by_task:
+        walk = select(Job.id).where(
+            Job.task_name == bindparam("task_name", type_=Text), Job.state == states.c.state
+        )
+        if by_queue:
+            walk = walk.where(Job.queue == bindparam("queue", type_=Text))
+        ids = paged(walk).lateral("walk")
+        merged = select(ids.c.id).select_from(states).join(ids, true())
+    else:
+        queues = (
+            func.unnest(_array("queues", Text)).table_valued("queue").render_derived(name="queues")
+        )
+        walk = select(Job.id).where(Job.queue == queues.c.queue, Job.state == states.c.state)
+        ids = paged(walk).lateral("walk")
+        merged = select(ids.c.id).select_from(queues).join(states, true()).join(ids, true())
+    merged_order = ids.c.id.asc() if cursor == "after" else ids.c.id.desc()
+    page = merged.order_by(merged_order).limit(limit).subquery("page")
+    return select(Job).join(page, Job.id == page.c.id).order_by(order)
 
 
 def oldest_waiting_per_queue() -> Select[str, int, Any, Any]:

@@ -45,7 +45,27 @@ BLUEPRINT_NAME: Final = "pgqueue_dashboard"
 CSRF_SESSION_KEY: Final = "_pgqueue_csrf"
 CSRF_FIELD: Final = "csrf_token"
 PAGE_SIZE: Final = 50
+# Counts on the overview stop here ("10,000+"): each reads at most this many index entries, so
+# the page costs the same however much history the jobs table holds.
+COUNT_CAP: Final = 10_000
 STATES: Final = list(JobState)
+CONTENT_SECURITY_POLICY: Final = "; ".join(
+    [
+        "default-src 'none'",
+        "style-src 'self'",
+        "img-src 'self'",
+        "form-action 'self'",
+        "base-uri 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
+SECURITY_HEADERS: Final = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "same-origin",
+}
 
 
 def init_dashboard(
@@ -91,8 +111,20 @@ def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
         if request.method == "POST":
             expected = session.get(CSRF_SESSION_KEY)
             given = request.form.get(CSRF_FIELD, "")
-            if not expected or not hmac.compare_digest(str(expected), given):
+            # As bytes: compare_digest refuses str holding non-ASCII characters (TypeError,
+            # a 500), and a forged token may hold anything.
+            if not expected or not hmac.compare_digest(
+                str(expected).encode("utf-8"), given.encode("utf-8", "surrogatepass")
+            ):
                 abort(400, description="CSRF token missing or invalid")
+
+    @bp.after_request
+    def security_headers(response: Response) -> Response:
+        # Pages show job arguments and carry one-click action forms: never framed (no
+        # clickjacking), never cached, no content sniffing, and nothing but the dashboard's own
+        # stylesheet may load or run (the templates need no script at all).
+        response.headers.update(SECURITY_HEADERS)
+        return response
 
     @bp.context_processor
     def helpers() -> dict[str, Any]:
@@ -102,6 +134,7 @@ def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
             "timestamp": _timestamp,
             "pretty_json": _pretty_json,
             "states": STATES,
+            "count": _count,
         }
 
     bp.add_url_rule("/", view_func=overview)
@@ -129,8 +162,8 @@ def _csrf_token() -> str:
 
 def overview() -> str:
     queue = _queue()
-    counts = queue.counts()
     with queue.sessions() as s:
+        counts = repository.capped_state_counts(s, COUNT_CAP)
         oldest = repository.oldest_waiting(s)
         series = repository.finished_per_minute(s)
     names = sorted(set(counts) | set(oldest) | set(series))
@@ -150,7 +183,10 @@ def overview() -> str:
             }
         )
     totals = {s: sum(r["counts"][s] for r in rows) for s in STATES}
-    return render_template("pgqueue/overview.html", rows=rows, totals=totals)
+    capped = {s: any(r["counts"][s] >= COUNT_CAP for r in rows) for s in STATES}
+    return render_template(
+        "pgqueue/overview.html", rows=rows, totals=totals, capped=capped, cap=COUNT_CAP
+    )
 
 
 def job_list() -> str:
@@ -167,6 +203,7 @@ def job_list() -> str:
     after = request.args.get("after", type=int) if before is None else None
     limit = min(max(request.args.get("limit", PAGE_SIZE, type=int), 1), 500)
     with _queue().sessions() as s:
+        queues = repository.job_queues(s)
         jobs = repository.list_jobs(
             s,
             queue=queue_name,
@@ -192,7 +229,7 @@ def job_list() -> str:
         "pgqueue/jobs.html",
         jobs=jobs,
         filters=filters,
-        queues=sorted(_queue().counts()),
+        queues=queues,
         task_names=sorted(state_obj.tasks),
         newer_url=url_for(".job_list", after=jobs[0].id, **filters) if has_newer and jobs else None,
         older_url=url_for(".job_list", before=jobs[-1].id, **filters)
@@ -262,6 +299,11 @@ def _age(seconds: float) -> str:
         if len(parts) == 2:
             break
     return prefix + " ".join(parts)
+
+
+def _count(value: int, at_least: bool = False) -> str:
+    """``1,234``; ``10,000+`` for a count that stopped at ``COUNT_CAP``."""
+    return f"{value:,}+" if at_least or value >= COUNT_CAP else f"{value:,}"
 
 
 def _timestamp(value: dt.datetime | None) -> str:
