@@ -45,9 +45,9 @@ BLUEPRINT_NAME: Final = "pgqueue_dashboard"
 CSRF_SESSION_KEY: Final = "_pgqueue_csrf"
 CSRF_FIELD: Final = "csrf_token"
 PAGE_SIZE: Final = 50
-# Counts on the overview stop here ("10,000+"): each reads at most this many index entries, so
+# Counts on the overview stop here ("1,000+"): each reads at most this many index entries, so
 # the page costs the same however much history the jobs table holds.
-COUNT_CAP: Final = 10_000
+COUNT_CAP: Final = 1_000
 STATES: Final = list(JobState)
 CONTENT_SECURITY_POLICY: Final = "; ".join(
     [
@@ -302,7 +302,7 @@ def _age(seconds: float) -> str:
 
 
 def _count(value: int, at_least: bool = False) -> str:
-    """``1,234``; ``10,000+`` for a count that stopped at ``COUNT_CAP``."""
+    """``123``; ``1,000+`` for a count that stopped at ``COUNT_CAP``."""
     return f"{value:,}+" if at_least or value >= COUNT_CAP else f"{value:,}"
 
 
