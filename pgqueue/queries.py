@@ -1142,7 +1142,10 @@ def list_jobs(*, by_queue: bool, by_state: bool, by_task: bool, cursor: str | No
             Job.task_name == bindparam("task_name", type_=Text), _one_state(states.c.state)
         )
         if by_queue:
-            walk = walk.where(Job.queue == bindparam("queue", type_=Text))
+            # ``queue || ''``: the same test, but not one the ``(queue, state, id)`` index can
+            # serve, so a generic plan cannot walk a busy queue's whole index looking for a
+            # rare task; it walks the task's index and checks the queue of each match.
+            walk = walk.where(Job.queue.concat("") == bindparam("queue", type_=Text))
         ids = paged(walk, Job.state).lateral("walk")
         merged = select(ids.c.id).select_from(states).join(ids, true())
     else:
