@@ -117,6 +117,9 @@ def test_script_payloads_in_jobs_never_run(served: tuple[Flask, str], engine: En
             page = browser.new_page()
             dialogs: list[str] = []
             page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            # The policy must not block the dashboard's own resources either (its stylesheet).
+            console: list[str] = []
+            page.on("console", lambda message: console.append(message.text))
             seen: dict[str, str] = {}
             for url in pages:
                 response = page.goto(url)
@@ -124,6 +127,10 @@ def test_script_payloads_in_jobs_never_run(served: tuple[Flask, str], engine: En
                 assert page.evaluate("window.__pgqueue_xss") is None, url
                 assert page.locator(INJECTED).count() == 0, url
                 seen[url] = page.locator("main").inner_text()
+                # Styled by its stylesheet: the header is laid out as a flex row.
+                assert page.locator("header").evaluate("e => getComputedStyle(e).display") == (
+                    "flex"
+                ), url
                 # Links built from names stay on the dashboard (no javascript: targets).
                 hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
                 assert all(h.startswith(base) for h in hrefs), (url, hrefs)
@@ -137,6 +144,7 @@ def test_script_payloads_in_jobs_never_run(served: tuple[Flask, str], engine: En
             browser.close()
 
     assert dialogs == []
+    assert [m for m in console if "Content Security Policy" in m] == []
     # The payloads were on the pages, as text: in the overview (queue names), the job lists
     # (task names) and on each job's page (arguments, result, errors, names, unique key).
     assert PAYLOADS[1] in seen[base + "/"] and PAYLOADS[3] in seen[base + "/"]
