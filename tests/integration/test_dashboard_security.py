@@ -120,3 +120,26 @@ def test_non_ascii_csrf_token_is_refused_not_a_server_error(app: Flask, forged: 
     )
     assert response.status_code == 400
     assert pgq.state(app).queue.get_job(job_id).state is JobState.QUEUED
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("queue=a%00b", "queue must not contain a NUL character"),
+        ("task=%00", "task must not contain a NUL character"),
+        ("state=failed&queue=%00", "queue must not contain a NUL character"),
+        ("before=99999999999999999999", "before must be a job id from 0 to"),
+        ("after=-1", "after must be a job id from 0 to"),
+        ("before=ten", "before must be a job id, got &#39;ten&#39;"),
+    ],
+)
+def test_bad_filter_values_are_a_clear_400_not_a_server_error(
+    app: Flask, query: str, message: str
+) -> None:
+    response = app.test_client().get(f"/pgqueue/jobs?{query}")
+    assert response.status_code == 400
+    assert message in response.text
+
+
+def test_job_id_beyond_bigint_is_not_found(app: Flask) -> None:
+    assert app.test_client().get("/pgqueue/jobs/99999999999999999999").status_code == 404

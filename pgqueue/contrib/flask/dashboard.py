@@ -45,6 +45,7 @@ BLUEPRINT_NAME: Final = "pgqueue_dashboard"
 CSRF_SESSION_KEY: Final = "_pgqueue_csrf"
 CSRF_FIELD: Final = "csrf_token"
 PAGE_SIZE: Final = 50
+MAX_JOB_ID: Final = 2**63 - 1  # job ids are bigint
 # Counts on the overview stop here ("1,000+"): each reads at most this many index entries, so
 # the page costs the same however much history the jobs table holds.
 COUNT_CAP: Final = 1_000
@@ -149,6 +150,28 @@ def _queue() -> CoreQueue:
     return state.queue
 
 
+def _text_arg(name: str) -> str | None:
+    """A text filter from the query string; None when absent or empty."""
+    value = request.args.get(name) or None
+    if value is not None and "\x00" in value:
+        abort(400, description=f"{name} must not contain a NUL character")
+    return value
+
+
+def _job_id_arg(name: str) -> int | None:
+    """A job id from the query string (a paging cursor); None when absent or empty."""
+    raw = request.args.get(name) or None
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        abort(400, description=f"{name} must be a job id, got {raw!r}")
+    if not 0 <= value <= MAX_JOB_ID:
+        abort(400, description=f"{name} must be a job id from 0 to {MAX_JOB_ID}, got {value}")
+    return value
+
+
 def _csrf_token() -> str:
     token = session.get(CSRF_SESSION_KEY)
     if not token:
@@ -190,17 +213,17 @@ def overview() -> str:
 
 
 def job_list() -> str:
-    queue_name = request.args.get("queue") or None
-    state_name = request.args.get("state") or None
-    task_name = request.args.get("task") or None
+    queue_name = _text_arg("queue")
+    state_name = _text_arg("state")
+    task_name = _text_arg("task")
     state = None
     if state_name is not None:
         try:
             state = JobState(state_name)
         except ValueError:
             abort(400, description=f"unknown state {state_name!r}")
-    before = request.args.get("before", type=int)
-    after = request.args.get("after", type=int) if before is None else None
+    before = _job_id_arg("before")
+    after = _job_id_arg("after") if before is None else None
     limit = min(max(request.args.get("limit", PAGE_SIZE, type=int), 1), 500)
     with _queue().sessions() as s:
         queues = repository.job_queues(s)
@@ -239,6 +262,8 @@ def job_list() -> str:
 
 
 def job_detail(job_id: int) -> str:
+    if job_id > MAX_JOB_ID:
+        abort(404, description=f"no job with id {job_id}")
     try:
         job = _queue().get_job(job_id)
     except PgQueueError:
