@@ -17,13 +17,17 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.core import PgQueue
 from pgqueue.errors import PgQueueError, connection_failure, is_insufficient_privilege
 from pgqueue.states import JobState
 
-console = Console()
+# No markup or highlighting: what is printed (queue and task names, error messages) comes from
+# users and the database, and ``[...]`` in it must print as itself, not be parsed as style tags.
+console = Console(markup=False, highlight=False)
+error_console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 
 
 def load_app(path: str) -> PgQueue:
@@ -408,5 +412,6 @@ def entrypoint() -> None:
         click.echo(f"error: {failure}", err=True)
         sys.exit(2)
     except PgQueueError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        message = " ".join(str(exc).split())  # one line, whatever the message holds
+        error_console.print(Text.assemble(("error:", "red"), " ", message))
         sys.exit(2)

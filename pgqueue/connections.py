@@ -79,6 +79,9 @@ def create_queue_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
         connect_args["options"] = startup_options(settings)
     engine = create_engine(
         url,
+        # Bound values are job arguments, results and error texts: a database error's message
+        # (logged, or stored as a job's last_error) must not carry them.
+        hide_parameters=True,
         json_deserializer=validation.load_json,
         connect_args=connect_args,
         execution_options=execution_options,
@@ -97,7 +100,10 @@ def create_handler_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
     connect_args: dict[str, Any] = {"application_name": "pgqueue-handler"}
     if settings.behind_pooler:
         connect_args["prepare_threshold"] = None
-    engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args, **pool)
+    # Handlers bind job arguments into their own queries; their errors become a job's last_error.
+    engine = create_engine(
+        url, hide_parameters=True, pool_pre_ping=True, connect_args=connect_args, **pool
+    )
     name_connect_failures(engine, "handler engine")
     return engine
 

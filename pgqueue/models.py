@@ -153,6 +153,11 @@ class Job(Base):
             "finished_at",
             postgresql_where=text("finished_at IS NOT NULL"),
         ),
+        # The dashboard's filters (and its queue list and capped counts): newest jobs of one
+        # queue or one task in one state, read in id order however long the history
+        # (migration pgqueue_0006).
+        Index("ix_pgqueue_jobs_queue_state_id", "queue", "state", "id"),
+        Index("ix_pgqueue_jobs_task_name_state_id", "task_name", "state", "id"),
         # Race-free unique jobs: the index, not a read-then-write, rejects the duplicate.
         Index(
             "uq_pgqueue_jobs_unique_key_active",

@@ -566,10 +566,12 @@ def list_jobs(
     page to older/newer jobs. Returns ORM objects of ``session``."""
     cursor = "before" if before is not None else "after" if after is not None else None
     params: dict[str, Any] = {"limit": limit}
+    params["states"] = [s.value for s in JobState] if state is None else [state.value]
     if queue is not None:
         params["queue"] = queue
-    if state is not None:
-        params["state"] = state.value
+        params["queues"] = [queue]
+    elif state is not None and task_name is None:
+        params["queues"] = job_queues(session)
     if task_name is not None:
         params["task_name"] = task_name
     if cursor is not None:
@@ -582,6 +584,21 @@ def list_jobs(
     )
     jobs = list(session.scalars(stmt, params))
     return jobs[::-1] if cursor == "after" else jobs
+
+
+def job_queues(session: Session) -> list[str]:
+    """Names of the queues that have jobs, sorted (one index probe per queue)."""
+    return list(_core(session).execute(queries.job_queues()).scalars())
+
+
+def capped_state_counts(session: Session, cap: int) -> dict[str, dict[JobState, int]]:
+    """``{queue: {state: count}}`` for every queue with jobs, each count stopping at ``cap``
+    (``cap`` means "``cap`` or more"); states without jobs count 0."""
+    counts: dict[str, dict[JobState, int]] = {}
+    params = {"states": [s.value for s in JobState], "cap": cap}
+    for queue, state, count in _core(session).execute(queries.capped_state_counts(), params):
+        counts.setdefault(queue, {})[JobState(state)] = int(count)
+    return counts
 
 
 def oldest_waiting(session: Session) -> dict[str, tuple[int, dt.datetime, float]]:

@@ -45,7 +45,28 @@ BLUEPRINT_NAME: Final = "pgqueue_dashboard"
 CSRF_SESSION_KEY: Final = "_pgqueue_csrf"
 CSRF_FIELD: Final = "csrf_token"
 PAGE_SIZE: Final = 50
+MAX_JOB_ID: Final = 2**63 - 1  # job ids are bigint
+# Counts on the overview stop here ("1,000+"): each reads at most this many index entries, so
+# the page costs the same however much history the jobs table holds.
+COUNT_CAP: Final = 1_000
 STATES: Final = list(JobState)
+CONTENT_SECURITY_POLICY: Final = "; ".join(
+    [
+        "default-src 'none'",
+        "style-src 'self'",
+        "img-src 'self'",
+        "form-action 'self'",
+        "base-uri 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
+SECURITY_HEADERS: Final = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "same-origin",
+}
 
 
 def init_dashboard(
@@ -91,8 +112,20 @@ def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
         if request.method == "POST":
             expected = session.get(CSRF_SESSION_KEY)
             given = request.form.get(CSRF_FIELD, "")
-            if not expected or not hmac.compare_digest(str(expected), given):
+            # As bytes: compare_digest refuses str holding non-ASCII characters (TypeError,
+            # a 500), and a forged token may hold anything.
+            if not expected or not hmac.compare_digest(
+                str(expected).encode("utf-8"), given.encode("utf-8", "surrogatepass")
+            ):
                 abort(400, description="CSRF token missing or invalid")
+
+    @bp.after_request
+    def security_headers(response: Response) -> Response:
+        # Pages show job arguments and carry one-click action forms: never framed (no
+        # clickjacking), never cached, no content sniffing, and nothing but the dashboard's own
+        # stylesheet may load or run (the templates need no script at all).
+        response.headers.update(SECURITY_HEADERS)
+        return response
 
     @bp.context_processor
     def helpers() -> dict[str, Any]:
@@ -102,6 +135,7 @@ def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
             "timestamp": _timestamp,
             "pretty_json": _pretty_json,
             "states": STATES,
+            "count": _count,
         }
 
     bp.add_url_rule("/", view_func=overview)
@@ -114,6 +148,28 @@ def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
 def _queue() -> CoreQueue:
     state: _State = current_app.extensions[EXTENSION_KEY]
     return state.queue
+
+
+def _text_arg(name: str) -> str | None:
+    """A text filter from the query string; None when absent or empty."""
+    value = request.args.get(name) or None
+    if value is not None and "\x00" in value:
+        abort(400, description=f"{name} must not contain a NUL character")
+    return value
+
+
+def _job_id_arg(name: str) -> int | None:
+    """A job id from the query string (a paging cursor); None when absent or empty."""
+    raw = request.args.get(name) or None
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        abort(400, description=f"{name} must be a job id, got {raw!r}")
+    if not 0 <= value <= MAX_JOB_ID:
+        abort(400, description=f"{name} must be a job id from 0 to {MAX_JOB_ID}, got {value}")
+    return value
 
 
 def _csrf_token() -> str:
@@ -129,8 +185,8 @@ def _csrf_token() -> str:
 
 def overview() -> str:
     queue = _queue()
-    counts = queue.counts()
     with queue.sessions() as s:
+        counts = repository.capped_state_counts(s, COUNT_CAP)
         oldest = repository.oldest_waiting(s)
         series = repository.finished_per_minute(s)
     names = sorted(set(counts) | set(oldest) | set(series))
@@ -150,23 +206,27 @@ def overview() -> str:
             }
         )
     totals = {s: sum(r["counts"][s] for r in rows) for s in STATES}
-    return render_template("pgqueue/overview.html", rows=rows, totals=totals)
+    capped = {s: any(r["counts"][s] >= COUNT_CAP for r in rows) for s in STATES}
+    return render_template(
+        "pgqueue/overview.html", rows=rows, totals=totals, capped=capped, cap=COUNT_CAP
+    )
 
 
 def job_list() -> str:
-    queue_name = request.args.get("queue") or None
-    state_name = request.args.get("state") or None
-    task_name = request.args.get("task") or None
+    queue_name = _text_arg("queue")
+    state_name = _text_arg("state")
+    task_name = _text_arg("task")
     state = None
     if state_name is not None:
         try:
             state = JobState(state_name)
         except ValueError:
             abort(400, description=f"unknown state {state_name!r}")
-    before = request.args.get("before", type=int)
-    after = request.args.get("after", type=int) if before is None else None
+    before = _job_id_arg("before")
+    after = _job_id_arg("after") if before is None else None
     limit = min(max(request.args.get("limit", PAGE_SIZE, type=int), 1), 500)
     with _queue().sessions() as s:
+        queues = repository.job_queues(s)
         jobs = repository.list_jobs(
             s,
             queue=queue_name,
@@ -192,7 +252,7 @@ def job_list() -> str:
         "pgqueue/jobs.html",
         jobs=jobs,
         filters=filters,
-        queues=sorted(_queue().counts()),
+        queues=queues,
         task_names=sorted(state_obj.tasks),
         newer_url=url_for(".job_list", after=jobs[0].id, **filters) if has_newer and jobs else None,
         older_url=url_for(".job_list", before=jobs[-1].id, **filters)
@@ -202,6 +262,8 @@ def job_list() -> str:
 
 
 def job_detail(job_id: int) -> str:
+    if job_id > MAX_JOB_ID:
+        abort(404, description=f"no job with id {job_id}")
     try:
         job = _queue().get_job(job_id)
     except PgQueueError:
@@ -262,6 +324,11 @@ def _age(seconds: float) -> str:
         if len(parts) == 2:
             break
     return prefix + " ".join(parts)
+
+
+def _count(value: int, at_least: bool = False) -> str:
+    """``123``; ``1,000+`` for a count that stopped at ``COUNT_CAP``."""
+    return f"{value:,}+" if at_least or value >= COUNT_CAP else f"{value:,}"
 
 
 def _timestamp(value: dt.datetime | None) -> str:
