@@ -2,7 +2,8 @@
 
 A policy is any callable ``(attempt: int) -> float`` where ``attempt`` is the number of the
 attempt that just failed (1 for the first). Tasks take one as ``retry=``; the default is
-:func:`exponential`.
+:func:`exponential`. Whatever a policy returns is checked by :func:`delay_after`, and capped at
+``validation.MAX_DELAY_SECONDS`` (ten years).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pgqueue.errors import ValidationError
+from pgqueue.validation import MAX_DELAY_SECONDS
 
 BackoffPolicy = Callable[[int], float]
 
-__all__ = ["BackoffPolicy", "constant", "default", "exponential", "linear"]
+__all__ = ["BackoffPolicy", "constant", "default", "delay_after", "exponential", "linear"]
 
 
 def _non_negative(name: str, value: float) -> float:
@@ -24,7 +26,24 @@ def _non_negative(name: str, value: float) -> float:
         raise ValidationError(f"backoff {name} must be a non-negative number, got {value!r}")
     if not math.isfinite(value):
         raise ValidationError(f"backoff {name} must be finite, got {value!r}")
+    if value > MAX_DELAY_SECONDS:
+        raise ValidationError(
+            f"backoff {name} must be at most {MAX_DELAY_SECONDS} seconds, got {value!r}"
+        )
     return float(value)
+
+
+def delay_after(policy: BackoffPolicy, attempt: int) -> float:
+    """The delay ``policy`` gives after failed attempt ``attempt``, capped at
+    ``MAX_DELAY_SECONDS``; ``ValidationError`` when it is not a non-negative number (a
+    policy's own exception propagates)."""
+    value = policy(attempt)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+        raise ValidationError(
+            f"retry policy {policy!r} returned {value!r} after attempt {attempt}; "
+            "a delay is a non-negative number of seconds"
+        )
+    return min(float(value), MAX_DELAY_SECONDS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,11 +23,13 @@ __all__ = [
     "ValidationError",
     "connection_failure",
     "ended_before_commit",
+    "error_line",
     "is_connection_error",
     "is_insufficient_privilege",
     "is_transient_conflict",
     "name_connection_failure",
     "sqlstate_of",
+    "storable_text",
 ]
 
 
@@ -215,3 +217,33 @@ def connection_failure(exc: BaseException) -> str | None:
         orig = getattr(current, "orig", None)
         current = orig if isinstance(orig, BaseException) else current.__cause__
     return None
+
+
+def error_line(exc: BaseException) -> str:
+    """The first line of an error's message; for a database error, the server's (or driver's)
+    message without SQLAlchemy's statement and parameters, which may carry job data."""
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+_CUT_MARKER = "\n... [traceback truncated] ...\n"
+
+
+def storable_text(text: str, limit: int) -> str:
+    """``text`` as PostgreSQL stores it in a ``text`` column and in a ``jsonb`` string, in at
+    most ``limit`` UTF-8 bytes (``limit`` >= 256).
+
+    Neither type holds a NUL character, which becomes the four characters ``\\x00``; a lone
+    surrogate is not valid UTF-8 and becomes its ``\\udXXX`` escape. A text still too long
+    keeps its head (where a traceback starts) and its tail (the error itself) around a marker.
+    """
+    encoded = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace")
+    if len(encoded) <= limit:
+        return encoded.decode("utf-8")
+    half = (limit - len(_CUT_MARKER)) // 2
+    # A cut inside a multi-byte character drops that character's partial bytes.
+    return (
+        encoded[:half].decode("utf-8", "ignore")
+        + _CUT_MARKER
+        + encoded[-half:].decode("utf-8", "ignore")
+    )

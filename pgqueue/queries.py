@@ -92,12 +92,25 @@ def _sources_fixed(transition: Transition) -> ColumnElement[bool]:
     return or_(*(Job.state == s.value for s in sorted(transition.sources)))
 
 
+# Entries kept in a job's ``errors`` history: the latest attempts' (``last_error`` holds the
+# latest one's too). With ``max_error_bytes`` per entry, a row stays bounded however many
+# attempts a job is allowed.
+ERROR_HISTORY: Final = 10
+_LAST_ENTRIES: Final[ColumnElement[Any]] = literal_column("'$[last - $keep + 1 to last]'::jsonpath")
+
+
 def _append_error(attempt: Any, error: ColumnElement[Any]) -> ColumnElement[Any]:
-    """``errors || [{"attempt", "at", "error"}]``: the per-attempt error history."""
+    """``errors || [{"attempt", "at", "error"}]``, cut to its last ``ERROR_HISTORY`` entries:
+    the per-attempt error history. (A lax JSON path: a history edited by hand into something
+    other than an array is wrapped, not refused, so the outcome is still written.)"""
     entry = func.jsonb_build_array(
         func.jsonb_build_object("attempt", attempt, "at", func.now(), "error", error)
     )
-    return Job.errors.op("||")(entry)
+    return func.jsonb_path_query_array(
+        Job.errors.op("||")(entry),
+        _LAST_ENTRIES,
+        func.jsonb_build_object("keep", literal(ERROR_HISTORY, Integer)),
+    )
 
 
 _CLEAR_LEASE: Final[dict[str, Any]] = {
@@ -106,13 +119,15 @@ _CLEAR_LEASE: Final[dict[str, Any]] = {
     "lease_expires_at": null(),
 }
 
-# Columns a worker needs to run a claimed job.
-CLAIMED_COLUMNS: Final = (
+# Columns a worker needs to run a claimed job. The arguments come back as their JSON text
+# (free for ``json``, stored as text): the repository decodes each job's on its own, so a row
+# Python cannot decode fails alone instead of the claim's whole answer.
+CLAIMED_COLUMNS: Final[tuple[Any, ...]] = (
     Job.id,
     Job.task_name,
     Job.queue,
-    Job.args,
-    Job.kwargs,
+    cast(Job.args, Text).label("args"),
+    cast(Job.kwargs, Text).label("kwargs"),
     Job.attempts,
     Job.max_attempts,
     Job.priority,

@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 
-from pgqueue import queries, uow
+from pgqueue import queries, uow, validation
+from pgqueue.errors import SerializationError
 from pgqueue.models import Job
 from pgqueue.states import JobState
 
@@ -54,6 +55,7 @@ class ClaimedJob:
     lease_token: uuid.UUID
     atomic: bool
     cancel_requested: bool
+    problem: str | None = None  # why the row cannot run (its arguments did not decode)
 
 
 @dataclass(slots=True)  # not frozen (cheaper to build, one per job); never mutated
@@ -244,8 +246,7 @@ def claim(
     )
     rows = _core(session).execute(stmt, params).all()
     _refresh_limits_seen(key, lambda: any_queue_limit(session))
-    # Positional, in ``queries.CLAIMED_COLUMNS`` order (the same for plain driver tuples).
-    return [ClaimedJob(*row) for row in rows]
+    return _claimed_jobs(rows)
 
 
 def claim_held(
@@ -265,7 +266,25 @@ def claim_held(
     )
     rows = held.rows(stmt, params)
     _refresh_limits_seen(key, lambda: bool(held.rows(queries.any_queue_limit(), {})[0][0]))
-    return [ClaimedJob(*row) for row in rows]
+    return _claimed_jobs(rows)
+
+
+def _claimed_jobs(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
+    """Rows of ``queries.CLAIMED_COLUMNS`` (positional: SQLAlchemy rows or driver tuples) as
+    jobs, each job's arguments decoded on its own. The claim has committed: a row that cannot
+    be decoded must not take the others' answer with it, so it becomes a job whose ``problem``
+    says why (the executor fails it at once)."""
+    load = validation.load_arguments
+    jobs = []
+    for row in rows:
+        job = ClaimedJob(*row)
+        try:
+            job.args, job.kwargs = load(row[3], row[4])
+        except SerializationError as exc:
+            job.args, job.kwargs = [], {}
+            job.problem = f"job {job.id}'s arguments could not be decoded ({exc})"
+        jobs.append(job)
+    return jobs
 
 
 def _refresh_limits_seen(key: int, any_limit: Callable[[], bool]) -> None:
@@ -311,23 +330,7 @@ def claimed_by(
     """Jobs RUNNING under ``worker_id``, claimed in the last ``within`` seconds, that it does not
     hold (``queries.claimed_by``)."""
     params = {"worker": worker_id, "held": sorted(held), "within": within}
-    rows = _core(session).execute(queries.claimed_by(), params).all()
-    return [
-        ClaimedJob(
-            id=r.id,
-            task_name=r.task_name,
-            queue=r.queue,
-            args=r.args,
-            kwargs=r.kwargs,
-            attempt=r.attempts,
-            max_attempts=r.max_attempts,
-            priority=r.priority,
-            lease_token=r.lease_token,
-            atomic=r.atomic,
-            cancel_requested=r.cancel_requested,
-        )
-        for r in rows
-    ]
+    return _claimed_jobs(_core(session).execute(queries.claimed_by(), params).all())
 
 
 # How long a claimer trusts its last look at whether any queue has a limit. Only the limited

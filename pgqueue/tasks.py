@@ -263,7 +263,8 @@ class Task(Generic[P, R]):
             self._shapes_bound.add(shape)
 
     def backoff_delay(self, attempt: int) -> float:
-        return float(self.retry_policy(attempt))
+        """Seconds before the retry after failed attempt ``attempt`` (``backoff.delay_after``)."""
+        return backoff.delay_after(self.retry_policy, attempt)
 
 
 class ConfiguredTask(Generic[P, R]):

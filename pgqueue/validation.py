@@ -26,6 +26,11 @@ from pgqueue.errors import PayloadTooLarge, SerializationError, ValidationError
 PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
 MAX_ATTEMPTS_LIMIT = 1_000_000
+# The longest delay (enqueue ``delay``, ``Retry(delay=...)``; backoff schedules are capped to
+# it): ten years of 365 days. The database adds delays to ``now()`` as intervals, which
+# overflow near 1e14 seconds (and timestamps long before); no queue needs to wait this long,
+# and ``run_at`` takes any later moment.
+MAX_DELAY_SECONDS = 3650 * 86_400
 
 
 def queue_name(value: object) -> str:
@@ -84,6 +89,11 @@ def delay(value: object) -> float | None:
     if not math.isfinite(value) or value < 0:
         raise ValidationError(
             f"delay must be a finite, non-negative number of seconds, got {value!r}"
+        )
+    if value > MAX_DELAY_SECONDS:
+        raise ValidationError(
+            f"delay must be at most {MAX_DELAY_SECONDS} seconds "
+            f"({MAX_DELAY_SECONDS // 86_400} days), got {value!r}"
         )
     return float(value)
 
@@ -196,11 +206,24 @@ def load_json(data: bytes | str) -> Any:
     parsing; other bytes are UTF-8 (the server's JSON output), so ``json.loads``' encoding
     detection is skipped. Results are the same as ``json.loads``'.
     """
-    if data == b"[]":
+    if data == b"[]" or data == "[]":
         return []
-    if data == b"{}":
+    if data == b"{}" or data == "{}":
         return {}
     return _DECODE(data.decode() if isinstance(data, bytes) else data)
+
+
+def load_arguments(args: str, kwargs: str) -> tuple[Any, Any]:
+    """A claimed job's ``args`` and ``kwargs`` from their stored JSON text.
+
+    Raises ``SerializationError`` saying why when Python cannot read them: the database accepts
+    JSON that Python's decoder refuses (nesting deeper than the recursion limit, integers
+    longer than ``sys.get_int_max_str_digits()``), written by another client or by hand.
+    """
+    try:
+        return load_json(args), load_json(kwargs)
+    except (ValueError, RecursionError) as exc:
+        raise SerializationError(f"{type(exc).__name__}: {exc}") from None
 
 
 # Exact types, not isinstance: a subclass would be stored as its base type (see module doc).

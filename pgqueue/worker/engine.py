@@ -33,7 +33,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pgqueue import repository, validation
-from pgqueue.errors import ConfigurationError, LeaseLost, ValidationError, error_summary
+from pgqueue.errors import (
+    ConfigurationError,
+    LeaseLost,
+    ValidationError,
+    error_line,
+    error_summary,
+)
 from pgqueue.repository import Outcome
 from pgqueue.worker.executor import Execution, Executor
 from pgqueue.worker.notifier import Notifier, wall_to_monotonic
@@ -45,6 +51,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgqueue.worker")
 
 OUTCOME_BATCH = 500
+# A sync handler past its timeout cannot be stopped; its slot goes to a new thread while it
+# runs on. At most ``max(concurrency, MIN_HUNG_THREADS)`` such threads exist at once: past
+# that, a timed-out handler keeps its slot until it returns.
+MIN_HUNG_THREADS = 10
 
 
 class _Outcomes:
@@ -257,6 +267,8 @@ class Worker:
         self._running: dict[int, Execution] = {}
         self._busy = 0
         self._max_held = 2 * concurrency
+        self._hung = 0  # threads whose timed-out handler still runs (their slot was replaced)
+        self._max_hung = max(concurrency, MIN_HUNG_THREADS)
         self._backlog = True  # the last claim was full (or not tried): more may be waiting
         self._atomic_in_flight = 0
         self._log_successes = settings.log_successes
@@ -462,6 +474,8 @@ class Worker:
             if execution.holds_slot:
                 execution.holds_slot = False
                 self._busy -= 1
+            if execution.replaced:
+                self._hung -= 1
             # Wake the claim loop only if it may find work and can claim now: while the
             # unwritten outcomes are at their bound, the completer wakes it after the next
             # write instead (a wake-up per job would cost a thread switch per job for nothing).
@@ -473,7 +487,7 @@ class Worker:
         if claimable and not self._wake.is_set():
             self._wake.set()
         # A timed-out handler's thread was replaced when its job was given up: retire it.
-        return execution.timed_out
+        return execution.replaced
 
     def _maybe_probe_atomic(self) -> None:
         """Start one atomic runner unless one is claiming or the last found nothing."""
@@ -545,22 +559,23 @@ class Worker:
         with self._slots_lock:
             for execution, _ in batch:
                 execution.writing = True
+        written = batch
         try:
             lost = self.store.record_outcomes(outcome for _, outcome in batch)
-        except Exception:
-            # Not a lost connection (the store retries those): the rows stay RUNNING and their
-            # leases expire (no more heartbeats), so the rescuer re-queues them.
-            log.exception("could not record %d outcomes; their leases will expire", len(batch))
-            with self._slots_lock:
-                for execution, _ in batch:
-                    self._running.pop(execution.job.id, None)
-            self._wake.set()
-            return
+        except Exception as exc:
+            # Not a lost connection or a transient conflict (the store retries those): the
+            # database refused something in the batch. One bad outcome must not cost the others
+            # their write (a success would run again after its lease expired).
+            written, lost = self._write_one_by_one(batch, exc)
         now = time.monotonic()
         with self._slots_lock:
+            running = self._running
             for execution, _ in batch:
-                self._running.pop(execution.job.id, None)
-        for execution, outcome in batch:
+                # Only this attempt: a retry written with no delay may have been claimed again
+                # already (by this worker), and that attempt needs its heartbeats.
+                if running.get(execution.job.id) is execution:
+                    del running[execution.job.id]
+        for execution, outcome in written:
             if outcome.job_id in lost:
                 if not execution.lease_lost:
                     self.stats.lost_leases += 1
@@ -574,6 +589,53 @@ class Worker:
                 continue
             self._count(outcome, now - execution.started, execution.job)
         self._wake.set()
+
+    def _write_one_by_one(
+        self, batch: list[tuple[Execution, Outcome]], error: Exception
+    ) -> tuple[list[tuple[Execution, Outcome]], set[int]]:
+        """Write a refused batch's outcomes one at a time; an outcome refused on its own is
+        replaced by a failed attempt that records why (``Executor.unrecorded``). Returns the
+        outcomes written and the ids whose lease was lost. An attempt for which nothing could
+        be written is logged and left out: its row stays RUNNING until its lease expires and
+        the rescuer re-queues it."""
+        if len(batch) > 1:
+            log.warning(
+                "could not record %d outcomes at once (%s: %s); writing them one by one",
+                len(batch),
+                type(getattr(error, "orig", None) or error).__name__,
+                error_line(error),
+            )
+        written: list[tuple[Execution, Outcome]] = []
+        lost: set[int] = set()
+        for execution, outcome in batch:
+            refused: Exception | None = error if len(batch) == 1 else None
+            if refused is None:
+                try:
+                    lost |= self.store.record_outcomes([outcome])
+                except Exception as exc:
+                    refused = exc
+            if refused is not None:
+                job = execution.job
+                substitute = self.executor.unrecorded(job, outcome, refused)
+                log.error(
+                    "job %s (%s attempt %d): outcome %r refused by the database (%s); "
+                    "recording a failed attempt instead",
+                    job.id,
+                    job.task_name,
+                    job.attempt,
+                    outcome.kind,
+                    error_line(refused),
+                )
+                try:
+                    lost |= self.store.record_outcomes([substitute])
+                except Exception:
+                    log.exception(
+                        "job %s: no outcome could be recorded; its lease will expire", job.id
+                    )
+                    continue
+                outcome = substitute
+            written.append((execution, outcome))
+        return written, lost
 
     def _count(self, outcome: Outcome, duration: float, job: repository.ClaimedJob) -> None:
         kind = outcome.kind
@@ -670,18 +732,38 @@ class Worker:
                 for e in self._running.values()
                 if e.timeout and not e.decided and now - e.started > e.timeout
             ]
+            replaced = []
             for execution in overdue:
                 execution.decided = True
                 execution.timed_out = True
-                if execution.holds_slot:  # its replacement thread takes the slot
+                # A sync handler cannot be interrupted: its thread stays busy until the function
+                # returns, so another thread takes its slot (the old one then retires), up to
+                # a bound. An async handler's thread returns as soon as its future is cancelled.
+                if (
+                    execution.holds_slot
+                    and execution.async_future is None
+                    and self._hung < self._max_hung
+                ):
                     execution.holds_slot = False
+                    execution.replaced = True
                     self._busy -= 1
-        if overdue:
+                    self._hung += 1
+                    replaced.append(execution)
+            hung = self._hung
+        if replaced:
             self._wake.set()
         for execution in overdue:
-            # A sync handler cannot be interrupted: its thread stays busy until the function
-            # returns, so another thread takes its place in the pool (the old one then retires).
-            self._spawn(self._pool_thread, "pgqueue-slot-replacement")
+            if execution.replaced:
+                self._spawn(self._pool_thread, "pgqueue-slot-replacement", keep=False)
+            elif execution.async_future is None:
+                log.error(
+                    "job %s (%s) runs on past its timeout of %ss and keeps its slot until it "
+                    "returns: %d threads already run handlers past their timeout",
+                    execution.job.id,
+                    execution.job.task_name,
+                    execution.timeout,
+                    hung,
+                )
             if execution.async_future is not None:
                 execution.async_future.cancel()
             self._outcomes.put((execution, self.executor.timed_out(execution)))
@@ -763,12 +845,13 @@ class Worker:
                 self._loop = loop
             return self._loop
 
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
+    def _spawn(self, target: Callable[[], None], name: str, *, keep: bool = True) -> None:
         # Daemon threads: a handler that never returns must not keep the process alive after a
-        # shutdown has released its job.
+        # shutdown has released its job. Replacement threads are not kept: they come and go.
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
-        self._threads.append(thread)
+        if keep:
+            self._threads.append(thread)
 
     def _start_threads(self) -> None:
         spawn = self._spawn

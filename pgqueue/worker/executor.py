@@ -19,9 +19,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from pgqueue import repository, validation
+from pgqueue import backoff, repository, validation
 from pgqueue.config import Settings
-from pgqueue.errors import UnknownTask, ValidationError
+from pgqueue.errors import UnknownTask, ValidationError, error_line, storable_text
 from pgqueue.repository import ClaimedJob, Outcome
 from pgqueue.tasks import JobContext, Retry, Task, TaskRegistry
 
@@ -47,6 +47,9 @@ class Execution:
     # lock, so exactly one outcome is written per attempt.
     decided: bool = False
     timed_out: bool = False  # decided by the timeout check while its thread still runs
+    # Its slot went to a replacement thread while the handler ran on past its timeout; the
+    # thread retires when the handler returns.
+    replaced: bool = False
     lease_lost: bool = False  # a heartbeat found the lease gone (reported once)
     holds_slot: bool = True  # counted in the engine's busy slots (until the handler is done)
     writing: bool = False  # its outcome statement is being sent: heartbeats leave it alone
@@ -117,31 +120,57 @@ class Executor:
     ) -> Outcome:
         """Run an atomic job in ``session``'s open claim transaction and write its outcome there.
 
-        The handler runs in a savepoint: on failure its writes are rolled back while the claim
-        and the retry/failure record still commit. The caller commits.
+        The handler runs in a savepoint, and a success is written inside it: on failure the
+        handler's writes are rolled back while the claim and the retry/failure record still
+        commit. An outcome the database refuses is replaced by a failed attempt (``unrecorded``)
+        with the handler's writes rolled back, so every attempt counts even then; only a
+        failure to write that too rolls the whole claim back. The caller commits.
         """
         execution = Execution(job, 0.0, None, time.monotonic(), _event=cancel_event)
         try:
             task = self._resolve(job)
         except (UnknownTask, ValidationError) as exc:
-            outcome = self._outcome(job, "fail", error=self._describe(exc))
-        else:
-            context = self._context(job, task, execution, lambda: session)
-            savepoint = session.begin_nested()
-            try:
-                result = self._call(task, job, context, execution)
-                savepoint.commit()
-                outcome = self._success(job, result, execution)
-            except BaseException as exc:
-                if savepoint.is_active:
-                    savepoint.rollback()
+            failed = self._outcome(job, "fail", error=self._describe(exc))
+            return self._record_atomic(session, job, failed)
+        context = self._context(job, task, execution, lambda: session)
+        outcome: Outcome | None = None
+        savepoint = session.begin_nested()
+        try:
+            result = self._call(task, job, context, execution)
+            session.flush()  # the handler's pending writes: their errors are the handler's
+            outcome = self._success(job, result, execution)
+            repository.record_outcomes(session, [outcome])
+            savepoint.commit()
+            return outcome
+        except BaseException as exc:
+            if savepoint.is_active:
+                savepoint.rollback()
+            if outcome is None:
                 outcome = self._failure(job, task, exc, execution)
-        repository.record_outcomes(session, [outcome])
-        return outcome
+            else:
+                outcome = self.unrecorded(job, outcome, exc)
+        return self._record_atomic(session, job, outcome)
+
+    def _record_atomic(self, session: Session, job: ClaimedJob, outcome: Outcome) -> Outcome:
+        """Write an atomic job's failure (in a savepoint); if the database refuses it, write
+        ``unrecorded``'s failed attempt instead."""
+        savepoint = session.begin_nested()
+        try:
+            repository.record_outcomes(session, [outcome])
+            savepoint.commit()
+            return outcome
+        except Exception as exc:
+            if savepoint.is_active:
+                savepoint.rollback()
+            substitute = self.unrecorded(job, outcome, exc)
+        repository.record_outcomes(session, [substitute])
+        return substitute
 
     # -- shared ------------------------------------------------------------------------------
 
     def _resolve(self, job: ClaimedJob) -> Task[Any, Any]:
+        if job.problem is not None:
+            raise ValidationError(job.problem)
         task = self.registry.get(job.task_name)
         if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
             raise ValidationError(
@@ -214,14 +243,8 @@ class Executor:
     ) -> Outcome:
         if execution.cancelled or self._event_set(execution):
             return self._outcome(job, "cancelled", error="cancelled while running")
-        error = self._error_text(exc)
-        if job.attempt >= job.max_attempts:
-            return self._outcome(job, "fail", error=error)
-        if isinstance(exc, Retry) and exc.delay is not None:
-            delay = exc.delay
-        else:
-            delay = task.backoff_delay(job.attempt)
-        return self._outcome(job, "retry", error=error, delay=delay)
+        delay = exc.delay if isinstance(exc, Retry) else None
+        return self._after_failure(job, self._error_text(exc), task=task, delay=delay)
 
     @staticmethod
     def _event_set(execution: Execution) -> bool:
@@ -231,14 +254,44 @@ class Executor:
 
     def timed_out(self, execution: Execution) -> Outcome:
         """The outcome for a handler still running past its timeout (retryable failure)."""
-        job = execution.job
         error = f"JobTimeout: still running after the task's timeout of {execution.timeout}s"
+        return self._after_failure(execution.job, error)
+
+    def unrecorded(self, job: ClaimedJob, outcome: Outcome, exc: BaseException) -> Outcome:
+        """What to write instead of ``outcome`` when the database refused it (``exc``): a failed
+        attempt, retried or failed for good like any other, whose error says what was refused
+        and why. ASCII only: the one text that must be storable whatever the database."""
+        refused = getattr(exc, "orig", None) or exc
+        error = (
+            f"OutcomeNotRecorded: this attempt's {outcome.kind!r} outcome could not be written "
+            f"({type(refused).__name__}: {error_line(exc)}); the attempt counts as failed"
+        )
+        return self._after_failure(job, error.encode("ascii", "backslashreplace").decode())
+
+    def _after_failure(
+        self,
+        job: ClaimedJob,
+        error: str,
+        *,
+        task: Task[Any, Any] | None = None,
+        delay: float | None = None,
+    ) -> Outcome:
+        """What follows a failed attempt, decided here only: FAILED for good once its attempts
+        are used up, else a retry after ``delay`` (default: the task's backoff)."""
         if job.attempt >= job.max_attempts:
             return self._outcome(job, "fail", error=error)
-        try:
-            delay = self.registry.get(job.task_name).backoff_delay(job.attempt)
-        except UnknownTask:
-            delay = 0.0
+        if delay is None:
+            try:
+                delay = (task or self.registry.get(job.task_name)).backoff_delay(job.attempt)
+            except UnknownTask:
+                delay = 0.0
+            except Exception as exc:
+                # A task's own retry policy failed: the attempt is still recorded, and retried.
+                delay = backoff.delay_after(backoff.default(), job.attempt)
+                error += (
+                    f"\n(the task's retry policy failed with {type(exc).__name__}: {exc}; "
+                    f"retrying after the default backoff, {delay:.0f}s)"
+                )
         return self._outcome(job, "retry", error=error, delay=delay)
 
     def _outcome(
@@ -250,6 +303,8 @@ class Executor:
         result_json: str = "null",
         delay: float = 0.0,
     ) -> Outcome:
+        if error:
+            error = storable_text(error, self.settings.max_error_bytes)
         return Outcome(
             job_id=job.id,
             lease_token=job.lease_token,
@@ -260,22 +315,9 @@ class Executor:
         )
 
     def _error_text(self, exc: BaseException) -> str:
-        return self._capped("".join(traceback.format_exception(exc)))
+        return "".join(traceback.format_exception(exc))
 
     def _describe(self, exc: BaseException) -> str:
-        """One line for errors pgqueue itself raises about a job (no traceback), capped too:
-        a hand-edited row can carry a huge task or argument name."""
-        return self._capped(f"{type(exc).__name__}: {exc}")
-
-    def _capped(self, text: str) -> str:
-        limit = self.settings.max_error_bytes
-        encoded = text.encode("utf-8", "replace")
-        if len(encoded) <= limit:
-            return text
-        # Keep the head (the exception's origin) and the tail (the message), drop the middle.
-        half = limit // 2 - 32
-        return (
-            encoded[:half].decode("utf-8", "ignore")
-            + "\n... [traceback truncated] ...\n"
-            + encoded[-half:].decode("utf-8", "ignore")
-        )
+        """One line for errors pgqueue itself raises about a job (no traceback); capped like
+        every error: a hand-edited row can carry a huge task or argument name."""
+        return f"{type(exc).__name__}: {exc}"
