@@ -220,10 +220,12 @@ def connection_failure(exc: BaseException) -> str | None:
 
 
 def error_line(exc: BaseException) -> str:
-    """The first line of an error's message; for a database error, the server's (or driver's)
-    message without SQLAlchemy's statement and parameters, which may carry job data."""
-    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+    """``Type: first line of the message``; for a database error, the driver's exception and
+    the server's (or driver's) message, without SQLAlchemy's statement and parameters, which
+    may carry job data."""
+    error = getattr(exc, "orig", None) or exc
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 _CUT_MARKER = "\n... [traceback truncated] ...\n"

@@ -600,9 +600,8 @@ class Worker:
         the rescuer re-queues it."""
         if len(batch) > 1:
             log.warning(
-                "could not record %d outcomes at once (%s: %s); writing them one by one",
+                "could not record %d outcomes at once (%s); writing them one by one",
                 len(batch),
-                type(getattr(error, "orig", None) or error).__name__,
                 error_line(error),
             )
         written: list[tuple[Execution, Outcome]] = []

@@ -261,10 +261,9 @@ class Executor:
         """What to write instead of ``outcome`` when the database refused it (``exc``): a failed
         attempt, retried or failed for good like any other, whose error says what was refused
         and why. ASCII only: the one text that must be storable whatever the database."""
-        refused = getattr(exc, "orig", None) or exc
         error = (
             f"OutcomeNotRecorded: this attempt's {outcome.kind!r} outcome could not be written "
-            f"({type(refused).__name__}: {error_line(exc)}); the attempt counts as failed"
+            f"({error_line(exc)}); the attempt counts as failed"
         )
         return self._after_failure(job, error.encode("ascii", "backslashreplace").decode())
 

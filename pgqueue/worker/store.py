@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from pgqueue import repository, uow
-from pgqueue.errors import is_connection_error, is_transient_conflict
+from pgqueue.errors import error_line, is_connection_error, is_transient_conflict
 from pgqueue.repository import ClaimedJob, Outcome
 
 T = TypeVar("T")
@@ -70,7 +70,7 @@ class WorkerStore:
                 if give_up_when_stopping and self._stopping.is_set():
                     raise
                 log.warning(
-                    "%s: database unavailable (%s); retrying in %.2fs", what, _short(exc), delay
+                    "%s: database unavailable (%s); retrying in %.2fs", what, error_line(exc), delay
                 )
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -115,7 +115,7 @@ class WorkerStore:
                     raise
                 if self._stopping.is_set():
                     raise
-                log.warning("claim: database unavailable (%s); retrying", _short(exc))
+                log.warning("claim: database unavailable (%s); retrying", error_line(exc))
 
         def work(session: Session) -> list[ClaimedJob]:
             nonlocal began
@@ -234,8 +234,3 @@ def _in_one_transaction(work: Callable[[Session], T]) -> Callable[[Session], T]:
             return work(session)
 
     return run
-
-
-def _short(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", exc)).strip().splitlines()
-    return text[0] if text else type(exc).__name__
