@@ -200,7 +200,8 @@ _DECODE: Final = json.JSONDecoder().decode
 
 def load_json(data: bytes | str) -> Any:
     """``json.loads`` for JSON read back from pgqueue's engine (the driver's loader for ``json``
-    and ``jsonb``), cheaper per value: a worker decodes two per job (args and kwargs).
+    and ``jsonb``, and ``load_arguments``), cheaper per value: a worker decodes two per job
+    (args and kwargs).
 
     Empty arrays and objects, which pgqueue stores verbatim as ``[]`` and ``{}``, need no
     parsing; other bytes are UTF-8 (the server's JSON output), so ``json.loads``' encoding
