@@ -74,6 +74,17 @@ def _reachable_bin_dir(binaries: Path, root: Path) -> Path:
     return copy / binaries.name
 
 
+def _run(command: list[Any], user: dict[str, Any], log: Path | None = None) -> None:
+    """Run a server command; on failure exit with its output (and the server log), which is
+    all a CI log will show of why a build did not start (a missing shared library, say)."""
+    result = subprocess.run(command, capture_output=True, text=True, check=False, **user)
+    if result.returncode != 0:
+        detail = result.stdout + result.stderr
+        if log is not None and log.is_file():
+            detail += log.read_text(errors="replace")
+        raise SystemExit(f"{command[0]} failed ({result.returncode}):\n{detail}")
+
+
 def start(root: Path, binaries: Path | None = None) -> str:
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
@@ -85,19 +96,13 @@ def start(root: Path, binaries: Path | None = None) -> str:
     user = as_postgres(root)
     data = root / "data"
     initdb = [binaries / "initdb", "-D", data, "-U", "postgres", "-A", "scram-sha-256"]
-    subprocess.run(
-        [*initdb, "--pwfile", root / "pw"],
-        check=True,
-        capture_output=True,
-        **user,
-    )
+    _run([*initdb, "--pwfile", root / "pw"], user)
     port = free_port()
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
-    subprocess.run(
+    _run(
         [binaries / "pg_ctl", "-D", data, "-w", "-l", root / "log", "-o", options, "start"],
-        check=True,
-        capture_output=True,
-        **user,
+        user,
+        log=root / "log",
     )
     return f"postgresql+psycopg://postgres:{password}@127.0.0.1:{port}/postgres"
 
@@ -106,11 +111,13 @@ def stop(root: Path) -> None:
     user = {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
     recorded = root / "bin_dir"
     binaries = Path(recorded.read_text().strip()) if recorded.is_file() else bin_dir()
-    subprocess.run(
-        [binaries / "pg_ctl", "-D", root / "data", "-m", "fast", "stop"],
-        capture_output=True,
-        **user,
-    )
+    if (root / "data" / "postmaster.pid").is_file():
+        subprocess.run(
+            [binaries / "pg_ctl", "-D", root / "data", "-m", "fast", "stop"],
+            capture_output=True,
+            check=False,
+            **user,
+        )
     shutil.rmtree(root, ignore_errors=True)
 
 
