@@ -51,12 +51,19 @@ class Server:
             "wal_sync_method",
             "shared_buffers",
             "max_connections",
+            "jit",
         )
         with psycopg.connect(libpq(self.admin_url), autocommit=True) as conn:
+            # current_setting() renders memory in its own units (128MB); pg_settings' setting is
+            # a count of the unit, which is 8kB for shared_buffers.
             rows = conn.execute(
-                "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)", [list(names)]
+                "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
+                [list(names)],
             ).fetchall()
-        return {name: f"{setting}{unit or ''}" for name, setting, unit in rows}
+            jit_available = conn.execute("SELECT pg_jit_available()").fetchone()
+        settings = {name: value for name, value in rows}
+        settings["jit_available"] = "on" if jit_available and jit_available[0] else "off"
+        return settings
 
     @contextmanager
     def fresh_database(self, label: str, *, migrate: bool = True) -> Iterator[URL]:

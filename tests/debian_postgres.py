@@ -1,16 +1,20 @@
-"""Start and stop Debian's packaged PostgreSQL with its default settings, for the test matrix.
+"""Start and stop a real PostgreSQL server with its default settings, for the test matrix.
 
-``python tests/debian_postgres.py start DIR`` runs ``initdb`` into ``DIR/data`` (as the
+``python tests/debian_postgres.py start DIR [BIN_DIR]`` runs ``initdb`` into ``DIR/data`` (as the
 ``postgres`` user when run as root: PostgreSQL refuses root) and starts the server on a free
 port of 127.0.0.1 with password authentication, changing nothing else: JIT stays on, as on a
-server installed with ``apt-get install postgresql``. It prints a ``postgresql+psycopg://`` URL
-of the maintenance database. ``python tests/debian_postgres.py stop DIR`` stops it.
+server installed with ``apt-get install postgresql``. ``BIN_DIR`` defaults to the newest Debian
+package's ``/usr/lib/postgresql/<major>/bin``; another build's bin dir (the PostgreSQL wheels
+``tests/run`` installs for the other major versions) runs the same way. It prints a
+``postgresql+psycopg://`` URL of the maintenance database.
+``python tests/debian_postgres.py stop DIR`` stops it and removes ``DIR``.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import pwd
 import secrets
 import shutil
 import socket
@@ -35,9 +39,9 @@ def as_postgres(root: Path) -> dict[str, Any]:
     PostgreSQL refuses), with ``root`` and everything in it handed to that user."""
     if os.geteuid() != 0:
         return {}
-    shutil.chown(root, "postgres", "postgres")
-    for path in root.rglob("*"):
-        shutil.chown(path, "postgres", "postgres")
+    account = pwd.getpwnam("postgres")
+    for path in [root, *root.rglob("*")]:
+        os.lchown(path, account.pw_uid, account.pw_gid)
     return {"user": "postgres", "group": "postgres"}
 
 
@@ -47,45 +51,84 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start(root: Path) -> str:
+def _reachable_bin_dir(binaries: Path, root: Path) -> Path:
+    """``binaries``, or a copy of its install tree inside ``root`` when the ``postgres`` user
+    cannot execute it where it is (a clone under ``/root`` is closed to other users)."""
+    if os.geteuid() != 0:
+        return binaries
+    try:
+        subprocess.run(
+            [binaries / "postgres", "--version"],
+            capture_output=True,
+            user="postgres",
+            group="postgres",
+            check=True,
+        )
+        return binaries
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    # A relocatable build finds its lib and share directories relative to its bin directory,
+    # so the whole install tree moves together.
+    copy = root / "server"
+    shutil.copytree(binaries.parent, copy, symlinks=True)
+    return copy / binaries.name
+
+
+def _run(command: list[Any], user: dict[str, Any], log: Path | None = None) -> None:
+    """Run a server command; on failure exit with its output (and the server log), which is
+    all a CI log will show of why a build did not start (a missing shared library, say)."""
+    result = subprocess.run(command, capture_output=True, text=True, check=False, **user)
+    if result.returncode != 0:
+        detail = result.stdout + result.stderr
+        if log is not None and log.is_file():
+            detail += log.read_text(errors="replace")
+        raise SystemExit(f"{command[0]} failed ({result.returncode}):\n{detail}")
+
+
+def start(root: Path, binaries: Path | None = None) -> str:
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
+    binaries = _reachable_bin_dir((binaries or bin_dir()).resolve(), root)
+    # stop() must use the same build's pg_ctl.
+    (root / "bin_dir").write_text(str(binaries) + "\n")
     password = secrets.token_hex(12)
     (root / "pw").write_text(password + "\n")
     user = as_postgres(root)
     data = root / "data"
-    initdb = [bin_dir() / "initdb", "-D", data, "-U", "postgres", "-A", "scram-sha-256"]
-    subprocess.run(
-        [*initdb, "--pwfile", root / "pw"],
-        check=True,
-        capture_output=True,
-        **user,
-    )
+    initdb = [binaries / "initdb", "-D", data, "-U", "postgres", "-A", "scram-sha-256"]
+    _run([*initdb, "--pwfile", root / "pw"], user)
     port = free_port()
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
-    subprocess.run(
-        [bin_dir() / "pg_ctl", "-D", data, "-w", "-l", root / "log", "-o", options, "start"],
-        check=True,
-        capture_output=True,
-        **user,
+    _run(
+        [binaries / "pg_ctl", "-D", data, "-w", "-l", root / "log", "-o", options, "start"],
+        user,
+        log=root / "log",
     )
     return f"postgresql+psycopg://postgres:{password}@127.0.0.1:{port}/postgres"
 
 
 def stop(root: Path) -> None:
     user = {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
-    subprocess.run(
-        [bin_dir() / "pg_ctl", "-D", root / "data", "-m", "fast", "stop"],
-        capture_output=True,
-        **user,
-    )
+    recorded = root / "bin_dir"
+    binaries = Path(recorded.read_text().strip()) if recorded.is_file() else bin_dir()
+    if (root / "data" / "postmaster.pid").is_file():
+        subprocess.run(
+            [binaries / "pg_ctl", "-D", root / "data", "-m", "fast", "stop"],
+            capture_output=True,
+            check=False,
+            **user,
+        )
     shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in {"start", "stop"}:
-        raise SystemExit("usage: python tests/debian_postgres.py start|stop DIR")
-    if sys.argv[1] == "start":
-        print(start(Path(sys.argv[2])))
+    arguments = sys.argv[1:]
+    if not (
+        (len(arguments) in {2, 3} and arguments[0] == "start")
+        or (len(arguments) == 2 and arguments[0] == "stop")
+    ):
+        raise SystemExit("usage: python tests/debian_postgres.py start DIR [BIN_DIR] | stop DIR")
+    if arguments[0] == "start":
+        print(start(Path(arguments[1]), Path(arguments[2]) if len(arguments) == 3 else None))
     else:
-        stop(Path(sys.argv[2]))
+        stop(Path(arguments[1]))

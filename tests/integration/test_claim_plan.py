@@ -287,7 +287,7 @@ def test_claim_uses_the_ticket_index_without_sequential_scans(
             sql, params = captured_claim(connection, filter_queues=filter_queues)
             label = f"{scenario}, filter_queues={filter_queues}"
             version = int(connection.exec_driver_sql("SHOW server_version_num").scalar_one())
-            bounded = scenario == "analyzed_in_the_future" and version < 160000
+            bounded = scenario == "analyzed_in_the_future" and version < 180000
             check_plan(custom_plan(connection, sql, params), label, bounded=bounded)
             # A long-running worker executes the claim as a prepared statement; after five runs
             # PostgreSQL's plan cache may switch to the generic plan (it does when statistics
@@ -301,7 +301,7 @@ def test_claim_uses_the_ticket_index_without_sequential_scans(
 
 def check_plan(plan: dict[str, Any], label: str, *, bounded: bool) -> None:
     """``assert_good_plan``, or with ``bounded`` the weaker promise that holds before PostgreSQL
-    16 when statistics say no ticket is due: there the planner prefers one scan and sort of the
+    18 when statistics say no ticket is due: there the planner prefers one scan and sort of the
     tickets to walking the index for rows it believes are not there, until the claims' deletes
     trigger the next analyze. That scan stays single and cheap enough never to be compiled."""
     if not bounded:
