@@ -61,6 +61,17 @@ def _count(database_url: URL, model: Any) -> int:
         engine.dispose()
 
 
+def test_a_configured_database_url_never_starts_the_embedded_server(
+    database_url: URL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> str:
+        raise AssertionError("the embedded development server was started")
+
+    monkeypatch.setattr(embedded, "shared_server", refuse)
+    app = create_app({"SQLALCHEMY_DATABASE_URI": _url(database_url), "SECRET_KEY": "test"})
+    assert app.config["SQLALCHEMY_DATABASE_URI"] == _url(database_url)
+
+
 def test_order_and_its_job_are_written_by_the_same_transaction(
     app: Flask, database_url: URL
 ) -> None:

@@ -43,7 +43,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     )
     if config is not None:
         app.config.update(config)
-    app.config.setdefault("SQLALCHEMY_DATABASE_URI", database_url())
+    if "SQLALCHEMY_DATABASE_URI" not in app.config:
+        # Only now: looking the URL up may start the embedded development server.
+        app.config["SQLALCHEMY_DATABASE_URI"] = database_url()
 
     db.init_app(app)
     migrate.init_app(app, db)  # before pgq.init_app, so pgqueue can hide its tables from it
