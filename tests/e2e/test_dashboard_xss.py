@@ -11,7 +11,6 @@ hold no element they would create, and leave the page's marker variable unset.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from urllib.parse import urlencode
 
@@ -20,8 +19,7 @@ from flask import Flask
 from playwright.sync_api import sync_playwright
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
-from test_flask_dashboard import CHROMIUM_ARGS
-from werkzeug.serving import make_server
+from test_flask_dashboard import CHROMIUM_ARGS, serving
 
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
@@ -49,15 +47,9 @@ def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
     )
     pgq.init_app(app)
     init_dashboard(app, public=True)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield app, f"http://127.0.0.1:{server.server_port}/pgqueue"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        pgq.state(app).queue.dispose()
+    with serving(app) as base:
+        yield app, f"{base}/pgqueue"
+    pgq.state(app).queue.dispose()
 
 
 def _insert_hostile_jobs(engine: Engine) -> list[int]:

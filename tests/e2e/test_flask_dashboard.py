@@ -7,6 +7,7 @@ the README shows.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -36,6 +37,20 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+@contextlib.contextmanager
+def serving(app: Flask) -> Iterator[str]:
+    """Serve ``app`` on a free port of 127.0.0.1 in a thread; yields its base URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
 
 pgq = PgQueue()
 allow_flaky = threading.Event()
@@ -68,15 +83,9 @@ def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
     )
     pgq.init_app(app)
     init_dashboard(app, access=lambda: True)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield app, f"http://127.0.0.1:{server.server_port}/pgqueue"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        pgq.state(app).queue.dispose()
+    with serving(app) as base:
+        yield app, f"{base}/pgqueue"
+    pgq.state(app).queue.dispose()
 
 
 def test_dashboard_in_chromium(served: tuple[Flask, str], tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ from debian_postgres import as_postgres, bin_dir, free_port
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-from pgqueue import PgQueue, Settings
+from pgqueue import JobState, PgQueue, Settings
+from pgqueue.testing import wait_for_states
 
 APP = """
 import os
@@ -220,17 +221,8 @@ def test_migrate_enqueue_and_a_listening_worker_over_verified_tls(
         assert rows == [(True,)]
         ids = [noop.enqueue(i) for i in range(20)]
         # A poll interval of 30 s: only LISTEN over TLS can wake the worker this soon.
-        deadline = time.monotonic() + 10
+        wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=10)
         with pgq.engine.connect() as connection:
-            while True:
-                done = connection.execute(
-                    text("SELECT count(*) FROM pgqueue_jobs WHERE state = 'succeeded'")
-                ).scalar_one()
-                connection.rollback()
-                if done == len(ids):
-                    break
-                assert time.monotonic() < deadline, f"{done} of {len(ids)} done"
-                time.sleep(0.1)
             unencrypted = connection.execute(
                 text(
                     "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) "
@@ -318,17 +310,7 @@ def test_a_listen_url_with_a_wrong_ca_is_logged_as_the_listeners_failure(
         )
     try:
         ids = [noop.enqueue(i) for i in range(5)]
-        deadline = time.monotonic() + 30
-        with pgq.engine.connect() as connection:
-            while True:
-                done = connection.execute(
-                    text("SELECT count(*) FROM pgqueue_jobs WHERE state = 'succeeded'")
-                ).scalar_one()
-                connection.rollback()
-                if done == len(ids):
-                    break
-                assert time.monotonic() < deadline, f"{done} of {len(ids)} done"
-                time.sleep(0.1)
+        wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=30)
     finally:
         worker.terminate()
         worker.wait(timeout=30)
