@@ -1,6 +1,6 @@
 """The ceiling: the same work done by hand-written SQL on one table, with psycopg directly.
 
-One table ``baseline_jobs`` with a partial index over queued rows, the seed's claim (a CTE that
+One table ``baseline_jobs`` with a partial index over queued rows, the common claim (a CTE that
 selects ``FOR UPDATE SKIP LOCKED`` and an ``UPDATE ... RETURNING``), batched claims and batched
 completions (``id = ANY(...)``), COPY for bulk enqueue and LISTEN/NOTIFY for wake-ups. No
 leases, no heartbeats, no retries, no validation: that is what makes it a ceiling.

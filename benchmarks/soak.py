@@ -1,6 +1,6 @@
 """The soak: a steady enqueue rate for minutes, watching the claim and the ticket table.
 
-Issue 5 item 12: 5 minutes at 500 jobs/s against one worker; per minute, the claim
+5 minutes at 500 jobs/s against one worker; per minute, the claim
 statement's p95 (timed inside the worker by ``benchmarks.soak_worker``) must stay within 2x of
 the first minute's, and ``pgqueue_message_queue`` (``pg_total_relation_size``: heap, indexes,
 TOAST) must stay under 10 MB. Enqueueing is paced in batches of ``rate / 10`` every 100 ms with

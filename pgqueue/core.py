@@ -35,8 +35,9 @@ __all__ = ["PgQueue"]
 logger = logging.getLogger(__name__)
 
 
-# From this many jobs on, an own-transaction ``enqueue_many`` inserts with COPY (measured here:
-# the same cost as the unnest INSERT at ~200 jobs, 2-3x cheaper per job at 10,000).
+# From this many jobs on, an own-transaction ``enqueue_many`` inserts with COPY: it costs about
+# what the unnest INSERT does for a few hundred jobs and much less per job for large batches
+# (BENCHMARKS.md, enqueueB).
 COPY_THRESHOLD = 1000
 
 

@@ -62,8 +62,8 @@ job_state_type = Enum(
 
 # The states as one array constant, not the IN list of seven that the Enum would generate:
 # PostgreSQL prepares a table's CHECK expressions again for every statement that writes it,
-# and the IN list took ~10 us of each INSERT and UPDATE of a job against ~4 us (migration
-# pgqueue_0004). A unit test keeps it equal to JobState.
+# and an IN list costs more than twice the array form there. A unit test keeps it equal to
+# JobState.
 STATE_CHECK = (
     "state::text = ANY ('{queued,waiting,running,retrying,succeeded,failed,cancelled}'::text[])"
 )
@@ -177,8 +177,8 @@ class MessageQueue(Base):
     The primary key is the job id, so a job can never have two tickets at once: a retry, a
     rescue and a manual re-run cannot race each other into a double run.
 
-    No foreign key to ``pgqueue_jobs`` (dropped in ``pgqueue_0003``: its per-row check cost more
-    than the ticket insert itself). The statements that delete jobs delete their tickets too,
+    No foreign key to ``pgqueue_jobs``: its per-row check would cost more than the ticket insert
+    itself. The statements that delete jobs delete their tickets too,
     and the claim only moves jobs that exist and are waiting, so a ticket left without its job
     is deleted by the claim that picks it and runs nothing.
     """

@@ -319,7 +319,7 @@ def allocate_job_ids() -> Select[Any, Any]:
     not ``n`` rows: half the cost per job. Binds ``n``, ``run_at``, ``delay``.
 
     The sequence is looked up once, as a ``regclass`` (an InitPlan): as ``nextval``'s argument
-    the lookup and the text-to-regclass cast ran per id, 3 us of the 3.5 us each id cost."""
+    the lookup and the text-to-regclass cast would run per id and cost most of each id."""
     sequence = select(
         cast(func.pg_get_serial_sequence(literal(Job.__tablename__), literal("id")), REGCLASS)
     ).scalar_subquery()
@@ -396,7 +396,8 @@ def _among(column: Any, ids: Any) -> ColumnElement[bool]:
     planner believes about the CTE's size. A join (``USING``/``FROM`` the CTE) is planned from
     the ``LIMIT``'s estimate, and for a large ``LIMIT`` or a generic plan (where ``LIMIT $n``
     counts as 10 % of the table) that becomes a hash join over a sequential scan of the whole
-    table: ~20 ms instead of ~1 ms for 200 tickets among 30,000."""
+    table, an order of magnitude slower than the probes for a few hundred tickets among tens of
+    thousands."""
     matched: ColumnElement[bool] = column == func.any(func.array(select(ids).scalar_subquery()))
     return matched
 
@@ -516,7 +517,7 @@ def claim(
         .cte("claimed")
     )
     # Count only tickets whose job this statement moves to RUNNING: a ticket whose job is gone
-    # (no foreign key since migration 0003) or not waiting is deleted but runs nothing.
+    # (tickets have no foreign key) or not waiting is deleted but runs nothing.
     moved = select(literal(1)).where(Job.id == deleted.c.job_id, _sources_fixed(CLAIM)).exists()
     # Per limited queue, not GROUP BY: grouping the claimed rows made the planner sort them.
     per_limited = (
@@ -594,8 +595,9 @@ def _woken(tickets: Any) -> ColumnElement[bool]:
     """An always-true condition for the statement that inserts ``tickets`` (a ``_tickets_for``
     CTE): evaluating it sends one NOTIFY per queue of the new tickets (none when there are
     none), delivered at commit. In the statement and not a trigger on the ticket table: a
-    transition-table trigger cost ~20 us of server time per enqueue (migration 0003). A
-    condition because a CTE nothing reads is never evaluated; uncorrelated, it runs once."""
+    statement-level trigger with a transition table costs more server time than the insert it
+    follows. A condition because a CTE nothing reads is never evaluated; uncorrelated, it runs
+    once."""
     first = (
         select(tickets.c.queue, func.min(tickets.c.run_at).label("first_run_at"))
         .group_by(tickets.c.queue)
@@ -878,7 +880,7 @@ def prune_finished() -> Select[int]:
     Binds ``succeeded_before``/``failed_before`` (seconds of age), ``limit``. A finished job
     has no ticket (the claim deleted it, a re-run gives a new one only to a job it moves out of
     the finished states, and this statement locks what it deletes); any ticket of a pruned job
-    is deleted all the same, as the foreign key's cascade did before migration 0003."""
+    is deleted all the same, since no foreign key cascades the delete to tickets."""
     old = (
         select(Job.id)
         .where(
@@ -1024,7 +1026,8 @@ def active_job_exists(filter_queues: bool) -> Select[bool]:
 
 
 def notify(queue: str) -> Any:
-    """``pg_notify`` on pgqueue's channel (used where no ticket insert fires the trigger)."""
+    """``pg_notify`` on pgqueue's channel for one queue, for a wake-up sent outside a statement
+    that inserts tickets (those send their own, see ``_woken``)."""
     return select(func.pg_notify(NOTIFY_CHANNEL, queue))
 
 

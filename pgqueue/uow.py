@@ -96,7 +96,8 @@ class HeldConnection:
     """One pooled connection of ``engine`` kept checked out by a single user (the worker's
     claimer) in autocommit mode, for statements sent on the driver directly (only where
     ``driver_usable``). Against ``run_on_driver`` it saves, per statement, the pool checkout and
-    return (with its reset) and two autocommit switches: ~50 us of an idle worker's pick-up.
+    return (with its reset) and two autocommit switches, which are a visible share of an idle
+    worker's pick-up latency.
 
     Its prepared statements are dropped every ``plan_max_age`` seconds. PostgreSQL may keep one
     generic plan for a prepared statement for the connection's life, and a plan made while a

@@ -1,4 +1,4 @@
-"""Fault tests (issue 5, items 1-6): real worker processes under load, kills, storms, restarts.
+"""Fault tests: real worker processes under load, kills, storms, restarts.
 
 Every test runs ``python -m pgqueue worker`` subprocesses (most under the ``--processes``
 supervisor) against a fresh database and checks exact counts in the ``ledger`` table the

@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: 10,000 jobs, 8 workers in 2 processes, every job run exactly once."""
+"""10,000 jobs, 8 workers in 2 processes, every job run exactly once."""
 
 from __future__ import annotations
 

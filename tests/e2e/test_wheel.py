@@ -1,5 +1,5 @@
-"""Issue 2 acceptance: the built wheel, installed in a fresh venv (not the checkout), migrates an
-empty database with ``pgqueue migrate`` and reports the head with ``pgqueue migrate current``."""
+"""The built wheel, installed in a fresh venv (not the checkout), migrates an empty database
+with ``pgqueue migrate`` and reports the head with ``pgqueue migrate current``."""
 
 from __future__ import annotations
 

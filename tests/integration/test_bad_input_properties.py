@@ -1,4 +1,4 @@
-"""Property tests of enqueue's input checks (issue 5, item 7), with Hypothesis.
+"""Property tests of enqueue's input checks, with Hypothesis.
 
 Refusals: arguments that are not JSON, nested past the limit, or over the size limit, and queue or
 task names with quotes, ``$$``, ``%``, NUL, newlines or over 63 bytes each raise a pgqueue

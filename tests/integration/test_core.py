@@ -1,5 +1,5 @@
-"""Issue 2 acceptance: transactional enqueue, retries with backoff, atomic tasks, delays, bad
-input, manual retry, unknown tasks. All against a real PostgreSQL."""
+"""Transactional enqueue, retries with backoff, atomic tasks, delays, bad input, manual retry,
+unknown tasks. All against a real PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a worker writes down about jobs (issue 5, item 10): args stay out of logs, errors are capped.
+"""What a worker writes down about jobs: args stay out of logs, errors are capped.
 
 - Job arguments often carry personal data. With default settings no log record (message,
   arguments or ``extra``) of an in-process worker, at DEBUG level, nor the output of

@@ -1,9 +1,9 @@
-"""A claim that committed but whose answer was lost (found by the connection-storm fault test).
+"""A claim that committed but whose answer was lost.
 
 The claim runs in autocommit: when the connection breaks after the commit, the jobs are RUNNING
-under the worker's name but the worker never saw them. Before the fix they sat there until their
-leases expired (30 s by default) and then ran as attempt 2 with "lease expired". The lost answer
-is reproduced exactly: the statement runs and commits, then the driver raises as a broken
+under the worker's name but the worker never saw them. Unrecovered, they would sit there until
+their leases expired (30 s by default) and then run as attempt 2 with "lease expired". The lost
+answer is reproduced exactly: the statement runs and commits, then the driver raises as a broken
 connection does.
 """
 

@@ -1,4 +1,4 @@
-"""Job rows edited by hand into nonsense fail alone, with a clear error (issue 5, item 8).
+"""Job rows edited by hand into nonsense fail alone, with a clear error.
 
 Someone with database access can put anything in ``pgqueue_jobs``: a task name no worker knows,
 arguments that do not fit the function, ``null`` or an object where the args array belongs.

@@ -1,4 +1,4 @@
-"""An outcome batch and a heartbeat of the same jobs never deadlock (found by fault test 5).
+"""An outcome batch and a heartbeat of the same jobs never deadlock.
 
 Outcomes are written in one transaction, one statement per kind, and a heartbeat also covers
 attempts whose outcome is being written. Without a common lock order the batch [complete B,

@@ -1,4 +1,4 @@
-"""Retention (issue 5, item 13): finished jobs are pruned after a configurable age, in batches.
+"""Retention: finished jobs are pruned after a configurable age, in batches.
 
 Jobs are staged with SQL and their ``finished_at`` backdated by the database clock. Succeeded
 jobs go after ``Settings.succeeded_retention`` (default 7 days), failed and cancelled ones after

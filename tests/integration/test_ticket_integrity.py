@@ -1,8 +1,8 @@
-"""Tickets without a foreign key (migration 0003): no path leaves one behind, and one that is
+"""Tickets without a foreign key: no path leaves one behind, and one that is
 left behind anyway (a host deleting job rows by hand) runs nothing and blocks nothing.
 
 - ``delete_job`` (dashboard) and pruning delete the tickets of the jobs they delete, in the same
-  statement (the foreign key's cascade did that before).
+  statement (no foreign key cascades the delete).
 - A claim that picks a ticket whose job is gone, or whose job is not waiting, deletes the ticket,
   returns no job for it, changes no job, and does not count it against a queue's limit.
 """

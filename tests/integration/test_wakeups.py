@@ -1,11 +1,11 @@
 """Every statement that inserts tickets wakes idle workers, and nothing else does.
 
-Since migration 0003 no trigger on the ticket table sends the NOTIFY: each path sends it itself,
-one per queue, ``queue`` for a ticket due now and ``queue epoch`` (the earliest run_at) for a
-future one. A path that forgot would leave idle workers asleep until their next poll, so each
-one is checked here on a real ``LISTEN`` connection: enqueue (one job, a batch, COPY, in a
-caller's transaction, unique, with dependencies), retry, release, rescue, manual re-run,
-dependencies released by an outcome, periodic ticks.
+No trigger on the ticket table sends the NOTIFY: each path sends it itself, one per queue,
+``queue`` for a ticket due now and ``queue epoch`` (the earliest run_at) for a future one. A
+path that forgot would leave idle workers asleep until their next poll, so each one is checked
+here on a real ``LISTEN`` connection: enqueue (one job, a batch, COPY, in a caller's
+transaction, unique, with dependencies), retry, release, rescue, manual re-run, dependencies
+released by an outcome, periodic ticks.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Source scans of the ``pgqueue`` package (issue 5, item 10): no pickle, no SQL from formatting.
+"""Source scans of the ``pgqueue`` package: no pickle, no SQL from formatting.
 
 Both are checked on the syntax tree of every module, so a new module or a refactor is covered
 without anyone remembering to add it here:

@@ -5,9 +5,9 @@ Revises: pgqueue_0002
 Create Date: 2026-11-23
 
 Every enqueue inserts a ticket, and two things made that insert cost more than the job row
-itself: the foreign key to ``pgqueue_jobs`` (a referential check per ticket row: ~22 us of
-server time for a one-job enqueue, ~4 us per row in a COPY of 50,000) and the statement-level
-NOTIFY trigger with its transition table (~20 us per statement). Both go:
+itself: the foreign key to ``pgqueue_jobs`` (a referential check per ticket row) and the
+statement-level NOTIFY trigger with its transition table (run once per statement). Both go
+(their measured cost is in BENCHMARKS.md):
 
 - Every statement that deletes jobs now deletes their tickets itself (``delete_job``, pruning),
   and the claim ignores a ticket whose job is gone or not waiting (it deletes the ticket and

@@ -6,8 +6,8 @@ Create Date: 2026-11-23
 
 PostgreSQL prepares a table's CHECK expressions again for every statement that inserts or
 updates rows, so their cost is paid by every enqueue, claim and outcome. ``state IN (...)`` over
-seven states took ~10 us of server time per statement (an enqueue's job insert: 32 us with it,
-22 us without, 26 us with this form): ``state = ANY ('{...}'::text[])`` allows the same rows.
+seven states costs more than twice the server time per statement of the array form
+(BENCHMARKS.md): ``state = ANY ('{...}'::text[])`` allows the same rows.
 Like 0002's change of this constraint, adding it checks the existing rows once.
 """
 
