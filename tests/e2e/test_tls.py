@@ -173,6 +173,16 @@ def _verified(url: URL, ca: Path, database: str) -> URL:
     )
 
 
+def _new_database(url: URL, ca: Path, name: str) -> URL:
+    """A new, empty database ``name`` on the TLS server; its verified URL."""
+    admin = create_engine(_verified(url, ca, "postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return _verified(url, ca, name)
+
+
 def test_a_plain_connection_is_refused(tls_server: tuple[URL, Path, Path]) -> None:
     url, _, _ = tls_server
     engine = create_engine(url.update_query_dict({"sslmode": "disable"}))
@@ -185,11 +195,8 @@ def test_migrate_enqueue_and_a_listening_worker_over_verified_tls(
     tls_server: tuple[URL, Path, Path], tmp_path: Path
 ) -> None:
     url, ca, _ = tls_server
+    app_url = _new_database(url, ca, "tls_app")
     admin = create_engine(_verified(url, ca, "postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text("DROP DATABASE IF EXISTS tls_app WITH (FORCE)"))
-        connection.execute(text("CREATE DATABASE tls_app"))
-    app_url = _verified(url, ca, "tls_app")
     (tmp_path / "tlsapp.py").write_text(APP)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
     env["DB_URL"] = app_url.render_as_string(hide_password=False)
@@ -280,12 +287,7 @@ def test_a_listen_url_with_a_wrong_ca_is_logged_as_the_listeners_failure(
     # The engine's URL is right, the listen URL is not: the worker runs its jobs by polling and
     # says which of its connections cannot be opened.
     url, ca, wrong = tls_server
-    admin = create_engine(_verified(url, ca, "postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text("DROP DATABASE IF EXISTS tls_listen WITH (FORCE)"))
-        connection.execute(text("CREATE DATABASE tls_listen"))
-    admin.dispose()
-    app_url = _verified(url, ca, "tls_listen")
+    app_url = _new_database(url, ca, "tls_listen")
     (tmp_path / "tlsapp.py").write_text(APP)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
     env["DB_URL"] = app_url.render_as_string(hide_password=False)
