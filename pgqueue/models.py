@@ -27,13 +27,19 @@ from sqlalchemy import (
     MetaData,
     SmallInteger,
     Text,
+    TypeDecorator,
     Uuid,
+    cast,
     func,
     text,
+    type_coerce,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.elements import ColumnElement
 
+from pgqueue import validation
 from pgqueue.states import JobState
 
 NAMING_CONVENTION = {
@@ -69,6 +75,28 @@ STATE_CHECK = (
 )
 
 
+class StoredJSON(TypeDecorator[Any]):
+    """``json`` that reading a job never fails on: selected as its text and decoded here, one
+    value at a time, so a value Python cannot decode (nesting deeper than the recursion limit,
+    an integer longer than ``sys.get_int_max_str_digits()``, written by another client or by
+    hand) reads as a ``validation.UndecodableJSON`` instead of raising. The driver would
+    otherwise decode it during the fetch, with the engine's loader (a host's own engine's, under
+    Flask), and fail every row of the answer with it. Binds, and the column type the migrations
+    see, are plain ``JSON``'s."""
+
+    impl = JSON
+    cache_ok = True
+    # As JSON's (``none_as_null=False``): the ORM binds a Python None as JSON null.
+    should_evaluate_none = True
+
+    def column_expression(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
+        # The coercion keeps this type on the fetched column, so process_result_value decodes.
+        return type_coerce(cast(column, Text), self)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else validation.load_stored_json(value)
+
+
 class Base(DeclarativeBase):
     """Declarative base bound to pgqueue's own MetaData (never the host application's)."""
 
@@ -86,9 +114,10 @@ class Job(Base):
     """Registered name of the task to run (``module.qualname`` unless named)."""
     queue: Mapped[str] = mapped_column(Text, server_default="default")
     """Queue the job's tickets go to; workers subscribe to queues."""
-    args: Mapped[list[Any]] = mapped_column(JSON, server_default=text("'[]'::json"))
-    """Positional arguments, stored as ``json`` so the text round-trips exactly."""
-    kwargs: Mapped[dict[str, Any]] = mapped_column(JSON, server_default=text("'{}'::json"))
+    args: Mapped[list[Any]] = mapped_column(StoredJSON, server_default=text("'[]'::json"))
+    """Positional arguments, stored as ``json`` so the text round-trips exactly. Read as a
+    ``validation.UndecodableJSON`` when Python cannot decode them (see ``StoredJSON``)."""
+    kwargs: Mapped[dict[str, Any]] = mapped_column(StoredJSON, server_default=text("'{}'::json"))
     """Keyword arguments."""
     state: Mapped[JobState] = mapped_column(job_state_type, server_default=JobState.QUEUED.value)
     """Current state; changed only through the transitions in ``pgqueue.states``."""
@@ -117,7 +146,7 @@ class Job(Base):
     errors: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
     """One entry per failed attempt, the last ``queries.ERROR_HISTORY`` (10) kept:
     ``{"attempt", "at", "error"}`` (error text capped)."""
-    result: Mapped[Any | None] = mapped_column(JSON)
+    result: Mapped[Any | None] = mapped_column(StoredJSON)
     """The handler's return value (JSON) once SUCCEEDED."""
     lease_owner: Mapped[str | None] = mapped_column(Text)
     """Worker id holding the job while RUNNING."""

@@ -200,8 +200,8 @@ _DECODE: Final = json.JSONDecoder().decode
 
 def load_json(data: bytes | str) -> Any:
     """``json.loads`` for JSON read back from pgqueue's engine (the driver's loader for ``json``
-    and ``jsonb``, and ``load_arguments``), cheaper per value: a worker decodes two per job
-    (args and kwargs).
+    and ``jsonb``, ``load_arguments`` and ``load_stored_json``), cheaper per value: a worker
+    decodes two per job (args and kwargs).
 
     Empty arrays and objects, which pgqueue stores verbatim as ``[]`` and ``{}``, need no
     parsing; other bytes are UTF-8 (the server's JSON output), so ``json.loads``' encoding
@@ -212,6 +212,24 @@ def load_json(data: bytes | str) -> Any:
     if data == b"{}" or data == "{}":
         return {}
     return _DECODE(data.decode() if isinstance(data, bytes) else data)
+
+
+class UndecodableJSON(str):
+    """What reading a job gives for a stored JSON value Python cannot decode, instead of raising:
+    a ``str`` (``<undecodable JSON: RecursionError: ...>``) so that pages, ``tojson`` and
+    ``repr`` still show the job, and a type to test for (``isinstance``), since a decoded value
+    is never an instance of it."""
+
+    __slots__ = ()
+
+
+def load_stored_json(data: str) -> Any:
+    """A stored JSON value read back for display (``get_job``, the dashboard, the CLI): its
+    decoded value, or an ``UndecodableJSON`` saying why when Python cannot decode it."""
+    try:
+        return load_json(data)
+    except (ValueError, RecursionError) as exc:
+        return UndecodableJSON(f"<undecodable JSON: {type(exc).__name__}: {exc}>")
 
 
 def load_arguments(args: str, kwargs: str) -> tuple[Any, Any]:

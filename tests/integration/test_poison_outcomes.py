@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 import pytest
+from json_rows import nest_args
 from sqlalchemy import Engine, text
 
 from pgqueue import JobContext, JobState, PgQueue, Retry, backoff
@@ -197,25 +198,6 @@ def test_an_atomic_outcome_refused_by_the_database_rolls_back_the_handler_and_co
         assert connection.execute(text("SELECT count(*) FROM effects")).scalar() == 0
 
 
-def _nest_args(engine: Engine, job_id: int, depth: int) -> None:
-    """Give a job ``args`` nested ``depth`` levels deep, as another client could.
-
-    PostgreSQL's own JSON parser refuses nesting beyond its stack (about 15,000 levels with the
-    default ``max_stack_depth``), so the deeper case is written through a binary-coercible cast
-    that skips the parser, created and dropped in the same transaction (superuser only)."""
-    deep = "[" * depth + "]" * depth
-    with engine.begin() as connection:
-        if depth > 10_000:
-            connection.execute(text("CREATE CAST (text AS json) WITHOUT FUNCTION"))
-        updated = connection.execute(
-            text("UPDATE pgqueue_jobs SET args = CAST(CAST(:deep AS text) AS json) WHERE id = :id"),
-            {"deep": deep, "id": job_id},
-        ).rowcount
-        if depth > 10_000:
-            connection.execute(text("DROP CAST (text AS json)"))
-    assert updated == 1
-
-
 @pytest.mark.parametrize("depth", [10_000, 100_000])
 @pytest.mark.parametrize("atomic", [False, True], ids=["leased", "atomic"])
 def test_arguments_python_cannot_decode_fail_alone_at_once(
@@ -229,7 +211,7 @@ def test_arguments_python_cannot_decode_fail_alone_at_once(
 
     ids = [decode.enqueue(n) for n in range(51)]
     bad = ids[25]
-    _nest_args(engine, bad, depth)
+    nest_args(engine, bad, depth)
     states = run_until_final(pgq, ids, concurrency=60, timeout=60)
     assert states == {i: JobState.FAILED if i == bad else JobState.SUCCEEDED for i in ids}
     assert sorted(ran) == [n for n in range(51) if n != 25]
