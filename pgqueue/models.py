@@ -103,6 +103,12 @@ class Base(DeclarativeBase):
     metadata = metadata
 
 
+# Which rows hold their unique key. Written out, not built from bound values: an
+# ``ON CONFLICT`` naming this index must repeat the predicate, and a generic plan of a prepared
+# statement cannot prove that ``state IN ($1, $2, $3)`` implies it.
+UNIQUE_KEY_HELD = "unique_key IS NOT NULL AND state IN ('queued', 'running', 'retrying')"
+
+
 class Job(Base):
     """The durable record of one unit of work."""
 
@@ -193,9 +199,7 @@ class Job(Base):
             "uq_pgqueue_jobs_unique_key_active",
             "unique_key",
             unique=True,
-            postgresql_where=text(
-                "unique_key IS NOT NULL AND state IN ('queued', 'running', 'retrying')"
-            ),
+            postgresql_where=text(UNIQUE_KEY_HELD),
         ),
     )
 

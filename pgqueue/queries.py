@@ -39,6 +39,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    text,
     true,
     tuple_,
     update,
@@ -48,7 +49,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.dml import ReturningUpdate
 
-from pgqueue.models import Job, MessageQueue, PeriodicTick, QueueControl
+from pgqueue.models import UNIQUE_KEY_HELD, Job, MessageQueue, PeriodicTick, QueueControl
 from pgqueue.states import (
     ABANDON,
     CANCEL,
@@ -244,10 +245,7 @@ def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Sele
     if with_unique_keys:
         stmt = stmt.on_conflict_do_nothing(
             index_elements=[Job.unique_key],
-            index_where=and_(
-                Job.unique_key.is_not(None),
-                Job.state.in_(["queued", "running", "retrying"]),
-            ),
+            index_where=text(UNIQUE_KEY_HELD),
         )
     jobs = stmt.returning(
         Job.id,

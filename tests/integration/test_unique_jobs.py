@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from sqlalchemy import func, select
+from sqlalchemy import URL, create_engine, func, select, text
 
 from pgqueue import Job, JobState, PgQueue
 from pgqueue.testing import run_until_final, states_of, wait_for_states
@@ -111,3 +111,28 @@ def test_batch_with_duplicate_keys_in_one_call(pgq: PgQueue) -> None:
     assert a == b
     assert c != a
     assert _jobs_with_key(pgq, "x") == 1
+
+
+def test_unique_enqueue_survives_generic_plans(database_url: URL) -> None:
+    """A driver that prepares statements, on a server that plans them generically, still infers
+    the partial unique index: its predicate must not depend on bound values."""
+    admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        name = connection.exec_driver_sql("SELECT current_database()").scalar_one()
+        connection.execute(
+            text(f'ALTER DATABASE "{name}" SET plan_cache_mode = force_generic_plan')
+        )
+    admin.dispose()
+    pgq = PgQueue(database_url.render_as_string(hide_password=False))
+    try:
+
+        @pgq.task(name="invoice")
+        def invoice(n: int) -> int:
+            return n
+
+        # psycopg prepares a statement from its sixth run on one connection.
+        ids = {invoice.configure(unique_key="invoice-7").enqueue(n) for n in range(12)}
+        assert len(ids) == 1
+        assert _jobs_with_key(pgq, "invoice-7") == 1
+    finally:
+        pgq.dispose()
