@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from pgqueue import connections, queries, repository, uow, validation
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.errors import ConfigurationError, InvalidStateTransition, JobNotFound, ValidationError
+from pgqueue.jobs import NewJob
 from pgqueue.models import Job
-from pgqueue.repository import NewJob
 from pgqueue.scheduler import Schedule, Scheduler
 from pgqueue.states import JobState
 from pgqueue.tasks import Task, TaskOptions, TaskRegistry, task_name_for

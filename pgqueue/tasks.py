@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from pgqueue import backoff, validation
 from pgqueue.errors import UnknownTask, ValidationError
-from pgqueue.repository import NewJob
+from pgqueue.jobs import NewJob
 
 if TYPE_CHECKING:
     from pgqueue.config import Settings

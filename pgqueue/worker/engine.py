@@ -40,7 +40,7 @@ from pgqueue.errors import (
     error_line,
     error_summary,
 )
-from pgqueue.repository import Outcome
+from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.worker.executor import Execution, Executor
 from pgqueue.worker.notifier import Notifier, wall_to_monotonic
 from pgqueue.worker.store import WorkerStore
@@ -440,9 +440,7 @@ class Worker:
             self._next_known_run_at = at
             self._wake.set()  # recompute the wait
 
-    def _start_leased(
-        self, jobs: Sequence[repository.ClaimedJob], leases: dict[str, float]
-    ) -> None:
+    def _start_leased(self, jobs: Sequence[ClaimedJob], leases: dict[str, float]) -> None:
         if not jobs:
             return
         now = time.monotonic()
@@ -636,7 +634,7 @@ class Worker:
             written.append((execution, outcome))
         return written, lost
 
-    def _count(self, outcome: Outcome, duration: float, job: repository.ClaimedJob) -> None:
+    def _count(self, outcome: Outcome, duration: float, job: ClaimedJob) -> None:
         kind = outcome.kind
         if kind == "complete":
             self.stats.succeeded += 1

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from pgqueue import backoff, repository, validation
 from pgqueue.config import Settings
 from pgqueue.errors import UnknownTask, ValidationError, error_line, storable_text
-from pgqueue.repository import ClaimedJob, Outcome
+from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.tasks import JobContext, Retry, Task, TaskRegistry
 
 log = logging.getLogger("pgqueue.worker")

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from pgqueue import repository, uow
 from pgqueue.errors import error_line, is_connection_error, is_transient_conflict
-from pgqueue.repository import ClaimedJob, Outcome
+from pgqueue.jobs import ClaimedJob, Outcome
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue import JobState, PgQueue, Settings
-from pgqueue.repository import ClaimedJob, Outcome
+from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.testing import states_of
 from pgqueue.worker import Worker
 from pgqueue.worker.store import WorkerStore

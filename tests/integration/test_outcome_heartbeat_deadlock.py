@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import event, text
 
 from pgqueue import PgQueue
-from pgqueue.repository import Outcome
+from pgqueue.jobs import Outcome
 from pgqueue.worker.store import WorkerStore
 
 

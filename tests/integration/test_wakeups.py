@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pgqueue import JobState, PgQueue, core
-from pgqueue.repository import ClaimedJob, Outcome
+from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.worker.store import WorkerStore
 
 

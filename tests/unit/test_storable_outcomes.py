@@ -21,7 +21,7 @@ import pytest
 from pgqueue import Retry, backoff, validation
 from pgqueue.config import Settings
 from pgqueue.errors import SerializationError, ValidationError, storable_text
-from pgqueue.repository import ClaimedJob
+from pgqueue.jobs import ClaimedJob
 from pgqueue.tasks import Task, TaskRegistry
 from pgqueue.validation import MAX_DELAY_SECONDS
 from pgqueue.worker.executor import Execution, Executor
