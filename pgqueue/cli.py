@@ -239,7 +239,7 @@ def run_worker_command(
 @database_option
 def stats(database_url: str | None) -> None:
     """Job counts per queue and state."""
-    counts = _queue_for(database_url).counts()
+    counts = _queue_for(database_url).admin.counts()
     table = Table(title="pgqueue jobs")
     table.add_column("queue")
     for state in JobState:
@@ -254,7 +254,7 @@ def stats(database_url: str | None) -> None:
 @database_option
 def show(job_id: int, database_url: str | None) -> None:
     """Show one job as JSON."""
-    job = _queue_for(database_url).get_job(job_id)
+    job = _queue_for(database_url).admin.get_job(job_id)
     data = {c.key: getattr(job, c.key) for c in job.__table__.columns}
     click.echo(json.dumps(data, default=str, indent=2))
 
@@ -264,7 +264,7 @@ def show(job_id: int, database_url: str | None) -> None:
 @database_option
 def retry(job_id: int, database_url: str | None) -> None:
     """Run a failed or cancelled job again."""
-    _queue_for(database_url).retry_job(job_id)
+    _queue_for(database_url).admin.retry_job(job_id)
     click.echo(f"job {job_id} queued again")
 
 
@@ -273,7 +273,7 @@ def retry(job_id: int, database_url: str | None) -> None:
 @database_option
 def cancel(job_id: int, database_url: str | None) -> None:
     """Cancel a waiting job, or ask a running one to stop."""
-    state = _queue_for(database_url).cancel_job(job_id)
+    state = _queue_for(database_url).admin.cancel_job(job_id)
     click.echo(
         f"job {job_id}: {'cancelled' if state is JobState.CANCELLED else 'cancel requested'}"
     )
@@ -358,7 +358,7 @@ def schedules(app: str) -> None:
 @database_option
 def pause(queue: str, database_url: str | None) -> None:
     """Stop all workers from claiming QUEUE's jobs (running jobs finish)."""
-    _queue_for(database_url).pause_queue(queue)
+    _queue_for(database_url).admin.pause_queue(queue)
     click.echo(f"queue {queue} paused")
 
 
@@ -367,7 +367,7 @@ def pause(queue: str, database_url: str | None) -> None:
 @database_option
 def resume(queue: str, database_url: str | None) -> None:
     """Let workers claim QUEUE's jobs again."""
-    _queue_for(database_url).resume_queue(queue)
+    _queue_for(database_url).admin.resume_queue(queue)
     click.echo(f"queue {queue} resumed")
 
 
@@ -384,7 +384,7 @@ def limit(queue: str, limit: str, database_url: str | None) -> None:
             value = int(limit)
         except ValueError:
             raise click.BadParameter(f"{limit!r} is not a number or 'none'") from None
-    _queue_for(database_url).set_queue_limit(queue, value)
+    _queue_for(database_url).admin.set_queue_limit(queue, value)
     click.echo(f"queue {queue}: limit {'removed' if value is None else value}")
 
 

@@ -18,9 +18,10 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import connections, queries, repository, uow, validation
+from pgqueue import connections, queries, repository, uow
+from pgqueue.admin import Admin
 from pgqueue.config import Settings, normalize_database_url
-from pgqueue.errors import ConfigurationError, InvalidStateTransition, JobNotFound, ValidationError
+from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.jobs import NewJob
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
@@ -66,6 +67,7 @@ class PgQueue:
         self._handler_engine: Engine | None = None
         self._url: URL | None = None
         self._external_session_factory = session_factory
+        self.admin = Admin(lambda: self.sessions)
         if isinstance(database, Engine):
             if database.dialect.name != "postgresql":
                 raise ConfigurationError(
@@ -246,27 +248,15 @@ class PgQueue:
             session, self.sessions, lambda s: repository.insert_jobs(s, jobs)
         )
 
-    # -- job control -------------------------------------------------------------------------
+    # -- job control (shortcuts to ``self.admin``) ------------------------------------------
 
     def get_job(self, job_id: int) -> Job:
         """A snapshot of one job (detached from any session). Raises JobNotFound."""
-        job_id = _job_id(job_id)
-        with self.sessions() as session:
-            job = repository.get_job(session, job_id)
-            if job is None:
-                raise JobNotFound(f"no job with id {job_id}")
-            session.expunge(job)
-            return job
+        return self.admin.get_job(job_id)
 
     def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
         """Make a FAILED or CANCELLED job run again now, whatever its attempt count."""
-        job_id = _job_id(job_id)
-
-        def work(s: Session) -> None:
-            if not repository.rerun(s, job_id):
-                self._raise_for_state(s, job_id, "retry", {JobState.FAILED, JobState.CANCELLED})
-
-        uow.in_caller_or_own_transaction(session, self.sessions, work)
+        self.admin.retry_job(job_id, session=session)
 
     def cancel_job(self, job_id: int, *, session: Session | None = None) -> JobState:
         """Cancel a waiting job (it never runs) or ask a running one to stop.
@@ -274,35 +264,11 @@ class PgQueue:
         Returns CANCELLED for a waiting job, RUNNING when the running job was flagged (its
         handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried).
         """
-        job_id = _job_id(job_id)
-
-        def work(s: Session) -> JobState:
-            if repository.cancel_waiting(s, job_id, "cancelled by request"):
-                return JobState.CANCELLED
-            if repository.request_cancel_running(s, job_id):
-                return JobState.RUNNING
-            self._raise_for_state(
-                s, job_id, "cancel", {JobState.QUEUED, JobState.RETRYING, JobState.RUNNING}
-            )
-            raise AssertionError("unreachable")  # pragma: no cover
-
-        return uow.in_caller_or_own_transaction(session, self.sessions, work)
-
-    def _raise_for_state(
-        self, session: Session, job_id: int, action: str, allowed: set[JobState]
-    ) -> None:
-        job = repository.get_job(session, job_id)
-        if job is None:
-            raise JobNotFound(f"no job with id {job_id}")
-        names = ", ".join(sorted(s.value for s in allowed))
-        raise InvalidStateTransition(
-            f"cannot {action} job {job_id}: it is {job.state.value} (allowed from: {names})"
-        )
+        return self.admin.cancel_job(job_id, session=session)
 
     def counts(self) -> dict[str, dict[JobState, int]]:
         """``{queue: {state: count}}`` over all jobs."""
-        with self.sessions() as session:
-            return repository.state_counts(session)
+        return self.admin.counts()
 
     def prune(self, *, batch_size: int = 10_000) -> int:
         """Delete finished jobs past their retention (see Settings); returns how many."""
@@ -379,45 +345,31 @@ class PgQueue:
         if not self.schedules:
             return []
         if self._scheduler is None:
-            self._scheduler = Scheduler(self)
+            self._scheduler = Scheduler(self.sessions, self.schedules)
         return self._scheduler.run_pending()
 
     def pause_queue(self, queue: str) -> None:
-        """Stop all workers from claiming ``queue``'s jobs (within one poll interval); running
-        jobs finish. Tickets stay, so ``resume_queue`` picks up where it left off."""
-        self._queue_control(queue, paused=True)
+        """Stop all workers from claiming ``queue``'s jobs (see ``Admin.pause_queue``)."""
+        self.admin.pause_queue(queue)
 
     def resume_queue(self, queue: str) -> None:
         """Let workers claim ``queue``'s jobs again."""
-        self._queue_control(queue, paused=False)
+        self.admin.resume_queue(queue)
 
     def set_queue_limit(self, queue: str, limit: int | None) -> None:
-        """At most ``limit`` jobs of ``queue`` RUNNING at once across all workers and hosts
-        (enforced in the claim); ``None`` removes the limit."""
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
-        ):
-            raise ValidationError(f"queue limit must be a positive int or None, got {limit!r}")
-        self._queue_control(queue, concurrency_limit=limit)
+        """At most ``limit`` jobs of ``queue`` RUNNING at once (see ``Admin.set_queue_limit``)."""
+        self.admin.set_queue_limit(queue, limit)
 
     def queue_controls(self) -> dict[str, dict[str, Any]]:
         """``{queue: {"paused", "concurrency_limit", "running"}}`` for queues with settings."""
-        with self.sessions() as session:
-            return {
-                row.name: {
-                    "paused": row.paused,
-                    "concurrency_limit": row.concurrency_limit,
-                    "running": row.running,
-                }
-                for row in repository.queue_controls(session)
+        return {
+            name: {
+                "paused": queue.paused,
+                "concurrency_limit": queue.concurrency_limit,
+                "running": queue.running,
             }
-
-    def _queue_control(self, queue: str, **changes: Any) -> None:
-
-        name = validation.queue_name(queue)
-        uow.run_in_transaction(
-            self.sessions, lambda s: repository.set_queue_control(s, name, **changes)
-        )
+            for name, queue in self.admin.queue_settings().items()
+        }
 
 
 def _warn_embedded(settings: Settings) -> None:
@@ -433,9 +385,3 @@ def _warn_embedded(settings: Settings) -> None:
         "PGQUEUE_DATABASE_URL.",
         data_dir,
     )
-
-
-def _job_id(value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValidationError(f"job id must be a positive int, got {value!r}")
-    return value

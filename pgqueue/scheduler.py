@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
+from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import repository, uow
 from pgqueue.errors import ValidationError
 
 if TYPE_CHECKING:
-    from pgqueue.core import PgQueue
     from pgqueue.tasks import Task
 
 log = logging.getLogger("pgqueue.scheduler")
@@ -121,20 +121,24 @@ class Schedule:
 
 
 class Scheduler:
-    """Enqueues due ticks of ``pgq``'s schedules; safe to run in any number of processes.
+    """Enqueues due ticks of ``schedules``; safe to run in any number of processes.
 
-    ``clock`` returns an aware datetime (default: the database's ``now()``). ``grace`` is how
-    late a tick may be and still count as on time rather than missed.
+    ``sessions`` opens sessions on the jobs database; ``schedules`` (by name) is read on every
+    pass, so schedules registered later are picked up. ``clock`` returns an aware datetime
+    (default: the database's ``now()``). ``grace`` is how late a tick may be and still count as
+    on time rather than missed.
     """
 
     def __init__(
         self,
-        pgq: PgQueue,
+        sessions: sessionmaker[Session],
+        schedules: Mapping[str, Schedule],
         *,
         clock: Callable[[], dt.datetime] | None = None,
         grace: float = 60.0,
     ) -> None:
-        self.pgq = pgq
+        self.sessions = sessions
+        self.schedules = schedules
         self.clock = clock
         self.grace = dt.timedelta(seconds=grace)
         # Where a schedule never ticked before starts: the first time this scheduler saw it, so a
@@ -147,16 +151,16 @@ class Scheduler:
             if value.tzinfo is None:
                 raise ValidationError("the scheduler clock must return aware datetimes")
             return value.astimezone(UTC)
-        with self.pgq.sessions() as session:
+        with self.sessions() as session:
             return repository.database_now(session).astimezone(UTC)
 
     def run_pending(self) -> list[int]:
         """Enqueue every due tick of every schedule; return the ids of jobs this call created."""
-        schedules = list(self.pgq.schedules.values())
+        schedules = list(self.schedules.values())
         if not schedules:
             return []
         now = self.now()
-        with self.pgq.sessions() as session:
+        with self.sessions() as session:
             last = repository.last_ticks(session, [s.name for s in schedules])
         created: list[int] = []
         for schedule in schedules:
@@ -185,7 +189,7 @@ class Scheduler:
 
     def _record_dropped(self, name: str, instant: dt.datetime) -> None:
         uow.run_in_transaction(
-            self.pgq.sessions, lambda session: repository.record_tick(session, name, instant)
+            self.sessions, lambda session: repository.record_tick(session, name, instant)
         )
 
     def _enqueue_tick(self, schedule: Schedule, instant: dt.datetime) -> int | None:
@@ -198,7 +202,7 @@ class Scheduler:
             repository.set_tick_job(session, schedule.name, instant, job_id)
             return job_id
 
-        job_id = uow.run_in_transaction(self.pgq.sessions, work)
+        job_id = uow.run_in_transaction(self.sessions, work)
         if job_id is not None:
             log.info("schedule %s: tick %s enqueued as job %s", schedule.name, instant, job_id)
         return job_id

@@ -60,7 +60,7 @@ def test_four_schedulers_for_a_simulated_hour_enqueue_one_job_per_tick(pgq: PgQu
 
     start = dt.datetime(2025, 6, 1, 12, 0, 0, 500_000, tzinfo=UTC)
     clock = FakeClock(start)
-    schedulers = [Scheduler(pgq, clock=clock) for _ in range(4)]
+    schedulers = [Scheduler(pgq.sessions, pgq.schedules, clock=clock) for _ in range(4)]
     created: list[int] = []
     lock = threading.Lock()
 
@@ -146,7 +146,7 @@ def test_new_york_daylight_saving_days(pgq: PgQueue) -> None:
     # And through the database: a scheduler driven across the fall-back night.
     pgq.periodic("30 1 * * *", tz="America/New_York", name="nightly")(ny_report)
     clock = FakeClock(utc(2025, 11, 1, 12))
-    scheduler = Scheduler(pgq, clock=clock)
+    scheduler = Scheduler(pgq.sessions, pgq.schedules, clock=clock)
     scheduler.run_pending()
     for _ in range(48):
         clock.advance(1800)
@@ -165,13 +165,15 @@ def _policy_run(pgq: PgQueue, missed: str) -> list[dt.datetime]:
 
     pgq.periodic("*/5 * * * *", name=f"p_{missed}", missed=missed)(task)
     clock = FakeClock(dt.datetime(2025, 1, 1, 0, 0, 30, tzinfo=UTC))
-    scheduler = Scheduler(pgq, clock=clock, grace=60)
+    scheduler = Scheduler(pgq.sessions, pgq.schedules, clock=clock, grace=60)
     scheduler.run_pending()
     clock.advance(300)  # 00:05:30: the 00:05 tick is on time
     scheduler.run_pending()
     # Downtime: nothing runs from 00:05:30 to 00:31:30 (ticks 00:10 ... 00:30 are missed).
     clock.advance(1560)
-    later = Scheduler(pgq, clock=clock, grace=60)  # a fresh process after the outage
+    later = Scheduler(
+        pgq.sessions, pgq.schedules, clock=clock, grace=60
+    )  # a fresh process after the outage
     later.run_pending()
     clock.advance(240)  # 00:35:30: on time again
     later.run_pending()
@@ -212,7 +214,7 @@ def test_scheduled_jobs_run_and_cli_lists_schedules(pgq: PgQueue, tmp_path: obje
         ran.append(who)
 
     clock = FakeClock(dt.datetime(2025, 1, 6, 7, 59, tzinfo=UTC))  # Monday 08:59 in Oslo
-    scheduler = Scheduler(pgq, clock=clock)
+    scheduler = Scheduler(pgq.sessions, pgq.schedules, clock=clock)
     assert scheduler.run_pending() == []
     clock.advance(120)
     (job_id,) = scheduler.run_pending()

@@ -1,5 +1,6 @@
 """pgqueue for Flask: an extension in the ``init_app`` style, ``flask pgqueue`` commands, and a
-dashboard (:func:`pgqueue.contrib.flask.dashboard.init_dashboard`).
+dashboard (:func:`pgqueue.contrib.flask.dashboard.init_dashboard`). ``get_state(app)`` is the
+one way to an app's pgqueue state (its core queue and tasks) from outside the extension.
 
 ::
 
@@ -17,6 +18,6 @@ dashboard (:func:`pgqueue.contrib.flask.dashboard.init_dashboard`).
         return app
 """
 
-from pgqueue.contrib.flask._extension import PgQueue
+from pgqueue.contrib.flask._extension import AppState, PgQueue, get_state
 
-__all__ = ["PgQueue"]
+__all__ = ["AppState", "PgQueue", "get_state"]

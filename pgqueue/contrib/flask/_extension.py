@@ -47,8 +47,8 @@ DEFAULTS: dict[str, Any] = {
 
 
 @dataclasses.dataclass(slots=True)
-class _State:
-    """What one app holds in ``app.extensions["pgqueue"]``."""
+class AppState:
+    """What one app holds in ``app.extensions["pgqueue"]``; reach it with :func:`get_state`."""
 
     extension: PgQueue
     queue: CoreQueue
@@ -172,7 +172,7 @@ class PgQueue:
             join_session = bool(app.config["PGQUEUE_JOIN_SESSION"])
         else:
             queue = CoreQueue(None, settings=settings)
-        state = _State(self, queue, db, join_session, {})
+        state = AppState(self, queue, db, join_session, {})
         app.extensions[EXTENSION_KEY] = state
         for declaration in self._declarations.values():
             self._register(app, state, declaration)
@@ -180,23 +180,18 @@ class PgQueue:
         if app.config["PGQUEUE_CONFIGURE_MIGRATE"]:
             _configure_flask_migrate(app)
 
-    def _register(self, app: Flask, state: _State, declaration: _Declaration) -> None:
+    def _register(self, app: Flask, state: AppState, declaration: _Declaration) -> None:
         wrapped = _in_app_context(app, state.db, declaration.fn)
         register = state.queue.task(name=declaration.name, **declaration.options)
         state.tasks[declaration.name] = register(wrapped)
 
-    def state(self, app: Flask | None = None) -> _State:
-        """The per-app state (default: the current app's)."""
-        if app is None:
-            if not has_app_context():
-                raise RuntimeError(
-                    "no Flask app context: use `with app.app_context():` or pass the app"
-                )
-            app = current_app._get_current_object()  # type: ignore[attr-defined]
-        assert app is not None
-        state = app.extensions.get(EXTENSION_KEY)
-        if not isinstance(state, _State) or state.extension is not self:
-            raise RuntimeError(f"pgqueue (this extension) is not registered on app {app.name!r}")
+    def state(self, app: Flask | None = None) -> AppState:
+        """The per-app state (default: the current app's), refused for an app this extension
+        is not registered on."""
+        state = get_state(app)
+        if state.extension is not self:
+            name = (app or current_app).name
+            raise RuntimeError(f"pgqueue (this extension) is not registered on app {name!r}")
         return state
 
     @property
@@ -247,6 +242,22 @@ class PgQueue:
             return FlaskTask(self, declaration)
 
         return declare(fn) if fn is not None else declare
+
+
+def get_state(app: Flask | None = None) -> AppState:
+    """The pgqueue state of ``app`` (default: the current app): its core queue, its tasks and
+    its database. RuntimeError without an app context or when ``init_app`` did not run."""
+    if app is None:
+        if not has_app_context():
+            raise RuntimeError(
+                "no Flask app context: use `with app.app_context():` or pass the app"
+            )
+        app = current_app._get_current_object()  # type: ignore[attr-defined]
+    assert app is not None
+    state = app.extensions.get(EXTENSION_KEY)
+    if not isinstance(state, AppState):
+        raise RuntimeError(f"pgqueue is not registered on app {app.name!r}: call pgq.init_app(app)")
+    return state
 
 
 def _app_sqlalchemy(app: Flask) -> SQLAlchemy | None:

@@ -18,7 +18,7 @@ from flask.cli import AppGroup, ScriptInfo
 from rich.table import Table
 
 from pgqueue import cli as core_cli
-from pgqueue import repository
+from pgqueue.contrib.flask import get_state
 from pgqueue.core import PgQueue as CoreQueue
 from pgqueue.errors import PgQueueError
 from pgqueue.states import JobState
@@ -27,14 +27,12 @@ pgqueue_group = AppGroup("pgqueue", help="pgqueue job queue commands for this ap
 
 
 def _queue() -> CoreQueue:
-    from pgqueue.contrib.flask._extension import EXTENSION_KEY, _State
-
-    state = current_app.extensions.get(EXTENSION_KEY)
-    if not isinstance(state, _State):
+    try:
+        return get_state().queue
+    except RuntimeError:
         raise click.UsageError(
             f"the app {current_app.name!r} has no pgqueue extension: call pgq.init_app(app)"
-        )
-    return state.queue
+        ) from None
 
 
 def _errors_as_usage(function: Any) -> Any:
@@ -94,23 +92,22 @@ def enqueue(
 @click.option("--task", "-t", "task_name", default=None, help="Only this task name.")
 @click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--before", type=int, default=None, help="Only jobs older than this job id.")
+@_errors_as_usage
 def jobs(
     queue: str | None, state: str | None, task_name: str | None, limit: int, before: int | None
 ) -> None:
     """List jobs, newest first."""
-    with _queue().sessions() as session:
-        rows = repository.list_jobs(
-            session,
-            queue=queue,
-            state=JobState(state) if state else None,
-            task_name=task_name,
-            before=before,
-            limit=limit,
-        )
+    page = _queue().admin.list_jobs(
+        queue=queue,
+        state=JobState(state) if state else None,
+        task_name=task_name,
+        before=before,
+        limit=limit,
+    )
     table = Table(title="pgqueue jobs")
     for column in ("id", "queue", "task", "state", "attempts", "created", "finished"):
         table.add_column(column)
-    for job in rows:
+    for job in page.jobs:
         table.add_row(
             str(job.id),
             job.queue,
@@ -126,7 +123,7 @@ def jobs(
 @pgqueue_group.command()
 def stats() -> None:
     """Job counts per queue and state."""
-    counts = _queue().counts()
+    counts = _queue().admin.counts()
     table = Table(title="pgqueue jobs")
     table.add_column("queue")
     for state in JobState:
@@ -141,7 +138,7 @@ def stats() -> None:
 @_errors_as_usage
 def show(job_id: int) -> None:
     """Show one job as JSON."""
-    job = _queue().get_job(job_id)
+    job = _queue().admin.get_job(job_id)
     data = {c.key: getattr(job, c.key) for c in job.__table__.columns}
     click.echo(json.dumps(data, default=str, indent=2))
 
@@ -151,7 +148,7 @@ def show(job_id: int) -> None:
 @_errors_as_usage
 def retry(job_id: int) -> None:
     """Run a failed or cancelled job again."""
-    _queue().retry_job(job_id)
+    _queue().admin.retry_job(job_id)
     click.echo(f"job {job_id} queued again")
 
 
@@ -160,7 +157,7 @@ def retry(job_id: int) -> None:
 @_errors_as_usage
 def cancel(job_id: int) -> None:
     """Cancel a waiting job, or ask a running one to stop."""
-    state = _queue().cancel_job(job_id)
+    state = _queue().admin.cancel_job(job_id)
     click.echo(
         f"job {job_id}: {'cancelled' if state is JobState.CANCELLED else 'cancel requested'}"
     )

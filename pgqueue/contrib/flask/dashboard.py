@@ -23,7 +23,6 @@ from flask import (
     Blueprint,
     Flask,
     abort,
-    current_app,
     flash,
     redirect,
     render_template,
@@ -33,9 +32,8 @@ from flask import (
 )
 from werkzeug.wrappers import Response
 
-from pgqueue import repository, uow
-from pgqueue.contrib.flask._extension import EXTENSION_KEY, _State
-from pgqueue.core import PgQueue as CoreQueue
+from pgqueue.admin import DEFAULT_COUNT_CAP, MAX_JOB_ID, Admin
+from pgqueue.contrib.flask import get_state
 from pgqueue.errors import ConfigurationError, PgQueueError
 from pgqueue.states import FINAL_STATES, JobState
 
@@ -45,10 +43,9 @@ BLUEPRINT_NAME: Final = "pgqueue_dashboard"
 CSRF_SESSION_KEY: Final = "_pgqueue_csrf"
 CSRF_FIELD: Final = "csrf_token"
 PAGE_SIZE: Final = 50
-MAX_JOB_ID: Final = 2**63 - 1  # job ids are bigint
 # Counts on the overview stop here ("1,000+"): each reads at most this many index entries, so
 # the page costs the same however much history the jobs table holds.
-COUNT_CAP: Final = 1_000
+COUNT_CAP: Final = DEFAULT_COUNT_CAP
 STATES: Final = list(JobState)
 CONTENT_SECURITY_POLICY: Final = "; ".join(
     [
@@ -85,8 +82,10 @@ def init_dashboard(
         )
     if access is not None and not callable(access):
         raise ConfigurationError(f"access must be a callable, got {access!r}")
-    if not isinstance(app.extensions.get(EXTENSION_KEY), _State):
-        raise ConfigurationError("call pgq.init_app(app) before init_dashboard(app)")
+    try:
+        get_state(app)
+    except RuntimeError:
+        raise ConfigurationError("call pgq.init_app(app) before init_dashboard(app)") from None
     if not app.secret_key:
         raise ConfigurationError(
             "the dashboard's CSRF protection needs app.secret_key (SECRET_KEY)"
@@ -145,9 +144,8 @@ def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
     return bp
 
 
-def _queue() -> CoreQueue:
-    state: _State = current_app.extensions[EXTENSION_KEY]
-    return state.queue
+def _admin() -> Admin:
+    return get_state().queue.admin
 
 
 def _text_arg(name: str) -> str | None:
@@ -184,11 +182,10 @@ def _csrf_token() -> str:
 
 
 def overview() -> str:
-    queue = _queue()
-    with queue.sessions() as s:
-        counts = repository.capped_state_counts(s, COUNT_CAP)
-        oldest = repository.oldest_waiting(s)
-        series = repository.finished_per_minute(s)
+    admin = _admin()
+    counts = admin.capped_counts(COUNT_CAP)
+    oldest = admin.oldest_waiting()
+    series = admin.throughput()
     names = sorted(set(counts) | set(oldest) | set(series))
     rows: list[dict[str, Any]] = []
     for name in names:
@@ -225,39 +222,29 @@ def job_list() -> str:
     before = _job_id_arg("before")
     after = _job_id_arg("after") if before is None else None
     limit = min(max(request.args.get("limit", PAGE_SIZE, type=int), 1), 500)
-    with _queue().sessions() as s:
-        queues = repository.job_queues(s)
-        jobs = repository.list_jobs(
-            s,
-            queue=queue_name,
-            state=state,
-            task_name=task_name,
-            before=before,
-            after=after,
-            limit=limit + 1,
-        )
-        s.expunge_all()
-    # One row more than a page tells whether another page exists in the direction we walked.
-    if after is not None:
-        has_newer, has_older = len(jobs) > limit, True
-        jobs = jobs[-limit:]
-    else:
-        has_newer, has_older = before is not None, len(jobs) > limit
-        jobs = jobs[:limit]
+    admin = _admin()
+    queues = admin.queue_names()
+    page = admin.list_jobs(
+        queue=queue_name,
+        state=state,
+        task_name=task_name,
+        before=before,
+        after=after,
+        limit=limit,
+    )
     filters: dict[str, Any] = {
         k: v for k, v in (("queue", queue_name), ("state", state_name), ("task", task_name)) if v
     }
-    state_obj: _State = current_app.extensions[EXTENSION_KEY]
     return render_template(
         "pgqueue/jobs.html",
-        jobs=jobs,
+        jobs=page.jobs,
         filters=filters,
         queues=queues,
-        task_names=sorted(state_obj.tasks),
-        newer_url=url_for(".job_list", after=jobs[0].id, **filters) if has_newer and jobs else None,
-        older_url=url_for(".job_list", before=jobs[-1].id, **filters)
-        if has_older and jobs
-        else None,
+        task_names=sorted(get_state().tasks),
+        newer_url=None if page.newer is None else url_for(".job_list", after=page.newer, **filters),
+        older_url=None
+        if page.older is None
+        else url_for(".job_list", before=page.older, **filters),
     )
 
 
@@ -265,7 +252,7 @@ def job_detail(job_id: int) -> str:
     if job_id > MAX_JOB_ID:
         abort(404, description=f"no job with id {job_id}")
     try:
-        job = _queue().get_job(job_id)
+        job = _admin().get_job(job_id)
     except PgQueueError:
         abort(404, description=f"no job with id {job_id}")
     return render_template(
@@ -279,14 +266,14 @@ def job_detail(job_id: int) -> str:
 
 
 def job_action(job_id: int, action: str) -> Response:
-    queue = _queue()
+    admin = _admin()
     back = redirect(url_for(".job_detail", job_id=job_id))
     try:
         if action == "retry":
-            queue.retry_job(job_id)
+            admin.retry_job(job_id)
             flash(f"Job {job_id} queued again.", "ok")
         elif action == "cancel":
-            state = queue.cancel_job(job_id)
+            state = admin.cancel_job(job_id)
             flash(
                 f"Job {job_id} cancelled."
                 if state is JobState.CANCELLED
@@ -294,10 +281,7 @@ def job_action(job_id: int, action: str) -> Response:
                 "ok",
             )
         elif action == "delete":
-            deleted = uow.run_in_transaction(
-                queue.sessions, lambda s: repository.delete_job(s, job_id)
-            )
-            if not deleted:
+            if not admin.delete_job(job_id):
                 flash(f"Job {job_id} was not deleted (it is running, or already gone).", "error")
                 return back
             flash(f"Job {job_id} deleted.", "ok")

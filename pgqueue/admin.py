@@ -1,0 +1,318 @@
+"""The public admin API: read and control jobs and queues, as the dashboard and both CLIs do.
+
+``pgq.admin`` (an :class:`Admin`) answers the questions an operator asks (which jobs, how many,
+how late, how fast) and carries out their actions (rerun, cancel, delete, pause, limit). Each
+method is one repository operation in one transaction: reads in a session of their own,
+actions in the caller's session when one is given, else in an own transaction retried on
+transient conflicts. Arguments are checked before any SQL runs; rows come back as the public
+``Job`` model (detached snapshots) or as the small frozen data classes defined here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from pgqueue import repository, uow, validation
+from pgqueue.errors import InvalidStateTransition, JobNotFound, ValidationError
+from pgqueue.models import Job
+from pgqueue.states import JobState
+
+__all__ = [
+    "DEFAULT_COUNT_CAP",
+    "DEFAULT_PAGE_SIZE",
+    "MAX_JOB_ID",
+    "MAX_PAGE_SIZE",
+    "Admin",
+    "JobPage",
+    "ListArguments",
+    "OldestWaiting",
+    "QueueSettings",
+    "check_job_id",
+    "list_arguments",
+    "page_of",
+]
+
+T = TypeVar("T")
+
+MAX_JOB_ID: Final = 2**63 - 1  # job ids are bigint
+DEFAULT_PAGE_SIZE: Final = 50
+MAX_PAGE_SIZE: Final = 1000
+# A capped count reads at most this many index entries per queue and state, so it costs the
+# same however much history the jobs table holds.
+DEFAULT_COUNT_CAP: Final = 1000
+RERUNNABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
+CANCELLABLE: Final = frozenset({JobState.QUEUED, JobState.RETRYING, JobState.RUNNING})
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of jobs, newest first, with the cursors of the pages beside it.
+
+    ``newer`` is the ``after=`` and ``older`` the ``before=`` of the adjacent pages; None when
+    there is no such page.
+    """
+
+    jobs: tuple[Job, ...]
+    newer: int | None
+    older: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class OldestWaiting:
+    """The earliest ticket of a queue: its job, when it may run, and for how long it has been
+    able to (negative: it is scheduled that many seconds in the future)."""
+
+    job_id: int
+    run_at: dt.datetime
+    seconds_waiting: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """A queue's switches and the number of its jobs running now (counted for limited
+    queues)."""
+
+    name: str
+    paused: bool
+    concurrency_limit: int | None
+    running: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListArguments:
+    """The checked filters and cursor of a job listing."""
+
+    queue: str | None
+    state: JobState | None
+    task_name: str | None
+    before: int | None
+    after: int | None
+    limit: int
+
+
+def check_job_id(value: object) -> int:
+    """``value`` as a job id; ValidationError unless it is a positive int."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValidationError(f"job id must be a positive int, got {value!r}")
+    return value
+
+
+def list_arguments(
+    *,
+    queue: str | None,
+    state: JobState | str | None,
+    task_name: str | None,
+    before: int | None,
+    after: int | None,
+    limit: int,
+) -> ListArguments:
+    """Check a job listing's arguments (ValidationError on the first bad one)."""
+    for label, text in (("queue", queue), ("task_name", task_name)):
+        if text is not None and (not isinstance(text, str) or "\x00" in text):
+            raise ValidationError(f"{label} must be a str without NUL characters, got {text!r}")
+    if state is not None and not isinstance(state, JobState):
+        try:
+            state = JobState(state)
+        except ValueError:
+            raise ValidationError(f"unknown state {state!r}") from None
+    for label, cursor in (("before", before), ("after", after)):
+        if cursor is not None and (
+            not isinstance(cursor, int) or isinstance(cursor, bool) or not 0 <= cursor <= MAX_JOB_ID
+        ):
+            raise ValidationError(
+                f"{label} must be a job id from 0 to {MAX_JOB_ID}, got {cursor!r}"
+            )
+    if before is not None and after is not None:
+        raise ValidationError("give before= or after=, not both")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE_SIZE:
+        raise ValidationError(f"limit must be an int from 1 to {MAX_PAGE_SIZE}, got {limit!r}")
+    return ListArguments(queue, state, task_name, before, after, limit)
+
+
+def page_of(rows: Sequence[Job], *, limit: int, before: int | None, after: int | None) -> JobPage:
+    """The page in ``rows``: up to ``limit + 1`` jobs, newest first, read from the cursor on.
+
+    The row beyond ``limit`` tells whether another page lies in the direction walked; the
+    direction came from says the other one does whenever a cursor was given.
+    """
+    if after is not None:
+        has_newer, has_older = len(rows) > limit, True
+        jobs = tuple(rows[-limit:])
+    else:
+        has_newer, has_older = before is not None, len(rows) > limit
+        jobs = tuple(rows[:limit])
+    return JobPage(
+        jobs=jobs,
+        newer=jobs[0].id if has_newer and jobs else None,
+        older=jobs[-1].id if has_older and jobs else None,
+    )
+
+
+class Admin:
+    """Reads and actions for operators; reach it as ``pgq.admin``.
+
+    ``sessions`` returns the session factory of pgqueue's own engine (called per operation, so
+    an engine recreated after ``dispose`` is used).
+    """
+
+    def __init__(self, sessions: Callable[[], sessionmaker[Session]]) -> None:
+        self._sessions = sessions
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> Job:
+        """A snapshot of one job (detached from any session). Raises JobNotFound."""
+        job_id = check_job_id(job_id)
+        with self._sessions()() as session:
+            job = repository.get_job(session, job_id)
+            if job is None:
+                raise JobNotFound(f"no job with id {job_id}")
+            session.expunge(job)
+            return job
+
+    def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        state: JobState | str | None = None,
+        task_name: str | None = None,
+        before: int | None = None,
+        after: int | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+    ) -> JobPage:
+        """A page of jobs, newest first, filtered by queue, state and task name; ``before`` /
+        ``after`` (a job id, see ``JobPage``) walk to older / newer pages."""
+        checked = list_arguments(
+            queue=queue, state=state, task_name=task_name, before=before, after=after, limit=limit
+        )
+        with self._sessions()() as session:
+            rows = repository.list_jobs(
+                session,
+                queue=checked.queue,
+                state=checked.state,
+                task_name=checked.task_name,
+                before=checked.before,
+                after=checked.after,
+                limit=checked.limit + 1,
+            )
+            session.expunge_all()
+        return page_of(rows, limit=checked.limit, before=checked.before, after=checked.after)
+
+    def delete_job(self, job_id: int, *, session: Session | None = None) -> bool:
+        """Delete a job that is not running (with its ticket); False when nothing was
+        deleted (it is running, or gone)."""
+        job_id = check_job_id(job_id)
+        return self._write(session, lambda s: repository.delete_job(s, job_id))
+
+    def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
+        """Make a FAILED or CANCELLED job run again now, whatever its attempt count."""
+        job_id = check_job_id(job_id)
+
+        def work(s: Session) -> None:
+            if not repository.rerun(s, job_id):
+                _raise_for_state(s, job_id, "retry", RERUNNABLE)
+
+        self._write(session, work)
+
+    def cancel_job(self, job_id: int, *, session: Session | None = None) -> JobState:
+        """Cancel a waiting job (it never runs) or ask a running one to stop.
+
+        Returns CANCELLED for a waiting job, RUNNING when the running job was flagged (its
+        handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried).
+        """
+        job_id = check_job_id(job_id)
+
+        def work(s: Session) -> JobState:
+            if repository.cancel_waiting(s, job_id, "cancelled by request"):
+                return JobState.CANCELLED
+            if repository.request_cancel_running(s, job_id):
+                return JobState.RUNNING
+            _raise_for_state(s, job_id, "cancel", CANCELLABLE)
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        return self._write(session, work)
+
+    # -- figures -----------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, dict[JobState, int]]:
+        """``{queue: {state: count}}`` over all jobs (exact: reads every job)."""
+        return self._read(repository.state_counts)
+
+    def capped_counts(self, cap: int = DEFAULT_COUNT_CAP) -> dict[str, dict[JobState, int]]:
+        """``{queue: {state: count}}`` for every queue with jobs, each count stopping at
+        ``cap`` (``cap`` means "``cap`` or more"); states without jobs count 0."""
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValidationError(f"cap must be a positive int, got {cap!r}")
+        return self._read(lambda s: repository.capped_state_counts(s, cap))
+
+    def oldest_waiting(self) -> dict[str, OldestWaiting]:
+        """The earliest ticket of each queue that has one."""
+        rows = self._read(repository.oldest_waiting)
+        return {queue: OldestWaiting(*row) for queue, row in rows.items()}
+
+    def throughput(self) -> dict[str, dict[JobState, list[int]]]:
+        """Jobs finished per minute over the last hour: ``{queue: {state: [count, ...]}}``,
+        index 0 the current minute, index 59 an hour ago; only queues with finished jobs in
+        that hour appear."""
+        return self._read(repository.finished_per_minute)
+
+    def queue_names(self) -> list[str]:
+        """The queues that have jobs, sorted."""
+        return self._read(repository.job_queues)
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def pause_queue(self, queue: str) -> None:
+        """Stop all workers from claiming ``queue``'s jobs (within one poll interval); running
+        jobs finish. Tickets stay, so ``resume_queue`` picks up where it left off."""
+        name = validation.queue_name(queue)
+        self._write(None, lambda s: repository.set_queue_control(s, name, paused=True))
+
+    def resume_queue(self, queue: str) -> None:
+        """Let workers claim ``queue``'s jobs again."""
+        name = validation.queue_name(queue)
+        self._write(None, lambda s: repository.set_queue_control(s, name, paused=False))
+
+    def set_queue_limit(self, queue: str, limit: int | None) -> None:
+        """At most ``limit`` jobs of ``queue`` RUNNING at once across all workers and hosts
+        (enforced in the claim); ``None`` removes the limit."""
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+        ):
+            raise ValidationError(f"queue limit must be a positive int or None, got {limit!r}")
+        name = validation.queue_name(queue)
+        self._write(None, lambda s: repository.set_queue_control(s, name, concurrency_limit=limit))
+
+    def queue_settings(self) -> dict[str, QueueSettings]:
+        """The switches of every queue that has any, by queue name."""
+        rows = self._read(repository.queue_controls)
+        return {
+            row.name: QueueSettings(row.name, row.paused, row.concurrency_limit, row.running)
+            for row in rows
+        }
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def _read(self, work: Callable[[Session], T]) -> T:
+        with self._sessions()() as session:
+            return work(session)
+
+    def _write(self, session: Session | None, work: Callable[[Session], T]) -> T:
+        return uow.in_caller_or_own_transaction(session, self._sessions(), work)
+
+
+def _raise_for_state(
+    session: Session, job_id: int, action: str, allowed: frozenset[JobState]
+) -> None:
+    job = repository.get_job(session, job_id)
+    if job is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    names = ", ".join(sorted(s.value for s in allowed))
+    raise InvalidStateTransition(
+        f"cannot {action} job {job_id}: it is {job.state.value} (allowed from: {names})"
+    )
