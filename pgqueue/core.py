@@ -3,7 +3,8 @@
 It resolves where the database is (a URL, an Engine, ``$PGQUEUE_DATABASE_URL``, or, with a
 WARNING, the embedded PostgreSQL server for development, started lazily on first use), registers
 tasks, inserts jobs for them, and
-offers the job-control calls (``get_job``, ``retry_job``, ``cancel_job`` ...) and ``run_worker``.
+runs workers. ``pgq.admin`` (``pgqueue.admin.Admin``) is the job and queue control API; the
+job-control methods here (``get_job``, ``retry_job``, ``cancel_job`` ...) are shortcuts to it.
 """
 
 from __future__ import annotations
