@@ -17,7 +17,7 @@ tests may add listeners to an engine at any time, and must then see every statem
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
@@ -62,12 +62,23 @@ class ConnectionExecutor:
                 copy.write(chunk)
 
 
+_EXECUTORS = (ConnectionExecutor, driver.DriverExecutor, driver.HeldConnection)
+
+
 def executor_for(db: Session | Executor) -> Executor:
-    """The executor of a caller's ``Session`` (its connection, its transaction), or ``db``
-    itself when it is one already."""
-    if isinstance(db, Session):
-        return ConnectionExecutor(db.connection())
-    return db
+    """The executor of a caller's session (its connection, its transaction; any object with
+    the ``Session`` interface, such as a ``scoped_session``), or ``db`` itself when it is an
+    executor already."""
+    if isinstance(db, _EXECUTORS):
+        return db
+    return ConnectionExecutor(cast(Session, db).connection())
+
+
+def claimer_key(db: Session | Executor) -> object:
+    """What identifies a claimer: the engine or connection behind a session, or the executor."""
+    if isinstance(db, _EXECUTORS):
+        return db
+    return cast(Session, db).get_bind()
 
 
 class Database:

@@ -12,20 +12,18 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from pgqueue import copy_rows, dependencies, validation
-from pgqueue.db import Executor, executor_for
+from pgqueue import claim_choice, copy_rows, dependencies, validation
+from pgqueue.db import Executor, claimer_key, executor_for
 from pgqueue.errors import JobNotFound, SerializationError, ValidationError
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome
 from pgqueue.models import Job
 from pgqueue.sql import admin, control, enqueue, maintenance, outcomes
 from pgqueue.sql import claim as claim_sql
-from pgqueue.sql.claim import ClaimVariant
 from pgqueue.states import JobState
 
 SessionOrExecutor = Session | Executor
@@ -181,49 +179,6 @@ def _insert_dependent_jobs(ex: Executor, jobs: Sequence[NewJob]) -> list[int]:
 LIMITS_CHECK_SECONDS = 5.0
 
 
-class LimitsSeen:
-    """A claimer's last look at whether any queue has a concurrency limit (it chooses the claim
-    variant). Until the claimer has looked, limits are assumed: the full variant is always
-    correct."""
-
-    def __init__(self) -> None:
-        self.exist = True
-        self.until = 0.0  # monotonic time after which the answer is stale
-
-    def stale(self, now: float) -> bool:
-        return now >= self.until
-
-    def record(self, exist: bool, *, until: float) -> None:
-        self.exist = exist
-        self.until = until
-
-
-# Per claimer: the engine or connection behind a claiming session, or the executor the worker
-# claims on. Weak keys: an entry goes with its claimer, and never passes to a new object that
-# happens to get the same ``id``.
-_limits_seen: weakref.WeakKeyDictionary[Any, LimitsSeen] = weakref.WeakKeyDictionary()
-
-
-def limits_seen_by(claimer: Any) -> LimitsSeen:
-    """The ``LimitsSeen`` of ``claimer`` (a session's bind, or an executor), made on first use."""
-    seen = _limits_seen.get(claimer)
-    if seen is None:
-        seen = _limits_seen[claimer] = LimitsSeen()
-    return seen
-
-
-def claim_variant(
-    *, atomic: bool, queues: Sequence[str] | None, limits_exist: bool, task_leases: bool
-) -> ClaimVariant:
-    """The claim variant for a claim of ``queues`` (None: all) in this mode."""
-    return ClaimVariant(
-        in_transaction=atomic,
-        some_queues=queues is not None,
-        queue_limits=limits_exist,
-        task_leases=task_leases,
-    )
-
-
 def claim(
     db: SessionOrExecutor,
     *,
@@ -233,19 +188,19 @@ def claim(
     lease_seconds: float,
     task_leases: Mapping[str, float],
     atomic: bool = False,
-    limits: LimitsSeen | None = None,
+    limits: claim_choice.LimitsSeen | None = None,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``). ``limits`` is the claimer's
     ``LimitsSeen`` (by default the one of the session's bind, or of the executor)."""
     if limits is None:
-        limits = limits_seen_by(db.get_bind() if isinstance(db, Session) else db)
+        limits = claim_choice.limits_seen_by(claimer_key(db))
     ex = executor_for(db)
     params: dict[str, Any] = {"limit": limit, "worker": worker_id, "lease_seconds": lease_seconds}
     if task_leases:
         params["task_leases"] = dict(task_leases)
     if queues is not None:
         params["queues"] = list(queues)
-    variant = claim_variant(
+    variant = claim_choice.claim_variant(
         atomic=atomic, queues=queues, limits_exist=limits.exist, task_leases=bool(task_leases)
     )
     rows = ex.rows(claim_sql.claim(variant), params)

@@ -151,12 +151,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
             .returning(MessageQueue.job_id)
             .cte("claimed")
         )
-        return (
-            update(Job)
-            .where(among(Job.id, lean_deleted.c.job_id), source_states(CLAIM))
-            .values(**claimed_values)
-            .returning(*CLAIMED_COLUMNS)
-        )
+        return _move_to_running(lean_deleted, claimed_values)
     limited_where: list[ColumnElement[bool]] = [
         QueueControl.concurrency_limit.is_not(None),
         QueueControl.paused.is_(False),
@@ -214,12 +209,17 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         .values(running=QueueControl.running + taken.c.n)
         .cte("bump")
     )
+    return _move_to_running(deleted, claimed_values).add_cte(bump)
+
+
+def _move_to_running(claimed: Any, values: dict[str, Any]) -> ReturningUpdate[Any]:
+    """The claim's last step: the jobs of the ``claimed`` tickets (a CTE of deleted tickets)
+    that still wait move to RUNNING with ``values``, returning ``CLAIMED_COLUMNS``."""
     return (
         update(Job)
-        .where(among(Job.id, deleted.c.job_id), source_states(CLAIM))
-        .values(**claimed_values)
+        .where(among(Job.id, claimed.c.job_id), source_states(CLAIM))
+        .values(**values)
         .returning(*CLAIMED_COLUMNS)
-        .add_cte(bump)
     )
 
 

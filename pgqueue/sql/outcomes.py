@@ -120,25 +120,35 @@ def retry() -> Select[int]:
     return ids_with_new_tickets(updated).add_cte(free_slots(updated))
 
 
-@cache
-def fail() -> Select[int, list[int] | None]:
-    """RUNNING -> FAILED for many jobs. Binds ``ids``, ``tokens``, ``errors``."""
+def _end_with_error(transition: Transition, name: str, *, record: bool) -> Any:
+    """RUNNING -> ``transition.target`` for many jobs, ``errors`` as their last error (and,
+    with ``record``, appended to their error history); returns the ids and dependents of the
+    jobs moved. The CTE is named ``name``."""
     rows = _outcome_rows(("error", "errors", Text))
-    failed = (
+    # Explicit when not recorded, or SQLAlchemy would SET errors from the same-named bind.
+    history = append_error(Job.attempts, rows.c.error) if record else Job.errors
+    ended = (
         update(Job)
-        .where(_leased(FAIL, rows))
+        .where(_leased(transition, rows))
         .values(
-            state=FAIL.target,
+            state=transition.target,
             finished_at=func.now(),
             updated_at=func.now(),
             last_error=rows.c.error,
-            errors=append_error(Job.attempts, rows.c.error),
+            errors=history,
             **CLEAR_LEASE,
         )
         .returning(Job.id, Job.queue, Job.state, Job.dependents)
-        .cte("failed")
+        .cte(name)
     )
-    return select(failed.c.id, failed.c.dependents).add_cte(free_slots(failed))
+    return select(ended.c.id, ended.c.dependents).add_cte(free_slots(ended))
+
+
+@cache
+def fail() -> Select[int, list[int] | None]:
+    """RUNNING -> FAILED for many jobs. Binds ``ids``, ``tokens``, ``errors``."""
+    failed: Select[int, list[int] | None] = _end_with_error(FAIL, "failed", record=True)
+    return failed
 
 
 @cache
@@ -146,23 +156,8 @@ def mark_cancelled() -> Select[int, list[int] | None]:
     """RUNNING -> CANCELLED for jobs whose handler stopped on a cancel request.
 
     Binds ``ids``, ``tokens``, ``errors`` (the reason)."""
-    rows = _outcome_rows(("error", "errors", Text))
-    stopped = (
-        update(Job)
-        .where(_leased(CANCELLED, rows))
-        .values(
-            state=CANCELLED.target,
-            finished_at=func.now(),
-            updated_at=func.now(),
-            last_error=rows.c.error,
-            # Explicit, or SQLAlchemy would SET errors from the same-named ``errors`` bind.
-            errors=Job.errors,
-            **CLEAR_LEASE,
-        )
-        .returning(Job.id, Job.queue, Job.state, Job.dependents)
-        .cte("stopped")
-    )
-    return select(stopped.c.id, stopped.c.dependents).add_cte(free_slots(stopped))
+    stopped: Select[int, list[int] | None] = _end_with_error(CANCELLED, "stopped", record=False)
+    return stopped
 
 
 @cache

@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from pgqueue import repository, uow
+from pgqueue.claim_choice import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import error_line, is_connection_error, is_transient_conflict
 from pgqueue.jobs import ClaimedJob, Outcome
@@ -40,7 +41,7 @@ class WorkerStore:
         self._stopping = stopping
         # The claimer's own connection (claims are serialized by the worker, see ``claim``).
         self._claim_connection = self._database.held_connection()
-        self._limits = repository.LimitsSeen()
+        self._limits = LimitsSeen()
 
     def _run(
         self,
