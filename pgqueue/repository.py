@@ -89,6 +89,7 @@ def copy_jobs(db: Executor, jobs: Sequence[NewJob]) -> list[int]:
 
 
 def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
+    """The parallel arrays ``sql.enqueue.insert_jobs`` binds, one entry per job."""
     return {
         "task_names": [j.task_name for j in jobs],
         "queues": [j.queue for j in jobs],

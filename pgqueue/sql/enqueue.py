@@ -284,6 +284,7 @@ COPY_JOB_COLUMNS: Final = (
 
 
 def _copy(table: str, columns: tuple[str, ...]) -> Any:
+    """``COPY table (columns) FROM STDIN``, composed by psycopg (identifiers quoted)."""
     from psycopg import sql  # only the COPY statements need psycopg's SQL composition
 
     return sql.SQL("COPY {} ({}) FROM STDIN").format(
