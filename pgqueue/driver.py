@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import psycopg
+from psycopg import pq
 from sqlalchemy import Engine
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, StatementError
@@ -24,6 +25,8 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.types import ARRAY, BigInteger, Text, Uuid
 
 T = TypeVar("T")
+
+TUPLES_OK = pq.ExecStatus.TUPLES_OK
 
 
 class LocalSettings(NamedTuple):
@@ -133,8 +136,13 @@ class DriverExecutor:
 
 
 def _all_rows(cursor: Any) -> Sequence[Any]:
-    """The rows of an executed cursor; none for a statement that returns none."""
-    return cursor.fetchall() if cursor.description is not None else ()
+    """The rows of an executed cursor; none for a statement that returns none. (Read from the
+    result's status: ``cursor.description`` would build a column object per column.)"""
+    result = cursor.pgresult
+    if result is None or result.status != TUPLES_OK:
+        return ()
+    rows: Sequence[Any] = cursor.fetchall()
+    return rows
 
 
 def translated(exc: psycopg.Error) -> StatementError:
