@@ -5,6 +5,10 @@ transactional enqueue) or an ``Executor`` from ``db.Database`` (pgqueue's own un
 possibly on the driver). Functions translate between Python values and the bind parameters of
 the statements of ``pgqueue.sql``, and report lost leases as the set of ids that matched no
 row. Functions that return ORM objects take a ``Session`` only.
+
+Sectioned by topic like ``pgqueue.sql``, and kept one module (a little over 500 lines) so that
+each operation has one import path: the worker, the scheduler, the admin surface and tests all
+name them as ``repository.<operation>``.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from pgqueue.db import Executor, claimer_key, executor_for
 from pgqueue.errors import JobNotFound, SerializationError, ValidationError
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome
 from pgqueue.models import Job
-from pgqueue.sql import admin, control, enqueue, maintenance, outcomes
+from pgqueue.sql import admin, control, enqueue, maintenance
 from pgqueue.sql import claim as claim_sql
+from pgqueue.sql import outcomes as outcome_sql
 from pgqueue.states import JobState
 
 SessionOrExecutor = Session | Executor
@@ -254,22 +259,22 @@ def any_queue_limit(db: SessionOrExecutor) -> bool:
 # --- outcomes ---------------------------------------------------------------------------------
 
 _OUTCOME_STATEMENTS = {
-    "complete": outcomes.complete,
-    "retry": outcomes.retry,
-    "fail": outcomes.fail,
-    "cancelled": outcomes.mark_cancelled,
-    "release": outcomes.release,
+    "complete": outcome_sql.complete,
+    "retry": outcome_sql.retry,
+    "fail": outcome_sql.fail,
+    "cancelled": outcome_sql.mark_cancelled,
+    "release": outcome_sql.release,
 }
 _ENDING_KINDS = frozenset({"complete", "fail", "cancelled"})
 
 
-def record_outcomes(db: SessionOrExecutor, items: Iterable[Outcome]) -> set[int]:
+def record_outcomes(db: SessionOrExecutor, outcomes: Iterable[Outcome]) -> set[int]:
     """Write many outcomes, one statement per kind, and settle the dependents of the jobs they
     ended; return the ids whose lease was lost. Run in one transaction: an outcome and the
     settling of its dependents commit together."""
     ex = executor_for(db)
     by_kind: dict[str, list[Outcome]] = {}
-    for outcome in items:
+    for outcome in outcomes:
         by_kind.setdefault(outcome.kind, []).append(outcome)
     if len(by_kind) == 1:
         ids = sorted(o.job_id for batch in by_kind.values() for o in batch)
@@ -278,7 +283,7 @@ def record_outcomes(db: SessionOrExecutor, items: Iterable[Outcome]) -> set[int]
     if len(ids) > 1:
         # One statement per kind would lock the rows in kind order; in a transaction that can
         # deadlock with a heartbeat of the same jobs. Take them all first, in id order.
-        ex.rows(outcomes.lock_jobs(), {"ids": ids})
+        ex.rows(outcome_sql.lock_jobs(), {"ids": ids})
     lost: set[int] = set()
     ended: set[int] = set()
     for kind, batch in by_kind.items():
@@ -325,7 +330,8 @@ def heartbeat(
         "lease_seconds": [seconds for _, _, seconds in leases],
     }
     return {
-        job_id: bool(flag) for job_id, flag in executor_for(db).rows(outcomes.heartbeat(), params)
+        job_id: bool(flag)
+        for job_id, flag in executor_for(db).rows(outcome_sql.heartbeat(), params)
     }
 
 
