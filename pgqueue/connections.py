@@ -23,14 +23,16 @@ the listener's), and the driver's message names only the server.
 from __future__ import annotations
 
 import select
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DisconnectionError
 
 from pgqueue.config import Settings
+from pgqueue.driver import CompiledStatement, LocalSettings
 from pgqueue.errors import name_connection_failure
+from pgqueue.sql.maintenance import set_local_settings
 
 # Execution option carrying the values a pgqueue transaction sets first behind a pooler.
 LOCAL_SETTINGS_OPTION: Final = "pgqueue_local_settings"
@@ -44,13 +46,6 @@ def conninfo(url: URL) -> str:
 def startup_options(settings: Settings) -> str:
     """The ``options`` startup parameter of pgqueue's own direct connections."""
     return " ".join(f"-c {name}={value}" for name, value in _own_settings(settings).items())
-
-
-class LocalSettings(NamedTuple):
-    """The statement, ready for the driver, that gives one transaction pgqueue's settings."""
-
-    sql: str
-    params: dict[str, Any]
 
 
 def _own_settings(settings: Settings) -> dict[str, str]:
@@ -144,13 +139,11 @@ def adapt_given_engine(engine: Engine, settings: Settings) -> None:
 
 def local_settings(engine: Engine) -> LocalSettings | None:
     """What a transaction of pgqueue's on ``engine`` runs first (behind a pooler), else None."""
-    from pgqueue import queries, uow
-
     params = engine.get_execution_options().get(LOCAL_SETTINGS_OPTION)
     if params is None:
         return None
-    prepared = uow.driver_statement(queries.set_local_settings(), engine)
-    return LocalSettings(prepared.sql, prepared.params(params))
+    compiled = CompiledStatement(set_local_settings(), engine.dialect)
+    return LocalSettings(compiled.sql, compiled.params(params))
 
 
 def _set_locals_on_begin(engine: Engine) -> None:

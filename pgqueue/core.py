@@ -10,6 +10,7 @@ job-control methods here (``get_job``, ``retry_job``, ``cancel_job`` ...) are sh
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -19,9 +20,10 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import connections, queries, repository, uow
+from pgqueue import connections, repository, uow
 from pgqueue.admin import Admin
 from pgqueue.config import Settings, normalize_database_url
+from pgqueue.db import Database
 from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.jobs import NewJob
 from pgqueue.models import Job
@@ -222,29 +224,34 @@ class PgQueue:
 
         return register(fn) if fn is not None else register
 
+    @functools.cached_property
+    def database(self) -> Database:
+        """pgqueue's access to ``engine`` for its own units of work (``db.Database``)."""
+        return Database(self.engine)
+
     def insert_jobs(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]:
         """Insert validated jobs in ``session``'s transaction, or in an own one."""
         if session is None and len(jobs) == 1:
             job = jobs[0]
             if job.unique_key is None and not job.depends_on:
                 # One statement is its own transaction: one round trip, no Session.
-                params = repository.insert_one_job_params(job)
-                return [int(uow.run_one_statement(self.engine, queries.insert_one_job(), params))]
+                return [
+                    uow.run(
+                        self.database,
+                        lambda db: repository.insert_one_job(db, job),
+                        autocommit=True,
+                    )
+                ]
         if (
             session is None
             and len(jobs) >= COPY_THRESHOLD
-            and uow.driver_usable(self.engine)
+            # COPY's rows bypass statement listeners: only where nothing watches statements.
+            and self.database.uses_driver
             and all(j.unique_key is None and not j.depends_on for j in jobs)
             and len({(j.delay, j.run_at) for j in jobs}) == 1
         ):
             # A large batch: COPY instead of one INSERT over ten unnested arrays.
-            allocate = uow.driver_statement(queries.allocate_job_ids(), self.engine)
-            notify = uow.driver_statement(queries.notify_tickets(), self.engine)
-            return uow.run_on_driver(
-                self.engine,
-                lambda driver: repository.copy_jobs(driver, allocate, notify, jobs),
-                autocommit=False,
-            )
+            return uow.run(self.database, lambda db: repository.copy_jobs(db, jobs))
         return uow.in_caller_or_own_transaction(
             session, self.sessions, lambda s: repository.insert_jobs(s, jobs)
         )

@@ -150,7 +150,7 @@ class Job(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     """Error and traceback of the latest failed attempt (capped in size)."""
     errors: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
-    """One entry per failed attempt, the last ``queries.ERROR_HISTORY`` (10) kept:
+    """One entry per failed attempt, the last ``sql.common.ERROR_HISTORY`` (10) kept:
     ``{"attempt", "at", "error"}`` (error text capped)."""
     result: Mapped[Any | None] = mapped_column(StoredJSON)
     """The handler's return value (JSON) once SUCCEEDED."""

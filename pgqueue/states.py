@@ -1,7 +1,7 @@
 """Job states and the table of allowed transitions.
 
 Every change of a job's state in pgqueue is one of the named transitions below, applied by
-``queries.py`` as a guarded ``UPDATE ... WHERE state IN (<from states>)`` (plus the lease token
+``pgqueue.sql`` as a guarded ``UPDATE ... WHERE state IN (<from states>)`` (plus the lease token
 for transitions made by the worker holding the job). Nothing else writes ``pgqueue_jobs.state``.
 
 ::

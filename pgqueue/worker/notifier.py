@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 
 from pgqueue import connections
 from pgqueue.errors import name_connection_failure
-from pgqueue.queries import NOTIFY_CHANNEL
+from pgqueue.sql.common import NOTIFY_CHANNEL
 
 log = logging.getLogger("pgqueue.worker")
 

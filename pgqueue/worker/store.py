@@ -1,10 +1,11 @@
-"""The worker's access to the database: repository calls in autocommit sessions, with retry.
+"""The worker's access to the database: repository calls on its ``db.Database``, with retry.
 
-Each worker operation (claim, record outcomes, heartbeat, rescue) is a single statement, so it
-runs in autocommit mode: one round trip, no BEGIN/COMMIT, and no transaction left open while
-handlers run. When the connection is lost (terminated backend, server restart) the pool drops
-it and the operation is tried again on a fresh connection with capped exponential backoff, so
-the worker rides out outages instead of crashing.
+Most worker operations (claim, heartbeat, checks) are a single statement, so they run in
+autocommit mode: one round trip, no BEGIN/COMMIT, and no transaction left open while handlers
+run. Writes that end jobs run in one transaction with the settling of their dependents. When
+the connection is lost (terminated backend, server restart) the pool drops it and the
+operation is tried again on a fresh connection with capped exponential backoff, so the worker
+rides out outages instead of crashing.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.orm import Session
 
 from pgqueue import repository, uow
+from pgqueue.claim_choice import LimitsSeen
+from pgqueue.db import Database, Executor
 from pgqueue.errors import error_line, is_connection_error, is_transient_conflict
 from pgqueue.jobs import ClaimedJob, Outcome
 
@@ -35,27 +37,26 @@ class WorkerStore:
     """Database operations used by a worker, safe to call from several threads."""
 
     def __init__(self, engine: Engine, *, stopping: threading.Event) -> None:
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._transactional = engine
+        self._database = Database(engine)
         self._stopping = stopping
         # The claimer's own connection (claims are serialized by the worker, see ``claim``).
-        self._claim_connection = uow.HeldConnection(self._autocommit)
+        self._claim_connection = self._database.held_connection()
+        self._limits = LimitsSeen()
 
     def _run(
         self,
         what: str,
-        work: Callable[[Session], T],
+        work: Callable[[Executor], T],
         *,
         give_up_when_stopping: bool,
         autocommit: bool = True,
     ) -> T:
-        engine = self._autocommit if autocommit else self._transactional
-
-        def once() -> T:
-            with Session(engine) as session:
-                return work(session)
-
-        return self._retry(what, once, give_up_when_stopping=give_up_when_stopping)
+        database = self._database
+        return self._retry(
+            what,
+            lambda: database.run(work, autocommit=autocommit),
+            give_up_when_stopping=give_up_when_stopping,
+        )
 
     def _retry(self, what: str, once: Callable[[], T], *, give_up_when_stopping: bool) -> T:
         """``once()``, again (capped exponential backoff) after a lost connection or a
@@ -96,52 +97,41 @@ class WorkerStore:
         (its outcome could not be written) is left to its lease, as documented.
 
         Not to be called from two threads at once: the first attempt runs on the store's own
-        claim connection (kept checked out, autocommit), retries on pooled sessions.
+        claim connection (kept checked out, autocommit), retries on pooled connections.
         """
-        began: float | None = None
-        if uow.driver_usable(self._autocommit):
-            began = time.monotonic()
-            try:
-                return repository.claim_held(
-                    self._claim_connection,
-                    worker_id=worker_id,
-                    limit=limit,
-                    queues=queues,
-                    lease_seconds=lease_seconds,
-                    task_leases=task_leases,
-                )
-            except (DBAPIError, OperationalError) as exc:
-                if not (is_connection_error(exc) or is_transient_conflict(exc)):
-                    raise
-                if self._stopping.is_set():
-                    raise
-                log.warning("claim: database unavailable (%s); retrying", error_line(exc))
+        began = time.monotonic()
 
-        def work(session: Session) -> list[ClaimedJob]:
-            nonlocal began
-            if began is None:
-                began = time.monotonic()
-            else:
-                orphans = repository.claimed_by(
-                    session,
-                    worker_id=worker_id,
-                    held=held(),
-                    within=time.monotonic() - began + 1.0,
-                )
-                if orphans:
-                    log.warning(
-                        "claim: took back %d jobs claimed by the attempt whose answer was lost",
-                        len(orphans),
-                    )
-                    return orphans
+        def claim_on(db: Executor) -> list[ClaimedJob]:
             return repository.claim(
-                session,
+                db,
                 worker_id=worker_id,
                 limit=limit,
                 queues=queues,
                 lease_seconds=lease_seconds,
                 task_leases=task_leases,
+                limits=self._limits,
             )
+
+        try:
+            return claim_on(self._claim_connection)
+        except (DBAPIError, OperationalError) as exc:
+            if not (is_connection_error(exc) or is_transient_conflict(exc)):
+                raise
+            if self._stopping.is_set():
+                raise
+            log.warning("claim: database unavailable (%s); retrying", error_line(exc))
+
+        def work(db: Executor) -> list[ClaimedJob]:
+            orphans = repository.claimed_by(
+                db, worker_id=worker_id, held=held(), within=time.monotonic() - began + 1.0
+            )
+            if orphans:
+                log.warning(
+                    "claim: took back %d jobs claimed by the attempt whose answer was lost",
+                    len(orphans),
+                )
+                return orphans
+            return claim_on(db)
 
         return self._run("claim", work, give_up_when_stopping=True)
 
@@ -150,25 +140,21 @@ class WorkerStore:
         self._claim_connection.close()
 
     def record_outcomes(self, outcomes: Iterable[Outcome]) -> set[int]:
+        # One transaction: an outcome and the settling of its dependents commit together. In
+        # autocommit, a worker dying between the two statements would leave dependents WAITING
+        # for good, with nothing left to release them.
         items = list(outcomes)
-        engine = self._transactional
-        if uow.driver_usable(engine):
-            return self._retry(
-                "record outcomes",
-                lambda: repository.record_outcomes_on_driver(engine, items),
-                give_up_when_stopping=False,
-            )
-        return self._run(
+        database = self._database
+        return self._retry(
             "record outcomes",
-            _in_one_transaction(lambda s: repository.record_outcomes(s, items)),
+            lambda: uow.run(database, lambda db: repository.record_outcomes(db, items), attempts=1),
             give_up_when_stopping=False,
-            autocommit=False,
         )
 
     def heartbeat(self, leases: Sequence[tuple[int, object, float]]) -> dict[int, bool]:
         return self._run(
             "heartbeat",
-            lambda s: repository.heartbeat(s, leases),  # type: ignore[arg-type]
+            lambda db: repository.heartbeat(db, leases),  # type: ignore[arg-type]
             give_up_when_stopping=True,
         )
 
@@ -177,29 +163,25 @@ class WorkerStore:
             "rescue check", repository.expired_lease_exists, give_up_when_stopping=True
         ):
             return []
+        # One transaction, like ``record_outcomes``: rescued jobs that end settle their
+        # dependents in it.
         return self._run(
             "rescue",
-            _in_one_transaction(
-                lambda s: repository.rescue_expired(
-                    s, lock_key=MAINTENANCE_LOCK_KEY, limit=limit, error=error
-                )
+            lambda db: repository.rescue_expired(
+                db, lock_key=MAINTENANCE_LOCK_KEY, limit=limit, error=error
             ),
             give_up_when_stopping=True,
             autocommit=False,
         )
 
     def prune(self, *, succeeded_before: float, failed_before: float, limit: int) -> int:
-        def work(session: Session) -> int:
+        def work(db: Executor) -> int:
             # One transaction: the advisory lock lasts until its end, so one pruner at a time.
-            with session.begin():
-                if not repository.try_maintenance_lock(session, MAINTENANCE_LOCK_KEY + 1):
-                    return 0
-                return repository.prune_finished(
-                    session,
-                    succeeded_before=succeeded_before,
-                    failed_before=failed_before,
-                    limit=limit,
-                )
+            if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 1):
+                return 0
+            return repository.prune_finished(
+                db, succeeded_before=succeeded_before, failed_before=failed_before, limit=limit
+            )
 
         return self._run("prune", work, give_up_when_stopping=True, autocommit=False)
 
@@ -208,7 +190,7 @@ class WorkerStore:
             return {}  # the usual case, in one autocommit statement
         return self._run(
             "recount limited queues",
-            _in_one_transaction(repository.recount_running),
+            repository.recount_running,
             give_up_when_stopping=True,
             autocommit=False,
         )
@@ -216,21 +198,6 @@ class WorkerStore:
     def ready_work_exists(self, queues: Sequence[str] | None) -> bool:
         return self._run(
             "drain check",
-            lambda s: repository.ready_ticket_exists(s, queues),
+            lambda db: repository.ready_ticket_exists(db, queues),
             give_up_when_stopping=True,
         )
-
-
-def _in_one_transaction(work: Callable[[Session], T]) -> Callable[[Session], T]:
-    """Run ``work`` in one transaction.
-
-    For writes that end jobs: the outcome (or rescue) and the follow-up that settles the ended
-    jobs' dependents must commit together. In autocommit, a worker dying between the two
-    statements would leave dependents WAITING for good, with nothing left to release them.
-    """
-
-    def run(session: Session) -> T:
-        with session.begin():
-            return work(session)
-
-    return run

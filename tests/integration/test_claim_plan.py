@@ -28,7 +28,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from pgqueue import repository
+from pgqueue import claim_choice, repository
 from pgqueue.worker.store import WorkerStore
 
 FINISHED = 100_000
@@ -329,11 +329,11 @@ def test_claim_of_200_probes_primary_keys_instead_of_scanning(admin: Engine, lim
     # plan, an order of magnitude slower than probing the primary keys.
     with admin.connect() as connection:
         scenario_fresh(connection)
-        repository._limits_seen[id(connection)] = (float("inf"), limits)
+        claim_choice.limits_seen_by(connection).record(limits, until=float("inf"))
         try:
             sql, params = captured_claim(connection, filter_queues=False)
         finally:
-            repository._limits_seen.pop(id(connection), None)
+            claim_choice._limits_seen.pop(connection, None)
         params["limit"] = 200
         plan = custom_plan(connection, sql, params)
         assert_good_plan(plan, f"limit 200, {limits=}")

@@ -400,9 +400,9 @@ def test_large_enqueue_many_copies_jobs_and_tickets_in_input_order(
     copies: list[int] = []
     real_copy = repository.copy_jobs
 
-    def spy(driver: object, allocate: object, notify: object, jobs: list[object]) -> list[int]:
+    def spy(db: object, jobs: list[object]) -> list[int]:
         copies.append(len(jobs))
-        return real_copy(driver, allocate, notify, jobs)  # type: ignore[arg-type]
+        return real_copy(db, jobs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(repository, "copy_jobs", spy)
     tricky = ["tab\there", "line\nbreak", "back\\slash", "\\N", "", "quote\"'", "é€𝄞", "\r\x01"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, text
 
-from pgqueue import JobState, PgQueue, queries, repository
+from pgqueue import JobState, PgQueue, repository
+from pgqueue.sql.claim import ClaimVariant, claim
 
 
 def _tickets(engine: Engine) -> list[int]:
@@ -28,7 +29,11 @@ def _execute(engine: Engine, sql: str, **params: object) -> None:
 def _claim(pgq: PgQueue, *, limits: bool) -> list[int]:
     """One claim of up to 10 jobs with the chosen claim variant, committed."""
     params = {"limit": 10, "worker": "test", "lease_seconds": 30.0}
-    stmt = queries.claim(atomic=False, filter_queues=False, limits=limits, task_leases=False)
+    stmt = claim(
+        ClaimVariant(
+            in_transaction=False, some_queues=False, queue_limits=limits, task_leases=False
+        )
+    )
     with pgq.sessions() as session, session.begin():
         return sorted(row.id for row in session.connection().execute(stmt, params))
 

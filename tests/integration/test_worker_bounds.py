@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pgqueue import JobState, PgQueue, backoff
-from pgqueue.queries import ERROR_HISTORY
+from pgqueue.sql.common import ERROR_HISTORY
 from pgqueue.testing import run_until_final, states_of, wait_for_states
 from pgqueue.worker import Worker
 from pgqueue.worker.engine import MIN_HUNG_THREADS

@@ -243,13 +243,13 @@ def test_sql_scanner_flags(snippet: str) -> None:
     ],
 )
 def test_sql_scanner_passes(snippet: str) -> None:
-    assert formatted_sql(snippet, "snippet", module="pgqueue.queries") == [], snippet
+    assert formatted_sql(snippet, "snippet", module="pgqueue.sql.common") == [], snippet
 
 
 def test_constant_exception_needs_an_identifier_value() -> None:
     """An UPPER_CASE name only passes when it resolves to a safe identifier."""
     assert formatted_sql("conn.execute(f'SET x = {NAME_PATTERN}')", "s", module="pgqueue.config")
-    assert formatted_sql("conn.execute(f'LISTEN {NOT_DEFINED}')", "s", module="pgqueue.queries")
+    assert formatted_sql("conn.execute(f'LISTEN {NOT_DEFINED}')", "s", module="pgqueue.sql.common")
 
 
 # --- the package ---------------------------------------------------------------------------
@@ -258,7 +258,7 @@ def test_constant_exception_needs_an_identifier_value() -> None:
 def test_scan_covers_the_whole_package() -> None:
     names = {name for name, _ in _modules()}
     assert {
-        "pgqueue.queries",
+        "pgqueue.sql.claim",
         "pgqueue.worker.notifier",
         "pgqueue.cli",
         "pgqueue.embedded",

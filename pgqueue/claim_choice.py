@@ -1,0 +1,58 @@
+"""Which variant of the claim statement a claimer runs (``sql.claim.ClaimVariant``); pure.
+
+The lean variant skips limited queues, so a claimer must know whether any queue has a
+concurrency limit. It looks now and then (``repository.LIMITS_CHECK_SECONDS``) and keeps the
+answer in its ``LimitsSeen``: the worker's store owns one; a claim through a session uses the
+one of the session's engine or connection.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from pgqueue.sql.claim import ClaimVariant
+
+
+class LimitsSeen:
+    """A claimer's last look at whether any queue has a concurrency limit (it chooses the claim
+    variant). Until the claimer has looked, limits are assumed: the full variant is always
+    correct."""
+
+    def __init__(self) -> None:
+        self.exist = True
+        self.until = 0.0  # monotonic time after which the answer is stale
+
+    def stale(self, now: float) -> bool:
+        return now >= self.until
+
+    def record(self, exist: bool, *, until: float) -> None:
+        self.exist = exist
+        self.until = until
+
+
+# Per claimer: the engine or connection behind a claiming session, or the executor the worker
+# claims on. Weak keys: an entry goes with its claimer, and never passes to a new object that
+# happens to get the same ``id``.
+_limits_seen: weakref.WeakKeyDictionary[Any, LimitsSeen] = weakref.WeakKeyDictionary()
+
+
+def limits_seen_by(claimer: Any) -> LimitsSeen:
+    """The ``LimitsSeen`` of ``claimer`` (a session's bind, or an executor), made on first use."""
+    seen = _limits_seen.get(claimer)
+    if seen is None:
+        seen = _limits_seen[claimer] = LimitsSeen()
+    return seen
+
+
+def claim_variant(
+    *, atomic: bool, queues: Sequence[str] | None, limits_exist: bool, task_leases: bool
+) -> ClaimVariant:
+    """The claim variant for a claim of ``queues`` (None: all) in this mode."""
+    return ClaimVariant(
+        in_transaction=atomic,
+        some_queues=queues is not None,
+        queue_limits=limits_exist,
+        task_leases=task_leases,
+    )

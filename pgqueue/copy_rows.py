@@ -1,0 +1,69 @@
+"""Jobs and tickets as COPY text, for the bulk enqueue (``repository.copy_jobs``); pure.
+
+psycopg's ``write_row`` adapts every value on its own, several times slower than an f-string
+per row, so the rows are formatted here. Text columns are escaped (``copy_text``); the others
+are ints, one timestamp and booleans, whose text needs no escaping. Lines are joined into
+chunks of ``CHUNK_ROWS``: one write per line costs more Python than the line, one write for the
+whole batch holds it all in memory twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Final
+
+from pgqueue.jobs import NewJob
+
+CHUNK_ROWS: Final = 5000
+
+_COPY_ESCAPES: Final[dict[int, str]] = {
+    ord("\\"): "\\\\",
+    ord("\t"): "\\t",
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+}
+
+
+def copy_text(value: str) -> str:
+    """``value`` as a field of COPY's text format: backslash, tab, newline and carriage return
+    escaped (``\\N`` in a value thus stays text, never NULL). JSON text from ``validation``
+    holds no raw control characters, so usually only a backslash needs it, or nothing."""
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return value.translate(_COPY_ESCAPES)
+    return value
+
+
+def job_lines(ids: Sequence[int], jobs: Sequence[NewJob], run_at: str) -> Iterator[str]:
+    """Lines of ``sql.enqueue.COPY_JOB_COLUMNS`` for ``jobs`` with their ``ids``, all due at
+    ``run_at`` (ISO text)."""
+    text = copy_text
+    names = _escaped_names(jobs)
+    for job_id, job in zip(ids, jobs, strict=True):
+        yield (
+            f"{job_id}\t{names[job.task_name]}\t{names[job.queue]}\t"
+            f"{text(job.args_json)}\t{text(job.kwargs_json)}\t{job.priority}\t"
+            f"{job.max_attempts}\t{run_at}\t{'t' if job.atomic else 'f'}\n"
+        )
+
+
+def ticket_lines(ids: Sequence[int], jobs: Sequence[NewJob], run_at: str) -> Iterator[str]:
+    """Lines of ``sql.common.COPY_TICKET_COLUMNS`` for the tickets of ``jobs``."""
+    names = _escaped_names(jobs)
+    for job_id, job in zip(ids, jobs, strict=True):
+        yield f"{job_id}\t{names[job.queue]}\t{job.priority}\t{run_at}\t{'t' if job.atomic else 'f'}\n"
+
+
+def chunks(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` joined ``CHUNK_ROWS`` at a time (the last chunk may be shorter, or empty)."""
+    rows: list[str] = []
+    for line in lines:
+        rows.append(line)
+        if len(rows) == CHUNK_ROWS:
+            yield "".join(rows)
+            rows.clear()
+    yield "".join(rows)
+
+
+def _escaped_names(jobs: Sequence[NewJob]) -> dict[str, str]:
+    """Task and queue names escaped once each (a batch repeats a few names many times)."""
+    return {name: copy_text(name) for name in {j.task_name for j in jobs} | {j.queue for j in jobs}}

@@ -1,0 +1,141 @@
+"""The one way pgqueue's data layer reaches the database.
+
+An ``Executor`` runs a statement of ``pgqueue.sql`` and gives its rows, or copies text rows
+into a table. There are two implementations: ``ConnectionExecutor`` on a SQLAlchemy
+``Connection`` (a caller's ``Session``, or a connection of pgqueue's own), and
+``driver.DriverExecutor`` on the psycopg connection under it, which sends statements compiled
+once. The repository's operations are written once, over ``Executor``.
+
+``Database`` is pgqueue's access to one engine: it opens a connection for one unit of work
+(autocommit or one transaction) and hands the work the executor for it, keeps the compiled
+statements, and holds the claimer's connection. Which executor a unit gets is decided here
+and nowhere else (``uses_driver``): the driver's when the engine is psycopg and nothing
+watches its statements. That is looked at when a unit begins, not once: tracing, logging and
+tests may add listeners to an engine at any time, and must then see every statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, cast
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session
+from sqlalchemy.sql import Executable
+
+from pgqueue import driver
+from pgqueue.connections import local_settings
+
+T = TypeVar("T")
+
+
+class Executor(Protocol):
+    """Runs pgqueue's statements in the transaction its owner opened; never commits."""
+
+    def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
+        """All rows of ``statement`` with ``params`` (positional rows; none for a statement
+        that returns none)."""
+        ...
+
+    def copy(self, statement: Any, chunks: Iterable[str]) -> None:
+        """``COPY ... FROM STDIN`` (``statement``) fed with ``chunks`` of COPY text."""
+        ...
+
+
+class ConnectionExecutor:
+    """``Executor`` on a SQLAlchemy ``Connection``: every statement goes through SQLAlchemy's
+    execution layer (events, echo, error handlers, its statement cache)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
+        result = self.connection.execute(statement, dict(params or {}))
+        return result.all() if result.returns_rows else ()
+
+    def copy(self, statement: Any, chunks: Iterable[str]) -> None:
+        # COPY has no SQLAlchemy construct: it runs on the psycopg connection underneath, in
+        # the same transaction.
+        raw: Any = self.connection.connection.driver_connection
+        with raw.cursor() as cursor, cursor.copy(statement) as copy:
+            for chunk in chunks:
+                copy.write(chunk)
+
+
+_EXECUTORS = (ConnectionExecutor, driver.DriverExecutor, driver.HeldConnection)
+
+
+def executor_for(db: Session | Executor) -> Executor:
+    """The executor of a caller's session (its connection, its transaction; any object with
+    the ``Session`` interface, such as a ``scoped_session``), or ``db`` itself when it is an
+    executor already."""
+    if isinstance(db, _EXECUTORS):
+        return db
+    return ConnectionExecutor(cast(Session, db).connection())
+
+
+def claimer_key(db: Session | Executor) -> object:
+    """What identifies a claimer: the engine or connection behind a session, or the executor."""
+    if isinstance(db, _EXECUTORS):
+        return db
+    return cast(Session, db).get_bind()
+
+
+class Database:
+    """pgqueue's access to ``engine``: units of work on the right executor, compiled statements,
+    and the claimer's held connection. One per engine owner (``PgQueue``, ``WorkerStore``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.statements = driver.CompiledStatements(engine.dialect)
+        self.local = local_settings(engine)
+
+    @property
+    def uses_driver(self) -> bool:
+        """Whether units of work go to the driver: only on psycopg, and only when nothing
+        watches statements (``echo``, cursor or execute event listeners, error handlers), so
+        tracing and logging see every statement they would see on SQLAlchemy."""
+        engine = self.engine
+        if engine.dialect.driver != "psycopg" or engine.echo:
+            return False
+        dispatch = engine.dispatch
+        return not (
+            dispatch.before_cursor_execute
+            or dispatch.after_cursor_execute
+            or dispatch.before_execute
+            or dispatch.after_execute
+            or engine.dialect.dispatch.handle_error
+        )
+
+    def run(self, work: Callable[[Executor], T], *, autocommit: bool) -> T:
+        """``work(executor)`` once, on a pooled connection: in autocommit mode (each statement
+        its own transaction), or in one transaction committed when ``work`` returns. Errors
+        are SQLAlchemy's ``DBAPIError`` subclasses on either path; retries are ``uow``'s."""
+        if self.uses_driver:
+            return driver.run(self.engine, self.statements, self.local, work, autocommit=autocommit)
+        if autocommit:
+            with self.engine.connect() as connection:
+                connection.execution_options(isolation_level="AUTOCOMMIT")
+                return work(ConnectionExecutor(connection))
+        with self.engine.begin() as connection:
+            return work(ConnectionExecutor(connection))
+
+    def held_connection(self) -> HeldConnection:
+        """An executor for autocommit statements of a single user (the claimer) that keeps its
+        connection checked out between calls where the driver is used."""
+        return HeldConnection(self)
+
+
+class HeldConnection(driver.HeldConnection):
+    """``Executor`` for autocommit statements of one user: on the driver, one connection kept
+    checked out between calls (``driver.HeldConnection``); otherwise each statement runs on a
+    pooled connection of its own. Not thread-safe; ``close`` gives the connection back."""
+
+    def __init__(self, database: Database) -> None:
+        super().__init__(database.engine, database.statements, database.local)
+        self._database = database
+
+    def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
+        if self._database.uses_driver:
+            return super().rows(statement, params)
+        return self._database.run(lambda db: db.rows(statement, params), autocommit=True)

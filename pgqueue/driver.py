@@ -1,0 +1,285 @@
+"""pgqueue's statements sent on a psycopg connection directly, past SQLAlchemy's execution layer.
+
+The worker claims, writes outcomes and enqueues thousands of times per second, and for a
+one-row statement SQLAlchemy's per-execution work costs as much client CPU as the round trip.
+Here a statement of ``pgqueue.sql`` is compiled once (``CompiledStatement``, kept by
+``CompiledStatements``) and sent as compiled: the SQL text SQLAlchemy would send, with the
+parameters its bind processors would give. Errors leave as SQLAlchemy's ``DBAPIError``
+subclasses (``translated``), as on the SQLAlchemy path, so callers classify them one way.
+
+``pgqueue.db`` decides when this path is used; nothing else here knows about that choice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import psycopg
+from psycopg import pq
+from sqlalchemy import Engine
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError, StatementError
+from sqlalchemy.sql import Executable
+from sqlalchemy.types import ARRAY, BigInteger, Text, Uuid
+
+T = TypeVar("T")
+
+TUPLES_OK = pq.ExecStatus.TUPLES_OK
+
+
+class LocalSettings(NamedTuple):
+    """The statement, ready for the driver, that gives one transaction pgqueue's settings."""
+
+    sql: str
+    params: dict[str, Any]
+
+
+class CompiledStatement:
+    """A statement compiled once for the driver: its SQL text, the values of the binds it
+    carries itself (literals), and a converter per bind the caller gives, so ``params`` gives
+    what SQLAlchemy would send (arrays of ids and tokens as array literals, see
+    ``array_literal``)."""
+
+    def __init__(self, statement: Executable, dialect: Dialect) -> None:
+        compiled: Any = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+        if compiled.positional or compiled.literal_execute_params or compiled.post_compile_params:
+            raise AssertionError("a driver statement needs named, fully rendered parameters")
+        self.statement = statement
+        self.sql: str = str(compiled)
+        self.defaults: dict[str, Any] = {}
+        self.converters: dict[str, Callable[[Any], Any]] = {}
+        for bind, name in compiled.bind_names.items():
+            convert = _converter(bind.type, dialect)
+            if bind.required:
+                if convert is not None:
+                    self.converters[name] = convert
+            elif bind.value is not None:
+                self.defaults[name] = convert(bind.value) if convert else bind.value
+
+    def params(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The values to send for the caller's ``given`` parameters."""
+        values = {**self.defaults, **given}
+        for name, convert in self.converters.items():
+            if name in values:
+                values[name] = convert(values[name])
+        return values
+
+
+def _converter(bind_type: Any, dialect: Dialect) -> Callable[[Any], Any] | None:
+    """What turns a value of ``bind_type`` into what is sent: ``array_literal`` for arrays of
+    ids (``BIGINT``) and UUIDs, ``text_array_literal`` for texts, else SQLAlchemy's bind
+    processor (None when it has none)."""
+    if isinstance(bind_type, ARRAY):
+        if isinstance(bind_type.item_type, (BigInteger, Uuid)):
+            return array_literal
+        if isinstance(bind_type.item_type, Text):
+            return text_array_literal
+    processor: Callable[[Any], Any] | None = bind_type.dialect_impl(dialect).bind_processor(dialect)
+    return processor
+
+
+def array_literal(items: Iterable[Any] | None) -> str | None:
+    """Ids or UUIDs (never null) as a PostgreSQL array literal (``{1,2,3}``), or None.
+
+    psycopg dumps a list element by element in Python, the largest single cost of a batch of
+    outcomes if left to it; the statements cast every array bind (``::BIGINT[]``,
+    ``::UUID[]``), so a literal built by ``str.join`` reads the same. The ``str`` of an int or
+    a UUID is its canonical text, which needs no quoting."""
+    if items is None:
+        return None
+    return "{" + ",".join(map(str, items)) + "}"
+
+
+def text_array_literal(items: Sequence[Any] | None) -> Sequence[Any] | str | None:
+    """Texts that are all ``null`` (JSON results of handlers that return nothing, the common
+    case) as the literal ``{"null",...}``; anything else as it is, for psycopg to dump."""
+    if items and all(item == "null" for item in items):
+        return "{" + ",".join(['"null"'] * len(items)) + "}"
+    return items
+
+
+class CompiledStatements:
+    """``CompiledStatement``s for one dialect, each compiled on first use. Statements of
+    ``pgqueue.sql`` are cached there, so each is one object for the process's life; the entry
+    keeps its statement alive, so its ``id`` is never reused while cached."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self._compiled: dict[int, CompiledStatement] = {}
+
+    def get(self, statement: Executable) -> CompiledStatement:
+        found = self._compiled.get(id(statement))
+        if found is None or found.statement is not statement:
+            found = self._compiled[id(statement)] = CompiledStatement(statement, self.dialect)
+        return found
+
+
+class DriverExecutor:
+    """``pgqueue.db.Executor`` on a psycopg connection, in whatever transaction state the
+    connection is (the caller opens and ends transactions)."""
+
+    def __init__(self, connection: psycopg.Connection[Any], statements: CompiledStatements):
+        self.connection = connection
+        self.statements = statements
+
+    def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
+        compiled = self.statements.get(statement)
+        cursor = self.connection.execute(compiled.sql, compiled.params(params or {}))
+        return _all_rows(cursor)
+
+    def copy(self, statement: Any, chunks: Iterable[str]) -> None:
+        with self.connection.cursor() as cursor, cursor.copy(statement) as copy:
+            for chunk in chunks:
+                copy.write(chunk)
+
+
+def _all_rows(cursor: Any) -> Sequence[Any]:
+    """The rows of an executed cursor; none for a statement that returns none. (Read from the
+    result's status: ``cursor.description`` would build a column object per column.)"""
+    result = cursor.pgresult
+    if result is None or result.status != TUPLES_OK:
+        return ()
+    rows: Sequence[Any] = cursor.fetchall()
+    return rows
+
+
+def translated(exc: psycopg.Error) -> StatementError:
+    """``exc`` as the ``DBAPIError`` subclass SQLAlchemy would raise for it."""
+    return DBAPIError.instance(None, None, exc, psycopg.Error)
+
+
+def checkout(engine: Engine) -> Any:
+    """A pooled connection of ``engine``; a failure to connect is raised as SQLAlchemy's own
+    checkout raises it (``DBAPIError``), so callers classify it the same way."""
+    try:
+        return engine.raw_connection()
+    except psycopg.Error as exc:
+        raise translated(exc) from exc
+
+
+def _drop_if_broken(engine: Engine, raw: Any, error: psycopg.Error) -> None:
+    """Invalidate the pooled connection ``raw`` when ``error`` says it is lost."""
+    if engine.dialect.is_disconnect(error, raw.dbapi_connection, None):  # type: ignore[arg-type]
+        raw.invalidate(error)
+
+
+def run(
+    engine: Engine,
+    statements: CompiledStatements,
+    local: LocalSettings | None,
+    work: Callable[[DriverExecutor], T],
+    *,
+    autocommit: bool,
+) -> T:
+    """``work`` on a pooled connection of ``engine``, once: in autocommit mode, or in one
+    transaction (opened with ``local`` settings behind a pooler) committed at the end. A lost
+    connection is dropped from the pool."""
+    raw = checkout(engine)
+    driver: Any = raw.driver_connection
+    executor = DriverExecutor(driver, statements)
+    try:
+        if autocommit:
+            driver.autocommit = True
+            try:
+                return work(executor)
+            finally:
+                if not driver.closed:
+                    driver.autocommit = False
+        with driver.transaction():
+            if local is not None:
+                driver.execute(local.sql, local.params)
+            return work(executor)
+    except psycopg.Error as exc:
+        _drop_if_broken(engine, raw, exc)
+        raise translated(exc) from exc
+    finally:
+        raw.close()
+
+
+class HeldConnection:
+    """One pooled connection kept checked out by a single user (the worker's claimer) in
+    autocommit mode. Against ``run`` it saves, per statement, the pool checkout and return
+    (with its reset) and two autocommit switches, a visible share of an idle worker's pick-up
+    latency.
+
+    Its prepared statements are dropped every ``plan_max_age`` seconds. PostgreSQL may keep one
+    generic plan for a prepared statement for the connection's life, and a plan made while a
+    table was tiny (a fresh install, an idle queue) scans it sequentially however large it grows;
+    the next plan is made for the table as it is then. Behind a pooler nothing is prepared.
+
+    Not thread-safe: its user serializes the calls. After any error the connection goes back to
+    the pool (dropped when the error was a lost connection) and the next call checks out another,
+    so a broken connection is never reused.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        statements: CompiledStatements,
+        local: LocalSettings | None,
+        *,
+        plan_max_age: float = 5.0,
+    ) -> None:
+        self.engine = engine
+        self._statements = statements
+        self._local = local
+        self._plan_max_age = plan_max_age
+        self._raw: Any = None
+        self._plans_since = 0.0
+
+    def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
+        """All rows of ``statement``, run in autocommit (behind a pooler, in a transaction of
+        its own that carries pgqueue's settings)."""
+        raw = self._raw
+        if raw is None:
+            raw = checkout(self.engine)
+            raw.driver_connection.autocommit = True
+            self._raw = raw
+            self._plans_since = time.monotonic()
+        driver = raw.driver_connection
+        compiled = self._statements.get(statement)
+        values = compiled.params(params or {})
+        try:
+            if (
+                driver.prepare_threshold is not None
+                and time.monotonic() - self._plans_since > self._plan_max_age
+            ):
+                driver.execute("DEALLOCATE ALL")  # psycopg forgets its own prepared names too
+                self._plans_since = time.monotonic()
+            if self._local is None:
+                rows: Sequence[Any] = _all_rows(driver.execute(compiled.sql, values))
+            else:
+                with driver.transaction():
+                    driver.execute(self._local.sql, self._local.params)
+                    rows = _all_rows(driver.execute(compiled.sql, values))
+        except psycopg.Error as exc:
+            self._release(exc)
+            raise translated(exc) from exc
+        return rows
+
+    def copy(self, statement: Any, chunks: Iterable[str]) -> None:
+        raise NotImplementedError("the held connection runs autocommit statements, not COPY")
+
+    def close(self) -> None:
+        """Give the connection back to the pool (a later ``rows`` checks out another)."""
+        self._release(None)
+
+    def _release(self, error: psycopg.Error | None) -> None:
+        raw, self._raw = self._raw, None
+        if raw is None:
+            return
+        driver = raw.driver_connection
+        if error is not None and self.engine.dialect.is_disconnect(
+            error,  # type: ignore[arg-type]
+            raw.dbapi_connection,
+            None,
+        ):
+            raw.invalidate(error)
+        elif not driver.closed:
+            try:
+                driver.autocommit = False
+            except psycopg.Error as exc:
+                raw.invalidate(exc)
+        raw.close()

@@ -1,0 +1,312 @@
+"""Statements of the admin surface (``PgQueue`` methods, the CLIs and the Flask dashboard): one job,
+state counts, paged job lists, the oldest waiting ticket per queue, finished jobs per minute,
+and the manual actions (re-run, cancel, delete). Read-mostly, and kept apart from the worker's
+hot path.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Final
+
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Integer,
+    Select,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    delete,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    true,
+    tuple_,
+    update,
+)
+from sqlalchemy.sql.dml import ReturningUpdate
+
+from pgqueue.models import Job, MessageQueue
+from pgqueue.sql.common import (
+    CLEAR_LEASE,
+    array_param,
+    ids_with_new_tickets,
+    seconds,
+    source_states,
+)
+from pgqueue.states import (
+    CANCEL,
+    RERUN,
+    JobState,
+)
+
+
+@cache
+def get_job() -> Select[Job]:
+    """One job by ``job_id``."""
+    return select(Job).where(Job.id == bindparam("job_id", type_=BigInteger))
+
+
+@cache
+def job_state_counts() -> Select[str, JobState, int]:
+    """``(queue, state, count)`` over all jobs."""
+    return select(Job.queue, Job.state, func.count()).group_by(Job.queue, Job.state)
+
+
+@cache
+def rerun() -> Select[int]:
+    """FAILED/CANCELLED -> QUEUED with a ticket for now (``retry_job``). Binds ``job_id``."""
+    updated = (
+        update(Job)
+        .where(Job.id == bindparam("job_id", type_=BigInteger), source_states(RERUN))
+        .values(
+            state=RERUN.target,
+            run_at=func.now(),
+            finished_at=null(),
+            updated_at=func.now(),
+            cancel_requested=False,
+            **CLEAR_LEASE,
+        )
+        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .cte("rerun")
+    )
+    return ids_with_new_tickets(updated)
+
+
+def _ticket_deleted(job_id: Any, name: str) -> Any:
+    """CTE named ``name``: delete the ticket of job ``job_id`` (if any), returning its job id."""
+    return (
+        delete(MessageQueue)
+        .where(MessageQueue.job_id == job_id)
+        .returning(MessageQueue.job_id)
+        .cte(name)
+    )
+
+
+@cache
+def cancel_waiting() -> Select[int, list[int] | None]:
+    """QUEUED/RETRYING -> CANCELLED, deleting the ticket. Binds ``job_id``, ``reason``."""
+    job_id = bindparam("job_id", type_=BigInteger)
+    gone = _ticket_deleted(job_id, "gone")
+    # A WAITING job (blocked on dependencies) has no ticket to delete.
+    has_ticket_or_blocked = or_(
+        Job.id.in_(select(gone.c.job_id)), Job.state == JobState.WAITING.value
+    )
+    updated = (
+        update(Job)
+        .where(Job.id == job_id, has_ticket_or_blocked, source_states(CANCEL))
+        .values(
+            state=CANCEL.target,
+            finished_at=func.now(),
+            updated_at=func.now(),
+            last_error=bindparam("reason", type_=Text),
+        )
+        .returning(Job.id, Job.dependents)
+        .cte("cancelled")
+    )
+    return select(updated.c.id, updated.c.dependents)
+
+
+@cache
+def request_cancel_running() -> ReturningUpdate[int]:
+    """Flag a RUNNING job for cancellation; its worker sees it at the next heartbeat."""
+    return (
+        update(Job)
+        .where(Job.id == bindparam("job_id", type_=BigInteger), Job.state == JobState.RUNNING)
+        .values(cancel_requested=True, updated_at=func.now())
+        .returning(Job.id)
+    )
+
+
+_MAX_ID: Final = 2**63 - 1
+
+
+def _one_state(value: ColumnElement[Any]) -> ColumnElement[bool]:
+    """``state = value``, written as a range of one value so the planner reads the newest ids of
+    a ``(queue, state)`` or ``(task_name, state)`` pair off its index.
+
+    Compared to a value it cannot see (an outer column of a lateral walk, or a generic plan's
+    parameter), ``state = x`` is estimated at the average frequency of a state; the planner
+    then walks the primary key backwards filtering rows, expecting a match every few rows, and
+    for a rare pair reads the whole history. With a range, ``ORDER BY state, id`` is an order
+    only the composite index gives, and any other plan must sort every match first."""
+    return and_(Job.state >= value, Job.state <= value)
+
+
+def _distinct_queues() -> Any:  # a CTE
+    """The queue names present in ``pgqueue_jobs``, by a loose index scan: one index probe per
+    queue on the ``(queue, state, id)`` index (``min(queue) WHERE queue > previous``), never a
+    pass over the history."""
+    smallest = select(func.min(Job.queue).label("queue")).cte("job_queues", recursive=True)
+    following = (
+        select(
+            select(func.min(Job.queue))
+            .where(Job.queue > smallest.c.queue)
+            .scalar_subquery()
+            .label("queue")
+        )
+        .select_from(smallest)
+        .where(smallest.c.queue.is_not(None))
+    )
+    return smallest.union_all(following)
+
+
+@cache
+def job_queues() -> Select[str]:
+    """Names of the queues that have jobs, sorted (the dashboard's queue filter)."""
+    queues = _distinct_queues()
+    return select(queues.c.queue).where(queues.c.queue.is_not(None)).order_by(queues.c.queue)
+
+
+@cache
+def capped_state_counts() -> Select[str, str, int]:
+    """``(queue, state, count)`` for every queue with jobs and every state in ``states`` (an
+    array), each count stopping at ``cap``: a count of ``cap`` means "at least ``cap``".
+
+    Each count reads at most ``cap`` entries of the ``(queue, state, id)`` index, so the
+    overview costs the same with a long history as with a short one. The state is bounded as
+    a row range, ``(state, id)`` from ``(s, 0)`` to ``(s, max)``, and read in that order: the
+    planner estimates such a range at a good share of the queue, so it stops a walk of the
+    index at the cap instead of collecting every match of the pair (a bitmap scan) or sorting
+    the primary key's walk (see ``_one_state`` for why plain equality does not do)."""
+    queues = _distinct_queues()
+    states = (
+        func.unnest(array_param("states", Text)).table_valued("state").render_derived(name="states")
+    )
+    hits = (
+        select(literal(1).label("hit"))
+        .where(
+            Job.queue == queues.c.queue,
+            tuple_(Job.state, Job.id) >= tuple_(states.c.state, literal(0, BigInteger)),
+            tuple_(Job.state, Job.id) <= tuple_(states.c.state, literal(_MAX_ID, BigInteger)),
+        )
+        .order_by(Job.state, Job.id)
+        .limit(bindparam("cap", type_=Integer))
+        .correlate(queues, states)
+        .subquery("hits")
+    )
+    counted = select(func.count()).select_from(hits).scalar_subquery()
+    return (
+        select(queues.c.queue, states.c.state, counted.label("count"))
+        .select_from(queues)
+        .join(states, true())
+        .where(queues.c.queue.is_not(None))
+    )
+
+
+@cache
+def list_jobs(*, by_queue: bool, by_state: bool, by_task: bool, cursor: str | None) -> Select[Job]:
+    """One page of jobs, newest first, optionally filtered.
+
+    Binds ``limit``; ``cursor`` (a job id) when ``cursor`` is ``"before"`` (older jobs:
+    ``id < cursor``, newest first) or ``"after"`` (newer jobs: ``id > cursor``, oldest first so
+    the page nearest the cursor comes back; the caller reverses it). Keyset paging walks an
+    index in id order, so deep pages stay cheap.
+
+    Unfiltered, the page walks the primary key. Filtered, it is the merge of one short walk per
+    ``(queue, state)`` pair (``queues`` and ``states`` arrays: the chosen ones, or all of them)
+    on the ``(queue, state, id)`` index, or per state on ``(task_name, state, id)`` when a task
+    is chosen (binds ``task_name``, and ``queue`` with it). Each walk stops after ``limit`` ids,
+    so a filter matching few of many finished jobs never scans the history for them.
+    """
+    position = bindparam("cursor", type_=BigInteger)
+    newer = cursor == "after"
+    order = Job.id.asc() if newer else Job.id.desc()
+    limit = bindparam("limit", type_=Integer)
+
+    def paged(stmt: Select[Any], *keys: Any) -> Select[Any]:
+        if cursor == "before":
+            stmt = stmt.where(Job.id < position)
+        elif cursor == "after":
+            stmt = stmt.where(Job.id > position)
+        order_by = [k.asc() if newer else k.desc() for k in keys]
+        return stmt.order_by(*order_by, order).limit(limit)
+
+    if not (by_queue or by_state or by_task):
+        return paged(select(Job))
+    states = (
+        func.unnest(array_param("states", Text)).table_valued("state").render_derived(name="states")
+    )
+    if by_task:
+        walk = select(Job.id).where(
+            Job.task_name == bindparam("task_name", type_=Text), _one_state(states.c.state)
+        )
+        if by_queue:
+            # ``queue || ''``: the same test, but not one the ``(queue, state, id)`` index can
+            # serve, so a generic plan cannot walk a busy queue's whole index looking for a
+            # rare task; it walks the task's index and checks the queue of each match.
+            walk = walk.where(Job.queue.concat("") == bindparam("queue", type_=Text))
+        ids = paged(walk, Job.state).lateral("walk")
+        merged = select(ids.c.id).select_from(states).join(ids, true())
+    else:
+        queues = (
+            func.unnest(array_param("queues", Text))
+            .table_valued("queue")
+            .render_derived(name="queues")
+        )
+        walk = select(Job.id).where(Job.queue == queues.c.queue, _one_state(states.c.state))
+        ids = paged(walk, Job.state).lateral("walk")
+        merged = select(ids.c.id).select_from(queues).join(states, true()).join(ids, true())
+    merged_order = ids.c.id.asc() if cursor == "after" else ids.c.id.desc()
+    page = merged.order_by(merged_order).limit(limit).subquery("page")
+    return select(Job).join(page, Job.id == page.c.id).order_by(order)
+
+
+@cache
+def oldest_waiting_per_queue() -> Select[str, int, Any, Any]:
+    """``(queue, job_id, run_at, waiting_seconds)``: per queue, the ticket with the earliest
+    ``run_at`` (``waiting_seconds`` is negative for a job scheduled in the future).
+
+    Reads the ticket table, which holds waiting work only, so this stays small."""
+    from sqlalchemy.dialects.postgresql import distinct_on  # only this dashboard query needs it
+
+    return (
+        select(
+            MessageQueue.queue,
+            MessageQueue.job_id,
+            MessageQueue.run_at,
+            func.extract("epoch", func.now() - MessageQueue.run_at).label("waiting_seconds"),
+        )
+        .ext(distinct_on(MessageQueue.queue))
+        .order_by(MessageQueue.queue, MessageQueue.run_at, MessageQueue.job_id)
+    )
+
+
+@cache
+def finished_per_minute() -> Select[str, JobState, int, int]:
+    """``(queue, state, minutes_ago, count)`` for jobs finished in the last hour, bucketed by
+    whole minutes before ``now()`` (0 = the current minute). Uses the ``finished_at`` index."""
+    minutes_ago = cast(
+        func.floor(func.extract("epoch", func.now() - Job.finished_at) / 60), Integer
+    ).label("minutes_ago")
+    return (
+        select(Job.queue, Job.state, minutes_ago, func.count())
+        .where(
+            Job.finished_at.is_not(None),
+            Job.finished_at > func.now() - seconds(literal(3600.0)),
+        )
+        .group_by(Job.queue, Job.state, minutes_ago)
+    )
+
+
+@cache
+def delete_job() -> Any:  # a ReturningDelete
+    """Delete one job that is not RUNNING, and its ticket. Binds ``job_id``; returns the id when
+    deleted. A running job is left alone: its worker still holds it and would report an outcome
+    for a missing row (and it has no ticket: the claim deleted it).
+
+    The ticket goes first, in the claim's lock order (ticket, then job), so this statement and
+    a claim of the same job cannot deadlock: whichever locks the ticket first wins, and the
+    other finds it gone (the claim then skips it, or this sees the job RUNNING and stops)."""
+    job_id = bindparam("job_id", type_=BigInteger)
+    ticket = _ticket_deleted(job_id, "gone_ticket")
+    ticket_first = select(func.count()).select_from(ticket).scalar_subquery() >= 0
+    return (
+        delete(Job)
+        .where(Job.id == job_id, Job.state != JobState.RUNNING, ticket_first)
+        .returning(Job.id)
+    )

@@ -1,0 +1,200 @@
+"""Fragments the statements of ``pgqueue.sql`` share: bind helpers, the guard on a transition's
+source states, the ticket-and-wake-up CTEs, queue slot release, and the columns a claim returns.
+
+Statements moving jobs out of RUNNING give their queue slots back in the same statement
+(``free_slots``). Statements that end jobs return the ended jobs' ``dependents``; the
+repository settles those (``sql.outcomes.settle_dependents``) in a follow-up statement, not a
+CTE: a dependent enqueued while the outcome statement waited for the dependency's row lock is
+invisible to that statement's snapshot, but visible to the next statement's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Integer,
+    Select,
+    Text,
+    bindparam,
+    case,
+    cast,
+    func,
+    insert,
+    literal,
+    literal_column,
+    null,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+
+from pgqueue.models import Job, MessageQueue, QueueControl
+from pgqueue.states import JobState, Transition
+
+NOTIFY_CHANNEL: Final = "pgqueue"
+# Written out: an interval constant has no SQLAlchemy construct that renders as a constant (a
+# bound ``timedelta`` would be a parameter, and change the statements' text and plans).
+_ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
+
+
+def seconds(value: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``value`` seconds as an interval."""
+    return value * _ONE_SECOND
+
+
+def array_param(name: str, item_type: Any) -> ColumnElement[Any]:
+    """A bind parameter ``name`` holding an array of ``item_type``."""
+    return bindparam(name, type_=ARRAY(item_type))
+
+
+def in_states(column: Any, states: Iterable[JobState]) -> ColumnElement[bool]:
+    """``column = a OR column = b``: one plain bind per state, no expanding ``IN`` list (which
+    SQLAlchemy renders per execution), so a statement's SQL text is final once compiled and
+    the driver executor (``pgqueue.db``) can send it as compiled."""
+    return or_(*(column == state.value for state in sorted(states)))
+
+
+def source_states(transition: Transition) -> ColumnElement[bool]:
+    """The guard of ``transition``: the job is in one of its source states."""
+    return in_states(Job.state, transition.sources)
+
+
+# Entries kept in a job's ``errors`` history: the latest attempts' (``last_error`` holds the
+# latest one's too). With ``max_error_bytes`` per entry, a row stays bounded however many
+# attempts a job is allowed.
+ERROR_HISTORY: Final = 10
+# Written out: SQLAlchemy has no ``jsonpath`` type to bind or cast a constant to.
+_LAST_ENTRIES: Final[ColumnElement[Any]] = literal_column("'$[last - $keep + 1 to last]'::jsonpath")
+
+
+def append_error(attempt: Any, error: ColumnElement[Any]) -> ColumnElement[Any]:
+    """``errors || [{"attempt", "at", "error"}]``, cut to its last ``ERROR_HISTORY`` entries:
+    the per-attempt error history. (A lax JSON path: a history edited by hand into something
+    other than an array is wrapped, not refused, so the outcome is still written.)"""
+    entry = func.jsonb_build_array(
+        func.jsonb_build_object("attempt", attempt, "at", func.now(), "error", error)
+    )
+    return func.jsonb_path_query_array(
+        Job.errors.op("||")(entry),
+        _LAST_ENTRIES,
+        func.jsonb_build_object("keep", literal(ERROR_HISTORY, Integer)),
+    )
+
+
+CLEAR_LEASE: Final[dict[str, Any]] = {
+    "lease_owner": null(),
+    "lease_token": null(),
+    "lease_expires_at": null(),
+}
+
+# Columns a worker needs to run a claimed job. The arguments come back as their JSON text
+# (free for ``json``, stored as text): the repository decodes each job's on its own, so a row
+# Python cannot decode fails alone instead of the claim's whole answer.
+CLAIMED_COLUMNS: Final[tuple[Any, ...]] = (
+    Job.id,
+    Job.task_name,
+    Job.queue,
+    cast(Job.args, Text).label("args"),
+    cast(Job.kwargs, Text).label("kwargs"),
+    Job.attempts,
+    Job.max_attempts,
+    Job.priority,
+    Job.lease_token,
+    Job.atomic,
+    Job.cancel_requested,
+)
+
+
+COPY_TICKET_COLUMNS: Final = ("job_id", "queue", "priority", "run_at", "atomic")
+
+
+def among(column: Any, ids: Any) -> ColumnElement[bool]:
+    """``column = ANY(ARRAY(SELECT ids))``: matches a CTE's ids by index probes whatever the
+    planner believes about the CTE's size. A join (``USING``/``FROM`` the CTE) is planned from
+    the ``LIMIT``'s estimate, and for a large ``LIMIT`` or a generic plan (where ``LIMIT $n``
+    counts as 10 % of the table) that becomes a hash join over a sequential scan of the whole
+    table, an order of magnitude slower than the probes for a few hundred tickets among tens of
+    thousands."""
+    matched: ColumnElement[bool] = column == func.any(func.array(select(ids).scalar_subquery()))
+    return matched
+
+
+def tickets_for(jobs: Any, name: str, *where: ColumnElement[bool]) -> Any:
+    """CTE named ``name``: a ticket for each row of ``jobs`` (a CTE returning the jobs' id,
+    queue, priority, run_at and atomic) that matches ``where``. The statement must also
+    include ``woken`` of it, which sends the wake-up."""
+    rows = select(jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic)
+    return (
+        insert(MessageQueue)
+        .from_select(list(COPY_TICKET_COLUMNS), rows.where(*where))
+        .returning(MessageQueue.queue, MessageQueue.run_at)
+        .cte(name)
+    )
+
+
+def wake_payload(queue: Any, first_run_at: Any) -> ColumnElement[str]:
+    """What an idle worker is told: the queue, plus the epoch of the earliest new ticket when
+    that is in the future (so it knows when to wake for a delayed job)."""
+    epoch = cast(func.extract("epoch", first_run_at), Text)
+    return case((first_run_at <= func.now(), queue), else_=queue + literal(" ") + epoch)
+
+
+def woken(tickets: Any) -> ColumnElement[bool]:
+    """An always-true condition for the statement that inserts ``tickets`` (a ``tickets_for``
+    CTE): evaluating it sends one NOTIFY per queue of the new tickets (none when there are
+    none), delivered at commit. In the statement and not a trigger on the ticket table: a
+    statement-level trigger with a transition table costs more server time than the insert it
+    follows. A condition because a CTE nothing reads is never evaluated; uncorrelated, it runs
+    once."""
+    first = (
+        select(tickets.c.queue, func.min(tickets.c.run_at).label("first_run_at"))
+        .group_by(tickets.c.queue)
+        .subquery(f"{tickets.name}_queues")
+    )
+    sent = select(
+        func.count(
+            func.pg_notify(NOTIFY_CHANNEL, wake_payload(first.c.queue, first.c.first_run_at))
+        )
+    ).scalar_subquery()
+    return sent >= 0
+
+
+def free_slots(exited: Any) -> Any:
+    """CTE: subtract jobs that left RUNNING (``exited`` has ``queue``) from limited queues."""
+    gone = (
+        select(exited.c.queue, func.count().label("n"))
+        .group_by(exited.c.queue)
+        .subquery("exited_per_queue")
+    )
+    return (
+        update(QueueControl)
+        .where(QueueControl.name == gone.c.queue, QueueControl.concurrency_limit.is_not(None))
+        .values(running=func.greatest(QueueControl.running - gone.c.n, 0))
+        .cte(f"slots_{exited.name}")
+    )
+
+
+def ids_with_new_tickets(updated: Any) -> Select[int]:
+    """The ids of ``updated`` (a CTE of jobs moved to a waiting state), each given a ticket."""
+    tickets = tickets_for(updated, "requeued")
+    return select(updated.c.id).add_cte(tickets).where(woken(tickets))
+
+
+def locked_in_id_order(*where: ColumnElement[bool]) -> Select[int]:
+    """Rows of jobs ``ids`` (array), locked in id order.
+
+    The writers that wait for the row locks of several RUNNING jobs (a heartbeat, a batch of
+    outcomes written in one transaction: ``lock_jobs``) all take them in this one order, so two
+    of them can never deadlock (a heartbeat covers attempts whose outcome is being written).
+    """
+    return (
+        select(Job.id)
+        .where(Job.id == func.any(array_param("ids", BigInteger)), *where)
+        .order_by(Job.id)
+        .with_for_update()
+    )

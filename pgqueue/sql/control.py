@@ -1,0 +1,106 @@
+"""Statements that switch queues (pause, concurrency limit) and record the ticks of periodic
+schedules, plus the database clock the scheduler reads.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Integer,
+    Select,
+    Text,
+    bindparam,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from pgqueue.models import Job, PeriodicTick, QueueControl
+from pgqueue.sql.common import (
+    array_param,
+)
+from pgqueue.states import (
+    JobState,
+)
+
+
+@cache
+def set_queue_control(*, paused: bool, limit: bool) -> Any:
+    """Create or update a queue's control row. Binds ``name`` and ``paused`` and/or
+    ``concurrency_limit`` (null removes the limit). Setting a limit starts the ``running``
+    counter from the queue's RUNNING jobs, so jobs already running count against it."""
+    name = bindparam("name", type_=Text)
+    values: dict[str, Any] = {"name": name, "updated_at": func.now()}
+    if paused:
+        values["paused"] = bindparam("paused", type_=Boolean)
+    if limit:
+        values["concurrency_limit"] = bindparam("concurrency_limit", type_=Integer)
+        values["running"] = (
+            select(func.count())
+            .select_from(Job)
+            .where(Job.queue == name, Job.state == JobState.RUNNING.value)
+            .scalar_subquery()
+        )
+    stmt = pg_insert(QueueControl).values(**values)
+    return stmt.on_conflict_do_update(
+        index_elements=[QueueControl.name],
+        set_={k: stmt.excluded[k] for k in values if k != "name"},
+    )
+
+
+@cache
+def queue_controls() -> Select[QueueControl]:
+    """All queue control rows, by name."""
+    return select(QueueControl).order_by(QueueControl.name)
+
+
+@cache
+def record_tick() -> Any:
+    """Claim one tick of a schedule; binds ``tick_name``, ``tick_at``. Returns a row
+    only for the one caller that inserted it (``ON CONFLICT DO NOTHING`` on the primary key),
+    which then enqueues the job in the same transaction."""
+    return (
+        pg_insert(PeriodicTick)
+        .values(
+            schedule_name=bindparam("tick_name", type_=Text),
+            scheduled_at=bindparam("tick_at", type_=PeriodicTick.scheduled_at.type),
+        )
+        .on_conflict_do_nothing(
+            index_elements=[PeriodicTick.schedule_name, PeriodicTick.scheduled_at]
+        )
+        .returning(PeriodicTick.scheduled_at)
+    )
+
+
+@cache
+def set_tick_job() -> Any:
+    """Record the job enqueued for a tick. Binds ``tick_name``, ``tick_at``, ``tick_job``."""
+    return (
+        update(PeriodicTick)
+        .where(
+            PeriodicTick.schedule_name == bindparam("tick_name", type_=Text),
+            PeriodicTick.scheduled_at == bindparam("tick_at", type_=PeriodicTick.scheduled_at.type),
+        )
+        .values(job_id=bindparam("tick_job", type_=BigInteger))
+    )
+
+
+@cache
+def last_ticks() -> Select[str, Any]:
+    """``(schedule_name, latest scheduled_at)`` for the schedules ``names`` (array)."""
+    return (
+        select(PeriodicTick.schedule_name, func.max(PeriodicTick.scheduled_at))
+        .where(PeriodicTick.schedule_name == func.any(array_param("names", Text)))
+        .group_by(PeriodicTick.schedule_name)
+    )
+
+
+@cache
+def database_now() -> Select[Any]:
+    """The database clock."""
+    return select(func.now())

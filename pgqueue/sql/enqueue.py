@@ -1,0 +1,345 @@
+"""Statements that add jobs: the batched ``INSERT`` over unnested arrays, the one-row insert,
+the ``COPY`` of a large batch (ids allocated first, wake-up sent after), the lookup of the jobs
+holding unique keys, and the bookkeeping of jobs that depend on others.
+
+Every insert gives each new runnable job its ticket and wakes idle workers in the same
+statement (``common.tickets_for`` and ``common.woken``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Final
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    Integer,
+    Select,
+    SmallInteger,
+    Text,
+    bindparam,
+    case,
+    cast,
+    func,
+    insert,
+    literal,
+    literal_column,
+    null,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS, aggregate_order_by
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from pgqueue.models import UNIQUE_KEY_HELD, Job, MessageQueue
+from pgqueue.sql.common import (
+    COPY_TICKET_COLUMNS,
+    NOTIFY_CHANNEL,
+    array_param,
+    in_states,
+    seconds,
+    tickets_for,
+    wake_payload,
+    woken,
+)
+from pgqueue.states import (
+    JobState,
+)
+
+
+@cache
+def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Select[Any]:
+    """Insert N jobs and their tickets in one statement; returns ``(id, unique_key)`` rows.
+
+    Binds parallel arrays: ``task_names``, ``queues``, ``args`` and ``kwargs`` (JSON text),
+    ``priorities``, ``max_attempts``, ``delays`` (seconds from now(), may be null),
+    ``run_ats`` (absolute, may be null), ``unique_keys`` (may be null), ``atomics``.
+    Ids come back in input order (ordered by ordinality, assigned by the identity in that
+    order). With unique keys, a row whose key is already held by an active job is skipped
+    (``ON CONFLICT DO NOTHING`` on the partial unique index) and gets no ticket.
+
+    ``with_dependencies`` also binds ``states`` (QUEUED, WAITING, or CANCELLED when a
+    dependency already failed), ``depends_ons``
+    (``'{1,2}'`` array literals or null) and ``reasons``; only QUEUED jobs get a ticket, and the
+    rows also return ``(state, depends_on)`` so the caller can register the waiting ones with
+    their dependencies (``add_dependents``).
+    """
+    rows = (
+        func.unnest(
+            array_param("task_names", Text),
+            array_param("queues", Text),
+            array_param("args", Text),
+            array_param("kwargs", Text),
+            array_param("priorities", SmallInteger),
+            array_param("max_attempts", Integer),
+            array_param("delays", Float),
+            array_param("run_ats", Text),
+            array_param("unique_keys", Text),
+            array_param("atomics", Boolean),
+        )
+        .table_valued(
+            "task_name",
+            "queue",
+            "args",
+            "kwargs",
+            "priority",
+            "max_attempts",
+            "delay",
+            "run_at",
+            "unique_key",
+            "atomic",
+            with_ordinality="ord",
+        )
+        .render_derived(name="r")
+    )
+    run_at = func.coalesce(
+        cast(rows.c.run_at, Job.run_at.type),
+        func.now() + seconds(func.coalesce(rows.c.delay, 0.0)),
+    )
+    extra_columns: list[str] = []
+    extra_values: list[Any] = []
+    if with_dependencies:
+        deps = (
+            func.unnest(
+                array_param("states", Text),
+                array_param("depends_ons", Text),
+                array_param("reasons", Text),
+            )
+            .table_valued("state", "depends_on", "reason", with_ordinality="ord")
+            .render_derived(name="d")
+        )
+        rows_deps: Any = deps
+        extra_columns = [
+            "state",
+            "depends_on",
+            "last_error",
+            "finished_at",
+        ]
+        extra_values = [
+            rows_deps.c.state,
+            cast(rows_deps.c.depends_on, ARRAY(BigInteger)),
+            rows_deps.c.reason,
+            case((rows_deps.c.state == JobState.CANCELLED.value, func.now()), else_=null()),
+        ]
+    source = select(
+        rows.c.task_name,
+        rows.c.queue,
+        cast(rows.c.args, JSON),
+        cast(rows.c.kwargs, JSON),
+        rows.c.priority,
+        rows.c.max_attempts,
+        run_at,
+        rows.c.unique_key,
+        rows.c.atomic,
+        *extra_values,
+    ).order_by(rows.c.ord)
+    if with_dependencies:
+        source = source.where(rows_deps.c.ord == rows.c.ord)
+    columns = [
+        "task_name",
+        "queue",
+        "args",
+        "kwargs",
+        "priority",
+        "max_attempts",
+        "run_at",
+        "unique_key",
+        "atomic",
+        *extra_columns,
+    ]
+    stmt = pg_insert(Job).from_select(columns, source)
+    if with_unique_keys:
+        stmt = stmt.on_conflict_do_nothing(
+            index_elements=[Job.unique_key],
+            # The index's own predicate, as text: a generic plan of the prepared insert cannot
+            # infer the partial index from bound state values (42P10).
+            index_where=text(UNIQUE_KEY_HELD),
+        )
+    jobs = stmt.returning(
+        Job.id,
+        Job.queue,
+        Job.priority,
+        Job.run_at,
+        Job.unique_key,
+        Job.atomic,
+        Job.state,
+        Job.depends_on,
+    ).cte("new_jobs")
+    only_queued = [jobs.c.state == JobState.QUEUED.value] if with_dependencies else []
+    tickets = tickets_for(jobs, "new_tickets", *only_queued)
+    # Referencing the ticket CTE is not needed for it to run (data-modifying CTEs always run),
+    # but keeping it in the FROM list documents the dependency and keeps SQLAlchemy rendering it.
+    if with_dependencies:
+        return (
+            select(jobs.c.id, jobs.c.unique_key, jobs.c.state, jobs.c.depends_on)
+            .add_cte(tickets)
+            .where(woken(tickets))
+            .order_by(jobs.c.id)
+        )
+    return (
+        select(jobs.c.id, jobs.c.unique_key)
+        .add_cte(tickets)
+        .where(woken(tickets))
+        .order_by(jobs.c.id)
+    )
+
+
+@cache
+def insert_one_job() -> Select[int]:
+    """Insert one job (no unique key, no dependencies) and its ticket; returns its id.
+
+    The single-row form of ``insert_jobs``: plain ``VALUES`` binds instead of ``unnest`` over ten
+    one-element arrays, for the common ``task.enqueue(...)`` outside any caller transaction.
+    Binds ``task_name``, ``queue``, ``args`` and ``kwargs`` (JSON text), ``priority``,
+    ``max_attempts``, ``delay`` (seconds from now(), may be null), ``run_at`` (absolute, may be
+    null) and ``atomic``.
+    """
+    run_at = func.coalesce(
+        bindparam("run_at", type_=Job.run_at.type),
+        func.now() + seconds(func.coalesce(bindparam("delay", type_=Float), literal_column("0"))),
+    )
+    job = (
+        insert(Job)
+        .values(
+            task_name=bindparam("task_name", type_=Text),
+            queue=bindparam("queue", type_=Text),
+            args=cast(bindparam("args", type_=Text), JSON),
+            kwargs=cast(bindparam("kwargs", type_=Text), JSON),
+            priority=bindparam("priority", type_=SmallInteger),
+            max_attempts=bindparam("max_attempts", type_=Integer),
+            run_at=run_at,
+            atomic=bindparam("atomic", type_=Boolean),
+        )
+        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .cte("new_job")
+    )
+    ticket = tickets_for(job, "new_ticket")
+    return select(job.c.id).add_cte(ticket).where(woken(ticket))
+
+
+@cache
+def allocate_job_ids() -> Select[Any, Any]:
+    """One row: an array of ``n`` new job ids from the jobs' identity sequence, ascending, and
+    the batch's run_at (``run_at`` if given, else ``now()`` plus ``delay`` seconds, may be
+    null): for ``COPY`` of a large batch, which cannot evaluate defaults per row. One array,
+    not ``n`` rows: half the cost per job. Binds ``n``, ``run_at``, ``delay``.
+
+    The sequence is looked up once, as a ``regclass`` (an InitPlan): as ``nextval``'s argument
+    the lookup and the text-to-regclass cast would run per id and cost most of each id."""
+    sequence = select(
+        cast(func.pg_get_serial_sequence(literal(Job.__tablename__), literal("id")), REGCLASS)
+    ).scalar_subquery()
+    run_at = func.coalesce(
+        bindparam("run_at", type_=Job.run_at.type),
+        func.now() + seconds(func.coalesce(bindparam("delay", type_=Float), literal_column("0"))),
+    )
+    series = (
+        func.generate_series(1, bindparam("n", type_=Integer))
+        .table_valued("i")
+        .render_derived(name="series")
+    )
+    ids = func.array_agg(aggregate_order_by(func.nextval(sequence), series.c.i))
+    return select(ids, run_at).select_from(series)
+
+
+@cache
+def copy_jobs() -> Any:
+    """``COPY pgqueue_jobs (...) FROM STDIN`` for a batch with allocated ids (a psycopg
+    ``sql.Composed``: COPY has no SQLAlchemy construct). Rows: ``COPY_JOB_COLUMNS``."""
+    return _copy(Job.__tablename__, COPY_JOB_COLUMNS)
+
+
+@cache
+def copy_tickets() -> Any:
+    """``COPY pgqueue_message_queue (...) FROM STDIN``; rows: ``COPY_TICKET_COLUMNS``. Sends
+    no wake-up: follow it with ``notify_tickets`` in the same transaction."""
+    return _copy(MessageQueue.__tablename__, COPY_TICKET_COLUMNS)
+
+
+@cache
+def notify_tickets() -> Select[Any]:
+    """The wake-up for tickets inserted by COPY, which runs no pgqueue expression per row: one
+    NOTIFY per queue of ``queues`` (array) with the batch's ``run_at``, the payload the INSERT
+    paths send (``woken``). Delivered at commit, so its place in the transaction is free."""
+    queues = func.unnest(array_param("queues", Text)).table_valued("queue").render_derived(name="q")
+    run_at = bindparam("run_at", type_=MessageQueue.run_at.type)
+    return select(func.count(func.pg_notify(NOTIFY_CHANNEL, wake_payload(queues.c.queue, run_at))))
+
+
+COPY_JOB_COLUMNS: Final = (
+    "id",
+    "task_name",
+    "queue",
+    "args",
+    "kwargs",
+    "priority",
+    "max_attempts",
+    "run_at",
+    "atomic",
+)
+
+
+def _copy(table: str, columns: tuple[str, ...]) -> Any:
+    """``COPY table (columns) FROM STDIN``, composed by psycopg (identifiers quoted)."""
+    from psycopg import sql  # only the COPY statements need psycopg's SQL composition
+
+    return sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    )
+
+
+@cache
+def active_job_ids_by_unique_key() -> Select[int, str | None]:
+    """Ids of active jobs holding the given ``unique_keys`` (array)."""
+    return select(Job.id, Job.unique_key).where(
+        Job.unique_key == func.any(array_param("unique_keys", Text)),
+        in_states(Job.state, (JobState.QUEUED, JobState.RUNNING, JobState.RETRYING)),
+    )
+
+
+@cache
+def lock_dependencies() -> Select[int, str]:
+    """``(id, state)`` of the jobs ``ids`` (array), locked until the enqueuing transaction ends.
+
+    The lock makes a dependency's outcome statement wait for the new dependent to commit; that
+    statement then re-reads the row's newest version, ``dependents`` included, so a dependency
+    finishing during the enqueue still releases (or cancels) the new job.
+    """
+    return (
+        select(Job.id, Job.state)
+        .where(Job.id == func.any(array_param("ids", BigInteger)))
+        .order_by(Job.id)
+        .with_for_update(key_share=True)
+    )
+
+
+@cache
+def add_dependents() -> Any:
+    """Append dependents to their dependencies' ``dependents`` arrays. Binds parallel arrays
+    ``dependency_ids`` and ``dependent_ids`` (one pair per edge)."""
+    edges = (
+        func.unnest(
+            array_param("dependency_ids", BigInteger), array_param("dependent_ids", BigInteger)
+        )
+        .table_valued("dependency", "dependent")
+        .render_derived(name="e")
+    )
+    grouped = (
+        select(edges.c.dependency, func.array_agg(edges.c.dependent).label("ids"))
+        .group_by(edges.c.dependency)
+        .subquery("grouped")
+    )
+    return (
+        update(Job)
+        .where(Job.id == grouped.c.dependency)
+        .values(
+            dependents=func.array_cat(
+                func.coalesce(Job.dependents, cast(literal("{}"), ARRAY(BigInteger))),
+                grouped.c.ids,
+            )
+        )
+    )

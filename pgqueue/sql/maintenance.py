@@ -1,0 +1,205 @@
+"""Statements of the worker's housekeeping: rescue of jobs whose lease expired, pruning of
+finished jobs, the advisory lock electing one maintenance leader, the recount of limited queues'
+``running`` counters, and the per-transaction settings used behind a connection pooler.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Integer,
+    Select,
+    Text,
+    and_,
+    bindparam,
+    case,
+    delete,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    update,
+)
+
+from pgqueue.models import Job, MessageQueue, QueueControl
+from pgqueue.sql.common import (
+    CLEAR_LEASE,
+    among,
+    append_error,
+    array_param,
+    free_slots,
+    in_states,
+    seconds,
+    source_states,
+    tickets_for,
+    woken,
+)
+from pgqueue.states import (
+    RESCUE,
+    RESCUE_FAIL,
+    JobState,
+)
+
+
+@cache
+def expired_lease_exists() -> Select[bool]:
+    """Whether any RUNNING job's lease has expired (database clock): the rescue's cheap
+    autocommit pre-check, so an idle worker's maintenance pass opens no transaction."""
+    return select(
+        select(literal(1))
+        .where(Job.state == JobState.RUNNING.value, Job.lease_expires_at < func.now())
+        .exists()
+    )
+
+
+@cache
+def rescue_expired() -> Select[int, str, list[int] | None]:
+    """Re-queue (``rescue``) or fail for good (``rescue_fail``) up to ``limit`` jobs whose lease
+    expired by the database clock; rescued jobs get a ticket for now. A job whose cancellation
+    was requested ends CANCELLED instead. Binds ``lock_key``, ``limit``, ``error``.
+    Returns ``(id, new state)``; nothing when another session holds the maintenance lock.
+    """
+    # The advisory lock (held to the end of the transaction) elects a single rescuer per
+    # database at a time; SKIP LOCKED would keep concurrent rescuers correct anyway.
+    leader = select(
+        func.pg_try_advisory_xact_lock(bindparam("lock_key", type_=BigInteger))
+    ).scalar_subquery()
+    expired = (
+        select(Job.id)
+        .where(leader, Job.state == JobState.RUNNING, Job.lease_expires_at < func.now())
+        .order_by(Job.lease_expires_at)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .cte("expired")
+    )
+    exhausted = Job.attempts >= Job.max_attempts
+    new_state = case(
+        (Job.cancel_requested, literal(JobState.CANCELLED.value)),
+        (exhausted, literal(RESCUE_FAIL.target.value)),
+        else_=literal(RESCUE.target.value),
+    )
+    error = bindparam("error", type_=Text)
+    goes_final = or_(Job.cancel_requested, exhausted)
+    updated = (
+        update(Job)
+        .where(Job.id == expired.c.id, source_states(RESCUE))
+        .values(
+            state=new_state,
+            run_at=case((goes_final, Job.run_at), else_=func.now()),
+            finished_at=case((goes_final, func.now()), else_=null()),
+            updated_at=func.now(),
+            last_error=error,
+            errors=append_error(Job.attempts, error),
+            **CLEAR_LEASE,
+        )
+        .returning(
+            Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.dependents
+        )
+        .cte("rescued")
+    )
+    tickets = tickets_for(updated, "rescue_tickets", updated.c.state == RESCUE.target.value)
+    return (
+        select(updated.c.id, updated.c.state, updated.c.dependents)
+        .add_cte(tickets, free_slots(updated))
+        .where(woken(tickets))
+    )
+
+
+@cache
+def prune_finished() -> Select[int]:
+    """Delete up to ``limit`` finished jobs older than their retention; returns their count.
+
+    Binds ``succeeded_before``/``failed_before`` (seconds of age), ``limit``. A finished job
+    has no ticket (the claim deleted it, a re-run gives a new one only to a job it moves out of
+    the finished states, and this statement locks what it deletes); any ticket of a pruned job
+    is deleted all the same, since no foreign key cascades the delete to tickets."""
+    old = (
+        select(Job.id)
+        .where(
+            Job.finished_at.is_not(None),
+            or_(
+                and_(
+                    Job.state == JobState.SUCCEEDED,
+                    Job.finished_at
+                    < func.now() - seconds(bindparam("succeeded_before", type_=Float)),
+                ),
+                and_(
+                    in_states(Job.state, (JobState.FAILED, JobState.CANCELLED)),
+                    Job.finished_at < func.now() - seconds(bindparam("failed_before", type_=Float)),
+                ),
+            ),
+        )
+        .order_by(Job.finished_at)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    pruned = delete(Job).where(Job.id.in_(old)).returning(Job.id).cte("pruned")
+    tickets = (
+        delete(MessageQueue).where(among(MessageQueue.job_id, pruned.c.id)).cte("pruned_tickets")
+    )
+    return select(func.count()).select_from(pruned).add_cte(tickets)
+
+
+@cache
+def try_maintenance_lock() -> Select[bool]:
+    """Transaction-scoped advisory lock electing one maintenance leader per database."""
+    return select(func.pg_try_advisory_xact_lock(bindparam("key", type_=BigInteger)))
+
+
+@cache
+def lock_limited_queues() -> Select[str]:
+    """Names of limited queues, their control rows locked (SKIP LOCKED) until the transaction
+    ends: the first half of ``recount_running``."""
+    return (
+        select(QueueControl.name)
+        .where(QueueControl.concurrency_limit.is_not(None))
+        .order_by(QueueControl.name)
+        .with_for_update(skip_locked=True)
+    )
+
+
+@cache
+def recount_running() -> Any:  # a ReturningUpdate
+    """Reset the ``running`` counter of the queues ``names`` (array) to their RUNNING jobs,
+    where it drifted. Returns ``(name, running)`` for the corrected queues.
+
+    Run in the transaction that locked those rows (``lock_limited_queues``), as a later
+    statement: its snapshot then holds every claim that counted against the queue (claims take
+    the row lock), and a job leaving RUNNING right now still counts as running here, because
+    its statement also updates the locked row and so waits to commit until after this one.
+    """
+    running_jobs = (
+        select(func.count())
+        .select_from(Job)
+        .where(Job.queue == QueueControl.name, Job.state == JobState.RUNNING.value)
+        .scalar_subquery()
+    )
+    return (
+        update(QueueControl)
+        .where(
+            QueueControl.name == func.any(array_param("names", Text)),
+            QueueControl.running != running_jobs,
+        )
+        .values(running=running_jobs)
+        .returning(QueueControl.name, QueueControl.running)
+    )
+
+
+@cache
+def set_local_settings() -> Select[Any]:
+    """pgqueue's timeouts and ``jit = off`` for the current transaction only (used behind a
+    pooler, where a session setting would reach other clients). Binds ``statement_timeout`` and
+    ``idle_timeout`` (milliseconds, as text)."""
+    return select(
+        func.set_config("statement_timeout", bindparam("statement_timeout", type_=Text), True),
+        func.set_config(
+            "idle_in_transaction_session_timeout", bindparam("idle_timeout", type_=Text), True
+        ),
+        func.set_config("jit", "off", True),
+    )
