@@ -1,8 +1,9 @@
 """Runs one claimed job and turns what happened into exactly one outcome (one transition).
 
 Leased jobs run outside any pgqueue transaction; the outcome is returned to the caller, and the
-completer writes it in a batch. What follows a failure is decided by ``backoff.after_failure``. Atomic jobs run inside the transaction that claimed them: the handler's
-writes (in a savepoint) and the outcome commit together, or the whole claim rolls back.
+completer writes it in a batch. Atomic jobs run inside the transaction that claimed them: the
+handler's writes (in a savepoint) and the outcome commit together, or the whole claim rolls
+back. What follows a failed attempt is decided by ``backoff.after_failure``.
 """
 
 from __future__ import annotations
@@ -265,8 +266,9 @@ class Executor:
         """What to write instead of ``outcome`` when the database refused it (``exc``): a failed
         attempt, retried or failed for good like any other, whose error says what was refused
         and why. ASCII only: the one text that must be storable whatever the database."""
+        kind = str(outcome.kind)
         error = (
-            f"OutcomeNotRecorded: this attempt's {str(outcome.kind)!r} outcome could not be written "
+            f"OutcomeNotRecorded: this attempt's {kind!r} outcome could not be written "
             f"({error_line(exc)}); the attempt counts as failed"
         )
         return self._after_failure(job, error.encode("ascii", "backslashreplace").decode())
