@@ -74,13 +74,16 @@ class Claimer:
         self._task_leases: dict[str, float] = {}
         self._next_known_run_at: float | None = None
 
-    def run(self, drain: bool, *, idle: Callable[[], bool]) -> None:
-        """Claim until stopped (or, with ``drain``, until ``idle()`` and nothing is ready)."""
+    def prepare(self, drain: bool) -> None:
+        """Read the tasks registered by now; before the listener starts calling ``on_notify``."""
         self._task_leases = self._registry.lease_overrides()
         self._atomic = self._probes if self._registry.has_atomic else None
         # Atomic work is found by probes that the claim loop starts; in drain mode the claim
         # loop decides when the queue is empty. Both keep every claim on the claim loop.
         self._claim_on_notify = not drain and self._atomic is None
+
+    def run(self, drain: bool, *, idle: Callable[[], bool]) -> None:
+        """Claim until stopped (or, with ``drain``, until ``idle()`` and nothing is ready)."""
         failures = 0
         while not self._stopping.is_set():
             self._wake.clear()

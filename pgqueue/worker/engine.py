@@ -13,6 +13,9 @@ Each service owns its state and its lock (one module each)::
     heartbeat    extends leases, times out handlers, passes on cancel requests
     maintenance  scheduler passes, rescue of expired leases, pruning, queue-limit recounts
     notifier     the LISTEN connection (wake-ups)
+    stats        the worker's counts, and the one log line per outcome written
+
+``Worker(pgq, ...)`` reads what it needs from ``pgq`` once (``context.WorkerContext``).
 
 No SQL here or in the services: database work goes through ``WorkerStore`` (pgqueue's own
 engine, autocommit) and, for atomic tasks, one transaction per job on the handler engine.
@@ -187,6 +190,7 @@ class Worker:
         """Process jobs until ``stop()`` (or, with ``drain``, until nothing is ready)."""
         if self.install_signal_handlers:
             self._install_signal_handlers()
+        self._claimer.prepare(drain)
         self._start_threads()
         log.info(
             "worker %s started: queues=%s concurrency=%d listen=%s",
