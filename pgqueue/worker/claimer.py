@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.tasks import TaskRegistry
 from pgqueue.worker.atomic import AtomicProbes
-from pgqueue.worker.executor import Execution, Executor
+from pgqueue.worker.execution import Execution
+from pgqueue.worker.executor import Executor
 from pgqueue.worker.notifier import wall_to_monotonic
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import WorkerStats

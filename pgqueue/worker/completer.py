@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from pgqueue.errors import error_line
 from pgqueue.jobs import ClaimedJob, Outcome
-from pgqueue.worker.executor import Execution
+from pgqueue.worker.execution import Execution
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
 from pgqueue.worker.store import WorkerStore

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pgqueue.worker.executor import Execution
+from pgqueue.worker.execution import Execution
 
 log = logging.getLogger("pgqueue.worker")
 

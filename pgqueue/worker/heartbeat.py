@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from pgqueue.jobs import Outcome
-from pgqueue.worker.executor import Execution
+from pgqueue.worker.execution import Execution
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import WorkerStats
 from pgqueue.worker.store import WorkerStore

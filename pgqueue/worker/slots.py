@@ -21,7 +21,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Sequence
 
-from pgqueue.worker.executor import Execution
+from pgqueue.worker.execution import Execution
 
 MIN_HUNG_THREADS = 10
 

@@ -17,7 +17,8 @@ from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.states import TRANSITIONS, JobState, OutcomeKind
 from pgqueue.tasks import Task, TaskRegistry
 from pgqueue.worker.dispatch import Dispatcher, WorkQueue
-from pgqueue.worker.executor import Execution, Executor
+from pgqueue.worker.execution import Execution
+from pgqueue.worker.executor import Executor
 from pgqueue.worker.slots import MIN_HUNG_THREADS, Slots
 
 
