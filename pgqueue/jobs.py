@@ -13,7 +13,8 @@ from typing import Any
 
 from pgqueue.states import OutcomeKind
 
-# Read once: an enum member looked up on its class costs more than building the outcome.
+# Bound once: the constructors below run once per job, and an enum member looked up on its
+# class costs a lookup each time.
 _COMPLETE, _RETRY, _FAIL, _CANCELLED, _RELEASE = (
     OutcomeKind.COMPLETE,
     OutcomeKind.RETRY,
