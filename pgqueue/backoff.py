@@ -1,9 +1,13 @@
-"""Retry schedules: pure functions from the attempt number to a delay in seconds.
+"""Retry schedules, and the one decision of what follows a failed attempt.
 
 A policy is any callable ``(attempt: int) -> float`` where ``attempt`` is the number of the
 attempt that just failed (1 for the first). Tasks take one as ``retry=``; the default is
 :func:`exponential`. Whatever a policy returns is checked by :func:`delay_after`, and capped at
 ``validation.MAX_DELAY_SECONDS`` (ten years).
+
+:func:`after_failure` decides whether a failed attempt is retried (and after how long) or fails
+for good, for every way an attempt can fail in a worker: an exception, ``Retry``, a timeout, an
+outcome the database refused.
 """
 
 from __future__ import annotations
@@ -14,11 +18,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pgqueue.errors import ValidationError
+from pgqueue.states import OutcomeKind
 from pgqueue.validation import MAX_DELAY_SECONDS
 
 BackoffPolicy = Callable[[int], float]
 
-__all__ = ["BackoffPolicy", "constant", "default", "delay_after", "exponential", "linear"]
+__all__ = [
+    "AfterFailure",
+    "BackoffPolicy",
+    "after_failure",
+    "constant",
+    "default",
+    "delay_after",
+    "exponential",
+    "linear",
+]
 
 
 def _non_negative(name: str, value: float) -> float:
@@ -100,3 +114,47 @@ def exponential(base: float = 2.0, cap: float = 3600, jitter: bool = True) -> Ba
 def default() -> BackoffPolicy:
     """The policy used when a task says ``retry=None``."""
     return exponential()
+
+
+@dataclass(frozen=True, slots=True)
+class AfterFailure:
+    """What follows a failed attempt: ``RETRY`` after ``delay`` seconds, or ``FAIL`` for good."""
+
+    kind: OutcomeKind
+    delay: float = 0.0
+    note: str = ""  # to append to the attempt's error: why the default backoff was used
+
+
+def after_failure(
+    attempt: int,
+    max_attempts: int,
+    *,
+    delay: float | None = None,
+    schedule: BackoffPolicy | None = None,
+) -> AfterFailure:
+    """Decide what follows failed attempt ``attempt`` of ``max_attempts``.
+
+    FAIL once the attempts are used up; else RETRY after ``delay`` when one was asked for
+    (``Retry(delay=...)``), else after what ``schedule`` (the task's ``backoff_delay``) gives,
+    else at once (no task known to ask). A schedule that raises still gets the attempt
+    retried, after the default backoff, with a note saying why.
+
+    The Python counterpart of the SQL ``rescue_expired`` statement, which decides the same for
+    attempts whose lease expired (their worker is gone): retried at once while attempts are
+    left, else FAILED (CANCELLED when a cancel was requested).
+    """
+    if attempt >= max_attempts:
+        return AfterFailure(OutcomeKind.FAIL)
+    if delay is not None:
+        return AfterFailure(OutcomeKind.RETRY, delay)
+    if schedule is None:
+        return AfterFailure(OutcomeKind.RETRY, 0.0)
+    try:
+        return AfterFailure(OutcomeKind.RETRY, schedule(attempt))
+    except Exception as exc:
+        fallback = delay_after(default(), attempt)
+        note = (
+            f"\n(the task's retry policy failed with {type(exc).__name__}: {exc}; "
+            f"retrying after the default backoff, {fallback:.0f}s)"
+        )
+        return AfterFailure(OutcomeKind.RETRY, fallback, note)

@@ -15,7 +15,6 @@ __all__ = [
     "EmbeddedPostgresError",
     "InvalidStateTransition",
     "JobNotFound",
-    "LeaseLost",
     "PayloadTooLarge",
     "PgQueueError",
     "SerializationError",
@@ -67,19 +66,6 @@ class JobNotFound(PgQueueError, LookupError):
 
 class InvalidStateTransition(PgQueueError):
     """A transition was asked for from a state the transition table does not allow."""
-
-
-class LeaseLost(PgQueueError):
-    """A worker tried to record an outcome for a job whose lease it no longer holds.
-
-    The guarded update matched 0 rows: the lease expired and the job was rescued (and maybe run
-    again) by someone else, or it was cancelled. The stale outcome is dropped.
-    """
-
-    def __init__(self, job_id: int, transition: str) -> None:
-        super().__init__(f"lease lost on job {job_id}: {transition!r} matched no row")
-        self.job_id = job_id
-        self.transition = transition
 
 
 # SQLSTATE classes, https://www.postgresql.org/docs/current/errcodes-appendix.html

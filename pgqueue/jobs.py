@@ -11,6 +11,18 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from pgqueue.states import OutcomeKind
+
+# Bound once: the constructors below run once per job, and an enum member looked up on its
+# class costs a lookup each time.
+_COMPLETE, _RETRY, _FAIL, _CANCELLED, _RELEASE = (
+    OutcomeKind.COMPLETE,
+    OutcomeKind.RETRY,
+    OutcomeKind.FAIL,
+    OutcomeKind.CANCELLED,
+    OutcomeKind.RELEASE,
+)
+
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass is slower to build, once per job
 class NewJob:
@@ -49,11 +61,40 @@ class ClaimedJob:
 
 @dataclass(slots=True)  # not frozen (cheaper to build, one per job); never mutated
 class Outcome:
-    """The result of one attempt, to be written by a batched transition."""
+    """The result of one attempt, to be written by a batched transition (``kind.transition``).
+
+    Built with the constructor named after its kind (``Outcome.complete(job)``,
+    ``Outcome.retry(job, error, delay)`` ...), which takes what that transition writes.
+    """
 
     job_id: int
     lease_token: uuid.UUID
-    kind: str  # "complete" | "retry" | "fail" | "cancelled" | "release"
+    kind: OutcomeKind
     result_json: str = "null"
     error: str = ""
     delay: float = 0.0
+
+    @classmethod
+    def complete(cls, job: ClaimedJob, result_json: str = "null") -> Outcome:
+        """The attempt succeeded; ``result_json`` is the encoded return value."""
+        return cls(job.id, job.lease_token, _COMPLETE, result_json)
+
+    @classmethod
+    def retry(cls, job: ClaimedJob, error: str, delay: float) -> Outcome:
+        """The attempt failed and another one runs ``delay`` seconds from now."""
+        return cls(job.id, job.lease_token, _RETRY, "null", error, delay)
+
+    @classmethod
+    def fail(cls, job: ClaimedJob, error: str) -> Outcome:
+        """The attempt failed and the job fails for good."""
+        return cls(job.id, job.lease_token, _FAIL, "null", error)
+
+    @classmethod
+    def cancelled(cls, job: ClaimedJob, error: str) -> Outcome:
+        """The handler ended after a cancel was requested."""
+        return cls(job.id, job.lease_token, _CANCELLED, "null", error)
+
+    @classmethod
+    def release(cls, job: ClaimedJob) -> Outcome:
+        """Shutdown gave the job back before its handler ended; the attempt does not count."""
+        return cls(job.id, job.lease_token, _RELEASE)

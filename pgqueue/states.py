@@ -3,6 +3,7 @@
 Every change of a job's state in pgqueue is one of the named transitions below, applied by
 ``pgqueue.sql`` as a guarded ``UPDATE ... WHERE state IN (<from states>)`` (plus the lease token
 for transitions made by the worker holding the job). Nothing else writes ``pgqueue_jobs.state``.
+The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded transitions.
 
 ::
 
@@ -60,7 +61,9 @@ class Transition:
     name: str
     sources: frozenset[JobState]
     target: JobState
-    needs_lease: bool  # guarded by the fencing token of the worker holding the job
+    # Guarded by the fencing token of the worker holding the job: exactly the transitions an
+    # attempt's outcome names (``OutcomeKind``), so a worker that lost its lease writes nothing.
+    needs_lease: bool
 
 
 def _t(name: str, sources: set[JobState], target: JobState, *, lease: bool) -> Transition:
@@ -107,3 +110,21 @@ TRANSITIONS: Final[dict[str, Transition]] = {
 def allowed(source: JobState, target: JobState) -> bool:
     """Whether any named transition leads from ``source`` to ``target``."""
     return any(source in t.sources and t.target is target for t in TRANSITIONS.values())
+
+
+class OutcomeKind(enum.StrEnum):
+    """How one attempt ended, as the worker writes it; each kind names its transition.
+
+    A ``str`` enum whose values are the transition names, so a kind compares equal to its name.
+    """
+
+    COMPLETE = "complete"
+    RETRY = "retry"
+    FAIL = "fail"
+    CANCELLED = "cancelled"
+    RELEASE = "release"
+
+    @property
+    def transition(self) -> Transition:
+        """The lease-guarded transition that writes an outcome of this kind."""
+        return TRANSITIONS[self.value]

@@ -1,5 +1,6 @@
-"""The worker engine (see ``engine.py`` for its threads and ``executor.py`` for one job's run)."""
+"""The worker: a thin ``Worker`` (``engine.py``) wiring small services, one module each."""
 
-from pgqueue.worker.engine import Worker, WorkerStats
+from pgqueue.worker.engine import Worker
+from pgqueue.worker.stats import WorkerStats
 
 __all__ = ["Worker", "WorkerStats"]

@@ -1,8 +1,9 @@
 """Runs one claimed job and turns what happened into exactly one outcome (one transition).
 
-Leased jobs run outside any pgqueue transaction; the outcome is returned to the engine, which
-writes it in a batch. Atomic jobs run inside the transaction that claimed them: the handler's
-writes (in a savepoint) and the outcome commit together, or the whole claim rolls back.
+Leased jobs run outside any pgqueue transaction; the outcome is returned to the caller, and the
+completer writes it in a batch. Atomic jobs run inside the transaction that claimed them: the
+handler's writes (in a savepoint) and the outcome commit together, or the whole claim rolls
+back. What follows a failed attempt is decided by ``backoff.after_failure``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -23,57 +23,18 @@ from pgqueue import backoff, repository, validation
 from pgqueue.config import Settings
 from pgqueue.errors import UnknownTask, ValidationError, error_line, storable_text
 from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.states import OutcomeKind
 from pgqueue.tasks import JobContext, Retry, Task, TaskRegistry
+from pgqueue.worker.execution import Execution
 
 log = logging.getLogger("pgqueue.worker")
+
+# The error of a cancelled attempt (short and ASCII: storable as it is).
+CANCELLED_WHILE_RUNNING = "cancelled while running"
 
 
 class JobTimeout(Exception):
     """The handler ran past its task's ``timeout``."""
-
-
-@dataclass(slots=True)
-class Execution:
-    """Book-keeping for an attempt from its claim until its outcome is written, shared with the
-    heartbeat and shutdown paths."""
-
-    job: ClaimedJob
-    lease_seconds: float
-    timeout: float | None
-    started: float
-    async_future: concurrent.futures.Future[Any] | None = None
-    # The outcome was decided (the handler returned, or a timeout or shutdown release decided it
-    # first, in which case the handler's own result is dropped). Set under the engine's slots
-    # lock, so exactly one outcome is written per attempt.
-    decided: bool = False
-    timed_out: bool = False  # decided by the timeout check while its thread still runs
-    # Its slot went to a replacement thread while the handler ran on past its timeout; the
-    # thread retires when the handler returns.
-    replaced: bool = False
-    lease_lost: bool = False  # a heartbeat found the lease gone (reported once)
-    holds_slot: bool = True  # counted in the engine's busy slots (until the handler is done)
-    writing: bool = False  # its outcome statement is being sent: heartbeats leave it alone
-    cancelled: bool = False  # a cancel was requested (seen by a heartbeat or at claim)
-    # Created only when a handler asks (JobContext) or an async handler runs: most jobs never
-    # need one, and an Event per job is measurable at thousands of jobs per second.
-    _event: threading.Event | None = None
-
-    def cancel_event(self) -> threading.Event:
-        """The event a handler's ``JobContext`` watches (created on first use)."""
-        event = self._event
-        if event is None:
-            event = self._event = threading.Event()
-            # Ordered against request_cancel (flag first, then read the event) so that one of
-            # the two always sets it.
-            if self.cancelled:
-                event.set()
-        return event
-
-    def request_cancel(self) -> None:
-        self.cancelled = True
-        event = self._event
-        if event is not None:
-            event.set()
 
 
 class Executor:
@@ -98,7 +59,7 @@ class Executor:
         try:
             task = self._resolve(job)
         except (UnknownTask, ValidationError) as exc:
-            return self._outcome(job, "fail", error=self._describe(exc))
+            return Outcome.fail(job, self._storable(self._describe(exc)))
         context = self._context(job, task, execution, self.session_factory)
         try:
             result = self._call(task, job, context, execution)
@@ -130,7 +91,7 @@ class Executor:
         try:
             task = self._resolve(job)
         except (UnknownTask, ValidationError) as exc:
-            failed = self._outcome(job, "fail", error=self._describe(exc))
+            failed = Outcome.fail(job, self._storable(self._describe(exc)))
             return self._record_atomic(session, job, failed)
         context = self._context(job, task, execution, lambda: session)
         outcome: Outcome | None = None
@@ -225,9 +186,9 @@ class Executor:
 
     def _success(self, job: ClaimedJob, result: Any, execution: Execution) -> Outcome:
         if execution.cancelled or self._event_set(execution):
-            return self._outcome(job, "cancelled", error="cancelled while running")
+            return Outcome.cancelled(job, CANCELLED_WHILE_RUNNING)
         if result is None:  # most handlers return nothing: skip the JSON checks
-            return Outcome(job.id, job.lease_token, "complete")
+            return Outcome.complete(job)
         try:
             encoded = validation.encode_result(
                 result,
@@ -235,14 +196,14 @@ class Executor:
                 max_depth=self.settings.max_json_depth,
             )
         except ValidationError as exc:
-            return self._outcome(job, "fail", error=f"result could not be stored: {exc}")
-        return self._outcome(job, "complete", result_json=encoded)
+            return Outcome.fail(job, self._storable(f"result could not be stored: {exc}"))
+        return Outcome.complete(job, encoded)
 
     def _failure(
         self, job: ClaimedJob, task: Task[Any, Any], exc: BaseException, execution: Execution
     ) -> Outcome:
         if execution.cancelled or self._event_set(execution):
-            return self._outcome(job, "cancelled", error="cancelled while running")
+            return Outcome.cancelled(job, CANCELLED_WHILE_RUNNING)
         delay = exc.delay if isinstance(exc, Retry) else None
         return self._after_failure(job, self._error_text(exc), task=task, delay=delay)
 
@@ -261,8 +222,9 @@ class Executor:
         """What to write instead of ``outcome`` when the database refused it (``exc``): a failed
         attempt, retried or failed for good like any other, whose error says what was refused
         and why. ASCII only: the one text that must be storable whatever the database."""
+        kind = str(outcome.kind)
         error = (
-            f"OutcomeNotRecorded: this attempt's {outcome.kind!r} outcome could not be written "
+            f"OutcomeNotRecorded: this attempt's {kind!r} outcome could not be written "
             f"({error_line(exc)}); the attempt counts as failed"
         )
         return self._after_failure(job, error.encode("ascii", "backslashreplace").decode())
@@ -275,43 +237,23 @@ class Executor:
         task: Task[Any, Any] | None = None,
         delay: float | None = None,
     ) -> Outcome:
-        """What follows a failed attempt, decided here only: FAILED for good once its attempts
-        are used up, else a retry after ``delay`` (default: the task's backoff)."""
-        if job.attempt >= job.max_attempts:
-            return self._outcome(job, "fail", error=error)
-        if delay is None:
-            try:
-                delay = (task or self.registry.get(job.task_name)).backoff_delay(job.attempt)
-            except UnknownTask:
-                delay = 0.0
-            except Exception as exc:
-                # A task's own retry policy failed: the attempt is still recorded, and retried.
-                delay = backoff.delay_after(backoff.default(), job.attempt)
-                error += (
-                    f"\n(the task's retry policy failed with {type(exc).__name__}: {exc}; "
-                    f"retrying after the default backoff, {delay:.0f}s)"
-                )
-        return self._outcome(job, "retry", error=error, delay=delay)
-
-    def _outcome(
-        self,
-        job: ClaimedJob,
-        kind: str,
-        *,
-        error: str = "",
-        result_json: str = "null",
-        delay: float = 0.0,
-    ) -> Outcome:
-        if error:
-            error = storable_text(error, self.settings.max_error_bytes)
-        return Outcome(
-            job_id=job.id,
-            lease_token=job.lease_token,
-            kind=kind,
-            result_json=result_json,
-            error=error,
+        """The outcome of a failed attempt, as ``backoff.after_failure`` decides it (``delay``:
+        asked for by ``Retry``; else the task's backoff)."""
+        if task is None:
+            task = self.registry.find(job.task_name)
+        decision = backoff.after_failure(
+            job.attempt,
+            job.max_attempts,
             delay=delay,
+            schedule=None if task is None else task.backoff_delay,
         )
+        error = self._storable(error + decision.note)
+        if decision.kind is OutcomeKind.FAIL:
+            return Outcome.fail(job, error)
+        return Outcome.retry(job, error, decision.delay)
+
+    def _storable(self, error: str) -> str:
+        return storable_text(error, self.settings.max_error_bytes)
 
     def _error_text(self, exc: BaseException) -> str:
         return "".join(traceback.format_exception(exc))

@@ -21,7 +21,7 @@ from pgqueue import JobState, PgQueue, backoff
 from pgqueue.sql.common import ERROR_HISTORY
 from pgqueue.testing import run_until_final, states_of, wait_for_states
 from pgqueue.worker import Worker
-from pgqueue.worker.engine import MIN_HUNG_THREADS
+from pgqueue.worker.slots import MIN_HUNG_THREADS
 
 
 def _pool_threads() -> int:

@@ -24,7 +24,8 @@ from pgqueue.errors import SerializationError, ValidationError, storable_text
 from pgqueue.jobs import ClaimedJob
 from pgqueue.tasks import Task, TaskRegistry
 from pgqueue.validation import MAX_DELAY_SECONDS
-from pgqueue.worker.executor import Execution, Executor
+from pgqueue.worker.execution import Execution
+from pgqueue.worker.executor import Executor
 
 
 def _storable(text: str) -> bool:

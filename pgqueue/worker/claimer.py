@@ -1,0 +1,220 @@
+"""The claim loop: fills the free slots with claimed attempts and hands them to the pool.
+
+One claim statement takes up to <free slots> tickets. A full claim is followed at once by the
+next (more may be waiting); a short one means nothing else is ready, so the loop waits for a
+wake-up: a notification (``on_notify``), a freed slot while work may be waiting, the earliest
+known future ``run_at``, or the poll interval. While the claim loop waits, a notification is
+claimed for on the listener thread itself (one thread hand-off less on an idle worker's
+pick-up); one claimer at a time, under ``claim_lock``, so the free slots are never over-filled.
+
+A pool thread runs each attempt with ``run_leased``: the executor's outcome goes to the
+completer, and the slot is free as soon as the handler returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.tasks import TaskRegistry
+from pgqueue.worker.atomic import AtomicProbes
+from pgqueue.worker.execution import Execution
+from pgqueue.worker.executor import Executor
+from pgqueue.worker.notifier import wall_to_monotonic
+from pgqueue.worker.slots import Slots
+from pgqueue.worker.stats import WorkerStats
+from pgqueue.worker.store import WorkerStore
+
+log = logging.getLogger("pgqueue.worker")
+
+
+class Claimer:
+    """The claim loop of one worker (``run``), and the pool threads' ``run_leased``."""
+
+    def __init__(
+        self,
+        *,
+        store: WorkerStore,
+        slots: Slots,
+        registry: TaskRegistry,
+        executor: Executor,
+        stats: WorkerStats,
+        worker_id: str,
+        queues: Sequence[str] | None,
+        lease_seconds: float,
+        poll_interval: float,
+        stopping: threading.Event,
+        wake: threading.Event,
+        submit: Callable[[Sequence[Execution]], None],
+        put_outcome: Callable[[tuple[Execution, Outcome]], None],
+        probes: AtomicProbes,
+    ) -> None:
+        self._store = store
+        self._slots = slots
+        self._registry = registry
+        self._executor = executor
+        self._stats = stats
+        self._worker_id = worker_id
+        self._queues = queues
+        self._lease_seconds = lease_seconds
+        self._poll_interval = poll_interval
+        self._stopping = stopping
+        self._wake = wake
+        self._submit = submit  # claimed attempts, to the pool threads
+        self._put_outcome = put_outcome  # to the completer
+        self._probes = probes
+        # One claimer at a time (the claim loop, or the listener for a notification); the
+        # store's claim connection is used under it.
+        self.claim_lock = threading.Lock()
+        self._backlog = True  # the last claim was full (or not tried): more may be waiting
+        self._atomic: AtomicProbes | None = None  # the probes, while any task is atomic
+        self._claim_on_notify = False
+        self._task_leases: dict[str, float] = {}
+        self._next_known_run_at: float | None = None
+
+    def prepare(self, drain: bool) -> None:
+        """Read the tasks registered by now; before the listener starts calling ``on_notify``."""
+        self._task_leases = self._registry.lease_overrides()
+        self._atomic = self._probes if self._registry.has_atomic else None
+        # Atomic work is found by probes that the claim loop starts; in drain mode the claim
+        # loop decides when the queue is empty. Both keep every claim on the claim loop.
+        self._claim_on_notify = not drain and self._atomic is None
+
+    def run(self, drain: bool, *, idle: Callable[[], bool]) -> None:
+        """Claim until stopped (or, with ``drain``, until ``idle()`` and nothing is ready)."""
+        failures = 0
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                with self.claim_lock:
+                    full_batch = self._claim_once(self._atomic)
+                if (
+                    drain
+                    and not full_batch
+                    and idle()
+                    and not self._store.ready_work_exists(self._queues)
+                ):
+                    return
+            except Exception:
+                # A claim that fails for a reason other than a lost connection (which the store
+                # retries itself) must not end the worker: log, back off, try again.
+                if self._stopping.is_set():
+                    return
+                failures += 1
+                delay = min(0.1 * 2 ** min(failures - 1, 6), 5.0)
+                log.exception("claim failed (%d in a row); retrying in %.2fs", failures, delay)
+                self._stopping.wait(delay)
+                continue
+            failures = 0
+            if full_batch:
+                continue  # a full batch: more may be waiting
+            woken = self._wake.wait(self._wait_timeout())
+            if self._atomic is not None:
+                self._atomic.after_wait(woken)
+
+    def close(self) -> None:
+        """Give the claim connection back (after a claim under way registered its jobs)."""
+        with self.claim_lock:
+            self._store.close()
+
+    def _claim_once(self, atomic: AtomicProbes | None) -> bool:
+        """Claim for the free slots; True when the claim was full (more may be waiting)."""
+        free = requested = self._slots.free()
+        claimed = 0
+        if free > 0:
+            jobs = self._store.claim(
+                worker_id=self._worker_id,
+                limit=free,
+                queues=self._queues,
+                lease_seconds=self._lease_seconds,
+                task_leases=self._task_leases,
+                held=self._slots.running_ids,
+            )
+            claimed = len(jobs)
+            # Fewer than asked for: nothing else is ready, so a freed slot is no reason to
+            # claim again; a notification, a poll or a known run_at is.
+            self._backlog = claimed == requested
+            self._start_leased(jobs)
+            free -= claimed
+        else:
+            self._backlog = True  # no room to look: work may be waiting
+        if atomic is not None and free > 0:
+            atomic.maybe_probe()
+        return claimed > 0 and claimed == requested and self._slots.free() > 0
+
+    def _wait_timeout(self) -> float:
+        timeout = self._poll_interval
+        known = self._next_known_run_at
+        if known is not None:
+            until = known - time.monotonic()
+            if until <= 0:
+                self._next_known_run_at = None
+                return 0.0
+            timeout = min(timeout, until)
+        return timeout
+
+    def on_notify(self, run_at_epoch: float | None) -> None:
+        """The listener's callback: tickets are ready now (None), or at ``run_at_epoch``."""
+        if run_at_epoch is None:
+            if self._claim_on_notify and self.claim_lock.acquire(blocking=False):
+                # The claim loop is waiting (or between claims): claim here, on the thread the
+                # notification woke, instead of waking the claim loop to do it.
+                try:
+                    if self._stopping.is_set() or not self._claim_once(None):
+                        return
+                except Exception:
+                    if not self._stopping.is_set():
+                        log.exception("claim on notification failed; the claim loop takes over")
+                finally:
+                    self.claim_lock.release()
+                # A full claim (more may be waiting) or a failed one: the claim loop goes on.
+            if self._atomic is not None:
+                self._atomic.notified()
+            self._wake.set()
+            return
+        at = wall_to_monotonic(run_at_epoch)
+        known = self._next_known_run_at
+        if known is None or at < known:
+            self._next_known_run_at = at
+            self._wake.set()  # recompute the wait
+
+    def _start_leased(self, jobs: Sequence[ClaimedJob]) -> None:
+        if not jobs:
+            return
+        now = time.monotonic()
+        find = self._registry.find
+        leases = self._task_leases
+        default_lease = self._lease_seconds
+        executions = []
+        for job in jobs:
+            task = find(job.task_name)
+            execution = Execution(
+                job=job,
+                lease_seconds=leases.get(job.task_name, default_lease) if leases else default_lease,
+                timeout=task.timeout if task is not None else None,
+                started=now,
+                cancelled=job.cancel_requested,
+            )
+            executions.append(execution)
+        self._slots.add(executions)
+        self._stats.claimed += len(executions)
+        self._submit(executions)
+
+    def run_leased(self, execution: Execution) -> bool:
+        """Run a claimed leased attempt on a pool thread; True when the thread must retire."""
+        outcome = self._executor.run_leased(execution)
+        first, room = self._slots.handler_returned(execution)
+        if first:
+            self._put_outcome((execution, outcome))
+        # Wake the claim loop only if it may find work and can claim now: while the unwritten
+        # outcomes are at their bound, the completer wakes it after the next write instead (a
+        # wake-up per job would cost a thread switch per job for nothing). Already set: the
+        # claim loop has not cleared it yet, and it reads the free slots only after clearing
+        # it, so this handler's slot is seen (Event.set costs a lock).
+        if self._backlog and room and not self._wake.is_set():
+            self._wake.set()
+        # A timed-out handler's thread was replaced when its job was given up: retire it.
+        return execution.replaced

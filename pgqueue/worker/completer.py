@@ -1,0 +1,178 @@
+"""The completer: writes the outcomes of leased attempts in batches, on its own thread.
+
+Pool threads (and the heartbeat, for timeouts, and the shutdown, for releases) put outcomes in
+an ``OutcomeBuffer``; the completer takes everything waiting (up to ``OUTCOME_BATCH``) and
+writes it in one call to the store, one statement per kind, overlapping the next claims. When
+the database refuses a batch, the outcomes are written one by one, and an outcome refused on its
+own is replaced by a failed attempt that says why, so one bad outcome never costs the others
+their write. An outcome whose lease was lost (0 rows) is dropped and reported.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from pgqueue.errors import error_line
+from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.worker.execution import Execution
+from pgqueue.worker.slots import Slots
+from pgqueue.worker.stats import OutcomeReport
+from pgqueue.worker.store import WorkerStore
+
+log = logging.getLogger("pgqueue.worker")
+
+OUTCOME_BATCH = 500
+
+
+class OutcomeBuffer:
+    """Outcomes waiting for the completer, which takes everything waiting at once (up to a
+    batch); ``None`` marks the stop. Producers wake the completer only while it waits."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Execution, Outcome] | None] = collections.deque()
+        self._ready = threading.Condition(threading.Lock())
+        self._waiting = False
+
+    def put(self, item: tuple[Execution, Outcome] | None) -> None:
+        with self._ready:
+            self._items.append(item)
+            if self._waiting:
+                self._ready.notify()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def take(self, limit: int) -> tuple[list[tuple[Execution, Outcome]], bool]:
+        """Up to ``limit`` outcomes (waiting while there are none), and whether the stop
+        marker came after them."""
+        with self._ready:
+            items = self._items
+            while not items:
+                self._waiting = True
+                try:
+                    self._ready.wait()
+                finally:
+                    self._waiting = False
+            batch: list[tuple[Execution, Outcome]] = []
+            while items and len(batch) < limit:
+                item = items.popleft()
+                if item is None:
+                    return batch, True
+                batch.append(item)
+            return batch, False
+
+
+class Completer:
+    """Takes outcomes from its buffer and writes them until ``stop``."""
+
+    def __init__(
+        self,
+        *,
+        store: WorkerStore,
+        slots: Slots,
+        report: OutcomeReport,
+        unrecorded: Callable[[ClaimedJob, Outcome, BaseException], Outcome],
+        wake: threading.Event,
+    ) -> None:
+        self.buffer = OutcomeBuffer()
+        self._store = store
+        self._slots = slots
+        self._report = report
+        self._unrecorded = unrecorded  # the failed attempt to write instead of a refused outcome
+        self._wake = wake  # the claim loop: slots held by written attempts are free again
+
+    def pending(self) -> bool:
+        return not self.buffer.empty()
+
+    def stop(self) -> None:
+        """End ``run`` once everything put before is written."""
+        self.buffer.put(None)
+
+    def run(self) -> None:
+        """The completer thread's loop."""
+        while True:
+            batch, stop = self.buffer.take(OUTCOME_BATCH)
+            if batch:
+                self._write(batch)
+            if stop:
+                return
+
+    def _write(self, batch: list[tuple[Execution, Outcome]]) -> None:
+        self._slots.start_writing(execution for execution, _ in batch)
+        written = batch
+        try:
+            lost = self._store.record_outcomes(outcome for _, outcome in batch)
+        except Exception as exc:
+            # Not a lost connection or a transient conflict (the store retries those): the
+            # database refused something in the batch. One bad outcome must not cost the others
+            # their write (a success would run again after its lease expired).
+            written, lost = self._write_one_by_one(batch, exc)
+        now = time.monotonic()
+        self._slots.written(execution for execution, _ in batch)
+        stats = self._report.stats
+        for execution, outcome in written:
+            if outcome.job_id in lost:
+                if not execution.lease_lost:
+                    stats.lost_leases += 1
+                log.warning(
+                    "lease lost on job %s: %r matched no row; outcome %r of %s attempt %d "
+                    "dropped (another worker owns the job)",
+                    outcome.job_id,
+                    str(outcome.kind),
+                    str(outcome.kind),
+                    execution.job.task_name,
+                    execution.job.attempt,
+                )
+                continue
+            self._report.written(outcome, now - execution.started, execution.job)
+        self._wake.set()
+
+    def _write_one_by_one(
+        self, batch: list[tuple[Execution, Outcome]], error: Exception
+    ) -> tuple[list[tuple[Execution, Outcome]], set[int]]:
+        """Write a refused batch's outcomes one at a time; an outcome refused on its own is
+        replaced by a failed attempt that records why (``Executor.unrecorded``). Returns the
+        outcomes written and the ids whose lease was lost. An attempt for which nothing could
+        be written is logged and left out: its row stays RUNNING until its lease expires and
+        the rescuer re-queues it."""
+        if len(batch) > 1:
+            log.warning(
+                "could not record %d outcomes at once (%s); writing them one by one",
+                len(batch),
+                error_line(error),
+            )
+        written: list[tuple[Execution, Outcome]] = []
+        lost: set[int] = set()
+        for execution, outcome in batch:
+            refused: Exception | None = error if len(batch) == 1 else None
+            if refused is None:
+                try:
+                    lost |= self._store.record_outcomes([outcome])
+                except Exception as exc:
+                    refused = exc
+            if refused is not None:
+                job = execution.job
+                substitute = self._unrecorded(job, outcome, refused)
+                log.error(
+                    "job %s (%s attempt %d): outcome %r refused by the database (%s); "
+                    "recording a failed attempt instead",
+                    job.id,
+                    job.task_name,
+                    job.attempt,
+                    str(outcome.kind),
+                    error_line(refused),
+                )
+                try:
+                    lost |= self._store.record_outcomes([substitute])
+                except Exception:
+                    log.exception(
+                        "job %s: no outcome could be recorded; its lease will expire", job.id
+                    )
+                    continue
+                outcome = substitute
+            written.append((execution, outcome))
+        return written, lost

@@ -1,0 +1,57 @@
+"""``Execution``: the book-keeping of one leased attempt from its claim until its outcome is
+written, shared by the services that touch it (claimer, pool thread, heartbeat, completer,
+shutdown). The flags that decide its one outcome change under the lock of ``Slots``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from pgqueue.jobs import ClaimedJob
+
+
+@dataclass(slots=True)
+class Execution:
+    """Book-keeping for an attempt from its claim until its outcome is written, shared with the
+    heartbeat and shutdown paths."""
+
+    job: ClaimedJob
+    lease_seconds: float
+    timeout: float | None
+    started: float
+    async_future: concurrent.futures.Future[Any] | None = None
+    # The outcome was decided (the handler returned, or a timeout or shutdown release decided it
+    # first, in which case the handler's own result is dropped). Set under the lock of
+    # ``Slots``, so exactly one outcome is written per attempt.
+    decided: bool = False
+    timed_out: bool = False  # decided by the timeout check while its thread still runs
+    # Its slot went to a replacement thread while the handler ran on past its timeout; the
+    # thread retires when the handler returns.
+    replaced: bool = False
+    lease_lost: bool = False  # a heartbeat found the lease gone (reported once)
+    holds_slot: bool = True  # counted in the busy slots (until the handler is done)
+    writing: bool = False  # its outcome statement is being sent: heartbeats leave it alone
+    cancelled: bool = False  # a cancel was requested (seen by a heartbeat or at claim)
+    # Created only when a handler asks (JobContext) or an async handler runs: most jobs never
+    # need one, and an Event per job is measurable at thousands of jobs per second.
+    _event: threading.Event | None = None
+
+    def cancel_event(self) -> threading.Event:
+        """The event a handler's ``JobContext`` watches (created on first use)."""
+        event = self._event
+        if event is None:
+            event = self._event = threading.Event()
+            # Ordered against request_cancel (flag first, then read the event) so that one of
+            # the two always sets it.
+            if self.cancelled:
+                event.set()
+        return event
+
+    def request_cancel(self) -> None:
+        self.cancelled = True
+        event = self._event
+        if event is not None:
+            event.set()

@@ -1,0 +1,116 @@
+"""The heartbeat: extends the leases of held attempts, and enforces timeouts and cancels.
+
+Every ``interval`` (sooner while an attempt with a short timeout runs) it
+
+- gives up attempts past their task's timeout: their outcome is a failed attempt (retried or
+  failed for good, as ``backoff.after_failure`` decides), an async handler's future is
+  cancelled, and a sync handler, which cannot be stopped, hands its slot to a replacement
+  thread within the bound ``Slots`` keeps;
+- extends the leases of held attempts in one statement, which also answers which of them have a
+  cancel request (the handler's ``JobContext`` sees it; an async handler is cancelled) and
+  which leases are gone (rescued after this process was frozen or cut off: the handler runs on,
+  but its outcome will be dropped; reported once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from pgqueue.jobs import Outcome
+from pgqueue.worker.execution import Execution
+from pgqueue.worker.slots import Slots
+from pgqueue.worker.stats import WorkerStats
+from pgqueue.worker.store import WorkerStore
+
+log = logging.getLogger("pgqueue.worker")
+
+
+class Heartbeat:
+    """The heartbeat thread's loop (until ``halt`` is set)."""
+
+    def __init__(
+        self,
+        *,
+        store: WorkerStore,
+        slots: Slots,
+        stats: WorkerStats,
+        interval: float,
+        halt: threading.Event,
+        timed_out: Callable[[Execution], Outcome],
+        put_outcome: Callable[[tuple[Execution, Outcome]], None],
+        start_replacement: Callable[[], None],
+        wake: threading.Event,
+    ) -> None:
+        self.interval = interval
+        self._store = store
+        self._slots = slots
+        self._stats = stats
+        self._halt = halt
+        self._timed_out = timed_out  # the outcome of an attempt past its timeout
+        self._put_outcome = put_outcome
+        self._start_replacement = start_replacement  # a pool thread for a replaced slot
+        self._wake = wake  # the claim loop: a replaced slot is free
+
+    def run(self) -> None:
+        while not self._halt.wait(self._wait()):
+            self._check_timeouts()
+            self._extend_leases()
+
+    def _wait(self) -> float:
+        # Timeouts are checked at heartbeat time; check more often when a short timeout exists.
+        timeouts = self._slots.timeouts()
+        return min([self.interval, *(max(t / 4, 0.05) for t in timeouts)])
+
+    def _check_timeouts(self) -> None:
+        overdue, hung = self._slots.take_overdue(time.monotonic())
+        if any(execution.replaced for execution in overdue):
+            self._wake.set()
+        for execution in overdue:
+            if execution.replaced:
+                self._start_replacement()
+            elif execution.async_future is None:
+                log.error(
+                    "job %s (%s) runs on past its timeout of %ss and keeps its slot until it "
+                    "returns: %d threads already run handlers past their timeout",
+                    execution.job.id,
+                    execution.job.task_name,
+                    execution.timeout,
+                    hung,
+                )
+            if execution.async_future is not None:
+                execution.async_future.cancel()
+            self._put_outcome((execution, self._timed_out(execution)))
+
+    def _extend_leases(self) -> None:
+        # Attempts whose outcome waits for its write are extended too: their lease must not run
+        # out in the meantime.
+        leases = self._slots.leases()
+        if not leases:
+            return
+        try:
+            held = self._store.heartbeat(leases)
+        except Exception:
+            log.exception("heartbeat failed")
+            return
+        executions = self._slots.lookup(job_id for job_id, _, _ in leases)
+        for job_id, execution in executions.items():
+            if execution is None or execution.writing:
+                continue
+            if job_id not in held:
+                # The handler runs on, but its outcome write will be refused. Report it once.
+                if not execution.lease_lost:
+                    execution.lease_lost = True
+                    self._stats.lost_leases += 1
+                    log.warning(
+                        "lease lost on job %s: 'heartbeat' matched no row; "
+                        "job %s keeps running here but its outcome will be dropped",
+                        job_id,
+                        job_id,
+                    )
+            elif held[job_id] and not execution.cancelled:
+                execution.request_cancel()
+                if execution.async_future is not None:
+                    execution.async_future.cancel()

@@ -1,0 +1,87 @@
+"""Maintenance: the duties a worker does for the whole database, on their own thread.
+
+Every ``rescue_interval``: a scheduler pass (enqueue due periodic ticks) and a rescue of expired
+leases (``WorkerStore.rescue_expired``: retried or failed for good in SQL, the counterpart of
+``backoff.after_failure``). Every ``prune_interval`` (the first a tenth of it after start):
+prune finished jobs past their retention, and repair the running counts of limited queues.
+Rescue and prune elect one leader per database with an advisory lock, and a scheduler pass
+enqueues each tick once, so any number of workers may run this at once. Each duty is guarded on its own: one failing (say, a periodic task whose arguments
+no longer validate) must not stop the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from pgqueue.config import Settings
+from pgqueue.worker.stats import WorkerStats
+from pgqueue.worker.store import WorkerStore
+
+log = logging.getLogger("pgqueue.worker")
+
+RESCUE_BATCH = 1000
+PRUNE_BATCH = 10_000
+LEASE_EXPIRED_ERROR = "lease expired (worker lost)"
+
+
+class Maintenance:
+    """The maintenance thread's loop (until ``halt`` is set)."""
+
+    def __init__(
+        self,
+        *,
+        store: WorkerStore,
+        settings: Settings,
+        run_schedules: Callable[[], object],
+        stats: WorkerStats,
+        halt: threading.Event,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._run_schedules = run_schedules
+        self._stats = stats
+        self._halt = halt
+
+    def run(self) -> None:
+        settings = self._settings
+        next_prune = time.monotonic() + settings.prune_interval / 10
+        while not self._halt.wait(settings.rescue_interval):
+            self._duty("schedule pass", self._run_schedules)
+            self._duty("rescue pass", self.rescue)
+            if time.monotonic() >= next_prune:
+                next_prune = time.monotonic() + settings.prune_interval
+                self._duty("prune pass", self.prune)
+                self._duty("queue limit recount", self.recount_running)
+
+    def _duty(self, what: str, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception:
+            if not self._halt.is_set():
+                log.exception("maintenance: %s failed", what)
+
+    def rescue(self) -> None:
+        rescued = self._store.rescue_expired(limit=RESCUE_BATCH, error=LEASE_EXPIRED_ERROR)
+        if rescued:
+            self._stats.rescued += len(rescued)
+            log.warning("rescued %d jobs with expired leases: %s", len(rescued), rescued[:20])
+
+    def prune(self) -> None:
+        settings = self._settings
+        pruned = self._store.prune(
+            succeeded_before=settings.succeeded_retention,
+            failed_before=settings.failed_retention,
+            limit=PRUNE_BATCH,
+        )
+        if pruned:
+            log.info("pruned %d finished jobs", pruned)
+
+    def recount_running(self) -> None:
+        # The running counters of limited queues are kept exact by the statements that move
+        # jobs in and out of RUNNING; this only repairs what bypassed them (rows deleted or
+        # edited by hand), which would otherwise hold a queue at its limit for good.
+        for queue, running in self._store.recount_running().items():
+            log.warning("queue %s: running count corrected to %d", queue, running)

@@ -1,0 +1,111 @@
+"""A worker's counts (``WorkerStats``) and the one place an attempt's outcome is reported.
+
+``OutcomeReport.written`` is called once per outcome that reached the database, leased or
+atomic: it counts it, logs one line (failures always, successes when ``log_successes``), and
+calls the worker's ``on_outcome`` callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pgqueue.errors import error_summary
+from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.states import OutcomeKind
+
+log = logging.getLogger("pgqueue.worker")
+
+# Read once: an enum member looked up on its class costs more than the comparison.
+_COMPLETE = OutcomeKind.COMPLETE
+_RETRY = OutcomeKind.RETRY
+_FAIL = OutcomeKind.FAIL
+_CANCELLED = OutcomeKind.CANCELLED
+_RELEASE = OutcomeKind.RELEASE
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counts of what one worker did."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    released: int = 0
+    lost_leases: int = 0
+    rescued: int = 0
+    started: float = field(default_factory=time.monotonic)
+    finished: float | None = None
+
+    @property
+    def processed(self) -> int:
+        return self.succeeded + self.retried + self.failed + self.cancelled
+
+    @property
+    def elapsed(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+
+class OutcomeReport:
+    """Counts, logs and hands on the outcomes a worker wrote."""
+
+    def __init__(
+        self,
+        stats: WorkerStats,
+        *,
+        log_successes: bool,
+        log_args: bool,
+        on_outcome: Callable[[Outcome], None] | None,
+    ) -> None:
+        self.stats = stats
+        self._log_successes = log_successes
+        self._log_args = log_args
+        self._on_outcome = on_outcome
+
+    def written(self, outcome: Outcome, duration: float, job: ClaimedJob) -> None:
+        kind = outcome.kind
+        stats = self.stats
+        if kind == _COMPLETE:
+            stats.succeeded += 1
+        elif kind == _RETRY:
+            stats.retried += 1
+        elif kind == _FAIL:
+            stats.failed += 1
+        elif kind == _CANCELLED:
+            stats.cancelled += 1
+        elif kind == _RELEASE:
+            stats.released += 1
+        if (kind != _COMPLETE or self._log_successes) and log.isEnabledFor(logging.INFO):
+            self._log(outcome, duration, job)
+        if self._on_outcome is not None:
+            try:
+                self._on_outcome(outcome)
+            except Exception:
+                log.exception("on_outcome callback failed")
+
+    def _log(self, outcome: Outcome, duration: float, job: ClaimedJob) -> None:
+        kind = str(outcome.kind)
+        extra = {
+            "task": job.task_name,
+            "job_id": job.id,
+            "attempt": job.attempt,
+            "duration_ms": round(duration * 1000, 2),
+            "outcome": kind,
+        }
+        if self._log_args:
+            extra["args"] = job.args
+            extra["kwargs"] = job.kwargs
+        log.info(
+            "job %s task=%s attempt=%d outcome=%s duration_ms=%.2f%s",
+            job.id,
+            job.task_name,
+            job.attempt,
+            kind,
+            extra["duration_ms"],
+            "" if not outcome.error else " error=" + error_summary(outcome.error),
+            extra={"pgqueue": extra},
+        )

@@ -1,0 +1,317 @@
+"""The worker's pure logic, without a database: slot accounting, dispatch, the decision of what
+follows a failed attempt, and the transition each outcome kind names."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from pgqueue import Retry, backoff
+from pgqueue.config import Settings
+from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.states import TRANSITIONS, JobState, OutcomeKind
+from pgqueue.tasks import Task, TaskRegistry
+from pgqueue.worker.dispatch import Dispatcher, WorkQueue
+from pgqueue.worker.execution import Execution
+from pgqueue.worker.executor import Executor
+from pgqueue.worker.slots import MIN_HUNG_THREADS, Slots
+
+
+def _job(job_id: int = 1, *, attempt: int = 1, max_attempts: int = 3) -> ClaimedJob:
+    token = uuid.uuid4()
+    return ClaimedJob(job_id, "t", "default", [], {}, attempt, max_attempts, 0, token, False, False)
+
+
+def _execution(job_id: int, *, timeout: float | None = None, started: float = 0.0) -> Execution:
+    return Execution(_job(job_id), 30.0, timeout, started)
+
+
+# --- slots -----------------------------------------------------------------------------------
+
+
+def test_a_slot_is_free_again_when_the_handler_returns_before_its_outcome_is_written() -> None:
+    slots = Slots(concurrency=2)
+    assert slots.free() == 2
+    first, second = _execution(1), _execution(2)
+    slots.add([first, second])
+    assert slots.free() == 0
+    assert slots.handler_returned(first) == (True, True)
+    assert slots.free() == 1
+    assert slots.running_ids() == [1, 2]  # still held (heartbeats) until written
+    slots.start_writing([first])
+    slots.written([first])
+    assert slots.running_ids() == [2]
+    assert slots.free() == 1
+
+
+def test_attempts_held_unwritten_are_bounded_at_twice_the_concurrency() -> None:
+    slots = Slots(concurrency=2)
+    executions = [_execution(i) for i in range(1, 5)]
+    slots.add(executions[:2])
+    for execution in executions[:2]:
+        slots.handler_returned(execution)
+    assert slots.free() == 2  # both handlers returned, their outcomes not written yet
+    slots.add(executions[2:])
+    results = [slots.handler_returned(execution) for execution in executions[2:]]
+    assert results == [(True, False), (True, False)]  # at the bound: no room to hold more
+    assert slots.free() == 0  # no handler runs, but four outcomes wait for their write
+    slots.written(executions[:1])
+    assert slots.free() == 1
+
+
+def test_atomic_runners_take_slots_until_they_end() -> None:
+    slots = Slots(concurrency=3)
+    slots.atomic_started()
+    slots.add([_execution(1)])
+    assert slots.free() == 1
+    assert slots.busy()
+    slots.atomic_finished()
+    assert slots.free() == 2
+
+
+def test_written_forgets_only_the_attempt_it_wrote() -> None:
+    slots = Slots(concurrency=2)
+    old, again = _execution(7), _execution(7)  # a retry with no delay, claimed again
+    slots.add([old])
+    slots.handler_returned(old)
+    slots.add([again])
+    slots.written([old])
+    assert slots.running_ids() == [7]
+    assert slots.lookup([7]) == {7: again}
+
+
+def test_a_timeout_decides_the_attempt_once_and_hands_its_slot_on_within_the_bound() -> None:
+    slots = Slots(concurrency=1)
+    hanging = [_execution(i, timeout=1.0) for i in range(MIN_HUNG_THREADS + 2)]
+    slots.add(hanging)
+    overdue, hung = slots.take_overdue(now=10.0)
+    assert overdue == hanging
+    assert hung == MIN_HUNG_THREADS
+    assert [e.replaced for e in hanging] == [True] * MIN_HUNG_THREADS + [False] * 2
+    assert all(e.decided and e.timed_out for e in hanging)
+    assert slots.take_overdue(now=20.0) == ([], MIN_HUNG_THREADS)  # decided once
+    # The handler that returned later does not decide the outcome again; its thread retires.
+    assert slots.handler_returned(hanging[0])[0] is False
+    assert slots.take_overdue(now=30.0)[1] == MIN_HUNG_THREADS - 1
+
+
+def test_an_async_handler_past_its_timeout_keeps_its_slot_until_its_future_ends() -> None:
+    slots = Slots(concurrency=1)
+    execution = _execution(1, timeout=1.0)
+    execution.async_future = concurrent.futures.Future()
+    slots.add([execution])
+    overdue, hung = slots.take_overdue(now=5.0)
+    assert overdue == [execution] and hung == 0 and not execution.replaced
+    assert slots.free() == 0
+
+
+def test_heartbeats_skip_attempts_being_written_or_known_lost() -> None:
+    slots = Slots(concurrency=3)
+    writing, lost, held = _execution(1), _execution(2), _execution(3)
+    slots.add([writing, lost, held])
+    slots.start_writing([writing])
+    lost.lease_lost = True
+    assert [lease[0] for lease in slots.leases()] == [3]
+
+
+def test_shutdown_gives_up_only_undecided_attempts() -> None:
+    slots = Slots(concurrency=2)
+    returned, running = _execution(1), _execution(2)
+    slots.add([returned, running])
+    slots.handler_returned(returned)
+    assert slots.give_up_unfinished() == [running]
+    assert slots.handler_returned(running)[0] is False
+
+
+# --- dispatch --------------------------------------------------------------------------------
+
+
+def test_work_is_taken_in_the_order_it_was_put() -> None:
+    work = WorkQueue()
+    work.put_many([1, 2, 3])
+    work.put(4)
+    assert [work.get(finished=i > 0) for i in range(4)] == [1, 2, 3, 4]
+
+
+def _run_pool(concurrency: int, items: list[Any], run_leased: Any) -> Dispatcher:
+    dispatcher = Dispatcher(concurrency, WorkQueue(), run_leased)
+    dispatcher.start()
+    dispatcher.work.put_many(items)
+    return dispatcher
+
+
+def test_pool_runs_executions_with_run_leased_and_calls_other_items() -> None:
+    ran: list[object] = []
+    done = threading.Event()
+    executions = [_execution(i) for i in range(3)]
+
+    def run_leased(execution: Execution) -> bool:
+        ran.append(execution.job.id)
+        return False
+
+    def callable_item() -> bool:
+        ran.append("called")
+        done.set()
+        return False
+
+    dispatcher = _run_pool(1, [*executions, callable_item], run_leased)
+    try:
+        assert done.wait(5)
+        assert sorted(ran, key=str) == [0, 1, 2, "called"]
+    finally:
+        dispatcher.stop()
+
+
+def test_slow_items_spread_over_idle_threads() -> None:
+    """A thread stuck in a slow handler makes no progress: the dispatcher wakes one thread per
+    waiting item, so every item starts without waiting for the first to end."""
+    release = threading.Event()
+    started: list[int] = []
+    all_started = threading.Event()
+
+    def run_leased(execution: Execution) -> bool:
+        started.append(execution.job.id)
+        if len(started) == 4:
+            all_started.set()
+        release.wait(10)
+        return False
+
+    dispatcher = _run_pool(4, [_execution(i) for i in range(4)], run_leased)
+    try:
+        assert all_started.wait(2), started
+    finally:
+        release.set()
+        dispatcher.stop()
+
+
+def test_a_retiring_thread_leaves_the_others_running() -> None:
+    ran = threading.Semaphore(0)
+
+    def run_leased(execution: Execution) -> bool:
+        ran.release()
+        return execution.job.id == 0  # the first thread's slot went to a replacement
+
+    dispatcher = _run_pool(0, [_execution(0)], run_leased)
+    try:
+        assert ran.acquire(timeout=5)
+        dispatcher.work.put_many([_execution(1), _execution(2)])
+        assert ran.acquire(timeout=5) and ran.acquire(timeout=5)
+    finally:
+        dispatcher.stop()
+
+
+# --- what follows a failed attempt ------------------------------------------------------------
+
+
+def test_a_failure_with_attempts_left_is_retried_after_the_schedule() -> None:
+    decision = backoff.after_failure(2, 5, schedule=lambda attempt: attempt * 10.0)
+    assert decision == backoff.AfterFailure(OutcomeKind.RETRY, 20.0)
+
+
+def test_the_last_attempt_fails_for_good_whatever_was_asked() -> None:
+    for delay in (None, 3.0):
+        decision = backoff.after_failure(3, 3, delay=delay, schedule=lambda attempt: 1.0)
+        assert decision.kind is OutcomeKind.FAIL
+    assert backoff.after_failure(4, 3).kind is OutcomeKind.FAIL  # attempts past the maximum
+
+
+def test_an_explicit_delay_overrides_the_schedule() -> None:
+    decision = backoff.after_failure(1, 3, delay=7.5, schedule=lambda attempt: 100.0)
+    assert decision == backoff.AfterFailure(OutcomeKind.RETRY, 7.5)
+
+
+def test_without_a_schedule_the_retry_is_immediate() -> None:
+    assert backoff.after_failure(1, 2) == backoff.AfterFailure(OutcomeKind.RETRY, 0.0)
+
+
+def test_a_schedule_that_raises_retries_after_the_default_backoff_and_says_why() -> None:
+    def broken(attempt: int) -> float:
+        raise ZeroDivisionError("policy bug")
+
+    decision = backoff.after_failure(1, 3, schedule=broken)
+    assert decision.kind is OutcomeKind.RETRY
+    assert 1.0 <= decision.delay <= 2.0  # the default exponential backoff, jittered
+    assert "ZeroDivisionError: policy bug" in decision.note
+
+
+def _executor(*tasks: Task[Any, Any]) -> Executor:
+    registry = TaskRegistry()
+    for task in tasks:
+        registry.add(task)
+    return Executor(registry, Settings(), lambda: None, lambda: None)  # type: ignore[arg-type,return-value]
+
+
+def _task(fn: Any, name: str = "t", **options: Any) -> Task[Any, Any]:
+    return Task(fn, sink=None, name=name, **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("attempt", "kind"), [(1, "retry"), (3, "fail")])
+def test_a_timeout_is_a_failed_attempt_decided_like_any_other(attempt: int, kind: str) -> None:
+    executor = _executor(_task(lambda: None, retry=backoff.constant(4)))
+    execution = Execution(_job(attempt=attempt), 30.0, 0.5, time.monotonic())
+    outcome = executor.timed_out(execution)
+    assert outcome.kind == kind
+    assert outcome.delay == (4.0 if kind == "retry" else 0.0)
+    assert outcome.error.startswith("JobTimeout: still running after the task's timeout of 0.5s")
+
+
+def test_a_raised_retry_uses_its_delay_and_an_exception_the_tasks_backoff() -> None:
+    def asks(delay: float | None) -> None:
+        raise Retry(delay=delay)
+
+    executor = _executor(_task(asks, retry=backoff.constant(9)))
+    job = _job()
+    job.args = [2.5]
+    assert _run(executor, job).delay == 2.5
+    job.args = [None]
+    outcome = _run(executor, job)
+    assert (outcome.kind, outcome.delay) == ("retry", 9.0)
+
+
+def _run(executor: Executor, job: ClaimedJob) -> Outcome:
+    return executor.run_leased(Execution(job, 30.0, None, time.monotonic()))
+
+
+# --- outcome kinds and transitions -----------------------------------------------------------
+
+
+def test_each_outcome_kind_names_a_lease_guarded_transition_from_running() -> None:
+    targets = {kind: kind.transition.target for kind in OutcomeKind}
+    assert targets == {
+        OutcomeKind.COMPLETE: JobState.SUCCEEDED,
+        OutcomeKind.RETRY: JobState.RETRYING,
+        OutcomeKind.FAIL: JobState.FAILED,
+        OutcomeKind.CANCELLED: JobState.CANCELLED,
+        OutcomeKind.RELEASE: JobState.QUEUED,
+    }
+    for kind in OutcomeKind:
+        assert kind.transition.name == kind == kind.value
+        assert kind.transition.sources == {JobState.RUNNING}
+    # The transitions only a lease holder makes are exactly those outcomes name.
+    leased = {t for t in TRANSITIONS.values() if t.needs_lease}
+    assert leased == {kind.transition for kind in OutcomeKind}
+
+
+def test_typed_constructors_build_the_outcome_of_their_kind() -> None:
+    job = _job(5)
+    built = [
+        (Outcome.complete(job, '{"a": 1}'), (OutcomeKind.COMPLETE, '{"a": 1}', "", 0.0)),
+        (Outcome.retry(job, "boom", 3.0), (OutcomeKind.RETRY, "null", "boom", 3.0)),
+        (Outcome.fail(job, "bad"), (OutcomeKind.FAIL, "null", "bad", 0.0)),
+        (Outcome.cancelled(job, "stop"), (OutcomeKind.CANCELLED, "null", "stop", 0.0)),
+        (Outcome.release(job), (OutcomeKind.RELEASE, "null", "", 0.0)),
+    ]
+    for outcome, (kind, result_json, error, delay) in built:
+        assert (outcome.job_id, outcome.lease_token) == (5, job.lease_token)
+        assert (outcome.kind, outcome.result_json, outcome.error, outcome.delay) == (
+            kind,
+            result_json,
+            error,
+            delay,
+        )
+        assert outcome.kind is kind
