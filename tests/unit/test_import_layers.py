@@ -21,16 +21,6 @@ from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "pgqueue"
 
-# Edges that the worker and data-layer rewrites remove (the worker gets what it needs instead of
-# the whole PgQueue; the connection module stops reaching up into the unit of work). Each is
-# tolerated until then, and the test below fails once one is gone so that its entry goes too.
-PENDING_EDGES: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("pgqueue.worker.engine", "pgqueue.core"),
-        ("pgqueue.connections", "pgqueue.uow"),
-    }
-)
-
 
 @dataclass(frozen=True, slots=True)
 class PrivateUse:
@@ -189,26 +179,16 @@ def cycle_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
     return edges
 
 
-def _without(graph: dict[str, set[str]], edges: frozenset[tuple[str, str]]) -> dict[str, set[str]]:
-    return {a: {b for b in targets if (a, b) not in edges} for a, targets in graph.items()}
-
-
 # -- the checks on pgqueue --------------------------------------------------------------------
 
 
 def test_no_import_cycle_among_pgqueue_modules() -> None:
     graph, _ = analyse()
-    remaining = cycles(_without(graph, PENDING_EDGES))
+    remaining = cycles(graph)
     assert remaining == [], "import cycles: " + "; ".join(
         " <-> ".join(c) + " via " + ", ".join(sorted(f"{a}->{b}" for a, b in cycle_edges(graph)))
         for c in remaining
     )
-
-
-def test_every_pending_edge_still_exists() -> None:
-    graph, _ = analyse()
-    gone = sorted(f"{a} -> {b}" for a, b in PENDING_EDGES if b not in graph.get(a, set()))
-    assert gone == [], f"remove from PENDING_EDGES (no longer imported): {gone}"
 
 
 def test_no_pgqueue_module_imports_a_private_name_of_another() -> None:
