@@ -29,7 +29,7 @@ from pgqueue.models import Job
 from pgqueue.sql import admin, control, enqueue, maintenance
 from pgqueue.sql import claim as claim_sql
 from pgqueue.sql import outcomes as outcome_sql
-from pgqueue.states import JobState
+from pgqueue.states import FINAL_STATES, JobState, OutcomeKind
 
 SessionOrExecutor = Session | Executor
 
@@ -259,13 +259,14 @@ def any_queue_limit(db: SessionOrExecutor) -> bool:
 # --- outcomes ---------------------------------------------------------------------------------
 
 _OUTCOME_STATEMENTS = {
-    "complete": outcome_sql.complete,
-    "retry": outcome_sql.retry,
-    "fail": outcome_sql.fail,
-    "cancelled": outcome_sql.mark_cancelled,
-    "release": outcome_sql.release,
+    OutcomeKind.COMPLETE: outcome_sql.complete,
+    OutcomeKind.RETRY: outcome_sql.retry,
+    OutcomeKind.FAIL: outcome_sql.fail,
+    OutcomeKind.CANCELLED: outcome_sql.mark_cancelled,
+    OutcomeKind.RELEASE: outcome_sql.release,
 }
-_ENDING_KINDS = frozenset({"complete", "fail", "cancelled"})
+# Outcomes that end their job: its dependents are settled in the same transaction.
+_ENDING_KINDS = frozenset(k for k in OutcomeKind if k.transition.target in FINAL_STATES)
 
 
 def record_outcomes(db: SessionOrExecutor, outcomes: Iterable[Outcome]) -> set[int]:
@@ -273,7 +274,7 @@ def record_outcomes(db: SessionOrExecutor, outcomes: Iterable[Outcome]) -> set[i
     ended; return the ids whose lease was lost. Run in one transaction: an outcome and the
     settling of its dependents commit together."""
     ex = executor_for(db)
-    by_kind: dict[str, list[Outcome]] = {}
+    by_kind: dict[OutcomeKind, list[Outcome]] = {}
     for outcome in outcomes:
         by_kind.setdefault(outcome.kind, []).append(outcome)
     if len(by_kind) == 1:
@@ -301,18 +302,18 @@ def record_outcomes(db: SessionOrExecutor, outcomes: Iterable[Outcome]) -> set[i
     return lost
 
 
-def _outcome_params(kind: str, batch: Sequence[Outcome]) -> dict[str, Any]:
+def _outcome_params(kind: OutcomeKind, batch: Sequence[Outcome]) -> dict[str, Any]:
     """The bind parameters of the statement of ``kind`` for ``batch``."""
     params: dict[str, Any] = {
         "ids": [o.job_id for o in batch],
         "tokens": [o.lease_token for o in batch],
     }
-    if kind == "complete":
+    if kind == OutcomeKind.COMPLETE:
         params["results"] = [o.result_json for o in batch]
-    elif kind == "retry":
+    elif kind == OutcomeKind.RETRY:
         params["delays"] = [o.delay for o in batch]
         params["errors"] = [o.error for o in batch]
-    elif kind in ("fail", "cancelled"):
+    elif kind in (OutcomeKind.FAIL, OutcomeKind.CANCELLED):
         params["errors"] = [o.error for o in batch]
     return params
 
