@@ -63,6 +63,8 @@ def rescue_expired() -> Select[int, str, list[int] | None]:
     expired by the database clock; rescued jobs get a ticket for now. A job whose cancellation
     was requested ends CANCELLED instead. Binds ``lock_key``, ``limit``, ``error``.
     Returns ``(id, new state)``; nothing when another session holds the maintenance lock.
+    The SQL counterpart of ``backoff.after_failure``: the same retry-or-fail rule, for attempts
+    whose worker is gone.
     """
     # The advisory lock (held to the end of the transaction) elects a single rescuer per
     # database at a time; SKIP LOCKED would keep concurrent rescuers correct anyway.
