@@ -28,6 +28,7 @@ from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.jobs import NewJob
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
+from pgqueue.sql.server import name_listener_session
 from pgqueue.states import JobState
 from pgqueue.tasks import Task, TaskOptions, TaskRegistry, task_name_for
 
@@ -157,7 +158,7 @@ class PgQueue:
         try:
             connection.autocommit = True
             # Its own session, never pooled: naming it cannot leak to another user.
-            connection.execute("SELECT set_config('application_name', 'pgqueue-listener', false)")
+            connection.execute(name_listener_session())
             yield connection
         finally:
             connection.close()

@@ -13,12 +13,13 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 
 from pgqueue import backoff
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.core import PgQueue
 from pgqueue.embedded import shared_server
+from pgqueue.sql.server import create_database, drop_database
 from pgqueue.states import FINAL_STATES, JobState
 from pgqueue.worker import Worker
 
@@ -29,8 +30,8 @@ def _fresh_database(base_url: str) -> str:
     url = normalize_database_url(base_url)
     admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{DEMO_DATABASE}" WITH (FORCE)'))
-        connection.execute(text(f'CREATE DATABASE "{DEMO_DATABASE}"'))
+        connection.execute(drop_database(DEMO_DATABASE))
+        connection.execute(create_database(DEMO_DATABASE))
     admin.dispose()
     return url.set(database=DEMO_DATABASE).render_as_string(hide_password=False)
 

@@ -24,6 +24,8 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql import Executable
 from sqlalchemy.types import ARRAY, BigInteger, Text, Uuid
 
+from pgqueue.sql.server import deallocate_all
+
 T = TypeVar("T")
 
 TUPLES_OK = pq.ExecStatus.TUPLES_OK
@@ -246,7 +248,7 @@ class HeldConnection:
                 driver.prepare_threshold is not None
                 and time.monotonic() - self._plans_since > self._plan_max_age
             ):
-                driver.execute("DEALLOCATE ALL")  # psycopg forgets its own prepared names too
+                driver.execute(deallocate_all())
                 self._plans_since = time.monotonic()
             if self._local is None:
                 rows: Sequence[Any] = _all_rows(driver.execute(compiled.sql, values))

@@ -11,11 +11,11 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from pgqueue.core import PgQueue
-from pgqueue.models import Job, MessageQueue
+from pgqueue.sql import admin as admin_statements
 from pgqueue.states import FINAL_STATES, JobState
 from pgqueue.worker import Worker
 
@@ -56,16 +56,16 @@ def table_counts(engine: Engine) -> dict[str, int]:
     """Row counts of pgqueue's two tables."""
     with Session(engine) as session:
         return {
-            "pgqueue_jobs": session.scalar(select(func.count()).select_from(Job)) or 0,
-            "pgqueue_message_queue": session.scalar(select(func.count()).select_from(MessageQueue))
-            or 0,
+            "pgqueue_jobs": session.scalar(admin_statements.job_count()) or 0,
+            "pgqueue_message_queue": session.scalar(admin_statements.ticket_count()) or 0,
         }
 
 
 def states_of(pgq: PgQueue, job_ids: Iterable[int]) -> dict[int, JobState]:
+    """The current state of each of the jobs that exist."""
     ids = list(job_ids)
     with pgq.sessions() as session:
-        rows = session.execute(select(Job.id, Job.state).where(Job.id.in_(ids)))
+        rows = session.execute(admin_statements.states_of_jobs(), {"job_ids": ids})
         return {job_id: JobState(state) for job_id, state in rows}
 
 

@@ -310,3 +310,21 @@ def delete_job() -> Any:  # a ReturningDelete
         .where(Job.id == job_id, Job.state != JobState.RUNNING, ticket_first)
         .returning(Job.id)
     )
+
+
+@cache
+def job_count() -> Select[int]:
+    """The number of rows in ``pgqueue_jobs``."""
+    return select(func.count()).select_from(Job)
+
+
+@cache
+def ticket_count() -> Select[int]:
+    """The number of rows (tickets) in ``pgqueue_message_queue``."""
+    return select(func.count()).select_from(MessageQueue)
+
+
+@cache
+def states_of_jobs() -> Select[int, JobState]:
+    """``(id, state)`` of the jobs ``job_ids`` (an expanding list) that exist."""
+    return select(Job.id, Job.state).where(Job.id.in_(bindparam("job_ids", expanding=True)))

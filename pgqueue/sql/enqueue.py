@@ -15,6 +15,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    ColumnElement,
     Float,
     Integer,
     Select,
@@ -50,6 +51,18 @@ from pgqueue.states import (
     JobState,
 )
 
+# The job columns every enqueue path writes from the caller's values, in the order of its
+# parameters.
+JOB_FIELDS: Final = ("task_name", "queue", "args", "kwargs", "priority", "max_attempts")
+
+
+def _requested_run_at() -> ColumnElement[Any]:
+    """The bind ``run_at`` when given, else ``now()`` plus the bind ``delay`` seconds (or 0)."""
+    return func.coalesce(
+        bindparam("run_at", type_=Job.run_at.type),
+        func.now() + seconds(func.coalesce(bindparam("delay", type_=Float), literal_column("0"))),
+    )
+
 
 @cache
 def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Select[Any]:
@@ -82,12 +95,7 @@ def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Sele
             array_param("atomics", Boolean),
         )
         .table_valued(
-            "task_name",
-            "queue",
-            "args",
-            "kwargs",
-            "priority",
-            "max_attempts",
+            *JOB_FIELDS,
             "delay",
             "run_at",
             "unique_key",
@@ -140,12 +148,7 @@ def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Sele
     if with_dependencies:
         source = source.where(rows_deps.c.ord == rows.c.ord)
     columns = [
-        "task_name",
-        "queue",
-        "args",
-        "kwargs",
-        "priority",
-        "max_attempts",
+        *JOB_FIELDS,
         "run_at",
         "unique_key",
         "atomic",
@@ -198,10 +201,7 @@ def insert_one_job() -> Select[int]:
     ``max_attempts``, ``delay`` (seconds from now(), may be null), ``run_at`` (absolute, may be
     null) and ``atomic``.
     """
-    run_at = func.coalesce(
-        bindparam("run_at", type_=Job.run_at.type),
-        func.now() + seconds(func.coalesce(bindparam("delay", type_=Float), literal_column("0"))),
-    )
+    run_at = _requested_run_at()
     job = (
         insert(Job)
         .values(
@@ -233,10 +233,7 @@ def allocate_job_ids() -> Select[Any, Any]:
     sequence = select(
         cast(func.pg_get_serial_sequence(literal(Job.__tablename__), literal("id")), REGCLASS)
     ).scalar_subquery()
-    run_at = func.coalesce(
-        bindparam("run_at", type_=Job.run_at.type),
-        func.now() + seconds(func.coalesce(bindparam("delay", type_=Float), literal_column("0"))),
-    )
+    run_at = _requested_run_at()
     series = (
         func.generate_series(1, bindparam("n", type_=Integer))
         .table_valued("i")
@@ -270,17 +267,7 @@ def notify_tickets() -> Select[Any]:
     return select(func.count(func.pg_notify(NOTIFY_CHANNEL, wake_payload(queues.c.queue, run_at))))
 
 
-COPY_JOB_COLUMNS: Final = (
-    "id",
-    "task_name",
-    "queue",
-    "args",
-    "kwargs",
-    "priority",
-    "max_attempts",
-    "run_at",
-    "atomic",
-)
+COPY_JOB_COLUMNS: Final = ("id", *JOB_FIELDS, "run_at", "atomic")
 
 
 def _copy(table: str, columns: tuple[str, ...]) -> Any:

@@ -19,12 +19,11 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue import connections
 from pgqueue.errors import name_connection_failure
-from pgqueue.sql.common import NOTIFY_CHANNEL
+from pgqueue.sql.server import listen
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -54,7 +53,7 @@ class Notifier(threading.Thread):
             try:
                 with self._connect() as connection:
                     opened = True
-                    connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+                    connection.execute(listen())
                     self.connection_pid = connection.info.backend_pid
                     self.connected.set()
                     delay = 0.05

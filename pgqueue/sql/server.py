@@ -1,0 +1,75 @@
+"""Statements about the server and its sessions rather than jobs: creating and dropping a
+database (the demo), the listener's ``LISTEN`` and session name, and forgetting prepared
+statements. Pure builders, like the rest of ``pgqueue.sql``.
+
+``CREATE``/``DROP DATABASE`` take a name, so they are constructs compiled with the dialect's
+identifier preparer (quoted as the dialect quotes it, never pasted in). The others run on a
+raw psycopg connection and are composed by psycopg, as the ``COPY`` statements are.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from psycopg import sql
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import ExecutableDDLElement
+from sqlalchemy.sql.compiler import DDLCompiler
+
+from pgqueue.sql.common import NOTIFY_CHANNEL
+
+
+class _DatabaseStatement(ExecutableDDLElement):
+    """A statement on the database ``name``, whose text depends on the name: not cached."""
+
+    inherit_cache = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _CreateDatabase(_DatabaseStatement):
+    """``CREATE DATABASE name``."""
+
+
+class _DropDatabase(_DatabaseStatement):
+    """``DROP DATABASE IF EXISTS name WITH (FORCE)``."""
+
+
+@compiles(_CreateDatabase)
+def _compile_create(element: _CreateDatabase, compiler: DDLCompiler, **kw: Any) -> str:
+    return "CREATE DATABASE " + compiler.preparer.quote(element.name)
+
+
+@compiles(_DropDatabase)
+def _compile_drop(element: _DropDatabase, compiler: DDLCompiler, **kw: Any) -> str:
+    return "DROP DATABASE IF EXISTS " + compiler.preparer.quote(element.name) + " WITH (FORCE)"
+
+
+def create_database(name: str) -> ExecutableDDLElement:
+    """``CREATE DATABASE name`` (run outside a transaction, e.g. on an AUTOCOMMIT engine)."""
+    return _CreateDatabase(name)
+
+
+def drop_database(name: str) -> ExecutableDDLElement:
+    """``DROP DATABASE IF EXISTS name WITH (FORCE)``: ends the sessions still connected to it."""
+    return _DropDatabase(name)
+
+
+@cache
+def listen() -> sql.Composed:
+    """``LISTEN`` on pgqueue's wake-up channel (``NOTIFY_CHANNEL``)."""
+    return sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL))
+
+
+@cache
+def name_listener_session() -> sql.SQL:
+    """Name the current session ``pgqueue-listener`` (its ``application_name``)."""
+    return sql.SQL("SELECT set_config('application_name', 'pgqueue-listener', false)")
+
+
+@cache
+def deallocate_all() -> sql.SQL:
+    """Drop every prepared statement of the session (psycopg forgets its own names too)."""
+    return sql.SQL("DEALLOCATE ALL")
