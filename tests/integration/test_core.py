@@ -519,7 +519,7 @@ def test_no_configuration_warns_once_and_its_server_refuses_tcp(
                 host="127.0.0.1", port=port, user="postgres", dbname="postgres", connect_timeout=2
             ).close()
     finally:
-        server = embedded._SHARED.pop(data_dir, None)
+        server = embedded.shared._SHARED.pop(data_dir, None)
         if server is not None:
             server.stop()
         shutil.rmtree(root, ignore_errors=True)

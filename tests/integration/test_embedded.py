@@ -211,7 +211,7 @@ def test_start_after_stop_comes_back_on_the_same_port(pg_dir: Path) -> None:
 
 
 def test_explicit_port(pg_dir: Path) -> None:
-    port = embedded._free_port()
+    port = embedded.server._free_port()
     with EmbeddedPostgres(pg_dir / "data", port=port, durable=False, tcp=True) as server:
         assert server.port == port
         with _connect_tcp(port, _password(server)) as conn:
@@ -327,7 +327,7 @@ def test_shared_server_in_process(pg_dir: Path) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    owned = embedded._SHARED.get(data_dir)
+    owned = embedded.shared._SHARED.get(data_dir)
     try:
         assert errors == []
         assert owned is not None
@@ -335,7 +335,7 @@ def test_shared_server_in_process(pg_dir: Path) -> None:
         assert shared_server(data_dir) == owned.url()
     finally:
         if owned is not None:
-            embedded._SHARED.pop(data_dir, None)
+            embedded.shared._SHARED.pop(data_dir, None)
             owned.stop()
 
 
@@ -343,7 +343,7 @@ def test_shared_server_reuses_a_server_it_does_not_own(pg_dir: Path) -> None:
     data_dir = pg_dir / "data"
     with EmbeddedPostgres(data_dir, durable=False) as server:
         assert shared_server(data_dir) == server.url()
-        assert data_dir not in embedded._SHARED  # reused, not owned
+        assert data_dir not in embedded.shared._SHARED  # reused, not owned
 
 
 def test_find_bin_dir() -> None:
@@ -395,7 +395,7 @@ def test_binaries_unreachable_by_nobody_are_relocated(
     hidden_bin = site / package.name / "pginstall" / "bin"
 
     cache_root = pg_dir / "bin-cache"
-    monkeypatch.setattr(embedded, "_BIN_CACHE_ROOT", cache_root)
+    monkeypatch.setattr(embedded.binaries, "_BIN_CACHE_ROOT", cache_root)
     with EmbeddedPostgres(pg_dir / "data", bin_dir=hidden_bin, durable=False) as server:
         with _connect(server.url()) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -465,7 +465,7 @@ def test_another_local_user_is_refused(pg_dir: Path) -> None:
             assert socket_dir.st_uid == os.geteuid()
             return
         # The server's own psql: `nobody` can run it (the server runs from the same tree).
-        psql = embedded._usable_bin_dir(find_bin_dir(), embedded._run_as()) / "psql"
+        psql = embedded.binaries.usable_bin_dir(find_bin_dir(), embedded.identity.run_as()) / "psql"
         result = subprocess.run(
             [
                 str(psql),

@@ -318,7 +318,7 @@ def test_without_db_the_extension_uses_the_apps_flask_sqlalchemy(database_url: U
     finally:
         with app.app_context():
             local_db.engine.dispose()
-        server = embedded._SHARED.pop(spare / "postgres", None)
+        server = embedded.shared._SHARED.pop(spare / "postgres", None)
         if server is not None:
             server.stop()
         shutil.rmtree(spare, ignore_errors=True)
