@@ -140,6 +140,12 @@ def worker_options(function: Any) -> Any:
         click.option("--lease-seconds", type=click.FloatRange(min=0.1), default=None),
         click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=None),
         click.option("--drain", is_flag=True, help="Exit when no job is ready."),
+        click.option(
+            "--metrics-port",
+            type=click.IntRange(1, 65535),
+            default=None,
+            help="Serve Prometheus /metrics on this port (default: $PGQUEUE_METRICS_PORT).",
+        ),
         # Given by the supervisor to its children: they stop when it is gone.
         click.option("--supervisor-pid", type=int, default=None, hidden=True),
     ]
@@ -189,9 +195,11 @@ def run_worker_command(
     drain: bool,
     command_prefix: list[str] | None = None,
     supervisor_pid: int | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Shared by ``pgqueue worker`` and ``flask pgqueue worker``."""
     if processes > 1:
+        from pgqueue import metrics
         from pgqueue.worker.supervisor import Supervisor
 
         argv = [
@@ -210,7 +218,13 @@ def run_worker_command(
         ]
         pgq.url  # noqa: B018 - start the embedded server here so children share it
         prefix = command_prefix or [sys.executable, "-m", "pgqueue", "worker"]
-        code = Supervisor([*prefix, *app_argv, *argv], processes).run()
+        command = [*prefix, *app_argv, *argv]
+        group_port = metrics_port or pgq.settings.metrics_port
+        if not group_port:
+            sys.exit(Supervisor(command, processes).run())
+        # One endpoint for the group: the children write to a shared directory it serves.
+        with metrics.serve_group(group_port) as child_exited:
+            code = Supervisor(command, processes, on_exit=child_exited).run()
         sys.exit(code)
     from pgqueue.worker import Worker
 
@@ -224,12 +238,23 @@ def run_worker_command(
         lease_seconds=lease_seconds,
         shutdown_timeout=shutdown_timeout,
         install_signal_handlers=True,
+        metrics_port=metrics_port if supervisor_pid is None else _child_metrics(),
     )
     if supervisor_pid is not None:
         from pgqueue.worker.supervisor import watch_supervisor
 
         watch_supervisor(supervisor_pid, w.stop)
     w.run(drain=drain)
+
+
+def _child_metrics() -> int:
+    """A supervisor's child records metrics into the group's directory (when the supervisor
+    serves one) and never serves a port itself: 0."""
+    from pgqueue import metrics
+
+    if metrics.multiprocess_dir() is not None:
+        metrics.enable()
+    return 0
 
 
 # -- jobs -------------------------------------------------------------------------------------

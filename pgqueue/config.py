@@ -107,6 +107,11 @@ class Settings:
     """One INFO line per succeeded attempt. Off for high job rates: that line costs about a
     quarter of a no-op job's worker time, and retries, failures and cancellations are still
     logged (and every outcome is in the job's row)."""
+    metrics_port: int | None = None
+    """Port on which ``pgqueue worker`` serves Prometheus ``/metrics`` (needs the ``metrics``
+    extra); None: no metrics endpoint."""
+    metrics_interval: float = 15.0
+    """How often a worker with metrics on reads the queue gauges (counts, oldest ready job)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -125,8 +130,17 @@ class Settings:
             "prune_interval",
             "succeeded_retention",
             "failed_retention",
+            "metrics_interval",
         ):
             _positive(name, getattr(self, name))
+        if self.metrics_port is not None and (
+            not isinstance(self.metrics_port, int)
+            or isinstance(self.metrics_port, bool)
+            or not 0 < self.metrics_port < 65536
+        ):
+            raise ConfigurationError(
+                f"metrics_port must be a TCP port (1-65535), got {self.metrics_port!r}"
+            )
         _non_negative("shutdown_timeout", self.shutdown_timeout)
         if self.heartbeat_interval is not None:
             _positive("heartbeat_interval", self.heartbeat_interval)

@@ -116,6 +116,7 @@ class AtomicProbes:
                 if not jobs:
                     return
                 self._report.stats.claimed += 1
+                self._report.metrics.claimed(1)
                 outcome = self._executor.run_atomic(session, jobs[0], threading.Event())
             self._report.written(outcome, time.monotonic() - started, jobs[0])
         except Exception:

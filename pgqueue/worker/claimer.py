@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.metrics import NO_METRICS, NoMetrics
 from pgqueue.tasks import TaskRegistry
 from pgqueue.worker.atomic import AtomicProbes
 from pgqueue.worker.execution import Execution
@@ -51,7 +52,9 @@ class Claimer:
         submit: Callable[[Sequence[Execution]], None],
         put_outcome: Callable[[tuple[Execution, Outcome]], None],
         probes: AtomicProbes,
+        metrics: NoMetrics = NO_METRICS,
     ) -> None:
+        self._metrics = metrics
         self._store = store
         self._slots = slots
         self._registry = registry
@@ -201,6 +204,7 @@ class Claimer:
             executions.append(execution)
         self._slots.add(executions)
         self._stats.claimed += len(executions)
+        self._metrics.claimed(len(executions))
         self._submit(executions)
 
     def run_leased(self, execution: Execution) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from pgqueue.errors import error_line
 from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.metrics import LEASE_LOST
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
@@ -118,6 +119,12 @@ class Completer:
             if outcome.job_id in lost:
                 if not execution.lease_lost:
                     stats.lost_leases += 1
+                self._report.metrics.finished(
+                    execution.job.queue,
+                    execution.job.task_name,
+                    LEASE_LOST,
+                    now - execution.started,
+                )
                 log.warning(
                     "lease lost on job %s: %r matched no row; outcome %r of %s attempt %d "
                     "dropped (another worker owns the job)",

@@ -14,6 +14,7 @@ Each service owns its state and its lock (one module each)::
     maintenance  scheduler passes, rescue of expired leases, pruning, queue-limit recounts
     notifier     the LISTEN connection (wake-ups)
     stats        the worker's counts, and the one log line per outcome written
+    gauges       metrics sampled on a thread: running attempts, the queue figures
 
 ``Worker(pgq, ...)`` reads what it needs from ``pgq`` once (``context.WorkerContext``).
 
@@ -33,7 +34,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from pgqueue import validation
+from pgqueue import metrics, validation
 from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.jobs import Outcome
 from pgqueue.worker.atomic import AtomicProbes
@@ -42,6 +43,7 @@ from pgqueue.worker.completer import Completer
 from pgqueue.worker.context import QueueHost, WorkerContext
 from pgqueue.worker.dispatch import AsyncLoop, Dispatcher, WorkQueue, start_daemon
 from pgqueue.worker.executor import Executor
+from pgqueue.worker.gauges import Gauges
 from pgqueue.worker.heartbeat import Heartbeat
 from pgqueue.worker.maintenance import Maintenance
 from pgqueue.worker.notifier import Notifier
@@ -73,6 +75,7 @@ class Worker:
         worker_id: str | None = None,
         install_signal_handlers: bool = False,
         on_outcome: Callable[[Outcome], None] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise ValidationError(f"concurrency must be a positive int, got {concurrency!r}")
@@ -97,6 +100,11 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.install_signal_handlers = install_signal_handlers
         self.on_outcome = on_outcome
+        # A port serves /metrics; 0 records without serving (a supervisor's child, or a host
+        # app that mounted ``pgqueue.metrics.registry()``, which also enables recording).
+        self.metrics_port = settings.metrics_port if metrics_port is None else metrics_port
+        self.metrics = metrics.enable() if self.metrics_port else metrics.active()
+        self._metrics_server: metrics.MetricsServer | None = None
         self.stats = WorkerStats()
         self._stopping = threading.Event()  # no more claims
         self._halt = threading.Event()  # helper threads end
@@ -119,6 +127,7 @@ class Worker:
             log_successes=context.settings.log_successes,
             log_args=context.settings.log_args,
             on_outcome=self.on_outcome,
+            metrics=self.metrics,
         )
         self._completer = Completer(
             store=self.store,
@@ -153,6 +162,7 @@ class Worker:
             submit=work.put_many,
             put_outcome=self._completer.buffer.put,
             probes=probes,
+            metrics=self.metrics,
         )
         self._dispatcher = Dispatcher(self.concurrency, work, self._claimer.run_leased)
         self._heartbeat = Heartbeat(
@@ -171,6 +181,15 @@ class Worker:
             settings=context.settings,
             run_schedules=context.run_schedules,
             stats=self.stats,
+            halt=self._halt,
+            metrics=self.metrics,
+        )
+        self._gauges = Gauges(
+            store=self.store,
+            slots=self._slots,
+            metrics=self.metrics,
+            interval=context.settings.metrics_interval,
+            read_figures=self.maintenance,
             halt=self._halt,
         )
         self._wake = wake
@@ -191,6 +210,9 @@ class Worker:
         if self.install_signal_handlers:
             self._install_signal_handlers()
         self._claimer.prepare(drain)
+        if self.metrics_port:
+            self._metrics_server = metrics.serve(self.metrics_port)
+            log.info("serving metrics on port %d at /metrics", self.metrics_port)
         self._start_threads()
         log.info(
             "worker %s started: queues=%s concurrency=%d listen=%s",
@@ -203,6 +225,8 @@ class Worker:
             self._claimer.run(drain, idle=self._idle)
         finally:
             self._shutdown()
+            if self._metrics_server is not None:
+                self._metrics_server.close()
         self.stats.finished = time.monotonic()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
         return self.stats
@@ -219,6 +243,8 @@ class Worker:
         threads.append(start_daemon(self._heartbeat.run, "pgqueue-heartbeat"))
         if self.maintenance:
             threads.append(start_daemon(self._maintenance.run, "pgqueue-maintenance"))
+        if self.metrics.enabled:
+            threads.append(start_daemon(self._gauges.run, "pgqueue-gauges"))
         if self.listen:
             self.notifier = Notifier(
                 self._context.listen_connection, self.queues, self._claimer.on_notify, self._halt

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from pgqueue.config import Settings
+from pgqueue.metrics import NO_METRICS, NoMetrics
 from pgqueue.worker.stats import WorkerStats
 from pgqueue.worker.store import WorkerStore
 
@@ -38,7 +39,9 @@ class Maintenance:
         run_schedules: Callable[[], object],
         stats: WorkerStats,
         halt: threading.Event,
+        metrics: NoMetrics = NO_METRICS,
     ) -> None:
+        self._metrics = metrics
         self._store = store
         self._settings = settings
         self._run_schedules = run_schedules
@@ -67,6 +70,7 @@ class Maintenance:
         rescued = self._store.rescue_expired(limit=RESCUE_BATCH, error=LEASE_EXPIRED_ERROR)
         if rescued:
             self._stats.rescued += len(rescued)
+            self._metrics.rescued(len(rescued))
             log.warning("rescued %d jobs with expired leases: %s", len(rescued), rescued[:20])
 
     def prune(self) -> None:

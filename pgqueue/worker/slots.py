@@ -58,6 +58,15 @@ class Slots:
                 running[execution.job.id] = execution
             self._busy += len(executions)
 
+    def running_per_queue(self) -> dict[str, int]:
+        """How many attempts of each queue are held (claimed, outcome not yet written)."""
+        per_queue: dict[str, int] = {}
+        with self._lock:
+            for execution in self._running.values():
+                queue = execution.job.queue
+                per_queue[queue] = per_queue.get(queue, 0) + 1
+        return per_queue
+
     def handler_returned(self, execution: Execution) -> tuple[bool, bool]:
         """Give back the slot of a handler that returned. Returns whether this decided the
         attempt's outcome (a timeout or a shutdown release may have decided it first), and

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from pgqueue.errors import error_summary
 from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.metrics import CANCELLED, FAILED, NO_METRICS, RETRIED, SUCCEEDED, NoMetrics
 from pgqueue.states import OutcomeKind
 
 log = logging.getLogger("pgqueue.worker")
@@ -24,6 +25,14 @@ _RETRY = OutcomeKind.RETRY
 _FAIL = OutcomeKind.FAIL
 _CANCELLED = OutcomeKind.CANCELLED
 _RELEASE = OutcomeKind.RELEASE
+
+# The ``outcome`` label of each kind that finishes an attempt (a release does not).
+_FINISHED_LABEL = {
+    _COMPLETE: SUCCEEDED,
+    _RETRY: RETRIED,
+    _FAIL: FAILED,
+    _CANCELLED: CANCELLED,
+}
 
 
 @dataclass(slots=True)
@@ -60,8 +69,11 @@ class OutcomeReport:
         log_successes: bool,
         log_args: bool,
         on_outcome: Callable[[Outcome], None] | None,
+        metrics: NoMetrics = NO_METRICS,
     ) -> None:
         self.stats = stats
+        self.metrics = metrics
+        self._metrics_on = metrics.enabled
         self._log_successes = log_successes
         self._log_args = log_args
         self._on_outcome = on_outcome
@@ -79,6 +91,10 @@ class OutcomeReport:
             stats.cancelled += 1
         elif kind == _RELEASE:
             stats.released += 1
+        if self._metrics_on:
+            label = _FINISHED_LABEL.get(kind)
+            if label is not None:
+                self.metrics.finished(job.queue, job.task_name, label, duration)
         if (kind != _COMPLETE or self._log_successes) and log.isEnabledFor(logging.INFO):
             self._log(outcome, duration, job)
         if self._on_outcome is not None:

@@ -195,6 +195,27 @@ class WorkerStore:
             autocommit=False,
         )
 
+    def queue_figures(
+        self, *, cap: int
+    ) -> tuple[dict[str, dict[str, int]], dict[str, float]] | None:
+        """``({queue: {state: capped count}}, {queue: seconds its earliest ticket waited})``,
+        or None when another worker holds the figures lock (it reads them for the cluster)."""
+
+        def work(db: Executor) -> tuple[dict[str, dict[str, int]], dict[str, float]] | None:
+            if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 2):
+                return None
+            counts = repository.capped_state_counts(db, cap)
+            oldest = repository.oldest_waiting(db)
+            return (
+                {
+                    queue: {str(s): n for s, n in by_state.items()}
+                    for queue, by_state in counts.items()
+                },
+                {queue: waited for queue, (_, _, waited) in oldest.items()},
+            )
+
+        return self._run("queue figures", work, give_up_when_stopping=True, autocommit=False)
+
     def ready_work_exists(self, queues: Sequence[str] | None) -> bool:
         return self._run(
             "drain check",

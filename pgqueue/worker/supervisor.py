@@ -36,8 +36,14 @@ PARENT_CHECK_INTERVAL = 0.25
 class Supervisor:
     """Keeps ``processes`` copies of ``command`` running until signalled."""
 
-    def __init__(self, command: list[str], processes: int) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        processes: int,
+        on_exit: Callable[[int], None] | None = None,
+    ) -> None:
         self.command = command
+        self._on_exit = on_exit  # called with the PID of each child that exited
         self.processes = processes
         self.children: list[subprocess.Popen[bytes]] = []
         self._signals = 0
@@ -71,6 +77,8 @@ class Supervisor:
                 if self._signals or (self._drain and code == 0):
                     continue
                 log.warning("worker process %d exited with %s; starting a new one", child.pid, code)
+                if self._on_exit is not None:
+                    self._on_exit(child.pid)
                 now = time.monotonic()
                 restarts = [t for t in restarts if now - t < 10] + [now]
                 if len(restarts) > 5 * self.processes:
@@ -79,6 +87,9 @@ class Supervisor:
                 alive = True
             if not alive:
                 codes = [child.returncode for child in self.children]
+                if self._on_exit is not None:
+                    for child in self.children:
+                        self._on_exit(child.pid)
                 return 0 if all(code == 0 for code in codes) else 1
             time.sleep(0.1)
 
