@@ -3,9 +3,11 @@ histogram, and the queue gauges read from the database; one endpoint for ``--pro
 
 from __future__ import annotations
 
+import signal
 import socket
 import urllib.request
 from collections import defaultdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -108,7 +110,7 @@ def test_metrics_count_outcomes_durations_and_queue_gauges(app: App) -> None:
 
 def test_processes_share_one_endpoint_whose_totals_add_up(app: App) -> None:
     port = free_port()
-    app.start_worker(
+    supervisor = app.start_worker(
         "--processes", "2", "--concurrency", "2", "--metrics-port", str(port), **FAST_GAUGES
     )
     ids = app.module.sleep.enqueue_many([{"seconds": 0.2}] * 24)
@@ -132,3 +134,14 @@ def test_processes_share_one_endpoint_whose_totals_add_up(app: App) -> None:
     assert duration_count == 24
     assert samples["pgqueue_claims_total"][()] == 24
     assert table_counts(app) == {("default", "succeeded"): 24}
+
+    # The children write to the supervisor's directory, which is gone once it stopped.
+    [child, *_] = app.children_of(supervisor.pid)
+    environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+    [directory] = [
+        v.split(b"=", 1)[1] for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")
+    ]
+    assert Path(directory.decode()).is_dir()
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(30) == 0
+    assert not Path(directory.decode()).exists()
