@@ -22,7 +22,7 @@ log = logging.getLogger("pgqueue.worker")
 RUNNING_SAMPLE_INTERVAL = 1.0
 
 # Counting stops here per queue and state, so a huge backlog costs a bounded read.
-FIGURES_COUNT_CAP = 1_000_000
+FIGURES_COUNT_CAP = 100_000
 
 
 class Gauges:
