@@ -5,6 +5,10 @@ restarts a child that dies (with a short backoff if children keep dying at once)
 SIGTERM/SIGINT to the children; a second signal is forwarded as SIGKILL. It exits 0 when every
 child stopped cleanly after a signal.
 
+With metrics on, the supervisor serves the group's endpoint (``pgqueue.metrics.serve_group``)
+and tells it the PID of each child that exited (``on_exit``), whose live gauges then stop
+counting.
+
 A supervisor killed outright (SIGKILL from the OOM killer, or from a process manager that
 signals only the main PID) forwards nothing, so each child is given the supervisor's PID and
 watches its own parent: when the parent changes (the child was re-parented), it stops as on
