@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -145,3 +146,28 @@ def test_processes_share_one_endpoint_whose_totals_add_up(app: App) -> None:
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(30) == 0
     assert not Path(directory.decode()).exists()
+
+
+def test_a_rescue_and_a_lost_lease_are_counted_where_they_happen(app: App) -> None:
+    zombie_port, rescuer_port = free_port(), free_port()
+    zombie = app.start_worker(
+        "--lease-seconds", "2", "--metrics-port", str(zombie_port), rescue_interval=0.5
+    )
+    [job_id] = app.module.sleep.enqueue_many([{"seconds": 3, "first_run_only": True}])
+    app.wait_until(lambda: app.ledger("start"), 30, "the job to start")
+    zombie.signal(signal.SIGSTOP)
+    try:
+        app.start_worker(
+            "--lease-seconds", "2", "--metrics-port", str(rescuer_port), rescue_interval=0.5
+        )
+        app.wait_final([job_id], timeout=60)
+        time.sleep(1.5)  # the frozen handler's 3 s sleep ends meanwhile
+    finally:
+        zombie.signal(signal.SIGCONT)
+
+    rescuer = scrape_when(rescuer_port, lambda s: sum(finished(s).values()) >= 1, app)
+    assert rescuer["pgqueue_rescued_total"][()] == 1
+    assert finished(rescuer) == {("default", "sleep", "succeeded"): 1}
+    lost = scrape_when(zombie_port, lambda s: sum(finished(s).values()) >= 1, app)
+    assert finished(lost) == {("default", "sleep", "lease_lost"): 1}
+    assert lost["pgqueue_rescued_total"][()] == 0
