@@ -10,13 +10,13 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from dashboard_app import dashboard_app
 from flask import Flask
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 
 from pgqueue import JobContext, JobState, PgQueue, Retry
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.testing import run_until_final
 
 dashboard_pgq = FlaskPgQueue()
@@ -100,16 +100,9 @@ def test_success_after_failures_clears_last_error_and_keeps_the_history(
 
 
 @pytest.fixture
-def dashboard_app(database_url: URL) -> Iterator[Flask]:
-    app = Flask("job_records")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    dashboard_pgq.init_app(app)
-    init_dashboard(app, access=lambda: True)
-    yield app
-    dashboard_pgq.state(app).queue.dispose()
+def app(database_url: URL) -> Iterator[Flask]:
+    with dashboard_app(dashboard_pgq, database_url, "job_records") as served:
+        yield served
 
 
 def _set_attempts(engine: Engine, job_id: int, state: str, attempts: int, maximum: int) -> None:
@@ -127,14 +120,14 @@ def _set_attempts(engine: Engine, job_id: int, state: str, attempts: int, maximu
 
 
 def test_the_dashboard_never_shows_more_attempts_than_the_maximum(
-    dashboard_app: Flask, engine: Engine
+    app: Flask, engine: Engine
 ) -> None:
-    with dashboard_app.app_context():
+    with app.app_context():
         exhausted, over = noop.enqueue(), noop.enqueue()
     _set_attempts(engine, exhausted, "failed", 5, 5)
     # A row holding more attempts than its maximum (edited by hand, for one).
     _set_attempts(engine, over, "cancelled", 6, 5)
-    client = dashboard_app.test_client()
+    client = app.test_client()
 
     page = client.get(f"/pgqueue/jobs/{exhausted}").text
     token = re.search(r'name="csrf_token" value="([^"]+)"', page)
