@@ -80,9 +80,9 @@ class WorkerStats:
 
 def readable_duration(seconds: float) -> str:
     """``12.3 s``, ``4 min 05 s`` or ``2 h 03 min``: as precise as a reader of a log needs."""
-    if seconds < 60:
+    if round(seconds, 1) < 60:
         return f"{seconds:.1f} s"
-    whole = int(seconds)
+    whole = round(seconds)
     if whole < 3600:
         return f"{whole // 60} min {whole % 60:02d} s"
     return f"{whole // 3600} h {whole % 3600 // 60:02d} min"

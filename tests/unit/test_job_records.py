@@ -73,6 +73,7 @@ def test_worker_stats_of_a_running_worker_say_how_long_it_has_run() -> None:
         (0.04, "0.0 s"),
         (12.34, "12.3 s"),
         (59.94, "59.9 s"),
+        (59.96, "1 min 00 s"),
         (65, "1 min 05 s"),
         (7380, "2 h 03 min"),
     ],
