@@ -210,7 +210,11 @@ class Admin:
         return self._write(session, lambda s: repository.delete_job(s, job_id))
 
     def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
-        """Make a FAILED or CANCELLED job run again now, whatever its attempt count."""
+        """Make a FAILED or CANCELLED job run again now, whatever its attempt count.
+
+        The attempts it used stay counted; when none are left, ``max_attempts`` is raised to
+        ``attempts + 1``, so the job gets one more attempt (retried no further if it fails) and
+        its attempt count never exceeds its maximum."""
         job_id = check_job_id(job_id)
 
         def work(s: Session) -> None:

@@ -203,6 +203,33 @@ class Job(Base):
         ),
     )
 
+    def __repr__(self) -> str:
+        """``<Job 42 send_receipt queue=default state=failed attempt 3/5>``.
+
+        Never the arguments or the result (they may be large or secret), and only what is
+        loaded: a repr never runs SQL, nor fails on a detached or unsaved job.
+        """
+        loaded = self.__dict__
+        state = loaded.get("state")
+        attempts, max_attempts = loaded.get("attempts"), loaded.get("max_attempts")
+        parts = [
+            "Job",
+            "(unsaved)" if loaded.get("id") is None else str(loaded["id"]),
+            str(loaded.get("task_name", "?")),
+            f"queue={loaded.get('queue', '?')}",
+            f"state={state.value if isinstance(state, JobState) else state or '?'}",
+        ]
+        if isinstance(attempts, int) and isinstance(max_attempts, int):
+            # A row can hold more attempts than its maximum (edited by hand, or re-run without
+            # raising it); never shown as N/M with N > M.
+            within = attempts <= max_attempts
+            parts.append(
+                f"attempt {attempts}/{max_attempts}"
+                if within
+                else f"attempt {attempts} (max {max_attempts})"
+            )
+        return f"<{' '.join(parts)}>"
+
 
 class MessageQueue(Base):
     """A ticket: one runnable attempt of one job, deleted when claimed.

@@ -9,7 +9,7 @@ The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded trans
 
     enqueue      (new)              -> QUEUED      ticket inserted
     claim        QUEUED, RETRYING   -> RUNNING     ticket deleted, attempts + 1, lease taken
-    complete     RUNNING            -> SUCCEEDED   lease checked, result stored
+    complete     RUNNING            -> SUCCEEDED   lease checked, result stored, last error cleared
     retry        RUNNING            -> RETRYING    lease checked, error kept, ticket at now()+backoff
     fail         RUNNING            -> FAILED      lease checked, attempts exhausted or not retryable
     cancelled    RUNNING            -> CANCELLED   lease checked, handler saw the cancel request
@@ -18,7 +18,8 @@ The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded trans
     rescue_fail  RUNNING            -> FAILED      lease expired and attempts exhausted
     cancel       QUEUED, RETRYING,  -> CANCELLED   ticket deleted (running jobs get a flag instead)
                  WAITING
-    rerun        FAILED, CANCELLED  -> QUEUED      manual retry: ticket now, attempt count kept
+    rerun        FAILED, CANCELLED  -> QUEUED      manual retry: ticket now, attempt count kept,
+                                                   max_attempts raised to leave one more
     hold         (new)              -> WAITING     enqueued with unfinished dependencies, no ticket
     unblock      WAITING            -> QUEUED      the last dependency succeeded; ticket inserted
     abandon      WAITING            -> CANCELLED   a dependency failed for good or was cancelled

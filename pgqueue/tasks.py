@@ -39,10 +39,12 @@ class Retry(Exception):
     """Raise from a handler to ask for another attempt after ``delay`` seconds.
 
     The attempt still counts towards ``max_attempts``; ``delay=None`` uses the task's backoff.
+    The attempt's error is the message alone, ``retry requested: <reason>``, without a
+    traceback: a retry asked for is not a fault, and the frames would be pgqueue's own.
     """
 
-    def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
-        super().__init__(reason)
+    def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
+        super().__init__("retry requested" if reason is None else f"retry requested: {reason}")
         self.delay = None if delay is None else validation.delay(delay)
         self.reason = reason
 

@@ -57,14 +57,27 @@ def job_state_counts() -> Select[str, JobState, int]:
     return select(Job.queue, Job.state, func.count()).group_by(Job.queue, Job.state)
 
 
+# A manual re-run's ``max_attempts``: room for one more attempt when the job has none left, as
+# operators expect of a manual retry (it runs once more, and the job never reads "6 of 5"); a
+# job cancelled before using its attempts keeps its maximum.
+RERUN_MAX_ATTEMPTS: Final[ColumnElement[int]] = func.greatest(
+    Job.max_attempts, Job.attempts + 1, type_=Integer
+)
+
+
 @cache
 def rerun() -> Select[int]:
-    """FAILED/CANCELLED -> QUEUED with a ticket for now (``retry_job``). Binds ``job_id``."""
+    """FAILED/CANCELLED -> QUEUED with a ticket for now (``retry_job``). Binds ``job_id``.
+
+    The attempt count is kept (the history stays true); ``max_attempts`` is raised to make room
+    for at least one more attempt, so the next attempt is within the job's stated bounds.
+    """
     updated = (
         update(Job)
         .where(Job.id == bindparam("job_id", type_=BigInteger), source_states(RERUN))
         .values(
             state=RERUN.target,
+            max_attempts=RERUN_MAX_ATTEMPTS,
             run_at=func.now(),
             finished_at=null(),
             updated_at=func.now(),

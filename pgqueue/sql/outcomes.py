@@ -22,6 +22,7 @@ from sqlalchemy import (
     cast,
     func,
     literal,
+    null,
     select,
     true,
     update,
@@ -77,6 +78,7 @@ def _leased(transition: Transition, rows: Any) -> ColumnElement[bool]:
 def complete() -> Select[int, list[int] | None]:
     """RUNNING -> SUCCEEDED for many jobs. Binds ``ids``, ``tokens``, ``results`` (JSON text).
 
+    Clears ``last_error`` (a succeeded job has none; the failed attempts stay in ``errors``).
     Returns the ids actually updated; a missing id means that worker's lease was lost.
     """
     rows = _outcome_rows(("result", "results", Text))
@@ -86,6 +88,7 @@ def complete() -> Select[int, list[int] | None]:
         .values(
             state=COMPLETE.target,
             result=cast(rows.c.result, JSON),
+            last_error=null(),
             finished_at=func.now(),
             updated_at=func.now(),
             **CLEAR_LEASE,

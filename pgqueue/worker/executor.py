@@ -256,6 +256,8 @@ class Executor:
         return storable_text(error, self.settings.max_error_bytes)
 
     def _error_text(self, exc: BaseException) -> str:
+        if isinstance(exc, Retry):
+            return str(exc)
         return "".join(traceback.format_exception(exc))
 
     def _describe(self, exc: BaseException) -> str:

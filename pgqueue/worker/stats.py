@@ -7,6 +7,7 @@ calls the worker's ``on_outcome`` callback.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable
@@ -35,9 +36,13 @@ _FINISHED_LABEL = {
 }
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class WorkerStats:
-    """Counts of what one worker did."""
+    """Counts of what one worker did.
+
+    ``started`` and ``finished`` are monotonic clock readings, for measuring ``elapsed``;
+    ``started_at`` is the wall-clock (UTC) start, for people reading the stats.
+    """
 
     claimed: int = 0
     succeeded: int = 0
@@ -49,6 +54,7 @@ class WorkerStats:
     rescued: int = 0
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
+    started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     @property
     def processed(self) -> int:
@@ -57,6 +63,38 @@ class WorkerStats:
     @property
     def elapsed(self) -> float:
         return (self.finished or time.monotonic()) - self.started
+
+    def __str__(self) -> str:
+        """``claimed 12, succeeded 10, ...; started 2026-01-31 09:00:00 UTC, ran 12.3 s``."""
+        counts = ", ".join(
+            f"{label} {value}"
+            for label, value in (
+                ("claimed", self.claimed),
+                ("succeeded", self.succeeded),
+                ("retried", self.retried),
+                ("failed", self.failed),
+                ("cancelled", self.cancelled),
+                ("released", self.released),
+                ("lost leases", self.lost_leases),
+                ("rescued", self.rescued),
+            )
+        )
+        ran = "ran" if self.finished is not None else "running for"
+        started = self.started_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+        return f"{counts}; started {started}, {ran} {readable_duration(self.elapsed)}"
+
+    def __repr__(self) -> str:
+        return f"<WorkerStats {self}>"
+
+
+def readable_duration(seconds: float) -> str:
+    """``12.3 s``, ``4 min 05 s`` or ``2 h 03 min``: as precise as a reader of a log needs."""
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
 class OutcomeReport:

@@ -91,7 +91,9 @@ def test_enqueue_returns_ids_and_results_round_trip(pgq: PgQueue) -> None:
     assert job.lease_token is None and job.args == [1] and job.kwargs == {"b": 2}
 
 
-def test_failing_twice_then_succeeding_keeps_last_error(pgq: PgQueue) -> None:
+def test_failing_twice_then_succeeding_clears_last_error_and_keeps_the_history(
+    pgq: PgQueue,
+) -> None:
     attempts: list[int] = []
 
     @pgq.task(name="flaky", retry=backoff.constant(0.1), max_attempts=5, pass_context=True)
@@ -107,8 +109,9 @@ def test_failing_twice_then_succeeding_keeps_last_error(pgq: PgQueue) -> None:
     assert job.state is JobState.SUCCEEDED
     assert job.attempts == 3 and attempts == [1, 2, 3]
     assert job.result == "ok"
-    assert job.last_error is not None and "boom on attempt 2" in job.last_error
+    assert job.last_error is None
     assert [e["attempt"] for e in job.errors] == [1, 2]
+    assert "boom on attempt 2" in job.errors[1]["error"]
     assert "Traceback" in job.errors[0]["error"]
 
 
@@ -134,12 +137,13 @@ def test_always_failing_task_fails_after_max_attempts_with_backoff_gaps(
     assert gap1 >= 0.5 and gap2 >= 1.0
     assert gap1 < 0.5 + 2.0 and gap2 < 1.0 + 2.0  # run within a poll interval or so of run_at
 
-    # retry_job makes it run again (once more: the attempt count is kept)
+    # retry_job makes it run again (once more: the attempt count is kept, the maximum raised)
     pgq.retry_job(job_id)
     assert pgq.get_job(job_id).state is JobState.QUEUED
     run_until_final(pgq, [job_id])
     again = pgq.get_job(job_id)
     assert again.state is JobState.FAILED and again.attempts == 4
+    assert again.max_attempts == 4
 
 
 def test_retry_job_refuses_jobs_that_did_not_fail(pgq: PgQueue) -> None:
@@ -196,7 +200,7 @@ def test_atomic_task_commits_with_the_job_or_not_at_all(pgq: PgQueue, engine, ap
     assert rows == [1, 2]  # job 1's second attempt wrote once; the failed attempt's row is gone
     bad_job, good_job = pgq.get_job(bad), pgq.get_job(good)
     assert bad_job.state is JobState.SUCCEEDED and bad_job.attempts == 2
-    assert "after writing" in (bad_job.last_error or "")
+    assert bad_job.last_error is None and "after writing" in bad_job.errors[0]["error"]
     assert good_job.state is JobState.SUCCEEDED and good_job.attempts == 1
 
 

@@ -277,6 +277,20 @@ def _run(executor: Executor, job: ClaimedJob) -> Outcome:
     return executor.run_leased(Execution(job, 30.0, None, time.monotonic()))
 
 
+@pytest.mark.parametrize(
+    ("reason", "stored"),
+    [("gateway busy", "retry requested: gateway busy"), (None, "retry requested")],
+)
+def test_a_raised_retry_stores_its_reason_not_a_traceback(reason: str | None, stored: str) -> None:
+    def asks() -> None:
+        raise Retry(delay=1, reason=reason)
+
+    outcome = _run(_executor(_task(asks)), _job())
+    assert (outcome.kind, outcome.error) == ("retry", stored)
+    last = _run(_executor(_task(asks)), _job(attempt=3))
+    assert (last.kind, last.error) == ("fail", stored)
+
+
 # --- outcome kinds and transitions -----------------------------------------------------------
 
 
