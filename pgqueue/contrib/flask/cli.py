@@ -3,7 +3,8 @@
 Registered through the ``flask.commands`` entry point, so any app with the extension gets them.
 The commands take the same options as ``pgqueue ...`` but no APP/``--database-url`` argument:
 the app (``--app`` / ``FLASK_APP``) provides the tasks and the database. They reuse
-``pgqueue.cli``'s implementations, its logging setup and its one-line errors.
+``pgqueue.cli``'s implementations, and ``pgqueue.cli_shared``'s output, logging setup and
+one-line errors.
 """
 
 from __future__ import annotations
@@ -16,31 +17,32 @@ from flask import current_app
 from flask.cli import AppGroup, ScriptInfo
 
 from pgqueue import cli as core_cli
+from pgqueue import cli_shared as shared
 from pgqueue.contrib.flask import get_state
 from pgqueue.core import PgQueue as CoreQueue
 from pgqueue.states import JobState
 
 
-class FlaskCommandGroup(core_cli.OneLineErrors, AppGroup):
+class FlaskCommandGroup(shared.OneLineErrors, AppGroup):
     """Flask's app-context command group, with the core CLI's one-line errors."""
 
 
 @click.group("pgqueue", cls=FlaskCommandGroup)
-@core_cli.verbose_option
-@core_cli.debug_option
+@shared.verbose_option
+@shared.debug_option
 def pgqueue_group(verbose: int, debug: bool) -> None:
     """pgqueue job queue commands for this app."""
-    core_cli.configure_logging(verbose)
+    shared.configure_logging(verbose)
 
 
 def _queue() -> CoreQueue:
     try:
         queue = get_state().queue
     except RuntimeError:
-        raise core_cli.CommandError(
+        raise shared.CommandError(
             f"the app {current_app.name!r} has no pgqueue extension: call pgq.init_app(app)"
         ) from None
-    return core_cli.remember_queue(queue)
+    return shared.remember_queue(queue)
 
 
 @pgqueue_group.command()
@@ -80,25 +82,25 @@ def enqueue(
 
 
 @pgqueue_group.command()
-@core_cli.job_filter_options
+@shared.job_filter_options
 def jobs(**filters: Any) -> None:
     """List jobs, newest first."""
-    core_cli.print_jobs(_queue(), **filters)
+    shared.print_jobs(_queue(), **filters)
 
 
 @pgqueue_group.command()
-@core_cli.json_option
+@shared.json_option
 def stats(as_json: bool) -> None:
     """Job counts per queue and state."""
-    core_cli.print_stats(_queue(), as_json=as_json)
+    shared.print_stats(_queue(), as_json=as_json)
 
 
 @pgqueue_group.command()
 @click.argument("job_id", type=int)
-@core_cli.json_option
+@shared.json_option
 def show(job_id: int, as_json: bool) -> None:
     """Show one job as JSON."""
-    core_cli.print_job(_queue(), job_id, as_json=as_json)
+    shared.print_job(_queue(), job_id, as_json=as_json)
 
 
 @pgqueue_group.command()
