@@ -31,7 +31,7 @@ from pgqueue.cli_shared import (
     verbose_option,
 )
 from pgqueue.core import PgQueue
-from pgqueue.errors import is_insufficient_privilege
+from pgqueue.errors import is_connection_error, is_insufficient_privilege
 from pgqueue.states import JobState
 
 __all__ = ["console", "load_app", "main"]
@@ -214,11 +214,19 @@ def run_worker_command(
 
 
 def check_schema(pgq: PgQueue) -> None:
-    """Refuse to go on unless pgqueue's schema is at this pgqueue's head (``SchemaNotCurrent``)."""
+    """Refuse to go on unless pgqueue's schema is at this pgqueue's head (``SchemaNotCurrent``).
+
+    A database that cannot be reached is no reason to refuse: a worker waits for it (logging
+    each failure), as it does when the server goes away later.
+    """
     from pgqueue import migrations
 
-    with pgq.engine.connect() as connection:
-        migrations.check_schema(connection)
+    try:
+        with pgq.engine.connect() as connection:
+            migrations.check_schema(connection)
+    except DBAPIError as exc:
+        if not is_connection_error(exc):
+            raise
 
 
 # -- jobs -------------------------------------------------------------------------------------
