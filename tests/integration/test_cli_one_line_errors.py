@@ -14,10 +14,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 
 from pgqueue import PgQueue, migrations
+from pgqueue.errors import SchemaNotCurrent
 
 # Every command that reaches the database, with the arguments it needs. APP is a module written
 # into the test's directory (``app_module``); ``enqueue`` and ``worker`` import it.
@@ -256,3 +257,31 @@ def test_tables_are_full_width_when_not_a_terminal(shop: Path, database_url: URL
             assert long_queue in result.stdout, result.stdout
             if command == ["jobs"]:
                 assert long_task in result.stdout, result.stdout
+
+
+def test_schema_check_reads_a_hosts_alembic_version(database_url: URL) -> None:
+    """pgqueue's revisions run by the host's own Alembic are recorded in its ``alembic_version``
+    (beside the host's own head): a worker starts on that as on ``pgqueue_alembic_version``."""
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            migrations.check_schema(connection)
+            connection.execute(text("DROP TABLE pgqueue_alembic_version"))
+            with pytest.raises(SchemaNotCurrent, match="tables are missing"):
+                migrations.check_schema(connection)
+            connection.execute(text("CREATE TABLE alembic_version (version_num varchar(32))"))
+            connection.execute(
+                text("INSERT INTO alembic_version VALUES ('host_0007'), (:head)"),
+                {"head": migrations.head()},
+            )
+            migrations.check_schema(connection)
+            connection.execute(
+                text(
+                    "UPDATE alembic_version SET version_num = 'pgqueue_0003' "
+                    "WHERE version_num LIKE 'pgqueue%'"
+                )
+            )
+            with pytest.raises(SchemaNotCurrent, match="is at pgqueue_0003"):
+                migrations.check_schema(connection)
+    finally:
+        engine.dispose()
