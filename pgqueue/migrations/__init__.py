@@ -36,6 +36,7 @@ BRANCH_LABEL: Final = "pgqueue"
 SCRIPT_LOCATION: Final = "pgqueue:migrations"
 VERSION_LOCATION: Final = "pgqueue:migrations/versions"
 TABLE_PREFIX: Final = "pgqueue_"
+REVISION_PREFIX: Final = "pgqueue_"
 
 __all__ = [
     "BRANCH_LABEL",
@@ -132,7 +133,8 @@ def check_schema(connection: Connection) -> None:
         raise SchemaNotCurrent(
             f"pgqueue's tables are missing in database {database}: run `pgqueue migrate`"
         )
-    known = {revision.revision for revision in _script().walk_revisions()}
+    script = ScriptDirectory.from_config(alembic_config())
+    known = {revision.revision for revision in script.walk_revisions()}
     if recorded in known:
         raise SchemaNotCurrent(
             f"pgqueue's schema in database {database} is at {recorded}, this pgqueue needs "
@@ -146,12 +148,8 @@ def check_schema(connection: Connection) -> None:
 
 def _recorded_by_host(connection: Connection) -> str | None:
     context = MigrationContext.configure(connection, opts={"version_table": HOST_VERSION_TABLE})
-    ours = [rev for rev in context.get_current_heads() if rev.startswith(TABLE_PREFIX)]
+    ours = [rev for rev in context.get_current_heads() if rev.startswith(REVISION_PREFIX)]
     return ours[0] if ours else None
-
-
-def _script() -> ScriptDirectory:
-    return ScriptDirectory.from_config(alembic_config())
 
 
 def _qualified(revision: str) -> str:
