@@ -7,58 +7,38 @@ Commands that need tasks take an application path ``module:attribute`` naming a 
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
-import os
 import sys
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 from sqlalchemy.exc import DBAPIError
 
+from pgqueue.cli_shared import (
+    OneLineErrors,
+    configure_logging,
+    console,
+    debug_option,
+    job_filter_options,
+    json_option,
+    load_app,
+    print_job,
+    print_jobs,
+    print_stats,
+    remember_queue,
+    verbose_option,
+)
 from pgqueue.core import PgQueue
-from pgqueue.errors import PgQueueError, connection_failure, is_insufficient_privilege
+from pgqueue.errors import is_connection_error, is_insufficient_privilege
 from pgqueue.states import JobState
 
-# No markup or highlighting: what is printed (queue and task names, error messages) comes from
-# users and the database, and ``[...]`` in it must print as itself, not be parsed as style tags.
-console = Console(markup=False, highlight=False)
-error_console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
-
-
-def load_app(path: str) -> PgQueue:
-    """Import ``module:attribute`` and return the PgQueue it names."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise click.BadParameter(f"{path!r} is not of the form module:attribute", param_hint="APP")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="APP") from exc
-    obj: Any = module
-    for part in attribute.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise click.BadParameter(
-                f"{module_name!r} has no attribute {attribute!r}", param_hint="APP"
-            )
-    if callable(obj) and not isinstance(obj, PgQueue):
-        obj = obj()
-    if not isinstance(obj, PgQueue):
-        raise click.BadParameter(
-            f"{path!r} is a {type(obj).__name__}, not a PgQueue", param_hint="APP"
-        )
-    return obj
+__all__ = ["console", "load_app", "main"]
 
 
 def _queue_for(database_url: str | None) -> PgQueue:
-    return PgQueue(database_url) if database_url else PgQueue()
+    return remember_queue(PgQueue(database_url) if database_url else PgQueue())
 
 
 database_option = click.option(
@@ -69,13 +49,13 @@ database_option = click.option(
 )
 
 
-@click.group()
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.group(cls=OneLineErrors)
+@verbose_option
+@debug_option
 @click.version_option(package_name="pgqueue")
-def main(verbose: int) -> None:
+def main(verbose: int, debug: bool) -> None:
     """pgqueue: PostgreSQL job queue for SQLAlchemy applications."""
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(verbose)
 
 
 # -- migrate ----------------------------------------------------------------------------------
@@ -198,6 +178,7 @@ def run_worker_command(
     metrics_port: int | None = None,
 ) -> None:
     """Shared by ``pgqueue worker`` and ``flask pgqueue worker``."""
+    check_schema(pgq)
     if processes > 1:
         from pgqueue import metrics
         from pgqueue.worker.supervisor import Supervisor
@@ -257,31 +238,48 @@ def _child_metrics() -> int:
     return 0
 
 
+def check_schema(pgq: PgQueue) -> None:
+    """Refuse to go on unless pgqueue's schema is at this pgqueue's head (``SchemaNotCurrent``).
+
+    A database that cannot be reached is no reason to refuse: a worker waits for it (logging
+    each failure), as it does when the server goes away later.
+    """
+    from pgqueue import migrations
+
+    try:
+        with pgq.engine.connect() as connection:
+            migrations.check_schema(connection)
+    except DBAPIError as exc:
+        if not is_connection_error(exc):
+            raise
+
+
 # -- jobs -------------------------------------------------------------------------------------
 
 
 @main.command()
+@job_filter_options
 @database_option
-def stats(database_url: str | None) -> None:
+def jobs(database_url: str | None, **filters: Any) -> None:
+    """List jobs, newest first."""
+    print_jobs(_queue_for(database_url), **filters)
+
+
+@main.command()
+@json_option
+@database_option
+def stats(as_json: bool, database_url: str | None) -> None:
     """Job counts per queue and state."""
-    counts = _queue_for(database_url).admin.counts()
-    table = Table(title="pgqueue jobs")
-    table.add_column("queue")
-    for state in JobState:
-        table.add_column(state.value, justify="right")
-    for queue, by_state in sorted(counts.items()):
-        table.add_row(queue, *(str(by_state.get(s, 0)) for s in JobState))
-    console.print(table)
+    print_stats(_queue_for(database_url), as_json=as_json)
 
 
 @main.command()
 @click.argument("job_id", type=int)
+@json_option
 @database_option
-def show(job_id: int, database_url: str | None) -> None:
+def show(job_id: int, as_json: bool, database_url: str | None) -> None:
     """Show one job as JSON."""
-    job = _queue_for(database_url).admin.get_job(job_id)
-    data = {c.key: getattr(job, c.key) for c in job.__table__.columns}
-    click.echo(json.dumps(data, default=str, indent=2))
+    print_job(_queue_for(database_url), job_id, as_json=as_json)
 
 
 @main.command()
@@ -357,11 +355,15 @@ def enqueue_from_cli(
 @click.argument("app")
 def schedules(app: str) -> None:
     """List the periodic schedules of the PgQueue at APP with their next run."""
+    print_schedules(load_app(app))
+
+
+def print_schedules(pgq: PgQueue) -> None:
+    """Shared by ``pgqueue schedules`` and ``flask pgqueue schedules``."""
     import datetime as dt
 
     from pgqueue.scheduler import describe
 
-    pgq = load_app(app)
     table = Table(title="pgqueue schedules")
     for column in ("name", "cron", "time zone", "task", "missed", "next run (local)", "UTC"):
         table.add_column(column)
@@ -375,7 +377,7 @@ def schedules(app: str) -> None:
             row["next_run_local"].strftime("%Y-%m-%d %H:%M:%S %Z"),
             row["next_run_utc"].strftime("%Y-%m-%d %H:%M:%S"),
         )
-    Console(width=200).print(table)
+    console.print(table)
 
 
 @main.command()
@@ -383,7 +385,12 @@ def schedules(app: str) -> None:
 @database_option
 def pause(queue: str, database_url: str | None) -> None:
     """Stop all workers from claiming QUEUE's jobs (running jobs finish)."""
-    _queue_for(database_url).admin.pause_queue(queue)
+    pause_queue(_queue_for(database_url), queue)
+
+
+def pause_queue(pgq: PgQueue, queue: str) -> None:
+    """Shared by ``pgqueue pause`` and ``flask pgqueue pause``."""
+    pgq.admin.pause_queue(queue)
     click.echo(f"queue {queue} paused")
 
 
@@ -392,7 +399,12 @@ def pause(queue: str, database_url: str | None) -> None:
 @database_option
 def resume(queue: str, database_url: str | None) -> None:
     """Let workers claim QUEUE's jobs again."""
-    _queue_for(database_url).admin.resume_queue(queue)
+    resume_queue(_queue_for(database_url), queue)
+
+
+def resume_queue(pgq: PgQueue, queue: str) -> None:
+    """Shared by ``pgqueue resume`` and ``flask pgqueue resume``."""
+    pgq.admin.resume_queue(queue)
     click.echo(f"queue {queue} resumed")
 
 
@@ -402,6 +414,11 @@ def resume(queue: str, database_url: str | None) -> None:
 @database_option
 def limit(queue: str, limit: str, database_url: str | None) -> None:
     """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
+    limit_queue(_queue_for(database_url), queue, limit)
+
+
+def limit_queue(pgq: PgQueue, queue: str, limit: str) -> None:
+    """Shared by ``pgqueue limit`` and ``flask pgqueue limit``."""
     if limit.lower() == "none":
         value: int | None = None
     else:
@@ -409,7 +426,7 @@ def limit(queue: str, limit: str, database_url: str | None) -> None:
             value = int(limit)
         except ValueError:
             raise click.BadParameter(f"{limit!r} is not a number or 'none'") from None
-    _queue_for(database_url).admin.set_queue_limit(queue, value)
+    pgq.admin.set_queue_limit(queue, value)
     click.echo(f"queue {queue}: limit {'removed' if value is None else value}")
 
 
@@ -428,15 +445,4 @@ def demo(job_count: int, concurrency: int, database_url: str | None) -> None:
 
 
 def entrypoint() -> None:
-    try:
-        main(standalone_mode=True)
-    except DBAPIError as exc:
-        failure = connection_failure(exc)  # the connection that could not be opened, named
-        if failure is None:
-            raise
-        click.echo(f"error: {failure}", err=True)
-        sys.exit(2)
-    except PgQueueError as exc:
-        message = " ".join(str(exc).split())  # one line, whatever the message holds
-        error_console.print(Text.assemble(("error:", "red"), " ", message))
-        sys.exit(2)
+    main()

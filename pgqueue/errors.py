@@ -17,15 +17,18 @@ __all__ = [
     "JobNotFound",
     "PayloadTooLarge",
     "PgQueueError",
+    "SchemaNotCurrent",
     "SerializationError",
     "UnknownTask",
     "ValidationError",
     "connection_failure",
     "ended_before_commit",
     "error_line",
+    "is_bad_credentials",
     "is_connection_error",
     "is_insufficient_privilege",
     "is_transient_conflict",
+    "is_undefined_table",
     "name_connection_failure",
     "sqlstate_of",
     "storable_text",
@@ -68,6 +71,10 @@ class InvalidStateTransition(PgQueueError):
     """A transition was asked for from a state the transition table does not allow."""
 
 
+class SchemaNotCurrent(PgQueueError):
+    """pgqueue's tables are missing, or at another revision than this pgqueue's head."""
+
+
 # SQLSTATE classes, https://www.postgresql.org/docs/current/errcodes-appendix.html
 SERIALIZATION_FAILURE: Final = "40001"
 DEADLOCK_DETECTED: Final = "40P01"
@@ -78,6 +85,9 @@ CRASH_SHUTDOWN: Final = "57P02"
 CANNOT_CONNECT_NOW: Final = "57P03"
 IDLE_SESSION_TIMEOUT: Final = "57P05"
 INSUFFICIENT_PRIVILEGE: Final = "42501"  # "permission denied for ..."
+UNDEFINED_TABLE: Final = "42P01"
+LOGIN_REFUSED: Final = "28P01"  # wrong password
+INVALID_AUTHORIZATION: Final = "28000"  # no such role, or pg_hba.conf refused it
 
 _TRANSIENT_CONFLICTS: Final = frozenset({SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
 _CONNECTION_STATES: Final = frozenset(
@@ -121,6 +131,18 @@ def ended_before_commit(exc: BaseException) -> bool:
 def is_insufficient_privilege(exc: BaseException) -> bool:
     """True when the role lacks a right (e.g. ``pgqueue migrate`` run with DML rights only)."""
     return sqlstate_of(exc) == INSUFFICIENT_PRIVILEGE
+
+
+def is_undefined_table(exc: BaseException) -> bool:
+    """True when a statement named a table that does not exist (for pgqueue's own statements:
+    the schema was never migrated)."""
+    return sqlstate_of(exc) == UNDEFINED_TABLE
+
+
+def is_bad_credentials(exc: BaseException) -> bool:
+    """True when the server refused the login: wrong password, unknown role, or no
+    ``pg_hba.conf`` entry lets it in."""
+    return sqlstate_of(exc) in {LOGIN_REFUSED, INVALID_AUTHORIZATION}
 
 
 def is_connection_error(exc: BaseException) -> bool:

@@ -23,18 +23,26 @@ from alembic.config import Config
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection
+from sqlalchemy import Connection, inspect
+from sqlalchemy.exc import DBAPIError
+
+from pgqueue.errors import SchemaNotCurrent, is_insufficient_privilege
 
 VERSION_TABLE: Final = "pgqueue_alembic_version"
+# Where a host's own Alembic records pgqueue's revisions when it runs them (third way above).
+HOST_VERSION_TABLE: Final = "alembic_version"
+JOBS_TABLE: Final = "pgqueue_jobs"
 BRANCH_LABEL: Final = "pgqueue"
 SCRIPT_LOCATION: Final = "pgqueue:migrations"
 VERSION_LOCATION: Final = "pgqueue:migrations/versions"
 TABLE_PREFIX: Final = "pgqueue_"
+REVISION_PREFIX: Final = "pgqueue_"
 
 __all__ = [
     "BRANCH_LABEL",
     "VERSION_TABLE",
     "alembic_config",
+    "check_schema",
     "current",
     "downgrade",
     "head",
@@ -99,6 +107,49 @@ def head() -> str:
     heads = ScriptDirectory.from_config(alembic_config()).get_heads()
     assert len(heads) == 1, heads
     return heads[0]
+
+
+def check_schema(connection: Connection) -> None:
+    """Raise :class:`SchemaNotCurrent` unless pgqueue's schema in the connection's database is
+    at this pgqueue's head revision. Reads only the version tables and the catalog.
+
+    A role with DML rights only may not read the version table; it is then enough that the
+    jobs table exists (the owner runs the migrations).
+    """
+    database = connection.engine.url.database or "?"
+    expected = head()
+    try:
+        with connection.begin_nested():
+            recorded = current(connection) or _recorded_by_host(connection)
+    except DBAPIError as exc:
+        if not is_insufficient_privilege(exc):
+            raise
+        if inspect(connection).has_table(JOBS_TABLE):
+            return
+        recorded = None
+    if recorded == expected:
+        return
+    if recorded is None:
+        raise SchemaNotCurrent(
+            f"pgqueue's tables are missing in database {database}: run `pgqueue migrate`"
+        )
+    script = ScriptDirectory.from_config(alembic_config())
+    known = {revision.revision for revision in script.walk_revisions()}
+    if recorded in known:
+        raise SchemaNotCurrent(
+            f"pgqueue's schema in database {database} is at {recorded}, this pgqueue needs "
+            f"{expected}: run `pgqueue migrate`"
+        )
+    raise SchemaNotCurrent(
+        f"pgqueue's schema in database {database} is at {recorded}, newer than this pgqueue "
+        f"knows ({expected}): upgrade pgqueue"
+    )
+
+
+def _recorded_by_host(connection: Connection) -> str | None:
+    context = MigrationContext.configure(connection, opts={"version_table": HOST_VERSION_TABLE})
+    ours = [rev for rev in context.get_current_heads() if rev.startswith(REVISION_PREFIX)]
+    return ours[0] if ours else None
 
 
 def _qualified(revision: str) -> str:

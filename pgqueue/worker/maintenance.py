@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from pgqueue.config import Settings
+from pgqueue.errors import error_line, is_connection_error
 from pgqueue.metrics import NO_METRICS, NoMetrics
 from pgqueue.worker.stats import WorkerStats
 from pgqueue.worker.store import WorkerStore
@@ -62,8 +63,14 @@ class Maintenance:
     def _duty(self, what: str, step: Callable[[], object]) -> None:
         try:
             step()
-        except Exception:
-            if not self._halt.is_set():
+        except Exception as exc:
+            if self._halt.is_set():
+                return
+            if is_connection_error(exc):
+                # The store retries a lost connection until the worker stops: then it gives up,
+                # and that is no bug worth a traceback.
+                log.warning("maintenance: %s failed: %s", what, error_line(exc))
+            else:
                 log.exception("maintenance: %s failed", what)
 
     def rescue(self) -> None:

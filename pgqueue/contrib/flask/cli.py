@@ -3,50 +3,46 @@
 Registered through the ``flask.commands`` entry point, so any app with the extension gets them.
 The commands take the same options as ``pgqueue ...`` but no APP/``--database-url`` argument:
 the app (``--app`` / ``FLASK_APP``) provides the tasks and the database. They reuse
-``pgqueue.cli``'s implementations.
+``pgqueue.cli``'s implementations, and ``pgqueue.cli_shared``'s output, logging setup and
+one-line errors.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import click
 from flask import current_app
 from flask.cli import AppGroup, ScriptInfo
-from rich.table import Table
 
 from pgqueue import cli as core_cli
+from pgqueue import cli_shared as shared
 from pgqueue.contrib.flask import get_state
 from pgqueue.core import PgQueue as CoreQueue
-from pgqueue.errors import PgQueueError
 from pgqueue.states import JobState
 
-pgqueue_group = AppGroup("pgqueue", help="pgqueue job queue commands for this app.")
+
+class FlaskCommandGroup(shared.OneLineErrors, AppGroup):
+    """Flask's app-context command group, with the core CLI's one-line errors."""
+
+
+@click.group("pgqueue", cls=FlaskCommandGroup)
+@shared.verbose_option
+@shared.debug_option
+def pgqueue_group(verbose: int, debug: bool) -> None:
+    """pgqueue job queue commands for this app."""
+    shared.configure_logging(verbose)
 
 
 def _queue() -> CoreQueue:
     try:
-        return get_state().queue
+        queue = get_state().queue
     except RuntimeError:
-        raise click.UsageError(
+        raise shared.CommandError(
             f"the app {current_app.name!r} has no pgqueue extension: call pgq.init_app(app)"
         ) from None
-
-
-def _errors_as_usage(function: Any) -> Any:
-    """Show pgqueue's errors (job not found, invalid transition ...) as a one-line message."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except PgQueueError as exc:
-            raise click.ClickException(str(exc)) from None
-
-    wrapper.__name__ = function.__name__
-    wrapper.__doc__ = function.__doc__
-    return wrapper
+    return shared.remember_queue(queue)
 
 
 @pgqueue_group.command()
@@ -73,7 +69,6 @@ def worker(**options: Any) -> None:
 @pgqueue_group.command()
 @click.argument("task_name")
 @core_cli.enqueue_options
-@_errors_as_usage
 def enqueue(
     task_name: str,
     args_json: str,
@@ -87,65 +82,29 @@ def enqueue(
 
 
 @pgqueue_group.command()
-@click.option("--queue", "-q", default=None, help="Only this queue.")
-@click.option("--state", "-s", type=click.Choice([s.value for s in JobState]), default=None)
-@click.option("--task", "-t", "task_name", default=None, help="Only this task name.")
-@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 1000))
-@click.option("--before", type=int, default=None, help="Only jobs older than this job id.")
-@_errors_as_usage
-def jobs(
-    queue: str | None, state: str | None, task_name: str | None, limit: int, before: int | None
-) -> None:
+@shared.job_filter_options
+def jobs(**filters: Any) -> None:
     """List jobs, newest first."""
-    page = _queue().admin.list_jobs(
-        queue=queue,
-        state=JobState(state) if state else None,
-        task_name=task_name,
-        before=before,
-        limit=limit,
-    )
-    table = Table(title="pgqueue jobs")
-    for column in ("id", "queue", "task", "state", "attempts", "created", "finished"):
-        table.add_column(column)
-    for job in page.jobs:
-        table.add_row(
-            str(job.id),
-            job.queue,
-            job.task_name,
-            job.state.value,
-            f"{job.attempts}/{job.max_attempts}",
-            f"{job.created_at:%Y-%m-%d %H:%M:%S}",
-            f"{job.finished_at:%Y-%m-%d %H:%M:%S}" if job.finished_at else "",
-        )
-    core_cli.console.print(table)
+    shared.print_jobs(_queue(), **filters)
 
 
 @pgqueue_group.command()
-def stats() -> None:
+@shared.json_option
+def stats(as_json: bool) -> None:
     """Job counts per queue and state."""
-    counts = _queue().admin.counts()
-    table = Table(title="pgqueue jobs")
-    table.add_column("queue")
-    for state in JobState:
-        table.add_column(state.value, justify="right")
-    for queue, by_state in sorted(counts.items()):
-        table.add_row(queue, *(str(by_state.get(s, 0)) for s in JobState))
-    core_cli.console.print(table)
+    shared.print_stats(_queue(), as_json=as_json)
 
 
 @pgqueue_group.command()
 @click.argument("job_id", type=int)
-@_errors_as_usage
-def show(job_id: int) -> None:
+@shared.json_option
+def show(job_id: int, as_json: bool) -> None:
     """Show one job as JSON."""
-    job = _queue().admin.get_job(job_id)
-    data = {c.key: getattr(job, c.key) for c in job.__table__.columns}
-    click.echo(json.dumps(data, default=str, indent=2))
+    shared.print_job(_queue(), job_id, as_json=as_json)
 
 
 @pgqueue_group.command()
 @click.argument("job_id", type=int)
-@_errors_as_usage
 def retry(job_id: int) -> None:
     """Run a failed or cancelled job again."""
     _queue().admin.retry_job(job_id)
@@ -154,7 +113,6 @@ def retry(job_id: int) -> None:
 
 @pgqueue_group.command()
 @click.argument("job_id", type=int)
-@_errors_as_usage
 def cancel(job_id: int) -> None:
     """Cancel a waiting job, or ask a running one to stop."""
     state = _queue().admin.cancel_job(job_id)
@@ -167,3 +125,31 @@ def cancel(job_id: int) -> None:
 def prune() -> None:
     """Delete finished jobs past their retention."""
     click.echo(f"pruned {_queue().prune()} jobs")
+
+
+@pgqueue_group.command()
+def schedules() -> None:
+    """List this app's periodic schedules with their next run."""
+    core_cli.print_schedules(_queue())
+
+
+@pgqueue_group.command()
+@click.argument("queue")
+def pause(queue: str) -> None:
+    """Stop all workers from claiming QUEUE's jobs (running jobs finish)."""
+    core_cli.pause_queue(_queue(), queue)
+
+
+@pgqueue_group.command()
+@click.argument("queue")
+def resume(queue: str) -> None:
+    """Let workers claim QUEUE's jobs again."""
+    core_cli.resume_queue(_queue(), queue)
+
+
+@pgqueue_group.command()
+@click.argument("queue")
+@click.argument("limit")
+def limit(queue: str, limit: str) -> None:
+    """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
+    core_cli.limit_queue(_queue(), queue, limit)

@@ -1,0 +1,288 @@
+"""What the two command-line interfaces (``pgqueue`` and ``flask pgqueue``) share beyond their
+commands: the output consoles, loading ``APP``, one-line errors with exit code 2 (and
+``--debug``), the logging setup, and the read commands' tables and JSON.
+
+Kept apart from ``pgqueue.cli`` so that each CLI module holds only its commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+import psycopg
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy.exc import DBAPIError
+
+from pgqueue.core import PgQueue
+from pgqueue.errors import (
+    PgQueueError,
+    connection_failure,
+    error_line,
+    is_bad_credentials,
+    is_connection_error,
+    is_undefined_table,
+)
+from pgqueue.states import JobState
+
+# Wide enough for any row: a table printed to a file or a pipe is never cut or wrapped.
+UNBOUNDED_WIDTH = 100_000
+
+
+def _output_console() -> Console:
+    # No markup or highlighting: what is printed (queue and task names, error messages) comes
+    # from users and the database, and ``[...]`` in it must print as itself, not as style tags.
+    terminal = Console(markup=False, highlight=False)
+    if terminal.is_terminal or os.environ.get("COLUMNS"):
+        return terminal
+    return Console(markup=False, highlight=False, width=UNBOUNDED_WIDTH)
+
+
+console = _output_console()
+error_console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+
+
+class CommandError(click.ClickException):
+    """A problem the user can fix, printed as one ``error: ...`` line; exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        print_error(self.format_message())
+
+
+def print_error(message: str) -> None:
+    """``error: message`` on stderr, on one line whatever the message holds."""
+    error_console.print(Text.assemble(("error:", "red"), " ", " ".join(message.split())))
+
+
+_FIX_APP = "name the PgQueue object, e.g. myapp.jobs:pgq"
+
+
+def load_app(path: str) -> PgQueue:
+    """Import ``module:attribute`` and return the PgQueue it names.
+
+    Whatever else it names (a task, a function, a class) is refused without being called.
+    """
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise CommandError(f"APP {path!r} is not of the form module:attribute: {_FIX_APP}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CommandError(f"APP {path!r}: cannot import {module_name!r}: {exc}") from exc
+    obj: Any = module
+    for part in attribute.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise CommandError(f"APP {path!r}: {module_name!r} has no attribute {attribute!r}")
+    if not isinstance(obj, PgQueue):
+        kind = obj.__name__ if isinstance(obj, type) else type(obj).__name__
+        what = "the class" if isinstance(obj, type) else "a"
+        raise CommandError(f"APP {path!r} is {what} {kind}, not a PgQueue: {_FIX_APP}")
+    return remember_queue(obj)
+
+
+def remember_queue(pgq: PgQueue) -> PgQueue:
+    """Note the command's queue, so that an error message can name its database."""
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.meta[_QUEUE_KEY] = pgq
+    return pgq
+
+
+_QUEUE_KEY = "pgqueue.queue"
+
+
+def problem_line(exc: BaseException, database: Callable[[], str | None]) -> str | None:
+    """One line naming what went wrong and its fix, for the errors a user causes and can fix
+    (schema not migrated, server down, login refused, bad input); None for anything else,
+    which is a bug and keeps its traceback. ``database`` names the command's database."""
+    if isinstance(exc, PgQueueError):
+        return str(exc)
+    if not isinstance(exc, DBAPIError | psycopg.Error):
+        return None
+    failure = connection_failure(exc)  # the connection that could not be opened, named
+    if failure is not None:
+        return failure
+    name = database()
+    where = f" {name}" if name else ""
+    if is_bad_credentials(exc):
+        return (
+            f"the server refused the login to database{where} ({error_line(exc)}): "
+            "check the user and password of the database URL"
+        )
+    if is_undefined_table(exc):
+        return f"pgqueue's tables are missing in database{where}: run `pgqueue migrate`"
+    if is_connection_error(exc):
+        return (
+            f"connection to database{where} failed ({error_line(exc)}): check that the server "
+            "is up and the database URL"
+        )
+    return f"database{where}: {error_line(exc)} (--debug shows the traceback)"
+
+
+class OneLineErrors(click.Group):
+    """A command group whose commands report a user's problem (see ``problem_line``) as one
+    line and exit code 2; its ``--debug`` option shows the traceback instead."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            line = problem_line(exc, lambda: _database_name(ctx.meta.get(_QUEUE_KEY)))
+            if line is None:
+                raise
+            print_error(line)
+            ctx.exit(2)
+
+
+def _database_name(pgq: PgQueue | None) -> str | None:
+    # Called for a database error only: the queue's engine exists by then, so asking for it
+    # starts nothing.
+    if pgq is None:
+        return None
+    try:
+        return pgq.engine.url.database
+    except Exception:  # naming the database must never hide the error being reported
+        return None
+
+
+debug_option = click.option(
+    "--debug", is_flag=True, help="Show the traceback of an error instead of one line."
+)
+verbose_option = click.option(
+    "-v", "--verbose", count=True, help="More logging (-v info, -vv debug)."
+)
+
+
+def configure_logging(verbose: int) -> None:
+    """The logging of both CLIs: WARNING and up (``-v`` info, ``-vv`` debug) on stderr, and
+    pgqueue's own INFO lines (a worker's start, jobs, shutdown) where a command asks for them."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (stable keys) instead of a table."
+)
+
+
+def job_filter_options(function: Any) -> Any:
+    """The options of ``pgqueue jobs`` (shared with ``flask pgqueue jobs``)."""
+    options = [
+        click.option("--queue", "-q", default=None, help="Only this queue."),
+        click.option("--state", "-s", type=click.Choice([s.value for s in JobState]), default=None),
+        click.option("--task", "-t", "task_name", default=None, help="Only this task name."),
+        click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 1000)),
+        click.option("--before", type=int, default=None, help="Only jobs older than this job id."),
+        json_option,
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def job_record(job: Any) -> dict[str, Any]:
+    """A job's columns as JSON-ready values: times in ISO 8601, states as their names."""
+    record: dict[str, Any] = {}
+    for column in job.__table__.columns:
+        value = getattr(job, column.key)
+        if isinstance(value, JobState):
+            value = value.value
+        elif hasattr(value, "isoformat"):
+            value = value.isoformat()
+        record[column.key] = value
+    return record
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, default=str, sort_keys=True))
+
+
+def print_jobs(
+    pgq: PgQueue,
+    *,
+    queue: str | None,
+    state: str | None,
+    task_name: str | None,
+    limit: int,
+    before: int | None,
+    as_json: bool,
+) -> None:
+    """Shared by ``pgqueue jobs`` and ``flask pgqueue jobs``: a page of jobs, newest first."""
+    page = pgq.admin.list_jobs(
+        queue=queue,
+        state=JobState(state) if state else None,
+        task_name=task_name,
+        before=before,
+        limit=limit,
+    )
+    if as_json:
+        print_json(
+            {
+                "jobs": [job_record(job) for job in page.jobs],
+                "older": page.older,
+                "newer": page.newer,
+            }
+        )
+        return
+    table = Table(title="pgqueue jobs")
+    for column in ("id", "queue", "task", "state", "attempts", "created", "finished"):
+        table.add_column(column)
+    for job in page.jobs:
+        table.add_row(
+            str(job.id),
+            job.queue,
+            job.task_name,
+            job.state.value,
+            f"{job.attempts}/{job.max_attempts}",
+            f"{job.created_at:%Y-%m-%d %H:%M:%S}",
+            f"{job.finished_at:%Y-%m-%d %H:%M:%S}" if job.finished_at else "",
+        )
+    console.print(table)
+
+
+def print_stats(pgq: PgQueue, *, as_json: bool) -> None:
+    """Shared by ``pgqueue stats`` and ``flask pgqueue stats``: counts per queue and state."""
+    counts = pgq.admin.counts()
+    if as_json:
+        print_json(
+            {
+                queue: {state.value: by_state.get(state, 0) for state in JobState}
+                for queue, by_state in counts.items()
+            }
+        )
+        return
+    table = Table(title="pgqueue jobs")
+    table.add_column("queue")
+    for state in JobState:
+        table.add_column(state.value, justify="right")
+    for queue, by_state in sorted(counts.items()):
+        table.add_row(queue, *(str(by_state.get(s, 0)) for s in JobState))
+    console.print(table)
+
+
+def print_job(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
+    """Shared by ``pgqueue show`` and ``flask pgqueue show``: one job as JSON (``--json``: on
+    one line, values normalised)."""
+    job = pgq.admin.get_job(job_id)
+    if as_json:
+        print_json(job_record(job))
+        return
+    data = {c.key: getattr(job, c.key) for c in job.__table__.columns}
+    click.echo(json.dumps(data, default=str, indent=2))

@@ -1,0 +1,287 @@
+"""Both CLIs (``pgqueue ...`` and ``flask pgqueue ...``) against what a user gets wrong: an
+unmigrated or too-old schema, a stopped server, a wrong password, a malformed URL, an APP that
+is not a ``PgQueue``. Each prints at most two lines naming the problem and its fix, exits 2,
+and shows no traceback unless ``--debug`` asks for it. Real servers, real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL
+
+from pgqueue import PgQueue, migrations
+from pgqueue.errors import SchemaNotCurrent
+
+# Every command that reaches the database, with the arguments it needs. APP is a module written
+# into the test's directory (``app_module``); ``enqueue`` and ``worker`` import it.
+DATABASE_COMMANDS: list[list[str]] = [
+    ["stats"],
+    ["stats", "--json"],
+    ["jobs"],
+    ["jobs", "--json", "--state", "failed"],
+    ["show", "1"],
+    ["retry", "1"],
+    ["cancel", "1"],
+    ["prune"],
+    ["pause", "q"],
+    ["resume", "q"],
+    ["limit", "q", "3"],
+    ["enqueue", "shop:pgq", "shop.noop"],
+    ["worker", "shop:pgq", "--drain"],
+]
+FLASK_COMMANDS: list[list[str]] = [
+    [c for c in command if c != "shop:pgq"] for command in DATABASE_COMMANDS
+]
+
+SHOP = """
+import os
+
+from flask import Flask
+
+from pgqueue import PgQueue
+from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
+
+pgq = PgQueue(os.environ["SHOP_URL"])
+flask_pgq = FlaskPgQueue()
+
+
+@pgq.task(name="shop.noop")
+def noop():
+    return None
+
+
+@flask_pgq.task(name="shop.noop")
+def flask_noop():
+    return None
+
+
+@pgq.task(name="shop.send_receipt")
+def send_receipt(*args, **kwargs):
+    open(os.environ["CALLED_MARKER"], "w").close()
+
+
+def make_queue():
+    open(os.environ["CALLED_MARKER"], "w").close()
+    return pgq
+
+
+class Order:
+    def __init__(self):
+        open(os.environ["CALLED_MARKER"], "w").close()
+
+
+app = Flask("shop")
+app.config["PGQUEUE_DATABASE_URL"] = os.environ["SHOP_URL"]
+flask_pgq.init_app(app)
+"""
+
+
+@pytest.fixture
+def shop(tmp_path: Path) -> Path:
+    (tmp_path / "shop.py").write_text(textwrap.dedent(SHOP))
+    return tmp_path
+
+
+def _run(argv: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProcess[str]:
+    rendered = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+    # No COLUMNS: output goes to a pipe, as in a script.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PGQUEUE_", "FLASK_")) and k != "COLUMNS"
+    }
+    env.update(
+        PGQUEUE_DATABASE_URL=rendered,
+        SHOP_URL=rendered,
+        CALLED_MARKER=str(cwd / "called"),
+        PYTHONPATH=os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH", "")) if p),
+        PGCONNECT_TIMEOUT="5",
+    )
+    return subprocess.run(
+        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def pgqueue(args: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProcess[str]:
+    return _run(["-m", "pgqueue", *args], cwd, url)
+
+
+def flask(args: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProcess[str]:
+    return _run(["-m", "flask", "--app", "shop:app", "pgqueue", *args], cwd, url)
+
+
+def _assert_one_line(result: subprocess.CompletedProcess[str], *expected: str) -> str:
+    output = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode == 2, (result.args, result.stdout, result.stderr)
+    assert len(output) <= 2, (result.args, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    error = next(line for line in output if line.startswith("error: "))
+    for part in expected:
+        assert part in error, (result.args, error)
+    return error
+
+
+def _both_clis(shop: Path, url: URL | str, *expected: str, worker: bool = True) -> None:
+    for commands, cli in ((DATABASE_COMMANDS, pgqueue), (FLASK_COMMANDS, flask)):
+        for command in commands:
+            if worker or command[0] != "worker":
+                _assert_one_line(cli(command, shop, url), *expected)
+
+
+def test_unmigrated_database(shop: Path, empty_database_url: URL) -> None:
+    name = str(empty_database_url.database)
+    _both_clis(
+        shop,
+        empty_database_url,
+        f"pgqueue's tables are missing in database {name}",
+        "run `pgqueue migrate`",
+    )
+
+
+def test_debug_shows_the_traceback(shop: Path, empty_database_url: URL) -> None:
+    for result in (
+        pgqueue(["--debug", "stats"], shop, empty_database_url),
+        flask(["--debug", "stats"], shop, empty_database_url),
+    ):
+        assert result.returncode != 0
+        assert "Traceback" in result.stderr
+        assert "UndefinedTable" in result.stderr
+
+
+def test_worker_refuses_a_schema_older_than_its_head(shop: Path, empty_database_url: URL) -> None:
+    head = migrations.head()
+    engine = create_engine(empty_database_url)
+    with engine.begin() as connection:
+        migrations.upgrade(connection, "pgqueue_0005")
+    engine.dispose()
+    for result in (
+        pgqueue(["worker", "shop:pgq", "--drain"], shop, empty_database_url),
+        flask(["worker", "--drain"], shop, empty_database_url),
+    ):
+        line = _assert_one_line(result, "is at pgqueue_0005", f"needs {head}", "pgqueue migrate")
+        assert "started" not in result.stderr, line
+
+
+def test_stopped_server(shop: Path) -> None:
+    with socket.socket() as probe:  # a free port: nothing listens there once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"postgresql+psycopg://postgres:x@127.0.0.1:{port}/shop"
+    # A worker waits for its database instead (tests/e2e/test_tls.py).
+    _both_clis(shop, url, f"connection to 127.0.0.1:{port}/shop failed", worker=False)
+
+
+def test_wrong_password(shop: Path, server_tcp_url: URL, database_url: URL) -> None:
+    if not server_tcp_url.password:
+        pytest.skip("the test server takes no password")
+    url = server_tcp_url.set(database=database_url.database, password="not-the-password")
+    _both_clis(shop, url, "password authentication failed", worker=False)
+
+
+def test_malformed_url(shop: Path) -> None:
+    for command in DATABASE_COMMANDS:
+        _assert_one_line(pgqueue(command, shop, "postgresql://host:port-is-not-a-number/db"))
+
+
+@pytest.mark.parametrize("target", ["shop:send_receipt", "shop:make_queue", "shop:Order"])
+def test_a_target_that_is_not_a_queue_is_never_called(
+    shop: Path, database_url: URL, target: str
+) -> None:
+    for command in (["worker", target, "--drain"], ["enqueue", target, "shop.noop"]):
+        error = _assert_one_line(pgqueue(command, shop, database_url), "not a PgQueue")
+        assert target in error and "name the PgQueue object" in error
+        assert not (shop / "called").exists(), f"{target} was called"
+
+
+def _enqueue(url: URL, *queues: str, task: str = "shop.noop") -> list[int]:
+    pgq = PgQueue(url)
+    noop = pgq.task(name=task)(lambda: None)
+    ids = [noop.configure(queue=queue).enqueue() for queue in queues]
+    pgq.dispose()
+    return ids
+
+
+def test_flask_worker_logs_like_the_core_worker(shop: Path, database_url: URL) -> None:
+    _enqueue(database_url, "default", "default")
+    core = pgqueue(["worker", "shop:pgq", "--drain"], shop, database_url)
+    _enqueue(database_url, "default", "default")
+    hosted = flask(["worker", "--drain"], shop, database_url)
+    for result in (core, hosted):
+        assert result.returncode == 0, result.stderr
+        assert " started: queues=*" in result.stderr, result.stderr
+        assert " stopped: " in result.stderr, result.stderr
+
+    def shape(stderr: str) -> list[str]:
+        # The logger and the message's first words, without times and ids.
+        return [" ".join(line.split()[3:5]) for line in stderr.strip().splitlines()]
+
+    assert shape(core.stderr) == shape(hosted.stderr)
+
+
+def test_json_output_and_parity(shop: Path, database_url: URL) -> None:
+    ids = _enqueue(database_url, "a", "a", "b")
+    for cli in (pgqueue, flask):
+        app = ["shop:pgq"] if cli is pgqueue else []
+        listed = cli(["jobs", "--json", "--queue", "a"], shop, database_url)
+        assert listed.returncode == 0, listed.stderr
+        page = json.loads(listed.stdout)
+        assert [job["id"] for job in page["jobs"]] == [ids[1], ids[0]]
+        assert page["jobs"][0]["state"] == "queued"
+        assert page["jobs"][0]["task_name"] == "shop.noop"
+        stats = json.loads(cli(["stats", "--json"], shop, database_url).stdout)
+        assert stats["a"]["queued"] == 2 and stats["b"]["queued"] == 1
+        shown = json.loads(cli(["show", str(ids[2]), "--json"], shop, database_url).stdout)
+        assert shown["queue"] == "b" and shown["id"] == ids[2]
+        for command in (["pause", "b"], ["limit", "b", "2"], ["resume", "b"]):
+            done = cli(command, shop, database_url)
+            assert done.returncode == 0, done.stderr
+        scheduled = cli(["schedules", *app], shop, database_url)
+        assert scheduled.returncode == 0, scheduled.stderr
+
+
+def test_tables_are_full_width_when_not_a_terminal(shop: Path, database_url: URL) -> None:
+    long_queue, long_task = "q" * 63, "t" * 63  # a row far wider than 80 columns
+    _enqueue(database_url, long_queue, task=long_task)
+    for cli in (pgqueue, flask):
+        for command in (["jobs"], ["stats"]):
+            result = cli(command, shop, database_url)
+            assert result.returncode == 0, result.stderr
+            assert long_queue in result.stdout, result.stdout
+            if command == ["jobs"]:
+                assert long_task in result.stdout, result.stdout
+
+
+def test_schema_check_reads_a_hosts_alembic_version(database_url: URL) -> None:
+    """pgqueue's revisions run by the host's own Alembic are recorded in its ``alembic_version``
+    (beside the host's own head): a worker starts on that as on ``pgqueue_alembic_version``."""
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            migrations.check_schema(connection)
+            connection.execute(text("DROP TABLE pgqueue_alembic_version"))
+            with pytest.raises(SchemaNotCurrent, match="tables are missing"):
+                migrations.check_schema(connection)
+            connection.execute(text("CREATE TABLE alembic_version (version_num varchar(32))"))
+            connection.execute(
+                text("INSERT INTO alembic_version VALUES ('host_0007'), (:head)"),
+                {"head": migrations.head()},
+            )
+            migrations.check_schema(connection)
+            connection.execute(
+                text(
+                    "UPDATE alembic_version SET version_num = 'pgqueue_0003' "
+                    "WHERE version_num LIKE 'pgqueue%'"
+                )
+            )
+            with pytest.raises(SchemaNotCurrent, match="is at pgqueue_0003"):
+                migrations.check_schema(connection)
+    finally:
+        engine.dispose()
