@@ -47,7 +47,10 @@ def test_zombie_worker_late_completion_changes_nothing(app: App) -> None:
         )
         [job] = app.wait_final([job_id], timeout=60).values()
         assert (job.state, job.attempts, job.result["pid"]) == ("succeeded", 2, rescuer.pid)
-        assert "lease expired" in job.last_error
+        # Succeeded: last_error is cleared, and attempt 1's rescue stays in the history.
+        assert job.last_error is None
+        assert [e["attempt"] for e in job.errors] == [1]
+        assert "lease expired" in job.errors[0]["error"]
         # The frozen worker's handler has slept past its 3 s (wall clock) meanwhile.
         time.sleep(max(0.0, 3.5 - 2))
     finally:
