@@ -1,7 +1,8 @@
-"""The benchmark tasks, importable by worker subprocesses as ``benchmarks.app:make_app``.
+"""The benchmark tasks, importable by worker subprocesses as ``benchmarks.app:pgq``.
 
-``pgqueue worker`` calls ``make_app()`` (a callable APP is called), which builds a ``PgQueue``
-for the database in ``$PGQUEUE_BENCH_URL``. Task names are fixed so the benchmark process and
+``pgqueue worker benchmarks.app:pgq`` reads the module attribute ``pgq``, built on first access
+(``make_app()``) for the database in ``$PGQUEUE_BENCH_URL``: the benchmark process itself
+imports this module without that variable. Task names are fixed so the benchmark process and
 the workers agree on them.
 """
 
@@ -41,6 +42,20 @@ def build(url: str, settings: Settings | None = None) -> PgQueue:
 
 
 def make_app() -> PgQueue:
+    """The workers' PgQueue: the benchmark tasks on ``$PGQUEUE_BENCH_URL``."""
     # Settings from the environment: the drain's best setting is PGQUEUE_LOG_SUCCESSES=false
     # (with ``Settings()`` the worker subprocess ignored it and logged every success).
     return build(os.environ["PGQUEUE_BENCH_URL"], Settings.from_env())
+
+
+_APP: PgQueue | None = None
+
+
+def __getattr__(name: str) -> PgQueue:
+    # Module attribute built on first access, so importing the module needs no database URL.
+    global _APP
+    if name != "pgq":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _APP is None:
+        _APP = make_app()
+    return _APP

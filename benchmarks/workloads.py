@@ -1,6 +1,6 @@
 """The workloads, each on a fresh database, pgqueue and (where it has one) the baseline.
 
-pgqueue's workers run as ``python -m pgqueue worker benchmarks.app:make_app`` subprocesses,
+pgqueue's workers run as ``python -m pgqueue worker benchmarks.app:pgq`` subprocesses,
 exactly as a deployment runs them; the baseline's workers run as ``python -m
 benchmarks.baseline`` subprocesses. Throughput is measured by the database clock, first claim
 to last completion, so interpreter start-up is not counted for either side; the wall time
@@ -94,7 +94,7 @@ def worker_command(concurrency: int, processes: int = 1, drain: bool = True) -> 
         "-m",
         "pgqueue",
         "worker",
-        "benchmarks.app:make_app",
+        "benchmarks.app:pgq",
         "--concurrency",
         str(concurrency),
         "--processes",
