@@ -172,6 +172,9 @@ class Job(Base):
     """Ids of WAITING jobs to settle when this one ends. On this row, not in an edge table, so the
     outcome's UPDATE (which waits for an enqueuing dependent's lock on this row, then re-reads
     the row's newest version) returns dependents added concurrently too."""
+    trace_context: Mapped[dict[str, Any] | None] = mapped_column(StoredJSON)
+    """The enqueuing code's trace context (W3C ``traceparent``/``tracestate``) when tracing is
+    enabled, so the job's run joins that trace; null otherwise (migration pgqueue_0007)."""
 
     __table_args__ = (
         CheckConstraint(STATE_CHECK, name="state_valid"),
@@ -321,3 +324,61 @@ class PeriodicTick(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     """When a scheduler enqueued it (database clock)."""
+
+
+# --- operators' records (migration pgqueue_0007) ---------------------------------------------
+
+
+class WorkerRecord(Base):
+    """One running worker process, so operators can see who is alive and what each serves.
+
+    Written when the worker starts, refreshed by its heartbeat, deleted when it stops cleanly.
+    A worker killed without a clean stop leaves its row; once ``last_seen_at`` is older than the
+    stale interval any worker's maintenance deletes it.
+    """
+
+    __tablename__ = "pgqueue_workers"
+
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    """The worker id, the value its claims write to ``pgqueue_jobs.lease_owner``."""
+    host: Mapped[str] = mapped_column(Text)
+    """Host name of the machine it runs on."""
+    pid: Mapped[int] = mapped_column(Integer)
+    """Its operating-system process id on that host."""
+    queues: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    """Queues it claims from."""
+    concurrency: Mapped[int] = mapped_column(Integer)
+    """How many jobs it runs at once."""
+    version: Mapped[str] = mapped_column(Text)
+    """The pgqueue version it runs."""
+    started_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """When it started (database clock)."""
+    last_seen_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """Its latest heartbeat (database clock)."""
+
+
+class AuditRecord(Base):
+    """One bulk action (retry, cancel or delete by filter), written in the action's transaction:
+    the record exists exactly when the action took effect."""
+
+    __tablename__ = "pgqueue_audit"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    """Record id."""
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    """When the action was taken (database clock)."""
+    actor: Mapped[str] = mapped_column(Text)
+    """Who took it (the CLI's operating-system user and host, the dashboard's configured
+    identity, or what an API caller passes)."""
+    source: Mapped[str] = mapped_column(Text)
+    """Where it was taken: ``cli``, ``dashboard`` or ``api``."""
+    action: Mapped[str] = mapped_column(Text)
+    """``retry``, ``cancel`` or ``delete``."""
+    filter: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    """The filter that chose the jobs, as given."""
+    count: Mapped[int] = mapped_column(Integer)
+    """How many jobs the action changed."""

@@ -136,15 +136,18 @@ def as_role(url: URL, role: str) -> URL:
 def test_the_readme_grants_exactly_dml_rights(database_url: URL, app_role: str) -> None:
     """The README's block only creates the role and grants object privileges (no role
     membership, no attributes), and what the role ends up with is exactly DML on pgqueue's
-    tables and USAGE on the id sequence: no DDL, no TEMP, no version table, no superuser."""
+    tables and USAGE on their id sequences: no DDL, no TEMP, no version table, no superuser."""
     [create, *grants] = readme_sql()
     assert create == "CREATE ROLE app LOGIN PASSWORD '...'"
     for grant in grants:
         assert re.fullmatch(r"GRANT [A-Z, ]+ ON .+ TO app", grant), grant
     with _admin(database_url).connect() as connection:
-        sequence = connection.execute(
-            text("SELECT pg_get_serial_sequence('pgqueue_jobs', 'id')")
-        ).scalar_one()
+        sequences = connection.execute(
+            text(
+                "SELECT pg_get_serial_sequence('pgqueue_jobs', 'id'),"
+                " pg_get_serial_sequence('pgqueue_audit', 'id')"
+            )
+        ).one()
         held = connection.execute(
             text(
                 """SELECT c.relname, a.privilege_type
@@ -169,9 +172,9 @@ def test_the_readme_grants_exactly_dml_rights(database_url: URL, app_role: str) 
             ),
             {"r": app_role},
         ).one()
-    assert sequence == "public.pgqueue_jobs_id_seq"
+    assert tuple(sequences) == ("public.pgqueue_jobs_id_seq", "public.pgqueue_audit_id_seq")
     expected = {(table, right) for table in pgqueue_tables() for right in DML}
-    expected.add(("pgqueue_jobs_id_seq", "USAGE"))
+    expected |= {("pgqueue_jobs_id_seq", "USAGE"), ("pgqueue_audit_id_seq", "USAGE")}
     assert set(held) == expected
     assert tuple(rights) == (True, True, False, False, False, False, False, 0, 0)
 
