@@ -17,7 +17,7 @@ from typing import Final, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import repository, uow, validation
+from pgqueue import explain, repository, uow, validation
 from pgqueue.errors import InvalidStateTransition, JobNotFound, ValidationError
 from pgqueue.models import Job
 from pgqueue.states import JobState
@@ -174,6 +174,12 @@ class Admin:
                 raise JobNotFound(f"no job with id {job_id}")
             session.expunge(job)
             return job
+
+    def explain_job(self, job_id: int) -> explain.JobExplanation:
+        """Why job ``job_id`` is not running (or is): its blockers in the order the claim
+        applies them (see ``pgqueue.explain``). Raises JobNotFound."""
+        job_id = check_job_id(job_id)
+        return self._read(lambda session: explain.explain_job(session, job_id))
 
     def list_jobs(
         self,

@@ -26,6 +26,7 @@ from pgqueue.cli_shared import (
     load_app,
     print_job,
     print_jobs,
+    print_json,
     print_stats,
     remember_queue,
     verbose_option,
@@ -442,6 +443,30 @@ def demo(job_count: int, concurrency: int, database_url: str | None) -> None:
     from pgqueue.demo import run_demo
 
     run_demo(database_url, job_count=job_count, concurrency=concurrency, console=console)
+
+
+# -- explain ----------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@json_option
+@database_option
+def explain(job_id: int, as_json: bool, database_url: str | None) -> None:
+    """Why isn't job JOB_ID running? One line per blocker."""
+    print_explanation(_queue_for(database_url), job_id, as_json=as_json)
+
+
+def print_explanation(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
+    """Shared by ``pgqueue explain`` and ``flask pgqueue explain``: the job's state, then one
+    line per blocker (``--json``: the whole explanation on one line)."""
+    explanation = pgq.admin.explain_job(job_id)
+    if as_json:
+        print_json(explanation.to_dict())
+        return
+    click.echo(explanation.headline)
+    for blocker in explanation.blockers:
+        click.echo(f"  {blocker.kind.value}: {blocker.message}")
 
 
 def entrypoint() -> None:

@@ -25,6 +25,7 @@ from pgqueue.admin import Admin
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.db import Database
 from pgqueue.errors import ConfigurationError, ValidationError
+from pgqueue.explain import JobExplanation
 from pgqueue.jobs import NewJob
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
@@ -262,6 +263,10 @@ class PgQueue:
     def get_job(self, job_id: int) -> Job:
         """A snapshot of one job (detached from any session). Raises JobNotFound."""
         return self.admin.get_job(job_id)
+
+    def explain_job(self, job_id: int) -> JobExplanation:
+        """Why job ``job_id`` is not running: see ``Admin.explain_job``."""
+        return self.admin.explain_job(job_id)
 
     def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
         """Make a FAILED or CANCELLED job run again now, whatever its attempt count."""

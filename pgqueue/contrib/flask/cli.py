@@ -153,3 +153,11 @@ def resume(queue: str) -> None:
 def limit(queue: str, limit: str) -> None:
     """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
     core_cli.limit_queue(_queue(), queue, limit)
+
+
+@pgqueue_group.command()
+@click.argument("job_id", type=int)
+@shared.json_option
+def explain(job_id: int, as_json: bool) -> None:
+    """Why isn't job JOB_ID running? One line per blocker."""
+    core_cli.print_explanation(_queue(), job_id, as_json=as_json)

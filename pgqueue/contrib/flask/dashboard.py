@@ -255,10 +255,16 @@ def job_detail(job_id: int) -> str:
         job = _admin().get_job(job_id)
     except PgQueueError:
         abort(404, description=f"no job with id {job_id}")
+    final = job.state in FINAL_STATES
+    try:
+        explanation = None if final else _admin().explain_job(job_id)
+    except PgQueueError:  # deleted between the two reads
+        abort(404, description=f"no job with id {job_id}")
     return render_template(
         "pgqueue/job.html",
         job=job,
-        final=job.state in FINAL_STATES,
+        explanation=explanation,
+        final=final,
         can_retry=job.state in {JobState.FAILED, JobState.CANCELLED},
         can_cancel=job.state in {JobState.QUEUED, JobState.RETRYING, JobState.RUNNING},
         can_delete=job.state is not JobState.RUNNING,

@@ -1,0 +1,425 @@
+"""Why isn't this job running? The blockers of one job, in the order the claim applies them.
+
+``explain_job`` reads what the claim would check for the job (its row, its ticket, its queue's
+switches, the RUNNING jobs filling the queue's limit, its dependencies, the worker registry),
+each read bounded by a key or an index, and ``explanation`` turns those facts into a
+``JobExplanation``: the job's state and a list of ``Blocker``s, each an enum kind, one readable
+sentence and the data behind it. A job nothing blocks gets one ``READY`` entry with its
+position in line; a finished job one ``FINISHED`` entry; a running one ``LEASE_HELD``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from sqlalchemy.orm import Session
+
+from pgqueue.db import executor_for
+from pgqueue.errors import JobNotFound, error_summary
+from pgqueue.sql import explain as sql
+from pgqueue.states import FINAL_STATES, JobState
+
+__all__ = [
+    "AHEAD_CAP",
+    "LIST_CAP",
+    "WORKER_STALE_SECONDS",
+    "Blocker",
+    "BlockerKind",
+    "JobExplanation",
+    "JobFacts",
+    "explain_job",
+    "explanation",
+]
+
+# Counting tickets ahead stops here ("at least"), so a deep queue costs no more to explain.
+AHEAD_CAP: Final = 10_000
+# Job and worker ids listed in one sentence (the running jobs of a full queue, the live workers).
+LIST_CAP: Final = 20
+# Dependencies read for one job; a job with more names the first ones and counts the rest.
+DEPENDENCY_CAP: Final = 200
+# A worker counts as alive when the registry saw it within this many seconds.
+WORKER_STALE_SECONDS: Final = 60.0
+
+
+class BlockerKind(enum.StrEnum):
+    """What an entry of a ``JobExplanation`` says, in the order the claim checks it."""
+
+    FINISHED = "finished"
+    """The job ended (succeeded, failed or cancelled): nothing will run it again by itself."""
+    LEASE_HELD = "lease_held"
+    """It is RUNNING: a worker holds its lease (who, last seen when, until when)."""
+    NO_TICKET = "no_ticket"
+    """QUEUED or RETRYING without a ticket (a row written by hand): no claim can find it."""
+    DEPENDENCIES = "dependencies"
+    """WAITING for dependencies to succeed (which, and their states)."""
+    SCHEDULED = "scheduled"
+    """Its ``run_at`` is in the future (when)."""
+    PAUSED = "paused"
+    """Its queue is paused."""
+    AT_LIMIT = "at_limit"
+    """Its queue is at its concurrency limit (the RUNNING jobs filling it)."""
+    NO_LIVE_WORKER = "no_live_worker"
+    """No live worker claims from its queue."""
+    READY = "ready"
+    """Nothing blocks it: claimable now, with this many tickets of its queue ahead of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Blocker:
+    """One reason, as a kind, a sentence and its data (JSON-ready values and datetimes)."""
+
+    kind: BlockerKind
+    message: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"kind", "message", "data"}`` with datetimes in ISO 8601."""
+        return {"kind": self.kind.value, "message": self.message, "data": _jsonable(self.data)}
+
+
+@dataclass(frozen=True, slots=True)
+class JobExplanation:
+    """Why job ``job_id`` is (not) running, as checked at ``checked_at`` (database clock)."""
+
+    job_id: int
+    task_name: str
+    queue: str
+    state: JobState
+    checked_at: dt.datetime
+    blockers: tuple[Blocker, ...]
+
+    @property
+    def kinds(self) -> tuple[BlockerKind, ...]:
+        """The kinds of the entries, in order."""
+        return tuple(blocker.kind for blocker in self.blockers)
+
+    @property
+    def headline(self) -> str:
+        """``job 42 (send_receipt, queue default): queued``."""
+        return f"job {self.job_id} ({self.task_name}, queue {self.queue}): {self.state.value}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The explanation as JSON-ready values."""
+        return {
+            "job_id": self.job_id,
+            "task_name": self.task_name,
+            "queue": self.queue,
+            "state": self.state.value,
+            "checked_at": self.checked_at.isoformat(),
+            "blockers": [blocker.to_dict() for blocker in self.blockers],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """What the database says about one job, its queue and the workers (see ``explain_job``)."""
+
+    job: Any
+    """The ``sql.explain.job_facts`` row."""
+    running_ids: Sequence[int]
+    """RUNNING jobs of the queue (up to ``LIST_CAP``), read when the queue has a limit."""
+    dependencies: Mapping[int, JobState | None]
+    """Each dependency read (up to ``DEPENDENCY_CAP``) -> its state, None when it is gone."""
+    ahead: int | None
+    """Ready tickets of the queue ahead of the job's (capped at ``AHEAD_CAP``); None without a
+    ticket."""
+    holder: Any | None
+    """The ``sql.explain.worker_by_id`` row of the lease owner, None when it is not registered."""
+    serving_workers: Sequence[str]
+    """Live workers claiming from the queue (up to ``LIST_CAP``)."""
+    live_workers: int
+    """Live workers in all (up to ``LIST_CAP``)."""
+
+
+def explain_job(
+    session: Session, job_id: int, *, stale_seconds: float = WORKER_STALE_SECONDS
+) -> JobExplanation:
+    """Read the facts about job ``job_id`` in ``session`` and explain them. Raises
+    JobNotFound."""
+    db = executor_for(session)
+    rows = db.rows(sql.job_facts(), {"job_id": job_id})
+    if not rows:
+        raise JobNotFound(f"no job with id {job_id}")
+    job = rows[0]
+    state = JobState(job.state)
+    finished = state in FINAL_STATES
+    running_ids: list[int] = []
+    if not finished and job.concurrency_limit is not None:
+        params = {"queue": job.queue, "cap": LIST_CAP}
+        running_ids = [row[0] for row in db.rows(sql.running_in_queue(), params)]
+    dependencies: dict[int, JobState | None] = {}
+    if state is JobState.WAITING and job.depends_on:
+        wanted = list(job.depends_on)[:DEPENDENCY_CAP]
+        dependencies = dict.fromkeys(wanted)
+        for dependency_id, dependency_state in db.rows(sql.dependency_states(), {"ids": wanted}):
+            dependencies[dependency_id] = JobState(dependency_state)
+    ahead: int | None = None
+    if job.has_ticket and not finished:
+        ahead = db.rows(
+            sql.tickets_ahead(),
+            {
+                "atomic": job.ticket_atomic,
+                "priority": job.ticket_priority,
+                "run_at": job.ticket_run_at,
+                "job_id": job.id,
+                "queue": job.queue,
+                "cap": AHEAD_CAP,
+            },
+        )[0][0]
+    holder = None
+    if state is JobState.RUNNING and job.lease_owner is not None:
+        found = db.rows(
+            sql.worker_by_id(), {"worker_id": job.lease_owner, "stale_seconds": stale_seconds}
+        )
+        holder = found[0] if found else None
+    serving: list[str] = []
+    live = 0
+    if not finished and state is not JobState.RUNNING:
+        workers = {"stale_seconds": stale_seconds, "cap": LIST_CAP}
+        serving = [
+            row[0]
+            for row in db.rows(
+                sql.live_workers(serving_queue=True), {**workers, "queue": job.queue}
+            )
+        ]
+        live = len(db.rows(sql.live_workers(serving_queue=False), workers))
+    facts = JobFacts(job, running_ids, dependencies, ahead, holder, serving, live)
+    return explanation(facts)
+
+
+def explanation(facts: JobFacts) -> JobExplanation:
+    """The entries that hold for ``facts``, in the order the claim applies them."""
+    job = facts.job
+    state = JobState(job.state)
+    if state in FINAL_STATES:
+        blockers = [_finished(job, state)]
+    elif state is JobState.RUNNING:
+        blockers = [_lease_held(job, facts.holder)]
+    else:
+        blockers = _waiting_blockers(facts, state)
+    return JobExplanation(
+        job_id=job.id,
+        task_name=job.task_name,
+        queue=job.queue,
+        state=state,
+        checked_at=job.now,
+        blockers=tuple(blockers),
+    )
+
+
+def _waiting_blockers(facts: JobFacts, state: JobState) -> list[Blocker]:
+    job = facts.job
+    now: dt.datetime = job.now
+    blockers: list[Blocker] = []
+    if state is not JobState.WAITING and not job.has_ticket:
+        blockers.append(
+            Blocker(
+                BlockerKind.NO_TICKET,
+                f"the job is {state.value} but has no ticket, so no worker can claim it (its row "
+                "was written or edited by hand): delete it and enqueue it again",
+                {"state": state.value},
+            )
+        )
+    if state is JobState.WAITING:
+        blockers.append(_dependencies(job, facts.dependencies))
+    run_at: dt.datetime = job.ticket_run_at if job.has_ticket else job.run_at
+    if run_at > now:
+        blockers.append(
+            Blocker(
+                BlockerKind.SCHEDULED,
+                f"run_at is in the future: {_when(run_at)} "
+                f"(in {_duration((run_at - now).total_seconds())})",
+                {"run_at": run_at, "seconds": (run_at - now).total_seconds()},
+            )
+        )
+    if job.paused:
+        blockers.append(
+            Blocker(
+                BlockerKind.PAUSED,
+                f"queue {job.queue} is paused: `pgqueue resume {job.queue}` lets workers claim "
+                "it again",
+                {"queue": job.queue},
+            )
+        )
+    limit = job.concurrency_limit
+    if limit is not None and job.running >= limit:
+        ids = list(facts.running_ids)
+        listed = ", ".join(str(i) for i in ids) or "none found"
+        more = job.running - len(ids)
+        blockers.append(
+            Blocker(
+                BlockerKind.AT_LIMIT,
+                f"queue {job.queue} is at its limit of {limit} running "
+                f"{'job' if limit == 1 else 'jobs'}: {listed}"
+                + (f" and {more} more" if more > 0 else ""),
+                {
+                    "queue": job.queue,
+                    "limit": limit,
+                    "running": job.running,
+                    "running_job_ids": ids,
+                },
+            )
+        )
+    if not facts.serving_workers:
+        others = (
+            f"{facts.live_workers}{'+' if facts.live_workers >= LIST_CAP else ''} live "
+            f"{'worker claims' if facts.live_workers == 1 else 'workers claim'} other queues"
+            if facts.live_workers
+            else "no worker is alive at all"
+        )
+        blockers.append(
+            Blocker(
+                BlockerKind.NO_LIVE_WORKER,
+                f"no live worker serves queue {job.queue} ({others}): start one with "
+                f"`pgqueue worker APP --queues {job.queue}`",
+                {"queue": job.queue, "live_workers": facts.live_workers},
+            )
+        )
+    if not blockers and facts.ahead is not None:
+        blockers.append(_ready(job, facts.ahead, facts.serving_workers))
+    return blockers
+
+
+def _dependencies(job: Any, dependencies: Mapping[int, JobState | None]) -> Blocker:
+    total = len(job.depends_on or ())
+    pending = {
+        dependency: state
+        for dependency, state in dependencies.items()
+        if state is not JobState.SUCCEEDED
+    }
+    described = ", ".join(
+        f"{dependency} ({state.value if state is not None else 'missing'})"
+        for dependency, state in pending.items()
+    )
+    unread = total - len(dependencies)
+    return Blocker(
+        BlockerKind.DEPENDENCIES,
+        f"waiting for {len(pending)} of {total} "
+        f"{'dependency' if total == 1 else 'dependencies'}: {described or 'none left'}"
+        + (f" (and {unread} not read)" if unread > 0 else ""),
+        {
+            "dependencies": [
+                {"id": dependency, "state": state.value if state is not None else None}
+                for dependency, state in dependencies.items()
+            ],
+            "pending": len(pending),
+            "total": total,
+        },
+    )
+
+
+def _ready(job: Any, ahead: int, serving: Sequence[str]) -> Blocker:
+    at_least = ahead >= AHEAD_CAP
+    count = f"at least {ahead}" if at_least else str(ahead)
+    in_line = (
+        "it is next in line"
+        if ahead == 0
+        else f"{count} {'job' if ahead == 1 else 'jobs'} of queue {job.queue} ahead of it"
+    )
+    workers = ", ".join(serving) + ("+" if len(serving) >= LIST_CAP else "")
+    return Blocker(
+        BlockerKind.READY,
+        f"claimable now, {in_line}; live workers serving the queue: {workers}",
+        {"position": ahead, "at_least": at_least, "workers": list(serving)},
+    )
+
+
+def _lease_held(job: Any, holder: Any | None) -> Blocker:
+    now: dt.datetime = job.now
+    started = f"running since {_when(job.started_at)}" if job.started_at else "running"
+    owner = job.lease_owner
+    data: dict[str, Any] = {
+        "worker_id": owner,
+        "started_at": job.started_at,
+        "lease_expires_at": job.lease_expires_at,
+        "host": None,
+        "pid": None,
+        "last_seen_seconds": None,
+        "live": False,
+    }
+    if owner is None:
+        who = "held by no worker (no lease owner recorded)"
+    elif holder is None:
+        who = f"lease held by worker {owner}, which is not in the worker registry"
+    else:
+        seen = float(holder.last_seen_seconds)
+        data.update(host=holder.host, pid=holder.pid, last_seen_seconds=seen, live=holder.live)
+        who = (
+            f"lease held by worker {owner} (host {holder.host}, pid {holder.pid}), "
+            f"last seen {_duration(seen)} ago" + ("" if holder.live else " (not live)")
+        )
+    expires: dt.datetime | None = job.lease_expires_at
+    if expires is None:
+        lease = "an atomic job: its claiming transaction holds it"
+    elif expires > now:
+        left = (expires - now).total_seconds()
+        lease = f"lease until {_when(expires)} (in {_duration(left)})"
+    else:
+        lease = (
+            f"lease expired {_duration((now - expires).total_seconds())} ago: a worker's "
+            "rescue pass re-queues it"
+        )
+    return Blocker(
+        BlockerKind.LEASE_HELD,
+        f"{started}, attempt {job.attempts} of {job.max_attempts}; {who}; {lease}",
+        data,
+    )
+
+
+def _finished(job: Any, state: JobState) -> Blocker:
+    at = f" at {_when(job.finished_at)}" if job.finished_at else ""
+    attempts = f"{job.attempts} {'attempt' if job.attempts == 1 else 'attempts'}"
+    last_error = error_summary(job.last_error) if job.last_error else None
+    if state is JobState.SUCCEEDED:
+        message = f"succeeded{at} after {attempts}"
+    elif state is JobState.FAILED:
+        message = f"failed{at} after {attempts}" + (
+            f", last error: {last_error}" if last_error else ""
+        )
+    else:
+        message = f"cancelled{at}" + (f": {last_error}" if last_error else "")
+    if state is not JobState.SUCCEEDED:
+        message += f" (`pgqueue retry {job.id}` runs it again)"
+    return Blocker(
+        BlockerKind.FINISHED,
+        message,
+        {
+            "state": state.value,
+            "finished_at": job.finished_at,
+            "attempts": job.attempts,
+            "last_error": last_error,
+        },
+    )
+
+
+def _when(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _duration(total_seconds: float) -> str:
+    """``4 s``, ``2 min 5 s``, ``3 h 0 min``, ``2 d 4 h``."""
+    whole = max(0, round(total_seconds))
+    days, rest = divmod(whole, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {secs} s"
+    return f"{secs} s"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(item) for item in value]
+    return value

@@ -1,0 +1,155 @@
+"""Statements behind "why isn't this job running?" (``pgqueue.explain``): reads only, each
+bounded by a key or an index and a ``LIMIT``, so explaining a job costs the same however long
+the history or deep the queue.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    Integer,
+    Select,
+    SmallInteger,
+    Text,
+    bindparam,
+    func,
+    literal,
+    or_,
+    select,
+    tuple_,
+)
+from sqlalchemy.dialects.postgresql import TIMESTAMP
+
+from pgqueue.models import Job, MessageQueue, QueueControl, WorkerRecord
+from pgqueue.sql.common import array_param, seconds
+from pgqueue.states import JobState
+
+
+def _age(column: Any) -> Any:
+    """Seconds from ``column`` to now (database clock); negative for a time in the future."""
+    return func.extract("epoch", func.now() - column)
+
+
+@cache
+def job_facts() -> Select[*tuple[Any, ...]]:
+    """One job by ``job_id`` with its ticket (if any) and its queue's control row (if any), and
+    the database clock: everything the claim checks that lives on those three rows. Reads each
+    by its primary key."""
+    return (
+        select(
+            Job.id,
+            Job.state,
+            Job.queue,
+            Job.task_name,
+            Job.attempts,
+            Job.max_attempts,
+            Job.run_at,
+            Job.started_at,
+            Job.finished_at,
+            Job.last_error,
+            Job.lease_owner,
+            Job.lease_expires_at,
+            Job.depends_on,
+            Job.atomic,
+            MessageQueue.job_id.is_not(None).label("has_ticket"),
+            MessageQueue.run_at.label("ticket_run_at"),
+            MessageQueue.priority.label("ticket_priority"),
+            MessageQueue.atomic.label("ticket_atomic"),
+            func.coalesce(QueueControl.paused, False).label("paused"),
+            QueueControl.concurrency_limit,
+            func.coalesce(QueueControl.running, 0).label("running"),
+            func.now().label("now"),
+        )
+        .select_from(Job)
+        .outerjoin(MessageQueue, MessageQueue.job_id == Job.id)
+        .outerjoin(QueueControl, QueueControl.name == Job.queue)
+        .where(Job.id == bindparam("job_id", type_=BigInteger))
+    )
+
+
+@cache
+def running_in_queue() -> Select[int]:
+    """Ids of the RUNNING jobs of ``queue``, lowest first, at most ``cap``: the jobs that fill a
+    queue's limit. Reads the ``(queue, state, id)`` index."""
+    return (
+        select(Job.id)
+        .where(Job.queue == bindparam("queue", type_=Text), Job.state == JobState.RUNNING.value)
+        .order_by(Job.id)
+        .limit(bindparam("cap", type_=Integer))
+    )
+
+
+@cache
+def dependency_states() -> Select[int, JobState]:
+    """``(id, state)`` of the jobs ``ids`` (an array; the caller caps its length) that exist, by
+    primary key."""
+    return (
+        select(Job.id, Job.state)
+        .where(Job.id == func.any(array_param("ids", BigInteger)))
+        .order_by(Job.id)
+    )
+
+
+@cache
+def tickets_ahead() -> Select[int]:
+    """How many tickets of ``queue`` a claim would take before the ticket ``(priority, run_at,
+    job_id)``, stopping at ``cap``: ready ones (``run_at`` now or earlier) of the same kind
+    (``atomic``) that come first in the claim's order. A range of the claim index, with the
+    queue read from the index entries, never from the table."""
+    position = tuple_(
+        bindparam("priority", type_=SmallInteger),
+        bindparam("run_at", type_=TIMESTAMP(timezone=True)),
+        bindparam("job_id", type_=BigInteger),
+    )
+    ahead = (
+        select(literal(1).label("ahead"))
+        .where(
+            MessageQueue.atomic == bindparam("atomic", type_=Boolean),
+            tuple_(MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id) < position,
+            MessageQueue.run_at <= func.now(),
+            MessageQueue.queue == bindparam("queue", type_=Text),
+        )
+        .limit(bindparam("cap", type_=Integer))
+        .subquery("ahead")
+    )
+    return select(func.count()).select_from(ahead)
+
+
+def _serves(queue: Any) -> Any:
+    """The worker claims from ``queue``: it names it, or names none (it serves every queue)."""
+    return or_(queue == func.any(WorkerRecord.queues), func.cardinality(WorkerRecord.queues) == 0)
+
+
+@cache
+def worker_by_id() -> Select[Any]:
+    """``(id, host, pid, queues, seconds since last seen, live)`` of the worker ``worker_id``;
+    live means seen within ``stale_seconds``. By primary key."""
+    return select(
+        WorkerRecord.id,
+        WorkerRecord.host,
+        WorkerRecord.pid,
+        WorkerRecord.queues,
+        _age(WorkerRecord.last_seen_at).label("last_seen_seconds"),
+        (
+            WorkerRecord.last_seen_at
+            > func.now() - seconds(bindparam("stale_seconds", type_=Float))
+        ).label("live"),
+    ).where(WorkerRecord.id == bindparam("worker_id", type_=Text))
+
+
+@cache
+def live_workers(*, serving_queue: bool) -> Select[str]:
+    """Ids of the live workers (seen within ``stale_seconds``), at most ``cap``; with
+    ``serving_queue`` only those that claim from ``queue``. The registry holds one row per
+    worker process, so this reads a small table."""
+    stmt = select(WorkerRecord.id).where(
+        WorkerRecord.last_seen_at > func.now() - seconds(bindparam("stale_seconds", type_=Float))
+    )
+    if serving_queue:
+        stmt = stmt.where(_serves(bindparam("queue", type_=Text)))
+    return stmt.order_by(WorkerRecord.id).limit(bindparam("cap", type_=Integer))
