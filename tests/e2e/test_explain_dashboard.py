@@ -1,0 +1,74 @@
+"""The job page's "Why isn't this job running?" box in real headless Chromium: a job of a
+paused queue scheduled for later lists both blockers, in the claim's order, with the time;
+resuming the queue drops that line on the page's next refresh; a finished job has no box."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask
+from playwright.sync_api import expect, sync_playwright
+from sqlalchemy.engine import URL
+from test_flask_dashboard import CHROMIUM_ARGS, serving
+
+from pgqueue.contrib.flask import PgQueue
+from pgqueue.contrib.flask.dashboard import init_dashboard
+from pgqueue.testing import run_until_final
+
+pgq = PgQueue()
+
+
+@pgq.task(name="invoices.send", queue="invoices")
+def send_invoice(number: int) -> int:
+    return number
+
+
+@pytest.fixture
+def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
+    app = Flask("explain_dashboard_test")
+    app.config.update(
+        SECRET_KEY="test-secret",
+        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
+    )
+    pgq.init_app(app)
+    init_dashboard(app, access=lambda: True)
+    with serving(app) as base:
+        yield app, f"{base}/pgqueue"
+    pgq.state(app).queue.dispose()
+
+
+def test_job_page_names_the_blockers(served: tuple[Flask, str]) -> None:
+    app, base = served
+    queue = pgq.state(app).queue
+    with app.app_context():
+        later = send_invoice.configure(delay=7200).enqueue(1)
+        done = send_invoice.enqueue(2)
+    run_until_final(queue, [done])
+    queue.pause_queue("invoices")
+    run_at = queue.get_job(later).run_at.astimezone(dt.UTC)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/jobs/{later}")
+            box = page.locator("#job-explain")
+            expect(box.locator("h2")).to_have_text("Why isn't this job running?")
+            items = box.locator("li.blocker")
+            expect(items.nth(0)).to_have_attribute("data-kind", "scheduled")
+            expect(items.nth(0)).to_contain_text(f"{run_at:%Y-%m-%d %H:%M:%S} UTC")
+            expect(items.nth(1)).to_have_attribute("data-kind", "paused")
+            expect(items.nth(1)).to_contain_text("queue invoices is paused")
+
+            queue.resume_queue("invoices")
+            # The page refreshes itself every 2 s while the job is not finished.
+            expect(box.locator('li[data-kind="paused"]')).to_have_count(0, timeout=10_000)
+            expect(box.locator('li[data-kind="scheduled"]')).to_have_count(1)
+
+            page.goto(f"{base}/jobs/{done}")
+            expect(page.locator("#job-state")).to_have_text("succeeded")
+            expect(page.locator("#job-explain")).to_have_count(0)
+        finally:
+            browser.close()
