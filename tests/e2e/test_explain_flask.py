@@ -1,16 +1,20 @@
-"""The job page's "Why isn't this job running?" box in real headless Chromium: a job of a
-paused queue scheduled for later lists both blockers, in the claim's order, with the time;
-resuming the queue drops that line on the page's next refresh; a finished job has no box."""
+"""Explain in a Flask app: the job page's "Why isn't this job running?" box in real headless
+Chromium (a job of a paused queue scheduled for later lists both blockers, in the claim's
+order, with the time; resuming the queue drops that line on the page's next refresh; a
+finished job has no box), and ``flask pgqueue explain`` against the example app."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterator
 
 import pytest
 from flask import Flask
 from playwright.sync_api import expect, sync_playwright
 from sqlalchemy.engine import URL
+from test_flask_cli import _env as example_env
+from test_flask_cli import flask
 from test_flask_dashboard import CHROMIUM_ARGS, serving
 
 from pgqueue.contrib.flask import PgQueue
@@ -72,3 +76,17 @@ def test_job_page_names_the_blockers(served: tuple[Flask, str]) -> None:
             expect(page.locator("#job-explain")).to_have_count(0)
         finally:
             browser.close()
+
+
+def test_flask_pgqueue_explain_names_the_paused_queue(database_url: URL) -> None:
+    env = example_env(database_url)
+    flask(["pgqueue", "pause", "mail"], env)
+    out = flask(["pgqueue", "enqueue", "orders.tasks.send_receipt", "--args", "[1]"], env).stdout
+    job_id = int(out.strip())
+    lines = flask(["pgqueue", "explain", str(job_id)], env).stdout.splitlines()
+    assert lines[0] == f"job {job_id} (orders.tasks.send_receipt, queue mail): queued"
+    assert lines[1] == (
+        "  paused: queue mail is paused: `pgqueue resume mail` lets workers claim it again"
+    )
+    data = json.loads(flask(["pgqueue", "explain", str(job_id), "--json"], env).stdout)
+    assert data["blockers"][0]["kind"] == "paused"
