@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from dashboard_app import dashboard_app
 from flask import Flask
 from playwright.sync_api import expect, sync_playwright
 from sqlalchemy.engine import URL
@@ -18,7 +19,6 @@ from test_flask_cli import flask
 from test_flask_dashboard import CHROMIUM_ARGS, serving
 
 from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.testing import run_until_final
 
 pgq = PgQueue()
@@ -31,16 +31,8 @@ def send_invoice(number: int) -> int:
 
 @pytest.fixture
 def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
-    app = Flask("explain_dashboard_test")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    pgq.init_app(app)
-    init_dashboard(app, access=lambda: True)
-    with serving(app) as base:
+    with dashboard_app(pgq, database_url, "explain_dashboard") as app, serving(app) as base:
         yield app, f"{base}/pgqueue"
-    pgq.state(app).queue.dispose()
 
 
 def test_job_page_names_the_blockers(served: tuple[Flask, str]) -> None:
