@@ -179,6 +179,8 @@ class Admin:
         """Why job ``job_id`` is not running (or is): its blockers in the order the claim
         applies them (see ``pgqueue.explain``). Raises JobNotFound."""
         job_id = check_job_id(job_id)
+        if job_id > MAX_JOB_ID:  # beyond bigint: no such job, and not a database error
+            raise JobNotFound(f"no job with id {job_id}")
         return self._read(lambda session: explain.explain_job(session, job_id))
 
     def list_jobs(

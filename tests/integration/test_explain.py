@@ -185,6 +185,14 @@ def test_unknown_id_is_one_line_and_exit_code_2(database_url: URL) -> None:
     assert result.returncode == 2
     assert result.stderr.strip() == "error: no job with id 987654"
     assert result.stdout == ""
+    beyond_bigint = str(2**63)
+    result = _pgqueue("explain", beyond_bigint, url=database_url)
+    assert (result.returncode, result.stderr) == (2, f"error: no job with id {beyond_bigint}\n")
+    result = _pgqueue("explain", "--", "0", url=database_url)
+    assert (result.returncode, result.stderr) == (
+        2,
+        "error: job id must be a positive int, got 0\n",
+    )
 
 
 def test_ready_job_without_a_live_worker_names_the_missing_worker(
