@@ -1,7 +1,8 @@
 """The public admin API: read and control jobs and queues, as the dashboard and both CLIs do.
 
 ``pgq.admin`` (an :class:`Admin`) answers the questions an operator asks (which jobs, how many,
-how late, how fast) and carries out their actions (rerun, cancel, delete, pause, limit). Each
+how late, how fast) and carries out their actions (rerun, cancel, delete, pause, limit, and the
+same three actions in bulk by filter, each with a dry run and an audit record). Each
 method is one repository operation in one transaction: reads in a session of their own,
 actions in the caller's session when one is given, else in an own transaction retried on
 transient conflicts. Arguments are checked before any SQL runs; rows come back as the public
@@ -11,28 +12,37 @@ transient conflicts. Arguments are checked before any SQL runs; rows come back a
 from __future__ import annotations
 
 import datetime as dt
+import getpass
+import os
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import repository, uow, validation
-from pgqueue.errors import InvalidStateTransition, JobNotFound, ValidationError
+from pgqueue import bulk_actions, repository, uow, validation
+from pgqueue.errors import BulkCountChanged, InvalidStateTransition, JobNotFound, ValidationError
+from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.models import Job
 from pgqueue.states import JobState
 
 __all__ = [
+    "AUDIT_SOURCES",
     "DEFAULT_COUNT_CAP",
     "DEFAULT_PAGE_SIZE",
     "MAX_JOB_ID",
     "MAX_PAGE_SIZE",
     "Admin",
+    "BulkAction",
+    "BulkResult",
+    "JobFilter",
     "JobPage",
     "ListArguments",
     "OldestWaiting",
     "QueueSettings",
     "check_job_id",
+    "default_actor",
     "list_arguments",
     "page_of",
 ]
@@ -47,6 +57,23 @@ MAX_PAGE_SIZE: Final = 1000
 DEFAULT_COUNT_CAP: Final = 1000
 RERUNNABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
 CANCELLABLE: Final = frozenset({JobState.QUEUED, JobState.RETRYING, JobState.RUNNING})
+# Where a bulk action was taken, as its audit record says.
+AUDIT_SOURCES: Final = ("api", "cli", "dashboard")
+MAX_ACTOR_LENGTH: Final = 200
+BULK_CANCEL_REASON: Final = "cancelled by a bulk action"
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What a bulk action did, or with ``dry_run`` would do: ``count`` jobs changed (for a
+    cancel, ``flagged_running`` of them are RUNNING jobs asked to stop), recorded as audit
+    record ``audit_id`` (None for a dry run)."""
+
+    action: BulkAction
+    count: int
+    dry_run: bool
+    flagged_running: int = 0
+    audit_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +127,25 @@ def check_job_id(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValidationError(f"job id must be a positive int, got {value!r}")
     return value
+
+
+def default_actor() -> str:
+    """``user@host`` of this process: the actor of a bulk action when none is given."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for the uid (a container without a passwd entry)
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def _check_actor(actor: object, source: object) -> tuple[str, str]:
+    if not isinstance(actor, str) or not actor.strip() or "\x00" in actor:
+        raise ValidationError(f"actor must be a non-empty str without NUL, got {actor!r:.80}")
+    if len(actor) > MAX_ACTOR_LENGTH:
+        raise ValidationError(f"actor must be at most {MAX_ACTOR_LENGTH} characters")
+    if source not in AUDIT_SOURCES:
+        raise ValidationError(f"source must be one of {', '.join(AUDIT_SOURCES)}, got {source!r}")
+    return actor, str(source)
 
 
 def list_arguments(
@@ -240,6 +286,102 @@ class Admin:
             raise AssertionError("unreachable")  # pragma: no cover
 
         return self._write(session, work)
+
+    # -- bulk actions ------------------------------------------------------------------------
+
+    def bulk_retry(
+        self,
+        job_filter: JobFilter,
+        *,
+        dry_run: bool = False,
+        actor: str | None = None,
+        source: str = "api",
+        expected_count: int | None = None,
+    ) -> BulkResult:
+        """Retry every FAILED or CANCELLED job ``job_filter`` matches, as ``retry_job`` does one
+        (a ticket for now, ``max_attempts`` raised where no attempt is left). See
+        ``bulk_delete`` for the arguments."""
+        return self._bulk(BulkAction.RETRY, job_filter, dry_run, actor, source, expected_count)
+
+    def bulk_cancel(
+        self,
+        job_filter: JobFilter,
+        *,
+        dry_run: bool = False,
+        actor: str | None = None,
+        source: str = "api",
+        expected_count: int | None = None,
+    ) -> BulkResult:
+        """Cancel every waiting job ``job_filter`` matches (QUEUED, RETRYING, WAITING; their
+        waiting dependents are cancelled too) and ask every matching RUNNING job to stop, as
+        ``cancel_job`` does one. See ``bulk_delete`` for the arguments."""
+        return self._bulk(BulkAction.CANCEL, job_filter, dry_run, actor, source, expected_count)
+
+    def bulk_delete(
+        self,
+        job_filter: JobFilter,
+        *,
+        dry_run: bool = False,
+        actor: str | None = None,
+        source: str = "api",
+        expected_count: int | None = None,
+    ) -> BulkResult:
+        """Delete every job ``job_filter`` matches that is not RUNNING, with its ticket, as
+        ``delete_job`` does one.
+
+        ``dry_run`` only counts the jobs the action would change (the same condition, nothing
+        written). Otherwise the action and its audit record (``actor``, default
+        ``default_actor()``; ``source``: ``api``, ``cli`` or ``dashboard``; the filter; the
+        count changed) commit in one transaction. With ``expected_count`` (the count a preview
+        showed), an action that would change another number of jobs changes none and raises
+        ``BulkCountChanged``. An empty filter, or one naming a state the action does not apply
+        to, raises ``ValidationError``."""
+        return self._bulk(BulkAction.DELETE, job_filter, dry_run, actor, source, expected_count)
+
+    def _bulk(
+        self,
+        action: BulkAction,
+        job_filter: JobFilter,
+        dry_run: bool,
+        actor: str | None,
+        source: str,
+        expected_count: int | None,
+    ) -> BulkResult:
+        if not isinstance(job_filter, JobFilter):
+            raise ValidationError(f"filter must be a JobFilter, got {type(job_filter).__name__}")
+        states = job_filter.states_for(action)
+        who, where = _check_actor(default_actor() if actor is None else actor, source)
+        if expected_count is not None and (
+            not isinstance(expected_count, int) or isinstance(expected_count, bool)
+        ):
+            raise ValidationError(f"expected_count must be an int, got {expected_count!r}")
+        if dry_run:
+            count = self._read(lambda s: bulk_actions.count_matching(s, job_filter, states))
+            return BulkResult(action, count, dry_run=True)
+
+        def work(s: Session) -> BulkResult:
+            flagged = 0
+            if action is BulkAction.RETRY:
+                count = bulk_actions.retry_matching(s, job_filter, states)
+            elif action is BulkAction.CANCEL:
+                cancelled, flagged = bulk_actions.cancel_matching(
+                    s, job_filter, states, BULK_CANCEL_REASON
+                )
+                count = cancelled + flagged
+            else:
+                count = bulk_actions.delete_matching(s, job_filter, states)
+            if expected_count is not None and count != expected_count:
+                # Raised inside the transaction, which rolls back: nothing was changed.
+                raise BulkCountChanged(
+                    f"{action.value} would now change {count} jobs, not the {expected_count} "
+                    "previewed; nothing was changed (preview again)"
+                )
+            audit_id = bulk_actions.record_action(
+                s, actor=who, source=where, action=action, job_filter=job_filter, count=count
+            )
+            return BulkResult(action, count, False, flagged, audit_id)
+
+        return self._write(None, work)
 
     # -- figures -----------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import click
 from rich.table import Table
 from sqlalchemy.exc import DBAPIError
 
+from pgqueue.cli_bulk import add_bulk_commands
 from pgqueue.cli_shared import (
     OneLineErrors,
     configure_logging,
@@ -446,3 +447,14 @@ def demo(job_count: int, concurrency: int, database_url: str | None) -> None:
 
 def entrypoint() -> None:
     main()
+
+
+# -- bulk actions -----------------------------------------------------------------------------
+
+
+@main.group()
+def bulk() -> None:
+    """Retry, cancel or delete the jobs a filter chooses (--dry-run counts them first)."""
+
+
+add_bulk_commands(bulk, lambda options: _queue_for(options.pop("database_url")), database_option)

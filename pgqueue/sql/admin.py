@@ -65,6 +65,18 @@ RERUN_MAX_ATTEMPTS: Final[ColumnElement[int]] = func.greatest(
 )
 
 
+# What a manual re-run writes (``rerun`` here, and the bulk retry of ``pgqueue.sql.bulk``).
+RERUN_VALUES: Final[dict[str, Any]] = {
+    "state": RERUN.target,
+    "max_attempts": RERUN_MAX_ATTEMPTS,
+    "run_at": func.now(),
+    "finished_at": null(),
+    "updated_at": func.now(),
+    "cancel_requested": False,
+    **CLEAR_LEASE,
+}
+
+
 @cache
 def rerun() -> Select[int]:
     """FAILED/CANCELLED -> QUEUED with a ticket for now (``retry_job``). Binds ``job_id``.
@@ -75,15 +87,7 @@ def rerun() -> Select[int]:
     updated = (
         update(Job)
         .where(Job.id == bindparam("job_id", type_=BigInteger), source_states(RERUN))
-        .values(
-            state=RERUN.target,
-            max_attempts=RERUN_MAX_ATTEMPTS,
-            run_at=func.now(),
-            finished_at=null(),
-            updated_at=func.now(),
-            cancel_requested=False,
-            **CLEAR_LEASE,
-        )
+        .values(**RERUN_VALUES)
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("rerun")
     )
@@ -100,6 +104,16 @@ def _ticket_deleted(job_id: Any, name: str) -> Any:
     )
 
 
+# What a cancel of a waiting job writes (``cancel_waiting`` here, and the bulk cancel of
+# ``pgqueue.sql.bulk``). Binds ``reason``.
+CANCEL_VALUES: Final[dict[str, Any]] = {
+    "state": CANCEL.target,
+    "finished_at": func.now(),
+    "updated_at": func.now(),
+    "last_error": bindparam("reason", type_=Text),
+}
+
+
 @cache
 def cancel_waiting() -> Select[int, list[int] | None]:
     """QUEUED/RETRYING -> CANCELLED, deleting the ticket. Binds ``job_id``, ``reason``."""
@@ -112,12 +126,7 @@ def cancel_waiting() -> Select[int, list[int] | None]:
     updated = (
         update(Job)
         .where(Job.id == job_id, has_ticket_or_blocked, source_states(CANCEL))
-        .values(
-            state=CANCEL.target,
-            finished_at=func.now(),
-            updated_at=func.now(),
-            last_error=bindparam("reason", type_=Text),
-        )
+        .values(**CANCEL_VALUES)
         .returning(Job.id, Job.dependents)
         .cte("cancelled")
     )

@@ -18,6 +18,7 @@ from flask.cli import AppGroup, ScriptInfo
 
 from pgqueue import cli as core_cli
 from pgqueue import cli_shared as shared
+from pgqueue.cli_bulk import add_bulk_commands
 from pgqueue.contrib.flask import get_state
 from pgqueue.core import PgQueue as CoreQueue
 from pgqueue.states import JobState
@@ -153,3 +154,11 @@ def resume(queue: str) -> None:
 def limit(queue: str, limit: str) -> None:
     """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
     core_cli.limit_queue(_queue(), queue, limit)
+
+
+@pgqueue_group.group()
+def bulk() -> None:
+    """Retry, cancel or delete the jobs a filter chooses (--dry-run counts them first)."""
+
+
+add_bulk_commands(bulk, lambda options: _queue())
