@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +24,9 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
+
+# Imported for its fixture: a login role holding only the README's grants.
+from test_least_privilege import app_role, as_role  # noqa: F401
 
 from pgqueue import JobContext, PgQueue
 from pgqueue.admin import JobFilter
@@ -34,9 +36,6 @@ from pgqueue.models import AuditRecord, Job, MessageQueue, QueueControl
 from pgqueue.states import JobState
 from pgqueue.testing import states_of, wait_for_states
 from pgqueue.worker import Worker
-
-# Imported for its fixture: a login role holding only the README's grants.
-from test_least_privilege import app_role, as_role  # noqa: F401
 
 
 def _cli(url: URL, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
