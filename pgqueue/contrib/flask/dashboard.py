@@ -6,7 +6,7 @@ is inline SVG. Every request passes the ``access`` callable first (falsy -> 403;
 ``abort()`` with its own response, e.g. a 401 asking for credentials). Registration without
 ``access`` is refused unless ``public=True`` says the dashboard is meant to be open.
 
-Actions (retry, cancel, delete) are POST forms carrying a CSRF token bound to the Flask session;
+Actions (retry, cancel, delete; in bulk by filter, see ``_bulk_views``) are POST forms carrying a CSRF token bound to the Flask session;
 a POST without the matching token is rejected with 400 before anything runs.
 """
 
@@ -33,6 +33,7 @@ from flask import (
 from werkzeug.wrappers import Response
 
 from pgqueue.admin import DEFAULT_COUNT_CAP, MAX_JOB_ID, Admin
+from pgqueue.contrib.flask import _bulk_views as bulk_views
 from pgqueue.contrib.flask import get_state
 from pgqueue.errors import ConfigurationError, PgQueueError
 from pgqueue.states import FINAL_STATES, JobState
@@ -71,10 +72,12 @@ def init_dashboard(
     url_prefix: str = "/pgqueue",
     access: Callable[[], Any] | None = None,
     public: bool = False,
+    actor: Callable[[], str] | None = None,
 ) -> Blueprint:
     """Mount the dashboard on ``app`` (which must have the pgqueue extension) and return its
     blueprint. ``access`` is called on every dashboard request; ``public=True`` is required to
-    mount it without one."""
+    mount it without one. ``actor`` names who takes a bulk action, for its audit record (called
+    per action, e.g. returning the logged-in user's name; default: ``"dashboard"``)."""
     if access is None and not public:
         raise ConfigurationError(
             "init_dashboard needs access= (a callable deciding per request, e.g. checking the "
@@ -82,6 +85,8 @@ def init_dashboard(
         )
     if access is not None and not callable(access):
         raise ConfigurationError(f"access must be a callable, got {access!r}")
+    if actor is not None and not callable(actor):
+        raise ConfigurationError(f"actor must be a callable, got {actor!r}")
     try:
         get_state(app)
     except RuntimeError:
@@ -91,6 +96,7 @@ def init_dashboard(
             "the dashboard's CSRF protection needs app.secret_key (SECRET_KEY)"
         )
     blueprint = _blueprint(access)
+    bulk_views.register(blueprint, actor or _dashboard_actor)
     app.register_blueprint(blueprint, url_prefix=url_prefix)
     return blueprint
 
@@ -142,6 +148,10 @@ def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
     bp.add_url_rule("/jobs/<int:job_id>", view_func=job_detail)
     bp.add_url_rule("/jobs/<int:job_id>/<action>", view_func=job_action, methods=["POST"])
     return bp
+
+
+def _dashboard_actor() -> str:
+    return "dashboard"
 
 
 def _admin() -> Admin:
