@@ -38,7 +38,7 @@ from pgqueue.testing import states_of, wait_for_states
 from pgqueue.worker import Worker
 
 
-def _cli(url: URL, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(url: URL, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PGQUEUE_DATABASE_URL": url.render_as_string(hide_password=False)}
     return subprocess.run(
         [sys.executable, "-m", "pgqueue", *args],
@@ -46,7 +46,6 @@ def _cli(url: URL, *args: str, stdin: str | None = None) -> subprocess.Completed
         capture_output=True,
         text=True,
         timeout=120,
-        input=stdin,
     )
 
 
