@@ -264,6 +264,8 @@ class PgQueue:
             and len({(j.delay, j.run_at) for j in jobs}) == 1
         ):
             # A large batch: COPY instead of one INSERT over ten unnested arrays.
+            if trace_context is None:
+                return uow.run(self.database, lambda db: repository.copy_jobs(db, jobs))
             return uow.run(self.database, lambda db: repository.copy_jobs(db, jobs, trace_context))
         return uow.in_caller_or_own_transaction(
             session, self.sessions, lambda s: repository.insert_jobs(s, jobs, trace_context)

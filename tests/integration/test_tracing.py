@@ -1,10 +1,13 @@
 """Tracing of enqueues (real PostgreSQL, the OpenTelemetry SDK exporting to memory): every
 insert path stores the enqueue span's context with its jobs, COPY included; tracing off writes
-none and starts no span; in-process runs of atomic and async handlers are children of it."""
+none and starts no span; in-process runs of atomic and async handlers are children of it, and
+cancelled and timed-out runs say so."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,12 +15,14 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from sqlalchemy import event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from tracing_spans import memory_exporter
 
-from pgqueue import PgQueue, Settings, core, repository
+from pgqueue import JobContext, JobState, PgQueue, Settings, core, repository
+from pgqueue.testing import wait_for_states
 from pgqueue.worker import Worker
 
 tracer = trace.get_tracer("tests.tracing")
@@ -197,3 +202,38 @@ def test_atomic_and_async_runs_are_children_of_the_enqueue_span_and_parents_of_h
         assert inner.parent is not None and inner.parent.span_id == run.context.span_id
         assert inner.context.trace_id == producer.context.trace_id
         assert dict(run.attributes or {})["pgqueue.job.outcome"] == "succeeded"
+
+
+def test_cancelled_and_timed_out_runs_say_so(traced: PgQueue, spans: InMemorySpanExporter) -> None:
+    @traced.task(name="stoppable", pass_context=True, max_attempts=5)
+    def stoppable(ctx: JobContext) -> None:
+        deadline = time.monotonic() + 30
+        while not ctx.cancel_requested and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    @traced.task(name="overrun", max_attempts=1, timeout=0.3)
+    def overrun() -> None:
+        time.sleep(1.0)
+
+    cancelled_id = stoppable.enqueue()
+    overrun_id = overrun.enqueue()
+    worker = Worker(traced, concurrency=2, lease_seconds=1.5)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for_states(traced, [cancelled_id], {JobState.RUNNING}, timeout=30)
+        traced.cancel_job(cancelled_id)
+        wait_for_states(traced, [cancelled_id], {JobState.CANCELLED}, timeout=30)
+        wait_for_states(traced, [overrun_id], {JobState.FAILED}, timeout=30)
+        deadline = time.monotonic() + 30  # the overrun's span ends when its handler returns
+        while not named(spans, "pgqueue run overrun") and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    [cancelled] = named(spans, "pgqueue run stoppable")
+    assert dict(cancelled.attributes or {})["pgqueue.job.outcome"] == "cancelled"
+    assert cancelled.status.status_code is StatusCode.UNSET
+    [timed_out] = named(spans, "pgqueue run overrun")
+    assert dict(timed_out.attributes or {})["pgqueue.job.outcome"] == "timed_out"
+    assert timed_out.status.status_code is StatusCode.ERROR
