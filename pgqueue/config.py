@@ -112,6 +112,9 @@ class Settings:
     extra); None: no metrics endpoint."""
     metrics_interval: float = 15.0
     """How often a worker with metrics on reads the queue gauges (counts, oldest ready job)."""
+    tracing: bool = False
+    """OpenTelemetry spans around enqueues and job runs, and the enqueuing trace context stored
+    with each job (needs the ``otel`` extra; see ``pgqueue.tracing``)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -56,6 +56,8 @@ class ClaimedJob:
     lease_token: uuid.UUID
     atomic: bool
     cancel_requested: bool
+    # The enqueuing code's trace context (JSON text as stored, read only when tracing is on).
+    trace_context: str | None = None
     problem: str | None = None  # why the row cannot run (its arguments did not decode)
 
 

@@ -36,8 +36,11 @@ SessionOrExecutor = Session | Executor
 # --- enqueue ----------------------------------------------------------------------------------
 
 
-def insert_jobs(db: SessionOrExecutor, jobs: Sequence[NewJob]) -> list[int]:
-    """Insert jobs and their tickets; return ids in input order.
+def insert_jobs(
+    db: SessionOrExecutor, jobs: Sequence[NewJob], trace_context: str | None = None
+) -> list[int]:
+    """Insert jobs and their tickets; return ids in input order. ``trace_context`` (JSON
+    text, see ``pgqueue.tracing``) is stored with every job.
 
     A job whose unique key is already held by an active job is not inserted; the existing job's
     id is returned in its place (if that job finished meanwhile, the insert is tried again).
@@ -46,10 +49,12 @@ def insert_jobs(db: SessionOrExecutor, jobs: Sequence[NewJob]) -> list[int]:
         return []
     ex = executor_for(db)
     if any(j.depends_on for j in jobs):
-        return _insert_dependent_jobs(ex, jobs)
+        return _insert_dependent_jobs(ex, jobs, trace_context)
     with_keys = any(j.unique_key is not None for j in jobs)
+    params = _insert_params(jobs, trace_context)
+    statement = enqueue.insert_jobs(with_keys, traced=trace_context is not None)
     for _ in range(10):
-        rows = ex.rows(enqueue.insert_jobs(with_keys), _insert_params(jobs))
+        rows = ex.rows(statement, params)
         if not with_keys:
             return [row[0] for row in rows]
         resolved = _match_unique(ex, jobs, rows)
@@ -58,9 +63,9 @@ def insert_jobs(db: SessionOrExecutor, jobs: Sequence[NewJob]) -> list[int]:
     raise RuntimeError("unique-key enqueue did not settle after 10 tries")  # pragma: no cover
 
 
-def insert_one_job(db: Executor, job: NewJob) -> int:
+def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) -> int:
     """Insert one job without unique key or dependencies, and its ticket; return its id."""
-    params = {
+    params: dict[str, Any] = {
         "task_name": job.task_name,
         "queue": job.queue,
         "args": job.args_json,
@@ -71,10 +76,13 @@ def insert_one_job(db: Executor, job: NewJob) -> int:
         "run_at": job.run_at,
         "atomic": job.atomic,
     }
-    return int(db.rows(enqueue.insert_one_job(), params)[0][0])
+    if trace_context is None:
+        return int(db.rows(enqueue.insert_one_job(), params)[0][0])
+    params["trace_context"] = trace_context
+    return int(db.rows(enqueue.insert_one_job(traced=True), params)[0][0])
 
 
-def copy_jobs(db: Executor, jobs: Sequence[NewJob]) -> list[int]:
+def copy_jobs(db: Executor, jobs: Sequence[NewJob], trace_context: str | None = None) -> list[int]:
     """Insert a large batch of jobs (no unique keys, no dependencies, one ``delay``/``run_at``
     for all) and their tickets with two ``COPY``s; return the ids in input order.
 
@@ -86,16 +94,18 @@ def copy_jobs(db: Executor, jobs: Sequence[NewJob]) -> list[int]:
     params = {"n": len(jobs), "run_at": first.run_at, "delay": first.delay}
     ids, run_at = db.rows(enqueue.allocate_job_ids(), params)[0]
     stamp = run_at.isoformat()
-    db.copy(enqueue.copy_jobs(), copy_rows.chunks(copy_rows.job_lines(ids, jobs, stamp)))
+    lines = copy_rows.job_lines(ids, jobs, stamp, trace_context)
+    db.copy(enqueue.copy_jobs(traced=trace_context is not None), copy_rows.chunks(lines))
     db.copy(enqueue.copy_tickets(), copy_rows.chunks(copy_rows.ticket_lines(ids, jobs, stamp)))
     queues = sorted({job.queue for job in jobs})
     db.rows(enqueue.notify_tickets(), {"queues": queues, "run_at": run_at})
     return list(ids)
 
 
-def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
-    """The parallel arrays ``sql.enqueue.insert_jobs`` binds, one entry per job."""
-    return {
+def _insert_params(jobs: Sequence[NewJob], trace_context: str | None) -> dict[str, Any]:
+    """The parallel arrays ``sql.enqueue.insert_jobs`` binds, one entry per job (and the one
+    ``trace_context`` of them all, when there is one)."""
+    params: dict[str, Any] = {
         "task_names": [j.task_name for j in jobs],
         "queues": [j.queue for j in jobs],
         "args": [j.args_json for j in jobs],
@@ -107,6 +117,9 @@ def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
         "unique_keys": [j.unique_key for j in jobs],
         "atomics": [j.atomic for j in jobs],
     }
+    if trace_context is not None:
+        params["trace_context"] = trace_context
+    return params
 
 
 def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> list[int] | None:
@@ -124,7 +137,9 @@ def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> 
     return [next(inserted_plain) if j.unique_key is None else by_key[j.unique_key] for j in jobs]
 
 
-def _insert_dependent_jobs(ex: Executor, jobs: Sequence[NewJob]) -> list[int]:
+def _insert_dependent_jobs(
+    ex: Executor, jobs: Sequence[NewJob], trace_context: str | None
+) -> list[int]:
     """Insert jobs some of which depend on others (``NewJob.depends_on``).
 
     The dependencies are locked first (see ``sql.enqueue.lock_dependencies``) and their states
@@ -148,14 +163,17 @@ def _insert_dependent_jobs(ex: Executor, jobs: Sequence[NewJob]) -> list[int]:
         state, reason = dependencies.initial_state({d: found[d] for d in job.depends_on})
         states.append(state.value)
         reasons.append(reason)
-    params: dict[str, Any] = _insert_params(jobs)
+    params = _insert_params(jobs, trace_context)
     params.update(
         states=states,
         depends_ons=[dependencies.array_text(j.depends_on) for j in jobs],
         reasons=reasons,
     )
     with_keys = any(j.unique_key is not None for j in jobs)
-    rows = ex.rows(enqueue.insert_jobs(with_keys, with_dependencies=True), params)
+    statement = enqueue.insert_jobs(
+        with_keys, with_dependencies=True, traced=trace_context is not None
+    )
+    rows = ex.rows(statement, params)
     edges = [
         (dependency, row[0])
         for row in rows
