@@ -25,6 +25,7 @@ from pgqueue.states import JobState
 __all__ = [
     "DEFAULT_COUNT_CAP",
     "DEFAULT_PAGE_SIZE",
+    "DEFAULT_THROUGHPUT_CAP",
     "MAX_JOB_ID",
     "MAX_PAGE_SIZE",
     "Admin",

@@ -24,6 +24,7 @@ from flask import (
     Blueprint,
     Flask,
     abort,
+    current_app,
     flash,
     redirect,
     render_template,
@@ -33,7 +34,13 @@ from flask import (
 )
 from werkzeug.wrappers import Response
 
-from pgqueue.admin import DEFAULT_COUNT_CAP, MAX_JOB_ID, Admin, QueueSettings
+from pgqueue.admin import (
+    DEFAULT_COUNT_CAP,
+    DEFAULT_THROUGHPUT_CAP,
+    MAX_JOB_ID,
+    Admin,
+    QueueSettings,
+)
 from pgqueue.contrib.flask import get_state
 from pgqueue.contrib.flask.job_display import (
     duration,
@@ -55,6 +62,8 @@ PAGE_SIZE: Final = 50
 # the page costs the same however much history the jobs table holds.
 COUNT_CAP: Final = DEFAULT_COUNT_CAP
 STATES: Final = list(JobState)
+# Config key: how many finished jobs the throughput chart may read (see Admin.recent_throughput).
+THROUGHPUT_CAP_KEY: Final = "PGQUEUE_DASHBOARD_THROUGHPUT_CAP"
 # A queue limit is a Postgres integer; anything above it cannot be stored.
 MAX_QUEUE_LIMIT: Final = 2**31 - 1
 CONTENT_SECURITY_POLICY: Final = "; ".join(
@@ -100,6 +109,9 @@ def init_dashboard(
         raise ConfigurationError(
             "the dashboard's CSRF protection needs app.secret_key (SECRET_KEY)"
         )
+    cap = app.config.get(THROUGHPUT_CAP_KEY, DEFAULT_THROUGHPUT_CAP)
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+        raise ConfigurationError(f"{THROUGHPUT_CAP_KEY} must be a positive int, got {cap!r}")
     blueprint = _blueprint(access)
     app.register_blueprint(blueprint, url_prefix=url_prefix)
     return blueprint
@@ -200,7 +212,8 @@ def overview() -> str:
     admin = _admin()
     counts = admin.capped_counts(COUNT_CAP)
     oldest = admin.oldest_waiting()
-    throughput = coarsened(admin.recent_throughput())
+    cap = current_app.config.get(THROUGHPUT_CAP_KEY, DEFAULT_THROUGHPUT_CAP)
+    throughput = coarsened(admin.recent_throughput(cap))
     settings = admin.queue_settings()
     names = sorted(set(counts) | set(oldest) | set(throughput.series))
     empty = [0] * throughput.buckets
