@@ -1,8 +1,8 @@
 """The dashboard in real headless Chromium (Debian's, driven by Playwright): counts on the
 overview, retry of a failed job from its page, and the CSRF guard on POSTs.
 
-Set ``PGQUEUE_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to save the overview screenshot that
-the README shows.
+Set ``PGQUEUE_DASHBOARD_SCREENSHOT=PATH`` to save the overview screenshot there (the docs'
+screenshots come from ``docs/screenshots.py``).
 """
 
 from __future__ import annotations
