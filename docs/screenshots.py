@@ -30,7 +30,6 @@ from flask import Flask
 from playwright.sync_api import sync_playwright
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
-from werkzeug.serving import make_server
 
 from pgqueue import backoff
 from pgqueue.contrib.flask import PgQueue
@@ -39,6 +38,9 @@ from pgqueue.testing import run_until_final
 from pgqueue.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from dashboard_app import serving  # noqa: E402  (a test helper, found through the path above)
+
 OUT = ROOT / "docs" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
@@ -95,18 +97,6 @@ def database(url: str | None) -> Iterator[str]:
         yield started.stdout.strip()
     finally:
         subprocess.run([sys.executable, script, "stop", str(root)], check=True)
-
-
-@contextlib.contextmanager
-def serving(app: Flask) -> Iterator[str]:
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/pgqueue"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
 
 
 def fill(app: Flask) -> int:
@@ -170,7 +160,7 @@ def main() -> None:
             time.sleep(2)  # the image jobs are running, two at a time (the limit)
             try:
                 with serving(app) as base:
-                    shoot(base, failed_job)
+                    shoot(base + "/pgqueue", failed_job)
             finally:
                 worker.stop()
                 thread.join(timeout=30)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from dashboard_app import dashboard_app
 from flask import Flask
 from playwright.sync_api import Page, expect, sync_playwright
 from sqlalchemy import Engine, text
@@ -27,13 +28,13 @@ from test_flask_dashboard import CHROMIUM_ARGS, serving
 
 from pgqueue import JobState, backoff
 from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.testing import run_until_final, wait_for_states
 from pgqueue.worker import Worker
 
 MILLISECONDS = re.compile(r"^\d+ ms$")
 
 pgq = PgQueue()
+kept: list[object] = []
 release = threading.Event()
 
 
@@ -56,7 +57,8 @@ def broken(detail: str) -> None:
 
 @pgq.task(name="controls.always_fails", queue="timed", max_attempts=5, retry=backoff.constant(0))
 def always_fails(n: int) -> None:
-    raise ConnectionError(f"gateway refused {object()!r}")  # an address differing each time
+    kept.append(object())  # kept alive, so each attempt's object has an address of its own
+    raise ConnectionError(f"gateway refused {kept[-1]!r}")
 
 
 @pgq.task(name="controls.noop", queue="burst")
@@ -66,17 +68,8 @@ def noop(n: int) -> None:
 
 @pytest.fixture
 def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
-    app = Flask("dashboard_controls")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-        PGQUEUE_POLL_INTERVAL=0.2,
-    )
-    pgq.init_app(app)
-    init_dashboard(app, access=lambda: True)
-    with serving(app) as base:
+    with dashboard_app(pgq, database_url, "dashboard_controls") as app, serving(app) as base:
         yield app, f"{base}/pgqueue"
-    pgq.state(app).queue.dispose()
 
 
 @pytest.fixture
@@ -93,7 +86,9 @@ class RunningWorker:
     """A worker thread on ``queues``, stopped on exit."""
 
     def __init__(self, app: Flask, queues: list[str], concurrency: int) -> None:
-        self.worker = Worker(pgq.state(app).queue, queues=queues, concurrency=concurrency)
+        self.worker = Worker(
+            pgq.state(app).queue, queues=queues, concurrency=concurrency, poll_interval=0.2
+        )
         self.thread = threading.Thread(target=self.worker.run, daemon=True)
 
     def __enter__(self) -> RunningWorker:
@@ -210,7 +205,7 @@ def test_job_list_shows_durations_and_errors(served: tuple[Flask, str], page: Pa
     with app.app_context():
         napped = nap.enqueue(1.3)
         failed = broken.enqueue("input")
-    run_until_final(pgq.state(app).queue, [napped, failed], concurrency=2)
+    run_until_final(pgq.state(app).queue, [napped, failed], concurrency=2, poll_interval=0.2)
     with app.app_context():
         running = hold.enqueue(9)
     with RunningWorker(app, ["controlled"], concurrency=1):
@@ -277,7 +272,7 @@ def test_chart_of_ten_jobs_spread_over_an_hour(
     app, base = served
     with app.app_context():
         ids = [nap.enqueue(0) for _ in range(10)]
-    run_until_final(pgq.state(app).queue, ids, concurrency=2)
+    run_until_final(pgq.state(app).queue, ids, concurrency=2, poll_interval=0.2)
     # Real runs, finished six minutes apart over the last hour.
     with engine.begin() as connection:
         for index, job_id in enumerate(ids):

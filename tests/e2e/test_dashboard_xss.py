@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from urllib.parse import urlencode
 
 import pytest
+from dashboard_app import serving
 from flask import Flask
 from playwright.sync_api import sync_playwright
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
-from test_flask_dashboard import CHROMIUM_ARGS, serving
+from test_flask_dashboard import CHROMIUM_ARGS
 
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard

@@ -13,52 +13,40 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from dashboard_app import dashboard_app
 from flask import Flask
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import URL
-from test_dashboard_queries import _on_jobs, _plans, _scans
+from test_dashboard_queries import plan_problems
 
 from pgqueue import JobState
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
 from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 
 BUSY = 300_000
 PER_SECOND = 500  # BUSY jobs over the last 600 seconds
+
+BUSY_HOUR = text(
+    """INSERT INTO pgqueue_jobs (task_name, queue, state, attempts, started_at, finished_at,
+                                 updated_at, args)
+       SELECT 'busy.work', CASE WHEN i % 2 = 0 THEN 'a' ELSE 'b' END,
+              CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
+              now() - make_interval(secs => i / 500.0),
+              now() - make_interval(secs => i / 500.0), now(), '[]'
+       FROM generate_series(1, :n) AS i"""
+)
 
 pgq = PgQueue()
 
 
 @pytest.fixture
-def app(database_url: URL) -> Iterator[Flask]:
-    setup = create_engine(database_url, isolation_level="AUTOCOMMIT")
-    try:
-        with setup.connect() as connection:
-            connection.execute(text("ALTER TABLE pgqueue_jobs SET (autovacuum_enabled = false)"))
-            connection.execute(
-                text(
-                    """INSERT INTO pgqueue_jobs (task_name, queue, state, attempts, started_at,
-                                                 finished_at, updated_at, args)
-                       SELECT 'busy.work', CASE WHEN i % 2 = 0 THEN 'a' ELSE 'b' END,
-                              CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
-                              now() - make_interval(secs => i / 500.0),
-                              now() - make_interval(secs => i / 500.0), now(), '[]'
-                       FROM generate_series(1, :n) AS i"""
-                ),
-                {"n": BUSY},
-            )
-            connection.execute(text("ANALYZE pgqueue_jobs"))
-    finally:
-        setup.dispose()
-    app = Flask("dashboard_throughput")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    pgq.init_app(app)
-    init_dashboard(app, public=True)
-    yield app
-    pgq.state(app).queue.dispose()
+def app(database_url: URL, engine: Engine) -> Iterator[Flask]:
+    with engine.begin() as connection:
+        connection.execute(text("ALTER TABLE pgqueue_jobs SET (autovacuum_enabled = false)"))
+        connection.execute(BUSY_HOUR, {"n": BUSY})
+        connection.execute(text("ANALYZE pgqueue_jobs"))
+    with dashboard_app(pgq, database_url, "dashboard_throughput") as app:
+        yield app
 
 
 def test_busy_hour_reads_at_most_the_cap(app: Flask) -> None:
@@ -78,22 +66,9 @@ def test_busy_hour_reads_at_most_the_cap(app: Flask) -> None:
     assert "most recent jobs only" in response.text
     assert len(sent) == 2  # the window's edge, then the counts
 
-    problems = []
+    labelled = [(f"statement {n}", st, params) for n, (st, params) in enumerate(sent)]
     with queue.engine.connect() as connection:
-        for number, (statement, parameters) in enumerate(sent):
-            for kind, plan in _plans(connection, number, statement, parameters):
-                read = 0.0
-                for node in _scans(plan):
-                    if not _on_jobs(node):
-                        continue
-                    if node["Node Type"] == "Seq Scan":
-                        problems.append((number, kind, "sequential scan of pgqueue_jobs"))
-                    read += (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node[
-                        "Actual Loops"
-                    ]
-                if read > DEFAULT_THROUGHPUT_CAP:
-                    problems.append((number, kind, f"read {read:.0f} rows of pgqueue_jobs"))
-    assert problems == []
+        assert plan_problems(connection, labelled, DEFAULT_THROUGHPUT_CAP) == []
 
     throughput = queue.admin.recent_throughput()
     assert throughput.shortened
