@@ -148,7 +148,7 @@ def test_pause_resume_and_limit_from_the_queues_page(
         # Limit 1 while one job runs: two more wait, however many slots the worker has.
         row.locator("input[name=limit]").fill("1")
         assert _submit(page, row, "button.set-limit") == 302
-        expect(page.locator(".flash-ok")).to_contain_text("at most 1 jobs run at once")
+        expect(page.locator(".flash-ok")).to_contain_text("at most 1 of its jobs run at once")
         expect(row.locator("td.limit")).to_have_text("1")
         assert tuple(_control(engine, "controlled")) == (False, 1)
         with app.app_context():

@@ -22,6 +22,8 @@ from test_dashboard_queries import plan_problems
 from pgqueue import JobState
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
 from pgqueue.contrib.flask import PgQueue
+from pgqueue.contrib.flask.dashboard import init_dashboard
+from pgqueue.errors import ConfigurationError
 
 BUSY = 300_000
 PER_SECOND = 500  # BUSY jobs over the last 600 seconds
@@ -90,3 +92,22 @@ def test_busy_hour_reads_at_most_the_cap(app: Flask) -> None:
         ("b", JobState.SUCCEEDED): 150_000,
     }
     assert sum(whole.series["a"][JobState.SUCCEEDED][11:]) == 0  # all in the last ten minutes
+
+
+def test_a_cap_that_is_not_a_positive_int_is_refused(database_url: URL) -> None:
+    app = Flask("dashboard_bad_cap")
+    app.config.update(
+        SECRET_KEY="test-secret",
+        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
+        PGQUEUE_DASHBOARD_THROUGHPUT_CAP="many",
+    )
+    pgq.init_app(app)
+    try:
+        with pytest.raises(ConfigurationError) as raised:
+            init_dashboard(app, public=True)
+        assert str(raised.value) == (
+            "PGQUEUE_DASHBOARD_THROUGHPUT_CAP must be a positive int, got 'many'"
+        )
+        assert "pgqueue_dashboard" not in app.blueprints
+    finally:
+        pgq.state(app).queue.dispose()

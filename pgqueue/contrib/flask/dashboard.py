@@ -1,14 +1,16 @@
-"""A server-rendered dashboard for the app's queue: overview, job list, job detail, actions.
+"""A server-rendered dashboard for the app's queue: overview, job list, job detail, queue
+controls, actions.
 
 ``init_dashboard(app, access=...)`` mounts a blueprint (default under ``/pgqueue``). Pages are
 plain Jinja templates and forms, so everything works without JavaScript; the throughput chart
-is inline SVG drawn on the server (``throughput_chart``). Every request passes the ``access`` callable first (falsy -> 403; it may also
-``abort()`` with its own response, e.g. a 401 asking for credentials). Registration without
-``access`` is refused unless ``public=True`` says the dashboard is meant to be open.
+is inline SVG drawn on the server (``throughput_chart``). Every request passes the ``access``
+callable first (falsy -> 403; it may also ``abort()`` with its own response, e.g. a 401 asking
+for credentials). Registration without ``access`` is refused unless ``public=True`` says the
+dashboard is meant to be open.
 
-The Queues page pauses and resumes each queue and sets or clears its concurrency limit.
-Actions (retry, cancel, delete, and the queue controls) are POST forms carrying a CSRF token bound to the Flask session;
-a POST without the matching token is rejected with 400 before anything runs.
+Actions (retry, cancel, delete; pause, resume and limit a queue on the Queues page) are POST
+forms carrying a CSRF token bound to the Flask session; a POST without the matching token is
+rejected with 400 before anything runs.
 """
 
 from __future__ import annotations
@@ -368,7 +370,7 @@ def queue_action(action: str) -> Response | tuple[str, int]:
             if isinstance(limit, str):
                 return queue_list(error=f"Queue {name}: {limit}", status=400)
             admin.set_queue_limit(name, limit)
-            flash(f"Queue {name}: at most {limit:,} jobs run at once.", "ok")
+            flash(f"Queue {name}: at most {limit:,} of its jobs run at once.", "ok")
         elif action == "unlimit":
             admin.set_queue_limit(name, None)
             flash(f"Queue {name}: limit removed.", "ok")
