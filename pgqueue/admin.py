@@ -31,6 +31,7 @@ __all__ = [
     "AUDIT_SOURCES",
     "DEFAULT_COUNT_CAP",
     "DEFAULT_PAGE_SIZE",
+    "DEFAULT_THROUGHPUT_CAP",
     "MAX_JOB_ID",
     "MAX_PAGE_SIZE",
     "Admin",
@@ -41,6 +42,7 @@ __all__ = [
     "ListArguments",
     "OldestWaiting",
     "QueueSettings",
+    "Throughput",
     "check_job_id",
     "default_actor",
     "list_arguments",
@@ -76,6 +78,14 @@ class BulkResult:
     audit_id: int | None = None
 
 
+# A throughput window reads at most this many finished jobs: past it, the window shrinks to the
+# most recent jobs (at 10,000 jobs/s, the last few seconds) instead of reading the whole hour.
+DEFAULT_THROUGHPUT_CAP: Final = 50_000
+THROUGHPUT_WINDOW: Final = 3600
+# Bucket widths (seconds) a shrunken window is divided into, at most 60 buckets of them.
+BUCKET_WIDTHS: Final = (1, 2, 5, 10, 15, 30, 60)
+
+
 @dataclass(frozen=True, slots=True)
 class JobPage:
     """One page of jobs, newest first, with the cursors of the pages beside it.
@@ -108,6 +118,22 @@ class QueueSettings:
     paused: bool
     concurrency_limit: int | None
     running: int
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """Jobs finished per bucket of ``width`` seconds over the last ``window`` seconds:
+    ``series[queue][state][0]`` is the newest bucket. ``shortened`` says the window is shorter
+    than asked because more jobs finished than the read may count."""
+
+    window: int
+    width: int
+    series: dict[str, dict[JobState, list[int]]]
+    shortened: bool
+
+    @property
+    def buckets(self) -> int:
+        return self.window // self.width
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,6 +432,26 @@ class Admin:
         index 0 the current minute, index 59 an hour ago; only queues with finished jobs in
         that hour appear."""
         return self._read(repository.finished_per_minute)
+
+    def recent_throughput(self, cap: int = DEFAULT_THROUGHPUT_CAP) -> Throughput:
+        """Jobs finished per minute over the last hour, or, when more than ``cap`` finished in
+        that hour, over the shorter window holding the ``cap`` most recent ones, in buckets of
+        1 to 60 seconds (at most 60 of them). Reads at most about ``cap`` index entries twice,
+        so the cost is bounded however busy the queues are."""
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValidationError(f"cap must be a positive int, got {cap!r}")
+
+        def work(s: Session) -> Throughput:
+            edge = repository.finished_window_edge(s, THROUGHPUT_WINDOW, cap)
+            if edge is None:
+                width, window = 60, THROUGHPUT_WINDOW
+            else:
+                width = next((w for w in BUCKET_WIDTHS if w * 60 >= edge), BUCKET_WIDTHS[-1])
+                window = max(1, int(edge // width)) * width
+            series = repository.finished_per_bucket(s, width, window // width, cap)
+            return Throughput(window, width, series, shortened=edge is not None)
+
+        return self._read(work)
 
     def queue_names(self) -> list[str]:
         """The queues that have jobs, sorted."""

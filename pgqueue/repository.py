@@ -562,6 +562,32 @@ def finished_per_minute(db: SessionOrExecutor) -> dict[str, dict[JobState, list[
     return series
 
 
+def finished_window_edge(db: SessionOrExecutor, window: float, cap: int) -> float | None:
+    """Seconds since the ``cap``-th most recently finished job of the last ``window`` seconds
+    finished; None when fewer than ``cap`` finished in that window."""
+    params = {"window": float(window), "skip": cap - 1}
+    rows = executor_for(db).rows(admin.finished_window_edge(), params)
+    return float(rows[0][0]) if rows else None
+
+
+def finished_per_bucket(
+    db: SessionOrExecutor, width: float, buckets: int, cap: int
+) -> dict[str, dict[JobState, list[int]]]:
+    """``{queue: {state: [count per bucket]}}`` over the last ``buckets`` x ``width`` seconds,
+    counting at most the ``cap`` most recent jobs; index 0 is the newest bucket. Only queues
+    with finished jobs in that window appear."""
+    series: dict[str, dict[JobState, list[int]]] = {}
+    params = {"window": float(width * buckets), "width": float(width), "cap": cap}
+    for queue, state, buckets_ago, count in executor_for(db).rows(
+        admin.finished_per_bucket(), params
+    ):
+        if not 0 <= buckets_ago < buckets:
+            continue  # the window's far edge, by a fraction of a second
+        by_state = series.setdefault(queue, {})
+        by_state.setdefault(JobState(state), [0] * buckets)[buckets_ago] += int(count)
+    return series
+
+
 def delete_job(db: SessionOrExecutor, job_id: int) -> bool:
     """Delete a job that is not running (and its ticket); False when nothing was deleted."""
     return bool(executor_for(db).rows(admin.delete_job(), {"job_id": job_id}))
