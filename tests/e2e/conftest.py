@@ -78,16 +78,6 @@ def sleep(ctx, seconds, first_run_only=False):
     return {"pid": os.getpid(), "attempt": ctx.attempt}
 
 
-@pgq.task(name="stamp", pass_context=True)
-def stamp(ctx):
-    """Its first line reads this host's clock: when a user's handler starts."""
-    started = time.time()
-    ctx.session.execute(
-        INSERT,
-        {"job": ctx.job_id, "attempt": ctx.attempt, "tag": "done", "pid": os.getpid(), "info": repr(started)},
-    )
-
-
 @pgq.task(name="die", pass_context=True, max_attempts=3)
 def die(ctx):
     mark(ctx, "start")
