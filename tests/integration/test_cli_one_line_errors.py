@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -79,6 +80,16 @@ def noop():
 @flask_pgq.task(name="shop.noop")
 def flask_noop():
     return None
+
+
+@pgq.task(name="shop.fail")
+def fail():
+    raise ValueError("boom")
+
+
+@flask_pgq.task(name="shop.fail")
+def flask_fail():
+    raise ValueError("boom")
 
 
 @pgq.task(name="shop.send_receipt")
@@ -234,29 +245,45 @@ def test_a_target_that_is_not_a_queue_is_never_called(
         assert not (shop / "called").exists(), f"{target} was called"
 
 
-def _enqueue(url: URL, *queues: str, task: str = "shop.noop") -> list[int]:
+def _enqueue(
+    url: URL, *queues: str, task: str = "shop.noop", max_attempts: int | None = None
+) -> list[int]:
     pgq = PgQueue(url)
     noop = pgq.task(name=task)(lambda: None)
-    ids = [noop.configure(queue=queue).enqueue() for queue in queues]
+    ids = [noop.configure(queue=queue, max_attempts=max_attempts).enqueue() for queue in queues]
     pgq.dispose()
     return ids
 
 
 def test_flask_worker_logs_like_the_core_worker(shop: Path, database_url: URL) -> None:
-    _enqueue(database_url, "default", "default")
+    _enqueue(database_url, "default", "default", task="shop.fail", max_attempts=1)
     core = pgqueue(["worker", "shop:pgq", "--drain"], shop, database_url)
-    _enqueue(database_url, "default", "default")
+    _enqueue(database_url, "default", "default", task="shop.fail", max_attempts=1)
     hosted = flask(["worker", "--drain"], shop, database_url)
     for result in (core, hosted):
         assert result.returncode == 0, result.stderr
         assert " started: queues=*" in result.stderr, result.stderr
         assert " stopped: " in result.stderr, result.stderr
 
-    def shape(stderr: str) -> list[str]:
-        # The logger and the message's first words, without times and ids.
-        return [" ".join(line.split()[3:5]) for line in stderr.strip().splitlines()]
+    def lines(stderr: str) -> list[str]:
+        # Without the time, and with numbers (ids, durations, the worker's pid) made alike.
+        return [
+            re.sub(r"\d+(\.\d+)?", "N", re.sub(r":[0-9a-f]{8}\b", ":H", line.split(" ", 2)[2]))
+            for line in stderr.strip().splitlines()
+        ]
 
-    assert shape(core.stderr) == shape(hosted.stderr)
+    core_lines, hosted_lines = lines(core.stderr), lines(hosted.stderr)
+    assert core_lines == hosted_lines, (core.stderr, hosted.stderr)
+    assert core_lines[0].startswith("INFO pgqueue.worker: worker "), core_lines
+    assert " started: queues=* concurrency=N listen=True" in core_lines[0], core_lines
+    job_lines = [line for line in core_lines if "task=shop.fail" in line]
+    assert len(job_lines) == 2, core_lines
+    assert all(
+        line.startswith("INFO pgqueue.worker: job N task=shop.fail attempt=N outcome=fail ")
+        and line.endswith(" error=ValueError: boom")
+        for line in job_lines
+    ), job_lines
+    assert " stopped: claimed N, succeeded N, retried N," in core_lines[-1], core_lines
 
 
 def test_json_output_and_parity(shop: Path, database_url: URL) -> None:
