@@ -162,7 +162,7 @@ class Completer:
             ran_for = self._released_after.pop(outcome.job_id, None)
             if ran_for is not None:
                 log.warning(
-                    "shutdown: released job %s (%s), still running after %.1fs: queued again",
+                    "shutdown: releasing job %s (%s) still running after %.1fs",
                     outcome.job_id,
                     execution.job.task_name,
                     ran_for,
