@@ -139,6 +139,7 @@ class Completer:
         now = time.monotonic()
         self._slots.written(execution for execution, _ in batch)
         stats = self._report.stats
+        released = self._released_after
         for execution, outcome in written:
             if outcome.job_id in lost:
                 if not execution.lease_lost:
@@ -159,8 +160,8 @@ class Completer:
                     execution.job.attempt,
                 )
                 continue
-            ran_for = self._released_after.pop(outcome.job_id, None)
-            if ran_for is not None:
+            # Releases are only put at shutdown: an empty dict costs the usual batch nothing.
+            if released and (ran_for := released.pop(outcome.job_id, None)) is not None:
                 log.warning(
                     "shutdown: releasing job %s (%s) still running after %.1fs",
                     outcome.job_id,
