@@ -181,7 +181,9 @@ class Worker:
             settings=context.settings,
             run_schedules=context.run_schedules,
             stats=self.stats,
-            halt=self._halt,
+            # Maintenance and the listener end when the worker begins to stop: a shutdown
+            # waits for running jobs, not for passes against a server that may be down.
+            halt=self._stopping,
             metrics=self.metrics,
         )
         self._gauges = Gauges(
@@ -247,7 +249,10 @@ class Worker:
             threads.append(start_daemon(self._gauges.run, "pgqueue-gauges"))
         if self.listen:
             self.notifier = Notifier(
-                self._context.listen_connection, self.queues, self._claimer.on_notify, self._halt
+                self._context.listen_connection,
+                self.queues,
+                self._claimer.on_notify,
+                self._stopping,
             )
             self.notifier.start()
 
@@ -257,15 +262,7 @@ class Worker:
         deadline = time.monotonic() + self.shutdown_timeout
         while time.monotonic() < deadline and self._slots.busy():
             time.sleep(0.02)
-        unfinished = self._slots.give_up_unfinished()
-        for execution in unfinished:
-            log.warning(
-                "shutdown: releasing job %s (%s) still running after %.1fs",
-                execution.job.id,
-                execution.job.task_name,
-                self.shutdown_timeout,
-            )
-            self._completer.buffer.put((execution, Outcome.release(execution.job)))
+        self._completer.release(self._slots.give_up_unfinished(), self.shutdown_timeout)
         self._completer.stop()
         for thread in self._threads:
             if thread.name == "pgqueue-completer":

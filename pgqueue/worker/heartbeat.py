@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from pgqueue.errors import is_connection_error
 from pgqueue.jobs import Outcome
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.slots import Slots
@@ -92,8 +93,11 @@ class Heartbeat:
             return
         try:
             held = self._store.heartbeat(leases)
-        except Exception:
-            log.exception("heartbeat failed")
+        except Exception as exc:
+            # The store retries a lost connection until the worker stops: then the shutdown
+            # reports the jobs whose outcome it could not write.
+            if not is_connection_error(exc):
+                log.exception("heartbeat failed")
             return
         executions = self._slots.lookup(job_id for job_id, _, _ in leases)
         for job_id, execution in executions.items():

@@ -32,6 +32,10 @@ log = logging.getLogger("pgqueue.worker")
 # Any 64-bit constant unique to pgqueue: "pgqueue" in ASCII.
 MAINTENANCE_LOCK_KEY = 0x7067717565756500 >> 8
 
+# How long a stopping worker keeps trying to write outcomes to a database it cannot reach: long
+# enough for a server restart or a failover's switch, short of a process manager's kill timeout.
+SHUTDOWN_WRITE_PATIENCE = 5.0
+
 
 class WorkerStore:
     """Database operations used by a worker, safe to call from several threads."""
@@ -42,6 +46,9 @@ class WorkerStore:
         # The claimer's own connection (claims are serialized by the worker, see ``claim``).
         self._claim_connection = self._database.held_connection()
         self._limits = LimitsSeen()
+        # Set at the first failed write after the worker began to stop: the writes of the whole
+        # shutdown share this one deadline.
+        self._shutdown_write_deadline: float | None = None
 
     def _run(
         self,
@@ -60,7 +67,9 @@ class WorkerStore:
 
     def _retry(self, what: str, once: Callable[[], T], *, give_up_when_stopping: bool) -> T:
         """``once()``, again (capped exponential backoff) after a lost connection or a
-        transient conflict."""
+        transient conflict. Once the worker is stopping, work that does not give up at once is
+        retried for ``SHUTDOWN_WRITE_PATIENCE`` seconds at most, without a line per failure: the
+        shutdown reports what it could not write, once."""
         delay = 0.05
         while True:
             try:
@@ -68,13 +77,23 @@ class WorkerStore:
             except (DBAPIError, OperationalError) as exc:
                 if not (is_connection_error(exc) or is_transient_conflict(exc)):
                     raise
-                if give_up_when_stopping and self._stopping.is_set():
-                    raise
+                if self._stopping.is_set():
+                    if give_up_when_stopping or self._shutdown_patience_spent():
+                        raise
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
                 log.warning(
                     "%s: database unavailable (%s); retrying in %.2fs", what, error_line(exc), delay
                 )
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    def _shutdown_patience_spent(self) -> bool:
+        now = time.monotonic()
+        if self._shutdown_write_deadline is None:
+            self._shutdown_write_deadline = now + SHUTDOWN_WRITE_PATIENCE
+        return now >= self._shutdown_write_deadline
 
     def claim(
         self,
