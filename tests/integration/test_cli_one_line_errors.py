@@ -42,6 +42,10 @@ INVOCATIONS: dict[str, list[list[str]]] = {
     "worker": [["worker", "shop:pgq", "--drain"]],
     "schedules": [["schedules", "shop:pgq"]],
     "demo": [["demo", "--jobs", "1"]],
+    "bulk": [
+        ["bulk", "retry", "--state", "failed", "--dry-run"],
+        ["bulk", "delete", "--queue", "q", "--yes", "--json"],
+    ],
 }
 # Commands that never open a connection (they read the app's code only).
 NO_DATABASE = {"schedules"}
