@@ -18,6 +18,7 @@ from typing import Final, TypeVar
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import repository, uow, validation
+from pgqueue.config import Settings
 from pgqueue.errors import InvalidStateTransition, JobNotFound, ValidationError
 from pgqueue.models import Job
 from pgqueue.states import JobState
@@ -28,10 +29,12 @@ __all__ = [
     "MAX_JOB_ID",
     "MAX_PAGE_SIZE",
     "Admin",
+    "JobHolder",
     "JobPage",
     "ListArguments",
     "OldestWaiting",
     "QueueSettings",
+    "WorkerInfo",
     "check_job_id",
     "list_arguments",
     "page_of",
@@ -81,6 +84,47 @@ class QueueSettings:
     paused: bool
     concurrency_limit: int | None
     running: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One worker process in the worker registry.
+
+    ``queues`` is empty for a worker serving all queues. ``seconds_since_seen`` counts from
+    its latest heartbeat (database clock); ``live`` is false once that exceeds the stale
+    interval (``Settings.worker_stale_seconds``). ``running`` is the number of RUNNING jobs
+    it holds.
+    """
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    version: str
+    started_at: dt.datetime
+    last_seen_at: dt.datetime
+    seconds_since_seen: float
+    live: bool
+    running: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobHolder:
+    """The worker holding a RUNNING job: its id (the job's ``lease_owner``) and what the
+    registry says of it. ``host``, ``pid`` and ``last_seen_at`` are None when it has no row
+    (it stopped, or was removed as stale): ``registered`` is then false."""
+
+    worker_id: str
+    host: str | None
+    pid: int | None
+    last_seen_at: dt.datetime | None
+    seconds_since_seen: float | None
+    live: bool
+
+    @property
+    def registered(self) -> bool:
+        return self.host is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +204,14 @@ class Admin:
     an engine recreated after ``dispose`` is used).
     """
 
-    def __init__(self, sessions: Callable[[], sessionmaker[Session]]) -> None:
+    def __init__(
+        self,
+        sessions: Callable[[], sessionmaker[Session]],
+        *,
+        stale_seconds: Callable[[], float] = lambda: Settings().worker_stale_seconds,
+    ) -> None:
         self._sessions = sessions
+        self._stale_seconds = stale_seconds
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -299,6 +349,42 @@ class Admin:
             row.name: QueueSettings(row.name, row.paused, row.concurrency_limit, row.running)
             for row in rows
         }
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def list_workers(self, *, include_stale: bool = False) -> list[WorkerInfo]:
+        """The live workers of the registry by id, each with the RUNNING jobs it holds; with
+        ``include_stale``, also the rows of workers gone stale (``live`` false), after them."""
+        stale_seconds = self._stale_seconds()
+        rows = self._read(
+            lambda s: repository.list_workers(s, stale_seconds, include_stale=include_stale)
+        )
+        return [
+            WorkerInfo(
+                row[0],
+                row[1],
+                row[2],
+                tuple(row[3]),
+                row[4],
+                row[5],
+                row[6],
+                row[7],
+                float(row[8]),
+                bool(row[9]),
+                int(row[10]),
+            )
+            for row in rows
+        ]
+
+    def job_holder(self, job_id: int) -> JobHolder | None:
+        """The worker holding job ``job_id`` while it is RUNNING, else None."""
+        job_id = check_job_id(job_id)
+        stale_seconds = self._stale_seconds()
+        row = self._read(lambda s: repository.job_holder(s, job_id, stale_seconds))
+        if row is None:
+            return None
+        seen = None if row[4] is None else float(row[4])
+        return JobHolder(row[0], row[1], row[2], row[3], seen, bool(row[5]))
 
     # -- transactions ------------------------------------------------------------------------
 

@@ -98,3 +98,20 @@ class Outcome:
     def release(cls, job: ClaimedJob) -> Outcome:
         """Shutdown gave the job back before its handler ended; the attempt does not count."""
         return cls(job.id, job.lease_token, _RELEASE)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEntry:
+    """What a worker writes about itself to the worker registry (``pgqueue_workers``).
+
+    ``queues`` is empty for a worker serving all queues; ``started_at`` is None until its first
+    registration returned the database's start time.
+    """
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    version: str
+    started_at: dt.datetime | None = None

@@ -10,6 +10,7 @@ rides out outages instead of crashing.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -23,7 +24,7 @@ from pgqueue import repository, uow
 from pgqueue.claim_choice import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import error_line, is_connection_error, is_transient_conflict
-from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.jobs import ClaimedJob, Outcome, WorkerEntry
 
 T = TypeVar("T")
 
@@ -151,10 +152,33 @@ class WorkerStore:
             give_up_when_stopping=False,
         )
 
-    def heartbeat(self, leases: Sequence[tuple[int, object, float]]) -> dict[int, bool]:
+    def heartbeat(
+        self, leases: Sequence[tuple[int, object, float]], worker: WorkerEntry | None = None
+    ) -> dict[int, bool]:
         return self._run(
             "heartbeat",
-            lambda db: repository.heartbeat(db, leases),  # type: ignore[arg-type]
+            lambda db: repository.heartbeat(db, leases, worker),  # type: ignore[arg-type]
+            give_up_when_stopping=True,
+        )
+
+    def worker_seen(self, worker: WorkerEntry) -> dt.datetime:
+        return self._run(
+            "worker registry",
+            lambda db: repository.worker_seen(db, worker),
+            give_up_when_stopping=True,
+        )
+
+    def unregister_worker(self, worker_id: str) -> None:
+        self._run(
+            "worker registry",
+            lambda db: repository.unregister_worker(db, worker_id),
+            give_up_when_stopping=True,
+        )
+
+    def delete_stale_workers(self, stale_seconds: float) -> list[str]:
+        return self._run(
+            "stale workers",
+            lambda db: repository.delete_stale_workers(db, stale_seconds),
             give_up_when_stopping=True,
         )
 
