@@ -89,8 +89,10 @@ def test_an_idle_worker_and_a_busy_one_refresh_their_rows(pgq: PgQueue) -> None:
     busy = Worker(pgq, queues=["default"], concurrency=2, maintenance=False, lease_seconds=60)
     with running(idle), running(busy):
         _wait_until(
-            lambda: {w.id: w.running for w in pgq.admin.list_workers()}
-            == {idle.worker_id: 0, busy.worker_id: 2},
+            lambda: (
+                {w.id: w.running for w in pgq.admin.list_workers()}
+                == {idle.worker_id: 0, busy.worker_id: 2}
+            ),
             20,
             "both workers, the busy one holding its two jobs",
         )
@@ -118,8 +120,9 @@ def test_stale_rows_are_hidden_and_deleted_by_maintenance(pgq: PgQueue) -> None:
     worker = Worker(pgq, concurrency=1)  # maintenance every rescue_interval (0.5 s)
     with running(worker):
         _wait_until(
-            lambda: [w.id for w in pgq.admin.list_workers(include_stale=True)]
-            == [worker.worker_id],
+            lambda: (
+                [w.id for w in pgq.admin.list_workers(include_stale=True)] == [worker.worker_id]
+            ),
             20,
             "the stale row to be deleted",
         )
