@@ -43,7 +43,9 @@ def listed_when(app: App, count: int) -> dict[int, dict[str, Any]] | None:
 
 
 def test_workers_lists_two_workers_and_drops_a_killed_one_once_stale(app: App) -> None:
-    first = app.start_worker("--queues", "default,mail", "--concurrency", "3", **STALE)
+    first = app.start_worker(
+        "--queues", "default,mail", "--concurrency", "3", "--shutdown-timeout", "1", **STALE
+    )
     second = app.start_worker("--queues", "reports", "--concurrency", "5", **STALE)
     both = app.wait_until(lambda: listed_when(app, 2), 30, "two workers listed")
     assert set(both) == {first.pid, second.pid}
@@ -62,6 +64,20 @@ def test_workers_lists_two_workers_and_drops_a_killed_one_once_stale(app: App) -
     for worker in both.values():
         assert worker["id"] in table.stdout
     assert "default,mail" in table.stdout and "reports" in table.stdout
+
+    # A running job names its worker (``pgqueue show``), which counts it as running.
+    [job_id] = app.module.sleep.enqueue_many([{"seconds": 60}])
+    app.wait_until(lambda: app.ledger("start"), 30, "the job to start")
+    shown = pgqueue_cli(app, "show", str(job_id), "--json")
+    assert shown.returncode == 0, shown.stderr
+    holder = json.loads(shown.stdout)["worker"]
+    assert (holder["id"], holder["pid"], holder["host"], holder["live"]) == (
+        both[first.pid]["id"],
+        first.pid,
+        host,
+        True,
+    )
+    assert {pid: w["running"] for pid, w in listed(app).items()} == {first.pid: 1, second.pid: 0}
 
     second.signal(signal.SIGKILL)
     assert second.wait(10) == -signal.SIGKILL

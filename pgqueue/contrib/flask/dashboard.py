@@ -1,4 +1,5 @@
-"""A server-rendered dashboard for the app's queue: overview, job list, job detail, actions.
+"""A server-rendered dashboard for the app's queue: overview, job list, job detail, actions, and
+the running workers.
 
 ``init_dashboard(app, access=...)`` mounts a blueprint (default under ``/pgqueue``). Pages are
 plain Jinja templates and forms, so everything works without JavaScript; the per-minute chart
@@ -141,6 +142,7 @@ def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
     bp.add_url_rule("/jobs", view_func=job_list)
     bp.add_url_rule("/jobs/<int:job_id>", view_func=job_detail)
     bp.add_url_rule("/jobs/<int:job_id>/<action>", view_func=job_action, methods=["POST"])
+    bp.add_url_rule("/workers", view_func=worker_list)
     return bp
 
 
@@ -255,9 +257,11 @@ def job_detail(job_id: int) -> str:
         job = _admin().get_job(job_id)
     except PgQueueError:
         abort(404, description=f"no job with id {job_id}")
+    holder = _admin().job_holder(job_id) if job.state is JobState.RUNNING else None
     return render_template(
         "pgqueue/job.html",
         job=job,
+        holder=holder,
         final=job.state in FINAL_STATES,
         can_retry=job.state in {JobState.FAILED, JobState.CANCELLED},
         can_cancel=job.state in {JobState.QUEUED, JobState.RETRYING, JobState.RUNNING},
@@ -291,6 +295,15 @@ def job_action(job_id: int, action: str) -> Response:
     except PgQueueError as exc:
         flash(str(exc), "error")
     return back
+
+
+def worker_list() -> str:
+    admin = _admin()
+    return render_template(
+        "pgqueue/workers.html",
+        workers=admin.list_workers(include_stale=True),
+        stale_seconds=get_state().queue.settings.worker_stale_seconds,
+    )
 
 
 # -- formatting -------------------------------------------------------------------------------
