@@ -403,6 +403,8 @@ def workers(include_stale: bool, as_json: bool, database_url: str | None) -> Non
 
 def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
     """Shared by ``pgqueue workers`` and ``flask pgqueue workers``."""
+    import datetime as dt
+
     found = pgq.admin.list_workers(include_stale=include_stale)
     if as_json:
         print_json(
@@ -437,7 +439,7 @@ def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
             str(w.concurrency),
             str(w.running),
             w.version,
-            f"{w.started_at:%Y-%m-%d %H:%M:%S}",
+            f"{w.started_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}",
             f"{w.seconds_since_seen:.0f}s ago" + ("" if w.live else " (stale)"),
         )
     console.print(table)
