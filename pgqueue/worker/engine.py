@@ -205,6 +205,7 @@ class Worker:
             interval=context.settings.metrics_interval,
             read_figures=self.maintenance,
             halt=self._halt,
+            registry=self.registry,
         )
         self._wake = wake
 

@@ -220,12 +220,16 @@ class WorkerStore:
         )
 
     def queue_figures(
-        self, *, cap: int
+        self, *, cap: int, worker_id: str, stale_seconds: float
     ) -> tuple[dict[str, dict[str, int]], dict[str, float]] | None:
         """``({queue: {state: capped count}}, {queue: seconds its earliest ticket waited})``,
-        or None when another worker holds the figures lock (it reads them for the cluster)."""
+        or None when another worker reads them for the cluster: a live worker with a smaller
+        id in the registry (``repository.elected_worker``), or, while the registry names no
+        such worker, the one holding the figures lock."""
 
         def work(db: Executor) -> tuple[dict[str, dict[str, int]], dict[str, float]] | None:
+            if not repository.elected_worker(db, worker_id, stale_seconds):
+                return None
             if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 2):
                 return None
             counts = repository.capped_state_counts(db, cap)

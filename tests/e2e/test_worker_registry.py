@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -107,3 +108,37 @@ def test_each_child_of_a_process_group_registers(app: App) -> None:
     group.signal(signal.SIGTERM)
     assert group.wait(30) == 0
     assert listed(app, "--all") == {}
+
+
+def test_one_elected_worker_reads_the_queue_gauges_and_another_takes_over(app: App) -> None:
+    from test_worker_metrics import free_port, scrape, table_counts
+
+    def figures(port: int) -> dict[tuple[str, str], float]:
+        """The worker's non-zero ``pgqueue_queue_jobs`` samples."""
+        return {
+            (dict(labels)["queue"], dict(labels)["state"]): value
+            for labels, value in scrape(port).get("pgqueue_queue_jobs", {}).items()
+            if value
+        }
+
+    fast = {**STALE, "metrics_interval": 0.2}
+    ports = {}
+    for _ in range(2):
+        port = free_port()
+        ports[app.start_worker("--metrics-port", str(port), **fast).pid] = port
+    workers = app.wait_until(lambda: listed_when(app, 2), 30, "two workers listed")
+    # The live worker with the smallest id reads; the other never shows a reading.
+    elected, other = sorted(workers, key=lambda pid: workers[pid]["id"])
+    ids = app.module.record.enqueue_many([{}] * 7)
+    app.wait_final(ids, timeout=30)
+    expected = table_counts(app)
+    assert expected == {("default", "succeeded"): 7}
+    app.wait_until(lambda: figures(ports[elected]) == expected, 30, "the elected one's reading")
+    for _ in range(5):  # a few more rounds of both workers' gauge threads
+        time.sleep(0.3)
+        assert figures(ports[other]) == {}
+
+    [process] = [p for p in app.processes if p.pid == elected]
+    process.signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    app.wait_until(lambda: figures(ports[other]) == expected, 30, "the other worker's reading")
