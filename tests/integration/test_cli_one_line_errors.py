@@ -25,6 +25,8 @@ from pgqueue.errors import SchemaNotCurrent
 DATABASE_COMMANDS: list[list[str]] = [
     ["stats"],
     ["stats", "--json"],
+    ["workers"],
+    ["workers", "--json"],
     ["jobs"],
     ["jobs", "--json", "--state", "failed"],
     ["show", "1"],
