@@ -83,7 +83,12 @@ class WorkerRegistry:
         try:
             self._store.unregister_worker(self.entry.id)
         except Exception as exc:
-            log.warning("worker registry: could not remove this worker (%s)", error_line(exc))
+            log.warning(
+                "worker registry: could not delete this worker's row (%s); it is listed until "
+                "it goes stale in %gs",
+                error_line(exc),
+                self.stale_seconds,
+            )
 
     def remove_stale(self) -> None:
         """Delete the rows of workers gone stale (a maintenance duty)."""
