@@ -31,12 +31,16 @@ def _wait_until(predicate: Any, timeout: float, what: str) -> Any:
 
 
 @contextmanager
-def running(worker: Worker) -> Iterator[Worker]:
+def running(worker: Worker, release: threading.Event | None = None) -> Iterator[Worker]:
+    """``worker`` runs on a thread; at the end (even after a failed assertion) held jobs are
+    let go and the worker stops."""
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
         yield worker
     finally:
+        if release is not None:
+            release.set()
         worker.stop()
         thread.join(30)
         assert not thread.is_alive()
@@ -67,7 +71,7 @@ def test_a_worker_registers_before_claiming_and_removes_its_row_at_a_clean_stop(
 ) -> None:
     release, [job_id] = _hold_jobs(pgq, 1)
     worker = Worker(pgq, queues=["default", "mail"], concurrency=3)
-    with running(worker):
+    with running(worker, release):
         # Whoever sees the job RUNNING sees its holder registered.
         _wait_until(lambda: pgq.get_job(job_id).state == "running", 20, "the job to run")
         [info] = pgq.admin.list_workers()
@@ -87,7 +91,7 @@ def test_an_idle_worker_and_a_busy_one_refresh_their_rows(pgq: PgQueue) -> None:
     idle = Worker(pgq, queues=["nothing-here"], concurrency=1, maintenance=False)
     release, _ = _hold_jobs(pgq, 2)
     busy = Worker(pgq, queues=["default"], concurrency=2, maintenance=False, lease_seconds=60)
-    with running(idle), running(busy):
+    with running(idle), running(busy, release):
         _wait_until(
             lambda: (
                 {w.id: w.running for w in pgq.admin.list_workers()}
@@ -132,7 +136,7 @@ def test_job_holder_names_the_registered_worker_or_says_it_is_gone(pgq: PgQueue)
     release, [job_id] = _hold_jobs(pgq, 1)
     assert pgq.admin.job_holder(job_id) is None  # queued: nobody holds it
     worker = Worker(pgq, concurrency=1, maintenance=False, lease_seconds=60)
-    with running(worker):
+    with running(worker, release):
         _wait_until(lambda: pgq.get_job(job_id).state == "running", 20, "the job to run")
         holder = pgq.admin.job_holder(job_id)
         assert holder is not None
