@@ -355,6 +355,8 @@ class Admin:
     def list_workers(self, *, include_stale: bool = False) -> list[WorkerInfo]:
         """The live workers of the registry by id, each with the RUNNING jobs it holds; with
         ``include_stale``, also the rows of workers gone stale (``live`` false), after them."""
+        if not isinstance(include_stale, bool):
+            raise ValidationError(f"include_stale must be a bool, got {include_stale!r}")
         stale_seconds = self._stale_seconds()
         rows = self._read(
             lambda s: repository.list_workers(s, stale_seconds, include_stale=include_stale)

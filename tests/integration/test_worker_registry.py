@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
 from pgqueue import PgQueue
+from pgqueue.errors import ValidationError
 from pgqueue.worker import Worker
 from pgqueue.worker.registry import pgqueue_version
 
@@ -118,6 +120,10 @@ def test_stale_rows_are_hidden_and_deleted_by_maintenance(pgq: PgQueue) -> None:
             )
         )
     assert pgq.admin.list_workers() == []
+    with pytest.raises(ValidationError, match="include_stale must be a bool, got 'yes'"):
+        pgq.admin.list_workers(include_stale="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="job id must be a positive int"):
+        pgq.admin.job_holder(0)
     [stale] = pgq.admin.list_workers(include_stale=True)
     assert (stale.id, stale.live, stale.running) == ("gone", False, 0)
     assert stale.seconds_since_seen > 3500
