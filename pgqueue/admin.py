@@ -363,17 +363,17 @@ class Admin:
         )
         return [
             WorkerInfo(
-                row[0],
-                row[1],
-                row[2],
-                tuple(row[3]),
-                row[4],
-                row[5],
-                row[6],
-                row[7],
-                float(row[8]),
-                bool(row[9]),
-                int(row[10]),
+                id=row[0],
+                host=row[1],
+                pid=row[2],
+                queues=tuple(row[3]),
+                concurrency=row[4],
+                version=row[5],
+                started_at=row[6],
+                last_seen_at=row[7],
+                seconds_since_seen=float(row[8]),
+                live=bool(row[9]),
+                running=int(row[10]),
             )
             for row in rows
         ]
