@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dashboard_app import dashboard_app
 from flask import Flask
 from playwright.sync_api import expect, sync_playwright
 from sqlalchemy.engine import URL
@@ -21,7 +22,6 @@ from test_flask_dashboard import CHROMIUM_ARGS, serving
 
 from pgqueue import JobState
 from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.testing import wait_for_states
 from pgqueue.worker import Worker
 
@@ -36,18 +36,10 @@ def send() -> None:
 
 @pytest.fixture
 def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
-    app = Flask("dashboard_workers_browser")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    pgq.init_app(app)
-    init_dashboard(app, public=True)
     release.clear()
-    with serving(app) as base:
+    with dashboard_app(pgq, database_url, "dashboard_workers_browser") as app, serving(app) as base:
         yield app, f"{base}/pgqueue"
     release.set()
-    pgq.state(app).queue.dispose()
 
 
 def test_workers_page_in_a_browser(served: tuple[Flask, str], tmp_path: Path) -> None:

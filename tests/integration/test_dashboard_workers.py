@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from dashboard_app import dashboard_app
 from flask import Flask
 from sqlalchemy import text
 from sqlalchemy.engine import URL
 
 from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.worker import Worker
 
 pgq = PgQueue()
@@ -30,17 +30,10 @@ def hold() -> None:
 
 @pytest.fixture
 def app(database_url: URL) -> Iterator[Flask]:
-    app = Flask("dashboard_workers")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    pgq.init_app(app)
-    init_dashboard(app, public=True)
     release.clear()
-    yield app
+    with dashboard_app(pgq, database_url, "dashboard_workers") as served:
+        yield served
     release.set()
-    pgq.state(app).queue.dispose()
 
 
 def _wait_until(predicate: Any, timeout: float, what: str) -> None:
