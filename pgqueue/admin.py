@@ -22,6 +22,7 @@ from typing import Final, TypeVar
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import bulk_actions, repository, uow, validation
+from pgqueue.config import Settings
 from pgqueue.errors import BulkCountChanged, InvalidStateTransition, JobNotFound, ValidationError
 from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.models import Job
@@ -38,11 +39,13 @@ __all__ = [
     "BulkAction",
     "BulkResult",
     "JobFilter",
+    "JobHolder",
     "JobPage",
     "ListArguments",
     "OldestWaiting",
     "QueueSettings",
     "Throughput",
+    "WorkerInfo",
     "check_job_id",
     "default_actor",
     "list_arguments",
@@ -134,6 +137,47 @@ class Throughput:
     @property
     def buckets(self) -> int:
         return self.window // self.width
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One worker process in the worker registry.
+
+    ``queues`` is empty for a worker serving all queues. ``seconds_since_seen`` counts from
+    its latest heartbeat (database clock); ``live`` is false once that exceeds the stale
+    interval (``Settings.worker_stale_seconds``). ``running`` is the number of RUNNING jobs
+    it holds.
+    """
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    version: str
+    started_at: dt.datetime
+    last_seen_at: dt.datetime
+    seconds_since_seen: float
+    live: bool
+    running: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobHolder:
+    """The worker holding a RUNNING job: its id (the job's ``lease_owner``) and what the
+    registry says of it. ``host``, ``pid`` and ``last_seen_at`` are None when it has no row
+    (it stopped, or was removed as stale): ``registered`` is then false."""
+
+    worker_id: str
+    host: str | None
+    pid: int | None
+    last_seen_at: dt.datetime | None
+    seconds_since_seen: float | None
+    live: bool
+
+    @property
+    def registered(self) -> bool:
+        return self.host is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +276,14 @@ class Admin:
     an engine recreated after ``dispose`` is used).
     """
 
-    def __init__(self, sessions: Callable[[], sessionmaker[Session]]) -> None:
+    def __init__(
+        self,
+        sessions: Callable[[], sessionmaker[Session]],
+        *,
+        stale_seconds: Callable[[], float] = lambda: Settings().worker_stale_seconds,
+    ) -> None:
         self._sessions = sessions
+        self._stale_seconds = stale_seconds
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -487,6 +537,44 @@ class Admin:
             row.name: QueueSettings(row.name, row.paused, row.concurrency_limit, row.running)
             for row in rows
         }
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def list_workers(self, *, include_stale: bool = False) -> list[WorkerInfo]:
+        """The live workers of the registry by id, each with the RUNNING jobs it holds; with
+        ``include_stale``, also the rows of workers gone stale (``live`` false), after them."""
+        if not isinstance(include_stale, bool):
+            raise ValidationError(f"include_stale must be a bool, got {include_stale!r}")
+        stale_seconds = self._stale_seconds()
+        rows = self._read(
+            lambda s: repository.list_workers(s, stale_seconds, include_stale=include_stale)
+        )
+        return [
+            WorkerInfo(
+                id=row[0],
+                host=row[1],
+                pid=row[2],
+                queues=tuple(row[3]),
+                concurrency=row[4],
+                version=row[5],
+                started_at=row[6],
+                last_seen_at=row[7],
+                seconds_since_seen=float(row[8]),
+                live=bool(row[9]),
+                running=int(row[10]),
+            )
+            for row in rows
+        ]
+
+    def job_holder(self, job_id: int) -> JobHolder | None:
+        """The worker holding job ``job_id`` while it is RUNNING, else None."""
+        job_id = check_job_id(job_id)
+        stale_seconds = self._stale_seconds()
+        row = self._read(lambda s: repository.job_holder(s, job_id, stale_seconds))
+        if row is None:
+            return None
+        seen = None if row[4] is None else float(row[4])
+        return JobHolder(row[0], row[1], row[2], row[3], seen, bool(row[5]))
 
     # -- transactions ------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from pgqueue.cli_shared import (
     load_app,
     print_job,
     print_jobs,
+    print_json,
     print_stats,
     problem_line,
     remember_queue,
@@ -419,6 +420,70 @@ def print_schedules(pgq: PgQueue) -> None:
             row["missed"],
             row["next_run_local"].strftime("%Y-%m-%d %H:%M:%S %Z"),
             row["next_run_utc"].strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    console.print(table)
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+
+include_stale_option = click.option(
+    "--all",
+    "include_stale",
+    is_flag=True,
+    help="Also list workers gone stale (killed or cut off) whose rows are not deleted yet.",
+)
+
+
+@main.command()
+@include_stale_option
+@json_option
+@database_option
+def workers(include_stale: bool, as_json: bool, database_url: str | None) -> None:
+    """List the running worker processes (the worker registry)."""
+    print_workers(_queue_for(database_url), include_stale=include_stale, as_json=as_json)
+
+
+def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
+    """Shared by ``pgqueue workers`` and ``flask pgqueue workers``."""
+    import datetime as dt
+
+    found = pgq.admin.list_workers(include_stale=include_stale)
+    if as_json:
+        print_json(
+            [
+                {
+                    "id": w.id,
+                    "host": w.host,
+                    "pid": w.pid,
+                    "queues": list(w.queues),
+                    "concurrency": w.concurrency,
+                    "version": w.version,
+                    "started_at": w.started_at.isoformat(),
+                    "last_seen_at": w.last_seen_at.isoformat(),
+                    "seconds_since_seen": round(w.seconds_since_seen, 3),
+                    "live": w.live,
+                    "running": w.running,
+                }
+                for w in found
+            ]
+        )
+        return
+    table = Table(title=f"pgqueue workers ({pgq.settings.worker_stale_seconds:g}s to stale)")
+    columns = ("id", "host", "pid", "queues", "concurrency", "running", "version", "started")
+    for column in (*columns, "last seen"):
+        table.add_column(column, justify="right" if column in ("pid", "running") else "left")
+    for w in found:
+        table.add_row(
+            w.id,
+            w.host,
+            str(w.pid),
+            ",".join(w.queues) or "*",
+            str(w.concurrency),
+            str(w.running),
+            w.version,
+            f"{w.started_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}",
+            f"{w.seconds_since_seen:.0f}s ago" + ("" if w.live else " (stale)"),
         )
     console.print(table)
 

@@ -85,6 +85,10 @@ class Settings:
     """How often leases are extended; default a third of ``lease_seconds``."""
     rescue_interval: float = 5.0
     """How often the maintenance leader looks for expired leases."""
+    worker_stale_seconds: float = 60.0
+    """A worker not seen (by its heartbeat) for this long counts as gone: ``pgqueue workers``
+    no longer lists it and maintenance deletes its registry row. Workers refresh their row at
+    least three times within it."""
     shutdown_timeout: float = 30.0
     """How long a stopping worker waits for running handlers before releasing their jobs."""
     statement_timeout_ms: int = 10_000
@@ -134,6 +138,7 @@ class Settings:
             "succeeded_retention",
             "failed_retention",
             "metrics_interval",
+            "worker_stale_seconds",
         ):
             _positive(name, getattr(self, name))
         if self.metrics_port is not None and (

@@ -74,7 +74,9 @@ class PgQueue:
         self._handler_engine: Engine | None = None
         self._url: URL | None = None
         self._external_session_factory = session_factory
-        self.admin = Admin(lambda: self.sessions)
+        self.admin = Admin(
+            lambda: self.sessions, stale_seconds=lambda: self.settings.worker_stale_seconds
+        )
         if isinstance(database, Engine):
             if database.dialect.name != "postgresql":
                 raise ConfigurationError(

@@ -24,11 +24,12 @@ from sqlalchemy.orm import Session
 from pgqueue import claim_choice, copy_rows, dependencies, validation
 from pgqueue.db import Executor, claimer_key, executor_for
 from pgqueue.errors import JobNotFound, SerializationError, ValidationError
-from pgqueue.jobs import ClaimedJob, NewJob, Outcome
+from pgqueue.jobs import ClaimedJob, NewJob, Outcome, WorkerEntry
 from pgqueue.models import Job
 from pgqueue.sql import admin, control, enqueue, maintenance
 from pgqueue.sql import claim as claim_sql
 from pgqueue.sql import outcomes as outcome_sql
+from pgqueue.sql import workers as workers_sql
 from pgqueue.states import FINAL_STATES, JobState, OutcomeKind
 
 SessionOrExecutor = Session | Executor
@@ -337,21 +338,79 @@ def _outcome_params(kind: OutcomeKind, batch: Sequence[Outcome]) -> dict[str, An
 
 
 def heartbeat(
-    db: SessionOrExecutor, leases: Sequence[tuple[int, uuid.UUID, float]]
+    db: SessionOrExecutor,
+    leases: Sequence[tuple[int, uuid.UUID, float]],
+    worker: WorkerEntry | None = None,
 ) -> dict[int, bool]:
     """Extend leases ``(job id, token, seconds)``; return ``{id: cancel_requested}`` for those
-    still held (ids missing from the result have lost their lease)."""
+    still held (ids missing from the result have lost their lease). With ``worker``, the same
+    statement refreshes that worker's registry row (``worker_seen``)."""
     if not leases:
         return {}
-    params = {
+    params: dict[str, Any] = {
         "ids": [job_id for job_id, _, _ in leases],
         "tokens": [token for _, token, _ in leases],
         "lease_seconds": [seconds for _, _, seconds in leases],
     }
+    statement = outcome_sql.heartbeat()
+    if worker is not None:
+        params.update(_worker_params(worker))
+        statement = workers_sql.heartbeat_and_seen()
+    return {job_id: bool(flag) for job_id, flag in executor_for(db).rows(statement, params)}
+
+
+# --- worker registry ------------------------------------------------------------------------
+
+
+def _worker_params(worker: WorkerEntry) -> dict[str, Any]:
     return {
-        job_id: bool(flag)
-        for job_id, flag in executor_for(db).rows(outcome_sql.heartbeat(), params)
+        "worker_id": worker.id,
+        "worker_host": worker.host,
+        "worker_pid": worker.pid,
+        "worker_queues": list(worker.queues),
+        "worker_concurrency": worker.concurrency,
+        "worker_version": worker.version,
+        "worker_started_at": worker.started_at,
     }
+
+
+def worker_seen(db: SessionOrExecutor, worker: WorkerEntry) -> dt.datetime:
+    """Write or refresh ``worker``'s registry row; its ``started_at``."""
+    started_at = executor_for(db).rows(workers_sql.register(), _worker_params(worker))[0][0]
+    assert isinstance(started_at, dt.datetime)
+    return started_at
+
+
+def unregister_worker(db: SessionOrExecutor, worker_id: str) -> None:
+    """Delete ``worker_id``'s registry row."""
+    executor_for(db).rows(workers_sql.unregister(), {"worker_id": worker_id})
+
+
+def delete_stale_workers(db: SessionOrExecutor, stale_seconds: float) -> list[str]:
+    """Delete the registry rows of workers not seen within ``stale_seconds``; their ids."""
+    rows = executor_for(db).rows(workers_sql.delete_stale(), {"stale_seconds": stale_seconds})
+    return [row[0] for row in rows]
+
+
+def list_workers(
+    db: SessionOrExecutor, stale_seconds: float, *, include_stale: bool = False
+) -> Sequence[Any]:
+    """Registry rows (``sql.workers.list_workers``), live ones first."""
+    params = {"stale_seconds": stale_seconds, "include_stale": include_stale}
+    return executor_for(db).rows(workers_sql.list_workers(), params)
+
+
+def job_holder(db: SessionOrExecutor, job_id: int, stale_seconds: float) -> Any | None:
+    """The worker holding RUNNING job ``job_id`` (``sql.workers.job_holder``), or None."""
+    params = {"job_id": job_id, "stale_seconds": stale_seconds}
+    rows = executor_for(db).rows(workers_sql.job_holder(), params)
+    return rows[0] if rows else None
+
+
+def elected_worker(db: SessionOrExecutor, worker_id: str, stale_seconds: float) -> bool:
+    """Whether no live worker has an id below ``worker_id`` (the cluster's elected worker)."""
+    params = {"worker_id": worker_id, "stale_seconds": stale_seconds}
+    return bool(executor_for(db).rows(workers_sql.no_live_worker_before(), params)[0][0])
 
 
 def settle_dependents(db: SessionOrExecutor, job_ids: Iterable[int]) -> dict[int, JobState]:

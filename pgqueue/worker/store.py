@@ -10,6 +10,7 @@ rides out outages instead of crashing.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -23,7 +24,7 @@ from pgqueue import repository, uow
 from pgqueue.claim_choice import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import error_line, is_connection_error, is_transient_conflict
-from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.jobs import ClaimedJob, Outcome, WorkerEntry
 
 T = TypeVar("T")
 
@@ -170,10 +171,33 @@ class WorkerStore:
             give_up_when_stopping=False,
         )
 
-    def heartbeat(self, leases: Sequence[tuple[int, object, float]]) -> dict[int, bool]:
+    def heartbeat(
+        self, leases: Sequence[tuple[int, object, float]], worker: WorkerEntry | None = None
+    ) -> dict[int, bool]:
         return self._run(
             "heartbeat",
-            lambda db: repository.heartbeat(db, leases),  # type: ignore[arg-type]
+            lambda db: repository.heartbeat(db, leases, worker),  # type: ignore[arg-type]
+            give_up_when_stopping=True,
+        )
+
+    def worker_seen(self, worker: WorkerEntry) -> dt.datetime:
+        return self._run(
+            "worker registry",
+            lambda db: repository.worker_seen(db, worker),
+            give_up_when_stopping=True,
+        )
+
+    def unregister_worker(self, worker_id: str) -> None:
+        self._run(
+            "worker registry",
+            lambda db: repository.unregister_worker(db, worker_id),
+            give_up_when_stopping=True,
+        )
+
+    def delete_stale_workers(self, stale_seconds: float) -> list[str]:
+        return self._run(
+            "stale workers",
+            lambda db: repository.delete_stale_workers(db, stale_seconds),
             give_up_when_stopping=True,
         )
 
@@ -215,12 +239,16 @@ class WorkerStore:
         )
 
     def queue_figures(
-        self, *, cap: int
+        self, *, cap: int, worker_id: str, stale_seconds: float
     ) -> tuple[dict[str, dict[str, int]], dict[str, float]] | None:
         """``({queue: {state: capped count}}, {queue: seconds its earliest ticket waited})``,
-        or None when another worker holds the figures lock (it reads them for the cluster)."""
+        or None when another worker reads them for the cluster: a live worker with a smaller
+        id in the registry (``repository.elected_worker``), or, while the registry names no
+        such worker, the one holding the figures lock."""
 
         def work(db: Executor) -> tuple[dict[str, dict[str, int]], dict[str, float]] | None:
+            if not repository.elected_worker(db, worker_id, stale_seconds):
+                return None
             if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 2):
                 return None
             counts = repository.capped_state_counts(db, cap)

@@ -30,6 +30,7 @@ from pgqueue.errors import SchemaNotCurrent
 INVOCATIONS: dict[str, list[list[str]]] = {
     "migrate": [["migrate"], ["migrate", "current"]],
     "stats": [["stats"], ["stats", "--json"]],
+    "workers": [["workers"], ["workers", "--json"]],
     "jobs": [["jobs"], ["jobs", "--json", "--state", "failed"]],
     "show": [["show", "1"]],
     "retry": [["retry", "1"]],
@@ -292,6 +293,15 @@ def test_flask_worker_logs_like_the_core_worker(shop: Path, database_url: URL) -
 
 def test_json_output_and_parity(shop: Path, database_url: URL) -> None:
     ids = _enqueue(database_url, "a", "a", "b")
+    engine = create_engine(database_url)
+    with engine.begin() as connection:  # a registered worker, as a running one writes it
+        connection.execute(
+            text(
+                "INSERT INTO pgqueue_workers (id, host, pid, queues, concurrency, version) "
+                "VALUES ('h:7:ab', 'h', 7, '{a,b}', 4, '0.1.0')"
+            )
+        )
+    engine.dispose()
     for cli in (pgqueue, flask):
         app = ["shop:pgq"] if cli is pgqueue else []
         listed = cli(["jobs", "--json", "--queue", "a"], shop, database_url)
@@ -307,6 +317,12 @@ def test_json_output_and_parity(shop: Path, database_url: URL) -> None:
         for command in (["pause", "b"], ["limit", "b", "2"], ["resume", "b"]):
             done = cli(command, shop, database_url)
             assert done.returncode == 0, done.stderr
+        [registered] = json.loads(cli(["workers", "--json"], shop, database_url).stdout)
+        assert (registered["id"], registered["queues"], registered["running"]) == (
+            "h:7:ab",
+            ["a", "b"],
+            0,
+        )
         scheduled = cli(["schedules", *app], shop, database_url)
         assert scheduled.returncode == 0, scheduled.stderr
 

@@ -105,6 +105,14 @@ def show(job_id: int, as_json: bool) -> None:
 
 
 @pgqueue_group.command()
+@core_cli.include_stale_option
+@shared.json_option
+def workers(include_stale: bool, as_json: bool) -> None:
+    """List the running worker processes (the worker registry)."""
+    core_cli.print_workers(_queue(), include_stale=include_stale, as_json=as_json)
+
+
+@pgqueue_group.command()
 @click.argument("job_id", type=int)
 def retry(job_id: int) -> None:
     """Run a failed or cancelled job again."""

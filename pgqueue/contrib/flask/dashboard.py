@@ -1,5 +1,5 @@
 """A server-rendered dashboard for the app's queue: overview, job list, job detail, queue
-controls, actions.
+controls, actions, and the running workers.
 
 ``init_dashboard(app, access=...)`` mounts a blueprint (default under ``/pgqueue``). Pages are
 plain Jinja templates and forms, so everything works without JavaScript; the throughput chart
@@ -176,6 +176,7 @@ def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
     bp.add_url_rule("/jobs/<int:job_id>/<action>", view_func=job_action, methods=["POST"])
     bp.add_url_rule("/queues", view_func=queue_list)
     bp.add_url_rule("/queues/<action>", view_func=queue_action, methods=["POST"])
+    bp.add_url_rule("/workers", view_func=worker_list)
     return bp
 
 
@@ -314,9 +315,11 @@ def job_detail(job_id: int) -> str:
         job = _admin().get_job(job_id)
     except PgQueueError:
         abort(404, description=f"no job with id {job_id}")
+    holder = _admin().job_holder(job_id) if job.state is JobState.RUNNING else None
     return render_template(
         "pgqueue/job.html",
         job=job,
+        holder=holder,
         final=job.state in FINAL_STATES,
         can_retry=job.state in {JobState.FAILED, JobState.CANCELLED},
         can_cancel=job.state in {JobState.QUEUED, JobState.RETRYING, JobState.RUNNING},
@@ -405,6 +408,15 @@ def _queue_limit(raw: str) -> int | str:
     if value > MAX_QUEUE_LIMIT:
         return f"limit must be at most {MAX_QUEUE_LIMIT:,}, got {value:,}"
     return value
+
+
+def worker_list() -> str:
+    admin = _admin()
+    return render_template(
+        "pgqueue/workers.html",
+        workers=admin.list_workers(include_stale=True),
+        stale_seconds=get_state().queue.settings.worker_stale_seconds,
+    )
 
 
 # -- formatting -------------------------------------------------------------------------------
