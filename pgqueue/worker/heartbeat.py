@@ -99,8 +99,10 @@ class Heartbeat:
             if registry is not None:
                 try:
                     registry.refresh()
-                except Exception:
-                    if not self._halt.is_set():
+                except Exception as exc:
+                    # As for the heartbeat below: a lost connection is retried by the store
+                    # until the worker stops, and the shutdown reports what it could not write.
+                    if not (self._halt.is_set() or is_connection_error(exc)):
                         log.exception("worker registry refresh failed")
             return
         try:

@@ -17,7 +17,7 @@ import socket
 from collections.abc import Sequence
 from importlib import metadata
 
-from pgqueue.errors import error_line
+from pgqueue.errors import error_line, is_connection_error
 from pgqueue.jobs import WorkerEntry
 from pgqueue.worker.store import WorkerStore
 
@@ -79,11 +79,17 @@ class WorkerRegistry:
         self._store.worker_seen(self.entry)
 
     def unregister(self) -> None:
-        """Delete the row (a clean stop). A failure is logged: the row goes stale instead."""
+        """Delete the row (a clean stop). A failure is logged: the row goes stale instead.
+
+        A database that cannot be reached is not reported again here: the stopping worker has
+        already said so (the shutdown's line about the outcomes it could not write, or the
+        lost-connection lines before it), and the row it leaves goes stale like a killed
+        worker's."""
         try:
             self._store.unregister_worker(self.entry.id)
         except Exception as exc:
-            log.warning(
+            log.log(
+                logging.DEBUG if is_connection_error(exc) else logging.WARNING,
                 "worker registry: could not delete this worker's row (%s); it is listed until "
                 "it goes stale in %gs",
                 error_line(exc),
