@@ -1,7 +1,8 @@
 """The public admin API: read and control jobs and queues, as the dashboard and both CLIs do.
 
 ``pgq.admin`` (an :class:`Admin`) answers the questions an operator asks (which jobs, how many,
-how late, how fast) and carries out their actions (rerun, cancel, delete, pause, limit). Each
+how late, how fast) and carries out their actions (rerun, cancel, delete, pause, limit, and the
+same three actions in bulk by filter, each with a dry run and an audit record). Each
 method is one repository operation in one transaction: reads in a session of their own,
 actions in the caller's session when one is given, else in an own transaction retried on
 transient conflicts. Arguments are checked before any SQL runs; rows come back as the public
@@ -11,28 +12,42 @@ transient conflicts. Arguments are checked before any SQL runs; rows come back a
 from __future__ import annotations
 
 import datetime as dt
+import getpass
+import os
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import explain, repository, uow, validation
-from pgqueue.errors import InvalidStateTransition, JobNotFound, ValidationError
+from pgqueue import bulk_actions, explain, repository, uow, validation
+from pgqueue.config import Settings
+from pgqueue.errors import BulkCountChanged, InvalidStateTransition, JobNotFound, ValidationError
+from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.models import Job
 from pgqueue.states import JobState
 
 __all__ = [
+    "AUDIT_SOURCES",
     "DEFAULT_COUNT_CAP",
     "DEFAULT_PAGE_SIZE",
+    "DEFAULT_THROUGHPUT_CAP",
     "MAX_JOB_ID",
     "MAX_PAGE_SIZE",
     "Admin",
+    "BulkAction",
+    "BulkResult",
+    "JobFilter",
+    "JobHolder",
     "JobPage",
     "ListArguments",
     "OldestWaiting",
     "QueueSettings",
+    "Throughput",
+    "WorkerInfo",
     "check_job_id",
+    "default_actor",
     "list_arguments",
     "page_of",
 ]
@@ -47,6 +62,31 @@ MAX_PAGE_SIZE: Final = 1000
 DEFAULT_COUNT_CAP: Final = 1000
 RERUNNABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
 CANCELLABLE: Final = frozenset({JobState.QUEUED, JobState.RETRYING, JobState.RUNNING})
+# Where a bulk action was taken, as its audit record says.
+AUDIT_SOURCES: Final = ("api", "cli", "dashboard")
+MAX_ACTOR_LENGTH: Final = 200
+BULK_CANCEL_REASON: Final = "cancelled by a bulk action"
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What a bulk action did, or with ``dry_run`` would do: ``count`` jobs changed (for a
+    cancel, ``flagged_running`` of them are RUNNING jobs asked to stop), recorded as audit
+    record ``audit_id`` (None for a dry run)."""
+
+    action: BulkAction
+    count: int
+    dry_run: bool
+    flagged_running: int = 0
+    audit_id: int | None = None
+
+
+# A throughput window reads at most this many finished jobs: past it, the window shrinks to the
+# most recent jobs (at 10,000 jobs/s, the last few seconds) instead of reading the whole hour.
+DEFAULT_THROUGHPUT_CAP: Final = 50_000
+THROUGHPUT_WINDOW: Final = 3600
+# Bucket widths (seconds) a shrunken window is divided into, at most 60 buckets of them.
+BUCKET_WIDTHS: Final = (1, 2, 5, 10, 15, 30, 60)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +124,63 @@ class QueueSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class Throughput:
+    """Jobs finished per bucket of ``width`` seconds over the last ``window`` seconds:
+    ``series[queue][state][0]`` is the newest bucket. ``shortened`` says the window is shorter
+    than asked because more jobs finished than the read may count."""
+
+    window: int
+    width: int
+    series: dict[str, dict[JobState, list[int]]]
+    shortened: bool
+
+    @property
+    def buckets(self) -> int:
+        return self.window // self.width
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One worker process in the worker registry.
+
+    ``queues`` is empty for a worker serving all queues. ``seconds_since_seen`` counts from
+    its latest heartbeat (database clock); ``live`` is false once that exceeds the stale
+    interval (``Settings.worker_stale_seconds``). ``running`` is the number of RUNNING jobs
+    it holds.
+    """
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    version: str
+    started_at: dt.datetime
+    last_seen_at: dt.datetime
+    seconds_since_seen: float
+    live: bool
+    running: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobHolder:
+    """The worker holding a RUNNING job: its id (the job's ``lease_owner``) and what the
+    registry says of it. ``host``, ``pid`` and ``last_seen_at`` are None when it has no row
+    (it stopped, or was removed as stale): ``registered`` is then false."""
+
+    worker_id: str
+    host: str | None
+    pid: int | None
+    last_seen_at: dt.datetime | None
+    seconds_since_seen: float | None
+    live: bool
+
+    @property
+    def registered(self) -> bool:
+        return self.host is not None
+
+
+@dataclass(frozen=True, slots=True)
 class ListArguments:
     """The checked filters and cursor of a job listing."""
 
@@ -100,6 +197,25 @@ def check_job_id(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValidationError(f"job id must be a positive int, got {value!r}")
     return value
+
+
+def default_actor() -> str:
+    """``user@host`` of this process: the actor of a bulk action when none is given."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for the uid (a container without a passwd entry)
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def _check_actor(actor: object, source: object) -> tuple[str, str]:
+    if not isinstance(actor, str) or not actor.strip() or "\x00" in actor:
+        raise ValidationError(f"actor must be a non-empty str without NUL, got {actor!r:.80}")
+    if len(actor) > MAX_ACTOR_LENGTH:
+        raise ValidationError(f"actor must be at most {MAX_ACTOR_LENGTH} characters")
+    if source not in AUDIT_SOURCES:
+        raise ValidationError(f"source must be one of {', '.join(AUDIT_SOURCES)}, got {source!r}")
+    return actor, str(source)
 
 
 def list_arguments(
@@ -160,8 +276,14 @@ class Admin:
     an engine recreated after ``dispose`` is used).
     """
 
-    def __init__(self, sessions: Callable[[], sessionmaker[Session]]) -> None:
+    def __init__(
+        self,
+        sessions: Callable[[], sessionmaker[Session]],
+        *,
+        stale_seconds: Callable[[], float] = lambda: Settings().worker_stale_seconds,
+    ) -> None:
         self._sessions = sessions
+        self._stale_seconds = stale_seconds
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -181,7 +303,10 @@ class Admin:
         job_id = check_job_id(job_id)
         if job_id > MAX_JOB_ID:  # beyond bigint: no such job, and not a database error
             raise JobNotFound(f"no job with id {job_id}")
-        return self._read(lambda session: explain.explain_job(session, job_id))
+        stale_seconds = self._stale_seconds()
+        return self._read(
+            lambda session: explain.explain_job(session, job_id, stale_seconds=stale_seconds)
+        )
 
     def list_jobs(
         self,
@@ -249,6 +374,102 @@ class Admin:
 
         return self._write(session, work)
 
+    # -- bulk actions ------------------------------------------------------------------------
+
+    def bulk_retry(
+        self,
+        job_filter: JobFilter,
+        *,
+        dry_run: bool = False,
+        actor: str | None = None,
+        source: str = "api",
+        expected_count: int | None = None,
+    ) -> BulkResult:
+        """Retry every FAILED or CANCELLED job ``job_filter`` matches, as ``retry_job`` does one
+        (a ticket for now, ``max_attempts`` raised where no attempt is left). See
+        ``bulk_delete`` for the arguments."""
+        return self._bulk(BulkAction.RETRY, job_filter, dry_run, actor, source, expected_count)
+
+    def bulk_cancel(
+        self,
+        job_filter: JobFilter,
+        *,
+        dry_run: bool = False,
+        actor: str | None = None,
+        source: str = "api",
+        expected_count: int | None = None,
+    ) -> BulkResult:
+        """Cancel every waiting job ``job_filter`` matches (QUEUED, RETRYING, WAITING; their
+        waiting dependents are cancelled too) and ask every matching RUNNING job to stop, as
+        ``cancel_job`` does one. See ``bulk_delete`` for the arguments."""
+        return self._bulk(BulkAction.CANCEL, job_filter, dry_run, actor, source, expected_count)
+
+    def bulk_delete(
+        self,
+        job_filter: JobFilter,
+        *,
+        dry_run: bool = False,
+        actor: str | None = None,
+        source: str = "api",
+        expected_count: int | None = None,
+    ) -> BulkResult:
+        """Delete every job ``job_filter`` matches that is not RUNNING, with its ticket, as
+        ``delete_job`` does one.
+
+        ``dry_run`` only counts the jobs the action would change (the same condition, nothing
+        written). Otherwise the action and its audit record (``actor``, default
+        ``default_actor()``; ``source``: ``api``, ``cli`` or ``dashboard``; the filter; the
+        count changed) commit in one transaction. With ``expected_count`` (the count a preview
+        showed), an action that would change another number of jobs changes none and raises
+        ``BulkCountChanged``. An empty filter, or one naming a state the action does not apply
+        to, raises ``ValidationError``."""
+        return self._bulk(BulkAction.DELETE, job_filter, dry_run, actor, source, expected_count)
+
+    def _bulk(
+        self,
+        action: BulkAction,
+        job_filter: JobFilter,
+        dry_run: bool,
+        actor: str | None,
+        source: str,
+        expected_count: int | None,
+    ) -> BulkResult:
+        if not isinstance(job_filter, JobFilter):
+            raise ValidationError(f"filter must be a JobFilter, got {type(job_filter).__name__}")
+        states = job_filter.states_for(action)
+        who, where = _check_actor(default_actor() if actor is None else actor, source)
+        if expected_count is not None and (
+            not isinstance(expected_count, int) or isinstance(expected_count, bool)
+        ):
+            raise ValidationError(f"expected_count must be an int, got {expected_count!r}")
+        if dry_run:
+            count = self._read(lambda s: bulk_actions.count_matching(s, job_filter, states))
+            return BulkResult(action, count, dry_run=True)
+
+        def work(s: Session) -> BulkResult:
+            flagged = 0
+            if action is BulkAction.RETRY:
+                count = bulk_actions.retry_matching(s, job_filter, states)
+            elif action is BulkAction.CANCEL:
+                cancelled, flagged = bulk_actions.cancel_matching(
+                    s, job_filter, states, BULK_CANCEL_REASON
+                )
+                count = cancelled + flagged
+            else:
+                count = bulk_actions.delete_matching(s, job_filter, states)
+            if expected_count is not None and count != expected_count:
+                # Raised inside the transaction, which rolls back: nothing was changed.
+                raise BulkCountChanged(
+                    f"{action.value} would now change {count} jobs, not the {expected_count} "
+                    "previewed; nothing was changed (preview again)"
+                )
+            audit_id = bulk_actions.record_action(
+                s, actor=who, source=where, action=action, job_filter=job_filter, count=count
+            )
+            return BulkResult(action, count, False, flagged, audit_id)
+
+        return self._write(None, work)
+
     # -- figures -----------------------------------------------------------------------------
 
     def counts(self) -> dict[str, dict[JobState, int]]:
@@ -272,6 +493,26 @@ class Admin:
         index 0 the current minute, index 59 an hour ago; only queues with finished jobs in
         that hour appear."""
         return self._read(repository.finished_per_minute)
+
+    def recent_throughput(self, cap: int = DEFAULT_THROUGHPUT_CAP) -> Throughput:
+        """Jobs finished per minute over the last hour, or, when more than ``cap`` finished in
+        that hour, over the shorter window holding the ``cap`` most recent ones, in buckets of
+        1 to 60 seconds (at most 60 of them). Reads at most about ``cap`` index entries twice,
+        so the cost is bounded however busy the queues are."""
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValidationError(f"cap must be a positive int, got {cap!r}")
+
+        def work(s: Session) -> Throughput:
+            edge = repository.finished_window_edge(s, THROUGHPUT_WINDOW, cap)
+            if edge is None:
+                width, window = 60, THROUGHPUT_WINDOW
+            else:
+                width = next((w for w in BUCKET_WIDTHS if w * 60 >= edge), BUCKET_WIDTHS[-1])
+                window = max(1, int(edge // width)) * width
+            series = repository.finished_per_bucket(s, width, window // width, cap)
+            return Throughput(window, width, series, shortened=edge is not None)
+
+        return self._read(work)
 
     def queue_names(self) -> list[str]:
         """The queues that have jobs, sorted."""
@@ -307,6 +548,44 @@ class Admin:
             row.name: QueueSettings(row.name, row.paused, row.concurrency_limit, row.running)
             for row in rows
         }
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def list_workers(self, *, include_stale: bool = False) -> list[WorkerInfo]:
+        """The live workers of the registry by id, each with the RUNNING jobs it holds; with
+        ``include_stale``, also the rows of workers gone stale (``live`` false), after them."""
+        if not isinstance(include_stale, bool):
+            raise ValidationError(f"include_stale must be a bool, got {include_stale!r}")
+        stale_seconds = self._stale_seconds()
+        rows = self._read(
+            lambda s: repository.list_workers(s, stale_seconds, include_stale=include_stale)
+        )
+        return [
+            WorkerInfo(
+                id=row[0],
+                host=row[1],
+                pid=row[2],
+                queues=tuple(row[3]),
+                concurrency=row[4],
+                version=row[5],
+                started_at=row[6],
+                last_seen_at=row[7],
+                seconds_since_seen=float(row[8]),
+                live=bool(row[9]),
+                running=int(row[10]),
+            )
+            for row in rows
+        ]
+
+    def job_holder(self, job_id: int) -> JobHolder | None:
+        """The worker holding job ``job_id`` while it is RUNNING, else None."""
+        job_id = check_job_id(job_id)
+        stale_seconds = self._stale_seconds()
+        row = self._read(lambda s: repository.job_holder(s, job_id, stale_seconds))
+        if row is None:
+            return None
+        seen = None if row[4] is None else float(row[4])
+        return JobHolder(row[0], row[1], row[2], row[3], seen, bool(row[5]))
 
     # -- transactions ------------------------------------------------------------------------
 

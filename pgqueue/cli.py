@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
+import time
 from typing import Any
 
 import click
 from rich.table import Table
 from sqlalchemy.exc import DBAPIError
 
+from pgqueue.cli_bulk import add_bulk_commands
 from pgqueue.cli_shared import (
     OneLineErrors,
     configure_logging,
@@ -28,14 +31,17 @@ from pgqueue.cli_shared import (
     print_jobs,
     print_json,
     print_stats,
+    problem_line,
     remember_queue,
     verbose_option,
 )
 from pgqueue.core import PgQueue
-from pgqueue.errors import is_connection_error, is_insufficient_privilege
+from pgqueue.errors import is_bad_credentials, is_connection_error, is_insufficient_privilege
 from pgqueue.states import JobState
 
 __all__ = ["console", "load_app", "main"]
+
+log = logging.getLogger("pgqueue.worker")
 
 
 def _queue_for(database_url: str | None) -> PgQueue:
@@ -122,6 +128,18 @@ def worker_options(function: Any) -> Any:
         click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=None),
         click.option("--drain", is_flag=True, help="Exit when no job is ready."),
         click.option(
+            "--wait-for-database",
+            type=click.FloatRange(min=0),
+            is_flag=False,
+            flag_value=math.inf,
+            default=None,
+            envvar="PGQUEUE_WAIT_FOR_DATABASE",
+            metavar="[SECONDS]",
+            help="If the database cannot be reached at start, wait for it (for SECONDS, or "
+            "without a value for ever) instead of exiting with code 2 "
+            "(default: $PGQUEUE_WAIT_FOR_DATABASE).",
+        ),
+        click.option(
             "--metrics-port",
             type=click.IntRange(1, 65535),
             default=None,
@@ -174,12 +192,13 @@ def run_worker_command(
     lease_seconds: float | None,
     shutdown_timeout: float | None,
     drain: bool,
+    wait_for_database: float | None = None,
     command_prefix: list[str] | None = None,
     supervisor_pid: int | None = None,
     metrics_port: int | None = None,
 ) -> None:
     """Shared by ``pgqueue worker`` and ``flask pgqueue worker``."""
-    check_schema(pgq)
+    check_schema(pgq, wait_for_database=wait_for_database)
     if processes > 1:
         from pgqueue import metrics
         from pgqueue.worker.supervisor import Supervisor
@@ -197,6 +216,9 @@ def run_worker_command(
                 else []
             ),
             *(["--drain"] if drain else []),
+            # Restarted while the server is down, a child waits for it: the group already
+            # started, and rides out an outage as a running worker does.
+            "--wait-for-database",
         ]
         pgq.url  # noqa: B018 - start the embedded server here so children share it
         prefix = command_prefix or [sys.executable, "-m", "pgqueue", "worker"]
@@ -239,20 +261,41 @@ def _child_metrics() -> int:
     return 0
 
 
-def check_schema(pgq: PgQueue) -> None:
+# A worker waiting for its database tries again after this long, doubling up to the longest
+# wait: a quick start when the server is nearly up, a line every few seconds at most otherwise.
+FIRST_DATABASE_WAIT = 0.5
+LONGEST_DATABASE_WAIT = 5.0
+
+
+def check_schema(pgq: PgQueue, *, wait_for_database: float | None = None) -> None:
     """Refuse to go on unless pgqueue's schema is at this pgqueue's head (``SchemaNotCurrent``).
 
-    A database that cannot be reached is no reason to refuse: a worker waits for it (logging
-    each failure), as it does when the server goes away later.
+    A database that cannot be reached (server down, login refused, TLS refused) ends the
+    command with its one-line error, so that a process manager restarts the worker. With
+    ``wait_for_database`` (seconds, ``math.inf`` for ever) such failures are logged one line
+    each, at most one every ``LONGEST_DATABASE_WAIT`` seconds, until the database answers and
+    the schema is checked, or the time is up and the last failure ends the command.
     """
     from pgqueue import migrations
 
-    try:
-        with pgq.engine.connect() as connection:
-            migrations.check_schema(connection)
-    except DBAPIError as exc:
-        if not is_connection_error(exc):
-            raise
+    deadline = None if wait_for_database is None else time.monotonic() + wait_for_database
+    delay = FIRST_DATABASE_WAIT
+    while True:
+        try:
+            with pgq.engine.connect() as connection:
+                migrations.check_schema(connection)
+            return
+        except DBAPIError as exc:
+            if deadline is None or not (is_connection_error(exc) or is_bad_credentials(exc)):
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            pause = min(delay, left)
+            problem = problem_line(exc, lambda: pgq.engine.url.database) or str(exc)
+            log.warning("waiting for the database: %s; next try in %.1fs", problem, pause)
+            time.sleep(pause)
+            delay = min(delay * 2, LONGEST_DATABASE_WAIT)
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -381,6 +424,70 @@ def print_schedules(pgq: PgQueue) -> None:
     console.print(table)
 
 
+# -- workers ----------------------------------------------------------------------------------
+
+
+include_stale_option = click.option(
+    "--all",
+    "include_stale",
+    is_flag=True,
+    help="Also list workers gone stale (killed or cut off) whose rows are not deleted yet.",
+)
+
+
+@main.command()
+@include_stale_option
+@json_option
+@database_option
+def workers(include_stale: bool, as_json: bool, database_url: str | None) -> None:
+    """List the running worker processes (the worker registry)."""
+    print_workers(_queue_for(database_url), include_stale=include_stale, as_json=as_json)
+
+
+def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
+    """Shared by ``pgqueue workers`` and ``flask pgqueue workers``."""
+    import datetime as dt
+
+    found = pgq.admin.list_workers(include_stale=include_stale)
+    if as_json:
+        print_json(
+            [
+                {
+                    "id": w.id,
+                    "host": w.host,
+                    "pid": w.pid,
+                    "queues": list(w.queues),
+                    "concurrency": w.concurrency,
+                    "version": w.version,
+                    "started_at": w.started_at.isoformat(),
+                    "last_seen_at": w.last_seen_at.isoformat(),
+                    "seconds_since_seen": round(w.seconds_since_seen, 3),
+                    "live": w.live,
+                    "running": w.running,
+                }
+                for w in found
+            ]
+        )
+        return
+    table = Table(title=f"pgqueue workers ({pgq.settings.worker_stale_seconds:g}s to stale)")
+    columns = ("id", "host", "pid", "queues", "concurrency", "running", "version", "started")
+    for column in (*columns, "last seen"):
+        table.add_column(column, justify="right" if column in ("pid", "running") else "left")
+    for w in found:
+        table.add_row(
+            w.id,
+            w.host,
+            str(w.pid),
+            ",".join(w.queues) or "*",
+            str(w.concurrency),
+            str(w.running),
+            w.version,
+            f"{w.started_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}",
+            f"{w.seconds_since_seen:.0f}s ago" + ("" if w.live else " (stale)"),
+        )
+    console.print(table)
+
+
 @main.command()
 @click.argument("queue")
 @database_option
@@ -471,3 +578,14 @@ def print_explanation(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
 
 def entrypoint() -> None:
     main()
+
+
+# -- bulk actions -----------------------------------------------------------------------------
+
+
+@main.group()
+def bulk() -> None:
+    """Retry, cancel or delete the jobs a filter chooses (--dry-run counts them first)."""
+
+
+add_bulk_commands(bulk, lambda options: _queue_for(options.pop("database_url")), database_option)

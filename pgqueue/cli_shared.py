@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy.exc import DBAPIError
 
+from pgqueue.admin import JobHolder
 from pgqueue.core import PgQueue
 from pgqueue.errors import (
     PgQueueError,
@@ -281,8 +282,27 @@ def print_job(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
     """Shared by ``pgqueue show`` and ``flask pgqueue show``: one job as JSON (``--json``: on
     one line, values normalised)."""
     job = pgq.admin.get_job(job_id)
+    holder = pgq.admin.job_holder(job_id) if job.state is JobState.RUNNING else None
     if as_json:
-        print_json(job_record(job))
+        print_json({**job_record(job), **holder_record(holder)})
         return
     data = {c.key: getattr(job, c.key) for c in job.__table__.columns}
-    click.echo(json.dumps(data, default=str, indent=2))
+    click.echo(json.dumps({**data, **holder_record(holder)}, default=str, indent=2))
+
+
+def holder_record(holder: JobHolder | None) -> dict[str, Any]:
+    """``{"worker": ...}`` naming the registered worker holding a RUNNING job (``{}`` when
+    no one holds it): host, pid and seconds since seen, or ``"registered": false`` when the
+    worker has no row (it is gone)."""
+    if holder is None:
+        return {}
+    worker: dict[str, Any] = {"id": holder.worker_id, "registered": holder.registered}
+    if holder.registered:
+        worker.update(
+            host=holder.host,
+            pid=holder.pid,
+            last_seen_at=holder.last_seen_at.isoformat() if holder.last_seen_at else None,
+            seconds_since_seen=round(holder.seconds_since_seen or 0.0, 3),
+            live=holder.live,
+        )
+    return {"worker": worker}

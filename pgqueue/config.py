@@ -85,6 +85,10 @@ class Settings:
     """How often leases are extended; default a third of ``lease_seconds``."""
     rescue_interval: float = 5.0
     """How often the maintenance leader looks for expired leases."""
+    worker_stale_seconds: float = 60.0
+    """A worker not seen (by its heartbeat) for this long counts as gone: ``pgqueue workers``
+    no longer lists it and maintenance deletes its registry row. Workers refresh their row at
+    least three times within it."""
     shutdown_timeout: float = 30.0
     """How long a stopping worker waits for running handlers before releasing their jobs."""
     statement_timeout_ms: int = 10_000
@@ -112,6 +116,9 @@ class Settings:
     extra); None: no metrics endpoint."""
     metrics_interval: float = 15.0
     """How often a worker with metrics on reads the queue gauges (counts, oldest ready job)."""
+    tracing: bool = False
+    """OpenTelemetry spans around enqueues and job runs, and the enqueuing trace context stored
+    with each job (needs the ``otel`` extra; see ``pgqueue.tracing``)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -131,6 +138,7 @@ class Settings:
             "succeeded_retention",
             "failed_retention",
             "metrics_interval",
+            "worker_stale_seconds",
         ):
             _positive(name, getattr(self, name))
         if self.metrics_port is not None and (

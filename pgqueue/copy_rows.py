@@ -33,16 +33,20 @@ def copy_text(value: str) -> str:
     return value
 
 
-def job_lines(ids: Sequence[int], jobs: Sequence[NewJob], run_at: str) -> Iterator[str]:
+def job_lines(
+    ids: Sequence[int], jobs: Sequence[NewJob], run_at: str, trace_context: str | None = None
+) -> Iterator[str]:
     """Lines of ``sql.enqueue.COPY_JOB_COLUMNS`` for ``jobs`` with their ``ids``, all due at
-    ``run_at`` (ISO text)."""
+    ``run_at`` (ISO text); with a ``trace_context`` (JSON text), that as one more column of
+    every line (``sql.enqueue.copy_jobs(traced=True)``)."""
     text = copy_text
     names = _escaped_names(jobs)
+    end = "\n" if trace_context is None else f"\t{text(trace_context)}\n"
     for job_id, job in zip(ids, jobs, strict=True):
         yield (
             f"{job_id}\t{names[job.task_name]}\t{names[job.queue]}\t"
             f"{text(job.args_json)}\t{text(job.kwargs_json)}\t{job.priority}\t"
-            f"{job.max_attempts}\t{run_at}\t{'t' if job.atomic else 'f'}\n"
+            f"{job.max_attempts}\t{run_at}\t{'t' if job.atomic else 'f'}{end}"
         )
 
 

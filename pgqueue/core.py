@@ -32,6 +32,7 @@ from pgqueue.scheduler import Schedule, Scheduler
 from pgqueue.sql.server import name_listener_session
 from pgqueue.states import JobState
 from pgqueue.tasks import Task, TaskOptions, TaskRegistry, task_name_for
+from pgqueue.tracing import Tracing, tracing_for
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -63,6 +64,8 @@ class PgQueue:
         session_factory: Callable[[], Session] | None = None,
     ) -> None:
         self.settings = settings if settings is not None else Settings.from_env()
+        # None when tracing is off: each enqueue then tests this once and nothing more.
+        self.tracing: Tracing | None = tracing_for(self.settings)
         self.registry = TaskRegistry()
         self.schedules: dict[str, Schedule] = {}
         self._scheduler: Scheduler | None = None
@@ -72,7 +75,9 @@ class PgQueue:
         self._handler_engine: Engine | None = None
         self._url: URL | None = None
         self._external_session_factory = session_factory
-        self.admin = Admin(lambda: self.sessions)
+        self.admin = Admin(
+            lambda: self.sessions, stale_seconds=lambda: self.settings.worker_stale_seconds
+        )
         if isinstance(database, Engine):
             if database.dialect.name != "postgresql":
                 raise ConfigurationError(
@@ -232,7 +237,16 @@ class PgQueue:
         return Database(self.engine)
 
     def insert_jobs(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]:
-        """Insert validated jobs in ``session``'s transaction, or in an own one."""
+        """Insert validated jobs in ``session``'s transaction, or in an own one (in an enqueue
+        span that they carry the context of, when tracing is on)."""
+        tracing = self.tracing
+        if tracing is not None and jobs:
+            return tracing.enqueue(jobs, lambda context: self._insert(session, jobs, context))
+        return self._insert(session, jobs, None)
+
+    def _insert(
+        self, session: Session | None, jobs: Sequence[NewJob], trace_context: str | None
+    ) -> list[int]:
         if session is None and len(jobs) == 1:
             job = jobs[0]
             if job.unique_key is None and not job.depends_on:
@@ -240,7 +254,7 @@ class PgQueue:
                 return [
                     uow.run(
                         self.database,
-                        lambda db: repository.insert_one_job(db, job),
+                        lambda db: repository.insert_one_job(db, job, trace_context),
                         autocommit=True,
                     )
                 ]
@@ -253,9 +267,11 @@ class PgQueue:
             and len({(j.delay, j.run_at) for j in jobs}) == 1
         ):
             # A large batch: COPY instead of one INSERT over ten unnested arrays.
-            return uow.run(self.database, lambda db: repository.copy_jobs(db, jobs))
+            if trace_context is None:
+                return uow.run(self.database, lambda db: repository.copy_jobs(db, jobs))
+            return uow.run(self.database, lambda db: repository.copy_jobs(db, jobs, trace_context))
         return uow.in_caller_or_own_transaction(
-            session, self.sessions, lambda s: repository.insert_jobs(s, jobs)
+            session, self.sessions, lambda s: repository.insert_jobs(s, jobs, trace_context)
         )
 
     # -- job control (shortcuts to ``self.admin``) ------------------------------------------

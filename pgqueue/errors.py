@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "BulkCountChanged",
     "ConfigurationError",
     "EmbeddedPostgresError",
     "InvalidStateTransition",
@@ -73,6 +74,11 @@ class InvalidStateTransition(PgQueueError):
 
 class SchemaNotCurrent(PgQueueError):
     """pgqueue's tables are missing, or at another revision than this pgqueue's head."""
+
+
+class BulkCountChanged(PgQueueError):
+    """A bulk action matched a different number of jobs than the preview it was confirmed from;
+    nothing was changed."""
 
 
 # SQLSTATE classes, https://www.postgresql.org/docs/current/errcodes-appendix.html

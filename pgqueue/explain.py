@@ -21,12 +21,13 @@ from sqlalchemy.orm import Session
 from pgqueue.db import executor_for
 from pgqueue.errors import JobNotFound, error_summary
 from pgqueue.sql import explain as sql
+from pgqueue.sql import workers as registry
 from pgqueue.states import FINAL_STATES, JobState
 
 __all__ = [
     "AHEAD_CAP",
+    "DEPENDENCY_CAP",
     "LIST_CAP",
-    "WORKER_STALE_SECONDS",
     "Blocker",
     "BlockerKind",
     "JobExplanation",
@@ -41,8 +42,6 @@ AHEAD_CAP: Final = 10_000
 LIST_CAP: Final = 20
 # Dependencies read for one job; a job with more names the first ones and counts the rest.
 DEPENDENCY_CAP: Final = 200
-# A worker counts as alive when the registry saw it within this many seconds.
-WORKER_STALE_SECONDS: Final = 60.0
 
 
 class BlockerKind(enum.StrEnum):
@@ -127,19 +126,18 @@ class JobFacts:
     ahead: int | None
     """Ready tickets of the queue ahead of the job's (capped at ``AHEAD_CAP``); None without a
     ticket."""
-    holder: Any | None
-    """The ``sql.explain.worker_by_id`` row of the lease owner, None when it is not registered."""
+    holder: Sequence[Any] | None
+    """The ``sql.workers.job_holder`` row of a running job (lease owner, host, pid, last seen,
+    seconds since seen, live), None when its worker is not registered."""
     serving_workers: Sequence[str]
     """Live workers claiming from the queue (up to ``LIST_CAP``)."""
     live_workers: int
     """Live workers in all (up to ``LIST_CAP``)."""
 
 
-def explain_job(
-    session: Session, job_id: int, *, stale_seconds: float = WORKER_STALE_SECONDS
-) -> JobExplanation:
-    """Read the facts about job ``job_id`` in ``session`` and explain them. Raises
-    JobNotFound."""
+def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobExplanation:
+    """Read the facts about job ``job_id`` in ``session`` and explain them; a worker is live
+    when the registry saw it within ``stale_seconds``. Raises JobNotFound."""
     db = executor_for(session)
     rows = db.rows(sql.job_facts(), {"job_id": job_id})
     if not rows:
@@ -172,10 +170,9 @@ def explain_job(
         )[0][0]
     holder = None
     if state is JobState.RUNNING and job.lease_owner is not None:
-        found = db.rows(
-            sql.worker_by_id(), {"worker_id": job.lease_owner, "stale_seconds": stale_seconds}
-        )
-        holder = found[0] if found else None
+        found = db.rows(registry.job_holder(), {"job_id": job.id, "stale_seconds": stale_seconds})
+        # Its host is null when the lease owner has no registry row.
+        holder = found[0] if found and found[0][1] is not None else None
     serving: list[str] = []
     live = 0
     if not finished and state is not JobState.RUNNING:
@@ -328,7 +325,7 @@ def _ready(job: Any, ahead: int, serving: Sequence[str]) -> Blocker:
     )
 
 
-def _lease_held(job: Any, holder: Any | None) -> Blocker:
+def _lease_held(job: Any, holder: Sequence[Any] | None) -> Blocker:
     now: dt.datetime = job.now
     started = f"running since {_when(job.started_at)}" if job.started_at else "running"
     owner = job.lease_owner
@@ -346,11 +343,12 @@ def _lease_held(job: Any, holder: Any | None) -> Blocker:
     elif holder is None:
         who = f"lease held by worker {owner}, which is not in the worker registry"
     else:
-        seen = float(holder.last_seen_seconds)
-        data.update(host=holder.host, pid=holder.pid, last_seen_seconds=seen, live=holder.live)
+        _, host, pid, _, seen_seconds, live = holder
+        seen = float(seen_seconds)
+        data.update(host=host, pid=pid, last_seen_seconds=seen, live=bool(live))
         who = (
-            f"lease held by worker {owner} (host {holder.host}, pid {holder.pid}), "
-            f"last seen {_duration(seen)} ago" + ("" if holder.live else " (not live)")
+            f"lease held by worker {owner} (host {host}, pid {pid}), "
+            f"last seen {_duration(seen)} ago" + ("" if live else " (not live)")
         )
     expires: dt.datetime | None = job.lease_expires_at
     if expires is None:

@@ -1,4 +1,5 @@
-"""The values that cross between layers: a job to insert, a claimed attempt, an attempt's outcome.
+"""The values that cross between layers: a job to insert, a claimed attempt, an attempt's outcome,
+a worker's entry in the worker registry.
 
 Plain data classes with no behaviour and no database access, so the task API, the repository
 and the worker can all name them without importing each other.
@@ -56,6 +57,8 @@ class ClaimedJob:
     lease_token: uuid.UUID
     atomic: bool
     cancel_requested: bool
+    # The enqueuing code's trace context (JSON text as stored, read only when tracing is on).
+    trace_context: str | None = None
     problem: str | None = None  # why the row cannot run (its arguments did not decode)
 
 
@@ -98,3 +101,20 @@ class Outcome:
     def release(cls, job: ClaimedJob) -> Outcome:
         """Shutdown gave the job back before its handler ended; the attempt does not count."""
         return cls(job.id, job.lease_token, _RELEASE)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEntry:
+    """What a worker writes about itself to the worker registry (``pgqueue_workers``).
+
+    ``queues`` is empty for a worker serving all queues; ``started_at`` is None until its first
+    registration returned the database's start time.
+    """
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    version: str
+    started_at: dt.datetime | None = None

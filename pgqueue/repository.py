@@ -24,11 +24,12 @@ from sqlalchemy.orm import Session
 from pgqueue import claim_choice, copy_rows, dependencies, validation
 from pgqueue.db import Executor, claimer_key, executor_for
 from pgqueue.errors import JobNotFound, SerializationError, ValidationError
-from pgqueue.jobs import ClaimedJob, NewJob, Outcome
+from pgqueue.jobs import ClaimedJob, NewJob, Outcome, WorkerEntry
 from pgqueue.models import Job
 from pgqueue.sql import admin, control, enqueue, maintenance
 from pgqueue.sql import claim as claim_sql
 from pgqueue.sql import outcomes as outcome_sql
+from pgqueue.sql import workers as workers_sql
 from pgqueue.states import FINAL_STATES, JobState, OutcomeKind
 
 SessionOrExecutor = Session | Executor
@@ -36,8 +37,11 @@ SessionOrExecutor = Session | Executor
 # --- enqueue ----------------------------------------------------------------------------------
 
 
-def insert_jobs(db: SessionOrExecutor, jobs: Sequence[NewJob]) -> list[int]:
-    """Insert jobs and their tickets; return ids in input order.
+def insert_jobs(
+    db: SessionOrExecutor, jobs: Sequence[NewJob], trace_context: str | None = None
+) -> list[int]:
+    """Insert jobs and their tickets; return ids in input order. ``trace_context`` (JSON
+    text, see ``pgqueue.tracing``) is stored with every job.
 
     A job whose unique key is already held by an active job is not inserted; the existing job's
     id is returned in its place (if that job finished meanwhile, the insert is tried again).
@@ -46,10 +50,12 @@ def insert_jobs(db: SessionOrExecutor, jobs: Sequence[NewJob]) -> list[int]:
         return []
     ex = executor_for(db)
     if any(j.depends_on for j in jobs):
-        return _insert_dependent_jobs(ex, jobs)
+        return _insert_dependent_jobs(ex, jobs, trace_context)
     with_keys = any(j.unique_key is not None for j in jobs)
+    params = _insert_params(jobs, trace_context)
+    statement = enqueue.insert_jobs(with_keys, traced=trace_context is not None)
     for _ in range(10):
-        rows = ex.rows(enqueue.insert_jobs(with_keys), _insert_params(jobs))
+        rows = ex.rows(statement, params)
         if not with_keys:
             return [row[0] for row in rows]
         resolved = _match_unique(ex, jobs, rows)
@@ -58,9 +64,9 @@ def insert_jobs(db: SessionOrExecutor, jobs: Sequence[NewJob]) -> list[int]:
     raise RuntimeError("unique-key enqueue did not settle after 10 tries")  # pragma: no cover
 
 
-def insert_one_job(db: Executor, job: NewJob) -> int:
+def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) -> int:
     """Insert one job without unique key or dependencies, and its ticket; return its id."""
-    params = {
+    params: dict[str, Any] = {
         "task_name": job.task_name,
         "queue": job.queue,
         "args": job.args_json,
@@ -71,10 +77,13 @@ def insert_one_job(db: Executor, job: NewJob) -> int:
         "run_at": job.run_at,
         "atomic": job.atomic,
     }
-    return int(db.rows(enqueue.insert_one_job(), params)[0][0])
+    if trace_context is None:
+        return int(db.rows(enqueue.insert_one_job(), params)[0][0])
+    params["trace_context"] = trace_context
+    return int(db.rows(enqueue.insert_one_job(traced=True), params)[0][0])
 
 
-def copy_jobs(db: Executor, jobs: Sequence[NewJob]) -> list[int]:
+def copy_jobs(db: Executor, jobs: Sequence[NewJob], trace_context: str | None = None) -> list[int]:
     """Insert a large batch of jobs (no unique keys, no dependencies, one ``delay``/``run_at``
     for all) and their tickets with two ``COPY``s; return the ids in input order.
 
@@ -86,16 +95,18 @@ def copy_jobs(db: Executor, jobs: Sequence[NewJob]) -> list[int]:
     params = {"n": len(jobs), "run_at": first.run_at, "delay": first.delay}
     ids, run_at = db.rows(enqueue.allocate_job_ids(), params)[0]
     stamp = run_at.isoformat()
-    db.copy(enqueue.copy_jobs(), copy_rows.chunks(copy_rows.job_lines(ids, jobs, stamp)))
+    lines = copy_rows.job_lines(ids, jobs, stamp, trace_context)
+    db.copy(enqueue.copy_jobs(traced=trace_context is not None), copy_rows.chunks(lines))
     db.copy(enqueue.copy_tickets(), copy_rows.chunks(copy_rows.ticket_lines(ids, jobs, stamp)))
     queues = sorted({job.queue for job in jobs})
     db.rows(enqueue.notify_tickets(), {"queues": queues, "run_at": run_at})
     return list(ids)
 
 
-def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
-    """The parallel arrays ``sql.enqueue.insert_jobs`` binds, one entry per job."""
-    return {
+def _insert_params(jobs: Sequence[NewJob], trace_context: str | None) -> dict[str, Any]:
+    """The parallel arrays ``sql.enqueue.insert_jobs`` binds, one entry per job (and the one
+    ``trace_context`` of them all, when there is one)."""
+    params: dict[str, Any] = {
         "task_names": [j.task_name for j in jobs],
         "queues": [j.queue for j in jobs],
         "args": [j.args_json for j in jobs],
@@ -107,6 +118,9 @@ def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
         "unique_keys": [j.unique_key for j in jobs],
         "atomics": [j.atomic for j in jobs],
     }
+    if trace_context is not None:
+        params["trace_context"] = trace_context
+    return params
 
 
 def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> list[int] | None:
@@ -124,7 +138,9 @@ def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> 
     return [next(inserted_plain) if j.unique_key is None else by_key[j.unique_key] for j in jobs]
 
 
-def _insert_dependent_jobs(ex: Executor, jobs: Sequence[NewJob]) -> list[int]:
+def _insert_dependent_jobs(
+    ex: Executor, jobs: Sequence[NewJob], trace_context: str | None
+) -> list[int]:
     """Insert jobs some of which depend on others (``NewJob.depends_on``).
 
     The dependencies are locked first (see ``sql.enqueue.lock_dependencies``) and their states
@@ -148,14 +164,17 @@ def _insert_dependent_jobs(ex: Executor, jobs: Sequence[NewJob]) -> list[int]:
         state, reason = dependencies.initial_state({d: found[d] for d in job.depends_on})
         states.append(state.value)
         reasons.append(reason)
-    params: dict[str, Any] = _insert_params(jobs)
+    params = _insert_params(jobs, trace_context)
     params.update(
         states=states,
         depends_ons=[dependencies.array_text(j.depends_on) for j in jobs],
         reasons=reasons,
     )
     with_keys = any(j.unique_key is not None for j in jobs)
-    rows = ex.rows(enqueue.insert_jobs(with_keys, with_dependencies=True), params)
+    statement = enqueue.insert_jobs(
+        with_keys, with_dependencies=True, traced=trace_context is not None
+    )
+    rows = ex.rows(statement, params)
     edges = [
         (dependency, row[0])
         for row in rows
@@ -319,21 +338,79 @@ def _outcome_params(kind: OutcomeKind, batch: Sequence[Outcome]) -> dict[str, An
 
 
 def heartbeat(
-    db: SessionOrExecutor, leases: Sequence[tuple[int, uuid.UUID, float]]
+    db: SessionOrExecutor,
+    leases: Sequence[tuple[int, uuid.UUID, float]],
+    worker: WorkerEntry | None = None,
 ) -> dict[int, bool]:
     """Extend leases ``(job id, token, seconds)``; return ``{id: cancel_requested}`` for those
-    still held (ids missing from the result have lost their lease)."""
+    still held (ids missing from the result have lost their lease). With ``worker``, the same
+    statement refreshes that worker's registry row (``worker_seen``)."""
     if not leases:
         return {}
-    params = {
+    params: dict[str, Any] = {
         "ids": [job_id for job_id, _, _ in leases],
         "tokens": [token for _, token, _ in leases],
         "lease_seconds": [seconds for _, _, seconds in leases],
     }
+    statement = outcome_sql.heartbeat()
+    if worker is not None:
+        params.update(_worker_params(worker))
+        statement = workers_sql.heartbeat_and_seen()
+    return {job_id: bool(flag) for job_id, flag in executor_for(db).rows(statement, params)}
+
+
+# --- worker registry ------------------------------------------------------------------------
+
+
+def _worker_params(worker: WorkerEntry) -> dict[str, Any]:
     return {
-        job_id: bool(flag)
-        for job_id, flag in executor_for(db).rows(outcome_sql.heartbeat(), params)
+        "worker_id": worker.id,
+        "worker_host": worker.host,
+        "worker_pid": worker.pid,
+        "worker_queues": list(worker.queues),
+        "worker_concurrency": worker.concurrency,
+        "worker_version": worker.version,
+        "worker_started_at": worker.started_at,
     }
+
+
+def worker_seen(db: SessionOrExecutor, worker: WorkerEntry) -> dt.datetime:
+    """Write or refresh ``worker``'s registry row; its ``started_at``."""
+    started_at = executor_for(db).rows(workers_sql.register(), _worker_params(worker))[0][0]
+    assert isinstance(started_at, dt.datetime)
+    return started_at
+
+
+def unregister_worker(db: SessionOrExecutor, worker_id: str) -> None:
+    """Delete ``worker_id``'s registry row."""
+    executor_for(db).rows(workers_sql.unregister(), {"worker_id": worker_id})
+
+
+def delete_stale_workers(db: SessionOrExecutor, stale_seconds: float) -> list[str]:
+    """Delete the registry rows of workers not seen within ``stale_seconds``; their ids."""
+    rows = executor_for(db).rows(workers_sql.delete_stale(), {"stale_seconds": stale_seconds})
+    return [row[0] for row in rows]
+
+
+def list_workers(
+    db: SessionOrExecutor, stale_seconds: float, *, include_stale: bool = False
+) -> Sequence[Any]:
+    """Registry rows (``sql.workers.list_workers``), live ones first."""
+    params = {"stale_seconds": stale_seconds, "include_stale": include_stale}
+    return executor_for(db).rows(workers_sql.list_workers(), params)
+
+
+def job_holder(db: SessionOrExecutor, job_id: int, stale_seconds: float) -> Any | None:
+    """The worker holding RUNNING job ``job_id`` (``sql.workers.job_holder``), or None."""
+    params = {"job_id": job_id, "stale_seconds": stale_seconds}
+    rows = executor_for(db).rows(workers_sql.job_holder(), params)
+    return rows[0] if rows else None
+
+
+def elected_worker(db: SessionOrExecutor, worker_id: str, stale_seconds: float) -> bool:
+    """Whether no live worker has an id below ``worker_id`` (the cluster's elected worker)."""
+    params = {"worker_id": worker_id, "stale_seconds": stale_seconds}
+    return bool(executor_for(db).rows(workers_sql.no_live_worker_before(), params)[0][0])
 
 
 def settle_dependents(db: SessionOrExecutor, job_ids: Iterable[int]) -> dict[int, JobState]:
@@ -541,6 +618,32 @@ def finished_per_minute(db: SessionOrExecutor) -> dict[str, dict[JobState, list[
             continue  # the boundary of the hour, by a fraction of a second
         by_state = series.setdefault(queue, {})
         by_state.setdefault(JobState(state), [0] * 60)[minutes_ago] += int(count)
+    return series
+
+
+def finished_window_edge(db: SessionOrExecutor, window: float, cap: int) -> float | None:
+    """Seconds since the ``cap``-th most recently finished job of the last ``window`` seconds
+    finished; None when fewer than ``cap`` finished in that window."""
+    params = {"window": float(window), "skip": cap - 1}
+    rows = executor_for(db).rows(admin.finished_window_edge(), params)
+    return float(rows[0][0]) if rows else None
+
+
+def finished_per_bucket(
+    db: SessionOrExecutor, width: float, buckets: int, cap: int
+) -> dict[str, dict[JobState, list[int]]]:
+    """``{queue: {state: [count per bucket]}}`` over the last ``buckets`` x ``width`` seconds,
+    counting at most the ``cap`` most recent jobs; index 0 is the newest bucket. Only queues
+    with finished jobs in that window appear."""
+    series: dict[str, dict[JobState, list[int]]] = {}
+    params = {"window": float(width * buckets), "width": float(width), "cap": cap}
+    for queue, state, buckets_ago, count in executor_for(db).rows(
+        admin.finished_per_bucket(), params
+    ):
+        if not 0 <= buckets_ago < buckets:
+            continue  # the window's far edge, by a fraction of a second
+        by_state = series.setdefault(queue, {})
+        by_state.setdefault(JobState(state), [0] * buckets)[buckets_ago] += int(count)
     return series
 
 

@@ -12,6 +12,7 @@ from typing import Any, Final
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
+    Float,
     Integer,
     Select,
     Text,
@@ -65,6 +66,18 @@ RERUN_MAX_ATTEMPTS: Final[ColumnElement[int]] = func.greatest(
 )
 
 
+# What a manual re-run writes (``rerun`` here, and the bulk retry of ``pgqueue.sql.bulk``).
+RERUN_VALUES: Final[dict[str, Any]] = {
+    "state": RERUN.target,
+    "max_attempts": RERUN_MAX_ATTEMPTS,
+    "run_at": func.now(),
+    "finished_at": null(),
+    "updated_at": func.now(),
+    "cancel_requested": False,
+    **CLEAR_LEASE,
+}
+
+
 @cache
 def rerun() -> Select[int]:
     """FAILED/CANCELLED -> QUEUED with a ticket for now (``retry_job``). Binds ``job_id``.
@@ -75,15 +88,7 @@ def rerun() -> Select[int]:
     updated = (
         update(Job)
         .where(Job.id == bindparam("job_id", type_=BigInteger), source_states(RERUN))
-        .values(
-            state=RERUN.target,
-            max_attempts=RERUN_MAX_ATTEMPTS,
-            run_at=func.now(),
-            finished_at=null(),
-            updated_at=func.now(),
-            cancel_requested=False,
-            **CLEAR_LEASE,
-        )
+        .values(**RERUN_VALUES)
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("rerun")
     )
@@ -100,6 +105,16 @@ def _ticket_deleted(job_id: Any, name: str) -> Any:
     )
 
 
+# What a cancel of a waiting job writes (``cancel_waiting`` here, and the bulk cancel of
+# ``pgqueue.sql.bulk``). Binds ``reason``.
+CANCEL_VALUES: Final[dict[str, Any]] = {
+    "state": CANCEL.target,
+    "finished_at": func.now(),
+    "updated_at": func.now(),
+    "last_error": bindparam("reason", type_=Text),
+}
+
+
 @cache
 def cancel_waiting() -> Select[int, list[int] | None]:
     """QUEUED/RETRYING -> CANCELLED, deleting the ticket. Binds ``job_id``, ``reason``."""
@@ -112,12 +127,7 @@ def cancel_waiting() -> Select[int, list[int] | None]:
     updated = (
         update(Job)
         .where(Job.id == job_id, has_ticket_or_blocked, source_states(CANCEL))
-        .values(
-            state=CANCEL.target,
-            finished_at=func.now(),
-            updated_at=func.now(),
-            last_error=bindparam("reason", type_=Text),
-        )
+        .values(**CANCEL_VALUES)
         .returning(Job.id, Job.dependents)
         .cte("cancelled")
     )
@@ -303,6 +313,56 @@ def finished_per_minute() -> Select[str, JobState, int, int]:
             Job.finished_at > func.now() - seconds(literal(3600.0)),
         )
         .group_by(Job.queue, Job.state, minutes_ago)
+    )
+
+
+def _finished_within() -> ColumnElement[bool]:
+    """Finished during the last ``window`` seconds (a bound float), on the ``finished_at`` index."""
+    return and_(
+        Job.finished_at.is_not(None),
+        Job.finished_at >= func.now() - seconds(bindparam("window", type_=Float)),
+    )
+
+
+@cache
+def finished_window_edge() -> Select[float]:
+    """How many seconds ago the ``cap``-th most recently finished job of the last ``window``
+    seconds finished; no row when fewer finished. Reads at most ``cap`` entries of the
+    ``finished_at`` index, newest first."""
+    return (
+        select(func.extract("epoch", func.now() - Job.finished_at))
+        .where(_finished_within())
+        .order_by(Job.finished_at.desc())
+        .offset(bindparam("skip", type_=Integer))
+        .limit(1)
+    )
+
+
+@cache
+def finished_per_bucket() -> Select[str, JobState, int, int]:
+    """``(queue, state, buckets_ago, count)`` for jobs finished in the last ``window`` seconds,
+    bucketed by ``width`` seconds before ``now()`` (0 = the newest bucket); at most the ``cap``
+    most recent of them are counted.
+
+    The newest ``cap`` jobs are read in ``finished_at`` order, so every plan (a generic one
+    too, which cannot know how much of the table the window holds) walks that index and stops
+    after ``cap`` entries; callers choose a window holding fewer (``finished_window_edge``)."""
+    recent = (
+        select(Job.queue, Job.state, Job.finished_at)
+        .where(_finished_within())
+        .order_by(Job.finished_at.desc())
+        .limit(bindparam("cap", type_=Integer))
+        .subquery("recent")
+    )
+    buckets_ago = cast(
+        func.floor(
+            func.extract("epoch", func.now() - recent.c.finished_at)
+            / bindparam("width", type_=Float)
+        ),
+        Integer,
+    ).label("buckets_ago")
+    return select(recent.c.queue, recent.c.state, buckets_ago, func.count()).group_by(
+        recent.c.queue, recent.c.state, buckets_ago
     )
 
 

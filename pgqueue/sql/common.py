@@ -94,7 +94,9 @@ CLEAR_LEASE: Final[dict[str, Any]] = {
 
 # Columns a worker needs to run a claimed job. The arguments come back as their JSON text
 # (free for ``json``, stored as text): the repository decodes each job's on its own, so a row
-# Python cannot decode fails alone instead of the claim's whole answer.
+# Python cannot decode fails alone instead of the claim's whole answer. The trace context too,
+# decoded only by a worker that traces; returned whether or not it does, so the claim has one
+# form: for the usual null the column costs a null in the answer.
 CLAIMED_COLUMNS: Final[tuple[Any, ...]] = (
     Job.id,
     Job.task_name,
@@ -107,6 +109,7 @@ CLAIMED_COLUMNS: Final[tuple[Any, ...]] = (
     Job.lease_token,
     Job.atomic,
     Job.cancel_requested,
+    cast(Job.trace_context, Text).label("trace_context"),
 )
 
 

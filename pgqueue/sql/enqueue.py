@@ -64,8 +64,15 @@ def _requested_run_at() -> ColumnElement[Any]:
     )
 
 
+def _trace_context() -> ColumnElement[Any]:
+    """The bind ``trace_context`` (JSON text) as ``json``: the enqueuing span's context."""
+    return cast(bindparam("trace_context", type_=Text), JSON)
+
+
 @cache
-def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Select[Any]:
+def insert_jobs(
+    with_unique_keys: bool, with_dependencies: bool = False, traced: bool = False
+) -> Select[Any]:
     """Insert N jobs and their tickets in one statement; returns ``(id, unique_key)`` rows.
 
     Binds parallel arrays: ``task_names``, ``queues``, ``args`` and ``kwargs`` (JSON text),
@@ -80,6 +87,9 @@ def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Sele
     (``'{1,2}'`` array literals or null) and ``reasons``; only QUEUED jobs get a ticket, and the
     rows also return ``(state, depends_on)`` so the caller can register the waiting ones with
     their dependencies (``add_dependents``).
+
+    ``traced`` also binds ``trace_context`` (JSON text, one value for every row: one enqueue
+    call runs in one span); untraced jobs leave the column null.
     """
     rows = (
         func.unnest(
@@ -133,6 +143,9 @@ def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Sele
             rows_deps.c.reason,
             case((rows_deps.c.state == JobState.CANCELLED.value, func.now()), else_=null()),
         ]
+    if traced:
+        extra_columns.append("trace_context")
+        extra_values.append(_trace_context())
     source = select(
         rows.c.task_name,
         rows.c.queue,
@@ -192,28 +205,30 @@ def insert_jobs(with_unique_keys: bool, with_dependencies: bool = False) -> Sele
 
 
 @cache
-def insert_one_job() -> Select[int]:
+def insert_one_job(traced: bool = False) -> Select[int]:
     """Insert one job (no unique key, no dependencies) and its ticket; returns its id.
 
     The single-row form of ``insert_jobs``: plain ``VALUES`` binds instead of ``unnest`` over ten
     one-element arrays, for the common ``task.enqueue(...)`` outside any caller transaction.
     Binds ``task_name``, ``queue``, ``args`` and ``kwargs`` (JSON text), ``priority``,
     ``max_attempts``, ``delay`` (seconds from now(), may be null), ``run_at`` (absolute, may be
-    null) and ``atomic``.
+    null) and ``atomic``; ``traced`` also ``trace_context`` (JSON text).
     """
-    run_at = _requested_run_at()
+    values: dict[str, Any] = {
+        "task_name": bindparam("task_name", type_=Text),
+        "queue": bindparam("queue", type_=Text),
+        "args": cast(bindparam("args", type_=Text), JSON),
+        "kwargs": cast(bindparam("kwargs", type_=Text), JSON),
+        "priority": bindparam("priority", type_=SmallInteger),
+        "max_attempts": bindparam("max_attempts", type_=Integer),
+        "run_at": _requested_run_at(),
+        "atomic": bindparam("atomic", type_=Boolean),
+    }
+    if traced:
+        values["trace_context"] = _trace_context()
     job = (
         insert(Job)
-        .values(
-            task_name=bindparam("task_name", type_=Text),
-            queue=bindparam("queue", type_=Text),
-            args=cast(bindparam("args", type_=Text), JSON),
-            kwargs=cast(bindparam("kwargs", type_=Text), JSON),
-            priority=bindparam("priority", type_=SmallInteger),
-            max_attempts=bindparam("max_attempts", type_=Integer),
-            run_at=run_at,
-            atomic=bindparam("atomic", type_=Boolean),
-        )
+        .values(**values)
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("new_job")
     )
@@ -244,10 +259,11 @@ def allocate_job_ids() -> Select[Any, Any]:
 
 
 @cache
-def copy_jobs() -> Any:
+def copy_jobs(traced: bool = False) -> Any:
     """``COPY pgqueue_jobs (...) FROM STDIN`` for a batch with allocated ids (a psycopg
-    ``sql.Composed``: COPY has no SQLAlchemy construct). Rows: ``COPY_JOB_COLUMNS``."""
-    return _copy(Job.__tablename__, COPY_JOB_COLUMNS)
+    ``sql.Composed``: COPY has no SQLAlchemy construct). Rows: ``COPY_JOB_COLUMNS``, and with
+    ``traced`` a last column ``trace_context`` (JSON text)."""
+    return _copy(Job.__tablename__, COPY_JOB_COLUMNS + (("trace_context",) if traced else ()))
 
 
 @cache

@@ -1,6 +1,7 @@
 """Statements behind "why isn't this job running?" (``pgqueue.explain``): reads only, each
 bounded by a key or an index and a ``LIMIT``, so explaining a job costs the same however long
-the history or deep the queue.
+the history or deep the queue. The lease holder of a running job is read with
+``sql.workers.job_holder``, and liveness is the registry's rule (``sql.workers.is_live``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
-    Float,
     Integer,
     Select,
     SmallInteger,
@@ -26,13 +26,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from pgqueue.models import Job, MessageQueue, QueueControl, WorkerRecord
-from pgqueue.sql.common import array_param, seconds
+from pgqueue.sql.common import array_param
+from pgqueue.sql.workers import is_live
 from pgqueue.states import JobState
-
-
-def _age(column: Any) -> Any:
-    """Seconds from ``column`` to now (database clock); negative for a time in the future."""
-    return func.extract("epoch", func.now() - column)
 
 
 @cache
@@ -126,30 +122,11 @@ def _serves(queue: Any) -> Any:
 
 
 @cache
-def worker_by_id() -> Select[Any]:
-    """``(id, host, pid, queues, seconds since last seen, live)`` of the worker ``worker_id``;
-    live means seen within ``stale_seconds``. By primary key."""
-    return select(
-        WorkerRecord.id,
-        WorkerRecord.host,
-        WorkerRecord.pid,
-        WorkerRecord.queues,
-        _age(WorkerRecord.last_seen_at).label("last_seen_seconds"),
-        (
-            WorkerRecord.last_seen_at
-            > func.now() - seconds(bindparam("stale_seconds", type_=Float))
-        ).label("live"),
-    ).where(WorkerRecord.id == bindparam("worker_id", type_=Text))
-
-
-@cache
 def live_workers(*, serving_queue: bool) -> Select[str]:
-    """Ids of the live workers (seen within ``stale_seconds``), at most ``cap``; with
-    ``serving_queue`` only those that claim from ``queue``. The registry holds one row per
-    worker process, so this reads a small table."""
-    stmt = select(WorkerRecord.id).where(
-        WorkerRecord.last_seen_at > func.now() - seconds(bindparam("stale_seconds", type_=Float))
-    )
+    """Ids of the live workers (the registry's rule, ``sql.workers.is_live``: binds
+    ``stale_seconds``), at most ``cap``; with ``serving_queue`` only those that claim from
+    ``queue``. The registry holds one row per worker process, so this reads a small table."""
+    stmt = select(WorkerRecord.id).where(is_live())
     if serving_queue:
         stmt = stmt.where(_serves(bindparam("queue", type_=Text)))
     return stmt.order_by(WorkerRecord.id).limit(bindparam("cap", type_=Integer))

@@ -11,12 +11,13 @@ their write. An outcome whose lease was lost (0 rows) is dropped and reported.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import logging
 import threading
 import time
 from collections.abc import Callable
 
-from pgqueue.errors import error_line
+from pgqueue.errors import error_line, is_connection_error
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.metrics import LEASE_LOST
 from pgqueue.worker.execution import Execution
@@ -27,6 +28,9 @@ from pgqueue.worker.store import WorkerStore
 log = logging.getLogger("pgqueue.worker")
 
 OUTCOME_BATCH = 500
+
+# Jobs named in the one line about outcomes a shutdown could not write; the rest are counted.
+UNWRITTEN_NAMED = 10
 
 
 class OutcomeBuffer:
@@ -85,6 +89,9 @@ class Completer:
         self._report = report
         self._unrecorded = unrecorded  # the failed attempt to write instead of a refused outcome
         self._wake = wake  # the claim loop: slots held by written attempts are free again
+        self._released_after: dict[int, float] = {}  # job id -> how long it ran before release
+        self._unwritten: list[Execution] = []
+        self._unwritten_because: BaseException | None = None
 
     def pending(self) -> bool:
         return not self.buffer.empty()
@@ -93,6 +100,14 @@ class Completer:
         """End ``run`` once everything put before is written."""
         self.buffer.put(None)
 
+    def release(self, executions: list[Execution], ran_for: float) -> None:
+        """Put back the attempts a shutdown gives up on (still running after ``ran_for``
+        seconds): each is reported once its release is written, or in the one line about what
+        could not be."""
+        for execution in executions:
+            self._released_after[execution.job.id] = ran_for
+            self.buffer.put((execution, Outcome.release(execution.job)))
+
     def run(self) -> None:
         """The completer thread's loop."""
         while True:
@@ -100,6 +115,7 @@ class Completer:
             if batch:
                 self._write(batch)
             if stop:
+                self._report_unwritten()
                 return
 
     def _write(self, batch: list[tuple[Execution, Outcome]]) -> None:
@@ -108,6 +124,14 @@ class Completer:
         try:
             lost = self._store.record_outcomes(outcome for _, outcome in batch)
         except Exception as exc:
+            if is_connection_error(exc):
+                # The store retries a lost connection until the worker stops; it gave up during
+                # the shutdown, and writing one by one would only wait for the server again.
+                self._unwritten.extend(execution for execution, _ in batch)
+                self._unwritten_because = exc
+                self._slots.written(execution for execution, _ in batch)
+                self._wake.set()
+                return
             # Not a lost connection or a transient conflict (the store retries those): the
             # database refused something in the batch. One bad outcome must not cost the others
             # their write (a success would run again after its lease expired).
@@ -115,6 +139,7 @@ class Completer:
         now = time.monotonic()
         self._slots.written(execution for execution, _ in batch)
         stats = self._report.stats
+        released = self._released_after
         for execution, outcome in written:
             if outcome.job_id in lost:
                 if not execution.lease_lost:
@@ -135,8 +160,45 @@ class Completer:
                     execution.job.attempt,
                 )
                 continue
+            # Releases are only put at shutdown: an empty dict costs the usual batch nothing.
+            if released and (ran_for := released.pop(outcome.job_id, None)) is not None:
+                log.warning(
+                    "shutdown: releasing job %s (%s) still running after %.1fs",
+                    outcome.job_id,
+                    execution.job.task_name,
+                    ran_for,
+                )
             self._report.written(outcome, now - execution.started, execution.job)
         self._wake.set()
+
+    def _report_unwritten(self) -> None:
+        """One line for every outcome the shutdown could not write: which jobs, why, and when
+        their leases run out (a lease was last extended before now, so by now + its length)."""
+        unwritten = self._unwritten
+        if not unwritten or self._unwritten_because is None:
+            return
+        expiry = dt.datetime.now(dt.UTC) + dt.timedelta(
+            seconds=max(execution.lease_seconds for execution in unwritten)
+        )
+        named = ", ".join(
+            f"{execution.job.id} ({execution.job.task_name}"
+            f"{', still running' if execution.job.id in self._released_after else ''})"
+            for execution in unwritten[:UNWRITTEN_NAMED]
+        )
+        more = len(unwritten) - UNWRITTEN_NAMED
+        log.warning(
+            "shutdown: database unavailable (%s): could not write the outcome of %d job%s: %s%s; "
+            "%s running until %s by %s, then a worker's rescue pass queues %s again",
+            error_line(self._unwritten_because),
+            len(unwritten),
+            "" if len(unwritten) == 1 else "s",
+            named,
+            f" and {more} more" if more > 0 else "",
+            "it stays" if len(unwritten) == 1 else "they stay",
+            "its lease expires" if len(unwritten) == 1 else "their leases expire",
+            expiry.strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "it" if len(unwritten) == 1 else "them",
+        )
 
     def _write_one_by_one(
         self, batch: list[tuple[Execution, Outcome]], error: Exception

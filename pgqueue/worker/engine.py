@@ -15,6 +15,8 @@ Each service owns its state and its lock (one module each)::
     notifier     the LISTEN connection (wake-ups)
     stats        the worker's counts, and the one log line per outcome written
     gauges       metrics sampled on a thread: running attempts, the queue figures
+    registry     the worker's row in the worker registry (registered at start, refreshed by
+                 the heartbeat, deleted at a clean stop; stale rows deleted by maintenance)
 
 ``Worker(pgq, ...)`` reads what it needs from ``pgq`` once (``context.WorkerContext``).
 
@@ -47,6 +49,7 @@ from pgqueue.worker.gauges import Gauges
 from pgqueue.worker.heartbeat import Heartbeat
 from pgqueue.worker.maintenance import Maintenance
 from pgqueue.worker.notifier import Notifier
+from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport, WorkerStats
 from pgqueue.worker.store import WorkerStore
@@ -55,6 +58,8 @@ log = logging.getLogger("pgqueue.worker")
 
 # How long the shutdown waits for the completer to write the last outcomes.
 COMPLETER_JOIN_TIMEOUT = 30
+# How long the shutdown waits for a heartbeat in flight before it deletes the registry row.
+HEARTBEAT_JOIN_TIMEOUT = 10
 
 
 class Worker:
@@ -118,6 +123,13 @@ class Worker:
         work = WorkQueue()
         self._async_loop = AsyncLoop()
         self.store = WorkerStore(context.engine, stopping=self._stopping)
+        self.registry = WorkerRegistry(
+            self.store,
+            worker_id=self.worker_id,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            stale_seconds=context.settings.worker_stale_seconds,
+        )
         self.executor = Executor(
             context.registry, context.settings, context.session_factory, self._async_loop.get
         )
@@ -175,14 +187,18 @@ class Worker:
             put_outcome=self._completer.buffer.put,
             start_replacement=self._dispatcher.start_replacement,
             wake=wake,
+            registry=self.registry,
         )
         self._maintenance = Maintenance(
             store=self.store,
             settings=context.settings,
             run_schedules=context.run_schedules,
             stats=self.stats,
-            halt=self._halt,
+            # Maintenance and the listener end when the worker begins to stop: a shutdown
+            # waits for running jobs, not for passes against a server that may be down.
+            halt=self._stopping,
             metrics=self.metrics,
+            registry=self.registry,
         )
         self._gauges = Gauges(
             store=self.store,
@@ -191,6 +207,7 @@ class Worker:
             interval=context.settings.metrics_interval,
             read_figures=self.maintenance,
             halt=self._halt,
+            registry=self.registry,
         )
         self._wake = wake
 
@@ -209,6 +226,7 @@ class Worker:
         """Process jobs until ``stop()`` (or, with ``drain``, until nothing is ready)."""
         if self.install_signal_handlers:
             self._install_signal_handlers()
+        self.registry.register()  # before the first claim: a job's holder is always listed
         self._claimer.prepare(drain)
         if self.metrics_port:
             self._metrics_server = metrics.serve(self.metrics_port)
@@ -247,7 +265,10 @@ class Worker:
             threads.append(start_daemon(self._gauges.run, "pgqueue-gauges"))
         if self.listen:
             self.notifier = Notifier(
-                self._context.listen_connection, self.queues, self._claimer.on_notify, self._halt
+                self._context.listen_connection,
+                self.queues,
+                self._claimer.on_notify,
+                self._stopping,
             )
             self.notifier.start()
 
@@ -257,20 +278,17 @@ class Worker:
         deadline = time.monotonic() + self.shutdown_timeout
         while time.monotonic() < deadline and self._slots.busy():
             time.sleep(0.02)
-        unfinished = self._slots.give_up_unfinished()
-        for execution in unfinished:
-            log.warning(
-                "shutdown: releasing job %s (%s) still running after %.1fs",
-                execution.job.id,
-                execution.job.task_name,
-                self.shutdown_timeout,
-            )
-            self._completer.buffer.put((execution, Outcome.release(execution.job)))
+        self._completer.release(self._slots.give_up_unfinished(), self.shutdown_timeout)
         self._completer.stop()
         for thread in self._threads:
             if thread.name == "pgqueue-completer":
                 thread.join(timeout=COMPLETER_JOIN_TIMEOUT)
         self._halt.set()
+        for thread in self._threads:
+            if thread.name == "pgqueue-heartbeat":
+                # Its last refresh must not write the row back after it is deleted.
+                thread.join(timeout=HEARTBEAT_JOIN_TIMEOUT)
+        self.registry.unregister()
         self._dispatcher.stop()
         self._async_loop.stop()
 

@@ -25,6 +25,7 @@ from pgqueue.errors import UnknownTask, ValidationError, error_line, storable_te
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.states import OutcomeKind
 from pgqueue.tasks import JobContext, Retry, Task, TaskRegistry
+from pgqueue.tracing import RunSpan, tracing_for
 from pgqueue.worker.execution import Execution
 
 log = logging.getLogger("pgqueue.worker")
@@ -51,10 +52,20 @@ class Executor:
         self.settings = settings
         self.session_factory = session_factory
         self._loop = loop
+        # None when tracing is off: each run then tests this once and nothing more.
+        self.tracing = tracing_for(settings)
 
     # -- leased ------------------------------------------------------------------------------
 
     def run_leased(self, execution: Execution) -> Outcome:
+        tracing = self.tracing
+        if tracing is None:
+            return self._run_leased(execution, None)
+        with tracing.run(execution.job) as span:
+            outcome = self._run_leased(execution, span)
+            return span.finish(outcome, timed_out=execution.timed_out)
+
+    def _run_leased(self, execution: Execution, span: RunSpan | None) -> Outcome:
         job = execution.job
         try:
             task = self._resolve(job)
@@ -67,6 +78,8 @@ class Executor:
                 context.session.commit()
             return self._success(job, result, execution)
         except BaseException as exc:
+            if span is not None:
+                span.failed(exc)
             if context is not None and context.session_opened:
                 context.session.rollback()
             return self._failure(job, task, exc, execution)
@@ -87,6 +100,19 @@ class Executor:
         with the handler's writes rolled back, so every attempt counts even then; only a
         failure to write that too rolls the whole claim back. The caller commits.
         """
+        tracing = self.tracing
+        if tracing is None:
+            return self._run_atomic(session, job, cancel_event, None)
+        with tracing.run(job) as span:
+            return span.finish(self._run_atomic(session, job, cancel_event, span))
+
+    def _run_atomic(
+        self,
+        session: Session,
+        job: ClaimedJob,
+        cancel_event: threading.Event,
+        span: RunSpan | None,
+    ) -> Outcome:
         execution = Execution(job, 0.0, None, time.monotonic(), _event=cancel_event)
         try:
             task = self._resolve(job)
@@ -104,6 +130,8 @@ class Executor:
             savepoint.commit()
             return outcome
         except BaseException as exc:
+            if span is not None:
+                span.failed(exc)
             if savepoint.is_active:
                 savepoint.rollback()
             if outcome is None:

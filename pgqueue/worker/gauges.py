@@ -1,10 +1,14 @@
 """Gauges: the metrics a worker samples rather than counts, on their own thread.
 
 Every second it sets ``pgqueue_jobs_running`` from the attempts the slots hold, so claims and
-outcomes pay nothing for it. Every ``metrics_interval`` (the first at start) it reads the
-queue figures (capped counts per queue and state, the wait of each queue's oldest ready job) in
-one transaction that takes an advisory lock first: when several workers read at the same
-moment, one reads and the others skip that round, and scrapes never query the database.
+outcomes pay nothing for it. Every ``metrics_interval`` (the first at start) one worker of the
+cluster reads the queue figures (capped counts per queue and state, the wait of each queue's
+oldest ready job) in one transaction: the live worker with the smallest id in the worker
+registry. The others ask that question in one statement and skip the round; behind it an
+advisory lock (transaction-level, so safe behind a pooler) keeps workers that each believe
+they are first (while the registry names none before them) from reading at the same moment.
+Scrapes never query the database. A worker that stops being the reader sets its figures to 0,
+so the figures across instances are their maximum.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import threading
 import time
 
 from pgqueue.metrics import NoMetrics
+from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.store import WorkerStore
 
@@ -37,7 +42,10 @@ class Gauges:
         interval: float,
         read_figures: bool,
         halt: threading.Event,
+        registry: WorkerRegistry,
     ) -> None:
+        self._registry = registry
+        self._holds_figures = False  # this worker's gauges hold a reading of its own
         self._store = store
         self._slots = slots
         self._metrics = metrics
@@ -56,11 +64,21 @@ class Gauges:
                 return
 
     def read_figures(self) -> None:
+        registry = self._registry
         try:
-            figures = self._store.queue_figures(cap=FIGURES_COUNT_CAP)
+            figures = self._store.queue_figures(
+                cap=FIGURES_COUNT_CAP,
+                worker_id=registry.entry.id,
+                stale_seconds=registry.stale_seconds,
+            )
         except Exception:
             if not self._halt.is_set():
                 log.exception("metrics: reading the queue figures failed")
             return
         if figures is not None:
             self._metrics.queue_figures(*figures)
+            self._holds_figures = True
+        elif self._holds_figures:
+            # Another worker reads them now: a reading of ours left in place would go stale.
+            self._metrics.queue_figures({}, {})
+            self._holds_figures = False

@@ -9,7 +9,9 @@ Every ``interval`` (sooner while an attempt with a short timeout runs) it
 - extends the leases of held attempts in one statement, which also answers which of them have a
   cancel request (the handler's ``JobContext`` sees it; an async handler is cancelled) and
   which leases are gone (rescued after this process was frozen or cut off: the handler runs on,
-  but its outcome will be dropped; reported once).
+  but its outcome will be dropped; reported once);
+- refreshes the worker's registry row: in that same statement, or on its own when no lease
+  needs extending.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from pgqueue.errors import is_connection_error
 from pgqueue.jobs import Outcome
 from pgqueue.worker.execution import Execution
+from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import WorkerStats
 from pgqueue.worker.store import WorkerStore
@@ -43,8 +47,10 @@ class Heartbeat:
         put_outcome: Callable[[tuple[Execution, Outcome]], None],
         start_replacement: Callable[[], None],
         wake: threading.Event,
+        registry: WorkerRegistry | None = None,
     ) -> None:
-        self.interval = interval
+        self.interval = interval if registry is None else min(interval, registry.refresh_interval)
+        self._registry = registry
         self._store = store
         self._slots = slots
         self._stats = stats
@@ -88,12 +94,24 @@ class Heartbeat:
         # Attempts whose outcome waits for its write are extended too: their lease must not run
         # out in the meantime.
         leases = self._slots.leases()
+        registry = self._registry
         if not leases:
+            if registry is not None:
+                try:
+                    registry.refresh()
+                except Exception as exc:
+                    # As for the heartbeat below: a lost connection is retried by the store
+                    # until the worker stops, and the shutdown reports what it could not write.
+                    if not (self._halt.is_set() or is_connection_error(exc)):
+                        log.exception("worker registry refresh failed")
             return
         try:
-            held = self._store.heartbeat(leases)
-        except Exception:
-            log.exception("heartbeat failed")
+            held = self._store.heartbeat(leases, None if registry is None else registry.entry)
+        except Exception as exc:
+            # The store retries a lost connection until the worker stops: then the shutdown
+            # reports the jobs whose outcome it could not write.
+            if not is_connection_error(exc):
+                log.exception("heartbeat failed")
             return
         executions = self._slots.lookup(job_id for job_id, _, _ in leases)
         for job_id, execution in executions.items():

@@ -1,8 +1,8 @@
 """Maintenance: the duties a worker does for the whole database, on their own thread.
 
-Every ``rescue_interval``: a scheduler pass (enqueue due periodic ticks) and a rescue of expired
+Every ``rescue_interval``: a scheduler pass (enqueue due periodic ticks), a rescue of expired
 leases (``WorkerStore.rescue_expired``: retried or failed for good in SQL, the counterpart of
-``backoff.after_failure``). Every ``prune_interval`` (the first a tenth of it after start):
+``backoff.after_failure``) and the deletion of stale rows from the worker registry. Every ``prune_interval`` (the first a tenth of it after start):
 prune finished jobs past their retention, and repair the running counts of limited queues.
 Rescue and prune elect one leader per database with an advisory lock, and a scheduler pass
 enqueues each tick once, so any number of workers may run this at once. Each duty is guarded on its own: one failing (say, a periodic task whose arguments
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pgqueue.config import Settings
 from pgqueue.errors import error_line, is_connection_error
 from pgqueue.metrics import NO_METRICS, NoMetrics
+from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.stats import WorkerStats
 from pgqueue.worker.store import WorkerStore
 
@@ -41,8 +42,10 @@ class Maintenance:
         stats: WorkerStats,
         halt: threading.Event,
         metrics: NoMetrics = NO_METRICS,
+        registry: WorkerRegistry | None = None,
     ) -> None:
         self._metrics = metrics
+        self._registry = registry
         self._store = store
         self._settings = settings
         self._run_schedules = run_schedules
@@ -55,6 +58,8 @@ class Maintenance:
         while not self._halt.wait(settings.rescue_interval):
             self._duty("schedule pass", self._run_schedules)
             self._duty("rescue pass", self.rescue)
+            if self._registry is not None:
+                self._duty("stale worker cleanup", self._registry.remove_stale)
             if time.monotonic() >= next_prune:
                 next_prune = time.monotonic() + settings.prune_interval
                 self._duty("prune pass", self.prune)

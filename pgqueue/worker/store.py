@@ -10,6 +10,7 @@ rides out outages instead of crashing.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -23,7 +24,7 @@ from pgqueue import repository, uow
 from pgqueue.claim_choice import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import error_line, is_connection_error, is_transient_conflict
-from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.jobs import ClaimedJob, Outcome, WorkerEntry
 
 T = TypeVar("T")
 
@@ -31,6 +32,10 @@ log = logging.getLogger("pgqueue.worker")
 
 # Any 64-bit constant unique to pgqueue: "pgqueue" in ASCII.
 MAINTENANCE_LOCK_KEY = 0x7067717565756500 >> 8
+
+# How long a stopping worker keeps trying to write outcomes to a database it cannot reach: long
+# enough for a server restart or a failover's switch, short of a process manager's kill timeout.
+SHUTDOWN_WRITE_PATIENCE = 5.0
 
 
 class WorkerStore:
@@ -42,6 +47,9 @@ class WorkerStore:
         # The claimer's own connection (claims are serialized by the worker, see ``claim``).
         self._claim_connection = self._database.held_connection()
         self._limits = LimitsSeen()
+        # Set at the first failed write after the worker began to stop: the writes of the whole
+        # shutdown share this one deadline.
+        self._shutdown_write_deadline: float | None = None
 
     def _run(
         self,
@@ -60,7 +68,9 @@ class WorkerStore:
 
     def _retry(self, what: str, once: Callable[[], T], *, give_up_when_stopping: bool) -> T:
         """``once()``, again (capped exponential backoff) after a lost connection or a
-        transient conflict."""
+        transient conflict. Once the worker is stopping, work that does not give up at once is
+        retried for ``SHUTDOWN_WRITE_PATIENCE`` seconds at most, without a line per failure: the
+        shutdown reports what it could not write, once."""
         delay = 0.05
         while True:
             try:
@@ -68,13 +78,23 @@ class WorkerStore:
             except (DBAPIError, OperationalError) as exc:
                 if not (is_connection_error(exc) or is_transient_conflict(exc)):
                     raise
-                if give_up_when_stopping and self._stopping.is_set():
-                    raise
+                if self._stopping.is_set():
+                    if give_up_when_stopping or self._shutdown_patience_spent():
+                        raise
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
                 log.warning(
                     "%s: database unavailable (%s); retrying in %.2fs", what, error_line(exc), delay
                 )
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    def _shutdown_patience_spent(self) -> bool:
+        now = time.monotonic()
+        if self._shutdown_write_deadline is None:
+            self._shutdown_write_deadline = now + SHUTDOWN_WRITE_PATIENCE
+        return now >= self._shutdown_write_deadline
 
     def claim(
         self,
@@ -151,10 +171,33 @@ class WorkerStore:
             give_up_when_stopping=False,
         )
 
-    def heartbeat(self, leases: Sequence[tuple[int, object, float]]) -> dict[int, bool]:
+    def heartbeat(
+        self, leases: Sequence[tuple[int, object, float]], worker: WorkerEntry | None = None
+    ) -> dict[int, bool]:
         return self._run(
             "heartbeat",
-            lambda db: repository.heartbeat(db, leases),  # type: ignore[arg-type]
+            lambda db: repository.heartbeat(db, leases, worker),  # type: ignore[arg-type]
+            give_up_when_stopping=True,
+        )
+
+    def worker_seen(self, worker: WorkerEntry) -> dt.datetime:
+        return self._run(
+            "worker registry",
+            lambda db: repository.worker_seen(db, worker),
+            give_up_when_stopping=True,
+        )
+
+    def unregister_worker(self, worker_id: str) -> None:
+        self._run(
+            "worker registry",
+            lambda db: repository.unregister_worker(db, worker_id),
+            give_up_when_stopping=True,
+        )
+
+    def delete_stale_workers(self, stale_seconds: float) -> list[str]:
+        return self._run(
+            "stale workers",
+            lambda db: repository.delete_stale_workers(db, stale_seconds),
             give_up_when_stopping=True,
         )
 
@@ -196,12 +239,16 @@ class WorkerStore:
         )
 
     def queue_figures(
-        self, *, cap: int
+        self, *, cap: int, worker_id: str, stale_seconds: float
     ) -> tuple[dict[str, dict[str, int]], dict[str, float]] | None:
         """``({queue: {state: capped count}}, {queue: seconds its earliest ticket waited})``,
-        or None when another worker holds the figures lock (it reads them for the cluster)."""
+        or None when another worker reads them for the cluster: a live worker with a smaller
+        id in the registry (``repository.elected_worker``), or, while the registry names no
+        such worker, the one holding the figures lock."""
 
         def work(db: Executor) -> tuple[dict[str, dict[str, int]], dict[str, float]] | None:
+            if not repository.elected_worker(db, worker_id, stale_seconds):
+                return None
             if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 2):
                 return None
             counts = repository.capped_state_counts(db, cap)

@@ -4,8 +4,9 @@ Job arguments, keyword arguments, results, errors (``last_error`` and ``errors``
 task names and queue names all carry markup built to run script in element, attribute and URL
 contexts. Task and queue names with such characters cannot be enqueued through pgqueue (they
 are validated), so those rows are written by hand, as another client could. Every page
-(overview, job lists filtered by those names, each job's page) must show the payloads as text,
-hold no element they would create, and leave the page's marker variable unset.
+(overview, job lists filtered by those names, each job's page, the queue controls) must show
+the payloads as text, hold no element they would create, and leave the page's marker variable
+unset.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from collections.abc import Iterator
 from urllib.parse import urlencode
 
 import pytest
+from dashboard_app import serving
 from flask import Flask
 from playwright.sync_api import sync_playwright
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
-from test_flask_dashboard import CHROMIUM_ARGS, serving
+from test_flask_dashboard import CHROMIUM_ARGS
 
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
@@ -102,6 +104,7 @@ def test_script_payloads_in_jobs_never_run(served: tuple[Flask, str], engine: En
     pages += [base + "/jobs?" + urlencode({"queue": p}) for p in PAYLOADS]
     pages += [base + "/jobs?" + urlencode({"task": p}) for p in PAYLOADS]
     pages += [f"{base}/jobs/{i}" for i in ids]
+    pages.append(base + "/queues")
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
@@ -141,6 +144,7 @@ def test_script_payloads_in_jobs_never_run(served: tuple[Flask, str], engine: En
     # (task names) and on each job's page (arguments, result, errors, names, unique key).
     assert PAYLOADS[1] in seen[base + "/"] and PAYLOADS[3] in seen[base + "/"]
     assert PAYLOADS[0] in seen[base + "/jobs"] and PAYLOADS[2] in seen[base + "/jobs"]
+    assert PAYLOADS[1] in seen[base + "/queues"] and PAYLOADS[3] in seen[base + "/queues"]
     failed_page = seen[f"{base}/jobs/{ids[0]}"]
     succeeded_page = seen[f"{base}/jobs/{ids[2]}"]
     queued_page = seen[f"{base}/jobs/{ids[1]}"]

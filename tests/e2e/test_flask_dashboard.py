@@ -1,13 +1,12 @@
 """The dashboard in real headless Chromium (Debian's, driven by Playwright): counts on the
 overview, retry of a failed job from its page, and the CSRF guard on POSTs.
 
-Set ``PGQUEUE_DASHBOARD_SCREENSHOT=docs/dashboard.png`` to save the overview screenshot that
-the README shows.
+Set ``PGQUEUE_DASHBOARD_SCREENSHOT=PATH`` to save the overview screenshot there (the docs'
+screenshots come from ``docs/screenshots.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import threading
@@ -16,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dashboard_app import serving
 from flask import Flask
 from playwright.sync_api import expect, sync_playwright
 from sqlalchemy.engine import URL
-from werkzeug.serving import make_server
 
 from pgqueue import JobState
 from pgqueue.contrib.flask import PgQueue
@@ -37,19 +36,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-@contextlib.contextmanager
-def serving(app: Flask) -> Iterator[str]:
-    """Serve ``app`` on a free port of 127.0.0.1 in a thread; yields its base URL."""
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
 
 
 pgq = PgQueue()

@@ -110,7 +110,7 @@ def test_enqueue_and_drain_through_pgbouncer_in_transaction_mode(app: App, bounc
         finished = subprocess.run(
             [
                 *(sys.executable, "-m", "pgqueue", "worker", "e2eapp:pgq", "--processes", "2"),
-                *("--concurrency", "8", "--drain", "--poll-interval", "0.2"),
+                *("--no-listen", "--concurrency", "8", "--drain", "--poll-interval", "0.2"),
             ],
             cwd=app.directory,
             env=env,
@@ -126,20 +126,23 @@ def test_enqueue_and_drain_through_pgbouncer_in_transaction_mode(app: App, bounc
     assert {(j.state, j.attempts) for j in jobs.values()} == {("succeeded", 1)}
     assert app.done_counts() == dict.fromkeys(ids, 1)
 
-    # Another client of the same pool: server defaults, no statement left prepared.
+    # Another client of the same pool: server defaults for every setting pgqueue changes, no
+    # statement left prepared (every server session of the pool served pgqueue's drain).
+    defaults = tuple(_server_default(app, name) for name in PGQUEUE_SETTINGS)
     conninfo = bouncer.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as other:
         for _ in range(10):
             row = other.execute(
                 "SELECT current_setting('jit'), current_setting('statement_timeout'), "
+                "current_setting('idle_in_transaction_session_timeout'), "
                 "(SELECT count(*) FROM pg_prepared_statements)"
             ).fetchone()
-            assert row == (
-                _server_default(app, "jit"),
-                _server_default(app, "statement_timeout"),
-                0,
-            )
+            assert row == (*defaults, 0)
     pgq.dispose()
+
+
+# The settings pgqueue gives its own statements (per transaction behind a pooler).
+PGQUEUE_SETTINGS = ("jit", "statement_timeout", "idle_in_transaction_session_timeout")
 
 
 def _server_default(app: App, name: str) -> str:

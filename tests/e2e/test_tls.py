@@ -9,11 +9,13 @@ failed, to which server, and why.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from sqlalchemy.engine import URL, make_url
 
 from pgqueue import JobState, PgQueue, Settings
 from pgqueue.testing import wait_for_states
+from pgqueue.worker.notifier import Notifier
 
 APP = """
 import os
@@ -346,36 +349,61 @@ def test_listen_connection_uses_the_given_engines_connect_args(
 
 
 def test_a_worker_with_a_wrong_ca_names_its_engine_and_its_listener(
-    tls_server: tuple[URL, Path, Path], tmp_path: Path
+    tls_server: tuple[URL, Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # The listener's connection is opened by the engine, yet its failure is the listener's.
+    # By default a worker that cannot open its engine's connection as it starts exits with one
+    # line naming it; told to wait, it logs that line for each try. Its listener's connection
+    # is opened by the engine, yet its failure is the listener's.
     url, _, wrong = tls_server
     (tmp_path / "tlsapp.py").write_text(APP)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
     env["DB_URL"] = _verified(url, wrong, "postgres").render_as_string(hide_password=False)
+    engine = f"pgqueue engine connection to localhost:{url.port}/postgres failed: "
+    command = [sys.executable, "-m", "pgqueue", "worker", "tlsapp:pgq", "--poll-interval", "0.2"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, timeout=60)
+    assert done.returncode == 2, done
+    [line] = done.stderr.decode().splitlines()
+    assert line.startswith(f"error: {engine}") and "certificate verify failed" in line, line
+
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "pgqueue", "worker", "tlsapp:pgq", "--poll-interval", "0.2"],
+            [*command, "--wait-for-database"],
             cwd=tmp_path,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    engine = f"pgqueue engine connection to localhost:{url.port}/postgres failed: "
-    listener = f"pgqueue listener connection to localhost:{url.port}/postgres failed: "
     try:
         deadline = time.monotonic() + 30
-        while not (engine in (output := log.read_text()) and listener in output):
-            assert time.monotonic() < deadline, output
+        while len([e for e in log.read_text().splitlines() if engine in e]) < 2:
+            assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
     finally:
         worker.terminate()
         worker.wait(timeout=30)
     lines = log.read_text().splitlines()
-    # Whichever of the worker's own statements met the failure first (a claim, a rescue pass).
-    engines = [line for line in lines if ": database unavailable (" in line and engine in line]
-    listens = [line for line in lines if listener in line]
-    assert engines and listens, lines
-    assert all("certificate verify failed" in line for line in engines + listens)
+    engines = [line for line in lines if ": waiting for the database: " in line and engine in line]
+    assert len(engines) >= 2, lines
+    assert all("certificate verify failed" in line for line in engines)
+
+    # The listener of a worker whose engine does connect (the engine's connection never does
+    # here: the worker would not start), run in this process.
+    pgq = PgQueue(_verified(url, wrong, "postgres"), settings=Settings())
+    stopping = threading.Event()
+    listener = f"pgqueue listener connection to localhost:{url.port}/postgres failed: "
+    with caplog.at_level(logging.WARNING, logger="pgqueue.worker"):
+        notifier = Notifier(pgq.listen_connection, None, lambda _: None, stopping)
+        notifier.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not (listens := [r.getMessage() for r in caplog.records]):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        finally:
+            stopping.set()
+            notifier.join(timeout=10)
+    assert all(listener in line for line in listens), listens
+    assert all("certificate verify failed" in line for line in listens), listens
     assert not any("pgqueue engine connection" in line for line in listens), listens
+    pgq.dispose()

@@ -203,7 +203,11 @@ def test_children_of_a_killed_supervisor_finish_or_release_their_jobs_and_exit(a
             shutdown + 10,
             "both children to exit",
         )
-        assert time.monotonic() - killed < shutdown + 10
+        # The shutdown timeout, plus the child's parent check (a quarter second), the release
+        # of the long jobs and the interpreter's exit.
+        exited = time.monotonic() - killed
+        print(f"children exited {exited:.2f} s after the supervisor was killed")
+        assert exited < shutdown + 3, exited
 
         # Past the leases (3 s): nothing is RUNNING; the short jobs finished, the long ones
         # were released (attempt not counted), and nothing else was claimed meanwhile.

@@ -1,65 +1,154 @@
-"""A ``pgqueue worker`` told to stop while its database server is down stops with warning lines
-(its stop and stopped lines, the failures it retried), and no traceback: a lost connection is
-the expected state then, not a bug."""
+"""A ``pgqueue worker`` told to stop while its database server is down stops with no traceback (a
+lost connection is the expected state then, not a bug), and with a job still running it says
+so in one line: the release could not be written, and when the job's lease expires. It does not
+wait for the server beyond a few seconds."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from pgqueue import PgQueue
+import pytest
+
+from pgqueue import JobState, PgQueue
 from pgqueue.config import normalize_database_url
 from pgqueue.embedded import EmbeddedPostgres
 
 APP = """
 import os
+import time
 
 from pgqueue import PgQueue
 
 pgq = PgQueue(os.environ["DB_URL"])
+
+
+@pgq.task(name="slow")
+def slow():
+    time.sleep(120)
 """
 
 
-def test_sigterm_while_the_server_is_down_logs_no_traceback(tmp_path: Path) -> None:
-    # Its own server: stopping the session's shared one would break every other test.
+WORKER = [sys.executable, "-m", "pgqueue", "worker", "down_app:pgq", "--shutdown-timeout", "1"]
+
+
+@pytest.fixture
+def own_server() -> Iterator[tuple[EmbeddedPostgres, str]]:
+    """A migrated database on a server of the test's own (stopping the session's shared one
+    would break every other test), and its URL, the same across restarts."""
     root = Path(tempfile.mkdtemp(prefix="pgqueue-down-"))
     root.chmod(0o755)
     server = EmbeddedPostgres(root / "data", durable=False)
     server.start()
-    worker: subprocess.Popen[str] | None = None
     try:
         url = normalize_database_url(server.url()).render_as_string(hide_password=False)
         owner = PgQueue(url)
         owner.migrate()
         owner.dispose()
-        (tmp_path / "down_app.py").write_text(APP)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-        # Maintenance passes run (and retry their lost connection) often, as in production
-        # over the minutes a server may be down.
-        env.update(DB_URL=url, PYTHONPATH=str(tmp_path), PGQUEUE_RESCUE_INTERVAL="0.2")
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "pgqueue", "worker", "down_app:pgq", "--shutdown-timeout", "1"],
-            cwd=tmp_path,
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(2)
-        server.stop()
-        time.sleep(4)
-        worker.send_signal(signal.SIGTERM)
-        _, stderr = worker.communicate(timeout=60)
+        yield server, url
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.kill()
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Starts ``pgqueue worker down_app:pgq --shutdown-timeout 1 OPTIONS`` with its stderr in
+    ``tmp_path / "worker.log"``; kills it (by PID) if the test left it running."""
+    workers: list[subprocess.Popen[str]] = []
+    (tmp_path / "down_app.py").write_text(APP)
+
+    def start(url: str, *options: str, **env_vars: str) -> subprocess.Popen[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+        env.update(DB_URL=url, PYTHONPATH=str(tmp_path), **env_vars)
+        with (tmp_path / "worker.log").open("w") as out:
+            worker = subprocess.Popen(
+                [*WORKER, *options],
+                cwd=tmp_path,
+                env=env,
+                stderr=out,
+                text=True,
+            )
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def test_sigterm_while_the_server_is_down_logs_no_traceback(
+    own_server: tuple[EmbeddedPostgres, str], start_worker: Any, tmp_path: Path
+) -> None:
+    server, url = own_server
+    # Maintenance passes run (and retry their lost connection) often, as in production over
+    # the minutes a server may be down.
+    worker = start_worker(url, PGQUEUE_RESCUE_INTERVAL="0.2")
+    log = tmp_path / "worker.log"
+    # Started (a worker that cannot reach its database as it starts exits instead).
+    deadline = time.monotonic() + 30
+    while " started: " not in log.read_text():
+        assert time.monotonic() < deadline and worker.poll() is None, log.read_text()
+        time.sleep(0.1)
+    server.stop()
+    time.sleep(4)
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=60)
+    stderr = log.read_text()
     assert worker.returncode == 0, stderr
     assert " started: " in stderr and " stopped: " in stderr, stderr
     assert "Traceback" not in stderr, stderr
+
+
+def test_sigterm_with_a_job_running_while_the_server_is_down_logs_one_line(
+    own_server: tuple[EmbeddedPostgres, str], start_worker: Any, tmp_path: Path
+) -> None:
+    server, url = own_server
+    owner = PgQueue(url)
+    job_id = owner.task(name="slow")(lambda: None).enqueue()
+    worker = start_worker(url, "--lease-seconds", "20")
+    deadline = time.monotonic() + 30
+    while owner.get_job(job_id).state is not JobState.RUNNING:
+        assert time.monotonic() < deadline and worker.poll() is None
+        time.sleep(0.1)
+    owner.dispose()
+    server.stop()
+    time.sleep(3)
+    signalled = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=60)
+    stopped_in = time.monotonic() - signalled
+    stderr = (tmp_path / "worker.log").read_text()
+    server.start()
+    owner = PgQueue(url)
+    job = owner.get_job(job_id)
+    owner.dispose()
+    assert worker.returncode == 0, stderr
+    assert "Traceback" not in stderr, stderr
+    # One second for the job, a few for the server: not the 30 s a write may take otherwise.
+    assert stopped_in < 12, (stopped_in, stderr)
+    lines = stderr.strip().splitlines()
+    signal_line = next(i for i, line in enumerate(lines) if "signal 15: stopping" in line)
+    after = lines[signal_line + 1 :]
+    assert " stopped: " in after[-1], stderr
+    [line] = after[:-1]
+    assert " WARNING " in line, line
+    assert "shutdown: database unavailable (" in line, line
+    assert f"could not write the outcome of 1 job: {job_id} (slow, still running)" in line, line
+    expiry = re.search(r"its lease expires by (\S+ \S+) UTC", line)
+    assert expiry is not None, line
+    said = dt.datetime.fromisoformat(expiry.group(1)).replace(tzinfo=dt.UTC)
+    # The release was never written: the job waits for its lease, which ends by the time said.
+    assert job.state is JobState.RUNNING
+    assert job.lease_expires_at is not None and job.lease_expires_at <= said, (job, line)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,28 +19,51 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 
 from pgqueue import PgQueue, migrations
+from pgqueue import cli as core_cli
+from pgqueue.contrib.flask import cli as flask_cli
 from pgqueue.errors import SchemaNotCurrent
 
-# Every command that reaches the database, with the arguments it needs. APP is a module written
-# into the test's directory (``app_module``); ``enqueue`` and ``worker`` import it.
-DATABASE_COMMANDS: list[list[str]] = [
-    ["stats"],
-    ["stats", "--json"],
-    ["jobs"],
-    ["jobs", "--json", "--state", "failed"],
-    ["show", "1"],
-    ["retry", "1"],
-    ["cancel", "1"],
-    ["prune"],
-    ["pause", "q"],
-    ["resume", "q"],
-    ["limit", "q", "3"],
-    ["enqueue", "shop:pgq", "shop.noop"],
-    ["worker", "shop:pgq", "--drain"],
-]
-FLASK_COMMANDS: list[list[str]] = [
-    [c for c in command if c != "shop:pgq"] for command in DATABASE_COMMANDS
-]
+# Every command of both CLIs with the arguments it needs. APP is a module written into the
+# test's directory (``app_module``); ``enqueue``, ``worker`` and ``schedules`` import it.
+# ``test_every_command_is_checked`` fails for a command missing here: a new command gets its
+# invocations here, and so is checked against each failure below.
+INVOCATIONS: dict[str, list[list[str]]] = {
+    "migrate": [["migrate"], ["migrate", "current"]],
+    "stats": [["stats"], ["stats", "--json"]],
+    "workers": [["workers"], ["workers", "--json"]],
+    "jobs": [["jobs"], ["jobs", "--json", "--state", "failed"]],
+    "show": [["show", "1"]],
+    "retry": [["retry", "1"]],
+    "cancel": [["cancel", "1"]],
+    "prune": [["prune"]],
+    "pause": [["pause", "q"]],
+    "resume": [["resume", "q"]],
+    "limit": [["limit", "q", "3"]],
+    "enqueue": [["enqueue", "shop:pgq", "shop.noop"]],
+    "worker": [["worker", "shop:pgq", "--drain"]],
+    "schedules": [["schedules", "shop:pgq"]],
+    "demo": [["demo", "--jobs", "1"]],
+    "bulk": [
+        ["bulk", "retry", "--state", "failed", "--dry-run"],
+        ["bulk", "delete", "--queue", "q", "--yes", "--json"],
+    ],
+}
+# Commands that never open a connection (they read the app's code only).
+NO_DATABASE = {"schedules"}
+# Commands that create pgqueue's tables (``demo`` in a database of its own): an unmigrated
+# database is what they fix, not an error.
+CREATE_THE_SCHEMA = {"migrate", "demo"}
+
+
+def _commands(cli: str, *, skip: set[str]) -> list[list[str]]:
+    group = core_cli.main if cli == "pgqueue" else flask_cli.pgqueue_group
+    return [
+        invocation if cli == "pgqueue" else [a for a in invocation if a != "shop:pgq"]
+        for name in sorted(group.commands)
+        if name not in skip
+        for invocation in INVOCATIONS[name]
+    ]
+
 
 SHOP = """
 import os
@@ -61,6 +85,16 @@ def noop():
 @flask_pgq.task(name="shop.noop")
 def flask_noop():
     return None
+
+
+@pgq.task(name="shop.fail")
+def fail():
+    raise ValueError("boom")
+
+
+@flask_pgq.task(name="shop.fail")
+def flask_fail():
+    raise ValueError("boom")
 
 
 @pgq.task(name="shop.send_receipt")
@@ -129,11 +163,19 @@ def _assert_one_line(result: subprocess.CompletedProcess[str], *expected: str) -
     return error
 
 
-def _both_clis(shop: Path, url: URL | str, *expected: str, worker: bool = True) -> None:
-    for commands, cli in ((DATABASE_COMMANDS, pgqueue), (FLASK_COMMANDS, flask)):
-        for command in commands:
-            if worker or command[0] != "worker":
-                _assert_one_line(cli(command, shop, url), *expected)
+def _both_clis(shop: Path, url: URL | str, *expected: str, schema_exists: bool = True) -> None:
+    """Every database command of both CLIs; ``schema_exists`` False: the database is there and
+    only pgqueue's tables are missing, which the commands that create them fix."""
+    skip = NO_DATABASE | (set() if schema_exists else CREATE_THE_SCHEMA)
+    for cli, run in (("pgqueue", pgqueue), ("flask", flask)):
+        for command in _commands(cli, skip=skip):
+            _assert_one_line(run(command, shop, url), *expected)
+
+
+def test_every_command_is_checked() -> None:
+    for group in (core_cli.main, flask_cli.pgqueue_group):
+        unchecked = sorted(set(group.commands) - set(INVOCATIONS))
+        assert not unchecked, f"{group.name}: add the invocations of {unchecked} to INVOCATIONS"
 
 
 def test_unmigrated_database(shop: Path, empty_database_url: URL) -> None:
@@ -143,6 +185,7 @@ def test_unmigrated_database(shop: Path, empty_database_url: URL) -> None:
         empty_database_url,
         f"pgqueue's tables are missing in database {name}",
         "run `pgqueue migrate`",
+        schema_exists=False,
     )
 
 
@@ -175,19 +218,25 @@ def test_stopped_server(shop: Path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     url = f"postgresql+psycopg://postgres:x@127.0.0.1:{port}/shop"
-    # A worker waits for its database instead (tests/e2e/test_tls.py).
-    _both_clis(shop, url, f"connection to 127.0.0.1:{port}/shop failed", worker=False)
+    # The worker too: it waits for its database only when told to (--wait-for-database).
+    _both_clis(shop, url, f'"127.0.0.1", port {port} failed: Connection refused')
+    # A worker names the connection that failed and its database.
+    for result in (
+        pgqueue(["worker", "shop:pgq"], shop, url),
+        flask(["worker"], shop, url),
+    ):
+        _assert_one_line(result, f"pgqueue engine connection to 127.0.0.1:{port}/shop failed")
 
 
 def test_wrong_password(shop: Path, server_tcp_url: URL, database_url: URL) -> None:
     if not server_tcp_url.password:
         pytest.skip("the test server takes no password")
     url = server_tcp_url.set(database=database_url.database, password="not-the-password")
-    _both_clis(shop, url, "password authentication failed", worker=False)
+    _both_clis(shop, url, "password authentication failed")
 
 
 def test_malformed_url(shop: Path) -> None:
-    for command in DATABASE_COMMANDS:
+    for command in _commands("pgqueue", skip=NO_DATABASE):
         _assert_one_line(pgqueue(command, shop, "postgresql://host:port-is-not-a-number/db"))
 
 
@@ -201,33 +250,58 @@ def test_a_target_that_is_not_a_queue_is_never_called(
         assert not (shop / "called").exists(), f"{target} was called"
 
 
-def _enqueue(url: URL, *queues: str, task: str = "shop.noop") -> list[int]:
+def _enqueue(
+    url: URL, *queues: str, task: str = "shop.noop", max_attempts: int | None = None
+) -> list[int]:
     pgq = PgQueue(url)
     noop = pgq.task(name=task)(lambda: None)
-    ids = [noop.configure(queue=queue).enqueue() for queue in queues]
+    ids = [noop.configure(queue=queue, max_attempts=max_attempts).enqueue() for queue in queues]
     pgq.dispose()
     return ids
 
 
 def test_flask_worker_logs_like_the_core_worker(shop: Path, database_url: URL) -> None:
-    _enqueue(database_url, "default", "default")
+    _enqueue(database_url, "default", "default", task="shop.fail", max_attempts=1)
     core = pgqueue(["worker", "shop:pgq", "--drain"], shop, database_url)
-    _enqueue(database_url, "default", "default")
+    _enqueue(database_url, "default", "default", task="shop.fail", max_attempts=1)
     hosted = flask(["worker", "--drain"], shop, database_url)
     for result in (core, hosted):
         assert result.returncode == 0, result.stderr
         assert " started: queues=*" in result.stderr, result.stderr
         assert " stopped: " in result.stderr, result.stderr
 
-    def shape(stderr: str) -> list[str]:
-        # The logger and the message's first words, without times and ids.
-        return [" ".join(line.split()[3:5]) for line in stderr.strip().splitlines()]
+    def lines(stderr: str) -> list[str]:
+        # Without the time, and with numbers (ids, durations, the worker's pid) made alike.
+        return [
+            re.sub(r"\d+(\.\d+)?", "N", re.sub(r":[0-9a-f]{8}\b", ":H", line.split(" ", 2)[2]))
+            for line in stderr.strip().splitlines()
+        ]
 
-    assert shape(core.stderr) == shape(hosted.stderr)
+    core_lines, hosted_lines = lines(core.stderr), lines(hosted.stderr)
+    assert core_lines == hosted_lines, (core.stderr, hosted.stderr)
+    assert core_lines[0].startswith("INFO pgqueue.worker: worker "), core_lines
+    assert " started: queues=* concurrency=N listen=True" in core_lines[0], core_lines
+    job_lines = [line for line in core_lines if "task=shop.fail" in line]
+    assert len(job_lines) == 2, core_lines
+    assert all(
+        line.startswith("INFO pgqueue.worker: job N task=shop.fail attempt=N outcome=fail ")
+        and line.endswith(" error=ValueError: boom")
+        for line in job_lines
+    ), job_lines
+    assert " stopped: claimed N, succeeded N, retried N," in core_lines[-1], core_lines
 
 
 def test_json_output_and_parity(shop: Path, database_url: URL) -> None:
     ids = _enqueue(database_url, "a", "a", "b")
+    engine = create_engine(database_url)
+    with engine.begin() as connection:  # a registered worker, as a running one writes it
+        connection.execute(
+            text(
+                "INSERT INTO pgqueue_workers (id, host, pid, queues, concurrency, version) "
+                "VALUES ('h:7:ab', 'h', 7, '{a,b}', 4, '0.1.0')"
+            )
+        )
+    engine.dispose()
     for cli in (pgqueue, flask):
         app = ["shop:pgq"] if cli is pgqueue else []
         listed = cli(["jobs", "--json", "--queue", "a"], shop, database_url)
@@ -243,6 +317,12 @@ def test_json_output_and_parity(shop: Path, database_url: URL) -> None:
         for command in (["pause", "b"], ["limit", "b", "2"], ["resume", "b"]):
             done = cli(command, shop, database_url)
             assert done.returncode == 0, done.stderr
+        [registered] = json.loads(cli(["workers", "--json"], shop, database_url).stdout)
+        assert (registered["id"], registered["queues"], registered["running"]) == (
+            "h:7:ab",
+            ["a", "b"],
+            0,
+        )
         scheduled = cli(["schedules", *app], shop, database_url)
         assert scheduled.returncode == 0, scheduled.stderr
 

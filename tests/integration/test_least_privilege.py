@@ -287,6 +287,8 @@ def test_full_job_cycle_with_dml_rights_only(
             wait_for_states(pgq, [first, in_session], {JobState.SUCCEEDED}, timeout=30)
             # The worker is idle now; LISTEN must be up before the next enqueue counts as proof.
             _wait_for_listener(admin, app_role)
+            # The worker registry: written at start and read back, as the role.
+            assert [w.id for w in pgq.admin.list_workers()] == [worker.worker_id]
             started = time.monotonic()
             later = [
                 greet.enqueue("after listen"),
@@ -308,6 +310,7 @@ def test_full_job_cycle_with_dml_rights_only(
             worker.stop()
             thread.join(timeout=60)
         assert not thread.is_alive()
+        assert pgq.admin.list_workers(include_stale=True) == []  # deleted at the clean stop
 
         assert woke_after < 15  # far below the 30 s poll: the NOTIFY woke the worker
         jobs = {job_id: pgq.get_job(job_id) for job_id in [first, in_session, orphan, *later]}

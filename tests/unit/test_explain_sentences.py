@@ -102,7 +102,7 @@ def test_expired_lease_of_an_unregistered_worker() -> None:
 
 def test_atomic_running_job_has_no_lease_expiry() -> None:
     job = job_row(state="running", has_ticket=False, lease_owner="w", atomic=True)
-    holder = SimpleNamespace(host="h", pid=9, last_seen_seconds=4000.0, live=False)
+    holder = ("w", "h", 9, NOW - dt.timedelta(seconds=4000), 4000.0, False)
     _, message = only(job, holder=holder)
     assert "(host h, pid 9), last seen 1 h 6 min ago (not live)" in message
     assert message.endswith("an atomic job: its claiming transaction holds it")

@@ -18,6 +18,7 @@ from flask.cli import AppGroup, ScriptInfo
 
 from pgqueue import cli as core_cli
 from pgqueue import cli_shared as shared
+from pgqueue.cli_bulk import add_bulk_commands
 from pgqueue.contrib.flask import get_state
 from pgqueue.core import PgQueue as CoreQueue
 from pgqueue.states import JobState
@@ -104,6 +105,14 @@ def show(job_id: int, as_json: bool) -> None:
 
 
 @pgqueue_group.command()
+@core_cli.include_stale_option
+@shared.json_option
+def workers(include_stale: bool, as_json: bool) -> None:
+    """List the running worker processes (the worker registry)."""
+    core_cli.print_workers(_queue(), include_stale=include_stale, as_json=as_json)
+
+
+@pgqueue_group.command()
 @click.argument("job_id", type=int)
 def retry(job_id: int) -> None:
     """Run a failed or cancelled job again."""
@@ -153,6 +162,14 @@ def resume(queue: str) -> None:
 def limit(queue: str, limit: str) -> None:
     """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
     core_cli.limit_queue(_queue(), queue, limit)
+
+
+@pgqueue_group.group()
+def bulk() -> None:
+    """Retry, cancel or delete the jobs a filter chooses (--dry-run counts them first)."""
+
+
+add_bulk_commands(bulk, lambda options: _queue())
 
 
 @pgqueue_group.command()

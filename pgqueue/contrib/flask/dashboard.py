@@ -1,13 +1,16 @@
-"""A server-rendered dashboard for the app's queue: overview, job list, job detail, actions.
+"""A server-rendered dashboard for the app's queue: overview, job list, job detail, queue
+controls, actions, and the running workers.
 
 ``init_dashboard(app, access=...)`` mounts a blueprint (default under ``/pgqueue``). Pages are
-plain Jinja templates and forms, so everything works without JavaScript; the per-minute chart
-is inline SVG. Every request passes the ``access`` callable first (falsy -> 403; it may also
-``abort()`` with its own response, e.g. a 401 asking for credentials). Registration without
-``access`` is refused unless ``public=True`` says the dashboard is meant to be open.
+plain Jinja templates and forms, so everything works without JavaScript; the throughput chart
+is inline SVG drawn on the server (``throughput_chart``). Every request passes the ``access``
+callable first (falsy -> 403; it may also ``abort()`` with its own response, e.g. a 401 asking
+for credentials). Registration without ``access`` is refused unless ``public=True`` says the
+dashboard is meant to be open.
 
-Actions (retry, cancel, delete) are POST forms carrying a CSRF token bound to the Flask session;
-a POST without the matching token is rejected with 400 before anything runs.
+Actions (retry, cancel, delete; in bulk by filter, see ``_bulk_views``; pause, resume and limit
+a queue on the Queues page) are POST forms carrying a CSRF token bound to the Flask session; a
+POST without the matching token is rejected with 400 before anything runs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from flask import (
     Blueprint,
     Flask,
     abort,
+    current_app,
     flash,
     redirect,
     render_template,
@@ -32,9 +36,23 @@ from flask import (
 )
 from werkzeug.wrappers import Response
 
-from pgqueue.admin import DEFAULT_COUNT_CAP, MAX_JOB_ID, Admin
+from pgqueue.admin import (
+    DEFAULT_COUNT_CAP,
+    DEFAULT_THROUGHPUT_CAP,
+    MAX_JOB_ID,
+    Admin,
+    QueueSettings,
+)
+from pgqueue.contrib.flask import _bulk_views as bulk_views
 from pgqueue.contrib.flask import get_state
-from pgqueue.errors import ConfigurationError, PgQueueError
+from pgqueue.contrib.flask.job_display import (
+    duration,
+    error_summary,
+    error_tooltip,
+    folded_errors,
+)
+from pgqueue.contrib.flask.throughput_chart import chart, coarsened, total_series
+from pgqueue.errors import ConfigurationError, PgQueueError, ValidationError
 from pgqueue.states import FINAL_STATES, JobState
 
 __all__ = ["init_dashboard"]
@@ -47,6 +65,10 @@ PAGE_SIZE: Final = 50
 # the page costs the same however much history the jobs table holds.
 COUNT_CAP: Final = DEFAULT_COUNT_CAP
 STATES: Final = list(JobState)
+# Config key: how many finished jobs the throughput chart may read (see Admin.recent_throughput).
+THROUGHPUT_CAP_KEY: Final = "PGQUEUE_DASHBOARD_THROUGHPUT_CAP"
+# A queue limit is a Postgres integer; anything above it cannot be stored.
+MAX_QUEUE_LIMIT: Final = 2**31 - 1
 CONTENT_SECURITY_POLICY: Final = "; ".join(
     [
         "default-src 'none'",
@@ -71,10 +93,12 @@ def init_dashboard(
     url_prefix: str = "/pgqueue",
     access: Callable[[], Any] | None = None,
     public: bool = False,
+    actor: Callable[[], str] | None = None,
 ) -> Blueprint:
     """Mount the dashboard on ``app`` (which must have the pgqueue extension) and return its
     blueprint. ``access`` is called on every dashboard request; ``public=True`` is required to
-    mount it without one."""
+    mount it without one. ``actor`` names who takes a bulk action, for its audit record (called
+    per action, e.g. returning the logged-in user's name; default: ``"dashboard"``)."""
     if access is None and not public:
         raise ConfigurationError(
             "init_dashboard needs access= (a callable deciding per request, e.g. checking the "
@@ -82,6 +106,8 @@ def init_dashboard(
         )
     if access is not None and not callable(access):
         raise ConfigurationError(f"access must be a callable, got {access!r}")
+    if actor is not None and not callable(actor):
+        raise ConfigurationError(f"actor must be a callable, got {actor!r}")
     try:
         get_state(app)
     except RuntimeError:
@@ -90,7 +116,11 @@ def init_dashboard(
         raise ConfigurationError(
             "the dashboard's CSRF protection needs app.secret_key (SECRET_KEY)"
         )
+    cap = app.config.get(THROUGHPUT_CAP_KEY, DEFAULT_THROUGHPUT_CAP)
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+        raise ConfigurationError(f"{THROUGHPUT_CAP_KEY} must be a positive int, got {cap!r}")
     blueprint = _blueprint(access)
+    bulk_views.register(blueprint, actor or _dashboard_actor)
     app.register_blueprint(blueprint, url_prefix=url_prefix)
     return blueprint
 
@@ -135,13 +165,23 @@ def _blueprint(access: Callable[[], Any] | None) -> Blueprint:
             "pretty_json": _pretty_json,
             "states": STATES,
             "count": _count,
+            "duration": duration,
+            "error_summary": error_summary,
+            "error_tooltip": error_tooltip,
         }
 
     bp.add_url_rule("/", view_func=overview)
     bp.add_url_rule("/jobs", view_func=job_list)
     bp.add_url_rule("/jobs/<int:job_id>", view_func=job_detail)
     bp.add_url_rule("/jobs/<int:job_id>/<action>", view_func=job_action, methods=["POST"])
+    bp.add_url_rule("/queues", view_func=queue_list)
+    bp.add_url_rule("/queues/<action>", view_func=queue_action, methods=["POST"])
+    bp.add_url_rule("/workers", view_func=worker_list)
     return bp
+
+
+def _dashboard_actor() -> str:
+    return "dashboard"
 
 
 def _admin() -> Admin:
@@ -185,27 +225,47 @@ def overview() -> str:
     admin = _admin()
     counts = admin.capped_counts(COUNT_CAP)
     oldest = admin.oldest_waiting()
-    series = admin.throughput()
-    names = sorted(set(counts) | set(oldest) | set(series))
+    cap = current_app.config.get(THROUGHPUT_CAP_KEY, DEFAULT_THROUGHPUT_CAP)
+    throughput = coarsened(admin.recent_throughput(cap))
+    settings = admin.queue_settings()
+    names = sorted(set(counts) | set(oldest) | set(throughput.series))
+    empty = [0] * throughput.buckets
     rows: list[dict[str, Any]] = []
     for name in names:
         by_state = counts.get(name, {})
-        per_minute = series.get(name, {})
-        succeeded = per_minute.get(JobState.SUCCEEDED, [0] * 60)
-        failed = per_minute.get(JobState.FAILED, [0] * 60)
+        series = throughput.series.get(name, {})
+        row_chart = chart(
+            series.get(JobState.SUCCEEDED, empty),
+            series.get(JobState.FAILED, empty),
+            throughput.width,
+            throughput.window,
+            large=False,
+        )
         rows.append(
             {
                 "name": name,
                 "counts": {s: by_state.get(s, 0) for s in STATES},
                 "oldest": oldest.get(name),
-                "chart": _chart(succeeded, failed),
-                "done_last_hour": sum(succeeded) + sum(failed),
+                "settings": settings.get(name),
+                "chart": row_chart,
             }
         )
     totals = {s: sum(r["counts"][s] for r in rows) for s in STATES}
     capped = {s: any(r["counts"][s] >= COUNT_CAP for r in rows) for s in STATES}
+    all_queues = total_series(throughput)
     return render_template(
-        "pgqueue/overview.html", rows=rows, totals=totals, capped=capped, cap=COUNT_CAP
+        "pgqueue/overview.html",
+        rows=rows,
+        totals=totals,
+        capped=capped,
+        cap=COUNT_CAP,
+        chart=chart(
+            all_queues[JobState.SUCCEEDED],
+            all_queues[JobState.FAILED],
+            throughput.width,
+            throughput.window,
+        ),
+        shortened=throughput.shortened,
     )
 
 
@@ -255,6 +315,7 @@ def job_detail(job_id: int) -> str:
         job = _admin().get_job(job_id)
     except PgQueueError:
         abort(404, description=f"no job with id {job_id}")
+    holder = _admin().job_holder(job_id) if job.state is JobState.RUNNING else None
     final = job.state in FINAL_STATES
     try:
         explanation = None if final else _admin().explain_job(job_id)
@@ -263,11 +324,13 @@ def job_detail(job_id: int) -> str:
     return render_template(
         "pgqueue/job.html",
         job=job,
+        holder=holder,
         explanation=explanation,
         final=final,
         can_retry=job.state in {JobState.FAILED, JobState.CANCELLED},
         can_cancel=job.state in {JobState.QUEUED, JobState.RETRYING, JobState.RUNNING},
         can_delete=job.state is not JobState.RUNNING,
+        error_runs=folded_errors(job.errors or []),
     )
 
 
@@ -297,6 +360,69 @@ def job_action(job_id: int, action: str) -> Response:
     except PgQueueError as exc:
         flash(str(exc), "error")
     return back
+
+
+def queue_list(error: str | None = None, status: int = 200) -> tuple[str, int]:
+    admin = _admin()
+    settings = admin.queue_settings()
+    names = set(admin.queue_names()) | set(settings)
+    names |= {task.queue for task in get_state().tasks.values()}
+    queues = [settings.get(name) or QueueSettings(name, False, None, 0) for name in sorted(names)]
+    page = render_template(
+        "pgqueue/queues.html", queues=queues, error=error, max_limit=MAX_QUEUE_LIMIT
+    )
+    return page, status
+
+
+def queue_action(action: str) -> Response | tuple[str, int]:
+    admin = _admin()
+    name = request.form.get("queue", "")
+    try:
+        if action == "pause":
+            admin.pause_queue(name)
+            flash(f"Queue {name} paused: workers claim none of its jobs until resumed.", "ok")
+        elif action == "resume":
+            admin.resume_queue(name)
+            flash(f"Queue {name} resumed.", "ok")
+        elif action == "limit":
+            limit = _queue_limit(request.form.get("limit", ""))
+            if isinstance(limit, str):
+                return queue_list(error=f"Queue {name}: {limit}", status=400)
+            admin.set_queue_limit(name, limit)
+            flash(f"Queue {name}: at most {limit:,} of its jobs run at once.", "ok")
+        elif action == "unlimit":
+            admin.set_queue_limit(name, None)
+            flash(f"Queue {name}: limit removed.", "ok")
+        else:
+            abort(404)
+    except ValidationError as exc:
+        return queue_list(error=str(exc), status=400)
+    return redirect(url_for(".queue_list"))
+
+
+def _queue_limit(raw: str) -> int | str:
+    """The limit typed into the form, or the one-line problem with it."""
+    text = raw.strip()
+    if not text:
+        return f"limit is empty: give a whole number from 1 to {MAX_QUEUE_LIMIT:,}"
+    try:
+        value = int(text)
+    except ValueError:
+        return f"limit must be a whole number, got {text[:40]!r}"
+    if value < 1:
+        return f"limit must be at least 1, got {value} (use Clear to remove the limit)"
+    if value > MAX_QUEUE_LIMIT:
+        return f"limit must be at most {MAX_QUEUE_LIMIT:,}, got {value:,}"
+    return value
+
+
+def worker_list() -> str:
+    admin = _admin()
+    return render_template(
+        "pgqueue/workers.html",
+        workers=admin.list_workers(include_stale=True),
+        stale_seconds=get_state().queue.settings.worker_stale_seconds,
+    )
 
 
 # -- formatting -------------------------------------------------------------------------------
@@ -329,26 +455,3 @@ def _timestamp(value: dt.datetime | None) -> str:
 
 def _pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
-
-
-def _chart(succeeded: list[int], failed: list[int]) -> dict[str, Any]:
-    """Bars for the last hour, oldest minute on the left: SVG geometry for the template."""
-    width, height, bar = 180, 36, 3
-    peak = max([s + f for s, f in zip(succeeded, failed, strict=True)] + [1])
-    bars = []
-    for index in range(60):
-        minutes_ago = 59 - index
-        ok, bad = succeeded[minutes_ago], failed[minutes_ago]
-        ok_h = round(height * ok / peak, 1)
-        bad_h = round(height * bad / peak, 1)
-        bars.append(
-            {
-                "x": index * bar,
-                "ok_y": height - ok_h,
-                "ok_h": ok_h,
-                "bad_y": height - ok_h - bad_h,
-                "bad_h": bad_h,
-                "title": f"{minutes_ago} min ago: {ok} succeeded, {bad} failed",
-            }
-        )
-    return {"width": width, "height": height, "bar": bar - 0.5, "bars": bars, "peak": peak}

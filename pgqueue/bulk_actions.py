@@ -1,0 +1,131 @@
+"""The database operations of the bulk actions: count, retry, cancel or delete the jobs a
+``JobFilter`` chooses, and write the audit record; one function per operation over
+``db.Executor``, never committing (``pgq.admin`` runs each action and its record in one
+transaction).
+
+Kept beside ``repository`` rather than in it: the filter's translation into binds and the
+settling after a cancel are the bulk actions' own, and the repository stays one screenful per
+topic.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from pgqueue import dependencies
+from pgqueue.db import Executor, executor_for
+from pgqueue.job_filter import BulkAction, JobFilter
+from pgqueue.sql import bulk
+from pgqueue.states import JobState
+
+SessionOrExecutor = Session | Executor
+
+__all__ = [
+    "cancel_matching",
+    "count_matching",
+    "delete_matching",
+    "like_pattern",
+    "record_action",
+    "retry_matching",
+]
+
+
+def like_pattern(text: str) -> str:
+    """An ``ILIKE`` pattern (escape character ``\\``) matching ``text`` anywhere, its ``%``,
+    ``_`` and ``\\`` taken literally."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _statement_input(
+    job_filter: JobFilter, states: Collection[JobState]
+) -> tuple[bulk.Shape, dict[str, Any]]:
+    shape = bulk.Shape(
+        by_queue=job_filter.queue is not None,
+        by_task=job_filter.task_name is not None,
+        since=job_filter.since is not None,
+        until=job_filter.until is not None,
+        time_column=job_filter.time_column,
+        by_error=job_filter.error_contains is not None,
+    )
+    params: dict[str, Any] = {"filter_states": sorted(s.value for s in states)}
+    if job_filter.queue is not None:
+        params["filter_queue"] = job_filter.queue
+    if job_filter.task_name is not None:
+        params["filter_task"] = job_filter.task_name
+    if job_filter.since is not None:
+        params["since"] = job_filter.since
+    if job_filter.until is not None:
+        params["until"] = job_filter.until
+    if job_filter.error_contains is not None:
+        params["error_pattern"] = like_pattern(job_filter.error_contains)
+    return shape, params
+
+
+def count_matching(
+    db: SessionOrExecutor, job_filter: JobFilter, states: Collection[JobState]
+) -> int:
+    """How many jobs in ``states`` the filter matches."""
+    shape, params = _statement_input(job_filter, states)
+    return int(executor_for(db).rows(bulk.count(shape), params)[0][0])
+
+
+def retry_matching(
+    db: SessionOrExecutor, job_filter: JobFilter, states: Collection[JobState]
+) -> int:
+    """Queue the matching FAILED/CANCELLED jobs (of ``states``) again; how many."""
+    shape, params = _statement_input(job_filter, states)
+    return int(executor_for(db).rows(bulk.retry(shape), params)[0][0])
+
+
+def cancel_matching(
+    db: SessionOrExecutor, job_filter: JobFilter, states: Collection[JobState], reason: str
+) -> tuple[int, int]:
+    """Cancel the matching waiting jobs (settling their dependents) and flag the matching
+    running ones, among ``states``: ``(cancelled, flagged)``."""
+    ex = executor_for(db)
+    waiting = [s for s in states if s is not JobState.RUNNING]
+    cancelled = flagged = 0
+    if waiting:
+        shape, params = _statement_input(job_filter, waiting)
+        params["reason"] = reason
+        cancelled, dependents = ex.rows(bulk.cancel_waiting(shape), params)[0]
+        if dependents:
+            dependencies.settle(ex, dependents)
+    if JobState.RUNNING in states:
+        shape, params = _statement_input(job_filter, [JobState.RUNNING])
+        flagged = ex.rows(bulk.flag_running(shape), params)[0][0]
+    return int(cancelled), int(flagged)
+
+
+def delete_matching(
+    db: SessionOrExecutor, job_filter: JobFilter, states: Collection[JobState]
+) -> int:
+    """Delete the matching jobs of ``states`` that are not running, and their tickets; how
+    many jobs."""
+    shape, params = _statement_input(job_filter, states)
+    return int(executor_for(db).rows(bulk.delete_jobs(shape), params)[0][0])
+
+
+def record_action(
+    db: SessionOrExecutor,
+    *,
+    actor: str,
+    source: str,
+    action: BulkAction,
+    job_filter: JobFilter,
+    count: int,
+) -> int:
+    """Write the audit record of one bulk action; its id."""
+    params = {
+        "actor": actor,
+        "source": source,
+        "action": action.value,
+        "filter": json.dumps(job_filter.as_record(), sort_keys=True),
+        "count": count,
+    }
+    return int(executor_for(db).rows(bulk.insert_audit(), params)[0][0])

@@ -1,0 +1,113 @@
+"""The throughput chart's reads on a busy hour: bounded by the read cap, never the whole hour.
+
+300,000 jobs finished in the last ten minutes (500 a second; written by ``generate_series``,
+as the statements' plans are what is tested). The overview's throughput statements run under
+``EXPLAIN ANALYZE``, as first sent and as generic plans: none scans ``pgqueue_jobs``
+sequentially and none reads more index entries than the cap allows. The figures are right for
+the shortened window, and with a cap above the hour's jobs the whole hour is counted exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from dashboard_app import dashboard_app
+from flask import Flask
+from sqlalchemy import Engine, event, text
+from sqlalchemy.engine import URL
+from test_dashboard_queries import plan_problems
+
+from pgqueue import JobState
+from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
+from pgqueue.contrib.flask import PgQueue
+from pgqueue.contrib.flask.dashboard import init_dashboard
+from pgqueue.errors import ConfigurationError
+
+BUSY = 300_000
+PER_SECOND = 500  # BUSY jobs over the last 600 seconds
+
+BUSY_HOUR = text(
+    """INSERT INTO pgqueue_jobs (task_name, queue, state, attempts, started_at, finished_at,
+                                 updated_at, args)
+       SELECT 'busy.work', CASE WHEN i % 2 = 0 THEN 'a' ELSE 'b' END,
+              CASE WHEN i % 50 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
+              now() - make_interval(secs => i / 500.0),
+              now() - make_interval(secs => i / 500.0), now(), '[]'
+       FROM generate_series(1, :n) AS i"""
+)
+
+pgq = PgQueue()
+
+
+@pytest.fixture
+def app(database_url: URL, engine: Engine) -> Iterator[Flask]:
+    with engine.begin() as connection:
+        connection.execute(text("ALTER TABLE pgqueue_jobs SET (autovacuum_enabled = false)"))
+        connection.execute(BUSY_HOUR, {"n": BUSY})
+        connection.execute(text("ANALYZE pgqueue_jobs"))
+    with dashboard_app(pgq, database_url, "dashboard_throughput") as app:
+        yield app
+
+
+def test_busy_hour_reads_at_most_the_cap(app: Flask) -> None:
+    queue = pgq.state(app).queue
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
+        if "finished_at" in statement and "pgqueue_jobs" in statement:
+            sent.append((statement, dict(parameters or {})))
+
+    event.listen(queue.engine, "before_cursor_execute", record)
+    try:
+        response = app.test_client().get("/pgqueue/")
+    finally:
+        event.remove(queue.engine, "before_cursor_execute", record)
+    assert response.status_code == 200
+    assert "most recent jobs only" in response.text
+    assert len(sent) == 2  # the window's edge, then the counts
+
+    labelled = [(f"statement {n}", st, params) for n, (st, params) in enumerate(sent)]
+    with queue.engine.connect() as connection:
+        assert plan_problems(connection, labelled, DEFAULT_THROUGHPUT_CAP) == []
+
+    throughput = queue.admin.recent_throughput()
+    assert throughput.shortened
+    # 50,000 jobs at 500 a second: the newest 100 seconds (plus the seconds since they were
+    # written), in 2-second buckets; only the oldest, partly counted bucket is left out.
+    assert throughput.width == 2 and 100 <= throughput.window <= 120
+    counted = sum(sum(c) for by_state in throughput.series.values() for c in by_state.values())
+    assert DEFAULT_THROUGHPUT_CAP - PER_SECOND * throughput.width <= counted
+    assert counted <= DEFAULT_THROUGHPUT_CAP
+    assert set(throughput.series) == {"a", "b"}
+    assert all(n <= 2 * PER_SECOND for n in throughput.series["a"][JobState.SUCCEEDED])
+
+    whole = queue.admin.recent_throughput(cap=BUSY + 1)
+    assert (whole.shortened, whole.width, whole.window) == (False, 60, 3600)
+    counts = {(q, s): sum(c) for q, by_state in whole.series.items() for s, c in by_state.items()}
+    assert counts == {
+        ("a", JobState.SUCCEEDED): 144_000,
+        ("a", JobState.FAILED): 6_000,
+        ("b", JobState.SUCCEEDED): 150_000,
+    }
+    assert sum(whole.series["a"][JobState.SUCCEEDED][11:]) == 0  # all in the last ten minutes
+
+
+def test_a_cap_that_is_not_a_positive_int_is_refused(database_url: URL) -> None:
+    app = Flask("dashboard_bad_cap")
+    app.config.update(
+        SECRET_KEY="test-secret",
+        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
+        PGQUEUE_DASHBOARD_THROUGHPUT_CAP="many",
+    )
+    pgq.init_app(app)
+    try:
+        with pytest.raises(ConfigurationError) as raised:
+            init_dashboard(app, public=True)
+        assert str(raised.value) == (
+            "PGQUEUE_DASHBOARD_THROUGHPUT_CAP must be a positive int, got 'many'"
+        )
+        assert "pgqueue_dashboard" not in app.blueprints
+    finally:
+        pgq.state(app).queue.dispose()

@@ -1,0 +1,167 @@
+"""The worker registry: a worker's row is written before it claims, refreshed by its heartbeat
+(idle or holding leases), deleted at a clean stop; stale rows are hidden and deleted; the admin
+API lists workers with their running jobs and names the worker holding a job."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from pgqueue import PgQueue
+from pgqueue.errors import ValidationError
+from pgqueue.worker import Worker
+from pgqueue.worker.registry import pgqueue_version
+
+
+def _wait_until(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@contextmanager
+def running(worker: Worker, release: threading.Event | None = None) -> Iterator[Worker]:
+    """``worker`` runs on a thread; at the end (even after a failed assertion) held jobs are
+    let go and the worker stops."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        if release is not None:
+            release.set()
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def _last_seen(pgq: PgQueue, worker_id: str) -> Any:
+    with pgq.engine.connect() as connection:
+        return connection.execute(
+            text("SELECT last_seen_at FROM pgqueue_workers WHERE id = :id"), {"id": worker_id}
+        ).scalar()
+
+
+def _hold_jobs(pgq: PgQueue, count: int) -> tuple[threading.Event, list[int]]:
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    @pgq.task(name="hold", max_attempts=1)
+    def hold() -> None:
+        started.release()
+        release.wait(30)
+
+    ids = hold.enqueue_many([{}] * count)
+    return release, ids
+
+
+def test_a_worker_registers_before_claiming_and_removes_its_row_at_a_clean_stop(
+    pgq: PgQueue,
+) -> None:
+    release, [job_id] = _hold_jobs(pgq, 1)
+    worker = Worker(pgq, queues=["default", "mail"], concurrency=3)
+    with running(worker, release):
+        # Whoever sees the job RUNNING sees its holder registered.
+        _wait_until(lambda: pgq.get_job(job_id).state == "running", 20, "the job to run")
+        [info] = pgq.admin.list_workers()
+        assert info.id == worker.worker_id == pgq.get_job(job_id).lease_owner
+        assert (info.host, info.pid) == (socket.gethostname(), os.getpid())
+        assert (info.queues, info.concurrency) == (("default", "mail"), 3)
+        assert info.version == pgqueue_version() != "unknown"
+        assert info.live and info.running == 1 and 0 <= info.seconds_since_seen < 5
+        assert info.started_at <= info.last_seen_at
+        release.set()
+    assert pgq.admin.list_workers(include_stale=True) == []
+
+
+def test_an_idle_worker_and_a_busy_one_refresh_their_rows(pgq: PgQueue) -> None:
+    # Stale after 1.5 s: refreshed at least every 0.5 s whether or not leases are extended.
+    pgq.settings = pgq.settings.replace(worker_stale_seconds=1.5)
+    idle = Worker(pgq, queues=["nothing-here"], concurrency=1, maintenance=False)
+    release, _ = _hold_jobs(pgq, 2)
+    busy = Worker(pgq, queues=["default"], concurrency=2, maintenance=False, lease_seconds=60)
+    with running(idle), running(busy, release):
+        _wait_until(
+            lambda: (
+                {w.id: w.running for w in pgq.admin.list_workers()}
+                == {idle.worker_id: 0, busy.worker_id: 2}
+            ),
+            20,
+            "both workers, the busy one holding its two jobs",
+        )
+        first = {w: _last_seen(pgq, w.worker_id) for w in (idle, busy)}
+        time.sleep(2.0)  # past the stale interval: only refreshes keep them listed
+        for worker in (idle, busy):
+            assert _last_seen(pgq, worker.worker_id) > first[worker]
+        assert {w.id for w in pgq.admin.list_workers()} == {idle.worker_id, busy.worker_id}
+        release.set()
+
+
+def test_stale_rows_are_hidden_and_deleted_by_maintenance(pgq: PgQueue) -> None:
+    with pgq.engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO pgqueue_workers (id, host, pid, queues, concurrency, version, "
+                "started_at, last_seen_at) VALUES ('gone', 'elsewhere', 4242, '{}', 5, '0.0.1', "
+                "now() - interval '2 hours', now() - interval '1 hour')"
+            )
+        )
+    assert pgq.admin.list_workers() == []
+    with pytest.raises(ValidationError, match="include_stale must be a bool, got 'yes'"):
+        pgq.admin.list_workers(include_stale="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="job id must be a positive int"):
+        pgq.admin.job_holder(0)
+    [stale] = pgq.admin.list_workers(include_stale=True)
+    assert (stale.id, stale.live, stale.running) == ("gone", False, 0)
+    assert stale.seconds_since_seen > 3500
+    worker = Worker(pgq, concurrency=1)  # maintenance every rescue_interval (0.5 s)
+    with running(worker):
+        _wait_until(
+            lambda: (
+                [w.id for w in pgq.admin.list_workers(include_stale=True)] == [worker.worker_id]
+            ),
+            20,
+            "the stale row to be deleted",
+        )
+
+
+def test_job_holder_names_the_registered_worker_or_says_it_is_gone(pgq: PgQueue) -> None:
+    release, [job_id] = _hold_jobs(pgq, 1)
+    assert pgq.admin.job_holder(job_id) is None  # queued: nobody holds it
+    worker = Worker(pgq, concurrency=1, maintenance=False, lease_seconds=60)
+    with running(worker, release):
+        _wait_until(lambda: pgq.get_job(job_id).state == "running", 20, "the job to run")
+        holder = pgq.admin.job_holder(job_id)
+        assert holder is not None
+        assert (holder.worker_id, holder.host, holder.pid) == (
+            worker.worker_id,
+            socket.gethostname(),
+            os.getpid(),
+        )
+        assert holder.registered and holder.live and holder.seconds_since_seen is not None
+        with pgq.engine.begin() as connection:
+            connection.execute(text("DELETE FROM pgqueue_workers"))
+        gone = pgq.admin.job_holder(job_id)
+        assert gone is not None
+        assert (gone.worker_id, gone.registered, gone.live, gone.host) == (
+            worker.worker_id,
+            False,
+            False,
+            None,
+        )
+        release.set()
+        _wait_until(lambda: pgq.get_job(job_id).state == "succeeded", 20, "the job to end")
+    assert pgq.admin.job_holder(job_id) is None
