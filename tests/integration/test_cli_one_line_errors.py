@@ -33,6 +33,7 @@ INVOCATIONS: dict[str, list[list[str]]] = {
     "workers": [["workers"], ["workers", "--json"]],
     "jobs": [["jobs"], ["jobs", "--json", "--state", "failed"]],
     "show": [["show", "1"]],
+    "explain": [["explain", "1"], ["explain", "1", "--json"]],
     "retry": [["retry", "1"]],
     "cancel": [["cancel", "1"]],
     "prune": [["prune"]],
