@@ -10,7 +10,8 @@ empty database), migrates it, runs real jobs through a real worker (mail that su
 a billing task that times out twice, then fails the same way three times, image jobs still running), spreads the
 finished jobs' timestamps over the last hour so the chart has a history to show (the only
 hand-edited data), pauses one queue, limits another, and writes PNGs of the overview, the job
-list, a failed job's page and the queue controls to ``docs/screenshots/``.
+list, a failed job's page, a waiting job's "why isn't it running" box, the queue controls, the
+workers page and a bulk retry's preview to ``docs/screenshots/``.
 """
 
 from __future__ import annotations
@@ -99,8 +100,9 @@ def database(url: str | None) -> Iterator[str]:
         subprocess.run([sys.executable, script, "stop", str(root)], check=True)
 
 
-def fill(app: Flask) -> int:
-    """Run the demo jobs; returns the id of a billing job that failed five times."""
+def fill(app: Flask) -> tuple[int, int]:
+    """Run the demo jobs; returns the ids of a billing job that failed five times and of an
+    image job that waits for its queue's limit."""
     queue = pgq.state(app).queue
     queue.migrate()
     with app.app_context():
@@ -115,13 +117,13 @@ def fill(app: Flask) -> int:
     with app.app_context():
         build_report.enqueue_many([[i] for i in range(60, 85)])
         send_mail.enqueue_many([[f"late{i}@example.com"] for i in range(12)])
-        resize.enqueue_many([[f"/uploads/{i}.jpg"] for i in range(6)])
+        images = resize.enqueue_many([[f"/uploads/{i}.jpg"] for i in range(6)])
     queue.admin.pause_queue("reports")
     queue.admin.set_queue_limit("images", 2)
-    return failing[0]
+    return failing[0], images[-1]
 
 
-def shoot(base: str, failed_job: int) -> None:
+def shoot(base: str, failed_job: int, waiting_job: int) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -131,11 +133,19 @@ def shoot(base: str, failed_job: int) -> None:
                 ("overview", "/"),
                 ("jobs", "/jobs"),
                 ("job-errors", f"/jobs/{failed_job}"),
+                ("job-waiting", f"/jobs/{waiting_job}"),
                 ("queues", "/queues"),
+                ("workers", "/workers"),
             ]:
                 page.goto(base + path)
                 page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
                 print(f"wrote {OUT / f'{name}.png'}")
+            page.goto(base + "/jobs?state=failed")
+            page.select_option("details.bulk select[name=action]", "retry")
+            page.fill("details.bulk input[name=error_contains]", "refused the connection")
+            page.click("details.bulk button[type=submit]")
+            page.screenshot(path=str(OUT / "bulk-preview.png"), full_page=True)
+            print(f"wrote {OUT / 'bulk-preview.png'}")
         finally:
             browser.close()
 
@@ -153,14 +163,14 @@ def main() -> None:
         init_dashboard(app, public=True)
         queue = pgq.state(app).queue
         try:
-            failed_job = fill(app)
+            failed_job, waiting_job = fill(app)
             worker = Worker(queue, queues=["images", "default"], concurrency=4)
             thread = threading.Thread(target=worker.run, daemon=True)
             thread.start()
             time.sleep(2)  # the image jobs are running, two at a time (the limit)
             try:
                 with serving(app) as base:
-                    shoot(base + "/pgqueue", failed_job)
+                    shoot(base + "/pgqueue", failed_job, waiting_job)
             finally:
                 worker.stop()
                 thread.join(timeout=30)
