@@ -117,7 +117,12 @@ class AtomicProbes:
                     return
                 self._report.stats.claimed += 1
                 self._report.metrics.claimed(1)
-                outcome = self._executor.run_atomic(session, jobs[0], threading.Event())
+                queue = jobs[0].queue
+                self._slots.atomic_running(queue, +1)
+                try:
+                    outcome = self._executor.run_atomic(session, jobs[0], threading.Event())
+                finally:
+                    self._slots.atomic_running(queue, -1)
             self._report.written(outcome, time.monotonic() - started, jobs[0])
         except Exception:
             log.exception("atomic job transaction failed; it rolled back and its ticket is back")

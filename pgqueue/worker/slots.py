@@ -38,6 +38,7 @@ class Slots:
         self._hung = 0  # threads whose timed-out handler still runs (their slot was replaced)
         self._max_hung = max(concurrency, MIN_HUNG_THREADS)
         self._atomic = 0  # atomic runners probing or running
+        self._atomic_running: dict[str, int] = {}  # atomic attempts running, per queue
 
     # -- claims --------------------------------------------------------------------------------
 
@@ -65,6 +66,8 @@ class Slots:
             for execution in self._running.values():
                 queue = execution.job.queue
                 per_queue[queue] = per_queue.get(queue, 0) + 1
+            for queue, count in self._atomic_running.items():
+                per_queue[queue] = per_queue.get(queue, 0) + count
         return per_queue
 
     def handler_returned(self, execution: Execution) -> tuple[bool, bool]:
@@ -87,6 +90,15 @@ class Slots:
     def atomic_finished(self) -> None:
         with self._lock:
             self._atomic -= 1
+
+    def atomic_running(self, queue: str, change: int) -> None:
+        """An atomic runner's claimed attempt of ``queue`` began (+1) or ended (-1)."""
+        with self._lock:
+            count = self._atomic_running.get(queue, 0) + change
+            if count:
+                self._atomic_running[queue] = count
+            else:
+                del self._atomic_running[queue]
 
     # -- what the heartbeat and the completer see ----------------------------------------------
 

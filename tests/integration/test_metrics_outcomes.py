@@ -3,6 +3,10 @@ atomic jobs and retries included, and leaves the registry alone when they are of
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+
 import pytest
 
 from pgqueue import JobContext, PgQueue, backoff, metrics
@@ -55,3 +59,37 @@ def test_metrics_off_records_nothing(pgq: PgQueue, monkeypatch: pytest.MonkeyPat
     assert worker.metrics is metrics.NO_METRICS
     assert worker.run(drain=True).succeeded == 1
     assert metrics.active() is metrics.NO_METRICS
+
+
+def test_running_gauge_counts_atomic_jobs_while_they_run(
+    pgq: PgQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorded = metrics.Metrics()
+    monkeypatch.setattr(metrics, "_active", recorded)
+    release = threading.Event()
+
+    @pgq.task(name="atomic_wait", atomic=True, queue="books")
+    def atomic_wait() -> None:
+        release.wait(30)
+
+    atomic_wait.enqueue()
+    worker = Worker(pgq, concurrency=2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        running = "pgqueue_jobs_running"
+        wait_until(lambda: value(recorded, running, queue="books") == 1, "the atomic job counted")
+        release.set()
+        wait_until(lambda: value(recorded, running, queue="books") == 0, "its end counted")
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
