@@ -134,7 +134,7 @@ class Metrics(NoMetrics):
         )
         self._running = client.Gauge(
             "pgqueue_jobs_running",
-            "Attempts this worker holds now (leased jobs claimed and not yet written).",
+            "Attempts this worker runs now (leased and atomic, claimed and not yet written).",
             ["queue"],
             registry=target,
             multiprocess_mode="livesum",
