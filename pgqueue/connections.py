@@ -218,10 +218,13 @@ def is_dead(connection: Any) -> bool:
         return True
     pgconn = connection.pgconn
     try:
-        readable, _, _ = select.select([pgconn.socket], [], [], 0)
-        if not readable:
-            return False
-        pgconn.consume_input()
+        # A second read when the first left the socket readable: in nonblocking mode (an asyncio
+        # connection's) the first read takes the server's goodbye, the second finds the end.
+        for _ in range(2):
+            readable, _, _ = select.select([pgconn.socket], [], [], 0)
+            if not readable:
+                break
+            pgconn.consume_input()
     except (OSError, ValueError, psycopg.OperationalError):
         return True
     return bool(pgconn.status != pq.ConnStatus.OK)
