@@ -170,6 +170,29 @@ def test_aenqueue_many_in_a_session_and_copy_outside_one(
     assert run_until_final(pgq, small) == dict.fromkeys(small, JobState.SUCCEEDED)
 
 
+def test_unique_keys_and_dependencies_as_on_the_sync_path(pgq: PgQueue) -> None:
+    @pgq.task(name="step")
+    def step(n: int) -> int:
+        return n
+
+    async def main() -> tuple[int, int, int, int]:
+        try:
+            first = await step.configure(unique_key="only-one").aenqueue(1)
+            again = await step.configure(unique_key="only-one").aenqueue(2)
+            after = await step.configure(depends_on=[first]).aenqueue(3)
+            with pytest.raises(JobNotFound, match="depends_on names jobs that do not exist"):
+                await step.configure(depends_on=[first + 1000]).aenqueue(4)
+            return first, again, after, len(await step.aenqueue_many([[5], [6]]))
+        finally:
+            await pgq.adispose()
+
+    first, again, after, batch = asyncio.run(main())
+    assert again == first and batch == 2
+    assert pgq.get_job(after).state == JobState.WAITING
+    states = run_until_final(pgq, [first, after])
+    assert states == {first: JobState.SUCCEEDED, after: JobState.SUCCEEDED}
+
+
 def test_job_control_from_asyncio(pgq: PgQueue, database_url: URL) -> None:
     @pgq.task(name="later")
     def later() -> None:
