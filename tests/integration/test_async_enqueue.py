@@ -438,7 +438,9 @@ def test_the_slow_callback_check_catches_an_enqueue_that_blocks(
 def test_asyncio_calls_refuse_bad_input_before_any_sql() -> None:
     """On a queue whose database cannot be reached: a refusal that came after any SQL would be
     a connection error instead."""
-    pgq = PgQueue("postgresql+psycopg://nobody@127.0.0.1:1/nothing")
+    # An asyncio app's URL serves as it is: the sync engines use psycopg's sync driver.
+    pgq = PgQueue("postgresql+psycopg_async://nobody@127.0.0.1:1/nothing")
+    assert pgq.url.drivername == "postgresql+psycopg"
 
     @pgq.task(name="pair")
     def pair(a: int, b: int) -> None:
