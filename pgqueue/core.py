@@ -366,6 +366,16 @@ class PgQueue:
                 database = self._async_databases[loop] = AsyncDatabase(engine)
         return database
 
+    async def _async_db(self) -> AsyncDatabase:
+        """``async_database``; the URL looked up off the loop first when that may start the
+        embedded server (seconds of subprocesses and waiting)."""
+        database = self._async_databases.get(asyncio.get_running_loop())
+        if database is not None:
+            return database
+        if self._url is None and self._engine is None and self._given_async_engine is None:
+            await asyncio.to_thread(lambda: self.url)
+        return self.async_database
+
     async def adispose(self) -> None:
         """Close the pooled connections of the AsyncEngine pgqueue made for the running loop
         (made again on next use), then those of the synchronous engines (``dispose``). Await
@@ -387,7 +397,7 @@ class PgQueue:
     async def _ainsert(
         self, session: AsyncSession | None, jobs: Sequence[NewJob], trace_context: str | None
     ) -> list[int]:
-        database = self.async_database
+        database = await self._async_db()
         path = insert_path(session is not None, jobs, lambda: database.may_copy)
         if path == "one":
             job = jobs[0]
@@ -405,13 +415,15 @@ class PgQueue:
     async def aget_job(self, job_id: int) -> Job:
         """``get_job`` for asyncio. Raises JobNotFound."""
         job_id = check_job_id(job_id)
-        return await self.async_database.read(lambda session: job_snapshot(session, job_id))
+        database = await self._async_db()
+        return await database.read(lambda session: job_snapshot(session, job_id))
 
     async def aretry_job(self, job_id: int, *, session: AsyncSession | None = None) -> None:
         """``retry_job`` for asyncio (in ``session``'s transaction when given)."""
         job_id = check_job_id(job_id)
         session = check_async_session(session)
-        await self.async_database.in_caller_or_own_session(
+        database = await self._async_db()
+        await database.in_caller_or_own_session(
             session, lambda s: self.admin.retry_job(job_id, session=s)
         )
 
@@ -419,7 +431,8 @@ class PgQueue:
         """``cancel_job`` for asyncio (in ``session``'s transaction when given)."""
         job_id = check_job_id(job_id)
         session = check_async_session(session)
-        return await self.async_database.in_caller_or_own_session(
+        database = await self._async_db()
+        return await database.in_caller_or_own_session(
             session, lambda s: self.admin.cancel_job(job_id, session=s)
         )
 

@@ -19,9 +19,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -430,6 +433,38 @@ def test_the_slow_callback_check_catches_an_enqueue_that_blocks(
     assert len(ids) == 20
     assert reports, "a blocking enqueue went unnoticed"
     assert "took" in reports[0]
+
+
+def test_the_embedded_servers_start_stays_off_the_event_loop() -> None:
+    """With no database configured, the first asyncio call starts the embedded development
+    server in a thread: the loop keeps running meanwhile."""
+    from pgqueue import embedded
+
+    data_dir = Path(tempfile.mkdtemp(prefix="pgqueue-async-embedded-"))
+    data_dir.chmod(0o755)
+    pgq = PgQueue(settings=Settings(embedded_data_dir=str(data_dir / "data")))
+    errors: list[BaseException] = []
+
+    async def read(i: int) -> int:
+        try:
+            await pgq.aget_job(1)
+        except Exception as exc:  # the fresh server has no pgqueue tables
+            errors.append(exc)
+        finally:
+            await pgq.adispose()
+        return i
+
+    try:
+        _, reports = run_concurrently(read, 1, lambda: None)
+    finally:
+        server = embedded.shared._SHARED.pop(data_dir / "data", None)
+        if server is not None:
+            server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+    assert server is not None  # the call did start it
+    assert reports == []
+    assert [type(e).__name__ for e in errors] == ["ProgrammingError"]
+    assert "pgqueue_jobs" in str(errors[0])
 
 
 # -- the same refusals as the synchronous path, before any SQL ----------------------------------
