@@ -4,8 +4,8 @@ caller's ``AsyncSession``.
 The operations are the repository's own, written once over ``db.Executor`` and ``Session``.
 Here they run through SQLAlchemy's greenlet bridge (``run_sync``): every statement is the same
 ``pgqueue.sql`` object the synchronous path sends, every wait on the database is an ``await``
-on psycopg's asyncio connection, and the Python between two waits is the few microseconds of
-work the synchronous path does too, so the event loop is never held. ``COPY``, which has no
+on psycopg's asyncio connection, and the Python between two waits is the work the
+synchronous path does too (no blocking call), so the event loop is never held. ``COPY``, which has no
 SQLAlchemy construct, is awaited on the psycopg ``AsyncConnection`` under the adapter
 (``BridgedExecutor``).
 
