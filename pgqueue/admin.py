@@ -48,6 +48,7 @@ __all__ = [
     "WorkerInfo",
     "check_job_id",
     "default_actor",
+    "job_snapshot",
     "list_arguments",
     "page_of",
 ]
@@ -290,12 +291,7 @@ class Admin:
     def get_job(self, job_id: int) -> Job:
         """A snapshot of one job (detached from any session). Raises JobNotFound."""
         job_id = check_job_id(job_id)
-        with self._sessions()() as session:
-            job = repository.get_job(session, job_id)
-            if job is None:
-                raise JobNotFound(f"no job with id {job_id}")
-            session.expunge(job)
-            return job
+        return self._read(lambda session: job_snapshot(session, job_id))
 
     def explain_job(self, job_id: int) -> explain.JobExplanation:
         """Why job ``job_id`` is not running (or is): its blockers in the order the claim
@@ -595,6 +591,15 @@ class Admin:
 
     def _write(self, session: Session | None, work: Callable[[Session], T]) -> T:
         return uow.in_caller_or_own_transaction(session, self._sessions(), work)
+
+
+def job_snapshot(session: Session, job_id: int) -> Job:
+    """Job ``job_id`` read in ``session`` and detached from it. Raises JobNotFound."""
+    job = repository.get_job(session, job_id)
+    if job is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    session.expunge(job)
+    return job
 
 
 def _raise_for_state(

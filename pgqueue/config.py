@@ -45,7 +45,8 @@ def normalize_database_url(url: str | URL) -> URL:
             f"pgqueue needs a PostgreSQL URL (postgresql+psycopg://...), got backend {backend!r}"
         )
     driver = parsed.get_driver_name()
-    if parsed.drivername in {"postgresql", "postgres"} or driver == "psycopg":
+    # psycopg's asyncio driver is the same library: an asyncio app's URL serves as it is.
+    if parsed.drivername in {"postgresql", "postgres"} or driver in {"psycopg", "psycopg_async"}:
         return parsed.set(drivername="postgresql+psycopg")
     raise ConfigurationError(
         f"pgqueue uses the psycopg 3 driver (postgresql+psycopg://); got driver {driver!r}"

@@ -23,10 +23,11 @@ the listener's), and the driver's message names only the server.
 from __future__ import annotations
 
 import select
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
+from sqlalchemy.engine.interfaces import AdaptedConnection
 from sqlalchemy.exc import DisconnectionError
 
 from pgqueue.config import Settings
@@ -34,8 +35,15 @@ from pgqueue.driver import CompiledStatement, LocalSettings
 from pgqueue.errors import name_connection_failure
 from pgqueue.sql.maintenance import set_local_settings
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
 # Execution option carrying the values a pgqueue transaction sets first behind a pooler.
 LOCAL_SETTINGS_OPTION: Final = "pgqueue_local_settings"
+
+# SQLAlchemy's name for psycopg's asyncio driver: the same library, connection parameters and
+# settings as ``postgresql+psycopg``.
+ASYNC_DRIVERNAME: Final = "postgresql+psycopg_async"
 
 
 def conninfo(url: URL) -> str:
@@ -59,6 +67,25 @@ def _own_settings(settings: Settings) -> dict[str, str]:
 
 def create_queue_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
     """The engine for pgqueue's own short statements on ``url``."""
+    engine = create_engine(url, **_queue_engine_arguments(settings), **pool)
+    _prepare_queue_engine(engine, settings, "engine")
+    return engine
+
+
+def create_async_queue_engine(url: URL, settings: Settings, **pool: Any) -> AsyncEngine:
+    """The asyncio engine for pgqueue's own short statements on ``url`` (psycopg's async
+    driver), with the settings, pooler handling and checks of ``create_queue_engine``."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(
+        url.set(drivername=ASYNC_DRIVERNAME), **_queue_engine_arguments(settings), **pool
+    )
+    _prepare_queue_engine(engine.sync_engine, settings, "async engine")
+    return engine
+
+
+def _queue_engine_arguments(settings: Settings) -> dict[str, Any]:
+    """What both of pgqueue's queue engines are created with."""
     from pgqueue import validation
 
     connect_args: dict[str, Any] = {"application_name": "pgqueue"}
@@ -72,21 +99,21 @@ def create_queue_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
         }
     else:
         connect_args["options"] = startup_options(settings)
-    engine = create_engine(
-        url,
+    return {
         # Bound values are job arguments, results and error texts: a database error's message
         # (logged, or stored as a job's last_error) must not carry them.
-        hide_parameters=True,
-        json_deserializer=validation.load_json,
-        connect_args=connect_args,
-        execution_options=execution_options,
-        **pool,
-    )
+        "hide_parameters": True,
+        "json_deserializer": validation.load_json,
+        "connect_args": connect_args,
+        "execution_options": execution_options,
+    }
+
+
+def _prepare_queue_engine(engine: Engine, settings: Settings, name: str) -> None:
     install_dead_connection_check(engine)
     if settings.behind_pooler:
         _set_locals_on_begin(engine)
-    name_connect_failures(engine, "engine")
-    return engine
+    name_connect_failures(engine, name)
 
 
 def create_handler_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
@@ -134,7 +161,8 @@ def adapt_given_engine(engine: Engine, settings: Settings) -> None:
 
         @event.listens_for(engine, "connect")
         def no_prepared_statements(dbapi_connection: Any, record: Any) -> None:
-            dbapi_connection.prepare_threshold = None
+            # The psycopg connection itself (under an asyncio engine, the one its adapter wraps).
+            record.driver_connection.prepare_threshold = None
 
 
 def local_settings(engine: Engine) -> LocalSettings | None:
@@ -156,7 +184,11 @@ def _set_locals_on_begin(engine: Engine) -> None:
         if driver.autocommit:
             return  # each statement is its own transaction: nothing to carry settings into
         # On the driver, not through ``connection``: this runs inside SQLAlchemy's begin.
-        driver.execute(local.sql, local.params)
+        adapted = connection.connection.dbapi_connection
+        if isinstance(adapted, AdaptedConnection):  # an asyncio driver, awaited in the greenlet
+            adapted.run_async(lambda raw: raw.execute(local.sql, local.params))
+        else:
+            driver.execute(local.sql, local.params)
 
 
 def install_dead_connection_check(engine: Engine) -> None:
@@ -168,7 +200,9 @@ def install_dead_connection_check(engine: Engine) -> None:
 
 
 def _replace_if_dead(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-    if is_dead(dbapi_connection):
+    # The driver's own connection: under an asyncio engine, the psycopg AsyncConnection that
+    # SQLAlchemy's adapter wraps (the socket test is the same and needs no await).
+    if is_dead(record.driver_connection):
         # The pool drops this connection and checks out (or opens) another.
         raise DisconnectionError("pooled connection was closed by the server")
 
@@ -184,10 +218,13 @@ def is_dead(connection: Any) -> bool:
         return True
     pgconn = connection.pgconn
     try:
-        readable, _, _ = select.select([pgconn.socket], [], [], 0)
-        if not readable:
-            return False
-        pgconn.consume_input()
+        # A second read when the first left the socket readable: in nonblocking mode (an asyncio
+        # connection's) the first read takes the server's goodbye, the second finds the end.
+        for _ in range(2):
+            readable, _, _ = select.select([pgconn.socket], [], [], 0)
+            if not readable:
+                break
+            pgconn.consume_input()
     except (OSError, ValueError, psycopg.OperationalError):
         return True
     return bool(pgconn.status != pq.ConnStatus.OK)

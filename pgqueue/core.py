@@ -9,6 +9,7 @@ job-control methods here (``get_job``, ``retry_job``, ``cancel_job`` ...) are sh
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -18,14 +19,17 @@ from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import connections, repository, uow
-from pgqueue.admin import Admin
+from pgqueue.admin import Admin, check_job_id, job_snapshot
+from pgqueue.aio import AsyncDatabase, check_async_engine, check_async_session
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.db import Database
 from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.explain import JobExplanation
+from pgqueue.insert_choice import COPY_THRESHOLD, insert_path
 from pgqueue.jobs import NewJob
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
@@ -37,15 +41,9 @@ from pgqueue.tracing import Tracing, tracing_for
 P = ParamSpec("P")
 R = TypeVar("R")
 
-__all__ = ["PgQueue"]
+__all__ = ["COPY_THRESHOLD", "PgQueue"]
 
 logger = logging.getLogger(__name__)
-
-
-# From this many jobs on, an own-transaction ``enqueue_many`` inserts with COPY: it costs about
-# what the unnest INSERT does for a few hundred jobs and much less per job for large batches
-# (BENCHMARKS.md, enqueueB).
-COPY_THRESHOLD = 1000
 
 
 class PgQueue:
@@ -54,14 +52,20 @@ class PgQueue:
     ``database`` is a SQLAlchemy URL (``postgresql+psycopg://...``), an ``Engine``, or None for
     ``$PGQUEUE_DATABASE_URL`` and, failing that, the embedded PostgreSQL server (for development,
     demos and tests; one WARNING says so). URLs are checked here, before anything connects.
+
+    The asyncio calls (``aenqueue``, ``aget_job`` ...) use ``async_engine`` when given, else
+    one made on first use from the same URL with psycopg's asyncio driver and the settings of
+    ``engine``. ``database`` may also be an ``AsyncEngine``: the asyncio calls use it, and the
+    synchronous ones (and workers) engines made from its URL.
     """
 
     def __init__(
         self,
-        database: str | URL | Engine | None = None,
+        database: str | URL | Engine | AsyncEngine | None = None,
         *,
         settings: Settings | None = None,
         session_factory: Callable[[], Session] | None = None,
+        async_engine: AsyncEngine | None = None,
     ) -> None:
         self.settings = settings if settings is not None else Settings.from_env()
         # None when tracing is off: each enqueue then tests this once and nothing more.
@@ -75,6 +79,18 @@ class PgQueue:
         self._handler_engine: Engine | None = None
         self._url: URL | None = None
         self._external_session_factory = session_factory
+        # pgqueue's own AsyncEngines, one per event loop: an asyncio pool's connections and
+        # waiters belong to the loop that made them (tests and threads run several loops).
+        self._async_databases: dict[asyncio.AbstractEventLoop, AsyncDatabase] = {}
+        self._given_async_engine: AsyncEngine | None = None
+        if isinstance(database, AsyncEngine):
+            async_engine = database
+            database = normalize_database_url(async_engine.url)
+        if async_engine is not None:
+            connections.adapt_given_engine(
+                check_async_engine(async_engine).sync_engine, self.settings
+            )
+            self._given_async_engine = async_engine
         self.admin = Admin(
             lambda: self.sessions, stale_seconds=lambda: self.settings.worker_stale_seconds
         )
@@ -247,26 +263,17 @@ class PgQueue:
     def _insert(
         self, session: Session | None, jobs: Sequence[NewJob], trace_context: str | None
     ) -> list[int]:
-        if session is None and len(jobs) == 1:
+        path = insert_path(session is not None, jobs, lambda: self.database.uses_driver)
+        if path == "one":
             job = jobs[0]
-            if job.unique_key is None and not job.depends_on:
-                # One statement is its own transaction: one round trip, no Session.
-                return [
-                    uow.run(
-                        self.database,
-                        lambda db: repository.insert_one_job(db, job, trace_context),
-                        autocommit=True,
-                    )
-                ]
-        if (
-            session is None
-            and len(jobs) >= COPY_THRESHOLD
-            # COPY's rows bypass statement listeners: only where nothing watches statements.
-            and self.database.uses_driver
-            and all(j.unique_key is None and not j.depends_on for j in jobs)
-            and len({(j.delay, j.run_at) for j in jobs}) == 1
-        ):
-            # A large batch: COPY instead of one INSERT over ten unnested arrays.
+            return [
+                uow.run(
+                    self.database,
+                    lambda db: repository.insert_one_job(db, job, trace_context),
+                    autocommit=True,
+                )
+            ]
+        if path == "copy":
             if trace_context is None:
                 return uow.run(self.database, lambda db: repository.copy_jobs(db, jobs))
             return uow.run(self.database, lambda db: repository.copy_jobs(db, jobs, trace_context))
@@ -334,6 +341,100 @@ class PgQueue:
 
         worker = Worker(self, queues=queues, concurrency=concurrency, **options)
         return worker.run(drain=drain)
+
+    # -- asyncio -----------------------------------------------------------------------------
+
+    @property
+    def async_engine(self) -> AsyncEngine:
+        """The AsyncEngine of the asyncio calls on the running event loop: the one given, or
+        one pgqueue made for this loop on first use, with psycopg's asyncio driver and the
+        settings of ``engine`` (timeouts, no JIT, pooler mode)."""
+        return self.async_database.engine
+
+    @property
+    def async_database(self) -> AsyncDatabase:
+        """pgqueue's access to ``async_engine`` (``aio.AsyncDatabase``) on the running loop."""
+        loop = asyncio.get_running_loop()
+        database = self._async_databases.get(loop)
+        if database is None:
+            with self._lock:
+                for closed in [known for known in self._async_databases if known.is_closed()]:
+                    del self._async_databases[closed]
+                engine = self._given_async_engine or connections.create_async_queue_engine(
+                    self.url, self.settings, pool_size=5, max_overflow=10
+                )
+                database = self._async_databases[loop] = AsyncDatabase(engine)
+        return database
+
+    async def _async_db(self) -> AsyncDatabase:
+        """``async_database``; the URL looked up off the loop first when that may start the
+        embedded server (seconds of subprocesses and waiting)."""
+        database = self._async_databases.get(asyncio.get_running_loop())
+        if database is not None:
+            return database
+        if self._url is None and self._engine is None and self._given_async_engine is None:
+            await asyncio.to_thread(lambda: self.url)
+        return self.async_database
+
+    async def adispose(self) -> None:
+        """Close the pooled connections of the AsyncEngine pgqueue made for the running loop
+        (made again on next use), then those of the synchronous engines (``dispose``). Await
+        it before the event loop closes."""
+        database = self._async_databases.pop(asyncio.get_running_loop(), None)
+        if database is not None and database.engine is not self._given_async_engine:
+            await database.engine.dispose()
+        self.dispose()
+
+    async def ainsert_jobs(self, session: AsyncSession | None, jobs: Sequence[NewJob]) -> list[int]:
+        """``insert_jobs`` for asyncio: in ``session``'s transaction (an ``AsyncSession``), or
+        in an own one on ``async_engine``; the same statements, each wait awaited."""
+        tracing = self.tracing
+        if tracing is not None and jobs:
+            with tracing.enqueue_span(jobs) as span:
+                return span.inserted(await self._ainsert(session, jobs, span.trace_context))
+        return await self._ainsert(session, jobs, None)
+
+    async def _ainsert(
+        self, session: AsyncSession | None, jobs: Sequence[NewJob], trace_context: str | None
+    ) -> list[int]:
+        database = await self._async_db()
+        path = insert_path(session is not None, jobs, lambda: database.may_copy)
+        if path == "one":
+            job = jobs[0]
+            return [
+                await database.run(
+                    lambda db: repository.insert_one_job(db, job, trace_context), autocommit=True
+                )
+            ]
+        if path == "copy":
+            return await database.run(lambda db: repository.copy_jobs(db, jobs, trace_context))
+        return await database.in_caller_or_own_session(
+            session, lambda s: repository.insert_jobs(s, jobs, trace_context)
+        )
+
+    async def aget_job(self, job_id: int) -> Job:
+        """``get_job`` for asyncio. Raises JobNotFound."""
+        job_id = check_job_id(job_id)
+        database = await self._async_db()
+        return await database.read(lambda session: job_snapshot(session, job_id))
+
+    async def aretry_job(self, job_id: int, *, session: AsyncSession | None = None) -> None:
+        """``retry_job`` for asyncio (in ``session``'s transaction when given)."""
+        job_id = check_job_id(job_id)
+        session = check_async_session(session)
+        database = await self._async_db()
+        await database.in_caller_or_own_session(
+            session, lambda s: self.admin.retry_job(job_id, session=s)
+        )
+
+    async def acancel_job(self, job_id: int, *, session: AsyncSession | None = None) -> JobState:
+        """``cancel_job`` for asyncio (in ``session``'s transaction when given)."""
+        job_id = check_job_id(job_id)
+        session = check_async_session(session)
+        database = await self._async_db()
+        return await database.in_caller_or_own_session(
+            session, lambda s: self.admin.cancel_job(job_id, session=s)
+        )
 
     # -- schedules and queue control ---------------------------------------------------------
 

@@ -81,6 +81,21 @@ def claimer_key(db: Session | Executor) -> object:
     return cast(Session, db).get_bind()
 
 
+def watches_statements(engine: Engine) -> bool:
+    """Whether something watches ``engine``'s statements (``echo``, cursor or execute event
+    listeners, error handlers): they would miss what bypasses SQLAlchemy's execution layer."""
+    if engine.echo:
+        return True
+    dispatch = engine.dispatch
+    return bool(
+        dispatch.before_cursor_execute
+        or dispatch.after_cursor_execute
+        or dispatch.before_execute
+        or dispatch.after_execute
+        or engine.dialect.dispatch.handle_error
+    )
+
+
 class Database:
     """pgqueue's access to ``engine``: units of work on the right executor, compiled statements,
     and the claimer's held connection. One per engine owner (``PgQueue``, ``WorkerStore``)."""
@@ -96,16 +111,7 @@ class Database:
         watches statements (``echo``, cursor or execute event listeners, error handlers), so
         tracing and logging see every statement they would see on SQLAlchemy."""
         engine = self.engine
-        if engine.dialect.driver != "psycopg" or engine.echo:
-            return False
-        dispatch = engine.dispatch
-        return not (
-            dispatch.before_cursor_execute
-            or dispatch.after_cursor_execute
-            or dispatch.before_execute
-            or dispatch.after_execute
-            or engine.dialect.dispatch.handle_error
-        )
+        return engine.dialect.driver == "psycopg" and not watches_statements(engine)
 
     def run(self, work: Callable[[Executor], T], *, autocommit: bool) -> T:
         """``work(executor)`` once, on a pooled connection: in autocommit mode (each statement

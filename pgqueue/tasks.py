@@ -5,6 +5,8 @@ A :class:`Task` wraps a function with its defaults (queue, priority, attempts, b
 signature, size, delay) before any SQL runs, then inserts the job and its ticket in one
 statement: in its own short transaction, or in the caller's session via
 ``task.configure(session=s)`` so the job commits or rolls back with the caller's own writes.
+``await task.aenqueue(...)`` is the same for asyncio code, in its own transaction or in an
+``AsyncSession``'s (``pgqueue.aio`` runs it); the validation is the same, before any SQL.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypedDict, TypeVar
 
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from pgqueue import backoff, validation
+from pgqueue.aio import check_async_session
 from pgqueue.errors import UnknownTask, ValidationError
 from pgqueue.jobs import NewJob
 
@@ -104,12 +108,16 @@ class JobSink(Protocol):
 
     def insert_jobs(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]: ...
 
+    async def ainsert_jobs(
+        self, session: AsyncSession | None, jobs: Sequence[NewJob]
+    ) -> list[int]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class EnqueueOptions:
     """Per-enqueue overrides of a task's defaults (all validated on creation)."""
 
-    session: Session | None = None
+    session: Session | AsyncSession | None = None
     queue: str | None = None
     priority: int | None = None
     max_attempts: int | None = None
@@ -207,7 +215,7 @@ class Task(Generic[P, R]):
     def configure(
         self,
         *,
-        session: Session | None = None,
+        session: Session | AsyncSession | None = None,
         queue: str | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
@@ -216,13 +224,14 @@ class Task(Generic[P, R]):
         unique_key: str | None = None,
         depends_on: Iterable[int] | None = None,
     ) -> ConfiguredTask[P, R]:
-        """Overrides for the next enqueue; ``session=`` joins the caller's transaction;
-        ``depends_on`` (job ids) holds the job until all of them SUCCEEDED."""
+        """Overrides for the next enqueue; ``session=`` joins the caller's transaction (a
+        ``Session`` for ``enqueue``, an ``AsyncSession`` for ``aenqueue``); ``depends_on`` (job
+        ids) holds the job until all of them SUCCEEDED."""
         if delay is not None and run_at is not None:
             raise ValidationError("give either delay or run_at, not both")
-        if session is not None and not isinstance(session, Session):
+        if session is not None and not isinstance(session, Session | AsyncSession):
             raise ValidationError(
-                f"session must be a SQLAlchemy Session, got {type(session).__name__}"
+                f"session must be a SQLAlchemy Session or AsyncSession, got {type(session).__name__}"
             )
         options = EnqueueOptions(
             session=session,
@@ -245,6 +254,19 @@ class Task(Generic[P, R]):
     ) -> list[int]:
         """Enqueue many jobs in one statement. Each item is a kwargs dict or an args list."""
         return ConfiguredTask(self, EnqueueOptions(session=session)).enqueue_many(items)
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
+        """``enqueue`` for asyncio code: one job in its own committed transaction."""
+        return await ConfiguredTask(self, EnqueueOptions()).aenqueue(*args, **kwargs)
+
+    async def aenqueue_many(
+        self,
+        items: Iterable[Mapping[str, Any] | Sequence[Any]],
+        *,
+        session: AsyncSession | None = None,
+    ) -> list[int]:
+        """``enqueue_many`` for asyncio code (in ``session``'s transaction when given)."""
+        return await ConfiguredTask(self, EnqueueOptions(session=session)).aenqueue_many(items)
 
     # -- used by the worker ------------------------------------------------------------------
 
@@ -295,10 +317,35 @@ class ConfiguredTask(Generic[P, R]):
         return ConfiguredTask(self.task, replace(self.options, **kept))
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
+        session = self._session()
         job = self._build(args, kwargs)
-        return self.task.sink.insert_jobs(self.options.session, [job])[0]
+        return self.task.sink.insert_jobs(session, [job])[0]
 
     def enqueue_many(self, items: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[int]:
+        session = self._session()
+        jobs = self._build_many(items)
+        return self.task.sink.insert_jobs(session, jobs) if jobs else []
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
+        session = check_async_session(self.options.session)
+        job = self._build(args, kwargs)
+        return (await self.task.sink.ainsert_jobs(session, [job]))[0]
+
+    async def aenqueue_many(self, items: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[int]:
+        session = check_async_session(self.options.session)
+        jobs = self._build_many(items)
+        return await self.task.sink.ainsert_jobs(session, jobs) if jobs else []
+
+    def _session(self) -> Session | None:
+        session = self.options.session
+        if isinstance(session, AsyncSession):
+            raise ValidationError(
+                "session is an AsyncSession: enqueue in it with "
+                "await task.configure(session=...).aenqueue(...)"
+            )
+        return session
+
+    def _build_many(self, items: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[NewJob]:
         jobs: list[NewJob] = []
         for index, item in enumerate(items):
             if isinstance(item, Mapping):
@@ -310,7 +357,7 @@ class ConfiguredTask(Generic[P, R]):
                     f"enqueue_many item {index} must be a kwargs dict or an args list, "
                     f"got {type(item).__name__}"
                 )
-        return self.task.sink.insert_jobs(self.options.session, jobs) if jobs else []
+        return jobs
 
     def _build(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
         task, opts = self.task, self.options

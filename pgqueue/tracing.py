@@ -72,6 +72,20 @@ def _library_version() -> str | None:
         return None
 
 
+class EnqueueSpan:
+    """An enqueue's span: the context its jobs store, and where their ids are recorded."""
+
+    def __init__(self, span: Any, trace_context: str | None) -> None:
+        self._span = span
+        self.trace_context = trace_context
+
+    def inserted(self, ids: list[int]) -> list[int]:
+        """Record the inserted ids (a single job's id on the span); returns ``ids``."""
+        if len(ids) == 1:
+            self._span.set_attribute(MESSAGE_ID, str(ids[0]))
+        return ids
+
+
 class Tracing:
     """Starts pgqueue's spans on the tracer of the global tracer provider (looked up through
     a proxy: a provider the application installs later is still used)."""
@@ -92,6 +106,13 @@ class Tracing:
         """``insert(trace_context)`` inside a PRODUCER span for ``jobs`` (one enqueue call);
         ``trace_context`` is that span's context as JSON text, or None when the propagator
         wrote nothing (no tracer provider installed)."""
+        with self.enqueue_span(jobs) as span:
+            return span.inserted(insert(span.trace_context))
+
+    @contextlib.contextmanager
+    def enqueue_span(self, jobs: Sequence[NewJob]) -> Iterator[EnqueueSpan]:
+        """The PRODUCER span of one enqueue call, current inside the block (``enqueue``, and
+        the asyncio enqueue, which awaits its insert inside it)."""
         first = jobs[0]
         task = first.task_name
         queue = first.queue
@@ -116,10 +137,7 @@ class Tracing:
         ) as span:
             carrier: dict[str, str] = {}
             self._propagate.inject(carrier)
-            ids = insert(json.dumps(carrier, separators=(",", ":")) if carrier else None)
-            if len(ids) == 1:
-                span.set_attribute(MESSAGE_ID, str(ids[0]))
-            return ids
+            yield EnqueueSpan(span, json.dumps(carrier, separators=(",", ":")) if carrier else None)
 
     @contextlib.contextmanager
     def run(self, job: ClaimedJob) -> Iterator[RunSpan]:

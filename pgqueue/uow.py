@@ -74,19 +74,35 @@ def retrying(once: Callable[[], T], attempts: int) -> T:
     to ``attempts`` times in all; and once more, at once, when the server ended the session
     before the work committed (``errors.ended_before_commit``), so a connection killed while it
     sat in the pool (restart, failover, ``pg_terminate_backend``) is not the caller's problem."""
-    reconnected = False
-    attempt = 1
+    retries = Retries(attempts)
     while True:
         try:
             return once()
         except DBAPIError as exc:
-            if not reconnected and ended_before_commit(exc):
-                reconnected = True
-                log.info("connection ended by the server (%s); retrying once", exc.orig)
-                continue
-            if attempt >= attempts or not is_transient_conflict(exc):
+            pause = retries.pause_after(exc)
+            if pause is None:
                 raise
-            pause = min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.5)
-            log.info("transient conflict (%s), retrying in %.3fs", exc.orig, pause)
             time.sleep(pause)
-            attempt += 1
+
+
+class Retries:
+    """The retry decision of one unit of work (``retrying``; ``pgqueue.aio`` awaits its
+    pauses instead of sleeping)."""
+
+    def __init__(self, attempts: int) -> None:
+        self.attempts = attempts
+        self.attempt = 1
+        self.reconnected = False
+
+    def pause_after(self, exc: DBAPIError) -> float | None:
+        """Seconds to wait before running the work again after ``exc``, or None to give up."""
+        if not self.reconnected and ended_before_commit(exc):
+            self.reconnected = True
+            log.info("connection ended by the server (%s); retrying once", exc.orig)
+            return 0.0
+        if self.attempt >= self.attempts or not is_transient_conflict(exc):
+            return None
+        pause: float = min(0.5, 0.01 * 2**self.attempt) * random.uniform(0.5, 1.5)
+        log.info("transient conflict (%s), retrying in %.3fs", exc.orig, pause)
+        self.attempt += 1
+        return pause

@@ -9,6 +9,7 @@ the pool's other clients never see pgqueue's settings.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -18,13 +19,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
 from debian_postgres import free_port
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from pgqueue import PgQueue, Settings
 
@@ -139,6 +141,37 @@ def test_enqueue_and_drain_through_pgbouncer_in_transaction_mode(app: App, bounc
             ).fetchone()
             assert row == (*defaults, 0)
     pgq.dispose()
+
+
+def test_asyncio_enqueues_through_pgbouncer_in_transaction_mode(app: App, bouncer: URL) -> None:
+    """The asyncio engine pgqueue makes has the sync engine's pooler handling: no startup
+    options, nothing prepared however often a statement runs, settings inside its
+    transactions; an ``AsyncSession`` of the app's own (through the same pooler) joins too."""
+    pgq = PgQueue(bouncer, settings=Settings(pooler="transaction", statement_timeout_ms=4321))
+
+    @pgq.task(name="record", pass_context=True)
+    def record(ctx: object, secret: str = "") -> None:
+        """Enqueued only."""
+
+    async def main() -> tuple[list[int], Any]:
+        app_engine = create_async_engine(bouncer, connect_args={"prepare_threshold": None})
+        try:
+            ids = list(await asyncio.gather(*(record.aenqueue() for _ in range(200))))
+            ids += await record.aenqueue_many([{} for _ in range(2000)])
+            async with AsyncSession(app_engine) as session, session.begin():
+                ids.append(await record.configure(session=session).aenqueue())
+            inside = await pgq.async_database.run(
+                lambda db: db.rows(text("SELECT current_setting('statement_timeout')"))[0]
+            )
+            return ids, inside
+        finally:
+            await app_engine.dispose()
+            await pgq.adispose()
+
+    ids, inside = asyncio.run(main())
+    assert len(set(ids)) == 2201
+    assert tuple(inside) == ("4321ms",)
+    assert set(app.jobs(ids)) == set(ids)
 
 
 # The settings pgqueue gives its own statements (per transaction behind a pooler).

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from sqlalchemy import event, text
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from tracing_spans import memory_exporter
 
@@ -90,6 +91,29 @@ def with_dependency(pgq: PgQueue, task: Any) -> list[int]:
     return [task.configure(depends_on=[first]).enqueue(1)]
 
 
+def asyncio_one_job(pgq: PgQueue, task: Any) -> list[int]:
+    async def main() -> list[int]:
+        try:
+            return [await task.aenqueue(1)]
+        finally:
+            await pgq.adispose()
+
+    return asyncio.run(main())
+
+
+def asyncio_in_caller_session(pgq: PgQueue, task: Any) -> list[int]:
+    async def main() -> list[int]:
+        engine = create_async_engine(pgq.url)
+        try:
+            async with AsyncSession(engine) as session, session.begin():
+                return await task.configure(session=session).aenqueue_many([[1], [2]])
+        finally:
+            await engine.dispose()
+            await pgq.adispose()
+
+    return asyncio.run(main())
+
+
 @pytest.mark.parametrize(
     "enqueue",
     [
@@ -99,6 +123,8 @@ def with_dependency(pgq: PgQueue, task: Any) -> list[int]:
         small_batch,
         unique_key,
         with_dependency,
+        asyncio_one_job,
+        asyncio_in_caller_session,
     ],
 )
 def test_each_insert_path_stores_the_enqueue_spans_context(

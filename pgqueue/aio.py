@@ -1,0 +1,141 @@
+"""asyncio access to the database: pgqueue's units of work on an ``AsyncEngine`` and in a
+caller's ``AsyncSession``.
+
+The operations are the repository's own, written once over ``db.Executor`` and ``Session``.
+Here they run through SQLAlchemy's greenlet bridge (``run_sync``): every statement is the same
+``pgqueue.sql`` object the synchronous path sends, every wait on the database is an ``await``
+on psycopg's asyncio connection, and the Python between two waits is the work the
+synchronous path does too (no blocking call), so the event loop is never held. ``COPY``, which has no
+SQLAlchemy construct, is awaited on the psycopg ``AsyncConnection`` under the adapter
+(``BridgedExecutor``).
+
+Retries follow ``uow``: a unit of work of pgqueue's own runs again after a deadlock or
+serialization failure (its pause awaited, not slept); work in a caller's session is never
+retried or committed here, because only the caller knows whether its other work may repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session
+
+from pgqueue.db import ConnectionExecutor, Executor, watches_statements
+from pgqueue.errors import ConfigurationError, ValidationError
+from pgqueue.uow import DEFAULT_ATTEMPTS, Retries
+
+T = TypeVar("T")
+
+__all__ = ["AsyncDatabase", "BridgedExecutor", "check_async_engine", "check_async_session"]
+
+
+def check_async_session(session: object) -> AsyncSession | None:
+    """``session`` when it is an ``AsyncSession`` (or None); else a ValidationError."""
+    if session is None or isinstance(session, AsyncSession):
+        return session
+    if isinstance(session, Session):
+        raise ValidationError(
+            "session is a synchronous Session: the asyncio calls need an AsyncSession "
+            "(or call the synchronous enqueue)"
+        )
+    raise ValidationError(
+        f"session must be a SQLAlchemy AsyncSession, got {type(session).__name__}"
+    )
+
+
+def check_async_engine(engine: AsyncEngine) -> AsyncEngine:
+    """``engine`` when it runs on psycopg's asyncio driver; else a ConfigurationError."""
+    dialect = engine.dialect
+    if dialect.name != "postgresql" or dialect.driver != "psycopg" or not dialect.is_async:
+        raise ConfigurationError(
+            "pgqueue needs an AsyncEngine on psycopg's asyncio driver "
+            f"(postgresql+psycopg_async://...), got {dialect.name}+{dialect.driver}"
+        )
+    return engine
+
+
+class BridgedExecutor(ConnectionExecutor):
+    """``db.Executor`` on the synchronous face of an ``AsyncConnection`` (inside ``run_sync``):
+    statements go through SQLAlchemy as on ``ConnectionExecutor``; ``COPY`` is awaited on the
+    psycopg ``AsyncConnection`` underneath, in the same transaction."""
+
+    def copy(self, statement: Any, chunks: Iterable[str]) -> None:
+        adapted: Any = self.connection.connection.dbapi_connection
+        adapted.run_async(lambda raw: _copy(raw, statement, chunks))
+
+
+async def _copy(raw: Any, statement: Any, chunks: Iterable[str]) -> None:
+    async with raw.cursor() as cursor, cursor.copy(statement) as copy:
+        for chunk in chunks:
+            await copy.write(chunk)
+
+
+class AsyncDatabase:
+    """pgqueue's access to an ``AsyncEngine``: units of work of its own (retried on transient
+    conflicts) and work in a caller's ``AsyncSession``."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+
+    @property
+    def may_copy(self) -> bool:
+        """Whether ``COPY`` may carry an insert: only when nothing watches the engine's
+        statements (COPY's rows would pass them by)."""
+        return not watches_statements(self.engine.sync_engine)
+
+    async def run(
+        self,
+        work: Callable[[Executor], T],
+        *,
+        autocommit: bool = False,
+        attempts: int = DEFAULT_ATTEMPTS,
+    ) -> T:
+        """``work(executor)`` in one committed transaction (or in autocommit mode: each
+        statement its own transaction), retrying transient conflicts."""
+
+        async def once() -> T:
+            async with self.engine.connect() as connection:
+                if autocommit:
+                    await connection.execution_options(isolation_level="AUTOCOMMIT")
+                    return await connection.run_sync(lambda sync: work(BridgedExecutor(sync)))
+                async with connection.begin():
+                    return await connection.run_sync(lambda sync: work(BridgedExecutor(sync)))
+
+        return await retrying(once, attempts)
+
+    async def in_caller_or_own_session(
+        self, session: AsyncSession | None, work: Callable[[Session], T]
+    ) -> T:
+        """``work(session)`` in the caller's session (no commit, no retry), or in a session of
+        its own committed when ``work`` returns (retried on transient conflicts)."""
+        if session is not None:
+            return await session.run_sync(work)
+
+        async def once() -> T:
+            async with self.sessions() as own, own.begin():
+                return await own.run_sync(work)
+
+        return await retrying(once, DEFAULT_ATTEMPTS)
+
+    async def read(self, work: Callable[[Session], T]) -> T:
+        """``work(session)`` in a session of its own, ended without a commit."""
+        async with self.sessions() as own:
+            return await own.run_sync(work)
+
+
+async def retrying(once: Callable[[], Awaitable[T]], attempts: int) -> T:
+    """``await once()``, run again as ``uow.retrying`` runs its work (``uow.Retries``)."""
+    retries = Retries(attempts)
+    while True:
+        try:
+            return await once()
+        except DBAPIError as exc:
+            pause = retries.pause_after(exc)
+            if pause is None:
+                raise
+            await asyncio.sleep(pause)
