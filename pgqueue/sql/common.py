@@ -37,6 +37,13 @@ from pgqueue.models import Job, MessageQueue, QueueControl
 from pgqueue.states import JobState, Transition
 
 NOTIFY_CHANNEL: Final = "pgqueue"
+# Where the statements that end jobs announce them, for ``pgq.wait_for``; apart from
+# ``NOTIFY_CHANNEL`` so that workers are never woken by jobs finishing.
+FINISHED_CHANNEL: Final = "pgqueue_finished"
+# Most ids one announcement names: a bigint and its comma take at most 20 of the 7999 bytes a
+# NOTIFY payload may hold. More ended jobs are announced as ``ALL_FINISHED``.
+ANNOUNCED_IDS_MAX: Final = 390
+ALL_FINISHED: Final = "*"
 # Written out: an interval constant has no SQLAlchemy construct that renders as a constant (a
 # bound ``timedelta`` would be a parameter, and change the statements' text and plans).
 _ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
@@ -164,6 +171,27 @@ def woken(tickets: Any) -> ColumnElement[bool]:
             func.pg_notify(NOTIFY_CHANNEL, wake_payload(first.c.queue, first.c.first_run_at))
         )
     ).scalar_subquery()
+    return sent >= 0
+
+
+def announced(ended: Any, *where: ColumnElement[bool]) -> ColumnElement[bool]:
+    """An always-true condition that sends ONE NOTIFY on ``FINISHED_CHANNEL`` naming the jobs of
+    ``ended`` (a CTE returning ``id``) that match ``where``, as comma-separated ids, or
+    ``ALL_FINISHED`` when they are more than ``ANNOUNCED_IDS_MAX``; none when there are none.
+    Delivered at commit, like ``woken``'s, and a condition for the same reason."""
+    many = func.count() > ANNOUNCED_IDS_MAX
+    payload = case(
+        (many, literal(ALL_FINISHED)),
+        else_=func.string_agg(cast(ended.c.id, Text), literal(",")),
+    )
+    batch = (
+        select(payload.label("payload"))
+        .select_from(ended)
+        .where(*where)
+        .having(func.count() > 0)
+        .subquery(f"{ended.name}_announced")
+    )
+    sent = select(func.count(func.pg_notify(FINISHED_CHANNEL, batch.c.payload))).scalar_subquery()
     return sent >= 0
 
 
