@@ -19,8 +19,9 @@ from contextlib import contextmanager
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.engine import URL
 
-from pgqueue import Job, JobState, JobWaitTimeout, PgQueue, ValidationError, waiting
+from pgqueue import Job, JobState, JobWaitTimeout, PgQueue, Settings, ValidationError, waiting
 from pgqueue.errors import JobNotFound
 from pgqueue.job_filter import JobFilter
 from pgqueue.sql.common import ANNOUNCED_IDS_MAX
@@ -377,3 +378,50 @@ def test_await_job_waits_without_blocking_the_event_loop(
     assert ticks >= 20, ticks  # the loop ran on: a tick every 10 ms through a second's wait
     slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
     assert slow == []
+
+
+def test_behind_a_transaction_pooler_the_listener_takes_the_direct_url(
+    database_url: URL, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    direct = database_url.render_as_string(hide_password=False)
+    pooled = PgQueue(direct, settings=Settings(pooler="transaction", listen_database_url=direct))
+    counter = ReadCounter(pooled, monkeypatch)
+    try:
+
+        @pooled.task(name="idle")
+        def idle() -> None:
+            """No worker runs it here."""
+
+        job_id = idle.enqueue()
+        with waiter_on(pooled, engine, counter, job_id) as future:
+            pooled.cancel_job(job_id)
+            assert future.result(timeout=WOKEN_WITHIN).state is JobState.CANCELLED
+    finally:
+        pooled.dispose()
+
+
+def test_behind_a_transaction_pooler_without_a_listen_url_a_waiter_reads_periodically(
+    database_url: URL, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(waiting, "POLL_SECONDS", 0.05)
+    pooled = PgQueue(
+        database_url.render_as_string(hide_password=False),
+        settings=Settings(pooler="transaction"),
+    )
+    counter = ReadCounter(pooled, monkeypatch)
+    try:
+
+        @pooled.task(name="idle")
+        def idle() -> None:
+            """No worker runs it here."""
+
+        job_id = idle.enqueue()
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(pooled.wait_for, job_id, timeout=WAIT)
+            counter.wait_read(job_id)
+            pooled.cancel_job(job_id)
+            assert future.result(timeout=WOKEN_WITHIN).state is JobState.CANCELLED
+        assert listeners(engine) == 0  # LISTEN would go to a pooled session: never sent
+        assert counter.reads[job_id] >= 2
+    finally:
+        pooled.dispose()
