@@ -40,9 +40,9 @@ NOTIFY_CHANNEL: Final = "pgqueue"
 # Where the statements that end jobs announce them, for ``pgq.wait_for``; apart from
 # ``NOTIFY_CHANNEL`` so that workers are never woken by jobs finishing.
 FINISHED_CHANNEL: Final = "pgqueue_finished"
-# Most ids one announcement names: a bigint and its comma take at most 20 of the 7999 bytes a
-# NOTIFY payload may hold. More ended jobs are announced as ``ALL_FINISHED``.
-ANNOUNCED_IDS_MAX: Final = 390
+# A NOTIFY payload must be shorter than 8000 bytes: ended jobs whose ids do not fit in one
+# (about 800 ids of seven digits) are announced as ``ALL_FINISHED``.
+MAX_PAYLOAD_BYTES: Final = 7999
 ALL_FINISHED: Final = "*"
 # Written out: an interval constant has no SQLAlchemy construct that renders as a constant (a
 # bound ``timedelta`` would be a parameter, and change the statements' text and plans).
@@ -177,21 +177,22 @@ def woken(tickets: Any) -> ColumnElement[bool]:
 def announced(ended: Any, *where: ColumnElement[bool]) -> ColumnElement[bool]:
     """An always-true condition that sends ONE NOTIFY on ``FINISHED_CHANNEL`` naming the jobs of
     ``ended`` (a CTE returning ``id``) that match ``where``, as comma-separated ids, or
-    ``ALL_FINISHED`` when they are more than ``ANNOUNCED_IDS_MAX``; none when there are none.
-    Delivered at commit, like ``woken``'s, and a condition for the same reason."""
-    many = func.count() > ANNOUNCED_IDS_MAX
-    payload = case(
-        (many, literal(ALL_FINISHED)),
-        else_=func.string_agg(cast(ended.c.id, Text), literal(",")),
-    )
+    ``ALL_FINISHED`` when those do not fit in a payload; none when there are none. Delivered at
+    commit, like ``woken``'s, and a condition for the same reason."""
     batch = (
-        select(payload.label("payload"))
+        select(func.string_agg(cast(ended.c.id, Text), literal(",")).label("ids"))
         .select_from(ended)
         .where(*where)
-        .having(func.count() > 0)
         .subquery(f"{ended.name}_announced")
     )
-    sent = select(func.count(func.pg_notify(FINISHED_CHANNEL, batch.c.payload))).scalar_subquery()
+    fits = func.octet_length(batch.c.ids) <= MAX_PAYLOAD_BYTES
+    payload = case((fits, batch.c.ids), else_=literal(ALL_FINISHED))
+    # Over no rows the aggregate is one NULL: nothing ended, nothing to announce.
+    sent = (
+        select(func.count(func.pg_notify(FINISHED_CHANNEL, payload)))
+        .where(batch.c.ids.is_not(None))
+        .scalar_subquery()
+    )
     return sent >= 0
 
 

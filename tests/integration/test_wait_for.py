@@ -24,7 +24,7 @@ from sqlalchemy.engine import URL
 from pgqueue import Job, JobState, JobWaitTimeout, PgQueue, Settings, ValidationError, waiting
 from pgqueue.errors import JobNotFound
 from pgqueue.job_filter import JobFilter
-from pgqueue.sql.common import ANNOUNCED_IDS_MAX
+from pgqueue.sql.common import MAX_PAYLOAD_BYTES
 from pgqueue.worker import Worker
 from pgqueue.worker.store import WorkerStore
 
@@ -220,7 +220,8 @@ def test_a_bulk_cancel_of_more_jobs_than_one_announcement_names_wakes_every_wait
         """No worker runs it here."""
 
     counter = ReadCounter(pgq, monkeypatch)
-    ids = idle.enqueue_many([[n] for n in range(ANNOUNCED_IDS_MAX + 10)])
+    ids = idle.enqueue_many([[n] for n in range(3000)])
+    assert len(",".join(map(str, ids))) > MAX_PAYLOAD_BYTES
     watched = [ids[0], ids[-1]]
     with ThreadPoolExecutor(len(watched)) as pool:
         futures = [pool.submit(pgq.wait_for, job_id, timeout=WAIT) for job_id in watched]
