@@ -26,6 +26,7 @@ import contextlib
 import datetime as dt
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -82,6 +83,7 @@ class FinishedListener:
         self._waiters: dict[int, set[Wake]] = {}
         self._stopping = threading.Event()
         self.connected = threading.Event()
+        self.pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name="pgqueue-wait-listener", daemon=True)
         self._thread.start()
 
@@ -162,6 +164,10 @@ class JobWaiter:
     def listener(self) -> FinishedListener | None:
         """The shared listener (started now if need be), None where LISTEN is not possible."""
         with self._lock:
+            if self._listener is not None and self._listener.pid != os.getpid():
+                # Inherited through fork: its thread stayed in the parent, and its connection
+                # is the parent's to close.
+                self._listener = None
             if self._listener is None and self._can_listen():
                 self._listener = FinishedListener(self._connect)
             return self._listener

@@ -426,3 +426,20 @@ def test_behind_a_transaction_pooler_without_a_listen_url_a_waiter_reads_periodi
         assert counter.reads[job_id] >= 2
     finally:
         pooled.dispose()
+
+
+def test_a_job_deleted_while_waited_for_is_not_found_at_the_safety_nets_read(
+    pgq: PgQueue, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(waiting, "RECHECK_SECONDS", 0.1)
+
+    @pgq.task(name="idle")
+    def idle() -> None:
+        """No worker runs it here."""
+
+    counter = ReadCounter(pgq, monkeypatch)
+    job_id = idle.enqueue()
+    with waiter_on(pgq, engine, counter, job_id) as future:
+        pgq.admin.delete_job(job_id)
+        with pytest.raises(JobNotFound, match=f"no job with id {job_id}"):
+            future.result(timeout=WOKEN_WITHIN)
