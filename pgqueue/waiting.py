@@ -121,6 +121,7 @@ class FinishedListener:
                 self.connected.clear()
                 if self._stopping.is_set():
                     return
+                self._wake_all()  # so that each waiter reads again, then polls until reconnected
                 log.warning("wait listener connection failed (%s); retrying in %.2fs", exc, delay)
                 self._stopping.wait(delay)
                 delay = min(delay * 2, 2.0)

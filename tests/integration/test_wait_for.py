@@ -439,3 +439,27 @@ def test_a_job_deleted_while_waited_for_is_not_found_at_the_safety_nets_read(
         pgq.admin.delete_job(job_id)
         with pytest.raises(JobNotFound, match=f"no job with id {job_id}"):
             future.result(timeout=WOKEN_WITHIN)
+
+
+def test_a_job_ended_while_the_listener_reconnects_still_wakes_its_waiter(
+    pgq: PgQueue, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @pgq.task(name="idle")
+    def idle() -> None:
+        """No worker runs it here."""
+
+    counter = ReadCounter(pgq, monkeypatch)
+    job_id = idle.enqueue()
+    with waiter_on(pgq, engine, counter, job_id) as future:
+        with engine.connect() as connection:
+            ended = connection.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    """ WHERE datname = current_database() AND query = 'LISTEN "pgqueue_finished"'"""
+                )
+            ).scalars()
+            assert list(ended) == [True]
+        # Most likely announced while nobody listens: the reconnect's wake-up must cover it.
+        assert pgq.cancel_job(job_id) is JobState.CANCELLED
+        assert future.result(timeout=WOKEN_WITHIN).state is JobState.CANCELLED
+    wait_listening(engine)
