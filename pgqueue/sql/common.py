@@ -1,5 +1,6 @@
 """Fragments the statements of ``pgqueue.sql`` share: bind helpers, the guard on a transition's
-source states, the ticket-and-wake-up CTEs, queue slot release, and the columns a claim returns.
+source states, the ticket-and-wake-up CTEs, the announcement of ended jobs (for waiters), queue
+slot release, and the columns a claim returns.
 
 Statements moving jobs out of RUNNING give their queue slots back in the same statement
 (``free_slots``). Statements that end jobs return the ended jobs' ``dependents``; the
