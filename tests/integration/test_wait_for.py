@@ -107,6 +107,16 @@ def waiter_on(
         yield future
 
 
+def idle_job(pgq: PgQueue) -> int:
+    """A queued job of a task no worker runs in the test."""
+
+    @pgq.task(name="idle")
+    def idle() -> None:
+        """No worker runs it here."""
+
+    return idle.enqueue()
+
+
 def finished_when_let_go(
     pgq: PgQueue, engine: Engine, monkeypatch: pytest.MonkeyPatch, job_id: int, go: threading.Event
 ) -> Job:
@@ -203,12 +213,8 @@ def test_an_already_finished_job_is_returned_at_once(pgq: PgQueue) -> None:
 def test_cancelling_a_waiting_job_wakes_its_waiter(
     pgq: PgQueue, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    @pgq.task(name="idle")
-    def idle() -> None:
-        """No worker runs it here."""
-
     counter = ReadCounter(pgq, monkeypatch)
-    job_id = idle.enqueue()
+    job_id = idle_job(pgq)
     with waiter_on(pgq, engine, counter, job_id) as future:
         assert pgq.cancel_job(job_id) is JobState.CANCELLED
         job = future.result(timeout=WOKEN_WITHIN)
@@ -384,12 +390,7 @@ def test_behind_a_transaction_pooler_the_listener_takes_the_direct_url(
     pooled = PgQueue(direct, settings=Settings(pooler="transaction", listen_database_url=direct))
     counter = ReadCounter(pooled, monkeypatch)
     try:
-
-        @pooled.task(name="idle")
-        def idle() -> None:
-            """No worker runs it here."""
-
-        job_id = idle.enqueue()
+        job_id = idle_job(pooled)
         with waiter_on(pooled, engine, counter, job_id) as future:
             pooled.cancel_job(job_id)
             assert future.result(timeout=WOKEN_WITHIN).state is JobState.CANCELLED
@@ -407,12 +408,7 @@ def test_behind_a_transaction_pooler_without_a_listen_url_a_waiter_reads_periodi
     )
     counter = ReadCounter(pooled, monkeypatch)
     try:
-
-        @pooled.task(name="idle")
-        def idle() -> None:
-            """No worker runs it here."""
-
-        job_id = idle.enqueue()
+        job_id = idle_job(pooled)
         with ThreadPoolExecutor(1) as pool:
             future = pool.submit(pooled.wait_for, job_id, timeout=WAIT)
             counter.wait_read(job_id)
@@ -429,12 +425,8 @@ def test_a_job_deleted_while_waited_for_is_not_found_at_the_safety_nets_read(
 ) -> None:
     monkeypatch.setattr(waiting, "RECHECK_SECONDS", 0.1)
 
-    @pgq.task(name="idle")
-    def idle() -> None:
-        """No worker runs it here."""
-
     counter = ReadCounter(pgq, monkeypatch)
-    job_id = idle.enqueue()
+    job_id = idle_job(pgq)
     with waiter_on(pgq, engine, counter, job_id) as future:
         pgq.admin.delete_job(job_id)
         with pytest.raises(JobNotFound, match=f"no job with id {job_id}"):
@@ -444,12 +436,8 @@ def test_a_job_deleted_while_waited_for_is_not_found_at_the_safety_nets_read(
 def test_a_job_ended_while_the_listener_reconnects_still_wakes_its_waiter(
     pgq: PgQueue, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    @pgq.task(name="idle")
-    def idle() -> None:
-        """No worker runs it here."""
-
     counter = ReadCounter(pgq, monkeypatch)
-    job_id = idle.enqueue()
+    job_id = idle_job(pgq)
     with waiter_on(pgq, engine, counter, job_id) as future:
         with engine.connect() as connection:
             ended = connection.execute(
