@@ -49,6 +49,7 @@ class Sizes:
     history_rounds: int
     cpu: int
     memory: int
+    awaited: int
 
 
 QUICK = Sizes(
@@ -65,6 +66,7 @@ QUICK = Sizes(
     history_rounds=1,
     cpu=300,
     memory=0,
+    awaited=50,
 )
 FULL = Sizes(
     enqueue1=500,
@@ -80,6 +82,7 @@ FULL = Sizes(
     history_rounds=3,
     cpu=3_000,
     memory=200_000,
+    awaited=50,
 )
 LATENCY_RATE = 100.0
 
@@ -106,7 +109,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-WORKLOADS = ("enqueue1", "enqueueB", "drain", "latency", "history", "cpu", "memory")
+WORKLOADS = ("enqueue1", "enqueueB", "drain", "latency", "await", "history", "cpu", "memory")
 
 
 def run_suite(
@@ -199,6 +202,9 @@ def run_suite(
                 latency_pairs.append((pg, base))
         if latency_pairs:
             results["latency"] = w.paired_latency(latency_pairs)
+
+    if "await" in only:
+        results["await"] = step("await", w.await_pgqueue, srv, sizes.awaited)
 
     if "history" in only:
         empty, full = [], []
@@ -371,6 +377,27 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
         "< 10 ms",
         None if not lp else lp["p99"] < 10,
     )
+
+    awaited = results.get("await") or {}
+    for name, target in (("await_job", "< 10 ms"), ("wait_for", "(informative)")):
+        waits = awaited.get(name)
+        add(
+            f"{name} p50 after the job finished ({awaited.get('jobs', 0)} jobs of"
+            f" {awaited.get('job_ms', 0):g} ms, one at a time)",
+            waits and waits["p50"],
+            None,
+            "ms",
+            target,
+            None if not waits or target.startswith("(") else waits["p50"] < 10,
+        )
+        add(
+            f"{name} p50 after a bare LISTEN client heard the job end",
+            waits and waits["after_announcement"]["p50"],
+            None,
+            "ms",
+            "(informative)",
+            None,
+        )
 
     h = results.get("history") or {}
     empty, full = _median_rate(h.get("empty", [])), _median_rate(h.get("history", []))

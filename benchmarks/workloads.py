@@ -9,12 +9,14 @@ including start-up is kept in the JSON too.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +28,8 @@ from sqlalchemy.engine import URL
 
 from benchmarks import app, baseline
 from benchmarks.server import Server, libpq, sqlalchemy_url
+from pgqueue import JobState, PgQueue
+from pgqueue.sql.common import FINISHED_CHANNEL
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER_TIMEOUT = 900.0
@@ -428,6 +432,103 @@ def paired_latency(rounds: list[tuple[Result, Result]]) -> Result:
         "p50_ratio": statistics.median(pg["p50"] / base["p50"] for pg, base in rounds),
         "rounds_detail": [{"pgqueue": pg, "baseline": base} for pg, base in rounds],
     }
+
+
+# -- waiting for a result ----------------------------------------------------------------------
+
+# Long enough that each wait has begun (its first read done) before the job ends, so what is
+# measured is the wake-up by the job's announcement, not a read that finds it finished.
+AWAITED_JOB_MS = 20.0
+
+
+class _Announcements:
+    """A bare LISTEN client on the channel where ended jobs are announced: when each job id's
+    announcement reached it (wall clock), to tell pgqueue's share of a wait from the commit's."""
+
+    def __init__(self, url: URL) -> None:
+        self.arrived: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._listening = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(libpq(url),), daemon=True)
+
+    def __enter__(self) -> _Announcements:
+        self._thread.start()
+        assert self._listening.wait(60), "the bare LISTEN client never listened"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self, conninfo: str) -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(f'LISTEN "{FINISHED_CHANNEL}"')  # a constant identifier
+            self._listening.set()
+            while not self._stop.is_set():
+                for notify in conn.notifies(timeout=0.2):
+                    now = time.time()
+                    for job_id in notify.payload.split(","):
+                        self.arrived[int(job_id)] = now
+
+
+def await_pgqueue(server: Server, n: int) -> Result:
+    """``n`` jobs, one at a time, each awaited with ``await pgq.await_job``, then ``n`` more
+    with ``pgq.wait_for``, run by an idle listening worker process. For each: how long after
+    its ``finished_at`` (the start of its outcome's transaction, by the database clock of this
+    host, so the outcome's statement and commit are included) the wait returned (wall clock),
+    and how long after a bare LISTEN client received the job's announcement (pgqueue's share)."""
+    with server.fresh_database("await") as url:
+        pgq = app.build(sqlalchemy_url(url))
+        try:
+            with (
+                process(worker_command(10, drain=False), _env(url)) as child,
+                _Announcements(url) as announcements,
+            ):
+                wait_until(_listener_connected(url, "pgqueue-listener"), 60, "the worker's LISTEN")
+                awaited = asyncio.run(_awaited_jobs(pgq, n))
+                waited = _waited_jobs(pgq, n)
+                assert child.poll() is None, "worker died"
+        finally:
+            pgq.dispose()
+
+    def summary(returns: list[tuple[Any, float]]) -> Result:
+        finished = [(at - job.finished_at.timestamp()) * 1000 for job, at in returns]
+        announced = [(at - announcements.arrived[job.id]) * 1000 for job, at in returns]
+        return {
+            **percentiles(finished),
+            "unit": "ms",
+            "delays": finished,
+            "after_announcement": {**percentiles(announced), "delays": announced},
+        }
+
+    return {
+        "jobs": n,
+        "job_ms": AWAITED_JOB_MS,
+        "await_job": summary(awaited),
+        "wait_for": summary(waited),
+    }
+
+
+async def _awaited_jobs(pgq: PgQueue, n: int) -> list[tuple[Any, float]]:
+    task = pgq.registry.get(app.SPIN)
+    for _ in range(5):  # warm-up: the listener's connection, the worker's first claims
+        await pgq.await_job(task.enqueue(ms=AWAITED_JOB_MS), timeout=60)
+    returns = []
+    for _ in range(n):
+        job = await pgq.await_job(task.enqueue(ms=AWAITED_JOB_MS), timeout=60)
+        returns.append((job, time.time()))
+        assert job.state is JobState.SUCCEEDED, job.state
+    return returns
+
+
+def _waited_jobs(pgq: PgQueue, n: int) -> list[tuple[Any, float]]:
+    task = pgq.registry.get(app.SPIN)
+    returns = []
+    for _ in range(n):
+        job = pgq.wait_for(task.enqueue(ms=AWAITED_JOB_MS), timeout=60)
+        returns.append((job, time.time()))
+        assert job.state is JobState.SUCCEEDED, job.state
+    return returns
 
 
 # -- memory ----------------------------------------------------------------------------------

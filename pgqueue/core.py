@@ -37,6 +37,7 @@ from pgqueue.sql.server import name_listener_session
 from pgqueue.states import JobState
 from pgqueue.tasks import Task, TaskOptions, TaskRegistry, task_name_for
 from pgqueue.tracing import Tracing, tracing_for
+from pgqueue.waiting import JobWaiter
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -93,6 +94,10 @@ class PgQueue:
             self._given_async_engine = async_engine
         self.admin = Admin(
             lambda: self.sessions, stale_seconds=lambda: self.settings.worker_stale_seconds
+        )
+        # ``get_job`` looked up on each read, so that a wrapper set on the instance sees them.
+        self._job_waiter = JobWaiter(
+            lambda job_id: self.get_job(job_id), self.listen_connection, lambda: self.can_listen
         )
         if isinstance(database, Engine):
             if database.dialect.name != "postgresql":
@@ -200,7 +205,8 @@ class PgQueue:
         return Session(self.handler_engine, expire_on_commit=False)
 
     def dispose(self) -> None:
-        """Close pooled connections (engines are recreated on next use)."""
+        """Close pooled connections and the wait listener (both are recreated on next use)."""
+        self._job_waiter.close()
         with self._lock:
             for engine in {self._engine, self._handler_engine}:
                 if engine is not None and self._url is not None:
@@ -302,6 +308,19 @@ class PgQueue:
         handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried).
         """
         return self.admin.cancel_job(job_id, session=session)
+
+    # -- waiting for a job to finish (``pgqueue.waiting``) -----------------------------------
+
+    def wait_for(self, job_id: int, *, timeout: float | None = None) -> Job:
+        """Block until job ``job_id`` is finished (SUCCEEDED, FAILED or CANCELLED) and return
+        it as ``get_job`` does: a failed job is returned, not raised. Woken by the announcement
+        of its end, not by polling. ``timeout`` seconds (None: no limit); JobWaitTimeout names
+        the job, its state and the timeout. JobNotFound if there is no such job."""
+        return self._job_waiter.wait(job_id, timeout)
+
+    async def await_job(self, job_id: int, *, timeout: float | None = None) -> Job:
+        """``wait_for`` in an event loop, without blocking it."""
+        return await self._job_waiter.await_job(job_id, timeout)
 
     def counts(self) -> dict[str, dict[JobState, int]]:
         """``{queue: {state: count}}`` over all jobs."""

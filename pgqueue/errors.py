@@ -16,6 +16,7 @@ __all__ = [
     "EmbeddedPostgresError",
     "InvalidStateTransition",
     "JobNotFound",
+    "JobWaitTimeout",
     "PayloadTooLarge",
     "PgQueueError",
     "SchemaNotCurrent",
@@ -66,6 +67,19 @@ class UnknownTask(PgQueueError, LookupError):
 
 class JobNotFound(PgQueueError, LookupError):
     """No job with the given id."""
+
+
+class JobWaitTimeout(PgQueueError, TimeoutError):
+    """A job did not finish within the time ``PgQueue.wait_for`` or ``await_job`` waited.
+
+    ``job_id``, ``state`` (the job's state when the wait ended, a ``JobState`` value) and
+    ``timeout`` (seconds) say which job, where it was, and how long was waited."""
+
+    def __init__(self, job_id: int, state: str, timeout: float) -> None:
+        super().__init__(f"job {job_id} did not finish within {timeout:g} s; it is still {state}")
+        self.job_id = job_id
+        self.state = state
+        self.timeout = timeout
 
 
 class InvalidStateTransition(PgQueueError):

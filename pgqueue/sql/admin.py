@@ -34,6 +34,7 @@ from sqlalchemy.sql.dml import ReturningUpdate
 from pgqueue.models import Job, MessageQueue
 from pgqueue.sql.common import (
     CLEAR_LEASE,
+    announced,
     array_param,
     ids_with_new_tickets,
     seconds,
@@ -131,7 +132,7 @@ def cancel_waiting() -> Select[int, list[int] | None]:
         .returning(Job.id, Job.dependents)
         .cte("cancelled")
     )
-    return select(updated.c.id, updated.c.dependents)
+    return select(updated.c.id, updated.c.dependents).where(announced(updated))
 
 
 @cache

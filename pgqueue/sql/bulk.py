@@ -41,7 +41,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from pgqueue.models import AuditRecord, Job, MessageQueue
 from pgqueue.sql.admin import CANCEL_VALUES, RERUN_VALUES
-from pgqueue.sql.common import array_param, source_states, tickets_for, woken
+from pgqueue.sql.common import announced, array_param, source_states, tickets_for, woken
 from pgqueue.states import CANCEL, RERUN, JobState
 
 
@@ -123,7 +123,7 @@ def cancel_waiting(shape: Shape) -> Select[int, list[int] | None]:
     )
     cancelled = select(func.count()).select_from(updated).scalar_subquery()
     dependents = func.array(select(func.unnest(updated.c.dependents)).scalar_subquery())
-    return select(cancelled, dependents)
+    return select(cancelled, dependents).where(announced(updated))
 
 
 @cache

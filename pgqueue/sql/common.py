@@ -1,5 +1,6 @@
 """Fragments the statements of ``pgqueue.sql`` share: bind helpers, the guard on a transition's
-source states, the ticket-and-wake-up CTEs, queue slot release, and the columns a claim returns.
+source states, the ticket-and-wake-up CTEs, the announcement of ended jobs (for waiters), queue
+slot release, and the columns a claim returns.
 
 Statements moving jobs out of RUNNING give their queue slots back in the same statement
 (``free_slots``). Statements that end jobs return the ended jobs' ``dependents``; the
@@ -37,6 +38,13 @@ from pgqueue.models import Job, MessageQueue, QueueControl
 from pgqueue.states import JobState, Transition
 
 NOTIFY_CHANNEL: Final = "pgqueue"
+# Where the statements that end jobs announce them, for ``pgq.wait_for``; apart from
+# ``NOTIFY_CHANNEL`` so that workers are never woken by jobs finishing.
+FINISHED_CHANNEL: Final = "pgqueue_finished"
+# A NOTIFY payload must be shorter than 8000 bytes: ended jobs whose ids do not fit in one
+# (about 800 ids of seven digits) are announced as ``ALL_FINISHED``.
+MAX_PAYLOAD_BYTES: Final = 7999
+ALL_FINISHED: Final = "*"
 # Written out: an interval constant has no SQLAlchemy construct that renders as a constant (a
 # bound ``timedelta`` would be a parameter, and change the statements' text and plans).
 _ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
@@ -164,6 +172,28 @@ def woken(tickets: Any) -> ColumnElement[bool]:
             func.pg_notify(NOTIFY_CHANNEL, wake_payload(first.c.queue, first.c.first_run_at))
         )
     ).scalar_subquery()
+    return sent >= 0
+
+
+def announced(ended: Any, *where: ColumnElement[bool]) -> ColumnElement[bool]:
+    """An always-true condition that sends ONE NOTIFY on ``FINISHED_CHANNEL`` naming the jobs of
+    ``ended`` (a CTE returning ``id``) that match ``where``, as comma-separated ids, or
+    ``ALL_FINISHED`` when those do not fit in a payload; none when there are none. Delivered at
+    commit, like ``woken``'s, and a condition for the same reason."""
+    batch = (
+        select(func.string_agg(cast(ended.c.id, Text), literal(",")).label("ids"))
+        .select_from(ended)
+        .where(*where)
+        .subquery(f"{ended.name}_announced")
+    )
+    fits = func.octet_length(batch.c.ids) <= MAX_PAYLOAD_BYTES
+    payload = case((fits, batch.c.ids), else_=literal(ALL_FINISHED))
+    # Over no rows the aggregate is one NULL: nothing ended, nothing to announce.
+    sent = (
+        select(func.count(func.pg_notify(FINISHED_CHANNEL, payload)))
+        .where(batch.c.ids.is_not(None))
+        .scalar_subquery()
+    )
     return sent >= 0
 
 

@@ -30,6 +30,7 @@ from pgqueue.models import Job, MessageQueue, QueueControl
 from pgqueue.sql.common import (
     CLEAR_LEASE,
     among,
+    announced,
     append_error,
     array_param,
     free_slots,
@@ -108,7 +109,7 @@ def rescue_expired() -> Select[int, str, list[int] | None]:
     return (
         select(updated.c.id, updated.c.state, updated.c.dependents)
         .add_cte(tickets, free_slots(updated))
-        .where(woken(tickets))
+        .where(woken(tickets), announced(updated, updated.c.state != RESCUE.target.value))
     )
 
 

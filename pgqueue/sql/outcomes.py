@@ -33,6 +33,7 @@ from sqlalchemy.sql.dml import ReturningUpdate
 from pgqueue.models import Job
 from pgqueue.sql.common import (
     CLEAR_LEASE,
+    announced,
     append_error,
     array_param,
     free_slots,
@@ -96,7 +97,11 @@ def complete() -> Select[int, list[int] | None]:
         .returning(Job.id, Job.queue, Job.dependents)
         .cte("completed")
     )
-    return select(completed.c.id, completed.c.dependents).add_cte(free_slots(completed))
+    return (
+        select(completed.c.id, completed.c.dependents)
+        .add_cte(free_slots(completed))
+        .where(announced(completed))
+    )
 
 
 @cache
@@ -144,7 +149,7 @@ def _end_with_error(transition: Transition, name: str, *, record: bool) -> Any:
         .returning(Job.id, Job.queue, Job.state, Job.dependents)
         .cte(name)
     )
-    return select(ended.c.id, ended.c.dependents).add_cte(free_slots(ended))
+    return select(ended.c.id, ended.c.dependents).add_cte(free_slots(ended)).where(announced(ended))
 
 
 @cache
@@ -289,6 +294,7 @@ def settle_dependents() -> CompoundSelect[Any]:
     tickets = tickets_for(unblocked, "unblocked_tickets")
     return (
         select(abandoned.c.id, abandoned.c.state)
+        .where(announced(abandoned))
         .union_all(select(unblocked.c.id, unblocked.c.state).where(woken(tickets)))
         .add_cte(tickets)
     )

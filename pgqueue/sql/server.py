@@ -1,5 +1,5 @@
 """Statements about the server and its sessions rather than jobs: creating and dropping a
-database (the demo), the listener's ``LISTEN`` and session name, and forgetting prepared
+database (the demo), the listeners' ``LISTEN`` and session name, and forgetting prepared
 statements. Pure builders, like the rest of ``pgqueue.sql``.
 
 ``CREATE``/``DROP DATABASE`` take a name, so they are constructs compiled with the dialect's
@@ -17,7 +17,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import ExecutableDDLElement
 from sqlalchemy.sql.compiler import DDLCompiler
 
-from pgqueue.sql.common import NOTIFY_CHANNEL
+from pgqueue.sql.common import FINISHED_CHANNEL, NOTIFY_CHANNEL
 
 
 class _DatabaseStatement(ExecutableDDLElement):
@@ -61,6 +61,13 @@ def drop_database(name: str) -> ExecutableDDLElement:
 def listen() -> sql.Composed:
     """``LISTEN`` on pgqueue's wake-up channel (``NOTIFY_CHANNEL``)."""
     return sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL))
+
+
+@cache
+def listen_finished() -> sql.Composed:
+    """``LISTEN`` on the channel where the statements that end jobs announce them
+    (``FINISHED_CHANNEL``)."""
+    return sql.SQL("LISTEN {}").format(sql.Identifier(FINISHED_CHANNEL))
 
 
 @cache
