@@ -21,8 +21,11 @@ from sqlalchemy.orm import Session
 from pgqueue.core import PgQueue
 from pgqueue.sql import admin as admin_statements
 from pgqueue.states import FINAL_STATES, JobState
+from pgqueue.testing.assertions import assert_enqueued, assert_not_enqueued, enqueued_jobs
+from pgqueue.testing.databases import TestDatabases
 from pgqueue.testing.immediate_mode import ImmediateMode, immediate
 from pgqueue.testing.records import EnqueuedJob, JobRun
+from pgqueue.testing.running import run_jobs
 from pgqueue.worker import Worker
 
 __all__ = [
@@ -30,7 +33,12 @@ __all__ = [
     "EnqueuedJob",
     "ImmediateMode",
     "JobRun",
+    "TestDatabases",
+    "assert_enqueued",
+    "assert_not_enqueued",
+    "enqueued_jobs",
     "immediate",
+    "run_jobs",
     "run_until_final",
     "states_of",
     "table_counts",

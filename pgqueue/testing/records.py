@@ -53,6 +53,20 @@ class JobRun:
             error=outcome.error or None,
         )
 
+    @classmethod
+    def of_row(cls, job: Job, outcome: Outcome, attempt: int) -> JobRun:
+        """Attempt ``attempt`` of the stored ``job``, which ended in ``outcome``."""
+        return cls(
+            job_id=job.id,
+            task=job.task_name,
+            args=tuple(job.args or ()),
+            kwargs=dict(job.kwargs or {}),
+            attempt=attempt,
+            state=JobState(outcome.kind.transition.target),
+            result=json.loads(outcome.result_json) if outcome.result_json else None,
+            error=outcome.error or None,
+        )
+
     def __str__(self) -> str:
         line = f"#{self.job_id} {call_text(self.task, self.args, self.kwargs)} attempt "
         line += f"{self.attempt}: {self.state}"
