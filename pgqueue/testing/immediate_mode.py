@@ -9,19 +9,25 @@ worker would have left.
 
 When a job runs:
 
-- enqueued without ``session=`` (its own transaction): right after the enqueue returns;
+- enqueued without ``session=`` (its own transaction): once that commits, before ``enqueue``
+  returns;
 - with ``session=`` a caller's ``Session``: inside that session's ``commit()``, after the
   commit (SQLAlchemy's ``after_commit`` event); a rollback forgets the jobs;
 - enqueued by a running job: after that job, in the order they were enqueued;
-- with ``depends_on``: once its parents ended and it was released to run;
+- with ``depends_on``: after its parents, which were enqueued before it, ended (it runs if
+  they succeeded, and is cancelled with them otherwise, as always);
 - with ``delay``/``run_at``: at once, like the others (immediate mode does not wait).
+
+A job that cannot be claimed when its turn comes is left for a worker: one that waits for a
+parent enqueued before the block, or sits in a paused or concurrency-limited queue (or was
+rolled back with a savepoint: then there is nothing to run).
 
 A failed attempt is retried at once, without the backoff delay, until the job succeeds or fails
 for good (``retries=False``: one attempt only; the job stays RETRYING for the test to look at).
 Handlers' exceptions are recorded on the job, as a worker records them, not raised: assert on
 ``runs`` or on the job. ``async def`` handlers run to completion on an event loop thread while
 the calling thread waits. Task ``timeout``s of ``async def`` handlers hold; a synchronous
-handler is not interrupted. Jobs of paused or concurrency-limited queues are left to a worker.
+handler is not interrupted.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from pgqueue import repository, uow
 from pgqueue.core import PgQueue
 from pgqueue.errors import ValidationError
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome
-from pgqueue.states import FINAL_STATES, JobState, OutcomeKind
+from pgqueue.states import JobState, OutcomeKind
 from pgqueue.testing.records import JobRun
 from pgqueue.worker.dispatch import AsyncLoop
 from pgqueue.worker.execution import Execution
@@ -156,31 +162,22 @@ class ImmediateMode:
         local = self._thread
         if not hasattr(local, "ready"):
             local.ready = collections.deque()
-            local.blocked = []
             local.running = False
         local.ready.extend(entries)
         if local.running:
             return
         local.running = True
         try:
-            self._drain(local.ready, local.blocked)
+            self._drain(local.ready)
         finally:
             local.running = False
 
-    def _drain(self, ready: collections.deque[Entry], blocked: list[Entry]) -> None:
+    def _drain(self, ready: collections.deque[Entry]) -> None:
         while ready:
             entry = ready.popleft()
             outcome = self._attempt(entry)
-            if outcome is None:
-                # Not claimable (yet): waiting for its dependencies, rolled back with a
-                # savepoint, or in a paused or limited queue. Looked at again when a job ends.
-                blocked.append(entry)
-                continue
-            if outcome.kind is OutcomeKind.RETRY and self.retries:
+            if outcome is not None and outcome.kind is OutcomeKind.RETRY and self.retries:
                 ready.appendleft(entry)
-            if outcome.kind.transition.target in FINAL_STATES and blocked:
-                ready.extend(blocked)
-                blocked.clear()
 
     def _attempt(self, entry: Entry) -> Outcome | None:
         """Claim job ``entry`` by its id and run one attempt of it; None if it was not there

@@ -92,6 +92,24 @@ def test_an_enqueue_in_its_own_transaction_runs_before_enqueue_returns(pgq: PgQu
     assert "insert_jobs" not in vars(pgq)
 
 
+def test_a_delayed_job_runs_at_once_and_a_paused_queues_job_is_left_for_a_worker(
+    pgq: PgQueue,
+) -> None:
+    seen: list[str] = []
+
+    @pgq.task(name="note")
+    def note(text: str) -> None:
+        seen.append(text)
+
+    pgq.pause_queue("paused")
+    with immediate(pgq) as mode:
+        later = note.configure(delay=3600).enqueue("later")
+        held = note.configure(queue="paused").enqueue("held")
+    assert seen == ["later"]
+    assert mode.states() == {later: JobState.SUCCEEDED}
+    assert states_of(pgq, [held]) == {held: JobState.QUEUED}
+
+
 def test_failed_attempts_are_retried_at_once_until_final(pgq: PgQueue) -> None:
     attempts: list[int] = []
 
