@@ -10,7 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import OperationalError
+
+from pgqueue.testing import TestDatabases
 
 pytest_plugins = ["pytester"]
 
@@ -188,3 +192,29 @@ def test_the_flask_examples_own_tests_pass_on_the_plugin(server_env: str) -> Non
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "4 passed" in completed.stdout
+
+
+def test_test_databases_start_an_embedded_server_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PGQUEUE_TEST_DATABASE_URL", raising=False)
+    prepared: list[str] = []
+    databases = TestDatabases(prepare=prepared.append)
+    try:
+        first, second = databases.create(), databases.create()
+        assert first != second
+        assert len(prepared) == 1  # the template, once
+        engine = create_engine(first)
+        with engine.connect() as connection:
+            assert connection.scalar(text("SELECT count(*) FROM pgqueue_jobs")) == 0
+        engine.dispose()
+        databases.drop(first)
+        with pytest.raises(ValueError, match="is not a database these test databases made"):
+            databases.drop(databases.server_url)
+        server_url = databases.server_url
+    finally:
+        databases.close()
+    engine = create_engine(server_url)
+    with pytest.raises(OperationalError):
+        engine.connect()
+    engine.dispose()
