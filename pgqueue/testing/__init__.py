@@ -24,7 +24,7 @@ from pgqueue.states import FINAL_STATES, JobState
 from pgqueue.testing.assertions import assert_enqueued, assert_not_enqueued, enqueued_jobs
 from pgqueue.testing.databases import TestDatabases
 from pgqueue.testing.immediate_mode import ImmediateMode, immediate
-from pgqueue.testing.records import EnqueuedJob, JobRun
+from pgqueue.testing.records import EnqueuedJob, JobCall, JobRun
 from pgqueue.testing.running import run_jobs
 from pgqueue.worker import Worker
 
@@ -32,6 +32,7 @@ __all__ = [
     "ConcurrencyProbe",
     "EnqueuedJob",
     "ImmediateMode",
+    "JobCall",
     "JobRun",
     "TestDatabases",
     "assert_enqueued",

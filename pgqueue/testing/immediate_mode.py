@@ -224,7 +224,9 @@ class ImmediateMode:
 
     def _ran(self, job: ClaimedJob, outcome: Outcome) -> Outcome:
         with self._lock:
-            self.runs.append(JobRun.of(job, outcome))
+            self.runs.append(
+                JobRun.ended(job.id, job.task_name, job.args, job.kwargs, job.attempt, outcome)
+            )
         return outcome
 
     def states(self) -> dict[int, JobState]:

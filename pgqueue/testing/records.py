@@ -1,8 +1,8 @@
 """What the test helpers report about jobs: ``JobRun`` (one attempt that ran, with its outcome)
 and ``EnqueuedJob`` (a job waiting in the database), and how each reads in a failure message.
 
-Plain values built from pgqueue's own (``jobs.ClaimedJob`` and ``jobs.Outcome``, or a ``Job``
-row), so a test compares them with ``==`` and prints them readably.
+Plain values built from pgqueue's own (a ``jobs.Outcome``, a ``Job`` row), so a test compares
+them with ``==`` and prints them readably.
 """
 
 from __future__ import annotations
@@ -12,13 +12,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.jobs import Outcome
 from pgqueue.models import Job
 from pgqueue.states import JobState
 
 
 @dataclass(frozen=True, slots=True)
-class JobRun:
+class JobCall:
+    """A job's id and the call that enqueued it: its task and arguments (as stored)."""
+
+    job_id: int
+    task: str
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+
+    def call(self) -> str:
+        """``#12 task(1, key=2)``."""
+        return f"#{self.job_id} {call_text(self.task, self.args, self.kwargs)}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRun(JobCall):
     """One attempt of a job that ran, and what it ended in.
 
     ``state`` is the job's state after this attempt (SUCCEEDED, RETRYING, FAILED or
@@ -26,41 +40,28 @@ class JobRun:
     recorded error text (a traceback for an exception), None when there is none.
     """
 
-    job_id: int
-    task: str
-    args: tuple[Any, ...]
-    kwargs: Mapping[str, Any]
     attempt: int
     state: JobState
     result: Any = None
     error: str | None = None
 
-    @property
-    def succeeded(self) -> bool:
-        return self.state is JobState.SUCCEEDED
-
     @classmethod
-    def of(cls, job: ClaimedJob, outcome: Outcome) -> JobRun:
-        """The run of ``job`` that ended in ``outcome`` (as the worker wrote it)."""
+    def ended(
+        cls,
+        job_id: int,
+        task: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        attempt: int,
+        outcome: Outcome,
+    ) -> JobRun:
+        """Attempt ``attempt`` of job ``job_id``, which ended in ``outcome`` (as the worker
+        wrote it)."""
         return cls(
-            job_id=job.id,
-            task=job.task_name,
-            args=tuple(job.args),
-            kwargs=dict(job.kwargs),
-            attempt=job.attempt,
-            state=JobState(outcome.kind.transition.target),
-            result=json.loads(outcome.result_json) if outcome.result_json else None,
-            error=outcome.error or None,
-        )
-
-    @classmethod
-    def of_row(cls, job: Job, outcome: Outcome, attempt: int) -> JobRun:
-        """Attempt ``attempt`` of the stored ``job``, which ended in ``outcome``."""
-        return cls(
-            job_id=job.id,
-            task=job.task_name,
-            args=tuple(job.args or ()),
-            kwargs=dict(job.kwargs or {}),
+            job_id=job_id,
+            task=task,
+            args=tuple(args),
+            kwargs=dict(kwargs),
             attempt=attempt,
             state=JobState(outcome.kind.transition.target),
             result=json.loads(outcome.result_json) if outcome.result_json else None,
@@ -68,22 +69,17 @@ class JobRun:
         )
 
     def __str__(self) -> str:
-        line = f"#{self.job_id} {call_text(self.task, self.args, self.kwargs)} attempt "
-        line += f"{self.attempt}: {self.state}"
+        line = f"{self.call()} attempt {self.attempt}: {self.state}"
         if self.error:
             return f"{line} ({last_line(self.error)})"
         return line if self.result is None else f"{line} -> {self.result!r}"
 
 
 @dataclass(frozen=True, slots=True)
-class EnqueuedJob:
+class EnqueuedJob(JobCall):
     """A job as the database holds it (what ``enqueued_jobs`` returns)."""
 
-    job_id: int
-    task: str
     queue: str
-    args: tuple[Any, ...]
-    kwargs: Mapping[str, Any]
     state: JobState
     priority: int
     run_at: Any
@@ -102,7 +98,7 @@ class EnqueuedJob:
         )
 
     def __str__(self) -> str:
-        return f"#{self.job_id} {call_text(self.task, self.args, self.kwargs)} {self.state}"
+        return f"{self.call()} {self.state}"
 
 
 def call_text(task: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:

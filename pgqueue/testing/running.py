@@ -62,5 +62,7 @@ def run_jobs(
         job = jobs[outcome.job_id]
         attempt = job.attempts - remaining[outcome.job_id] + 1
         remaining[outcome.job_id] -= 1
-        runs.append(JobRun.of_row(job, outcome, attempt))
+        runs.append(
+            JobRun.ended(job.id, job.task_name, job.args or (), job.kwargs or {}, attempt, outcome)
+        )
     return runs
