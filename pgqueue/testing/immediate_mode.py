@@ -169,6 +169,11 @@ class ImmediateMode:
         local.running = True
         try:
             self._drain(local.ready)
+        except BaseException:
+            # The error reaches the enqueue or commit that started the run; the jobs queued
+            # behind it must not run later, at some unrelated enqueue of this thread.
+            local.ready.clear()
+            raise
         finally:
             local.running = False
 
