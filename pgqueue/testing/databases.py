@@ -36,9 +36,10 @@ class TestDatabases:
     """A server and the databases a test session makes on it.
 
     ``server_url`` is the server to use (default: ``PGQUEUE_TEST_DATABASE_URL``, else an
-    embedded server started by ``start()``). ``prepare(url)``, when given, runs once on the
-    template after pgqueue's migrations: the host application creates its own tables there
-    (``metadata.create_all`` or its Alembic upgrade), so every test's copy has them too.
+    embedded server started on first use). ``prepare(url)``, when given (or set as ``prepare``
+    before the first copy is made), runs once on the template after pgqueue's migrations: the
+    host application creates its own tables there (``metadata.create_all`` or its Alembic
+    upgrade), so every test's copy has them too.
     """
 
     __test__ = False  # not a test class, whatever its name says to pytest
@@ -51,13 +52,14 @@ class TestDatabases:
     ) -> None:
         given = server_url if server_url is not None else test_database_url()
         self._server_url = None if given is None else normalize_database_url(given)
-        self._prepare = prepare
+        self.prepare = prepare
         self._embedded: EmbeddedPostgres | None = None
         self._embedded_root: Path | None = None
         self._admin: Engine | None = None
         self._template: str | None = None
         self._prefix = f"pgqueue_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self._counter = itertools.count()
+        self._made: set[str] = set()
 
     @property
     def server_url(self) -> URL:
@@ -90,27 +92,40 @@ class TestDatabases:
         (made on first use)."""
         if self._template is None:
             name = f"{self._prefix}_template"
-            with self._admin_engine().connect() as connection:
-                connection.execute(drop_database(name))
-                connection.execute(create_database(name))
-            engine = create_engine(self._url_of(name))
-            try:
-                with engine.begin() as connection:
-                    migrations.upgrade(connection)
-            finally:
-                engine.dispose()
-            if self._prepare is not None:
-                self._prepare(self._url_of(name))
+            self._migrated(name)
+            if self.prepare is not None:
+                self.prepare(self._url_of(name))
             self._template = name
         return self._template
 
-    def create(self) -> str:
-        """A new database, a copy of the template; returns its URL (password included)."""
-        template = self.template()
+    def create(self, *, from_template: bool = True) -> str:
+        """A new database, a copy of the template; returns its URL (password included).
+
+        ``from_template=False`` migrates a new empty database instead, without ``prepare``
+        and without making the template (for a database needed before ``prepare`` is known).
+        """
         name = f"{self._prefix}_{next(self._counter)}"
+        if not from_template:
+            self._migrated(name)
+            return self._url_of(name)
+        template = self.template()
         with self._admin_engine().connect() as connection:
             connection.execute(create_database(name, template))
+        self._made.add(name)
         return self._url_of(name)
+
+    def _migrated(self, name: str) -> None:
+        """Create database ``name`` afresh and migrate it to pgqueue's head."""
+        with self._admin_engine().connect() as connection:
+            connection.execute(drop_database(name))
+            connection.execute(create_database(name))
+        self._made.add(name)
+        engine = create_engine(self._url_of(name))
+        try:
+            with engine.begin() as connection:
+                migrations.upgrade(connection)
+        finally:
+            engine.dispose()
 
     def drop(self, url: str | URL) -> None:
         """Drop a database made by ``create`` (ending the sessions still connected to it)."""
@@ -119,13 +134,17 @@ class TestDatabases:
             raise ValueError(f"{name!r} is not a database these test databases made")
         with self._admin_engine().connect() as connection:
             connection.execute(drop_database(name))
+        self._made.discard(name)
 
     def close(self) -> None:
-        """Drop the template and stop the embedded server, if this object started one."""
-        if self._template is not None:
+        """Drop the databases still there (the template too) and stop the embedded server, if
+        this object started one."""
+        if self._made:
             with self._admin_engine().connect() as connection:
-                connection.execute(drop_database(self._template))
-            self._template = None
+                for name in sorted(self._made):
+                    connection.execute(drop_database(name))
+            self._made.clear()
+        self._template = None
         if self._admin is not None:
             self._admin.dispose()
             self._admin = None

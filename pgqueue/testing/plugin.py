@@ -17,12 +17,17 @@ fixtures.
   the ``JobRun`` of each attempt (``pgqueue.testing.run_jobs``).
 - ``pgqueue_immediate``: the test runs in ``pgqueue.testing.immediate(pgqueue_queue)``; the
   value is the ``ImmediateMode`` (its ``runs``).
+- ``pgqueue_session_database_url`` (session): one migrated database for the whole session.
+  With the ini option ``pgqueue_database_env = NAME`` it is made before any ``conftest.py`` is
+  imported and exported as ``$NAME``, for applications that read their database URL when
+  their modules are imported.
 
 The assertions (``assert_enqueued`` ...) are plain functions of ``pgqueue.testing``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,6 +39,32 @@ from pgqueue.testing.immediate_mode import ImmediateMode, immediate
 from pgqueue.testing.records import JobRun
 from pgqueue.testing.running import run_jobs
 
+DATABASE_ENV_OPTION = "pgqueue_database_env"
+# The session's TestDatabases and the database made for ``pgqueue_database_env``.
+_early = pytest.StashKey[tuple[TestDatabases, str]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        DATABASE_ENV_OPTION,
+        "pgqueue: the environment variable to set, before conftest.py files are imported, to "
+        "the URL of one migrated database for the session (pgqueue_session_database_url)",
+        default="",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    name = early_config.getini(DATABASE_ENV_OPTION)
+    if not name or early_config.known_args_namespace.help:
+        return
+    databases = TestDatabases()
+    early_config.add_cleanup(databases.close)
+    # Not from the template: ``pgqueue_prepare_database`` is a fixture, unknown until later.
+    url = databases.create(from_template=False)
+    os.environ[name] = url
+    early_config.stash[_early] = (databases, url)
+
 
 @pytest.fixture(scope="session")
 def pgqueue_prepare_database() -> Callable[[str], None] | None:
@@ -44,14 +75,32 @@ def pgqueue_prepare_database() -> Callable[[str], None] | None:
 
 @pytest.fixture(scope="session")
 def pgqueue_test_databases(
-    pgqueue_prepare_database: Callable[[str], None] | None,
+    request: pytest.FixtureRequest, pgqueue_prepare_database: Callable[[str], None] | None
 ) -> Iterator[TestDatabases]:
     """The session's server and template (``pgqueue.testing.TestDatabases``)."""
+    early = request.config.stash.get(_early, None)
+    if early is not None:
+        databases = early[0]  # closed by the config's cleanup
+        databases.prepare = pgqueue_prepare_database
+        yield databases
+        return
     databases = TestDatabases(prepare=pgqueue_prepare_database)
     try:
         yield databases
     finally:
         databases.close()
+
+
+@pytest.fixture(scope="session")
+def pgqueue_session_database_url(
+    request: pytest.FixtureRequest, pgqueue_test_databases: TestDatabases
+) -> str:
+    """One database with pgqueue's tables for the whole session (the one exported by the
+    ``pgqueue_database_env`` ini option, if set), for apps bound to a database at import."""
+    early = request.config.stash.get(_early, None)
+    if early is not None:
+        return early[1]
+    return pgqueue_test_databases.create()
 
 
 @pytest.fixture

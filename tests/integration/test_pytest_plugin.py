@@ -135,6 +135,15 @@ def test_immediate_mode(pgqueue_queue, pgqueue_immediate, pgqueue_database_url):
 """
 
 
+def database_names(server_url: URL) -> set[str]:
+    engine = create_engine(server_url)
+    try:
+        with engine.connect() as connection:
+            return set(connection.scalars(text("SELECT datname FROM pg_database")))
+    finally:
+        engine.dispose()
+
+
 @pytest.fixture
 def server_env(server_url: URL, monkeypatch: pytest.MonkeyPatch) -> str:
     """The subprocesses make their databases on this session's server."""
@@ -144,12 +153,14 @@ def server_env(server_url: URL, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_a_host_suite_uses_the_plugins_fixtures_and_assertions(
-    pytester: pytest.Pytester, server_env: str
+    pytester: pytest.Pytester, server_env: str, server_url: URL
 ) -> None:
     pytester.makeconftest(HOST_CONFTEST)
     pytester.makepyfile(test_host=HOST_TESTS)
+    before = database_names(server_url)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
     result.assert_outcomes(passed=5, failed=1)
+    assert database_names(server_url) == before  # each test's copy and the template dropped
     result.stdout.fnmatch_lines(
         [
             "*test_a_missing_job_fails_with_what_was_enqueued FAILED*",
@@ -218,3 +229,73 @@ def test_test_databases_start_an_embedded_server_of_their_own(
     with pytest.raises(OperationalError):
         engine.connect()
     engine.dispose()
+
+
+IMPORT_BOUND_CONFTEST = """
+import os
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from pgqueue import PgQueue
+
+# Bound when imported, as many services are: the plugin set the variable before this import.
+URL = os.environ["APP_DATABASE_URL"]
+app_queue = PgQueue(URL)
+
+
+@app_queue.task(name="double")
+def double(n: int) -> int:
+    return 2 * n
+
+
+def prepare(url):
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE app_things (id int)"))
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pgqueue_prepare_database():
+    return prepare
+
+
+@pytest.fixture
+def pgqueue_queue():
+    return app_queue
+"""
+
+IMPORT_BOUND_TESTS = """
+from sqlalchemy import create_engine, text
+
+from conftest import URL, double
+
+
+def test_the_session_database_is_the_one_the_app_imported_with(
+    pgqueue_session_database_url, pgqueue_run_jobs
+):
+    assert pgqueue_session_database_url == URL
+    job_id = double.enqueue(21)
+    assert [(r.job_id, r.result) for r in pgqueue_run_jobs()] == [(job_id, 42)]
+
+
+def test_per_test_databases_still_get_the_prepared_tables(pgqueue_database_url):
+    assert pgqueue_database_url != URL
+    engine = create_engine(pgqueue_database_url)
+    with engine.connect() as connection:
+        assert connection.scalar(text("SELECT count(*) FROM app_things")) == 0
+    engine.dispose()
+"""
+
+
+def test_an_app_bound_at_import_gets_a_session_database_before_its_conftest_runs(
+    pytester: pytest.Pytester, server_env: str, server_url: URL
+) -> None:
+    pytester.makeini("[pytest]\npgqueue_database_env = APP_DATABASE_URL\n")
+    pytester.makeconftest(IMPORT_BOUND_CONFTEST)
+    pytester.makepyfile(test_bound=IMPORT_BOUND_TESTS)
+    before = database_names(server_url)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert database_names(server_url) == before
