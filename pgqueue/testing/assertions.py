@@ -5,9 +5,9 @@ A job counts as enqueued while it is not finished: QUEUED, WAITING, RETRYING or 
 that ran to its end is in ``run_jobs``'s answer, or in ``ImmediateMode.runs``). Arguments match
 by meaning, not by spelling: both the expected ones and each job's are bound to the task's
 signature, so ``assert_enqueued(send_receipt, order_id=1)`` matches ``send_receipt.enqueue(1)``;
-only the arguments given are compared, and expected values go through the same JSON encoding
-as an enqueue (a tuple matches the list it is stored as). A failure lists the jobs that are
-enqueued, so the message shows what the code did instead.
+only the arguments given are compared, and expected values are checked as an enqueue checks
+its arguments (JSON values only: a tuple or a datetime is refused, not silently unmatched). A
+failure lists the jobs that are enqueued, so the message shows what the code did instead.
 """
 
 from __future__ import annotations
