@@ -62,8 +62,17 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     early_config.add_cleanup(databases.close)
     # Not from the template: ``pgqueue_prepare_database`` is a fixture, unknown until later.
     url = databases.create(from_template=False)
+    previous = os.environ.get(name)
     os.environ[name] = url
+    early_config.add_cleanup(lambda: _restore_env(name, previous))
     early_config.stash[_early] = (databases, url)
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
