@@ -20,24 +20,33 @@ pytest_plugins = ["pytester"]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flask_app"
 
-HOST_CONFTEST = """
-import pytest
-from sqlalchemy import create_engine, text
 
-from pgqueue import JobContext, PgQueue
-
-
+def prepare_fixture(table: str) -> str:
+    """A host conftest's ``pgqueue_prepare_database``, creating ``table`` (its definition)."""
+    return f"""
 def prepare(url):
     engine = create_engine(url)
     with engine.begin() as connection:
-        connection.execute(text("CREATE TABLE greetings (name text PRIMARY KEY)"))
+        connection.execute(text("CREATE TABLE {table}"))
     engine.dispose()
 
 
 @pytest.fixture(scope="session")
 def pgqueue_prepare_database():
     return prepare
+"""
 
+
+HOST_CONFTEST = (
+    """
+import pytest
+from sqlalchemy import create_engine, text
+
+from pgqueue import JobContext, PgQueue
+
+"""
+    + prepare_fixture("greetings (name text PRIMARY KEY)")
+    + """
 
 def register(pgq):
     @pgq.task(name="greet", pass_context=True)
@@ -64,6 +73,7 @@ def pgqueue_queue(pgqueue_database_url):
 def pgq():
     return "the host's own fixture named pgq"
 """
+)
 
 HOST_TESTS = """
 import os
@@ -231,7 +241,8 @@ def test_test_databases_start_an_embedded_server_of_their_own(
     engine.dispose()
 
 
-IMPORT_BOUND_CONFTEST = """
+IMPORT_BOUND_CONFTEST = (
+    """
 import os
 
 import pytest
@@ -248,23 +259,15 @@ app_queue = PgQueue(URL)
 def double(n: int) -> int:
     return 2 * n
 
-
-def prepare(url):
-    engine = create_engine(url)
-    with engine.begin() as connection:
-        connection.execute(text("CREATE TABLE app_things (id int)"))
-    engine.dispose()
-
-
-@pytest.fixture(scope="session")
-def pgqueue_prepare_database():
-    return prepare
-
+"""
+    + prepare_fixture("app_things (id int)")
+    + """
 
 @pytest.fixture
 def pgqueue_queue():
     return app_queue
 """
+)
 
 IMPORT_BOUND_TESTS = """
 from sqlalchemy import create_engine, text
