@@ -13,7 +13,8 @@ When a job runs:
   returns;
 - with ``session=`` a caller's ``Session``: inside that session's ``commit()``, after the
   commit (SQLAlchemy's ``after_commit`` event); a rollback forgets the jobs;
-- enqueued by a running job: after that job, in the order they were enqueued;
+- enqueued by a running job (``async def`` ones included): after that job, in the order they
+  were enqueued;
 - with ``depends_on``: after its parents, which were enqueued before it, ended (it runs if
   they succeeded, and is cancelled with them otherwise, as always);
 - with ``delay``/``run_at``: at once, like the others (immediate mode does not wait).
@@ -32,6 +33,7 @@ handler is not interrupted.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import os
@@ -93,8 +95,11 @@ class ImmediateMode:
         self.retries = retries
         self.runs: list[JobRun] = []
         self._worker_id = f"pgqueue-immediate:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._loop = AsyncLoop()
-        self._executor = Executor(pgq.registry, pgq.settings, pgq.handler_session, self._loop.get)
+        self._executor = Executor(pgq.registry, pgq.settings, pgq.handler_session, self._event_loop)
+        # Each running thread's event loop for ``async def`` handlers, and the queue of jobs
+        # of the thread waiting on it: a job enqueued by an async handler joins that queue.
+        self._loops: list[AsyncLoop] = []
+        self._owners: dict[asyncio.AbstractEventLoop, collections.deque[Entry]] = {}
         overrides = pgq.registry.lease_overrides().values()
         self._lease_seconds = max([pgq.settings.lease_seconds, *overrides])
         self._lock = threading.Lock()
@@ -120,7 +125,8 @@ class ImmediateMode:
         for session in list(self._watched):
             event.remove(session, "after_commit", self._committed)
             event.remove(session, "after_soft_rollback", self._rolled_back)
-        self._loop.stop()
+        for loop in self._loops:
+            loop.stop()
 
     # -- enqueues and commits ------------------------------------------------------------------
 
@@ -159,10 +165,11 @@ class ImmediateMode:
     def _run(self, entries: list[Entry]) -> None:
         """Queue ``entries`` in this thread and run its queue, unless this thread is already
         running it (a job enqueued by a job runs after that job)."""
-        local = self._thread
-        if not hasattr(local, "ready"):
-            local.ready = collections.deque()
-            local.running = False
+        owner = self._owner_waiting()
+        if owner is not None:
+            owner.extend(entries)  # run by the thread waiting on this async handler, after it
+            return
+        local = self._local()
         local.ready.extend(entries)
         if local.running:
             return
@@ -176,6 +183,34 @@ class ImmediateMode:
             raise
         finally:
             local.running = False
+
+    def _local(self) -> Any:
+        """This thread's queue of jobs to run, whether it is running them, and its event loop."""
+        local = self._thread
+        if not hasattr(local, "ready"):
+            local.ready = collections.deque()
+            local.running = False
+            local.loop = AsyncLoop()
+            with self._lock:
+                self._loops.append(local.loop)
+        return local
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop an ``async def`` handler run by this thread runs on."""
+        local = self._local()
+        loop: asyncio.AbstractEventLoop = local.loop.get()
+        with self._lock:
+            self._owners[loop] = local.ready
+        return loop
+
+    def _owner_waiting(self) -> collections.deque[Entry] | None:
+        """On the event loop of an ``async def`` handler: the queue of the thread running it."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        with self._lock:
+            return self._owners.get(loop)
 
     def _drain(self, ready: collections.deque[Entry]) -> None:
         while ready:

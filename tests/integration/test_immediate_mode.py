@@ -199,6 +199,26 @@ def test_jobs_enqueued_by_a_job_run_after_it_in_order(pgq: PgQueue) -> None:
     assert order == ["parent start", "parent end", "own transaction", "parent's session"]
 
 
+def test_jobs_enqueued_by_an_async_handler_run_after_it(pgq: PgQueue) -> None:
+    order: list[str] = []
+
+    @pgq.task(name="async_child")
+    async def async_child(name: str) -> None:
+        order.append(name)
+
+    @pgq.task(name="async_parent")
+    async def async_parent() -> None:
+        order.append("parent")
+        async_child.enqueue("child")
+        await asyncio.sleep(0)
+        order.append("parent end")
+
+    with immediate(pgq) as mode:
+        async_parent.enqueue()
+    assert order == ["parent", "parent end", "child"]
+    assert [r.state for r in mode.runs] == [JobState.SUCCEEDED, JobState.SUCCEEDED]
+
+
 def test_a_dependent_runs_once_its_parent_finished(pgq: PgQueue) -> None:
     order: list[str] = []
 
