@@ -236,6 +236,20 @@ def claim(
     return _claimed_jobs(rows)
 
 
+def claim_listed(
+    db: SessionOrExecutor,
+    job_ids: Sequence[int],
+    *,
+    worker_id: str,
+    lease_seconds: float,
+    atomic: bool = False,
+) -> list[ClaimedJob]:
+    """Claim the listed jobs whose ticket is there to take, due or not
+    (``sql.claim.claim_listed``); for running chosen jobs at once, as test helpers do."""
+    params = {"job_ids": list(job_ids), "worker": worker_id, "lease_seconds": lease_seconds}
+    return _claimed_jobs(executor_for(db).rows(claim_sql.claim_listed(atomic), params))
+
+
 def claimed_by(
     db: SessionOrExecutor, *, worker_id: str, held: Iterable[int], within: float
 ) -> list[ClaimedJob]:

@@ -1,7 +1,7 @@
 """The claim: one statement that locks ready tickets (``FOR UPDATE SKIP LOCKED``), deletes them
-and moves their jobs to RUNNING, in one of the named ``ClaimVariant`` forms; plus the reads that
-go with it (jobs a lost claim answer left to a worker, whether any queue has a limit, whether
-any ticket is claimable now).
+and moves their jobs to RUNNING, in one of the named ``ClaimVariant`` forms (or, for chosen
+jobs, ``claim_listed``); plus the reads that go with it (jobs a lost claim answer left to a
+worker, whether any queue has a limit, whether any ticket is claimable now).
 """
 
 from __future__ import annotations
@@ -133,16 +133,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
             Float,
         )
         lease = func.coalesce(task_lease, lease)
-    lease_expiry: ColumnElement[Any] = null() if atomic else func.now() + seconds(lease)
-    claimed_values: dict[str, Any] = {
-        "state": CLAIM.target,
-        "attempts": Job.attempts + 1,
-        "started_at": func.now(),
-        "updated_at": func.now(),
-        "lease_owner": bindparam("worker", type_=Text),
-        "lease_token": func.gen_random_uuid(),
-        "lease_expires_at": lease_expiry,
-    }
+    claimed_values = _claimed_values(atomic, lease)
     if not limits:
         lean_picked = free.cte("picked")
         lean_deleted = (
@@ -210,6 +201,53 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         .cte("bump")
     )
     return _move_to_running(deleted, claimed_values).add_cte(bump)
+
+
+@cache
+def claim_listed(in_transaction: bool) -> ReturningUpdate[Any]:
+    """Claim the tickets of the jobs in ``job_ids`` (array), whatever their ``run_at``, and move
+    those jobs to RUNNING like ``claim`` does (``in_transaction``: the atomic form, no lease
+    expiry). Binds ``job_ids``, ``worker``, ``lease_seconds``.
+
+    For running chosen jobs at once (``pgqueue.testing.immediate``), not for workers: tickets of
+    the other mode and of paused or limited queues are left alone, as the lean claim leaves them.
+    """
+    controlled = select(QueueControl.name).where(
+        or_(QueueControl.paused, QueueControl.concurrency_limit.is_not(None))
+    )
+    picked = (
+        select(MessageQueue.job_id)
+        .where(
+            MessageQueue.job_id == func.any(array_param("job_ids", BigInteger)),
+            MessageQueue.atomic == (true() if in_transaction else false()),
+            MessageQueue.queue.not_in(controlled),
+        )
+        .order_by(MessageQueue.job_id)
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+    )
+    claimed = (
+        delete(MessageQueue)
+        .where(among(MessageQueue.job_id, picked.c.job_id))
+        .returning(MessageQueue.job_id)
+        .cte("claimed")
+    )
+    lease = bindparam("lease_seconds", type_=Float)
+    return _move_to_running(claimed, _claimed_values(in_transaction, lease))
+
+
+def _claimed_values(atomic: bool, lease: ColumnElement[Any]) -> dict[str, Any]:
+    """The values a claim writes to each job it moves to RUNNING (``lease``: its seconds)."""
+    lease_expiry: ColumnElement[Any] = null() if atomic else func.now() + seconds(lease)
+    return {
+        "state": CLAIM.target,
+        "attempts": Job.attempts + 1,
+        "started_at": func.now(),
+        "updated_at": func.now(),
+        "lease_owner": bindparam("worker", type_=Text),
+        "lease_token": func.gen_random_uuid(),
+        "lease_expires_at": lease_expiry,
+    }
 
 
 def _move_to_running(claimed: Any, values: dict[str, Any]) -> ReturningUpdate[Any]:

@@ -1,6 +1,7 @@
 """Statements about the server and its sessions rather than jobs: creating and dropping a
-database (the demo), the listeners' ``LISTEN`` and session name, and forgetting prepared
-statements. Pure builders, like the rest of ``pgqueue.sql``.
+database (the demo, and the test databases of ``pgqueue.testing``), the listeners' ``LISTEN``
+and session name, and forgetting prepared statements. Pure builders, like the rest of
+``pgqueue.sql``.
 
 ``CREATE``/``DROP DATABASE`` take a name, so they are constructs compiled with the dialect's
 identifier preparer (quoted as the dialect quotes it, never pasted in). The others run on a
@@ -30,7 +31,11 @@ class _DatabaseStatement(ExecutableDDLElement):
 
 
 class _CreateDatabase(_DatabaseStatement):
-    """``CREATE DATABASE name``."""
+    """``CREATE DATABASE name`` (``TEMPLATE template`` when given)."""
+
+    def __init__(self, name: str, template: str | None = None) -> None:
+        super().__init__(name)
+        self.template = template
 
 
 class _DropDatabase(_DatabaseStatement):
@@ -39,7 +44,10 @@ class _DropDatabase(_DatabaseStatement):
 
 @compiles(_CreateDatabase)
 def _compile_create(element: _CreateDatabase, compiler: DDLCompiler, **kw: Any) -> str:
-    return "CREATE DATABASE " + compiler.preparer.quote(element.name)
+    statement = "CREATE DATABASE " + compiler.preparer.quote(element.name)
+    if element.template is not None:
+        statement += " TEMPLATE " + compiler.preparer.quote(element.template)
+    return statement
 
 
 @compiles(_DropDatabase)
@@ -47,9 +55,10 @@ def _compile_drop(element: _DropDatabase, compiler: DDLCompiler, **kw: Any) -> s
     return "DROP DATABASE IF EXISTS " + compiler.preparer.quote(element.name) + " WITH (FORCE)"
 
 
-def create_database(name: str) -> ExecutableDDLElement:
-    """``CREATE DATABASE name`` (run outside a transaction, e.g. on an AUTOCOMMIT engine)."""
-    return _CreateDatabase(name)
+def create_database(name: str, template: str | None = None) -> ExecutableDDLElement:
+    """``CREATE DATABASE name``, a copy of database ``template`` when given (run outside a
+    transaction, e.g. on an AUTOCOMMIT engine)."""
+    return _CreateDatabase(name, template)
 
 
 def drop_database(name: str) -> ExecutableDDLElement:

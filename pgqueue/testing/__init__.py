@@ -1,7 +1,11 @@
 """Helpers for test suites of applications that use pgqueue (and for pgqueue's own).
 
-``run_until_final`` runs an in-process worker until the given jobs reach a final state, which is
-what most tests of a task want: enqueue, run, assert on the job and on the task's effects.
+``immediate(pgq)`` runs jobs in the test's thread as their transactions commit
+(``immediate_mode``); ``run_jobs`` runs a worker until the queues are idle and returns what ran;
+``assert_enqueued`` and its friends check what is waiting (``assertions``); ``TestDatabases``
+makes a fresh migrated database per test (``databases``). The pytest fixtures over them live in
+``pgqueue.testing.plugin``, the one module here that imports pytest. ``run_until_final`` runs an
+in-process worker until the given jobs reach a final state.
 """
 
 from __future__ import annotations
@@ -17,10 +21,25 @@ from sqlalchemy.orm import Session
 from pgqueue.core import PgQueue
 from pgqueue.sql import admin as admin_statements
 from pgqueue.states import FINAL_STATES, JobState
+from pgqueue.testing.assertions import assert_enqueued, assert_not_enqueued, enqueued_jobs
+from pgqueue.testing.databases import TestDatabases
+from pgqueue.testing.immediate_mode import ImmediateMode, immediate
+from pgqueue.testing.records import EnqueuedJob, JobCall, JobRun
+from pgqueue.testing.running import run_jobs
 from pgqueue.worker import Worker
 
 __all__ = [
     "ConcurrencyProbe",
+    "EnqueuedJob",
+    "ImmediateMode",
+    "JobCall",
+    "JobRun",
+    "TestDatabases",
+    "assert_enqueued",
+    "assert_not_enqueued",
+    "enqueued_jobs",
+    "immediate",
+    "run_jobs",
     "run_until_final",
     "states_of",
     "table_counts",
