@@ -11,8 +11,11 @@ When a job runs:
 
 - enqueued without ``session=`` (its own transaction): once that commits, before ``enqueue``
   returns;
-- with ``session=`` a caller's ``Session``: inside that session's ``commit()``, after the
-  commit (SQLAlchemy's ``after_commit`` event); a rollback forgets the jobs;
+- with ``session=`` a caller's ``Session`` or ``AsyncSession``: inside that session's
+  ``commit()``, after the commit (SQLAlchemy's ``after_commit`` event); a rollback forgets the
+  jobs;
+- ``aenqueue`` and ``aenqueue_many`` alike: the jobs run in the thread of the event loop that
+  awaited the commit (the loop waits for them, as a test wants);
 - enqueued by a running job (``async def`` ones included): after that job, in the order they
   were enqueued;
 - with ``depends_on``: after its parents, which were enqueued before it, ended (it runs if
@@ -44,6 +47,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
 
 from pgqueue import repository, uow
@@ -110,18 +114,21 @@ class ImmediateMode:
         self._watched: weakref.WeakSet[Session] = weakref.WeakSet()
         self._thread = threading.local()
         self._insert_jobs = pgq.insert_jobs
+        self._ainsert_jobs = pgq.ainsert_jobs
 
     # -- the block -----------------------------------------------------------------------------
 
     def start(self) -> None:
         if "insert_jobs" in vars(self.pgq):
             raise RuntimeError("immediate mode is already on for this queue")
-        # An instance attribute shadows the method for this queue only, and only inside the
+        # Instance attributes shadow the methods for this queue only, and only inside the
         # block: enqueues elsewhere pay nothing for immediate mode existing.
         self.pgq.insert_jobs = self._inserted  # type: ignore[method-assign]
+        self.pgq.ainsert_jobs = self._ainserted  # type: ignore[method-assign]
 
     def stop(self) -> None:
         del self.pgq.insert_jobs
+        del self.pgq.ainsert_jobs
         for session in list(self._watched):
             event.remove(session, "after_commit", self._committed)
             event.remove(session, "after_soft_rollback", self._rolled_back)
@@ -132,17 +139,30 @@ class ImmediateMode:
 
     def _inserted(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]:
         ids = self._insert_jobs(session, jobs)
+        self._after_commit_of(session, ids, jobs)
+        return ids
+
+    async def _ainserted(self, session: AsyncSession | None, jobs: Sequence[NewJob]) -> list[int]:
+        ids = await self._ainsert_jobs(session, jobs)
+        # An AsyncSession commits through its synchronous Session, whose events fire then.
+        self._after_commit_of(None if session is None else session.sync_session, ids, jobs)
+        return ids
+
+    def _after_commit_of(
+        self, session: Session | None, ids: list[int], jobs: Sequence[NewJob]
+    ) -> None:
+        """Run the jobs ``ids`` now if they were inserted in their own (committed) transaction,
+        else when ``session`` commits."""
         entries = [(job_id, job.atomic) for job_id, job in zip(ids, jobs, strict=True)]
         if session is None:
             self._run(entries)
-            return ids
+            return
         with self._lock:
             if session not in self._watched:
                 self._watched.add(session)
                 event.listen(session, "after_commit", self._committed)
                 event.listen(session, "after_soft_rollback", self._rolled_back)
             self._uncommitted.setdefault(session, []).extend(entries)
-        return ids
 
     def _committed(self, session: Session) -> None:
         if session.in_nested_transaction():

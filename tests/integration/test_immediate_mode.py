@@ -7,7 +7,8 @@ import asyncio
 import threading
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import URL, text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from pgqueue import JobContext, JobState, PgQueue
 from pgqueue.errors import ValidationError
@@ -266,3 +267,60 @@ def test_immediate_refuses_what_is_not_a_queue_and_a_second_block(pgq: PgQueue) 
     with immediate(pgq), pytest.raises(RuntimeError, match="already on"), immediate(pgq):
         pass  # pragma: no cover
     assert "insert_jobs" not in vars(pgq)
+
+
+def test_an_async_session_enqueue_runs_when_its_commit_returns_and_never_after_rollback(
+    pgq: PgQueue, database_url: URL
+) -> None:
+    seen: list[int] = []
+
+    @pgq.task(name="greet")
+    def greet(n: int) -> str:
+        seen.append(n)
+        return f"hello {n}"
+
+    async def main() -> tuple[list[int], list[int], int]:
+        engine = create_async_engine(database_url.set(drivername="postgresql+psycopg_async"))
+        try:
+            async with AsyncSession(engine) as session:
+                await greet.configure(session=session).aenqueue(1)
+                await session.rollback()
+            async with AsyncSession(engine) as session:
+                committed = await greet.configure(session=session).aenqueue(2)
+                before_commit = list(seen)
+                await session.commit()
+                after_commit = list(seen)
+            return before_commit, after_commit, committed
+        finally:
+            await engine.dispose()
+            await pgq.adispose()
+
+    with immediate(pgq) as mode:
+        before_commit, after_commit, job_id = asyncio.run(main())
+    assert (before_commit, after_commit) == ([], [2])
+    assert [(r.job_id, r.args, r.state) for r in mode.runs] == [(job_id, (2,), JobState.SUCCEEDED)]
+    assert table_counts(pgq.engine)["pgqueue_jobs"] == 1
+
+
+def test_an_aenqueue_in_its_own_transaction_has_run_when_it_returns(pgq: PgQueue) -> None:
+    seen: list[int] = []
+
+    @pgq.task(name="greet")
+    def greet(n: int) -> None:
+        seen.append(n)
+
+    async def main() -> tuple[list[int], list[int]]:
+        try:
+            await greet.aenqueue(1)
+            after_one = list(seen)
+            await greet.aenqueue_many([(2,), (3,)])
+            return after_one, list(seen)
+        finally:
+            await pgq.adispose()
+
+    with immediate(pgq) as mode:
+        after_one, after_many = asyncio.run(main())
+    assert (after_one, after_many) == ([1], [1, 2, 3])
+    ids = [run.job_id for run in mode.runs]
+    assert len(ids) == 3
+    assert states_of(pgq, ids) == dict.fromkeys(ids, JobState.SUCCEEDED)
