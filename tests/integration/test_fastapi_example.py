@@ -171,3 +171,22 @@ async def test_a_request_that_fails_after_enqueuing_leaves_neither_order_nor_job
     assert response.status_code == 500
     assert invalid.status_code == 422
     assert [count(example_url, model) for model in (Order, Job, MessageQueue)] == before
+
+
+def test_the_examples_own_tests_pass_on_the_pytest_plugin(server_url: URL) -> None:
+    """``pytest`` in examples/fastapi_app: the plugin makes the session's database before the
+    example's conftest imports the app, as its pytest.ini asks."""
+    env = dict(os.environ)
+    env.pop("DATABASE_URL", None)
+    env["PGQUEUE_TEST_DATABASE_URL"] = server_url.render_as_string(hide_password=False)
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "4 passed" in completed.stdout, completed.stdout
