@@ -97,7 +97,12 @@ class PgQueue:
         )
         # ``get_job`` looked up on each read, so that a wrapper set on the instance sees them.
         self._job_waiter = JobWaiter(
-            lambda job_id: self.get_job(job_id), self.listen_connection, lambda: self.can_listen
+            lambda job_id: self.get_job(job_id),
+            lambda job_id: uow.run(
+                self.database, lambda db: repository.mark_awaited(db, job_id), autocommit=True
+            ),
+            self.listen_connection,
+            lambda: self.can_listen,
         )
         if isinstance(database, Engine):
             if database.dialect.name != "postgresql":

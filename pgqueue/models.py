@@ -175,6 +175,9 @@ class Job(Base):
     trace_context: Mapped[dict[str, Any] | None] = mapped_column(StoredJSON)
     """The enqueuing code's trace context (W3C ``traceparent``/``tracestate``) when tracing is
     enabled, so the job's run joins that trace; null otherwise (migration pgqueue_0007)."""
+    awaited: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """Someone waits for this job to finish (``wait_for``/``await_job`` set it before waiting):
+    only then does the statement that ends it announce it (``sql.common.announced``)."""
 
     __table_args__ = (
         CheckConstraint(STATE_CHECK, name="state_valid"),

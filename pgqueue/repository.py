@@ -540,6 +540,12 @@ def get_job(session: Session, job_id: int) -> Job | None:
     return session.execute(admin.get_job(), {"job_id": job_id}).scalar_one_or_none()
 
 
+def mark_awaited(db: SessionOrExecutor, job_id: int) -> bool:
+    """Mark job ``job_id`` as waited for (its end is then announced); False when it is
+    finished, missing or already marked."""
+    return bool(executor_for(db).rows(admin.mark_awaited(), {"job_id": job_id}))
+
+
 def state_counts(db: SessionOrExecutor) -> dict[str, dict[JobState, int]]:
     """``{queue: {state: count}}`` over all jobs."""
     counts: dict[str, dict[JobState, int]] = {}

@@ -10,8 +10,10 @@ connection from ``PgQueue.listen_connection`` (so behind a transaction pooler, t
 waiter's own event loop. One thread serves every event loop, which a listener built on one
 loop's asyncio connection could not (a ``PgQueue`` outlives the loops of, say, a test suite).
 
-A waiter subscribes before it reads the job, and the listener wakes every subscriber each time
-its ``LISTEN`` is (re)established. So a job that ends between the read and the wait is either
+Only jobs someone waits for are announced: a waiter subscribes, then marks its job awaited
+(``pgqueue_jobs.awaited``, an UPDATE of the job's row, ordered with the statement that ends it),
+then reads it; and the listener wakes every subscriber each time its ``LISTEN`` is
+(re)established. So a job that ends between the read and the wait is either
 seen by the read, or announced to the listener, or covered by that wake-up after a reconnect:
 no wake-up is lost. A waiter also reads the job again every ``RECHECK_SECONDS`` whatever it
 hears: a safety net for what is not announced (a job deleted while waited for), and, every
@@ -153,10 +155,12 @@ class JobWaiter:
     def __init__(
         self,
         get_job: Callable[[int], Job],
+        mark_awaited: Callable[[int], object],
         connect: Connect,
         can_listen: Callable[[], bool],
     ) -> None:
         self._get_job = get_job
+        self._mark_awaited = mark_awaited
         self._connect = connect
         self._can_listen = can_listen
         self._lock = threading.Lock()
@@ -191,6 +195,7 @@ class JobWaiter:
         if listener is not None:
             listener.subscribe(job_id, wake)
         try:
+            self._mark_awaited(job_id)
             while True:
                 job = self._get_job(job_id)
                 if JobState(job.state) in FINAL_STATES:
@@ -217,8 +222,9 @@ class JobWaiter:
         if listener is not None:
             listener.subscribe(job_id, wake)
         try:
+            # The mark and the reads are blocking database calls: in a thread, off the loop.
+            await asyncio.to_thread(self._mark_awaited, job_id)
             while True:
-                # The read is a blocking database call: in a thread, off the loop.
                 job = await asyncio.to_thread(self._get_job, job_id)
                 if JobState(job.state) in FINAL_STATES:
                     return job

@@ -20,6 +20,7 @@ from sqlalchemy import (
     bindparam,
     cast,
     delete,
+    false,
     func,
     literal,
     null,
@@ -37,11 +38,13 @@ from pgqueue.sql.common import (
     announced,
     array_param,
     ids_with_new_tickets,
+    in_states,
     seconds,
     source_states,
 )
 from pgqueue.states import (
     CANCEL,
+    FINAL_STATES,
     RERUN,
     JobState,
 )
@@ -51,6 +54,26 @@ from pgqueue.states import (
 def get_job() -> Select[Job]:
     """One job by ``job_id``."""
     return select(Job).where(Job.id == bindparam("job_id", type_=BigInteger))
+
+
+@cache
+def mark_awaited() -> ReturningUpdate[tuple[int]]:
+    """Mark job ``job_id`` as awaited unless it is finished or already marked (so a second
+    waiter writes nothing). Binds ``job_id``.
+
+    An UPDATE of the job's own row, so it orders with the statement that ends the job: whichever
+    takes the row first, the other sees its write (the ending sees ``awaited`` and announces;
+    or the mark finds the job finished and the waiter's next read returns it)."""
+    return (
+        update(Job)
+        .where(
+            Job.id == bindparam("job_id", type_=BigInteger),
+            Job.awaited.is_(false()),
+            in_states(Job.state, frozenset(JobState) - FINAL_STATES),
+        )
+        .values(awaited=true())
+        .returning(Job.id)
+    )
 
 
 @cache
@@ -129,7 +152,7 @@ def cancel_waiting() -> Select[int, list[int] | None]:
         update(Job)
         .where(Job.id == job_id, has_ticket_or_blocked, source_states(CANCEL))
         .values(**CANCEL_VALUES)
-        .returning(Job.id, Job.dependents)
+        .returning(Job.id, Job.dependents, Job.awaited)
         .cte("cancelled")
     )
     return select(updated.c.id, updated.c.dependents).where(announced(updated))

@@ -118,7 +118,7 @@ def cancel_waiting(shape: Shape) -> Select[int, list[int] | None]:
         update(Job)
         .where(matching(shape), has_ticket_or_blocked, source_states(CANCEL))
         .values(**CANCEL_VALUES)
-        .returning(Job.id, Job.dependents)
+        .returning(Job.id, Job.dependents, Job.awaited)
         .cte("cancelled")
     )
     cancelled = select(func.count()).select_from(updated).scalar_subquery()

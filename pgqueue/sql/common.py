@@ -177,13 +177,15 @@ def woken(tickets: Any) -> ColumnElement[bool]:
 
 def announced(ended: Any, *where: ColumnElement[bool]) -> ColumnElement[bool]:
     """An always-true condition that sends ONE NOTIFY on ``FINISHED_CHANNEL`` naming the jobs of
-    ``ended`` (a CTE returning ``id``) that match ``where``, as comma-separated ids, or
-    ``ALL_FINISHED`` when those do not fit in a payload; none when there are none. Delivered at
-    commit, like ``woken``'s, and a condition for the same reason."""
+    ``ended`` (a CTE returning ``id`` and ``awaited``) that someone waits for and that match
+    ``where``, as comma-separated ids, or ``ALL_FINISHED`` when those do not fit in a payload;
+    none when there are none. Delivered at commit, like ``woken``'s, and a condition for the
+    same reason. Only awaited jobs: a transaction that notifies takes a cluster-wide lock at
+    commit, which jobs nobody waits for must not pay."""
     batch = (
         select(func.string_agg(cast(ended.c.id, Text), literal(",")).label("ids"))
         .select_from(ended)
-        .where(*where)
+        .where(ended.c.awaited, *where)
         .subquery(f"{ended.name}_announced")
     )
     fits = func.octet_length(batch.c.ids) <= MAX_PAYLOAD_BYTES

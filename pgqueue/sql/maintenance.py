@@ -101,7 +101,14 @@ def rescue_expired() -> Select[int, str, list[int] | None]:
             **CLEAR_LEASE,
         )
         .returning(
-            Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.dependents
+            Job.id,
+            Job.state,
+            Job.queue,
+            Job.priority,
+            Job.run_at,
+            Job.atomic,
+            Job.dependents,
+            Job.awaited,
         )
         .cte("rescued")
     )

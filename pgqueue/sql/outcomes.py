@@ -94,7 +94,7 @@ def complete() -> Select[int, list[int] | None]:
             updated_at=func.now(),
             **CLEAR_LEASE,
         )
-        .returning(Job.id, Job.queue, Job.dependents)
+        .returning(Job.id, Job.queue, Job.dependents, Job.awaited)
         .cte("completed")
     )
     return (
@@ -146,7 +146,7 @@ def _end_with_error(transition: Transition, name: str, *, record: bool) -> Any:
             errors=history,
             **CLEAR_LEASE,
         )
-        .returning(Job.id, Job.queue, Job.state, Job.dependents)
+        .returning(Job.id, Job.queue, Job.state, Job.dependents, Job.awaited)
         .cte(name)
     )
     return select(ended.c.id, ended.c.dependents).add_cte(free_slots(ended)).where(announced(ended))
@@ -276,7 +276,7 @@ def settle_dependents() -> CompoundSelect[Any]:
             updated_at=func.now(),
             last_error=reason,
         )
-        .returning(Job.id, Job.state)
+        .returning(Job.id, Job.state, Job.awaited)
         .cte("abandoned")
     )
     ready = select(candidates.c.id).where(~unfinished)

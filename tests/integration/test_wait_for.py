@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
+import psycopg
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
@@ -231,6 +232,8 @@ def test_a_bulk_cancel_of_more_jobs_than_one_announcement_names_wakes_every_wait
     counter = ReadCounter(pgq, monkeypatch)
     ids = idle.enqueue_many([[n] for n in range(3000)])
     assert len(",".join(map(str, ids))) > MAX_PAYLOAD_BYTES
+    with engine.begin() as connection:  # as if every job had a waiter of its own
+        connection.execute(text("UPDATE pgqueue_jobs SET awaited = true"))
     watched = [ids[0], ids[-1]]
     with ThreadPoolExecutor(len(watched)) as pool:
         futures = [pool.submit(pgq.wait_for, job_id, timeout=WAIT) for job_id in watched]
@@ -451,3 +454,42 @@ def test_a_job_ended_while_the_listener_reconnects_still_wakes_its_waiter(
         assert pgq.cancel_job(job_id) is JobState.CANCELLED
         assert future.result(timeout=WOKEN_WITHIN).state is JobState.CANCELLED
     wait_listening(engine)
+
+
+def test_only_jobs_someone_waits_for_are_announced(
+    pgq: PgQueue, database_url: URL, monkeypatch: pytest.MonkeyPatch, engine: Engine
+) -> None:
+    """Jobs that end with no waiter send no notification (its commit-time lock is
+    cluster-wide); an awaited job's end names that job alone."""
+
+    @pgq.task(name="work", max_attempts=1)
+    def work(n: int) -> int:
+        if n < 0:
+            raise ValueError("negative")
+        return n
+
+    heard: list[str] = []
+    url = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute('LISTEN "pgqueue_finished"')
+        unawaited = [work.enqueue(1), work.enqueue(-1), work.enqueue(2)]
+        pgq.cancel_job(unawaited[2])
+        pgq.run_worker(drain=True)
+        assert [pgq.get_job(job_id).state for job_id in unawaited] == [
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+        ]
+        heard.extend(note.payload for note in listener.notifies(timeout=0.5))
+        assert heard == []
+
+        awaited, other = work.enqueue(3), work.enqueue(4)
+        with running_worker(pgq), ThreadPoolExecutor(1) as pool:
+            job = pool.submit(pgq.wait_for, awaited, timeout=WAIT).result(timeout=WAIT)
+            assert job.result == 3
+            deadline = time.monotonic() + WAIT
+            while pgq.get_job(other).state is not JobState.SUCCEEDED:
+                assert time.monotonic() < deadline, "the other job never ran"
+                time.sleep(0.01)
+        heard.extend(note.payload for note in listener.notifies(timeout=0.5))
+    assert heard == [str(awaited)]
