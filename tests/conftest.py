@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +90,24 @@ def template_name(server_url: URL) -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def run_example_tests(example: Path, server_url: str) -> subprocess.CompletedProcess[str]:
+    """``pytest`` run in the example application ``example``, as its README says, making its
+    databases on the server ``server_url``; asserts it passed and returns it."""
+    env = dict(os.environ, PGQUEUE_TEST_DATABASE_URL=server_url)
+    env.pop("DATABASE_URL", None)
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=example,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed
 
 
 def create_database(server_url: URL, template: str | None) -> URL:

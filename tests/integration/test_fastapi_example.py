@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import create_database, drop_database
+from conftest import create_database, drop_database, run_example_tests
 from fastapi import Depends
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import URL
@@ -176,17 +176,5 @@ async def test_a_request_that_fails_after_enqueuing_leaves_neither_order_nor_job
 def test_the_examples_own_tests_pass_on_the_pytest_plugin(server_url: URL) -> None:
     """``pytest`` in examples/fastapi_app: the plugin makes the session's database before the
     example's conftest imports the app, as its pytest.ini asks."""
-    env = dict(os.environ)
-    env.pop("DATABASE_URL", None)
-    env["PGQUEUE_TEST_DATABASE_URL"] = server_url.render_as_string(hide_password=False)
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=EXAMPLE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
+    completed = run_example_tests(EXAMPLE, server_url.render_as_string(hide_password=False))
     assert "4 passed" in completed.stdout, completed.stdout

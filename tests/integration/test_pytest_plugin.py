@@ -4,12 +4,10 @@ example's own tests."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_example_tests
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
@@ -201,18 +199,7 @@ def test_the_plugin_loads_by_itself_and_touches_no_database_unless_asked(
 
 
 def test_the_flask_examples_own_tests_pass_on_the_plugin(server_env: str) -> None:
-    env = dict(os.environ, PGQUEUE_TEST_DATABASE_URL=server_env)
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=EXAMPLE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    assert "4 passed" in completed.stdout
+    assert "4 passed" in run_example_tests(EXAMPLE, server_env).stdout
 
 
 def test_test_databases_start_an_embedded_server_of_their_own(
