@@ -21,6 +21,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Enum,
+    Float,
     Identity,
     Index,
     Integer,
@@ -175,6 +176,15 @@ class Job(Base):
     trace_context: Mapped[dict[str, Any] | None] = mapped_column(StoredJSON)
     """The enqueuing code's trace context (W3C ``traceparent``/``tracestate``) when tracing is
     enabled, so the job's run joins that trace; null otherwise (migration pgqueue_0007)."""
+    snoozes: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Times a handler raised ``Snooze``: each re-scheduled the job without counting an attempt,
+    up to the ``max_snoozes`` setting (past it a snooze counts as a failed attempt)."""
+    progress: Mapped[float | None] = mapped_column(Float)
+    """The fraction (0 to 1) the handler last reported with ``ctx.progress``; null if never."""
+    progress_message: Mapped[str | None] = mapped_column(Text)
+    """The message reported with ``progress`` (capped in size), if any."""
+    progress_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """When ``progress`` was written (by a heartbeat or with the attempt's outcome)."""
 
     __table_args__ = (
         CheckConstraint(STATE_CHECK, name="state_valid"),
