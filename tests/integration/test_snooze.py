@@ -18,22 +18,13 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy.engine import URL
+from test_explain import explain_lines
 
 from pgqueue import JobContext, JobState, PgQueue, Settings, Snooze, ValidationError, repository
 from pgqueue.claim_choice import LimitsSeen
 from pgqueue.jobs import Outcome
 from pgqueue.models import MessageQueue, QueueControl
 from pgqueue.testing import run_until_final, table_counts
-
-
-def _pgqueue(*args: str, url: URL) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgqueue", *args],
-        env={**os.environ, "PGQUEUE_DATABASE_URL": url.render_as_string(hide_password=False)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture
@@ -97,13 +88,20 @@ def test_snooze_reschedules_at_now_plus_delay_and_keeps_the_running_counter(
     assert job.run_at == ticket_run_at
     assert dt.timedelta(minutes=9) < ticket_run_at - now <= dt.timedelta(minutes=10)
 
-    explained = _pgqueue("explain", str(job_id), url=database_url)
-    assert explained.returncode == 0, explained.stderr[-2000:]
-    lines = explained.stdout.splitlines()
+    lines = explain_lines(job_id, database_url)
     assert lines[1].strip().startswith("scheduled: snoozed 1 time, next run at "), lines
     assert f"{ticket_run_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC" in lines[1]
 
-    shown = _pgqueue("show", str(job_id), "--json", url=database_url)
+    shown = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "show", str(job_id), "--json"],
+        env={
+            **os.environ,
+            "PGQUEUE_DATABASE_URL": database_url.render_as_string(hide_password=False),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert json.loads(shown.stdout)["snoozes"] == 1
 
