@@ -20,7 +20,7 @@ from pgqueue.errors import (
 )
 from pgqueue.models import Job, MessageQueue
 from pgqueue.states import JobState
-from pgqueue.tasks import ConfiguredTask, JobContext, Retry, Task
+from pgqueue.tasks import ConfiguredTask, JobContext, Retry, Snooze, Task
 from pgqueue.worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
@@ -41,6 +41,7 @@ __all__ = [
     "Retry",
     "SerializationError",
     "Settings",
+    "Snooze",
     "Task",
     "UnknownTask",
     "ValidationError",

@@ -100,6 +100,10 @@ class Settings:
     """Deepest nesting of lists/dicts accepted in args."""
     max_error_bytes: int = 16_384
     """Error text + traceback kept per attempt is cut to this many UTF-8 bytes (at least 256)."""
+    max_snoozes: int = 100
+    """How many times one job may ``raise Snooze`` without the snooze counting as an attempt;
+    past it each snooze is a failed attempt (retried after the snooze's delay, or failed for
+    good on the last attempt)."""
     succeeded_retention: float = 7 * 86_400.0
     """Age after which succeeded jobs are pruned."""
     failed_retention: float = 30 * 86_400.0
@@ -163,6 +167,7 @@ class Settings:
             "max_payload_bytes",
             "max_json_depth",
             "max_error_bytes",
+            "max_snoozes",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -225,12 +225,21 @@ def _waiting_blockers(facts: JobFacts, state: JobState) -> list[Blocker]:
         blockers.append(_dependencies(job, facts.dependencies))
     run_at: dt.datetime = job.ticket_run_at if job.has_ticket else job.run_at
     if run_at > now:
+        when = f"{_when(run_at)} (in {_duration((run_at - now).total_seconds())})"
+        # A QUEUED job with snoozes was last put back by its handler's ``Snooze``.
+        snoozed = state is JobState.QUEUED and job.snoozes > 0
         blockers.append(
             Blocker(
                 BlockerKind.SCHEDULED,
-                f"run_at is in the future: {_when(run_at)} "
-                f"(in {_duration((run_at - now).total_seconds())})",
-                {"run_at": run_at, "seconds": (run_at - now).total_seconds()},
+                f"snoozed {job.snoozes} {'time' if job.snoozes == 1 else 'times'}, "
+                f"next run at {when}"
+                if snoozed
+                else f"run_at is in the future: {when}",
+                {
+                    "run_at": run_at,
+                    "seconds": (run_at - now).total_seconds(),
+                    "snoozes": job.snoozes,
+                },
             )
         )
     if job.paused:

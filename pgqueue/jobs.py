@@ -16,13 +16,17 @@ from pgqueue.states import OutcomeKind
 
 # Bound once: the constructors below run once per job, and an enum member looked up on its
 # class costs a lookup each time.
-_COMPLETE, _RETRY, _FAIL, _CANCELLED, _RELEASE = (
+_COMPLETE, _RETRY, _FAIL, _CANCELLED, _RELEASE, _SNOOZE = (
     OutcomeKind.COMPLETE,
     OutcomeKind.RETRY,
     OutcomeKind.FAIL,
     OutcomeKind.CANCELLED,
     OutcomeKind.RELEASE,
+    OutcomeKind.SNOOZE,
 )
+
+# What a handler reported with ``JobContext.progress``: the fraction done and a message.
+Progress = tuple[float, str | None]
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass is slower to build, once per job
@@ -62,12 +66,14 @@ class ClaimedJob:
     problem: str | None = None  # why the row cannot run (its arguments did not decode)
 
 
-@dataclass(slots=True)  # not frozen (cheaper to build, one per job); never mutated
+@dataclass(slots=True)  # not frozen (cheaper to build, one per job)
 class Outcome:
     """The result of one attempt, to be written by a batched transition (``kind.transition``).
 
     Built with the constructor named after its kind (``Outcome.complete(job)``,
-    ``Outcome.retry(job, error, delay)`` ...), which takes what that transition writes.
+    ``Outcome.retry(job, error, delay)`` ...), which takes what that transition writes. The
+    executor sets ``progress`` once, before handing it on, when the handler reported progress
+    that no heartbeat wrote yet; it is never changed after that.
     """
 
     job_id: int
@@ -76,6 +82,8 @@ class Outcome:
     result_json: str = "null"
     error: str = ""
     delay: float = 0.0
+    max_snoozes: int = 0  # a snooze's: how many the job may have before one counts as an attempt
+    progress: Progress | None = None
 
     @classmethod
     def complete(cls, job: ClaimedJob, result_json: str = "null") -> Outcome:
@@ -101,6 +109,14 @@ class Outcome:
     def release(cls, job: ClaimedJob) -> Outcome:
         """Shutdown gave the job back before its handler ended; the attempt does not count."""
         return cls(job.id, job.lease_token, _RELEASE)
+
+    @classmethod
+    def snooze(cls, job: ClaimedJob, delay: float, max_snoozes: int) -> Outcome:
+        """The handler asked to run again ``delay`` seconds from now without using an attempt;
+        once the job snoozed ``max_snoozes`` times, the snooze counts as a failed attempt
+        (retried after ``delay``, or failed for good on the last attempt) whose error the
+        statement writes."""
+        return cls(job.id, job.lease_token, _SNOOZE, "null", "", delay, max_snoozes)
 
 
 @dataclass(frozen=True, slots=True)

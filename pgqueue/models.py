@@ -21,6 +21,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Enum,
+    Float,
     Identity,
     Index,
     Integer,
@@ -178,6 +179,15 @@ class Job(Base):
     awaited: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     """Someone waits for this job to finish (``wait_for``/``await_job`` set it before waiting):
     only then does the statement that ends it announce it (``sql.common.announced``)."""
+    snoozes: Mapped[int] = mapped_column(Integer, server_default="0")
+    """Times a handler raised ``Snooze``: each re-scheduled the job without counting an attempt,
+    up to the ``max_snoozes`` setting (past it a snooze counts as a failed attempt)."""
+    progress: Mapped[float | None] = mapped_column(Float)
+    """The fraction (0 to 1) the handler last reported with ``ctx.progress``; null if never."""
+    progress_message: Mapped[str | None] = mapped_column(Text)
+    """The message reported with ``progress`` (capped in size), if any."""
+    progress_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """When ``progress`` was written (by a heartbeat or with the attempt's outcome)."""
 
     __table_args__ = (
         CheckConstraint(STATE_CHECK, name="state_valid"),

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from pgqueue import claim_choice, copy_rows, dependencies, validation
 from pgqueue.db import Executor, claimer_key, executor_for
 from pgqueue.errors import JobNotFound, SerializationError, ValidationError
-from pgqueue.jobs import ClaimedJob, NewJob, Outcome, WorkerEntry
+from pgqueue.jobs import ClaimedJob, NewJob, Outcome, Progress, WorkerEntry
 from pgqueue.models import Job
 from pgqueue.sql import admin, control, enqueue, maintenance
 from pgqueue.sql import claim as claim_sql
@@ -297,9 +297,13 @@ _OUTCOME_STATEMENTS = {
     OutcomeKind.FAIL: outcome_sql.fail,
     OutcomeKind.CANCELLED: outcome_sql.mark_cancelled,
     OutcomeKind.RELEASE: outcome_sql.release,
+    OutcomeKind.SNOOZE: outcome_sql.snooze,
 }
-# Outcomes that end their job: its dependents are settled in the same transaction.
-_ENDING_KINDS = frozenset(k for k in OutcomeKind if k.transition.target in FINAL_STATES)
+# Outcomes that end (or, a snooze past its maximum, may end) their job: its dependents are
+# settled in the same transaction.
+_ENDING_KINDS = frozenset(
+    k for k in OutcomeKind if k.transition.target in FINAL_STATES or k is OutcomeKind.SNOOZE
+)
 
 
 def record_outcomes(db: SessionOrExecutor, outcomes: Iterable[Outcome]) -> set[int]:
@@ -324,7 +328,9 @@ def record_outcomes(db: SessionOrExecutor, outcomes: Iterable[Outcome]) -> set[i
         statement = _OUTCOME_STATEMENTS.get(kind)
         if statement is None:  # pragma: no cover - Outcome kinds are produced by pgqueue only
             raise ValueError(f"unknown outcome kind {kind!r}")
-        rows = ex.rows(statement(), _outcome_params(kind, batch))
+        params = _outcome_params(kind, batch)
+        with_progress = _add_progress(params, batch)
+        rows = ex.rows(statement(with_progress), params)
         if kind in _ENDING_KINDS:
             ended |= dependencies.ended_dependents(rows, 1)
         if len(rows) != len(batch):
@@ -348,17 +354,34 @@ def _outcome_params(kind: OutcomeKind, batch: Sequence[Outcome]) -> dict[str, An
         params["errors"] = [o.error for o in batch]
     elif kind in (OutcomeKind.FAIL, OutcomeKind.CANCELLED):
         params["errors"] = [o.error for o in batch]
+    elif kind == OutcomeKind.SNOOZE:
+        params["delays"] = [o.delay for o in batch]
+        params["max_snoozes"] = [o.max_snoozes for o in batch]
     return params
+
+
+def _add_progress(params: dict[str, Any], batch: Sequence[Outcome]) -> bool:
+    """Add the progress arrays of ``batch`` to ``params`` when any of its outcomes carries
+    progress no heartbeat wrote (then the statement's ``with_progress`` form runs); whether
+    it did."""
+    if all(o.progress is None for o in batch):
+        return False
+    reported = [o.progress for o in batch]
+    params["progress_values"] = [None if p is None else p[0] for p in reported]
+    params["progress_messages"] = [None if p is None else p[1] for p in reported]
+    return True
 
 
 def heartbeat(
     db: SessionOrExecutor,
     leases: Sequence[tuple[int, uuid.UUID, float]],
     worker: WorkerEntry | None = None,
+    progress: Mapping[int, Progress] | None = None,
 ) -> dict[int, bool]:
     """Extend leases ``(job id, token, seconds)``; return ``{id: cancel_requested}`` for those
     still held (ids missing from the result have lost their lease). With ``worker``, the same
-    statement refreshes that worker's registry row (``worker_seen``)."""
+    statement refreshes that worker's registry row (``worker_seen``); with ``progress`` (job
+    id -> progress reported since the last write), it also writes that progress."""
     if not leases:
         return {}
     params: dict[str, Any] = {
@@ -366,10 +389,15 @@ def heartbeat(
         "tokens": [token for _, token, _ in leases],
         "lease_seconds": [seconds for _, _, seconds in leases],
     }
-    statement = outcome_sql.heartbeat()
+    with_progress = bool(progress)
+    if progress:
+        reported = [progress.get(job_id) for job_id, _, _ in leases]
+        params["progress_values"] = [None if p is None else p[0] for p in reported]
+        params["progress_messages"] = [None if p is None else p[1] for p in reported]
+    statement = outcome_sql.heartbeat(with_progress)
     if worker is not None:
         params.update(_worker_params(worker))
-        statement = workers_sql.heartbeat_and_seen()
+        statement = workers_sql.heartbeat_and_seen(with_progress)
     return {job_id: bool(flag) for job_id, flag in executor_for(db).rows(statement, params)}
 
 

@@ -14,6 +14,9 @@ The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded trans
     fail         RUNNING            -> FAILED      lease checked, attempts exhausted or not retryable
     cancelled    RUNNING            -> CANCELLED   lease checked, handler saw the cancel request
     release      RUNNING            -> QUEUED      lease checked, graceful shutdown; attempt not counted
+    snooze       RUNNING            -> QUEUED      lease checked, ticket at now()+delay, attempt not
+                                                   counted, snoozes + 1 (past the ``max_snoozes``
+                                                   setting the same statement writes retry or fail)
     rescue       RUNNING            -> RETRYING    lease expired (database clock); ticket now
     rescue_fail  RUNNING            -> FAILED      lease expired and attempts exhausted
     cancel       QUEUED, RETRYING,  -> CANCELLED   ticket deleted (running jobs get a flag instead)
@@ -77,6 +80,7 @@ RETRY: Final = _t("retry", {JobState.RUNNING}, JobState.RETRYING, lease=True)
 FAIL: Final = _t("fail", {JobState.RUNNING}, JobState.FAILED, lease=True)
 CANCELLED: Final = _t("cancelled", {JobState.RUNNING}, JobState.CANCELLED, lease=True)
 RELEASE: Final = _t("release", {JobState.RUNNING}, JobState.QUEUED, lease=True)
+SNOOZE: Final = _t("snooze", {JobState.RUNNING}, JobState.QUEUED, lease=True)
 RESCUE: Final = _t("rescue", {JobState.RUNNING}, JobState.RETRYING, lease=False)
 RESCUE_FAIL: Final = _t("rescue_fail", {JobState.RUNNING}, JobState.FAILED, lease=False)
 CANCEL: Final = _t(
@@ -98,6 +102,7 @@ TRANSITIONS: Final[dict[str, Transition]] = {
         FAIL,
         CANCELLED,
         RELEASE,
+        SNOOZE,
         RESCUE,
         RESCUE_FAIL,
         CANCEL,
@@ -124,6 +129,7 @@ class OutcomeKind(enum.StrEnum):
     FAIL = "fail"
     CANCELLED = "cancelled"
     RELEASE = "release"
+    SNOOZE = "snooze"
 
     @property
     def transition(self) -> Transition:

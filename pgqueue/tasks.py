@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from pgqueue import backoff, validation
 from pgqueue.aio import check_async_session
 from pgqueue.errors import UnknownTask, ValidationError
-from pgqueue.jobs import NewJob
+from pgqueue.jobs import NewJob, Progress
 
 if TYPE_CHECKING:
     from pgqueue.config import Settings
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
-__all__ = ["ConfiguredTask", "JobContext", "Retry", "Task", "TaskRegistry"]
+__all__ = ["ConfiguredTask", "JobContext", "Retry", "Snooze", "Task", "TaskRegistry"]
 
 
 # Argument shapes remembered per task as known to bind (see ``Task.check_arguments``).
@@ -50,6 +50,31 @@ class Retry(Exception):
     def __init__(self, delay: float | None = None, reason: str | None = None) -> None:
         super().__init__("retry requested" if reason is None else f"retry requested: {reason}")
         self.delay = None if delay is None else validation.delay(delay)
+        self.reason = reason
+
+
+class Snooze(Exception):
+    """Raise from a handler to run the job again ``delay`` seconds (or a ``timedelta``) from now
+    without using an attempt: "come back later", not a failure.
+
+    The job goes back to QUEUED with a ticket at ``now() + delay``; its ``attempts`` stay what
+    they were before this run and no error is recorded; ``snoozes`` counts it. A job that already
+    snoozed ``max_snoozes`` times (a setting, 100 by default) is written as a failed attempt
+    instead, with an error saying so: retried after ``delay``, or failed for good on its last
+    attempt. In an atomic task the handler's writes roll back and the snooze is recorded.
+    A bad ``delay`` raises ``ValidationError`` (a ``ValueError``) where the ``Snooze`` is made.
+    """
+
+    def __init__(self, delay: float | dt.timedelta, reason: str | None = None) -> None:
+        super().__init__("snoozed" if reason is None else f"snoozed: {reason}")
+        if delay is None:
+            raise ValidationError("Snooze needs a delay: seconds (a number) or a timedelta")
+        try:
+            checked = validation.delay(delay)
+        except ValidationError as exc:
+            raise ValidationError(f"Snooze {exc}") from None
+        assert checked is not None
+        self.delay: float = checked
         self.reason = reason
 
 
@@ -71,6 +96,7 @@ class JobContext:
         task_name: str,
         session_factory: Callable[[], Session],
         cancel_event: threading.Event,
+        progress_sink: Callable[[Progress], None] | None = None,
     ) -> None:
         self.job_id = job_id
         self.attempt = attempt
@@ -80,6 +106,9 @@ class JobContext:
         self._session_factory = session_factory
         self._session: Session | None = None
         self._cancel_event = cancel_event
+        # Progress: the latest reported, and where the worker collects it for the heartbeat.
+        self.last_progress: Progress | None = None
+        self._progress_sink = progress_sink
 
     @property
     def session(self) -> Session:
@@ -95,6 +124,22 @@ class JobContext:
     def cancel_requested(self) -> bool:
         """True once ``cancel_job`` was called for this job (seen within one heartbeat)."""
         return self._cancel_event.is_set()
+
+    # -- progress ------------------------------------------------------------------------------
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Record how far the job got: ``fraction`` from 0 to 1, and a ``message`` (cut to
+        ``validation.PROGRESS_MESSAGE_BYTES`` UTF-8 bytes).
+
+        Only kept in memory: the job's next heartbeat writes the latest value (so at most one
+        write per heartbeat interval, however often this is called), and the attempt's outcome
+        writes it if no heartbeat did. ``get_job``, ``pgqueue show`` and the dashboard show it.
+        Raises ``ValidationError`` (a ``ValueError``) for a fraction that is not a number from 0
+        to 1 or a message that is not a string; nothing is recorded then.
+        """
+        self.last_progress = validation.progress(fraction, message)
+        if self._progress_sink is not None:
+            self._progress_sink(self.last_progress)
 
     def __repr__(self) -> str:
         return f"JobContext(job_id={self.job_id}, attempt={self.attempt}, task={self.task_name!r})"

@@ -54,6 +54,7 @@ OUTCOME_LABELS: Final = {
     OutcomeKind.FAIL: FAILED,
     OutcomeKind.CANCELLED: CANCELLED,
     OutcomeKind.RELEASE: "released",
+    OutcomeKind.SNOOZE: "snoozed",
 }
 # Attempts that failed: their span's status is ERROR. A cancelled attempt did what an operator
 # asked; its outcome attribute says so.

@@ -1,4 +1,5 @@
-"""Checks on user input that run before any SQL: names, delays, priorities and JSON payloads.
+"""Checks on user input that run before any SQL: names, delays, priorities, JSON payloads and
+progress reports.
 
 Arguments are stored as PostgreSQL ``json`` (text kept verbatim), so anything accepted here comes
 back from the worker exactly as given. Only JSON's own types are accepted: ``dict`` with ``str``
@@ -21,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from pgqueue.config import NAME_PATTERN, TASK_NAME_PATTERN
-from pgqueue.errors import PayloadTooLarge, SerializationError, ValidationError
+from pgqueue.errors import PayloadTooLarge, SerializationError, ValidationError, storable_text
 
 PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
@@ -305,3 +306,24 @@ def _check_text(value: str, where: str) -> None:
         raise SerializationError(
             f"{where} contains a lone surrogate and is not valid Unicode"
         ) from None
+
+
+# Longest progress message kept, in UTF-8 bytes: it is written at every heartbeat that reports
+# progress, so it stays a status line, not a log.
+PROGRESS_MESSAGE_BYTES = 1000
+
+
+def progress(fraction: object, message: object) -> tuple[float, str | None]:
+    """``(fraction, message)`` as ``JobContext.progress`` records it, or ValidationError."""
+    if (
+        not isinstance(fraction, int | float)
+        or isinstance(fraction, bool)
+        or not 0.0 <= fraction <= 1.0  # also refuses NaN
+    ):
+        raise ValidationError(f"progress must be a number from 0 to 1, got {_short(fraction)}")
+    if message is not None and not isinstance(message, str):
+        raise ValidationError(
+            f"progress message must be a string or None, got {type(message).__name__}"
+        )
+    text = None if message is None else storable_text(message, PROGRESS_MESSAGE_BYTES)
+    return float(fraction), text

@@ -52,6 +52,7 @@ def job_facts() -> Select[*tuple[Any, ...]]:
             Job.lease_expires_at,
             Job.depends_on,
             Job.atomic,
+            Job.snoozes,
             MessageQueue.job_id.is_not(None).label("has_ticket"),
             MessageQueue.run_at.label("ticket_run_at"),
             MessageQueue.priority.label("ticket_priority"),

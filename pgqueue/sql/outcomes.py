@@ -1,7 +1,12 @@
 """Statements that write what became of running jobs, batched over parallel arrays and guarded by
 the lease token (a worker whose lease was lost updates 0 rows): complete, retry, fail, cancelled,
-release; the heartbeat that extends leases; the lock that orders a batch; and the settling of
-the dependents of jobs that ended.
+release, snooze; the heartbeat that extends leases; the lock that orders a batch; and the
+settling of the dependents of jobs that ended.
+
+Each outcome statement and the heartbeat has a second form, ``with_progress=True``, that also
+writes the progress handlers reported (``JobContext.progress``): two more arrays, null for the
+jobs that reported none. The usual form is unchanged, so jobs that report no progress pay
+nothing for it.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from sqlalchemy import (
     ColumnElement,
     CompoundSelect,
     Float,
+    Integer,
     Select,
     Text,
     Uuid,
     and_,
+    case,
     cast,
     func,
     literal,
@@ -52,15 +59,26 @@ from pgqueue.states import (
     FAIL,
     RELEASE,
     RETRY,
+    SNOOZE,
     UNBLOCK,
     JobState,
     Transition,
 )
 
+# The arrays of reported progress, as ``(column, bind, type)``: bound under names that are not
+# columns of the table, which SQLAlchemy would otherwise SET from the same-named bind.
+_PROGRESS_ARRAYS: tuple[tuple[str, str, Any], ...] = (
+    ("progress", "progress_values", Float),
+    ("progress_message", "progress_messages", Text),
+)
 
-def _outcome_rows(*extra: tuple[str, str, Any]) -> Any:
+
+def _outcome_rows(*extra: tuple[str, str, Any], progress: bool = False) -> Any:
     """``unnest`` of the binds ``ids``, ``tokens`` and each ``(column, bind, type)`` of
-    ``extra``: one row per job, its columns named ``id``, ``token`` and each ``column``."""
+    ``extra`` (and, with ``progress``, ``progress_values`` and ``progress_messages``): one row
+    per job, its columns named ``id``, ``token`` and each ``column``."""
+    if progress:
+        extra = (*extra, *_PROGRESS_ARRAYS)
     names = ["id", "token", *(column for column, _, _ in extra)]
     arrays = [
         array_param("ids", BigInteger),
@@ -70,19 +88,32 @@ def _outcome_rows(*extra: tuple[str, str, Any]) -> Any:
     return func.unnest(*arrays).table_valued(*names).render_derived(name="v")
 
 
+def _progress_values(rows: Any, progress: bool) -> dict[str, Any]:
+    """With ``progress``, the SET items writing the reported progress of each row of ``rows``;
+    a row whose progress is null (its handler reported none) keeps the stored one."""
+    if not progress:
+        return {}
+    reported = rows.c.progress.is_not(None)
+    return {
+        "progress": func.coalesce(rows.c.progress, Job.progress),
+        "progress_message": case((reported, rows.c.progress_message), else_=Job.progress_message),
+        "progress_at": case((reported, func.now()), else_=Job.progress_at),
+    }
+
+
 def _leased(transition: Transition, rows: Any) -> ColumnElement[bool]:
     """The row of ``rows`` is this job, in a source state of ``transition``, under its lease."""
     return and_(Job.id == rows.c.id, source_states(transition), Job.lease_token == rows.c.token)
 
 
 @cache
-def complete() -> Select[int, list[int] | None]:
+def complete(with_progress: bool = False) -> Select[int, list[int] | None]:
     """RUNNING -> SUCCEEDED for many jobs. Binds ``ids``, ``tokens``, ``results`` (JSON text).
 
     Clears ``last_error`` (a succeeded job has none; the failed attempts stay in ``errors``).
     Returns the ids actually updated; a missing id means that worker's lease was lost.
     """
-    rows = _outcome_rows(("result", "results", Text))
+    rows = _outcome_rows(("result", "results", Text), progress=with_progress)
     completed = (
         update(Job)
         .where(_leased(COMPLETE, rows))
@@ -93,6 +124,7 @@ def complete() -> Select[int, list[int] | None]:
             finished_at=func.now(),
             updated_at=func.now(),
             **CLEAR_LEASE,
+            **_progress_values(rows, with_progress),
         )
         .returning(Job.id, Job.queue, Job.dependents, Job.awaited)
         .cte("completed")
@@ -105,12 +137,14 @@ def complete() -> Select[int, list[int] | None]:
 
 
 @cache
-def retry() -> Select[int]:
+def retry(with_progress: bool = False) -> Select[int]:
     """RUNNING -> RETRYING for many jobs, each with a new ticket at ``now() + delay``.
 
     Binds ``ids``, ``tokens``, ``delays`` (seconds), ``errors`` (text). Returns updated ids.
     """
-    rows = _outcome_rows(("delay", "delays", Float), ("error", "errors", Text))
+    rows = _outcome_rows(
+        ("delay", "delays", Float), ("error", "errors", Text), progress=with_progress
+    )
     updated = (
         update(Job)
         .where(_leased(RETRY, rows))
@@ -121,6 +155,7 @@ def retry() -> Select[int]:
             last_error=rows.c.error,
             errors=append_error(Job.attempts, rows.c.error),
             **CLEAR_LEASE,
+            **_progress_values(rows, with_progress),
         )
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("retried")
@@ -128,11 +163,11 @@ def retry() -> Select[int]:
     return ids_with_new_tickets(updated).add_cte(free_slots(updated))
 
 
-def _end_with_error(transition: Transition, name: str, *, record: bool) -> Any:
+def _end_with_error(transition: Transition, name: str, *, record: bool, with_progress: bool) -> Any:
     """RUNNING -> ``transition.target`` for many jobs, ``errors`` as their last error (and,
     with ``record``, appended to their error history); returns the ids and dependents of the
     jobs moved. The CTE is named ``name``."""
-    rows = _outcome_rows(("error", "errors", Text))
+    rows = _outcome_rows(("error", "errors", Text), progress=with_progress)
     # Explicit when not recorded, or SQLAlchemy would SET errors from the same-named bind.
     history = append_error(Job.attempts, rows.c.error) if record else Job.errors
     ended = (
@@ -145,6 +180,7 @@ def _end_with_error(transition: Transition, name: str, *, record: bool) -> Any:
             last_error=rows.c.error,
             errors=history,
             **CLEAR_LEASE,
+            **_progress_values(rows, with_progress),
         )
         .returning(Job.id, Job.queue, Job.state, Job.dependents, Job.awaited)
         .cte(name)
@@ -153,27 +189,31 @@ def _end_with_error(transition: Transition, name: str, *, record: bool) -> Any:
 
 
 @cache
-def fail() -> Select[int, list[int] | None]:
+def fail(with_progress: bool = False) -> Select[int, list[int] | None]:
     """RUNNING -> FAILED for many jobs. Binds ``ids``, ``tokens``, ``errors``."""
-    failed: Select[int, list[int] | None] = _end_with_error(FAIL, "failed", record=True)
+    failed: Select[int, list[int] | None] = _end_with_error(
+        FAIL, "failed", record=True, with_progress=with_progress
+    )
     return failed
 
 
 @cache
-def mark_cancelled() -> Select[int, list[int] | None]:
+def mark_cancelled(with_progress: bool = False) -> Select[int, list[int] | None]:
     """RUNNING -> CANCELLED for jobs whose handler stopped on a cancel request.
 
     Binds ``ids``, ``tokens``, ``errors`` (the reason)."""
-    stopped: Select[int, list[int] | None] = _end_with_error(CANCELLED, "stopped", record=False)
+    stopped: Select[int, list[int] | None] = _end_with_error(
+        CANCELLED, "stopped", record=False, with_progress=with_progress
+    )
     return stopped
 
 
 @cache
-def release() -> Select[int]:
+def release(with_progress: bool = False) -> Select[int]:
     """RUNNING -> QUEUED at shutdown, ticket at now(); the interrupted attempt is not counted.
 
     Binds ``ids``, ``tokens``."""
-    rows = _outcome_rows()
+    rows = _outcome_rows(progress=with_progress)
     updated = (
         update(Job)
         .where(_leased(RELEASE, rows))
@@ -183,6 +223,7 @@ def release() -> Select[int]:
             run_at=func.now(),
             updated_at=func.now(),
             **CLEAR_LEASE,
+            **_progress_values(rows, with_progress),
         )
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("released")
@@ -191,14 +232,82 @@ def release() -> Select[int]:
 
 
 @cache
-def heartbeat() -> ReturningUpdate[int, bool]:
+def snooze(with_progress: bool = False) -> Select[int, list[int] | None]:
+    """RUNNING -> QUEUED for many jobs whose handler raised ``Snooze``: a ticket at
+    ``now() + delay``, the attempt the claim counted given back (``attempts - 1``), no error
+    recorded, ``snoozes + 1``.
+
+    A job that already snoozed ``max_snoozes`` times is written as a failed attempt instead, in
+    the same statement: ``retry`` (ticket at ``now() + delay``) or, on its last attempt,
+    ``fail``, with an error saying why; ``snoozes`` still counts it. Binds ``ids``, ``tokens``,
+    ``delays`` (seconds), ``max_snoozes`` (integers). Returns the ids updated, and the
+    dependents of those that failed.
+    """
+    rows = _outcome_rows(
+        ("delay", "delays", Float),
+        ("max_snoozes", "max_snoozes", Integer),
+        progress=with_progress,
+    )
+    error = func.concat(
+        literal("Snooze: snooze "),
+        Job.snoozes + 1,
+        literal(" of this job is past the max_snoozes setting ("),
+        rows.c.max_snoozes,
+        literal("), so it counts as a failed attempt"),
+    )
+    free = Job.snoozes < rows.c.max_snoozes
+    exhausted = Job.attempts >= Job.max_attempts
+    failed = and_(~free, exhausted)
+    new_state = case(
+        (free, literal(SNOOZE.target.value)),
+        (exhausted, literal(FAIL.target.value)),
+        else_=literal(RETRY.target.value),
+    )
+    updated = (
+        update(Job)
+        .where(_leased(SNOOZE, rows))
+        .values(
+            state=new_state,
+            attempts=case((free, Job.attempts - 1), else_=Job.attempts),
+            snoozes=Job.snoozes + 1,
+            run_at=case((failed, Job.run_at), else_=func.now() + seconds(rows.c.delay)),
+            finished_at=case((failed, func.now()), else_=null()),
+            updated_at=func.now(),
+            last_error=case((free, Job.last_error), else_=error),
+            errors=case((free, Job.errors), else_=append_error(Job.attempts, error)),
+            **CLEAR_LEASE,
+            **_progress_values(rows, with_progress),
+        )
+        .returning(
+            Job.id,
+            Job.state,
+            Job.queue,
+            Job.priority,
+            Job.run_at,
+            Job.atomic,
+            Job.dependents,
+            Job.awaited,
+        )
+        .cte("snoozed")
+    )
+    ended = updated.c.state == FAIL.target.value
+    tickets = tickets_for(updated, "snooze_tickets", ~ended)
+    return (
+        select(updated.c.id, case((ended, updated.c.dependents), else_=null()))
+        .add_cte(tickets, free_slots(updated))
+        .where(woken(tickets), announced(updated, ended))
+    )
+
+
+@cache
+def heartbeat(with_progress: bool = False) -> ReturningUpdate[int, bool]:
     """Extend the leases of running jobs. Binds ``ids``, ``tokens``, ``lease_seconds`` (one
     lease length per job).
 
     Returns ``(id, cancel_requested)`` for each lease still held, so cancel requests reach the
     worker within one heartbeat.
     """
-    rows = _outcome_rows(("lease_seconds", "lease_seconds", Float))
+    rows = _outcome_rows(("lease_seconds", "lease_seconds", Float), progress=with_progress)
     return (
         update(Job)
         .where(
@@ -207,7 +316,10 @@ def heartbeat() -> ReturningUpdate[int, bool]:
             Job.lease_token == rows.c.token,
             Job.id.in_(locked_in_id_order(Job.state == JobState.RUNNING)),
         )
-        .values(lease_expires_at=func.now() + seconds(rows.c.lease_seconds))
+        .values(
+            lease_expires_at=func.now() + seconds(rows.c.lease_seconds),
+            **_progress_values(rows, with_progress),
+        )
         .returning(Job.id, Job.cancel_requested)
     )
 

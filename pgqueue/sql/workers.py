@@ -78,11 +78,12 @@ def register() -> ReturningInsert[Any]:
 
 
 @cache
-def heartbeat_and_seen() -> ReturningUpdate[int, bool]:
-    """``sql.outcomes.heartbeat`` that also refreshes the worker's row, in the same statement:
-    the binds of both (``ids``, ``tokens``, ``lease_seconds`` and those of ``register``)."""
+def heartbeat_and_seen(with_progress: bool = False) -> ReturningUpdate[int, bool]:
+    """``sql.outcomes.heartbeat`` (of the same ``with_progress`` form) that also refreshes the
+    worker's row, in the same statement: the binds of both (``ids``, ``tokens``,
+    ``lease_seconds``, the progress arrays with progress, and those of ``register``)."""
     seen = _seen_upsert().cte("worker_seen")
-    return heartbeat().add_cte(seen)
+    return heartbeat(with_progress).add_cte(seen)
 
 
 @cache

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from pgqueue.jobs import ClaimedJob
+from pgqueue.jobs import ClaimedJob, Progress
 
 
 @dataclass(slots=True)
@@ -35,6 +35,10 @@ class Execution:
     holds_slot: bool = True  # counted in the busy slots (until the handler is done)
     writing: bool = False  # its outcome statement is being sent: heartbeats leave it alone
     cancelled: bool = False  # a cancel was requested (seen by a heartbeat or at claim)
+    # The latest progress the handler reported, and the report last written by a heartbeat:
+    # one is pending while they differ (compared by identity, each report a new tuple).
+    progress: Progress | None = None
+    progress_written: Progress | None = None
     # Created only when a handler asks (JobContext) or an async handler runs: most jobs never
     # need one, and an Event per job is measurable at thousands of jobs per second.
     _event: threading.Event | None = None
@@ -55,3 +59,12 @@ class Execution:
         event = self._event
         if event is not None:
             event.set()
+
+    def report_progress(self, progress: Progress) -> None:
+        """Keep the handler's latest report for the next heartbeat (or the outcome)."""
+        self.progress = progress
+
+    def unwritten_progress(self) -> Progress | None:
+        """The latest report if no heartbeat wrote it yet."""
+        progress = self.progress
+        return None if progress is self.progress_written else progress

@@ -3,7 +3,9 @@
 Leased jobs run outside any pgqueue transaction; the outcome is returned to the caller, and the
 completer writes it in a batch. Atomic jobs run inside the transaction that claimed them: the
 handler's writes (in a savepoint) and the outcome commit together, or the whole claim rolls
-back. What follows a failed attempt is decided by ``backoff.after_failure``.
+back. What follows a failed attempt is decided by ``backoff.after_failure``. A handler that
+raised ``Snooze`` gets a snooze outcome (its SQL decides whether the job may still snooze for
+free). Progress the handler reported and no heartbeat wrote goes with the outcome.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pgqueue.config import Settings
 from pgqueue.errors import UnknownTask, ValidationError, error_line, storable_text
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.states import OutcomeKind
-from pgqueue.tasks import JobContext, Retry, Task, TaskRegistry
+from pgqueue.tasks import JobContext, Retry, Snooze, Task, TaskRegistry
 from pgqueue.tracing import RunSpan, tracing_for
 from pgqueue.worker.execution import Execution
 
@@ -76,16 +78,19 @@ class Executor:
             result = self._call(task, job, context, execution)
             if context is not None and context.session_opened:
                 context.session.commit()
-            return self._success(job, result, execution)
+            outcome = self._success(job, result, execution)
         except BaseException as exc:
             if span is not None:
                 span.failed(exc)
             if context is not None and context.session_opened:
                 context.session.rollback()
-            return self._failure(job, task, exc, execution)
+            outcome = self._failure(job, task, exc, execution)
         finally:
             if context is not None and context.session_opened:
                 context.session.close()
+        if context is not None:  # only a handler with a context reports progress
+            outcome.progress = execution.unwritten_progress()
+        return outcome
 
     # -- atomic ------------------------------------------------------------------------------
 
@@ -126,6 +131,8 @@ class Executor:
             result = self._call(task, job, context, execution)
             session.flush()  # the handler's pending writes: their errors are the handler's
             outcome = self._success(job, result, execution)
+            if context is not None:
+                outcome.progress = execution.unwritten_progress()
             repository.record_outcomes(session, [outcome])
             savepoint.commit()
             return outcome
@@ -136,6 +143,8 @@ class Executor:
                 savepoint.rollback()
             if outcome is None:
                 outcome = self._failure(job, task, exc, execution)
+                if context is not None:
+                    outcome.progress = execution.unwritten_progress()
             else:
                 outcome = self.unrecorded(job, outcome, exc)
         return self._record_atomic(session, job, outcome)
@@ -186,6 +195,7 @@ class Executor:
             task_name=job.task_name,
             session_factory=session_factory,
             cancel_event=execution.cancel_event(),
+            progress_sink=execution.report_progress,
         )
 
     def _call(
@@ -232,8 +242,15 @@ class Executor:
     ) -> Outcome:
         if execution.cancelled or self._event_set(execution):
             return Outcome.cancelled(job, CANCELLED_WHILE_RUNNING)
+        if isinstance(exc, Snooze):
+            return self._snoozed(job, exc)
         delay = exc.delay if isinstance(exc, Retry) else None
         return self._after_failure(job, self._error_text(exc), task=task, delay=delay)
+
+    def _snoozed(self, job: ClaimedJob, snooze: Snooze) -> Outcome:
+        """The outcome of ``raise Snooze``, with the ``max_snoozes`` setting the statement
+        checks the job's count against."""
+        return Outcome.snooze(job, snooze.delay, self.settings.max_snoozes)
 
     @staticmethod
     def _event_set(execution: Execution) -> bool:
@@ -244,7 +261,9 @@ class Executor:
     def timed_out(self, execution: Execution) -> Outcome:
         """The outcome for a handler still running past its timeout (retryable failure)."""
         error = f"JobTimeout: still running after the task's timeout of {execution.timeout}s"
-        return self._after_failure(execution.job, error)
+        outcome = self._after_failure(execution.job, error)
+        outcome.progress = execution.unwritten_progress()
+        return outcome
 
     def unrecorded(self, job: ClaimedJob, outcome: Outcome, exc: BaseException) -> Outcome:
         """What to write instead of ``outcome`` when the database refused it (``exc``): a failed

@@ -10,6 +10,9 @@ Every ``interval`` (sooner while an attempt with a short timeout runs) it
   cancel request (the handler's ``JobContext`` sees it; an async handler is cancelled) and
   which leases are gone (rescued after this process was frozen or cut off: the handler runs on,
   but its outcome will be dropped; reported once);
+- writes the progress handlers reported since the last heartbeat (``JobContext.progress``
+  keeps only the latest value in memory), in that same statement: at most one write of a job's
+  progress per heartbeat, however often its handler reports;
 - refreshes the worker's registry row: in that same statement, or on its own when no lease
   needs extending.
 """
@@ -22,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from pgqueue.errors import is_connection_error
-from pgqueue.jobs import Outcome
+from pgqueue.jobs import Outcome, Progress
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
@@ -105,15 +108,30 @@ class Heartbeat:
                     if not (self._halt.is_set() or is_connection_error(exc)):
                         log.exception("worker registry refresh failed")
             return
+        # Looked up before the statement: the attempts it covers, whatever the completer and
+        # the claimer do to the running set meanwhile (an attempt written meanwhile is marked
+        # ``writing``, and is left alone below as before).
+        executions = self._slots.lookup(job_id for job_id, _, _ in leases)
+        progress: dict[int, Progress] = {}
+        for job_id, execution in executions.items():
+            if execution is not None and execution.progress is not None:
+                reported = execution.unwritten_progress()
+                if reported is not None:
+                    progress[job_id] = reported
         try:
-            held = self._store.heartbeat(leases, None if registry is None else registry.entry)
+            held = self._store.heartbeat(
+                leases, None if registry is None else registry.entry, progress
+            )
         except Exception as exc:
             # The store retries a lost connection until the worker stops: then the shutdown
             # reports the jobs whose outcome it could not write.
             if not is_connection_error(exc):
                 log.exception("heartbeat failed")
             return
-        executions = self._slots.lookup(job_id for job_id, _, _ in leases)
+        for job_id, reported in progress.items():
+            execution = executions[job_id]
+            if execution is not None and job_id in held:  # written under this attempt's lease
+                execution.progress_written = reported
         for job_id, execution in executions.items():
             if execution is None or execution.writing:
                 continue

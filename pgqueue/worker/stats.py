@@ -26,6 +26,7 @@ _RETRY = OutcomeKind.RETRY
 _FAIL = OutcomeKind.FAIL
 _CANCELLED = OutcomeKind.CANCELLED
 _RELEASE = OutcomeKind.RELEASE
+_SNOOZE = OutcomeKind.SNOOZE
 
 # The ``outcome`` label of each kind that finishes an attempt (a release does not).
 _FINISHED_LABEL = {
@@ -50,6 +51,7 @@ class WorkerStats:
     failed: int = 0
     cancelled: int = 0
     released: int = 0
+    snoozed: int = 0  # written snoozes (one past ``max_snoozes`` counts here, not as retried)
     lost_leases: int = 0
     rescued: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -129,6 +131,8 @@ class OutcomeReport:
             stats.cancelled += 1
         elif kind == _RELEASE:
             stats.released += 1
+        elif kind == _SNOOZE:
+            stats.snoozed += 1
         if self._metrics_on:
             label = _FINISHED_LABEL.get(kind)
             if label is not None:

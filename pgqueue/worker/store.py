@@ -24,7 +24,7 @@ from pgqueue import repository, uow
 from pgqueue.claim_choice import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import error_line, is_connection_error, is_transient_conflict
-from pgqueue.jobs import ClaimedJob, Outcome, WorkerEntry
+from pgqueue.jobs import ClaimedJob, Outcome, Progress, WorkerEntry
 
 T = TypeVar("T")
 
@@ -172,11 +172,14 @@ class WorkerStore:
         )
 
     def heartbeat(
-        self, leases: Sequence[tuple[int, object, float]], worker: WorkerEntry | None = None
+        self,
+        leases: Sequence[tuple[int, object, float]],
+        worker: WorkerEntry | None = None,
+        progress: Mapping[int, Progress] | None = None,
     ) -> dict[int, bool]:
         return self._run(
             "heartbeat",
-            lambda db: repository.heartbeat(db, leases, worker),  # type: ignore[arg-type]
+            lambda db: repository.heartbeat(db, leases, worker, progress),  # type: ignore[arg-type]
             give_up_when_stopping=True,
         )
 

@@ -30,6 +30,7 @@ def job_row(**changes: Any) -> SimpleNamespace:
         "lease_expires_at": None,
         "depends_on": None,
         "atomic": False,
+        "snoozes": 0,
         "has_ticket": True,
         "ticket_run_at": NOW,
         "ticket_priority": 0,
