@@ -186,6 +186,9 @@ class Executor:
             task_name=job.task_name,
             session_factory=session_factory,
             cancel_event=execution.cancel_event(),
+            lease_token=job.lease_token,
+            atomic=job.atomic,
+            settings=self.settings,
         )
 
     def _call(
