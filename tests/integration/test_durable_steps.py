@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from dashboard_app import dashboard_app
 from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import URL
 
 from pgqueue import JobContext, JobState, PgQueue, Settings, backoff, repository, steps
 from pgqueue.cli import main as cli_main
+from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.errors import LeaseLost, ValidationError
 from pgqueue.job_filter import JobFilter
 from pgqueue.testing import immediate, table_counts
@@ -415,3 +417,30 @@ def test_deleting_pruning_and_bulk_deleting_jobs_deletes_their_steps(
     assert pgq.prune() == 3
     assert step_count(engine) == 0
     assert table_counts(engine)["pgqueue_jobs"] == 0
+
+
+dashboard_pgq = FlaskPgQueue()
+
+
+@dashboard_pgq.task(name="steps.shown", pass_context=True)
+def shown(ctx: JobContext) -> None:
+    ctx.step("charge <b>card</b>", lambda: 1)
+    ctx.step("email", lambda: 2)
+
+
+def test_the_dashboard_job_page_lists_the_completed_steps(database_url: URL) -> None:
+    with dashboard_app(dashboard_pgq, database_url, "durable_steps") as app:
+        with app.app_context():
+            pgq = dashboard_pgq.queue
+            with immediate(pgq):
+                job_id = shown.enqueue()
+            [first, second] = pgq.get_job(job_id).steps
+        page = app.test_client().get(f"/pgqueue/jobs/{job_id}").text
+    section = page.split('id="job-steps"', 1)[1].split("</ol>", 1)[0]
+    # Both names in order, each with its time; a name is text, never markup.
+    assert re.findall(r'<span class="step-name">(.*?)</span>', section) == [
+        "charge &lt;b&gt;card&lt;/b&gt;",
+        "email",
+    ]
+    assert section.count('class="muted"') == 2
+    assert first.completed_at <= second.completed_at
