@@ -14,29 +14,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from conftest import App, WorkerProcess
 
-# Appended to the e2e application module (``e2eapp.py``, whose ``pgq`` the workers serve).
+# Appended to the e2e application module (``e2eapp.py``): its ``pgq`` is what the workers serve,
+# and its ``mark`` commits a ledger row at once on a connection of its own.
 STEPS_APP = """
 
 # --- durable steps crash tests ---
 
-import os
-import time
-
-from sqlalchemy import text
-
-from pgqueue import backoff
-
-STEP_INSERT = text(
-    "INSERT INTO ledger (job_id, attempt, tag, pid, info) VALUES (:job, :attempt, :tag, :pid, :info)"
-)
-
 
 def note(ctx, tag, info=""):
-    with pgq.handler_engine.begin() as connection:
-        connection.execute(
-            STEP_INSERT,
-            {"job": ctx.job_id, "attempt": ctx.attempt, "tag": tag, "pid": os.getpid(), "info": info},
-        )
+    mark(ctx, tag, info)
     return {"tag": tag, "pid": os.getpid(), "attempt": ctx.attempt}
 
 
