@@ -119,19 +119,31 @@ def test_a_step_key_is_a_stable_uuid_per_job_and_name() -> None:
     assert steps.step_key(1, "2/x") != steps.step_key(12, "x")
 
 
-def test_steps_of_an_async_handler_run_once_across_attempts(pgq: PgQueue) -> None:
+@pytest.mark.parametrize("atomic", [False, True], ids=["leased", "atomic"])
+def test_steps_of_an_async_handler_run_once_across_attempts(
+    pgq: PgQueue, ledger: Engine, atomic: bool
+) -> None:
     calls: Counter[str] = Counter()
-
-    async def fetch(n: int) -> dict[str, int]:
-        calls["fetch"] += 1
-        return {"n": n}
 
     def plain(n: int) -> int:
         calls["plain"] += 1
         return n * 2
 
-    @pgq.task(name="async_steps", pass_context=True, max_attempts=2, retry=backoff.constant(0))
+    @pgq.task(
+        name="async_steps",
+        pass_context=True,
+        atomic=atomic,
+        max_attempts=3,
+        retry=backoff.constant(0),
+    )
     async def async_steps(ctx: JobContext) -> list[Any]:
+        async def fetch(n: int) -> dict[str, int]:
+            calls["fetch"] += 1
+            ctx.session.execute(
+                text("INSERT INTO ledger (job_id, tag) VALUES (:id, 'fetch')"), {"id": ctx.job_id}
+            )
+            return {"n": n}
+
         fetched = await ctx.astep("fetch", fetch, 21)
         doubled = await ctx.astep("plain", plain, fetched["n"])
         if ctx.attempt == 1:
@@ -142,7 +154,12 @@ def test_steps_of_an_async_handler_run_once_across_attempts(pgq: PgQueue) -> Non
         job_id = async_steps.enqueue()
     job = pgq.get_job(job_id)
     assert (job.state, job.attempts, job.result) == (JobState.SUCCEEDED, 2, [{"n": 21}, 42])
-    assert calls == {"fetch": 1, "plain": 1}
+    if atomic:  # rolled back with the failed attempt, so run again; its write is not doubled
+        assert calls == {"fetch": 2, "plain": 2}
+    else:  # saved at once, not run again; its write in ctx.session went with the failed handler
+        assert calls == {"fetch": 1, "plain": 1}
+    assert ledger_tags(ledger) == (["fetch"] if atomic else [])
+    assert [s.name for s in job.steps] == ["fetch", "plain"]
 
 
 def test_an_atomic_step_rolled_back_with_its_failing_handler_runs_again_without_doubled_writes(
