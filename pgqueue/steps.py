@@ -23,7 +23,7 @@ import inspect
 import threading
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 from sqlalchemy import Connection, Engine
@@ -216,24 +216,19 @@ class AttemptSteps:
                 yield ConnectionExecutor(bind)
 
 
-def run_step(
-    steps: AttemptSteps,
-    name: object,
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-) -> Any:
-    """``ctx.step``: the saved result of step ``name``, or ``fn(*args, **kwargs)``'s, saved."""
-    if inspect.iscoroutinefunction(fn):
+def run_step(steps: AttemptSteps, name: object, call: Callable[[], Any]) -> Any:
+    """``ctx.step``: the saved result of step ``name``, or ``call()``'s, saved."""
+    if inspect.iscoroutinefunction(call):
+        function = getattr(call, "func", call)
         raise ValidationError(
-            f"step {name!r}: {getattr(fn, '__qualname__', fn)!s} is a coroutine function; "
-            "use await ctx.astep(...)"
+            f"step {name!r}: {getattr(function, '__qualname__', function)!s} is a coroutine "
+            "function; use await ctx.astep(...)"
         )
     found, saved = steps.start(name)
     if found:
         return saved
     try:
-        value = fn(*args, **kwargs)
+        value = call()
     except BaseException:
         steps.abandon()
         raise
@@ -247,20 +242,14 @@ def run_step(
     return steps.finish(str(name), value)
 
 
-async def arun_step(
-    steps: AttemptSteps,
-    name: object,
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-) -> Any:
+async def arun_step(steps: AttemptSteps, name: object, call: Callable[[], Any]) -> Any:
     """``await ctx.astep``: ``run_step`` for coroutine functions (plain functions too); the
     database work runs in a thread, off the event loop."""
     found, saved = await asyncio.to_thread(steps.start, name)
     if found:
         return saved
     try:
-        value = fn(*args, **kwargs)
+        value = call()
         if inspect.isawaitable(value):
             value = await value
     except BaseException:

@@ -12,6 +12,7 @@ statement: in its own short transaction, or in the caller's session via
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import inspect
 import threading
 import uuid
@@ -119,14 +120,15 @@ class JobContext:
         its claim transaction, so the step's writes and its result commit together. For
         ``async def`` steps use ``await ctx.astep(...)``.
         """
-        return steps.run_step(self._attempt_steps(), name, fn, args, kwargs)
+        return steps.run_step(self._attempt_steps(), name, functools.partial(fn, *args, **kwargs))
 
     async def astep(
         self, name: str, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs
     ) -> Any:
         """``step`` for ``async def`` handlers: awaits ``fn``'s result when it is awaitable (a
         coroutine function's), and reads and saves off the event loop."""
-        return await steps.arun_step(self._attempt_steps(), name, fn, args, kwargs)
+        call = functools.partial(fn, *args, **kwargs)
+        return await steps.arun_step(self._attempt_steps(), name, call)
 
     def step_key(self, name: str) -> str:
         """The idempotency key of step ``name`` of this job, to pass to external APIs (e.g. as
