@@ -283,11 +283,14 @@ def print_job(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
     one line, values normalised)."""
     job = pgq.admin.get_job(job_id)
     holder = pgq.admin.job_holder(job_id) if job.state is JobState.RUNNING else None
+    steps = {
+        "steps": [{"name": s.name, "completed_at": s.completed_at.isoformat()} for s in job.steps]
+    }
     if as_json:
-        print_json({**job_record(job), **holder_record(holder)})
+        print_json({**job_record(job), **holder_record(holder), **steps})
         return
     data = {c.key: getattr(job, c.key) for c in job.__table__.columns}
-    click.echo(json.dumps({**data, **holder_record(holder)}, default=str, indent=2))
+    click.echo(json.dumps({**data, **holder_record(holder), **steps}, default=str, indent=2))
 
 
 def holder_record(holder: JobHolder | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ __all__ = [
     "InvalidStateTransition",
     "JobNotFound",
     "JobWaitTimeout",
+    "LeaseLost",
     "PayloadTooLarge",
     "PgQueueError",
     "SchemaNotCurrent",
@@ -84,6 +85,11 @@ class JobWaitTimeout(PgQueueError, TimeoutError):
 
 class InvalidStateTransition(PgQueueError):
     """A transition was asked for from a state the transition table does not allow."""
+
+
+class LeaseLost(PgQueueError):
+    """This worker no longer holds the job's lease (it expired and the job was rescued, or the
+    job was deleted), so what it tried to record for the job was refused."""
 
 
 class SchemaNotCurrent(PgQueueError):

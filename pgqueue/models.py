@@ -22,6 +22,7 @@ from sqlalchemy import (
     DateTime,
     Enum,
     Float,
+    ForeignKey,
     Identity,
     Index,
     Integer,
@@ -37,7 +38,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.sql.elements import ColumnElement
 
 from pgqueue import validation
@@ -188,6 +189,11 @@ class Job(Base):
     """The message reported with ``progress`` (capped in size), if any."""
     progress_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     """When ``progress`` was written (by a heartbeat or with the attempt's outcome)."""
+    steps: Mapped[list[JobStep]] = relationship(
+        viewonly=True, order_by=lambda: (JobStep.completed_at, JobStep.name)
+    )
+    """The job's completed durable steps (``ctx.step``), oldest first. Loaded with the job by
+    ``get_job``; read-only here (a worker saves them; deleting the job deletes them)."""
 
     __table_args__ = (
         CheckConstraint(STATE_CHECK, name="state_valid"),
@@ -395,3 +401,31 @@ class AuditRecord(Base):
     """The filter that chose the jobs, as given."""
     count: Mapped[int] = mapped_column(Integer)
     """How many jobs the action changed."""
+
+
+# --- durable steps -----------------------------------------------------------------------------
+
+
+class JobStep(Base):
+    """One completed durable step of a job (``ctx.step``): its saved result, which later
+    attempts of the job return instead of running the step again.
+
+    The foreign key deletes a job's steps with the job (pruning, ``delete_job``, bulk delete):
+    jobs are deleted far less often than they run, and deleting a job without steps costs one
+    probe of this table's primary key.
+    """
+
+    __tablename__ = "pgqueue_job_steps"
+
+    job_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey(Job.id, ondelete="CASCADE"), primary_key=True
+    )
+    """The job the step belongs to."""
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    """The step's name, unique per job (``ctx.step(name, ...)``)."""
+    result: Mapped[Any] = mapped_column(StoredJSON, nullable=False)
+    """The step function's return value (JSON), returned to later attempts."""
+    completed_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """When the step's result was saved (database clock)."""

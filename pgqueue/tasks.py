@@ -12,8 +12,10 @@ statement: in its own short transaction, or in the caller's session via
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import inspect
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypedDict, TypeVar
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypedDict, 
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from pgqueue import backoff, validation
+from pgqueue import backoff, steps, validation
 from pgqueue.aio import check_async_session
 from pgqueue.errors import UnknownTask, ValidationError
 from pgqueue.jobs import NewJob, Progress
@@ -83,7 +85,8 @@ class JobContext:
 
     ``session`` is a SQLAlchemy session: for atomic tasks, the very transaction that claimed the
     job (its writes commit together with the job's completion); for leased tasks a fresh session
-    that pgqueue commits when the handler returns and rolls back when it raises.
+    that pgqueue commits when the handler returns and rolls back when it raises. ``step`` runs
+    a durable step (``pgqueue.steps``); ``step_key`` gives its idempotency key.
     """
 
     def __init__(
@@ -97,6 +100,9 @@ class JobContext:
         session_factory: Callable[[], Session],
         cancel_event: threading.Event,
         progress_sink: Callable[[Progress], None] | None = None,
+        lease_token: uuid.UUID | None = None,
+        atomic: bool = False,
+        settings: Settings | None = None,
     ) -> None:
         self.job_id = job_id
         self.attempt = attempt
@@ -109,6 +115,10 @@ class JobContext:
         # Progress: the latest reported, and where the worker collects it for the heartbeat.
         self.last_progress: Progress | None = None
         self._progress_sink = progress_sink
+        self._lease_token = lease_token
+        self._atomic = atomic
+        self._settings = settings
+        self._steps: steps.AttemptSteps | None = None
 
     @property
     def session(self) -> Session:
@@ -140,6 +150,54 @@ class JobContext:
         self.last_progress = validation.progress(fraction, message)
         if self._progress_sink is not None:
             self._progress_sink(self.last_progress)
+
+    # -- durable steps -----------------------------------------------------------------------
+
+    def step(self, name: str, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the job's step ``name``, at most once per job once it
+        completes: its return value (JSON) is saved, and every later call of this step in
+        this job (a retry, a rescue after a crash) returns the saved value without calling
+        ``fn``. Returns the value as saved (read back from its JSON).
+
+        A name completes once per job: calling it again in the same attempt raises
+        ``ValidationError``. A leased job saves in a transaction of its own right after ``fn``
+        returns (``LeaseLost`` when this worker no longer holds the job); an atomic job saves in
+        its claim transaction, so the step's writes and its result commit together. For
+        ``async def`` steps use ``await ctx.astep(...)``.
+        """
+        return steps.run_step(self._attempt_steps(), name, functools.partial(fn, *args, **kwargs))
+
+    async def astep(
+        self, name: str, fn: Callable[P, Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Any:
+        """``step`` for ``async def`` handlers: awaits ``fn``'s result when it is awaitable (a
+        coroutine function's), and reads and saves off the event loop."""
+        call = functools.partial(fn, *args, **kwargs)
+        return await steps.arun_step(self._attempt_steps(), name, call)
+
+    def step_key(self, name: str) -> str:
+        """The idempotency key of step ``name`` of this job, to pass to external APIs (e.g. as
+        an ``Idempotency-Key`` header): a UUID, the same in every attempt and on every worker,
+        different for another job or step."""
+        return steps.step_key(self.job_id, name)
+
+    def _attempt_steps(self) -> steps.AttemptSteps:
+        attempt_steps = self._steps
+        if attempt_steps is None:
+            if self._lease_token is None or self._settings is None:
+                raise ValidationError(
+                    f"job {self.job_id} has no lease: durable steps run only in jobs run by a "
+                    "pgqueue worker"
+                )
+            attempt_steps = self._steps = steps.AttemptSteps(
+                job_id=self.job_id,
+                lease_token=self._lease_token,
+                atomic=self._atomic,
+                session=lambda: self.session,
+                max_bytes=self._settings.max_payload_bytes,
+                max_depth=self._settings.max_json_depth,
+            )
+        return attempt_steps
 
     def __repr__(self) -> str:
         return f"JobContext(job_id={self.job_id}, attempt={self.attempt}, task={self.task_name!r})"

@@ -30,6 +30,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.orm import selectinload
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from pgqueue.models import Job, MessageQueue
@@ -52,8 +53,12 @@ from pgqueue.states import (
 
 @cache
 def get_job() -> Select[Job]:
-    """One job by ``job_id``."""
-    return select(Job).where(Job.id == bindparam("job_id", type_=BigInteger))
+    """One job by ``job_id``, with its durable steps (a second, keyed read of them)."""
+    return (
+        select(Job)
+        .where(Job.id == bindparam("job_id", type_=BigInteger))
+        .options(selectinload(Job.steps))
+    )
 
 
 @cache

@@ -196,6 +196,9 @@ class Executor:
             session_factory=session_factory,
             cancel_event=execution.cancel_event(),
             progress_sink=execution.report_progress,
+            lease_token=job.lease_token,
+            atomic=job.atomic,
+            settings=self.settings,
         )
 
     def _call(
