@@ -7,17 +7,15 @@ once; each test gets ``CREATE DATABASE ... TEMPLATE`` of it (tens of millisecond
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from server_databases import admin_engine, create_database, drop_database
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
 
@@ -26,8 +24,6 @@ from pgqueue.config import normalize_database_url, test_database_url
 
 if TYPE_CHECKING:
     from pgqueue.embedded import EmbeddedPostgres
-
-_counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -68,15 +64,11 @@ def server_tcp_url(_embedded_server: EmbeddedPostgres | None, server_url: URL) -
     return normalize_database_url(_embedded_server.tcp_url())
 
 
-def _admin(server_url: URL) -> Engine:
-    return create_engine(server_url, isolation_level="AUTOCOMMIT")
-
-
 @pytest.fixture(scope="session")
 def template_name(server_url: URL) -> Iterator[str]:
     """A database migrated to pgqueue's head, cloned by each test."""
     name = f"pgqueue_template_{os.getpid()}"
-    admin = _admin(server_url)
+    admin = admin_engine(server_url)
     with admin.connect() as connection:
         connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         connection.execute(text(f'CREATE DATABASE "{name}"'))
@@ -90,41 +82,6 @@ def template_name(server_url: URL) -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
-
-
-def run_example_tests(example: Path, server_url: str) -> subprocess.CompletedProcess[str]:
-    """``pytest`` run in the example application ``example``, as its README says, making its
-    databases on the server ``server_url``; asserts it passed and returns it."""
-    env = dict(os.environ, PGQUEUE_TEST_DATABASE_URL=server_url)
-    env.pop("DATABASE_URL", None)
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=example,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    return completed
-
-
-def create_database(server_url: URL, template: str | None) -> URL:
-    name = f"pgqueue_test_{os.getpid()}_{next(_counter)}"
-    admin = _admin(server_url)
-    with admin.connect() as connection:
-        clause = f' TEMPLATE "{template}"' if template else ""
-        connection.execute(text(f'CREATE DATABASE "{name}"{clause}'))
-    admin.dispose()
-    return server_url.set(database=name)
-
-
-def drop_database(server_url: URL, url: URL) -> None:
-    admin = _admin(server_url)
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
-    admin.dispose()
 
 
 @pytest.fixture

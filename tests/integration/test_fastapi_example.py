@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import create_database, drop_database, run_example_tests
 from fastapi import Depends
+from server_databases import create_database, drop_database, run_example_tests
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession
