@@ -65,11 +65,8 @@ from pgqueue.states import (
 JOB_FIELDS: Final = ("task_name", "queue", "args", "kwargs", "priority", "max_attempts")
 
 # The states a bounded queue's depth counts: jobs not yet started (scheduled ones are QUEUED
-# with a later run_at). One array constant, written out like ``models.STATE_CHECK`` (a unit
-# test keeps it equal to ``WAITING_STATES``), so the count is one range of the
-# ``(queue, state, id)`` index per state, read in the index alone when the pages are visible.
+# with a later run_at).
 WAITING_STATES: Final = (JobState.QUEUED, JobState.RETRYING, JobState.WAITING)
-WAITING_STATES_ARRAY: Final = "'{queued,retrying,waiting}'::text[]"
 # The first key of the two-key advisory locks that serialise a bounded queue's enqueuers ("pgqd");
 # the second is the hash of the queue's name. Two-key locks never meet pgqueue's one-key
 # maintenance locks, and two names with the same hash only share a lock.
@@ -77,16 +74,22 @@ QUEUE_LOCK_CLASS: Final = 0x70677164
 
 
 def waiting_depth(queue: Any, cap: Any) -> ColumnElement[int]:
-    """How many jobs of ``queue`` wait (``WAITING_STATES``), counted up to ``cap`` rows: a
-    bound is decided by its first ``max_depth`` jobs, however deep the queue."""
-    waiting = (
-        select(Job.id)
-        .where(Job.queue == queue, Job.state == func.any(literal_column(WAITING_STATES_ARRAY)))
-        .limit(cap)
-        .correlate(QueueControl)
-        .subquery("waiting")
-    )
-    return select(func.count()).select_from(waiting).scalar_subquery()
+    """How many jobs of ``queue`` wait (``WAITING_STATES``), counted up to ``cap``: a bound is
+    decided by its first ``max_depth`` jobs, however deep the queue. One equality range of the
+    ``(queue, state, id)`` index per state: with both columns fixed the planner reads that index,
+    while with ``state = ANY(...)`` and a queue it cannot see (a correlated one) it may pick a
+    sequential scan over the whole history, and with an ``ORDER BY id`` the primary key."""
+    per_state = []
+    for state in WAITING_STATES:
+        jobs = (
+            select(Job.id)
+            .where(Job.queue == queue, Job.state == state.value)
+            .limit(cap)
+            .correlate(QueueControl)
+            .subquery()
+        )
+        per_state.append(select(func.count()).select_from(jobs).scalar_subquery())
+    return func.least(per_state[0] + per_state[1] + per_state[2], cap)
 
 
 def _no_bound(queue_matches: ColumnElement[bool]) -> ColumnElement[bool]:

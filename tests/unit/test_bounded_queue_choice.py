@@ -1,12 +1,11 @@
-"""The pure parts of bounded queues: the states a depth counts, written out in SQL, match
-``JobState``; what an enqueuer believes bounded sends its jobs to the checked insert, and the
+"""The pure parts of bounded queues: a depth counts the jobs not yet started; what an enqueuer believes bounded sends its jobs to the checked insert, and the
 lock's answer corrects that belief both ways."""
 
 from __future__ import annotations
 
 from pgqueue.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen, insert_path
 from pgqueue.jobs import NewJob
-from pgqueue.sql.enqueue import WAITING_STATES, WAITING_STATES_ARRAY
+from pgqueue.sql.enqueue import WAITING_STATES
 from pgqueue.states import FINAL_STATES, JobState
 
 
@@ -14,9 +13,7 @@ def job(queue: str) -> NewJob:
     return NewJob("t", queue, "[]", "{}", 0, 3, None, None, None, False)
 
 
-def test_the_written_out_states_are_the_waiting_ones() -> None:
-    listed = WAITING_STATES_ARRAY.removeprefix("'{").removesuffix("}'::text[]").split(",")
-    assert listed == [state.value for state in WAITING_STATES]
+def test_a_depth_counts_the_states_of_jobs_not_yet_started() -> None:
     assert set(WAITING_STATES) == set(JobState) - FINAL_STATES - {JobState.RUNNING}
 
 
