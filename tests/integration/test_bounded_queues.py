@@ -14,6 +14,8 @@ input writes nothing, and ``explain`` reports the bound.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -44,6 +46,7 @@ from pgqueue.db import ConnectionExecutor
 from pgqueue.explain import BlockerKind
 from pgqueue.insert_choice import COPY_THRESHOLD
 from pgqueue.jobs import NewJob
+from pgqueue.scheduler import Scheduler
 
 DEPTH = 100
 THREADS = 20
@@ -389,3 +392,34 @@ def test_a_flask_request_catches_queue_full_and_commits_its_own_write(database_u
         flask_pgq.state(app).queue.dispose()
         with app.app_context():
             db.engine.dispose()
+
+
+def test_a_periodic_tick_into_a_full_queue_waits_for_room_and_others_still_run(
+    pgq: PgQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    @pgq.periodic("* * * * *", name="bounded_tick")
+    @pgq.task(name="tick", queue="reports")
+    def tick() -> None:
+        pass
+
+    @pgq.periodic("* * * * *", name="free_tick")
+    @pgq.task(name="free")
+    def free() -> None:
+        pass
+
+    pgq.set_queue_max_depth("reports", 1)
+    filler = tick.enqueue()
+    now = [dt.datetime(2026, 1, 1, 12, 0, 30, tzinfo=dt.UTC)]
+    scheduler = Scheduler(pgq.sessions, pgq.schedules, clock=lambda: now[0])
+    assert scheduler.run_pending() == []  # first sight: nothing is replayed
+    now[0] += dt.timedelta(minutes=1)
+    with caplog.at_level(logging.WARNING, logger="pgqueue.scheduler"):
+        created = scheduler.run_pending()
+    assert [pgq.get_job(i).task_name for i in created] == ["free"]
+    assert (
+        "schedule bounded_tick: tick 2026-01-01 12:01:00+00:00 not enqueued: queue 'reports'"
+        in (caplog.text)
+    )
+    pgq.cancel_job(filler)
+    created = scheduler.run_pending()
+    assert [pgq.get_job(i).task_name for i in created] == ["tick"]
