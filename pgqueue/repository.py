@@ -72,10 +72,7 @@ def insert_jobs(
     seen = bounded if bounded is not None else BoundedQueuesSeen()
     locked = _lock_bounded_queues(ex, jobs, seen) if seen.covers(jobs) else None
     for _ in range(10):
-        if with_dependencies:
-            rows = _insert_dependent_jobs(ex, jobs, trace_context, locked, with_keys)
-        else:
-            rows = _insert_rows(ex, jobs, trace_context, locked, with_keys)
+        rows = _insert_rows(ex, jobs, trace_context, locked, with_keys, with_dependencies)
         if _stopped_by_bound(ex, jobs, rows, locked):
             locked = _lock_bounded_queues(ex, jobs, seen)
             continue
@@ -95,15 +92,21 @@ def _insert_rows(
     trace_context: str | None,
     locked: list[str] | None,
     with_keys: bool,
+    with_dependencies: bool,
 ) -> Sequence[Any]:
-    """One run of ``sql.enqueue.insert_jobs`` for jobs without dependencies: plain, or checked
-    against the bounds of the ``locked`` queues."""
+    """One run of ``sql.enqueue.insert_jobs``: plain, or checked against the bounds of the
+    ``locked`` queues; its rows (none when a bound stopped it)."""
     params = _insert_params(jobs, trace_context)
     if locked is not None:
         params["locked_queues"] = locked
     statement = enqueue.insert_jobs(
-        with_keys, traced=trace_context is not None, bounded=locked is not None
+        with_keys,
+        with_dependencies=with_dependencies,
+        traced=trace_context is not None,
+        bounded=locked is not None,
     )
+    if with_dependencies:
+        return _insert_dependent_jobs(ex, jobs, params, statement)
     return ex.rows(statement, params)
 
 
@@ -249,13 +252,10 @@ def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> 
 
 
 def _insert_dependent_jobs(
-    ex: Executor,
-    jobs: Sequence[NewJob],
-    trace_context: str | None,
-    locked: list[str] | None,
-    with_keys: bool,
+    ex: Executor, jobs: Sequence[NewJob], params: dict[str, Any], statement: Any
 ) -> Sequence[Any]:
-    """Insert jobs some of which depend on others (``NewJob.depends_on``); the insert's rows
+    """Insert jobs some of which depend on others (``NewJob.depends_on``) with ``statement``
+    (``sql.enqueue.insert_jobs`` with dependencies) and the jobs' ``params``; the insert's rows
     (none when a bound stopped it: see ``insert_jobs``).
 
     The dependencies are locked first (see ``sql.enqueue.lock_dependencies``) and their states
@@ -277,19 +277,10 @@ def _insert_dependent_jobs(
         state, reason = dependencies.initial_state({d: found[d] for d in job.depends_on})
         states.append(state.value)
         reasons.append(reason)
-    params = _insert_params(jobs, trace_context)
     params.update(
         states=states,
         depends_ons=[dependencies.array_text(j.depends_on) for j in jobs],
         reasons=reasons,
-    )
-    if locked is not None:
-        params["locked_queues"] = locked
-    statement = enqueue.insert_jobs(
-        with_keys,
-        with_dependencies=True,
-        traced=trace_context is not None,
-        bounded=locked is not None,
     )
     rows = ex.rows(statement, params)
     edges = [

@@ -37,6 +37,7 @@ from pgqueue import (
     PgQueue,
     QueueFull,
     Settings,
+    Task,
     ValidationError,
     repository,
 )
@@ -67,6 +68,17 @@ def host(database_url: URL) -> Iterator[Engine]:
 
 
 @pytest.fixture
+def report(pgq: PgQueue) -> Task[[int], None]:
+    """A task of the queue the tests bound, ``reports``."""
+
+    @pgq.task(name="report", queue="reports")
+    def report(n: int) -> None:
+        pass
+
+    return report
+
+
+@pytest.fixture
 def other(database_url: URL, settings: Settings) -> Iterator[PgQueue]:
     """A second PgQueue on the same database: another process's view."""
     queue = PgQueue(database_url.render_as_string(hide_password=False), settings=settings)
@@ -84,12 +96,8 @@ def counts(engine: Engine, queue: str) -> tuple[int, int, int]:
 
 
 def test_twenty_threads_fill_a_bounded_queue_exactly_and_lose_no_other_write(
-    pgq: PgQueue, host: Engine
+    pgq: PgQueue, host: Engine, report: Task[[int], None]
 ) -> None:
-    @pgq.task(name="report", queue="reports")
-    def report(n: int) -> None:
-        pass
-
     pgq.set_queue_max_depth("reports", DEPTH)
     start = threading.Barrier(THREADS)
     full: list[QueueFull] = []
@@ -130,12 +138,8 @@ def test_twenty_threads_fill_a_bounded_queue_exactly_and_lose_no_other_write(
 
 
 def test_coroutines_of_one_event_loop_fill_a_bounded_queue_exactly(
-    pgq: PgQueue, host: Engine, database_url: URL
+    pgq: PgQueue, host: Engine, database_url: URL, report: Task[[int], None]
 ) -> None:
-    @pgq.task(name="report", queue="reports")
-    def report(n: int) -> None:
-        pass
-
     pgq.set_queue_max_depth("reports", DEPTH)
     coroutines, attempts_each = 40, 4
 
@@ -176,11 +180,9 @@ def test_coroutines_of_one_event_loop_fill_a_bounded_queue_exactly(
     assert counts(host, "reports") == (DEPTH, DEPTH, attempts)
 
 
-def test_a_batch_that_does_not_fit_writes_nothing(pgq: PgQueue, host: Engine) -> None:
-    @pgq.task(name="report", queue="reports")
-    def report(n: int) -> None:
-        pass
-
+def test_a_batch_that_does_not_fit_writes_nothing(
+    pgq: PgQueue, host: Engine, report: Task[[int], None]
+) -> None:
     pgq.set_queue_max_depth("reports", 10)
     assert len(report.enqueue_many([[n] for n in range(8)])) == 8
     with pytest.raises(QueueFull) as raised:
@@ -200,12 +202,8 @@ def test_a_batch_that_does_not_fit_writes_nothing(pgq: PgQueue, host: Engine) ->
 
 
 def test_a_large_batch_on_the_copy_path_is_checked_too(
-    pgq: PgQueue, other: PgQueue, host: Engine
+    pgq: PgQueue, other: PgQueue, host: Engine, report: Task[[int], None]
 ) -> None:
-    @pgq.task(name="report", queue="reports")
-    def report(n: int) -> None:
-        pass
-
     assert pgq.database.uses_driver  # the COPY path is taken where nothing watches statements
     # Set by another process: this PgQueue has not seen the bound, so its COPY path meets it.
     other.set_queue_max_depth("reports", COPY_THRESHOLD + 500)
@@ -233,11 +231,9 @@ def test_the_plain_inserts_write_nothing_into_a_bounded_queue(pgq: PgQueue, host
     assert counts(host, "reports")[:2] == (0, 0)
 
 
-def test_the_bound_frees_as_jobs_leave_waiting(pgq: PgQueue, host: Engine) -> None:
-    @pgq.task(name="report", queue="reports")
-    def report(n: int) -> int:
-        return n
-
+def test_the_bound_frees_as_jobs_leave_waiting(
+    pgq: PgQueue, host: Engine, report: Task[[int], None]
+) -> None:
     pgq.set_queue_max_depth("reports", 3)
     ids = [report.enqueue(n) for n in range(3)]
     with pytest.raises(QueueFull):
@@ -262,12 +258,8 @@ def test_the_bound_frees_as_jobs_leave_waiting(pgq: PgQueue, host: Engine) -> No
 
 
 def test_a_bound_set_after_a_process_looked_is_enforced_and_removable(
-    pgq: PgQueue, other: PgQueue, host: Engine
+    pgq: PgQueue, other: PgQueue, host: Engine, report: Task[[int], None]
 ) -> None:
-    @pgq.task(name="report", queue="reports")
-    def report(n: int) -> None:
-        pass
-
     report.enqueue(0)  # this process has enqueued into the queue while it was unbounded
     other.set_queue_max_depth("reports", 3)
     report.enqueue(1)
@@ -284,12 +276,8 @@ def test_a_bound_set_after_a_process_looked_is_enforced_and_removable(
 
 
 def test_a_bounded_queue_refuses_repeatable_read_and_the_transaction_stays_usable(
-    pgq: PgQueue, host: Engine
+    pgq: PgQueue, host: Engine, report: Task[[int], None]
 ) -> None:
-    @pgq.task(name="report", queue="reports")
-    def report(n: int) -> None:
-        pass
-
     pgq.set_queue_max_depth("reports", 3)
     repeatable = host.execution_options(isolation_level="REPEATABLE READ")
     with Session(repeatable) as session, session.begin():
@@ -327,11 +315,7 @@ def test_bad_input_is_refused_and_writes_nothing(
     assert pgq.admin.queue_settings() == {}
 
 
-def test_explain_reports_the_bound_and_the_depth(pgq: PgQueue) -> None:
-    @pgq.task(name="report", queue="reports")
-    def report(n: int) -> None:
-        pass
-
+def test_explain_reports_the_bound_and_the_depth(pgq: PgQueue, report: Task[[int], None]) -> None:
     pgq.set_queue_max_depth("reports", 2)
     job_id = report.enqueue(1)
     last = pgq.explain_job(job_id).blockers[-1]
