@@ -21,15 +21,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from pgqueue import claim_choice, copy_rows, dependencies, validation
+from pgqueue import claim_choice, copy_rows, dependencies, queue_bounds, validation
 from pgqueue.db import Executor, claimer_key, executor_for
-from pgqueue.errors import (
-    ConfigurationError,
-    JobNotFound,
-    QueueFull,
-    SerializationError,
-    ValidationError,
-)
+from pgqueue.errors import JobNotFound, SerializationError, ValidationError
 from pgqueue.insert_choice import BoundedQueuesSeen
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome, WorkerEntry
 from pgqueue.models import Job
@@ -57,7 +51,7 @@ def insert_jobs(
     id is returned in its place (if that job finished meanwhile, the insert is tried again).
 
     Bounded queues: the jobs of a queue with a ``max_depth`` are inserted all or none, after
-    their queue's lock (``sql.enqueue.lock_bounded_queues``); when they do not fit, QueueFull is
+    their queue's lock (``queue_bounds.lock``); when they do not fit, QueueFull is
     raised and nothing of the batch was written (no SQL error: the transaction stays usable).
     Queues ``bounded`` believes bounded are locked first; the others are found by the plain
     insert's guard, which then inserted nothing. The belief is corrected by each lock's answer.
@@ -70,11 +64,11 @@ def insert_jobs(
         raise ValidationError("a job with depends_on cannot also have a unique_key")
     with_keys = any(j.unique_key is not None for j in jobs)
     seen = bounded if bounded is not None else BoundedQueuesSeen()
-    locked = _lock_bounded_queues(ex, jobs, seen) if seen.covers(jobs) else None
+    locked = queue_bounds.lock(ex, jobs, seen) if seen.covers(jobs) else None
     for _ in range(10):
         rows = _insert_rows(ex, jobs, trace_context, locked, with_keys, with_dependencies)
-        if _stopped_by_bound(ex, jobs, rows, locked):
-            locked = _lock_bounded_queues(ex, jobs, seen)
+        if queue_bounds.stopped_by_bound(ex, jobs, rows, locked):
+            locked = queue_bounds.lock(ex, jobs, seen)
             continue
         if not with_keys:
             return [row[0] for row in rows]
@@ -108,52 +102,6 @@ def _insert_rows(
     if with_dependencies:
         return _insert_dependent_jobs(ex, jobs, params, statement)
     return ex.rows(statement, params)
-
-
-def _lock_bounded_queues(
-    ex: Executor, jobs: Sequence[NewJob], seen: BoundedQueuesSeen
-) -> list[str]:
-    """Take the locks of the bounded queues of ``jobs`` (held to the end of the transaction);
-    their names. Refuses REPEATABLE READ, whose snapshot would hide the jobs that the lock's
-    previous holders committed."""
-    queues = sorted({job.queue for job in jobs})
-    rows = ex.rows(enqueue.lock_bounded_queues(), {"queues": queues})
-    locked = [row[0] for row in rows]
-    seen.record(queues, locked)
-    if rows and rows[0][2] == "repeatable read":
-        raise ConfigurationError(
-            f"queue {locked[0]!r} is bounded: enqueue into it in a READ COMMITTED or "
-            "SERIALIZABLE transaction (under REPEATABLE READ its depth cannot be counted exactly)"
-        )
-    return locked
-
-
-def _stopped_by_bound(
-    ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any], locked: list[str] | None
-) -> bool:
-    """Whether the insert that answered ``rows`` inserted nothing because of a bound (then try
-    again after locking). Raises QueueFull when a locked queue has no room for the batch.
-
-    A guard stops every row, and a row without a unique key is never skipped otherwise; only a
-    batch whose keys are all held already can come back empty on its own."""
-    if rows:
-        return False
-    if locked is None:
-        if any(j.unique_key is None for j in jobs):
-            return True
-        queues = sorted({job.queue for job in jobs})
-        return bool(ex.rows(enqueue.any_bound(), {"queues": queues})[0][0])
-    asked: dict[str, int] = {}
-    for job in jobs:
-        asked[job.queue] = asked.get(job.queue, 0) + 1
-    stopped = False
-    for name, (max_depth, depth) in queue_depths(ex, list(asked)).items():
-        if name not in locked:
-            stopped = True  # bounded since the lock was taken: lock it too
-        elif depth + asked[name] > max_depth:
-            raise QueueFull(name, max_depth, depth, asked[name])
-    # Room now (jobs left the queue since the insert counted), or a batch of held keys.
-    return stopped or any(j.unique_key is None for j in jobs)
 
 
 def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) -> int | None:
@@ -207,13 +155,6 @@ def copy_jobs(
 def set_queue_max_depth(db: SessionOrExecutor, name: str, max_depth: int | None) -> None:
     """Set (or, with None, remove) queue ``name``'s bound."""
     executor_for(db).rows(enqueue.set_max_depth(), {"name": name, "max_depth": max_depth})
-
-
-def queue_depths(db: SessionOrExecutor, queues: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """``{queue: (max_depth, depth)}`` for the bounded queues among ``queues``; ``depth``
-    counts waiting jobs up to one more than ``max_depth``."""
-    rows = executor_for(db).rows(enqueue.queue_depths(), {"queues": sorted(set(queues))})
-    return {name: (max_depth, depth) for name, max_depth, depth in rows}
 
 
 def _insert_params(jobs: Sequence[NewJob], trace_context: str | None) -> dict[str, Any]:
