@@ -56,6 +56,7 @@ __all__ = [
 T = TypeVar("T")
 
 MAX_JOB_ID: Final = 2**63 - 1  # job ids are bigint
+MAX_QUEUE_DEPTH: Final = 2**31 - 1  # a queue's bound is an integer column
 DEFAULT_PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 1000
 # A capped count reads at most this many index entries per queue and state, so it costs the
@@ -116,12 +117,13 @@ class OldestWaiting:
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
     """A queue's switches and the number of its jobs running now (counted for limited
-    queues)."""
+    queues); ``max_depth`` is its bound (``set_queue_max_depth``), None when unbounded."""
 
     name: str
     paused: bool
     concurrency_limit: int | None
     running: int
+    max_depth: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,11 +539,32 @@ class Admin:
         name = validation.queue_name(queue)
         self._write(None, lambda s: repository.set_queue_control(s, name, concurrency_limit=limit))
 
+    def set_queue_max_depth(
+        self, queue: str, max_depth: int | None, *, on_full: str = "reject"
+    ) -> None:
+        """Bound ``queue``: an enqueue that would take it above ``max_depth`` waiting jobs
+        (queued, retrying, or waiting on dependencies; scheduled ones included) raises
+        ``QueueFull`` in the enqueuing caller, and writes none of its jobs. ``None`` removes the
+        bound. ``on_full`` says what a full queue does to an enqueue; ``"reject"`` is the only
+        mode. A bound never holds back a job already waiting."""
+        if max_depth is not None and (
+            not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 1
+        ):
+            raise ValidationError(f"max_depth must be a positive int or None, got {max_depth!r}")
+        if max_depth is not None and max_depth > MAX_QUEUE_DEPTH:
+            raise ValidationError(f"max_depth must be at most {MAX_QUEUE_DEPTH}, got {max_depth}")
+        if on_full != "reject":
+            raise ValidationError(f"on_full must be 'reject' (the only mode), got {on_full!r}")
+        name = validation.queue_name(queue)
+        self._write(None, lambda s: repository.set_queue_max_depth(s, name, max_depth))
+
     def queue_settings(self) -> dict[str, QueueSettings]:
         """The switches of every queue that has any, by queue name."""
         rows = self._read(repository.queue_controls)
         return {
-            row.name: QueueSettings(row.name, row.paused, row.concurrency_limit, row.running)
+            row.name: QueueSettings(
+                row.name, row.paused, row.concurrency_limit, row.running, row.max_depth
+            )
             for row in rows
         }
 

@@ -527,15 +527,36 @@ def limit(queue: str, limit: str, database_url: str | None) -> None:
 
 def limit_queue(pgq: PgQueue, queue: str, limit: str) -> None:
     """Shared by ``pgqueue limit`` and ``flask pgqueue limit``."""
-    if limit.lower() == "none":
-        value: int | None = None
-    else:
-        try:
-            value = int(limit)
-        except ValueError:
-            raise click.BadParameter(f"{limit!r} is not a number or 'none'") from None
+    value = _number_or_none(limit)
     pgq.admin.set_queue_limit(queue, value)
     click.echo(f"queue {queue}: limit {'removed' if value is None else value}")
+
+
+@main.command(name="max-depth")
+@click.argument("queue")
+@click.argument("max_depth")
+@database_option
+def max_depth(queue: str, max_depth: str, database_url: str | None) -> None:
+    """Refuse enqueues that would take QUEUE above MAX_DEPTH waiting jobs (``none`` removes
+    the bound)."""
+    bound_queue(_queue_for(database_url), queue, max_depth)
+
+
+def bound_queue(pgq: PgQueue, queue: str, max_depth: str) -> None:
+    """Shared by ``pgqueue max-depth`` and ``flask pgqueue max-depth``."""
+    value = _number_or_none(max_depth)
+    pgq.set_queue_max_depth(queue, value)
+    click.echo(f"queue {queue}: max depth {'removed' if value is None else value}")
+
+
+def _number_or_none(text: str) -> int | None:
+    """A command's whole-number argument, where ``none`` means no value."""
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a number or 'none'") from None
 
 
 # -- demo -------------------------------------------------------------------------------------

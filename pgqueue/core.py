@@ -29,7 +29,7 @@ from pgqueue.config import Settings, normalize_database_url
 from pgqueue.db import Database
 from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.explain import JobExplanation
-from pgqueue.insert_choice import COPY_THRESHOLD, insert_path
+from pgqueue.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen, insert_path
 from pgqueue.jobs import NewJob
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
@@ -84,6 +84,9 @@ class PgQueue:
         # waiters belong to the loop that made them (tests and threads run several loops).
         self._async_databases: dict[asyncio.AbstractEventLoop, AsyncDatabase] = {}
         self._given_async_engine: AsyncEngine | None = None
+        # The queues this object's enqueues believe bounded (``insert_choice``): a shortcut to
+        # their checked insert, corrected by the database on every enqueue into them.
+        self._bounded_queues = BoundedQueuesSeen()
         if isinstance(database, AsyncEngine):
             async_engine = database
             database = normalize_database_url(async_engine.url)
@@ -274,22 +277,33 @@ class PgQueue:
     def _insert(
         self, session: Session | None, jobs: Sequence[NewJob], trace_context: str | None
     ) -> list[int]:
-        path = insert_path(session is not None, jobs, lambda: self.database.uses_driver)
+        bounded = self._bounded_queues
+        path = insert_path(session is not None, jobs, lambda: self.database.uses_driver, bounded)
         if path == "one":
             job = jobs[0]
-            return [
-                uow.run(
-                    self.database,
-                    lambda db: repository.insert_one_job(db, job, trace_context),
-                    autocommit=True,
-                )
-            ]
-        if path == "copy":
+            job_id = uow.run(
+                self.database,
+                lambda db: repository.insert_one_job(db, job, trace_context),
+                autocommit=True,
+            )
+            if job_id is not None:
+                return [job_id]
+            bounded.suspect([job.queue])
+        elif path == "copy":
             if trace_context is None:
-                return uow.run(self.database, lambda db: repository.copy_jobs(db, jobs))
-            return uow.run(self.database, lambda db: repository.copy_jobs(db, jobs, trace_context))
+                ids = uow.run(self.database, lambda db: repository.copy_jobs(db, jobs))
+            else:
+                ids = uow.run(
+                    self.database, lambda db: repository.copy_jobs(db, jobs, trace_context)
+                )
+            if ids is not None:
+                return ids
+            bounded.suspect({job.queue for job in jobs})
+        # A queue with a bound stopped the plain insert (which wrote nothing): the checked one.
         return uow.in_caller_or_own_transaction(
-            session, self.sessions, lambda s: repository.insert_jobs(s, jobs, trace_context)
+            session,
+            self.sessions,
+            lambda s: repository.insert_jobs(s, jobs, trace_context, bounded),
         )
 
     # -- job control (shortcuts to ``self.admin``) ------------------------------------------
@@ -422,18 +436,23 @@ class PgQueue:
         self, session: AsyncSession | None, jobs: Sequence[NewJob], trace_context: str | None
     ) -> list[int]:
         database = await self._async_db()
-        path = insert_path(session is not None, jobs, lambda: database.may_copy)
+        bounded = self._bounded_queues
+        path = insert_path(session is not None, jobs, lambda: database.may_copy, bounded)
         if path == "one":
             job = jobs[0]
-            return [
-                await database.run(
-                    lambda db: repository.insert_one_job(db, job, trace_context), autocommit=True
-                )
-            ]
-        if path == "copy":
-            return await database.run(lambda db: repository.copy_jobs(db, jobs, trace_context))
+            job_id = await database.run(
+                lambda db: repository.insert_one_job(db, job, trace_context), autocommit=True
+            )
+            if job_id is not None:
+                return [job_id]
+            bounded.suspect([job.queue])
+        elif path == "copy":
+            ids = await database.run(lambda db: repository.copy_jobs(db, jobs, trace_context))
+            if ids is not None:
+                return ids
+            bounded.suspect({job.queue for job in jobs})
         return await database.in_caller_or_own_session(
-            session, lambda s: repository.insert_jobs(s, jobs, trace_context)
+            session, lambda s: repository.insert_jobs(s, jobs, trace_context, bounded)
         )
 
     async def aget_job(self, job_id: int) -> Job:
@@ -515,8 +534,20 @@ class PgQueue:
         """At most ``limit`` jobs of ``queue`` RUNNING at once (see ``Admin.set_queue_limit``)."""
         self.admin.set_queue_limit(queue, limit)
 
+    def set_queue_max_depth(
+        self, queue: str, max_depth: int | None, on_full: str = "reject"
+    ) -> None:
+        """Bound ``queue``: an enqueue that would take it above ``max_depth`` waiting jobs
+        raises ``QueueFull`` (see ``Admin.set_queue_max_depth``); ``None`` removes the bound."""
+        self.admin.set_queue_max_depth(queue, max_depth, on_full=on_full)
+        if max_depth is None:
+            self._bounded_queues.record([queue], [])
+        else:
+            self._bounded_queues.suspect([queue])
+
     def queue_controls(self) -> dict[str, dict[str, Any]]:
-        """``{queue: {"paused", "concurrency_limit", "running"}}`` for queues with settings."""
+        """``{queue: {"paused", "concurrency_limit", "running"}}`` for queues with settings
+        (bounds: ``admin.queue_settings()``)."""
         return {
             name: {
                 "paused": queue.paused,

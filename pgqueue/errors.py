@@ -20,6 +20,7 @@ __all__ = [
     "LeaseLost",
     "PayloadTooLarge",
     "PgQueueError",
+    "QueueFull",
     "SchemaNotCurrent",
     "SerializationError",
     "UnknownTask",
@@ -81,6 +82,27 @@ class JobWaitTimeout(PgQueueError, TimeoutError):
         self.job_id = job_id
         self.state = state
         self.timeout = timeout
+
+
+class QueueFull(PgQueueError):
+    """An enqueue would take a bounded queue above its ``max_depth`` waiting jobs
+    (``set_queue_max_depth``); nothing of that enqueue was written, and the caller's
+    transaction is still usable.
+
+    ``queue`` names the queue, ``max_depth`` is its bound, ``depth`` how many jobs were
+    waiting in it (counted up to just above the bound), ``asked`` how many jobs the enqueue
+    asked to add to it."""
+
+    def __init__(self, queue: str, max_depth: int, depth: int, asked: int) -> None:
+        waiting = f"more than {max_depth}" if depth > max_depth else str(depth)
+        super().__init__(
+            f"queue {queue!r} is full: {waiting} of at most {max_depth} waiting jobs, "
+            f"{asked} more asked for"
+        )
+        self.queue = queue
+        self.max_depth = max_depth
+        self.depth = depth
+        self.asked = asked
 
 
 class InvalidStateTransition(PgQueueError):

@@ -1,7 +1,8 @@
 """Why isn't this job running? The blockers of one job, in the order the claim applies them.
 
 ``explain_job`` reads what the claim would check for the job (its row, its ticket, its queue's
-switches, the RUNNING jobs filling the queue's limit, its dependencies, the worker registry),
+switches, the RUNNING jobs filling the queue's limit, its dependencies, the worker registry,
+and, for information, a bounded queue's depth),
 each read bounded by a key or an index, and ``explanation`` turns those facts into a
 ``JobExplanation``: the job's state and a list of ``Blocker``s, each an enum kind, one readable
 sentence and the data behind it. A job nothing blocks gets one ``READY`` entry with its
@@ -65,6 +66,9 @@ class BlockerKind(enum.StrEnum):
     """No live worker claims from its queue."""
     READY = "ready"
     """Nothing blocks it: claimable now, with this many tickets of its queue ahead of it."""
+    BOUNDED = "bounded"
+    """Informational, never a blocker: its queue is bounded (its ``max_depth`` and how many
+    jobs wait in it now). A bound refuses new enqueues; it never holds back a waiting job."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,9 @@ class JobFacts:
     """Live workers claiming from the queue (up to ``LIST_CAP``)."""
     live_workers: int
     """Live workers in all (up to ``LIST_CAP``)."""
+    bound: tuple[int, int] | None = None
+    """``(max_depth, depth)`` of a bounded queue (depth counted up to one more than the
+    bound), None when the queue is unbounded or the job does not wait."""
 
 
 def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobExplanation:
@@ -184,7 +191,11 @@ def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobEx
             )
         ]
         live = len(db.rows(sql.live_workers(serving_queue=False), workers))
-    facts = JobFacts(job, running_ids, dependencies, ahead, holder, serving, live)
+    bound = None
+    if not finished and state is not JobState.RUNNING and job.max_depth is not None:
+        params = {"queue": job.queue, "cap": job.max_depth + 1}
+        bound = (job.max_depth, int(db.rows(sql.queue_depth(), params)[0][0]))
+    facts = JobFacts(job, running_ids, dependencies, ahead, holder, serving, live, bound)
     return explanation(facts)
 
 
@@ -287,7 +298,22 @@ def _waiting_blockers(facts: JobFacts, state: JobState) -> list[Blocker]:
         )
     if not blockers and facts.ahead is not None:
         blockers.append(_ready(job, facts.ahead, facts.serving_workers))
+    if facts.bound is not None:
+        blockers.append(_bounded(job, *facts.bound))
     return blockers
+
+
+def _bounded(job: Any, max_depth: int, depth: int) -> Blocker:
+    waiting = f"more than {max_depth}" if depth > max_depth else str(depth)
+    full = depth >= max_depth
+    return Blocker(
+        BlockerKind.BOUNDED,
+        f"(information) queue {job.queue} is bounded at {max_depth} waiting "
+        f"{'job' if max_depth == 1 else 'jobs'} and holds {waiting} now"
+        + (": new enqueues into it raise QueueFull" if full else "")
+        + "; the bound never holds back a job already waiting",
+        {"queue": job.queue, "max_depth": max_depth, "depth": depth, "full": full},
+    )
 
 
 def _dependencies(job: Any, dependencies: Mapping[int, JobState | None]) -> Blocker:

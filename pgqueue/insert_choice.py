@@ -1,14 +1,14 @@
 """Which insert an enqueue runs (``insert_path``), on the synchronous and the asyncio path
-alike; pure."""
+alike, and the queues a ``PgQueue`` knows to be bounded (``BoundedQueuesSeen``); pure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Literal
 
 from pgqueue.jobs import NewJob
 
-__all__ = ["COPY_THRESHOLD", "InsertPath", "insert_path"]
+__all__ = ["COPY_THRESHOLD", "BoundedQueuesSeen", "InsertPath", "insert_path"]
 
 # From this many jobs on, an own-transaction ``enqueue_many`` inserts with COPY: it costs about
 # what the unnest INSERT does for a few hundred jobs and much less per job for large batches
@@ -18,8 +18,39 @@ COPY_THRESHOLD = 1000
 InsertPath = Literal["one", "copy", "batch"]
 
 
+class BoundedQueuesSeen:
+    """The queues an enqueuer believes bounded: their jobs go straight to the checked insert
+    (lock, then count and insert) instead of first trying the plain one, whose guard would
+    insert nothing. Only a shortcut: the plain inserts' guard catches a bound set since, and
+    the lock statement's answer corrects the belief both ways. Thread-safe: the set is
+    replaced, never changed in place."""
+
+    def __init__(self) -> None:
+        self.queues: frozenset[str] = frozenset()
+
+    def covers(self, jobs: Sequence[NewJob]) -> bool:
+        """Whether a queue of ``jobs`` is believed bounded."""
+        known = self.queues
+        if not known:
+            return False
+        if len(jobs) == 1:
+            return jobs[0].queue in known
+        return not known.isdisjoint({job.queue for job in jobs})
+
+    def suspect(self, queues: Iterable[str]) -> None:
+        """``queues`` may be bounded (a plain insert's guard stopped it)."""
+        self.queues = self.queues | frozenset(queues)
+
+    def record(self, looked_at: Collection[str], bounded: Collection[str]) -> None:
+        """Of ``looked_at``, exactly ``bounded`` have a bound (the lock statement's answer)."""
+        self.queues = (self.queues - frozenset(looked_at)) | frozenset(bounded)
+
+
 def insert_path(
-    in_callers_transaction: bool, jobs: Sequence[NewJob], may_copy: Callable[[], bool]
+    in_callers_transaction: bool,
+    jobs: Sequence[NewJob],
+    may_copy: Callable[[], bool],
+    bounded: BoundedQueuesSeen | None = None,
 ) -> InsertPath:
     """How an enqueue inserts ``jobs`` (on the synchronous and the asyncio path alike).
 
@@ -27,9 +58,11 @@ def insert_path(
     (one round trip, no Session). ``"copy"``: a large uniform batch outside a caller's
     transaction, ``COPY`` instead of one INSERT over ten unnested arrays, where ``may_copy()``
     (COPY's rows bypass statement listeners: only where nothing watches statements).
-    ``"batch"``: everything else, one INSERT in the caller's transaction or an own one.
+    ``"batch"``: everything else, one INSERT in the caller's transaction or an own one; and
+    every enqueue into a queue ``bounded`` believes bounded, which needs a transaction (its
+    lock, then its checked insert).
     """
-    if in_callers_transaction:
+    if in_callers_transaction or (bounded is not None and bounded.covers(jobs)):
         return "batch"
     if len(jobs) == 1:
         job = jobs[0]

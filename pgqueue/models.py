@@ -319,11 +319,15 @@ class QueueControl(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     """Last change of the switches."""
+    max_depth: Mapped[int | None] = mapped_column(Integer)
+    """Bounded queue: an enqueue that would take the queue above this many waiting jobs
+    (queued, retrying or waiting on dependencies) raises ``QueueFull``; null = unbounded."""
 
     __table_args__ = (
         CheckConstraint(
             "concurrency_limit IS NULL OR concurrency_limit >= 1", name="limit_positive"
         ),
+        CheckConstraint("max_depth IS NULL OR max_depth >= 1", name="max_depth_positive"),
     )
 
 

@@ -21,9 +21,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from pgqueue import claim_choice, copy_rows, dependencies, validation
+from pgqueue import claim_choice, copy_rows, dependencies, queue_bounds, validation
 from pgqueue.db import Executor, claimer_key, executor_for
 from pgqueue.errors import JobNotFound, SerializationError, ValidationError
+from pgqueue.insert_choice import BoundedQueuesSeen
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome, Progress, WorkerEntry
 from pgqueue.models import Job
 from pgqueue.sql import admin, control, enqueue, maintenance
@@ -38,34 +39,75 @@ SessionOrExecutor = Session | Executor
 
 
 def insert_jobs(
-    db: SessionOrExecutor, jobs: Sequence[NewJob], trace_context: str | None = None
+    db: SessionOrExecutor,
+    jobs: Sequence[NewJob],
+    trace_context: str | None = None,
+    bounded: BoundedQueuesSeen | None = None,
 ) -> list[int]:
     """Insert jobs and their tickets; return ids in input order. ``trace_context`` (JSON
     text, see ``pgqueue.tracing``) is stored with every job.
 
     A job whose unique key is already held by an active job is not inserted; the existing job's
     id is returned in its place (if that job finished meanwhile, the insert is tried again).
+
+    Bounded queues: the jobs of a queue with a ``max_depth`` are inserted all or none, after
+    their queue's lock (``queue_bounds.lock``); when they do not fit, QueueFull is
+    raised and nothing of the batch was written (no SQL error: the transaction stays usable).
+    Queues ``bounded`` believes bounded are locked first; the others are found by the plain
+    insert's guard, which then inserted nothing. The belief is corrected by each lock's answer.
     """
     if not jobs:
         return []
     ex = executor_for(db)
-    if any(j.depends_on for j in jobs):
-        return _insert_dependent_jobs(ex, jobs, trace_context)
+    with_dependencies = any(j.depends_on for j in jobs)
+    if with_dependencies and any(j.unique_key is not None and j.depends_on for j in jobs):
+        raise ValidationError("a job with depends_on cannot also have a unique_key")
     with_keys = any(j.unique_key is not None for j in jobs)
-    params = _insert_params(jobs, trace_context)
-    statement = enqueue.insert_jobs(with_keys, traced=trace_context is not None)
+    seen = bounded if bounded is not None else BoundedQueuesSeen()
+    locked = queue_bounds.lock(ex, jobs, seen) if seen.covers(jobs) else None
     for _ in range(10):
-        rows = ex.rows(statement, params)
+        rows = _insert_rows(ex, jobs, trace_context, locked, with_keys, with_dependencies)
+        if queue_bounds.stopped_by_bound(ex, jobs, rows, locked):
+            locked = queue_bounds.lock(ex, jobs, seen)
+            continue
         if not with_keys:
             return [row[0] for row in rows]
         resolved = _match_unique(ex, jobs, rows)
         if resolved is not None:
             return resolved
-    raise RuntimeError("unique-key enqueue did not settle after 10 tries")  # pragma: no cover
+        if with_dependencies:  # pragma: no cover - a key's holder is never a dependent job
+            raise RuntimeError("unique-key enqueue with dependencies did not settle")
+    raise RuntimeError("enqueue did not settle after 10 tries")  # pragma: no cover
 
 
-def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) -> int:
-    """Insert one job without unique key or dependencies, and its ticket; return its id."""
+def _insert_rows(
+    ex: Executor,
+    jobs: Sequence[NewJob],
+    trace_context: str | None,
+    locked: list[str] | None,
+    with_keys: bool,
+    with_dependencies: bool,
+) -> Sequence[Any]:
+    """One run of ``sql.enqueue.insert_jobs``: plain, or checked against the bounds of the
+    ``locked`` queues; its rows (none when a bound stopped it)."""
+    params = _insert_params(jobs, trace_context)
+    if locked is not None:
+        params["locked_queues"] = locked
+    statement = enqueue.insert_jobs(
+        with_keys,
+        with_dependencies=with_dependencies,
+        traced=trace_context is not None,
+        bounded=locked is not None,
+    )
+    if with_dependencies:
+        return _insert_dependent_jobs(ex, jobs, params, statement)
+    return ex.rows(statement, params)
+
+
+def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) -> int | None:
+    """Insert one job without unique key or dependencies, and its ticket; return its id. None
+    when its queue has a bound: nothing was written, and ``insert_jobs`` inserts it (in a
+    transaction, which the queue's lock needs)."""
     params: dict[str, Any] = {
         "task_name": job.task_name,
         "queue": job.queue,
@@ -78,29 +120,41 @@ def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) 
         "atomic": job.atomic,
     }
     if trace_context is None:
-        return int(db.rows(enqueue.insert_one_job(), params)[0][0])
-    params["trace_context"] = trace_context
-    return int(db.rows(enqueue.insert_one_job(traced=True), params)[0][0])
+        rows = db.rows(enqueue.insert_one_job(), params)
+    else:
+        params["trace_context"] = trace_context
+        rows = db.rows(enqueue.insert_one_job(traced=True), params)
+    return int(rows[0][0]) if rows else None
 
 
-def copy_jobs(db: Executor, jobs: Sequence[NewJob], trace_context: str | None = None) -> list[int]:
+def copy_jobs(
+    db: Executor, jobs: Sequence[NewJob], trace_context: str | None = None
+) -> list[int] | None:
     """Insert a large batch of jobs (no unique keys, no dependencies, one ``delay``/``run_at``
-    for all) and their tickets with two ``COPY``s; return the ids in input order.
+    for all) and their tickets with two ``COPY``s; return the ids in input order. None when a
+    queue of the batch has a bound: nothing was written, and ``insert_jobs`` inserts it.
 
     Ids come from the identity sequence first (``sql.enqueue.allocate_job_ids``, ascending like
     the ``INSERT``'s), with the batch's ``run_at``, so both tables get the same values. The
     wake-up (``sql.enqueue.notify_tickets``, one per queue) is sent last, delivered at commit.
     """
     first = jobs[0]
-    params = {"n": len(jobs), "run_at": first.run_at, "delay": first.delay}
+    queues = sorted({job.queue for job in jobs})
+    params = {"n": len(jobs), "run_at": first.run_at, "delay": first.delay, "queues": queues}
     ids, run_at = db.rows(enqueue.allocate_job_ids(), params)[0]
+    if ids is None:
+        return None
     stamp = run_at.isoformat()
     lines = copy_rows.job_lines(ids, jobs, stamp, trace_context)
     db.copy(enqueue.copy_jobs(traced=trace_context is not None), copy_rows.chunks(lines))
     db.copy(enqueue.copy_tickets(), copy_rows.chunks(copy_rows.ticket_lines(ids, jobs, stamp)))
-    queues = sorted({job.queue for job in jobs})
     db.rows(enqueue.notify_tickets(), {"queues": queues, "run_at": run_at})
     return list(ids)
+
+
+def set_queue_max_depth(db: SessionOrExecutor, name: str, max_depth: int | None) -> None:
+    """Set (or, with None, remove) queue ``name``'s bound."""
+    executor_for(db).rows(enqueue.set_max_depth(), {"name": name, "max_depth": max_depth})
 
 
 def _insert_params(jobs: Sequence[NewJob], trace_context: str | None) -> dict[str, Any]:
@@ -139,17 +193,17 @@ def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> 
 
 
 def _insert_dependent_jobs(
-    ex: Executor, jobs: Sequence[NewJob], trace_context: str | None
-) -> list[int]:
-    """Insert jobs some of which depend on others (``NewJob.depends_on``).
+    ex: Executor, jobs: Sequence[NewJob], params: dict[str, Any], statement: Any
+) -> Sequence[Any]:
+    """Insert jobs some of which depend on others (``NewJob.depends_on``) with ``statement``
+    (``sql.enqueue.insert_jobs`` with dependencies) and the jobs' ``params``; the insert's rows
+    (none when a bound stopped it: see ``insert_jobs``).
 
     The dependencies are locked first (see ``sql.enqueue.lock_dependencies``) and their states
     read after the lock; each job's state follows ``dependencies.initial_state``, and the
     waiting ones are appended to their unfinished dependencies' ``dependents``. Unique keys are
     not combined with dependencies (the waiting job would hold no key).
     """
-    if any(j.unique_key is not None and j.depends_on for j in jobs):
-        raise ValidationError("a job with depends_on cannot also have a unique_key")
     wanted = sorted({d for j in jobs for d in j.depends_on})
     found = {
         job_id: JobState(state)
@@ -164,15 +218,10 @@ def _insert_dependent_jobs(
         state, reason = dependencies.initial_state({d: found[d] for d in job.depends_on})
         states.append(state.value)
         reasons.append(reason)
-    params = _insert_params(jobs, trace_context)
     params.update(
         states=states,
         depends_ons=[dependencies.array_text(j.depends_on) for j in jobs],
         reasons=reasons,
-    )
-    with_keys = any(j.unique_key is not None for j in jobs)
-    statement = enqueue.insert_jobs(
-        with_keys, with_dependencies=True, traced=trace_context is not None
     )
     rows = ex.rows(statement, params)
     edges = [
@@ -187,12 +236,7 @@ def _insert_dependent_jobs(
             enqueue.add_dependents(),
             {"dependency_ids": [d for d, _ in edges], "dependent_ids": [j for _, j in edges]},
         )
-    if with_keys:
-        resolved = _match_unique(ex, jobs, rows)
-        if resolved is None:  # pragma: no cover - a key's holder is never a dependent job
-            raise RuntimeError("unique-key enqueue with dependencies did not settle")
-        return resolved
-    return [row[0] for row in rows]
+    return rows
 
 
 # --- claim ------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from croniter import croniter
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import repository, uow
-from pgqueue.errors import ValidationError
+from pgqueue.errors import QueueFull, ValidationError
 
 if TYPE_CHECKING:
     from pgqueue.tasks import Task
@@ -202,7 +202,13 @@ class Scheduler:
             repository.set_tick_job(session, schedule.name, instant, job_id)
             return job_id
 
-        job_id = uow.run_in_transaction(self.sessions, work)
+        try:
+            job_id = uow.run_in_transaction(self.sessions, work)
+        except QueueFull as exc:
+            # Its bounded queue is full: nothing of the tick was recorded, so a later pass tries
+            # it again (late by then, it follows the schedule's ``missed`` policy).
+            log.warning("schedule %s: tick %s not enqueued: %s", schedule.name, instant, exc)
+            return None
         if job_id is not None:
             log.info("schedule %s: tick %s enqueued as job %s", schedule.name, instant, job_id)
         return job_id

@@ -4,6 +4,14 @@ holding unique keys, and the bookkeeping of jobs that depend on others.
 
 Every insert gives each new runnable job its ticket and wakes idle workers in the same
 statement (``common.tickets_for`` and ``common.woken``).
+
+Bounded queues (``pgqueue_queues.max_depth``): every plain insert carries a guard that inserts
+nothing when a queue of its jobs has a bound, so a bound set after a process last looked is
+never missed. Jobs of bounded queues are inserted in two statements of one transaction instead:
+``lock_bounded_queues`` takes each bounded queue's lock (held to the end of the transaction),
+then the ``bounded`` insert counts the queue's waiting jobs, in a snapshot taken after the
+lock, and inserts all of the batch or nothing. In one statement the count would be stale: a
+statement that waits for a lock still reads the database as of its start.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from sqlalchemy import (
     literal,
     literal_column,
     null,
+    or_,
     select,
     text,
     update,
@@ -36,7 +45,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS, aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from pgqueue.models import UNIQUE_KEY_HELD, Job, MessageQueue
+from pgqueue.models import UNIQUE_KEY_HELD, Job, MessageQueue, QueueControl
 from pgqueue.sql.common import (
     COPY_TICKET_COLUMNS,
     NOTIFY_CHANNEL,
@@ -55,6 +64,63 @@ from pgqueue.states import (
 # parameters.
 JOB_FIELDS: Final = ("task_name", "queue", "args", "kwargs", "priority", "max_attempts")
 
+# The states a bounded queue's depth counts: jobs not yet started (scheduled ones are QUEUED
+# with a later run_at).
+WAITING_STATES: Final = (JobState.QUEUED, JobState.RETRYING, JobState.WAITING)
+# The first key of the two-key advisory locks that serialise a bounded queue's enqueuers ("pgqd");
+# the second is the hash of the queue's name. Two-key locks never meet pgqueue's one-key
+# maintenance locks, and two names with the same hash only share a lock.
+QUEUE_LOCK_CLASS: Final = 0x70677164
+
+
+def waiting_depth(queue: Any, cap: Any) -> ColumnElement[int]:
+    """How many jobs of ``queue`` wait (``WAITING_STATES``), counted up to ``cap``: a bound is
+    decided by its first ``max_depth`` jobs, however deep the queue. One equality range of the
+    ``(queue, state, id)`` index per state: with both columns fixed the planner reads that index,
+    while with ``state = ANY(...)`` and a queue it cannot see (a correlated one) it may pick a
+    sequential scan over the whole history, and with an ``ORDER BY id`` the primary key."""
+    per_state = []
+    for state in WAITING_STATES:
+        jobs = (
+            select(Job.id)
+            .where(Job.queue == queue, Job.state == state.value)
+            .limit(cap)
+            .correlate(QueueControl)
+            .subquery()
+        )
+        per_state.append(select(func.count()).select_from(jobs).scalar_subquery())
+    return func.least(per_state[0] + per_state[1] + per_state[2], cap)
+
+
+def _no_bound(queue_matches: ColumnElement[bool]) -> ColumnElement[bool]:
+    """The guard of the plain inserts: no queue that ``queue_matches`` has a bound. Evaluated
+    once per statement (uncorrelated), one probe of the small control table."""
+    bounded = select(QueueControl.name).where(queue_matches, QueueControl.max_depth.is_not(None))
+    return ~bounded.exists()
+
+
+def _room_for(queues: ColumnElement[Any]) -> ColumnElement[bool]:
+    """The guard of the ``bounded`` insert: every bounded queue among ``queues`` (the batch's,
+    one entry per job) is locked by this transaction (named in the bind ``locked_queues``) and
+    has room for the batch's jobs of it."""
+    entries = func.unnest(queues).table_valued("queue").render_derived(name="asked")
+    asked = (
+        select(func.count())
+        .select_from(entries)
+        .where(entries.c.queue == QueueControl.name)
+        .scalar_subquery()
+    )
+    depth = waiting_depth(QueueControl.name, QueueControl.max_depth)
+    blocked = select(QueueControl.name).where(
+        QueueControl.name == func.any(queues),
+        QueueControl.max_depth.is_not(None),
+        or_(
+            QueueControl.name != func.all(array_param("locked_queues", Text)),
+            depth + asked > QueueControl.max_depth,
+        ),
+    )
+    return ~blocked.exists()
+
 
 def _requested_run_at() -> ColumnElement[Any]:
     """The bind ``run_at`` when given, else ``now()`` plus the bind ``delay`` seconds (or 0)."""
@@ -71,7 +137,10 @@ def _trace_context() -> ColumnElement[Any]:
 
 @cache
 def insert_jobs(
-    with_unique_keys: bool, with_dependencies: bool = False, traced: bool = False
+    with_unique_keys: bool,
+    with_dependencies: bool = False,
+    traced: bool = False,
+    bounded: bool = False,
 ) -> Select[Any]:
     """Insert N jobs and their tickets in one statement; returns ``(id, unique_key)`` rows.
 
@@ -90,6 +159,11 @@ def insert_jobs(
 
     ``traced`` also binds ``trace_context`` (JSON text, one value for every row: one enqueue
     call runs in one span); untraced jobs leave the column null.
+
+    Without ``bounded`` nothing is inserted (no rows come back) when a queue of the batch has a
+    bound. With ``bounded`` (after ``lock_bounded_queues``) it also binds ``locked_queues``
+    (array): nothing is inserted unless every bounded queue of the batch is among them and has
+    room for all of the batch's jobs of it.
     """
     rows = (
         func.unnest(
@@ -158,6 +232,11 @@ def insert_jobs(
         rows.c.atomic,
         *extra_values,
     ).order_by(rows.c.ord)
+    queues = array_param("queues", Text)
+    if bounded:
+        source = source.where(_room_for(queues))
+    else:
+        source = source.where(_no_bound(QueueControl.name == func.any(queues)))
     if with_dependencies:
         source = source.where(rows_deps.c.ord == rows.c.ord)
     columns = [
@@ -212,7 +291,8 @@ def insert_one_job(traced: bool = False) -> Select[int]:
     one-element arrays, for the common ``task.enqueue(...)`` outside any caller transaction.
     Binds ``task_name``, ``queue``, ``args`` and ``kwargs`` (JSON text), ``priority``,
     ``max_attempts``, ``delay`` (seconds from now(), may be null), ``run_at`` (absolute, may be
-    null) and ``atomic``; ``traced`` also ``trace_context`` (JSON text).
+    null) and ``atomic``; ``traced`` also ``trace_context`` (JSON text). Inserts nothing, and
+    returns no row, when the queue has a bound.
     """
     values: dict[str, Any] = {
         "task_name": bindparam("task_name", type_=Text),
@@ -226,9 +306,10 @@ def insert_one_job(traced: bool = False) -> Select[int]:
     }
     if traced:
         values["trace_context"] = _trace_context()
+    unbounded = _no_bound(QueueControl.name == bindparam("queue", type_=Text))
     job = (
         insert(Job)
-        .values(**values)
+        .from_select(list(values), select(*values.values()).where(unbounded))
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
         .cte("new_job")
     )
@@ -244,7 +325,10 @@ def allocate_job_ids() -> Select[Any, Any]:
     not ``n`` rows: half the cost per job. Binds ``n``, ``run_at``, ``delay``.
 
     The sequence is looked up once, as a ``regclass`` (an InitPlan): as ``nextval``'s argument
-    the lookup and the text-to-regclass cast would run per id and cost most of each id."""
+    the lookup and the text-to-regclass cast would run per id and cost most of each id.
+
+    Binds ``queues`` (array) too: when one of them has a bound no id is allocated (the array is
+    null), and the batch goes to the checked insert."""
     sequence = select(
         cast(func.pg_get_serial_sequence(literal(Job.__tablename__), literal("id")), REGCLASS)
     ).scalar_subquery()
@@ -255,7 +339,8 @@ def allocate_job_ids() -> Select[Any, Any]:
         .render_derived(name="series")
     )
     ids = func.array_agg(aggregate_order_by(func.nextval(sequence), series.c.i))
-    return select(ids, run_at).select_from(series)
+    unbounded = _no_bound(QueueControl.name == func.any(array_param("queues", Text)))
+    return select(ids, run_at).select_from(series).where(unbounded)
 
 
 @cache
@@ -345,4 +430,71 @@ def add_dependents() -> Any:
                 grouped.c.ids,
             )
         )
+    )
+
+
+# --- bounded queues ---------------------------------------------------------------------------
+
+
+@cache
+def lock_bounded_queues() -> Select[Any]:
+    """``(name, max_depth, transaction isolation)`` of each bounded queue among ``queues``
+    (array), by name, each queue's advisory lock taken in that order (held until the
+    transaction ends; the lock is evaluated after the sort, so two batches never wait for each
+    other's queues crosswise). An advisory lock, not the control row's: the claim and the
+    outcomes write that row of a limited queue, and must not wait for a caller's transaction."""
+    lock = func.pg_advisory_xact_lock(
+        literal(QUEUE_LOCK_CLASS, Integer), func.hashtext(QueueControl.name)
+    )
+    return (
+        select(
+            QueueControl.name,
+            QueueControl.max_depth,
+            func.current_setting(literal("transaction_isolation")),
+            lock,
+        )
+        .where(
+            QueueControl.name == func.any(array_param("queues", Text)),
+            QueueControl.max_depth.is_not(None),
+        )
+        .order_by(QueueControl.name)
+    )
+
+
+@cache
+def queue_depths() -> Select[str, int | None, int]:
+    """``(name, max_depth, depth)`` of each bounded queue among ``queues`` (array), by name;
+    ``depth`` counts its waiting jobs up to one more than ``max_depth``."""
+    return (
+        select(
+            QueueControl.name,
+            QueueControl.max_depth,
+            waiting_depth(QueueControl.name, QueueControl.max_depth + 1),
+        )
+        .where(
+            QueueControl.name == func.any(array_param("queues", Text)),
+            QueueControl.max_depth.is_not(None),
+        )
+        .order_by(QueueControl.name)
+    )
+
+
+@cache
+def any_bound() -> Select[bool]:
+    """Whether any queue among ``queues`` (array) has a bound."""
+    return select(~_no_bound(QueueControl.name == func.any(array_param("queues", Text))))
+
+
+@cache
+def set_max_depth() -> Any:
+    """Create or update a queue's control row with its bound. Binds ``name`` and ``max_depth``
+    (null removes the bound)."""
+    stmt = pg_insert(QueueControl).values(
+        name=bindparam("name", type_=Text),
+        max_depth=bindparam("max_depth", type_=Integer),
+        updated_at=func.now(),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[QueueControl.name],
+        set_={"max_depth": stmt.excluded.max_depth, "updated_at": stmt.excluded.updated_at},
     )

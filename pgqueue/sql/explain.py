@@ -1,7 +1,8 @@
 """Statements behind "why isn't this job running?" (``pgqueue.explain``): reads only, each
 bounded by a key or an index and a ``LIMIT``, so explaining a job costs the same however long
 the history or deep the queue. The lease holder of a running job is read with
-``sql.workers.job_holder``, and liveness is the registry's rule (``sql.workers.is_live``).
+``sql.workers.job_holder``, and liveness is the registry's rule (``sql.workers.is_live``); a
+bounded queue's depth is the one its enqueues check (``sql.enqueue.waiting_depth``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from pgqueue.models import Job, MessageQueue, QueueControl, WorkerRecord
 from pgqueue.sql.common import array_param
+from pgqueue.sql.enqueue import waiting_depth
 from pgqueue.sql.workers import is_live
 from pgqueue.states import JobState
 
@@ -60,6 +62,7 @@ def job_facts() -> Select[*tuple[Any, ...]]:
             func.coalesce(QueueControl.paused, False).label("paused"),
             QueueControl.concurrency_limit,
             func.coalesce(QueueControl.running, 0).label("running"),
+            QueueControl.max_depth,
             func.now().label("now"),
         )
         .select_from(Job)
@@ -79,6 +82,13 @@ def running_in_queue() -> Select[int]:
         .order_by(Job.id)
         .limit(bindparam("cap", type_=Integer))
     )
+
+
+@cache
+def queue_depth() -> Select[int]:
+    """How many jobs of ``queue`` wait, counted up to ``cap``: the depth its bound checks
+    (``sql.enqueue.waiting_depth``)."""
+    return select(waiting_depth(bindparam("queue", type_=Text), bindparam("cap", type_=Integer)))
 
 
 @cache

@@ -40,6 +40,7 @@ INVOCATIONS: dict[str, list[list[str]]] = {
     "pause": [["pause", "q"]],
     "resume": [["resume", "q"]],
     "limit": [["limit", "q", "3"]],
+    "max-depth": [["max-depth", "q", "3"]],
     "enqueue": [["enqueue", "shop:pgq", "shop.noop"]],
     "worker": [["worker", "shop:pgq", "--drain"]],
     "schedules": [["schedules", "shop:pgq"]],

@@ -164,6 +164,15 @@ def limit(queue: str, limit: str) -> None:
     core_cli.limit_queue(_queue(), queue, limit)
 
 
+@pgqueue_group.command(name="max-depth")
+@click.argument("queue")
+@click.argument("max_depth")
+def max_depth(queue: str, max_depth: str) -> None:
+    """Refuse enqueues that would take QUEUE above MAX_DEPTH waiting jobs (``none`` removes
+    the bound)."""
+    core_cli.bound_queue(_queue(), queue, max_depth)
+
+
 @pgqueue_group.group()
 def bulk() -> None:
     """Retry, cancel or delete the jobs a filter chooses (--dry-run counts them first)."""
