@@ -21,6 +21,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Enum,
+    Float,
     Identity,
     Index,
     Integer,
@@ -175,6 +176,9 @@ class Job(Base):
     trace_context: Mapped[dict[str, Any] | None] = mapped_column(StoredJSON)
     """The enqueuing code's trace context (W3C ``traceparent``/``tracestate``) when tracing is
     enabled, so the job's run joins that trace; null otherwise (migration pgqueue_0007)."""
+    concurrency_key: Mapped[str | None] = mapped_column(Text)
+    """Flow control: at most the key's limit of jobs with this key run at once, across all
+    workers (``ConcurrencyKey``); null for most jobs."""
 
     __table_args__ = (
         CheckConstraint(STATE_CHECK, name="state_valid"),
@@ -258,6 +262,9 @@ class MessageQueue(Base):
     """Not claimable before this (database clock)."""
     atomic: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     """Copied from the job: atomic tickets are claimed one per open transaction."""
+    concurrency_key: Mapped[str | None] = mapped_column(Text)
+    """Copied from the job: keyed tickets are claimed per key, within the key's room, through
+    their own partial index; the main scan takes only tickets without a key."""
 
     __table_args__ = (
         # The claim's WHERE atomic = ? and ORDER BY in one index, with queue included so the scan
@@ -269,6 +276,18 @@ class MessageQueue(Base):
             "run_at",
             "job_id",
             postgresql_include=["queue"],
+        ),
+        # The claim's per-key scans: the ready tickets of one key in claim order. Partial, so
+        # queues without keys pay nothing for it.
+        Index(
+            "ix_pgqueue_message_queue_keyed",
+            "concurrency_key",
+            "atomic",
+            "priority",
+            "run_at",
+            "job_id",
+            postgresql_include=["queue"],
+            postgresql_where=text("concurrency_key IS NOT NULL"),
         ),
     )
 
@@ -300,10 +319,79 @@ class QueueControl(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     """Last change of the switches."""
+    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    """At most this many jobs of the queue start in any window of ``rate_per`` seconds, across
+    all workers; null = no rate limit."""
+    rate_per: Mapped[float | None] = mapped_column(Float)
+    """The rate limit's window in seconds."""
+    recent_starts: Mapped[list[dt.datetime] | None] = mapped_column(ARRAY(DateTime(timezone=True)))
+    """The latest starts of the queue's jobs (at most ``rate_limit``), written by the claim on
+    this locked row: the sliding window the rate limit is checked against."""
 
     __table_args__ = (
         CheckConstraint(
             "concurrency_limit IS NULL OR concurrency_limit >= 1", name="limit_positive"
+        ),
+        CheckConstraint(
+            "(rate_limit IS NULL AND rate_per IS NULL) OR (rate_limit >= 1 AND rate_per > 0)",
+            name="rate_valid",
+        ),
+    )
+
+
+# --- flow control: per-key concurrency and rate limits (migration pgqueue_0008) -------------
+
+
+class ConcurrencyKey(Base):
+    """One concurrency key: its RUNNING count and recent starts, on one row the claim locks.
+
+    Written by the enqueue of the key's first job (``ON CONFLICT DO NOTHING``, no lock taken)
+    and kept: the claim's per-key scans start from these rows.
+    """
+
+    __tablename__ = "pgqueue_concurrency_keys"
+
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    """The key (``concurrency_key`` of its jobs)."""
+    key_limit: Mapped[int | None] = mapped_column(Integer)
+    """The limit the key's task declared (``key_limit=``), written by enqueue; a
+    ``KeyLimit`` override wins over it; null = no limit."""
+    running: Mapped[int] = mapped_column(Integer, server_default="0")
+    """The key's jobs counted as RUNNING: the claim adds what it claims and every exit from
+    RUNNING subtracts, in the same statements (a counter on the locked row, for the reason
+    ``QueueControl.running`` gives)."""
+    recent_starts: Mapped[list[dt.datetime] | None] = mapped_column(ARRAY(DateTime(timezone=True)))
+    """The key's latest starts, kept while a rate limit applies to it."""
+
+    __table_args__ = (
+        CheckConstraint("key_limit IS NULL OR key_limit >= 1", name="limit_positive"),
+    )
+
+
+class KeyLimit(Base):
+    """An operator's override for every key starting with ``prefix`` (``set_key_limit``,
+    ``set_rate_limit(key=...)``); the longest matching prefix wins, each key counted alone."""
+
+    __tablename__ = "pgqueue_key_limits"
+
+    prefix: Mapped[str] = mapped_column(Text, primary_key=True)
+    """A key, or the start of keys (``"account:"``)."""
+    key_limit: Mapped[int | None] = mapped_column(Integer)
+    """At most this many RUNNING jobs per matching key; null = the task's ``key_limit``."""
+    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    """At most this many starts per matching key in any window of ``rate_per`` seconds."""
+    rate_per: Mapped[float | None] = mapped_column(Float)
+    """The rate limit's window in seconds."""
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """Last change."""
+
+    __table_args__ = (
+        CheckConstraint("key_limit IS NULL OR key_limit >= 1", name="limit_positive"),
+        CheckConstraint(
+            "(rate_limit IS NULL AND rate_per IS NULL) OR (rate_limit >= 1 AND rate_per > 0)",
+            name="rate_valid",
         ),
     )
 

@@ -1,9 +1,9 @@
 """Fragments the statements of ``pgqueue.sql`` share: bind helpers, the guard on a transition's
 source states, the ticket-and-wake-up CTEs, the announcement of ended jobs (for waiters), queue
-slot release, and the columns a claim returns.
+and key slot release, and the columns a claim returns.
 
-Statements moving jobs out of RUNNING give their queue slots back in the same statement
-(``free_slots``). Statements that end jobs return the ended jobs' ``dependents``; the
+Statements moving jobs out of RUNNING give their queue and concurrency-key slots back in the
+same statement (``free_slots``). Statements that end jobs return the ended jobs' ``dependents``; the
 repository settles those (``sql.outcomes.settle_dependents``) in a follow-up statement, not a
 CTE: a dependent enqueued while the outcome statement waited for the dependency's row lock is
 invisible to that statement's snapshot, but visible to the next statement's.
@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from pgqueue.models import Job, MessageQueue, QueueControl
+from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl
 from pgqueue.states import JobState, Transition
 
 NOTIFY_CHANNEL: Final = "pgqueue"
@@ -137,12 +137,17 @@ def among(column: Any, ids: Any) -> ColumnElement[bool]:
 
 def tickets_for(jobs: Any, name: str, *where: ColumnElement[bool]) -> Any:
     """CTE named ``name``: a ticket for each row of ``jobs`` (a CTE returning the jobs' id,
-    queue, priority, run_at and atomic) that matches ``where``. The statement must also
-    include ``woken`` of it, which sends the wake-up."""
-    rows = select(jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic)
+    queue, priority, run_at and atomic, and their ``concurrency_key`` where jobs may have one)
+    that matches ``where``. The statement must also include ``woken`` of it, which sends the
+    wake-up."""
+    columns = [jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic]
+    names = list(COPY_TICKET_COLUMNS)
+    if "concurrency_key" in jobs.c:
+        columns.append(jobs.c.concurrency_key)
+        names.append("concurrency_key")
     return (
         insert(MessageQueue)
-        .from_select(list(COPY_TICKET_COLUMNS), rows.where(*where))
+        .from_select(names, select(*columns).where(*where))
         .returning(MessageQueue.queue, MessageQueue.run_at)
         .cte(name)
     )
@@ -197,7 +202,39 @@ def announced(ended: Any, *where: ColumnElement[bool]) -> ColumnElement[bool]:
     return sent >= 0
 
 
-def free_slots(exited: Any) -> Any:
+def free_slots(exited: Any) -> tuple[Any, Any]:
+    """CTEs (add both): subtract jobs that left RUNNING (``exited`` has ``queue`` and
+    ``concurrency_key``) from limited queues and from their keys' counters."""
+    return _free_queue_slots(exited), _free_key_slots(exited)
+
+
+def _free_key_slots(exited: Any) -> Any:
+    """CTE: subtract the keyed jobs of ``exited`` from their keys' ``running``. The key rows are
+    locked in key order first, so two statements freeing the same keys never deadlock; jobs
+    without a key probe nothing (an empty array)."""
+    keys = select(exited.c.concurrency_key).where(exited.c.concurrency_key.is_not(None))
+    locked = (
+        select(ConcurrencyKey.key)
+        .where(ConcurrencyKey.key == func.any(func.array(keys.scalar_subquery())))
+        .order_by(ConcurrencyKey.key)
+        .with_for_update()
+        .cte(f"keys_locked_{exited.name}")
+    )
+    gone = (
+        select(func.count())
+        .select_from(exited)
+        .where(exited.c.concurrency_key == ConcurrencyKey.key)
+        .scalar_subquery()
+    )
+    return (
+        update(ConcurrencyKey)
+        .where(ConcurrencyKey.key == func.any(func.array(select(locked.c.key).scalar_subquery())))
+        .values(running=func.greatest(ConcurrencyKey.running - gone, 0))
+        .cte(f"key_slots_{exited.name}")
+    )
+
+
+def _free_queue_slots(exited: Any) -> Any:
     """CTE: subtract jobs that left RUNNING (``exited`` has ``queue``) from limited queues."""
     gone = (
         select(exited.c.queue, func.count().label("n"))

@@ -47,6 +47,7 @@ from pgqueue.sql.common import (
     wake_payload,
     woken,
 )
+from pgqueue.sql.flow import key_rows
 from pgqueue.states import (
     JobState,
 )
@@ -71,7 +72,10 @@ def _trace_context() -> ColumnElement[Any]:
 
 @cache
 def insert_jobs(
-    with_unique_keys: bool, with_dependencies: bool = False, traced: bool = False
+    with_unique_keys: bool,
+    with_dependencies: bool = False,
+    traced: bool = False,
+    with_concurrency_keys: bool = False,
 ) -> Select[Any]:
     """Insert N jobs and their tickets in one statement; returns ``(id, unique_key)`` rows.
 
@@ -90,6 +94,10 @@ def insert_jobs(
 
     ``traced`` also binds ``trace_context`` (JSON text, one value for every row: one enqueue
     call runs in one span); untraced jobs leave the column null.
+
+    ``with_concurrency_keys`` also binds ``concurrency_keys`` (may be null) and ``key_limits``
+    (the task's limit, may be null): keyed jobs and their tickets carry the key, and each new
+    key gets its row (``sql.flow.key_rows``).
     """
     rows = (
         func.unnest(
@@ -146,6 +154,15 @@ def insert_jobs(
     if traced:
         extra_columns.append("trace_context")
         extra_values.append(_trace_context())
+    keys: Any = None
+    if with_concurrency_keys:
+        keys = (
+            func.unnest(array_param("concurrency_keys", Text), array_param("key_limits", Integer))
+            .table_valued("concurrency_key", "key_limit", with_ordinality="ord")
+            .render_derived(name="k")
+        )
+        extra_columns.append("concurrency_key")
+        extra_values.append(keys.c.concurrency_key)
     source = select(
         rows.c.task_name,
         rows.c.queue,
@@ -160,6 +177,8 @@ def insert_jobs(
     ).order_by(rows.c.ord)
     if with_dependencies:
         source = source.where(rows_deps.c.ord == rows.c.ord)
+    if keys is not None:
+        source = source.where(keys.c.ord == rows.c.ord)
     columns = [
         *JOB_FIELDS,
         "run_at",
@@ -175,7 +194,7 @@ def insert_jobs(
             # infer the partial index from bound state values (42P10).
             index_where=text(UNIQUE_KEY_HELD),
         )
-    jobs = stmt.returning(
+    returned = [
         Job.id,
         Job.queue,
         Job.priority,
@@ -184,21 +203,27 @@ def insert_jobs(
         Job.atomic,
         Job.state,
         Job.depends_on,
-    ).cte("new_jobs")
+    ]
+    if keys is not None:
+        returned.append(Job.concurrency_key)
+    jobs = stmt.returning(*returned).cte("new_jobs")
     only_queued = [jobs.c.state == JobState.QUEUED.value] if with_dependencies else []
     tickets = tickets_for(jobs, "new_tickets", *only_queued)
+    also = [tickets]
+    if keys is not None:
+        also.extend(key_rows(select(keys.c.concurrency_key, keys.c.key_limit).subquery("keyed")))
     # Referencing the ticket CTE is not needed for it to run (data-modifying CTEs always run),
     # but keeping it in the FROM list documents the dependency and keeps SQLAlchemy rendering it.
     if with_dependencies:
         return (
             select(jobs.c.id, jobs.c.unique_key, jobs.c.state, jobs.c.depends_on)
-            .add_cte(tickets)
+            .add_cte(*also)
             .where(woken(tickets))
             .order_by(jobs.c.id)
         )
     return (
         select(jobs.c.id, jobs.c.unique_key)
-        .add_cte(tickets)
+        .add_cte(*also)
         .where(woken(tickets))
         .order_by(jobs.c.id)
     )

@@ -52,6 +52,7 @@ def job_facts() -> Select[*tuple[Any, ...]]:
             Job.lease_expires_at,
             Job.depends_on,
             Job.atomic,
+            Job.concurrency_key,
             MessageQueue.job_id.is_not(None).label("has_ticket"),
             MessageQueue.run_at.label("ticket_run_at"),
             MessageQueue.priority.label("ticket_priority"),
@@ -59,6 +60,7 @@ def job_facts() -> Select[*tuple[Any, ...]]:
             func.coalesce(QueueControl.paused, False).label("paused"),
             QueueControl.concurrency_limit,
             func.coalesce(QueueControl.running, 0).label("running"),
+            QueueControl.rate_limit,
             func.now().label("now"),
         )
         .select_from(Job)

@@ -101,14 +101,21 @@ def rescue_expired() -> Select[int, str, list[int] | None]:
             **CLEAR_LEASE,
         )
         .returning(
-            Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.dependents
+            Job.id,
+            Job.state,
+            Job.queue,
+            Job.priority,
+            Job.run_at,
+            Job.atomic,
+            Job.concurrency_key,
+            Job.dependents,
         )
         .cte("rescued")
     )
     tickets = tickets_for(updated, "rescue_tickets", updated.c.state == RESCUE.target.value)
     return (
         select(updated.c.id, updated.c.state, updated.c.dependents)
-        .add_cte(tickets, free_slots(updated))
+        .add_cte(tickets, *free_slots(updated))
         .where(woken(tickets), announced(updated, updated.c.state != RESCUE.target.value))
     )
 

@@ -94,12 +94,12 @@ def complete() -> Select[int, list[int] | None]:
             updated_at=func.now(),
             **CLEAR_LEASE,
         )
-        .returning(Job.id, Job.queue, Job.dependents)
+        .returning(Job.id, Job.queue, Job.concurrency_key, Job.dependents)
         .cte("completed")
     )
     return (
         select(completed.c.id, completed.c.dependents)
-        .add_cte(free_slots(completed))
+        .add_cte(*free_slots(completed))
         .where(announced(completed))
     )
 
@@ -122,10 +122,10 @@ def retry() -> Select[int]:
             errors=append_error(Job.attempts, rows.c.error),
             **CLEAR_LEASE,
         )
-        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
         .cte("retried")
     )
-    return ids_with_new_tickets(updated).add_cte(free_slots(updated))
+    return ids_with_new_tickets(updated).add_cte(*free_slots(updated))
 
 
 def _end_with_error(transition: Transition, name: str, *, record: bool) -> Any:
@@ -146,10 +146,12 @@ def _end_with_error(transition: Transition, name: str, *, record: bool) -> Any:
             errors=history,
             **CLEAR_LEASE,
         )
-        .returning(Job.id, Job.queue, Job.state, Job.dependents)
+        .returning(Job.id, Job.queue, Job.concurrency_key, Job.state, Job.dependents)
         .cte(name)
     )
-    return select(ended.c.id, ended.c.dependents).add_cte(free_slots(ended)).where(announced(ended))
+    return (
+        select(ended.c.id, ended.c.dependents).add_cte(*free_slots(ended)).where(announced(ended))
+    )
 
 
 @cache
@@ -184,10 +186,10 @@ def release() -> Select[int]:
             updated_at=func.now(),
             **CLEAR_LEASE,
         )
-        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
         .cte("released")
     )
-    return ids_with_new_tickets(updated).add_cte(free_slots(updated))
+    return ids_with_new_tickets(updated).add_cte(*free_slots(updated))
 
 
 @cache
@@ -288,7 +290,9 @@ def settle_dependents() -> CompoundSelect[Any]:
             run_at=func.greatest(Job.run_at, func.now()),
             updated_at=func.now(),
         )
-        .returning(Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .returning(
+            Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key
+        )
         .cte("unblocked")
     )
     tickets = tickets_for(unblocked, "unblocked_tickets")
