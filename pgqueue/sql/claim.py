@@ -309,7 +309,7 @@ def _keys_with_room(
     ready: ColumnElement[bool], queue_filter: ColumnElement[bool], controlled: Select[Any]
 ) -> Any:
     """CTE: up to ``limit`` keys with a ready ticket and room, locked (SKIP LOCKED), fairest
-    first; ``(key, room, rate_limit, rate_per)``."""
+    first; ``(key, room)``."""
     order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
     first = (
         select(*order)
@@ -327,20 +327,19 @@ def _keys_with_room(
     key_limit = flow_sql.key_limit_of(ConcurrencyKey.key, ConcurrencyKey.key_limit)
     rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
     limit_room = func.coalesce(key_limit - ConcurrencyKey.running, any_room)
-    window_room = func.coalesce(
-        flow_sql.rate_room(rate_limit, rate_per, ConcurrencyKey.recent_starts), any_room
+    window_room = case(
+        (
+            rate_limit.is_not(None),
+            flow_sql.rate_room(rate_limit, rate_per, ConcurrencyKey.recent_starts),
+        ),
+        else_=any_room,
     )
     # One level, no subquery between the lock and the room: after waiting for a key row that
     # changed, PostgreSQL re-evaluates the row's expressions on its newest version, so the room
     # is always computed from the counter this claim then holds locked.
     room = func.least(limit_room, window_room)
     return (
-        select(
-            ConcurrencyKey.key,
-            room.label("room"),
-            rate_limit.label("rate_limit"),
-            rate_per.label("rate_per"),
-        )
+        select(ConcurrencyKey.key, room.label("room"))
         .select_from(ConcurrencyKey)
         .join(first, true())
         .where(room > 0)
@@ -386,9 +385,8 @@ def _bump_keys(keys: Any, deleted: Any, moved: ColumnElement[bool]) -> Any:
         .where(deleted.c.concurrency_key == keys.c.key, moved)
         .scalar_subquery()
     )
-    taken = select(keys.c.key, keys.c.rate_limit, keys.c.rate_per, per_key.label("n")).subquery(
-        "keys_taken"
-    )
+    taken = select(keys.c.key, per_key.label("n")).subquery("keys_taken")
+    rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
     return (
         update(ConcurrencyKey)
         .where(ConcurrencyKey.key == taken.c.key, taken.c.n > 0)
@@ -396,12 +394,9 @@ def _bump_keys(keys: Any, deleted: Any, moved: ColumnElement[bool]) -> Any:
             running=ConcurrencyKey.running + taken.c.n,
             recent_starts=case(
                 (
-                    taken.c.rate_limit.is_not(None),
+                    rate_limit.is_not(None),
                     flow_sql.starts_after(
-                        taken.c.rate_limit,
-                        taken.c.rate_per,
-                        ConcurrencyKey.recent_starts,
-                        taken.c.n,
+                        rate_limit, rate_per, ConcurrencyKey.recent_starts, taken.c.n
                     ),
                 ),
                 else_=ConcurrencyKey.recent_starts,

@@ -107,8 +107,11 @@ def starts_after(limit: Any, per: Any, starts: Any, started: Any) -> ColumnEleme
 
 
 def _override(key: Any, value: Any, present: ColumnElement[bool]) -> ColumnElement[Any]:
-    """``value`` of the longest ``pgqueue_key_limits`` prefix of ``key`` where ``present``."""
-    return (
+    """``value`` of the longest ``pgqueue_key_limits`` prefix of ``key`` where ``present``.
+
+    Behind a test of whether any such override exists at all, which runs once per statement:
+    with no override (the usual case) no key pays for the per-key lookup."""
+    longest = (
         select(value)
         .where(present, func.starts_with(key, KeyLimit.prefix))
         .order_by(func.length(KeyLimit.prefix).desc())
@@ -116,6 +119,8 @@ def _override(key: Any, value: Any, present: ColumnElement[bool]) -> ColumnEleme
         .correlate_except(KeyLimit)  # to the key's row, however deep it is nested
         .scalar_subquery()
     )
+    any_override = select(literal(1)).select_from(KeyLimit).where(present).exists()
+    return case((any_override, longest), else_=null())
 
 
 def key_limit_of(key: Any, task_limit: Any) -> ColumnElement[Any]:
