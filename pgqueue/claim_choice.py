@@ -19,13 +19,15 @@ from pgqueue.sql.claim import ClaimVariant
 
 class LimitsSeen:
     """A claimer's last look at which controls exist (they choose the claim variant), and
-    when its last short claim's rate windows free. Until the claimer has looked, everything is
-    assumed: the full variant is always correct."""
+    when its last short claim's rate windows free. Until the claimer has looked, queue limits
+    are assumed (the full variant is always correct) and flow controls are not: the first claim
+    is followed by the first look, and a short first claim by a claim of the flow variant when
+    that look finds flow controls."""
 
     def __init__(self) -> None:
         self.exist = True
-        self.flow = True
-        self.rates = True
+        self.flow = False
+        self.rates = False
         self.until = 0.0  # monotonic time after which the answer is stale
         self.rate_wait: float | None = None
         """Seconds from the last claim until a full rate window has room (None: none full)."""

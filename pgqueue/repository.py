@@ -261,11 +261,12 @@ def claim(
         return list(ex.rows(claim_sql.claim(variant), {**params, "limit": room}))
 
     lean = not (limits.exist or limits.flow)
+    with_flow = limits.flow
     rows = claim_with(limits, limit)
     # After the claim, so the claim itself stays the first and only statement of its turn.
     if limits.stale(time.monotonic()) or (notified and lean and len(rows) < limit):
         _look_at_controls(ex, limits)
-        if lean and limits.flow and len(rows) < limit:
+        if not with_flow and limits.flow and len(rows) < limit:
             rows += claim_with(limits, limit - len(rows))
     limits.rate_wait = None
     if limits.flow and limits.rates and len(rows) < limit:

@@ -42,6 +42,7 @@ from pgqueue.sql.common import (
     CLAIMED_COLUMNS,
     among,
     array_param,
+    key_hash,
     seconds,
     source_states,
 )
@@ -148,10 +149,17 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         queue_filter = MessageQueue.queue == func.any(array_param("queues", Text))
     order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
     controlled = _controlled_queues()
-    unkeyed = MessageQueue.concurrency_key.is_(None)
+    unkeyed = MessageQueue.keyed == false()
+    # The flow form leaves keyed tickets to its per-key scans inside the main scan. The other
+    # forms drop the keyed tickets their main scan found afterwards (they exist only while
+    # the claimer has not yet seen that keys exist): the scan itself, its plan and its cost
+    # stay what they are without keys.
+    free_where = [ready, queue_filter, MessageQueue.queue.not_in(controlled)]
+    if flow:
+        free_where.append(unkeyed)
     free = (
-        select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at)
-        .where(ready, queue_filter, MessageQueue.queue.not_in(controlled), unkeyed)
+        select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at, MessageQueue.keyed)
+        .where(*free_where)
         .order_by(*order)
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
@@ -165,10 +173,11 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         lease = func.coalesce(task_lease, lease)
     claimed_values = _claimed_values(atomic, lease)
     if not limits:
-        lean_picked = free.cte("picked")
+        lean_found = free.cte("picked")
+        lean_picked = select(lean_found.c.job_id).where(lean_found.c.keyed == false())
         lean_deleted = (
             delete(MessageQueue)
-            .where(among(MessageQueue.job_id, lean_picked.c.job_id))
+            .where(MessageQueue.job_id == func.any(func.array(lean_picked.scalar_subquery())))
             .returning(MessageQueue.job_id)
             .cte("claimed")
         )
@@ -191,7 +200,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     )
     controls: Any = limited
     if flow:
-        controls = _rated_and_limited(limited, filter_queues)
+        controls = _rated_and_limited(limited, filter_queues, atomic)
     per_queue = (
         select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at)
         .where(ready, MessageQueue.queue == controls.c.name, unkeyed)
@@ -210,7 +219,10 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     # claim.
     free_cte = free.cte("free")
     capped_cte = capped.cte("capped")
-    branches = [select(capped_cte.c.job_id), select(free_cte.c.job_id)]
+    branches = [
+        select(capped_cte.c.job_id),
+        select(free_cte.c.job_id).where(free_cte.c.keyed == false()),
+    ]
     keys = None
     if flow:
         keys = _keys_with_room(ready, queue_filter, controlled)
@@ -220,7 +232,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     deleted = (
         delete(MessageQueue)
         .where(among(MessageQueue.job_id, picked_cte.c.job_id))
-        .returning(MessageQueue.job_id, MessageQueue.queue, MessageQueue.concurrency_key)
+        .returning(MessageQueue.job_id, MessageQueue.queue)
         .cte("claimed")
     )
     # Count only tickets whose job this statement moves to RUNNING: a ticket whose job is gone
@@ -245,14 +257,16 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         )
     statement = _move_to_running(deleted, claimed_values).add_cte(bump)
     if keys is not None:
-        statement = statement.add_cte(_bump_keys(keys, deleted, moved))
+        statement = statement.add_cte(_bump_keys(keys, deleted))
     return statement
 
 
-def _rated_and_limited(limited: Any, filter_queues: bool) -> Any:
+def _rated_and_limited(limited: Any, filter_queues: bool, atomic: bool) -> Any:
     """CTE of the controlled queues a flow claim takes from: the limited ones of ``limited``
-    plus the rate-limited ones (not paused), locked in name order and waited for, each with its
-    room: the smaller of its limit's and its window's."""
+    plus the rate-limited ones (not paused), locked in name order, each with its room: the
+    smaller of its limit's and its window's. A leased claim waits for a rate-limited row (it
+    is held for one claim statement); an atomic claim holds the row until its handler's
+    transaction ends, so it skips a row another claim holds rather than wait that long."""
     rated_where: list[ColumnElement[bool]] = [
         QueueControl.rate_limit.is_not(None),
         QueueControl.paused.is_(False),
@@ -269,7 +283,7 @@ def _rated_and_limited(limited: Any, filter_queues: bool) -> Any:
         select(QueueControl.name, func.least(limit_room, window_room).label("room"))
         .where(*rated_where)
         .order_by(QueueControl.name)
-        .with_for_update()
+        .with_for_update(skip_locked=atomic)
         .cte("rated")
     )
     return union_all(
@@ -314,7 +328,7 @@ def _keys_with_room(
     first = (
         select(*order)
         .where(
-            MessageQueue.concurrency_key == ConcurrencyKey.key,
+            MessageQueue.key_hash == key_hash(ConcurrencyKey.key),
             ready,
             queue_filter,
             MessageQueue.queue.not_in(controlled),
@@ -362,7 +376,12 @@ def _keyed_tickets(
     per_key = (
         select(MessageQueue.job_id)
         .where(
-            MessageQueue.concurrency_key == keys.c.key,
+            MessageQueue.key_hash == key_hash(keys.c.key),
+            # Two keys can share a hash: only the tickets whose job has this very key.
+            select(literal(1))
+            .where(Job.id == MessageQueue.job_id, Job.concurrency_key == keys.c.key)
+            .correlate_except(Job)
+            .exists(),
             ready,
             queue_filter,
             MessageQueue.queue.not_in(controlled),
@@ -376,15 +395,20 @@ def _keyed_tickets(
     return select(keyed.c.job_id)
 
 
-def _bump_keys(keys: Any, deleted: Any, moved: ColumnElement[bool]) -> Any:
+def _bump_keys(keys: Any, deleted: Any) -> Any:
     """CTE: each claimed key's ``running`` grows by what this claim moved to RUNNING, and its
     window gets the starts when a rate applies to it."""
-    per_key = (
-        select(func.count())
-        .select_from(deleted)
-        .where(deleted.c.concurrency_key == keys.c.key, moved)
-        .scalar_subquery()
+    moved_with_key = (
+        select(literal(1))
+        .where(
+            Job.id == deleted.c.job_id,
+            source_states(CLAIM),
+            Job.concurrency_key == keys.c.key,
+        )
+        .correlate_except(Job)
+        .exists()
     )
+    per_key = select(func.count()).select_from(deleted).where(moved_with_key).scalar_subquery()
     taken = select(keys.c.key, per_key.label("n")).subquery("keys_taken")
     rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
     return (
@@ -432,14 +456,18 @@ def claim_listed(in_transaction: bool) -> ReturningUpdate[Any]:
     claimed = (
         delete(MessageQueue)
         .where(among(MessageQueue.job_id, picked.c.job_id))
-        .returning(MessageQueue.job_id, MessageQueue.concurrency_key)
+        .returning(MessageQueue.job_id, MessageQueue.keyed)
         .cte("claimed")
     )
-    moved = select(literal(1)).where(Job.id == claimed.c.job_id, source_states(CLAIM)).exists()
     per_key = (
-        select(claimed.c.concurrency_key.label("key"), func.count().label("n"))
-        .where(claimed.c.concurrency_key.is_not(None), moved)
-        .group_by(claimed.c.concurrency_key)
+        select(Job.concurrency_key.label("key"), func.count().label("n"))
+        .where(
+            Job.id == claimed.c.job_id,
+            claimed.c.keyed,
+            source_states(CLAIM),
+            Job.concurrency_key.is_not(None),
+        )
+        .group_by(Job.concurrency_key)
         .subquery("listed_keys")
     )
     counted = (

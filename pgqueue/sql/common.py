@@ -32,7 +32,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, BIT
 
 from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl
 from pgqueue.states import JobState, Transition
@@ -135,6 +135,14 @@ def among(column: Any, ids: Any) -> ColumnElement[bool]:
     return matched
 
 
+def key_hash(key: Any) -> ColumnElement[Any]:
+    """A concurrency key's 32-bit hash as tickets store it (null for null): the first 32 bits of
+    its MD5, which no server version changes (``hashtext`` may)."""
+    hexdigits = literal("x", Text) + func.substr(func.md5(key), 1, 8)
+    hashed: ColumnElement[Any] = cast(cast(hexdigits, BIT(32)), Integer)
+    return hashed
+
+
 def tickets_for(jobs: Any, name: str, *where: ColumnElement[bool]) -> Any:
     """CTE named ``name``: a ticket for each row of ``jobs`` (a CTE returning the jobs' id,
     queue, priority, run_at and atomic, and their ``concurrency_key`` where jobs may have one)
@@ -143,8 +151,8 @@ def tickets_for(jobs: Any, name: str, *where: ColumnElement[bool]) -> Any:
     columns = [jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic]
     names = list(COPY_TICKET_COLUMNS)
     if "concurrency_key" in jobs.c:
-        columns.append(jobs.c.concurrency_key)
-        names.append("concurrency_key")
+        columns += [key_hash(jobs.c.concurrency_key), jobs.c.concurrency_key.is_not(None)]
+        names += ["key_hash", "keyed"]
     return (
         insert(MessageQueue)
         .from_select(names, select(*columns).where(*where))

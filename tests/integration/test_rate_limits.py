@@ -86,7 +86,11 @@ def test_key_rate_limits_each_key_alone(pgq: PgQueue) -> None:
     pgq.set_rate_limit(key="api:", limit=2, per=60)
     with pgq.engine.connect() as c:
         keys = dict(
-            c.execute(text("SELECT job_id, concurrency_key FROM pgqueue_message_queue")).all()
+            c.execute(
+                text(
+                    "SELECT t.job_id, j.concurrency_key FROM pgqueue_message_queue t JOIN pgqueue_jobs j ON j.id = t.job_id"
+                )
+            ).all()
         )
     taken = sorted(keys[job.id] for job in _claim(pgq, 18))
     assert taken == ["api:a"] * 2 + ["api:b"] * 2 + ["other"] * 6

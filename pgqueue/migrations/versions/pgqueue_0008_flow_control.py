@@ -4,9 +4,10 @@ Revision ID: pgqueue_0008
 Revises: pgqueue_0007
 Create Date: 2026-11-23
 
-- ``pgqueue_jobs.concurrency_key`` and ``pgqueue_message_queue.concurrency_key``: the job's
-  concurrency key, copied to its tickets; nullable without a default, so adding them rewrites
-  nothing. A partial index holds the keyed tickets only.
+- ``pgqueue_jobs.concurrency_key``: the job's concurrency key; ``pgqueue_message_queue.key_hash``
+  and ``keyed``: its hash and whether it has one, on its tickets. Nullable without a default, or
+  with a constant default, so adding them rewrites nothing. A partial index holds the keyed
+  tickets only.
 - ``pgqueue_queues.rate_limit``, ``rate_per`` and ``recent_starts``: a queue's rate limit and
   the sliding window of its latest starts, on the row the claim locks.
 - ``pgqueue_concurrency_keys``: one row per key (its limit from the task, its RUNNING counter,
@@ -31,13 +32,17 @@ _RATE_VALID = "(rate_limit IS NULL AND rate_per IS NULL) OR (rate_limit >= 1 AND
 
 def upgrade() -> None:
     op.add_column("pgqueue_jobs", sa.Column("concurrency_key", sa.Text(), nullable=True))
-    op.add_column("pgqueue_message_queue", sa.Column("concurrency_key", sa.Text(), nullable=True))
+    op.add_column("pgqueue_message_queue", sa.Column("key_hash", sa.Integer(), nullable=True))
+    op.add_column(
+        "pgqueue_message_queue",
+        sa.Column("keyed", sa.Boolean(), server_default=sa.text("false"), nullable=False),
+    )
     op.create_index(
         "ix_pgqueue_message_queue_keyed",
         "pgqueue_message_queue",
-        ["concurrency_key", "atomic", "priority", "run_at", "job_id"],
+        ["key_hash", "atomic", "priority", "run_at", "job_id"],
         postgresql_include=["queue"],
-        postgresql_where=sa.text("concurrency_key IS NOT NULL"),
+        postgresql_where=sa.text("key_hash IS NOT NULL"),
     )
     op.add_column("pgqueue_queues", sa.Column("rate_limit", sa.Integer(), nullable=True))
     op.add_column("pgqueue_queues", sa.Column("rate_per", sa.Float(), nullable=True))
@@ -84,5 +89,6 @@ def downgrade() -> None:
     op.drop_column("pgqueue_queues", "rate_per")
     op.drop_column("pgqueue_queues", "rate_limit")
     op.drop_index("ix_pgqueue_message_queue_keyed", table_name="pgqueue_message_queue")
-    op.drop_column("pgqueue_message_queue", "concurrency_key")
+    op.drop_column("pgqueue_message_queue", "keyed")
+    op.drop_column("pgqueue_message_queue", "key_hash")
     op.drop_column("pgqueue_jobs", "concurrency_key")
