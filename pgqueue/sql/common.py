@@ -257,6 +257,24 @@ def _free_queue_slots(exited: Any) -> Any:
     )
 
 
+def recounted(key: Any, running: Any, job_key: Any, names: str) -> Any:
+    """UPDATE (returning ``(key, running)``) of the counter rows whose ``key`` is in the array
+    bind ``names``: their ``running`` counter set to their RUNNING jobs (``job_key`` equal to
+    ``key``), where it drifted. For the maintenance recounts of queues and keys."""
+    running_jobs = (
+        select(func.count())
+        .select_from(Job)
+        .where(job_key == key, Job.state == JobState.RUNNING.value)
+        .scalar_subquery()
+    )
+    return (
+        update(key.table)
+        .where(key == func.any(array_param(names, Text)), running != running_jobs)
+        .values({running: running_jobs})
+        .returning(key, running)
+    )
+
+
 def ids_with_new_tickets(updated: Any) -> Select[int]:
     """The ids of ``updated`` (a CTE of jobs moved to a waiting state), each given a ticket."""
     tickets = tickets_for(updated, "requeued")

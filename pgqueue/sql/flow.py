@@ -44,7 +44,7 @@ from sqlalchemy.dialects.postgresql import array as pg_array
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from pgqueue.models import ConcurrencyKey, Job, KeyLimit, QueueControl
-from pgqueue.sql.common import array_param, seconds
+from pgqueue.sql.common import recounted, seconds
 from pgqueue.states import JobState
 
 # The window's margin: a tenth of the window, at most this many seconds. Starts are stamped
@@ -301,21 +301,7 @@ def recount_keys() -> Any:  # a ReturningUpdate
 
     Run in the transaction that locked those rows (``lock_counted_keys``), as a later
     statement, for the reason ``sql.maintenance.recount_running`` gives."""
-    running_jobs = (
-        select(func.count())
-        .select_from(Job)
-        .where(Job.state == JobState.RUNNING.value, Job.concurrency_key == ConcurrencyKey.key)
-        .scalar_subquery()
-    )
-    return (
-        update(ConcurrencyKey)
-        .where(
-            ConcurrencyKey.key == func.any(array_param("keys", Text)),
-            ConcurrencyKey.running != running_jobs,
-        )
-        .values(running=running_jobs)
-        .returning(ConcurrencyKey.key, ConcurrencyKey.running)
-    )
+    return recounted(ConcurrencyKey.key, ConcurrencyKey.running, Job.concurrency_key, "keys")
 
 
 @cache

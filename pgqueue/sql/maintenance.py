@@ -32,9 +32,9 @@ from pgqueue.sql.common import (
     among,
     announced,
     append_error,
-    array_param,
     free_slots,
     in_states,
+    recounted,
     seconds,
     source_states,
     tickets_for,
@@ -184,21 +184,7 @@ def recount_running() -> Any:  # a ReturningUpdate
     the row lock), and a job leaving RUNNING right now still counts as running here, because
     its statement also updates the locked row and so waits to commit until after this one.
     """
-    running_jobs = (
-        select(func.count())
-        .select_from(Job)
-        .where(Job.queue == QueueControl.name, Job.state == JobState.RUNNING.value)
-        .scalar_subquery()
-    )
-    return (
-        update(QueueControl)
-        .where(
-            QueueControl.name == func.any(array_param("names", Text)),
-            QueueControl.running != running_jobs,
-        )
-        .values(running=running_jobs)
-        .returning(QueueControl.name, QueueControl.running)
-    )
+    return recounted(QueueControl.name, QueueControl.running, Job.queue, "names")
 
 
 @cache

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from flow_checks import most_in_window
 from sqlalchemy import text
 from sqlalchemy.engine import URL
 
@@ -69,16 +70,6 @@ def _peak(intervals: list[tuple[float, float]]) -> int:
         running += step
         peak = max(peak, running)
     return peak
-
-
-def _most_in_window(starts: list[float], window: float) -> int:
-    ordered = sorted(starts)
-    most = low = 0
-    for high, at in enumerate(ordered):
-        while ordered[low] <= at - window:
-            low += 1
-        most = max(most, high - low + 1)
-    return most
 
 
 def _ledger(directory: Path, kind: str) -> list[tuple[int, str, float, float]]:
@@ -188,7 +179,7 @@ def test_rate_fifty_per_second_over_five_hundred_jobs(
     rows = _ledger(tmp_path / "ledger", "rate")
     assert sorted(job for job, *_ in rows) == list(range(500))
     starts = [started for _, _, started, _ in rows]
-    assert _most_in_window(starts, 1.0) <= 50
+    assert most_in_window(starts, 1.0) <= 50
     finished = max(ended for *_, ended in rows) - began
     with pgq.engine.connect() as c:
         claimed_at = dict(

@@ -9,11 +9,13 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+from flow_checks import waiting_keys
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from pgqueue import JobState, PgQueue, backoff, repository
 from pgqueue.errors import ValidationError
+from pgqueue.jobs import Outcome
 from pgqueue.testing import states_of, table_counts, wait_for_states
 from pgqueue.worker import Worker
 
@@ -143,14 +145,7 @@ def test_overrides_by_prefix_longest_wins_and_none_removes(pgq: PgQueue) -> None
     pgq.set_key_limit("tenant:", 1)
     pgq.set_key_limit("tenant:b", 2)
     taken: dict[str, int] = defaultdict(int)
-    with pgq.engine.connect() as c:
-        keys = dict(
-            c.execute(
-                text(
-                    "SELECT t.job_id, j.concurrency_key FROM pgqueue_message_queue t JOIN pgqueue_jobs j ON j.id = t.job_id"
-                )
-            ).all()
-        )
+    keys = waiting_keys(pgq.engine)
     for job in _claim(pgq, 15):
         taken[keys[job.id]] += 1
     assert dict(taken) == {"tenant:a": 1, "tenant:b": 2, "other": 3}
@@ -291,3 +286,48 @@ def test_a_claim_over_a_thousand_keys_stays_fast(pgq: PgQueue) -> None:
     best = min(timings)
     print(f"claim of 50 over 1,000 keys with 5,000 keyed tickets: best {best * 1000:.1f} ms")
     assert best < 0.5
+
+
+def test_cancel_and_release_give_the_key_back(pgq: PgQueue) -> None:
+    @pgq.task(name="cr", concurrency_key="cr", key_limit=2)
+    def keyed() -> None: ...
+
+    keyed.enqueue_many([[]] * 3)
+    cancelled, released = _claim(pgq, 3)
+    assert _key_rows(pgq) == {"cr": (2, 2)}
+    outcomes = [Outcome.cancelled(cancelled, "stop"), Outcome.release(released)]
+    with Session(pgq.engine) as session, session.begin():
+        assert repository.record_outcomes(session, outcomes) == set()
+    assert _key_rows(pgq) == {"cr": (2, 0)}
+    again = {job.id for job in _claim(pgq, 3)}
+    assert released.id in again and len(again) == 2  # the released job and the third one
+    assert _key_rows(pgq) == {"cr": (2, 2)}
+
+
+def test_atomic_keyed_jobs_keep_the_limit_and_the_counter(pgq: PgQueue) -> None:
+    probe = KeyProbe()
+
+    @pgq.task(name="atomic_keyed", atomic=True, concurrency_key="ak", key_limit=1)
+    def atomic_keyed() -> None:
+        probe.run("ak", 0.05)
+
+    ids = atomic_keyed.enqueue_many([[]] * 4)
+    stats = pgq.run_worker(drain=True, concurrency=4)
+    assert stats.succeeded == 4
+    assert probe.peaks["ak"] == 1
+    assert set(states_of(pgq, ids).values()) == {JobState.SUCCEEDED}
+    assert _key_rows(pgq) == {"ak": (1, 0)}
+
+
+def test_the_recount_repairs_a_counter_changed_by_hand(pgq: PgQueue) -> None:
+    @pgq.task(name="rc", concurrency_key="rc", key_limit=2)
+    def keyed() -> None: ...
+
+    keyed.enqueue_many([[]] * 2)
+    [running] = _claim(pgq, 1)
+    with pgq.engine.begin() as c:
+        c.execute(text("UPDATE pgqueue_concurrency_keys SET running = 7"))
+    with Session(pgq.engine) as session, session.begin():
+        assert repository.recount_keys(session) == {"rc": 1}
+    assert _key_rows(pgq) == {"rc": (2, 1)}
+    assert running.id in states_of(pgq, [running.id])

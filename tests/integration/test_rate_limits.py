@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from flow_checks import most_in_window, waiting_keys
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
@@ -22,16 +23,6 @@ CLAIM = {"worker_id": "w", "queues": None, "lease_seconds": 30.0, "task_leases":
 def _claim(pgq: PgQueue, limit: int) -> list[Any]:
     with Session(pgq.engine) as session, session.begin():
         return repository.claim(session, limit=limit, **CLAIM)  # type: ignore[arg-type]
-
-
-def _most_in_window(starts: list[float], window: float) -> int:
-    ordered = sorted(starts)
-    most = low = 0
-    for high, at in enumerate(ordered):
-        while ordered[low] <= at - window:
-            low += 1
-        most = max(most, high - low + 1)
-    return most
 
 
 @pytest.fixture
@@ -72,7 +63,7 @@ def test_queue_rate_holds_in_every_window_and_workers_wake_when_it_frees(pgq: Pg
     elapsed = time.monotonic() - began
     assert stats.succeeded == 20
     assert set(states_of(pgq, ids).values()) == {JobState.SUCCEEDED}
-    assert _most_in_window(starts, 0.5) <= 5
+    assert most_in_window(starts, 0.5) <= 5
     # Four windows of 0.55 s (with the margin) for 20 jobs: not less, and no poll interval
     # (5 s) waited in between: the worker sleeps until the window has room.
     assert 1.6 <= elapsed < 3.0, elapsed
@@ -84,14 +75,7 @@ def test_key_rate_limits_each_key_alone(pgq: PgQueue) -> None:
 
     keyed.enqueue_many([["api:a"]] * 6 + [["api:b"]] * 6 + [["other"]] * 6)
     pgq.set_rate_limit(key="api:", limit=2, per=60)
-    with pgq.engine.connect() as c:
-        keys = dict(
-            c.execute(
-                text(
-                    "SELECT t.job_id, j.concurrency_key FROM pgqueue_message_queue t JOIN pgqueue_jobs j ON j.id = t.job_id"
-                )
-            ).all()
-        )
+    keys = waiting_keys(pgq.engine)
     taken = sorted(keys[job.id] for job in _claim(pgq, 18))
     assert taken == ["api:a"] * 2 + ["api:b"] * 2 + ["other"] * 6
     assert _claim(pgq, 18) == []
