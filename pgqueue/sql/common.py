@@ -218,16 +218,10 @@ def free_slots(exited: Any) -> tuple[Any, Any]:
 
 def _free_key_slots(exited: Any) -> Any:
     """CTE: subtract the keyed jobs of ``exited`` from their keys' ``running``. The key rows are
-    locked in key order first, so two statements freeing the same keys never deadlock; jobs
-    without a key probe nothing (an empty array)."""
+    found by an index scan over the sorted array of keys, so they are locked in key order and
+    two statements freeing the same keys never deadlock; jobs without a key probe nothing (an
+    empty array)."""
     keys = select(exited.c.concurrency_key).where(exited.c.concurrency_key.is_not(None))
-    locked = (
-        select(ConcurrencyKey.key)
-        .where(ConcurrencyKey.key == func.any(func.array(keys.scalar_subquery())))
-        .order_by(ConcurrencyKey.key)
-        .with_for_update()
-        .cte(f"keys_locked_{exited.name}")
-    )
     gone = (
         select(func.count())
         .select_from(exited)
@@ -236,7 +230,7 @@ def _free_key_slots(exited: Any) -> Any:
     )
     return (
         update(ConcurrencyKey)
-        .where(ConcurrencyKey.key == func.any(func.array(select(locked.c.key).scalar_subquery())))
+        .where(ConcurrencyKey.key == func.any(func.array(keys.scalar_subquery())))
         .values(running=func.greatest(ConcurrencyKey.running - gone, 0))
         .cte(f"key_slots_{exited.name}")
     )
