@@ -558,6 +558,44 @@ class Admin:
         name = validation.queue_name(queue)
         self._write(None, lambda s: repository.set_queue_max_depth(s, name, max_depth))
 
+    def set_key_limit(self, key_or_prefix: str, limit: int | None) -> None:
+        """At most ``limit`` jobs RUNNING at once for each concurrency key starting with
+        ``key_or_prefix`` (an exact key is its own longest prefix), across all workers;
+        the longest matching prefix wins over the task's ``key_limit``. ``None`` removes it."""
+        prefix = validation.concurrency_key(key_or_prefix, what="key_or_prefix")
+        if limit is not None:
+            limit = validation.limit_count(limit, what="key limit")
+        self._write(None, lambda s: repository.set_key_limit(s, prefix, limit))
+
+    def set_rate_limit(
+        self,
+        queue: str | None = None,
+        limit: int | None = None,
+        *,
+        per: float | None = None,
+        key: str | None = None,
+    ) -> None:
+        """At most ``limit`` jobs of ``queue`` (or, with ``key=``, of each concurrency key
+        starting with ``key``) start in any window of ``per`` seconds, across all workers;
+        jobs over the rate wait. ``limit=None`` removes the rate limit."""
+        if (queue is None) == (key is None):
+            raise ValidationError("set_rate_limit needs either a queue or key=, not both")
+        if limit is None:
+            if per is not None:
+                raise ValidationError("per without a limit: pass limit=None alone to remove")
+            rate, window = None, None
+        else:
+            rate = validation.limit_count(limit, what="rate limit")
+            if per is None:
+                raise ValidationError("a rate limit needs per= (its window in seconds)")
+            window = validation.rate_period(per)
+        if key is not None:
+            prefix = validation.concurrency_key(key, what="key")
+            self._write(None, lambda s: repository.set_key_rate(s, prefix, rate, window))
+            return
+        name = validation.queue_name(queue)
+        self._write(None, lambda s: repository.set_queue_rate(s, name, rate, window))
+
     def queue_settings(self) -> dict[str, QueueSettings]:
         """The switches of every queue that has any, by queue name."""
         rows = self._read(repository.queue_controls)

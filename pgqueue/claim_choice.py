@@ -1,9 +1,11 @@
 """Which variant of the claim statement a claimer runs (``sql.claim.ClaimVariant``); pure.
 
-The lean variant skips limited queues, so a claimer must know whether any queue has a
-concurrency limit. It looks now and then (``repository.LIMITS_CHECK_SECONDS``) and keeps the
-answer in its ``LimitsSeen``: the worker's store owns one; a claim through a session uses the
-one of the session's engine or connection.
+The lean variant skips limited queues, rate-limited queues and keyed tickets, so a claimer must
+know whether any queue has a concurrency limit and whether any flow control (concurrency key,
+key override, rate limit) exists. It looks now and then (``repository.LIMITS_CHECK_SECONDS``),
+and at once when a notified claim came back short, and keeps the answers in its
+``LimitsSeen``: the worker's store owns one; a claim through a session uses the one of the
+session's engine or connection.
 """
 
 from __future__ import annotations
@@ -16,19 +18,28 @@ from pgqueue.sql.claim import ClaimVariant
 
 
 class LimitsSeen:
-    """A claimer's last look at whether any queue has a concurrency limit (it chooses the claim
-    variant). Until the claimer has looked, limits are assumed: the full variant is always
-    correct."""
+    """A claimer's last look at which controls exist (they choose the claim variant), and
+    when its last short claim's rate windows free. Until the claimer has looked, queue limits
+    are assumed (the full variant is always correct) and flow controls are not: the first claim
+    is followed by the first look, and a short first claim by a claim of the flow variant when
+    that look finds flow controls."""
 
     def __init__(self) -> None:
         self.exist = True
+        self.flow = False
+        self.rates = False
         self.until = 0.0  # monotonic time after which the answer is stale
+        self.rate_wait: float | None = None
+        """Seconds from the last claim until a full rate window has room (None: none full)."""
 
     def stale(self, now: float) -> bool:
         return now >= self.until
 
-    def record(self, exist: bool, *, until: float) -> None:
+    def record(self, exist: bool, *, until: float, flow: bool = False, rates: bool = False) -> None:
+        """What the claimer saw: queue limits (``exist``), flow controls and rate limits."""
         self.exist = exist
+        self.flow = flow
+        self.rates = rates
         self.until = until
 
 
@@ -47,12 +58,18 @@ def limits_seen_by(claimer: Any) -> LimitsSeen:
 
 
 def claim_variant(
-    *, atomic: bool, queues: Sequence[str] | None, limits_exist: bool, task_leases: bool
+    *,
+    atomic: bool,
+    queues: Sequence[str] | None,
+    limits_exist: bool,
+    task_leases: bool,
+    flow_exists: bool = False,
 ) -> ClaimVariant:
     """The claim variant for a claim of ``queues`` (None: all) in this mode."""
     return ClaimVariant(
         in_transaction=atomic,
         some_queues=queues is not None,
-        queue_limits=limits_exist,
+        queue_limits=limits_exist or flow_exists,
         task_leases=task_leases,
+        flow=flow_exists,
     )

@@ -545,6 +545,23 @@ class PgQueue:
         else:
             self._bounded_queues.suspect([queue])
 
+    def set_key_limit(self, key_or_prefix: str, limit: int | None) -> None:
+        """At most ``limit`` jobs RUNNING per concurrency key starting with ``key_or_prefix``
+        (see ``Admin.set_key_limit``); ``None`` removes the override."""
+        self.admin.set_key_limit(key_or_prefix, limit)
+
+    def set_rate_limit(
+        self,
+        queue: str | None = None,
+        limit: int | None = None,
+        *,
+        per: float | None = None,
+        key: str | None = None,
+    ) -> None:
+        """At most ``limit`` starts of ``queue`` (or of each key starting with ``key=``) in any
+        window of ``per`` seconds (see ``Admin.set_rate_limit``); ``None`` removes it."""
+        self.admin.set_rate_limit(queue, limit, per=per, key=key)
+
     def queue_controls(self) -> dict[str, dict[str, Any]]:
         """``{queue: {"paused", "concurrency_limit", "running"}}`` for queues with settings
         (bounds: ``admin.queue_settings()``)."""

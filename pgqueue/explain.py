@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from pgqueue.db import executor_for
 from pgqueue.errors import JobNotFound, error_summary
 from pgqueue.sql import explain as sql
+from pgqueue.sql import flow as flow_sql
 from pgqueue.sql import workers as registry
 from pgqueue.states import FINAL_STATES, JobState
 
@@ -62,6 +63,12 @@ class BlockerKind(enum.StrEnum):
     """Its queue is paused."""
     AT_LIMIT = "at_limit"
     """Its queue is at its concurrency limit (the RUNNING jobs filling it)."""
+    RATE_LIMITED = "rate_limited"
+    """Its queue's (or its key's) rate limit is used up for now (when the window frees)."""
+    KEY_AT_LIMIT = "key_at_limit"
+    """Its concurrency key is at its limit (the RUNNING jobs with the key)."""
+    KEY_IN_CONTROLLED_QUEUE = "key_in_controlled_queue"
+    """It has a concurrency key and its queue a concurrency or rate limit: such jobs wait."""
     NO_LIVE_WORKER = "no_live_worker"
     """No live worker claims from its queue."""
     READY = "ready"
@@ -140,6 +147,12 @@ class JobFacts:
     bound: tuple[int, int] | None = None
     """``(max_depth, depth)`` of a bounded queue (depth counted up to one more than the
     bound), None when the queue is unbounded or the job does not wait."""
+    key: Any = None
+    """The ``sql.flow.key_facts`` row of a waiting job's concurrency key (None: no key)."""
+    key_running_ids: Sequence[int] = ()
+    """RUNNING jobs with the job's key (up to ``LIST_CAP``), read when the key is at its limit."""
+    queue_rate: Any = None
+    """The ``sql.flow.queue_rate_facts`` row when the job's queue has a rate limit."""
 
 
 def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobExplanation:
@@ -192,11 +205,46 @@ def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobEx
         ]
         live = len(db.rows(sql.live_workers(serving_queue=False), workers))
     bound = None
-    if not finished and state is not JobState.RUNNING and job.max_depth is not None:
-        params = {"queue": job.queue, "cap": job.max_depth + 1}
-        bound = (job.max_depth, int(db.rows(sql.queue_depth(), params)[0][0]))
-    facts = JobFacts(job, running_ids, dependencies, ahead, holder, serving, live, bound)
+    key: Any = None
+    key_running: list[int] = []
+    queue_rate: Any = None
+    if not finished and state is not JobState.RUNNING:
+        key, key_running, queue_rate = _flow_facts(db, job)
+        if job.max_depth is not None:
+            params = {"queue": job.queue, "cap": job.max_depth + 1}
+            bound = (job.max_depth, int(db.rows(sql.queue_depth(), params)[0][0]))
+    facts = JobFacts(
+        job,
+        running_ids,
+        dependencies,
+        ahead,
+        holder,
+        serving,
+        live,
+        bound=bound,
+        key=key,
+        key_running_ids=key_running,
+        queue_rate=queue_rate,
+    )
     return explanation(facts)
+
+
+def _flow_facts(db: Any, job: Any) -> tuple[Any, list[int], Any]:
+    """The key row, the RUNNING jobs filling the key, and the queue's rate (each None or empty
+    when the job has no key, or its queue no rate limit)."""
+    key = None
+    key_running: list[int] = []
+    if job.concurrency_key is not None:
+        found = db.rows(flow_sql.key_facts(), {"key": job.concurrency_key})
+        key = found[0] if found else None
+        if key is not None and key[1] is not None and key[0] >= key[1]:
+            params = {"key": job.concurrency_key, "cap": LIST_CAP}
+            key_running = [row[0] for row in db.rows(flow_sql.running_with_key(), params)]
+    queue_rate = None
+    if job.rate_limit is not None:
+        found = db.rows(flow_sql.queue_rate_facts(), {"queue": job.queue})
+        queue_rate = found[0] if found else None
+    return key, key_running, queue_rate
 
 
 def explanation(facts: JobFacts) -> JobExplanation:
@@ -281,6 +329,7 @@ def _waiting_blockers(facts: JobFacts, state: JobState) -> list[Blocker]:
                 },
             )
         )
+    blockers.extend(_flow_blockers(facts))
     if not facts.serving_workers:
         others = (
             f"{facts.live_workers}{'+' if facts.live_workers >= LIST_CAP else ''} live "
@@ -313,6 +362,71 @@ def _bounded(job: Any, max_depth: int, depth: int) -> Blocker:
         + (": new enqueues into it raise QueueFull" if full else "")
         + "; the bound never holds back a job already waiting",
         {"queue": job.queue, "max_depth": max_depth, "depth": depth, "full": full},
+    )
+
+
+def _flow_blockers(facts: JobFacts) -> list[Blocker]:
+    """The key's limit, the key's rate and the queue's rate, as the claim checks them."""
+    job = facts.job
+    blockers: list[Blocker] = []
+    if job.concurrency_key is not None and (
+        job.concurrency_limit is not None or job.rate_limit is not None
+    ):
+        blockers.append(
+            Blocker(
+                BlockerKind.KEY_IN_CONTROLLED_QUEUE,
+                f"the job has concurrency key {job.concurrency_key} and queue {job.queue} has a "
+                "concurrency or rate limit; workers do not claim keyed jobs of such queues: "
+                "remove the queue's limit or enqueue into another queue",
+                {"queue": job.queue, "key": job.concurrency_key},
+            )
+        )
+    key = facts.key
+    if key is not None:
+        running, limit, rate_limit, rate_per, in_window, wait = key
+        if limit is not None and running >= limit:
+            ids = list(facts.key_running_ids)
+            listed = ", ".join(str(i) for i in ids) or "none found"
+            more = running - len(ids)
+            blockers.append(
+                Blocker(
+                    BlockerKind.KEY_AT_LIMIT,
+                    f"key {job.concurrency_key} at its limit: {running} of {limit} running, "
+                    f"{'job' if len(ids) == 1 else 'jobs'} {listed}"
+                    + (f" and {more} more" if more > 0 else ""),
+                    {
+                        "key": job.concurrency_key,
+                        "limit": limit,
+                        "running": running,
+                        "running_job_ids": ids,
+                    },
+                )
+            )
+        if wait is not None:
+            blockers.append(
+                _rate_limited(f"key {job.concurrency_key}", rate_limit, rate_per, in_window, wait)
+            )
+    if facts.queue_rate is not None:
+        rate_limit, rate_per, in_window, wait = facts.queue_rate
+        if wait is not None:
+            blockers.append(
+                _rate_limited(f"queue {job.queue}", rate_limit, rate_per, in_window, wait)
+            )
+    return blockers
+
+
+def _rate_limited(what: str, limit: int, per: float, started: int, wait: float) -> Blocker:
+    return Blocker(
+        BlockerKind.RATE_LIMITED,
+        f"{what} is at its rate limit: {started} of {limit} started in the last "
+        f"{_seconds(per)}; the window has room again in {_seconds(float(wait))}",
+        {
+            "scope": what,
+            "limit": limit,
+            "per": per,
+            "started": started,
+            "seconds": float(wait),
+        },
     )
 
 
@@ -431,6 +545,13 @@ def _finished(job: Any, state: JobState) -> Blocker:
 
 def _when(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _seconds(total_seconds: float) -> str:
+    """``0.4 s``, ``12.5 s``; from a minute on as ``_duration`` says it."""
+    if total_seconds < 60:
+        return f"{total_seconds:.1f} s"
+    return _duration(total_seconds)
 
 
 def _duration(total_seconds: float) -> str:

@@ -66,11 +66,14 @@ def insert_path(
         return "batch"
     if len(jobs) == 1:
         job = jobs[0]
-        return "one" if job.unique_key is None and not job.depends_on else "batch"
+        plain = job.unique_key is None and not job.depends_on and job.concurrency_key is None
+        return "one" if plain else "batch"
     if (
         len(jobs) >= COPY_THRESHOLD
         and may_copy()
-        and all(j.unique_key is None and not j.depends_on for j in jobs)
+        and all(
+            j.unique_key is None and not j.depends_on and j.concurrency_key is None for j in jobs
+        )
         and len({(j.delay, j.run_at) for j in jobs}) == 1
     ):
         return "copy"

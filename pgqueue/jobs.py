@@ -44,6 +44,8 @@ class NewJob:
     unique_key: str | None
     atomic: bool
     depends_on: tuple[int, ...] = ()
+    concurrency_key: str | None = None
+    key_limit: int | None = None  # the task's limit for its key (null: none declared)
 
 
 @dataclass(slots=True)  # not frozen: cheaper to build (thousands per second); see _claimed_jobs

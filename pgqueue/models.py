@@ -194,6 +194,9 @@ class Job(Base):
     )
     """The job's completed durable steps (``ctx.step``), oldest first. Loaded with the job by
     ``get_job``; read-only here (a worker saves them; deleting the job deletes them)."""
+    concurrency_key: Mapped[str | None] = mapped_column(Text)
+    """Flow control: at most the key's limit of jobs with this key run at once, across all
+    workers (``ConcurrencyKey``); null for most jobs."""
 
     __table_args__ = (
         CheckConstraint(STATE_CHECK, name="state_valid"),
@@ -277,6 +280,16 @@ class MessageQueue(Base):
     """Not claimable before this (database clock)."""
     atomic: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     """Copied from the job: atomic tickets are claimed one per open transaction."""
+    key_hash: Mapped[int | None] = mapped_column(Integer)
+    """A 32-bit hash of the job's concurrency key (``sql.common.key_hash``): keyed tickets are
+    claimed per key, within the key's room, through their own partial index, each checked
+    against its job's key. A hash, not the key's text: the planner sizes a table it has not
+    analyzed by its declared row width, and a text column would change the claim's plans."""
+    keyed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """Whether the job has a concurrency key: what the main scan filters on. A boolean compared
+    with ``false`` is estimated at half the rows even before the table was analyzed, where
+    ``IS NULL`` would be estimated at half a percent and turn the claim's index scan into a
+    sequential scan and a sort."""
 
     __table_args__ = (
         # The claim's WHERE atomic = ? and ORDER BY in one index, with queue included so the scan
@@ -288,6 +301,18 @@ class MessageQueue(Base):
             "run_at",
             "job_id",
             postgresql_include=["queue"],
+        ),
+        # The claim's per-key scans: the ready tickets of one key in claim order. Partial, so
+        # queues without keys pay nothing for it.
+        Index(
+            "ix_pgqueue_message_queue_keyed",
+            "key_hash",
+            "atomic",
+            "priority",
+            "run_at",
+            "job_id",
+            postgresql_include=["queue"],
+            postgresql_where=text("key_hash IS NOT NULL"),
         ),
     )
 
@@ -322,12 +347,81 @@ class QueueControl(Base):
     max_depth: Mapped[int | None] = mapped_column(Integer)
     """Bounded queue: an enqueue that would take the queue above this many waiting jobs
     (queued, retrying or waiting on dependencies) raises ``QueueFull``; null = unbounded."""
+    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    """At most this many jobs of the queue start in any window of ``rate_per`` seconds, across
+    all workers; null = no rate limit."""
+    rate_per: Mapped[float | None] = mapped_column(Float)
+    """The rate limit's window in seconds."""
+    recent_starts: Mapped[list[dt.datetime] | None] = mapped_column(ARRAY(DateTime(timezone=True)))
+    """The latest starts of the queue's jobs (at most ``rate_limit``), written by the claim on
+    this locked row: the sliding window the rate limit is checked against."""
 
     __table_args__ = (
         CheckConstraint(
             "concurrency_limit IS NULL OR concurrency_limit >= 1", name="limit_positive"
         ),
         CheckConstraint("max_depth IS NULL OR max_depth >= 1", name="max_depth_positive"),
+        CheckConstraint(
+            "(rate_limit IS NULL AND rate_per IS NULL) OR (rate_limit >= 1 AND rate_per > 0)",
+            name="rate_valid",
+        ),
+    )
+
+
+# --- flow control: per-key concurrency and rate limits (migration pgqueue_0012) -------------
+
+
+class ConcurrencyKey(Base):
+    """One concurrency key: its RUNNING count and recent starts, on one row the claim locks.
+
+    Written by the enqueue of the key's first job (``ON CONFLICT DO NOTHING``, no lock taken)
+    and kept: the claim's per-key scans start from these rows.
+    """
+
+    __tablename__ = "pgqueue_concurrency_keys"
+
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    """The key (``concurrency_key`` of its jobs)."""
+    key_limit: Mapped[int | None] = mapped_column(Integer)
+    """The limit the key's task declared (``key_limit=``), written by enqueue; a
+    ``KeyLimit`` override wins over it; null = no limit."""
+    running: Mapped[int] = mapped_column(Integer, server_default="0")
+    """The key's jobs counted as RUNNING: the claim adds what it claims and every exit from
+    RUNNING subtracts, in the same statements (a counter on the locked row, for the reason
+    ``QueueControl.running`` gives)."""
+    recent_starts: Mapped[list[dt.datetime] | None] = mapped_column(ARRAY(DateTime(timezone=True)))
+    """The key's latest starts, kept while a rate limit applies to it."""
+
+    __table_args__ = (
+        CheckConstraint("key_limit IS NULL OR key_limit >= 1", name="limit_positive"),
+    )
+
+
+class KeyLimit(Base):
+    """An operator's override for every key starting with ``prefix`` (``set_key_limit``,
+    ``set_rate_limit(key=...)``); the longest matching prefix wins, each key counted alone."""
+
+    __tablename__ = "pgqueue_key_limits"
+
+    prefix: Mapped[str] = mapped_column(Text, primary_key=True)
+    """A key, or the start of keys (``"account:"``)."""
+    key_limit: Mapped[int | None] = mapped_column(Integer)
+    """At most this many RUNNING jobs per matching key; null = the task's ``key_limit``."""
+    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    """At most this many starts per matching key in any window of ``rate_per`` seconds."""
+    rate_per: Mapped[float | None] = mapped_column(Float)
+    """The rate limit's window in seconds."""
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """Last change."""
+
+    __table_args__ = (
+        CheckConstraint("key_limit IS NULL OR key_limit >= 1", name="limit_positive"),
+        CheckConstraint(
+            "(rate_limit IS NULL AND rate_per IS NULL) OR (rate_limit >= 1 AND rate_per > 0)",
+            name="rate_valid",
+        ),
     )
 
 

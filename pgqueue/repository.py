@@ -29,6 +29,7 @@ from pgqueue.jobs import ClaimedJob, NewJob, Outcome, Progress, WorkerEntry
 from pgqueue.models import Job
 from pgqueue.sql import admin, control, enqueue, maintenance
 from pgqueue.sql import claim as claim_sql
+from pgqueue.sql import flow as flow_sql
 from pgqueue.sql import outcomes as outcome_sql
 from pgqueue.sql import workers as workers_sql
 from pgqueue.states import FINAL_STATES, JobState, OutcomeKind
@@ -93,11 +94,13 @@ def _insert_rows(
     params = _insert_params(jobs, trace_context)
     if locked is not None:
         params["locked_queues"] = locked
+    keyed = _add_concurrency_keys(jobs, params)
     statement = enqueue.insert_jobs(
         with_keys,
         with_dependencies=with_dependencies,
         traced=trace_context is not None,
         bounded=locked is not None,
+        with_concurrency_keys=keyed,
     )
     if with_dependencies:
         return _insert_dependent_jobs(ex, jobs, params, statement)
@@ -177,6 +180,15 @@ def _insert_params(jobs: Sequence[NewJob], trace_context: str | None) -> dict[st
     return params
 
 
+def _add_concurrency_keys(jobs: Sequence[NewJob], params: dict[str, Any]) -> bool:
+    """Add the binds of keyed jobs to ``params`` when any job has a concurrency key."""
+    if all(j.concurrency_key is None for j in jobs):
+        return False
+    params["concurrency_keys"] = [j.concurrency_key for j in jobs]
+    params["key_limits"] = [j.key_limit for j in jobs]
+    return True
+
+
 def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> list[int] | None:
     """Map inserted rows back to inputs; look up the holders of keys that conflicted."""
     inserted_plain = iter(sorted(row[0] for row in rows if row[1] is None))
@@ -241,10 +253,11 @@ def _insert_dependent_jobs(
 
 # --- claim ------------------------------------------------------------------------------------
 
-# How long a claimer trusts its last look at whether any queue has a limit. Only the limited
-# queues wait on it (the lean claim skips them): pause and the limits themselves are read by
-# every claim statement, so staleness can delay a newly limited queue by this much, never let
-# it exceed its limit. Long enough that an idle worker's statement rate barely changes.
+# How long a claimer trusts its last look at which controls exist. Only the controlled work waits
+# on it (the lean claim skips limited and rate-limited queues and keyed tickets): pause and the
+# limits themselves are read by every claim statement, so staleness can delay newly controlled
+# work by this much, never let it exceed its limit; a notified claim that comes back short looks
+# again at once. Long enough that an idle worker's statement rate barely changes.
 LIMITS_CHECK_SECONDS = 5.0
 
 
@@ -258,9 +271,15 @@ def claim(
     task_leases: Mapping[str, float],
     atomic: bool = False,
     limits: claim_choice.LimitsSeen | None = None,
+    notified: bool = False,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``). ``limits`` is the claimer's
-    ``LimitsSeen`` (by default the one of the session's bind, or of the executor)."""
+    ``LimitsSeen`` (by default the one of the session's bind, or of the executor).
+
+    ``notified``: the claim follows a wake-up for new work. If the lean form comes back short
+    the claimer looks at once whether controls exist (a first keyed job, say) and, if they do,
+    claims the rest with the full form. A short claim of the flow form, while rate limits
+    exist, records in ``limits.rate_wait`` when the first full window has room."""
     if limits is None:
         limits = claim_choice.limits_seen_by(claimer_key(db))
     ex = executor_for(db)
@@ -269,15 +288,41 @@ def claim(
         params["task_leases"] = dict(task_leases)
     if queues is not None:
         params["queues"] = list(queues)
-    variant = claim_choice.claim_variant(
-        atomic=atomic, queues=queues, limits_exist=limits.exist, task_leases=bool(task_leases)
-    )
-    rows = ex.rows(claim_sql.claim(variant), params)
+
+    def claim_with(seen: claim_choice.LimitsSeen, room: int) -> list[Any]:
+        variant = claim_choice.claim_variant(
+            atomic=atomic,
+            queues=queues,
+            limits_exist=seen.exist,
+            task_leases=bool(task_leases),
+            flow_exists=seen.flow,
+        )
+        return list(ex.rows(claim_sql.claim(variant), {**params, "limit": room}))
+
+    lean = not (limits.exist or limits.flow)
+    with_flow = limits.flow
+    rows = claim_with(limits, limit)
     # After the claim, so the claim itself stays the first and only statement of its turn.
-    if limits.stale(time.monotonic()):
-        exist = bool(ex.rows(claim_sql.any_queue_limit())[0][0])
-        limits.record(exist, until=time.monotonic() + LIMITS_CHECK_SECONDS)
+    if limits.stale(time.monotonic()) or (notified and lean and len(rows) < limit):
+        _look_at_controls(ex, limits)
+        if not with_flow and limits.flow and len(rows) < limit:
+            rows += claim_with(limits, limit - len(rows))
+    limits.rate_wait = None
+    if limits.flow and limits.rates and len(rows) < limit:
+        wait = ex.rows(flow_sql.rate_wait())[0][0]
+        limits.rate_wait = None if wait is None else max(float(wait), 0.0)
     return _claimed_jobs(rows)
+
+
+def _look_at_controls(ex: Executor, limits: claim_choice.LimitsSeen) -> None:
+    """Record in ``limits`` which controls exist now."""
+    exist, flow, rates = ex.rows(flow_sql.controls_exist())[0]
+    limits.record(
+        bool(exist),
+        until=time.monotonic() + LIMITS_CHECK_SECONDS,
+        flow=bool(flow),
+        rates=bool(rates),
+    )
 
 
 def claim_listed(
@@ -570,6 +615,46 @@ def set_queue_control(
         params["concurrency_limit"] = concurrency_limit
     statement = control.set_queue_control(paused=paused is not None, limit=set_limit)
     executor_for(db).rows(statement, params)
+
+
+def set_key_limit(db: SessionOrExecutor, prefix: str, key_limit: int | None) -> None:
+    """Set (None: remove) the per-key limit override of keys starting with ``prefix``."""
+    ex = executor_for(db)
+    ex.rows(flow_sql.set_key_override("key_limit"), {"prefix": prefix, "key_limit": key_limit})
+    ex.rows(flow_sql.delete_empty_override(), {"prefix": prefix})
+
+
+def set_key_rate(
+    db: SessionOrExecutor, prefix: str, rate_limit: int | None, per: float | None
+) -> None:
+    """Set (None: remove) the per-key rate limit of keys starting with ``prefix``."""
+    ex = executor_for(db)
+    params = {"prefix": prefix, "rate_limit": rate_limit, "rate_per": per}
+    ex.rows(flow_sql.set_key_override("rate"), params)
+    ex.rows(flow_sql.delete_empty_override(), {"prefix": prefix})
+
+
+def set_queue_rate(
+    db: SessionOrExecutor, queue: str, rate_limit: int | None, per: float | None
+) -> None:
+    """Set (None: remove) the rate limit of ``queue``."""
+    params = {"name": queue, "rate_limit": rate_limit, "rate_per": per}
+    executor_for(db).rows(flow_sql.set_queue_rate(), params)
+
+
+def key_overrides(db: SessionOrExecutor) -> list[Any]:
+    """``(prefix, key_limit, rate_limit, rate_per)`` of every key override."""
+    return list(executor_for(db).rows(flow_sql.key_overrides()))
+
+
+def recount_keys(db: SessionOrExecutor) -> dict[str, int]:
+    """Correct drifted ``running`` counters of concurrency keys (call inside a transaction);
+    ``{key: corrected count}``. Keys a claim is using right now are skipped."""
+    ex = executor_for(db)
+    keys = [row[0] for row in ex.rows(flow_sql.lock_counted_keys())]
+    if not keys:
+        return {}
+    return {key: running for key, running in ex.rows(flow_sql.recount_keys(), {"keys": keys})}
 
 
 def queue_controls(session: Session) -> list[Any]:

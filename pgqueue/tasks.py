@@ -228,6 +228,7 @@ class EnqueueOptions:
     run_at: dt.datetime | None = None
     unique_key: str | None = None
     depends_on: tuple[int, ...] | None = None
+    concurrency_key: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -239,7 +240,9 @@ class TaskOptions(TypedDict, total=False):
     transaction), ``pass_context`` (first argument is a ``JobContext``), ``lease_seconds``
     (this task's lease instead of the worker's), ``timeout`` (seconds; the attempt fails as
     retryable when exceeded), ``unique_key`` (a function of the job's arguments returning the
-    job's unique key, or None).
+    job's unique key, or None), ``concurrency_key`` (a function of the job's arguments
+    returning its concurrency key, or a fixed key) and ``key_limit`` (at most this many jobs
+    with one key run at once, across all workers).
     """
 
     queue: str
@@ -251,6 +254,8 @@ class TaskOptions(TypedDict, total=False):
     lease_seconds: float | None
     timeout: float | None
     unique_key: Callable[..., str | None] | None
+    concurrency_key: Callable[..., str] | str | None
+    key_limit: int | None
 
 
 def task_name_for(function: Callable[..., Any], name: str | None) -> str:
@@ -281,6 +286,8 @@ class Task(Generic[P, R]):
         lease_seconds: float | None = None,
         timeout: float | None = None,
         unique_key: Callable[..., str | None] | None = None,
+        concurrency_key: Callable[..., str] | str | None = None,
+        key_limit: int | None = None,
     ) -> None:
         self.fn = fn
         self.sink = sink
@@ -302,6 +309,14 @@ class Task(Generic[P, R]):
             raise ValidationError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = timeout
         self.unique_key_fn = unique_key
+        if concurrency_key is not None and not callable(concurrency_key):
+            concurrency_key = validation.concurrency_key(concurrency_key)
+        self.concurrency_key: Callable[..., str] | str | None = concurrency_key
+        if key_limit is not None:
+            key_limit = validation.limit_count(key_limit, what="key_limit")
+            if concurrency_key is None:
+                raise ValidationError("key_limit needs a concurrency_key (a function or a str)")
+        self.key_limit = key_limit
         self.is_async = inspect.iscoroutinefunction(fn)
         self._signature = inspect.signature(fn)
         self._shapes_bound: set[tuple[int, tuple[str, ...]]] = set()
@@ -326,10 +341,12 @@ class Task(Generic[P, R]):
         run_at: dt.datetime | None = None,
         unique_key: str | None = None,
         depends_on: Iterable[int] | None = None,
+        concurrency_key: str | None = None,
     ) -> ConfiguredTask[P, R]:
         """Overrides for the next enqueue; ``session=`` joins the caller's transaction (a
         ``Session`` for ``enqueue``, an ``AsyncSession`` for ``aenqueue``); ``depends_on`` (job
-        ids) holds the job until all of them SUCCEEDED."""
+        ids) holds the job until all of them SUCCEEDED; ``concurrency_key`` replaces the key
+        the task would compute."""
         if delay is not None and run_at is not None:
             raise ValidationError("give either delay or run_at, not both")
         if session is not None and not isinstance(session, Session | AsyncSession):
@@ -345,6 +362,9 @@ class Task(Generic[P, R]):
             run_at=validation.run_at(run_at),
             unique_key=validation.unique_key(unique_key),
             depends_on=_job_ids(depends_on),
+            concurrency_key=(
+                None if concurrency_key is None else validation.concurrency_key(concurrency_key)
+            ),
         )
         return ConfiguredTask(self, options)
 
@@ -414,6 +434,7 @@ class ConfiguredTask(Generic[P, R]):
                 ("run_at", merged.run_at),
                 ("unique_key", merged.unique_key),
                 ("depends_on", merged.depends_on),
+                ("concurrency_key", merged.concurrency_key),
             )
             if v is not None
         }
@@ -472,6 +493,9 @@ class ConfiguredTask(Generic[P, R]):
         unique_key = opts.unique_key
         if unique_key is None and task.unique_key_fn is not None:
             unique_key = validation.unique_key(task.unique_key_fn(*args, **kwargs))
+        concurrency_key = opts.concurrency_key or task.concurrency_key
+        if concurrency_key is not None and not isinstance(concurrency_key, str):
+            concurrency_key = _computed_key(task, concurrency_key, args, kwargs)
         return NewJob(
             task_name=task.name,
             queue=opts.queue or task.queue,
@@ -484,7 +508,22 @@ class ConfiguredTask(Generic[P, R]):
             unique_key=unique_key,
             atomic=task.atomic,
             depends_on=opts.depends_on or (),
+            concurrency_key=concurrency_key,
+            key_limit=task.key_limit,
         )
+
+
+def _computed_key(
+    task: Task[Any, Any], key: Callable[..., str], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> str:
+    """The concurrency key the function ``key`` of ``task`` gives a job with these arguments."""
+    try:
+        value = key(*args, **kwargs)
+    except Exception as exc:
+        raise ValidationError(
+            f"concurrency_key of task {task.name} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    return validation.concurrency_key(value, what=f"concurrency_key of task {task.name}")
 
 
 def _job_ids(values: Iterable[int] | None) -> tuple[int, ...] | None:

@@ -119,6 +119,43 @@ def unique_key(value: object) -> str | None:
     return value
 
 
+def concurrency_key(value: object, *, what: str = "concurrency_key") -> str:
+    """A concurrency key (or key prefix): a non-empty string of at most 512 characters
+    without NUL."""
+    if not isinstance(value, str):
+        raise ValidationError(f"{what} must be a string, got {type(value).__name__}")
+    if not value or len(value) > 512 or "\x00" in value:
+        raise ValidationError(
+            f"{what} must be a non-empty string of at most 512 characters without NUL, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def limit_count(value: object, *, what: str) -> int:
+    """A limit's count: a whole number of at least 1 (booleans are not numbers here)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValidationError(f"{what} must be a whole number of at least 1, got {value!r}")
+    if value > 2**31 - 1:
+        raise ValidationError(f"{what} must be at most {2**31 - 1}, got {value!r}")
+    return value
+
+
+def rate_period(value: object) -> float:
+    """A rate limit's window: a positive number of seconds (at most a day)."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+        or value > 86_400
+    ):
+        raise ValidationError(
+            f"per must be a positive number of seconds of at most 86400, got {value!r}"
+        )
+    return float(value)
+
+
 def encode_args(
     args: Sequence[Any], kwargs: Mapping[str, Any], *, max_bytes: int, max_depth: int
 ) -> tuple[str, str]:

@@ -118,7 +118,7 @@ def rerun() -> Select[int]:
         update(Job)
         .where(Job.id == bindparam("job_id", type_=BigInteger), source_states(RERUN))
         .values(**RERUN_VALUES)
-        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
         .cte("rerun")
     )
     return ids_with_new_tickets(updated)

@@ -91,7 +91,7 @@ def retry(shape: Shape) -> Select[int]:
         update(Job)
         .where(matching(shape), source_states(RERUN))
         .values(**RERUN_VALUES)
-        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
         .cte("rerun")
     )
     tickets = tickets_for(updated, "requeued")

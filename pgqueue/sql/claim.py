@@ -1,7 +1,8 @@
 """The claim: one statement that locks ready tickets (``FOR UPDATE SKIP LOCKED``), deletes them
 and moves their jobs to RUNNING, in one of the named ``ClaimVariant`` forms (or, for chosen
-jobs, ``claim_listed``); plus the reads that go with it (jobs a lost claim answer left to a
-worker, whether any queue has a limit, whether any ticket is claimable now).
+jobs, ``claim_listed``), within queue limits, per-key limits and rate limits (``sql.flow``);
+plus the reads that go with it (jobs a lost claim answer left to a worker, whether any queue
+has a limit, whether any ticket is claimable now).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     delete,
     false,
@@ -28,16 +30,19 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.dml import ReturningUpdate
 
-from pgqueue.models import Job, MessageQueue, QueueControl
+from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl
+from pgqueue.sql import flow as flow_sql
 from pgqueue.sql.common import (
     CLAIMED_COLUMNS,
     among,
     array_param,
+    key_hash,
     seconds,
     source_states,
 )
@@ -66,6 +71,10 @@ class ClaimVariant:
     task_leases: bool
     """Some task has its own lease length: each job's lease is looked up in the
     ``task_leases`` bind. Otherwise every job gets ``lease_seconds``."""
+    flow: bool = False
+    """Some concurrency key, key override or rate limit may exist: keyed tickets are claimed
+    per key within the key's room, and rate-limited queues within their window (with
+    ``queue_limits``). Otherwise keyed tickets and rate-limited queues are left alone."""
 
     @property
     def name(self) -> str:
@@ -74,10 +83,21 @@ class ClaimVariant:
             (
                 "atomic" if self.in_transaction else "leased",
                 "some-queues" if self.some_queues else "all-queues",
-                "limits" if self.queue_limits else "lean",
+                ("flow" if self.flow else "limits") if self.queue_limits else "lean",
                 "task-leases" if self.task_leases else "default-lease",
             )
         )
+
+
+def _controlled_queues() -> Select[Any]:
+    """Queues the main scan leaves alone: paused, concurrency-limited or rate-limited."""
+    return select(QueueControl.name).where(
+        or_(
+            QueueControl.paused,
+            QueueControl.concurrency_limit.is_not(None),
+            QueueControl.rate_limit.is_not(None),
+        )
+    )
 
 
 @cache
@@ -91,22 +111,34 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     and ``queues`` (array) with ``variant.some_queues``. Atomic claims (one per open
     transaction) set no lease expiry: if the transaction dies the claim itself rolls back.
 
-    Queues with a row in ``pgqueue_queues`` that is paused or limited are left out of the main
-    index scan (a hashed anti-join on a usually empty set). Each limited queue that is not
-    paused is claimed from separately, and first: its control row is locked (SKIP LOCKED: a
-    queue another worker is claiming right now is skipped, not waited for) and at most
-    ``limit - running`` of its tickets are taken; the row's ``running`` counter grows by what
-    was claimed, in this same statement. Priority therefore orders tickets within the limited
-    queues and within the rest, not across the two.
+    The main index scan takes tickets without a concurrency key, of queues without a row in
+    ``pgqueue_queues`` that is paused, limited or rate-limited (a hashed anti-join on a usually
+    empty set). Each limited queue that is not paused is claimed from separately, and first:
+    its control row is locked (SKIP LOCKED: a queue another worker is claiming right now is
+    skipped, not waited for) and at most ``limit - running`` of its tickets are taken; the
+    row's ``running`` counter grows by what was claimed, in this same statement. Priority
+    therefore orders tickets within the limited queues and within the rest, not across the two.
+
+    With ``variant.flow``, rate-limited queues are claimed from like limited ones, their room
+    also bounded by the starts in their window (``sql.flow``), and their rows locked in name
+    order and waited for (skipping a busy rate-limited queue would leave its window unused);
+    the claim stamps its starts on the row. Keyed tickets are claimed per key before all
+    others: the keys with ready tickets and room (``key_limit - running``, and a rate window
+    with room) are locked (SKIP LOCKED), at most ``limit`` of them, those whose first ticket
+    has the best priority, then the fewest running, then the oldest ticket first, so a key at
+    its limit takes no slot from a waiting key; each gives at most its room of tickets, through
+    the partial index on keyed tickets. Keyed tickets of paused, limited or rate-limited queues
+    are not claimed.
 
     Without ``variant.queue_limits`` it is the lean form for when no queue has a limit (the
-    common case): the main scan alone, still skipping paused and limited queues, so it can
-    never break a limit that was set after the caller last looked, it only leaves that queue to
-    the full form.
+    common case): the main scan alone, still skipping controlled queues and keyed tickets, so
+    it can never break a limit that was set after the caller last looked, it only leaves that
+    work to the full form.
     """
     atomic = variant.in_transaction
     filter_queues = variant.some_queues
     limits = variant.queue_limits
+    flow = variant.flow and limits
     task_leases = variant.task_leases
     ready = and_(
         MessageQueue.atomic == (true() if atomic else false()),
@@ -116,12 +148,18 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     if filter_queues:
         queue_filter = MessageQueue.queue == func.any(array_param("queues", Text))
     order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
-    controlled = select(QueueControl.name).where(
-        or_(QueueControl.paused, QueueControl.concurrency_limit.is_not(None))
-    )
+    controlled = _controlled_queues()
+    unkeyed = MessageQueue.keyed == false()
+    # The flow form leaves keyed tickets to its per-key scans inside the main scan. The other
+    # forms drop the keyed tickets their main scan found afterwards (they exist only while
+    # the claimer has not yet seen that keys exist): the scan itself, its plan and its cost
+    # stay what they are without keys.
+    free_where = [ready, queue_filter, MessageQueue.queue.not_in(controlled)]
+    if flow:
+        free_where.append(unkeyed)
     free = (
-        select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at)
-        .where(ready, queue_filter, MessageQueue.queue.not_in(controlled))
+        select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at, MessageQueue.keyed)
+        .where(*free_where)
         .order_by(*order)
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
@@ -135,10 +173,11 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         lease = func.coalesce(task_lease, lease)
     claimed_values = _claimed_values(atomic, lease)
     if not limits:
-        lean_picked = free.cte("picked")
+        lean_found = free.cte("picked")
+        lean_picked = select(lean_found.c.job_id).where(lean_found.c.keyed == false())
         lean_deleted = (
             delete(MessageQueue)
-            .where(among(MessageQueue.job_id, lean_picked.c.job_id))
+            .where(MessageQueue.job_id == func.any(func.array(lean_picked.scalar_subquery())))
             .returning(MessageQueue.job_id)
             .cte("claimed")
         )
@@ -146,6 +185,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     limited_where: list[ColumnElement[bool]] = [
         QueueControl.concurrency_limit.is_not(None),
         QueueControl.paused.is_(False),
+        QueueControl.rate_limit.is_(None),
     ]
     if filter_queues:
         limited_where.append(QueueControl.name == func.any(array_param("queues", Text)))
@@ -158,24 +198,36 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         .with_for_update(skip_locked=True)
         .cte("limited")
     )
+    controls: Any = limited
+    if flow:
+        controls = _rated_and_limited(limited, filter_queues, atomic)
     per_queue = (
         select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at)
-        .where(ready, MessageQueue.queue == limited.c.name)
+        .where(ready, MessageQueue.queue == controls.c.name, unkeyed)
         .order_by(*order)
-        .limit(func.least(func.greatest(limited.c.room, 0), bindparam("limit", type_=Integer)))
+        .limit(func.least(func.greatest(controls.c.room, 0), bindparam("limit", type_=Integer)))
         .with_for_update(skip_locked=True)
         .lateral("per_queue")
     )
     capped = select(per_queue.c.job_id, per_queue.c.priority, per_queue.c.run_at).select_from(
-        limited.join(per_queue, true())
+        controls.join(per_queue, true())
     )
     # FOR UPDATE is not allowed in a UNION's branches; as CTEs each keeps its own locking scan.
-    # Limited queues come first (each bounded by its room), the free scan fills the remaining
-    # slots. No ORDER BY over the union: each branch already comes in index order, and a sort
-    # here would sit on the hot path of every claim.
+    # Keyed tickets first (each key bounded by its room), then limited queues (each bounded by
+    # its room), the free scan fills the remaining slots. No ORDER BY over the union: each
+    # branch already comes in index order, and a sort here would sit on the hot path of every
+    # claim.
     free_cte = free.cte("free")
     capped_cte = capped.cte("capped")
-    both = select(capped_cte.c.job_id).union_all(select(free_cte.c.job_id)).subquery("candidates")
+    branches = [
+        select(capped_cte.c.job_id),
+        select(free_cte.c.job_id).where(free_cte.c.keyed == false()),
+    ]
+    keys = None
+    if flow:
+        keys = _keys_with_room(ready, queue_filter, controlled)
+        branches.insert(0, _keyed_tickets(keys, ready, queue_filter, controlled))
+    both = union_all(*branches).subquery("candidates")
     picked_cte = select(both.c.job_id).limit(bindparam("limit", type_=Integer)).cte("picked")
     deleted = (
         delete(MessageQueue)
@@ -190,17 +242,192 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     per_limited = (
         select(func.count())
         .select_from(deleted)
-        .where(deleted.c.queue == limited.c.name, moved)
+        .where(deleted.c.queue == controls.c.name, moved)
         .scalar_subquery()
     )
-    taken = select(limited.c.name.label("queue"), per_limited.label("n")).subquery("taken")
-    bump = (
+    taken = select(controls.c.name.label("queue"), per_limited.label("n")).subquery("taken")
+    if flow:
+        bump = _bump_queues(taken)
+    else:
+        bump = (
+            update(QueueControl)
+            .where(QueueControl.name == taken.c.queue, taken.c.n > 0)
+            .values(running=QueueControl.running + taken.c.n)
+            .cte("bump")
+        )
+    statement = _move_to_running(deleted, claimed_values).add_cte(bump)
+    if keys is not None:
+        statement = statement.add_cte(_bump_keys(keys, deleted))
+    return statement
+
+
+def _rated_and_limited(limited: Any, filter_queues: bool, atomic: bool) -> Any:
+    """CTE of the controlled queues a flow claim takes from: the limited ones of ``limited``
+    plus the rate-limited ones (not paused), locked in name order, each with its room: the
+    smaller of its limit's and its window's. A leased claim waits for a rate-limited row (it
+    is held for one claim statement); an atomic claim holds the row until its handler's
+    transaction ends, so it skips a row another claim holds rather than wait that long."""
+    rated_where: list[ColumnElement[bool]] = [
+        QueueControl.rate_limit.is_not(None),
+        QueueControl.paused.is_(False),
+    ]
+    if filter_queues:
+        rated_where.append(QueueControl.name == func.any(array_param("queues", Text)))
+    window_room = flow_sql.rate_room(
+        QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts
+    )
+    limit_room = func.coalesce(
+        QueueControl.concurrency_limit - QueueControl.running, QueueControl.rate_limit
+    )
+    rated = (
+        select(QueueControl.name, func.least(limit_room, window_room).label("room"))
+        .where(*rated_where)
+        .order_by(QueueControl.name)
+        .with_for_update(skip_locked=atomic)
+        .cte("rated")
+    )
+    return union_all(
+        select(limited.c.name, limited.c.room), select(rated.c.name, rated.c.room)
+    ).cte("controls")
+
+
+def _bump_queues(taken: Any) -> Any:
+    """CTE: the controlled queues' rows after a flow claim: ``running`` grows where a limit is
+    kept, the window gets the starts where a rate is."""
+    return (
         update(QueueControl)
         .where(QueueControl.name == taken.c.queue, taken.c.n > 0)
-        .values(running=QueueControl.running + taken.c.n)
+        .values(
+            running=case(
+                (QueueControl.concurrency_limit.is_not(None), QueueControl.running + taken.c.n),
+                else_=QueueControl.running,
+            ),
+            recent_starts=case(
+                (
+                    QueueControl.rate_limit.is_not(None),
+                    flow_sql.starts_after(
+                        QueueControl.rate_limit,
+                        QueueControl.rate_per,
+                        QueueControl.recent_starts,
+                        taken.c.n,
+                    ),
+                ),
+                else_=QueueControl.recent_starts,
+            ),
+        )
         .cte("bump")
     )
-    return _move_to_running(deleted, claimed_values).add_cte(bump)
+
+
+def _keys_with_room(
+    ready: ColumnElement[bool], queue_filter: ColumnElement[bool], controlled: Select[Any]
+) -> Any:
+    """CTE: up to ``limit`` keys with a ready ticket and room, locked (SKIP LOCKED), fairest
+    first; ``(key, room)``."""
+    order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
+    first = (
+        select(*order)
+        .where(
+            MessageQueue.key_hash == key_hash(ConcurrencyKey.key),
+            ready,
+            queue_filter,
+            MessageQueue.queue.not_in(controlled),
+        )
+        .order_by(*order)
+        .limit(1)
+        .lateral("first_ticket")
+    )
+    any_room = bindparam("limit", type_=Integer)
+    key_limit = flow_sql.key_limit_of(ConcurrencyKey.key, ConcurrencyKey.key_limit)
+    rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
+    limit_room = func.coalesce(key_limit - ConcurrencyKey.running, any_room)
+    window_room = case(
+        (
+            rate_limit.is_not(None),
+            flow_sql.rate_room(rate_limit, rate_per, ConcurrencyKey.recent_starts),
+        ),
+        else_=any_room,
+    )
+    # One level, no subquery between the lock and the room: after waiting for a key row that
+    # changed, PostgreSQL re-evaluates the row's expressions on its newest version, so the room
+    # is always computed from the counter this claim then holds locked.
+    room = func.least(limit_room, window_room)
+    return (
+        select(ConcurrencyKey.key, room.label("room"))
+        .select_from(ConcurrencyKey)
+        .join(first, true())
+        .where(room > 0)
+        .order_by(first.c.priority, ConcurrencyKey.running, first.c.run_at, first.c.job_id)
+        .limit(any_room)
+        .with_for_update(of=ConcurrencyKey, skip_locked=True)
+        .cte("keys_with_room")
+    )
+
+
+def _keyed_tickets(
+    keys: Any,
+    ready: ColumnElement[bool],
+    queue_filter: ColumnElement[bool],
+    controlled: Select[Any],
+) -> Select[Any]:
+    """The union branch of keyed tickets: per locked key, at most its room of them in claim
+    order (SKIP LOCKED), through the partial index on keyed tickets."""
+    order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
+    per_key = (
+        select(MessageQueue.job_id)
+        .where(
+            MessageQueue.key_hash == key_hash(keys.c.key),
+            # Two keys can share a hash: only the tickets whose job has this very key.
+            select(literal(1))
+            .where(Job.id == MessageQueue.job_id, Job.concurrency_key == keys.c.key)
+            .correlate_except(Job)
+            .exists(),
+            ready,
+            queue_filter,
+            MessageQueue.queue.not_in(controlled),
+        )
+        .order_by(*order)
+        .limit(func.least(keys.c.room, bindparam("limit", type_=Integer)))
+        .with_for_update(skip_locked=True)
+        .lateral("per_key")
+    )
+    keyed = select(per_key.c.job_id).select_from(keys.join(per_key, true())).cte("keyed")
+    return select(keyed.c.job_id)
+
+
+def _bump_keys(keys: Any, deleted: Any) -> Any:
+    """CTE: each claimed key's ``running`` grows by what this claim moved to RUNNING, and its
+    window gets the starts when a rate applies to it."""
+    moved_with_key = (
+        select(literal(1))
+        .where(
+            Job.id == deleted.c.job_id,
+            source_states(CLAIM),
+            Job.concurrency_key == keys.c.key,
+        )
+        .correlate_except(Job)
+        .exists()
+    )
+    per_key = select(func.count()).select_from(deleted).where(moved_with_key).scalar_subquery()
+    taken = select(keys.c.key, per_key.label("n")).subquery("keys_taken")
+    rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
+    return (
+        update(ConcurrencyKey)
+        .where(ConcurrencyKey.key == taken.c.key, taken.c.n > 0)
+        .values(
+            running=ConcurrencyKey.running + taken.c.n,
+            recent_starts=case(
+                (
+                    rate_limit.is_not(None),
+                    flow_sql.starts_after(
+                        rate_limit, rate_per, ConcurrencyKey.recent_starts, taken.c.n
+                    ),
+                ),
+                else_=ConcurrencyKey.recent_starts,
+            ),
+        )
+        .cte("bump_keys")
+    )
 
 
 @cache
@@ -211,10 +438,10 @@ def claim_listed(in_transaction: bool) -> ReturningUpdate[Any]:
 
     For running chosen jobs at once (``pgqueue.testing.immediate``), not for workers: tickets of
     the other mode and of paused or limited queues are left alone, as the lean claim leaves them.
+    A keyed job runs whatever its key's room (it was chosen to run now), and counts on its key
+    like any claimed job, so the key's counter stays exact for the workers.
     """
-    controlled = select(QueueControl.name).where(
-        or_(QueueControl.paused, QueueControl.concurrency_limit.is_not(None))
-    )
+    controlled = _controlled_queues()
     picked = (
         select(MessageQueue.job_id)
         .where(
@@ -229,11 +456,28 @@ def claim_listed(in_transaction: bool) -> ReturningUpdate[Any]:
     claimed = (
         delete(MessageQueue)
         .where(among(MessageQueue.job_id, picked.c.job_id))
-        .returning(MessageQueue.job_id)
+        .returning(MessageQueue.job_id, MessageQueue.keyed)
         .cte("claimed")
     )
+    per_key = (
+        select(Job.concurrency_key.label("key"), func.count().label("n"))
+        .where(
+            Job.id == claimed.c.job_id,
+            claimed.c.keyed,
+            source_states(CLAIM),
+            Job.concurrency_key.is_not(None),
+        )
+        .group_by(Job.concurrency_key)
+        .subquery("listed_keys")
+    )
+    counted = (
+        update(ConcurrencyKey)
+        .where(ConcurrencyKey.key == per_key.c.key)
+        .values(running=ConcurrencyKey.running + per_key.c.n)
+        .cte("counted_keys")
+    )
     lease = bindparam("lease_seconds", type_=Float)
-    return _move_to_running(claimed, _claimed_values(in_transaction, lease))
+    return _move_to_running(claimed, _claimed_values(in_transaction, lease)).add_cte(counted)
 
 
 def _claimed_values(atomic: bool, lease: ColumnElement[Any]) -> dict[str, Any]:

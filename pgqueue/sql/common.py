@@ -1,9 +1,9 @@
 """Fragments the statements of ``pgqueue.sql`` share: bind helpers, the guard on a transition's
 source states, the ticket-and-wake-up CTEs, the announcement of ended jobs (for waiters), queue
-slot release, and the columns a claim returns.
+and key slot release, and the columns a claim returns.
 
-Statements moving jobs out of RUNNING give their queue slots back in the same statement
-(``free_slots``). Statements that end jobs return the ended jobs' ``dependents``; the
+Statements moving jobs out of RUNNING give their queue and concurrency-key slots back in the
+same statement (``free_slots``). Statements that end jobs return the ended jobs' ``dependents``; the
 repository settles those (``sql.outcomes.settle_dependents``) in a follow-up statement, not a
 CTE: a dependent enqueued while the outcome statement waited for the dependency's row lock is
 invisible to that statement's snapshot, but visible to the next statement's.
@@ -32,9 +32,9 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, BIT
 
-from pgqueue.models import Job, MessageQueue, QueueControl
+from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl
 from pgqueue.states import JobState, Transition
 
 NOTIFY_CHANNEL: Final = "pgqueue"
@@ -135,14 +135,27 @@ def among(column: Any, ids: Any) -> ColumnElement[bool]:
     return matched
 
 
+def key_hash(key: Any) -> ColumnElement[Any]:
+    """A concurrency key's 32-bit hash as tickets store it (null for null): the first 32 bits of
+    its MD5, which no server version changes (``hashtext`` may)."""
+    hexdigits = literal("x", Text) + func.substr(func.md5(key), 1, 8)
+    hashed: ColumnElement[Any] = cast(cast(hexdigits, BIT(32)), Integer)
+    return hashed
+
+
 def tickets_for(jobs: Any, name: str, *where: ColumnElement[bool]) -> Any:
     """CTE named ``name``: a ticket for each row of ``jobs`` (a CTE returning the jobs' id,
-    queue, priority, run_at and atomic) that matches ``where``. The statement must also
-    include ``woken`` of it, which sends the wake-up."""
-    rows = select(jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic)
+    queue, priority, run_at and atomic, and their ``concurrency_key`` where jobs may have one)
+    that matches ``where``. The statement must also include ``woken`` of it, which sends the
+    wake-up."""
+    columns = [jobs.c.id, jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.atomic]
+    names = list(COPY_TICKET_COLUMNS)
+    if "concurrency_key" in jobs.c:
+        columns += [key_hash(jobs.c.concurrency_key), jobs.c.concurrency_key.is_not(None)]
+        names += ["key_hash", "keyed"]
     return (
         insert(MessageQueue)
-        .from_select(list(COPY_TICKET_COLUMNS), rows.where(*where))
+        .from_select(names, select(*columns).where(*where))
         .returning(MessageQueue.queue, MessageQueue.run_at)
         .cte(name)
     )
@@ -199,7 +212,33 @@ def announced(ended: Any, *where: ColumnElement[bool]) -> ColumnElement[bool]:
     return sent >= 0
 
 
-def free_slots(exited: Any) -> Any:
+def free_slots(exited: Any) -> tuple[Any, Any]:
+    """CTEs (add both): subtract jobs that left RUNNING (``exited`` has ``queue`` and
+    ``concurrency_key``) from limited queues and from their keys' counters."""
+    return _free_queue_slots(exited), _free_key_slots(exited)
+
+
+def _free_key_slots(exited: Any) -> Any:
+    """CTE: subtract the keyed jobs of ``exited`` from their keys' ``running``. The key rows are
+    found by an index scan over the sorted array of keys, so they are locked in key order and
+    two statements freeing the same keys never deadlock; jobs without a key probe nothing (an
+    empty array)."""
+    keys = select(exited.c.concurrency_key).where(exited.c.concurrency_key.is_not(None))
+    gone = (
+        select(func.count())
+        .select_from(exited)
+        .where(exited.c.concurrency_key == ConcurrencyKey.key)
+        .scalar_subquery()
+    )
+    return (
+        update(ConcurrencyKey)
+        .where(ConcurrencyKey.key == func.any(func.array(keys.scalar_subquery())))
+        .values(running=func.greatest(ConcurrencyKey.running - gone, 0))
+        .cte(f"key_slots_{exited.name}")
+    )
+
+
+def _free_queue_slots(exited: Any) -> Any:
     """CTE: subtract jobs that left RUNNING (``exited`` has ``queue``) from limited queues."""
     gone = (
         select(exited.c.queue, func.count().label("n"))
@@ -211,6 +250,24 @@ def free_slots(exited: Any) -> Any:
         .where(QueueControl.name == gone.c.queue, QueueControl.concurrency_limit.is_not(None))
         .values(running=func.greatest(QueueControl.running - gone.c.n, 0))
         .cte(f"slots_{exited.name}")
+    )
+
+
+def recounted(key: Any, running: Any, job_key: Any, names: str) -> Any:
+    """UPDATE (returning ``(key, running)``) of the counter rows whose ``key`` is in the array
+    bind ``names``: their ``running`` counter set to their RUNNING jobs (``job_key`` equal to
+    ``key``), where it drifted. For the maintenance recounts of queues and keys."""
+    running_jobs = (
+        select(func.count())
+        .select_from(Job)
+        .where(job_key == key, Job.state == JobState.RUNNING.value)
+        .scalar_subquery()
+    )
+    return (
+        update(key.table)
+        .where(key == func.any(array_param(names, Text)), running != running_jobs)
+        .values({running: running_jobs})
+        .returning(key, running)
     )
 
 

@@ -56,6 +56,7 @@ from pgqueue.sql.common import (
     wake_payload,
     woken,
 )
+from pgqueue.sql.flow import key_rows
 from pgqueue.states import (
     JobState,
 )
@@ -141,6 +142,7 @@ def insert_jobs(
     with_dependencies: bool = False,
     traced: bool = False,
     bounded: bool = False,
+    with_concurrency_keys: bool = False,
 ) -> Select[Any]:
     """Insert N jobs and their tickets in one statement; returns ``(id, unique_key)`` rows.
 
@@ -164,6 +166,9 @@ def insert_jobs(
     bound. With ``bounded`` (after ``lock_bounded_queues``) it also binds ``locked_queues``
     (array): nothing is inserted unless every bounded queue of the batch is among them and has
     room for all of the batch's jobs of it.
+    ``with_concurrency_keys`` also binds ``concurrency_keys`` (may be null) and ``key_limits``
+    (the task's limit, may be null): keyed jobs and their tickets carry the key, and each new
+    key gets its row (``sql.flow.key_rows``).
     """
     rows = (
         func.unnest(
@@ -220,6 +225,15 @@ def insert_jobs(
     if traced:
         extra_columns.append("trace_context")
         extra_values.append(_trace_context())
+    keys: Any = None
+    if with_concurrency_keys:
+        keys = (
+            func.unnest(array_param("concurrency_keys", Text), array_param("key_limits", Integer))
+            .table_valued("concurrency_key", "key_limit", with_ordinality="ord")
+            .render_derived(name="k")
+        )
+        extra_columns.append("concurrency_key")
+        extra_values.append(keys.c.concurrency_key)
     source = select(
         rows.c.task_name,
         rows.c.queue,
@@ -239,6 +253,8 @@ def insert_jobs(
         source = source.where(_no_bound(QueueControl.name == func.any(queues)))
     if with_dependencies:
         source = source.where(rows_deps.c.ord == rows.c.ord)
+    if keys is not None:
+        source = source.where(keys.c.ord == rows.c.ord)
     columns = [
         *JOB_FIELDS,
         "run_at",
@@ -254,7 +270,7 @@ def insert_jobs(
             # infer the partial index from bound state values (42P10).
             index_where=text(UNIQUE_KEY_HELD),
         )
-    jobs = stmt.returning(
+    returned = [
         Job.id,
         Job.queue,
         Job.priority,
@@ -263,21 +279,27 @@ def insert_jobs(
         Job.atomic,
         Job.state,
         Job.depends_on,
-    ).cte("new_jobs")
+    ]
+    if keys is not None:
+        returned.append(Job.concurrency_key)
+    jobs = stmt.returning(*returned).cte("new_jobs")
     only_queued = [jobs.c.state == JobState.QUEUED.value] if with_dependencies else []
     tickets = tickets_for(jobs, "new_tickets", *only_queued)
+    also = [tickets]
+    if keys is not None:
+        also.extend(key_rows(select(keys.c.concurrency_key, keys.c.key_limit).subquery("keyed")))
     # Referencing the ticket CTE is not needed for it to run (data-modifying CTEs always run),
     # but keeping it in the FROM list documents the dependency and keeps SQLAlchemy rendering it.
     if with_dependencies:
         return (
             select(jobs.c.id, jobs.c.unique_key, jobs.c.state, jobs.c.depends_on)
-            .add_cte(tickets)
+            .add_cte(*also)
             .where(woken(tickets))
             .order_by(jobs.c.id)
         )
     return (
         select(jobs.c.id, jobs.c.unique_key)
-        .add_cte(tickets)
+        .add_cte(*also)
         .where(woken(tickets))
         .order_by(jobs.c.id)
     )

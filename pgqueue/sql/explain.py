@@ -55,6 +55,7 @@ def job_facts() -> Select[*tuple[Any, ...]]:
             Job.depends_on,
             Job.atomic,
             Job.snoozes,
+            Job.concurrency_key,
             MessageQueue.job_id.is_not(None).label("has_ticket"),
             MessageQueue.run_at.label("ticket_run_at"),
             MessageQueue.priority.label("ticket_priority"),
@@ -63,6 +64,7 @@ def job_facts() -> Select[*tuple[Any, ...]]:
             QueueControl.concurrency_limit,
             func.coalesce(QueueControl.running, 0).label("running"),
             QueueControl.max_depth,
+            QueueControl.rate_limit,
             func.now().label("now"),
         )
         .select_from(Job)

@@ -32,9 +32,9 @@ from pgqueue.sql.common import (
     among,
     announced,
     append_error,
-    array_param,
     free_slots,
     in_states,
+    recounted,
     seconds,
     source_states,
     tickets_for,
@@ -107,6 +107,7 @@ def rescue_expired() -> Select[int, str, list[int] | None]:
             Job.priority,
             Job.run_at,
             Job.atomic,
+            Job.concurrency_key,
             Job.dependents,
             Job.awaited,
         )
@@ -115,7 +116,7 @@ def rescue_expired() -> Select[int, str, list[int] | None]:
     tickets = tickets_for(updated, "rescue_tickets", updated.c.state == RESCUE.target.value)
     return (
         select(updated.c.id, updated.c.state, updated.c.dependents)
-        .add_cte(tickets, free_slots(updated))
+        .add_cte(tickets, *free_slots(updated))
         .where(woken(tickets), announced(updated, updated.c.state != RESCUE.target.value))
     )
 
@@ -184,21 +185,7 @@ def recount_running() -> Any:  # a ReturningUpdate
     the row lock), and a job leaving RUNNING right now still counts as running here, because
     its statement also updates the locked row and so waits to commit until after this one.
     """
-    running_jobs = (
-        select(func.count())
-        .select_from(Job)
-        .where(Job.queue == QueueControl.name, Job.state == JobState.RUNNING.value)
-        .scalar_subquery()
-    )
-    return (
-        update(QueueControl)
-        .where(
-            QueueControl.name == func.any(array_param("names", Text)),
-            QueueControl.running != running_jobs,
-        )
-        .values(running=running_jobs)
-        .returning(QueueControl.name, QueueControl.running)
-    )
+    return recounted(QueueControl.name, QueueControl.running, Job.queue, "names")
 
 
 @cache

@@ -126,12 +126,12 @@ def complete(with_progress: bool = False) -> Select[int, list[int] | None]:
             **CLEAR_LEASE,
             **_progress_values(rows, with_progress),
         )
-        .returning(Job.id, Job.queue, Job.dependents, Job.awaited)
+        .returning(Job.id, Job.queue, Job.concurrency_key, Job.dependents, Job.awaited)
         .cte("completed")
     )
     return (
         select(completed.c.id, completed.c.dependents)
-        .add_cte(free_slots(completed))
+        .add_cte(*free_slots(completed))
         .where(announced(completed))
     )
 
@@ -157,10 +157,10 @@ def retry(with_progress: bool = False) -> Select[int]:
             **CLEAR_LEASE,
             **_progress_values(rows, with_progress),
         )
-        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
         .cte("retried")
     )
-    return ids_with_new_tickets(updated).add_cte(free_slots(updated))
+    return ids_with_new_tickets(updated).add_cte(*free_slots(updated))
 
 
 def _end_with_error(transition: Transition, name: str, *, record: bool, with_progress: bool) -> Any:
@@ -182,10 +182,12 @@ def _end_with_error(transition: Transition, name: str, *, record: bool, with_pro
             **CLEAR_LEASE,
             **_progress_values(rows, with_progress),
         )
-        .returning(Job.id, Job.queue, Job.state, Job.dependents, Job.awaited)
+        .returning(Job.id, Job.queue, Job.concurrency_key, Job.state, Job.dependents, Job.awaited)
         .cte(name)
     )
-    return select(ended.c.id, ended.c.dependents).add_cte(free_slots(ended)).where(announced(ended))
+    return (
+        select(ended.c.id, ended.c.dependents).add_cte(*free_slots(ended)).where(announced(ended))
+    )
 
 
 @cache
@@ -225,10 +227,10 @@ def release(with_progress: bool = False) -> Select[int]:
             **CLEAR_LEASE,
             **_progress_values(rows, with_progress),
         )
-        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
         .cte("released")
     )
-    return ids_with_new_tickets(updated).add_cte(free_slots(updated))
+    return ids_with_new_tickets(updated).add_cte(*free_slots(updated))
 
 
 @cache
@@ -285,6 +287,7 @@ def snooze(with_progress: bool = False) -> Select[int, list[int] | None]:
             Job.priority,
             Job.run_at,
             Job.atomic,
+            Job.concurrency_key,
             Job.dependents,
             Job.awaited,
         )
@@ -294,7 +297,7 @@ def snooze(with_progress: bool = False) -> Select[int, list[int] | None]:
     tickets = tickets_for(updated, "snooze_tickets", ~ended)
     return (
         select(updated.c.id, case((ended, updated.c.dependents), else_=null()))
-        .add_cte(tickets, free_slots(updated))
+        .add_cte(tickets, *free_slots(updated))
         .where(woken(tickets), announced(updated, ended))
     )
 
@@ -400,7 +403,9 @@ def settle_dependents() -> CompoundSelect[Any]:
             run_at=func.greatest(Job.run_at, func.now()),
             updated_at=func.now(),
         )
-        .returning(Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic)
+        .returning(
+            Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key
+        )
         .cte("unblocked")
     )
     tickets = tickets_for(unblocked, "unblocked_tickets")

@@ -77,6 +77,10 @@ class Claimer:
         self._claim_on_notify = False
         self._task_leases: dict[str, float] = {}
         self._next_known_run_at: float | None = None
+        # Set by a wake-up for new work, cleared by the claim that follows it.
+        self._notified = False
+        # When a full rate window has room again (monotonic), after a short claim.
+        self._rate_room_at: float | None = None
 
     def prepare(self, drain: bool) -> None:
         """Read the tasks registered by now; before the listener starts calling ``on_notify``."""
@@ -93,7 +97,8 @@ class Claimer:
             self._wake.clear()
             try:
                 with self.claim_lock:
-                    full_batch = self._claim_once(self._atomic)
+                    notified, self._notified = self._notified, False
+                    full_batch = self._claim_once(self._atomic, notified=notified)
                 if (
                     drain
                     and not full_batch
@@ -123,8 +128,9 @@ class Claimer:
         with self.claim_lock:
             self._store.close()
 
-    def _claim_once(self, atomic: AtomicProbes | None) -> bool:
-        """Claim for the free slots; True when the claim was full (more may be waiting)."""
+    def _claim_once(self, atomic: AtomicProbes | None, *, notified: bool = False) -> bool:
+        """Claim for the free slots; True when the claim was full (more may be waiting).
+        ``notified``: a wake-up for new work led to this claim."""
         free = requested = self._slots.free()
         claimed = 0
         if free > 0:
@@ -135,11 +141,17 @@ class Claimer:
                 lease_seconds=self._lease_seconds,
                 task_leases=self._task_leases,
                 held=self._slots.running_ids,
+                notified=notified,
             )
             claimed = len(jobs)
             # Fewer than asked for: nothing else is ready, so a freed slot is no reason to
-            # claim again; a notification, a poll or a known run_at is.
-            self._backlog = claimed == requested
+            # claim again; a notification, a poll or a known run_at is. Unless flow controls
+            # exist: then tickets may wait for a key's room, which a finished job gives back,
+            # or for a rate window, whose time the store says.
+            short = claimed < requested
+            self._backlog = not short or self._store.flow_controlled
+            wait = self._store.rate_wait if short else None
+            self._rate_room_at = None if wait is None else time.monotonic() + wait
             self._start_leased(jobs)
             free -= claimed
         else:
@@ -150,6 +162,8 @@ class Claimer:
 
     def _wait_timeout(self) -> float:
         timeout = self._poll_interval
+        if self._rate_room_at is not None:
+            timeout = min(timeout, max(self._rate_room_at - time.monotonic(), 0.0))
         known = self._next_known_run_at
         if known is not None:
             until = known - time.monotonic()
@@ -166,7 +180,7 @@ class Claimer:
                 # The claim loop is waiting (or between claims): claim here, on the thread the
                 # notification woke, instead of waking the claim loop to do it.
                 try:
-                    if self._stopping.is_set() or not self._claim_once(None):
+                    if self._stopping.is_set() or not self._claim_once(None, notified=True):
                         return
                 except Exception:
                     if not self._stopping.is_set():
@@ -176,6 +190,7 @@ class Claimer:
                 # A full claim (more may be waiting) or a failed one: the claim loop goes on.
             if self._atomic is not None:
                 self._atomic.notified()
+            self._notified = True
             self._wake.set()
             return
         at = wall_to_monotonic(run_at_epoch)

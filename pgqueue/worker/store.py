@@ -105,8 +105,10 @@ class WorkerStore:
         lease_seconds: float,
         task_leases: Mapping[str, float],
         held: Callable[[], Collection[int]] = frozenset,
+        notified: bool = False,
     ) -> list[ClaimedJob]:
-        """Claim up to ``limit`` jobs; ``held`` gives the ids this worker already runs.
+        """Claim up to ``limit`` jobs; ``held`` gives the ids this worker already runs;
+        ``notified``: the claim follows a wake-up for new work (``repository.claim``).
 
         A claim commits by itself (autocommit), so when the connection breaks after the commit
         but before the answer arrives, its jobs are RUNNING under this worker's name and nobody
@@ -130,6 +132,7 @@ class WorkerStore:
                 lease_seconds=lease_seconds,
                 task_leases=task_leases,
                 limits=self._limits,
+                notified=notified,
             )
 
         try:
@@ -154,6 +157,17 @@ class WorkerStore:
             return claim_on(db)
 
         return self._run("claim", work, give_up_when_stopping=True)
+
+    @property
+    def flow_controlled(self) -> bool:
+        """Whether concurrency keys or rate limits existed at the last look: a short claim may
+        then have left work that a freed slot can take."""
+        return self._limits.flow
+
+    @property
+    def rate_wait(self) -> float | None:
+        """Seconds from the last claim until a full rate window has room (None: none full)."""
+        return self._limits.rate_wait
 
     def close(self) -> None:
         """Give the claim connection back to the pool (the worker calls this when it stops)."""
@@ -232,14 +246,28 @@ class WorkerStore:
         return self._run("prune", work, give_up_when_stopping=True, autocommit=False)
 
     def recount_running(self) -> dict[str, int]:
-        if not self._run("limit check", repository.any_queue_limit, give_up_when_stopping=True):
-            return {}  # the usual case, in one autocommit statement
-        return self._run(
-            "recount limited queues",
-            repository.recount_running,
-            give_up_when_stopping=True,
-            autocommit=False,
-        )
+        """Correct the drifted counters of limited queues and of concurrency keys; ``{queue or
+        key: corrected count}``."""
+        corrected: dict[str, int] = {}
+        if self._run("limit check", repository.any_queue_limit, give_up_when_stopping=True):
+            corrected.update(
+                self._run(
+                    "recount limited queues",
+                    repository.recount_running,
+                    give_up_when_stopping=True,
+                    autocommit=False,
+                )
+            )
+        if self._limits.flow:
+            corrected.update(
+                self._run(
+                    "recount concurrency keys",
+                    repository.recount_keys,
+                    give_up_when_stopping=True,
+                    autocommit=False,
+                )
+            )
+        return corrected
 
     def queue_figures(
         self, *, cap: int, worker_id: str, stale_seconds: float

@@ -38,6 +38,8 @@ def job_row(**changes: Any) -> SimpleNamespace:
         "paused": False,
         "concurrency_limit": None,
         "running": 0,
+        "concurrency_key": None,
+        "rate_limit": None,
         "now": NOW,
     }
     row.update(changes)
@@ -128,3 +130,34 @@ def test_scheduled_in_days() -> None:
     later = NOW + dt.timedelta(days=2, hours=5, minutes=1)
     _, message = only(job_row(ticket_run_at=later))
     assert message == "run_at is in the future: 2026-11-24 17:01:00 UTC (in 2 d 5 h)"
+
+
+def test_key_at_limit_names_the_running_jobs_and_counts_the_rest() -> None:
+    job = job_row(concurrency_key="account:42")
+    key = (3, 3, None, None, 0, None)  # running, limit, rate, per, started, wait
+    kind, message = only(job, key=key, key_running_ids=[17, 18])
+    assert kind is BlockerKind.KEY_AT_LIMIT
+    assert message == "key account:42 at its limit: 3 of 3 running, jobs 17, 18 and 1 more"
+
+
+def test_rate_limited_says_when_the_window_has_room() -> None:
+    job = job_row(rate_limit=50)
+    kind, message = only(job, queue_rate=(50, 1.0, 50, 0.34))
+    assert kind is BlockerKind.RATE_LIMITED
+    assert message == (
+        "queue q is at its rate limit: 50 of 50 started in the last 1.0 s; "
+        "the window has room again in 0.3 s"
+    )
+
+
+def test_a_key_with_room_and_a_window_with_room_block_nothing() -> None:
+    keyed = job_row(concurrency_key="k")
+    assert only(keyed, key=(1, 2, 5, 1.0, 4, None))[0] is BlockerKind.READY
+    rated = job_row(rate_limit=5)
+    assert only(rated, queue_rate=(5, 1.0, 4, None))[0] is BlockerKind.READY
+
+
+def test_a_keyed_job_in_a_limited_queue_is_said_to_wait() -> None:
+    kind, message = only(job_row(concurrency_key="k", concurrency_limit=4, running=1))
+    assert kind is BlockerKind.KEY_IN_CONTROLLED_QUEUE
+    assert "workers do not claim keyed jobs of such queues" in message

@@ -1,0 +1,195 @@
+"""Per-key concurrency limits and rate limits hold across real worker processes.
+
+Four ``python -m pgqueue worker`` processes with eight threads each run the jobs; every handler
+appends its start and end time (wall clock, one host) to a ledger file of its process, and the
+assertions read those ledgers: the peak of jobs running at once per key, and the starts in
+every sliding window.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flow_checks import most_in_window
+from sqlalchemy import text
+from sqlalchemy.engine import URL
+
+from pgqueue import JobState, PgQueue
+from pgqueue.testing import states_of, wait_for_states
+
+APP = """
+import os
+import threading
+import time
+
+from pgqueue import PgQueue, Settings
+
+pgq = PgQueue(os.environ["DB_URL"], settings=Settings(poll_interval=1.0))
+_ledger = open(os.path.join(os.environ["LEDGER_DIR"], f"{os.getpid()}.log"), "a", buffering=1)
+_lock = threading.Lock()
+
+
+def _note(kind, job, key, started, ended):
+    with _lock:
+        _ledger.write(f"{kind} {job} {key} {started:.6f} {ended:.6f}\\n")
+
+
+@pgq.task(
+    name="per_account",
+    queue="accounts",
+    concurrency_key=lambda account, n: f"account:{account}",
+    key_limit=2,
+)
+def per_account(account, n):
+    started = time.time()
+    time.sleep(0.05)
+    _note("key", n, f"account:{account}", started, time.time())
+
+
+@pgq.task(name="rated", queue="rated")
+def rated(n):
+    started = time.time()
+    time.sleep(0.1)
+    _note("rate", n, "-", started, time.time())
+"""
+
+
+def _peak(intervals: list[tuple[float, float]]) -> int:
+    running = peak = 0
+    # At equal times count ends first: touching intervals do not overlap.
+    events = [(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals]
+    for _, step in sorted(events):
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def _ledger(directory: Path, kind: str) -> list[tuple[int, str, float, float]]:
+    rows = []
+    for path in directory.glob("*.log"):
+        for line in path.read_text().splitlines():
+            tag, job, key, started, ended = line.split()
+            if tag == kind:
+                rows.append((int(job), key, float(started), float(ended)))
+    return rows
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The app above in ``tmp_path`` and its ledger directory; the worker processes the test
+    starts (``_start_workers``) are stopped by PID at the end."""
+    (tmp_path / "flowapp.py").write_text(textwrap.dedent(APP))
+    (tmp_path / "ledger").mkdir()
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        proc.terminate()
+    for proc in started:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _start_workers(tmp_path: Path, database_url: URL, into: list[subprocess.Popen[bytes]]) -> None:
+    env = {
+        **os.environ,
+        "DB_URL": database_url.render_as_string(hide_password=False),
+        "LEDGER_DIR": str(tmp_path / "ledger"),
+    }
+    for _ in range(4):
+        into.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "pgqueue", "worker", "flowapp:pgq", "--concurrency", "8"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+
+
+def _wait_until_registered(pgq: PgQueue, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(pgq.admin.list_workers()) < count:
+        assert time.monotonic() < deadline, "the worker processes did not start"
+        time.sleep(0.1)
+
+
+def test_key_limit_two_over_twenty_keys_across_four_processes(
+    pgq: PgQueue,
+    database_url: URL,
+    tmp_path: Path,
+    workers: list[subprocess.Popen[bytes]],
+) -> None:
+    @pgq.task(
+        name="per_account",
+        queue="accounts",
+        concurrency_key=lambda account, n: f"account:{account}",
+        key_limit=2,
+    )
+    def per_account(account: int, n: int) -> None:
+        raise AssertionError("runs in the worker processes")
+
+    _start_workers(tmp_path, database_url, workers)
+    _wait_until_registered(pgq, 4)
+    busy = per_account.enqueue_many([[n % 20, n] for n in range(2000)])
+    time.sleep(0.5)  # the keys are busy, hundreds of tickets wait behind them
+    lone_enqueued = time.time()
+    lone = per_account.enqueue_many([[99, 2000]])
+    wait_for_states(pgq, [*busy, *lone], {JobState.SUCCEEDED}, timeout=180)
+    rows = _ledger(tmp_path / "ledger", "key")
+    assert sorted(job for job, *_ in rows) == list(range(2001))  # each ran exactly once
+    per_key: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for _, key, started, ended in rows:
+        per_key[key].append((started, ended))
+    peaks = {key: _peak(intervals) for key, intervals in per_key.items() if key != "account:99"}
+    assert set(peaks.values()) == {2}, peaks
+    [(_, _, lone_started, _)] = [row for row in rows if row[0] == 2000]
+    assert lone_started - lone_enqueued < 1.0
+    assert set(states_of(pgq, busy).values()) == {JobState.SUCCEEDED}
+    print(f"lone key started {lone_started - lone_enqueued:.3f} s after its enqueue")
+
+
+def test_rate_fifty_per_second_over_five_hundred_jobs(
+    pgq: PgQueue,
+    database_url: URL,
+    tmp_path: Path,
+    workers: list[subprocess.Popen[bytes]],
+) -> None:
+    @pgq.task(name="rated", queue="rated")
+    def rated(n: int) -> None:
+        raise AssertionError("runs in the worker processes")
+
+    pgq.set_rate_limit("rated", 50, per=1)
+    _start_workers(tmp_path, database_url, workers)
+    _wait_until_registered(pgq, 4)
+    began = time.time()
+    ids = rated.enqueue_many([[n] for n in range(500)])
+    wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=60)
+    rows = _ledger(tmp_path / "ledger", "rate")
+    assert sorted(job for job, *_ in rows) == list(range(500))
+    starts = [started for _, _, started, _ in rows]
+    assert most_in_window(starts, 1.0) <= 50
+    finished = max(ended for *_, ended in rows) - began
+    with pgq.engine.connect() as c:
+        claimed_at = dict(
+            c.execute(
+                text("SELECT (args->>0)::int, extract(epoch FROM started_at) FROM pgqueue_jobs")
+            ).all()
+        )
+    gaps = sorted(started - float(claimed_at[job]) for job, _, started, _ in rows)
+    print(
+        f"500 rate-limited jobs finished in {finished:.2f} s; claim to handler start: "
+        f"median {gaps[250] * 1000:.1f} ms, max {gaps[-1] * 1000:.1f} ms"
+    )
+    assert 10.0 <= finished <= 11.0

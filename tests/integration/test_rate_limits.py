@@ -1,0 +1,125 @@
+"""Rate limits of queues and keys: a sliding window checked in the claim, jobs over the rate
+wait without an attempt counted, a worker wakes when the window frees, explain says when, and
+bad input is refused before any SQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from flow_checks import most_in_window, waiting_keys
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from pgqueue import JobState, PgQueue, Settings, repository
+from pgqueue.errors import ValidationError
+from pgqueue.testing import states_of
+
+CLAIM = {"worker_id": "w", "queues": None, "lease_seconds": 30.0, "task_leases": {}}
+
+
+def _claim(pgq: PgQueue, limit: int) -> list[Any]:
+    with Session(pgq.engine) as session, session.begin():
+        return repository.claim(session, limit=limit, **CLAIM)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def settings() -> Settings:
+    """A poll interval far longer than the windows: a worker that waited for its poll instead
+    of the window would take seconds per window."""
+    return Settings(poll_interval=5.0, rescue_interval=0.5, lease_seconds=10.0)
+
+
+def test_jobs_over_the_rate_wait_without_an_attempt(pgq: PgQueue) -> None:
+    @pgq.task(name="r", queue="rated")
+    def rated(n: int) -> None: ...
+
+    pgq.set_rate_limit("rated", 5, per=60)
+    rated.enqueue_many([[n] for n in range(20)])
+    assert len(_claim(pgq, 20)) == 5  # the window holds five starts
+    assert _claim(pgq, 20) == []
+    with pgq.engine.connect() as c:
+        waiting = c.execute(
+            text("SELECT count(*) FROM pgqueue_jobs WHERE attempts = 0 AND state = 'queued'")
+        ).scalar()
+    assert waiting == 15
+
+
+def test_queue_rate_holds_in_every_window_and_workers_wake_when_it_frees(pgq: PgQueue) -> None:
+    starts: list[float] = []
+    lock = threading.Lock()
+
+    @pgq.task(name="r", queue="rated")
+    def rated(n: int) -> None:
+        with lock:
+            starts.append(time.monotonic())
+
+    pgq.set_rate_limit("rated", 5, per=0.5)
+    ids = rated.enqueue_many([[n] for n in range(20)])
+    began = time.monotonic()
+    stats = pgq.run_worker(drain=True, concurrency=8)
+    elapsed = time.monotonic() - began
+    assert stats.succeeded == 20
+    assert set(states_of(pgq, ids).values()) == {JobState.SUCCEEDED}
+    assert most_in_window(starts, 0.5) <= 5
+    # Four windows of 0.55 s (with the margin) for 20 jobs: not less, and no poll interval
+    # (5 s) waited in between: the worker sleeps until the window has room.
+    assert 1.6 <= elapsed < 3.0, elapsed
+
+
+def test_key_rate_limits_each_key_alone(pgq: PgQueue) -> None:
+    @pgq.task(name="k", concurrency_key=lambda key: key)
+    def keyed(key: str) -> None: ...
+
+    keyed.enqueue_many([["api:a"]] * 6 + [["api:b"]] * 6 + [["other"]] * 6)
+    pgq.set_rate_limit(key="api:", limit=2, per=60)
+    keys = waiting_keys(pgq.engine)
+    taken = sorted(keys[job.id] for job in _claim(pgq, 18))
+    assert taken == ["api:a"] * 2 + ["api:b"] * 2 + ["other"] * 6
+    assert _claim(pgq, 18) == []
+    pgq.set_rate_limit(key="api:", limit=None)
+    assert len(_claim(pgq, 18)) == 8
+
+
+def test_explain_says_when_the_window_frees(pgq: PgQueue) -> None:
+    @pgq.task(name="e", queue="partner_api")
+    def call() -> None: ...
+
+    pgq.set_rate_limit("partner_api", 2, per=30)
+    ids = call.enqueue_many([[]] * 3)
+    assert len(_claim(pgq, 3)) == 2
+    explained = pgq.explain_job(ids[2])
+    [blocker] = [b for b in explained.blockers if b.kind == "rate_limited"]
+    assert blocker.message.startswith(
+        "queue partner_api is at its rate limit: 2 of 2 started in the last 30.0 s; "
+        "the window has room again in "
+    )
+    assert 29.0 < blocker.data["seconds"] <= 33.0
+    pgq.set_rate_limit("partner_api", None)
+    assert "rate_limited" not in pgq.explain_job(ids[2]).kinds
+    assert len(_claim(pgq, 3)) == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda pgq: pgq.set_rate_limit("q", 0, per=1), "rate limit must be a whole number"),
+        (lambda pgq: pgq.set_rate_limit("q", 5, per=0), "per must be a positive number"),
+        (lambda pgq: pgq.set_rate_limit("q", 5, per=-1.0), "per must be a positive number"),
+        (lambda pgq: pgq.set_rate_limit("q", 5, per="1"), "per must be a positive number"),
+        (lambda pgq: pgq.set_rate_limit("q", 5), "a rate limit needs per="),
+        (lambda pgq: pgq.set_rate_limit(limit=5, per=1), "either a queue or key="),
+        (lambda pgq: pgq.set_rate_limit("q", 5, per=1, key="k"), "either a queue or key="),
+        (lambda pgq: pgq.set_rate_limit(key="", limit=5, per=1), "key must be a non-empty"),
+        (lambda pgq: pgq.set_rate_limit(key=3, limit=5, per=1), "key must be a string"),
+        (lambda pgq: pgq.set_rate_limit("bad queue!", 5, per=1), "queue name"),
+    ],
+)
+def test_bad_rate_limits_are_refused_before_any_sql(pgq: PgQueue, call: Any, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        call(pgq)
+    with pgq.engine.connect() as c:
+        assert c.execute(text("SELECT count(*) FROM pgqueue_queues")).scalar() == 0
+        assert c.execute(text("SELECT count(*) FROM pgqueue_key_limits")).scalar() == 0
