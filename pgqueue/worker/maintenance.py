@@ -2,7 +2,9 @@
 
 Every ``rescue_interval``: a scheduler pass (enqueue due periodic ticks), a rescue of expired
 leases (``WorkerStore.rescue_expired``: retried or failed for good in SQL, the counterpart of
-``backoff.after_failure``) and the deletion of stale rows from the worker registry. Every ``prune_interval`` (the first a tenth of it after start):
+``backoff.after_failure``), and, at the first pass and then every half of
+``worker_stale_seconds``, the deletion of stale rows from the worker registry. Every
+``prune_interval`` (the first a tenth of it after start):
 prune finished jobs past their retention, and repair the running counts of limited queues.
 Rescue and prune elect one leader per database with an advisory lock, and a scheduler pass
 enqueues each tick once, so any number of workers may run this at once. Each duty is guarded on its own: one failing (say, a periodic task whose arguments
@@ -55,11 +57,17 @@ class Maintenance:
     def run(self) -> None:
         settings = self._settings
         next_prune = time.monotonic() + settings.prune_interval / 10
+        next_cleanup = 0.0  # the first pass deletes what earlier runs left
         while not self._halt.wait(settings.rescue_interval):
             self._duty("schedule pass", self._run_schedules)
             self._duty("rescue pass", self.rescue)
-            if self._registry is not None:
-                self._duty("stale worker cleanup", self._registry.remove_stale)
+            registry = self._registry
+            if registry is not None and time.monotonic() >= next_cleanup:
+                # A row is stale only after ``stale_seconds`` (and hidden from listings from
+                # then on): deleting twice per that interval keeps an idle worker's statements
+                # few without letting dead rows pile up.
+                next_cleanup = time.monotonic() + registry.stale_seconds / 2
+                self._duty("stale worker cleanup", registry.remove_stale)
             if time.monotonic() >= next_prune:
                 next_prune = time.monotonic() + settings.prune_interval
                 self._duty("prune pass", self.prune)
