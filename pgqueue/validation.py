@@ -79,24 +79,34 @@ def max_attempts(value: object) -> int:
     return value
 
 
+def seconds(value: object, what: str, *, none_allowed: bool = False) -> float:
+    """``value`` (a number or a ``timedelta``) as finite, non-negative seconds; ValidationError
+    naming ``what`` otherwise (``none_allowed``: the message says None is accepted too)."""
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        also = " or None" if none_allowed else ""
+        raise ValidationError(
+            f"{what} must be seconds (a number or timedelta){also}, got {value!r}"
+        )
+    if not math.isfinite(value) or value < 0:
+        raise ValidationError(
+            f"{what} must be a finite, non-negative number of seconds, got {value!r}"
+        )
+    return float(value)
+
+
 def delay(value: object) -> float | None:
     """Seconds from now (database clock); ``None`` means now."""
     if value is None:
         return None
-    if isinstance(value, dt.timedelta):
-        value = value.total_seconds()
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise ValidationError(f"delay must be seconds (a number or timedelta), got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValidationError(
-            f"delay must be a finite, non-negative number of seconds, got {value!r}"
-        )
-    if value > MAX_DELAY_SECONDS:
+    checked = seconds(value, "delay")
+    if checked > MAX_DELAY_SECONDS:
         raise ValidationError(
             f"delay must be at most {MAX_DELAY_SECONDS} seconds "
-            f"({MAX_DELAY_SECONDS // 86_400} days), got {value!r}"
+            f"({MAX_DELAY_SECONDS // 86_400} days), got {checked!r}"
         )
-    return float(value)
+    return checked
 
 
 def run_at(value: object) -> dt.datetime | None:

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
-import math
 import os
 import threading
 import time
@@ -37,8 +35,9 @@ from typing import Any, Final
 import psycopg
 from sqlalchemy.exc import DBAPIError
 
+from pgqueue import validation
 from pgqueue.admin import check_job_id
-from pgqueue.errors import JobWaitTimeout, ValidationError
+from pgqueue.errors import JobWaitTimeout
 from pgqueue.models import Job
 from pgqueue.sql.common import ALL_FINISHED
 from pgqueue.sql.server import listen_finished
@@ -60,19 +59,7 @@ Wake = Callable[[], None]
 
 def wait_timeout(value: object) -> float | None:
     """``value`` as the seconds a wait may last (None: no limit); ValidationError otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, dt.timedelta):
-        value = value.total_seconds()
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise ValidationError(
-            f"timeout must be seconds (a number or timedelta) or None, got {value!r}"
-        )
-    if not math.isfinite(value) or value < 0:
-        raise ValidationError(
-            f"timeout must be a finite, non-negative number of seconds, got {value!r}"
-        )
-    return float(value)
+    return None if value is None else validation.seconds(value, "timeout", none_allowed=True)
 
 
 class FinishedListener:
