@@ -65,6 +65,9 @@ class ClaimedJob:
     cancel_requested: bool
     # The enqueuing code's trace context (JSON text as stored, read only when tracing is on).
     trace_context: str | None = None
+    # Whether the job has a concurrency key: its outcome must then free the key's slot. True
+    # unless the claim said otherwise, so an attempt built by hand is always counted off.
+    keyed: bool = True
     problem: str | None = None  # why the row cannot run (its arguments did not decode)
 
 
@@ -86,31 +89,32 @@ class Outcome:
     delay: float = 0.0
     max_snoozes: int = 0  # a snooze's: how many the job may have before one counts as an attempt
     progress: Progress | None = None
+    keyed: bool = True  # the job may have a concurrency key (``ClaimedJob.keyed``)
 
     @classmethod
     def complete(cls, job: ClaimedJob, result_json: str = "null") -> Outcome:
         """The attempt succeeded; ``result_json`` is the encoded return value."""
-        return cls(job.id, job.lease_token, _COMPLETE, result_json)
+        return cls(job.id, job.lease_token, _COMPLETE, result_json, keyed=job.keyed)
 
     @classmethod
     def retry(cls, job: ClaimedJob, error: str, delay: float) -> Outcome:
         """The attempt failed and another one runs ``delay`` seconds from now."""
-        return cls(job.id, job.lease_token, _RETRY, "null", error, delay)
+        return cls(job.id, job.lease_token, _RETRY, "null", error, delay, keyed=job.keyed)
 
     @classmethod
     def fail(cls, job: ClaimedJob, error: str) -> Outcome:
         """The attempt failed and the job fails for good."""
-        return cls(job.id, job.lease_token, _FAIL, "null", error)
+        return cls(job.id, job.lease_token, _FAIL, "null", error, keyed=job.keyed)
 
     @classmethod
     def cancelled(cls, job: ClaimedJob, error: str) -> Outcome:
         """The handler ended after a cancel was requested."""
-        return cls(job.id, job.lease_token, _CANCELLED, "null", error)
+        return cls(job.id, job.lease_token, _CANCELLED, "null", error, keyed=job.keyed)
 
     @classmethod
     def release(cls, job: ClaimedJob) -> Outcome:
         """Shutdown gave the job back before its handler ended; the attempt does not count."""
-        return cls(job.id, job.lease_token, _RELEASE)
+        return cls(job.id, job.lease_token, _RELEASE, keyed=job.keyed)
 
     @classmethod
     def snooze(cls, job: ClaimedJob, delay: float, max_snoozes: int) -> Outcome:
@@ -118,7 +122,9 @@ class Outcome:
         once the job snoozed ``max_snoozes`` times, the snooze counts as a failed attempt
         (retried after ``delay``, or failed for good on the last attempt) whose error the
         statement writes."""
-        return cls(job.id, job.lease_token, _SNOOZE, "null", "", delay, max_snoozes)
+        return cls(
+            job.id, job.lease_token, _SNOOZE, "null", "", delay, max_snoozes, keyed=job.keyed
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -419,7 +419,8 @@ def record_outcomes(db: SessionOrExecutor, outcomes: Iterable[Outcome]) -> set[i
             raise ValueError(f"unknown outcome kind {kind!r}")
         params = _outcome_params(kind, batch)
         with_progress = _add_progress(params, batch)
-        rows = ex.rows(statement(with_progress), params)
+        keyed = any(o.keyed for o in batch)
+        rows = ex.rows(statement(with_progress, keyed), params)
         if kind in _ENDING_KINDS:
             ended |= dependencies.ended_dependents(rows, 1)
         if len(rows) != len(batch):

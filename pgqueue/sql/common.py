@@ -104,7 +104,8 @@ CLEAR_LEASE: Final[dict[str, Any]] = {
 # (free for ``json``, stored as text): the repository decodes each job's on its own, so a row
 # Python cannot decode fails alone instead of the claim's whole answer. The trace context too,
 # decoded only by a worker that traces; returned whether or not it does, so the claim has one
-# form: for the usual null the column costs a null in the answer.
+# form: for the usual null the column costs a null in the answer. ``keyed`` lets the outcome
+# statements of jobs without a concurrency key skip the key counters.
 CLAIMED_COLUMNS: Final[tuple[Any, ...]] = (
     Job.id,
     Job.task_name,
@@ -118,6 +119,7 @@ CLAIMED_COLUMNS: Final[tuple[Any, ...]] = (
     Job.atomic,
     Job.cancel_requested,
     cast(Job.trace_context, Text).label("trace_context"),
+    Job.concurrency_key.is_not(None).label("keyed"),
 )
 
 
@@ -212,9 +214,13 @@ def announced(ended: Any, *where: ColumnElement[bool]) -> ColumnElement[bool]:
     return sent >= 0
 
 
-def free_slots(exited: Any) -> tuple[Any, Any]:
-    """CTEs (add both): subtract jobs that left RUNNING (``exited`` has ``queue`` and
-    ``concurrency_key``) from limited queues and from their keys' counters."""
+def free_slots(exited: Any, keyed: bool = True) -> tuple[Any, ...]:
+    """CTEs (add them all): subtract jobs that left RUNNING (``exited`` has ``queue`` and
+    ``concurrency_key``) from limited queues and, with ``keyed`` (some of those jobs may have a
+    concurrency key), from their keys' counters. Without ``keyed`` the statement leaves the key
+    table alone: the outcome of a batch the worker knows holds no keyed job skips that probe."""
+    if not keyed:
+        return (_free_queue_slots(exited),)
     return _free_queue_slots(exited), _free_key_slots(exited)
 
 

@@ -6,7 +6,9 @@ settling of the dependents of jobs that ended.
 Each outcome statement and the heartbeat has a second form, ``with_progress=True``, that also
 writes the progress handlers reported (``JobContext.progress``): two more arrays, null for the
 jobs that reported none. The usual form is unchanged, so jobs that report no progress pay
-nothing for it.
+nothing for it. Likewise each outcome statement has a form with ``keyed=False`` for batches
+the claim said hold no job with a concurrency key: it leaves the key counters alone
+(``sql.common.free_slots``), so queues that use no keys pay nothing for them.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def _leased(transition: Transition, rows: Any) -> ColumnElement[bool]:
 
 
 @cache
-def complete(with_progress: bool = False) -> Select[int, list[int] | None]:
+def complete(with_progress: bool = False, keyed: bool = True) -> Select[int, list[int] | None]:
     """RUNNING -> SUCCEEDED for many jobs. Binds ``ids``, ``tokens``, ``results`` (JSON text).
 
     Clears ``last_error`` (a succeeded job has none; the failed attempts stay in ``errors``).
@@ -131,13 +133,13 @@ def complete(with_progress: bool = False) -> Select[int, list[int] | None]:
     )
     return (
         select(completed.c.id, completed.c.dependents)
-        .add_cte(*free_slots(completed))
+        .add_cte(*free_slots(completed, keyed))
         .where(announced(completed))
     )
 
 
 @cache
-def retry(with_progress: bool = False) -> Select[int]:
+def retry(with_progress: bool = False, keyed: bool = True) -> Select[int]:
     """RUNNING -> RETRYING for many jobs, each with a new ticket at ``now() + delay``.
 
     Binds ``ids``, ``tokens``, ``delays`` (seconds), ``errors`` (text). Returns updated ids.
@@ -160,10 +162,12 @@ def retry(with_progress: bool = False) -> Select[int]:
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
         .cte("retried")
     )
-    return ids_with_new_tickets(updated).add_cte(*free_slots(updated))
+    return ids_with_new_tickets(updated).add_cte(*free_slots(updated, keyed))
 
 
-def _end_with_error(transition: Transition, name: str, *, record: bool, with_progress: bool) -> Any:
+def _end_with_error(
+    transition: Transition, name: str, *, record: bool, with_progress: bool, keyed: bool
+) -> Any:
     """RUNNING -> ``transition.target`` for many jobs, ``errors`` as their last error (and,
     with ``record``, appended to their error history); returns the ids and dependents of the
     jobs moved. The CTE is named ``name``."""
@@ -186,32 +190,36 @@ def _end_with_error(transition: Transition, name: str, *, record: bool, with_pro
         .cte(name)
     )
     return (
-        select(ended.c.id, ended.c.dependents).add_cte(*free_slots(ended)).where(announced(ended))
+        select(ended.c.id, ended.c.dependents)
+        .add_cte(*free_slots(ended, keyed))
+        .where(announced(ended))
     )
 
 
 @cache
-def fail(with_progress: bool = False) -> Select[int, list[int] | None]:
+def fail(with_progress: bool = False, keyed: bool = True) -> Select[int, list[int] | None]:
     """RUNNING -> FAILED for many jobs. Binds ``ids``, ``tokens``, ``errors``."""
     failed: Select[int, list[int] | None] = _end_with_error(
-        FAIL, "failed", record=True, with_progress=with_progress
+        FAIL, "failed", record=True, with_progress=with_progress, keyed=keyed
     )
     return failed
 
 
 @cache
-def mark_cancelled(with_progress: bool = False) -> Select[int, list[int] | None]:
+def mark_cancelled(
+    with_progress: bool = False, keyed: bool = True
+) -> Select[int, list[int] | None]:
     """RUNNING -> CANCELLED for jobs whose handler stopped on a cancel request.
 
     Binds ``ids``, ``tokens``, ``errors`` (the reason)."""
     stopped: Select[int, list[int] | None] = _end_with_error(
-        CANCELLED, "stopped", record=False, with_progress=with_progress
+        CANCELLED, "stopped", record=False, with_progress=with_progress, keyed=keyed
     )
     return stopped
 
 
 @cache
-def release(with_progress: bool = False) -> Select[int]:
+def release(with_progress: bool = False, keyed: bool = True) -> Select[int]:
     """RUNNING -> QUEUED at shutdown, ticket at now(); the interrupted attempt is not counted.
 
     Binds ``ids``, ``tokens``."""
@@ -230,11 +238,11 @@ def release(with_progress: bool = False) -> Select[int]:
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
         .cte("released")
     )
-    return ids_with_new_tickets(updated).add_cte(*free_slots(updated))
+    return ids_with_new_tickets(updated).add_cte(*free_slots(updated, keyed))
 
 
 @cache
-def snooze(with_progress: bool = False) -> Select[int, list[int] | None]:
+def snooze(with_progress: bool = False, keyed: bool = True) -> Select[int, list[int] | None]:
     """RUNNING -> QUEUED for many jobs whose handler raised ``Snooze``: a ticket at
     ``now() + delay``, the attempt the claim counted given back (``attempts - 1``), no error
     recorded, ``snoozes + 1``.
@@ -297,7 +305,7 @@ def snooze(with_progress: bool = False) -> Select[int, list[int] | None]:
     tickets = tickets_for(updated, "snooze_tickets", ~ended)
     return (
         select(updated.c.id, case((ended, updated.c.dependents), else_=null()))
-        .add_cte(tickets, *free_slots(updated))
+        .add_cte(tickets, *free_slots(updated, keyed))
         .where(woken(tickets), announced(updated, ended))
     )
 

@@ -331,3 +331,31 @@ def test_the_recount_repairs_a_counter_changed_by_hand(pgq: PgQueue) -> None:
         assert repository.recount_keys(session) == {"rc": 1}
     assert _key_rows(pgq) == {"rc": (2, 1)}
     assert running.id in states_of(pgq, [running.id])
+
+
+def test_the_claim_marks_keyed_jobs_and_each_outcome_batch_frees_only_real_keys(
+    pgq: PgQueue,
+) -> None:
+    @pgq.task(name="mk", concurrency_key="mk", key_limit=5)
+    def keyed() -> None: ...
+
+    @pgq.task(name="unkeyed")
+    def plain() -> None: ...
+
+    keyed.enqueue_many([[]] * 2)
+    plain.enqueue_many([[]] * 2)
+    claimed = _claim(pgq, 4)
+    flags = sorted((job.task_name, job.keyed) for job in claimed)
+    assert flags == [("mk", True), ("mk", True), ("unkeyed", False), ("unkeyed", False)]
+    assert _key_rows(pgq) == {"mk": (5, 2)}
+    by_task = {
+        name: [job for job in claimed if job.task_name == name] for name in ("mk", "unkeyed")
+    }
+    plain_only = [Outcome.complete(job) for job in by_task["unkeyed"]]
+    mixed = [Outcome.complete(by_task["mk"][0]), Outcome.fail(by_task["mk"][1], "boom")]
+    with Session(pgq.engine) as session, session.begin():
+        assert repository.record_outcomes(session, plain_only) == set()
+    assert _key_rows(pgq) == {"mk": (5, 2)}
+    with Session(pgq.engine) as session, session.begin():
+        assert repository.record_outcomes(session, mixed) == set()
+    assert _key_rows(pgq) == {"mk": (5, 0)}

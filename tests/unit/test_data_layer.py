@@ -155,3 +155,22 @@ def test_copy_chunks_hold_a_bounded_number_of_rows() -> None:
     chunks = list(copy_rows.chunks(lines))
     assert [c.count("\n") for c in chunks] == [copy_rows.CHUNK_ROWS, copy_rows.CHUNK_ROWS, 3]
     assert "".join(chunks) == "".join(lines)
+
+
+def test_outcome_statements_touch_the_key_counters_only_in_their_keyed_form() -> None:
+    kinds = [
+        outcomes.complete,
+        outcomes.retry,
+        outcomes.fail,
+        outcomes.mark_cancelled,
+        outcomes.release,
+        outcomes.snooze,
+    ]
+    for statement in kinds:
+        for with_progress in (False, True):
+            keyed = str(statement(with_progress, True).compile(dialect=DIALECT))
+            plain = str(statement(with_progress, False).compile(dialect=DIALECT))
+            assert "pgqueue_concurrency_keys" in keyed, statement.__name__
+            assert "pgqueue_concurrency_keys" not in plain, statement.__name__
+            # Both forms still give limited queues their slots back.
+            assert "UPDATE pgqueue_queues" in plain, statement.__name__
