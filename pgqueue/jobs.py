@@ -68,6 +68,9 @@ class ClaimedJob:
     # Whether the job has a concurrency key: its outcome must then free the key's slot. True
     # unless the claim said otherwise, so an attempt built by hand is always counted off.
     keyed: bool = True
+    # A rate-limited job's margin (the flow claim's ``start_within``): its handler must start
+    # within this many seconds of the claim being sent, or the job goes back unstarted.
+    start_within: float | None = None
     problem: str | None = None  # why the row cannot run (its arguments did not decode)
 
 

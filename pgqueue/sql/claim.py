@@ -122,7 +122,9 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     With ``variant.flow``, rate-limited queues are claimed from like limited ones, their room
     also bounded by the starts in their window (``sql.flow``), and their rows locked in name
     order and waited for (skipping a busy rate-limited queue would leave its window unused);
-    the claim stamps its starts on the row. Keyed tickets are claimed per key before all
+    the claim stamps its starts on the row, and returns each job's ``start_within``: the margin
+    of the tightest rate that applies to it (``sql.flow.rate_margin``; null when none), within
+    which the worker must start its handler. Keyed tickets are claimed per key before all
     others: the keys with ready tickets and room (``key_limit - running``, and a rate window
     with room) are locked (SKIP LOCKED), at most ``limit`` of them, those whose first ticket
     has the best priority, then the fewest running, then the oldest ticket first, so a key at
@@ -255,10 +257,19 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
             .values(running=QueueControl.running + taken.c.n)
             .cte("bump")
         )
-    statement = _move_to_running(deleted, claimed_values).add_cte(bump)
-    if keys is not None:
-        statement = statement.add_cte(_bump_keys(keys, deleted))
-    return statement
+    if keys is None:
+        return _move_to_running(deleted, claimed_values).add_cte(bump)
+    # Each rate-limited job's margin: the worker must start its handler within it.
+    margins = (
+        select(controls.c.margin).where(controls.c.name == Job.queue).scalar_subquery(),
+        select(keys.c.margin).where(keys.c.key == Job.concurrency_key).scalar_subquery(),
+    )
+    start_within = func.least(*margins).label("start_within")
+    return (
+        _move_to_running(deleted, claimed_values, start_within)
+        .add_cte(bump)
+        .add_cte(_bump_keys(keys, deleted))
+    )
 
 
 def _rated_and_limited(limited: Any, filter_queues: bool, atomic: bool) -> Any:
@@ -280,14 +291,19 @@ def _rated_and_limited(limited: Any, filter_queues: bool, atomic: bool) -> Any:
         QueueControl.concurrency_limit - QueueControl.running, QueueControl.rate_limit
     )
     rated = (
-        select(QueueControl.name, func.least(limit_room, window_room).label("room"))
+        select(
+            QueueControl.name,
+            func.least(limit_room, window_room).label("room"),
+            flow_sql.rate_margin(QueueControl.rate_per).label("margin"),
+        )
         .where(*rated_where)
         .order_by(QueueControl.name)
         .with_for_update(skip_locked=atomic)
         .cte("rated")
     )
     return union_all(
-        select(limited.c.name, limited.c.room), select(rated.c.name, rated.c.room)
+        select(limited.c.name, limited.c.room, cast(null(), Float).label("margin")),
+        select(rated.c.name, rated.c.room, rated.c.margin),
     ).cte("controls")
 
 
@@ -352,8 +368,9 @@ def _keys_with_room(
     # changed, PostgreSQL re-evaluates the row's expressions on its newest version, so the room
     # is always computed from the counter this claim then holds locked.
     room = func.least(limit_room, window_room)
+    margin = case((rate_limit.is_not(None), flow_sql.rate_margin(rate_per)), else_=null())
     return (
-        select(ConcurrencyKey.key, room.label("room"))
+        select(ConcurrencyKey.key, room.label("room"), margin.label("margin"))
         .select_from(ConcurrencyKey)
         .join(first, true())
         .where(room > 0)
@@ -494,14 +511,17 @@ def _claimed_values(atomic: bool, lease: ColumnElement[Any]) -> dict[str, Any]:
     }
 
 
-def _move_to_running(claimed: Any, values: dict[str, Any]) -> ReturningUpdate[Any]:
+def _move_to_running(
+    claimed: Any, values: dict[str, Any], *extra: ColumnElement[Any]
+) -> ReturningUpdate[Any]:
     """The claim's last step: the jobs of the ``claimed`` tickets (a CTE of deleted tickets)
-    that still wait move to RUNNING with ``values``, returning ``CLAIMED_COLUMNS``."""
+    that still wait move to RUNNING with ``values``, returning ``CLAIMED_COLUMNS`` and
+    ``extra`` (the flow form's ``start_within``)."""
     return (
         update(Job)
         .where(among(Job.id, claimed.c.job_id), source_states(CLAIM))
         .values(**values)
-        .returning(*CLAIMED_COLUMNS)
+        .returning(*CLAIMED_COLUMNS, *extra)
     )
 
 

@@ -12,7 +12,11 @@ fewer than n starts lie in the last ``per`` seconds plus a margin (``RATE_MARGIN
 from the start times kept on the locked row. The margin covers the time between the claim's
 clock reading and the handler's actual start, which differs from job to job (commit, answer,
 hand-off to a pool thread): without it two starts claimed ``per`` seconds apart could run
-closer than that.
+closer than that. The claim returns each rate-limited job's margin (``start_within``) and the
+worker starts its handler only within that time of sending the claim, or gives the job back
+unstarted (``release``): so every handler start lies within the margin after its stamp, and
+no window of ``per`` seconds of handler starts holds more than n, however late a loaded host
+hands a job to a thread.
 """
 
 from __future__ import annotations
@@ -57,9 +61,16 @@ RATE_MARGIN_SHARE: Final = 0.1
 _TIMESTAMPS = ARRAY(DateTime(timezone=True))
 
 
+def rate_margin(per: Any) -> ColumnElement[Any]:
+    """The margin of a rate limit of ``per`` seconds, in seconds: how long after its claim a
+    rate-limited job's handler may start (a worker gives back a job it cannot start by then)."""
+    margin: ColumnElement[Any] = func.least(per * RATE_MARGIN_SHARE, RATE_MARGIN_SECONDS)
+    return margin
+
+
 def rate_window(per: Any) -> ColumnElement[Any]:
     """The interval a rate limit of ``per`` seconds is checked over: ``per`` plus the margin."""
-    return seconds(per + func.least(per * RATE_MARGIN_SHARE, RATE_MARGIN_SECONDS))
+    return seconds(per + rate_margin(per))
 
 
 def _starts(starts: Any) -> Any:
@@ -362,6 +373,7 @@ __all__ = [
     "key_rows",
     "lock_counted_keys",
     "queue_rate_facts",
+    "rate_margin",
     "rate_room",
     "rate_wait",
     "rate_window",

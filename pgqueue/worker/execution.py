@@ -22,6 +22,9 @@ class Execution:
     lease_seconds: float
     timeout: float | None
     started: float
+    # A rate-limited attempt's latest start (monotonic): the handler is not started after it
+    # (``ClaimedJob.start_within``); None for every other attempt.
+    start_by: float | None = None
     async_future: concurrent.futures.Future[Any] | None = None
     # The outcome was decided (the handler returned, or a timeout or shutdown release decided it
     # first, in which case the handler's own result is dropped). Set under the lock of

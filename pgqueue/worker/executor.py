@@ -32,6 +32,19 @@ from pgqueue.worker.execution import Execution
 
 log = logging.getLogger("pgqueue.worker")
 
+
+class _StartTooLate(Exception):
+    """An async rate-limited handler's coroutine reached the event loop past its start-by time."""
+
+
+async def _started_by(coroutine: Coroutine[Any, Any, Any], start_by: float) -> Any:
+    """Run ``coroutine`` unless the loop got to it after ``start_by`` (monotonic)."""
+    if time.monotonic() > start_by:
+        coroutine.close()
+        raise _StartTooLate
+    return await coroutine
+
+
 # The error of a cancelled attempt (short and ASCII: storable as it is).
 CANCELLED_WHILE_RUNNING = "cancelled while running"
 
@@ -69,6 +82,8 @@ class Executor:
 
     def _run_leased(self, execution: Execution, span: RunSpan | None) -> Outcome:
         job = execution.job
+        if execution.start_by is not None and time.monotonic() > execution.start_by:
+            return self._not_started(job)
         try:
             task = self._resolve(job)
         except (UnknownTask, ValidationError) as exc:
@@ -79,6 +94,8 @@ class Executor:
             if context is not None and context.session_opened:
                 context.session.commit()
             outcome = self._success(job, result, execution)
+        except _StartTooLate:
+            outcome = self._not_started(job)
         except BaseException as exc:
             if span is not None:
                 span.failed(exc)
@@ -95,7 +112,12 @@ class Executor:
     # -- atomic ------------------------------------------------------------------------------
 
     def run_atomic(
-        self, session: Session, job: ClaimedJob, cancel_event: threading.Event
+        self,
+        session: Session,
+        job: ClaimedJob,
+        cancel_event: threading.Event,
+        *,
+        claim_sent: float | None = None,
     ) -> Outcome:
         """Run an atomic job in ``session``'s open claim transaction and write its outcome there.
 
@@ -104,21 +126,31 @@ class Executor:
         commit. An outcome the database refuses is replaced by a failed attempt (``unrecorded``)
         with the handler's writes rolled back, so every attempt counts even then; only a
         failure to write that too rolls the whole claim back. The caller commits.
+        ``claim_sent``: the monotonic time before the claim was sent, from which a rate-limited
+        job's margin (``ClaimedJob.start_within``) counts.
         """
+        start_by = None
+        if job.start_within is not None and claim_sent is not None:
+            start_by = claim_sent + job.start_within
         tracing = self.tracing
         if tracing is None:
-            return self._run_atomic(session, job, cancel_event, None)
+            return self._run_atomic(session, job, cancel_event, start_by, None)
         with tracing.run(job) as span:
-            return span.finish(self._run_atomic(session, job, cancel_event, span))
+            return span.finish(self._run_atomic(session, job, cancel_event, start_by, span))
 
     def _run_atomic(
         self,
         session: Session,
         job: ClaimedJob,
         cancel_event: threading.Event,
+        start_by: float | None,
         span: RunSpan | None,
     ) -> Outcome:
-        execution = Execution(job, 0.0, None, time.monotonic(), _event=cancel_event)
+        execution = Execution(
+            job, 0.0, None, time.monotonic(), start_by=start_by, _event=cancel_event
+        )
+        if start_by is not None and time.monotonic() > start_by:
+            return self._record_atomic(session, job, self._not_started(job))
         try:
             task = self._resolve(job)
         except (UnknownTask, ValidationError) as exc:
@@ -141,7 +173,9 @@ class Executor:
                 span.failed(exc)
             if savepoint.is_active:
                 savepoint.rollback()
-            if outcome is None:
+            if outcome is None and isinstance(exc, _StartTooLate):
+                outcome = self._not_started(job)
+            elif outcome is None:
                 outcome = self._failure(job, task, exc, execution)
                 if context is not None:
                     outcome.progress = execution.unwritten_progress()
@@ -214,6 +248,8 @@ class Executor:
             return task.fn(context, *job.args, **job.kwargs)
         args = [context, *job.args] if context is not None else list(job.args)
         coroutine: Coroutine[Any, Any, Any] = task.fn(*args, **job.kwargs)
+        if execution.start_by is not None:
+            coroutine = _started_by(coroutine, execution.start_by)
         if task.timeout is not None:
             coroutine = asyncio.wait_for(coroutine, task.timeout)
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop())
@@ -224,6 +260,21 @@ class Executor:
             raise asyncio.CancelledError("cancelled") from None
         except TimeoutError:
             raise JobTimeout(f"timed out after {task.timeout}s") from None
+
+    @staticmethod
+    def _not_started(job: ClaimedJob) -> Outcome:
+        """The outcome of a rate-limited job whose handler could not start within its margin
+        after the claim: given back unstarted, the attempt not counted. Starting it late could
+        put more starts in some window than the rate allows; its start stays counted in the
+        window, which only ever lowers the rate."""
+        log.info(
+            "job %d (%s): its handler could not start within %.0f ms of the claim (the rate"
+            " limit's margin); given back to its queue unstarted",
+            job.id,
+            job.task_name,
+            (job.start_within or 0.0) * 1000,
+        )
+        return Outcome.release(job)
 
     def _success(self, job: ClaimedJob, result: Any, execution: Execution) -> Outcome:
         if execution.cancelled or self._event_set(execution):

@@ -106,16 +106,43 @@ def _start_workers(tmp_path: Path, database_url: URL, into: list[subprocess.Pope
         "DB_URL": database_url.render_as_string(hide_password=False),
         "LEDGER_DIR": str(tmp_path / "ledger"),
     }
-    for _ in range(4):
-        into.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "pgqueue", "worker", "flowapp:pgq", "--concurrency", "8"],
-                cwd=tmp_path,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+    for n in range(4):
+        with (tmp_path / f"worker{n}.err").open("wb") as log:
+            into.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pgqueue",
+                        "worker",
+                        "flowapp:pgq",
+                        "--concurrency",
+                        "8",
+                    ],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                )
             )
-        )
+
+
+def _given_back(tmp_path: Path) -> int:
+    """How many jobs the workers gave back unstarted (their handler could not start within the
+    rate limit's margin), from the workers' logs."""
+    logs = (path.read_text() for path in tmp_path.glob("worker*.err"))
+    return sum(text.count("could not start within") for text in logs)
+
+
+@pytest.fixture
+def busy_host() -> Iterator[None]:
+    """Two CPU-bound processes per core for the test's duration, so handlers start late."""
+    burn = [sys.executable, "-c", "while True: pass"]
+    burners = [subprocess.Popen(burn) for _ in range(2 * (os.cpu_count() or 1))]
+    yield
+    for proc in burners:
+        proc.kill()
+        proc.wait()
 
 
 def _wait_until_registered(pgq: PgQueue, count: int) -> None:
@@ -190,6 +217,33 @@ def test_rate_fifty_per_second_over_five_hundred_jobs(
     gaps = sorted(started - float(claimed_at[job]) for job, _, started, _ in rows)
     print(
         f"500 rate-limited jobs finished in {finished:.2f} s; claim to handler start: "
-        f"median {gaps[250] * 1000:.1f} ms, max {gaps[-1] * 1000:.1f} ms"
+        f"median {gaps[250] * 1000:.1f} ms, max {gaps[-1] * 1000:.1f} ms; "
+        f"given back unstarted: {_given_back(tmp_path)}"
     )
     assert 10.0 <= finished <= 11.0
+
+
+def test_rate_holds_on_an_overloaded_host(
+    pgq: PgQueue,
+    database_url: URL,
+    tmp_path: Path,
+    workers: list[subprocess.Popen[bytes]],
+    busy_host: None,
+) -> None:
+    @pgq.task(name="rated", queue="rated")
+    def rated(n: int) -> None:
+        raise AssertionError("runs in the worker processes")
+
+    pgq.set_rate_limit("rated", 50, per=1)
+    _start_workers(tmp_path, database_url, workers)
+    _wait_until_registered(pgq, 4)
+    ids = rated.enqueue_many([[n] for n in range(300)])
+    wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=120)
+    rows = _ledger(tmp_path / "ledger", "rate")
+    assert sorted(job for job, *_ in rows) == list(range(300))  # each ran exactly once
+    starts = [started for _, _, started, _ in rows]
+    print(
+        f"most starts in a 1 s window: {most_in_window(starts, 1.0)}; "
+        f"given back unstarted: {_given_back(tmp_path)}"
+    )
+    assert most_in_window(starts, 1.0) <= 50

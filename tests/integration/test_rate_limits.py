@@ -15,7 +15,10 @@ from sqlalchemy.orm import Session
 
 from pgqueue import JobState, PgQueue, Settings, repository
 from pgqueue.errors import ValidationError
+from pgqueue.states import OutcomeKind
 from pgqueue.testing import states_of
+from pgqueue.worker.execution import Execution
+from pgqueue.worker.executor import Executor
 
 CLAIM = {"worker_id": "w", "queues": None, "lease_seconds": 30.0, "task_leases": {}}
 
@@ -81,6 +84,62 @@ def test_key_rate_limits_each_key_alone(pgq: PgQueue) -> None:
     assert _claim(pgq, 18) == []
     pgq.set_rate_limit(key="api:", limit=None)
     assert len(_claim(pgq, 18)) == 8
+
+
+def test_the_claim_gives_each_rate_limited_job_its_margin(pgq: PgQueue) -> None:
+    @pgq.task(name="r", queue="rated")
+    def rated() -> None: ...
+
+    @pgq.task(name="k", concurrency_key=lambda key: key)
+    def keyed(key: str) -> None: ...
+
+    @pgq.task(name="p")
+    def plain() -> None: ...
+
+    pgq.set_rate_limit("rated", 10, per=0.5)
+    pgq.set_rate_limit(key="api:", limit=10, per=60)
+    rated.enqueue_many([[]])
+    keyed.enqueue_many([["api:a"], ["other"]])
+    plain.enqueue_many([[]])
+    keys = waiting_keys(pgq.engine)
+    margins = {keys.get(job.id) or job.task_name: job.start_within for job in _claim(pgq, 10)}
+    # A tenth of the window, at most 0.1 s; null where no rate applies.
+    assert margins == {
+        "r": pytest.approx(0.05),
+        "api:a": pytest.approx(0.1),
+        "other": None,
+        "p": None,
+    }
+
+
+def test_a_rate_limited_job_not_started_within_its_margin_goes_back_unstarted(
+    pgq: PgQueue,
+) -> None:
+    ran: list[int] = []
+
+    @pgq.task(name="r", queue="rated")
+    def rated(n: int) -> None:
+        ran.append(n)
+
+    pgq.set_rate_limit("rated", 10, per=1)
+    [late_id, on_time_id] = rated.enqueue_many([[1], [2]])
+    late, on_time = sorted(_claim(pgq, 2), key=lambda job: job.id)
+    executor = Executor(pgq.registry, pgq.settings, lambda: Session(pgq.engine), lambda: None)  # type: ignore[arg-type,return-value]
+    now = time.monotonic()
+    given_back = executor.run_leased(Execution(late, 30.0, None, now, start_by=now - 0.001))
+    started = executor.run_leased(Execution(on_time, 30.0, None, now, start_by=now + 60))
+    assert (given_back.kind, started.kind) == (OutcomeKind.RELEASE, OutcomeKind.COMPLETE)
+    assert ran == [2]
+    with Session(pgq.engine) as session, session.begin():
+        assert repository.record_outcomes(session, [given_back, started]) == set()
+    with pgq.engine.connect() as c:
+        rows = dict(
+            c.execute(
+                text("SELECT id, state || ' ' || attempts FROM pgqueue_jobs ORDER BY id")
+            ).all()
+        )
+    assert rows == {late_id: "queued 0", on_time_id: "succeeded 1"}
+    assert _claim(pgq, 2) != []  # its ticket is back (the window still has room)
 
 
 def test_explain_says_when_the_window_frees(pgq: PgQueue) -> None:

@@ -3,6 +3,7 @@ follows a failed attempt, and the transition each outcome kind names."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
@@ -330,3 +331,30 @@ def test_typed_constructors_build_the_outcome_of_their_kind() -> None:
             delay,
         )
         assert outcome.kind is kind
+
+
+def test_an_async_rate_limited_handler_reaching_the_loop_late_is_not_started() -> None:
+    ran: list[str] = []
+    registry = TaskRegistry()
+
+    async def handler() -> None:
+        ran.append("ran")
+
+    registry.add(Task(handler, sink=None, name="t"))  # type: ignore[arg-type]
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        executor = Executor(registry, Settings(), lambda: None, lambda: loop)  # type: ignore[arg-type,return-value]
+        now = time.monotonic()
+        # The sync check passes; the loop reaches the coroutine after its start-by time.
+        late = Execution(_job(1), 30.0, None, now, start_by=now + 0.05)
+        loop.call_soon_threadsafe(time.sleep, 0.1)  # the loop is busy past the start-by time
+        assert executor.run_leased(late).kind == OutcomeKind.RELEASE
+        on_time = Execution(_job(2), 30.0, None, now, start_by=time.monotonic() + 60)
+        assert executor.run_leased(on_time).kind == OutcomeKind.COMPLETE
+        assert ran == ["ran"]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
