@@ -68,9 +68,12 @@ class ClaimedJob:
     # Whether the job has a concurrency key: its outcome must then free the key's slot. True
     # unless the claim said otherwise, so an attempt built by hand is always counted off.
     keyed: bool = True
-    # A rate-limited job's margin (the flow claim's ``start_within``): its handler must start
-    # within this many seconds of the claim being sent, or the job goes back unstarted.
+    # A rate-limited job's time to start: seconds after its claim statement began (the flow
+    # claim's ``start_within``), and the monotonic time by which its handler must start
+    # (``start_by``, from a reading taken before the claim was sent), or the job goes back
+    # unstarted. None for every other job.
     start_within: float | None = None
+    start_by: float | None = None
     problem: str | None = None  # why the row cannot run (its arguments did not decode)
 
 

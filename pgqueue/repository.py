@@ -289,7 +289,7 @@ def claim(
     if queues is not None:
         params["queues"] = list(queues)
 
-    def claim_with(seen: claim_choice.LimitsSeen, room: int) -> list[Any]:
+    def claim_with(seen: claim_choice.LimitsSeen, room: int) -> list[ClaimedJob]:
         variant = claim_choice.claim_variant(
             atomic=atomic,
             queues=queues,
@@ -297,21 +297,27 @@ def claim(
             task_leases=bool(task_leases),
             flow_exists=seen.flow,
         )
-        return list(ex.rows(claim_sql.claim(variant), {**params, "limit": room}))
+        sent = time.monotonic()  # before the statement begins: see ClaimedJob.start_by
+        jobs = _claimed_jobs(ex.rows(claim_sql.claim(variant), {**params, "limit": room}))
+        if variant.flow:
+            for job in jobs:
+                if job.start_within is not None:
+                    job.start_by = sent + job.start_within
+        return jobs
 
     lean = not (limits.exist or limits.flow)
     with_flow = limits.flow
-    rows = claim_with(limits, limit)
+    jobs = claim_with(limits, limit)
     # After the claim, so the claim itself stays the first and only statement of its turn.
-    if limits.stale(time.monotonic()) or (notified and lean and len(rows) < limit):
+    if limits.stale(time.monotonic()) or (notified and lean and len(jobs) < limit):
         _look_at_controls(ex, limits)
-        if not with_flow and limits.flow and len(rows) < limit:
-            rows += claim_with(limits, limit - len(rows))
+        if not with_flow and limits.flow and len(jobs) < limit:
+            jobs += claim_with(limits, limit - len(jobs))
     limits.rate_wait = None
-    if limits.flow and limits.rates and len(rows) < limit:
+    if limits.flow and limits.rates and len(jobs) < limit:
         wait = ex.rows(flow_sql.rate_wait())[0][0]
         limits.rate_wait = None if wait is None else max(float(wait), 0.0)
-    return _claimed_jobs(rows)
+    return jobs
 
 
 def _look_at_controls(ex: Executor, limits: claim_choice.LimitsSeen) -> None:

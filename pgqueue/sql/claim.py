@@ -122,9 +122,9 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     With ``variant.flow``, rate-limited queues are claimed from like limited ones, their room
     also bounded by the starts in their window (``sql.flow``), and their rows locked in name
     order and waited for (skipping a busy rate-limited queue would leave its window unused);
-    the claim stamps its starts on the row, and returns each job's ``start_within``: the margin
-    of the tightest rate that applies to it (``sql.flow.rate_margin``; null when none), within
-    which the worker must start its handler. Keyed tickets are claimed per key before all
+    the claim stamps its starts on the row, and returns each job's ``start_within``
+    (``sql.flow.start_within`` of the tightest rate that applies to it; null when none): how
+    long after the statement began the worker may start its handler. Keyed tickets are claimed per key before all
     others: the keys with ready tickets and room (``key_limit - running``, and a rate window
     with room) are locked (SKIP LOCKED), at most ``limit`` of them, those whose first ticket
     has the best priority, then the fewest running, then the oldest ticket first, so a key at
@@ -259,17 +259,15 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         )
     if keys is None:
         return _move_to_running(deleted, claimed_values).add_cte(bump)
-    # Each rate-limited job's margin: the worker must start its handler within it.
-    margins = (
-        select(controls.c.margin).where(controls.c.name == Job.queue).scalar_subquery(),
-        select(keys.c.margin).where(keys.c.key == Job.concurrency_key).scalar_subquery(),
-    )
-    start_within = func.least(*margins).label("start_within")
-    return (
-        _move_to_running(deleted, claimed_values, start_within)
-        .add_cte(bump)
-        .add_cte(_bump_keys(keys, deleted))
-    )
+    bump_keys = _bump_keys(keys, deleted)
+    # Each rate-limited job's time to start (the tightest of its queue's and its key's).
+    start_within = func.least(
+        select(bump.c.start_within).where(bump.c.name == Job.queue).scalar_subquery(),
+        select(bump_keys.c.start_within)
+        .where(bump_keys.c.key == Job.concurrency_key)
+        .scalar_subquery(),
+    ).label("start_within")
+    return _move_to_running(deleted, claimed_values, start_within).add_cte(bump, bump_keys)
 
 
 def _rated_and_limited(limited: Any, filter_queues: bool, atomic: bool) -> Any:
@@ -291,19 +289,14 @@ def _rated_and_limited(limited: Any, filter_queues: bool, atomic: bool) -> Any:
         QueueControl.concurrency_limit - QueueControl.running, QueueControl.rate_limit
     )
     rated = (
-        select(
-            QueueControl.name,
-            func.least(limit_room, window_room).label("room"),
-            flow_sql.rate_margin(QueueControl.rate_per).label("margin"),
-        )
+        select(QueueControl.name, func.least(limit_room, window_room).label("room"))
         .where(*rated_where)
         .order_by(QueueControl.name)
         .with_for_update(skip_locked=atomic)
         .cte("rated")
     )
     return union_all(
-        select(limited.c.name, limited.c.room, cast(null(), Float).label("margin")),
-        select(rated.c.name, rated.c.room, rated.c.margin),
+        select(limited.c.name, limited.c.room), select(rated.c.name, rated.c.room)
     ).cte("controls")
 
 
@@ -330,6 +323,12 @@ def _bump_queues(taken: Any) -> Any:
                 ),
                 else_=QueueControl.recent_starts,
             ),
+        )
+        .returning(
+            QueueControl.name,
+            flow_sql.start_within(
+                QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts
+            ).label("start_within"),
         )
         .cte("bump")
     )
@@ -368,9 +367,8 @@ def _keys_with_room(
     # changed, PostgreSQL re-evaluates the row's expressions on its newest version, so the room
     # is always computed from the counter this claim then holds locked.
     room = func.least(limit_room, window_room)
-    margin = case((rate_limit.is_not(None), flow_sql.rate_margin(rate_per)), else_=null())
     return (
-        select(ConcurrencyKey.key, room.label("room"), margin.label("margin"))
+        select(ConcurrencyKey.key, room.label("room"))
         .select_from(ConcurrencyKey)
         .join(first, true())
         .where(room > 0)
@@ -441,6 +439,12 @@ def _bump_keys(keys: Any, deleted: Any) -> Any:
                     ),
                 ),
                 else_=ConcurrencyKey.recent_starts,
+            ),
+        )
+        .returning(
+            ConcurrencyKey.key,
+            flow_sql.start_within(rate_limit, rate_per, ConcurrencyKey.recent_starts).label(
+                "start_within"
             ),
         )
         .cte("bump_keys")

@@ -12,9 +12,9 @@ fewer than n starts lie in the last ``per`` seconds plus a margin (``RATE_MARGIN
 from the start times kept on the locked row. The margin covers the time between the claim's
 clock reading and the handler's actual start, which differs from job to job (commit, answer,
 hand-off to a pool thread): without it two starts claimed ``per`` seconds apart could run
-closer than that. The claim returns each rate-limited job's margin (``start_within``) and the
-worker starts its handler only within that time of sending the claim, or gives the job back
-unstarted (``release``): so every handler start lies within the margin after its stamp, and
+closer than that. The claim returns each rate-limited job's ``start_within`` (the
+stamp's delay after the statement began, plus the margin) and the worker starts its handler
+only within that time of sending the claim, or gives the job back unstarted (``release``): so every handler start lies within the margin after its stamp, and
 no window of ``per`` seconds of handler starts holds more than n, however late a loaded host
 hands a job to a thread.
 """
@@ -66,6 +66,15 @@ def rate_margin(per: Any) -> ColumnElement[Any]:
     rate-limited job's handler may start (a worker gives back a job it cannot start by then)."""
     margin: ColumnElement[Any] = func.least(per * RATE_MARGIN_SHARE, RATE_MARGIN_SECONDS)
     return margin
+
+
+def start_within(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
+    """For a row a claim just stamped (``starts`` newest first): the seconds from the claim
+    statement's start until which its handlers may start, the stamp's delay (waiting for the
+    row's lock, say) plus the margin; null without a rate. A duration on the server's clock, so
+    a worker on another host can add it to its own reading taken before it sent the claim."""
+    stamped_after = func.extract("epoch", starts[1] - func.statement_timestamp())
+    return case((limit.is_not(None), stamped_after + rate_margin(per)), else_=null())
 
 
 def rate_window(per: Any) -> ColumnElement[Any]:
@@ -381,6 +390,7 @@ __all__ = [
     "running_with_key",
     "set_key_override",
     "set_queue_rate",
+    "start_within",
     "starts_after",
     "starts_in_window",
 ]

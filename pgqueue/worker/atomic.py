@@ -100,7 +100,7 @@ class AtomicProbes:
 
     def _execute(self, claimed: Callable[[bool], None]) -> None:
         session = self._session_factory()
-        started = time.monotonic()  # also before the claim stamps a rate-limited start
+        started = time.monotonic()
         try:
             with session.begin():
                 jobs = repository.claim(
@@ -120,9 +120,7 @@ class AtomicProbes:
                 queue = jobs[0].queue
                 self._slots.atomic_running(queue, +1)
                 try:
-                    outcome = self._executor.run_atomic(
-                        session, jobs[0], threading.Event(), claim_sent=started
-                    )
+                    outcome = self._executor.run_atomic(session, jobs[0], threading.Event())
                 finally:
                     self._slots.atomic_running(queue, -1)
             self._report.written(outcome, time.monotonic() - started, jobs[0])

@@ -134,7 +134,6 @@ class Claimer:
         free = requested = self._slots.free()
         claimed = 0
         if free > 0:
-            sent = time.monotonic()  # before the claim stamps its starts: see _start_leased
             jobs = self._store.claim(
                 worker_id=self._worker_id,
                 limit=free,
@@ -153,7 +152,7 @@ class Claimer:
             self._backlog = not short or self._store.flow_controlled
             wait = self._store.rate_wait if short else None
             self._rate_room_at = None if wait is None else time.monotonic() + wait
-            self._start_leased(jobs, sent)
+            self._start_leased(jobs)
             free -= claimed
         else:
             self._backlog = True  # no room to look: work may be waiting
@@ -200,10 +199,7 @@ class Claimer:
             self._next_known_run_at = at
             self._wake.set()  # recompute the wait
 
-    def _start_leased(self, jobs: Sequence[ClaimedJob], sent: float) -> None:
-        """Hand claimed jobs to the pool. ``sent``: the monotonic time before the claim was
-        sent, so before any start it stamped; a rate-limited job's handler may start until
-        ``sent`` plus its margin, which keeps it within the margin after its stamp."""
+    def _start_leased(self, jobs: Sequence[ClaimedJob]) -> None:
         if not jobs:
             return
         now = time.monotonic()
@@ -218,7 +214,7 @@ class Claimer:
                 lease_seconds=leases.get(job.task_name, default_lease) if leases else default_lease,
                 timeout=task.timeout if task is not None else None,
                 started=now,
-                start_by=None if job.start_within is None else sent + job.start_within,
+                start_by=job.start_by,
                 cancelled=job.cancel_requested,
             )
             executions.append(execution)

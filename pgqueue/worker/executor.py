@@ -112,12 +112,7 @@ class Executor:
     # -- atomic ------------------------------------------------------------------------------
 
     def run_atomic(
-        self,
-        session: Session,
-        job: ClaimedJob,
-        cancel_event: threading.Event,
-        *,
-        claim_sent: float | None = None,
+        self, session: Session, job: ClaimedJob, cancel_event: threading.Event
     ) -> Outcome:
         """Run an atomic job in ``session``'s open claim transaction and write its outcome there.
 
@@ -126,30 +121,24 @@ class Executor:
         commit. An outcome the database refuses is replaced by a failed attempt (``unrecorded``)
         with the handler's writes rolled back, so every attempt counts even then; only a
         failure to write that too rolls the whole claim back. The caller commits.
-        ``claim_sent``: the monotonic time before the claim was sent, from which a rate-limited
-        job's margin (``ClaimedJob.start_within``) counts.
         """
-        start_by = None
-        if job.start_within is not None and claim_sent is not None:
-            start_by = claim_sent + job.start_within
         tracing = self.tracing
         if tracing is None:
-            return self._run_atomic(session, job, cancel_event, start_by, None)
+            return self._run_atomic(session, job, cancel_event, None)
         with tracing.run(job) as span:
-            return span.finish(self._run_atomic(session, job, cancel_event, start_by, span))
+            return span.finish(self._run_atomic(session, job, cancel_event, span))
 
     def _run_atomic(
         self,
         session: Session,
         job: ClaimedJob,
         cancel_event: threading.Event,
-        start_by: float | None,
         span: RunSpan | None,
     ) -> Outcome:
         execution = Execution(
-            job, 0.0, None, time.monotonic(), start_by=start_by, _event=cancel_event
+            job, 0.0, None, time.monotonic(), start_by=job.start_by, _event=cancel_event
         )
-        if start_by is not None and time.monotonic() > start_by:
+        if job.start_by is not None and time.monotonic() > job.start_by:
             return self._record_atomic(session, job, self._not_started(job))
         try:
             task = self._resolve(job)
@@ -263,16 +252,15 @@ class Executor:
 
     @staticmethod
     def _not_started(job: ClaimedJob) -> Outcome:
-        """The outcome of a rate-limited job whose handler could not start within its margin
-        after the claim: given back unstarted, the attempt not counted. Starting it late could
-        put more starts in some window than the rate allows; its start stays counted in the
-        window, which only ever lowers the rate."""
+        """The outcome of a rate-limited job whose handler could not start by its start-by
+        time: given back unstarted, the attempt not counted. Starting it late could put more
+        starts in some window than the rate allows; its start stays counted in the window,
+        which only ever lowers the rate."""
         log.info(
-            "job %d (%s): its handler could not start within %.0f ms of the claim (the rate"
-            " limit's margin); given back to its queue unstarted",
+            "job %d (%s): its handler could not start within the rate limit's margin after"
+            " the claim; given back to its queue unstarted",
             job.id,
             job.task_name,
-            (job.start_within or 0.0) * 1000,
         )
         return Outcome.release(job)
 

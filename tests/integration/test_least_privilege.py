@@ -14,7 +14,10 @@ role:
   ``resume``/``limit`` with their effect on a worker's claims, a periodic task enqueued by the
   worker's scheduler and ``pgqueue schedules``, dependencies (released, and cancelled after a
   failure), a unique key, ``prune`` of old finished jobs, and the Flask dashboard's pages and
-  its retry, cancel and delete actions.
+  its retry, cancel and delete actions;
+- flow control and the job lifecycle: key and rate limits set and enforced, a bounded queue
+  refusing an enqueue with ``QueueFull``, a handler that snoozes, reports progress and runs
+  durable steps, and the maintenance recount of key counters.
 
 ``pgqueue migrate`` fails for that role with PostgreSQL's "permission denied" in one line, and
 leaves the database as it was.
@@ -43,7 +46,7 @@ from flask import Flask
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import URL
 
-from pgqueue import PgQueue, Retry, Settings, repository
+from pgqueue import JobContext, PgQueue, QueueFull, Retry, Settings, Snooze, repository
 from pgqueue.cli import main as cli_main
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
@@ -585,6 +588,86 @@ def test_every_runtime_path_with_dml_rights_only(
         pgq.dispose()
         admin.dispose()
     # Maintenance passes log and carry on after an error: none may have been refused.
+    assert "permission denied" not in caplog.text
+    assert "42501" not in caplog.text
+
+
+def test_flow_control_and_job_lifecycle_with_dml_rights_only(
+    database_url: URL, app_role: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app_url = as_role(database_url, app_role)
+    pgq = PgQueue(
+        app_url.render_as_string(hide_password=False),
+        settings=Settings(poll_interval=0.1, rescue_interval=0.2, prune_interval=0.5),
+    )
+    admin = _admin(database_url)
+    probe = ConcurrencyProbe()
+    snoozed: dict[int, int] = {}
+    step_runs: list[str] = []
+
+    @pgq.task(name="lp.keyed", concurrency_key=lambda account: f"account:{account}", key_limit=1)
+    def keyed(account: int) -> None:
+        probe.run(0.05)
+
+    @pgq.task(name="lp.rated", queue="rated")
+    def rated(n: int) -> int:
+        return n
+
+    @pgq.task(name="lp.bounded", queue="bounded")
+    def bounded(n: int) -> int:
+        return n
+
+    @pgq.task(name="lp.lifecycle", pass_context=True)
+    def lifecycle(ctx: JobContext) -> str:
+        snoozed[ctx.job_id] = snoozed.get(ctx.job_id, 0) + 1
+        ctx.progress(0.5, "half way")
+        if snoozed[ctx.job_id] < 3:
+            raise Snooze(0)
+        return str(ctx.step("charge", lambda: step_runs.append("charge") or "charged"))
+
+    caplog.set_level(logging.WARNING)
+    try:
+        pgq.set_key_limit("account:", 1)
+        pgq.set_rate_limit("rated", 100, per=1)
+        pgq.set_queue_max_depth("bounded", 2)
+        keyed_ids = keyed.enqueue_many([[1]] * 3 + [[2]] * 3)
+        rated_ids = rated.enqueue_many([[n] for n in range(5)])
+        bounded_ids = [bounded.enqueue(1), bounded.enqueue(2)]
+        with pytest.raises(QueueFull):
+            bounded.enqueue(3)
+        [lifecycle_id] = lifecycle.enqueue_many([[]])
+        stats = pgq.run_worker(drain=True, concurrency=4)
+        assert stats.failed == 0
+        assert probe.peak == 2  # one per key, two keys
+        ids = [*keyed_ids, *rated_ids, *bounded_ids, lifecycle_id]
+        assert set(states_of(pgq, ids).values()) == {JobState.SUCCEEDED}
+        job = pgq.get_job(lifecycle_id)
+        assert (job.attempts, job.result, step_runs) == (1, "charged", ["charge"])
+        assert [step.name for step in job.steps] == ["charge"]
+        # The maintenance recount of key counters runs with the same rights: a counter changed
+        # behind pgqueue's back is set right.
+        with admin.begin() as c:
+            c.execute(text("UPDATE pgqueue_concurrency_keys SET running = 5"))
+        worker = Worker(pgq, concurrency=1)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                with admin.connect() as c:
+                    counters = c.execute(
+                        text("SELECT key, running FROM pgqueue_concurrency_keys ORDER BY key")
+                    ).all()
+                if [tuple(row) for row in counters] == [("account:1", 0), ("account:2", 0)]:
+                    break
+                assert time.monotonic() < deadline, counters
+                time.sleep(0.2)
+        finally:
+            worker.stop()
+            thread.join(timeout=30)
+    finally:
+        pgq.dispose()
+        admin.dispose()
     assert "permission denied" not in caplog.text
     assert "42501" not in caplog.text
 
