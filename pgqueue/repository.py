@@ -256,7 +256,7 @@ def _insert_dependent_jobs(
 # How long a claimer trusts its last look at which controls exist. Only the controlled work waits
 # on it (the lean claim skips limited and rate-limited queues and keyed tickets): pause and the
 # limits themselves are read by every claim statement, so staleness can delay newly controlled
-# work by this much, never let it exceed its limit; a notified claim that comes back short looks
+# work by this much, never let it exceed its limit; a notified claim that comes back empty looks
 # again at once. Long enough that an idle worker's statement rate barely changes.
 LIMITS_CHECK_SECONDS = 5.0
 
@@ -276,9 +276,10 @@ def claim(
     """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``). ``limits`` is the claimer's
     ``LimitsSeen`` (by default the one of the session's bind, or of the executor).
 
-    ``notified``: the claim follows a wake-up for new work. If the lean form comes back short
+    ``notified``: the claim follows a wake-up for new work. If the lean form comes back empty
     the claimer looks at once whether controls exist (a first keyed job, say) and, if they do,
-    claims the rest with the full form. A short claim of the flow form, while rate limits
+    claims with the full form. Only when empty: a claim that got jobs hands them over first,
+    rather than delay them by a round trip on every wake-up of a lightly loaded worker. A short claim of the flow form, while rate limits
     exist, records in ``limits.rate_wait`` when the first full window has room."""
     if limits is None:
         limits = claim_choice.limits_seen_by(claimer_key(db))
@@ -309,7 +310,7 @@ def claim(
     with_flow = limits.flow
     jobs = claim_with(limits, limit)
     # After the claim, so the claim itself stays the first and only statement of its turn.
-    if limits.stale(time.monotonic()) or (notified and lean and len(jobs) < limit):
+    if limits.stale(time.monotonic()) or (notified and lean and not jobs):
         _look_at_controls(ex, limits)
         if not with_flow and limits.flow and len(jobs) < limit:
             jobs += claim_with(limits, limit - len(jobs))
