@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import URL, text
@@ -328,17 +327,6 @@ def test_an_aenqueue_in_its_own_transaction_has_run_when_it_returns(pgq: PgQueue
     assert states_of(pgq, ids) == dict.fromkeys(ids, JobState.SUCCEEDED)
 
 
-@pytest.fixture
-def two_free_snoozes(database_url: URL, settings: Settings) -> Iterator[PgQueue]:
-    """A queue object whose jobs may snooze twice without using an attempt."""
-    queue = PgQueue(
-        database_url.render_as_string(hide_password=False),
-        settings=settings.replace(max_snoozes=2),
-    )
-    yield queue
-    queue.dispose()
-
-
 def test_a_snoozed_job_runs_again_at_once_without_using_an_attempt(pgq: PgQueue) -> None:
     runs: list[int] = []
 
@@ -364,26 +352,30 @@ def test_a_snoozed_job_runs_again_at_once_without_using_an_attempt(pgq: PgQueue)
 
 
 def test_a_job_that_keeps_snoozing_ends_failed_after_max_snoozes_and_its_attempts(
-    two_free_snoozes: PgQueue,
+    database_url: URL, settings: Settings
 ) -> None:
-    pgq = two_free_snoozes
+    url = database_url.render_as_string(hide_password=False)
+    pgq = PgQueue(url, settings=settings.replace(max_snoozes=2))  # two free snoozes
 
     @pgq.task(name="never_ready", max_attempts=2, atomic=True)
     def never_ready() -> None:
         raise Snooze(60)
 
-    with immediate(pgq) as mode:
-        job_id = never_ready.enqueue()
-    assert [(r.attempt, r.state) for r in mode.runs] == [
-        (1, JobState.QUEUED),
-        (1, JobState.QUEUED),
-        (1, JobState.RETRYING),
-        (2, JobState.FAILED),
-    ]
-    past = "Snooze: snooze 3 of this job is past the max_snoozes setting (2)"
-    assert mode.runs[2].error is not None and mode.runs[2].error.startswith(past)
-    job = pgq.get_job(job_id)
-    assert (job.state, job.attempts, job.snoozes) == (JobState.FAILED, 2, 4)
+    try:
+        with immediate(pgq) as mode:
+            job_id = never_ready.enqueue()
+        assert [(r.attempt, r.state) for r in mode.runs] == [
+            (1, JobState.QUEUED),
+            (1, JobState.QUEUED),
+            (1, JobState.RETRYING),
+            (2, JobState.FAILED),
+        ]
+        past = "Snooze: snooze 3 of this job is past the max_snoozes setting (2)"
+        assert mode.runs[2].error is not None and mode.runs[2].error.startswith(past)
+        job = pgq.get_job(job_id)
+        assert (job.state, job.attempts, job.snoozes) == (JobState.FAILED, 2, 4)
+    finally:
+        pgq.dispose()
 
 
 def test_without_retries_a_snoozed_job_stays_queued_until_its_delay(pgq: PgQueue) -> None:
