@@ -6,6 +6,7 @@ Jobs are enqueued in the application's own transactions, claimed by workers with
 
 from pgqueue import backoff
 from pgqueue.config import Settings
+from pgqueue.context import JobContext, Retry, Snooze
 from pgqueue.core import PgQueue
 from pgqueue.errors import (
     ConfigurationError,
@@ -22,7 +23,7 @@ from pgqueue.errors import (
 )
 from pgqueue.models import Job, MessageQueue
 from pgqueue.states import JobState
-from pgqueue.tasks import ConfiguredTask, JobContext, Retry, Snooze, Task
+from pgqueue.tasks import ConfiguredTask, Task
 from pgqueue.worker import Worker, WorkerStats
 
 __version__ = "0.1.0"

@@ -36,9 +36,11 @@ from sqlalchemy import (
     text,
     type_coerce,
 )
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, synonym
+from sqlalchemy.orm.exc import DetachedInstanceError
 from sqlalchemy.sql.elements import ColumnElement
 
 from pgqueue import validation
@@ -97,6 +99,21 @@ class StoredJSON(TypeDecorator[Any]):
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
         return None if value is None else validation.load_stored_json(value)
+
+
+def _loaded_steps(job: Job) -> list[JobStep]:
+    """``Job.steps``: the loaded steps, loaded now in the job's session, or, for a job detached
+    without them, SQLAlchemy's ``DetachedInstanceError`` with a message that says which job and
+    where its steps are read."""
+    state = sa_inspect(job)
+    if state.detached and "_steps" in state.unloaded:
+        job_id = state.identity[0] if state.identity else "(unsaved)"
+        raise DetachedInstanceError(
+            f"job {job_id}'s steps were not loaded with it and it is detached from its session: "
+            f"read them with pgq.get_job({job_id}).steps (get_job and aget_job load them, "
+            "list_jobs does not)"
+        )
+    return job._steps
 
 
 class Base(DeclarativeBase):
@@ -189,11 +206,15 @@ class Job(Base):
     """The message reported with ``progress`` (capped in size), if any."""
     progress_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     """When ``progress`` was written (by a heartbeat or with the attempt's outcome)."""
-    steps: Mapped[list[JobStep]] = relationship(
+    _steps: Mapped[list[JobStep]] = relationship(
         viewonly=True, order_by=lambda: (JobStep.completed_at, JobStep.name)
     )
-    """The job's completed durable steps (``ctx.step``), oldest first. Loaded with the job by
-    ``get_job``; read-only here (a worker saves them; deleting the job deletes them)."""
+    steps: Mapped[list[JobStep]] = synonym("_steps", descriptor=property(_loaded_steps))
+    """The job's completed durable steps (``ctx.step``), oldest first; read-only here (a worker
+    saves them; deleting the job deletes them). ``get_job``/``aget_job`` load them with the job;
+    a job of the caller's open session loads them on first read, as any relationship; on a
+    detached job that was read without them (``list_jobs``, a closed session) reading them
+    raises ``DetachedInstanceError`` naming the job and ``get_job``."""
     concurrency_key: Mapped[str | None] = mapped_column(Text)
     """Flow control: at most the key's limit of jobs with this key run at once, across all
     workers (``ConcurrencyKey``); null for most jobs."""

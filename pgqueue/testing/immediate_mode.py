@@ -28,6 +28,11 @@ rolled back with a savepoint: then there is nothing to run).
 
 A failed attempt is retried at once, without the backoff delay, until the job succeeds or fails
 for good (``retries=False``: one attempt only; the job stays RETRYING for the test to look at).
+A snoozed job (``raise Snooze(delay)``) is run again at once too, without its delay, as the
+worker would after it: the snooze uses no attempt, and past the ``max_snoozes`` setting a snooze
+counts as a failed attempt (retried, or failed for good on the last attempt), so a task that
+keeps snoozing ends FAILED after ``max_snoozes`` snoozes and its attempts. With
+``retries=False`` the job stays QUEUED with its ``run_at`` ``delay`` seconds ahead.
 Handlers' exceptions are recorded on the job, as a worker records them, not raised: assert on
 ``runs`` or on the job. ``async def`` handlers run to completion on an event loop thread while
 the calling thread waits. Task ``timeout``s of ``async def`` handlers hold; a synchronous
@@ -44,6 +49,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import event
@@ -64,6 +70,9 @@ __all__ = ["ImmediateMode", "immediate", "queue_of"]
 
 # A job to run: its id and whether its task is atomic (which claim form takes it).
 Entry = tuple[int, bool]
+
+# The states an attempt can leave a job in that it runs again from: retried, or snoozed.
+RUN_AGAIN = frozenset({JobState.RETRYING, JobState.QUEUED})
 
 
 def queue_of(queue: Any) -> PgQueue:
@@ -235,11 +244,11 @@ class ImmediateMode:
     def _drain(self, ready: collections.deque[Entry]) -> None:
         while ready:
             entry = ready.popleft()
-            outcome = self._attempt(entry)
-            if outcome is not None and outcome.kind is OutcomeKind.RETRY and self.retries:
+            run = self._attempt(entry)
+            if run is not None and run.state in RUN_AGAIN and self.retries:
                 ready.appendleft(entry)
 
-    def _attempt(self, entry: Entry) -> Outcome | None:
+    def _attempt(self, entry: Entry) -> JobRun | None:
         """Claim job ``entry`` by its id and run one attempt of it; None if it was not there
         to claim."""
         job_id, atomic = entry
@@ -264,7 +273,7 @@ class ImmediateMode:
             raise RuntimeError(f"job {job_id}'s lease was taken while it ran in immediate mode")
         return self._ran(job, outcome)
 
-    def _attempt_atomic(self, job_id: int) -> Outcome | None:
+    def _attempt_atomic(self, job_id: int) -> JobRun | None:
         session = self.pgq.handler_session()
         try:
             with session.begin():
@@ -282,12 +291,17 @@ class ImmediateMode:
             session.close()
         return self._ran(claimed[0], outcome)
 
-    def _ran(self, job: ClaimedJob, outcome: Outcome) -> Outcome:
+    def _ran(self, job: ClaimedJob, outcome: Outcome) -> JobRun:
+        run = JobRun.ended(job.id, job.task_name, job.args, job.kwargs, job.attempt, outcome)
+        if outcome.kind is OutcomeKind.SNOOZE:
+            # The outcome statement decides whether the snooze was free (QUEUED) or, past
+            # max_snoozes, a failed attempt: the job's row says which, and with what error.
+            written = self.pgq.get_job(job.id)
+            failed = written.state is not JobState.QUEUED
+            run = replace(run, state=written.state, error=written.last_error if failed else None)
         with self._lock:
-            self.runs.append(
-                JobRun.ended(job.id, job.task_name, job.args, job.kwargs, job.attempt, outcome)
-            )
-        return outcome
+            self.runs.append(run)
+        return run
 
     def states(self) -> dict[int, JobState]:
         """The state each job that ran ended its last attempt in."""

@@ -36,7 +36,7 @@ class JobRun(JobCall):
     """One attempt of a job that ran, and what it ended in.
 
     ``state`` is the job's state after this attempt (SUCCEEDED, RETRYING, FAILED or
-    CANCELLED); ``result`` is the handler's return value (decoded from JSON) and ``error`` the
+    CANCELLED, or QUEUED after a snooze); ``result`` is the handler's return value (decoded from JSON) and ``error`` the
     recorded error text (a traceback for an exception), None when there is none.
     """
 

@@ -23,10 +23,11 @@ from sqlalchemy.orm import Session
 
 from pgqueue import backoff, repository, validation
 from pgqueue.config import Settings
+from pgqueue.context import JobContext, Retry, Snooze
 from pgqueue.errors import UnknownTask, ValidationError, error_line, storable_text
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.states import OutcomeKind
-from pgqueue.tasks import JobContext, Retry, Snooze, Task, TaskRegistry
+from pgqueue.tasks import Task, TaskRegistry
 from pgqueue.tracing import RunSpan, tracing_for
 from pgqueue.worker.execution import Execution
 

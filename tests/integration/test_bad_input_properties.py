@@ -35,9 +35,9 @@ from sqlalchemy import Engine, event, select, text
 from sqlalchemy.engine import URL
 
 from pgqueue import PgQueue, Settings
+from pgqueue.context import JobContext
 from pgqueue.errors import PayloadTooLarge, SerializationError, ValidationError
 from pgqueue.models import Job
-from pgqueue.tasks import JobContext
 from pgqueue.testing import table_counts
 
 EXAMPLES = 1000

@@ -4,13 +4,14 @@ after their commit, never for a rollback, through the real claim and outcome sta
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import threading
 
 import pytest
 from sqlalchemy import URL, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-from pgqueue import JobContext, JobState, PgQueue
+from pgqueue import JobContext, JobState, PgQueue, Settings, Snooze
 from pgqueue.errors import ValidationError
 from pgqueue.testing import immediate, states_of, table_counts
 
@@ -324,3 +325,67 @@ def test_an_aenqueue_in_its_own_transaction_has_run_when_it_returns(pgq: PgQueue
     ids = [run.job_id for run in mode.runs]
     assert len(ids) == 3
     assert states_of(pgq, ids) == dict.fromkeys(ids, JobState.SUCCEEDED)
+
+
+def test_a_snoozed_job_runs_again_at_once_without_using_an_attempt(pgq: PgQueue) -> None:
+    runs: list[int] = []
+
+    @pgq.task(name="partner_call", pass_context=True, max_attempts=2)
+    def partner_call(ctx: JobContext) -> str:
+        runs.append(ctx.attempt)
+        if len(runs) <= 3:
+            raise Snooze(3600, reason="partner says come back later")
+        return "done"
+
+    with immediate(pgq) as mode:
+        job_id = partner_call.enqueue()
+    assert runs == [1, 1, 1, 1]
+    job = pgq.get_job(job_id)
+    assert (job.state, job.result, job.attempts, job.snoozes) == (JobState.SUCCEEDED, "done", 1, 3)
+    assert [(r.attempt, r.state, r.error) for r in mode.runs] == [
+        (1, JobState.QUEUED, None),
+        (1, JobState.QUEUED, None),
+        (1, JobState.QUEUED, None),
+        (1, JobState.SUCCEEDED, None),
+    ]
+    assert table_counts(pgq.engine)["pgqueue_message_queue"] == 0
+
+
+def test_a_job_that_keeps_snoozing_ends_failed_after_max_snoozes_and_its_attempts(
+    database_url: URL, settings: Settings
+) -> None:
+    url = database_url.render_as_string(hide_password=False)
+    pgq = PgQueue(url, settings=settings.replace(max_snoozes=2))  # two free snoozes
+
+    @pgq.task(name="never_ready", max_attempts=2, atomic=True)
+    def never_ready() -> None:
+        raise Snooze(60)
+
+    try:
+        with immediate(pgq) as mode:
+            job_id = never_ready.enqueue()
+        assert [(r.attempt, r.state) for r in mode.runs] == [
+            (1, JobState.QUEUED),
+            (1, JobState.QUEUED),
+            (1, JobState.RETRYING),
+            (2, JobState.FAILED),
+        ]
+        past = "Snooze: snooze 3 of this job is past the max_snoozes setting (2)"
+        assert mode.runs[2].error is not None and mode.runs[2].error.startswith(past)
+        job = pgq.get_job(job_id)
+        assert (job.state, job.attempts, job.snoozes) == (JobState.FAILED, 2, 4)
+    finally:
+        pgq.dispose()
+
+
+def test_without_retries_a_snoozed_job_stays_queued_until_its_delay(pgq: PgQueue) -> None:
+    @pgq.task(name="later")
+    def later() -> None:
+        raise Snooze(3600)
+
+    with immediate(pgq, retries=False) as mode:
+        job_id = later.enqueue()
+    assert [(r.attempt, r.state) for r in mode.runs] == [(1, JobState.QUEUED)]
+    job = pgq.get_job(job_id)
+    assert (job.state, job.attempts, job.snoozes) == (JobState.QUEUED, 0, 1)
+    assert job.run_at > dt.datetime.now(dt.UTC) + dt.timedelta(minutes=59)
