@@ -54,16 +54,18 @@ class JobRun(JobCall):
         kwargs: Mapping[str, Any],
         attempt: int,
         outcome: Outcome,
+        state: JobState | None = None,
     ) -> JobRun:
         """Attempt ``attempt`` of job ``job_id``, which ended in ``outcome`` (as the worker
-        wrote it)."""
+        wrote it); ``state`` when the outcome's statement decides it (a snooze past the
+        ``max_snoozes`` setting), else the outcome's transition's target."""
         return cls(
             job_id=job_id,
             task=task,
             args=tuple(args),
             kwargs=dict(kwargs),
             attempt=attempt,
-            state=JobState(outcome.kind.transition.target),
+            state=state or JobState(outcome.kind.transition.target),
             result=json.loads(outcome.result_json) if outcome.result_json else None,
             error=outcome.error or None,
         )

@@ -8,11 +8,13 @@ whose backoff has not passed yet is not ready: the run ends with that job RETRYI
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pgqueue.jobs import Outcome
 from pgqueue.models import Job
+from pgqueue.states import JobState, OutcomeKind
 from pgqueue.testing.immediate_mode import queue_of
 from pgqueue.testing.records import JobRun
 from pgqueue.worker import Worker
@@ -53,16 +55,35 @@ def run_jobs(
     for outcome in outcomes:
         if outcome.job_id not in jobs:
             jobs[outcome.job_id] = pgq.get_job(outcome.job_id)
-    # Each job's attempts counted back from its attempt count now, over its outcomes here.
-    remaining = {job_id: 0 for job_id in jobs}
+    return _attempts_of(outcomes, jobs, pgq.settings.max_snoozes)
+
+
+def _attempts_of(
+    outcomes: Sequence[Outcome], jobs: Mapping[int, Job], max_snoozes: int
+) -> list[JobRun]:
+    """``outcomes`` (in the order written) as runs, each with the attempt it ran as, counted
+    back from each job's attempt count now over the outcomes that used one: a release and a
+    snooze within ``max_snoozes`` give their attempt back (the next run has the same number);
+    a snooze past it counts as a failed attempt (RETRYING, or FAILED on the last one)."""
+    snoozes_here = Counter(o.job_id for o in outcomes if o.kind is OutcomeKind.SNOOZE)
+    snoozed = {job_id: job.snoozes - snoozes_here[job_id] for job_id, job in jobs.items()}
+    used: list[bool] = []
     for outcome in outcomes:
-        remaining[outcome.job_id] += 1
+        if outcome.kind is OutcomeKind.SNOOZE:
+            snoozed[outcome.job_id] += 1
+            used.append(snoozed[outcome.job_id] > max_snoozes)
+        else:
+            used.append(outcome.kind is not OutcomeKind.RELEASE)
+    remaining = Counter(o.job_id for o, counts in zip(outcomes, used, strict=True) if counts)
     runs = []
-    for outcome in outcomes:
+    for outcome, counts in zip(outcomes, used, strict=True):
         job = jobs[outcome.job_id]
         attempt = job.attempts - remaining[outcome.job_id] + 1
-        remaining[outcome.job_id] -= 1
-        runs.append(
-            JobRun.ended(job.id, job.task_name, job.args or (), job.kwargs or {}, attempt, outcome)
-        )
+        state = None
+        if outcome.kind is OutcomeKind.SNOOZE and counts:
+            state = JobState.FAILED if attempt >= job.max_attempts else JobState.RETRYING
+        if counts:
+            remaining[outcome.job_id] -= 1
+        args, kwargs = job.args or (), job.kwargs or {}
+        runs.append(JobRun.ended(job.id, job.task_name, args, kwargs, attempt, outcome, state))
     return runs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgqueue import JobContext, JobState, PgQueue, Retry
+from pgqueue import JobContext, JobState, PgQueue, Retry, Snooze
 from pgqueue.errors import SerializationError, ValidationError
 from pgqueue.testing import (
     assert_enqueued,
@@ -80,3 +80,27 @@ def test_enqueued_jobs_reads_every_page(pgq: PgQueue) -> None:
     listed = enqueued_jobs(pgq, "many")
     assert [job.job_id for job in listed] == ids
     assert enqueued_jobs(pgq, many)[-1].args == (1499,)
+
+
+def test_run_jobs_numbers_attempts_across_snoozes(pgq: PgQueue) -> None:
+    pgq.settings = pgq.settings.replace(max_snoozes=2)
+    calls: list[int] = []
+
+    @pgq.task(name="patient", pass_context=True, max_attempts=2)
+    def patient(ctx: JobContext) -> int:
+        calls.append(ctx.attempt)
+        if len(calls) < 4:
+            raise Snooze(0)
+        return len(calls)
+
+    job_id = patient.enqueue()
+    runs = run_jobs(pgq)
+    # Two free snoozes keep attempt 1; the third is past max_snoozes and counts as attempt 1's
+    # failure; attempt 2 succeeds.
+    assert [(r.job_id, r.attempt, r.state) for r in runs] == [
+        (job_id, 1, JobState.QUEUED),
+        (job_id, 1, JobState.QUEUED),
+        (job_id, 1, JobState.RETRYING),
+        (job_id, 2, JobState.SUCCEEDED),
+    ]
+    assert calls == [1, 1, 1, 2]
