@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-from pgqueue import PgQueue, Settings
+from pgqueue import JobContext, JobState, PgQueue, QueueFull, Settings, Snooze
+from pgqueue.testing import ConcurrencyProbe, states_of
 
 if TYPE_CHECKING:
     from conftest import App
@@ -172,6 +174,68 @@ def test_asyncio_enqueues_through_pgbouncer_in_transaction_mode(app: App, bounce
     assert len(set(ids)) == 2201
     assert tuple(inside) == ("4321ms",)
     assert set(app.jobs(ids)) == set(ids)
+
+
+def test_flow_control_and_lifecycle_through_pgbouncer_in_transaction_mode(
+    app: App, bouncer: URL
+) -> None:
+    """Key limits, a rate limit, a bounded queue under concurrent enqueues, snooze, progress
+    and durable steps, each transaction on whichever server session the pool hands out."""
+    pgq = PgQueue(bouncer, settings=Settings(pooler="transaction", poll_interval=0.1))
+    probe = ConcurrencyProbe()
+    runs: dict[int, int] = {}
+
+    @pgq.task(name="pb.keyed", concurrency_key=lambda account: f"pb:{account}", key_limit=1)
+    def keyed(account: int) -> None:
+        probe.run(0.05)
+
+    @pgq.task(name="pb.rated", queue="pb_rated")
+    def rated(n: int) -> int:
+        return n
+
+    @pgq.task(name="pb.bounded", queue="pb_bounded")
+    def bounded(n: int) -> int:
+        return n
+
+    @pgq.task(name="pb.lifecycle", pass_context=True)
+    def lifecycle(ctx: JobContext) -> str:
+        runs[ctx.job_id] = runs.get(ctx.job_id, 0) + 1
+        ctx.progress(0.5)
+        if runs[ctx.job_id] < 3:
+            raise Snooze(0)
+        return str(ctx.step("once", lambda: "done"))
+
+    try:
+        pgq.set_rate_limit("pb_rated", 100, per=1)
+        pgq.set_queue_max_depth("pb_bounded", 10)
+        refused: list[int] = []
+
+        def enqueue_bounded(n: int) -> int | None:
+            try:
+                return bounded.enqueue(n)
+            except QueueFull:
+                refused.append(n)
+                return None
+
+        with ThreadPoolExecutor(8) as pool:
+            bounded_ids = [i for i in pool.map(enqueue_bounded, range(30)) if i is not None]
+        assert (len(bounded_ids), len(refused)) == (10, 20)
+        ids = keyed.enqueue_many([[1]] * 4 + [[2]] * 4)
+        ids += rated.enqueue_many([[n] for n in range(20)])
+        [lifecycle_id] = lifecycle.enqueue_many([[]])
+        stats = pgq.run_worker(drain=True, concurrency=6)
+        assert stats.failed == 0
+        assert probe.peak == 2  # one per key
+        everything = [*ids, *bounded_ids, lifecycle_id]
+        assert set(states_of(pgq, everything).values()) == {JobState.SUCCEEDED}
+        job = pgq.get_job(lifecycle_id)
+        assert (job.attempts, job.result, [step.name for step in job.steps]) == (
+            1,
+            "done",
+            ["once"],
+        )
+    finally:
+        pgq.dispose()
 
 
 # The settings pgqueue gives its own statements (per transaction behind a pooler).
