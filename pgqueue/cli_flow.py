@@ -70,14 +70,15 @@ def rate_limit_command(
             raise CommandError("--per goes with a QUEUE (or --key PREFIX) and a LIMIT")
         _print_rates(pgq, as_json=as_json)
         return
+    queue = None if key is not None else values[0]
     if key is not None:
         target = f"keys {validation.concurrency_key(key, what='--key')}*"
     else:
-        target = f"queue {validation.queue_name(values[0])}"
+        target = f"queue {validation.queue_name(queue)}"
     if limit is None:
         if per is not None:
             raise CommandError("--per goes with a LIMIT (the number of starts per window)")
-        _print_one_rate(pgq, key=key, queue=values[0] if key is None else None, as_json=as_json)
+        _print_one_rate(pgq, target, key=key, queue=queue, as_json=as_json)
         return
     _refuse_json_with_a_value(as_json)
     value = number_or_none(limit)
@@ -85,7 +86,6 @@ def rate_limit_command(
         raise CommandError("--per goes with a LIMIT; 'none' alone removes the rate limit")
     if value is not None and per is None:
         raise CommandError("a rate limit needs --per SECONDS, the window it counts starts in")
-    queue = None if key is not None else values[0]
     window = None if per is None else _seconds(per)
     pgq.set_rate_limit(queue, value, per=window, key=key)
     shown = "removed" if value is None else _rate(value, window)
@@ -161,16 +161,18 @@ def _rate_record(limit: int | None, per: float | None) -> dict[str, Any]:
     return {"rate_limit": limit, "rate_per": per}
 
 
-def _print_one_rate(pgq: PgQueue, *, key: str | None, queue: str | None, as_json: bool) -> None:
+def _print_one_rate(
+    pgq: PgQueue, target: str, *, key: str | None, queue: str | None, as_json: bool
+) -> None:
     if key is not None:
         override = {o.prefix: o for o in pgq.key_overrides()}.get(key)
         limit, per = (override.rate_limit, override.rate_per) if override else (None, None)
-        target, name = f"keys {key}*", {"prefix": key}
+        name = {"prefix": key}
     else:
         assert queue is not None
         found = pgq.admin.queue_settings().get(queue) or QueueSettings(queue, False, None, 0)
         limit, per = found.rate_limit, found.rate_per
-        target, name = f"queue {queue}", {"queue": queue}
+        name = {"queue": queue}
     if as_json:
         print_json({**name, **_rate_record(limit, per)})
         return
