@@ -41,6 +41,7 @@ __all__ = [
     "JobFilter",
     "JobHolder",
     "JobPage",
+    "KeyOverride",
     "ListArguments",
     "OldestWaiting",
     "QueueSettings",
@@ -117,13 +118,30 @@ class OldestWaiting:
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
     """A queue's switches and the number of its jobs running now (counted for limited
-    queues); ``max_depth`` is its bound (``set_queue_max_depth``), None when unbounded."""
+    queues); ``max_depth`` is its bound (``set_queue_max_depth``), None when unbounded;
+    ``rate_limit`` starts in any window of ``rate_per`` seconds is its rate limit
+    (``set_rate_limit``), both None when it has none."""
 
     name: str
     paused: bool
     concurrency_limit: int | None
     running: int
     max_depth: int | None = None
+    rate_limit: int | None = None
+    rate_per: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyOverride:
+    """The limits set at run time for the concurrency keys starting with ``prefix``: at most
+    ``key_limit`` of each such key running at once (``set_key_limit``; None: the task's own
+    ``key_limit`` applies), and at most ``rate_limit`` starts of each in any window of
+    ``rate_per`` seconds (``set_rate_limit(key=...)``; both None when it has no rate)."""
+
+    prefix: str
+    key_limit: int | None
+    rate_limit: int | None
+    rate_per: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,10 +619,21 @@ class Admin:
         rows = self._read(repository.queue_controls)
         return {
             row.name: QueueSettings(
-                row.name, row.paused, row.concurrency_limit, row.running, row.max_depth
+                row.name,
+                row.paused,
+                row.concurrency_limit,
+                row.running,
+                row.max_depth,
+                row.rate_limit,
+                row.rate_per,
             )
             for row in rows
         }
+
+    def key_overrides(self) -> list[KeyOverride]:
+        """Every run-time override of the concurrency keys' limits, by prefix."""
+        rows = self._read(repository.key_overrides)
+        return [KeyOverride(*row) for row in rows]
 
     # -- workers -----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from rich.table import Table
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.cli_bulk import add_bulk_commands
+from pgqueue.cli_flow import FLOW_COMMAND_SETTINGS, key_limit_command, rate_limit_command
 from pgqueue.cli_shared import (
     OneLineErrors,
     configure_logging,
@@ -27,6 +28,7 @@ from pgqueue.cli_shared import (
     job_filter_options,
     json_option,
     load_app,
+    number_or_none,
     print_job,
     print_jobs,
     print_json,
@@ -527,7 +529,7 @@ def limit(queue: str, limit: str, database_url: str | None) -> None:
 
 def limit_queue(pgq: PgQueue, queue: str, limit: str) -> None:
     """Shared by ``pgqueue limit`` and ``flask pgqueue limit``."""
-    value = _number_or_none(limit)
+    value = number_or_none(limit)
     pgq.admin.set_queue_limit(queue, value)
     click.echo(f"queue {queue}: limit {'removed' if value is None else value}")
 
@@ -544,19 +546,41 @@ def max_depth(queue: str, max_depth: str, database_url: str | None) -> None:
 
 def bound_queue(pgq: PgQueue, queue: str, max_depth: str) -> None:
     """Shared by ``pgqueue max-depth`` and ``flask pgqueue max-depth``."""
-    value = _number_or_none(max_depth)
+    value = number_or_none(max_depth)
     pgq.set_queue_max_depth(queue, value)
     click.echo(f"queue {queue}: max depth {'removed' if value is None else value}")
 
 
-def _number_or_none(text: str) -> int | None:
-    """A command's whole-number argument, where ``none`` means no value."""
-    if text.lower() == "none":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a number or 'none'") from None
+@main.command(name="key-limit", context_settings=FLOW_COMMAND_SETTINGS)
+@click.argument("key_or_prefix", required=False)
+@click.argument("limit", required=False)
+@json_option
+@database_option
+def key_limit(
+    key_or_prefix: str | None, limit: str | None, as_json: bool, database_url: str | None
+) -> None:
+    """At most LIMIT running jobs per concurrency key starting with KEY_OR_PREFIX (``none``
+    removes the override); without LIMIT, show it; without arguments, list every override."""
+    key_limit_command(_queue_for(database_url), key_or_prefix, limit, as_json=as_json)
+
+
+@main.command(name="rate-limit", context_settings=FLOW_COMMAND_SETTINGS)
+@click.argument("values", nargs=-1, metavar="[QUEUE] [LIMIT]")
+@click.option("--key", default=None, metavar="PREFIX", help="Limit each key with this prefix.")
+@click.option("--per", default=None, metavar="SECONDS", help="The window, in seconds.")
+@json_option
+@database_option
+def rate_limit(
+    values: tuple[str, ...],
+    key: str | None,
+    per: str | None,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """At most LIMIT jobs of QUEUE (or of each key starting with --key PREFIX) start in any
+    window of --per SECONDS (``none`` removes it); without LIMIT, show it; without arguments,
+    list every rate limit."""
+    rate_limit_command(_queue_for(database_url), values, key=key, per=per, as_json=as_json)
 
 
 # -- demo -------------------------------------------------------------------------------------

@@ -65,6 +65,17 @@ def print_error(message: str) -> None:
     error_console.print(Text.assemble(("error:", "red"), " ", " ".join(message.split())))
 
 
+def number_or_none(text: str) -> int | None:
+    """A command's whole-number argument, where ``none`` means no value (its range is the
+    admin API's to check)."""
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise CommandError(f"{text!r} is not a whole number or 'none'") from None
+
+
 _FIX_APP = "name the PgQueue object, e.g. myapp.jobs:pgq"
 
 

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import connections, repository, uow
-from pgqueue.admin import Admin, check_job_id, job_snapshot
+from pgqueue.admin import Admin, KeyOverride, check_job_id, job_snapshot
 from pgqueue.aio import AsyncDatabase, check_async_engine, check_async_session
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.db import Database
@@ -561,6 +561,11 @@ class PgQueue:
         """At most ``limit`` starts of ``queue`` (or of each key starting with ``key=``) in any
         window of ``per`` seconds (see ``Admin.set_rate_limit``); ``None`` removes it."""
         self.admin.set_rate_limit(queue, limit, per=per, key=key)
+
+    def key_overrides(self) -> list[KeyOverride]:
+        """The run-time limits of concurrency keys, one per prefix (see
+        ``Admin.key_overrides``); queues' limits and rates: ``admin.queue_settings()``."""
+        return self.admin.key_overrides()
 
     def queue_controls(self) -> dict[str, dict[str, Any]]:
         """``{queue: {"paused", "concurrency_limit", "running"}}`` for queues with settings

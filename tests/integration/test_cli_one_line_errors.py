@@ -41,6 +41,8 @@ INVOCATIONS: dict[str, list[list[str]]] = {
     "resume": [["resume", "q"]],
     "limit": [["limit", "q", "3"]],
     "max-depth": [["max-depth", "q", "3"]],
+    "key-limit": [["key-limit"], ["key-limit", "account:", "2"]],
+    "rate-limit": [["rate-limit", "--json"], ["rate-limit", "--key", "t:", "5", "--per", "1"]],
     "enqueue": [["enqueue", "shop:pgq", "shop.noop"]],
     "worker": [["worker", "shop:pgq", "--drain"]],
     "schedules": [["schedules", "shop:pgq"]],

@@ -19,6 +19,7 @@ from flask.cli import AppGroup, ScriptInfo
 from pgqueue import cli as core_cli
 from pgqueue import cli_shared as shared
 from pgqueue.cli_bulk import add_bulk_commands
+from pgqueue.cli_flow import FLOW_COMMAND_SETTINGS, key_limit_command, rate_limit_command
 from pgqueue.contrib.flask import get_state
 from pgqueue.core import PgQueue as CoreQueue
 from pgqueue.states import JobState
@@ -171,6 +172,28 @@ def max_depth(queue: str, max_depth: str) -> None:
     """Refuse enqueues that would take QUEUE above MAX_DEPTH waiting jobs (``none`` removes
     the bound)."""
     core_cli.bound_queue(_queue(), queue, max_depth)
+
+
+@pgqueue_group.command(name="key-limit", context_settings=FLOW_COMMAND_SETTINGS)
+@click.argument("key_or_prefix", required=False)
+@click.argument("limit", required=False)
+@shared.json_option
+def key_limit(key_or_prefix: str | None, limit: str | None, as_json: bool) -> None:
+    """At most LIMIT running jobs per concurrency key starting with KEY_OR_PREFIX (``none``
+    removes the override); without LIMIT, show it; without arguments, list every override."""
+    key_limit_command(_queue(), key_or_prefix, limit, as_json=as_json)
+
+
+@pgqueue_group.command(name="rate-limit", context_settings=FLOW_COMMAND_SETTINGS)
+@click.argument("values", nargs=-1, metavar="[QUEUE] [LIMIT]")
+@click.option("--key", default=None, metavar="PREFIX", help="Limit each key with this prefix.")
+@click.option("--per", default=None, metavar="SECONDS", help="The window, in seconds.")
+@shared.json_option
+def rate_limit(values: tuple[str, ...], key: str | None, per: str | None, as_json: bool) -> None:
+    """At most LIMIT jobs of QUEUE (or of each key starting with --key PREFIX) start in any
+    window of --per SECONDS (``none`` removes it); without LIMIT, show it; without arguments,
+    list every rate limit."""
+    rate_limit_command(_queue(), values, key=key, per=per, as_json=as_json)
 
 
 @pgqueue_group.group()

@@ -369,7 +369,11 @@ def queue_list(error: str | None = None, status: int = 200) -> tuple[str, int]:
     names |= {task.queue for task in get_state().tasks.values()}
     queues = [settings.get(name) or QueueSettings(name, False, None, 0) for name in sorted(names)]
     page = render_template(
-        "pgqueue/queues.html", queues=queues, error=error, max_limit=MAX_QUEUE_LIMIT
+        "pgqueue/queues.html",
+        queues=queues,
+        key_overrides=admin.key_overrides(),
+        error=error,
+        max_limit=MAX_QUEUE_LIMIT,
     )
     return page, status
 

@@ -1,0 +1,179 @@
+"""``pgqueue key-limit`` and ``pgqueue rate-limit`` (and their ``flask pgqueue`` twins): show,
+set and remove the flow-control limits that operators change at run time.
+
+Each command shows the current settings when given no value, sets one with a value, and
+removes it with ``none``. Bad input (a count below 1, a window that is not a positive number
+of seconds, an empty key) is refused by the admin API's checks before anything is written,
+and reported as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+
+from pgqueue import validation
+from pgqueue.admin import KeyOverride, QueueSettings
+from pgqueue.cli_shared import CommandError, console, number_or_none, print_json
+from pgqueue.core import PgQueue
+
+__all__ = ["FLOW_COMMAND_SETTINGS", "key_limit_command", "rate_limit_command"]
+
+# A limit of ``-3`` is a bad value to name in the error, not an unknown option.
+FLOW_COMMAND_SETTINGS: dict[str, Any] = {"ignore_unknown_options": True}
+
+
+def key_limit_command(
+    pgq: PgQueue, key_or_prefix: str | None, limit: str | None, *, as_json: bool
+) -> None:
+    """Shared by ``pgqueue key-limit`` and ``flask pgqueue key-limit``: every key override
+    (no arguments), the limit of one prefix (``KEY_OR_PREFIX``), or set it (``... LIMIT``;
+    ``none`` removes it)."""
+    if key_or_prefix is None:
+        _print_key_overrides(pgq.key_overrides(), as_json=as_json)
+        return
+    prefix = validation.concurrency_key(key_or_prefix, what="KEY_OR_PREFIX")
+    if limit is None:
+        found = {o.prefix: o for o in pgq.key_overrides()}.get(prefix)
+        key_limit = found.key_limit if found else None
+        if as_json:
+            print_json({"prefix": prefix, "key_limit": key_limit})
+            return
+        click.echo(f"keys {prefix}*: {'no limit override' if key_limit is None else key_limit}")
+        return
+    _refuse_json_with_a_value(as_json)
+    value = number_or_none(limit)
+    pgq.set_key_limit(prefix, value)
+    click.echo(f"keys {prefix}*: limit {'removed' if value is None else value}")
+
+
+def rate_limit_command(
+    pgq: PgQueue,
+    values: tuple[str, ...],
+    *,
+    key: str | None,
+    per: str | None,
+    as_json: bool,
+) -> None:
+    """Shared by ``pgqueue rate-limit`` and ``flask pgqueue rate-limit``: every rate limit
+    (no arguments), the rate of one queue (``QUEUE``) or key prefix (``--key PREFIX``), or set
+    it (``... LIMIT --per SECONDS``; ``none`` removes it)."""
+    most = 1 if key is not None else 2
+    if len(values) > most:
+        usage = "--key PREFIX [LIMIT]" if key is not None else "[QUEUE [LIMIT]]"
+        raise CommandError(f"rate-limit takes {usage}; unexpected argument {values[most]!r}")
+    limit = values[-1] if len(values) == most else None
+    if key is None and not values:
+        if per is not None:
+            raise CommandError("--per goes with a QUEUE (or --key PREFIX) and a LIMIT")
+        _print_rates(pgq, as_json=as_json)
+        return
+    queue = None if key is not None else values[0]
+    if key is not None:
+        target = f"keys {validation.concurrency_key(key, what='--key')}*"
+    else:
+        target = f"queue {validation.queue_name(queue)}"
+    if limit is None:
+        if per is not None:
+            raise CommandError("--per goes with a LIMIT (the number of starts per window)")
+        _print_one_rate(pgq, target, key=key, queue=queue, as_json=as_json)
+        return
+    _refuse_json_with_a_value(as_json)
+    value = number_or_none(limit)
+    if value is None and per is not None:
+        raise CommandError("--per goes with a LIMIT; 'none' alone removes the rate limit")
+    if value is not None and per is None:
+        raise CommandError("a rate limit needs --per SECONDS, the window it counts starts in")
+    window = None if per is None else _seconds(per)
+    pgq.set_rate_limit(queue, value, per=window, key=key)
+    shown = "removed" if value is None else _rate(value, window)
+    click.echo(f"{target}: rate limit {shown}")
+
+
+def _seconds(text: str) -> float:
+    """``--per``'s number of seconds (its range is the admin API's to check)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise CommandError(f"--per {text!r} is not a number of seconds") from None
+
+
+def _refuse_json_with_a_value(as_json: bool) -> None:
+    if as_json:
+        raise CommandError("--json shows the settings; it does not go with a LIMIT")
+
+
+def _rate(limit: int | None, per: float | None) -> str:
+    if limit is None or per is None:
+        return "none"
+    return f"{limit} per {per:g}s"
+
+
+def _print_key_overrides(overrides: list[KeyOverride], *, as_json: bool) -> None:
+    if as_json:
+        print_json(
+            [
+                {
+                    "prefix": o.prefix,
+                    "key_limit": o.key_limit,
+                    "rate_limit": o.rate_limit,
+                    "rate_per": o.rate_per,
+                }
+                for o in overrides
+            ]
+        )
+        return
+    table = Table(title="pgqueue key limits (longest matching prefix wins)")
+    table.add_column("prefix")
+    table.add_column("key limit", justify="right")
+    table.add_column("rate limit", justify="right")
+    for o in overrides:
+        limit = "task's" if o.key_limit is None else str(o.key_limit)
+        table.add_row(o.prefix, limit, _rate(o.rate_limit, o.rate_per))
+    console.print(table)
+
+
+def _print_rates(pgq: PgQueue, *, as_json: bool) -> None:
+    queues = [q for q in pgq.admin.queue_settings().values() if q.rate_limit is not None]
+    keys = [o for o in pgq.key_overrides() if o.rate_limit is not None]
+    if as_json:
+        print_json(
+            {
+                "queues": {q.name: _rate_record(q.rate_limit, q.rate_per) for q in queues},
+                "keys": {o.prefix: _rate_record(o.rate_limit, o.rate_per) for o in keys},
+            }
+        )
+        return
+    table = Table(title="pgqueue rate limits")
+    table.add_column("applies to")
+    table.add_column("limit", justify="right")
+    table.add_column("per", justify="right")
+    for q in sorted(queues, key=lambda q: q.name):
+        table.add_row(f"queue {q.name}", str(q.rate_limit), f"{q.rate_per:g}s")
+    for o in keys:
+        table.add_row(f"keys {o.prefix}*", str(o.rate_limit), f"{o.rate_per:g}s")
+    console.print(table)
+
+
+def _rate_record(limit: int | None, per: float | None) -> dict[str, Any]:
+    return {"rate_limit": limit, "rate_per": per}
+
+
+def _print_one_rate(
+    pgq: PgQueue, target: str, *, key: str | None, queue: str | None, as_json: bool
+) -> None:
+    if key is not None:
+        override = {o.prefix: o for o in pgq.key_overrides()}.get(key)
+        limit, per = (override.rate_limit, override.rate_per) if override else (None, None)
+        name = {"prefix": key}
+    else:
+        assert queue is not None
+        found = pgq.admin.queue_settings().get(queue) or QueueSettings(queue, False, None, 0)
+        limit, per = found.rate_limit, found.rate_per
+        name = {"queue": queue}
+    if as_json:
+        print_json({**name, **_rate_record(limit, per)})
+        return
+    click.echo(f"{target}: {'no rate limit' if limit is None else _rate(limit, per)}")
