@@ -21,8 +21,16 @@ from pgqueue.core import PgQueue
 
 __all__ = ["FLOW_COMMAND_SETTINGS", "key_limit_command", "rate_limit_command"]
 
-# A limit of ``-3`` is a bad value to name in the error, not an unknown option.
+# A limit of ``-3`` is a bad value to name in the error, not an unknown option; a mistyped
+# option (``--jsn``) then arrives as an argument, and ``_refuse_unknown_options`` names it.
 FLOW_COMMAND_SETTINGS: dict[str, Any] = {"ignore_unknown_options": True}
+
+
+def _refuse_unknown_options(*arguments: str | None) -> None:
+    """Refuse an argument that is a mistyped option rather than a name or a number."""
+    for argument in arguments:
+        if argument is not None and argument.startswith("--"):
+            raise CommandError(f"no such option: {argument}")
 
 
 def key_limit_command(
@@ -31,6 +39,7 @@ def key_limit_command(
     """Shared by ``pgqueue key-limit`` and ``flask pgqueue key-limit``: every key override
     (no arguments), the limit of one prefix (``KEY_OR_PREFIX``), or set it (``... LIMIT``;
     ``none`` removes it)."""
+    _refuse_unknown_options(key_or_prefix, limit)
     if key_or_prefix is None:
         _print_key_overrides(pgq.key_overrides(), as_json=as_json)
         return
@@ -60,6 +69,7 @@ def rate_limit_command(
     """Shared by ``pgqueue rate-limit`` and ``flask pgqueue rate-limit``: every rate limit
     (no arguments), the rate of one queue (``QUEUE``) or key prefix (``--key PREFIX``), or set
     it (``... LIMIT --per SECONDS``; ``none`` removes it)."""
+    _refuse_unknown_options(*values)
     most = 1 if key is not None else 2
     if len(values) > most:
         usage = "--key PREFIX [LIMIT]" if key is not None else "[QUEUE [LIMIT]]"

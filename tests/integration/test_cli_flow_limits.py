@@ -137,6 +137,9 @@ def test_key_rate_limit_set_show_list_and_remove(pgq: PgQueue, database_url: URL
         (["rate-limit", "--key", "t:", "reports", "5", "--per", "1"], "unexpected argument '5'"),
         (["rate-limit", "", "5", "--per", "1"], "queue"),
         (["rate-limit", "--per", "1"], "--per goes with a QUEUE"),
+        (["key-limit", "--jsn"], "no such option: --jsn"),
+        (["key-limit", "account:", "--limit=3"], "no such option: --limit=3"),
+        (["rate-limit", "reports", "5", "--pr", "1"], "no such option: --pr"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
