@@ -123,6 +123,23 @@ CLAIMED_COLUMNS: Final[tuple[Any, ...]] = (
 )
 
 
+# What a statement that moves jobs out of RUNNING either back to waiting or to a final state
+# (a snooze, a rescue) returns of them: the new state, what a new ticket needs
+# (``tickets_for``), the queue and key whose slots it frees (``free_slots``), the dependents to
+# settle and whether anyone waits for the job (``announced``).
+REQUEUED_OR_ENDED_COLUMNS: Final[tuple[Any, ...]] = (
+    Job.id,
+    Job.state,
+    Job.queue,
+    Job.priority,
+    Job.run_at,
+    Job.atomic,
+    Job.concurrency_key,
+    Job.dependents,
+    Job.awaited,
+)
+
+
 COPY_TICKET_COLUMNS: Final = ("job_id", "queue", "priority", "run_at", "atomic")
 
 

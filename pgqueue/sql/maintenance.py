@@ -29,6 +29,7 @@ from sqlalchemy import (
 from pgqueue.models import Job, MessageQueue, QueueControl
 from pgqueue.sql.common import (
     CLEAR_LEASE,
+    REQUEUED_OR_ENDED_COLUMNS,
     among,
     announced,
     append_error,
@@ -100,17 +101,7 @@ def rescue_expired() -> Select[int, str, list[int] | None]:
             errors=append_error(Job.attempts, error),
             **CLEAR_LEASE,
         )
-        .returning(
-            Job.id,
-            Job.state,
-            Job.queue,
-            Job.priority,
-            Job.run_at,
-            Job.atomic,
-            Job.concurrency_key,
-            Job.dependents,
-            Job.awaited,
-        )
+        .returning(*REQUEUED_OR_ENDED_COLUMNS)
         .cte("rescued")
     )
     tickets = tickets_for(updated, "rescue_tickets", updated.c.state == RESCUE.target.value)

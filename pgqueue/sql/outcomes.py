@@ -42,6 +42,7 @@ from sqlalchemy.sql.dml import ReturningUpdate
 from pgqueue.models import Job
 from pgqueue.sql.common import (
     CLEAR_LEASE,
+    REQUEUED_OR_ENDED_COLUMNS,
     announced,
     append_error,
     array_param,
@@ -288,17 +289,7 @@ def snooze(with_progress: bool = False, keyed: bool = True) -> Select[int, list[
             **CLEAR_LEASE,
             **_progress_values(rows, with_progress),
         )
-        .returning(
-            Job.id,
-            Job.state,
-            Job.queue,
-            Job.priority,
-            Job.run_at,
-            Job.atomic,
-            Job.concurrency_key,
-            Job.dependents,
-            Job.awaited,
-        )
+        .returning(*REQUEUED_OR_ENDED_COLUMNS)
         .cte("snoozed")
     )
     ended = updated.c.state == FAIL.target.value

@@ -187,12 +187,16 @@ def test_key_limit_two_over_twenty_keys_across_four_processes(
     print(f"lone key started {lone_started - lone_enqueued:.3f} s after its enqueue")
 
 
-def test_rate_fifty_per_second_over_five_hundred_jobs(
+def _run_rated(
     pgq: PgQueue,
     database_url: URL,
     tmp_path: Path,
     workers: list[subprocess.Popen[bytes]],
-) -> None:
+    count: int,
+) -> tuple[list[tuple[int, str, float, float]], float]:
+    """Four worker processes run ``count`` jobs of the queue ``rated`` at 50 per 1 s; the
+    ledger's rows (each job checked to have run exactly once) and the time of the enqueue."""
+
     @pgq.task(name="rated", queue="rated")
     def rated(n: int) -> None:
         raise AssertionError("runs in the worker processes")
@@ -200,11 +204,21 @@ def test_rate_fifty_per_second_over_five_hundred_jobs(
     pgq.set_rate_limit("rated", 50, per=1)
     _start_workers(tmp_path, database_url, workers)
     _wait_until_registered(pgq, 4)
-    began = time.time()
-    ids = rated.enqueue_many([[n] for n in range(500)])
-    wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=60)
+    enqueued = time.time()
+    ids = rated.enqueue_many([[n] for n in range(count)])
+    wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=120)
     rows = _ledger(tmp_path / "ledger", "rate")
-    assert sorted(job for job, *_ in rows) == list(range(500))
+    assert sorted(job for job, *_ in rows) == list(range(count))
+    return rows, enqueued
+
+
+def test_rate_fifty_per_second_over_five_hundred_jobs(
+    pgq: PgQueue,
+    database_url: URL,
+    tmp_path: Path,
+    workers: list[subprocess.Popen[bytes]],
+) -> None:
+    rows, began = _run_rated(pgq, database_url, tmp_path, workers, 500)
     starts = [started for _, _, started, _ in rows]
     assert most_in_window(starts, 1.0) <= 50
     finished = max(ended for *_, ended in rows) - began
@@ -230,17 +244,7 @@ def test_rate_holds_on_an_overloaded_host(
     workers: list[subprocess.Popen[bytes]],
     busy_host: None,
 ) -> None:
-    @pgq.task(name="rated", queue="rated")
-    def rated(n: int) -> None:
-        raise AssertionError("runs in the worker processes")
-
-    pgq.set_rate_limit("rated", 50, per=1)
-    _start_workers(tmp_path, database_url, workers)
-    _wait_until_registered(pgq, 4)
-    ids = rated.enqueue_many([[n] for n in range(300)])
-    wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=120)
-    rows = _ledger(tmp_path / "ledger", "rate")
-    assert sorted(job for job, *_ in rows) == list(range(300))  # each ran exactly once
+    rows, _ = _run_rated(pgq, database_url, tmp_path, workers, 300)
     starts = [started for _, _, started, _ in rows]
     print(
         f"most starts in a 1 s window: {most_in_window(starts, 1.0)}; "

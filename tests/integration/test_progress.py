@@ -7,17 +7,14 @@ dashboard's job page. Each write of a job's progress is counted by a trigger on 
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from cli_runs import shown_as_json
 from dashboard_app import dashboard_app
 from sqlalchemy import text
 from sqlalchemy.engine import URL
@@ -152,18 +149,7 @@ def test_final_progress_is_written_with_the_outcome_when_no_heartbeat_ran(
     assert job.progress_at is not None and job.progress_at <= job.finished_at
     assert [(w.progress, w.message) for w in writes(pgq, job_id)] == [(1.0, "done")]
 
-    shown = subprocess.run(
-        [sys.executable, "-m", "pgqueue", "show", str(job_id), "--json"],
-        env={
-            **os.environ,
-            "PGQUEUE_DATABASE_URL": database_url.render_as_string(hide_password=False),
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    record = json.loads(shown.stdout)
+    record = shown_as_json(database_url, job_id)
     assert (record["progress"], record["progress_message"]) == (1.0, "done")
     assert record["progress_at"] is not None
 

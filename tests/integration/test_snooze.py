@@ -7,15 +7,12 @@ database; the CLI as a subprocess."""
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from cli_runs import shown_as_json
 from sqlalchemy import event, select, text
 from sqlalchemy.engine import URL
 from test_explain import explain_lines
@@ -92,18 +89,7 @@ def test_snooze_reschedules_at_now_plus_delay_and_keeps_the_running_counter(
     assert lines[1].strip().startswith("scheduled: snoozed 1 time, next run at "), lines
     assert f"{ticket_run_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC" in lines[1]
 
-    shown = subprocess.run(
-        [sys.executable, "-m", "pgqueue", "show", str(job_id), "--json"],
-        env={
-            **os.environ,
-            "PGQUEUE_DATABASE_URL": database_url.render_as_string(hide_password=False),
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    assert json.loads(shown.stdout)["snoozes"] == 1
+    assert shown_as_json(database_url, job_id)["snoozes"] == 1
 
 
 def test_snoozes_past_the_maximum_count_as_failed_attempts(limited: PgQueue) -> None:
