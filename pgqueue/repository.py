@@ -279,7 +279,8 @@ def claim(
     ``notified``: the claim follows a wake-up for new work. If the lean form comes back empty
     the claimer looks at once whether controls exist (a first keyed job, say) and, if they do,
     claims with the full form. Only when empty: a claim that got jobs hands them over first,
-    rather than delay them by a round trip on every wake-up of a lightly loaded worker. A short claim of the flow form, while rate limits
+    rather than delay them by a round trip on every wake-up of a lightly loaded worker. A
+    short claim of the flow form, while rate limits
     exist, records in ``limits.rate_wait`` when the first full window has room."""
     if limits is None:
         limits = claim_choice.limits_seen_by(claimer_key(db))

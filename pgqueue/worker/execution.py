@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,10 @@ class Execution:
     # Created only when a handler asks (JobContext) or an async handler runs: most jobs never
     # need one, and an Event per job is measurable at thousands of jobs per second.
     _event: threading.Event | None = None
+
+    def past_start_by(self) -> bool:
+        """A rate-limited attempt whose handler may no longer start (``start_by`` passed)."""
+        return self.start_by is not None and time.monotonic() > self.start_by
 
     def cancel_event(self) -> threading.Event:
         """The event a handler's ``JobContext`` watches (created on first use)."""

@@ -83,7 +83,7 @@ class Executor:
 
     def _run_leased(self, execution: Execution, span: RunSpan | None) -> Outcome:
         job = execution.job
-        if execution.start_by is not None and time.monotonic() > execution.start_by:
+        if execution.past_start_by():
             return self._not_started(job)
         try:
             task = self._resolve(job)
@@ -139,7 +139,7 @@ class Executor:
         execution = Execution(
             job, 0.0, None, time.monotonic(), start_by=job.start_by, _event=cancel_event
         )
-        if job.start_by is not None and time.monotonic() > job.start_by:
+        if execution.past_start_by():
             return self._record_atomic(session, job, self._not_started(job))
         try:
             task = self._resolve(job)

@@ -158,15 +158,9 @@ def test_copy_chunks_hold_a_bounded_number_of_rows() -> None:
 
 
 def test_outcome_statements_touch_the_key_counters_only_in_their_keyed_form() -> None:
-    kinds = [
-        outcomes.complete,
-        outcomes.retry,
-        outcomes.fail,
-        outcomes.mark_cancelled,
-        outcomes.release,
-        outcomes.snooze,
-    ]
-    for statement in kinds:
+    from pgqueue.repository import _OUTCOME_STATEMENTS
+
+    for statement in _OUTCOME_STATEMENTS.values():
         for with_progress in (False, True):
             keyed = str(statement(with_progress, True).compile(dialect=DIALECT))
             plain = str(statement(with_progress, False).compile(dialect=DIALECT))
