@@ -16,6 +16,7 @@ tests may add listeners to an engine at any time, and must then see every statem
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
@@ -37,6 +38,14 @@ class Executor(Protocol):
         that returns none)."""
         ...
 
+    def timed_rows(
+        self, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> tuple[Sequence[Any], float]:
+        """``rows`` of ``statement``, and the monotonic time just before it went to the server
+        (after compiling it and any connection set-up), which precedes the server's
+        ``statement_timestamp()`` for it."""
+        ...
+
     def copy(self, statement: Any, chunks: Iterable[str]) -> None:
         """``COPY ... FROM STDIN`` (``statement``) fed with ``chunks`` of COPY text."""
         ...
@@ -52,6 +61,14 @@ class ConnectionExecutor:
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
         result = self.connection.execute(statement, dict(params or {}))
         return result.all() if result.returns_rows else ()
+
+    def timed_rows(
+        self, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> tuple[Sequence[Any], float]:
+        # SQLAlchemy compiles inside execute: the reading comes before that, a few
+        # milliseconds early on a statement's first run, never late.
+        sent = time.monotonic()
+        return self.rows(statement, params), sent
 
     def copy(self, statement: Any, chunks: Iterable[str]) -> None:
         # COPY has no SQLAlchemy construct: it runs on the psycopg connection underneath, in
@@ -145,3 +162,10 @@ class HeldConnection(driver.HeldConnection):
         if self._database.uses_driver:
             return super().rows(statement, params)
         return self._database.run(lambda db: db.rows(statement, params), autocommit=True)
+
+    def timed_rows(
+        self, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> tuple[Sequence[Any], float]:
+        if self._database.uses_driver:
+            return super().timed_rows(statement, params)
+        return self._database.run(lambda db: db.timed_rows(statement, params), autocommit=True)

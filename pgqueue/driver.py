@@ -127,9 +127,15 @@ class DriverExecutor:
         self.statements = statements
 
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
+        return self.timed_rows(statement, params)[0]
+
+    def timed_rows(
+        self, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> tuple[Sequence[Any], float]:
         compiled = self.statements.get(statement)
-        cursor = self.connection.execute(compiled.sql, compiled.params(params or {}))
-        return _all_rows(cursor)
+        values = compiled.params(params or {})
+        sent = time.monotonic()
+        return _all_rows(self.connection.execute(compiled.sql, values)), sent
 
     def copy(self, statement: Any, chunks: Iterable[str]) -> None:
         with self.connection.cursor() as cursor, cursor.copy(statement) as copy:
@@ -234,6 +240,12 @@ class HeldConnection:
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
         """All rows of ``statement``, run in autocommit (behind a pooler, in a transaction of
         its own that carries pgqueue's settings)."""
+        return self.timed_rows(statement, params)[0]
+
+    def timed_rows(
+        self, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> tuple[Sequence[Any], float]:
+        """``rows``, and the monotonic time just before the statement itself was sent."""
         raw = self._raw
         if raw is None:
             raw = checkout(self.engine)
@@ -251,15 +263,17 @@ class HeldConnection:
                 driver.execute(deallocate_all())
                 self._plans_since = time.monotonic()
             if self._local is None:
+                sent = time.monotonic()
                 rows: Sequence[Any] = _all_rows(driver.execute(compiled.sql, values))
             else:
                 with driver.transaction():
                     driver.execute(self._local.sql, self._local.params)
+                    sent = time.monotonic()
                     rows = _all_rows(driver.execute(compiled.sql, values))
         except psycopg.Error as exc:
             self._release(exc)
             raise translated(exc) from exc
-        return rows
+        return rows, sent
 
     def copy(self, statement: Any, chunks: Iterable[str]) -> None:
         raise NotImplementedError("the held connection runs autocommit statements, not COPY")

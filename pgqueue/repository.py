@@ -299,8 +299,9 @@ def claim(
             task_leases=bool(task_leases),
             flow_exists=seen.flow,
         )
-        sent = time.monotonic()  # before the statement begins: see ClaimedJob.start_by
-        jobs = _claimed_jobs(ex.rows(claim_sql.claim(variant), {**params, "limit": room}))
+        # ``sent`` precedes the statement's start on the server: see ClaimedJob.start_by.
+        rows, sent = ex.timed_rows(claim_sql.claim(variant), {**params, "limit": room})
+        jobs = _claimed_jobs(rows)
         if variant.flow:
             for job in jobs:
                 if job.start_within is not None:

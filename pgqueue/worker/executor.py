@@ -257,11 +257,13 @@ class Executor:
         time: given back unstarted, the attempt not counted. Starting it late could put more
         starts in some window than the rate allows; its start stays counted in the window,
         which only ever lowers the rate."""
+        late = time.monotonic() - job.start_by if job.start_by is not None else 0.0
         log.info(
             "job %d (%s): its handler could not start within the rate limit's margin after"
-            " the claim; given back to its queue unstarted",
+            " the claim (%.0f ms late); given back to its queue unstarted",
             job.id,
             job.task_name,
+            late * 1000,
         )
         return Outcome.release(job)
 

@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 from flow_checks import most_in_window, waiting_keys
-from sqlalchemy import text
+from sqlalchemy import select, text
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.functions import FunctionElement
 
 from pgqueue import JobState, PgQueue, Settings, repository
+from pgqueue.db import Database
 from pgqueue.errors import ValidationError
 from pgqueue.states import OutcomeKind
 from pgqueue.testing import states_of
@@ -141,6 +144,39 @@ def test_a_rate_limited_job_not_started_within_its_margin_goes_back_unstarted(
         )
     assert rows == {late_id: "queued 0", on_time_id: "succeeded 1"}
     assert _claim(pgq, 2) != []  # its ticket is back (the window still has room)
+
+
+class _SlowToCompile(FunctionElement[Any]):
+    """``clock_timestamp()``, compiled in no less than a third of a second (a claim statement's
+    first compile on a loaded host)."""
+
+    inherit_cache = True
+
+
+@compiles(_SlowToCompile)
+def _compile_slowly(element: Any, compiler: Any, **kw: Any) -> str:
+    time.sleep(0.3)
+    return "clock_timestamp()"
+
+
+def test_the_sent_time_of_a_claim_is_read_after_its_statement_is_compiled(pgq: PgQueue) -> None:
+    # A rate-limited job's start-by time counts from this reading: one taken before a slow
+    # first compile would spend the job's margin before the statement ever reached the server.
+    database = Database(pgq.engine)
+    held = database.held_connection()
+    try:
+        for run in (
+            lambda: database.run(
+                lambda ex: ex.timed_rows(select(_SlowToCompile())), autocommit=False
+            ),
+            lambda: held.timed_rows(select(_SlowToCompile())),
+        ):
+            before = time.monotonic()
+            rows, sent = run()
+            assert len(rows) == 1
+            assert sent - before >= 0.3
+    finally:
+        held.close()
 
 
 def test_explain_says_when_the_window_frees(pgq: PgQueue) -> None:
