@@ -281,7 +281,8 @@ def claim(
     claims with the full form. Only when empty: a claim that got jobs hands them over first,
     rather than delay them by a round trip on every wake-up of a lightly loaded worker. A
     short claim of the flow form, while rate limits
-    exist, records in ``limits.rate_wait`` when the first full window has room."""
+    exist, records in ``limits.rate_wait`` when the first window the claim found full has room
+    (0: it has room already, claim again)."""
     if limits is None:
         limits = claim_choice.limits_seen_by(claimer_key(db))
     ex = executor_for(db)
@@ -291,7 +292,7 @@ def claim(
     if queues is not None:
         params["queues"] = list(queues)
 
-    def claim_with(seen: claim_choice.LimitsSeen, room: int) -> list[ClaimedJob]:
+    def claim_with(seen: claim_choice.LimitsSeen, room: int) -> tuple[list[ClaimedJob], float]:
         variant = claim_choice.claim_variant(
             atomic=atomic,
             queues=queues,
@@ -306,19 +307,22 @@ def claim(
             for job in jobs:
                 if job.start_within is not None:
                     job.start_by = sent + job.start_within
-        return jobs
+        return jobs, sent
 
     lean = not (limits.exist or limits.flow)
     with_flow = limits.flow
-    jobs = claim_with(limits, limit)
+    jobs, sent = claim_with(limits, limit)
     # After the claim, so the claim itself stays the first and only statement of its turn.
     if limits.stale(time.monotonic()) or (notified and lean and not jobs):
         _look_at_controls(ex, limits)
         if not with_flow and limits.flow and len(jobs) < limit:
-            jobs += claim_with(limits, limit - len(jobs))
+            more, sent = claim_with(limits, limit - len(jobs))
+            jobs += more
     limits.rate_wait = None
     if limits.flow and limits.rates and len(jobs) < limit:
-        wait = ex.rows(flow_sql.rate_wait())[0][0]
+        # The windows as the claim saw them: one that freed since still counts (wait 0).
+        looked_ago = time.monotonic() - sent
+        wait = ex.rows(flow_sql.rate_wait(), {"looked_ago": looked_ago})[0][0]
         limits.rate_wait = None if wait is None else max(float(wait), 0.0)
     return jobs
 

@@ -207,36 +207,44 @@ def controls_exist() -> Select[bool, bool, bool]:
     )
 
 
+def _room_at(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
+    """When the window of a rate-limited row has (or had) room for one more start: its
+    ``limit``-th newest start leaves the window then; null while it holds fewer starts."""
+    at = _starts(starts)
+    nth_newest = (
+        select(at.c.at).order_by(at.c.at.desc()).offset(limit - 1).limit(1).scalar_subquery()
+    )
+    return nth_newest + rate_window(per)
+
+
 def _wait_of(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
     """Seconds until the window of a rate-limited row has room again; null while it has."""
-    at = _starts(starts)
-    window = rate_window(per)
-    oldest = (
-        select(func.min(at.c.at)).where(at.c.at > func.clock_timestamp() - window).scalar_subquery()
-    )
-    full = starts_in_window(starts, per) >= limit
-    return case(
-        (full, func.extract("epoch", oldest + window - func.clock_timestamp())),
-        else_=null(),
-    )
+    room_at = _room_at(limit, per, starts)
+    now = func.clock_timestamp()
+    return case((room_at > now, func.extract("epoch", room_at - now)), else_=null())
 
 
 @cache
 def rate_wait() -> Select[float | None]:
-    """Seconds until the first full rate window (of a queue, or of a key with a rate override)
-    has room again; null when none is full. The claimer sleeps this long instead of a poll
-    interval when its claim came back short."""
-    queue_waits = select(
-        _wait_of(QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts).label(
-            "wait"
+    """Seconds until a rate window that was full when the claim looked (``looked_ago``
+    seconds ago) has room again, 0 when it has room already; null when none was full. The
+    claimer waits this long instead of a poll interval when its claim came back short. A
+    window that freed between the claim and this statement gives 0, not null: the claim may
+    have come back short because of it."""
+    queue_room = select(
+        _room_at(QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts).label(
+            "room_at"
         )
     ).where(QueueControl.rate_limit.is_not(None), QueueControl.paused.is_(False))
     limit, per = key_rate_of(ConcurrencyKey.key)
-    key_waits = select(_wait_of(limit, per, ConcurrencyKey.recent_starts).label("wait")).where(
-        ConcurrencyKey.recent_starts.is_not(None)
+    key_room = select(_room_at(limit, per, ConcurrencyKey.recent_starts).label("room_at")).where(
+        ConcurrencyKey.recent_starts.is_not(None), limit.is_not(None)
     )
-    waits = queue_waits.union_all(key_waits).subquery("waits")
-    return select(func.min(waits.c.wait))
+    rooms = queue_room.union_all(key_room).subquery("rooms")
+    now = func.clock_timestamp()
+    wait = func.greatest(func.extract("epoch", rooms.c.room_at - now), 0.0)
+    looked_at = now - seconds(bindparam("looked_ago", type_=Float))
+    return select(func.min(wait)).where(rooms.c.room_at > looked_at)
 
 
 @cache

@@ -18,6 +18,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from pgqueue import JobState, PgQueue, Settings, repository
 from pgqueue.db import Database
 from pgqueue.errors import ValidationError
+from pgqueue.sql import flow as flow_sql
 from pgqueue.states import OutcomeKind
 from pgqueue.testing import states_of
 from pgqueue.worker.execution import Execution
@@ -144,6 +145,31 @@ def test_a_rate_limited_job_not_started_within_its_margin_goes_back_unstarted(
         )
     assert rows == {late_id: "queued 0", on_time_id: "succeeded 1"}
     assert _claim(pgq, 2) != []  # its ticket is back (the window still has room)
+
+
+def test_a_window_that_freed_after_the_claim_looked_sends_the_claimer_back_at_once(
+    pgq: PgQueue,
+) -> None:
+    # Four claimers wake when a window frees; one takes the room and the others, having
+    # waited for the queue's row, find the window full again. When a start leaves the window
+    # between such a claim and the claimer's question, waiting a poll interval would idle
+    # that claimer for the rest of the window.
+    @pgq.task(name="r", queue="rated")
+    def rated() -> None: ...
+
+    pgq.set_rate_limit("rated", 2, per=0.3)
+    rated.enqueue_many([[], [], []])
+    assert len(_claim(pgq, 3)) == 2  # the window (0.33 s with its margin) is full
+    with pgq.engine.connect() as c:
+
+        def wait(looked_ago: float) -> float | None:
+            seconds = c.execute(flow_sql.rate_wait(), {"looked_ago": looked_ago}).scalar()
+            return None if seconds is None else float(seconds)
+
+        assert wait(0.0) == pytest.approx(0.33, abs=0.05)
+        time.sleep(0.4)
+        assert wait(1.0) == 0  # full when the claim looked, free now: claim again
+        assert wait(0.01) is None  # free when the claim looked: not why it came back short
 
 
 class _SlowToCompile(FunctionElement[Any]):

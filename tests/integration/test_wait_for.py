@@ -353,7 +353,10 @@ def test_await_job_waits_without_blocking_the_event_loop(
 
     async def main() -> tuple[list[Job], int]:
         loop = asyncio.get_running_loop()
-        loop.slow_callback_duration = 0.2
+        # A wait that blocked would hold the loop for the second until the jobs end; a
+        # callback that merely waits for the GIL behind the worker's twenty threads in this
+        # process takes up to a few tenths of a second on a loaded host.
+        loop.slow_callback_duration = 0.5
         ticks = 0
         stop = asyncio.Event()
 
