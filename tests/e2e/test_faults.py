@@ -349,8 +349,10 @@ def _ride_out_a_restart(app: App, server: EmbeddedPostgres) -> None:
     stopped = time.monotonic()
     # In flight at the stop: RUNNING in the data directory as the server left it, read from a
     # server started on it on another port, which no worker knows (statements that were under
-    # way at the shutdown either committed, and show here, or did not).
-    inspector = EmbeddedPostgres(server.data_dir, durable=False)
+    # way at the shutdown either committed, and show here, or did not). On the same port its
+    # socket would be the one the workers reconnect to, and they would claim and record
+    # outcomes on it while it is read.
+    inspector = EmbeddedPostgres(server.data_dir, durable=False, port=server.port + 1)
     inspector.start()
     try:
         url = normalize_database_url(inspector.url(str(app.url.database)))
