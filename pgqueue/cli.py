@@ -223,6 +223,9 @@ def run_worker_command(
             "--wait-for-database",
         ]
         pgq.url  # noqa: B018 - start the embedded server here so children share it
+        # The supervisor runs no statement after the schema check: close that check's pooled
+        # connection, so a host holds its worker processes' connections and not one more.
+        pgq.dispose()
         prefix = command_prefix or [sys.executable, "-m", "pgqueue", "worker"]
         command = [*prefix, *app_argv, *argv]
         group_port = metrics_port or pgq.settings.metrics_port

@@ -165,6 +165,21 @@ def test_two_processes_run_2000_jobs_exactly_once_and_a_killed_child_is_replaced
     assert app.children_of(supervisor.pid) == []
 
 
+def test_the_supervisor_of_processes_holds_no_database_connection(app: App) -> None:
+    # A host's connections are its worker processes' and nothing more: the supervisor checks
+    # the schema before it starts them, and must not keep that connection for its life.
+    supervisor = app.start_worker("--processes", "2")
+    app.wait_listening(count=2)
+    sockets = [
+        fd.name
+        for fd in Path(f"/proc/{supervisor.pid}/fd").iterdir()
+        if os.readlink(fd).startswith("socket:")
+    ]
+    assert sockets == [], f"the supervisor has open sockets: {sockets}"
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(30) == 0
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` is a live (not zombie) pgqueue process; an orphan is reaped by init, not
     by this test, so a zombie counts as gone."""
