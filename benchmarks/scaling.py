@@ -215,6 +215,25 @@ class ConnectionSampler:
         }
 
 
+# -- commits and WAL flushes, from the statistics views ---------------------------------------
+
+# The measured database's committed transactions, and the server's WAL flushes (fsync or
+# fdatasync, each one a wait for the disk) and bytes: the commits a job costs, and how many of
+# them waited for the disk alone or shared a flush with others (group commit).
+WAL_AND_COMMITS = (
+    "SELECT d.xact_commit, w.wal_sync, w.wal_bytes::bigint"
+    " FROM pg_stat_database AS d, pg_stat_wal AS w WHERE d.datname = %s"
+)
+
+
+def wal_and_commits(url: URL) -> tuple[int, int, int]:
+    """(commits in ``url``'s database, WAL flushes, WAL bytes) so far."""
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        row = conn.execute(WAL_AND_COMMITS, (url.database,)).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
+
+
 # -- one drain -------------------------------------------------------------------------------
 
 
@@ -228,6 +247,9 @@ class DrainCost:
     sampler_cpu_s: float
     connections: Result
     load_avg_before: tuple[float, float, float]
+    commits: int  # in the measured database, the sampler's and the readings' own included
+    wal_flushes: int
+    wal_bytes: int
 
 
 def drain_cost(url: URL, processes: int, concurrency: int, interval: float) -> DrainCost:
@@ -235,6 +257,7 @@ def drain_cost(url: URL, processes: int, concurrency: int, interval: float) -> D
     server's and the workers' CPU before and after, and sampling connections meanwhile."""
     sampler = ConnectionSampler(url, interval)
     load_before = os.getloadavg()
+    wal_before = wal_and_commits(url)
     with sampler.running():
         postmaster = postmaster_of(sampler.backend_pid)
         sampler_before = read_stat(sampler.backend_pid)
@@ -251,6 +274,8 @@ def drain_cost(url: URL, processes: int, concurrency: int, interval: float) -> D
         workers_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         server_after = server_cpu(postmaster) if postmaster else None
         sampler_after = read_stat(sampler.backend_pid)
+    # After the sampler's backend exited: a backend reports its counts at the latest as it ends.
+    wal_after = wal_and_commits(url)
     sampler_cpu = (
         sampler_after.own - sampler_before.own if sampler_before and sampler_after else 0.0
     )
@@ -266,6 +291,9 @@ def drain_cost(url: URL, processes: int, concurrency: int, interval: float) -> D
         sampler_cpu_s=sampler_cpu,
         connections=sampler.report(),
         load_avg_before=load_before,
+        commits=wal_after[0] - wal_before[0],
+        wal_flushes=wal_after[1] - wal_before[1],
+        wal_bytes=wal_after[2] - wal_before[2],
     )
 
 
@@ -315,10 +343,17 @@ def measure(
             "worker_cpu_s": idle.worker_cpu_s,
             "server_cpu_s": idle.server_cpu_s,
             "connections": idle.connections,
+            "commits": idle.commits,
+            "wal_flushes": idle.wal_flushes,
         },
         # CPU seconds per wall second over the whole command: 2.0 is both cores of this box.
         cores_busy=(cost.worker_cpu_s + (cost.server_cpu_s or 0.0)) / cost.wall_s,
         connections=cost.connections,
+        # Per 1,000 jobs; the sampler's 50 statements/s count as commits too (``start_stop``
+        # has them for a run without jobs).
+        commits_per_1000=cost.commits * 1000 / jobs,
+        wal_flushes_per_1000=cost.wal_flushes * 1000 / jobs,
+        wal_kb_per_1000=cost.wal_bytes / jobs,
         load_avg_before=cost.load_avg_before,
         load_avg_after=load_after,
     )
@@ -377,6 +412,8 @@ def summarize(results: Sequence[Result]) -> list[Result]:
                 "server_cpu_ms_per_1000_net": median("server_cpu_ms_per_1000_net"),
                 "worker_cpu_ms_per_1000": median("worker_cpu_ms_per_1000"),
                 "worker_cpu_ms_per_1000_net": median("worker_cpu_ms_per_1000_net"),
+                "commits_per_1000": median("commits_per_1000"),
+                "wal_flushes_per_1000": median("wal_flushes_per_1000"),
                 "cores_busy": median("cores_busy"),
                 "peak_connections": max(r["connections"]["peak_total"] for r in runs),
                 "peak_by_application": dict(sorted(peaks.items())),
@@ -406,6 +443,7 @@ def print_table(rows: Sequence[Result], title: str) -> None:
         "server CPU ms / 1,000 jobs (net)",
         "worker CPU ms / 1,000 jobs (net)",
         "cores busy",
+        "commits / WAL flushes per 1,000 jobs",
         "peak connections",
         "load (1 min)",
     ):
@@ -418,6 +456,7 @@ def print_table(rows: Sequence[Result], title: str) -> None:
             _gross_net(row, "server"),
             _gross_net(row, "worker"),
             _number(row["cores_busy"], 2),
+            f"{_number(row['commits_per_1000'])} / {_number(row['wal_flushes_per_1000'])}",
             f"{row['peak_connections']} {row['peak_by_application']}",
             ", ".join(f"{v:.1f}" for v in row["load_avg_1min"]),
         )
@@ -427,9 +466,9 @@ def print_table(rows: Sequence[Result], title: str) -> None:
 def markdown_table(rows: Sequence[Result]) -> str:
     lines = [
         "| processes | jobs/s (median) | per round | server CPU ms / 1,000 jobs (net) "
-        "| worker CPU ms / 1,000 jobs (net) | cores busy | peak connections (by application) "
-        "| load (1 min) |",
-        "|---:|---:|---:|---:|---:|---:|---|---|",
+        "| worker CPU ms / 1,000 jobs (net) | cores busy | commits / WAL flushes per 1,000 jobs "
+        "| peak connections (by application) | load (1 min) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in rows:
         apps = ", ".join(f"{name} {count}" for name, count in row["peak_by_application"].items())
@@ -438,6 +477,7 @@ def markdown_table(rows: Sequence[Result]) -> str:
             f"| {' / '.join(_number(v) for v in row['jobs_per_s_each'])} "
             f"| {_gross_net(row, 'server')} "
             f"| {_gross_net(row, 'worker')} | {_number(row['cores_busy'], 2)} "
+            f"| {_number(row['commits_per_1000'])} / {_number(row['wal_flushes_per_1000'])} "
             f"| {row['peak_connections']} ({apps}) "
             f"| {' / '.join(f'{v:.1f}' for v in row['load_avg_1min'])} |"
         )
