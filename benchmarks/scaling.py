@@ -224,12 +224,20 @@ WAL_AND_COMMITS = (
     "SELECT d.xact_commit, w.wal_sync, w.wal_bytes::bigint"
     " FROM pg_stat_database AS d, pg_stat_wal AS w WHERE d.datname = %s"
 )
+# PostgreSQL 18 counts WAL flushes in pg_stat_io (pg_stat_wal lost its wal_sync column).
+WAL_AND_COMMITS_18 = (
+    "SELECT d.xact_commit,"
+    " (SELECT coalesce(sum(fsyncs), 0)::bigint FROM pg_stat_io WHERE object = 'wal'),"
+    " (SELECT wal_bytes::bigint FROM pg_stat_wal)"
+    " FROM pg_stat_database AS d WHERE d.datname = %s"
+)
 
 
 def wal_and_commits(url: URL) -> tuple[int, int, int]:
     """(commits in ``url``'s database, WAL flushes, WAL bytes) so far."""
     with psycopg.connect(libpq(url), autocommit=True) as conn:
-        row = conn.execute(WAL_AND_COMMITS, (url.database,)).fetchone()
+        query = WAL_AND_COMMITS_18 if conn.info.server_version >= 180000 else WAL_AND_COMMITS
+        row = conn.execute(query, (url.database,)).fetchone()
     assert row is not None
     return int(row[0]), int(row[1]), int(row[2])
 
