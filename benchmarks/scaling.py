@@ -403,7 +403,7 @@ def summarize(results: Sequence[Result]) -> list[Result]:
         runs = [r for r in results if r["processes"] == count]
 
         def median(key: str, runs: list[Result] = runs) -> float | None:
-            values = [r[key] for r in runs if r[key] is not None]
+            values = [r[key] for r in runs if r.get(key) is not None]
             return statistics.median(values) if values else None
 
         peaks: Counter[str] = Counter()
