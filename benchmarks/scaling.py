@@ -15,7 +15,11 @@ separate hosts would run). Measured per drain:
 - the workers' CPU per 1,000 jobs: the rusage of the worker command and its children;
 - connections to the database: ``pg_stat_activity``'s client backends sampled every 20 ms,
   grouped by ``application_name`` (the peak of each, the peak of their sum, and how many
-  distinct backends each opened).
+  distinct backends each opened);
+- commits in the database and the server's WAL flushes and bytes, per 1,000 jobs.
+
+The same command is run first on the still empty database: its CPU (start-up, schema check,
+one claim, stop) is reported, and left out of the ``*_net`` figures per job.
 
 Rounds alternate over the process counts (1, 2, 4, 8, 1, 2, ...) so a burst of load from other
 processes on a shared machine is spread over all of them. Prints a table and writes the JSON to
