@@ -140,6 +140,7 @@ class Worker:
             log_args=context.settings.log_args,
             on_outcome=self.on_outcome,
             metrics=self.metrics,
+            summary_interval=context.settings.log_summary_interval,
         )
         self._completer = Completer(
             store=self.store,
