@@ -110,6 +110,12 @@ class Settings:
     """Age after which failed and cancelled jobs are pruned."""
     prune_interval: float = 300.0
     """How often the maintenance leader prunes finished jobs."""
+    prefetch: int = 100
+    """Most attempts a worker claims beyond its free slots, to start as its handlers return (at
+    most what it started in the last 50 ms, so slow jobs are hardly claimed ahead); they are
+    leased and heartbeated like running ones, and given back unstarted (attempt not counted)
+    when the worker stops. 0: claim only for free slots. Not used while queue concurrency
+    limits, concurrency keys, rate limits or atomic tasks exist."""
     log_args: bool = False
     """Include job args in worker log lines (off: args often carry personal data)."""
     log_successes: bool = False
@@ -160,6 +166,14 @@ class Settings:
             )
         _non_negative("shutdown_timeout", self.shutdown_timeout)
         _non_negative("log_summary_interval", self.log_summary_interval)
+        if (
+            not isinstance(self.prefetch, int)
+            or isinstance(self.prefetch, bool)
+            or self.prefetch < 0
+        ):
+            raise ConfigurationError(
+                f"prefetch must be a non-negative integer, got {self.prefetch!r}"
+            )
         if self.heartbeat_interval is not None:
             _positive("heartbeat_interval", self.heartbeat_interval)
             if self.heartbeat_interval >= self.lease_seconds:

@@ -146,7 +146,10 @@ class OutcomeReport:
         self._summary_due = self._summary_at + summary_interval if summary_interval else None
         self._summary_counts = stats.outcome_counts()
 
-    def written(self, outcome: Outcome, duration: float, job: ClaimedJob) -> None:
+    def written(
+        self, outcome: Outcome, duration: float, job: ClaimedJob, *, quiet: bool = False
+    ) -> None:
+        """Count, log (unless ``quiet``: its caller logged it) and hand on one written outcome."""
         kind = outcome.kind
         stats = self.stats
         if kind == _COMPLETE:
@@ -165,7 +168,9 @@ class OutcomeReport:
             label = _FINISHED_LABEL.get(kind)
             if label is not None:
                 self.metrics.finished(job.queue, job.task_name, label, duration)
-        if kind != _COMPLETE or self._log_successes:
+        if quiet:
+            pass
+        elif kind != _COMPLETE or self._log_successes:
             if log.isEnabledFor(logging.INFO):
                 self._log(outcome, duration, job, logging.INFO)
         elif log.isEnabledFor(logging.DEBUG):
