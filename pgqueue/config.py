@@ -110,7 +110,7 @@ class Settings:
     """Age after which failed and cancelled jobs are pruned."""
     prune_interval: float = 300.0
     """How often the maintenance leader prunes finished jobs."""
-    prefetch: int = 100
+    prefetch: int = 500
     """Most attempts a worker claims beyond its free slots, to start as its handlers return (at
     most what it started in the last 50 ms, so slow jobs are hardly claimed ahead); they are
     leased and heartbeated like running ones, and given back unstarted (attempt not counted)
