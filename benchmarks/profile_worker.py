@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from benchmarks import baseline
 from benchmarks.server import Server, libpq
@@ -75,8 +75,28 @@ def drain_tree(
             )
         result = _throughput(jobs, _succeeded_new(url, 0), wall)
         result["log_lines"] = completed.stderr.count("\n")
+        result.update(_batches(url))
     result.update(tree=str(tree), concurrency=concurrency, log_successes=log_successes, load=began)
     return result
+
+
+def _batches(url: URL) -> dict[str, float]:
+    """Claim statements and outcome transactions the drain took, and their mean sizes: each
+    claim stamps its jobs' ``started_at`` with its own ``now()``, each outcome transaction
+    their ``finished_at``."""
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(DISTINCT started_at), count(DISTINCT finished_at), count(*)"
+            " FROM pgqueue_jobs"
+        ).fetchone()
+    assert row is not None
+    claims, writes, jobs = row
+    return {
+        "claims": claims,
+        "jobs_per_claim": jobs / max(claims, 1),
+        "outcome_writes": writes,
+        "jobs_per_write": jobs / max(writes, 1),
+    }
 
 
 def _baseline_thread(conninfo: str, batch: int) -> None:
@@ -135,4 +155,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
