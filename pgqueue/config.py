@@ -112,9 +112,9 @@ class Settings:
     """How often the maintenance leader prunes finished jobs."""
     prefetch: int = 500
     """Most attempts a worker claims beyond its free slots, to start as its handlers return (at
-    most what it started in the last 50 ms, so slow jobs are hardly claimed ahead); they are
-    leased and heartbeated like running ones, and given back unstarted (attempt not counted)
-    when the worker stops. 0: claim only for free slots. Not used while queue concurrency
+    most as many as its handlers finished in the last 50 ms, so slow jobs are not claimed
+    ahead); they are leased and heartbeated like running ones, and given back unstarted
+    (attempt not counted) when the worker stops. 0: claim only for free slots. Not used while queue concurrency
     limits, concurrency keys, rate limits or atomic tasks exist."""
     log_args: bool = False
     """Include job args in worker log lines (off: args often carry personal data)."""

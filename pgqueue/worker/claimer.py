@@ -139,7 +139,7 @@ class Claimer:
         slots = self._slots
         ahead = 0
         if atomic is None and not self._store.controlled:
-            ahead = self._pace.ahead(time.monotonic(), slots.started)
+            ahead = self._pace.ahead(time.monotonic(), slots.returned)
         # Slots freed without a handler returning (a timed-out one's) go to waiting attempts.
         if waiting := slots.start_waiting():
             self._submit(waiting)

@@ -47,7 +47,7 @@ class Slots:
         self._waiting: collections.deque[Execution] = collections.deque()  # claimed, not started
         self._ahead = 0  # how many attempts the claimer means to keep waiting (its last claim)
         self._closed = False  # the worker stops: waiting attempts are not started any more
-        self.started = 0  # attempts started, ever (the claimer's pace)
+        self.returned = 0  # handlers returned, ever: slots that came free (the claimer's pace)
         self._max_held = 2 * concurrency + prefetch
         self._hung = 0  # threads whose timed-out handler still runs (their slot was replaced)
         self._max_hung = max(concurrency, MIN_HUNG_THREADS)
@@ -82,7 +82,6 @@ class Slots:
             room = self.concurrency - self._busy - self._atomic
             if not waiting and room >= len(executions):
                 self._busy += len(executions)
-                self.started += len(executions)
                 return list(executions)
             for execution in executions:
                 execution.holds_slot = False
@@ -112,7 +111,6 @@ class Slots:
             started.append(execution)
             room -= 1
         self._busy += len(started)
-        self.started += len(started)
         return started
 
     def running_per_queue(self) -> dict[str, int]:
@@ -143,11 +141,11 @@ class Slots:
                     following.waiting = False
                     following.holds_slot = True
                     following.started = time.monotonic()
-                    self.started += 1
                 else:
                     self._busy -= 1
             if execution.replaced:
                 self._hung -= 1
+            self.returned += 1
             room = len(self._running) < self._max_held and 2 * len(self._waiting) <= self._ahead
             return not decided, room, following
 

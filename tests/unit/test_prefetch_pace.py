@@ -15,14 +15,14 @@ def _execution(job_id: int) -> Execution:
     return Execution(job, 30.0, None, 0.0)
 
 
-def test_pace_claims_ahead_what_was_started_in_the_last_window_within_the_cap() -> None:
+def test_pace_claims_ahead_what_came_free_in_the_last_window_within_the_cap() -> None:
     pace = Pace(cap=100, window=1.0)
-    assert pace.ahead(100.0, 0) == 0  # nothing started yet: only the free slots
-    assert pace.ahead(100.5, 10) == 10  # 10 starts so far, within the window
+    assert pace.ahead(100.0, 0) == 0  # nothing returned yet: only the free slots
+    assert pace.ahead(100.5, 10) == 10  # 10 returns so far, within the window
     assert pace.ahead(101.0, 60) == 60
-    assert pace.ahead(102.0, 110) == 50  # 50 starts in the last second
+    assert pace.ahead(102.0, 110) == 50  # 50 returns in the last second
     assert pace.ahead(103.0, 1_000) == 100  # 890: the cap
-    # Slow jobs: 2 starts in the last two seconds give 1 ahead, and an idle spell none.
+    # Slow jobs: 2 returns in the last two seconds give 1 ahead, and an idle spell none.
     assert pace.ahead(105.0, 1_002) == 1
     assert pace.ahead(120.0, 1_002) == 0
 
@@ -41,12 +41,12 @@ def test_claimed_attempts_beyond_the_free_slots_wait_and_take_slots_in_claim_ord
     assert slots.claimable(ahead=3) == 0
     assert slots.running_ids() == [1, 2, 3, 4, 5]  # all leased and heartbeated
     assert [lease[0] for lease in slots.leases()] == [1, 2, 3, 4, 5]
-    assert slots.started == 2
+    assert slots.returned == 0  # started is no pace: only slots that came free
     # A returning handler's thread runs the next waiting attempt itself; the claimer has room
     # once at most half of what it keeps ahead still waits.
     assert slots.handler_returned(executions[0]) == (True, False, executions[2])
     assert slots.handler_returned(executions[1]) == (True, True, executions[3])
-    assert slots.started == 4
+    assert slots.returned == 2
     # Two slots busy, one attempt waiting: two more keep three ahead.
     assert slots.claimable(ahead=3) == 2
 
