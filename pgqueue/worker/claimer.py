@@ -2,15 +2,16 @@
 
 One claim statement takes up to <free slots> tickets, plus, while no flow control, queue
 limit or atomic task exists, the prefetch (``prefetch.Pace``): attempts that wait in ``Slots``
-for the pool threads to start them as their handlers return. A full claim is followed at once by the
-next (more may be waiting); a short one means nothing else is ready, so the loop waits for a
-wake-up: a notification (``on_notify``), a freed slot while work may be waiting, the earliest
+for the pool threads to start them as their handlers return. A full claim is followed at
+once by the next (more may be waiting); a short one means nothing else is ready, so the loop
+waits for a wake-up: a notification (``on_notify``), a freed slot while work may be waiting, the earliest
 known future ``run_at``, or the poll interval. While the claim loop waits, a notification is
 claimed for on the listener thread itself (one thread hand-off less on an idle worker's
 pick-up); one claimer at a time, under ``claim_lock``, so the free slots are never over-filled.
 
 A pool thread runs each attempt with ``run_leased``: the executor's outcome goes to the
-completer, and the slot is free as soon as the handler returns.
+completer, and the slot is free as soon as the handler returns, or passes to the next waiting
+attempt, which the same thread runs.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ class Claimer:
             self._store.close()
 
     def _claim_once(self, atomic: AtomicProbes | None, *, notified: bool = False) -> bool:
-        """Claim for the free slots; True when the claim was full (more may be waiting).
+        """Claim for the free slots and the prefetch; True when the claim was full (more may be
+        waiting) and left room for more than a few.
         ``notified``: a wake-up for new work led to this claim."""
         slots = self._slots
         ahead = 0

@@ -57,19 +57,23 @@ class Slots:
     # -- claims --------------------------------------------------------------------------------
 
     def free(self) -> int:
-        """How many attempts may be claimed now (0 or less: none)."""
-        return self.claimable(0)
+        """How many attempts may be claimed now for the free slots (0 or less: none)."""
+        with self._lock:
+            return self._claimable(0)
 
     def claimable(self, ahead: int) -> int:
         """How many attempts may be claimed now to fill the free slots and keep ``ahead``
-        waiting (0 or less: none)."""
+        waiting (0 or less: none); the claimer's current ``ahead`` from now on."""
         with self._lock:
             self._ahead = ahead
-            atomic = self._atomic
-            return min(
-                self.concurrency - self._busy - atomic + ahead - len(self._waiting),
-                self._max_held - len(self._running) - atomic,
-            )
+            return self._claimable(ahead)
+
+    def _claimable(self, ahead: int) -> int:
+        atomic = self._atomic
+        return min(
+            self.concurrency - self._busy - atomic + ahead - len(self._waiting),
+            self._max_held - len(self._running) - atomic,
+        )
 
     def add(self, executions: Sequence[Execution]) -> list[Execution]:
         """Hold newly claimed attempts: those that fit in the free slots take one and are
