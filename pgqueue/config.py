@@ -110,12 +110,22 @@ class Settings:
     """Age after which failed and cancelled jobs are pruned."""
     prune_interval: float = 300.0
     """How often the maintenance leader prunes finished jobs."""
+    prefetch: int = 500
+    """Most attempts a worker claims beyond its free slots, to start as its handlers return (at
+    most as many as its handlers finished in the last 50 ms, so slow jobs are not claimed
+    ahead); they are leased and heartbeated like running ones, and given back unstarted
+    (attempt not counted) when the worker stops. 0: claim only for free slots. Not used while queue concurrency
+    limits, concurrency keys, rate limits or atomic tasks exist."""
     log_args: bool = False
     """Include job args in worker log lines (off: args often carry personal data)."""
-    log_successes: bool = True
-    """One INFO line per succeeded attempt. Off for high job rates: that line costs about a
-    quarter of a no-op job's worker time, and retries, failures and cancellations are still
-    logged (and every outcome is in the job's row)."""
+    log_successes: bool = False
+    """One INFO line per succeeded attempt (off: a DEBUG line, formatted only when DEBUG is
+    enabled). Off by default: at thousands of jobs per second that line costs more worker time
+    than a no-op job's claim and outcome; retries, failures and cancellations are always logged,
+    every outcome is in the job's row, and ``log_summary_interval`` gives a count."""
+    log_summary_interval: float = 10.0
+    """Every this many seconds in which a worker wrote outcomes, one INFO line counts them
+    (succeeded, retried, failed, cancelled) with the rate in jobs/s; 0: no such line."""
     metrics_port: int | None = None
     """Port on which ``pgqueue worker`` serves Prometheus ``/metrics`` (needs the ``metrics``
     extra); None: no metrics endpoint."""
@@ -155,6 +165,15 @@ class Settings:
                 f"metrics_port must be a TCP port (1-65535), got {self.metrics_port!r}"
             )
         _non_negative("shutdown_timeout", self.shutdown_timeout)
+        _non_negative("log_summary_interval", self.log_summary_interval)
+        if (
+            not isinstance(self.prefetch, int)
+            or isinstance(self.prefetch, bool)
+            or self.prefetch < 0
+        ):
+            raise ConfigurationError(
+                f"prefetch must be a non-negative integer, got {self.prefetch!r}"
+            )
         if self.heartbeat_interval is not None:
             _positive("heartbeat_interval", self.heartbeat_interval)
             if self.heartbeat_interval >= self.lease_seconds:

@@ -1,14 +1,17 @@
 """The claim loop: fills the free slots with claimed attempts and hands them to the pool.
 
-One claim statement takes up to <free slots> tickets. A full claim is followed at once by the
-next (more may be waiting); a short one means nothing else is ready, so the loop waits for a
-wake-up: a notification (``on_notify``), a freed slot while work may be waiting, the earliest
+One claim statement takes up to <free slots> tickets, plus, while no flow control, queue
+limit or atomic task exists, the prefetch (``prefetch.Pace``): attempts that wait in ``Slots``
+for the pool threads to start them as their handlers return. A full claim is followed at
+once by the next (more may be waiting); a short one means nothing else is ready, so the loop
+waits for a wake-up: a notification (``on_notify``), a freed slot while work may be waiting, the earliest
 known future ``run_at``, or the poll interval. While the claim loop waits, a notification is
 claimed for on the listener thread itself (one thread hand-off less on an idle worker's
 pick-up); one claimer at a time, under ``claim_lock``, so the free slots are never over-filled.
 
 A pool thread runs each attempt with ``run_leased``: the executor's outcome goes to the
-completer, and the slot is free as soon as the handler returns.
+completer, and the slot is free as soon as the handler returns, or passes to the next waiting
+attempt, which the same thread runs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pgqueue.worker.atomic import AtomicProbes
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.notifier import wall_to_monotonic
+from pgqueue.worker.prefetch import Pace
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import WorkerStats
 from pgqueue.worker.store import WorkerStore
@@ -53,6 +57,7 @@ class Claimer:
         put_outcome: Callable[[tuple[Execution, Outcome]], None],
         probes: AtomicProbes,
         metrics: NoMetrics = NO_METRICS,
+        prefetch: int = 0,
     ) -> None:
         self._metrics = metrics
         self._store = store
@@ -69,6 +74,7 @@ class Claimer:
         self._submit = submit  # claimed attempts, to the pool threads
         self._put_outcome = put_outcome  # to the completer
         self._probes = probes
+        self._pace = Pace(prefetch)
         # One claimer at a time (the claim loop, or the listener for a notification); the
         # store's claim connection is used under it.
         self.claim_lock = threading.Lock()
@@ -129,9 +135,17 @@ class Claimer:
             self._store.close()
 
     def _claim_once(self, atomic: AtomicProbes | None, *, notified: bool = False) -> bool:
-        """Claim for the free slots; True when the claim was full (more may be waiting).
+        """Claim for the free slots and the prefetch; True when the claim was full (more may be
+        waiting) and left room for more than a few.
         ``notified``: a wake-up for new work led to this claim."""
-        free = requested = self._slots.free()
+        slots = self._slots
+        ahead = 0
+        if atomic is None and not self._store.controlled:
+            ahead = self._pace.ahead(time.monotonic(), slots.returned)
+        # Slots freed without a handler returning (a timed-out one's) go to waiting attempts.
+        if waiting := slots.start_waiting():
+            self._submit(waiting)
+        free = requested = slots.claimable(ahead)
         claimed = 0
         if free > 0:
             jobs = self._store.claim(
@@ -158,7 +172,8 @@ class Claimer:
             self._backlog = True  # no room to look: work may be waiting
         if atomic is not None and free > 0:
             atomic.maybe_probe()
-        return claimed > 0 and claimed == requested and self._slots.free() > 0
+        # Full, and room for more than a few: claim again at once.
+        return claimed > 0 and claimed == requested and slots.claimable(ahead) > ahead // 2
 
     def _wait_timeout(self) -> float:
         timeout = self._poll_interval
@@ -218,23 +233,33 @@ class Claimer:
                 cancelled=job.cancel_requested,
             )
             executions.append(execution)
-        self._slots.add(executions)
+        start = self._slots.add(executions)
         self._stats.claimed += len(executions)
         self._metrics.claimed(len(executions))
-        self._submit(executions)
+        if start:
+            self._submit(start)
 
     def run_leased(self, execution: Execution) -> bool:
-        """Run a claimed leased attempt on a pool thread; True when the thread must retire."""
-        outcome = self._executor.run_leased(execution)
-        first, room = self._slots.handler_returned(execution)
-        if first:
-            self._put_outcome((execution, outcome))
-        # Wake the claim loop only if it may find work and can claim now: while the unwritten
-        # outcomes are at their bound, the completer wakes it after the next write instead (a
-        # wake-up per job would cost a thread switch per job for nothing). Already set: the
-        # claim loop has not cleared it yet, and it reads the free slots only after clearing
-        # it, so this handler's slot is seen (Event.set costs a lock).
-        if self._backlog and room and not self._wake.is_set():
-            self._wake.set()
-        # A timed-out handler's thread was replaced when its job was given up: retire it.
-        return execution.replaced
+        """Run a claimed leased attempt on a pool thread, then each waiting attempt its slot
+        passes to; True when the thread must retire."""
+        slots = self._slots
+        run = self._executor.run_leased
+        put_outcome = self._put_outcome
+        wake = self._wake
+        while True:
+            outcome = run(execution)
+            first, room, following = slots.handler_returned(execution)
+            if first:
+                put_outcome((execution, outcome))
+            # Wake the claim loop only if it may find work and can claim now: while the
+            # unwritten outcomes are at their bound, the completer wakes it after the next write
+            # instead, and while enough claimed attempts wait, a later handler's return does (a
+            # wake-up per job would cost a thread switch per job for nothing). Already set: the
+            # claim loop has not cleared it yet, and it reads the free slots only after clearing
+            # it, so this handler's slot is seen (Event.set costs a lock).
+            if self._backlog and room and not wake.is_set():
+                wake.set()
+            if following is None:
+                # A timed-out handler's thread was replaced when its job was given up: retire.
+                return execution.replaced
+            execution = following

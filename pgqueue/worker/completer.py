@@ -90,6 +90,7 @@ class Completer:
         self._unrecorded = unrecorded  # the failed attempt to write instead of a refused outcome
         self._wake = wake  # the claim loop: slots held by written attempts are free again
         self._released_after: dict[int, float] = {}  # job id -> how long it ran before release
+        self._given_back: set[int] = set()  # job ids released unstarted at shutdown
         self._unwritten: list[Execution] = []
         self._unwritten_because: BaseException | None = None
 
@@ -106,6 +107,20 @@ class Completer:
         could not be."""
         for execution in executions:
             self._released_after[execution.job.id] = ran_for
+            self.buffer.put((execution, Outcome.release(execution.job)))
+
+    def give_back(self, executions: list[Execution]) -> None:
+        """Put back the claimed attempts a stopping worker did not start (its prefetch): their
+        releases are counted and summed up in one line, not one per job."""
+        if not executions:
+            return
+        log.info(
+            "shutdown: giving back %d claimed job%s not started",
+            len(executions),
+            "" if len(executions) == 1 else "s",
+        )
+        for execution in executions:
+            self._given_back.add(execution.job.id)
             self.buffer.put((execution, Outcome.release(execution.job)))
 
     def run(self) -> None:
@@ -140,6 +155,7 @@ class Completer:
         self._slots.written(execution for execution, _ in batch)
         stats = self._report.stats
         released = self._released_after
+        given_back = self._given_back
         for execution, outcome in written:
             if outcome.job_id in lost:
                 if not execution.lease_lost:
@@ -168,6 +184,10 @@ class Completer:
                     execution.job.task_name,
                     ran_for,
                 )
+            if given_back and outcome.job_id in given_back:
+                given_back.discard(outcome.job_id)
+                self._report.written(outcome, 0.0, execution.job, quiet=True)
+                continue
             self._report.written(outcome, now - execution.started, execution.job)
         self._wake.set()
 

@@ -81,6 +81,7 @@ class Worker:
         install_signal_handlers: bool = False,
         on_outcome: Callable[[Outcome], None] | None = None,
         metrics_port: int | None = None,
+        prefetch: int | None = None,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise ValidationError(f"concurrency must be a positive int, got {concurrency!r}")
@@ -90,6 +91,11 @@ class Worker:
         if self.queues is not None and not self.queues:
             raise ValidationError("queues must name at least one queue (or be None for all)")
         self.concurrency = concurrency
+        if prefetch is None:
+            prefetch = settings.prefetch
+        elif not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+            raise ValidationError(f"prefetch must be a non-negative int, got {prefetch!r}")
+        self.prefetch = prefetch
         self.listen = (settings.listen if listen is None else listen) and context.can_listen
         self.poll_interval = poll_interval or settings.poll_interval
         self.lease_seconds = lease_seconds or settings.lease_seconds
@@ -133,13 +139,14 @@ class Worker:
         self.executor = Executor(
             context.registry, context.settings, context.session_factory, self._async_loop.get
         )
-        self._slots = Slots(self.concurrency)
+        self._slots = Slots(self.concurrency, self.prefetch)
         report = OutcomeReport(
             self.stats,
             log_successes=context.settings.log_successes,
             log_args=context.settings.log_args,
             on_outcome=self.on_outcome,
             metrics=self.metrics,
+            summary_interval=context.settings.log_summary_interval,
         )
         self._completer = Completer(
             store=self.store,
@@ -175,6 +182,7 @@ class Worker:
             put_outcome=self._completer.buffer.put,
             probes=probes,
             metrics=self.metrics,
+            prefetch=self.prefetch,
         )
         self._dispatcher = Dispatcher(self.concurrency, work, self._claimer.run_leased)
         self._heartbeat = Heartbeat(
@@ -275,6 +283,7 @@ class Worker:
     def _shutdown(self) -> None:
         self._stopping.set()
         self._claimer.close()
+        self._completer.give_back(self._slots.take_waiting())
         deadline = time.monotonic() + self.shutdown_timeout
         while time.monotonic() < deadline and self._slots.busy():
             time.sleep(0.02)

@@ -37,6 +37,7 @@ class Execution:
     replaced: bool = False
     lease_lost: bool = False  # a heartbeat found the lease gone (reported once)
     holds_slot: bool = True  # counted in the busy slots (until the handler is done)
+    waiting: bool = False  # claimed ahead, its handler not started yet (``started``: the claim)
     writing: bool = False  # its outcome statement is being sent: heartbeats leave it alone
     cancelled: bool = False  # a cancel was requested (seen by a heartbeat or at claim)
     # The latest progress the handler reported, and the report last written by a heartbeat:

@@ -2,8 +2,16 @@
 
 A leased attempt takes a slot at its claim and gives it back as soon as its handler returns, so
 the next claim overlaps the outcome write. It stays in the running set (the heartbeat set)
-until the completer wrote its outcome; at most ``2 * concurrency`` attempts are held at once.
-An atomic runner holds a slot from its probe until its transaction ends.
+until the completer wrote its outcome. An atomic runner holds a slot from its probe until its
+transaction ends.
+
+A claim may also take up to ``ahead`` attempts more than the free slots (the claimer's
+prefetch): those wait, in claim order, leased to this worker and heartbeated like the others,
+and the pool thread whose handler returns starts the next one itself (its slot passes on
+without a thread hand-off). A waiting attempt's timeout and duration count from that start, not
+from the claim. At most ``2 * concurrency + prefetch`` attempts are held at once (running,
+waiting, or with their outcome not yet written); at a shutdown the waiting ones are given back
+unstarted (``take_waiting``).
 
 A sync handler past its timeout cannot be stopped: its slot goes to a replacement thread while
 it runs on, but only while fewer than ``max(concurrency, MIN_HUNG_THREADS)`` threads are in that
@@ -17,7 +25,9 @@ exactly one outcome per attempt (``decided``, ``timed_out``, ``holds_slot``, ``r
 
 from __future__ import annotations
 
+import collections
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 
@@ -29,12 +39,16 @@ MIN_HUNG_THREADS = 10
 class Slots:
     """Free slots and held attempts of one worker; thread-safe."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, prefetch: int = 0) -> None:
         self.concurrency = concurrency
         self._lock = threading.Lock()
         self._running: dict[int, Execution] = {}
         self._busy = 0  # attempts whose handler has not returned (or was not replaced)
-        self._max_held = 2 * concurrency
+        self._waiting: collections.deque[Execution] = collections.deque()  # claimed, not started
+        self._ahead = 0  # how many attempts the claimer means to keep waiting (its last claim)
+        self._closed = False  # the worker stops: waiting attempts are not started any more
+        self.returned = 0  # handlers returned, ever: slots that came free (the claimer's pace)
+        self._max_held = 2 * concurrency + prefetch
         self._hung = 0  # threads whose timed-out handler still runs (their slot was replaced)
         self._max_hung = max(concurrency, MIN_HUNG_THREADS)
         self._atomic = 0  # atomic runners probing or running
@@ -43,21 +57,65 @@ class Slots:
     # -- claims --------------------------------------------------------------------------------
 
     def free(self) -> int:
-        """How many attempts may be claimed now (0 or less: none)."""
+        """How many attempts may be claimed now for the free slots (0 or less: none)."""
         with self._lock:
-            atomic = self._atomic
-            return min(
-                self.concurrency - self._busy - atomic,
-                self._max_held - len(self._running) - atomic,
-            )
+            return self._claimable(0)
 
-    def add(self, executions: Sequence[Execution]) -> None:
-        """Hold newly claimed attempts, each in a slot."""
+    def claimable(self, ahead: int) -> int:
+        """How many attempts may be claimed now to fill the free slots and keep ``ahead``
+        waiting (0 or less: none); the claimer's current ``ahead`` from now on."""
+        with self._lock:
+            self._ahead = ahead
+            return self._claimable(ahead)
+
+    def _claimable(self, ahead: int) -> int:
+        atomic = self._atomic
+        return min(
+            self.concurrency - self._busy - atomic + ahead - len(self._waiting),
+            self._max_held - len(self._running) - atomic,
+        )
+
+    def add(self, executions: Sequence[Execution]) -> list[Execution]:
+        """Hold newly claimed attempts: those that fit in the free slots take one and are
+        returned, to be started now; the rest wait for a slot."""
         with self._lock:
             running = self._running
             for execution in executions:
                 running[execution.job.id] = execution
-            self._busy += len(executions)
+            waiting = self._waiting
+            room = self.concurrency - self._busy - self._atomic
+            if not waiting and room >= len(executions):
+                self._busy += len(executions)
+                return list(executions)
+            for execution in executions:
+                execution.holds_slot = False
+                execution.waiting = True
+            waiting.extend(executions)
+            return self._start_waiting(room)
+
+    def start_waiting(self) -> list[Execution]:
+        """The waiting attempts that free slots can take now (slots freed with no handler
+        returning, such as a timed-out one's), each in its slot."""
+        with self._lock:
+            if not self._waiting:
+                return []
+            return self._start_waiting(self.concurrency - self._busy - self._atomic)
+
+    def _start_waiting(self, room: int) -> list[Execution]:
+        started: list[Execution] = []
+        waiting = self._waiting
+        if self._closed:
+            return started
+        now = time.monotonic()
+        while room > 0 and waiting:
+            execution = waiting.popleft()
+            execution.waiting = False
+            execution.holds_slot = True
+            execution.started = now
+            started.append(execution)
+            room -= 1
+        self._busy += len(started)
+        return started
 
     def running_per_queue(self) -> dict[str, int]:
         """How many attempts of each queue are held (claimed, outcome not yet written)."""
@@ -70,18 +128,30 @@ class Slots:
                 per_queue[queue] = per_queue.get(queue, 0) + count
         return per_queue
 
-    def handler_returned(self, execution: Execution) -> tuple[bool, bool]:
-        """Give back the slot of a handler that returned. Returns whether this decided the
-        attempt's outcome (a timeout or a shutdown release may have decided it first), and
-        whether more attempts may be held."""
+    def handler_returned(self, execution: Execution) -> tuple[bool, bool, Execution | None]:
+        """Give back the slot of a handler that returned, or pass it to the next waiting
+        attempt. Returns whether this decided the attempt's outcome (a timeout or a shutdown
+        release may have decided it first), whether the claimer has room to claim (more
+        attempts may be held, and at most half of those it means to keep waiting still wait),
+        and the waiting attempt now started in this slot (to run on the calling thread)."""
+        following: Execution | None = None
         with self._lock:
             decided, execution.decided = execution.decided, True
             if execution.holds_slot:
                 execution.holds_slot = False
-                self._busy -= 1
+                waiting = self._waiting
+                if waiting and not self._closed:
+                    following = waiting.popleft()
+                    following.waiting = False
+                    following.holds_slot = True
+                    following.started = time.monotonic()
+                else:
+                    self._busy -= 1
             if execution.replaced:
                 self._hung -= 1
-            return not decided, len(self._running) < self._max_held
+            self.returned += 1
+            room = len(self._running) < self._max_held and 2 * len(self._waiting) <= self._ahead
+            return not decided, room, following
 
     def atomic_started(self) -> None:
         with self._lock:
@@ -134,7 +204,7 @@ class Slots:
             overdue = [
                 e
                 for e in self._running.values()
-                if e.timeout and not e.decided and now - e.started > e.timeout
+                if e.timeout and not e.decided and not e.waiting and now - e.started > e.timeout
             ]
             for execution in overdue:
                 execution.decided = True
@@ -172,6 +242,17 @@ class Slots:
         """Whether any attempt is held or any atomic runner is under way."""
         with self._lock:
             return bool(self._running) or self._atomic > 0
+
+    def take_waiting(self) -> list[Execution]:
+        """Decide (once) every waiting attempt, to be given back unstarted, and start no more
+        (the worker stops)."""
+        with self._lock:
+            self._closed = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            for execution in waiting:
+                execution.decided = True
+            return waiting
 
     def give_up_unfinished(self) -> list[Execution]:
         """Decide every held attempt whose outcome is not decided yet (for a shutdown release)."""

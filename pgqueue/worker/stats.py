@@ -1,8 +1,11 @@
 """A worker's counts (``WorkerStats``) and the one place an attempt's outcome is reported.
 
 ``OutcomeReport.written`` is called once per outcome that reached the database, leased or
-atomic: it counts it, logs one line (failures always, successes when ``log_successes``), and
-calls the worker's ``on_outcome`` callback.
+atomic: it counts it, logs one line (failures always; successes at INFO when
+``log_successes``, else at DEBUG), and calls the worker's ``on_outcome`` callback. Every
+``log_summary_interval`` seconds in which outcomes were written it also logs one INFO line
+(``summary_line``) counting them, so a worker that does not log its successes still says that
+it is working, at a cost that does not grow with the job rate.
 """
 
 from __future__ import annotations
@@ -88,6 +91,25 @@ class WorkerStats:
     def __repr__(self) -> str:
         return f"<WorkerStats {self}>"
 
+    def outcome_counts(self) -> tuple[int, int, int, int]:
+        """``(succeeded, retried, failed, cancelled)`` so far."""
+        return self.succeeded, self.retried, self.failed, self.cancelled
+
+
+def summary_line(
+    now: tuple[int, int, int, int], then: tuple[int, int, int, int], seconds: float
+) -> str:
+    """The periodic INFO line: outcomes written between two readings of
+    ``WorkerStats.outcome_counts`` taken ``seconds`` apart, and their rate."""
+    succeeded, retried, failed, cancelled = (a - b for a, b in zip(now, then, strict=True))
+    total = succeeded + retried + failed + cancelled
+    rate = total / seconds if seconds > 0 else 0.0
+    return (
+        f"{total} job{'' if total == 1 else 's'} in the last {readable_duration(seconds)}"
+        f" ({rate:.1f} jobs/s): succeeded {succeeded}, retried {retried}, failed {failed},"
+        f" cancelled {cancelled}"
+    )
+
 
 def readable_duration(seconds: float) -> str:
     """``12.3 s``, ``4 min 05 s`` or ``2 h 03 min``: as precise as a reader of a log needs."""
@@ -110,6 +132,7 @@ class OutcomeReport:
         log_args: bool,
         on_outcome: Callable[[Outcome], None] | None,
         metrics: NoMetrics = NO_METRICS,
+        summary_interval: float = 0.0,
     ) -> None:
         self.stats = stats
         self.metrics = metrics
@@ -117,8 +140,16 @@ class OutcomeReport:
         self._log_successes = log_successes
         self._log_args = log_args
         self._on_outcome = on_outcome
+        # 0: no summary lines (the next one is due never).
+        self._summary_interval = summary_interval
+        self._summary_at = time.monotonic()
+        self._summary_due = self._summary_at + summary_interval if summary_interval else None
+        self._summary_counts = stats.outcome_counts()
 
-    def written(self, outcome: Outcome, duration: float, job: ClaimedJob) -> None:
+    def written(
+        self, outcome: Outcome, duration: float, job: ClaimedJob, *, quiet: bool = False
+    ) -> None:
+        """Count, log (unless ``quiet``: its caller logged it) and hand on one written outcome."""
         kind = outcome.kind
         stats = self.stats
         if kind == _COMPLETE:
@@ -137,15 +168,31 @@ class OutcomeReport:
             label = _FINISHED_LABEL.get(kind)
             if label is not None:
                 self.metrics.finished(job.queue, job.task_name, label, duration)
-        if (kind != _COMPLETE or self._log_successes) and log.isEnabledFor(logging.INFO):
-            self._log(outcome, duration, job)
+        if quiet:
+            pass
+        elif kind != _COMPLETE or self._log_successes:
+            if log.isEnabledFor(logging.INFO):
+                self._log(outcome, duration, job, logging.INFO)
+        elif log.isEnabledFor(logging.DEBUG):
+            self._log(outcome, duration, job, logging.DEBUG)
+        due = self._summary_due
+        if due is not None and (now := time.monotonic()) >= due:
+            self._summarize(now)
         if self._on_outcome is not None:
             try:
                 self._on_outcome(outcome)
             except Exception:
                 log.exception("on_outcome callback failed")
 
-    def _log(self, outcome: Outcome, duration: float, job: ClaimedJob) -> None:
+    def _summarize(self, now: float) -> None:
+        counts = self.stats.outcome_counts()
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s", summary_line(counts, self._summary_counts, now - self._summary_at))
+        self._summary_counts = counts
+        self._summary_at = now
+        self._summary_due = now + self._summary_interval
+
+    def _log(self, outcome: Outcome, duration: float, job: ClaimedJob, level: int) -> None:
         kind = str(outcome.kind)
         extra = {
             "task": job.task_name,
@@ -157,7 +204,8 @@ class OutcomeReport:
         if self._log_args:
             extra["args"] = job.args
             extra["kwargs"] = job.kwargs
-        log.info(
+        log.log(
+            level,
             "job %s task=%s attempt=%d outcome=%s duration_ms=%.2f%s",
             job.id,
             job.task_name,

@@ -165,6 +165,12 @@ class WorkerStore:
         return self._limits.flow
 
     @property
+    def controlled(self) -> bool:
+        """Whether queue limits, concurrency keys or rate limits may exist (at the last look,
+        or not looked yet): claimed attempts then hold room that others may need."""
+        return self._limits.exist or self._limits.flow
+
+    @property
     def rate_wait(self) -> float | None:
         """Seconds from the last claim until a full rate window has room (None: none full)."""
         return self._limits.rate_wait

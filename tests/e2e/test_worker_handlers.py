@@ -43,7 +43,7 @@ def test_async_handlers_share_the_workers_event_loop(app: App) -> None:
 
 
 def test_one_log_line_per_outcome_without_args(app: App) -> None:
-    worker = app.start_worker("--concurrency", "4")
+    worker = app.start_worker("--concurrency", "4", log_successes="true")
     ids = app.module.record.enqueue_many([{"secret": "hunter2-personal-data"}] * 7)
     app.wait_final(ids, timeout=30)
     worker.signal(signal.SIGTERM)
@@ -56,8 +56,8 @@ def test_one_log_line_per_outcome_without_args(app: App) -> None:
     assert "hunter2" not in worker.log()
 
 
-def test_log_successes_off_keeps_only_the_problems(app: App) -> None:
-    worker = app.start_worker("--concurrency", "4", log_successes="false")
+def test_by_default_only_the_problems_and_a_summary_are_logged(app: App) -> None:
+    worker = app.start_worker("--concurrency", "4", log_summary_interval="0.01")
     ok = app.module.record.enqueue_many([{}] * 5)
     # fail_ratio 1: both attempts fail, so the job logs one retry and one failure.
     failing = app.module.flaky.enqueue(fail_ratio=1.0)
@@ -70,3 +70,7 @@ def test_log_successes_off_keeps_only_the_problems(app: App) -> None:
     assert [line.split(" outcome=")[1].split()[0] for line in lines] == ["retry", "fail"], lines
     assert all(f"job {failing} " in line for line in lines)
     assert "error=RuntimeError: flaky job failed on purpose" in lines[-1]
+    # The retry waits 0.05 s, past the summary interval: its outcome brings a summary line.
+    summaries = [line for line in worker.log().splitlines() if " jobs/s): succeeded " in line]
+    assert summaries, worker.log()
+    assert all(" INFO pgqueue.worker: " in line for line in summaries), summaries

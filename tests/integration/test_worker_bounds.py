@@ -47,7 +47,8 @@ def test_threads_of_hung_handlers_are_bounded(
 
     jobs = bound + 4
     ids = hangs.enqueue_many([{}] * jobs)
-    worker = Worker(pgq, concurrency=1)
+    # No prefetch: the jobs the hung handlers keep from starting stay queued.
+    worker = Worker(pgq, concurrency=1, prefetch=0)
     before = _pool_threads()
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()

@@ -41,7 +41,7 @@ def test_a_slot_is_free_again_when_the_handler_returns_before_its_outcome_is_wri
     first, second = _execution(1), _execution(2)
     slots.add([first, second])
     assert slots.free() == 0
-    assert slots.handler_returned(first) == (True, True)
+    assert slots.handler_returned(first) == (True, True, None)
     assert slots.free() == 1
     assert slots.running_ids() == [1, 2]  # still held (heartbeats) until written
     slots.start_writing([first])
@@ -59,7 +59,7 @@ def test_attempts_held_unwritten_are_bounded_at_twice_the_concurrency() -> None:
     assert slots.free() == 2  # both handlers returned, their outcomes not written yet
     slots.add(executions[2:])
     results = [slots.handler_returned(execution) for execution in executions[2:]]
-    assert results == [(True, False), (True, False)]  # at the bound: no room to hold more
+    assert results == [(True, False, None)] * 2  # at the bound: no room to hold more
     assert slots.free() == 0  # no handler runs, but four outcomes wait for their write
     slots.written(executions[:1])
     assert slots.free() == 1
@@ -87,18 +87,28 @@ def test_written_forgets_only_the_attempt_it_wrote() -> None:
 
 
 def test_a_timeout_decides_the_attempt_once_and_hands_its_slot_on_within_the_bound() -> None:
-    slots = Slots(concurrency=1)
+    slots = Slots(concurrency=1, prefetch=1)
     hanging = [_execution(i, timeout=1.0) for i in range(MIN_HUNG_THREADS + 2)]
-    slots.add(hanging)
-    overdue, hung = slots.take_overdue(now=10.0)
-    assert overdue == hanging
+    overdue: list[Execution] = []
+    for execution in hanging[:-1]:
+        assert slots.add([execution]) == [execution]  # its slot is free: it starts at once
+        found, hung = slots.take_overdue(now=10.0)
+        overdue += found
+    assert overdue == hanging[:-1]
     assert hung == MIN_HUNG_THREADS
     assert [e.replaced for e in hanging] == [True] * MIN_HUNG_THREADS + [False] * 2
-    assert all(e.decided and e.timed_out for e in hanging)
+    assert all(e.decided and e.timed_out for e in hanging[:-1])
+    # No slot is free (the last timed-out handler keeps its own): a claimed attempt waits, and
+    # its timeout does not run before it starts.
+    assert slots.add([hanging[-1]]) == []
     assert slots.take_overdue(now=20.0) == ([], MIN_HUNG_THREADS)  # decided once
     # The handler that returned later does not decide the outcome again; its thread retires.
     assert slots.handler_returned(hanging[0])[0] is False
     assert slots.take_overdue(now=30.0)[1] == MIN_HUNG_THREADS - 1
+    # The one that kept its slot passes it to the waiting attempt, timed from now.
+    first, _, following = slots.handler_returned(hanging[-2])
+    assert (first, following) == (False, hanging[-1])
+    assert hanging[-1].started > 30.0 and not hanging[-1].decided
 
 
 def test_an_async_handler_past_its_timeout_keeps_its_slot_until_its_future_ends() -> None:

@@ -1,0 +1,88 @@
+"""A worker that claims ahead of its free slots runs each job once, and a stop gives the jobs it
+claimed but did not start back to the queue with their attempt not counted."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from sqlalchemy import text
+
+from pgqueue import JobState, PgQueue
+from pgqueue.worker import Worker
+
+
+def _attempts(pgq: PgQueue) -> dict[str, list[int]]:
+    """``{state: [attempts of each job]}``."""
+    with pgq.engine.connect() as connection:
+        rows = connection.execute(text("SELECT state, attempts FROM pgqueue_jobs")).all()
+    by_state: dict[str, list[int]] = {}
+    for state, attempts in rows:
+        by_state.setdefault(state, []).append(attempts)
+    return by_state
+
+
+def test_a_prefetching_worker_runs_each_job_exactly_once(pgq: PgQueue) -> None:
+    jobs = 3_000
+    ran: list[int] = []
+    held: list[int] = []
+    worker: Worker | None = None
+
+    @pgq.task(name="prefetch.once", max_attempts=3)
+    def once(n: int) -> None:
+        ran.append(n)  # list.append is atomic under the GIL
+        assert worker is not None
+        held.append(len(worker.running_job_ids))
+
+    once.enqueue_many([{"n": i} for i in range(jobs)])
+    worker = Worker(pgq, concurrency=2, prefetch=100, listen=False)
+    stats = worker.run(drain=True)
+    assert sorted(ran) == list(range(jobs))
+    assert stats.succeeded == stats.claimed == jobs
+    assert _attempts(pgq) == {str(JobState.SUCCEEDED): [1] * jobs}
+    # Without a prefetch at most 2 * concurrency attempts are held: it claimed ahead.
+    assert max(held) > 4
+
+
+def test_a_stop_gives_back_the_claimed_jobs_it_did_not_start(pgq: PgQueue) -> None:
+    quick, jobs = 200, 400
+    gate = threading.Event()
+    blocked = threading.Semaphore(0)
+
+    @pgq.task(name="prefetch.gated", max_attempts=3)
+    def gated(n: int) -> None:
+        if n >= quick:  # the quick ones build up the worker's pace, then both slots block
+            blocked.release()
+            gate.wait(30)
+
+    gated.enqueue_many([{"n": i} for i in range(jobs)])
+    worker = Worker(pgq, concurrency=2, prefetch=100, listen=False, shutdown_timeout=30)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(2):
+            assert blocked.acquire(timeout=30)
+        time.sleep(0.2)  # a claim under way registers its jobs
+        waiting = len(worker.running_job_ids) - 2
+        worker.stop()
+        time.sleep(0.5)  # the unstarted ones are given back at once, not after the timeout
+        by_state = _attempts(pgq)
+        assert by_state[str(JobState.RUNNING)] == [1, 1]
+        gate.set()
+        thread.join(30)
+    finally:
+        gate.set()
+        worker.stop()
+    stats = worker.stats
+    assert waiting > 0 and stats.released == waiting
+    assert stats.claimed == quick + 2 + stats.released
+    assert stats.succeeded == quick + 2
+    by_state = _attempts(pgq)
+    assert by_state[str(JobState.SUCCEEDED)] == [1] * (quick + 2)
+    # Given back and never claimed alike: queued, no attempt counted.
+    assert by_state[str(JobState.QUEUED)] == [0] * (jobs - quick - 2)
+    # And claimable again: a second worker runs each of them once.
+    gate.set()
+    again = Worker(pgq, concurrency=2, listen=False).run(drain=True)
+    assert again.succeeded == jobs - quick - 2
+    assert _attempts(pgq) == {str(JobState.SUCCEEDED): [1] * jobs}
