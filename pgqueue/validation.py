@@ -203,14 +203,16 @@ class ArgumentCheck:
         self.var_positional = inspect.Parameter.VAR_POSITIONAL in kinds
         self.var_keyword = inspect.Parameter.VAR_KEYWORD in kinds
         self.undecided = False
-        # Keywords that would collide with the context's parameter: left to bind.
-        self.reserved: frozenset[str] = frozenset()
+        # Keywords named like the context's parameter or a positional-only one: left to bind
+        # (which refuses the latter even where a ``**kwargs`` would take them in a call).
+        reserved = {p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY}
         if context_first:
             if params and params[0].kind in _POSITIONAL:
-                self.reserved = frozenset({params[0].name})
+                reserved.add(params[0].name)
                 params = params[1:]
             elif not self.var_positional or params[0].kind is not inspect.Parameter.VAR_POSITIONAL:
                 self.undecided = True  # no slot for the context: bind says why
+        self.reserved = frozenset(reserved)
         self.positional = tuple(p for p in params if p.kind in _POSITIONAL)
         keyword_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         self.keyword_names = frozenset(p.name for p in params if p.kind in keyword_kinds)
