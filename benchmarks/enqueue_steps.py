@@ -12,11 +12,16 @@
   ticket tables, first with no index, then with each index added (its cost is the difference),
   so each index's and each table's part of the whole can be read off;
 - the raw COPY of ``benchmarks.baseline`` (one table, one partial index) as the suite runs it.
+
+``--paired-round SINGLES`` prints one round of a before/after comparison as JSON instead (run it
+alternately from two checkouts): ``enqueue_many`` and the raw COPY, ``SINGLES`` single
+``enqueue`` calls and as many raw one-row INSERTs, in jobs/s, and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -170,38 +175,42 @@ def server_tables(conninfo: str, pgq: Any, n: int, rounds: int) -> dict[str, lis
                 ).fetchall()
             ]
             scratch = f"scratch_{table}"
-            conn.execute(f"DROP TABLE IF EXISTS {scratch}")
-            # Defaults and CHECK constraints as the real table's; no index, no identity.
-            conn.execute(
-                f"CREATE TABLE {scratch} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
-            )
             copy_sql = f"COPY {scratch} ({', '.join(columns[table])}) FROM STDIN"
             short = "jobs" if table == "pgqueue_jobs" else "tickets"
-
-            def run(label: str) -> None:
-                samples = out.setdefault(label, [])
-                for _ in range(rounds):
-                    conn.execute(f"TRUNCATE {scratch}")  # noqa: B023
-                    with conn.transaction():
-                        start = time.perf_counter()
-                        with conn.cursor() as cur, cur.copy(copy_sql) as copy:  # noqa: B023
-                            for offset in range(0, len(text), 1 << 20):  # noqa: B023
-                                copy.write(text[offset : offset + (1 << 20)])  # noqa: B023
-                    samples.append(time.perf_counter() - start)
-
-            run(f"server: {short} heap (send, parse, defaults, checks)")
-            for name, definition in indexes:
-                index_sql = definition.replace(f" ON public.{table} ", f" ON public.{scratch} ")
-                index_sql = index_sql.replace(f"INDEX {name} ", f"INDEX scratch_{name} ")
-                conn.execute(index_sql)
-                run(f"server: {short} heap + index {name}")
-                conn.execute(f"DROP INDEX scratch_{name}")
-            for name, definition in indexes:
-                index_sql = definition.replace(f" ON public.{table} ", f" ON public.{scratch} ")
-                conn.execute(index_sql.replace(f"INDEX {name} ", f"INDEX scratch_{name} "))
-            run(f"server: {short} heap + all indexes")
+            variants: list[tuple[str, list[str]]] = [
+                (f"server: {short} heap (send, parse, defaults, checks)", []),
+                *((f"server: {short} heap + index {name}", [d]) for name, d in indexes),
+                (f"server: {short} heap + all indexes", [d for _, d in indexes]),
+            ]
+            # Interleaved: every round times each variant once, so drift in the machine's load
+            # spreads over all of them instead of skewing the ones measured last.
+            for _ in range(rounds):
+                for label, definitions in variants:
+                    conn.execute(f"DROP TABLE IF EXISTS {scratch}")
+                    # Defaults and CHECK constraints as the real table's; no identity.
+                    conn.execute(
+                        f"CREATE TABLE {scratch} (LIKE {table}"
+                        " INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+                    )
+                    for definition in definitions:
+                        conn.execute(
+                            definition.replace(f" ON public.{table} ", f" ON public.{scratch} ")
+                            .replace("CREATE UNIQUE INDEX ", "CREATE UNIQUE INDEX scratch_")
+                            .replace("CREATE INDEX ", "CREATE INDEX scratch_")
+                        )
+                    out.setdefault(label, []).append(_copy_text(conn, copy_sql, text))
             conn.execute(f"DROP TABLE {scratch}")
     return out
+
+
+def _copy_text(conn: psycopg.Connection[Any], statement: str, text: str) -> float:
+    """Seconds to COPY ``text`` (in 1 MB writes) and commit."""
+    with conn.transaction():
+        start = time.perf_counter()
+        with conn.cursor() as cur, cur.copy(statement) as copy:
+            for offset in range(0, len(text), 1 << 20):
+                copy.write(text[offset : offset + (1 << 20)])
+    return time.perf_counter() - start
 
 
 def raw_copy(server: Server, n: int, rounds: int) -> dict[str, list[float]]:
@@ -230,12 +239,59 @@ def raw_copy(server: Server, n: int, rounds: int) -> dict[str, list[float]]:
     return out
 
 
+def paired_round(server: Server, n: int, singles: int) -> dict[str, float]:
+    """One round of the before/after comparison, in jobs/s: ``enqueue_many`` of ``n`` jobs and
+    the raw COPY of ``n`` rows, then ``singles`` single ``enqueue`` calls (one transaction each)
+    and as many raw one-row INSERTs, each pair measured back to back in fresh databases."""
+    out: dict[str, float] = {}
+    with (
+        server.fresh_database("pair") as url,
+        server.fresh_database("pair_raw", migrate=False) as raw_url,
+    ):
+        conninfo = libpq(raw_url)
+        baseline.create_schema(conninfo)
+        pgq = app.build(sqlalchemy_url(url))
+        try:
+            task = pgq.registry.get(app.NOOP)
+            task.enqueue_many([{"n": i} for i in range(2000)])  # warm-up (compiles)
+            task.enqueue(n=0)
+            baseline.enqueue_copy(conninfo, 10)
+            items = [{"n": i} for i in range(n)]
+            begin = time.perf_counter()
+            assert len(task.enqueue_many(items)) == n
+            out["enqueue_many"] = n / (time.perf_counter() - begin)
+            out["raw_copy"] = n / baseline.enqueue_copy(conninfo, n)
+            begin = time.perf_counter()
+            for i in range(singles):
+                task.enqueue(n=i)
+            out["enqueue1"] = singles / (time.perf_counter() - begin)
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                begin = time.perf_counter()
+                for i in range(singles):
+                    baseline.insert_one(conn, i)
+                out["raw_insert1"] = singles / (time.perf_counter() - begin)
+        finally:
+            pgq.dispose()
+    out["load1"] = float(Path("/proc/loadavg").read_text().split()[0])
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--paired-round",
+        type=int,
+        metavar="SINGLES",
+        help="print one round of the before/after comparison as JSON (SINGLES single enqueues)",
+    )
     args = parser.parse_args(argv)
     n, rounds = args.jobs, args.rounds
+    if args.paired_round is not None:
+        with start(os.environ.get("PGQUEUE_DATABASE_URL")) as server:
+            print(json.dumps(paired_round(server, n, args.paired_round)))
+        return
     with start(os.environ.get("PGQUEUE_DATABASE_URL")) as server:
         version = server.settings()["server_version"]
         raw = raw_copy(server, n, rounds)
