@@ -64,15 +64,19 @@ class TimedExecutor:
         self.times.append((f"COPY {table} (send + server)", done - sent))
 
 
+_STATEMENTS = {
+    "allocate_job_ids": "allocate ids",
+    "allocate_jobs_with_tickets": "allocate ids + tickets INSERT + wake-up",
+    "notify_tickets": "wake-up (NOTIFY)",
+}
+
+
 def _statement_name(statement: Any) -> str:
-    for name in ("allocate_job_ids", "notify_tickets", "insert_tickets"):
+    # Names of either version of the bulk insert (this script also times an older checkout).
+    for name, label in _STATEMENTS.items():
         builder = getattr(enqueue, name, None)
         if builder is not None and statement is builder():
-            return {
-                "allocate_job_ids": "allocate ids (+ tickets when server-side)",
-                "notify_tickets": "wake-up (NOTIFY)",
-                "insert_tickets": "tickets INSERT ... SELECT",
-            }[name]
+            return label
     return "other statement"
 
 
