@@ -151,12 +151,14 @@ def copy_jobs(
         "priority": first.priority,
         "atomic": first.atomic,
     }
+    ids: list[int] | None
     ids, run_at = db.rows(enqueue.allocate_jobs_with_tickets(), params)[0]
     if ids is None:
         return None
+    ids.sort()  # drawn ascending already: a linear check, unless the server reordered them
     lines = copy_rows.job_lines(ids, jobs, run_at.isoformat(), trace_context)
     db.copy(enqueue.copy_jobs(traced=trace_context is not None), copy_rows.chunks(lines))
-    return list(ids)
+    return ids
 
 
 def set_queue_max_depth(db: SessionOrExecutor, name: str, max_depth: int | None) -> None:

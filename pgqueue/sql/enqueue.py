@@ -43,15 +43,18 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS, aggregate_order_by
+from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from pgqueue.models import UNIQUE_KEY_HELD, Job, QueueControl
+from pgqueue.models import UNIQUE_KEY_HELD, Job, MessageQueue, QueueControl
 from pgqueue.sql.common import (
+    COPY_TICKET_COLUMNS,
+    NOTIFY_CHANNEL,
     array_param,
     in_states,
     seconds,
     tickets_for,
+    wake_payload,
     woken,
 )
 from pgqueue.sql.flow import key_rows
@@ -363,26 +366,37 @@ def allocate_jobs_with_tickets() -> Select[Any, Any]:
         .render_derived(name="series")
     )
     queue = bindparam("queue", type_=Text)
+    run_at = _requested_run_at()
+    unbounded = _no_bound(QueueControl.name == queue)
     # Materialised (read twice, and volatile): each id is drawn once, in the series' order.
     ids = (
-        select(
-            func.nextval(sequence).label("id"),
-            queue.label("queue"),
-            bindparam("priority", type_=SmallInteger).label("priority"),
-            _requested_run_at().label("run_at"),
-            bindparam("atomic", type_=Boolean).label("atomic"),
-        )
+        select(func.nextval(sequence).label("id"))
         .select_from(series)
-        .where(_no_bound(QueueControl.name == queue))
+        .where(unbounded)
         .order_by(series.c.i)
         .cte("new_ids")
     )
-    tickets = tickets_for(ids, "new_tickets")
-    return (
-        select(func.array_agg(aggregate_order_by(ids.c.id, ids.c.id)), func.min(ids.c.run_at))
-        .add_cte(tickets)
-        .where(woken(tickets))
+    # Every ticket of the batch carries the same values but its id: they are binds, not columns
+    # of the id rows, and the wake-up is one NOTIFY of the batch's queue and run_at, not an
+    # aggregate over the new tickets (``woken``). Nothing reads the insert: it runs anyway.
+    shared = (
+        bindparam("priority", type_=SmallInteger),
+        run_at,
+        bindparam("atomic", type_=Boolean),
     )
+    tickets = (
+        insert(MessageQueue)
+        .from_select(list(COPY_TICKET_COLUMNS), select(ids.c.id, queue, *shared))
+        .cte("new_tickets")
+    )
+    woken_once = (
+        select(func.count(func.pg_notify(NOTIFY_CHANNEL, wake_payload(queue, run_at))))
+        .where(unbounded)
+        .scalar_subquery()
+    )
+    # The ids in the order the CTE holds them, drawn ascending (the caller sorts to be sure:
+    # an ORDER BY here would sort on the server).
+    return select(func.array_agg(ids.c.id), run_at).add_cte(tickets).where(woken_once >= 0)
 
 
 @cache
