@@ -1,4 +1,4 @@
-"""Jobs and tickets as COPY text, for the bulk enqueue (``repository.copy_jobs``); pure.
+"""Jobs as COPY text, for the bulk enqueue (``repository.copy_jobs``); pure.
 
 psycopg's ``write_row`` adapts every value on its own, several times slower than an f-string
 per row, so the rows are formatted here. Text columns are escaped (``copy_text``); the others
@@ -38,23 +38,20 @@ def job_lines(
 ) -> Iterator[str]:
     """Lines of ``sql.enqueue.COPY_JOB_COLUMNS`` for ``jobs`` with their ``ids``, all due at
     ``run_at`` (ISO text); with a ``trace_context`` (JSON text), that as one more column of
-    every line (``sql.enqueue.copy_jobs(traced=True)``)."""
+    every line (``sql.enqueue.copy_jobs(traced=True)``).
+
+    ``jobs`` share their task, queue, priority, attempts and atomic flag (a copy batch, see
+    ``insert_choice.uniform``): those columns are formatted once, and each line adds only its
+    id and arguments."""
     text = copy_text
-    names = _escaped_names(jobs)
+    first = jobs[0]
+    middle = f"\t{text(first.task_name)}\t{text(first.queue)}\t"
     end = "\n" if trace_context is None else f"\t{text(trace_context)}\n"
+    tail = (
+        f"\t{first.priority}\t{first.max_attempts}\t{run_at}\t{'t' if first.atomic else 'f'}{end}"
+    )
     for job_id, job in zip(ids, jobs, strict=True):
-        yield (
-            f"{job_id}\t{names[job.task_name]}\t{names[job.queue]}\t"
-            f"{text(job.args_json)}\t{text(job.kwargs_json)}\t{job.priority}\t"
-            f"{job.max_attempts}\t{run_at}\t{'t' if job.atomic else 'f'}{end}"
-        )
-
-
-def ticket_lines(ids: Sequence[int], jobs: Sequence[NewJob], run_at: str) -> Iterator[str]:
-    """Lines of ``sql.common.COPY_TICKET_COLUMNS`` for the tickets of ``jobs``."""
-    names = _escaped_names(jobs)
-    for job_id, job in zip(ids, jobs, strict=True):
-        yield f"{job_id}\t{names[job.queue]}\t{job.priority}\t{run_at}\t{'t' if job.atomic else 'f'}\n"
+        yield f"{job_id}{middle}{text(job.args_json)}\t{text(job.kwargs_json)}{tail}"
 
 
 def chunks(lines: Iterable[str]) -> Iterator[str]:
@@ -66,8 +63,3 @@ def chunks(lines: Iterable[str]) -> Iterator[str]:
             yield "".join(rows)
             rows.clear()
     yield "".join(rows)
-
-
-def _escaped_names(jobs: Sequence[NewJob]) -> dict[str, str]:
-    """Task and queue names escaped once each (a batch repeats a few names many times)."""
-    return {name: copy_text(name) for name in {j.task_name for j in jobs} | {j.queue for j in jobs}}

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pgqueue.jobs import NewJob
 
-__all__ = ["COPY_THRESHOLD", "BoundedQueuesSeen", "InsertPath", "insert_path"]
+__all__ = ["COPY_THRESHOLD", "BoundedQueuesSeen", "InsertPath", "insert_path", "uniform"]
 
 # From this many jobs on, an own-transaction ``enqueue_many`` inserts with COPY: it costs about
 # what the unnest INSERT does for a few hundred jobs and much less per job for large batches
@@ -55,7 +55,7 @@ def insert_path(
     """How an enqueue inserts ``jobs`` (on the synchronous and the asyncio path alike).
 
     ``"one"``: a single plain job outside a caller's transaction, one autocommit statement
-    (one round trip, no Session). ``"copy"``: a large uniform batch outside a caller's
+    (one round trip, no Session). ``"copy"``: a large ``uniform`` batch outside a caller's
     transaction, ``COPY`` instead of one INSERT over ten unnested arrays, where ``may_copy()``
     (COPY's rows bypass statement listeners: only where nothing watches statements).
     ``"batch"``: everything else, one INSERT in the caller's transaction or an own one; and
@@ -68,13 +68,46 @@ def insert_path(
         job = jobs[0]
         plain = job.unique_key is None and not job.depends_on and job.concurrency_key is None
         return "one" if plain else "batch"
-    if (
-        len(jobs) >= COPY_THRESHOLD
-        and may_copy()
-        and all(
-            j.unique_key is None and not j.depends_on and j.concurrency_key is None for j in jobs
-        )
-        and len({(j.delay, j.run_at) for j in jobs}) == 1
-    ):
+    if len(jobs) >= COPY_THRESHOLD and may_copy() and uniform(jobs):
         return "copy"
     return "batch"
+
+
+def uniform(jobs: Sequence[NewJob]) -> bool:
+    """Whether ``jobs`` form a copy batch: plain jobs (no unique key, dependency or concurrency
+    key) that share their task, queue, priority, attempts, atomic flag and ``delay``/``run_at``,
+    as one ``enqueue_many`` call builds them. Their tickets are then the ids plus one set of
+    values (``sql.enqueue.allocate_jobs_with_tickets``), and their COPY lines share every column
+    but the id and the arguments (``copy_rows.job_lines``)."""
+    first = jobs[0]
+    if first.unique_key is not None or first.depends_on or first.concurrency_key is not None:
+        return False
+    shared = (
+        first.task_name,
+        first.queue,
+        first.priority,
+        first.max_attempts,
+        first.atomic,
+        first.delay,
+        first.run_at,
+        None,
+        (),
+        None,
+    )
+    # One pass; the shared values are usually the very same objects, so equality is quick.
+    return all(
+        (
+            j.task_name,
+            j.queue,
+            j.priority,
+            j.max_attempts,
+            j.atomic,
+            j.delay,
+            j.run_at,
+            j.unique_key,
+            j.depends_on,
+            j.concurrency_key,
+        )
+        == shared
+        for j in jobs
+    )

@@ -133,26 +133,32 @@ def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) 
 def copy_jobs(
     db: Executor, jobs: Sequence[NewJob], trace_context: str | None = None
 ) -> list[int] | None:
-    """Insert a large batch of jobs (no unique keys, no dependencies, one ``delay``/``run_at``
-    for all) and their tickets with two ``COPY``s; return the ids in input order. None when a
-    queue of the batch has a bound: nothing was written, and ``insert_jobs`` inserts it.
+    """Insert a large ``insert_choice.uniform`` batch of jobs and their tickets: one statement
+    allocates the ids, inserts the tickets and sends the wake-up, then one ``COPY`` writes the
+    jobs; return the ids in input order. None when the batch's queue has a bound: nothing was
+    written, and ``insert_jobs`` inserts it.
 
-    Ids come from the identity sequence first (``sql.enqueue.allocate_job_ids``, ascending like
-    the ``INSERT``'s), with the batch's ``run_at``, so both tables get the same values. The
-    wake-up (``sql.enqueue.notify_tickets``, one per queue) is sent last, delivered at commit.
+    Ids come from the identity sequence first (``sql.enqueue.allocate_jobs_with_tickets``,
+    ascending like the ``INSERT``'s), with the batch's ``run_at``, so both tables get the same
+    values.
     """
     first = jobs[0]
-    queues = sorted({job.queue for job in jobs})
-    params = {"n": len(jobs), "run_at": first.run_at, "delay": first.delay, "queues": queues}
-    ids, run_at = db.rows(enqueue.allocate_job_ids(), params)[0]
+    params = {
+        "n": len(jobs),
+        "run_at": first.run_at,
+        "delay": first.delay,
+        "queue": first.queue,
+        "priority": first.priority,
+        "atomic": first.atomic,
+    }
+    ids: list[int] | None
+    ids, run_at = db.rows(enqueue.allocate_jobs_with_tickets(), params)[0]
     if ids is None:
         return None
-    stamp = run_at.isoformat()
-    lines = copy_rows.job_lines(ids, jobs, stamp, trace_context)
+    ids.sort()  # drawn ascending already: a linear check, unless the server reordered them
+    lines = copy_rows.job_lines(ids, jobs, run_at.isoformat(), trace_context)
     db.copy(enqueue.copy_jobs(traced=trace_context is not None), copy_rows.chunks(lines))
-    db.copy(enqueue.copy_tickets(), copy_rows.chunks(copy_rows.ticket_lines(ids, jobs, stamp)))
-    db.rows(enqueue.notify_tickets(), {"queues": queues, "run_at": run_at})
-    return list(ids)
+    return ids
 
 
 def set_queue_max_depth(db: SessionOrExecutor, name: str, max_depth: int | None) -> None:

@@ -34,10 +34,6 @@ R = TypeVar("R")
 __all__ = ["ConfiguredTask", "Task", "TaskRegistry"]
 
 
-# Argument shapes remembered per task as known to bind (see ``Task.check_arguments``).
-_SHAPES_KEPT = 64
-
-
 class JobSink(Protocol):
     """What a task needs from its queue object to enqueue (implemented by ``PgQueue``)."""
 
@@ -154,7 +150,7 @@ class Task(Generic[P, R]):
         self.key_limit = key_limit
         self.is_async = inspect.iscoroutinefunction(fn)
         self._signature = inspect.signature(fn)
-        self._shapes_bound: set[tuple[int, tuple[str, ...]]] = set()
+        self._arguments = validation.ArgumentCheck(self._signature, context_first=pass_context)
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
@@ -230,19 +226,15 @@ class Task(Generic[P, R]):
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """Raise ValidationError if the arguments do not fit the function's signature."""
-        # Whether arguments bind depends only on their shape (how many positional ones, which
-        # keywords), never on their values: a shape that bound once binds again. The worker
-        # checks every job it runs, and nearly all jobs of a task share one or two shapes.
-        shape = (len(args), tuple(kwargs))
-        if shape in self._shapes_bound:
+        # Decided from the arguments' shape by rules compiled from the signature once; only a
+        # shape they leave open, or one that does not bind, is bound for real (for its message).
+        if self._arguments.binds(len(args), kwargs.keys()):
             return
         bind_args: tuple[Any, ...] = (None, *args) if self.pass_context else tuple(args)
         try:
             self._signature.bind(*bind_args, **kwargs)
         except TypeError as exc:
             raise ValidationError(f"arguments do not match task {self.name}: {exc}") from None
-        if len(self._shapes_bound) < _SHAPES_KEPT:  # bounded: rows may carry any keywords
-            self._shapes_bound.add(shape)
 
     def backoff_delay(self, attempt: int) -> float:
         """Seconds before the retry after failed attempt ``attempt`` (``backoff.delay_after``)."""
@@ -305,12 +297,14 @@ class ConfiguredTask(Generic[P, R]):
         return session
 
     def _build_many(self, items: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[NewJob]:
+        build = self._builder()
         jobs: list[NewJob] = []
+        append = jobs.append
         for index, item in enumerate(items):
-            if isinstance(item, Mapping):
-                jobs.append(self._build((), item))
+            if type(item) is dict or isinstance(item, Mapping):
+                append(build((), item))
             elif isinstance(item, Sequence) and not isinstance(item, str | bytes):
-                jobs.append(self._build(tuple(item), {}))
+                append(build(tuple(item), {}))
             else:
                 raise ValidationError(
                     f"enqueue_many item {index} must be a kwargs dict or an args list, "
@@ -319,33 +313,58 @@ class ConfiguredTask(Generic[P, R]):
         return jobs
 
     def _build(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
+        return self._builder()(args, kwargs)
+
+    def _builder(self) -> Callable[[Sequence[Any], Mapping[str, Any]], NewJob]:
+        """The job for one call's arguments; what every job of this enqueue shares (the task's
+        defaults merged with the options, the limits) is worked out here, once per call."""
         task, opts = self.task, self.options
-        task.check_arguments(args, kwargs)
         settings = task.sink.settings
-        args_json, kwargs_json = validation.encode_args(
-            args, kwargs, max_bytes=settings.max_payload_bytes, max_depth=settings.max_json_depth
+        max_bytes, max_depth = settings.max_payload_bytes, settings.max_json_depth
+        check_arguments, encode_args = task.check_arguments, validation.encode_args
+        name, queue, atomic, key_limit = (
+            task.name,
+            opts.queue or task.queue,
+            task.atomic,
+            task.key_limit,
         )
-        unique_key = opts.unique_key
-        if unique_key is None and task.unique_key_fn is not None:
-            unique_key = validation.unique_key(task.unique_key_fn(*args, **kwargs))
+        priority = task.priority if opts.priority is None else opts.priority
+        max_attempts = opts.max_attempts or task.max_attempts
+        delay, run_at, depends_on = opts.delay, opts.run_at, opts.depends_on or ()
+        fixed_unique_key = opts.unique_key
+        unique_key_fn = task.unique_key_fn if fixed_unique_key is None else None
         concurrency_key = opts.concurrency_key or task.concurrency_key
-        if concurrency_key is not None and not isinstance(concurrency_key, str):
-            concurrency_key = _computed_key(task, concurrency_key, args, kwargs)
-        return NewJob(
-            task_name=task.name,
-            queue=opts.queue or task.queue,
-            args_json=args_json,
-            kwargs_json=kwargs_json,
-            priority=task.priority if opts.priority is None else opts.priority,
-            max_attempts=opts.max_attempts or task.max_attempts,
-            delay=opts.delay,
-            run_at=opts.run_at,
-            unique_key=unique_key,
-            atomic=task.atomic,
-            depends_on=opts.depends_on or (),
-            concurrency_key=concurrency_key,
-            key_limit=task.key_limit,
+        key_fn = (
+            None if concurrency_key is None or isinstance(concurrency_key, str) else concurrency_key
         )
+        fixed_key = concurrency_key if isinstance(concurrency_key, str) else None
+
+        def build(args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
+            check_arguments(args, kwargs)
+            args_json, kwargs_json = encode_args(
+                args, kwargs, max_bytes=max_bytes, max_depth=max_depth
+            )
+            unique_key = fixed_unique_key
+            if unique_key_fn is not None:
+                unique_key = validation.unique_key(unique_key_fn(*args, **kwargs))
+            key = fixed_key if key_fn is None else _computed_key(task, key_fn, args, kwargs)
+            return NewJob(
+                name,
+                queue,
+                args_json,
+                kwargs_json,
+                priority,
+                max_attempts,
+                delay,
+                run_at,
+                unique_key,
+                atomic,
+                depends_on,
+                key,
+                key_limit,
+            )
+
+        return build
 
 
 def _computed_key(

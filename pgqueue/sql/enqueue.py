@@ -1,6 +1,7 @@
 """Statements that add jobs: the batched ``INSERT`` over unnested arrays, the one-row insert,
-the ``COPY`` of a large batch (ids allocated first, wake-up sent after), the lookup of the jobs
-holding unique keys, and the bookkeeping of jobs that depend on others.
+the ``COPY`` of a large batch (ids allocated, tickets inserted and wake-up sent first by one
+statement), the lookup of the jobs holding unique keys, and the bookkeeping of jobs that depend
+on others.
 
 Every insert gives each new runnable job its ticket and wakes idle workers in the same
 statement (``common.tickets_for`` and ``common.woken``).
@@ -42,7 +43,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS, aggregate_order_by
+from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from pgqueue.models import UNIQUE_KEY_HELD, Job, MessageQueue, QueueControl
@@ -340,29 +341,62 @@ def insert_one_job(traced: bool = False) -> Select[int]:
 
 
 @cache
-def allocate_job_ids() -> Select[Any, Any]:
+def allocate_jobs_with_tickets() -> Select[Any, Any]:
     """One row: an array of ``n`` new job ids from the jobs' identity sequence, ascending, and
-    the batch's run_at (``run_at`` if given, else ``now()`` plus ``delay`` seconds, may be
-    null): for ``COPY`` of a large batch, which cannot evaluate defaults per row. One array,
-    not ``n`` rows: half the cost per job. Binds ``n``, ``run_at``, ``delay``.
+    the batch's run_at (``run_at`` if given, else ``now()`` plus ``delay`` seconds); for
+    ``COPY`` of a large batch of jobs that share their queue, priority and atomic flag (binds
+    ``queue``, ``priority``, ``atomic``), which cannot evaluate defaults per row. The same
+    statement inserts the batch's tickets from those ids and sends the wake-up (``woken``,
+    delivered at commit): a ticket is only an id and the batch's shared values, so it needs no
+    second COPY stream from the client. The tickets precede their jobs' rows by a statement of
+    the same transaction; nothing outside it sees either before the commit. Binds ``n``,
+    ``run_at``, ``delay``.
 
     The sequence is looked up once, as a ``regclass`` (an InitPlan): as ``nextval``'s argument
     the lookup and the text-to-regclass cast would run per id and cost most of each id.
 
-    Binds ``queues`` (array) too: when one of them has a bound no id is allocated (the array is
-    null), and the batch goes to the checked insert."""
+    When ``queue`` has a bound nothing is allocated or inserted (the array is null), and the
+    batch goes to the checked insert."""
     sequence = select(
         cast(func.pg_get_serial_sequence(literal(Job.__tablename__), literal("id")), REGCLASS)
     ).scalar_subquery()
-    run_at = _requested_run_at()
     series = (
         func.generate_series(1, bindparam("n", type_=Integer))
         .table_valued("i")
         .render_derived(name="series")
     )
-    ids = func.array_agg(aggregate_order_by(func.nextval(sequence), series.c.i))
-    unbounded = _no_bound(QueueControl.name == func.any(array_param("queues", Text)))
-    return select(ids, run_at).select_from(series).where(unbounded)
+    queue = bindparam("queue", type_=Text)
+    run_at = _requested_run_at()
+    unbounded = _no_bound(QueueControl.name == queue)
+    # Materialised (read twice, and volatile): each id is drawn once, in the series' order.
+    ids = (
+        select(func.nextval(sequence).label("id"))
+        .select_from(series)
+        .where(unbounded)
+        .order_by(series.c.i)
+        .cte("new_ids")
+    )
+    # Every ticket of the batch carries the same values but its id: they are binds, not columns
+    # of the id rows, and the wake-up is one NOTIFY of the batch's queue and run_at, not an
+    # aggregate over the new tickets (``woken``). Nothing reads the insert: it runs anyway.
+    shared = (
+        bindparam("priority", type_=SmallInteger),
+        run_at,
+        bindparam("atomic", type_=Boolean),
+    )
+    tickets = (
+        insert(MessageQueue)
+        .from_select(list(COPY_TICKET_COLUMNS), select(ids.c.id, queue, *shared))
+        .cte("new_tickets")
+    )
+    woken_once = (
+        select(func.count(func.pg_notify(NOTIFY_CHANNEL, wake_payload(queue, run_at))))
+        .where(unbounded)
+        .scalar_subquery()
+    )
+    # The ids in the order the CTE holds them, drawn ascending (the caller sorts to be sure:
+    # an ORDER BY here would sort on the server).
+    return select(func.array_agg(ids.c.id), run_at).add_cte(tickets).where(woken_once >= 0)
 
 
 @cache
@@ -371,23 +405,6 @@ def copy_jobs(traced: bool = False) -> Any:
     ``sql.Composed``: COPY has no SQLAlchemy construct). Rows: ``COPY_JOB_COLUMNS``, and with
     ``traced`` a last column ``trace_context`` (JSON text)."""
     return _copy(Job.__tablename__, COPY_JOB_COLUMNS + (("trace_context",) if traced else ()))
-
-
-@cache
-def copy_tickets() -> Any:
-    """``COPY pgqueue_message_queue (...) FROM STDIN``; rows: ``COPY_TICKET_COLUMNS``. Sends
-    no wake-up: follow it with ``notify_tickets`` in the same transaction."""
-    return _copy(MessageQueue.__tablename__, COPY_TICKET_COLUMNS)
-
-
-@cache
-def notify_tickets() -> Select[Any]:
-    """The wake-up for tickets inserted by COPY, which runs no pgqueue expression per row: one
-    NOTIFY per queue of ``queues`` (array) with the batch's ``run_at``, the payload the INSERT
-    paths send (``woken``). Delivered at commit, so its place in the transaction is free."""
-    queues = func.unnest(array_param("queues", Text)).table_valued("queue").render_derived(name="q")
-    run_at = bindparam("run_at", type_=MessageQueue.run_at.type)
-    return select(func.count(func.pg_notify(NOTIFY_CHANNEL, wake_payload(queues.c.queue, run_at))))
 
 
 COPY_JOB_COLUMNS: Final = ("id", *JOB_FIELDS, "run_at", "atomic")

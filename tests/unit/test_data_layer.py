@@ -144,10 +144,12 @@ def _job(queue: str = "q", task: str = "t", args: str = "[]") -> NewJob:
 
 def test_copy_rows_escape_text_and_share_the_run_at() -> None:
     stamp = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC).isoformat()
-    jobs = [_job(args='["tab\\there"]'), _job(queue="b\\q")]
+    jobs = [_job(queue="b\\q", args='["tab\\there"]'), _job(queue="b\\q")]
     lines = list(copy_rows.job_lines([10, 11], jobs, stamp))
-    assert lines[0] == f'10\tt\tq\t["tab\\\\there"]\t{{}}\t0\t3\t{stamp}\tf\n'
-    assert list(copy_rows.ticket_lines([10, 11], jobs, stamp))[1] == f"11\tb\\\\q\t0\t{stamp}\tf\n"
+    assert lines == [
+        f'10\tt\tb\\\\q\t["tab\\\\there"]\t{{}}\t0\t3\t{stamp}\tf\n',
+        f"11\tt\tb\\\\q\t[]\t{{}}\t0\t3\t{stamp}\tf\n",
+    ]
 
 
 def test_copy_chunks_hold_a_bounded_number_of_rows() -> None:
