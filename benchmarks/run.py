@@ -117,6 +117,26 @@ def machine() -> dict[str, Any]:
 WORKLOADS = ("enqueue1", "enqueueB", "drain", "latency", "await", "history", "cpu", "memory")
 
 
+def _step(results: dict[str, Any]) -> Any:
+    """A runner of one named step that logs it, times it, and records a failure in
+    ``results["errors"]`` (returning None) instead of ending the run."""
+
+    def step(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        console.log(f"[bold]{name}[/bold] ...")
+        started = time.perf_counter()
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            console.log(f"[red]{name} failed:[/red] {exc}")
+            traceback.print_exc()
+            results.setdefault("errors", {})[name] = repr(exc)
+            return None
+        console.log(f"{name} done in {time.perf_counter() - started:.1f} s")
+        return value
+
+    return step
+
+
 def run_drain(step: Any, srv: server_module.Server, sizes: Sizes) -> dict[str, Any]:
     """The ceiling sweep (raw SQL, threads x batch), pgqueue's concurrency sweep (without a log
     line per success), then paired rounds: pgqueue at its defaults, pgqueue at the best point of
@@ -203,19 +223,7 @@ def run_suite(
 ) -> dict[str, Any]:
     """Run the workloads named in ``only`` (all by default), in the table's order."""
     results: dict[str, Any] = {}
-
-    def step(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        console.log(f"[bold]{name}[/bold] ...")
-        started = time.perf_counter()
-        try:
-            value = fn(*args, **kwargs)
-        except Exception as exc:
-            console.log(f"[red]{name} failed:[/red] {exc}")
-            traceback.print_exc()
-            results.setdefault("errors", {})[name] = repr(exc)
-            return None
-        console.log(f"{name} done in {time.perf_counter() - started:.1f} s")
-        return value
+    step = _step(results)
 
     if "enqueue1" in only:
         results["enqueue1"] = step(
@@ -562,11 +570,74 @@ def write_json(report: dict[str, Any], extra_path: str | None) -> Path:
     return path
 
 
+PEERS_QUICK = {
+    "enqueue1": 50,
+    "bulk": 2_000,
+    "drain": 1_000,
+    "rounds": 1,
+    "latency": 30,
+    "latency_rounds": 1,
+}
+PEERS_FULL = {
+    "enqueue1": 500,
+    "bulk": 20_000,
+    "drain": 20_000,
+    "rounds": 3,
+    "latency": 500,
+    "latency_rounds": 3,
+}
+
+
+def run_peers(report: dict[str, Any], srv: server_module.Server, quick: bool) -> None:
+    """The peers' workloads after the suite's, and the side-by-side table, into ``report``."""
+    # Imported here: the peers' packages are an optional extra the suite runs without.
+    from benchmarks import peers
+
+    sizes = QUICK if quick else FULL
+    results = report["results"]
+    drain = results.get("drain") or {}
+    ceiling = drain.get("ceiling") or {
+        "threads": sizes.baseline_threads[-1],
+        "batch": sizes.baseline_batches[-1],
+    }
+    peer_sizes = peers.PeerSizes(**(PEERS_QUICK if quick else PEERS_FULL))
+    report["peer_sizes"] = peer_sizes.__dict__
+    results["peers"] = peers.run(
+        srv,
+        peer_sizes,
+        {"threads": ceiling["threads"], "batch": ceiling["batch"]},
+        sizes.drain,
+        LATENCY_RATE,
+        _step(results),
+    )
+    report["peers_table"] = peers.table(results, results["peers"])
+    report["load_avg_after_peers"] = os.getloadavg()
+
+
+def print_peers(rows: list[dict[str, str]]) -> None:
+    from benchmarks import peers
+
+    if not rows:
+        return
+    table = Table(title="peers, side by side (ratios: median of rounds paired with raw SQL)")
+    for i, name in enumerate(rows[0]):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row.values())
+    console.print(table)
+    print(peers.markdown(rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small N, under a minute (CI smoke)")
     mode.add_argument("--soak", action="store_true", help="only the sustained-load soak")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run pgqueuer and procrastinate (pip install -e '.[peers]') side by side",
+    )
     parser.add_argument("--soak-seconds", type=float, default=300.0)
     parser.add_argument("--soak-rate", type=float, default=500.0)
     parser.add_argument(
@@ -602,8 +673,12 @@ def main(argv: list[str] | None = None) -> int:
             report["sizes"] = sizes.__dict__
             report["results"] = run_suite(srv, sizes, args.only or WORKLOADS)
             report["summary"] = summarize(report["results"])
+            if args.peers:
+                run_peers(report, srv, args.quick)
             print_table(report["summary"], f"pgqueue vs raw-SQL baseline ({mode_name} run)")
             print(markdown_table(report["summary"]))
+            if args.peers:
+                print_peers(report["peers_table"])
     report["elapsed_s"] = time.perf_counter() - started
     path = write_json(report, args.json_path)
     console.log(f"{mode_name} run took {report['elapsed_s']:.0f} s; JSON: {path}")
