@@ -118,8 +118,9 @@ WORKLOADS = ("enqueue1", "enqueueB", "drain", "latency", "await", "history", "cp
 
 
 def _step(results: dict[str, Any]) -> Any:
-    """A runner of one named step that logs it, times it, and records a failure in
-    ``results["errors"]`` (returning None) instead of ending the run."""
+    """A runner of one named step that logs it, times it, records the load average after it in
+    ``results["load_avg"]``, and records a failure in ``results["errors"]`` (returning None)
+    instead of ending the run."""
 
     def step(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         console.log(f"[bold]{name}[/bold] ...")
@@ -131,6 +132,8 @@ def _step(results: dict[str, Any]) -> Any:
             traceback.print_exc()
             results.setdefault("errors", {})[name] = repr(exc)
             return None
+        # The shared machine's load beside each number, as the report gives it.
+        results.setdefault("load_avg", {})[name] = os.getloadavg()
         console.log(f"{name} done in {time.perf_counter() - started:.1f} s")
         return value
 
