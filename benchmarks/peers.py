@@ -251,17 +251,23 @@ def run(
 # -- the side-by-side table --------------------------------------------------------------------
 
 
+def _ratio(ratio: float | None) -> str:
+    if ratio is None:
+        return ""
+    # Two decimals hide a ratio under 0.01x: a third shows which side of 0.005x it is.
+    return f" ({ratio:.2f}x)" if ratio >= 0.1 else f" ({ratio:.3f}x)"
+
+
 def _rate_cell(value: float | None, ratio: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:,.0f}" + ("" if ratio is None else f" ({ratio:.2f}x)")
+    return f"{value:,.0f}" + _ratio(ratio)
 
 
 def _latency_cell(side: dict[str, Any] | None, ratio: Any) -> str:
     if not side:
         return "-"
-    cell = f"{side['p50']:.2f} / {side['p99']:.1f}"
-    return cell + ("" if ratio is None else f" ({ratio:.2f}x)")
+    return f"{side['p50']:.2f} / {side['p99']:.1f}" + _ratio(ratio)
 
 
 def table(results: dict[str, Any], peers: dict[str, Any]) -> list[dict[str, str]]:
