@@ -573,9 +573,10 @@ def write_json(report: dict[str, Any], extra_path: str | None) -> Path:
     return path
 
 
+# The peers' bulk enqueue is as large as pgqueue's, for one bulk row.
 PEERS_QUICK = {
     "enqueue1": 50,
-    "bulk": 2_000,
+    "bulk": QUICK.enqueue_batch,
     "drain": 1_000,
     "rounds": 1,
     "latency": 30,
@@ -583,7 +584,7 @@ PEERS_QUICK = {
 }
 PEERS_FULL = {
     "enqueue1": 500,
-    "bulk": 20_000,
+    "bulk": FULL.enqueue_batch,
     "drain": 20_000,
     "rounds": 3,
     "latency": 500,
