@@ -1,8 +1,10 @@
-"""The entry point: ``python -m benchmarks [--quick | --soak] [--json PATH]``.
+"""The entry point: ``python -m benchmarks [--quick | --soak] [--peers] [--json PATH]``.
 
 Runs every workload against a fresh database on one server (a durable embedded PostgreSQL, or
 ``$PGQUEUE_DATABASE_URL``), prints a table of pgqueue vs. the raw-SQL baseline with the ratio
-and the target, and writes the JSON to ``benchmarks/results/<timestamp>.json`` (and ``--json``).
+and the target (the drain's against the ceiling: the best point of the raw-SQL threads x batch
+sweep), with ``--peers`` also pgqueuer and procrastinate side by side (``benchmarks/peers.py``),
+and writes the JSON to ``benchmarks/results/<timestamp>.json`` (and ``--json``).
 No threshold is asserted: the exit status is 0 unless a workload could not run at all.
 """
 
