@@ -107,8 +107,10 @@ def drain(server: Server, peer: ModuleType, n: int, setting: dict[str, int]) -> 
 
 
 def _started(path: Path) -> dict[int, float]:
+    """Probe index -> handler start, from the lines the worker has finished writing."""
     starts = {}
-    for line in path.read_text().splitlines():
+    # The last element is empty or a line still being written: left for the next read.
+    for line in path.read_text().split("\n")[:-1]:
         index, at = line.split()
         starts[int(index)] = float(at)
     return starts
