@@ -5,8 +5,12 @@ selects ``FOR UPDATE SKIP LOCKED`` and an ``UPDATE ... RETURNING``), batched cla
 completions (``id = ANY(...)``), COPY for bulk enqueue and LISTEN/NOTIFY for wake-ups. No
 leases, no heartbeats, no retries, no validation: that is what makes it a ceiling.
 
+The drain runs ``THREADS`` threads, each on its own connection claiming batches of ``BATCH``:
+the suite sweeps threads x batch and takes the best point as the ceiling, since one connection
+in a loop leaves the server idle while the client completes a batch.
+
 The workers run in a child process like pgqueue's (``python -m benchmarks.baseline drain URL
-BATCH`` / ``listen URL BATCH``) so both sides pay the same interprocess costs.
+BATCH [THREADS]`` / ``listen URL BATCH``) so both sides pay the same interprocess costs.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -115,15 +120,26 @@ def _run_batch(conn: psycopg.Connection[Any], batch: int) -> int:
     return len(rows)
 
 
-def drain(conninfo: str, batch: int) -> int:
-    """Claim ``batch`` at a time and complete them until nothing is ready; returns the count."""
-    done = 0
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        while True:
-            got = _run_batch(conn, batch)
-            if not got:
-                return done
-            done += got
+def drain(conninfo: str, batch: int, threads: int = 1) -> int:
+    """Claim ``batch`` at a time and complete them until nothing is ready, on ``threads``
+    connections at once; returns the count."""
+    counts = [0] * threads
+    # Every thread connects before any claims, so the first claims do not run alone while the
+    # other threads are still connecting.
+    ready = threading.Barrier(threads)
+
+    def run(index: int) -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            ready.wait()
+            while got := _run_batch(conn, batch):
+                counts[index] += got
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return sum(counts)
 
 
 def listen(conninfo: str, batch: int) -> None:
@@ -166,6 +182,7 @@ def probe_results(conninfo: str) -> dict[int, float]:
 if __name__ == "__main__":
     mode, url, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "drain":
-        print(json.dumps({"processed": drain(url, size)}))
+        threads = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+        print(json.dumps({"processed": drain(url, size, threads)}))
     else:
         listen(url, size)

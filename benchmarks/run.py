@@ -1,8 +1,10 @@
-"""The entry point: ``python -m benchmarks [--quick | --soak] [--json PATH]``.
+"""The entry point: ``python -m benchmarks [--quick | --soak] [--peers] [--json PATH]``.
 
 Runs every workload against a fresh database on one server (a durable embedded PostgreSQL, or
 ``$PGQUEUE_DATABASE_URL``), prints a table of pgqueue vs. the raw-SQL baseline with the ratio
-and the target, and writes the JSON to ``benchmarks/results/<timestamp>.json`` (and ``--json``).
+and the target (the drain's against the ceiling: the best point of the raw-SQL threads x batch
+sweep), with ``--peers`` also pgqueuer and procrastinate side by side (``benchmarks/peers.py``),
+and writes the JSON to ``benchmarks/results/<timestamp>.json`` (and ``--json``).
 No threshold is asserted: the exit status is 0 unless a workload could not run at all.
 """
 
@@ -41,6 +43,7 @@ class Sizes:
     enqueue_rounds: int
     drain: int
     drain_concurrency: tuple[int, ...]
+    baseline_threads: tuple[int, ...]
     baseline_batches: tuple[int, ...]
     drain_rounds: int
     latency: int
@@ -58,6 +61,7 @@ QUICK = Sizes(
     enqueue_rounds=2,
     drain=2_000,
     drain_concurrency=(10, 50),
+    baseline_threads=(1, 4),
     baseline_batches=(50,),
     drain_rounds=1,
     latency=200,
@@ -74,7 +78,8 @@ FULL = Sizes(
     enqueue_rounds=5,
     drain=60_000,
     drain_concurrency=(10, 50, 100, 200),
-    baseline_batches=(50, 200),
+    baseline_threads=(1, 2, 4, 8),
+    baseline_batches=(10, 50, 100, 200),
     drain_rounds=3,
     latency=1_000,
     latency_rounds=3,
@@ -85,6 +90,8 @@ FULL = Sizes(
     awaited=50,
 )
 LATENCY_RATE = 100.0
+# The worker's concurrency when none is given (``pgqueue worker``'s default): the "default" drain.
+DEFAULT_CONCURRENCY = 10
 
 
 def machine() -> dict[str, Any]:
@@ -112,11 +119,10 @@ def machine() -> dict[str, Any]:
 WORKLOADS = ("enqueue1", "enqueueB", "drain", "latency", "await", "history", "cpu", "memory")
 
 
-def run_suite(
-    srv: server_module.Server, sizes: Sizes, only: Sequence[str] = WORKLOADS
-) -> dict[str, Any]:
-    """Run the workloads named in ``only`` (all by default), in the table's order."""
-    results: dict[str, Any] = {}
+def _step(results: dict[str, Any]) -> Any:
+    """A runner of one named step that logs it, times it, records the load average after it in
+    ``results["load_avg"]``, and records a failure in ``results["errors"]`` (returning None)
+    instead of ending the run."""
 
     def step(name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         console.log(f"[bold]{name}[/bold] ...")
@@ -128,8 +134,101 @@ def run_suite(
             traceback.print_exc()
             results.setdefault("errors", {})[name] = repr(exc)
             return None
+        # The shared machine's load beside each number, as the report gives it.
+        results.setdefault("load_avg", {})[name] = os.getloadavg()
         console.log(f"{name} done in {time.perf_counter() - started:.1f} s")
         return value
+
+    return step
+
+
+def run_drain(step: Any, srv: server_module.Server, sizes: Sizes) -> dict[str, Any]:
+    """The ceiling sweep (raw SQL, threads x batch), pgqueue's concurrency sweep (without a log
+    line per success), then paired rounds: pgqueue at its defaults, pgqueue at the best point of
+    its sweep, and the ceiling at the best point of its sweep, one after the other each round.
+    """
+    ceiling_sweep = [
+        step(f"ceiling drain threads={t} batch={b}", w.drain_baseline, srv, sizes.drain, b, t)
+        for t in sizes.baseline_threads
+        for b in sizes.baseline_batches
+    ]
+    sweep = [
+        step(
+            f"drain c={c}, log_successes off",
+            w.drain_pgqueue,
+            srv,
+            sizes.drain,
+            c,
+            log_successes=False,
+        )
+        for c in sizes.drain_concurrency
+    ]
+    ceiling_ok = [r for r in ceiling_sweep if r and r["ok"]]
+    sweep_ok = [r for r in sweep if r and r["ok"]]
+    ceiling = max(ceiling_ok, key=lambda r: r["jobs_per_s"]) if ceiling_ok else None
+    best = max(sweep_ok, key=lambda r: r["jobs_per_s"]) if sweep_ok else None
+    best_c = best["concurrency"] if best else sizes.drain_concurrency[-1]
+    threads = ceiling["threads"] if ceiling else sizes.baseline_threads[-1]
+    batch = ceiling["batch"] if ceiling else sizes.baseline_batches[-1]
+    default_pairs, best_pairs = [], []
+    for r in range(sizes.drain_rounds):
+        # The worker's own defaults: no PGQUEUE_* setting, the CLI's default concurrency.
+        default = step(
+            f"drain round {r + 1}: c={DEFAULT_CONCURRENCY}, defaults",
+            w.drain_pgqueue,
+            srv,
+            sizes.drain,
+            DEFAULT_CONCURRENCY,
+        )
+        tuned = step(
+            f"drain round {r + 1}: c={best_c}, log_successes off",
+            w.drain_pgqueue,
+            srv,
+            sizes.drain,
+            best_c,
+            log_successes=False,
+        )
+        ceil = step(
+            f"drain round {r + 1}: ceiling threads={threads} batch={batch}",
+            w.drain_baseline,
+            srv,
+            sizes.drain,
+            batch,
+            threads,
+        )
+        if not (ceil and ceil["ok"]):
+            continue
+        if default and default["ok"]:
+            default_pairs.append((default["jobs_per_s"], ceil["jobs_per_s"]))
+        if tuned and tuned["ok"]:
+            best_pairs.append((tuned["jobs_per_s"], ceil["jobs_per_s"]))
+    setting = {"threads": threads, "batch": batch}
+    return {
+        "ceiling": (setting | {"sweep_jobs_per_s": ceiling["jobs_per_s"]}) if ceiling else None,
+        "ceiling_sweep": ceiling_sweep,
+        "sweep": sweep,
+        "best_concurrency": best["concurrency"] if best else None,
+        "default": (
+            {"concurrency": DEFAULT_CONCURRENCY, "ceiling": setting}
+            | w._paired(default_pairs, sizes.drain)
+            if default_pairs
+            else None
+        ),
+        "best": (
+            {"concurrency": best_c, "log_successes": False, "ceiling": setting}
+            | w._paired(best_pairs, sizes.drain)
+            if best_pairs
+            else None
+        ),
+    }
+
+
+def run_suite(
+    srv: server_module.Server, sizes: Sizes, only: Sequence[str] = WORKLOADS
+) -> dict[str, Any]:
+    """Run the workloads named in ``only`` (all by default), in the table's order."""
+    results: dict[str, Any] = {}
+    step = _step(results)
 
     if "enqueue1" in only:
         results["enqueue1"] = step(
@@ -142,50 +241,9 @@ def run_suite(
 
     best_c = sizes.drain_concurrency[-1]
     if "drain" in only:
-        sweep = [
-            step(f"drain c={c}", w.drain_pgqueue, srv, sizes.drain, c)
-            for c in sizes.drain_concurrency
-        ]
-        base_sweep = [
-            step(f"baseline drain batch={b}", w.drain_baseline, srv, sizes.drain, b)
-            for b in sizes.baseline_batches
-        ]
-        sweep_ok = [r for r in sweep if r and r["ok"]]
-        base_ok = [r for r in base_sweep if r and r["ok"]]
-        best = max(sweep_ok, key=lambda r: r["jobs_per_s"]) if sweep_ok else None
-        results["drain"] = {
-            "default": sweep[0],
-            "best": best,
-            "sweep": sweep,
-            "baseline": max(base_ok, key=lambda r: r["jobs_per_s"]) if base_ok else None,
-            "baseline_sweep": base_sweep,
-        }
-        best_c = best["concurrency"] if best else sizes.drain_concurrency[0]
-        best_b = (
-            results["drain"]["baseline"]["batch"]
-            if results["drain"]["baseline"]
-            else sizes.baseline_batches[-1]
-        )
-        pairs = []
-        for r in range(sizes.drain_rounds):
-            # The best setting: the best concurrency of the sweep, without a log line per success.
-            pg = step(
-                f"drain round {r + 1}: c={best_c}, log_successes off",
-                w.drain_pgqueue,
-                srv,
-                sizes.drain,
-                best_c,
-                log_successes=False,
-            )
-            base = step(
-                f"drain round {r + 1}: baseline", w.drain_baseline, srv, sizes.drain, best_b
-            )
-            if pg and base and pg["ok"] and base["ok"]:
-                pairs.append((pg["jobs_per_s"], base["jobs_per_s"]))
-        if pairs:
-            results["drain"]["paired"] = {"concurrency": best_c, "batch": best_b} | w._paired(
-                pairs, sizes.drain
-            )
+        results["drain"] = drain = run_drain(step, srv, sizes)
+        if drain["best_concurrency"]:
+            best_c = drain["best_concurrency"]
 
     if "latency" in only:
         latency_pairs = []
@@ -291,6 +349,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
         unit: str,
         minimum: float,
         ratio: float | None = None,
+        against: str = "baseline",
     ) -> None:
         if ratio is None:
             ratio = pg / base if pg is not None and base else None
@@ -299,7 +358,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
             pg,
             base,
             unit,
-            f">= {minimum}x baseline",
+            f">= {minimum}x {against}",
             None if ratio is None else ratio >= minimum,
             ratio,  # the median of per-round ratios where rounds were paired, as judged
         )
@@ -309,39 +368,47 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
         "enqueue1", e1 and e1["pgqueue"], e1 and e1["baseline"], "jobs/s", 0.7, e1 and e1["ratio"]
     )
     ratio_row(
-        "enqueueB", eb and eb["pgqueue"], eb and eb["baseline"], "jobs/s", 0.6, eb and eb["ratio"]
+        "enqueueB (enqueue_many vs COPY)",
+        eb and eb["pgqueue"],
+        eb and eb["baseline"],
+        "jobs/s",
+        0.7,
+        eb and eb["ratio"],
+        "COPY",
     )
 
     d = results.get("drain") or {}
-    base = d.get("baseline")
-    base_rate = base["jobs_per_s"] if base else None
-    default = d.get("default")
+    ceiling = d.get("ceiling")
+    rounds = d.get("best") or d.get("default")
     add(
-        f"drain default (c={default['concurrency']})" if default else "drain default",
-        default["jobs_per_s"] if default else None,
-        base_rate,
+        (
+            f"drain ceiling (raw SQL, {ceiling['threads']} threads x batch {ceiling['batch']},"
+            " the best of the threads x batch sweep; median of the paired rounds)"
+        )
+        if ceiling
+        else "drain ceiling",
+        None,
+        rounds["baseline"] if rounds else None,
         "jobs/s",
-        "(informative)",
+        "(the ceiling)",
         None,
     )
-    best, paired = d.get("best"), d.get("paired")
-    if paired:
+    for key, label, minimum in (
+        ("default", "drain default (c={concurrency}, the worker's default settings", 0.5),
+        ("best", "drain best (c={concurrency}, log_successes off", 0.8),
+    ):
+        paired = d.get(key)
+        name = label.format(concurrency=paired["concurrency"]) if paired else label.split(" (")[0]
+        if paired:
+            name += f", median of {len(paired['rounds'])} rounds paired with the ceiling)"
         ratio_row(
-            f"drain best (c={paired['concurrency']}, log_successes off, median of "
-            f"{len(paired['rounds'])} paired rounds vs batch {paired['batch']})",
-            paired["pgqueue"],
-            paired["baseline"],
+            name,
+            paired and paired["pgqueue"],
+            paired and paired["baseline"],
             "jobs/s",
-            0.6,
-            paired["ratio"],
-        )
-    else:
-        ratio_row(
-            f"drain best (c={best['concurrency']})" if best else "drain best",
-            best["jobs_per_s"] if best else None,
-            base_rate,
-            "jobs/s",
-            0.6,
+            minimum,
+            paired and paired["ratio"],
+            "ceiling",
         )
 
     lat = results.get("latency") or {}
@@ -508,11 +575,75 @@ def write_json(report: dict[str, Any], extra_path: str | None) -> Path:
     return path
 
 
+# The peers' bulk enqueue is as large as pgqueue's, for one bulk row.
+PEERS_QUICK = {
+    "enqueue1": 50,
+    "bulk": QUICK.enqueue_batch,
+    "drain": 1_000,
+    "rounds": 1,
+    "latency": 30,
+    "latency_rounds": 1,
+}
+PEERS_FULL = {
+    "enqueue1": 500,
+    "bulk": FULL.enqueue_batch,
+    "drain": 20_000,
+    "rounds": 3,
+    "latency": 500,
+    "latency_rounds": 3,
+}
+
+
+def run_peers(report: dict[str, Any], srv: server_module.Server, quick: bool) -> None:
+    """The peers' workloads after the suite's, and the side-by-side table, into ``report``."""
+    # Imported here: the peers' packages are an optional extra the suite runs without.
+    from benchmarks import peers
+
+    sizes = QUICK if quick else FULL
+    results = report["results"]
+    drain = results.get("drain") or {}
+    ceiling = drain.get("ceiling") or {
+        "threads": sizes.baseline_threads[-1],
+        "batch": sizes.baseline_batches[-1],
+    }
+    peer_sizes = peers.PeerSizes(**(PEERS_QUICK if quick else PEERS_FULL))
+    report["peer_sizes"] = peer_sizes.__dict__
+    results["peers"] = peers.run(
+        srv,
+        peer_sizes,
+        {"threads": ceiling["threads"], "batch": ceiling["batch"]},
+        sizes.drain,
+        LATENCY_RATE,
+        _step(results),
+    )
+    report["peers_table"] = peers.table(results, results["peers"])
+    report["load_avg_after_peers"] = os.getloadavg()
+
+
+def print_peers(rows: list[dict[str, str]]) -> None:
+    from benchmarks import peers
+
+    if not rows:
+        return
+    table = Table(title="peers, side by side (ratios: median of rounds paired with raw SQL)")
+    for i, name in enumerate(rows[0]):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row.values())
+    console.print(table)
+    print(peers.markdown(rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small N, under a minute (CI smoke)")
     mode.add_argument("--soak", action="store_true", help="only the sustained-load soak")
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run pgqueuer and procrastinate (pip install -e '.[peers]') side by side",
+    )
     parser.add_argument("--soak-seconds", type=float, default=300.0)
     parser.add_argument("--soak-rate", type=float, default=500.0)
     parser.add_argument(
@@ -548,8 +679,12 @@ def main(argv: list[str] | None = None) -> int:
             report["sizes"] = sizes.__dict__
             report["results"] = run_suite(srv, sizes, args.only or WORKLOADS)
             report["summary"] = summarize(report["results"])
+            if args.peers:
+                run_peers(report, srv, args.quick)
             print_table(report["summary"], f"pgqueue vs raw-SQL baseline ({mode_name} run)")
             print(markdown_table(report["summary"]))
+            if args.peers:
+                print_peers(report["peers_table"])
     report["elapsed_s"] = time.perf_counter() - started
     path = write_json(report, args.json_path)
     console.log(f"{mode_name} run took {report['elapsed_s']:.0f} s; JSON: {path}")

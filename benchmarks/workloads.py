@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 from sqlalchemy.engine import URL
 
 from benchmarks import app, baseline
@@ -247,17 +248,22 @@ def drain_pgqueue(
     task_name: str = app.NOOP,
     history: int = 0,
     task_kwargs: dict[str, Any] | None = None,
-    log_successes: bool = True,
+    log_successes: bool | None = None,
 ) -> Result:
-    """``n`` jobs drained by ``pgqueue worker --drain``; ``log_successes=False`` is the
-    documented high-throughput setting (no INFO line per succeeded job)."""
+    """``n`` jobs drained by ``pgqueue worker --drain``. ``log_successes`` sets
+    ``PGQUEUE_LOG_SUCCESSES`` (``False`` is the documented high-throughput setting: no INFO
+    line per succeeded job); ``None`` leaves the worker's own default, whatever the caller's
+    environment says."""
     with server.fresh_database("drain") as url:
         if history:
             add_history(url, history)
         fill_pgqueue(url, n, task_name, **(task_kwargs or {}))
         start = time.perf_counter()
         env = _env(url)
-        env["PGQUEUE_LOG_SUCCESSES"] = "true" if log_successes else "false"
+        if log_successes is None:
+            env.pop("PGQUEUE_LOG_SUCCESSES", None)
+        else:
+            env["PGQUEUE_LOG_SUCCESSES"] = "true" if log_successes else "false"
         with process(worker_command(concurrency, processes), env) as child:
             code = child.wait(WORKER_TIMEOUT)
             if code != 0:
@@ -281,19 +287,23 @@ def _succeeded_new(url: URL, history: int) -> dict[str, Any]:
     return _counts(row)
 
 
-def drain_baseline(server: Server, n: int, batch: int) -> Result:
+def drain_baseline(server: Server, n: int, batch: int, threads: int = 1) -> Result:
+    """``n`` jobs drained by the raw-SQL worker: ``threads`` connections claiming ``batch`` each."""
     with server.fresh_database("drain_base", migrate=False) as url:
         baseline.create_schema(libpq(url))
         baseline.fill(libpq(url), n)
         start = time.perf_counter()
-        command = [sys.executable, "-m", "benchmarks.baseline", "drain", libpq(url), str(batch)]
+        command = [
+            *(sys.executable, "-m", "benchmarks.baseline", "drain"),
+            *(libpq(url), str(batch), str(threads)),
+        ]
         with process(command) as child:
             code = child.wait(WORKER_TIMEOUT)
             if code != 0:
                 raise RuntimeError(f"baseline worker exited with {code}")
         wall = time.perf_counter() - start
         result = _throughput(n, baseline.span(libpq(url)), wall)
-    result.update(batch=batch)
+    result.update(batch=batch, threads=threads)
     return result
 
 
@@ -394,7 +404,7 @@ def latency_baseline(server: Server, n: int, rate: float) -> Result:
             for i in _paced(n, rate):
                 with conn.transaction():
                     row = conn.execute(
-                        baseline.INSERT_ONE, ("probe", baseline.Jsonb([i])), prepare=True
+                        baseline.INSERT_ONE, ("probe", Jsonb([i])), prepare=True
                     ).fetchone()
                     conn.execute("SELECT pg_notify(%s, '')", (baseline.CHANNEL,), prepare=True)
                 assert row is not None
