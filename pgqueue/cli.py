@@ -356,6 +356,34 @@ def prune(database_url: str | None) -> None:
     click.echo(f"pruned {deleted} jobs")
 
 
+@main.group(name="history")
+def history_group() -> None:
+    """The partitioned history of finished jobs (PGQUEUE_HISTORY=partitioned)."""
+
+
+@history_group.command(name="maintain")
+@click.option(
+    "--days-ahead",
+    type=click.IntRange(min=1),
+    default=7,
+    show_default=True,
+    help="Create the partitions of today and this many days after it.",
+)
+@click.option(
+    "--retention-days",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Drop the days older than this [default: PGQUEUE_HISTORY_RETENTION_DAYS, 7].",
+)
+@database_option
+def history_maintain(days_ahead: int, retention_days: int | None, database_url: str | None) -> None:
+    """Create coming days' partitions and drop expired ones (run as the schema owner)."""
+    report = _queue_for(database_url).maintain_history(
+        days_ahead=days_ahead, retention_days=retention_days
+    )
+    click.echo(report.summary())
+
+
 @main.command()
 @click.argument("app")
 @click.argument("task_name")

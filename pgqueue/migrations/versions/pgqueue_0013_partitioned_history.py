@@ -5,7 +5,8 @@ Revises: pgqueue_0012
 Create Date: 2026-11-23
 
 - ``pgqueue_job_history``: ``pgqueue_jobs``' columns, partitioned by range of ``finished_at``,
-  primary key ``(id, finished_at)``, the dashboard's two filter indexes. Empty and unread until
+  primary key ``(id, finished_at)``, the dashboard's two filter indexes and one on
+  ``finished_at``. Empty and unread until
   ``history="partitioned"`` is set; day partitions are created by ``pgqueue history maintain``.
 - ``pgqueue_job_history_default``: its DEFAULT partition, so a finished job whose day has no
   partition yet is still moved (the command reports rows found there).
@@ -78,6 +79,7 @@ def upgrade() -> None:
         "pgqueue_job_history",
         ["task_name", "state", "id"],
     )
+    op.create_index("ix_pgqueue_job_history_finished_at", "pgqueue_job_history", ["finished_at"])
     op.execute("CREATE TABLE pgqueue_job_history_default PARTITION OF pgqueue_job_history DEFAULT")
 
 
