@@ -38,7 +38,12 @@ from pgqueue.cli_shared import (
     verbose_option,
 )
 from pgqueue.core import PgQueue
-from pgqueue.errors import is_bad_credentials, is_connection_error, is_insufficient_privilege
+from pgqueue.errors import (
+    NotSchemaOwner,
+    is_bad_credentials,
+    is_connection_error,
+    is_insufficient_privilege,
+)
 from pgqueue.states import JobState
 
 __all__ = ["console", "load_app", "main"]
@@ -378,9 +383,13 @@ def history_group() -> None:
 @database_option
 def history_maintain(days_ahead: int, retention_days: int | None, database_url: str | None) -> None:
     """Create coming days' partitions and drop expired ones (run as the schema owner)."""
-    report = _queue_for(database_url).maintain_history(
-        days_ahead=days_ahead, retention_days=retention_days
-    )
+    try:
+        report = _queue_for(database_url).maintain_history(
+            days_ahead=days_ahead, retention_days=retention_days
+        )
+    except NotSchemaOwner as exc:
+        # As ``migrate``'s: exit 1, the expected refusal for a DML-only role, nothing changed.
+        raise click.ClickException(f"pgqueue history maintain: {exc}") from None
     click.echo(report.summary())
 
 
