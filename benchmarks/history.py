@@ -200,9 +200,10 @@ def _table_figures(url: URL, table: str) -> dict[str, int]:
         row = conn.execute(
             """SELECT coalesce(sum(s.n_live_tup), 0), coalesce(sum(s.n_dead_tup), 0),
                       coalesce(sum(pg_total_relation_size(t.relid)), 0)
-               FROM pg_partition_tree(%s) AS t
+               FROM (SELECT relid FROM pg_partition_tree(%s)
+                     UNION SELECT CAST(%s AS regclass)) AS t
                JOIN pg_stat_user_tables AS s ON s.relid = t.relid""",
-            (table,),
+            (table, table),
         ).fetchone()
     assert row is not None
     return {"live_rows": int(row[0]), "dead_rows": int(row[1]), "bytes": int(row[2])}
