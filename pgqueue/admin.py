@@ -302,16 +302,21 @@ class Admin:
         sessions: Callable[[], sessionmaker[Session]],
         *,
         stale_seconds: Callable[[], float] = lambda: Settings().worker_stale_seconds,
+        partitioned_history: Callable[[], bool] = lambda: False,
     ) -> None:
         self._sessions = sessions
         self._stale_seconds = stale_seconds
+        # Under ``history="partitioned"`` the reads of jobs read the moved jobs too; otherwise
+        # nothing here touches ``pgqueue_job_history`` (a role may hold no rights on it).
+        self._partitioned_history = partitioned_history
 
     # -- jobs --------------------------------------------------------------------------------
 
     def get_job(self, job_id: int) -> Job:
         """A snapshot of one job (detached from any session). Raises JobNotFound."""
         job_id = check_job_id(job_id)
-        return self._read(lambda session: job_snapshot(session, job_id))
+        history = self._partitioned_history()
+        return self._read(lambda session: job_snapshot(session, job_id, history=history))
 
     def explain_job(self, job_id: int) -> explain.JobExplanation:
         """Why job ``job_id`` is not running (or is): its blockers in the order the claim
@@ -339,17 +344,27 @@ class Admin:
         checked = list_arguments(
             queue=queue, state=state, task_name=task_name, before=before, after=after, limit=limit
         )
+        history = self._partitioned_history()
         with self._sessions()() as session:
-            rows = repository.list_jobs(
-                session,
-                queue=checked.queue,
-                state=checked.state,
-                task_name=checked.task_name,
-                before=checked.before,
-                after=checked.after,
-                limit=checked.limit + 1,
-            )
+            pages = [
+                repository.list_jobs(
+                    session,
+                    queue=checked.queue,
+                    state=checked.state,
+                    task_name=checked.task_name,
+                    before=checked.before,
+                    after=checked.after,
+                    limit=checked.limit + 1,
+                    history=moved,
+                )
+                # The live table first: a job moved between the two reads is then seen twice
+                # (kept once) rather than missed.
+                for moved in ((False, True) if history else (False,))
+            ]
             session.expunge_all()
+        rows = (
+            pages[0] if len(pages) == 1 else _merged_pages(pages, checked.limit + 1, checked.after)
+        )
         return page_of(rows, limit=checked.limit, before=checked.before, after=checked.after)
 
     def delete_job(self, job_id: int, *, session: Session | None = None) -> bool:
@@ -366,9 +381,11 @@ class Admin:
         its attempt count never exceeds its maximum."""
         job_id = check_job_id(job_id)
 
+        history = self._partitioned_history()
+
         def work(s: Session) -> None:
             if not repository.rerun(s, job_id):
-                _raise_for_state(s, job_id, "retry", RERUNNABLE)
+                _raise_for_state(s, job_id, "retry", RERUNNABLE, history=history)
 
         self._write(session, work)
 
@@ -379,13 +396,14 @@ class Admin:
         handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried).
         """
         job_id = check_job_id(job_id)
+        history = self._partitioned_history()
 
         def work(s: Session) -> JobState:
             if repository.cancel_waiting(s, job_id, "cancelled by request"):
                 return JobState.CANCELLED
             if repository.request_cancel_running(s, job_id):
                 return JobState.RUNNING
-            _raise_for_state(s, job_id, "cancel", CANCELLABLE)
+            _raise_for_state(s, job_id, "cancel", CANCELLABLE, history=history)
             raise AssertionError("unreachable")  # pragma: no cover
 
         return self._write(session, work)
@@ -494,10 +512,22 @@ class Admin:
 
     def capped_counts(self, cap: int = DEFAULT_COUNT_CAP) -> dict[str, dict[JobState, int]]:
         """``{queue: {state: count}}`` for every queue with jobs, each count stopping at
-        ``cap`` (``cap`` means "``cap`` or more"); states without jobs count 0."""
+        ``cap`` (``cap`` means "``cap`` or more"); states without jobs count 0. Under the
+        partitioned history, moved jobs count too (each table's count capped, the sum too)."""
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ValidationError(f"cap must be a positive int, got {cap!r}")
-        return self._read(lambda s: repository.capped_state_counts(s, cap))
+        if not self._partitioned_history():
+            return self._read(lambda s: repository.capped_state_counts(s, cap))
+
+        def both(s: Session) -> dict[str, dict[JobState, int]]:
+            counts = repository.capped_state_counts(s, cap)
+            for queue, moved in repository.capped_state_counts(s, cap, history=True).items():
+                live = counts.setdefault(queue, dict.fromkeys(JobState, 0))
+                for state, count in moved.items():
+                    live[state] = min(cap, live.get(state, 0) + count)
+            return counts
+
+        return self._read(both)
 
     def oldest_waiting(self) -> dict[str, OldestWaiting]:
         """The earliest ticket of each queue that has one."""
@@ -518,21 +548,46 @@ class Admin:
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ValidationError(f"cap must be a positive int, got {cap!r}")
 
+        sources = (False, True) if self._partitioned_history() else (False,)
+
         def work(s: Session) -> Throughput:
-            edge = repository.finished_window_edge(s, THROUGHPUT_WINDOW, cap)
+            # With the partitioned history each table is read to ``cap`` on its own: the
+            # window is the shorter of theirs, so at most about twice ``cap`` jobs are read.
+            edges = [
+                edge
+                for moved in sources
+                if (
+                    edge := repository.finished_window_edge(
+                        s, THROUGHPUT_WINDOW, cap, history=moved
+                    )
+                )
+                is not None
+            ]
+            edge = min(edges) if edges else None
             if edge is None:
                 width, window = 60, THROUGHPUT_WINDOW
             else:
                 width = next((w for w in BUCKET_WIDTHS if w * 60 >= edge), BUCKET_WIDTHS[-1])
                 window = max(1, int(edge // width)) * width
-            series = repository.finished_per_bucket(s, width, window // width, cap)
+            series: dict[str, dict[JobState, list[int]]] = {}
+            for moved in sources:
+                part = repository.finished_per_bucket(s, width, window // width, cap, history=moved)
+                for queue, by_state in part.items():
+                    for state, counts in by_state.items():
+                        into = series.setdefault(queue, {}).setdefault(state, [0] * len(counts))
+                        for i, count in enumerate(counts):
+                            into[i] += count
             return Throughput(window, width, series, shortened=edge is not None)
 
         return self._read(work)
 
     def queue_names(self) -> list[str]:
-        """The queues that have jobs, sorted."""
-        return self._read(repository.job_queues)
+        """The queues that have jobs, sorted (moved jobs' too under the partitioned history)."""
+        if not self._partitioned_history():
+            return self._read(repository.job_queues)
+        return self._read(
+            lambda s: sorted({*repository.job_queues(s), *repository.job_queues(s, history=True)})
+        )
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -683,20 +738,50 @@ class Admin:
         return uow.in_caller_or_own_transaction(session, self._sessions(), work)
 
 
-def job_snapshot(session: Session, job_id: int) -> Job:
-    """Job ``job_id`` read in ``session`` and detached from it. Raises JobNotFound."""
+def job_snapshot(session: Session, job_id: int, *, history: bool = False) -> Job:
+    """Job ``job_id`` read in ``session`` and detached from it; with ``history``, found in the
+    partitioned history when it is no longer in ``pgqueue_jobs`` (a ``Job`` of no session,
+    without steps). Raises JobNotFound."""
     job = repository.get_job(session, job_id)
     if job is None:
-        raise JobNotFound(f"no job with id {job_id}")
+        # Read after the live table: a job moved in between is found here, never missed.
+        moved = repository.get_moved_job(session, job_id) if history else None
+        if moved is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        return moved
     session.expunge(job)
     return job
 
 
+def _merged_pages(pages: list[list[Job]], limit: int, after: int | None) -> list[Job]:
+    """One page from a page of each table: each job once (the live table's row first), the
+    ``limit`` nearest the cursor, newest first."""
+    by_id: dict[int, Job] = {}
+    for page in pages:
+        for job in page:
+            by_id.setdefault(job.id, job)
+    ids = sorted(by_id)
+    nearest = ids[:limit] if after is not None else ids[-limit:]
+    return [by_id[i] for i in reversed(nearest)]
+
+
 def _raise_for_state(
-    session: Session, job_id: int, action: str, allowed: frozenset[JobState]
+    session: Session,
+    job_id: int,
+    action: str,
+    allowed: frozenset[JobState],
+    *,
+    history: bool = False,
 ) -> None:
     job = repository.get_job(session, job_id)
     if job is None:
+        moved = repository.get_moved_job(session, job_id) if history else None
+        if moved is not None:
+            raise InvalidStateTransition(
+                f"cannot {action} job {job_id}: it finished ({moved.state.value}) and was moved "
+                "to the history (history=partitioned), where jobs are read-only; enqueue a new "
+                "job with its arguments instead"
+            )
         raise JobNotFound(f"no job with id {job_id}")
     names = ", ".join(sorted(s.value for s in allowed))
     raise InvalidStateTransition(

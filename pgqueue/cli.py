@@ -38,7 +38,12 @@ from pgqueue.cli_shared import (
     verbose_option,
 )
 from pgqueue.core import PgQueue
-from pgqueue.errors import is_bad_credentials, is_connection_error, is_insufficient_privilege
+from pgqueue.errors import (
+    NotSchemaOwner,
+    is_bad_credentials,
+    is_connection_error,
+    is_insufficient_privilege,
+)
 from pgqueue.states import JobState
 
 __all__ = ["console", "load_app", "main"]
@@ -357,6 +362,38 @@ def prune(database_url: str | None) -> None:
     """Delete finished jobs past their retention (PGQUEUE_SUCCEEDED_RETENTION, ...)."""
     deleted = _queue_for(database_url).prune()
     click.echo(f"pruned {deleted} jobs")
+
+
+@main.group(name="history")
+def history_group() -> None:
+    """The partitioned history of finished jobs (PGQUEUE_HISTORY=partitioned)."""
+
+
+@history_group.command(name="maintain")
+@click.option(
+    "--days-ahead",
+    type=click.IntRange(min=1),
+    default=7,
+    show_default=True,
+    help="Create the partitions of today and this many days after it.",
+)
+@click.option(
+    "--retention-days",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Drop the days older than this [default: PGQUEUE_HISTORY_RETENTION_DAYS, 7].",
+)
+@database_option
+def history_maintain(days_ahead: int, retention_days: int | None, database_url: str | None) -> None:
+    """Create coming days' partitions and drop expired ones (run as the schema owner)."""
+    try:
+        report = _queue_for(database_url).maintain_history(
+            days_ahead=days_ahead, retention_days=retention_days
+        )
+    except NotSchemaOwner as exc:
+        # As ``migrate``'s: exit 1, the expected refusal for a DML-only role, nothing changed.
+        raise click.ClickException(f"pgqueue history maintain: {exc}") from None
+    click.echo(report.summary())
 
 
 @main.command()

@@ -29,6 +29,9 @@ TASK_NAME_PATTERN: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.:<>\-]{0,62}")
 # What may sit between pgqueue and the server (see ``Settings.pooler``).
 POOLER_MODES: Final = ("none", "transaction", "session")
 
+# Where finished jobs are kept (see ``Settings.history``).
+HISTORY_LAYOUTS: Final = ("in_place", "partitioned")
+
 # Smallest accepted ``max_error_bytes``.
 MIN_ERROR_BYTES: Final = 256
 
@@ -116,6 +119,17 @@ class Settings:
     ahead); they are leased and heartbeated like running ones, and given back unstarted
     (attempt not counted) when the worker stops. 0: claim only for free slots. Not used while queue concurrency
     limits, concurrency keys, rate limits or atomic tasks exist."""
+    history: str = "in_place"
+    """Where finished jobs are kept: ``"in_place"`` (in ``pgqueue_jobs`` until pruned) or
+    ``"partitioned"``: the maintenance leader moves them, ``history_move_after`` seconds after
+    they finished, into ``pgqueue_job_history`` (one partition per UTC day), and
+    ``pgqueue history maintain`` prunes that by dropping whole days. Reads of one job and the
+    admin listings then read both tables."""
+    history_move_after: float = 60.0
+    """Under ``history="partitioned"``: age (since finishing) at which a job is moved."""
+    history_retention_days: int = 7
+    """Under ``history="partitioned"``: days of history kept; ``pgqueue history maintain``
+    drops each day's partition once the whole day is older than this."""
     log_args: bool = False
     """Include job args in worker log lines (off: args often carry personal data)."""
     log_successes: bool = False
@@ -141,6 +155,10 @@ class Settings:
             normalize_database_url(self.database_url)
         if self.listen_database_url is not None:
             normalize_database_url(self.listen_database_url)
+        if self.history not in HISTORY_LAYOUTS:
+            raise ConfigurationError(
+                f"history must be one of {', '.join(HISTORY_LAYOUTS)}, got {self.history!r}"
+            )
         if self.pooler not in POOLER_MODES:
             raise ConfigurationError(
                 f"pooler must be one of {', '.join(POOLER_MODES)}, got {self.pooler!r}"
@@ -154,6 +172,7 @@ class Settings:
             "failed_retention",
             "metrics_interval",
             "worker_stale_seconds",
+            "history_move_after",
         ):
             _positive(name, getattr(self, name))
         if self.metrics_port is not None and (
@@ -187,6 +206,7 @@ class Settings:
             "max_json_depth",
             "max_error_bytes",
             "max_snoozes",
+            "history_retention_days",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -197,6 +217,10 @@ class Settings:
             raise ConfigurationError(
                 f"max_error_bytes must be at least {MIN_ERROR_BYTES}, got {self.max_error_bytes}"
             )
+
+    @property
+    def partitioned_history(self) -> bool:
+        return self.history == "partitioned"
 
     @property
     def behind_pooler(self) -> bool:

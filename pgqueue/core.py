@@ -22,7 +22,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import connections, repository, uow
+from pgqueue import connections, history, repository, uow
 from pgqueue.admin import Admin, KeyOverride, check_job_id, job_snapshot
 from pgqueue.aio import AsyncDatabase, check_async_engine, check_async_session
 from pgqueue.config import Settings, normalize_database_url
@@ -96,7 +96,9 @@ class PgQueue:
             )
             self._given_async_engine = async_engine
         self.admin = Admin(
-            lambda: self.sessions, stale_seconds=lambda: self.settings.worker_stale_seconds
+            lambda: self.sessions,
+            stale_seconds=lambda: self.settings.worker_stale_seconds,
+            partitioned_history=lambda: self.settings.partitioned_history,
         )
         # ``get_job`` looked up on each read, so that a wrapper set on the instance sees them.
         self._job_waiter = JobWaiter(
@@ -362,6 +364,20 @@ class PgQueue:
             if deleted < batch_size:
                 return total
 
+    def maintain_history(
+        self, *, days_ahead: int = 7, retention_days: int | None = None
+    ) -> history.HistoryMaintenance:
+        """Keep the partitioned history's partitions (``history="partitioned"``): create the
+        partitions of today and the next ``days_ahead`` days, drop the days older than
+        ``retention_days`` (default ``Settings.history_retention_days``), and move the rows
+        the DEFAULT partition caught into their day's partition. DDL: run it as the owner of
+        pgqueue's tables (daily, e.g. from cron); raises ``NotSchemaOwner`` otherwise."""
+        retention = (
+            self.settings.history_retention_days if retention_days is None else retention_days
+        )
+        with self.engine.begin() as connection:
+            return history.maintain(connection, days_ahead=days_ahead, retention_days=retention)
+
     # -- workers -----------------------------------------------------------------------------
 
     def run_worker(
@@ -459,7 +475,8 @@ class PgQueue:
         """``get_job`` for asyncio. Raises JobNotFound."""
         job_id = check_job_id(job_id)
         database = await self._async_db()
-        return await database.read(lambda session: job_snapshot(session, job_id))
+        history = self.settings.partitioned_history
+        return await database.read(lambda session: job_snapshot(session, job_id, history=history))
 
     async def aretry_job(self, job_id: int, *, session: AsyncSession | None = None) -> None:
         """``retry_job`` for asyncio (in ``session``'s transaction when given)."""

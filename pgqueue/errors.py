@@ -18,6 +18,7 @@ __all__ = [
     "JobNotFound",
     "JobWaitTimeout",
     "LeaseLost",
+    "NotSchemaOwner",
     "PayloadTooLarge",
     "PgQueueError",
     "QueueFull",
@@ -116,6 +117,11 @@ class LeaseLost(PgQueueError):
 
 class SchemaNotCurrent(PgQueueError):
     """pgqueue's tables are missing, or at another revision than this pgqueue's head."""
+
+
+class NotSchemaOwner(PgQueueError, PermissionError):
+    """A schema change (a migration, a history partition) was refused because this database
+    role does not own pgqueue's tables (SQLSTATE 42501)."""
 
 
 class BulkCountChanged(PgQueueError):

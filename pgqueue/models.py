@@ -548,3 +548,109 @@ class JobStep(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     """When the step's result was saved (database clock)."""
+
+
+# --- finished jobs' history, partitioned by day (migration pgqueue_0013) -----------------------
+
+# Each day of history is one partition, named ``pgqueue_job_history_pYYYYMMDD`` (UTC days), plus
+# the DEFAULT partition that catches a finished job whose day has no partition yet.
+HISTORY_PARTITION_PREFIX = "pgqueue_job_history_p"
+HISTORY_DEFAULT_PARTITION = "pgqueue_job_history_default"
+
+
+class JobHistory(Base):
+    """A finished job moved out of ``pgqueue_jobs`` (the opt-in ``history="partitioned"``
+    layout): the same columns as ``Job``, each with the meaning ``Job`` documents, in a table
+    partitioned by range of ``finished_at``, one partition per UTC day. Pruning drops a whole
+    day's partition instead of deleting its rows, so it leaves no dead tuples, and the hot
+    ``pgqueue_jobs`` table keeps only live and recently finished jobs.
+
+    Rows arrive only through the maintenance move (``sql.history.move_finished``) and leave
+    only with their partition: nothing updates them. A job's steps are not moved (the foreign
+    key deletes them with the job's live row): they only serve the attempts of a live job.
+    The primary key must contain the partition key, hence ``(id, finished_at)``; ids are unique
+    anyway, since each came from ``pgqueue_jobs``' identity.
+    """
+
+    __tablename__ = "pgqueue_job_history"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    """``Job.id``."""
+    finished_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    """``Job.finished_at``; never null here, and the partition key."""
+    task_name: Mapped[str] = mapped_column(Text)
+    """``Job.task_name``."""
+    queue: Mapped[str] = mapped_column(Text)
+    """``Job.queue``."""
+    args: Mapped[list[Any]] = mapped_column(StoredJSON)
+    """``Job.args``."""
+    kwargs: Mapped[dict[str, Any]] = mapped_column(StoredJSON)
+    """``Job.kwargs``."""
+    state: Mapped[JobState] = mapped_column(job_state_type)
+    """``Job.state``: a final state."""
+    priority: Mapped[int] = mapped_column(SmallInteger)
+    """``Job.priority``."""
+    attempts: Mapped[int] = mapped_column(Integer)
+    """``Job.attempts``."""
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    """``Job.max_attempts``."""
+    run_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    """``Job.run_at``."""
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    """``Job.created_at``."""
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """``Job.started_at``."""
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    """``Job.updated_at``."""
+    last_error: Mapped[str | None] = mapped_column(Text)
+    """``Job.last_error``."""
+    errors: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    """``Job.errors``."""
+    result: Mapped[Any | None] = mapped_column(StoredJSON)
+    """``Job.result``."""
+    lease_owner: Mapped[str | None] = mapped_column(Text)
+    """``Job.lease_owner``."""
+    lease_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    """``Job.lease_token``."""
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """``Job.lease_expires_at``."""
+    unique_key: Mapped[str | None] = mapped_column(Text)
+    """``Job.unique_key`` (no unique index here: a finished job holds no key)."""
+    cancel_requested: Mapped[bool] = mapped_column(Boolean)
+    """``Job.cancel_requested``."""
+    atomic: Mapped[bool] = mapped_column(Boolean)
+    """``Job.atomic``."""
+    depends_on: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
+    """``Job.depends_on``."""
+    dependents: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
+    """``Job.dependents``."""
+    trace_context: Mapped[dict[str, Any] | None] = mapped_column(StoredJSON)
+    """``Job.trace_context``."""
+    awaited: Mapped[bool] = mapped_column(Boolean)
+    """``Job.awaited``."""
+    snoozes: Mapped[int] = mapped_column(Integer)
+    """``Job.snoozes``."""
+    progress: Mapped[float | None] = mapped_column(Float)
+    """``Job.progress``."""
+    progress_message: Mapped[str | None] = mapped_column(Text)
+    """``Job.progress_message``."""
+    progress_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """``Job.progress_at``."""
+    concurrency_key: Mapped[str | None] = mapped_column(Text)
+    """``Job.concurrency_key``."""
+
+    __table_args__ = (
+        CheckConstraint(STATE_CHECK, name="state_valid"),
+        # The dashboard's filtered pages, as on ``pgqueue_jobs`` (partitioned indexes: one
+        # per partition, dropped with it).
+        Index("ix_pgqueue_job_history_queue_state_id", "queue", "state", "id"),
+        Index("ix_pgqueue_job_history_task_name_state_id", "task_name", "state", "id"),
+        # The dashboard's recent throughput reads the last minutes of today's partition.
+        Index("ix_pgqueue_job_history_finished_at", "finished_at"),
+        {"postgresql_partition_by": "RANGE (finished_at)"},
+    )
+
+
+# The columns both tables share, in ``Job``'s order: what the move copies and what a read over
+# both tables selects.
+JOB_COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in Job.__table__.columns)

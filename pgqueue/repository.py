@@ -26,10 +26,11 @@ from pgqueue.db import Executor, claimer_key, executor_for
 from pgqueue.errors import JobNotFound, SerializationError, ValidationError
 from pgqueue.insert_choice import BoundedQueuesSeen
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome, Progress, WorkerEntry
-from pgqueue.models import Job
+from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
 from pgqueue.sql import admin, control, enqueue, maintenance
 from pgqueue.sql import claim as claim_sql
 from pgqueue.sql import flow as flow_sql
+from pgqueue.sql import history as history_sql
 from pgqueue.sql import outcomes as outcome_sql
 from pgqueue.sql import workers as workers_sql
 from pgqueue.states import FINAL_STATES, JobState, OutcomeKind
@@ -599,6 +600,13 @@ def prune_finished(
     return int(executor_for(db).rows(maintenance.prune_finished(), params)[0][0])
 
 
+def move_to_history(db: SessionOrExecutor, *, age: float, limit: int) -> int:
+    """Move up to ``limit`` jobs finished more than ``age`` seconds ago into the partitioned
+    history; how many were moved."""
+    params = {"age": age, "limit": limit}
+    return int(executor_for(db).rows(history_sql.move_finished(), params)[0][0])
+
+
 def try_maintenance_lock(db: SessionOrExecutor, key: int) -> bool:
     """Take the transaction's advisory lock ``key`` if free."""
     return bool(executor_for(db).rows(maintenance.try_maintenance_lock(), {"key": key})[0][0])
@@ -717,6 +725,19 @@ def get_job(session: Session, job_id: int) -> Job | None:
     return session.execute(admin.get_job(), {"job_id": job_id}).scalar_one_or_none()
 
 
+def get_moved_job(session: Session, job_id: int) -> Job | None:
+    """Job ``job_id`` from the partitioned history, as a ``Job`` of no session
+    (``moved_job``), or None."""
+    row = session.execute(admin.get_moved_job(), {"job_id": job_id}).scalar_one_or_none()
+    return None if row is None else moved_job(row)
+
+
+def moved_job(row: JobHistory) -> Job:
+    """A moved job as a ``Job`` (transient, in no session), so readers get one type whichever
+    table held it. Its ``steps`` are empty: steps are not moved."""
+    return Job(**{name: getattr(row, name) for name in JOB_COLUMN_NAMES})
+
+
 def mark_awaited(db: SessionOrExecutor, job_id: int) -> bool:
     """Mark job ``job_id`` as waited for (its end is then announced); False when it is
     finished, missing or already marked."""
@@ -760,9 +781,11 @@ def list_jobs(
     before: int | None = None,
     after: int | None = None,
     limit: int = 50,
+    history: bool = False,
 ) -> list[Job]:
     """Up to ``limit`` jobs, newest first, matching the filters; ``before``/``after`` (a job id)
-    page to older/newer jobs. Returns ORM objects of ``session``."""
+    page to older/newer jobs. Returns ORM objects of ``session``; with ``history``, the same
+    page of the moved jobs, as ``Job`` objects of no session (``moved_job``)."""
     cursor = "before" if before is not None else "after" if after is not None else None
     params: dict[str, Any] = {"limit": limit}
     params["states"] = [s.value for s in JobState] if state is None else [state.value]
@@ -770,7 +793,7 @@ def list_jobs(
         params["queue"] = queue
         params["queues"] = [queue]
     elif state is not None and task_name is None:
-        params["queues"] = job_queues(session)
+        params["queues"] = job_queues(session, history=history)
     if task_name is not None:
         params["task_name"] = task_name
     if cursor is not None:
@@ -780,22 +803,27 @@ def list_jobs(
         by_state=state is not None,
         by_task=task_name is not None,
         cursor=cursor,
+        history=history,
     )
-    jobs = list(session.scalars(statement, params))
+    jobs = [moved_job(row) if history else row for row in session.scalars(statement, params)]
     return jobs[::-1] if cursor == "after" else jobs
 
 
-def job_queues(db: SessionOrExecutor) -> list[str]:
-    """Names of the queues that have jobs, sorted (one index probe per queue)."""
-    return [row[0] for row in executor_for(db).rows(admin.job_queues())]
+def job_queues(db: SessionOrExecutor, *, history: bool = False) -> list[str]:
+    """Names of the queues that have jobs, sorted (one index probe per queue); of the moved
+    jobs with ``history``."""
+    return [row[0] for row in executor_for(db).rows(admin.job_queues(history))]
 
 
-def capped_state_counts(db: SessionOrExecutor, cap: int) -> dict[str, dict[JobState, int]]:
+def capped_state_counts(
+    db: SessionOrExecutor, cap: int, *, history: bool = False
+) -> dict[str, dict[JobState, int]]:
     """``{queue: {state: count}}`` for every queue with jobs, each count stopping at ``cap``
-    (``cap`` means "``cap`` or more"); states without jobs count 0."""
+    (``cap`` means "``cap`` or more"); states without jobs count 0. Of the moved jobs with
+    ``history``."""
     counts: dict[str, dict[JobState, int]] = {}
     params = {"states": [s.value for s in JobState], "cap": cap}
-    for queue, state, count in executor_for(db).rows(admin.capped_state_counts(), params):
+    for queue, state, count in executor_for(db).rows(admin.capped_state_counts(history), params):
         counts.setdefault(queue, {})[JobState(state)] = int(count)
     return counts
 
@@ -818,24 +846,27 @@ def finished_per_minute(db: SessionOrExecutor) -> dict[str, dict[JobState, list[
     return series
 
 
-def finished_window_edge(db: SessionOrExecutor, window: float, cap: int) -> float | None:
+def finished_window_edge(
+    db: SessionOrExecutor, window: float, cap: int, *, history: bool = False
+) -> float | None:
     """Seconds since the ``cap``-th most recently finished job of the last ``window`` seconds
-    finished; None when fewer than ``cap`` finished in that window."""
+    finished; None when fewer than ``cap`` finished in that window. Of the moved jobs with
+    ``history``."""
     params = {"window": float(window), "skip": cap - 1}
-    rows = executor_for(db).rows(admin.finished_window_edge(), params)
+    rows = executor_for(db).rows(admin.finished_window_edge(history), params)
     return float(rows[0][0]) if rows else None
 
 
 def finished_per_bucket(
-    db: SessionOrExecutor, width: float, buckets: int, cap: int
+    db: SessionOrExecutor, width: float, buckets: int, cap: int, *, history: bool = False
 ) -> dict[str, dict[JobState, list[int]]]:
     """``{queue: {state: [count per bucket]}}`` over the last ``buckets`` x ``width`` seconds,
     counting at most the ``cap`` most recent jobs; index 0 is the newest bucket. Only queues
-    with finished jobs in that window appear."""
+    with finished jobs in that window appear. Of the moved jobs with ``history``."""
     series: dict[str, dict[JobState, list[int]]] = {}
     params = {"window": float(width * buckets), "width": float(width), "cap": cap}
     for queue, state, buckets_ago, count in executor_for(db).rows(
-        admin.finished_per_bucket(), params
+        admin.finished_per_bucket(history), params
     ):
         if not 0 <= buckets_ago < buckets:
             continue  # the window's far edge, by a fraction of a second

@@ -36,6 +36,7 @@ BRANCH_LABEL: Final = "pgqueue"
 SCRIPT_LOCATION: Final = "pgqueue:migrations"
 VERSION_LOCATION: Final = "pgqueue:migrations/versions"
 TABLE_PREFIX: Final = "pgqueue_"
+HISTORY_PARTITIONS_PREFIX: Final = "pgqueue_job_history_"
 REVISION_PREFIX: Final = "pgqueue_"
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "downgrade",
     "head",
     "include_object",
+    "is_history_partition",
     "upgrade",
 ]
 
@@ -215,6 +217,15 @@ def run_environment(context: Any) -> None:
         configure_and_run(conn)
 
 
+def is_history_partition(name: str | None) -> bool:
+    """Whether ``name`` is a partition of ``pgqueue_job_history`` (a day's, or the DEFAULT
+    one): created and dropped by ``pgqueue history maintain`` and the migration, not declared
+    by the models, so autogenerate must not propose to drop them."""
+    return (name or "").startswith(HISTORY_PARTITIONS_PREFIX)
+
+
 def _only_pgqueue(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
     # When pgqueue autogenerates its own revisions, the host's tables are none of its business.
+    if type_ == "table" and is_history_partition(name):
+        return False
     return not include_object(obj, name, type_, reflected, compare_to)

@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import selectinload
 from sqlalchemy.sql.dml import ReturningUpdate
 
-from pgqueue.models import Job, MessageQueue
+from pgqueue.models import Job, JobHistory, MessageQueue
 from pgqueue.sql.common import (
     CLEAR_LEASE,
     announced,
@@ -51,6 +51,13 @@ from pgqueue.states import (
 )
 
 
+def _model(history: bool) -> Any:
+    """``Job``, or ``JobHistory`` for the statements that read moved jobs (same columns). The
+    statements that serve both bind it to a local ``Job``, so their text is the same for both
+    and unchanged for ``pgqueue_jobs``."""
+    return JobHistory if history else Job
+
+
 @cache
 def get_job() -> Select[Job]:
     """One job by ``job_id``, with its durable steps (a second, keyed read of them)."""
@@ -59,6 +66,13 @@ def get_job() -> Select[Job]:
         .where(Job.id == bindparam("job_id", type_=BigInteger))
         .options(selectinload(Job.steps))
     )
+
+
+@cache
+def get_moved_job() -> Select[JobHistory]:
+    """One moved job by ``job_id`` from ``pgqueue_job_history`` (each partition's primary key
+    probed by id)."""
+    return select(JobHistory).where(JobHistory.id == bindparam("job_id", type_=BigInteger))
 
 
 @cache
@@ -177,7 +191,7 @@ def request_cancel_running() -> ReturningUpdate[int]:
 _MAX_ID: Final = 2**63 - 1
 
 
-def _one_state(value: ColumnElement[Any]) -> ColumnElement[bool]:
+def _one_state(value: ColumnElement[Any], state: Any = Job.state) -> ColumnElement[bool]:
     """``state = value``, written as a range of one value so the planner reads the newest ids of
     a ``(queue, state)`` or ``(task_name, state)`` pair off its index.
 
@@ -186,14 +200,18 @@ def _one_state(value: ColumnElement[Any]) -> ColumnElement[bool]:
     then walks the primary key backwards filtering rows, expecting a match every few rows, and
     for a rare pair reads the whole history. With a range, ``ORDER BY state, id`` is an order
     only the composite index gives, and any other plan must sort every match first."""
-    return and_(Job.state >= value, Job.state <= value)
+    return and_(state >= value, state <= value)
 
 
-def _distinct_queues() -> Any:  # a CTE
+def _distinct_queues(history: bool = False) -> Any:  # a CTE
     """The queue names present in ``pgqueue_jobs``, by a loose index scan: one index probe per
     queue on the ``(queue, state, id)`` index (``min(queue) WHERE queue > previous``), never a
-    pass over the history."""
-    smallest = select(func.min(Job.queue).label("queue")).cte("job_queues", recursive=True)
+    pass over the history. ``history``: in ``pgqueue_job_history`` instead (its own
+    ``(queue, state, id)`` index)."""
+    Job = _model(history)
+    smallest = select(func.min(Job.queue).label("queue")).cte(
+        "history_queues" if history else "job_queues", recursive=True
+    )
     following = (
         select(
             select(func.min(Job.queue))
@@ -208,14 +226,15 @@ def _distinct_queues() -> Any:  # a CTE
 
 
 @cache
-def job_queues() -> Select[str]:
-    """Names of the queues that have jobs, sorted (the dashboard's queue filter)."""
-    queues = _distinct_queues()
+def job_queues(history: bool = False) -> Select[str]:
+    """Names of the queues that have jobs, sorted (the dashboard's queue filter); of the
+    moved jobs with ``history``."""
+    queues = _distinct_queues(history)
     return select(queues.c.queue).where(queues.c.queue.is_not(None)).order_by(queues.c.queue)
 
 
 @cache
-def capped_state_counts() -> Select[str, str, int]:
+def capped_state_counts(history: bool = False) -> Select[str, str, int]:
     """``(queue, state, count)`` for every queue with jobs and every state in ``states`` (an
     array), each count stopping at ``cap``: a count of ``cap`` means "at least ``cap``".
 
@@ -224,8 +243,10 @@ def capped_state_counts() -> Select[str, str, int]:
     a row range, ``(state, id)`` from ``(s, 0)`` to ``(s, max)``, and read in that order: the
     planner estimates such a range at a good share of the queue, so it stops a walk of the
     index at the cap instead of collecting every match of the pair (a bitmap scan) or sorting
-    the primary key's walk (see ``_one_state`` for why plain equality does not do)."""
-    queues = _distinct_queues()
+    the primary key's walk (see ``_one_state`` for why plain equality does not do).
+    ``history``: the same over ``pgqueue_job_history``."""
+    Job = _model(history)
+    queues = _distinct_queues(history)
     states = (
         func.unnest(array_param("states", Text)).table_valued("state").render_derived(name="states")
     )
@@ -251,7 +272,9 @@ def capped_state_counts() -> Select[str, str, int]:
 
 
 @cache
-def list_jobs(*, by_queue: bool, by_state: bool, by_task: bool, cursor: str | None) -> Select[Job]:
+def list_jobs(
+    *, by_queue: bool, by_state: bool, by_task: bool, cursor: str | None, history: bool = False
+) -> Select[Any]:
     """One page of jobs, newest first, optionally filtered.
 
     Binds ``limit``; ``cursor`` (a job id) when ``cursor`` is ``"before"`` (older jobs:
@@ -264,7 +287,10 @@ def list_jobs(*, by_queue: bool, by_state: bool, by_task: bool, cursor: str | No
     on the ``(queue, state, id)`` index, or per state on ``(task_name, state, id)`` when a task
     is chosen (binds ``task_name``, and ``queue`` with it). Each walk stops after ``limit`` ids,
     so a filter matching few of many finished jobs never scans the history for them.
+
+    ``history``: the same page of ``pgqueue_job_history`` (its rows are ``JobHistory``).
     """
+    Job = _model(history)
     position = bindparam("cursor", type_=BigInteger)
     newer = cursor == "after"
     order = Job.id.asc() if newer else Job.id.desc()
@@ -285,7 +311,8 @@ def list_jobs(*, by_queue: bool, by_state: bool, by_task: bool, cursor: str | No
     )
     if by_task:
         walk = select(Job.id).where(
-            Job.task_name == bindparam("task_name", type_=Text), _one_state(states.c.state)
+            Job.task_name == bindparam("task_name", type_=Text),
+            _one_state(states.c.state, Job.state),
         )
         if by_queue:
             # ``queue || ''``: the same test, but not one the ``(queue, state, id)`` index can
@@ -300,7 +327,9 @@ def list_jobs(*, by_queue: bool, by_state: bool, by_task: bool, cursor: str | No
             .table_valued("queue")
             .render_derived(name="queues")
         )
-        walk = select(Job.id).where(Job.queue == queues.c.queue, _one_state(states.c.state))
+        walk = select(Job.id).where(
+            Job.queue == queues.c.queue, _one_state(states.c.state, Job.state)
+        )
         ids = paged(walk, Job.state).lateral("walk")
         merged = select(ids.c.id).select_from(queues).join(states, true()).join(ids, true())
     merged_order = ids.c.id.asc() if cursor == "after" else ids.c.id.desc()
@@ -345,7 +374,7 @@ def finished_per_minute() -> Select[str, JobState, int, int]:
     )
 
 
-def _finished_within() -> ColumnElement[bool]:
+def _finished_within(Job: Any) -> ColumnElement[bool]:
     """Finished during the last ``window`` seconds (a bound float), on the ``finished_at`` index."""
     return and_(
         Job.finished_at.is_not(None),
@@ -354,13 +383,14 @@ def _finished_within() -> ColumnElement[bool]:
 
 
 @cache
-def finished_window_edge() -> Select[float]:
+def finished_window_edge(history: bool = False) -> Select[float]:
     """How many seconds ago the ``cap``-th most recently finished job of the last ``window``
     seconds finished; no row when fewer finished. Reads at most ``cap`` entries of the
-    ``finished_at`` index, newest first."""
+    ``finished_at`` index, newest first. ``history``: in ``pgqueue_job_history``."""
+    Job = _model(history)
     return (
         select(func.extract("epoch", func.now() - Job.finished_at))
-        .where(_finished_within())
+        .where(_finished_within(Job))
         .order_by(Job.finished_at.desc())
         .offset(bindparam("skip", type_=Integer))
         .limit(1)
@@ -368,17 +398,19 @@ def finished_window_edge() -> Select[float]:
 
 
 @cache
-def finished_per_bucket() -> Select[str, JobState, int, int]:
+def finished_per_bucket(history: bool = False) -> Select[str, JobState, int, int]:
     """``(queue, state, buckets_ago, count)`` for jobs finished in the last ``window`` seconds,
     bucketed by ``width`` seconds before ``now()`` (0 = the newest bucket); at most the ``cap``
     most recent of them are counted.
 
     The newest ``cap`` jobs are read in ``finished_at`` order, so every plan (a generic one
     too, which cannot know how much of the table the window holds) walks that index and stops
-    after ``cap`` entries; callers choose a window holding fewer (``finished_window_edge``)."""
+    after ``cap`` entries; callers choose a window holding fewer (``finished_window_edge``).
+    ``history``: in ``pgqueue_job_history``."""
+    Job = _model(history)
     recent = (
         select(Job.queue, Job.state, Job.finished_at)
-        .where(_finished_within())
+        .where(_finished_within(Job))
         .order_by(Job.finished_at.desc())
         .limit(bindparam("cap", type_=Integer))
         .subquery("recent")

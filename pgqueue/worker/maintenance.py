@@ -6,6 +6,8 @@ leases (``WorkerStore.rescue_expired``: retried or failed for good in SQL, the c
 ``worker_stale_seconds``, the deletion of stale rows from the worker registry. Every
 ``prune_interval`` (the first a tenth of it after start):
 prune finished jobs past their retention, and repair the running counts of limited queues.
+Under ``history="partitioned"`` every pass also moves jobs finished more than
+``history_move_after`` ago into the partitioned history, in bounded batches.
 Rescue and prune elect one leader per database with an advisory lock, and a scheduler pass
 enqueues each tick once, so any number of workers may run this at once. Each duty is guarded on its own: one failing (say, a periodic task whose arguments
 no longer validate) must not stop the others.
@@ -29,6 +31,10 @@ log = logging.getLogger("pgqueue.worker")
 
 RESCUE_BATCH = 1000
 PRUNE_BATCH = 10_000
+# Jobs moved to history per statement, and statements per pass at most: a pass that finds a
+# backlog drains it over several passes instead of holding the maintenance thread.
+HISTORY_BATCH = 5_000
+HISTORY_BATCHES_PER_PASS = 20
 LEASE_EXPIRED_ERROR = "lease expired (worker lost)"
 
 
@@ -61,6 +67,8 @@ class Maintenance:
         while not self._halt.wait(settings.rescue_interval):
             self._duty("schedule pass", self._run_schedules)
             self._duty("rescue pass", self.rescue)
+            if settings.partitioned_history:
+                self._duty("history move", self.move_to_history)
             registry = self._registry
             if registry is not None and time.monotonic() >= next_cleanup:
                 # A row is stale only after ``stale_seconds`` (and hidden from listings from
@@ -102,6 +110,21 @@ class Maintenance:
         )
         if pruned:
             log.info("pruned %d finished jobs", pruned)
+
+    def move_to_history(self) -> int:
+        """Move finished jobs past ``history_move_after`` into the partitioned history; how
+        many were moved."""
+        total = 0
+        for _ in range(HISTORY_BATCHES_PER_PASS):
+            moved = self._store.move_to_history(
+                age=self._settings.history_move_after, limit=HISTORY_BATCH
+            )
+            total += moved
+            if moved < HISTORY_BATCH or self._halt.is_set():
+                break
+        if total:
+            log.debug("moved %d finished jobs to history", total)
+        return total
 
     def recount_running(self) -> None:
         # The running counters of limited queues are kept exact by the statements that move

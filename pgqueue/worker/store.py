@@ -251,6 +251,16 @@ class WorkerStore:
 
         return self._run("prune", work, give_up_when_stopping=True, autocommit=False)
 
+    def move_to_history(self, *, age: float, limit: int) -> int:
+        def work(db: Executor) -> int:
+            # One mover at a time, as one pruner: concurrent movers would only skip each
+            # other's locked rows.
+            if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 3):
+                return 0
+            return repository.move_to_history(db, age=age, limit=limit)
+
+        return self._run("history move", work, give_up_when_stopping=True, autocommit=False)
+
     def recount_running(self) -> dict[str, int]:
         """Correct the drifted counters of limited queues and of concurrency keys; ``{queue or
         key: corrected count}``."""

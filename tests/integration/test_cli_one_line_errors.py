@@ -37,6 +37,7 @@ INVOCATIONS: dict[str, list[list[str]]] = {
     "retry": [["retry", "1"]],
     "cancel": [["cancel", "1"]],
     "prune": [["prune"]],
+    "history": [["history", "maintain"]],
     "pause": [["pause", "q"]],
     "resume": [["resume", "q"]],
     "limit": [["limit", "q", "3"]],

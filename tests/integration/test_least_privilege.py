@@ -50,7 +50,7 @@ from pgqueue import JobContext, PgQueue, QueueFull, Retry, Settings, Snooze, rep
 from pgqueue.cli import main as cli_main
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
-from pgqueue.errors import JobNotFound
+from pgqueue.errors import JobNotFound, NotSchemaOwner
 from pgqueue.models import Job, MessageQueue, PeriodicTick, metadata
 from pgqueue.states import JobState
 from pgqueue.testing import ConcurrencyProbe, states_of, wait_for_states
@@ -726,3 +726,101 @@ def test_migrate_needs_ddl_rights(
     # The same call with the owner's rights works: it is the privilege, not the command.
     owner = _cli(tmp_path, empty_database_url, "migrate")
     assert owner.returncode == 0, owner.stderr
+
+
+def _stage_finished(admin: Engine, count: int, age_seconds: float) -> list[int]:
+    """``count`` succeeded jobs in ``pgqueue_jobs``, finished ``age_seconds`` ago."""
+    with admin.connect() as connection:
+        rows = connection.execute(
+            text(
+                """INSERT INTO pgqueue_jobs (task_name, state, attempts, finished_at)
+                   SELECT 'lp.history', 'succeeded', 1, now() - make_interval(secs => :age)
+                   FROM generate_series(1, :n) RETURNING id"""
+            ),
+            {"n": count, "age": age_seconds},
+        )
+        return sorted(r[0] for r in rows)
+
+
+def test_partitioned_history_moves_with_dml_rights_but_partitions_need_the_owner(
+    database_url: URL, app_role: str, tmp_path: Path
+) -> None:
+    """Under ``history="partitioned"`` the role's worker moves finished jobs (DML) and reads
+    them back; creating or dropping partitions (DDL) is refused with one clear line, and works
+    for the owner."""
+    admin = _admin(database_url)
+    app_url = as_role(database_url, app_role)
+    settings = Settings(rescue_interval=0.2, history="partitioned", history_move_after=1.0)
+    pgq = PgQueue(app_url.render_as_string(hide_password=False), settings=settings)
+    try:
+        with pytest.raises(NotSchemaOwner, match=r"SQLSTATE 42501.*schema owner"):
+            pgq.maintain_history()
+        denied = _cli(tmp_path, app_url, "history", "maintain")
+        assert denied.returncode == 1 and denied.stdout == ""
+        [line] = denied.stderr.strip().splitlines()
+        assert "(SQLSTATE 42501)" in line and "pgqueue history maintain" in line, line
+        assert _cli(tmp_path, database_url, "history", "maintain").returncode == 0
+        staged = _stage_finished(admin, 3, 120.0)
+        worker = Worker(pgq, queues=["lp-history-idle"], concurrency=1)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                with admin.connect() as connection:
+                    moved = connection.execute(
+                        text("SELECT count(*) FROM pgqueue_job_history")
+                    ).scalar_one()
+                if moved == len(staged):
+                    break
+                assert time.monotonic() < deadline, moved
+                time.sleep(0.1)
+        finally:
+            worker.stop()
+            thread.join(timeout=30)
+        assert pgq.get_job(staged[0]).state is JobState.SUCCEEDED
+        assert {j.id for j in pgq.admin.list_jobs().jobs} == set(staged)
+    finally:
+        pgq.dispose()
+        admin.dispose()
+
+
+def test_the_default_layout_never_reads_the_history_table(database_url: URL, app_role: str) -> None:
+    """With no rights at all on ``pgqueue_job_history``, the default layout still enqueues,
+    runs, prunes, reads, lists, counts and charts jobs: none of its statements touches it."""
+    admin = _admin(database_url)
+    with admin.connect() as connection:
+        connection.execute(text(f"REVOKE ALL ON pgqueue_job_history FROM {app_role}"))
+    app_url = as_role(database_url, app_role)
+    pgq = PgQueue(
+        app_url.render_as_string(hide_password=False),
+        settings=Settings(poll_interval=0.1, rescue_interval=0.2, prune_interval=0.5),
+    )
+    try:
+
+        @pgq.task(name="lp.default_layout")
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        old = _stage_finished(admin, 2, 400 * 86_400.0)
+        job_id = add.enqueue(1, 2)
+        stats = pgq.run_worker(drain=True, concurrency=2)
+        assert stats.failed == 0
+        assert pgq.get_job(job_id).result == 3
+        with pytest.raises(JobNotFound):
+            pgq.get_job(10**9)
+        with pytest.raises(JobNotFound):
+            pgq.retry_job(10**9)
+        assert job_id in {j.id for j in pgq.admin.list_jobs().jobs}
+        assert job_id in {j.id for j in pgq.admin.list_jobs(state="succeeded").jobs}
+        assert pgq.admin.capped_counts()["default"][JobState.SUCCEEDED] >= 1
+        assert pgq.admin.queue_names() == ["default"]
+        assert pgq.admin.recent_throughput().series
+        # Pruned by the worker's maintenance or by this call, whichever came first.
+        pgq.prune()
+        for job in old:
+            with pytest.raises(JobNotFound):
+                pgq.get_job(job)
+    finally:
+        pgq.dispose()
+        admin.dispose()

@@ -1,0 +1,204 @@
+"""The partitioned history (``history="partitioned"``): finished jobs move out of
+``pgqueue_jobs`` by the maintenance loop, stay readable through ``get_job`` and the admin
+listings, are read-only there, and are pruned by dropping a day's partition.
+
+Partitions are created and dropped by ``pgq.maintain_history()`` (``pgqueue history
+maintain``) as the schema owner; what a DML-only role may and may not do is in
+``test_least_privilege.py``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy.engine import URL
+
+from pgqueue import PgQueue, Settings, migrations
+from pgqueue.cli import main as cli_main
+from pgqueue.errors import InvalidStateTransition
+from pgqueue.models import JOB_COLUMN_NAMES
+from pgqueue.states import JobState
+from pgqueue.worker import Worker
+
+DAY = 86_400.0
+
+
+@pytest.fixture
+def history_pgq(database_url: URL) -> Iterator[PgQueue]:
+    settings = Settings(
+        poll_interval=0.2,
+        rescue_interval=0.2,
+        lease_seconds=10.0,
+        history="partitioned",
+        history_move_after=0.5,
+    )
+    queue = PgQueue(database_url.render_as_string(hide_password=False), settings=settings)
+    yield queue
+    queue.dispose()
+
+
+def where_is(engine: Engine, job_id: int) -> tuple[int, ...]:
+    """How many rows of job ``job_id`` ``pgqueue_jobs`` and ``pgqueue_job_history`` hold."""
+    with engine.connect() as connection:
+        row = connection.execute(
+            text(
+                "SELECT (SELECT count(*) FROM pgqueue_jobs WHERE id = :id),"
+                " (SELECT count(*) FROM pgqueue_job_history WHERE id = :id)"
+            ),
+            {"id": job_id},
+        ).one()
+    return tuple(row)
+
+
+def test_a_finished_job_is_moved_by_maintenance_and_read_back_unchanged(
+    history_pgq: PgQueue, engine: Engine
+) -> None:
+    pgq = history_pgq
+    assert pgq.maintain_history(days_ahead=1).created  # today's and tomorrow's partitions
+
+    @pgq.task(name="history.add", queue="hist")
+    def add(a: int, b: int) -> dict[str, int]:
+        return {"sum": a + b}
+
+    job_id = add.enqueue(2, 3)
+    worker = Worker(pgq, queues=["hist"], concurrency=1)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        finished = pgq.wait_for(job_id, timeout=30)
+        deadline = time.monotonic() + 30
+        while where_is(engine, job_id) != (0, 1):
+            assert time.monotonic() < deadline, where_is(engine, job_id)
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    moved = pgq.get_job(job_id)
+    for name in JOB_COLUMN_NAMES:
+        assert getattr(moved, name) == getattr(finished, name), name
+    assert moved.state is JobState.SUCCEEDED and moved.result == {"sum": 5}
+    assert moved.steps == []
+    # The listings and counts of the admin API (CLI and dashboard) find it too.
+    assert [j.id for j in pgq.admin.list_jobs().jobs] == [job_id]
+    assert [j.id for j in pgq.admin.list_jobs(queue="hist", state="succeeded").jobs] == [job_id]
+    assert [j.id for j in pgq.admin.list_jobs(task_name="history.add").jobs] == [job_id]
+    assert pgq.admin.capped_counts()["hist"][JobState.SUCCEEDED] == 1
+    assert pgq.admin.queue_names() == ["hist"]
+    throughput = pgq.admin.recent_throughput()
+    assert sum(throughput.series["hist"][JobState.SUCCEEDED]) == 1
+    # Read-only: a re-run says why instead of "no such job".
+    with pytest.raises(InvalidStateTransition, match="moved to the history"):
+        pgq.retry_job(job_id)
+    result = CliRunner().invoke(
+        cli_main,
+        [
+            "show",
+            str(job_id),
+            "--json",
+            "--database-url",
+            str(pgq.engine.url.render_as_string(False)),
+        ],
+        env={"PGQUEUE_HISTORY": "partitioned"},
+    )
+    assert result.exit_code == 0, result.output
+    assert '"succeeded"' in result.output
+
+
+def stage_history(engine: Engine, days_ago: float, count: int) -> list[int]:
+    """``count`` succeeded jobs put straight into the history, finished ``days_ago`` ago."""
+    with engine.begin() as connection:
+        rows = connection.execute(
+            text(
+                """INSERT INTO pgqueue_job_history
+                     (id, finished_at, task_name, queue, args, kwargs, state, priority, attempts,
+                      max_attempts, run_at, created_at, updated_at, errors, cancel_requested,
+                      atomic, awaited, snoozes)
+                   SELECT nextval('pgqueue_jobs_id_seq'), now() - make_interval(days => :d),
+                          'history.staged', 'default', '[]', '{}', 'succeeded', 0, 1, 3,
+                          now(), now(), now(), '[]', false, false, false, 0
+                   FROM generate_series(1, :n)
+                   RETURNING id"""
+            ),
+            {"d": days_ago, "n": count},
+        )
+        return sorted(r[0] for r in rows)
+
+
+def history_ids(engine: Engine) -> set[int]:
+    with engine.connect() as connection:
+        return set(connection.execute(text("SELECT id FROM pgqueue_job_history")).scalars())
+
+
+def partitions(engine: Engine) -> set[str]:
+    return {t for t in inspect(engine).get_table_names() if t.startswith("pgqueue_job_history_")}
+
+
+def test_maintain_adopts_the_default_partition_and_drops_exactly_the_expired_day(
+    pgq: PgQueue, engine: Engine
+) -> None:
+    # Days without a partition: the DEFAULT partition catches them.
+    five = stage_history(engine, 5, 3)
+    four = stage_history(engine, 4, 4)
+    one = stage_history(engine, 1, 2)
+    report = pgq.maintain_history(days_ahead=2, retention_days=10)
+    assert report.from_default == 9 and report.dropped == ()
+    today = dt.datetime.now(dt.UTC).date()
+    days = {today - dt.timedelta(days=d) for d in (5, 4, 1)} | {
+        today + dt.timedelta(days=d) for d in (0, 1, 2)
+    }
+    expected = {f"pgqueue_job_history_p{d:%Y%m%d}" for d in days}
+    assert partitions(engine) == expected | {"pgqueue_job_history_default"}
+    with engine.connect() as connection:
+        assert (
+            connection.execute(text("SELECT count(*) FROM pgqueue_job_history_default")).scalar()
+            == 0
+        )
+    assert history_ids(engine) == set(five + four + one)
+    # Retention of 4 days: the day 5 days ago is wholly older, the day 4 days ago is not.
+    report = pgq.maintain_history(days_ahead=2, retention_days=4)
+    assert report.dropped == (f"pgqueue_job_history_p{today - dt.timedelta(days=5):%Y%m%d}",)
+    assert history_ids(engine) == set(four + one)
+    # Again: nothing left to do.
+    again = pgq.maintain_history(days_ahead=2, retention_days=4)
+    assert again.created == () and again.dropped == () and again.from_default == 0
+
+
+def test_cli_history_maintain_says_what_it_did(database_url: URL, engine: Engine) -> None:
+    stage_history(engine, 2, 3)
+    url = database_url.render_as_string(hide_password=False)
+    result = CliRunner().invoke(
+        cli_main, ["history", "maintain", "--days-ahead", "1", "--database-url", url]
+    )
+    assert result.exit_code == 0, result.output
+    assert "3 partitions created" in result.output
+    assert "3 jobs found in the DEFAULT partition" in result.output
+    bad = CliRunner().invoke(
+        cli_main, ["history", "maintain", "--days-ahead", "0", "--database-url", url]
+    )
+    assert bad.exit_code == 2 and "days-ahead" in bad.output
+
+
+def test_downgrade_drops_the_history_with_its_partitions(database_url: URL) -> None:
+    pgq = PgQueue(database_url.render_as_string(hide_password=False))
+    try:
+        pgq.maintain_history(days_ahead=3)
+    finally:
+        pgq.dispose()
+    engine = create_engine(database_url)
+    try:
+        assert len(partitions(engine)) == 5
+        with engine.begin() as connection:
+            migrations.downgrade(connection, "pgqueue_0012")
+        assert partitions(engine) == set()
+        assert "pgqueue_job_history" not in inspect(engine).get_table_names()
+        with engine.begin() as connection:
+            migrations.upgrade(connection)
+        assert partitions(engine) == {"pgqueue_job_history_default"}
+    finally:
+        engine.dispose()
