@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
+import math
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -568,7 +569,9 @@ class Admin:
                 width, window = 60, THROUGHPUT_WINDOW
             else:
                 width = next((w for w in BUCKET_WIDTHS if w * 60 >= edge), BUCKET_WIDTHS[-1])
-                window = max(1, int(edge // width)) * width
+                # Rounded up to whole buckets: the window must reach the cap-th newest job, or a
+                # burst that finished within one bucket, some seconds ago, falls outside it.
+                window = max(1, math.ceil(edge / width)) * width
             series: dict[str, dict[JobState, list[int]]] = {}
             for moved in sources:
                 part = repository.finished_per_bucket(s, width, window // width, cap, history=moved)

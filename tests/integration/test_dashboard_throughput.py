@@ -19,6 +19,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import URL
 from test_dashboard_queries import plan_problems
 
+import pgqueue
 from pgqueue import JobState
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
 from pgqueue.contrib.flask import PgQueue
@@ -111,3 +112,30 @@ def test_a_cap_that_is_not_a_positive_int_is_refused(database_url: URL) -> None:
         assert "pgqueue_dashboard" not in app.blueprints
     finally:
         pgq.state(app).queue.dispose()
+
+
+def test_a_burst_that_ended_seconds_ago_is_inside_the_shortened_window(
+    database_url: URL, engine: Engine
+) -> None:
+    # 6,000 jobs finished within 0.2 s, 5.5 s ago: the 5,000 newest lie 5.3-5.5 s back, so a
+    # window of whole seconds must reach 6 s to hold them.
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                """INSERT INTO pgqueue_jobs (task_name, queue, state, attempts, started_at,
+                                             finished_at, updated_at, args)
+                   SELECT 'burst.work', 'burst', 'succeeded', 1,
+                          now() - make_interval(secs => 5.3 + i / 30000.0),
+                          now() - make_interval(secs => 5.3 + i / 30000.0), now(), '[]'
+                   FROM generate_series(1, 6000) AS i"""
+            )
+        )
+    queue = pgqueue.PgQueue(database_url.render_as_string(hide_password=False))
+    try:
+        throughput = queue.admin.recent_throughput(cap=5_000)
+    finally:
+        queue.dispose()
+    assert throughput.shortened
+    assert (throughput.width, throughput.window) == (1, 6)
+    counted = sum(sum(c) for by_state in throughput.series.values() for c in by_state.values())
+    assert counted == 5_000
