@@ -12,6 +12,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -369,31 +370,40 @@ def history_group() -> None:
     """The partitioned history of finished jobs (PGQUEUE_HISTORY=partitioned)."""
 
 
-@history_group.command(name="maintain")
-@click.option(
-    "--days-ahead",
-    type=click.IntRange(min=1),
-    default=7,
-    show_default=True,
-    help="Create the partitions of today and this many days after it.",
-)
-@click.option(
-    "--retention-days",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Drop the days older than this [default: PGQUEUE_HISTORY_RETENTION_DAYS, 7].",
-)
-@database_option
-def history_maintain(days_ahead: int, retention_days: int | None, database_url: str | None) -> None:
-    """Create coming days' partitions and drop expired ones (run as the schema owner)."""
+def history_maintain_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--days-ahead`` and ``--retention-days``, shared by ``pgqueue history maintain`` and
+    ``flask pgqueue history maintain``."""
+    command = click.option(
+        "--retention-days",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Drop the days older than this [default: PGQUEUE_HISTORY_RETENTION_DAYS, 7].",
+    )(command)
+    return click.option(
+        "--days-ahead",
+        type=click.IntRange(min=1),
+        default=7,
+        show_default=True,
+        help="Create the partitions of today and this many days after it.",
+    )(command)
+
+
+def run_history_maintain(pgq: PgQueue, days_ahead: int, retention_days: int | None) -> None:
+    """Shared by ``pgqueue history maintain`` and ``flask pgqueue history maintain``."""
     try:
-        report = _queue_for(database_url).maintain_history(
-            days_ahead=days_ahead, retention_days=retention_days
-        )
+        report = pgq.maintain_history(days_ahead=days_ahead, retention_days=retention_days)
     except NotSchemaOwner as exc:
         # As ``migrate``'s: exit 1, the expected refusal for a DML-only role, nothing changed.
         raise click.ClickException(f"pgqueue history maintain: {exc}") from None
     click.echo(report.summary())
+
+
+@history_group.command(name="maintain")
+@history_maintain_options
+@database_option
+def history_maintain(days_ahead: int, retention_days: int | None, database_url: str | None) -> None:
+    """Create coming days' partitions and drop expired ones (run as the schema owner)."""
+    run_history_maintain(_queue_for(database_url), days_ahead, retention_days)
 
 
 @main.command()

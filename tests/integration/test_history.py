@@ -16,11 +16,14 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
+from flask import Flask
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import URL
 
 from pgqueue import PgQueue, Settings, migrations
 from pgqueue.cli import main as cli_main
+from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
+from pgqueue.contrib.flask.cli import pgqueue_group
 from pgqueue.errors import InvalidStateTransition
 from pgqueue.models import JOB_COLUMN_NAMES
 from pgqueue.states import JobState
@@ -182,6 +185,30 @@ def test_cli_history_maintain_says_what_it_did(database_url: URL, engine: Engine
         cli_main, ["history", "maintain", "--days-ahead", "0", "--database-url", url]
     )
     assert bad.exit_code == 2 and "days-ahead" in bad.output
+
+
+def test_flask_history_maintain_runs_against_the_apps_database(
+    database_url: URL, engine: Engine
+) -> None:
+    stage_history(engine, 2, 4)
+    app = Flask("history_maintain")
+    app.config["PGQUEUE_DATABASE_URL"] = database_url.render_as_string(hide_password=False)
+    flask_pgq = FlaskPgQueue(app)
+    try:
+        result = app.test_cli_runner().invoke(
+            pgqueue_group, ["history", "maintain", "--days-ahead", "1"]
+        )
+        assert result.exit_code == 0, result.output
+        assert "3 partitions created" in result.output
+        assert "4 jobs found in the DEFAULT partition" in result.output
+        assert len(history_ids(engine)) == 4
+        bad = app.test_cli_runner().invoke(
+            pgqueue_group, ["history", "maintain", "--days-ahead", "0"]
+        )
+        assert bad.exit_code == 2 and "days-ahead" in bad.output
+    finally:
+        with app.app_context():
+            flask_pgq.state(app).queue.dispose()
 
 
 def test_downgrade_drops_the_history_with_its_partitions(database_url: URL) -> None:

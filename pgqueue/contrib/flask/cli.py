@@ -137,6 +137,18 @@ def prune() -> None:
     click.echo(f"pruned {_queue().prune()} jobs")
 
 
+@pgqueue_group.group(name="history", cls=FlaskCommandGroup)
+def history_group() -> None:
+    """The partitioned history of finished jobs (PGQUEUE_HISTORY=partitioned)."""
+
+
+@history_group.command(name="maintain")
+@core_cli.history_maintain_options
+def history_maintain(days_ahead: int, retention_days: int | None) -> None:
+    """Create coming days' partitions and drop expired ones (run as the schema owner)."""
+    core_cli.run_history_maintain(_queue(), days_ahead, retention_days)
+
+
 @pgqueue_group.command()
 def schedules() -> None:
     """List this app's periodic schedules with their next run."""
