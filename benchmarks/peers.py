@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -63,6 +65,17 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(f"benchmarks.peers_{name}")
 
 
+def worker_command(
+    peer: ModuleType, conninfo: str, setting: dict[str, int], starts: str | None
+) -> list[str]:
+    """The peer module's child process: it drains (``starts`` None) or listens and records the
+    probe handlers' starts in the file ``starts``."""
+    mode = ["drain", conninfo, json.dumps(setting)]
+    if starts is not None:
+        mode = ["listen", conninfo, json.dumps(setting), starts]
+    return [sys.executable, "-m", peer.__name__, *mode]
+
+
 def _fresh(server: Server, peer: ModuleType, label: str) -> Any:
     return server.fresh_database(f"{peer.NAME}_{label}", migrate=False)
 
@@ -97,7 +110,7 @@ def drain(server: Server, peer: ModuleType, n: int, setting: dict[str, int]) -> 
         peer.install(libpq(url))
         peer.fill(libpq(url), n)
         start = time.perf_counter()
-        with w.process(peer.worker_command(libpq(url), setting, None)) as child:
+        with w.process(worker_command(peer, libpq(url), setting, None)) as child:
             code = child.wait(w.WORKER_TIMEOUT)
             if code != 0:
                 raise RuntimeError(f"{peer.NAME} worker exited with {code}")
@@ -131,7 +144,7 @@ def latency(server: Server, peer: ModuleType, n: int, rate: float) -> w.Result:
         peer.install(conninfo)
         starts = Path(tmp) / "starts"
         starts.touch()
-        with w.process(peer.worker_command(conninfo, peer.DEFAULT, str(starts))) as child:
+        with w.process(worker_command(peer, conninfo, peer.DEFAULT, str(starts))) as child:
             # Two warm-ups a second apart: the second is picked up by the worker's LISTEN (not
             # its first poll), so the measured jobs start on a worker that is listening.
             for stage in range(2):

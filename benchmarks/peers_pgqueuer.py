@@ -127,14 +127,6 @@ def span(conninfo: str) -> dict[str, Any]:
     return {"succeeded": row[0], "total": row[1], "span_s": row[2], "steady_s": row[3]}
 
 
-def worker_command(conninfo: str, setting: dict[str, int], starts: str | None) -> list[str]:
-    """The child that drains (``starts`` None) or listens and records probe handler starts."""
-    mode = ["drain", conninfo, json.dumps(setting)]
-    if starts is not None:
-        mode = ["listen", conninfo, json.dumps(setting), starts]
-    return [sys.executable, "-m", "benchmarks.peers_pgqueuer", *mode]
-
-
 async def _probes(conninfo: str, indexes: Iterator[int]) -> dict[int, float]:
     sent: dict[int, float] = {}
     async with _queries(conninfo) as queries:
