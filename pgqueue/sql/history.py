@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
     DateTime,
     Float,
     Integer,
@@ -75,6 +76,17 @@ def day_start(day: dt.date) -> dt.datetime:
     return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
 
 
+def _inserted_into_history(rows: CTE, name: str) -> CTE:
+    """A CTE inserting the job rows ``rows`` returned (a DELETE's RETURNING of every job
+    column) into ``pgqueue_job_history``, returning their ids."""
+    return (
+        insert(JobHistory)
+        .from_select(list(JOB_COLUMN_NAMES), select(*(rows.c[n] for n in JOB_COLUMN_NAMES)))
+        .returning(JobHistory.id)
+        .cte(name)
+    )
+
+
 @cache
 def move_finished() -> Select[int]:
     """Move up to ``limit`` jobs that finished more than ``age`` seconds ago (database clock)
@@ -104,12 +116,7 @@ def move_finished() -> Select[int]:
         .returning(*(jobs.c[name] for name in JOB_COLUMN_NAMES))
         .cte("moved")
     )
-    stored = (
-        insert(JobHistory)
-        .from_select(list(JOB_COLUMN_NAMES), select(*(moved.c[name] for name in JOB_COLUMN_NAMES)))
-        .returning(JobHistory.id)
-        .cte("stored")
-    )
+    stored = _inserted_into_history(moved, "stored")
     tickets = (
         delete(MessageQueue).where(among(MessageQueue.job_id, moved.c.id)).cte("moved_tickets")
     )
@@ -158,12 +165,7 @@ def move_out_of_default(day: dt.date) -> Select[int]:
         .returning(*(default.c[name] for name in JOB_COLUMN_NAMES))
         .cte("taken")
     )
-    stored = (
-        insert(JobHistory)
-        .from_select(list(JOB_COLUMN_NAMES), select(*(taken.c[name] for name in JOB_COLUMN_NAMES)))
-        .returning(JobHistory.id)
-        .cte("adopted")
-    )
+    stored = _inserted_into_history(taken, "adopted")
     return select(func.count()).select_from(stored)
 
 
