@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +67,7 @@ console = Console()
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SAMPLE_INTERVAL = 0.02
+REAP_TIMEOUT = 10.0
 
 Result = dict[str, Any]
 
@@ -129,6 +130,21 @@ def postmaster_of(backend_pid: int) -> int | None:
     if postmaster is None or not postmaster.comm.startswith("postgres"):
         return None
     return postmaster.pid
+
+
+def wait_until_reaped(pids: Iterable[int], timeout: float) -> None:
+    """Wait (at most ``timeout`` seconds) until none of ``pids`` is a process any more.
+
+    A backend's CPU moves into the postmaster's ``cutime``/``cstime`` only once the postmaster
+    has waited for it; until then an exiting backend may already be gone from its children
+    listing, or show the whole-tick floor of its own time, and a reading taken in between
+    misses it."""
+    deadline = time.monotonic() + timeout
+    pending = set(pids)
+    while pending and time.monotonic() < deadline:
+        pending = {pid for pid in pending if Path(f"/proc/{pid}").exists()}
+        if pending:
+            time.sleep(0.01)
 
 
 def server_cpu(postmaster: int) -> float:
@@ -207,6 +223,15 @@ class ConnectionSampler:
             self.backends.setdefault(name or "(none)", set()).add(pid)
         self.samples += 1
 
+    def worker_backends(self) -> set[int]:
+        """Every backend seen so far that a pgqueue worker opened (by application name)."""
+        return {
+            pid
+            for name, pids in self.backends.items()
+            if name.startswith("pgqueue")
+            for pid in pids
+        }
+
     def report(self) -> Result:
         return {
             "peak_by_application": dict(sorted(self.peak.items())),
@@ -284,6 +309,7 @@ def drain_cost(url: URL, processes: int, concurrency: int, interval: float) -> D
         # The worker command was waited for, and it waited for its children: their rusage is
         # now in this process's RUSAGE_CHILDREN.
         workers_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wait_until_reaped(sampler.worker_backends(), REAP_TIMEOUT)
         server_after = server_cpu(postmaster) if postmaster else None
         sampler_after = read_stat(sampler.backend_pid)
     # After the sampler's backend exited: a backend reports its counts at the latest as it ends.
