@@ -88,6 +88,9 @@ class BulkResult:
 # A throughput window reads at most this many finished jobs: past it, the window shrinks to the
 # most recent jobs (at 10,000 jobs/s, the last few seconds) instead of reading the whole hour.
 DEFAULT_THROUGHPUT_CAP: Final = 50_000
+# ``throughput``'s bound on the live table's jobs read under the partitioned history: none (the
+# largest int a LIMIT takes), since ``throughput`` counts every job of the hour.
+UNCAPPED: Final = 2**31 - 1
 THROUGHPUT_WINDOW: Final = 3600
 # Bucket widths (seconds) a shrunken window is divided into, at most 60 buckets of them.
 BUCKET_WIDTHS: Final = (1, 2, 5, 10, 15, 30, 60)
@@ -538,32 +541,40 @@ class Admin:
     def throughput(self) -> dict[str, dict[JobState, list[int]]]:
         """Jobs finished per minute over the last hour: ``{queue: {state: [count, ...]}}``,
         index 0 the current minute, index 59 an hour ago; only queues with finished jobs in
-        that hour appear."""
+        that hour appear. Under the partitioned history the minutes are clock minutes, and moved
+        jobs are counted from the per-minute counts their move wrote."""
+        if self._partitioned_history():
+            return self._read(lambda s: repository.finished_per_clock_minute(s, UNCAPPED))
         return self._read(repository.finished_per_minute)
 
     def recent_throughput(self, cap: int = DEFAULT_THROUGHPUT_CAP) -> Throughput:
         """Jobs finished per minute over the last hour, or, when more than ``cap`` finished in
         that hour, over the shorter window holding the ``cap`` most recent ones, in buckets of
         1 to 60 seconds (at most 60 of them). Reads at most about ``cap`` index entries twice,
-        so the cost is bounded however busy the queues are."""
+        so the cost is bounded however busy the queues are. Under the partitioned history the
+        moved jobs of a whole hour come from their per-minute counts (clock minutes), whose
+        rows do not grow with the jobs; the window shrinks only when more than ``cap`` jobs
+        still in ``pgqueue_jobs`` finished within the hour."""
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ValidationError(f"cap must be a positive int, got {cap!r}")
 
-        sources = (False, True) if self._partitioned_history() else (False,)
+        partitioned = self._partitioned_history()
+        sources = (False, True) if partitioned else (False,)
 
         def work(s: Session) -> Throughput:
-            # With the partitioned history each table is read to ``cap`` on its own: the
-            # window is the shorter of theirs, so at most about twice ``cap`` jobs are read.
-            edges = [
-                edge
-                for moved in sources
-                if (
-                    edge := repository.finished_window_edge(
-                        s, THROUGHPUT_WINDOW, cap, history=moved
-                    )
-                )
-                is not None
-            ]
+            live_edge = repository.finished_window_edge(s, THROUGHPUT_WINDOW, cap)
+            edges = [] if live_edge is None else [live_edge]
+            if partitioned:
+                if live_edge is None:
+                    # The whole hour: the live table's few minutes of finished jobs, and the
+                    # moved ones from their per-minute counts (never the history's rows).
+                    hour = repository.finished_per_clock_minute(s, cap)
+                    return Throughput(THROUGHPUT_WINDOW, 60, hour, shortened=False)
+                # The window is no longer than the live table's: the history is read within it
+                # only, to ``cap`` as well, so at most about twice ``cap`` jobs are read.
+                moved_edge = repository.finished_window_edge(s, live_edge, cap, history=True)
+                if moved_edge is not None:
+                    edges.append(moved_edge)
             edge = min(edges) if edges else None
             if edge is None:
                 width, window = 60, THROUGHPUT_WINDOW

@@ -1,6 +1,6 @@
 """The partitioned history's partitions (``history="partitioned"``): ``maintain`` creates the
-coming days' partitions, drops the days past retention, and gives the rows the DEFAULT
-partition caught a day partition of their own. Behind ``PgQueue.maintain_history`` and
+coming days' partitions, drops the days past retention (and their per-minute counts), and
+gives the rows the DEFAULT partition caught a day partition of their own. Behind ``PgQueue.maintain_history`` and
 ``pgqueue history maintain``.
 
 Partitions are DDL: run this as the role that owns pgqueue's tables (the one that migrates).
@@ -102,6 +102,10 @@ def _maintain(
             history_sql.delete_expired_from_default(),
             {"before": history_sql.day_start(oldest_kept)},
         )
+    # The chart's per-minute counts go with the days they count.
+    connection.execute(
+        history_sql.delete_finished_minutes(), {"before": history_sql.day_start(oldest_kept)}
+    )
     created = []
     adopt = sorted(day for day in in_default if day >= oldest_kept and day not in existing)
     moved = 0

@@ -846,6 +846,23 @@ def finished_per_minute(db: SessionOrExecutor) -> dict[str, dict[JobState, list[
     return series
 
 
+def finished_per_clock_minute(
+    db: SessionOrExecutor, cap: int
+) -> dict[str, dict[JobState, list[int]]]:
+    """``{queue: {state: [count per minute]}}`` over the last 60 clock minutes, index 0 the
+    current one, under the partitioned history: moved jobs from their per-minute counts, the
+    live table's finished jobs read up to ``cap``. Only queues with finished jobs appear."""
+    series: dict[str, dict[JobState, list[int]]] = {}
+    for queue, state, minutes_ago, count in executor_for(db).rows(
+        admin.finished_per_clock_minute(), {"cap": cap}
+    ):
+        if not 0 <= minutes_ago < 60:
+            continue  # a finished_at ahead of the database's clock
+        by_state = series.setdefault(queue, {})
+        by_state.setdefault(JobState(state), [0] * 60)[minutes_ago] += int(count)
+    return series
+
+
 def finished_window_edge(
     db: SessionOrExecutor, window: float, cap: int, *, history: bool = False
 ) -> float | None:

@@ -28,18 +28,20 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.orm import selectinload
 from sqlalchemy.sql.dml import ReturningUpdate
 
-from pgqueue.models import Job, JobHistory, MessageQueue
+from pgqueue.models import FinishedMinute, Job, JobHistory, MessageQueue
 from pgqueue.sql.common import (
     CLEAR_LEASE,
     announced,
     array_param,
     ids_with_new_tickets,
     in_states,
+    minute_of,
     seconds,
     source_states,
 )
@@ -371,6 +373,37 @@ def finished_per_minute() -> Select[str, JobState, int, int]:
             Job.finished_at > func.now() - seconds(literal(3600.0)),
         )
         .group_by(Job.queue, Job.state, minutes_ago)
+    )
+
+
+@cache
+def finished_per_clock_minute() -> Select[str, JobState, int, int]:
+    """``(queue, state, minutes_ago, count)`` over the last 60 clock minutes (0 = the current
+    one, whole minutes since the Unix epoch) under the partitioned history: the jobs still in
+    ``pgqueue_jobs`` (at most the ``cap`` most recent, on the ``finished_at`` index) plus the
+    moved ones' counts in ``pgqueue_finished_minutes``, which the move writes as it deletes
+    them. One statement, so one snapshot: a job moved meanwhile is counted exactly once."""
+    this_minute = minute_of(func.now())
+    since = this_minute - seconds(literal(59 * 60.0))
+    recent = (
+        select(Job.queue, Job.state, minute_of(Job.finished_at).label("minute"))
+        .where(Job.finished_at.is_not(None), Job.finished_at >= since)
+        .order_by(Job.finished_at.desc())
+        .limit(bindparam("cap", type_=Integer))
+        .subquery("recent")
+    )
+    live = select(
+        recent.c.queue, recent.c.state, recent.c.minute, func.count().label("jobs")
+    ).group_by(recent.c.queue, recent.c.state, recent.c.minute)
+    moved = select(
+        FinishedMinute.queue, FinishedMinute.state, FinishedMinute.minute, FinishedMinute.jobs
+    ).where(FinishedMinute.minute >= since)
+    both = union_all(live, moved).subquery("both_tables")
+    minutes_ago = cast(
+        func.round(func.extract("epoch", this_minute - both.c.minute) / 60), Integer
+    ).label("minutes_ago")
+    return select(both.c.queue, both.c.state, minutes_ago, func.sum(both.c.jobs)).group_by(
+        both.c.queue, both.c.state, minutes_ago
     )
 
 

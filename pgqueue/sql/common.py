@@ -55,6 +55,16 @@ def seconds(value: ColumnElement[Any]) -> ColumnElement[Any]:
     return value * _ONE_SECOND
 
 
+_ONE_MINUTE: ColumnElement[Any] = literal_column("interval '1 minute'")
+_EPOCH: ColumnElement[Any] = literal_column("TIMESTAMPTZ '1970-01-01 00:00:00+00'")
+
+
+def minute_of(moment: Any) -> ColumnElement[Any]:  # a column or an expression
+    """The start of the minute ``moment`` falls in, counted in whole minutes since the Unix
+    epoch (the same in every session time zone, which ``date_trunc`` is not)."""
+    return func.date_bin(_ONE_MINUTE, moment, _EPOCH)
+
+
 def array_param(name: str, item_type: Any) -> ColumnElement[Any]:
     """A bind parameter ``name`` holding an array of ``item_type``."""
     return bindparam(name, type_=ARRAY(item_type))

@@ -34,6 +34,7 @@ from sqlalchemy import (
     table,
 )
 from sqlalchemy.dialects.postgresql import REGCLASS
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import ExecutableDDLElement
 from sqlalchemy.sql.compiler import DDLCompiler
@@ -42,11 +43,12 @@ from pgqueue.models import (
     HISTORY_DEFAULT_PARTITION,
     HISTORY_PARTITION_PREFIX,
     JOB_COLUMN_NAMES,
+    FinishedMinute,
     Job,
     JobHistory,
     MessageQueue,
 )
-from pgqueue.sql.common import among, in_states, seconds
+from pgqueue.sql.common import among, in_states, minute_of, seconds
 from pgqueue.states import FINAL_STATES
 
 HISTORY_TABLE = JobHistory.__tablename__
@@ -96,7 +98,8 @@ def move_finished() -> Select[int]:
     two tables at every instant any snapshot can see. The rows are locked SKIP LOCKED, so a
     re-run or a delete of a job in the same instant wins and the move takes the next one. Any
     ticket of a moved job is deleted too, as pruning does; its steps go with its row (foreign
-    key)."""
+    key). The moved jobs are counted into ``pgqueue_finished_minutes`` by the same statement,
+    so the count and the move commit together."""
     old = (
         select(Job.id)
         .where(
@@ -120,7 +123,29 @@ def move_finished() -> Select[int]:
     tickets = (
         delete(MessageQueue).where(among(MessageQueue.job_id, moved.c.id)).cte("moved_tickets")
     )
-    return select(func.count()).select_from(stored).add_cte(tickets)
+    return select(func.count()).select_from(stored).add_cte(tickets, _counted_by_minute(moved))
+
+
+def _counted_by_minute(moved: CTE) -> CTE:
+    """A CTE adding the moved jobs to ``pgqueue_finished_minutes``: one row per minute, queue
+    and final state, inserted or added to."""
+    minute = minute_of(moved.c.finished_at).label("minute")
+    counts = select(minute, moved.c.queue, moved.c.state, func.count()).group_by(
+        minute, moved.c.queue, moved.c.state
+    )
+    upsert = pg_insert(FinishedMinute).from_select(["minute", "queue", "state", "jobs"], counts)
+    return upsert.on_conflict_do_update(
+        index_elements=[FinishedMinute.minute, FinishedMinute.queue, FinishedMinute.state],
+        set_={"jobs": FinishedMinute.jobs + upsert.excluded.jobs},
+    ).cte("counted")
+
+
+@cache
+def delete_finished_minutes() -> Any:  # a Delete
+    """Delete the per-minute counts of minutes before ``before``."""
+    return delete(FinishedMinute).where(
+        FinishedMinute.minute < bindparam("before", type_=DateTime(timezone=True))
+    )
 
 
 @cache

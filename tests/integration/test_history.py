@@ -19,8 +19,9 @@ from click.testing import CliRunner
 from flask import Flask
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
 
-from pgqueue import PgQueue, Settings, migrations
+from pgqueue import PgQueue, Settings, migrations, repository
 from pgqueue.cli import main as cli_main
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.cli import pgqueue_group
@@ -111,6 +112,83 @@ def test_a_finished_job_is_moved_by_maintenance_and_read_back_unchanged(
     )
     assert result.exit_code == 0, result.output
     assert '"succeeded"' in result.output
+
+
+def chart_counts(pgq: PgQueue, queue: str) -> dict[JobState, int]:
+    """The dashboard chart's jobs of ``queue`` over its window, by state."""
+    series = pgq.admin.recent_throughput().series.get(queue, {})
+    return {state: sum(counts) for state, counts in series.items() if sum(counts)}
+
+
+def test_the_chart_counts_moved_jobs_once_from_the_moves_minute_counts(
+    database_url: URL, engine: Engine
+) -> None:
+    """The throughput chart of the whole hour reads the moved jobs' per-minute counts, written
+    by the move itself, never the history's rows: each job is counted once before and after
+    its move, a row put into the history some other way is not counted, the migration fills
+    the counts from the history it finds, and ``maintain`` drops the counts of expired days."""
+    settings = Settings(history="partitioned", history_move_after=3600.0)
+    pgq = PgQueue(database_url.render_as_string(hide_password=False), settings=settings)
+    try:
+        pgq.maintain_history(days_ahead=1, retention_days=7)
+
+        @pgq.task(name="history.maybe", queue="chart", max_attempts=1)
+        def maybe(fail: bool) -> None:
+            if fail:
+                raise ValueError("asked to fail")
+
+        for fail in (False, False, True, False, True, False, False):
+            maybe.enqueue(fail)
+        assert pgq.run_worker(drain=True, concurrency=2).failed == 2
+        expected = {JobState.SUCCEEDED: 5, JobState.FAILED: 2}
+        assert chart_counts(pgq, "chart") == expected
+
+        with Session(engine) as session, session.begin():
+            assert repository.move_to_history(session, age=0.0, limit=100) == 7
+        assert history_ids(engine) and where_is(engine, min(history_ids(engine))) == (0, 1)
+        assert chart_counts(pgq, "chart") == expected
+        assert pgq.admin.throughput()["chart"][JobState.SUCCEEDED][0] in (0, 5)
+        assert sum(pgq.admin.throughput()["chart"][JobState.FAILED]) == 2
+
+        # Three more, still in the live table: counted from their rows, beside the moved ones.
+        for _ in range(3):
+            maybe.enqueue(False)
+        assert pgq.run_worker(drain=True, concurrency=2).succeeded == 3
+        expected = {JobState.SUCCEEDED: 8, JobState.FAILED: 2}
+        assert chart_counts(pgq, "chart") == expected
+        # More live jobs than the cap: the window shrinks to them, whatever was moved.
+        shortened = pgq.admin.recent_throughput(cap=2)
+        assert shortened.shortened and shortened.window < 3600
+        assert 2 <= sum(map(sum, shortened.series["chart"].values())) <= 10
+
+        staged = stage_history(engine, 0, 3)  # queue "default", finished now
+        assert "default" not in pgq.admin.recent_throughput().series
+        with engine.begin() as connection:
+            migrations.downgrade(connection, "pgqueue_0013")
+            migrations.upgrade(connection)
+        assert chart_counts(pgq, "default") == {JobState.SUCCEEDED: len(staged)}
+        assert chart_counts(pgq, "chart") == expected
+
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO pgqueue_finished_minutes (minute, queue, state, jobs)"
+                    " VALUES (date_bin('1 minute', now() - interval '8 days',"
+                    " TIMESTAMPTZ '1970-01-01 00:00:00+00'), 'chart', 'succeeded', 4)"
+                )
+            )
+        pgq.maintain_history(days_ahead=1, retention_days=7)
+        with engine.connect() as connection:
+            kept = connection.execute(
+                text("SELECT queue, state, sum(jobs) FROM pgqueue_finished_minutes GROUP BY 1, 2")
+            ).all()
+        assert sorted(kept) == [
+            ("chart", "failed", 2),
+            ("chart", "succeeded", 5),  # the three still live are in no count
+            ("default", "succeeded", 3),
+        ]
+    finally:
+        pgq.dispose()
 
 
 def stage_history(engine: Engine, days_ago: float, count: int) -> list[int]:
