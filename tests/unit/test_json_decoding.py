@@ -44,7 +44,7 @@ _dump_options = st.fixed_dictionaries(
 )
 _number = st.from_regex(
     r"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,24})?([eE][+-]?[0-9]{1,4})?", fullmatch=True
-)
+) | st.integers(min_value=-(2**66), max_value=2**66).map(str)
 # Pieces of JSON and of near-JSON, joined at random: mostly refused text, some read.
 _tokens = st.sampled_from(
     ["[", "]", "{", "}", ",", ":", '"', "\\", "u", "null", "true", " ", "\t", "\n", "\x0c",
