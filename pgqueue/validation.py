@@ -368,11 +368,14 @@ _ORJSON_ERROR: Final = orjson.JSONDecodeError
 # like Python's), except where it refuses (NaN, Infinity, numbers that overflow to infinity,
 # escaped lone surrogates, nesting beyond 1024: the stdlib decoder then answers) and where it
 # silently differs, which these checks keep from it:
-# - integers outside -2**63..2**64-1 come back as floats: any run of 19 digits (an integer that
-#   long may be out of range; a long float mantissa or a digit string is just sent along);
-# - nesting Python refuses (RecursionError, near its recursion limit) orjson reads up to 1024
-#   levels: text that might nest deeper than ``_ORJSON_NESTING`` (more opening brackets, where
-#   the text is long enough to hold that many levels) goes to the stdlib decoder.
+# - integers outside -2**63..2**64-1 come back as floats: text with a run of 19 digits goes to
+#   the stdlib decoder (an integer that long may be out of range; long float mantissas and
+#   digit strings go along, at the stdlib's speed);
+# - Python refuses nesting at its recursion limit less the frames already on the stack (about
+#   990 levels at the top) with RecursionError, where orjson reads up to 1024: text that could
+#   nest deeper than ``_ORJSON_NESTING`` (longer than twice that, with more opening brackets)
+#   goes to the stdlib decoder, so orjson reads only nesting Python reads too, for any caller
+#   not already within that many frames of the limit.
 # One ``bytes.translate`` pass maps digits to "0", both opening brackets to "[" and everything
 # else to " ", so both checks are a substring search and a count (``find``, not ``in``: ``in``
 # first tries its operand as an int, and raising and clearing that TypeError costs more than
