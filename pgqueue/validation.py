@@ -361,6 +361,30 @@ def _dumps(value: Any) -> str:
 
 
 _DECODE: Final = json.JSONDecoder().decode
+_ORJSON_LOADS: Final = orjson.loads
+_ORJSON_ERROR: Final = orjson.JSONDecodeError
+
+# orjson reads what ``json.loads`` reads, to the same values (floats too, correctly rounded
+# like Python's), except where it refuses (NaN, Infinity, numbers that overflow to infinity,
+# escaped lone surrogates, nesting beyond 1024: the stdlib decoder then answers) and where it
+# silently differs, which these checks keep from it:
+# - integers outside -2**63..2**64-1 come back as floats: text with a run of 19 digits goes to
+#   the stdlib decoder (an integer that long may be out of range; long float mantissas and
+#   digit strings go along, at the stdlib's speed);
+# - Python refuses nesting at its recursion limit less the frames already on the stack (about
+#   990 levels at the top) with RecursionError, where orjson reads up to 1024: text that could
+#   nest deeper than ``_ORJSON_NESTING`` (longer than twice that, with more opening brackets)
+#   goes to the stdlib decoder, so orjson reads only nesting Python reads too, for any caller
+#   not already within that many frames of the limit.
+# One ``bytes.translate`` pass maps digits to "0", both opening brackets to "[" and everything
+# else to " ", so both checks are a substring search and a count (``find``, not ``in``: ``in``
+# first tries its operand as an int, and raising and clearing that TypeError costs more than
+# the search).
+_SHAPE: Final = bytes(
+    0x30 if 0x30 <= c <= 0x39 else 0x5B if c in (0x5B, 0x7B) else 0x20 for c in range(256)
+)
+_LONG_DIGITS: Final = b"0" * 19
+_ORJSON_NESTING: Final = 256
 
 
 def load_json(data: bytes | str) -> Any:
@@ -369,13 +393,41 @@ def load_json(data: bytes | str) -> Any:
     decodes two per job (args and kwargs).
 
     Empty arrays and objects, which pgqueue stores verbatim as ``[]`` and ``{}``, need no
-    parsing; other bytes are UTF-8 (the server's JSON output), so ``json.loads``' encoding
-    detection is skipped. Results are the same as ``json.loads``'.
+    parsing; other text goes to orjson unless it could read differently there (see above), and
+    to the stdlib decoder when orjson refuses it. Bytes are UTF-8 (the server's JSON output), so
+    ``json.loads``' encoding detection is skipped. Results and errors are ``json.loads``' own
+    (values of the same types; ``json.JSONDecodeError``, ``RecursionError``, ``ValueError`` for
+    integers beyond Python's digit limit, ``UnicodeDecodeError`` for bytes that are not UTF-8).
     """
     if data == b"[]" or data == "[]":
         return []
     if data == b"{}" or data == "{}":
         return {}
+    # Shorter text holds no 19-digit run and nests at most 9 levels: no check needed.
+    if len(data) >= 19:
+        if isinstance(data, str):
+            try:
+                encoded = data.encode()
+            except UnicodeEncodeError:  # a lone surrogate, which orjson refuses anyway
+                return _stdlib_loads(data)
+        else:
+            encoded = data
+        shape = encoded.translate(_SHAPE)
+        if shape.find(_LONG_DIGITS) >= 0 or (
+            len(shape) > 2 * _ORJSON_NESTING and shape.count(b"[") > _ORJSON_NESTING
+        ):
+            return _stdlib_loads(data)
+        try:
+            return _ORJSON_LOADS(encoded)
+        except _ORJSON_ERROR:
+            return _stdlib_loads(data)
+    try:
+        return _ORJSON_LOADS(data)
+    except _ORJSON_ERROR:
+        return _stdlib_loads(data)
+
+
+def _stdlib_loads(data: bytes | str) -> Any:
     return _DECODE(data.decode() if isinstance(data, bytes) else data)
 
 
