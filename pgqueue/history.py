@@ -1,7 +1,7 @@
 """The partitioned history's partitions (``history="partitioned"``): ``maintain`` creates the
 coming days' partitions, drops the days past retention (and their per-minute counts), and
-gives the rows the DEFAULT partition caught a day partition of their own. Behind ``PgQueue.maintain_history`` and
-``pgqueue history maintain``.
+gives the rows the DEFAULT partition caught a day partition of their own. Behind
+``PgQueue.maintain_history`` and ``pgqueue history maintain``.
 
 Partitions are DDL: run this as the role that owns pgqueue's tables (the one that migrates).
 Workers only move rows (``sql.history.move_finished``), which needs DML rights alone. A job
