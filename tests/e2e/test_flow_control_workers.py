@@ -234,7 +234,10 @@ def test_rate_fifty_per_second_over_five_hundred_jobs(
         f"median {gaps[250] * 1000:.1f} ms, max {gaps[-1] * 1000:.1f} ms; "
         f"given back unstarted: {_given_back(tmp_path)}"
     )
-    assert 10.0 <= finished <= 11.0
+    # Ten windows of 50: no sooner than 10 s. A limiter that wastes its windows loses about a
+    # second per window's worth of unused starts; 2 s of room leaves a loaded host's claim and
+    # start delays (under 100 ms each here) out of the verdict and still catches that.
+    assert 10.0 <= finished <= 12.0
 
 
 def test_rate_holds_on_an_overloaded_host(
