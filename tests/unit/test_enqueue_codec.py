@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from pgqueue import validation
 from pgqueue.errors import PayloadTooLarge, SerializationError
+from tests.same_values import same
 
 # What ``validation`` accepts: JSON's own types, exact, floats finite, text valid Unicode.
 _text = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
@@ -41,31 +42,18 @@ def _reference(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal, and of the same types all the way down (1 == 1.0 == True would hide a change)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, float):
-        return a == b and math.copysign(1, a) == math.copysign(1, b)
-    return bool(a == b)
-
-
 @settings(max_examples=300, deadline=None)
 @given(_values, st.dictionaries(_text, _values, max_size=3))
 def test_encoded_arguments_read_back_as_exactly_what_was_given(
     value: Any, kwargs: dict[str, Any]
 ) -> None:
     args_text, kwargs_text = validation.encode_args([value], kwargs, max_bytes=10**7, max_depth=50)
-    assert _same(json.loads(args_text), [value])
-    assert _same(json.loads(kwargs_text), kwargs)
+    assert same(json.loads(args_text), [value])
+    assert same(json.loads(kwargs_text), kwargs)
     # Python's own text reads back the same: the two differ in float spelling at most.
     assert _reference(json.loads(args_text)) == _reference([value])
     result = validation.encode_result(value, max_bytes=10**7, max_depth=50)
-    assert _same(json.loads(result), value)
+    assert same(json.loads(result), value)
     # The size limit counts the text's UTF-8 bytes, as stored.
     size = len(args_text.encode()) + len(kwargs_text.encode())
     with pytest.raises(PayloadTooLarge):
@@ -80,8 +68,8 @@ def test_edge_numbers_read_back_exactly(value: Any) -> None:
     args_text, kwargs_text = validation.encode_args(
         [value], {"v": value}, max_bytes=10**6, max_depth=5
     )
-    assert _same(json.loads(args_text), [value])
-    assert _same(json.loads(kwargs_text), {"v": value})
+    assert same(json.loads(args_text), [value])
+    assert same(json.loads(kwargs_text), {"v": value})
 
 
 class _Str(str):

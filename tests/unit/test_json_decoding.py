@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgqueue import validation
+from tests.same_values import same
 
 _surrogate = st.integers(min_value=0xD800, max_value=0xDFFF).map(chr)
 _text = st.text(max_size=12) | st.text(st.characters() | _surrogate, max_size=12)
@@ -53,22 +53,6 @@ _tokens = st.sampled_from(
 )  # fmt: skip
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal, and of the same types all the way down (1 == 1.0 == True would hide a change);
-    NaN counts as equal to NaN, and -0.0 differs from 0.0."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, float):
-        if math.isnan(a):
-            return math.isnan(b)
-        return a == b and math.copysign(1, a) == math.copysign(1, b)
-    return bool(a == b)
-
-
 def _outcome(load: Any, data: bytes | str) -> tuple[str, Any]:
     try:
         return "value", load(data)
@@ -86,7 +70,7 @@ def _reads_as_json_loads(text: str) -> None:
     for data in inputs:
         kind, got = _outcome(validation.load_json, data)
         if expected[0] == "value":
-            assert kind == "value" and _same(got, expected[1]), (data, got, expected)
+            assert kind == "value" and same(got, expected[1]), (data, got, expected)
         else:
             # Both refuse, with an error of the same type (a ValueError, RecursionError for
             # nesting). A BOM is the one message that differs: json.loads names it.
