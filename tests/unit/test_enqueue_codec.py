@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from same_values import same
 
 from pgqueue import validation
 from pgqueue.errors import PayloadTooLarge, SerializationError
-from tests.same_values import same
 
 # What ``validation`` accepts: JSON's own types, exact, floats finite, text valid Unicode.
 _text = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)

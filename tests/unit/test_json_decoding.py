@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from same_values import same
 
 from pgqueue import validation
-from tests.same_values import same
 
 _surrogate = st.integers(min_value=0xD800, max_value=0xDFFF).map(chr)
 _text = st.text(max_size=12) | st.text(st.characters() | _surrogate, max_size=12)
