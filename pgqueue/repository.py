@@ -834,16 +834,22 @@ def oldest_waiting(db: SessionOrExecutor) -> dict[str, tuple[int, dt.datetime, f
     return {row[0]: (row[1], row[2], float(row[3])) for row in rows}
 
 
+def _series(rows: Iterable[Any], buckets: int) -> dict[str, dict[JobState, list[int]]]:
+    """``{queue: {state: [count per bucket]}}`` from ``(queue, state, buckets_ago, count)``
+    rows; rows outside ``0 .. buckets - 1`` are left out (the window's far edge by a fraction of
+    a second, or a ``finished_at`` ahead of the database's clock)."""
+    series: dict[str, dict[JobState, list[int]]] = {}
+    for queue, state, buckets_ago, count in rows:
+        if 0 <= buckets_ago < buckets:
+            by_state = series.setdefault(queue, {})
+            by_state.setdefault(JobState(state), [0] * buckets)[buckets_ago] += int(count)
+    return series
+
+
 def finished_per_minute(db: SessionOrExecutor) -> dict[str, dict[JobState, list[int]]]:
     """``{queue: {state: [count per minute]}}`` over the last hour; index 0 is the current
     minute, index 59 an hour ago. Only queues with finished jobs in that hour appear."""
-    series: dict[str, dict[JobState, list[int]]] = {}
-    for queue, state, minutes_ago, count in executor_for(db).rows(admin.finished_per_minute()):
-        if not 0 <= minutes_ago < 60:
-            continue  # the boundary of the hour, by a fraction of a second
-        by_state = series.setdefault(queue, {})
-        by_state.setdefault(JobState(state), [0] * 60)[minutes_ago] += int(count)
-    return series
+    return _series(executor_for(db).rows(admin.finished_per_minute()), 60)
 
 
 def finished_per_clock_minute(
@@ -852,15 +858,7 @@ def finished_per_clock_minute(
     """``{queue: {state: [count per minute]}}`` over the last 60 clock minutes, index 0 the
     current one, under the partitioned history: moved jobs from their per-minute counts, the
     live table's finished jobs read up to ``cap``. Only queues with finished jobs appear."""
-    series: dict[str, dict[JobState, list[int]]] = {}
-    for queue, state, minutes_ago, count in executor_for(db).rows(
-        admin.finished_per_clock_minute(), {"cap": cap}
-    ):
-        if not 0 <= minutes_ago < 60:
-            continue  # a finished_at ahead of the database's clock
-        by_state = series.setdefault(queue, {})
-        by_state.setdefault(JobState(state), [0] * 60)[minutes_ago] += int(count)
-    return series
+    return _series(executor_for(db).rows(admin.finished_per_clock_minute(), {"cap": cap}), 60)
 
 
 def finished_window_edge(
@@ -880,16 +878,8 @@ def finished_per_bucket(
     """``{queue: {state: [count per bucket]}}`` over the last ``buckets`` x ``width`` seconds,
     counting at most the ``cap`` most recent jobs; index 0 is the newest bucket. Only queues
     with finished jobs in that window appear. Of the moved jobs with ``history``."""
-    series: dict[str, dict[JobState, list[int]]] = {}
     params = {"window": float(width * buckets), "width": float(width), "cap": cap}
-    for queue, state, buckets_ago, count in executor_for(db).rows(
-        admin.finished_per_bucket(history), params
-    ):
-        if not 0 <= buckets_ago < buckets:
-            continue  # the window's far edge, by a fraction of a second
-        by_state = series.setdefault(queue, {})
-        by_state.setdefault(JobState(state), [0] * buckets)[buckets_ago] += int(count)
-    return series
+    return _series(executor_for(db).rows(admin.finished_per_bucket(history), params), buckets)
 
 
 def delete_job(db: SessionOrExecutor, job_id: int) -> bool:
