@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from pgqueue import claim_choice, copy_rows, dependencies, queue_bounds, validation
 from pgqueue.db import Executor, claimer_key, executor_for
-from pgqueue.errors import JobNotFound, SerializationError, ValidationError
+from pgqueue.errors import JobNotFound, SerializationError, ValidationError, is_connection_error
 from pgqueue.insert_choice import BoundedQueuesSeen
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome, Progress, WorkerEntry
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
@@ -279,6 +279,7 @@ def claim(
     atomic: bool = False,
     limits: claim_choice.LimitsSeen | None = None,
     notified: bool = False,
+    autocommit: bool = False,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``). ``limits`` is the claimer's
     ``LimitsSeen`` (by default the one of the session's bind, or of the executor).
@@ -289,7 +290,10 @@ def claim(
     rather than delay them by a round trip on every wake-up of a lightly loaded worker. A
     short claim of the flow form, while rate limits
     exist, records in ``limits.rate_wait`` when the first window the claim found full has room
-    (0: it has room already, claim again)."""
+    (0: it has room already, claim again).
+
+    ``autocommit``: each statement commits by itself (the worker's claims). Then a lost
+    connection after a claim that got jobs returns those jobs instead of raising."""
     if limits is None:
         limits = claim_choice.limits_seen_by(claimer_key(db))
     ex = executor_for(db)
@@ -319,18 +323,26 @@ def claim(
     lean = not (limits.exist or limits.flow)
     with_flow = limits.flow
     jobs, sent = claim_with(limits, limit)
-    # After the claim, so the claim itself stays the first and only statement of its turn.
-    if limits.stale(time.monotonic()) or (notified and lean and not jobs):
-        _look_at_controls(ex, limits)
-        if not with_flow and limits.flow and len(jobs) < limit:
-            more, sent = claim_with(limits, limit - len(jobs))
-            jobs += more
     limits.rate_wait = None
-    if limits.flow and limits.rates and len(jobs) < limit:
-        # The windows as the claim saw them: one that freed since still counts (wait 0).
-        looked_ago = time.monotonic() - sent
-        wait = ex.rows(flow_sql.rate_wait(), {"looked_ago": looked_ago})[0][0]
-        limits.rate_wait = None if wait is None else max(float(wait), 0.0)
+    try:
+        # After the claim, so the claim itself stays the first and only statement of its turn.
+        if limits.stale(time.monotonic()) or (notified and lean and not jobs):
+            _look_at_controls(ex, limits)
+            if not with_flow and limits.flow and len(jobs) < limit:
+                more, sent = claim_with(limits, limit - len(jobs))
+                jobs += more
+        if limits.flow and limits.rates and len(jobs) < limit:
+            # The windows as the claim saw them: one that freed since still counts (wait 0).
+            looked_ago = time.monotonic() - sent
+            wait = ex.rows(flow_sql.rate_wait(), {"looked_ago": looked_ago})[0][0]
+            limits.rate_wait = None if wait is None else max(float(wait), 0.0)
+    except Exception as exc:
+        # A claim that committed on its own owns its jobs whatever happens to the connection
+        # next: raising would leave them RUNNING under this worker's name, unseen, until their
+        # leases expire (a retry takes them back only if the server answers before the worker
+        # stops). The look at the controls is stale still, so the next claim looks again.
+        if not (autocommit and jobs and is_connection_error(exc)):
+            raise
     return jobs
 
 

@@ -133,6 +133,7 @@ class WorkerStore:
                 task_leases=task_leases,
                 limits=self._limits,
                 notified=notified,
+                autocommit=True,
             )
 
         try:

@@ -10,6 +10,7 @@ connection does.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -122,3 +123,62 @@ def test_lost_answer_on_the_claim_connection(pgq: PgQueue, monkeypatch: pytest.M
     assert_took_back_exactly_the_lost_claim(pgq, s, jobs)
     assert s.store._claim_connection._raw.driver_connection is not claim_connection
     s.store.close()
+
+
+def test_a_claim_keeps_its_jobs_when_the_connection_dies_in_the_look_after_it(
+    pgq: PgQueue, engine: Engine
+) -> None:
+    """A worker's first claim is followed by a look at which flow controls exist. When the
+    server ends the connection during that look (here: the look waits for a lock, and the
+    backend is terminated meanwhile, as a server shutdown does), the claim has committed: its
+    jobs are the worker's. The store hands them over, even though the worker is stopping and so
+    will not retry, rather than leave them RUNNING, unseen, until their leases expire."""
+
+    @pgq.task(name="noop")
+    def noop() -> None: ...
+
+    ids = noop.enqueue_many([{}] * 3)
+    stopping = threading.Event()
+    store = WorkerStore(pgq.engine, stopping=stopping)
+    claim_pid = store._claim_connection.rows(text("SELECT pg_backend_pid()"))[0][0]
+    answer: list[Any] = []
+
+    def claim() -> None:
+        try:
+            answer.append(store.claim(limit=5, **CLAIM))  # type: ignore[arg-type]
+        except Exception as exc:
+            answer.append(exc)
+
+    with engine.connect() as locker, engine.connect() as watcher:
+        # Only the look reads the key limits (the first claim's form does not).
+        locker.execute(text("LOCK TABLE pgqueue_key_limits IN ACCESS EXCLUSIVE MODE"))
+        claimer = threading.Thread(target=claim)
+        claimer.start()
+        waiting = text(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :pid"
+        ).bindparams(pid=claim_pid)
+        deadline = time.monotonic() + 10
+        while not watcher.execute(waiting).scalar_one():
+            assert time.monotonic() < deadline, "the look never waited for the lock"
+            time.sleep(0.01)
+        watcher.commit()
+        stopping.set()
+        watcher.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": claim_pid})
+        claimer.join(timeout=10)
+        locker.rollback()
+    [jobs] = answer
+    assert isinstance(jobs, list), jobs
+    assert sorted(j.id for j in jobs) == ids
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT id, state, lease_owner, lease_token FROM pgqueue_jobs ORDER BY id")
+        ).all()
+    tokens = {j.id: j.lease_token for j in jobs}
+    assert [(r.id, r.state, r.lease_owner, r.lease_token) for r in rows] == [
+        (i, "running", "w1", tokens[i]) for i in ids
+    ]
+    # The next claim runs on a fresh connection and finds the jobs enqueued since.
+    stopping.clear()
+    more = noop.enqueue_many([{}] * 2)
+    assert sorted(j.id for j in store.claim(limit=5, held=lambda: ids, **CLAIM)) == more  # type: ignore[arg-type]
+    store.close()
