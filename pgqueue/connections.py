@@ -13,6 +13,8 @@ Connections that sat in the pool can be dead (server restart, failover, an idle 
 proxy, ``pg_terminate_backend``). A checkout looks at the socket without a round trip: a server
 that ended the session has already sent its goodbye (or closed the socket), so a readable idle
 socket whose input leaves the connection broken is replaced before any statement is sent.
+A checkout also drops the connection's prepared statements once they are a few seconds old,
+so a plan PostgreSQL made for a tiny table is not kept while the table grows.
 
 A connection that cannot be opened (a wrong CA, a refused password, a server that is down) says
 which of pgqueue's connections it was and where it went (``pgqueue engine connection to
@@ -23,6 +25,7 @@ the listener's), and the driver's message names only the server.
 from __future__ import annotations
 
 import select
+import time
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import Engine, create_engine, event
@@ -31,9 +34,10 @@ from sqlalchemy.engine.interfaces import AdaptedConnection
 from sqlalchemy.exc import DisconnectionError
 
 from pgqueue.config import Settings
-from pgqueue.driver import CompiledStatement, LocalSettings
+from pgqueue.driver import PLAN_MAX_AGE, CompiledStatement, LocalSettings
 from pgqueue.errors import name_connection_failure
 from pgqueue.sql.maintenance import set_local_settings
+from pgqueue.sql.server import deallocate_all
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -113,7 +117,39 @@ def _prepare_queue_engine(engine: Engine, settings: Settings, name: str) -> None
     install_dead_connection_check(engine)
     if settings.behind_pooler:
         _set_locals_on_begin(engine)
+    else:
+        event.listen(engine, "checkout", _drop_old_plans)
     name_connect_failures(engine, name)
+
+
+# ``record.info`` key: when the pooled connection's prepared statements were last dropped.
+_PLANS_SINCE: Final = "pgqueue_plans_since"
+
+
+def _drop_old_plans(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """At checkout, drop the connection's prepared statements when they are older than
+    ``PLAN_MAX_AGE`` (as the worker's claim connection does), so no statement of pgqueue's
+    runs for long on a plan made for a much smaller table: the next ones are planned for the
+    tables as they are. Two round trips per connection every few seconds at most."""
+    now = time.monotonic()
+    since = record.info.setdefault(_PLANS_SINCE, now)
+    if now - since <= PLAN_MAX_AGE:
+        return
+    record.info[_PLANS_SINCE] = now
+    # Through the DB-API connection (under an asyncio engine, SQLAlchemy's adapter, which
+    # awaits for us); psycopg sees the DEALLOCATE ALL and forgets its own names too.
+    import psycopg
+
+    try:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(deallocate_all())
+        finally:
+            cursor.close()
+        dbapi_connection.commit()
+    except psycopg.Error as exc:
+        # The pool drops this connection and checks out (or opens) another.
+        raise DisconnectionError(f"pooled connection failed to drop its plans: {exc}") from exc
 
 
 def create_handler_engine(url: URL, settings: Settings, **pool: Any) -> Engine:

@@ -30,6 +30,11 @@ T = TypeVar("T")
 
 TUPLES_OK = pq.ExecStatus.TUPLES_OK
 
+# How long a pgqueue connection keeps its prepared statements (and so the plans PostgreSQL made
+# for them): a plan made while a table was tiny scans it whole however large it grows, until
+# the table's next ANALYZE or VACUUM, which a busy autovacuum may put off for minutes.
+PLAN_MAX_AGE = 5.0
+
 
 class LocalSettings(NamedTuple):
     """The statement, ready for the driver, that gives one transaction pgqueue's settings."""
@@ -228,7 +233,7 @@ class HeldConnection:
         statements: CompiledStatements,
         local: LocalSettings | None,
         *,
-        plan_max_age: float = 5.0,
+        plan_max_age: float = PLAN_MAX_AGE,
     ) -> None:
         self.engine = engine
         self._statements = statements

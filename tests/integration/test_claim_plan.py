@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -28,7 +28,9 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from pgqueue import claim_choice, repository
+from pgqueue import claim_choice, connections, repository
+from pgqueue.config import Settings
+from pgqueue.db import Database
 from pgqueue.worker.store import WorkerStore
 
 FINISHED = 100_000
@@ -350,23 +352,26 @@ def sequential_scans(plan: dict[str, Any]) -> list[str]:
     ]
 
 
-def held_claim_plan(store: WorkerStore, *, generic: bool) -> dict[str, Any]:
-    """The plan the worker's claim connection runs its prepared claim with now (checking
-    first whether PostgreSQL has used a generic plan for it)."""
-    rows = store._claim_connection.rows(
-        text(
-            "SELECT name, generic_plans, parameter_types::text[] FROM pg_prepared_statements "
-            "WHERE statement LIKE :p"
-        ),
-        {"p": "%SKIP LOCKED%"},
+def prepared_claim_plan(rows: Callable[[str], Sequence[Any]], *, generic: bool) -> dict[str, Any]:
+    """The plan a connection (``rows`` runs SQL on it) runs its prepared claim with now
+    (checking first whether PostgreSQL has used a generic plan for it)."""
+    prepared = rows(
+        "SELECT name, generic_plans, parameter_types::text[] FROM pg_prepared_statements "
+        "WHERE statement LIKE '%SKIP LOCKED%'"
     )
-    assert len(rows) == 1, rows
-    name, generic_plans, types = rows[0]
-    assert (generic_plans > 0) == generic, rows
-    plan = store._claim_connection.rows(
-        text(f"EXPLAIN (FORMAT JSON) EXECUTE {name}({sample_values(types)})"), {}
-    )
+    assert len(prepared) == 1, prepared
+    name, generic_plans, types = prepared[0]
+    assert (generic_plans > 0) == generic, prepared
+    plan = rows(f"EXPLAIN (FORMAT JSON) EXECUTE {name}({sample_values(types)})")
     return dict(plan[0][0][0]["Plan"])
+
+
+def held_claim_plan(store: WorkerStore, *, generic: bool) -> dict[str, Any]:
+    """The plan the worker's claim connection runs its prepared claim with now."""
+    return prepared_claim_plan(
+        lambda sql: store._claim_connection.rows(text(sql.replace("%", "%%")), {}),
+        generic=generic,
+    )
 
 
 def claim_many(store: WorkerStore, times: int) -> None:
@@ -407,6 +412,70 @@ def test_claim_plan_made_on_tiny_tables_is_replaced_once_they_grow(
             assert sequential_scans(plan), "the kept plan should still scan: see the other case"
     finally:
         store.close()
+        engine.dispose()
+
+
+def claim_many_pooled(database: Database, times: int) -> None:
+    """``times`` lean claims (no queue limits seen), each on a connection from the pool."""
+    lean = claim_choice.LimitsSeen()
+    lean.record(False, until=float("inf"))
+    for _ in range(times):
+        database.run(
+            lambda ex: repository.claim(
+                ex,
+                worker_id="w",
+                limit=1,
+                queues=None,
+                lease_seconds=30.0,
+                task_leases={},
+                limits=lean,
+            ),
+            autocommit=True,
+        )
+
+
+def pooled_claim_plan(engine: Engine, *, generic: bool) -> dict[str, Any]:
+    """``prepared_claim_plan`` of the only connection in ``engine``'s pool."""
+    with engine.connect() as connection:
+        plan = prepared_claim_plan(
+            lambda sql: connection.exec_driver_sql(sql.replace("%", "%%")).all(),
+            generic=generic,
+        )
+        # Not the rollback a close would send: psycopg drops every prepared statement then.
+        connection.commit()
+    return plan
+
+
+@pytest.mark.parametrize("refresh", [True, False], ids=["refreshed", "kept"])
+def test_pooled_connections_replace_plans_made_on_tiny_tables(
+    admin: Engine, database_url: URL, refresh: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above, for the pool of pgqueue's engine, on which the worker writes outcomes and
+    # heartbeats and applications enqueue and read jobs: a checkout drops the connection's
+    # prepared statements once they are older than PLAN_MAX_AGE.
+    monkeypatch.setattr(connections, "PLAN_MAX_AGE", 2.0 if refresh else float("inf"))
+    engine = connections.create_queue_engine(database_url, Settings(), pool_size=1, max_overflow=0)
+    database = Database(engine)
+    try:
+        with admin.connect() as connection:
+            insert_ready(connection, 3)
+            analyze(connection)
+        started = time.monotonic()
+        claim_many_pooled(database, 20)
+        assert time.monotonic() - started < 2.0, "too slow to see the tiny tables' plan"
+        assert sequential_scans(pooled_claim_plan(engine, generic=True)), "nothing to fix?"
+        with admin.connect() as connection:
+            insert_finished(connection, FINISHED)
+            insert_ready(connection, READY)
+        time.sleep(2.1)
+        claim_many_pooled(database, 20)
+        plan = pooled_claim_plan(engine, generic=not refresh)
+        if refresh:
+            assert sequential_scans(plan) == [], describe(plan)
+            assert CLAIM_INDEX in {n.get("Index Name") for n in nodes(plan)}, describe(plan)
+        else:
+            assert sequential_scans(plan), "the kept plan should still scan: see the other case"
+    finally:
         engine.dispose()
 
 
