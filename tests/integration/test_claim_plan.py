@@ -379,6 +379,43 @@ def claim_many(store: WorkerStore, times: int) -> None:
         store.claim(worker_id="w", limit=1, queues=None, lease_seconds=30.0, task_leases={})
 
 
+# How old prepared statements may grow in the two tests below (when they are dropped at all).
+MAX_AGE = 2.0
+
+
+def check_tiny_tables_plan(
+    admin: Engine,
+    *,
+    claims: Callable[[], None],
+    plan: Callable[[bool], dict[str, Any]],
+    refresh: bool,
+) -> None:
+    """``claims()`` on 3 tickets leaves a generic plan that scans the tables (``plan(generic)``
+    reads the connection's prepared claim); once the tables have grown and ``MAX_AGE`` has
+    passed, ``claims()`` again runs on a new plan, which reads the claim index (``refresh``),
+    or on the old one."""
+    with admin.connect() as connection:
+        insert_ready(connection, 3)
+        analyze(connection)
+    started = time.monotonic()
+    claims()
+    assert time.monotonic() - started < MAX_AGE, "too slow to see the tiny tables' plan"
+    assert sequential_scans(plan(True)), "no problem to fix on tiny tables?"
+    with admin.connect() as connection:
+        insert_finished(connection, FINISHED)
+        insert_ready(connection, READY)
+    time.sleep(MAX_AGE + 0.1)
+    claims()
+    # Grown tables make index scans cheaper than any generic plan could promise, so the new
+    # statement's plans stay custom; the kept one stays generic.
+    final = plan(not refresh)
+    if refresh:
+        assert sequential_scans(final) == [], describe(final)
+        assert CLAIM_INDEX in {n.get("Index Name") for n in nodes(final)}, describe(final)
+    else:
+        assert sequential_scans(final), "the kept plan should still scan: see the other case"
+
+
 @pytest.mark.parametrize("refresh", [True, False], ids=["refreshed", "kept"])
 def test_claim_plan_made_on_tiny_tables_is_replaced_once_they_grow(
     admin: Engine, database_url: URL, refresh: bool
@@ -389,27 +426,14 @@ def test_claim_plan_made_on_tiny_tables_is_replaced_once_they_grow(
     # drops its prepared statements now and then, so the next plan fits the tables as they are.
     engine = create_engine(database_url)
     store = WorkerStore(engine, stopping=threading.Event())
-    store._claim_connection._plan_max_age = 0.5 if refresh else float("inf")
+    store._claim_connection._plan_max_age = MAX_AGE if refresh else float("inf")
     try:
-        with admin.connect() as connection:
-            insert_ready(connection, 3)
-            analyze(connection)
-        claim_many(store, 20)
-        tiny_plan = held_claim_plan(store, generic=True)
-        assert sequential_scans(tiny_plan), "no problem to fix on tiny tables?"
-        with admin.connect() as connection:
-            insert_finished(connection, FINISHED)
-            insert_ready(connection, READY)
-        time.sleep(0.6)
-        claim_many(store, 20)
-        # Grown tables make index scans cheaper than any generic plan could promise, so the
-        # new statement's plans stay custom; the kept one stays generic.
-        plan = held_claim_plan(store, generic=not refresh)
-        if refresh:
-            assert sequential_scans(plan) == [], describe(plan)
-            assert CLAIM_INDEX in {n.get("Index Name") for n in nodes(plan)}, describe(plan)
-        else:
-            assert sequential_scans(plan), "the kept plan should still scan: see the other case"
+        check_tiny_tables_plan(
+            admin,
+            claims=lambda: claim_many(store, 20),
+            plan=lambda generic: held_claim_plan(store, generic=generic),
+            refresh=refresh,
+        )
     finally:
         store.close()
         engine.dispose()
@@ -453,28 +477,16 @@ def test_pooled_connections_replace_plans_made_on_tiny_tables(
     # As above, for the pool of pgqueue's engine, on which the worker writes outcomes and
     # heartbeats and applications enqueue and read jobs: a checkout drops the connection's
     # prepared statements once they are older than PLAN_MAX_AGE.
-    monkeypatch.setattr(connections, "PLAN_MAX_AGE", 2.0 if refresh else float("inf"))
+    monkeypatch.setattr(connections, "PLAN_MAX_AGE", MAX_AGE if refresh else float("inf"))
     engine = connections.create_queue_engine(database_url, Settings(), pool_size=1, max_overflow=0)
     database = Database(engine)
     try:
-        with admin.connect() as connection:
-            insert_ready(connection, 3)
-            analyze(connection)
-        started = time.monotonic()
-        claim_many_pooled(database, 20)
-        assert time.monotonic() - started < 2.0, "too slow to see the tiny tables' plan"
-        assert sequential_scans(pooled_claim_plan(engine, generic=True)), "nothing to fix?"
-        with admin.connect() as connection:
-            insert_finished(connection, FINISHED)
-            insert_ready(connection, READY)
-        time.sleep(2.1)
-        claim_many_pooled(database, 20)
-        plan = pooled_claim_plan(engine, generic=not refresh)
-        if refresh:
-            assert sequential_scans(plan) == [], describe(plan)
-            assert CLAIM_INDEX in {n.get("Index Name") for n in nodes(plan)}, describe(plan)
-        else:
-            assert sequential_scans(plan), "the kept plan should still scan: see the other case"
+        check_tiny_tables_plan(
+            admin,
+            claims=lambda: claim_many_pooled(database, 20),
+            plan=lambda generic: pooled_claim_plan(engine, generic=generic),
+            refresh=refresh,
+        )
     finally:
         engine.dispose()
 
