@@ -130,26 +130,39 @@ def _drop_old_plans(dbapi_connection: Any, record: Any, proxy: Any) -> None:
     """At checkout, drop the connection's prepared statements when they are older than
     ``PLAN_MAX_AGE`` (as the worker's claim connection does), so no statement of pgqueue's
     runs for long on a plan made for a much smaller table: the next ones are planned for the
-    tables as they are. Two round trips per connection every few seconds at most."""
+    tables as they are. One round trip per connection every few seconds at most, and none
+    for a connection that has nothing prepared (an idle worker's maintenance connections)."""
     now = time.monotonic()
     since = record.info.setdefault(_PLANS_SINCE, now)
     if now - since <= PLAN_MAX_AGE:
         return
     record.info[_PLANS_SINCE] = now
-    # Through the DB-API connection (under an asyncio engine, SQLAlchemy's adapter, which
-    # awaits for us); psycopg sees the DEALLOCATE ALL and forgets its own names too.
+    if not _has_prepared_statements(record.driver_connection):
+        return
     import psycopg
 
+    # Through the DB-API connection (under an asyncio engine, SQLAlchemy's adapter, which
+    # awaits for us); psycopg sees the DEALLOCATE ALL and forgets its own names too. In
+    # autocommit: no transaction of its own (BEGIN, COMMIT) around it.
+    autocommit = dbapi_connection.autocommit
     try:
+        dbapi_connection.autocommit = True
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(deallocate_all())
         finally:
             cursor.close()
-        dbapi_connection.commit()
+        dbapi_connection.autocommit = autocommit
     except psycopg.Error as exc:
         # The pool drops this connection and checks out (or opens) another.
         raise DisconnectionError(f"pooled connection failed to drop its plans: {exc}") from exc
+
+
+def _has_prepared_statements(connection: Any) -> bool:
+    """Whether psycopg has prepared a statement on ``connection``. psycopg keeps their names in
+    its (private) prepare manager; should a release move it, assume there are some."""
+    names = getattr(getattr(connection, "_prepared", None), "_names", None)
+    return names is None or bool(names)
 
 
 def create_handler_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
