@@ -374,9 +374,19 @@ def held_claim_plan(store: WorkerStore, *, generic: bool) -> dict[str, Any]:
     )
 
 
+# One claim of one job by worker "w", as the claim tests below run it.
+ONE_CLAIM: dict[str, Any] = {
+    "worker_id": "w",
+    "limit": 1,
+    "queues": None,
+    "lease_seconds": 30.0,
+    "task_leases": {},
+}
+
+
 def claim_many(store: WorkerStore, times: int) -> None:
     for _ in range(times):
-        store.claim(worker_id="w", limit=1, queues=None, lease_seconds=30.0, task_leases={})
+        store.claim(**ONE_CLAIM)
 
 
 # How old prepared statements may grow in the two tests below (when they are dropped at all).
@@ -444,18 +454,7 @@ def claim_many_pooled(database: Database, times: int) -> None:
     lean = claim_choice.LimitsSeen()
     lean.record(False, until=float("inf"))
     for _ in range(times):
-        database.run(
-            lambda ex: repository.claim(
-                ex,
-                worker_id="w",
-                limit=1,
-                queues=None,
-                lease_seconds=30.0,
-                task_leases={},
-                limits=lean,
-            ),
-            autocommit=True,
-        )
+        database.run(lambda ex: repository.claim(ex, limits=lean, **ONE_CLAIM), autocommit=True)
 
 
 def pooled_claim_plan(engine: Engine, *, generic: bool) -> dict[str, Any]:
