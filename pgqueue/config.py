@@ -113,7 +113,7 @@ class Settings:
     """Age after which failed and cancelled jobs are pruned."""
     prune_interval: float = 300.0
     """How often the maintenance leader prunes finished jobs."""
-    prefetch: int = 500
+    prefetch: int = 2000
     """Most attempts a worker claims beyond its free slots, to start as its handlers return (at
     most as many as its handlers finished in the last 50 ms, so slow jobs are not claimed
     ahead); they are leased and heartbeated like running ones, and given back unstarted

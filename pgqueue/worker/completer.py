@@ -27,7 +27,7 @@ from pgqueue.worker.store import WorkerStore
 
 log = logging.getLogger("pgqueue.worker")
 
-OUTCOME_BATCH = 500
+OUTCOME_BATCH = 2000
 
 # Jobs named in the one line about outcomes a shutdown could not write; the rest are counted.
 UNWRITTEN_NAMED = 10
