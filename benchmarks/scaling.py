@@ -224,13 +224,9 @@ class ConnectionSampler:
         self.samples += 1
 
     def worker_backends(self) -> set[int]:
-        """Every backend seen so far that a pgqueue worker opened (by application name)."""
-        return {
-            pid
-            for name, pids in self.backends.items()
-            if name.startswith("pgqueue")
-            for pid in pids
-        }
+        """Every backend seen so far but the sampler's own: the measured command's, since the
+        database is a fresh one of the drain's alone."""
+        return {pid for pids in self.backends.values() for pid in pids}
 
     def report(self) -> Result:
         return {
@@ -292,6 +288,15 @@ class DrainCost:
 def drain_cost(url: URL, processes: int, concurrency: int, interval: float) -> DrainCost:
     """Run ``pgqueue worker --processes P --drain`` on ``url`` until it exits, reading the
     server's and the workers' CPU before and after, and sampling connections meanwhile."""
+    return command_cost(url, worker_command(concurrency, processes), _env(url), interval)
+
+
+def command_cost(
+    url: URL, command: Sequence[str], env: dict[str, str] | None, interval: float
+) -> DrainCost:
+    """Run ``command`` (a drain of ``url``'s jobs: pgqueue's worker or the raw-SQL one) until
+    it exits, reading the server's and the command's CPU before and after, and sampling the
+    database's connections meanwhile."""
     sampler = ConnectionSampler(url, interval)
     load_before = os.getloadavg()
     wal_before = wal_and_commits(url)
@@ -301,10 +306,10 @@ def drain_cost(url: URL, processes: int, concurrency: int, interval: float) -> D
         server_before = server_cpu(postmaster) if postmaster else None
         workers_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        with process(worker_command(concurrency, processes), _env(url)) as child:
+        with process(list(command), env) as child:
             code = child.wait(WORKER_TIMEOUT)
             if code != 0:
-                raise RuntimeError(f"pgqueue worker exited with {code}")
+                raise RuntimeError(f"{' '.join(command[1:4])} exited with {code}")
         wall = time.perf_counter() - start
         # The worker command was waited for, and it waited for its children: their rusage is
         # now in this process's RUSAGE_CHILDREN.

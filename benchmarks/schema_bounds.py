@@ -1,0 +1,274 @@
+"""How far a leaner ``pgqueue_jobs`` could take the drain and the bulk enqueue: an upper bound.
+
+``python -m benchmarks.schema_bounds [--rounds 3] [--jobs 60000] [--bulk 50000]
+[--concurrency 10] [--processes 1] [--threads 4] [--batch 200]`` on
+``$PGQUEUE_DATABASE_URL`` (or a durable embedded server) runs pgqueue's drain and its bulk
+enqueue on scratch databases whose jobs table is cut down step by step (``VARIANTS``), beside
+the raw-SQL ceiling of the same round:
+
+- ``as shipped``: pgqueue's schema;
+- ``no dashboard indexes``: without ``(queue, state, id)`` and ``(task_name, state, id)``;
+- ``primary key only``: without any secondary index on ``pgqueue_jobs`` (the tickets keep
+  theirs: the claim needs them);
+- ``primary key only, HOT``: the same with ``fillfactor = 40``, so the claim's and the
+  outcome's updates of a job row can stay on its page (heap-only tuples, no index entry).
+
+The variants drop indexes that pgqueue's features read (the dashboard's filters and a bounded
+queue's depth, the rescuer's lease scan, unique keys), so none is a configuration to run: they
+measure what the worker and the enqueue path would reach if the schema cost nothing more than
+its primary keys. Each round drains ``--jobs`` no-op jobs once per variant (``pgqueue
+worker --drain --concurrency C --processes P``, success lines off) and once with the ceiling
+(``--threads`` x ``--batch``), reading the server's and the drain's CPU from ``/proc``
+(``benchmarks.scaling``), per job net of the same command run first on the empty database
+(start-up and stop), then enqueues ``--bulk`` jobs with ``enqueue_many`` per variant, each
+against a raw ``COPY`` of as many rows into the same database. Ratios are medians of the
+per-round ratios. Prints a Markdown table and writes the JSON to
+``benchmarks/results/<timestamp>-schema-bounds.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from sqlalchemy.engine import URL
+
+from benchmarks import app, baseline
+from benchmarks import server as server_module
+from benchmarks.run import RESULTS_DIR, machine
+from benchmarks.scaling import SAMPLE_INTERVAL, command_cost
+from benchmarks.server import Server, libpq, sqlalchemy_url
+from benchmarks.workloads import _env, _succeeded_new, _throughput, fill_pgqueue, worker_command
+
+Result = dict[str, Any]
+
+_SECONDARY = (
+    "DROP INDEX ix_pgqueue_jobs_lease_expires_at",
+    "DROP INDEX ix_pgqueue_jobs_finished_at",
+    "DROP INDEX uq_pgqueue_jobs_unique_key_active",
+)
+_DASHBOARD = (
+    "DROP INDEX ix_pgqueue_jobs_queue_state_id",
+    "DROP INDEX ix_pgqueue_jobs_task_name_state_id",
+)
+# Name -> the statements that turn a migrated database into the variant.
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "as shipped": (),
+    "no dashboard indexes": _DASHBOARD,
+    "primary key only": _DASHBOARD + _SECONDARY,
+    "primary key only, HOT": (
+        *_DASHBOARD,
+        *_SECONDARY,
+        "ALTER TABLE pgqueue_jobs SET (fillfactor = 40)",
+    ),
+}
+CEILING = "raw SQL ceiling"
+
+UPDATES = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'pgqueue_jobs'"
+
+
+def _shape(url: URL, variant: str) -> None:
+    """Cut a freshly migrated database down to ``variant``."""
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        for statement in VARIANTS[variant]:
+            conn.execute(statement)
+
+
+def _measured_drain(
+    url: URL, command: list[str], env: dict[str, str] | None, fill: Callable[[], None]
+) -> Result:
+    """Run ``command`` once on the empty database (its start-up and stop), then ``fill`` and
+    run it again: CPU per job net of the first run, as ``benchmarks.scaling`` reports it."""
+    idle = command_cost(url, command, env, SAMPLE_INTERVAL)
+    fill()
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        # The fill's dirty pages written now, not during the drain.
+        conn.execute("CHECKPOINT")
+    cost = command_cost(url, command, env, SAMPLE_INTERVAL)
+    return {
+        "wall_s": cost.wall_s,
+        "server_cpu_s": cost.server_cpu_s or 0.0,
+        "client_cpu_s": cost.worker_cpu_s,
+        "server_start_stop_cpu_s": idle.server_cpu_s or 0.0,
+        "client_start_stop_cpu_s": idle.worker_cpu_s,
+        "wal_bytes": cost.wal_bytes,
+        "load": cost.load_avg_before[0],
+    }
+
+
+def _per_job(jobs: int, measured: Result, counts: Result) -> Result:
+    result = _throughput(jobs, counts, measured["wall_s"])
+    result.update(measured)
+    result.update(
+        server_us_per_job=(measured["server_cpu_s"] - measured["server_start_stop_cpu_s"])
+        * 1e6
+        / jobs,
+        client_us_per_job=(measured["client_cpu_s"] - measured["client_start_stop_cpu_s"])
+        * 1e6
+        / jobs,
+        wal_bytes_per_job=measured["wal_bytes"] / jobs,
+        load=measured["load"],
+    )
+    return result
+
+
+def drain_variant(
+    server: Server, variant: str, jobs: int, concurrency: int, processes: int = 1
+) -> Result:
+    """``jobs`` no-op jobs drained by ``pgqueue worker --drain`` on the variant's schema."""
+    with server.fresh_database("bounds") as url:
+        _shape(url, variant)
+        env = _env(url)
+        env["PGQUEUE_LOG_SUCCESSES"] = "false"
+        measured = _measured_drain(
+            url, worker_command(concurrency, processes), env, lambda: fill_pgqueue(url, jobs)
+        )
+        result = _per_job(jobs, measured, _succeeded_new(url, 0))
+        with psycopg.connect(libpq(url), autocommit=True) as conn:
+            row = conn.execute(UPDATES).fetchone()
+    assert row is not None
+    result.update(variant=variant, processes=processes, updates=row[0], hot_updates=row[1])
+    return result
+
+
+def drain_ceiling(server: Server, jobs: int, threads: int, batch: int) -> Result:
+    """``jobs`` jobs drained by the raw-SQL worker, ``threads`` connections x ``batch``."""
+    with server.fresh_database("bounds_raw", migrate=False) as url:
+        conninfo = libpq(url)
+        baseline.create_schema(conninfo)
+        command = [sys.executable, "-m", "benchmarks.baseline", "drain", conninfo]
+        measured = _measured_drain(
+            url, [*command, str(batch), str(threads)], None, lambda: baseline.fill(conninfo, jobs)
+        )
+        result = _per_job(jobs, measured, baseline.span(conninfo))
+    result.update(variant=CEILING, threads=threads, batch=batch)
+    return result
+
+
+def bulk_variant(server: Server, variant: str, jobs: int) -> Result:
+    """One ``enqueue_many`` of ``jobs`` on the variant's schema, then a raw ``COPY`` of as many
+    rows into the same database (its ``baseline_jobs`` table)."""
+    with server.fresh_database("bounds_bulk") as url:
+        _shape(url, variant)
+        baseline.create_schema(libpq(url))
+        pgq = app.build(sqlalchemy_url(url))
+        try:
+            task = pgq.registry.get(app.NOOP)
+            task.enqueue_many([{"n": i} for i in range(100)])  # warm-up
+            baseline.enqueue_copy(libpq(url), 100)
+            items = [{"n": i} for i in range(jobs)]
+            start = time.perf_counter()
+            ids = task.enqueue_many(items)
+            took = time.perf_counter() - start
+        finally:
+            pgq.dispose()
+        assert len(ids) == jobs
+        raw = baseline.enqueue_copy(libpq(url), jobs)
+    return {"variant": variant, "jobs_per_s": jobs / took, "raw_jobs_per_s": jobs / raw,
+            "ratio": raw / took}  # fmt: skip
+
+
+def summarize(drains: list[Result], bulks: list[Result]) -> list[Result]:
+    """Per variant: median drain rate, its per-round ratio to the ceiling, CPU per job, HOT
+    share, and the bulk ratio to COPY."""
+    rounds = sorted({d["round"] for d in drains})
+    ceiling = {d["round"]: d for d in drains if d["variant"] == CEILING}
+    rows = []
+    for variant in [*VARIANTS, CEILING]:
+        mine = [d for d in drains if d["variant"] == variant]
+        bulk = [b for b in bulks if b["variant"] == variant]
+        row: Result = {
+            "variant": variant,
+            "drain_jobs_per_s": statistics.median(d["jobs_per_s"] for d in mine),
+            "drain_ratios": [d["jobs_per_s"] / ceiling[d["round"]]["jobs_per_s"] for d in mine],
+            "server_us_per_job": statistics.median(d["server_us_per_job"] for d in mine),
+            "client_us_per_job": statistics.median(d["client_us_per_job"] for d in mine),
+            "hot_share": (
+                statistics.median(d["hot_updates"] / max(d["updates"], 1) for d in mine)
+                if variant != CEILING
+                else None
+            ),
+            "bulk_ratios": [b["ratio"] for b in bulk],
+        }
+        row["drain_ratio"] = statistics.median(row["drain_ratios"])
+        row["bulk_ratio"] = statistics.median(row["bulk_ratios"]) if bulk else None
+        row["rounds"] = len(rounds)
+        rows.append(row)
+    return rows
+
+
+def markdown_table(rows: list[Result]) -> str:
+    def ratios(values: list[float]) -> str:
+        return ", ".join(f"{value:.2f}" for value in values)
+
+    lines = [
+        "| pgqueue_jobs | drain jobs/s | drain / ceiling (rounds) | server us/job | drain's"
+        " own us/job | HOT updates | bulk / COPY (rounds) |",
+        "|---|---:|---|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        hot = "" if row["hot_share"] is None else f"{row['hot_share']:.0%}"
+        bulk = (
+            "" if row["bulk_ratio"] is None
+            else f"{row['bulk_ratio']:.2f}x ({ratios(row['bulk_ratios'])})"
+        )  # fmt: skip
+        lines.append(
+            f"| {row['variant']} | {row['drain_jobs_per_s']:,.0f}"
+            f" | {row['drain_ratio']:.2f}x ({ratios(row['drain_ratios'])})"
+            f" | {row['server_us_per_job']:.1f} | {row['client_us_per_job']:.1f} | {hot} | {bulk} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.schema_bounds")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=60_000)
+    parser.add_argument("--bulk", type=int, default=50_000)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("PGQUEUE_DATABASE_URL"),
+        help="a server on this host (default $PGQUEUE_DATABASE_URL, else a durable embedded one)",
+    )
+    args = parser.parse_args(argv)
+    drains: list[Result] = []
+    bulks: list[Result] = []
+    with server_module.start(args.database_url) as server:
+        settings = server.settings()
+        for round_number in range(1, args.rounds + 1):
+            for variant in VARIANTS:
+                result = drain_variant(server, variant, args.jobs, args.concurrency, args.processes)
+                drains.append({**result, "round": round_number})
+                print(json.dumps(drains[-1]), flush=True)
+            result = drain_ceiling(server, args.jobs, args.threads, args.batch)
+            drains.append({**result, "round": round_number})
+            print(json.dumps(drains[-1]), flush=True)
+            for variant in VARIANTS:
+                bulks.append({**bulk_variant(server, variant, args.bulk), "round": round_number})
+                print(json.dumps(bulks[-1]), flush=True)
+    rows = summarize(drains, bulks)
+    print(markdown_table(rows))
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{stamp}-schema-bounds.json"
+    report = {"machine": machine(), "server": settings, "args": vars(args), "rows": rows,
+              "drains": drains, "bulks": bulks}  # fmt: skip
+    path.write_text(json.dumps(report, indent=2, default=str))
+    print(f"JSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
