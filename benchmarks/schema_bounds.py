@@ -21,8 +21,8 @@ worker --drain --concurrency C --processes P``, success lines off) and once with
 (``--threads`` x ``--batch``), reading the server's and the drain's CPU from ``/proc``
 (``benchmarks.scaling``), per job net of the same command run first on the empty database
 (start-up and stop), then enqueues ``--bulk`` jobs with ``enqueue_many`` per variant, each
-against a raw ``COPY`` of as many rows into the same database. Ratios are medians of the
-per-round ratios. Prints a Markdown table and writes the JSON to
+against a raw ``COPY`` of as many rows, as the suite's bulk workload does
+(``benchmarks.workloads.enqueue_batch``). Ratios are medians of the per-round ratios. Prints a Markdown table and writes the JSON to
 ``benchmarks/results/<timestamp>-schema-bounds.json``.
 """
 
@@ -33,7 +33,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -41,12 +40,19 @@ from typing import Any
 import psycopg
 from sqlalchemy.engine import URL
 
-from benchmarks import app, baseline
+from benchmarks import baseline
 from benchmarks import server as server_module
 from benchmarks.run import RESULTS_DIR, machine
 from benchmarks.scaling import SAMPLE_INTERVAL, command_cost
-from benchmarks.server import Server, libpq, sqlalchemy_url
-from benchmarks.workloads import _env, _succeeded_new, _throughput, fill_pgqueue, worker_command
+from benchmarks.server import Server, libpq
+from benchmarks.workloads import (
+    _env,
+    _succeeded_new,
+    _throughput,
+    enqueue_batch,
+    fill_pgqueue,
+    worker_command,
+)
 
 Result = dict[str, Any]
 
@@ -75,7 +81,7 @@ CEILING = "raw SQL ceiling"
 UPDATES = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'pgqueue_jobs'"
 
 
-def _shape(url: URL, variant: str) -> None:
+def cut_down(url: URL, variant: str) -> None:
     """Cut a freshly migrated database down to ``variant``."""
     with psycopg.connect(libpq(url), autocommit=True) as conn:
         for statement in VARIANTS[variant]:
@@ -125,7 +131,7 @@ def drain_variant(
 ) -> Result:
     """``jobs`` no-op jobs drained by ``pgqueue worker --drain`` on the variant's schema."""
     with server.fresh_database("bounds") as url:
-        _shape(url, variant)
+        cut_down(url, variant)
         env = _env(url)
         env["PGQUEUE_LOG_SUCCESSES"] = "false"
         measured = _measured_drain(
@@ -154,26 +160,15 @@ def drain_ceiling(server: Server, jobs: int, threads: int, batch: int) -> Result
 
 
 def bulk_variant(server: Server, variant: str, jobs: int) -> Result:
-    """One ``enqueue_many`` of ``jobs`` on the variant's schema, then a raw ``COPY`` of as many
-    rows into the same database (its ``baseline_jobs`` table)."""
-    with server.fresh_database("bounds_bulk") as url:
-        _shape(url, variant)
-        baseline.create_schema(libpq(url))
-        pgq = app.build(sqlalchemy_url(url))
-        try:
-            task = pgq.registry.get(app.NOOP)
-            task.enqueue_many([{"n": i} for i in range(100)])  # warm-up
-            baseline.enqueue_copy(libpq(url), 100)
-            items = [{"n": i} for i in range(jobs)]
-            start = time.perf_counter()
-            ids = task.enqueue_many(items)
-            took = time.perf_counter() - start
-        finally:
-            pgq.dispose()
-        assert len(ids) == jobs
-        raw = baseline.enqueue_copy(libpq(url), jobs)
-    return {"variant": variant, "jobs_per_s": jobs / took, "raw_jobs_per_s": jobs / raw,
-            "ratio": raw / took}  # fmt: skip
+    """One ``enqueue_many`` of ``jobs`` on the variant's schema against a raw ``COPY`` of as many
+    rows, as the suite's bulk workload times them."""
+    paired = enqueue_batch(server, jobs, 1, shape=lambda url: cut_down(url, variant))
+    return {
+        "variant": variant,
+        "jobs_per_s": paired["pgqueue"],
+        "raw_jobs_per_s": paired["baseline"],
+        "ratio": paired["ratio"],
+    }
 
 
 def summarize(drains: list[Result], bulks: list[Result]) -> list[Result]:

@@ -211,12 +211,17 @@ def enqueue1(server: Server, n: int, rounds: int) -> Result:
     return _paired(results, n)
 
 
-def enqueue_batch(server: Server, n: int, rounds: int) -> Result:
-    """``n`` jobs per round in one ``enqueue_many`` call vs. one COPY, alternating rounds."""
+def enqueue_batch(
+    server: Server, n: int, rounds: int, shape: Callable[[URL], None] | None = None
+) -> Result:
+    """``n`` jobs per round in one ``enqueue_many`` call vs. one COPY, alternating rounds;
+    ``shape`` changes pgqueue's freshly migrated database first (``benchmarks.schema_bounds``)."""
     with (
         server.fresh_database("enqB") as url,
         server.fresh_database("enqB_base", migrate=False) as base_url,
     ):
+        if shape is not None:
+            shape(url)
         baseline.create_schema(libpq(base_url))
         pgq = app.build(sqlalchemy_url(url))
         try:
