@@ -22,8 +22,8 @@ worker --drain --concurrency C --processes P``, success lines off) and once with
 (``benchmarks.scaling``), per job net of the same command run first on the empty database
 (start-up and stop), then enqueues ``--bulk`` jobs with ``enqueue_many`` per variant, each
 against a raw ``COPY`` of as many rows, as the suite's bulk workload does
-(``benchmarks.workloads.enqueue_batch``). Ratios are medians of the per-round ratios. Prints a Markdown table and writes the JSON to
-``benchmarks/results/<timestamp>-schema-bounds.json``.
+(``benchmarks.workloads.enqueue_batch``). Ratios are medians of the per-round ratios. Prints a
+Markdown table and writes the JSON to ``benchmarks/results/<timestamp>-schema-bounds.json``.
 """
 
 from __future__ import annotations
@@ -121,7 +121,6 @@ def _per_job(jobs: int, measured: Result, counts: Result) -> Result:
         * 1e6
         / jobs,
         wal_bytes_per_job=measured["wal_bytes"] / jobs,
-        load=measured["load"],
     )
     return result
 
