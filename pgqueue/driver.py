@@ -172,9 +172,26 @@ def checkout(engine: Engine) -> Any:
         raise translated(exc) from exc
 
 
-def _drop_if_broken(engine: Engine, raw: Any, error: psycopg.Error) -> None:
-    """Invalidate the pooled connection ``raw`` when ``error`` says it is lost."""
+# A connection in one of these states after an error cannot be given back to the pool: ACTIVE,
+# a command was sent and its answer never read (a socket closed under a statement raises before
+# libpq marks the connection bad, so the dialect's test passes it), and the pool's reset on
+# return, a ROLLBACK, fails on it ("another command is already in progress") and logs a
+# traceback; UNKNOWN, the connection is bad.
+_UNUSABLE = (pq.TransactionStatus.ACTIVE, pq.TransactionStatus.UNKNOWN)
+
+
+def _unusable(engine: Engine, raw: Any, error: psycopg.Error) -> bool:
+    """Whether the pooled connection ``raw`` must be dropped after ``error``: lost, or left in
+    the middle of a command."""
     if engine.dialect.is_disconnect(error, raw.dbapi_connection, None):  # type: ignore[arg-type]
+        return True
+    driver = raw.driver_connection
+    return bool(driver.closed or driver.info.transaction_status in _UNUSABLE)
+
+
+def _drop_if_broken(engine: Engine, raw: Any, error: psycopg.Error) -> None:
+    """Invalidate the pooled connection ``raw`` when ``error`` left it unusable."""
+    if _unusable(engine, raw, error):
         raw.invalidate(error)
 
 
@@ -198,7 +215,9 @@ def run(
             try:
                 return work(executor)
             finally:
-                if not driver.closed:
+                # Not on a connection left mid-command: the switch would raise over the error
+                # being raised (and the connection is dropped below anyway).
+                if not driver.closed and driver.info.transaction_status not in _UNUSABLE:
                     driver.autocommit = False
         with driver.transaction():
             if local is not None:
@@ -292,11 +311,7 @@ class HeldConnection:
         if raw is None:
             return
         driver = raw.driver_connection
-        if error is not None and self.engine.dialect.is_disconnect(
-            error,  # type: ignore[arg-type]
-            raw.dbapi_connection,
-            None,
-        ):
+        if error is not None and _unusable(self.engine, raw, error):
             raw.invalidate(error)
         elif not driver.closed:
             try:
