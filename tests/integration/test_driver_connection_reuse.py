@@ -3,8 +3,8 @@
 When a connection's socket closes under a statement, psycopg raises before libpq marks the
 connection bad, so SQLAlchemy's disconnect test passes it; the connection still has a command
 in flight. Given back to the pool, the pool's reset (a ROLLBACK) fails on it ("another command
-is already in progress") and SQLAlchemy logs the failure with a traceback, which is how a
-worker whose connections were terminated came to print one. The state is made here on a real
+is already in progress") and SQLAlchemy logs the failure with a traceback, in the log of a
+worker whose connections the server terminates. The state is made here on a real
 connection the way the socket leaves it (a query sent, its answer never read) and the error the
 driver then raises is raised in its place.
 """
