@@ -186,7 +186,7 @@ def _unusable(engine: Engine, raw: Any, error: psycopg.Error) -> bool:
     if engine.dialect.is_disconnect(error, raw.dbapi_connection, None):  # type: ignore[arg-type]
         return True
     driver = raw.driver_connection
-    return bool(driver.closed or driver.info.transaction_status in _UNUSABLE)
+    return bool(driver.closed or driver.pgconn.transaction_status in _UNUSABLE)
 
 
 def _drop_if_broken(engine: Engine, raw: Any, error: psycopg.Error) -> None:
@@ -217,7 +217,7 @@ def run(
             finally:
                 # Not on a connection left mid-command: the switch would raise over the error
                 # being raised (and the connection is dropped below anyway).
-                if not driver.closed and driver.info.transaction_status not in _UNUSABLE:
+                if not driver.closed and driver.pgconn.transaction_status not in _UNUSABLE:
                     driver.autocommit = False
         with driver.transaction():
             if local is not None:
