@@ -44,12 +44,12 @@ from benchmarks.server import Server, libpq, sqlalchemy_url
 from benchmarks.workloads import (
     STEADY_COLUMNS,
     WORKER_TIMEOUT,
-    _counts,
-    _env,
-    _throughput,
     fill_pgqueue,
     process,
+    steady_counts,
+    steady_throughput,
     worker_command,
+    worker_env,
 )
 from pgqueue import PgQueue, Settings, repository
 from pgqueue.claim_choice import LimitsSeen
@@ -152,7 +152,7 @@ def drain(url: URL, layout: str, n: int) -> float:
         assert row is not None
         first = int(row[0])
     fill_pgqueue(url, n)
-    env = _env(url)
+    env = worker_env(url)
     env["PGQUEUE_LOG_SUCCESSES"] = "false"
     env["PGQUEUE_HISTORY"] = layout
     start = time.perf_counter()
@@ -165,7 +165,7 @@ def drain(url: URL, layout: str, n: int) -> float:
         counted = conn.execute(
             f"SELECT {STEADY_COLUMNS} FROM pgqueue_jobs WHERE id > %s", (first,)
         ).fetchone()
-    result = _throughput(n, _counts(counted), wall)
+    result = steady_throughput(n, steady_counts(counted), wall)
     assert result["ok"], result
     return float(result["jobs_per_s"])
 
@@ -351,7 +351,7 @@ def fill_pgqueue_via(pgq: PgQueue, n: int) -> None:
 
 
 def drain_untimed(url: URL, layout: str) -> None:
-    env = _env(url)
+    env = worker_env(url)
     env["PGQUEUE_LOG_SUCCESSES"] = "false"
     env["PGQUEUE_HISTORY"] = layout
     with process(worker_command(10), env) as child:

@@ -114,7 +114,7 @@ def drain(server: Server, peer: ModuleType, n: int, setting: dict[str, int]) -> 
             code = child.wait(w.WORKER_TIMEOUT)
             if code != 0:
                 raise RuntimeError(f"{peer.NAME} worker exited with {code}")
-        result = w._throughput(n, peer.span(libpq(url)), time.perf_counter() - start)
+        result = w.steady_throughput(n, peer.span(libpq(url)), time.perf_counter() - start)
     result.update(setting=setting)
     return result
 

@@ -28,11 +28,11 @@ from sqlalchemy.engine import URL, make_url
 from benchmarks import baseline
 from benchmarks.server import Server, libpq
 from benchmarks.workloads import (
-    _env,
-    _succeeded_new,
-    _throughput,
     fill_pgqueue,
+    steady_throughput,
+    succeeded_after,
     worker_command,
+    worker_env,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +53,7 @@ def drain_tree(
     """One drain of ``jobs`` no-op jobs by a worker of the pgqueue in ``tree``."""
     with server.fresh_database("profile") as url:
         fill_pgqueue(url, jobs)
-        env = _env(url)
+        env = worker_env(url)
         env.pop("PGQUEUE_LOG_SUCCESSES", None)
         if log_successes is not None:  # else the tree's default
             env["PGQUEUE_LOG_SUCCESSES"] = "true" if log_successes else "false"
@@ -72,7 +72,7 @@ def drain_tree(
             raise RuntimeError(
                 f"worker exited with {completed.returncode}: {completed.stderr[-2000:]}"
             )
-        result = _throughput(jobs, _succeeded_new(url, 0), wall)
+        result = steady_throughput(jobs, succeeded_after(url, 0), wall)
         result["log_lines"] = completed.stderr.count("\n")
         result.update(_batches(url))
     result.update(tree=str(tree), concurrency=concurrency, log_successes=log_successes, load=began)
@@ -121,7 +121,7 @@ def drain_baseline(server: Server, jobs: int, threads: int, batch: int) -> dict[
         for worker in workers:
             worker.join()
         wall = time.perf_counter() - start
-        result = _throughput(jobs, baseline.span(conninfo), wall)
+        result = steady_throughput(jobs, baseline.span(conninfo), wall)
     result.update(tree="raw", threads=threads, batch=batch, load=began)
     return result
 

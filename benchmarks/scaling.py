@@ -55,12 +55,12 @@ from benchmarks.run import RESULTS_DIR, machine
 from benchmarks.server import Server, libpq
 from benchmarks.workloads import (
     WORKER_TIMEOUT,
-    _env,
-    _succeeded_new,
-    _throughput,
     fill_pgqueue,
     process,
+    steady_throughput,
+    succeeded_after,
     worker_command,
+    worker_env,
 )
 
 console = Console()
@@ -288,7 +288,7 @@ class DrainCost:
 def drain_cost(url: URL, processes: int, concurrency: int, interval: float) -> DrainCost:
     """Run ``pgqueue worker --processes P --drain`` on ``url`` until it exits, reading the
     server's and the workers' CPU before and after, and sampling connections meanwhile."""
-    return command_cost(url, worker_command(concurrency, processes), _env(url), interval)
+    return command_cost(url, worker_command(concurrency, processes), worker_env(url), interval)
 
 
 def command_cost(
@@ -361,7 +361,7 @@ def measure(
         fill_pgqueue(url, jobs, task_name, **(task_kwargs or {}))
         cost = drain_cost(url, processes, concurrency, interval)
         load_after = os.getloadavg()
-        result = _throughput(jobs, _succeeded_new(url, 0), cost.wall_s)
+        result = steady_throughput(jobs, succeeded_after(url, 0), cost.wall_s)
     per_job_ms = 1e6 / jobs  # seconds -> milliseconds per 1,000 jobs
 
     def net(total: float | None, start_stop: float | None) -> float | None:

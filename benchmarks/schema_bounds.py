@@ -46,12 +46,12 @@ from benchmarks.run import RESULTS_DIR, machine
 from benchmarks.scaling import SAMPLE_INTERVAL, command_cost
 from benchmarks.server import Server, libpq
 from benchmarks.workloads import (
-    _env,
-    _succeeded_new,
-    _throughput,
     enqueue_batch,
     fill_pgqueue,
+    steady_throughput,
+    succeeded_after,
     worker_command,
+    worker_env,
 )
 
 Result = dict[str, Any]
@@ -111,7 +111,7 @@ def _measured_drain(
 
 
 def _per_job(jobs: int, measured: Result, counts: Result) -> Result:
-    result = _throughput(jobs, counts, measured["wall_s"])
+    result = steady_throughput(jobs, counts, measured["wall_s"])
     result.update(measured)
     result.update(
         server_us_per_job=(measured["server_cpu_s"] - measured["server_start_stop_cpu_s"])
@@ -131,12 +131,12 @@ def drain_variant(
     """``jobs`` no-op jobs drained by ``pgqueue worker --drain`` on the variant's schema."""
     with server.fresh_database("bounds") as url:
         cut_down(url, variant)
-        env = _env(url)
+        env = worker_env(url)
         env["PGQUEUE_LOG_SUCCESSES"] = "false"
         measured = _measured_drain(
             url, worker_command(concurrency, processes), env, lambda: fill_pgqueue(url, jobs)
         )
-        result = _per_job(jobs, measured, _succeeded_new(url, 0))
+        result = _per_job(jobs, measured, succeeded_after(url, 0))
         with psycopg.connect(libpq(url), autocommit=True) as conn:
             row = conn.execute(UPDATES).fetchone()
     assert row is not None

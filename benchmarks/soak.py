@@ -22,7 +22,7 @@ from rich.table import Table
 
 from benchmarks import app
 from benchmarks.server import Server, libpq, sqlalchemy_url
-from benchmarks.workloads import _env, percentiles, process, wait_until
+from benchmarks.workloads import percentiles, process, wait_until, worker_env
 
 CONCURRENCY = 50
 TICKS_PER_SECOND = 10
@@ -40,7 +40,7 @@ def run(server: Server, *, seconds: float, rate: float) -> dict[str, Any]:
         enqueued = 0
         try:
             with (
-                process(command, _env(url)) as child,
+                process(command, worker_env(url)) as child,
                 psycopg.connect(libpq(url), autocommit=True) as conn,
             ):
                 wait_until(lambda: _listening(conn), 60, "the soak worker's LISTEN")

@@ -57,7 +57,8 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def _env(url: URL) -> dict[str, str]:
+def worker_env(url: URL) -> dict[str, str]:
+    """The environment of a worker subprocess draining ``url`` (``benchmarks.app`` reads it)."""
     env = dict(os.environ)
     env["PGQUEUE_BENCH_URL"] = sqlalchemy_url(url)
     env.pop("PGQUEUE_DATABASE_URL", None)
@@ -141,11 +142,12 @@ STEADY_COLUMNS = (
 )
 
 
-def _counts(row: Any) -> dict[str, Any]:
+def steady_counts(row: Any) -> dict[str, Any]:
+    """A ``STEADY_COLUMNS`` row as the named counts ``steady_throughput`` reads."""
     return {"succeeded": row[0], "total": row[1], "span_s": row[2], "steady_s": row[3]}
 
 
-def _throughput(n: int, counts: dict[str, Any], wall: float) -> Result:
+def steady_throughput(n: int, counts: dict[str, Any], wall: float) -> Result:
     """Jobs/s over the steady window (the table's number), plus first-to-last and wall."""
     ok = counts["succeeded"] == n and counts["total"] == n
     span = counts["span_s"] or float("nan")
@@ -264,7 +266,7 @@ def drain_pgqueue(
             add_history(url, history)
         fill_pgqueue(url, n, task_name, **(task_kwargs or {}))
         start = time.perf_counter()
-        env = _env(url)
+        env = worker_env(url)
         if log_successes is None:
             env.pop("PGQUEUE_LOG_SUCCESSES", None)
         else:
@@ -274,14 +276,14 @@ def drain_pgqueue(
             if code != 0:
                 raise RuntimeError(f"pgqueue worker exited with {code}")
         wall = time.perf_counter() - start
-        result = _throughput(n, _succeeded_new(url, history), wall)
+        result = steady_throughput(n, succeeded_after(url, history), wall)
     result.update(
         concurrency=concurrency, processes=processes, history=history, log_successes=log_successes
     )
     return result
 
 
-def _succeeded_new(url: URL, history: int) -> dict[str, Any]:
+def succeeded_after(url: URL, history: int) -> dict[str, Any]:
     """Like ``pgqueue_span`` but ignoring the ``history`` pre-finished rows (ids 1..history)."""
     with psycopg.connect(libpq(url), autocommit=True) as conn:
         row = conn.execute(
@@ -289,7 +291,7 @@ def _succeeded_new(url: URL, history: int) -> dict[str, Any]:
             (history,),
         ).fetchone()
     assert row is not None
-    return _counts(row)
+    return steady_counts(row)
 
 
 def drain_baseline(server: Server, n: int, batch: int, threads: int = 1) -> Result:
@@ -307,7 +309,7 @@ def drain_baseline(server: Server, n: int, batch: int, threads: int = 1) -> Resu
             if code != 0:
                 raise RuntimeError(f"baseline worker exited with {code}")
         wall = time.perf_counter() - start
-        result = _throughput(n, baseline.span(libpq(url)), wall)
+        result = steady_throughput(n, baseline.span(libpq(url)), wall)
     result.update(batch=batch, threads=threads)
     return result
 
@@ -361,7 +363,7 @@ def latency_pgqueue(server: Server, n: int, rate: float) -> Result:
         pgq = app.build(sqlalchemy_url(url))
         try:
             task = pgq.registry.get(app.PROBE)
-            with process(worker_command(10, drain=False), _env(url)) as child:
+            with process(worker_command(10, drain=False), worker_env(url)) as child:
                 wait_until(_listener_connected(url, "pgqueue-listener"), 60, "the worker's LISTEN")
                 warm = [task.enqueue(n=-i - 1) for i in range(10)]
                 wait_until(lambda: _probe_done(url, len(warm)), 60, "warm-up jobs")
@@ -496,7 +498,7 @@ def await_pgqueue(server: Server, n: int) -> Result:
         pgq = app.build(sqlalchemy_url(url))
         try:
             with (
-                process(worker_command(10, drain=False), _env(url)) as child,
+                process(worker_command(10, drain=False), worker_env(url)) as child,
                 _Announcements(url) as announcements,
             ):
                 wait_until(_listener_connected(url, "pgqueue-listener"), 60, "the worker's LISTEN")
@@ -565,7 +567,7 @@ def memory(server: Server, n: int, concurrency: int) -> Result:
         fill_pgqueue(url, n)
         samples: list[tuple[int, float]] = []  # (jobs done, RSS MB)
         with (
-            process(worker_command(concurrency), _env(url)) as child,
+            process(worker_command(concurrency), worker_env(url)) as child,
             psycopg.connect(libpq(url), autocommit=True) as conn,
         ):
             while child.poll() is None:
@@ -576,7 +578,7 @@ def memory(server: Server, n: int, concurrency: int) -> Result:
                 time.sleep(0.5)
             if child.returncode != 0:
                 raise RuntimeError(f"pgqueue worker exited with {child.returncode}")
-        counts = _succeeded_new(url, 0)
+        counts = succeeded_after(url, 0)
     warm = [rss for done, rss in samples if done >= n * 0.05]
     if not warm:
         warm = [rss for _, rss in samples]
