@@ -13,8 +13,8 @@ Connections that sat in the pool can be dead (server restart, failover, an idle 
 proxy, ``pg_terminate_backend``). A checkout looks at the socket without a round trip: a server
 that ended the session has already sent its goodbye (or closed the socket), so a readable idle
 socket whose input leaves the connection broken is replaced before any statement is sent.
-A checkout also drops the connection's prepared statements once they are a few seconds old,
-so a plan PostgreSQL made for a tiny table is not kept while the table grows.
+A checkout also drops the plans of the connection's prepared statements once they are a few
+seconds old, so a plan PostgreSQL made for a tiny table is not kept while the table grows.
 
 A connection that cannot be opened (a wrong CA, a refused password, a server that is down) says
 which of pgqueue's connections it was and where it went (``pgqueue engine connection to
@@ -35,9 +35,9 @@ from sqlalchemy.exc import DisconnectionError
 
 from pgqueue.config import Settings
 from pgqueue.driver import PLAN_MAX_AGE, CompiledStatement, LocalSettings
-from pgqueue.errors import name_connection_failure
+from pgqueue.errors import is_lost_session_state, name_connection_failure
 from pgqueue.sql.maintenance import set_local_settings
-from pgqueue.sql.server import deallocate_all
+from pgqueue.sql.server import discard_plans
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -127,8 +127,8 @@ _PLANS_SINCE: Final = "pgqueue_plans_since"
 
 
 def _drop_old_plans(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-    """At checkout, drop the connection's prepared statements when they are older than
-    ``PLAN_MAX_AGE`` (as the worker's claim connection does), so no statement of pgqueue's
+    """At checkout, drop the plans of the connection's prepared statements when they are older
+    than ``PLAN_MAX_AGE`` (as the worker's claim connection does), so no statement of pgqueue's
     runs for long on a plan made for a much smaller table: the next ones are planned for the
     tables as they are. One round trip per connection every few seconds at most, and none
     for a connection that has nothing prepared (an idle worker's maintenance connections)."""
@@ -141,17 +141,16 @@ def _drop_old_plans(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         return
     import psycopg
 
-    # Through the DB-API connection (under an asyncio engine, SQLAlchemy's adapter, which
-    # awaits for us); psycopg sees the DEALLOCATE ALL and forgets its own names too. In
-    # autocommit: no transaction of its own (BEGIN, COMMIT) around it.
+    # ``DISCARD PLANS`` keeps the statements psycopg prepared, so its names for them stay
+    # valid. In autocommit: no transaction of its own (BEGIN, COMMIT) around it. Through the
+    # DB-API connection, which under an asyncio engine is SQLAlchemy's adapter (it awaits).
     autocommit = dbapi_connection.autocommit
     try:
         dbapi_connection.autocommit = True
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute(deallocate_all())
-        finally:
-            cursor.close()
+        if isinstance(dbapi_connection, AdaptedConnection):
+            dbapi_connection.run_async(lambda raw: raw.execute(discard_plans(), prepare=False))
+        else:
+            dbapi_connection.execute(discard_plans(), prepare=False)
         dbapi_connection.autocommit = autocommit
     except psycopg.Error as exc:
         # The pool drops this connection and checks out (or opens) another.
@@ -241,11 +240,29 @@ def _set_locals_on_begin(engine: Engine) -> None:
 
 
 def install_dead_connection_check(engine: Engine) -> None:
-    """Replace a pooled connection the server already ended, at checkout, without a round trip
-    (idempotent per engine)."""
+    """Replace a pooled connection the server already ended, at checkout, without a round trip,
+    and drop one whose prepared statements disagree with psycopg's after the error that shows
+    it (idempotent per engine)."""
     if event.contains(engine, "checkout", _replace_if_dead):
         return
     event.listen(engine, "checkout", _replace_if_dead)
+    _count_lost_session_state_as_disconnect(engine.dialect)
+
+
+def _count_lost_session_state_as_disconnect(dialect: Any) -> None:
+    """Make ``dialect`` (one engine's own) call a lost-session-state error a disconnect.
+
+    SQLAlchemy asks the dialect after every error whether the connection is still good, and
+    drops it from the pool when it is not; so does pgqueue's driver path. A connection whose
+    prepared statements are gone would fail the same way at every later use (psycopg sends the
+    same name again), so it is dropped like a closed one. Not an error-handler event: an engine
+    with one sends its statements through SQLAlchemy (``db.watches_statements``)."""
+    base = dialect.is_disconnect
+
+    def is_disconnect(error: Any, connection: Any, cursor: Any) -> bool:
+        return is_lost_session_state(error) or bool(base(error, connection, cursor))
+
+    dialect.is_disconnect = is_disconnect
 
 
 def _replace_if_dead(dbapi_connection: Any, record: Any, proxy: Any) -> None:

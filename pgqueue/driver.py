@@ -24,15 +24,15 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql import Executable
 from sqlalchemy.types import ARRAY, BigInteger, Text, Uuid
 
-from pgqueue.sql.server import deallocate_all
+from pgqueue.sql.server import discard_plans
 
 T = TypeVar("T")
 
 TUPLES_OK = pq.ExecStatus.TUPLES_OK
 
-# How long a pgqueue connection keeps its prepared statements (and so the plans PostgreSQL made
-# for them): a plan made while a table was tiny scans it whole however large it grows, until
-# the table's next ANALYZE or VACUUM, which a busy autovacuum may put off for minutes.
+# How long a pgqueue connection keeps the plans PostgreSQL made for its prepared statements: a
+# plan made while a table was tiny scans it whole however large it grows, until the table's next
+# ANALYZE or VACUUM, which a busy autovacuum may put off for minutes.
 PLAN_MAX_AGE = 5.0
 
 
@@ -181,8 +181,9 @@ _UNUSABLE = (pq.TransactionStatus.ACTIVE, pq.TransactionStatus.UNKNOWN)
 
 
 def _unusable(engine: Engine, raw: Any, error: psycopg.Error) -> bool:
-    """Whether the pooled connection ``raw`` must be dropped after ``error``: lost, or left in
-    the middle of a command."""
+    """Whether the pooled connection ``raw`` must be dropped after ``error``: lost, left in
+    the middle of a command, or with prepared statements other than psycopg believes (the
+    engine's ``is_disconnect`` says so, see ``connections.install_dead_connection_check``)."""
     if engine.dialect.is_disconnect(error, raw.dbapi_connection, None):  # type: ignore[arg-type]
         return True
     driver = raw.driver_connection
@@ -236,10 +237,12 @@ class HeldConnection:
     (with its reset) and two autocommit switches, a visible share of an idle worker's pick-up
     latency.
 
-    Its prepared statements are dropped every ``plan_max_age`` seconds. PostgreSQL may keep one
-    generic plan for a prepared statement for the connection's life, and a plan made while a
-    table was tiny (a fresh install, an idle queue) scans it sequentially however large it grows;
-    the next plan is made for the table as it is then. Behind a pooler nothing is prepared.
+    The plans of its prepared statements are dropped every ``plan_max_age`` seconds (``DISCARD
+    PLANS``; the statements stay, so psycopg's names for them stay right). PostgreSQL may keep
+    one generic plan for a prepared statement for the connection's life, and a plan made while
+    a table was tiny (a fresh install, an idle queue) scans it sequentially however large it
+    grows; the next plan is made for the table as it is then. Behind a pooler nothing is
+    prepared.
 
     Not thread-safe: its user serializes the calls. After any error the connection goes back to
     the pool (dropped when the error was a lost connection) and the next call checks out another,
@@ -284,7 +287,7 @@ class HeldConnection:
                 driver.prepare_threshold is not None
                 and time.monotonic() - self._plans_since > self._plan_max_age
             ):
-                driver.execute(deallocate_all())
+                driver.execute(discard_plans(), prepare=False)
                 self._plans_since = time.monotonic()
             if self._local is None:
                 sent = time.monotonic()

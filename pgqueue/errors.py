@@ -32,6 +32,7 @@ __all__ = [
     "is_bad_credentials",
     "is_connection_error",
     "is_insufficient_privilege",
+    "is_lost_session_state",
     "is_transient_conflict",
     "is_undefined_table",
     "name_connection_failure",
@@ -142,6 +143,8 @@ INSUFFICIENT_PRIVILEGE: Final = "42501"  # "permission denied for ..."
 UNDEFINED_TABLE: Final = "42P01"
 LOGIN_REFUSED: Final = "28P01"  # wrong password
 INVALID_AUTHORIZATION: Final = "28000"  # no such role, or pg_hba.conf refused it
+INVALID_STATEMENT_NAME: Final = "26000"  # "prepared statement ... does not exist"
+DUPLICATE_PREPARED_STATEMENT: Final = "42P05"
 
 _TRANSIENT_CONFLICTS: Final = frozenset({SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
 _CONNECTION_STATES: Final = frozenset(
@@ -199,11 +202,27 @@ def is_bad_credentials(exc: BaseException) -> bool:
     return sqlstate_of(exc) in {LOGIN_REFUSED, INVALID_AUTHORIZATION}
 
 
+# The session's prepared statements are not the ones the driver believes it made (something
+# dropped or made them behind its back): the driver would send the same wrong name on every
+# later use of the connection. The statement failed before it ran, so it can be sent again on
+# another connection; this one is dropped.
+_LOST_SESSION_STATES: Final = frozenset({INVALID_STATEMENT_NAME, DUPLICATE_PREPARED_STATEMENT})
+
+
+def is_lost_session_state(exc: BaseException) -> bool:
+    """True when the session's prepared statements disagree with the driver's: the connection
+    must not be used again."""
+    return sqlstate_of(exc) in _LOST_SESSION_STATES
+
+
 def is_connection_error(exc: BaseException) -> bool:
-    """True when the connection itself is gone (terminated backend, restart, network)."""
+    """True when the connection itself is gone (terminated backend, restart, network) or can no
+    longer be used (``is_lost_session_state``): the work may be tried on another connection."""
     state = sqlstate_of(exc)
     if state is not None:
-        return state in _CONNECTION_STATES or state.startswith("08")
+        return (
+            state in _CONNECTION_STATES or state in _LOST_SESSION_STATES or state.startswith("08")
+        )
     # psycopg raises OperationalError without SQLSTATE for a closed socket; SQLAlchemy marks it.
     return bool(getattr(exc, "connection_invalidated", False)) or _is_psycopg_operational(exc)
 

@@ -1,6 +1,6 @@
 """Statements about the server and its sessions rather than jobs: creating and dropping a
 database (the demo, and the test databases of ``pgqueue.testing``), the listeners' ``LISTEN``
-and session name, and forgetting prepared statements. Pure builders, like the rest of
+and session name, and dropping the plans of prepared statements. Pure builders, like the rest of
 ``pgqueue.sql``.
 
 ``CREATE``/``DROP DATABASE`` take a name, so they are constructs compiled with the dialect's
@@ -86,6 +86,8 @@ def name_listener_session() -> sql.SQL:
 
 
 @cache
-def deallocate_all() -> sql.SQL:
-    """Drop every prepared statement of the session (psycopg forgets its own names too)."""
-    return sql.SQL("DEALLOCATE ALL")
+def discard_plans() -> sql.SQL:
+    """Drop the plans PostgreSQL cached for the session's prepared statements, keeping the
+    statements: each is planned again, for the tables as they are, at its next run. The names
+    the driver knows stay valid, so its cache and the session's cannot disagree."""
+    return sql.SQL("DISCARD PLANS")

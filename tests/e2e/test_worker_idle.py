@@ -68,10 +68,10 @@ def test_idle_worker_wakes_within_50ms_and_stays_quiet(app: App) -> None:
     )
     calls = sum(row.calls for row in rows)
     print(f"idle statements in {window}s: {calls}: {[(r.calls, r.query[:60]) for r in rows]}")
-    drops = sum(row.calls for row in rows if row.query.strip().upper() == "DEALLOCATE ALL")
+    drops = sum(row.calls for row in rows if row.query.strip().upper() == "DISCARD PLANS")
     # A claim per poll interval (1 s), the maintenance pass's reads and the registry's refresh.
     assert (calls - drops) / window <= 1.8, rows
-    # Prepared statements are dropped once 5 s old: the claim connection's every 5 s, and each
+    # Plans of prepared statements are dropped once 5 s old: the claim connection's every 5 s, and each
     # pooled connection's (at most 4) once, at its first checkout after the jobs used it.
     assert drops <= window / 5 + 1 + 4, rows
     assert not any(row.query.strip().upper() in ("BEGIN", "COMMIT") for row in rows), rows
