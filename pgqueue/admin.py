@@ -171,7 +171,9 @@ class WorkerInfo:
     ``queues`` is empty for a worker serving all queues. ``seconds_since_seen`` counts from
     its latest heartbeat (database clock); ``live`` is false once that exceeds the stale
     interval (``Settings.worker_stale_seconds``). ``running`` is the number of RUNNING jobs
-    it holds.
+    it holds. ``claim_error`` is the error of its latest claim while its claims fail (it is
+    alive but takes no work), and ``seconds_failing`` how long they have failed; both None
+    while its claims work.
     """
 
     id: str
@@ -185,6 +187,13 @@ class WorkerInfo:
     seconds_since_seen: float
     live: bool
     running: int
+    claim_error: str | None = None
+    seconds_failing: float | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """Live, and its claims work."""
+        return self.live and self.claim_error is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -728,6 +737,8 @@ class Admin:
                 seconds_since_seen=float(row[8]),
                 live=bool(row[9]),
                 running=int(row[10]),
+                claim_error=row[11],
+                seconds_failing=None if row[12] is None else float(row[12]),
             )
             for row in rows
         ]

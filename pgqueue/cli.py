@@ -516,6 +516,11 @@ def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
                     "seconds_since_seen": round(w.seconds_since_seen, 3),
                     "live": w.live,
                     "running": w.running,
+                    "healthy": w.healthy,
+                    "claim_error": w.claim_error,
+                    "seconds_failing": (
+                        None if w.seconds_failing is None else round(w.seconds_failing, 3)
+                    ),
                 }
                 for w in found
             ]
@@ -523,9 +528,14 @@ def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
         return
     table = Table(title=f"pgqueue workers ({pgq.settings.worker_stale_seconds:g}s to stale)")
     columns = ("id", "host", "pid", "queues", "concurrency", "running", "version", "started")
-    for column in (*columns, "last seen"):
+    for column in (*columns, "last seen", "health"):
         table.add_column(column, justify="right" if column in ("pid", "running") else "left")
     for w in found:
+        health = (
+            "ok"
+            if w.claim_error is None
+            else f"claims failing for {w.seconds_failing or 0:.0f}s: {w.claim_error}"
+        )
         table.add_row(
             w.id,
             w.host,
@@ -536,6 +546,7 @@ def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
             w.version,
             f"{w.started_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}",
             f"{w.seconds_since_seen:.0f}s ago" + ("" if w.live else " (stale)"),
+            health,
         )
     console.print(table)
 

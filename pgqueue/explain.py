@@ -71,6 +71,8 @@ class BlockerKind(enum.StrEnum):
     """It has a concurrency key and its queue a concurrency or rate limit: such jobs wait."""
     NO_LIVE_WORKER = "no_live_worker"
     """No live worker claims from its queue."""
+    CLAIMS_FAILING = "claims_failing"
+    """Every live worker serving its queue fails to claim (each one's error, for how long)."""
     READY = "ready"
     """Nothing blocks it: claimable now, with this many tickets of its queue ahead of it."""
     BOUNDED = "bounded"
@@ -144,6 +146,8 @@ class JobFacts:
     """Live workers claiming from the queue (up to ``LIST_CAP``)."""
     live_workers: int
     """Live workers in all (up to ``LIST_CAP``)."""
+    failing_workers: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+    """Of ``serving_workers``, those whose claims fail: id -> (error, seconds failing)."""
     bound: tuple[int, int] | None = None
     """``(max_depth, depth)`` of a bounded queue (depth counted up to one more than the
     bound), None when the queue is unbounded or the job does not wait."""
@@ -194,15 +198,16 @@ def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobEx
         # Its host is null when the lease owner has no registry row.
         holder = found[0] if found and found[0][1] is not None else None
     serving: list[str] = []
+    failing: dict[str, tuple[str, float]] = {}
     live = 0
     if not finished and state is not JobState.RUNNING:
         workers = {"stale_seconds": stale_seconds, "cap": LIST_CAP}
-        serving = [
-            row[0]
-            for row in db.rows(
-                sql.live_workers(serving_queue=True), {**workers, "queue": job.queue}
-            )
-        ]
+        for worker_id, claim_error, failing_for in db.rows(
+            sql.live_workers(serving_queue=True), {**workers, "queue": job.queue}
+        ):
+            serving.append(worker_id)
+            if claim_error is not None:
+                failing[worker_id] = (claim_error, float(failing_for or 0.0))
         live = len(db.rows(sql.live_workers(serving_queue=False), workers))
     bound = None
     key: Any = None
@@ -221,6 +226,7 @@ def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobEx
         holder,
         serving,
         live,
+        failing_workers=failing,
         bound=bound,
         key=key,
         key_running_ids=key_running,
@@ -345,8 +351,11 @@ def _waiting_blockers(facts: JobFacts, state: JobState) -> list[Blocker]:
                 {"queue": job.queue, "live_workers": facts.live_workers},
             )
         )
+    failing = facts.failing_workers
+    if facts.serving_workers and len(failing) == len(facts.serving_workers):
+        blockers.append(_claims_failing(job, failing))
     if not blockers and facts.ahead is not None:
-        blockers.append(_ready(job, facts.ahead, facts.serving_workers))
+        blockers.append(_ready(job, facts.ahead, facts.serving_workers, failing))
     if facts.bound is not None:
         blockers.append(_bounded(job, *facts.bound))
     return blockers
@@ -458,7 +467,33 @@ def _dependencies(job: Any, dependencies: Mapping[int, JobState | None]) -> Bloc
     )
 
 
-def _ready(job: Any, ahead: int, serving: Sequence[str]) -> Blocker:
+def _failing_list(failing: Mapping[str, tuple[str, float]]) -> str:
+    """``w1 (for 2 min 5 s: <error>), w2 (...)``."""
+    return ", ".join(
+        f"{worker_id} (for {_duration(seconds)}: {error})"
+        for worker_id, (error, seconds) in failing.items()
+    )
+
+
+def _failing_data(failing: Mapping[str, tuple[str, float]]) -> dict[str, Any]:
+    return {
+        worker_id: {"error": error, "seconds_failing": seconds}
+        for worker_id, (error, seconds) in failing.items()
+    }
+
+
+def _claims_failing(job: Any, failing: Mapping[str, tuple[str, float]]) -> Blocker:
+    return Blocker(
+        BlockerKind.CLAIMS_FAILING,
+        f"every live worker serving queue {job.queue} fails to claim: {_failing_list(failing)}; "
+        "their logs have the whole error",
+        {"queue": job.queue, "failing_workers": _failing_data(failing)},
+    )
+
+
+def _ready(
+    job: Any, ahead: int, serving: Sequence[str], failing: Mapping[str, tuple[str, float]]
+) -> Blocker:
     at_least = ahead >= AHEAD_CAP
     count = f"at least {ahead}" if at_least else str(ahead)
     in_line = (
@@ -467,10 +502,14 @@ def _ready(job: Any, ahead: int, serving: Sequence[str]) -> Blocker:
         else f"{count} {'job' if ahead == 1 else 'jobs'} of queue {job.queue} ahead of it"
     )
     workers = ", ".join(serving) + ("+" if len(serving) >= LIST_CAP else "")
+    also = f"; failing to claim: {_failing_list(failing)}" if failing else ""
+    data: dict[str, Any] = {"position": ahead, "at_least": at_least, "workers": list(serving)}
+    if failing:
+        data["failing_workers"] = _failing_data(failing)
     return Blocker(
         BlockerKind.READY,
-        f"claimable now, {in_line}; live workers serving the queue: {workers}",
-        {"position": ahead, "at_least": at_least, "workers": list(serving)},
+        f"claimable now, {in_line}; live workers serving the queue: {workers}{also}",
+        data,
     )
 
 

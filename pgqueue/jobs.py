@@ -138,7 +138,8 @@ class WorkerEntry:
     """What a worker writes about itself to the worker registry (``pgqueue_workers``).
 
     ``queues`` is empty for a worker serving all queues; ``started_at`` is None until its first
-    registration returned the database's start time.
+    registration returned the database's start time; ``claim_error`` is the error of its latest
+    claim while its claims fail, None while they work.
     """
 
     id: str
@@ -148,3 +149,4 @@ class WorkerEntry:
     concurrency: int
     version: str
     started_at: dt.datetime | None = None
+    claim_error: str | None = None

@@ -92,6 +92,9 @@ class NoMetrics:
     def rescued(self, count: int) -> None:
         pass
 
+    def claim_failed(self) -> None:
+        pass
+
     def running(self, per_queue: Mapping[str, int]) -> None:
         pass
 
@@ -142,6 +145,11 @@ class Metrics(NoMetrics):
         self._claims = client.Counter(
             "pgqueue_claims", "Jobs claimed by this worker.", registry=target
         )
+        self._claim_failures = client.Counter(
+            "pgqueue_claim_failures",
+            "Claim attempts of this worker that failed (a worker whose claims fail takes no work).",
+            registry=target,
+        )
         self._rescued = client.Counter(
             "pgqueue_rescued",
             "Jobs whose lease expired, re-queued or failed by this worker's maintenance.",
@@ -182,6 +190,9 @@ class Metrics(NoMetrics):
 
     def rescued(self, count: int) -> None:
         self._rescued.inc(count)
+
+    def claim_failed(self) -> None:
+        self._claim_failures.inc()
 
     def running(self, per_queue: Mapping[str, int]) -> None:
         with self._lock:

@@ -497,6 +497,10 @@ class WorkerRecord(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     """Its latest heartbeat (database clock)."""
+    claim_error: Mapped[str | None] = mapped_column(Text)
+    """The error of its latest claim while its claims fail; null while they work."""
+    claim_failing_since: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    """When its claims began to fail (database clock); null while they work."""
 
 
 class AuditRecord(Base):

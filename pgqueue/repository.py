@@ -535,6 +535,7 @@ def _worker_params(worker: WorkerEntry) -> dict[str, Any]:
         "worker_concurrency": worker.concurrency,
         "worker_version": worker.version,
         "worker_started_at": worker.started_at,
+        "worker_claim_error": worker.claim_error,
     }
 
 

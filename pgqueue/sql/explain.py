@@ -18,6 +18,7 @@ from sqlalchemy import (
     SmallInteger,
     Text,
     bindparam,
+    extract,
     func,
     literal,
     or_,
@@ -135,11 +136,13 @@ def _serves(queue: Any) -> Any:
 
 
 @cache
-def live_workers(*, serving_queue: bool) -> Select[str]:
+def live_workers(*, serving_queue: bool) -> Select[*tuple[Any, ...]]:
     """Ids of the live workers (the registry's rule, ``sql.workers.is_live``: binds
-    ``stale_seconds``), at most ``cap``; with ``serving_queue`` only those that claim from
+    ``stale_seconds``), at most ``cap``, each with its claim error and the seconds its claims
+    have failed (nulls while they work); with ``serving_queue`` only those that claim from
     ``queue``. The registry holds one row per worker process, so this reads a small table."""
-    stmt = select(WorkerRecord.id).where(is_live())
+    failing_for = extract("epoch", func.now() - WorkerRecord.claim_failing_since)
+    stmt = select(WorkerRecord.id, WorkerRecord.claim_error, failing_for).where(is_live())
     if serving_queue:
         stmt = stmt.where(_serves(bindparam("queue", type_=Text)))
     return stmt.order_by(WorkerRecord.id).limit(bindparam("cap", type_=Integer))

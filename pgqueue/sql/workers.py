@@ -23,6 +23,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     delete,
     exists,
     extract,
@@ -51,7 +52,10 @@ def is_live(worker: Any = WorkerRecord) -> ColumnElement[bool]:
 def _seen_upsert() -> Insert:
     """Insert the worker's row, or refresh ``last_seen_at`` when it exists. Binds
     ``worker_id``, ``worker_host``, ``worker_pid``, ``worker_queues`` (empty: all queues),
-    ``worker_concurrency``, ``worker_version``, ``worker_started_at`` (null: now)."""
+    ``worker_concurrency``, ``worker_version``, ``worker_started_at`` (null: now) and
+    ``worker_claim_error`` (null while its claims work). ``claim_failing_since`` is set when a
+    claim error is first written and kept while one is, so it says since when claims fail."""
+    claim_error = bindparam("worker_claim_error", type_=Text)
     statement = insert(WorkerRecord).values(
         id=bindparam("worker_id", type_=Text),
         host=bindparam("worker_host", type_=Text),
@@ -63,9 +67,19 @@ def _seen_upsert() -> Insert:
             bindparam("worker_started_at", type_=DateTime(timezone=True)), func.now()
         ),
         last_seen_at=func.now(),
+        claim_error=claim_error,
+        claim_failing_since=case((claim_error.is_not(None), func.now())),
     )
+    written = statement.excluded.claim_error
     return statement.on_conflict_do_update(
-        index_elements=[WorkerRecord.id], set_={"last_seen_at": func.now()}
+        index_elements=[WorkerRecord.id],
+        set_={
+            "last_seen_at": func.now(),
+            "claim_error": written,
+            "claim_failing_since": case(
+                (written.is_not(None), func.coalesce(WorkerRecord.claim_failing_since, func.now()))
+            ),
+        },
     )
 
 
@@ -120,7 +134,8 @@ def _seconds_since(column: Any) -> ColumnElement[Any]:
 @cache
 def list_workers() -> Select[*tuple[Any, ...]]:
     """The registry's rows, live first by id, each with the seconds since it was seen,
-    whether it is live and how many RUNNING jobs it holds. Binds ``stale_seconds`` and
+    whether it is live, how many RUNNING jobs it holds, and its claim error with the seconds
+    its claims have been failing (nulls while they work). Binds ``stale_seconds`` and
     ``include_stale`` (false: live rows only)."""
     running = _running_counts()
     live = is_live()
@@ -137,6 +152,8 @@ def list_workers() -> Select[*tuple[Any, ...]]:
             _seconds_since(WorkerRecord.last_seen_at),
             live,
             func.coalesce(running.c.running, 0),
+            WorkerRecord.claim_error,
+            _seconds_since(WorkerRecord.claim_failing_since),
         )
         .outerjoin(running, running.c.owner == WorkerRecord.id)
         .where(live | bindparam("include_stale", type_=Boolean))

@@ -25,6 +25,7 @@ from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.metrics import NO_METRICS, NoMetrics
 from pgqueue.tasks import TaskRegistry
 from pgqueue.worker.atomic import AtomicProbes
+from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.notifier import wall_to_monotonic
@@ -56,10 +57,12 @@ class Claimer:
         submit: Callable[[Sequence[Execution]], None],
         put_outcome: Callable[[tuple[Execution, Outcome]], None],
         probes: AtomicProbes,
+        health: ClaimHealth,
         metrics: NoMetrics = NO_METRICS,
         prefetch: int = 0,
     ) -> None:
         self._metrics = metrics
+        self._health = health
         self._store = store
         self._slots = slots
         self._registry = registry
@@ -112,14 +115,14 @@ class Claimer:
                     and not self._store.ready_work_exists(self._queues)
                 ):
                     return
-            except Exception:
+            except Exception as exc:
                 # A claim that fails for a reason other than a lost connection (which the store
-                # retries itself) must not end the worker: log, back off, try again.
+                # retries itself) must not end the worker: report, back off, try again.
                 if self._stopping.is_set():
                     return
                 failures += 1
                 delay = min(0.1 * 2 ** min(failures - 1, 6), 5.0)
-                log.exception("claim failed (%d in a row); retrying in %.2fs", failures, delay)
+                self._health.failed(exc, delay)
                 self._stopping.wait(delay)
                 continue
             failures = 0
@@ -156,7 +159,9 @@ class Claimer:
                 task_leases=self._task_leases,
                 held=self._slots.running_ids,
                 notified=notified,
+                failed=self._health.failed,
             )
+            self._health.succeeded()
             claimed = len(jobs)
             # Fewer than asked for: nothing else is ready, so a freed slot is no reason to
             # claim again; a notification, a poll or a known run_at is. Unless flow controls
@@ -197,9 +202,10 @@ class Claimer:
                 try:
                     if self._stopping.is_set() or not self._claim_once(None, notified=True):
                         return
-                except Exception:
+                except Exception as exc:
+                    # The claim loop, woken below, tries again.
                     if not self._stopping.is_set():
-                        log.exception("claim on notification failed; the claim loop takes over")
+                        self._health.failed(exc)
                 finally:
                     self.claim_lock.release()
                 # A full claim (more may be waiting) or a failed one: the claim loop goes on.

@@ -40,6 +40,7 @@ from pgqueue import metrics, validation
 from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.jobs import Outcome
 from pgqueue.worker.atomic import AtomicProbes
+from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.claimer import Claimer
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.context import QueueHost, WorkerContext
@@ -129,12 +130,17 @@ class Worker:
         work = WorkQueue()
         self._async_loop = AsyncLoop()
         self.store = WorkerStore(context.engine, stopping=self._stopping)
+        # The registry row shows the change at once: the heartbeat beats when it happens.
+        self.claim_health = ClaimHealth(
+            metrics=self.metrics, on_change=lambda: self._heartbeat.nudge()
+        )
         self.registry = WorkerRegistry(
             self.store,
             worker_id=self.worker_id,
             queues=self.queues,
             concurrency=self.concurrency,
             stale_seconds=context.settings.worker_stale_seconds,
+            claim_health=self.claim_health,
         )
         self.executor = Executor(
             context.registry, context.settings, context.session_factory, self._async_loop.get
@@ -181,6 +187,7 @@ class Worker:
             submit=work.put_many,
             put_outcome=self._completer.buffer.put,
             probes=probes,
+            health=self.claim_health,
             metrics=self.metrics,
             prefetch=self.prefetch,
         )
@@ -293,6 +300,7 @@ class Worker:
             if thread.name == "pgqueue-completer":
                 thread.join(timeout=COMPLETER_JOIN_TIMEOUT)
         self._halt.set()
+        self._heartbeat.nudge()
         for thread in self._threads:
             if thread.name == "pgqueue-heartbeat":
                 # Its last refresh must not write the row back after it is deleted.

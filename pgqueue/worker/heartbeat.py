@@ -62,11 +62,22 @@ class Heartbeat:
         self._put_outcome = put_outcome
         self._start_replacement = start_replacement  # a pool thread for a replaced slot
         self._wake = wake  # the claim loop: a replaced slot is free
+        self._nudged = threading.Event()
 
     def run(self) -> None:
-        while not self._halt.wait(self._wait()):
+        nudged = self._nudged
+        while not self._halt.is_set():
+            nudged.wait(self._wait())
+            nudged.clear()
+            if self._halt.is_set():
+                return
             self._check_timeouts()
             self._extend_leases()
+
+    def nudge(self) -> None:
+        """Beat now rather than at the next interval (the worker's health changed, or it
+        stops: set ``halt`` first)."""
+        self._nudged.set()
 
     def _wait(self) -> float:
         # Timeouts are checked at heartbeat time; check more often when a short timeout exists.

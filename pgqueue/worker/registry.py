@@ -2,7 +2,8 @@
 
 The worker registers before it claims anything. Its heartbeat refreshes the row: in the same
 statement that extends its leases when it holds any (no extra round trip), on its own when it
-holds none. At a clean stop the row is deleted. A worker killed without one leaves its row
+holds none. The row carries the error of the worker's claims while they fail
+(``claim_health``); the heartbeat beats at once when that changes. At a clean stop the row is deleted. A worker killed without one leaves its row
 until it goes stale (``Settings.worker_stale_seconds``, the rule in ``sql.workers.is_live``);
 maintenance then deletes it. A row deleted while its worker was only cut off comes back at
 its next heartbeat.
@@ -19,6 +20,7 @@ from importlib import metadata
 
 from pgqueue.errors import error_line, is_connection_error
 from pgqueue.jobs import WorkerEntry
+from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.store import WorkerStore
 
 log = logging.getLogger("pgqueue.worker")
@@ -48,10 +50,12 @@ class WorkerRegistry:
         queues: Sequence[str] | None,
         concurrency: int,
         stale_seconds: float,
+        claim_health: ClaimHealth | None = None,
     ) -> None:
         self._store = store
         self.stale_seconds = stale_seconds
-        self.entry = WorkerEntry(
+        self._claim_health = claim_health
+        self._entry = WorkerEntry(
             id=worker_id,
             host=socket.gethostname(),
             pid=os.getpid(),
@@ -59,6 +63,14 @@ class WorkerRegistry:
             concurrency=concurrency,
             version=pgqueue_version(),
         )
+
+    @property
+    def entry(self) -> WorkerEntry:
+        """The row to write now: with the error of the failing claims, while they fail."""
+        health = self._claim_health
+        if health is None or health.error is None:
+            return self._entry
+        return dataclasses.replace(self._entry, claim_error=health.error)
 
     @property
     def refresh_interval(self) -> float:
@@ -72,7 +84,7 @@ class WorkerRegistry:
         except Exception as exc:
             log.warning("worker registry: could not register (%s)", error_line(exc))
             return
-        self.entry = dataclasses.replace(self.entry, started_at=started_at)
+        self._entry = dataclasses.replace(self._entry, started_at=started_at)
 
     def refresh(self) -> None:
         """Mark the worker seen now (the heartbeat's call when it extends no lease)."""
@@ -86,7 +98,7 @@ class WorkerRegistry:
         lost-connection lines before it), and the row it leaves goes stale like a killed
         worker's."""
         try:
-            self._store.unregister_worker(self.entry.id)
+            self._store.unregister_worker(self._entry.id)
         except Exception as exc:
             log.log(
                 logging.DEBUG if is_connection_error(exc) else logging.WARNING,

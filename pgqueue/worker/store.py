@@ -66,11 +66,20 @@ class WorkerStore:
             give_up_when_stopping=give_up_when_stopping,
         )
 
-    def _retry(self, what: str, once: Callable[[], T], *, give_up_when_stopping: bool) -> T:
+    def _retry(
+        self,
+        what: str,
+        once: Callable[[], T],
+        *,
+        give_up_when_stopping: bool,
+        failed: Callable[[BaseException, float], None] | None = None,
+    ) -> T:
         """``once()``, again (capped exponential backoff) after a lost connection or a
-        transient conflict. Once the worker is stopping, work that does not give up at once is
-        retried for ``SHUTDOWN_WRITE_PATIENCE`` seconds at most, without a line per failure: the
-        shutdown reports what it could not write, once."""
+        transient conflict. Each such failure is logged, or given to ``failed`` (the error, the
+        delay before the next try) when the caller reports them itself. Once the worker is
+        stopping, work that does not give up at once is retried for ``SHUTDOWN_WRITE_PATIENCE``
+        seconds at most, without a line per failure: the shutdown reports what it could not
+        write, once."""
         delay = 0.05
         while True:
             try:
@@ -84,9 +93,15 @@ class WorkerStore:
                     time.sleep(delay)
                     delay = min(delay * 2, 2.0)
                     continue
-                log.warning(
-                    "%s: database unavailable (%s); retrying in %.2fs", what, error_line(exc), delay
-                )
+                if failed is not None:
+                    failed(exc, delay)
+                else:
+                    log.warning(
+                        "%s: database unavailable (%s); retrying in %.2fs",
+                        what,
+                        error_line(exc),
+                        delay,
+                    )
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -106,9 +121,12 @@ class WorkerStore:
         task_leases: Mapping[str, float],
         held: Callable[[], Collection[int]] = frozenset,
         notified: bool = False,
+        failed: Callable[[BaseException, float | None], None] | None = None,
     ) -> list[ClaimedJob]:
         """Claim up to ``limit`` jobs; ``held`` gives the ids this worker already runs;
-        ``notified``: the claim follows a wake-up for new work (``repository.claim``).
+        ``notified``: the claim follows a wake-up for new work (``repository.claim``);
+        ``failed`` is told of each attempt that failed and is tried again here (the error, and
+        the delay before the next try when known), instead of a log line.
 
         A claim commits by itself (autocommit), so when the connection breaks after the commit
         but before the answer arrives, its jobs are RUNNING under this worker's name and nobody
@@ -143,7 +161,10 @@ class WorkerStore:
                 raise
             if self._stopping.is_set():
                 raise
-            log.warning("claim: database unavailable (%s); retrying", error_line(exc))
+            if failed is not None:
+                failed(exc, None)
+            else:
+                log.warning("claim: database unavailable (%s); retrying", error_line(exc))
 
         def work(db: Executor) -> list[ClaimedJob]:
             orphans = repository.claimed_by(
@@ -157,7 +178,13 @@ class WorkerStore:
                 return orphans
             return claim_on(db)
 
-        return self._run("claim", work, give_up_when_stopping=True)
+        database = self._database
+        return self._retry(
+            "claim",
+            lambda: database.run(work, autocommit=True),
+            give_up_when_stopping=True,
+            failed=failed,
+        )
 
     @property
     def flow_controlled(self) -> bool:
