@@ -647,6 +647,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak-seconds", type=float, default=300.0)
     parser.add_argument("--soak-rate", type=float, default=500.0)
     parser.add_argument(
+        "--soak-quiet",
+        type=float,
+        default=40.0,
+        help="seconds of no enqueue between the soak's one-minute bursts (0: none)",
+    )
+    parser.add_argument(
         "--only",
         action="append",
         choices=WORKLOADS,
@@ -672,7 +678,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.soak:
             from benchmarks import soak
 
-            report["soak"] = soak.run(srv, seconds=args.soak_seconds, rate=args.soak_rate)
+            report["soak"] = soak.run(
+                srv, seconds=args.soak_seconds, rate=args.soak_rate, quiet=args.soak_quiet
+            )
             soak.print_report(report["soak"], console)
         else:
             sizes = QUICK if args.quick else FULL

@@ -1,15 +1,22 @@
-"""The soak: a steady enqueue rate for minutes, watching the claim and the ticket table.
+"""The soak: bursts of a steady enqueue rate separated by quiet periods, for minutes, watching
+the claim, the ticket table and the first jobs after each quiet period.
 
-5 minutes at 500 jobs/s against one worker; per minute, the claim
+5 minutes of load at 500 jobs/s against one worker, in bursts of a minute with ``quiet``
+seconds (default 40) of no enqueue between them: longer than every periodic duty of an idle
+worker (the prepared-statement plan refresh, maintenance, the registry heartbeat), so each burst
+starts on a worker that sat idle through all of them. Per minute of load, the claim
 statement's p95 (timed inside the worker by ``benchmarks.soak_worker``) must stay within 2x of
 the first minute's, and ``pgqueue_message_queue`` (``pg_total_relation_size``: heap, indexes,
-TOAST) must stay under 10 MB. Enqueueing is paced in batches of ``rate / 10`` every 100 ms with
-``enqueue_many`` (one transaction each), so the enqueuer keeps up on a busy machine.
+TOAST) must stay under 10 MB. After each quiet period the first jobs must be picked up within
+``PICKUP_AFTER_QUIET_S``, and no claim of the worker may fail. Enqueueing is paced in batches of
+``rate / 10`` every 100 ms with ``enqueue_many`` (one transaction each), so the enqueuer keeps
+up on a busy machine.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import tempfile
 import time
@@ -27,15 +34,22 @@ from benchmarks.workloads import percentiles, process, wait_until, worker_env
 CONCURRENCY = 50
 TICKS_PER_SECOND = 10
 LIMIT_TICKETS_MB = 10.0
+BURST_SECONDS = 60.0
+SAMPLE_SECONDS = 5.0
+# A listening worker starts a job within milliseconds of its commit; the poll (1 s) is the
+# fallback, so a first job claimed later than that after a quiet period was not claimed at once.
+PICKUP_AFTER_QUIET_S = 1.0
 
 
-def run(server: Server, *, seconds: float, rate: float) -> dict[str, Any]:
+def run(server: Server, *, seconds: float, rate: float, quiet: float = 40.0) -> dict[str, Any]:
     per_tick = max(1, round(rate / TICKS_PER_SECOND))
+    bursts = max(1, math.ceil(seconds / BURST_SECONDS))
     with server.fresh_database("soak") as url, tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "claims.json"
         pgq = app.build(sqlalchemy_url(url))
         task = pgq.registry.get(app.NOOP)
         sizes: list[tuple[float, float, float, int]] = []  # (t, tickets MB, jobs MB, backlog)
+        first_batches: list[list[int]] = []  # the first jobs of each burst
         command = [sys.executable, "-m", "benchmarks.soak_worker", str(out), str(CONCURRENCY)]
         enqueued = 0
         try:
@@ -45,27 +59,68 @@ def run(server: Server, *, seconds: float, rate: float) -> dict[str, Any]:
             ):
                 wait_until(lambda: _listening(conn), 60, "the soak worker's LISTEN")
                 start = time.time()
-                tick = 0
                 next_sample = start
-                while time.time() - start < seconds:
-                    pause = start + tick / TICKS_PER_SECOND - time.time()
-                    if pause > 0:
-                        time.sleep(pause)
-                    task.enqueue_many([{"n": enqueued + i} for i in range(per_tick)])
-                    enqueued += per_tick
-                    tick += 1
+
+                def sample() -> None:
+                    nonlocal next_sample
                     if time.time() >= next_sample:
                         sizes.append((time.time() - start, *_sizes(conn)))
-                        next_sample += 5.0
+                        next_sample += SAMPLE_SECONDS
+
+                for burst in range(bursts):
+                    if burst:
+                        quiet_until = time.time() + quiet
+                        while time.time() < quiet_until:
+                            time.sleep(min(0.5, max(0.0, quiet_until - time.time())))
+                            sample()
+                    burst_start = time.time()
+                    length = min(BURST_SECONDS, seconds - burst * BURST_SECONDS)
+                    tick = 0
+                    while time.time() - burst_start < length:
+                        pause = burst_start + tick / TICKS_PER_SECOND - time.time()
+                        if pause > 0:
+                            time.sleep(pause)
+                        ids = task.enqueue_many([{"n": enqueued + i} for i in range(per_tick)])
+                        if tick == 0:
+                            first_batches.append(list(ids))
+                        enqueued += per_tick
+                        tick += 1
+                        sample()
                 wait_until(lambda: _sizes(conn)[2] == 0, 120, "the backlog to drain")
                 sizes.append((time.time() - start, *_sizes(conn)))
                 child.terminate()
                 child.wait(60)
             claims = json.loads(out.read_text())
             finished = _finished_by_minute(url, start)
+            after_quiet = _first_pickups(url, first_batches[1:])
         finally:
             pgq.dispose()
-    return _summarize(claims, sizes, finished, start, seconds, rate, enqueued)
+    result = _summarize(claims, sizes, finished, start, seconds, rate, enqueued)
+    result["quiet"] = quiet
+    result["bursts"] = bursts
+    result["pickup_after_quiet_ms"] = after_quiet
+    result["claim_failures"] = claims["claim_failures"]
+    result["ok_after_quiet"] = claims["claim_failures"] == 0 and all(
+        ms <= PICKUP_AFTER_QUIET_S * 1000 for ms in after_quiet
+    )
+    return result
+
+
+def _first_pickups(url: Any, batches: list[list[int]]) -> list[float]:
+    """For each batch, the longest wait (ms, enqueue -> claim) of its jobs."""
+    if not batches:
+        return []
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        return [
+            float(
+                conn.execute(
+                    "SELECT max(extract(epoch FROM started_at - created_at)) * 1000"
+                    " FROM pgqueue_jobs WHERE id = ANY(%s)",
+                    (batch,),
+                ).fetchone()[0]  # type: ignore[index]
+            )
+            for batch in batches
+        ]
 
 
 def _listening(conn: psycopg.Connection[Any]) -> bool:
@@ -110,7 +165,9 @@ def _summarize(
     enqueued: int,
 ) -> dict[str, Any]:
     minutes: list[dict[str, Any]] = []
-    for minute in range(max(1, int(seconds // 60))):
+    # Wall-clock minutes from the start: with quiet periods the soak lasts longer than its load.
+    wall = max(seconds, sizes[-1][0] if sizes else 0.0)
+    for minute in range(max(1, math.ceil(wall / 60))):
         window = [
             d * 1000
             for t, d, n in claims["claims"]
@@ -169,6 +226,13 @@ def print_report(result: dict[str, Any], console: Console) -> None:
             str(m["backlog_max"]),
         )
     console.print(table)
+    after = ", ".join(f"{ms:.1f}" for ms in result["pickup_after_quiet_ms"]) or "-"
+    console.print(
+        f"{result['bursts']} bursts with {result['quiet']:.0f} s quiet between them: first jobs "
+        f"after each quiet period picked up in at most [{after}] ms (<= "
+        f"{PICKUP_AFTER_QUIET_S * 1000:.0f}); claim failures {result['claim_failures']} "
+        f"({'ok' if result['ok_after_quiet'] else 'NOT OK'})"
+    )
     console.print(
         f"enqueued {result['enqueued']:,}, processed {result['processed']:,}; claim p95 worst/first "
         f"minute = {result['claim_p95_worst_over_first'] or 0:.2f} (<= 2: "

@@ -1,8 +1,9 @@
 """A pgqueue worker that also times every claim statement, for the soak (``benchmarks.soak``).
 
 Run as ``python -m benchmarks.soak_worker OUT.json CONCURRENCY`` with ``$PGQUEUE_BENCH_URL``.
-It is the ordinary ``Worker`` (default settings); the only addition is a wrapper around its
-store's ``claim`` that records (wall time, seconds, jobs claimed). On SIGTERM it stops like any
+It is the ordinary ``Worker`` (default settings); the only additions are a wrapper around its
+store's ``claim`` that records (wall time, seconds, jobs claimed) and a count of its failed
+claim attempts. On SIGTERM it stops like any
 worker and writes the samples to OUT.json.
 """
 
@@ -30,9 +31,18 @@ def main() -> None:
         return jobs
 
     worker.store.claim = timed_claim  # type: ignore[method-assign]
+    failures = 0
+    failed = worker.claim_health.failed
+
+    def counted_failure(exc: BaseException, retry_in: float | None = None) -> None:
+        nonlocal failures
+        failures += 1
+        failed(exc, retry_in)
+
+    worker.claim_health.failed = counted_failure  # type: ignore[method-assign]
     stats = worker.run()
     with open(out, "w") as f:
-        json.dump({"claims": samples, "processed": stats.processed}, f)
+        json.dump({"claims": samples, "processed": stats.processed, "claim_failures": failures}, f)
 
 
 if __name__ == "__main__":
