@@ -11,9 +11,12 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from debian_postgres import free_port
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
 
@@ -211,12 +215,16 @@ class App:
 
     def start_worker(self, *args: str, **settings: Any) -> WorkerProcess:
         """``python -m pgqueue worker e2eapp:pgq ARGS`` with ``PGQUEUE_<SETTING>`` variables."""
+        return self.start_worker_with_env(self.env(**settings), *args)
+
+    def start_worker_with_env(self, env: dict[str, str], *args: str) -> WorkerProcess:
+        """``python -m pgqueue worker e2eapp:pgq ARGS`` in the environment ``env``."""
         log_path = self.directory / f"worker-{len(self.processes)}.log"
         with log_path.open("wb") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "pgqueue", "worker", "e2eapp:pgq", *args],
                 cwd=self.directory,
-                env=self.env(**settings),
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -366,3 +374,55 @@ def app(tmp_path: Path, database_url: URL) -> Iterator[App]:
 def app_factory() -> Callable[[Path, URL], contextlib.AbstractContextManager[App]]:
     """``running_app`` for tests that bring their own database (e.g. their own server)."""
     return running_app
+
+
+@pytest.fixture
+def bouncer(app: App, server_tcp_url: URL) -> Iterator[URL]:
+    """A PgBouncer in transaction mode in front of the test database; yields its URL."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    assert Path(binary).exists(), "install Debian's pgbouncer (.ci/run does)"
+    # Over TCP: under root PgBouncer runs as nobody, which the server's socket does not admit.
+    server = server_tcp_url.set(database=app.url.database)
+    port = free_port()
+    directory = Path(tempfile.mkdtemp(prefix="pgqueue-bouncer-"))
+    directory.chmod(0o755)
+    password = f" password={server.password}" if server.password else ""
+    (directory / "pgbouncer.ini").write_text(
+        f"""[databases]
+{server.database} = host={server.host or "127.0.0.1"} port={server.port} user={server.username}{password}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {directory}/users.txt
+pool_mode = transaction
+max_client_conn = 200
+default_pool_size = 10
+"""
+    )
+    (directory / "users.txt").write_text(f'"{server.username}" ""\n')
+    as_nobody = {"user": "nobody", "group": "nogroup"} if os.geteuid() == 0 else {}
+    process = subprocess.Popen(
+        [binary, str(directory / "pgbouncer.ini")],
+        stdout=subprocess.DEVNULL,
+        stderr=(directory / "log").open("wb"),
+        **as_nobody,  # type: ignore[arg-type]
+    )
+    url = app.url.set(host="127.0.0.1", port=port, password=None, query={})
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise AssertionError((directory / "log").read_text()) from None
+            time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+        shutil.rmtree(directory, ignore_errors=True)

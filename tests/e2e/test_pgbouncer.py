@@ -10,21 +10,13 @@ the pool's other clients never see pgqueue's settings.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
-from debian_postgres import free_port
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -34,58 +26,6 @@ from pgqueue.testing import ConcurrencyProbe, states_of
 
 if TYPE_CHECKING:
     from conftest import App
-
-
-@pytest.fixture
-def bouncer(app: App, server_tcp_url: URL) -> Iterator[URL]:
-    """A PgBouncer in transaction mode in front of the test database; yields its URL."""
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    assert Path(binary).exists(), "install Debian's pgbouncer (.ci/run does)"
-    # Over TCP: under root PgBouncer runs as nobody, which the server's socket does not admit.
-    server = server_tcp_url.set(database=app.url.database)
-    port = free_port()
-    directory = Path(tempfile.mkdtemp(prefix="pgqueue-bouncer-"))
-    directory.chmod(0o755)
-    password = f" password={server.password}" if server.password else ""
-    (directory / "pgbouncer.ini").write_text(
-        f"""[databases]
-{server.database} = host={server.host or "127.0.0.1"} port={server.port} user={server.username}{password}
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {port}
-unix_socket_dir =
-auth_type = trust
-auth_file = {directory}/users.txt
-pool_mode = transaction
-max_client_conn = 200
-default_pool_size = 10
-"""
-    )
-    (directory / "users.txt").write_text(f'"{server.username}" ""\n')
-    as_nobody = {"user": "nobody", "group": "nogroup"} if os.geteuid() == 0 else {}
-    process = subprocess.Popen(
-        [binary, str(directory / "pgbouncer.ini")],
-        stdout=subprocess.DEVNULL,
-        stderr=(directory / "log").open("wb"),
-        **as_nobody,  # type: ignore[arg-type]
-    )
-    url = app.url.set(host="127.0.0.1", port=port, password=None, query={})
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-        except OSError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise AssertionError((directory / "log").read_text()) from None
-            time.sleep(0.05)
-    try:
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_without_the_pooler_setting_pgbouncer_refuses_pgqueue(bouncer: URL) -> None:

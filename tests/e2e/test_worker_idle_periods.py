@@ -1,0 +1,159 @@
+"""Workers left idle for longer than every periodic duty, then given jobs one by one.
+
+A worker spends most of its life waiting: outside its peak a web app enqueues a job every few
+minutes. Each of the worker's periodic duties (the prepared-statement refresh, maintenance and
+pruning, the registry heartbeat, the metrics gauges) runs several times while it waits, and
+the first jobs after the quiet must still be picked up at once, with nothing logged as an error.
+
+Three idle periods (25 s, 40 s, 2 min), each followed by three jobs a couple of seconds apart,
+on two workers at once: one connected directly, one through PgBouncer in transaction mode. The
+test process enqueues like the apps that use pgqueue: in its own session's transaction, with a
+one-off ``enqueue()``, and from asyncio (``aenqueue``), each on connections that sat idle in
+their pools as long as the workers did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from debian_postgres import free_port
+from sqlalchemy.engine import URL
+
+from pgqueue import PgQueue, Settings
+
+if TYPE_CHECKING:
+    from conftest import App, WorkerProcess
+
+IDLE_PERIODS = (25.0, 40.0, 120.0)
+JOBS_PER_BURST = 3
+SECONDS_BETWEEN_JOBS = 2.0
+# A listening worker starts a job within milliseconds of its commit; the poll (1 s) is the
+# fallback. Anything past it means a claim failed or the wake-up was lost.
+PICKUP_LIMIT = 1.0
+
+
+def _declare_record(pgq: PgQueue) -> Any:
+    @pgq.task(name="record", pass_context=True)
+    def record(ctx: object, secret: str = "") -> None:
+        """The e2e app's ``record`` (run by the workers); declared here to enqueue it."""
+
+    return record
+
+
+class Enqueuer:
+    """Enqueues ``record`` into one queue the three ways an app does, taking turns."""
+
+    def __init__(self, pgq: PgQueue, queue: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.pgq = pgq
+        self.task = _declare_record(pgq).configure(queue=queue)
+        self.loop = loop
+        self.turn = 0
+
+    def enqueue(self) -> int:
+        self.turn += 1
+        way = self.turn % 3
+        if way == 0:
+            with self.pgq.sessions() as session, session.begin():
+                return int(self.task.configure(session=session).enqueue())
+        if way == 1:
+            return int(self.task.enqueue())
+        return int(self.loop.run_until_complete(self.task.aenqueue()))
+
+
+def _pickup_seconds(app: App, job_id: int) -> list[float]:
+    """``[seconds from the job's enqueue to its claim]`` (both by the database clock) once it
+    is claimed, else ``[]``."""
+    [row] = app.rows(
+        "SELECT extract(epoch FROM started_at - created_at) AS waited, started_at "
+        "FROM pgqueue_jobs WHERE id = :id",
+        id=job_id,
+    )
+    return [] if row.started_at is None else [float(row.waited)]
+
+
+def _claim_failures(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("pgqueue_claim_failures_total")
+    )
+
+
+def _assert_quiet(worker: WorkerProcess) -> None:
+    log = worker.log()
+    for marker in ("ERROR", "Traceback", "WARNING"):
+        assert marker not in log, log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_idle_workers_pick_up_each_job_at_once_after_long_quiet_periods(
+    app: App, bouncer: URL
+) -> None:
+    # Every periodic duty comes round during the shortest idle period, pruning included.
+    duties = {"prune_interval": 20, "metrics_interval": 15}
+    direct_port, bounced_port = free_port(), free_port()
+    direct = app.start_worker(
+        "--queues", "direct", "--concurrency", "4", metrics_port=direct_port, **duties
+    )
+    bounced_env = app.env(
+        pooler="transaction",
+        listen_database_url=app.url_string,
+        metrics_port=bounced_port,
+        **duties,
+    )
+    bounced_env["DB_URL"] = bouncer.render_as_string(hide_password=False)
+    bounced = app.start_worker_with_env(bounced_env, "--queues", "bounced", "--concurrency", "4")
+    app.wait_listening(count=2)
+
+    loop = asyncio.new_event_loop()
+    direct_pgq = PgQueue(app.url_string, settings=Settings())
+    bounced_pgq = PgQueue(
+        bouncer.render_as_string(hide_password=False), settings=Settings(pooler="transaction")
+    )
+    enqueuers = {
+        "direct": Enqueuer(direct_pgq, "direct", loop),
+        "bounced": Enqueuer(bounced_pgq, "bounced", loop),
+    }
+    waits: dict[str, list[tuple[float, int, float]]] = {name: [] for name in enqueuers}
+    try:
+        for idle in IDLE_PERIODS:
+            time.sleep(idle)
+            for _ in range(JOBS_PER_BURST):
+                ids = {name: enqueuer.enqueue() for name, enqueuer in enqueuers.items()}
+                for name, job_id in ids.items():
+                    [waited] = app.wait_until(
+                        lambda job_id=job_id: _pickup_seconds(app, job_id),
+                        timeout=30,
+                        what=f"{name} job {job_id} to be claimed after {idle:.0f} s idle",
+                        interval=0.02,
+                    )
+                    waits[name].append((idle, job_id, waited))
+                time.sleep(SECONDS_BETWEEN_JOBS)
+        app.wait_final([job_id for name in waits for _, job_id, _ in waits[name]], timeout=30)
+        claim_failures = {
+            "direct": _claim_failures(direct_port),
+            "bounced": _claim_failures(bounced_port),
+        }
+    finally:
+        loop.run_until_complete(direct_pgq.adispose())
+        loop.run_until_complete(bounced_pgq.adispose())
+        loop.close()
+        direct_pgq.dispose()
+        bounced_pgq.dispose()
+
+    print(json.dumps(waits))
+    for name, measured in waits.items():
+        slow = [(idle, job_id, round(w, 3)) for idle, job_id, w in measured if w > PICKUP_LIMIT]
+        assert not slow, f"{name}: jobs picked up late (idle s, id, s): {slow}"
+    assert claim_failures == {"direct": 0.0, "bounced": 0.0}
+    _assert_quiet(direct)
+    _assert_quiet(bounced)
+    assert direct.popen.poll() is None and bounced.popen.poll() is None
