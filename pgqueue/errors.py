@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "AtomicSessionMisuse",
     "BulkCountChanged",
     "ConfigurationError",
     "EmbeddedPostgresError",
@@ -123,6 +124,12 @@ class SchemaNotCurrent(PgQueueError):
 class NotSchemaOwner(PgQueueError, PermissionError):
     """A schema change (a migration, a history partition) was refused because this database
     role does not own pgqueue's tables (SQLSTATE 42501)."""
+
+
+class AtomicSessionMisuse(PgQueueError):
+    """An atomic task's handler called ``commit()``, ``rollback()`` or ``close()`` on its
+    session, whose transaction holds the job's claim: pgqueue commits it with the handler's
+    writes when the handler returns, and rolls back the handler's writes when it raises."""
 
 
 class BulkCountChanged(PgQueueError):

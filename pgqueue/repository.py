@@ -463,6 +463,29 @@ def record_outcomes(db: SessionOrExecutor, outcomes: Iterable[Outcome]) -> set[i
     return lost
 
 
+def count_lost_attempt(
+    db: SessionOrExecutor, job: ClaimedJob, *, delay: float, error: str
+) -> JobState | None:
+    """Count the attempt of atomic job ``job`` whose transaction was lost after its handler ran
+    (``sql.outcomes.count_lost_attempt``): retried after ``delay`` seconds, or failed for good
+    with its dependents settled. None when the claim had committed after all (nothing was
+    lost) or another claim of the job is under way. Run in a transaction of its own."""
+    ex = executor_for(db)
+    params = {"job_id": job.id, "attempts": job.attempt - 1, "delay": delay, "error": error}
+    rows = ex.rows(outcome_sql.count_lost_attempt(), params)
+    if not rows:
+        return None
+    ended = dependencies.ended_dependents(rows, 1)
+    if ended:
+        dependencies.settle(ex, ended)
+    return JobState(rows[0][0])
+
+
+def check_deferred_constraints(db: SessionOrExecutor) -> None:
+    """Check the transaction's deferred constraints now (a violation raises here)."""
+    executor_for(db).rows(outcome_sql.check_deferred_constraints())
+
+
 def _outcome_params(kind: OutcomeKind, batch: Sequence[Outcome]) -> dict[str, Any]:
     """The bind parameters of the statement of ``kind`` for ``batch``."""
     params: dict[str, Any] = {

@@ -26,6 +26,11 @@ The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded trans
     hold         (new)              -> WAITING     enqueued with unfinished dependencies, no ticket
     unblock      WAITING            -> QUEUED      the last dependency succeeded; ticket inserted
     abandon      WAITING            -> CANCELLED   a dependency failed for good or was cancelled
+    lost_retry   QUEUED, RETRYING   -> RETRYING    an atomic attempt whose transaction was lost
+                                                   (its claim rolled back with it) after the
+                                                   handler ran: attempts + 1, error kept, ticket
+                                                   at now()+backoff
+    lost_fail    QUEUED, RETRYING   -> FAILED      the same, attempts exhausted: ticket deleted
 """
 
 from __future__ import annotations
@@ -92,6 +97,12 @@ CANCEL: Final = _t(
 RERUN: Final = _t("rerun", {JobState.FAILED, JobState.CANCELLED}, JobState.QUEUED, lease=False)
 UNBLOCK: Final = _t("unblock", {JobState.WAITING}, JobState.QUEUED, lease=False)
 ABANDON: Final = _t("abandon", {JobState.WAITING}, JobState.CANCELLED, lease=False)
+LOST_RETRY: Final = _t(
+    "lost_retry", {JobState.QUEUED, JobState.RETRYING}, JobState.RETRYING, lease=False
+)
+LOST_FAIL: Final = _t(
+    "lost_fail", {JobState.QUEUED, JobState.RETRYING}, JobState.FAILED, lease=False
+)
 
 TRANSITIONS: Final[dict[str, Transition]] = {
     t.name: t
@@ -109,6 +120,8 @@ TRANSITIONS: Final[dict[str, Transition]] = {
         RERUN,
         UNBLOCK,
         ABANDON,
+        LOST_RETRY,
+        LOST_FAIL,
     )
 }
 

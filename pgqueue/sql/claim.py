@@ -26,7 +26,6 @@ from sqlalchemy import (
     false,
     func,
     literal,
-    null,
     or_,
     select,
     true,
@@ -61,8 +60,8 @@ class ClaimVariant:
     """
 
     in_transaction: bool
-    """Atomic mode: claimed inside the handler's open transaction, with no lease expiry (if
-    that transaction dies, the claim itself rolls back). Otherwise leased, committed at once."""
+    """Atomic mode: claimed inside the handler's open transaction (if that transaction dies,
+    the claim itself rolls back). Otherwise leased, committed at once."""
     some_queues: bool
     """Only the queues named by the ``queues`` bind; otherwise every queue."""
     queue_limits: bool
@@ -109,7 +108,8 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     ``variant.task_leases`` ``task_leases`` (JSON object task name -> lease seconds, for tasks
     with their own lease; without it every job gets the default, with no per-row JSON lookup),
     and ``queues`` (array) with ``variant.some_queues``. Atomic claims (one per open
-    transaction) set no lease expiry: if the transaction dies the claim itself rolls back.
+    transaction) roll back with their transaction; their lease matters only if the handler
+    commits that transaction early (``_claimed_values``).
 
     The main index scan takes tickets without a concurrency key, of queues without a row in
     ``pgqueue_queues`` that is paused, limited or rate-limited (a hashed anti-join on a usually
@@ -173,7 +173,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
             Float,
         )
         lease = func.coalesce(task_lease, lease)
-    claimed_values = _claimed_values(atomic, lease)
+    claimed_values = _claimed_values(lease)
     if not limits:
         lean_found = free.cte("picked")
         lean_picked = select(lean_found.c.job_id).where(lean_found.c.keyed == false())
@@ -454,8 +454,7 @@ def _bump_keys(keys: Any, deleted: Any) -> Any:
 @cache
 def claim_listed(in_transaction: bool) -> ReturningUpdate[Any]:
     """Claim the tickets of the jobs in ``job_ids`` (array), whatever their ``run_at``, and move
-    those jobs to RUNNING like ``claim`` does (``in_transaction``: the atomic form, no lease
-    expiry). Binds ``job_ids``, ``worker``, ``lease_seconds``.
+    those jobs to RUNNING like ``claim`` does (``in_transaction``: the atomic form). Binds ``job_ids``, ``worker``, ``lease_seconds``.
 
     For running chosen jobs at once (``pgqueue.testing.immediate``), not for workers: tickets of
     the other mode and of paused or limited queues are left alone, as the lean claim leaves them.
@@ -498,12 +497,16 @@ def claim_listed(in_transaction: bool) -> ReturningUpdate[Any]:
         .cte("counted_keys")
     )
     lease = bindparam("lease_seconds", type_=Float)
-    return _move_to_running(claimed, _claimed_values(in_transaction, lease)).add_cte(counted)
+    return _move_to_running(claimed, _claimed_values(lease)).add_cte(counted)
 
 
-def _claimed_values(atomic: bool, lease: ColumnElement[Any]) -> dict[str, Any]:
-    """The values a claim writes to each job it moves to RUNNING (``lease``: its seconds)."""
-    lease_expiry: ColumnElement[Any] = null() if atomic else func.now() + seconds(lease)
+def _claimed_values(lease: ColumnElement[Any]) -> dict[str, Any]:
+    """The values a claim writes to each job it moves to RUNNING (``lease``: its seconds).
+
+    An atomic claim gets a lease too, though nobody sees its RUNNING row while its transaction
+    is open (and the rescuer skips the locked row): should the handler commit that transaction
+    early and its worker die, the job is rescued like a leased one instead of staying RUNNING."""
+    lease_expiry: ColumnElement[Any] = func.now() + seconds(lease)
     return {
         "state": CLAIM.target,
         "attempts": Job.attempts + 1,

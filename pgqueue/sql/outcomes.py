@@ -27,19 +27,23 @@ from sqlalchemy import (
     Text,
     Uuid,
     and_,
+    bindparam,
     case,
     cast,
+    delete,
     func,
     literal,
     null,
     select,
+    text,
     true,
     update,
 )
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy.sql.elements import TextClause
 
-from pgqueue.models import Job
+from pgqueue.models import Job, MessageQueue
 from pgqueue.sql.common import (
     CLEAR_LEASE,
     REQUEUED_OR_ENDED_COLUMNS,
@@ -60,6 +64,8 @@ from pgqueue.states import (
     CANCELLED,
     COMPLETE,
     FAIL,
+    LOST_FAIL,
+    LOST_RETRY,
     RELEASE,
     RETRY,
     SNOOZE,
@@ -414,3 +420,70 @@ def settle_dependents() -> CompoundSelect[Any]:
         .union_all(select(unblocked.c.id, unblocked.c.state).where(woken(tickets)))
         .add_cte(tickets)
     )
+
+
+@cache
+def count_lost_attempt() -> Select[str, list[int] | None]:
+    """Count the attempt of an atomic job whose transaction was lost after its handler ran (the
+    claim rolled back with the handler's writes, so the job waits again with its ticket and its
+    old attempt count): ``lost_retry`` with the ticket moved to ``now() + delay``, or
+    ``lost_fail`` with the ticket deleted once the attempts are used up. Guarded by the attempt
+    count the job had before that claim and by its ticket, taken with SKIP LOCKED, so a claim
+    of the job under way elsewhere, or one made since, is left alone. Binds ``job_id``,
+    ``attempts``, ``delay`` (seconds), ``error``. Returns the new state and the dependents."""
+    job_id = bindparam("job_id", type_=BigInteger)
+    error = bindparam("error", type_=Text)
+    ticket = (
+        select(MessageQueue.job_id)
+        .where(MessageQueue.job_id == job_id)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    exhausted = Job.attempts + 1 >= Job.max_attempts
+    counted = (
+        update(Job)
+        .where(
+            Job.id == ticket,
+            Job.attempts == bindparam("attempts", type_=Integer),
+            source_states(LOST_RETRY),
+        )
+        .values(
+            state=case((exhausted, LOST_FAIL.target), else_=LOST_RETRY.target),
+            attempts=Job.attempts + 1,
+            run_at=case((exhausted, Job.run_at), else_=func.now() + seconds(_delay())),
+            finished_at=case((exhausted, func.now()), else_=null()),
+            updated_at=func.now(),
+            last_error=error,
+            errors=append_error(Job.attempts + 1, error),
+        )
+        .returning(Job.id, Job.state, Job.dependents, Job.awaited)
+        .cte("counted")
+    )
+    moved = (
+        update(MessageQueue)
+        .where(MessageQueue.job_id == counted.c.id, counted.c.state == LOST_RETRY.target)
+        .values(run_at=func.now() + seconds(_delay()))
+        .cte("moved_ticket")
+    )
+    dropped = (
+        delete(MessageQueue)
+        .where(MessageQueue.job_id == counted.c.id, counted.c.state == LOST_FAIL.target)
+        .cte("dropped_ticket")
+    )
+    ended = counted.c.state == LOST_FAIL.target
+    return (
+        select(counted.c.state, counted.c.dependents)
+        .add_cte(moved, dropped)
+        .where(announced(counted, ended))
+    )
+
+
+def _delay() -> ColumnElement[Any]:
+    return bindparam("delay", type_=Float)
+
+
+@cache
+def check_deferred_constraints() -> TextClause:
+    """``SET CONSTRAINTS ALL IMMEDIATE``: check the transaction's deferred constraints now (a
+    violation raises here, not at the commit)."""
+    return text("SET CONSTRAINTS ALL IMMEDIATE")

@@ -6,6 +6,11 @@ one atomic job in a handler session and runs it there (``Executor.run_atomic``).
 as soon as its claim answered whether it found a job, so the claim loop never waits for it: a
 find starts the next probe at once; nothing found stops probing until a notification or a poll
 (the ``after_wait`` of the claim loop). A probe holds a slot until its transaction ends.
+
+A transaction lost after the handler ran (it failed at commit, or the handler's session ended
+it) undoes the claim too, so that attempt is counted afterwards in a transaction of its own
+(``repository.count_lost_attempt``): a job whose transaction always fails runs its handler
+``max_attempts`` times and fails, with one log line per attempt.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.orm import Session
 
 from pgqueue import repository
+from pgqueue.errors import error_line
+from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
+from pgqueue.worker.store import WorkerStore
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -33,6 +41,7 @@ class AtomicProbes:
         *,
         slots: Slots,
         executor: Executor,
+        store: WorkerStore,
         report: OutcomeReport,
         session_factory: Callable[[], Session],
         submit: Callable[[Callable[[], bool]], None],
@@ -43,6 +52,7 @@ class AtomicProbes:
     ) -> None:
         self._slots = slots
         self._executor = executor
+        self._store = store  # counts the attempts whose transaction was lost
         self._report = report
         self._session_factory = session_factory
         self._submit = submit  # to the pool threads
@@ -101,6 +111,9 @@ class AtomicProbes:
     def _execute(self, claimed: Callable[[bool], None]) -> None:
         session = self._session_factory()
         started = time.monotonic()
+        job: ClaimedJob | None = None
+        outcome: Outcome | None = None
+        failure: Exception | None = None
         try:
             with session.begin():
                 jobs = repository.claim(
@@ -115,16 +128,59 @@ class AtomicProbes:
                 claimed(bool(jobs))
                 if not jobs:
                     return
+                job = jobs[0]
                 self._report.stats.claimed += 1
                 self._report.metrics.claimed(1)
-                queue = jobs[0].queue
-                self._slots.atomic_running(queue, +1)
+                self._slots.atomic_running(job.queue, +1)
                 try:
-                    outcome = self._executor.run_atomic(session, jobs[0], threading.Event())
+                    outcome = self._executor.run_atomic(session, job, threading.Event())
                 finally:
-                    self._slots.atomic_running(queue, -1)
-            self._report.written(outcome, time.monotonic() - started, jobs[0])
-        except Exception:
-            log.exception("atomic job transaction failed; it rolled back and its ticket is back")
+                    self._slots.atomic_running(job.queue, -1)
+        except Exception as exc:
+            failure = exc
         finally:
             session.close()
+        if job is None:
+            if failure is not None:
+                log.error("atomic claim failed: %s", error_line(failure))
+            return
+        self._settle(job, outcome, failure, time.monotonic() - started)
+
+    def _settle(
+        self, job: ClaimedJob, outcome: Outcome | None, failure: Exception | None, took: float
+    ) -> None:
+        """Report the attempt, or, when its transaction was lost after the handler ran (it
+        failed, or the handler's session ended it), count it as a failed attempt in a
+        transaction of its own: the claim was undone with it, and the job would otherwise be
+        claimed again at once with no attempt counted, its handler's side effects repeated
+        without end."""
+        lost = self._executor.lost_attempt(job, failure)
+        try:
+            state = self._store.count_lost_attempt(job, delay=lost.delay, error=lost.error)
+        except Exception as exc:
+            log.error(
+                "job %s (%s) attempt %d: its transaction was lost (%s) and the attempt could not "
+                "be counted (%s)",
+                job.id,
+                job.task_name,
+                job.attempt,
+                "see its error" if failure is None else error_line(failure),
+                error_line(exc),
+            )
+            return
+        if state is None:
+            # The claim committed with the outcome (nothing lost), or another claim of the job
+            # is under way (it counts its own attempt).
+            if failure is None and outcome is not None:
+                self._report.written(outcome, took, job)
+            elif failure is not None:
+                log.error(
+                    "job %s (%s) attempt %d: its transaction ended with an error (%s); the "
+                    "attempt was already counted",
+                    job.id,
+                    job.task_name,
+                    job.attempt,
+                    error_line(failure),
+                )
+            return
+        self._report.written(lost, took, job)

@@ -164,6 +164,7 @@ class Worker:
         probes = AtomicProbes(
             slots=self._slots,
             executor=self.executor,
+            store=self.store,
             report=report,
             session_factory=context.session_factory,
             submit=work.put,

@@ -12,19 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, NoReturn
 
 from sqlalchemy.orm import Session
 
 from pgqueue import backoff, repository, validation
 from pgqueue.config import Settings
 from pgqueue.context import JobContext, Retry, Snooze
-from pgqueue.errors import UnknownTask, ValidationError, error_line, storable_text
+from pgqueue.errors import (
+    AtomicSessionMisuse,
+    UnknownTask,
+    ValidationError,
+    error_line,
+    storable_text,
+)
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.states import OutcomeKind
 from pgqueue.tasks import Task, TaskRegistry
@@ -150,8 +157,12 @@ class Executor:
         outcome: Outcome | None = None
         savepoint = session.begin_nested()
         try:
-            result = self._call(task, job, context, execution)
+            with transaction_kept(session, job.task_name):
+                result = self._call(task, job, context, execution)
             session.flush()  # the handler's pending writes: their errors are the handler's
+            # Deferred constraints are checked now, in the handler's savepoint, not at the
+            # commit, where a violation would undo the claim along with the handler's writes.
+            repository.check_deferred_constraints(session)
             outcome = self._success(job, result, execution)
             if context is not None:
                 outcome.progress = execution.unwritten_progress()
@@ -310,6 +321,20 @@ class Executor:
         outcome.progress = execution.unwritten_progress()
         return outcome
 
+    def lost_attempt(self, job: ClaimedJob, exc: BaseException | None) -> Outcome:
+        """The failed attempt that replaces an atomic attempt whose transaction was lost after
+        its handler ran (``exc``: the error that ended it, None when the handler ended the
+        transaction itself), retried or failed for good like any other."""
+        if exc is None:
+            why = (
+                "the handler's session ended the attempt's transaction (a ROLLBACK or COMMIT "
+                "sent through it), which undid the claim"
+            )
+        else:
+            why = f"the attempt's transaction failed ({error_line(exc)}), which undid the claim"
+        error = f"AtomicTransactionLost: {why}; the attempt counts as failed"
+        return self._after_failure(job, self._storable(error))
+
     def unrecorded(self, job: ClaimedJob, outcome: Outcome, exc: BaseException) -> Outcome:
         """What to write instead of ``outcome`` when the database refused it (``exc``): a failed
         attempt, retried or failed for good like any other, whose error says what was refused
@@ -356,3 +381,33 @@ class Executor:
         """One line for errors pgqueue itself raises about a job (no traceback); capped like
         every error: a hand-edited row can carry a huge task or argument name."""
         return f"{type(exc).__name__}: {exc}"
+
+
+# What a handler may not call on an atomic job's session while it runs.
+_TRANSACTION_ENDERS = ("commit", "rollback", "close")
+
+
+@contextlib.contextmanager
+def transaction_kept(session: Session, task_name: str) -> Iterator[None]:
+    """While an atomic handler runs, its session refuses ``commit()``, ``rollback()`` and
+    ``close()`` (``AtomicSessionMisuse``): its transaction holds the job's claim, which must
+    commit or roll back with the handler's writes, never before them. Set on the session
+    itself (not a wrapper), so the handler still gets a real ``Session``."""
+
+    def refusal(name: str) -> Callable[..., NoReturn]:
+        def refuse(*args: Any, **kwargs: Any) -> NoReturn:
+            raise AtomicSessionMisuse(
+                f"{name}() on the session of atomic task {task_name!r}: its transaction holds "
+                "the job's claim and commits with the handler's writes when the handler "
+                "returns; raise an exception to roll the attempt back instead"
+            )
+
+        return refuse
+
+    for name in _TRANSACTION_ENDERS:
+        setattr(session, name, refusal(name))
+    try:
+        yield
+    finally:
+        for name in _TRANSACTION_ENDERS:
+            session.__dict__.pop(name, None)

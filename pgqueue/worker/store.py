@@ -25,6 +25,7 @@ from pgqueue.claim_choice import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import error_line, is_connection_error, is_transient_conflict
 from pgqueue.jobs import ClaimedJob, Outcome, Progress, WorkerEntry
+from pgqueue.states import JobState
 
 T = TypeVar("T")
 
@@ -217,6 +218,16 @@ class WorkerStore:
             "record outcomes",
             lambda: uow.run(database, lambda db: repository.record_outcomes(db, items), attempts=1),
             give_up_when_stopping=False,
+        )
+
+    def count_lost_attempt(self, job: ClaimedJob, *, delay: float, error: str) -> JobState | None:
+        """``repository.count_lost_attempt`` in a transaction of its own (retried through a
+        lost connection: the attempt must be counted)."""
+        return self._run(
+            "count lost attempt",
+            lambda db: repository.count_lost_attempt(db, job, delay=delay, error=error),
+            give_up_when_stopping=False,
+            autocommit=False,
         )
 
     def heartbeat(

@@ -1,0 +1,193 @@
+"""An atomic attempt whose transaction is lost is a failed attempt, not a free re-run.
+
+An atomic job's claim lives in the handler's transaction. When that transaction is lost after
+the handler ran, the claim is undone with it: without care the job is claimed again at once with
+no attempt counted, and its handler (with its emails and HTTP calls) runs without end. Each way a
+real handler loses it is tried here with ``max_attempts=3``: the handler must run exactly three
+times, the job must end FAILED with three attempts and the reason kept, and none of the handler's
+writes may survive. A handler's ``commit()``/``rollback()``/``close()`` is refused with an error
+naming the misuse; a deferred constraint fails in the handler's savepoint, not at the commit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from pgqueue import JobContext, JobState, PgQueue, backoff, repository
+from pgqueue.worker import Worker
+
+TABLES = """
+CREATE TABLE atomic_parent (id int PRIMARY KEY);
+CREATE TABLE atomic_child (
+    id serial PRIMARY KEY,
+    parent int NOT NULL REFERENCES atomic_parent (id) DEFERRABLE INITIALLY DEFERRED
+);
+CREATE TABLE atomic_effect (job_id bigint NOT NULL, attempt int NOT NULL);
+"""
+MAX_ATTEMPTS = 3
+
+
+@pytest.fixture
+def tables(engine: Engine) -> None:
+    with engine.begin() as connection:
+        connection.execute(text(TABLES))
+
+
+def _write_effect(ctx: JobContext) -> None:
+    ctx.session.execute(
+        text("INSERT INTO atomic_effect VALUES (:job, :attempt)"),
+        {"job": ctx.job_id, "attempt": ctx.attempt},
+    )
+
+
+MISUSES: dict[str, Callable[[JobContext], Any]] = {
+    # Passes the flush; only the commit (or an early check) sees the missing parent.
+    "deferred constraint": lambda ctx: ctx.session.execute(
+        text("INSERT INTO atomic_child (parent) VALUES (424242)")
+    ),
+    "session.rollback()": lambda ctx: ctx.session.rollback(),
+    "session.close()": lambda ctx: ctx.session.close(),
+    "session.commit()": lambda ctx: ctx.session.commit(),
+    "raw ROLLBACK": lambda ctx: ctx.session.execute(text("ROLLBACK")),
+}
+EXPECTED_ERRORS = {
+    "deferred constraint": "atomic_child",
+    "session.rollback()": "AtomicSessionMisuse: rollback() on the session of atomic task",
+    "session.close()": "AtomicSessionMisuse: close() on the session of atomic task",
+    "session.commit()": "AtomicSessionMisuse: commit() on the session of atomic task",
+    "raw ROLLBACK": "AtomicTransactionLost",
+}
+
+
+@pytest.fixture
+def running_worker(pgq: PgQueue) -> Iterator[Callable[..., Worker]]:
+    started: list[tuple[Worker, threading.Thread]] = []
+
+    def start(concurrency: int = 2) -> Worker:
+        worker = Worker(pgq, concurrency=concurrency)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+def _wait_final(pgq: PgQueue, job_id: int, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = pgq.get_job(job_id)
+        if job.state.is_final:
+            return job
+        time.sleep(0.05)
+    return pgq.get_job(job_id)
+
+
+@pytest.mark.parametrize("misuse", list(MISUSES))
+def test_a_lost_atomic_transaction_counts_as_a_failed_attempt(
+    pgq: PgQueue,
+    engine: Engine,
+    tables: None,
+    running_worker: Callable[..., Worker],
+    misuse: str,
+) -> None:
+    runs: list[int] = []
+
+    @pgq.task(
+        name="atomic.lost",
+        atomic=True,
+        pass_context=True,
+        max_attempts=MAX_ATTEMPTS,
+        retry=backoff.constant(0),
+    )
+    def lost(ctx: JobContext) -> str:
+        runs.append(ctx.attempt)
+        _write_effect(ctx)
+        MISUSES[misuse](ctx)
+        return "returned"
+
+    job_id = lost.enqueue()
+    # A raw ROLLBACK undoes the claim while the handler still runs: until the attempt is
+    # counted, a claim elsewhere (here, the worker's other slot) could take the job again
+    # (README: "Atomic tasks"), so that case runs with one slot.
+    running_worker(1 if misuse == "raw ROLLBACK" else 2)
+    job = _wait_final(pgq, job_id, timeout=15)
+    time.sleep(0.5)  # a re-run that should not happen would show by now
+    assert len(runs) == MAX_ATTEMPTS, f"{len(runs)} handler runs: {runs[:10]}"
+    assert job.state is JobState.FAILED
+    assert job.attempts == MAX_ATTEMPTS
+    assert EXPECTED_ERRORS[misuse] in (job.last_error or ""), job.last_error
+    assert [entry["attempt"] for entry in job.errors] == [1, 2, 3]
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM atomic_effect")).scalar_one() == 0
+        assert connection.execute(text("SELECT count(*) FROM atomic_child")).scalar_one() == 0
+
+
+def test_a_lost_attempt_that_leaves_attempts_retries_and_can_succeed(
+    pgq: PgQueue, engine: Engine, tables: None, running_worker: Callable[..., Worker]
+) -> None:
+    """The first attempt's transaction is lost; the second, a normal one, commits its writes
+    once, and the job's history keeps the lost attempt."""
+
+    @pgq.task(
+        name="atomic.once_lost",
+        atomic=True,
+        pass_context=True,
+        max_attempts=MAX_ATTEMPTS,
+        retry=backoff.constant(0),
+    )
+    def once_lost(ctx: JobContext) -> int:
+        _write_effect(ctx)
+        if ctx.attempt == 1:
+            ctx.session.execute(text("ROLLBACK"))
+        return ctx.attempt
+
+    job_id = once_lost.enqueue()
+    running_worker()
+    job = _wait_final(pgq, job_id, timeout=15)
+    assert job.state is JobState.SUCCEEDED and job.result == 2 and job.attempts == 2
+    assert "AtomicTransactionLost" in job.errors[0]["error"]
+    with engine.connect() as connection:
+        effects = connection.execute(text("SELECT job_id, attempt FROM atomic_effect")).all()
+    assert [tuple(row) for row in effects] == [(job_id, 2)]
+
+
+def test_a_running_atomic_job_whose_worker_is_gone_is_rescued(
+    pgq: PgQueue, running_worker: Callable[..., Worker]
+) -> None:
+    """A handler that committed its claim's transaction early, then lost its worker, leaves the
+    job RUNNING with nobody to end it: its lease expires and the rescuer takes it back."""
+
+    @pgq.task(name="atomic.orphan", atomic=True, max_attempts=3)
+    def orphan() -> str:
+        return "done"
+
+    job_id = orphan.enqueue()
+    session: Session = pgq.handler_session()
+    with session.begin():
+        [claimed] = repository.claim(
+            session,
+            worker_id="gone",
+            limit=1,
+            queues=None,
+            lease_seconds=0.5,
+            task_leases={},
+            atomic=True,
+        )
+    session.close()  # committed early; the worker that made the claim is gone
+    assert claimed.id == job_id and pgq.get_job(job_id).state is JobState.RUNNING
+    running_worker()
+    job = _wait_final(pgq, job_id, timeout=20)
+    assert job.state is JobState.SUCCEEDED, (job.state, job.last_error)
+    assert job.attempts == 2
