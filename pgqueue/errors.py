@@ -34,6 +34,7 @@ __all__ = [
     "is_connection_error",
     "is_insufficient_privilege",
     "is_lost_session_state",
+    "is_timeout",
     "is_transient_conflict",
     "is_undefined_table",
     "name_connection_failure",
@@ -176,6 +177,16 @@ def sqlstate_of(exc: BaseException) -> str | None:
 def is_transient_conflict(exc: BaseException) -> bool:
     """True for deadlock or serialization failure: the whole transaction may be retried."""
     return sqlstate_of(exc) in _TRANSIENT_CONFLICTS
+
+
+_TIMEOUTS: Final = frozenset({QUERY_CANCELED, LOCK_NOT_AVAILABLE})
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """True when a statement was cancelled (``statement_timeout``, an operator's cancel) or gave
+    up waiting for a lock (``lock_timeout``, ``NOWAIT``): nothing about the work itself was
+    refused, so it may be tried again once the blocker is gone."""
+    return sqlstate_of(exc) in _TIMEOUTS
 
 
 # The server ended the session before (or instead of) running the statement: an administrator's

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from pgqueue.errors import error_line, is_connection_error
+from pgqueue.errors import error_line, is_connection_error, is_timeout
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.metrics import LEASE_LOST
 from pgqueue.worker.execution import Execution
@@ -139,9 +139,9 @@ class Completer:
         try:
             lost = self._store.record_outcomes(outcome for _, outcome in batch)
         except Exception as exc:
-            if is_connection_error(exc):
-                # The store retries a lost connection until the worker stops; it gave up during
-                # the shutdown, and writing one by one would only wait for the server again.
+            if is_connection_error(exc) or is_timeout(exc):
+                # The store retries a lost connection and a timeout until the worker stops; it
+                # gave up during the shutdown, and writing one by one would only wait again.
                 self._unwritten.extend(execution for execution, _ in batch)
                 self._unwritten_because = exc
                 self._slots.written(execution for execution, _ in batch)

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from pgqueue import repository, uow
 from pgqueue.claim_choice import LimitsSeen
 from pgqueue.db import Database, Executor
-from pgqueue.errors import error_line, is_connection_error, is_transient_conflict
+from pgqueue.errors import error_line, is_connection_error, is_timeout, is_transient_conflict
 from pgqueue.jobs import ClaimedJob, Outcome, Progress, WorkerEntry
 from pgqueue.states import JobState
 
@@ -74,10 +74,12 @@ class WorkerStore:
         *,
         give_up_when_stopping: bool,
         failed: Callable[[BaseException, float], None] | None = None,
+        through_timeouts: bool = False,
     ) -> T:
         """``once()``, again (capped exponential backoff) after a lost connection or a
         transient conflict. Each such failure is logged, or given to ``failed`` (the error, the
-        delay before the next try) when the caller reports them itself. Once the worker is
+        delay before the next try) when the caller reports them itself. With
+        ``through_timeouts``, a statement or lock timeout is retried too. Once the worker is
         stopping, work that does not give up at once is retried for ``SHUTDOWN_WRITE_PATIENCE``
         seconds at most, without a line per failure: the shutdown reports what it could not
         write, once."""
@@ -86,7 +88,11 @@ class WorkerStore:
             try:
                 return once()
             except (DBAPIError, OperationalError) as exc:
-                if not (is_connection_error(exc) or is_transient_conflict(exc)):
+                if not (
+                    is_connection_error(exc)
+                    or is_transient_conflict(exc)
+                    or (through_timeouts and is_timeout(exc))
+                ):
                     raise
                 if self._stopping.is_set():
                     if give_up_when_stopping or self._shutdown_patience_spent():
@@ -98,8 +104,9 @@ class WorkerStore:
                     failed(exc, delay)
                 else:
                     log.warning(
-                        "%s: database unavailable (%s); retrying in %.2fs",
+                        "%s: %s (%s); retrying in %.2fs",
                         what,
+                        "timed out" if is_timeout(exc) else "database unavailable",
                         error_line(exc),
                         delay,
                     )
@@ -211,13 +218,17 @@ class WorkerStore:
     def record_outcomes(self, outcomes: Iterable[Outcome]) -> set[int]:
         # One transaction: an outcome and the settling of its dependents commit together. In
         # autocommit, a worker dying between the two statements would leave dependents WAITING
-        # for good, with nothing left to release them.
+        # for good, with nothing left to release them. A statement or lock timeout means rows
+        # of the batch are held by another transaction (an operator's, a long bulk action):
+        # the outcomes are right, so they wait and are written again, never turned into failed
+        # attempts; the heartbeat keeps their leases meanwhile.
         items = list(outcomes)
         database = self._database
         return self._retry(
             "record outcomes",
             lambda: uow.run(database, lambda db: repository.record_outcomes(db, items), attempts=1),
             give_up_when_stopping=False,
+            through_timeouts=True,
         )
 
     def count_lost_attempt(self, job: ClaimedJob, *, delay: float, error: str) -> JobState | None:
