@@ -16,10 +16,10 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from polling import wait_until
 from sqlalchemy import Engine, text
 
 from pgqueue import PgQueue, metrics
@@ -36,17 +36,6 @@ CREATE TRIGGER refuse_claims BEFORE DELETE ON pgqueue_message_queue
 """
 ACCEPT = "DROP TRIGGER refuse_claims ON pgqueue_message_queue"
 HEARTBEAT_SECONDS = 3.0
-
-
-def _wait_until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _claim_failures() -> float:
@@ -83,14 +72,14 @@ def test_a_worker_whose_claims_are_refused_shows_unhealthy_within_one_heartbeat(
     def job() -> str:
         return "ran"
 
-    _wait_until(pgq.admin.list_workers, 10, "the worker to register")
+    wait_until(pgq.admin.list_workers, 10, "the worker to register")
     failures_before = _claim_failures()
     with caplog.at_level(logging.INFO, logger="pgqueue.worker"):
         with engine.begin() as connection:
             connection.execute(text(REFUSE))
         refused_at = time.monotonic()
         job_id = job.enqueue()
-        [info] = _wait_until(
+        [info] = wait_until(
             lambda: [w for w in pgq.admin.list_workers() if w.claim_error is not None],
             HEARTBEAT_SECONDS,
             "the registry to show the failing claims",
@@ -117,8 +106,8 @@ def test_a_worker_whose_claims_are_refused_shows_unhealthy_within_one_heartbeat(
 
         with engine.begin() as connection:
             connection.execute(text(ACCEPT))
-        _wait_until(lambda: pgq.get_job(job_id).state == "succeeded", 10, "the job to run")
-        _wait_until(
+        wait_until(lambda: pgq.get_job(job_id).state == "succeeded", 10, "the job to run")
+        wait_until(
             lambda: [w for w in pgq.admin.list_workers() if w.healthy],
             HEARTBEAT_SECONDS,
             "the registry to show the worker healthy again",

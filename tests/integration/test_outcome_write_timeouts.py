@@ -11,21 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
+from polling import wait_until
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 
 from pgqueue import JobState, PgQueue, Settings
 from pgqueue.worker import Worker
-
-
-def _wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_an_outcome_write_that_times_out_on_a_held_row_is_retried(
@@ -49,7 +41,7 @@ def test_an_outcome_write_that_times_out_on_a_held_row_is_retried(
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        _wait_until(lambda: pgq.get_job(job_id).state is JobState.RUNNING, 10, "the job to run")
+        wait_until(lambda: pgq.get_job(job_id).state is JobState.RUNNING, 10, "the job to run")
         with engine.connect() as holder:
             holder.execute(
                 text("SELECT id FROM pgqueue_jobs WHERE id = :id FOR UPDATE"), {"id": job_id}
@@ -59,7 +51,7 @@ def test_an_outcome_write_that_times_out_on_a_held_row_is_retried(
             time.sleep(2.5)
             assert pgq.get_job(job_id).state is JobState.RUNNING
             holder.commit()
-        _wait_until(lambda: pgq.get_job(job_id).state.is_final, 10, "the outcome to be written")
+        wait_until(lambda: pgq.get_job(job_id).state.is_final, 10, "the outcome to be written")
     finally:
         release.set()
         worker.stop()

@@ -26,6 +26,7 @@ from pgqueue.aio import AsyncDatabase
 from pgqueue.db import Database
 from pgqueue.worker.store import WorkerStore
 
+# One claim of one job by worker "w".
 ONE_CLAIM: dict[str, Any] = {
     "worker_id": "w",
     "limit": 1,
