@@ -19,6 +19,7 @@ import click
 from rich.table import Table
 from sqlalchemy.exc import DBAPIError
 
+from pgqueue import config
 from pgqueue.cli_bulk import add_bulk_commands
 from pgqueue.cli_flow import FLOW_COMMAND_SETTINGS, key_limit_command, rate_limit_command
 from pgqueue.cli_shared import (
@@ -153,6 +154,13 @@ def worker_options(function: Any) -> Any:
             default=None,
             help="Serve Prometheus /metrics on this port (default: $PGQUEUE_METRICS_PORT).",
         ),
+        click.option(
+            "--metrics-address",
+            default=None,
+            metavar="ADDRESS",
+            help="Address /metrics listens on: an IP address (0.0.0.0 or :: for every "
+            "interface) or a host name (default: $PGQUEUE_METRICS_ADDRESS, else 127.0.0.1).",
+        ),
         # Given by the supervisor to its children: they stop when it is gone.
         click.option("--supervisor-pid", type=int, default=None, hidden=True),
     ]
@@ -204,8 +212,14 @@ def run_worker_command(
     command_prefix: list[str] | None = None,
     supervisor_pid: int | None = None,
     metrics_port: int | None = None,
+    metrics_address: str | None = None,
 ) -> None:
     """Shared by ``pgqueue worker`` and ``flask pgqueue worker``."""
+    address = (
+        pgq.settings.metrics_address
+        if metrics_address is None
+        else config.metrics_address(metrics_address)
+    )
     check_schema(pgq, wait_for_database=wait_for_database)
     if processes > 1:
         from pgqueue import metrics
@@ -238,7 +252,7 @@ def run_worker_command(
         if not group_port:
             sys.exit(Supervisor(command, processes).run())
         # One endpoint for the group: the children write to a shared directory it serves.
-        with metrics.serve_group(group_port) as child_exited:
+        with metrics.serve_group(group_port, address) as child_exited:
             code = Supervisor(command, processes, on_exit=child_exited).run()
         sys.exit(code)
     from pgqueue.worker import Worker
@@ -254,6 +268,7 @@ def run_worker_command(
         shutdown_timeout=shutdown_timeout,
         install_signal_handlers=True,
         metrics_port=metrics_port if supervisor_pid is None else _child_metrics(),
+        metrics_address=address,
     )
     if supervisor_pid is not None:
         from pgqueue.worker.supervisor import watch_supervisor

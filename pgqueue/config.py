@@ -8,6 +8,7 @@ here, once, so a typo in a deployment fails at start-up with the variable's name
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -35,6 +36,15 @@ HISTORY_LAYOUTS: Final = ("in_place", "partitioned")
 # Smallest accepted ``max_error_bytes``.
 MIN_ERROR_BYTES: Final = 256
 
+# Where ``/metrics`` listens unless told otherwise: this host only, since the endpoint has no
+# authentication and names the application's queues and tasks.
+DEFAULT_METRICS_ADDRESS: Final = "127.0.0.1"
+
+# A DNS host name (RFC 1123 labels); IP literals are checked by ``ipaddress``.
+_HOST_NAME: Final = re.compile(
+    r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(?:\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?"
+)
+
 
 def normalize_database_url(url: str | URL) -> URL:
     """Parse a PostgreSQL URL and select the psycopg 3 driver; raise ConfigurationError if bad."""
@@ -54,6 +64,22 @@ def normalize_database_url(url: str | URL) -> URL:
     raise ConfigurationError(
         f"pgqueue uses the psycopg 3 driver (postgresql+psycopg://); got driver {driver!r}"
     )
+
+
+def metrics_address(value: object) -> str:
+    """``value`` if it can be the address of the ``/metrics`` server (an IP address or a host
+    name), else ``ConfigurationError``. Whether this host has that address shows when binding."""
+    if isinstance(value, str):
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            # Dotted digits that are no IPv4 address (``300.1.1.1``) are no host name either.
+            numeric = value.replace(".", "").isdigit()
+            if not numeric and len(value) <= 253 and _HOST_NAME.fullmatch(value):
+                return value
+        else:
+            return value
+    raise ConfigurationError(f"metrics_address must be an IP address or a host name, got {value!r}")
 
 
 def _redact(url: str) -> str:
@@ -143,6 +169,9 @@ class Settings:
     metrics_port: int | None = None
     """Port on which ``pgqueue worker`` serves Prometheus ``/metrics`` (needs the ``metrics``
     extra); None: no metrics endpoint."""
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
+    """Address the ``/metrics`` server listens on: an IP address (``0.0.0.0`` or ``::`` for
+    every interface) or a host name. The default serves this host only."""
     metrics_interval: float = 15.0
     """How often a worker with metrics on reads the queue gauges (counts, oldest ready job)."""
     tracing: bool = False
@@ -183,6 +212,7 @@ class Settings:
             raise ConfigurationError(
                 f"metrics_port must be a TCP port (1-65535), got {self.metrics_port!r}"
             )
+        metrics_address(self.metrics_address)
         _non_negative("shutdown_timeout", self.shutdown_timeout)
         _non_negative("log_summary_interval", self.log_summary_interval)
         if (

@@ -12,23 +12,35 @@ Under ``--processes N`` the supervisor serves one endpoint for the group (``serv
 creates a directory, passes it to the children in ``PROMETHEUS_MULTIPROC_DIR`` (prometheus-client's
 multiprocess mode, where each child writes its values to memory-mapped files there), aggregates
 those files on each scrape, and removes the directory when it stops. The children serve nothing.
+
+The endpoint listens on 127.0.0.1 unless ``metrics_address`` says otherwise: it has no
+authentication. Label values come from job rows, so they are bounded here: a task the worker's
+registry does not hold is counted as ``task="unknown"``, and each process names at most
+``QUEUE_LABEL_LIMIT`` queues, the rest counted together as ``queue="other"``. Each label
+mapping is decided once per (queue, task, outcome) and cached with its children. Gauge series
+of queues that are gone are removed. In multiprocess mode prometheus-client cannot delete a
+value from its files, so a removed series is written as a tombstone (NaN for the queue figures,
+0 for the running count, which is summed over processes) and the collector that merges the
+files leaves tombstones out of the scrape.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from pgqueue.errors import ConfigurationError
 
 MULTIPROCESS_DIR_VARIABLE: Final = "PROMETHEUS_MULTIPROC_DIR"
-DEFAULT_ADDRESS: Final = "0.0.0.0"  # noqa: S104 - scraped from other hosts
+# This host only, as ``Settings.metrics_address`` (the endpoint has no authentication).
+DEFAULT_ADDRESS: Final = "127.0.0.1"
 INSTALL_HINT: Final = 'metrics need prometheus-client: pip install "pgqueue[metrics]"'
 
 # Outcome label values of ``pgqueue_jobs_finished_total``.
@@ -37,6 +49,23 @@ RETRIED: Final = "retried"
 FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
 LEASE_LOST: Final = "lease_lost"
+
+# At most this many distinct queue label values per process; further queues share
+# ``OTHER_QUEUE``. A name, once given, stays for the life of the process (its counters do).
+QUEUE_LABEL_LIMIT: Final = 50
+OTHER_QUEUE: Final = "other"
+# The task label of jobs whose task the worker's registry does not hold.
+UNKNOWN_TASK: Final = "unknown"
+# Most (queue, task, outcome) combinations whose label children are cached; past it a new
+# combination resolves its labels on each call (a few set lookups), so a flood of distinct
+# names in the rows cannot grow the cache.
+CHILD_CACHE_LIMIT: Final = 4096
+
+# Gauges whose removed series are written as tombstones in multiprocess mode, and the value
+# of each tombstone (see the module docstring).
+QUEUE_JOBS: Final = "pgqueue_queue_jobs"
+OLDEST_READY: Final = "pgqueue_queue_oldest_ready_seconds"
+JOBS_RUNNING: Final = "pgqueue_jobs_running"
 
 # Jobs range from milliseconds to an hour; the default buckets stop at 10 s.
 DURATION_BUCKETS: Final = (
@@ -83,6 +112,12 @@ class NoMetrics:
 
     enabled = False
 
+    def track_tasks(self, tasks: Container[str]) -> None:
+        pass
+
+    def untrack_tasks(self, tasks: Container[str]) -> None:
+        pass
+
     def finished(self, queue: str, task: str, outcome: str, duration: float) -> None:
         pass
 
@@ -114,14 +149,15 @@ class Metrics(NoMetrics):
 
     def __init__(self) -> None:
         client = _prometheus()
-        multiprocess = multiprocess_dir() is not None
+        directory = multiprocess_dir()
+        self._multiprocess = directory is not None
         # In multiprocess mode values live in the directory's files and are read by a
-        # MultiProcessCollector; registering the metrics themselves would report them twice.
+        # collector of those files; registering the metrics themselves would report them twice.
         own = client.CollectorRegistry(auto_describe=True)
-        target = None if multiprocess else own
+        target = None if self._multiprocess else own
         self.registry = own
-        if multiprocess:
-            _multiprocess().MultiProcessCollector(own)
+        if directory is not None:
+            own.register(FilesCollector(directory))
         self._finished = client.Counter(
             "pgqueue_jobs_finished",
             "Attempts finished by this worker, by outcome.",
@@ -136,7 +172,7 @@ class Metrics(NoMetrics):
             registry=target,
         )
         self._running = client.Gauge(
-            "pgqueue_jobs_running",
+            JOBS_RUNNING,
             "Attempts this worker runs now (leased and atomic, claimed and not yet written).",
             ["queue"],
             registry=target,
@@ -156,34 +192,73 @@ class Metrics(NoMetrics):
             registry=target,
         )
         self._queue_jobs = client.Gauge(
-            "pgqueue_queue_jobs",
+            QUEUE_JOBS,
             "Jobs in the database by queue and state (each count stops at its cap).",
             ["queue", "state"],
             registry=target,
             multiprocess_mode="mostrecent",
         )
         self._oldest_ready = client.Gauge(
-            "pgqueue_queue_oldest_ready_seconds",
+            OLDEST_READY,
             "How long the oldest job ready to run in each queue has waited (0: none waits).",
             ["queue"],
             registry=target,
             multiprocess_mode="mostrecent",
         )
         self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-        self._running_queues: set[str] = set()
-        self._figure_queues: set[tuple[str, str]] = set()
+        self._queue_labels: set[str] = set()
+        self._task_registries: list[Container[str]] = []
+        self._running_labels: set[str] = set()
+        self._figure_keys: set[tuple[str, str]] = set()
+        self._oldest_labels: set[str] = set()
         self._lock = threading.Lock()
 
+    def track_tasks(self, tasks: Container[str]) -> None:
+        """Count jobs of the tasks in ``tasks`` (a running worker's task registry, read as it
+        grows) under their own names; jobs of tasks in no tracked registry count as
+        ``unknown``. Each call is undone by one ``untrack_tasks``."""
+        with self._lock:
+            self._task_registries.append(tasks)
+
+    def untrack_tasks(self, tasks: Container[str]) -> None:
+        """Undo one ``track_tasks(tasks)`` (a worker that stopped), so the metrics, which live
+        as long as the process, do not keep its registry alive."""
+        with self._lock:
+            for index, tracked in enumerate(self._task_registries):
+                if tracked is tasks:
+                    del self._task_registries[index]
+                    return
+
     def finished(self, queue: str, task: str, outcome: str, duration: float) -> None:
-        key = (queue, task, outcome)
-        children = self._children.get(key)
+        children = self._children.get((queue, task, outcome))
         if children is None:
-            children = self._children[key] = (
-                self._finished.labels(queue, task, outcome),
-                self._duration.labels(queue, task),
-            )
+            children = self._finished_children(queue, task, outcome)
         children[0].inc()
         children[1].observe(duration)
+
+    def _finished_children(self, queue: str, task: str, outcome: str) -> tuple[Any, Any]:
+        with self._lock:
+            queue_label = self._queue_label(queue)
+            known = any(task in tasks for tasks in self._task_registries)
+            task_label = task if known else UNKNOWN_TASK
+            children = (
+                self._finished.labels(queue_label, task_label, outcome),
+                self._duration.labels(queue_label, task_label),
+            )
+            if len(self._children) < CHILD_CACHE_LIMIT:
+                self._children[(queue, task, outcome)] = children
+            return children
+
+    def _queue_label(self, queue: str) -> str:
+        """The label of ``queue``: its name while names are left, else ``other``. Call with
+        ``self._lock`` held."""
+        labels = self._queue_labels
+        if queue in labels:
+            return queue
+        if len(labels) < QUEUE_LABEL_LIMIT:
+            labels.add(queue)
+            return queue
+        return OTHER_QUEUE
 
     def claimed(self, count: int) -> None:
         self._claims.inc(count)
@@ -195,26 +270,75 @@ class Metrics(NoMetrics):
         self._claim_failures.inc()
 
     def running(self, per_queue: Mapping[str, int]) -> None:
+        """Set the running counts; a queue with nothing running has no series."""
         with self._lock:
-            for queue in self._running_queues - per_queue.keys():
-                self._running.labels(queue).set(0)
+            totals: dict[str, float] = {}
             for queue, count in per_queue.items():
-                self._running.labels(queue).set(count)
-            self._running_queues |= per_queue.keys()
+                if count:
+                    label = self._queue_label(queue)
+                    totals[label] = totals.get(label, 0.0) + count
+            for label in self._running_labels - totals.keys():
+                self._remove(self._running, (label,), 0.0)
+            for label, total in totals.items():
+                self._running.labels(label).set(total)
+            self._running_labels = set(totals)
 
     def queue_figures(
         self, counts: Mapping[str, Mapping[str, int]], oldest_ready: Mapping[str, float]
     ) -> None:
-        """Set the database-derived gauges from one reading; queues gone since read as 0."""
+        """Set the database-derived gauges from one reading; the series of queues not in it
+        are removed. Queues past the label limit are summed (their oldest wait: the longest)
+        under ``other``; the busiest queues are named first."""
         with self._lock:
-            seen = {(queue, state) for queue, by_state in counts.items() for state in by_state}
-            for queue, state in self._figure_queues - seen:
-                self._queue_jobs.labels(queue, state).set(0)
-            for queue, by_state in counts.items():
-                for state, count in by_state.items():
-                    self._queue_jobs.labels(queue, state).set(count)
-                self._oldest_ready.labels(queue).set(max(0.0, oldest_ready.get(queue, 0.0)))
-            self._figure_queues |= seen
+            jobs: dict[tuple[str, str], float] = {}
+            oldest: dict[str, float] = {}
+            for queue in sorted(counts, key=lambda q: (-sum(counts[q].values()), q)):
+                label = self._queue_label(queue)
+                for state, count in counts[queue].items():
+                    jobs[(label, state)] = jobs.get((label, state), 0.0) + count
+                waited = max(0.0, oldest_ready.get(queue, 0.0))
+                oldest[label] = max(oldest.get(label, 0.0), waited)
+            for key in self._figure_keys - jobs.keys():
+                self._remove(self._queue_jobs, key, math.nan)
+            for label in self._oldest_labels - oldest.keys():
+                self._remove(self._oldest_ready, (label,), math.nan)
+            for (label, state), total in jobs.items():
+                self._queue_jobs.labels(label, state).set(total)
+            for label, waited in oldest.items():
+                self._oldest_ready.labels(label).set(waited)
+            self._figure_keys = set(jobs)
+            self._oldest_labels = set(oldest)
+
+    def _remove(self, gauge: Any, labels: tuple[str, ...], tombstone: float) -> None:
+        if self._multiprocess:
+            # The files keep every series ever written: mark it for FilesCollector to skip.
+            gauge.labels(*labels).set(tombstone)
+        else:
+            gauge.remove(*labels)
+
+
+def _is_tombstone(name: str, value: float) -> bool:
+    if name == JOBS_RUNNING:
+        return value == 0
+    return name in (QUEUE_JOBS, OLDEST_READY) and math.isnan(value)
+
+
+class FilesCollector:
+    """prometheus-client's ``MultiProcessCollector`` for the files in ``directory``, without
+    the series ``Metrics`` removed (their tombstones)."""
+
+    def __init__(self, directory: str) -> None:
+        self._files = _multiprocess().MultiProcessCollector(None, path=directory)
+
+    def collect(self) -> Iterable[Any]:
+        for metric in self._files.collect():
+            if metric.name in (QUEUE_JOBS, OLDEST_READY, JOBS_RUNNING):
+                metric.samples = [
+                    sample
+                    for sample in metric.samples
+                    if not _is_tombstone(metric.name, sample.value)
+                ]
+            yield metric
 
 
 _active: Metrics | None = None
@@ -280,7 +404,7 @@ def serve_group(port: int, address: str = DEFAULT_ADDRESS) -> Iterator[Callable[
     server = None
     try:
         group = client.CollectorRegistry()
-        multiprocess_module.MultiProcessCollector(group, path=directory)
+        group.register(FilesCollector(directory))
         server = MetricsServer(port, group, address)
 
         def child_exited(pid: int) -> None:

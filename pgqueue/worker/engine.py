@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from pgqueue import metrics, validation
+from pgqueue import config, metrics, validation
 from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.jobs import Outcome
 from pgqueue.worker.atomic import AtomicProbes
@@ -82,6 +82,7 @@ class Worker:
         install_signal_handlers: bool = False,
         on_outcome: Callable[[Outcome], None] | None = None,
         metrics_port: int | None = None,
+        metrics_address: str | None = None,
         prefetch: int | None = None,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
@@ -116,6 +117,11 @@ class Worker:
         # app that mounted ``pgqueue.metrics.registry()``, which also enables recording).
         self.metrics_port = settings.metrics_port if metrics_port is None else metrics_port
         self.metrics = metrics.enable() if self.metrics_port else metrics.active()
+        self.metrics_address = (
+            settings.metrics_address
+            if metrics_address is None
+            else config.metrics_address(metrics_address)
+        )
         self._metrics_server: metrics.MetricsServer | None = None
         self.stats = WorkerStats()
         self._stopping = threading.Event()  # no more claims
@@ -242,12 +248,30 @@ class Worker:
         """Process jobs until ``stop()`` (or, with ``drain``, until nothing is ready)."""
         if self.install_signal_handlers:
             self._install_signal_handlers()
-        self.registry.register()  # before the first claim: a job's holder is always listed
-        self._claimer.prepare(drain)
         if self.metrics_port:
-            self._metrics_server = metrics.serve(self.metrics_port)
-            log.info("serving metrics on port %d at /metrics", self.metrics_port)
-        self._start_threads()
+            # Before registering: an address or port it cannot have stops the worker unlisted.
+            self._metrics_server = metrics.serve(self.metrics_port, self.metrics_address)
+            log.info(
+                "serving metrics on port %d of %s at /metrics",
+                self.metrics_port,
+                self.metrics_address,
+            )
+        try:
+            self.registry.register()  # before the first claim: a job's holder is always listed
+            self._claimer.prepare(drain)
+        except BaseException:
+            if self._metrics_server is not None:
+                self._metrics_server.close()
+            raise
+        # Before any claim (the listener's included): jobs of tasks missing from this registry
+        # are counted as task "unknown".
+        tasks = self._context.registry
+        self.metrics.track_tasks(tasks)
+        try:
+            self._start_threads()
+        except BaseException:
+            self.metrics.untrack_tasks(tasks)
+            raise
         log.info(
             "worker %s started: queues=%s concurrency=%d listen=%s",
             self.worker_id,
@@ -259,6 +283,7 @@ class Worker:
             self._claimer.run(drain, idle=self._idle)
         finally:
             self._shutdown()
+            self.metrics.untrack_tasks(tasks)
             if self._metrics_server is not None:
                 self._metrics_server.close()
         self.stats.finished = time.monotonic()

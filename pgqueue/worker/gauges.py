@@ -7,7 +7,7 @@ oldest ready job) in one transaction: the live worker with the smallest id in th
 registry. The others ask that question in one statement and skip the round; behind it an
 advisory lock (transaction-level, so safe behind a pooler) keeps workers that each believe
 they are first (while the registry names none before them) from reading at the same moment.
-Scrapes never query the database. A worker that stops being the reader sets its figures to 0,
+Scrapes never query the database. A worker that stops being the reader removes its figures,
 so the figures across instances are their maximum.
 """
 

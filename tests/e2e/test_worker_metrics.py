@@ -1,17 +1,25 @@
 """Prometheus ``/metrics`` of real worker processes: the counts of what they did, the duration
-histogram, and the queue gauges read from the database; one endpoint for ``--processes 2``."""
+histogram, and the queue gauges read from the database; one endpoint for ``--processes 2``;
+the address it listens on; label values bounded however many queues and task names the rows
+hold; and the gauge series of a queue that is gone removed."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import signal
 import socket
+import sys
 import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from pgqueue.jobs import NewJob
 
 if TYPE_CHECKING:
     from conftest import App
@@ -25,10 +33,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+def scrape_text(port: int, host: str = "127.0.0.1") -> str:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def scrape(
+    port: int, host: str = "127.0.0.1"
+) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """``{sample name: {sorted label pairs: value}}`` from the endpoint."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        body = response.read().decode()
+    body = scrape_text(port, host)
     samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
     for family in text_string_to_metric_families(body):
         for sample in family.samples:
@@ -137,6 +151,8 @@ def test_processes_share_one_endpoint_whose_totals_add_up(app: App) -> None:
     assert table_counts(app) == {("default", "succeeded"): 24}
 
     # The children write to the supervisor's directory, which is gone once it stopped.
+    assert listening_addresses(port) == {"127.0.0.1"}
+
     [child, *_] = app.children_of(supervisor.pid)
     environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
     [directory] = [
@@ -171,3 +187,157 @@ def test_a_rescue_and_a_lost_lease_are_counted_where_they_happen(app: App) -> No
     lost = scrape_when(zombie_port, lambda s: sum(finished(s).values()) >= 1, app)
     assert finished(lost) == {("default", "sleep", "lease_lost"): 1}
     assert lost["pgqueue_rescued_total"][()] == 0
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on ``port`` on this machine."""
+    found = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                address, port_hex = fields[1].split(":")
+                if fields[3] != "0A" or int(port_hex, 16) != port:  # 0A: LISTEN
+                    continue
+                raw = bytes.fromhex(address)
+                if sys.byteorder == "little":  # /proc prints each 32-bit word in host order
+                    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add(socket.inet_ntop(family, raw))
+    return found
+
+
+def outside_address() -> str | None:
+    """An IPv4 address of this machine other than loopback, if it has one."""
+    candidates = set()
+    with contextlib.suppress(OSError):
+        candidates |= {
+            str(info[4][0])
+            for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+        }
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # sends nothing: only picks the outgoing interface
+        candidates.add(str(probe.getsockname()[0]))
+    usable = [a for a in sorted(candidates) if not ipaddress.ip_address(a).is_loopback]
+    return next((a for a in usable if a != "0.0.0.0"), None)
+
+
+def test_metrics_listen_on_loopback_by_default(app: App) -> None:
+    port = free_port()
+    worker = app.start_worker("--metrics-port", str(port))
+    scrape_when(port, lambda s: "pgqueue_claims_total" in s, app)
+    assert listening_addresses(port) == {"127.0.0.1"}
+    outside = outside_address()
+    if outside is not None:
+        with pytest.raises(OSError):
+            socket.create_connection((outside, port), timeout=5).close()
+    assert f"serving metrics on port {port} of 127.0.0.1" in worker.log()
+
+
+def test_metrics_address_serves_every_interface_when_asked(app: App) -> None:
+    port = free_port()
+    worker = app.start_worker("--metrics-port", str(port), "--metrics-address", "0.0.0.0")
+    scrape_when(port, lambda s: "pgqueue_claims_total" in s, app)
+    assert listening_addresses(port) == {"0.0.0.0"}
+    outside = outside_address()
+    if outside is not None:
+        assert "pgqueue_claims_total" in scrape(port, outside)
+    assert f"serving metrics on port {port} of 0.0.0.0" in worker.log()
+
+
+def test_a_bad_metrics_address_is_one_line_and_exit_code_2(app: App) -> None:
+    port = str(free_port())
+    bad_name = "error: metrics_address must be an IP address or a host name, got 'not an address'"
+    # 203.0.113.0/24 is reserved for documentation: no machine here has such an address.
+    not_here = f"error: cannot serve metrics on 203.0.113.77:{port}:"
+    runs = [
+        (["--metrics-address", "not an address"], {}, bad_name),
+        ([], {"metrics_address": "not an address"}, bad_name),
+        (["--metrics-address", "203.0.113.77"], {}, not_here),
+        (["--processes", "2", "--metrics-address", "203.0.113.77"], {}, not_here),
+    ]
+    for args, settings, expected in runs:
+        worker = app.start_worker("--metrics-port", port, *args, **settings)
+        assert worker.wait(60) == 2, worker.log()
+        [line] = worker.log().strip().splitlines()
+        assert line.startswith(expected), line
+    assert app.scalars("SELECT count(*) FROM pgqueue_workers") == [0]
+
+
+def test_label_values_stay_bounded_with_300_queues_and_300_unknown_tasks(app: App) -> None:
+    jobs = [
+        NewJob(
+            task_name=f"ghost_{i}",
+            queue=f"q{i:03d}",
+            args_json="[]",
+            kwargs_json="{}",
+            priority=0,
+            max_attempts=1,
+            delay=None,
+            run_at=None,
+            unique_key=None,
+            atomic=False,
+        )
+        for i in range(300)
+    ]
+    ids = app.module.pgq.insert_jobs(None, jobs)
+    port = free_port()
+    app.start_worker("--concurrency", "8", "--metrics-port", str(port), **FAST_GAUGES)
+    app.wait_final(ids, timeout=60)
+
+    def failed_in_figures(samples: dict[str, Any]) -> float:
+        return float(
+            sum(
+                value
+                for labels, value in samples.get("pgqueue_queue_jobs", {}).items()
+                if dict(labels)["state"] == "failed"
+            )
+        )
+
+    samples = scrape_when(
+        port, lambda s: sum(finished(s).values()) >= 300 and failed_in_figures(s) == 300, app
+    )
+    lines = [line for line in scrape_text(port).splitlines() if not line.startswith("#")]
+    # Per queue label: the failed counter (2 lines), the histogram (21), 7 states, the oldest
+    # wait; plus the unlabelled metrics.
+    assert len(lines) <= 51 * 31 + 20, f"{len(lines)} series, {len(scrape_text(port))} bytes"
+    assert {task for _, task, _ in finished(samples)} == {"unknown"}
+    queues = {queue for queue, _, _ in finished(samples)}
+    assert len(queues) == 51 and "other" in queues
+    assert sum(finished(samples).values()) == 300
+    figure_queues = {dict(labels)["queue"] for labels in samples["pgqueue_queue_jobs"]}
+    assert len(figure_queues) == 51 and "other" in figure_queues
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_the_gauge_series_of_a_vanished_queue_disappear(app: App, processes: str) -> None:
+    port = free_port()
+    app.start_worker(
+        "--processes", processes, "--concurrency", "2", "--metrics-port", str(port), **FAST_GAUGES
+    )
+    gauges = ("pgqueue_jobs_running", "pgqueue_queue_jobs", "pgqueue_queue_oldest_ready_seconds")
+
+    def series(samples: dict[str, Any], name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        return {
+            labels: value
+            for labels, value in samples.get(name, {}).items()
+            if dict(labels)["queue"] == "brief"
+        }
+
+    [job_id] = app.module.sleep.configure(queue="brief").enqueue_many([{"seconds": 2}])
+    scrape_when(
+        port, lambda s: series(s, "pgqueue_jobs_running") == {(("queue", "brief"),): 1}, app
+    )
+    app.wait_final([job_id], timeout=30)
+    # Nothing of the queue runs: its running series is gone; the job is still in the table.
+    scrape_when(
+        port,
+        lambda s: (
+            not series(s, "pgqueue_jobs_running")
+            and series(s, "pgqueue_queue_jobs").get((("queue", "brief"), ("state", "succeeded")))
+            == 1
+        ),
+        app,
+    )
+    app.execute("DELETE FROM pgqueue_jobs WHERE queue = 'brief'")
+    samples = scrape_when(port, lambda s: not any(series(s, name) for name in gauges), app)
+    assert finished(samples) == {("brief", "sleep", "succeeded"): 1}  # counters stay

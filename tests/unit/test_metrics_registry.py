@@ -1,15 +1,19 @@
 """``pgqueue.metrics`` without a database: optional dependency, settings, the no-op object's
-shape, the gauges' bookkeeping, and mounting the registry in a Flask app."""
+shape, the gauges' bookkeeping, bounded label values, removed series (in one process and in
+multiprocess mode), and mounting the registry in a Flask app."""
 
 from __future__ import annotations
 
 import inspect
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 from flask import Flask
-from prometheus_client import make_wsgi_app
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app, values
+from prometheus_client.parser import text_string_to_metric_families
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 from pgqueue import metrics
@@ -48,6 +52,18 @@ def test_metrics_port_and_interval_come_from_the_environment() -> None:
         Settings(metrics_interval=0)
 
 
+def test_metrics_listen_on_loopback_unless_an_address_is_given() -> None:
+    assert Settings().metrics_address == "127.0.0.1"
+    assert Settings.from_env({}).metrics_address == "127.0.0.1"
+    assert metrics.DEFAULT_ADDRESS == "127.0.0.1"
+    for address in ("0.0.0.0", "::", "192.0.2.7", "metrics.internal"):
+        env = {"PGQUEUE_METRICS_ADDRESS": address}
+        assert Settings.from_env(env).metrics_address == address
+    for bad in ("", "not an address", "300.1.1.1", "[::1]", "host:9187", 9187):
+        with pytest.raises(ConfigurationError, match="metrics_address must be an IP address"):
+            Settings(metrics_address=bad)
+
+
 def test_the_no_op_object_has_every_method_of_the_real_one() -> None:
     real = {
         name: inspect.signature(member)
@@ -66,6 +82,7 @@ def sample(registry: object, name: str, **labels: str) -> float | None:
 
 def test_counts_durations_and_gauges_land_in_the_registry() -> None:
     recorded = metrics.Metrics()
+    recorded.track_tasks({"send"})
     registry = recorded.registry
     for _ in range(3):
         recorded.finished("mail", "send", metrics.SUCCEEDED, 0.02)
@@ -85,12 +102,130 @@ def test_counts_durations_and_gauges_land_in_the_registry() -> None:
     assert sample(registry, "pgqueue_queue_jobs", queue="mail", state="queued") == 7
     assert sample(registry, "pgqueue_queue_oldest_ready_seconds", queue="mail") == 12.5
 
-    # A queue that emptied reads 0 rather than its last value; a future ticket is not "ready".
-    recorded.running({})
-    recorded.queue_figures({"other": {"queued": 1}}, {"other": -30.0})
-    assert sample(registry, "pgqueue_jobs_running", queue="mail") == 0
+    # A state without jobs reads 0; a future ticket is not "ready".
+    recorded.queue_figures({"mail": {"queued": 0, "running": 2}}, {"mail": -30.0})
     assert sample(registry, "pgqueue_queue_jobs", queue="mail", state="queued") == 0
-    assert sample(registry, "pgqueue_queue_oldest_ready_seconds", queue="other") == 0
+    assert sample(registry, "pgqueue_queue_oldest_ready_seconds", queue="mail") == 0
+
+
+def scrape_lines(registry: object) -> list[str]:
+    """The sample lines of one scrape (no ``# HELP``/``# TYPE``)."""
+    text = generate_latest(registry).decode()  # type: ignore[arg-type]
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def label_values(registry: object, label: str) -> set[str]:
+    text = generate_latest(registry).decode()  # type: ignore[arg-type]
+    return {
+        sample.labels[label]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if label in sample.labels
+    }
+
+
+def test_unknown_tasks_and_queues_past_the_limit_share_one_label_each() -> None:
+    recorded = metrics.Metrics()
+    recorded.track_tasks({"send"})
+    names = [f"q{i:03d}" for i in range(300)]
+    recorded.queue_figures(
+        {queue: {"queued": 1, "failed": 1} for queue in names}, dict.fromkeys(names, 5.0)
+    )
+    for i, queue in enumerate(names):
+        recorded.finished(queue, f"ghost_{i}", metrics.FAILED, 0.01)
+    recorded.running({queue: 1 for queue in names})
+    recorded.finished("q000", "send", metrics.SUCCEEDED, 0.01)
+
+    lines = scrape_lines(recorded.registry)
+    assert label_values(recorded.registry, "task") == {"unknown", "send"}
+    queues = label_values(recorded.registry, "queue")
+    assert len(queues) == metrics.QUEUE_LABEL_LIMIT + 1
+    assert "other" in queues
+    # One named queue: 1 counter and 21 histogram lines (+ 2 "created") per outcome of its
+    # one task label, 2 job states, its oldest wait and its running count.
+    per_queue = 2 * (2 + 22) + 2 + 1 + 1
+    assert len(lines) <= (metrics.QUEUE_LABEL_LIMIT + 1) * per_queue + 10
+
+    registry = recorded.registry
+    finished = "pgqueue_jobs_finished_total"
+    assert sample(registry, finished, queue="other", task="unknown", outcome="failed") == 250
+    assert sample(registry, "pgqueue_queue_jobs", queue="other", state="queued") == 250
+    assert sample(registry, "pgqueue_jobs_running", queue="other") == 250
+    assert sample(registry, "pgqueue_queue_oldest_ready_seconds", queue="other") == 5.0
+
+
+def test_the_label_mapping_is_cached_and_the_cache_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    recorded = metrics.Metrics()
+    recorded.track_tasks({"send"})
+    recorded.finished("mail", "ghost", metrics.FAILED, 0.1)
+    recorded.finished("mail", "ghost", metrics.FAILED, 0.1)
+    # The second call used the cached children: resolving again would fail here.
+    monkeypatch.setattr(recorded, "_finished_children", None)
+    recorded.finished("mail", "ghost", metrics.FAILED, 0.1)
+    finished = "pgqueue_jobs_finished_total"
+    sampled = sample(recorded.registry, finished, queue="mail", task="unknown", outcome="failed")
+    assert sampled == 3
+    monkeypatch.undo()
+
+    for i in range(metrics.CHILD_CACHE_LIMIT + 100):
+        recorded.finished("mail", f"ghost_{i}", metrics.FAILED, 0.1)
+    assert len(recorded._children) == metrics.CHILD_CACHE_LIMIT
+
+
+def test_series_of_vanished_queues_are_removed() -> None:
+    recorded = metrics.Metrics()
+    registry = recorded.registry
+    recorded.running({"mail": 2, "books": 1})
+    recorded.queue_figures(
+        {"mail": {"queued": 7}, "books": {"queued": 1}}, {"mail": 12.5, "books": 1.0}
+    )
+    recorded.running({"books": 1})
+    recorded.queue_figures({"books": {"queued": 1}}, {"books": 1.0})
+    assert sample(registry, "pgqueue_queue_jobs", queue="mail", state="queued") is None
+    assert sample(registry, "pgqueue_queue_oldest_ready_seconds", queue="mail") is None
+    assert sample(registry, "pgqueue_jobs_running", queue="mail") is None
+    assert sample(registry, "pgqueue_jobs_running", queue="books") == 1
+    assert sample(registry, "pgqueue_queue_jobs", queue="books", state="queued") == 1
+    assert 'queue="mail"' not in generate_latest(registry).decode()
+
+    # A queue that comes back gets its series back.
+    recorded.queue_figures({"mail": {"queued": 3}}, {"mail": 2.0})
+    assert sample(registry, "pgqueue_queue_jobs", queue="mail", state="queued") == 3
+
+
+def test_series_of_vanished_queues_are_removed_in_multiprocess_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(metrics.MULTIPROCESS_DIR_VARIABLE, str(tmp_path))
+    # prometheus-client picks its value class at import; a worker process has the variable
+    # set before that.
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "removal not implemented" warning either
+        recorded = metrics.Metrics()
+        recorded.running({"mail": 2, "books": 1})
+        recorded.queue_figures(
+            {"mail": {"queued": 7}, "books": {"queued": 1}}, {"mail": 12.5, "books": 1.0}
+        )
+        recorded.running({"books": 1})
+        recorded.queue_figures({"books": {"queued": 1}}, {"books": 1.0})
+    # What this process's registry serves, then what a supervisor serves for its group: the
+    # files of every process, merged.
+    for registry in (recorded.registry, None):
+        if registry is None:
+            registry = group = CollectorRegistry()
+            group.register(metrics.FilesCollector(str(tmp_path)))
+        assert sample(registry, "pgqueue_queue_jobs", queue="mail", state="queued") is None
+        assert sample(registry, "pgqueue_queue_oldest_ready_seconds", queue="mail") is None
+        assert sample(registry, "pgqueue_jobs_running", queue="mail") is None
+        assert sample(registry, "pgqueue_jobs_running", queue="books") == 1
+        assert sample(registry, "pgqueue_queue_jobs", queue="books", state="queued") == 1
+        assert not [line for line in scrape_lines(registry) if line.endswith(" NaN")]
+
+    recorded.queue_figures({"mail": {"queued": 3}}, {"mail": 2.0})
+    assert sample(group, "pgqueue_queue_jobs", queue="mail", state="queued") == 3
 
 
 def test_a_flask_app_mounts_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,6 +234,7 @@ def test_a_flask_app_mounts_the_registry(monkeypatch: pytest.MonkeyPatch) -> Non
     app.wsgi_app = DispatcherMiddleware(  # type: ignore[method-assign]
         app.wsgi_app, {"/metrics": make_wsgi_app(metrics.registry())}
     )
+    metrics.active().track_tasks({"task"})
     metrics.active().finished("default", "task", metrics.RETRIED, 0.1)
     body = app.test_client().get("/metrics").get_data(as_text=True)
     assert 'pgqueue_jobs_finished_total{outcome="retried",queue="default",task="task"} 1.0' in body
