@@ -26,10 +26,10 @@ The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded trans
     hold         (new)              -> WAITING     enqueued with unfinished dependencies, no ticket
     unblock      WAITING            -> QUEUED      the last dependency succeeded; ticket inserted
     abandon      WAITING            -> CANCELLED   a dependency failed for good or was cancelled
-    lost_retry   QUEUED, RETRYING   -> RETRYING    an atomic attempt whose transaction was lost
+    lost_retry   QUEUED             -> RETRYING    an atomic attempt whose transaction was lost
                                                    (its claim rolled back with it) after the
                                                    handler ran: attempts + 1, error kept, ticket
-                                                   at now()+backoff
+                                                   at now()+backoff (a RETRYING job stays so)
     lost_fail    QUEUED, RETRYING   -> FAILED      the same, attempts exhausted: ticket deleted
 """
 
@@ -97,9 +97,8 @@ CANCEL: Final = _t(
 RERUN: Final = _t("rerun", {JobState.FAILED, JobState.CANCELLED}, JobState.QUEUED, lease=False)
 UNBLOCK: Final = _t("unblock", {JobState.WAITING}, JobState.QUEUED, lease=False)
 ABANDON: Final = _t("abandon", {JobState.WAITING}, JobState.CANCELLED, lease=False)
-LOST_RETRY: Final = _t(
-    "lost_retry", {JobState.QUEUED, JobState.RETRYING}, JobState.RETRYING, lease=False
-)
+# A RETRYING job whose attempt is lost stays RETRYING: only its count and error change.
+LOST_RETRY: Final = _t("lost_retry", {JobState.QUEUED}, JobState.RETRYING, lease=False)
 LOST_FAIL: Final = _t(
     "lost_fail", {JobState.QUEUED, JobState.RETRYING}, JobState.FAILED, lease=False
 )

@@ -445,7 +445,8 @@ def count_lost_attempt() -> Select[str, list[int] | None]:
         .where(
             Job.id == ticket,
             Job.attempts == bindparam("attempts", type_=Integer),
-            source_states(LOST_RETRY),
+            # Both waiting states: a RETRYING job's lost attempt leaves it RETRYING.
+            source_states(LOST_FAIL),
         )
         .values(
             state=case((exhausted, LOST_FAIL.target), else_=LOST_RETRY.target),
