@@ -414,3 +414,34 @@ def settle_dependents() -> CompoundSelect[Any]:
         .union_all(select(unblocked.c.id, unblocked.c.state).where(woken(tickets)))
         .add_cte(tickets)
     )
+
+
+@cache
+def abandon_orphans() -> Select[int, list[int] | None]:
+    """WAITING jobs ``ids`` (array) that depend on a job of ``deleted`` (array) -> CANCELLED,
+    the reason naming the deleted dependency (the smallest id, when several were deleted).
+
+    A deleted dependency can never succeed, and ``settle_dependents`` cannot tell a deleted
+    dependency from a finished one (it finds no row), so deleting a job cancels its dependents
+    here, right after the delete. Returns ``(id, dependents)`` of the cancelled jobs, whose own
+    dependents ``settle_dependents`` then cancels in turn.
+    """
+    deleted = func.unnest(array_param("deleted", BigInteger)).column_valued("deleted_id")
+    gone = select(func.min(deleted)).where(deleted == func.any(Job.depends_on)).scalar_subquery()
+    abandoned = (
+        update(Job)
+        .where(
+            Job.id == func.any(array_param("ids", BigInteger)),
+            source_states(ABANDON),
+            gone.is_not(None),
+        )
+        .values(
+            state=ABANDON.target,
+            finished_at=func.now(),
+            updated_at=func.now(),
+            last_error=func.concat("dependency ", gone, " was deleted; not run"),
+        )
+        .returning(Job.id, Job.dependents, Job.awaited)
+        .cte("orphans_abandoned")
+    )
+    return select(abandoned.c.id, abandoned.c.dependents).where(announced(abandoned))
