@@ -42,6 +42,7 @@ from sqlalchemy.sql.dml import ReturningUpdate
 from pgqueue.models import Job
 from pgqueue.sql.common import (
     CLEAR_LEASE,
+    OUTCOME_AT,
     REQUEUED_OR_ENDED_COLUMNS,
     announced,
     append_error,
@@ -100,7 +101,7 @@ def _progress_values(rows: Any, progress: bool) -> dict[str, Any]:
     return {
         "progress": func.coalesce(rows.c.progress, Job.progress),
         "progress_message": case((reported, rows.c.progress_message), else_=Job.progress_message),
-        "progress_at": case((reported, func.now()), else_=Job.progress_at),
+        "progress_at": case((reported, OUTCOME_AT), else_=Job.progress_at),
     }
 
 
@@ -124,8 +125,8 @@ def complete(with_progress: bool = False, keyed: bool = True) -> Select[int, lis
             state=COMPLETE.target,
             result=cast(rows.c.result, JSON),
             last_error=null(),
-            finished_at=func.now(),
-            updated_at=func.now(),
+            finished_at=OUTCOME_AT,
+            updated_at=OUTCOME_AT,
             **CLEAR_LEASE,
             **_progress_values(rows, with_progress),
         )
@@ -153,8 +154,8 @@ def retry(with_progress: bool = False, keyed: bool = True) -> Select[int]:
         .where(_leased(RETRY, rows))
         .values(
             state=RETRY.target,
-            run_at=func.now() + seconds(rows.c.delay),
-            updated_at=func.now(),
+            run_at=OUTCOME_AT + seconds(rows.c.delay),
+            updated_at=OUTCOME_AT,
             last_error=rows.c.error,
             errors=append_error(Job.attempts, rows.c.error),
             **CLEAR_LEASE,
@@ -180,8 +181,8 @@ def _end_with_error(
         .where(_leased(transition, rows))
         .values(
             state=transition.target,
-            finished_at=func.now(),
-            updated_at=func.now(),
+            finished_at=OUTCOME_AT,
+            updated_at=OUTCOME_AT,
             last_error=rows.c.error,
             errors=history,
             **CLEAR_LEASE,
@@ -231,8 +232,8 @@ def release(with_progress: bool = False, keyed: bool = True) -> Select[int]:
         .values(
             state=RELEASE.target,
             attempts=Job.attempts - 1,
-            run_at=func.now(),
-            updated_at=func.now(),
+            run_at=OUTCOME_AT,
+            updated_at=OUTCOME_AT,
             **CLEAR_LEASE,
             **_progress_values(rows, with_progress),
         )
@@ -281,9 +282,9 @@ def snooze(with_progress: bool = False, keyed: bool = True) -> Select[int, list[
             state=new_state,
             attempts=case((free, Job.attempts - 1), else_=Job.attempts),
             snoozes=Job.snoozes + 1,
-            run_at=case((failed, Job.run_at), else_=func.now() + seconds(rows.c.delay)),
-            finished_at=case((failed, func.now()), else_=null()),
-            updated_at=func.now(),
+            run_at=case((failed, Job.run_at), else_=OUTCOME_AT + seconds(rows.c.delay)),
+            finished_at=case((failed, OUTCOME_AT), else_=null()),
+            updated_at=OUTCOME_AT,
             last_error=case((free, Job.last_error), else_=error),
             errors=case((free, Job.errors), else_=append_error(Job.attempts, error)),
             **CLEAR_LEASE,
@@ -386,8 +387,8 @@ def settle_dependents() -> CompoundSelect[Any]:
         .where(Job.id == doomed.c.id, source_states(ABANDON))
         .values(
             state=ABANDON.target,
-            finished_at=func.now(),
-            updated_at=func.now(),
+            finished_at=OUTCOME_AT,
+            updated_at=OUTCOME_AT,
             last_error=reason,
         )
         .returning(Job.id, Job.state, Job.awaited)
@@ -399,8 +400,8 @@ def settle_dependents() -> CompoundSelect[Any]:
         .where(Job.id.in_(ready), source_states(UNBLOCK))
         .values(
             state=UNBLOCK.target,
-            run_at=func.greatest(Job.run_at, func.now()),
-            updated_at=func.now(),
+            run_at=func.greatest(Job.run_at, OUTCOME_AT),
+            updated_at=OUTCOME_AT,
         )
         .returning(
             Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key
@@ -437,8 +438,8 @@ def abandon_orphans() -> Select[int, list[int] | None]:
         )
         .values(
             state=ABANDON.target,
-            finished_at=func.now(),
-            updated_at=func.now(),
+            finished_at=OUTCOME_AT,
+            updated_at=OUTCOME_AT,
             last_error=func.concat("dependency ", gone, " was deleted; not run"),
         )
         .returning(Job.id, Job.dependents, Job.awaited)
