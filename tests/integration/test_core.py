@@ -528,7 +528,8 @@ def test_no_configuration_warns_once_and_its_server_refuses_tcp(
 ) -> None:
     """``PgQueue()`` with nothing configured: the embedded development server, said so once
     (naming its data directory), and reachable through its Unix socket only."""
-    # Not tmp_path: as root the server runs as nobody, which cannot traverse pytest's 0700 dirs.
+    # Not tmp_path: as root the server runs as another user, who cannot traverse pytest's 0700
+    # dirs.
     root = Path(tempfile.mkdtemp(prefix="pgqueue-test-default-"))
     root.chmod(0o755)
     data_dir = root / "postgres"
