@@ -105,10 +105,13 @@ def cancel_matching(
 def delete_matching(
     db: SessionOrExecutor, job_filter: JobFilter, states: Collection[JobState]
 ) -> int:
-    """Delete the matching jobs of ``states`` that are not running, and their tickets; how
-    many jobs."""
+    """Delete the matching jobs of ``states`` that are not running, and their tickets,
+    cancelling the jobs that waited on them (``dependencies.abandon_orphans``); how many jobs."""
+    ex = executor_for(db)
     shape, params = _statement_input(job_filter, states)
-    return int(executor_for(db).rows(bulk.delete_jobs(shape), params)[0][0])
+    count, parents, orphans = ex.rows(bulk.delete_jobs(shape), params)[0]
+    dependencies.abandon_orphans(ex, parents, orphans)
+    return int(count)
 
 
 def record_action(

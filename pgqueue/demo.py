@@ -3,6 +3,11 @@
 It creates a fresh ``pgqueue_demo`` database (on the embedded server unless a URL is given),
 migrates it, enqueues jobs of which every 20th fails its first attempt and every 1000th always
 fails, runs a worker until every job is final, and prints what happened.
+
+On a server named by a URL, a ``pgqueue_demo`` database that already exists is dropped only if
+an earlier demo created it (it carries ``DEMO_MARK`` as its comment): a database of that name
+made by anyone else is someone's data, and the demo refuses to run rather than destroy it. The
+embedded server is the demo's own, so there it always starts afresh.
 """
 
 from __future__ import annotations
@@ -19,20 +24,43 @@ from pgqueue import backoff
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.core import PgQueue
 from pgqueue.embedded import shared_server
-from pgqueue.sql.server import create_database, drop_database
+from pgqueue.errors import ConfigurationError
+from pgqueue.sql.server import (
+    comment_on_database,
+    create_database,
+    database_comment,
+    drop_database,
+)
 from pgqueue.states import FINAL_STATES, JobState
 from pgqueue.worker import Worker
 
 DEMO_DATABASE = "pgqueue_demo"
+# The comment the demo puts on the database it creates: the only sign that it may drop it.
+DEMO_MARK = "created by pgqueue demo; pgqueue demo drops and recreates it"
 
 
-def _fresh_database(base_url: str) -> str:
+def _fresh_database(base_url: str, *, own_server: bool) -> str:
+    """A new, empty ``pgqueue_demo`` on the server of ``base_url``, marked as the demo's.
+
+    An existing one is dropped first when ``own_server`` (the embedded server) or when it
+    carries ``DEMO_MARK``; otherwise ``ConfigurationError``, with nothing dropped."""
     url = normalize_database_url(base_url)
     admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(drop_database(DEMO_DATABASE))
-        connection.execute(create_database(DEMO_DATABASE))
-    admin.dispose()
+    try:
+        with admin.connect() as connection:
+            found = connection.execute(database_comment(), {"name": DEMO_DATABASE}).all()
+            if found and found[0][0] != DEMO_MARK and not own_server:
+                where = url.render_as_string(hide_password=True)
+                raise ConfigurationError(
+                    f"database {DEMO_DATABASE} already exists on {where} and pgqueue demo did "
+                    "not create it: refusing to drop it (drop or rename it yourself, or point "
+                    "the demo at another server)"
+                )
+            connection.execute(drop_database(DEMO_DATABASE))
+            connection.execute(create_database(DEMO_DATABASE))
+            connection.execute(comment_on_database(DEMO_DATABASE, DEMO_MARK))
+    finally:
+        admin.dispose()
     return url.set(database=DEMO_DATABASE).render_as_string(hide_password=False)
 
 
@@ -74,7 +102,7 @@ def run_demo(
         base_url = shared_server(settings.embedded_data_dir, bin_dir=settings.embedded_bin_dir)
     else:
         base_url = database_url
-    url = _fresh_database(base_url)
+    url = _fresh_database(base_url, own_server=database_url is None)
     pgq = build_demo_queue(url)
     pgq.migrate()
     console.print(

@@ -4,7 +4,8 @@ The rule: a job runs once every dependency SUCCEEDED; a dependency that FAILED o
 CANCELLED cancels it (and, transitively, what waits on it) with the reason; until then it
 WAITS with no ticket. ``initial_state`` applies the rule when the job is enqueued;
 ``settle`` applies it after its dependencies end, through ``sql.outcomes.settle_dependents``
-(the same rule in SQL, idempotent under concurrent runs).
+(the same rule in SQL, idempotent under concurrent runs). A deleted dependency can never
+succeed: ``abandon_orphans`` cancels what waited on it, in the delete's transaction.
 """
 
 from __future__ import annotations
@@ -53,3 +54,19 @@ def settle(db: Executor, job_ids: Iterable[int]) -> dict[int, JobState]:
     ``pgqueue.sql.common`` on the follow-ups)."""
     rows = db.rows(outcomes.settle_dependents(), {"ids": sorted(set(job_ids))})
     return {row[0]: JobState(row[1]) for row in rows}
+
+
+def abandon_orphans(db: Executor, deleted: Iterable[int], orphans: Iterable[int]) -> None:
+    """Cancel the WAITING jobs ``orphans`` that depend on the just deleted jobs ``deleted``,
+    then settle what waits on them (cancelled in turn).
+
+    Its own statement after the delete's, in the same transaction, for the reason ``settle``
+    is: a dependent enqueued while the delete waited for its row lock is in the deleted row's
+    ``dependents`` but invisible to the delete statement's snapshot."""
+    orphan_ids = sorted(set(orphans))
+    if not orphan_ids:
+        return
+    rows = db.rows(outcomes.abandon_orphans(), {"ids": orphan_ids, "deleted": sorted(set(deleted))})
+    cancelled_dependents = ended_dependents(rows, 1)
+    if cancelled_dependents:
+        settle(db, cancelled_dependents)

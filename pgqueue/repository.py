@@ -919,5 +919,11 @@ def finished_per_bucket(
 
 
 def delete_job(db: SessionOrExecutor, job_id: int) -> bool:
-    """Delete a job that is not running (and its ticket); False when nothing was deleted."""
-    return bool(executor_for(db).rows(admin.delete_job(), {"job_id": job_id}))
+    """Delete a job that is not running (and its ticket), cancelling the jobs that waited on it
+    (``dependencies.abandon_orphans``); False when nothing was deleted."""
+    ex = executor_for(db)
+    rows = ex.rows(admin.delete_job(), {"job_id": job_id})
+    if not rows:
+        return False
+    dependencies.abandon_orphans(ex, [job_id], rows[0][1] or ())
+    return True

@@ -34,7 +34,8 @@ def _embedded_server() -> Iterator[EmbeddedPostgres | None]:
         return
     from pgqueue.embedded import EmbeddedPostgres
 
-    # Not tmp_path_factory: its directories are 0700, and as root the server runs as nobody.
+    # Not tmp_path_factory: its directories are 0700, and as root the server runs as another
+    # user.
     root = Path(tempfile.mkdtemp(prefix="pgqueue-test-"))
     root.chmod(0o755)
     # TCP (with its password) for clients that cannot use the socket, such as PgBouncer

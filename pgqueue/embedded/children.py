@@ -24,7 +24,7 @@ from pgqueue.embedded.identity import RunAs, identity_kwargs
 _T = TypeVar("_T")
 
 # Children never inherit our environment: as root it would hand every secret in it to a process
-# running as `nobody` (whose /proc/<pid>/environ any other `nobody` process can read), and PG*
+# running as another user (whose /proc/<pid>/environ every process of that user can read), and PG*
 # variables would otherwise leak into initdb/postgres behaviour. LC_ALL=C matches --locale=C.
 CHILD_ENV: Final[Mapping[str, str]] = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "LANG": "C"}
 
@@ -52,7 +52,7 @@ def die_with_parent_hook(parent_pid: int) -> Callable[[], None]:
 
     CPython's _posixsubprocess runs preexec_fn *after* setgroups/setregid/setreuid, which
     matters: the kernel clears PDEATHSIG whenever the effective uid/gid changes, so setting it
-    before the switch to `nobody` would silently do nothing. It survives the execve (postgres is
+    before the switch to the server's user would silently do nothing. It survives the execve (postgres is
     not set-uid).
 
     Linux delivers it when the *thread* that forked the child exits, not the process; hence

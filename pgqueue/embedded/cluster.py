@@ -23,7 +23,6 @@ from typing import Final
 from pgqueue.embedded.binaries import has_pg_stat_statements, major_version, server_version
 from pgqueue.embedded.children import CHILD_ENV, die_with_parent_hook
 from pgqueue.embedded.identity import (
-    RUN_AS_USER,
     RunAs,
     blocking_ancestor,
     identity_kwargs,
@@ -34,7 +33,7 @@ from pgqueue.errors import EmbeddedPostgresError
 
 HOST: Final = "127.0.0.1"
 SUPERUSER: Final = "postgres"
-# The pg_ident.conf map that lets root (the only client of a server running as `nobody`) in.
+# The pg_ident.conf map that lets root (the only client of a server it runs as another user) in.
 _PEER_MAP: Final = "pgqueue"
 
 LOG_TAIL_CHARS: Final = 4000
@@ -45,8 +44,9 @@ _MAX_SOCKET_PATH: Final = 107
 def write_hba(data_dir: Path, bin_dir: Path, run_as: RunAs | None) -> None:
     """Write who may connect, replacing whatever ``pg_hba.conf`` the cluster had.
 
-    A server run as ``nobody`` shares its uid with other daemons, which could all reach its
-    socket; ``peer`` with a map admits root, the process that started it, and nobody else.
+    A server root runs as another user admits root, the process that started it, and no one
+    else: ``peer`` with a map. That matters most when it runs as ``nobody``, whose uid other
+    daemons share and who could all reach its socket.
     Otherwise the socket directory's 0700 mode already limits clients to the server's user.
     """
     if run_as is None:
@@ -98,7 +98,7 @@ def prepare_data_dir(
         blocker = blocking_ancestor(data_dir.parent.resolve(), run_as)
         if blocker is not None:
             raise EmbeddedPostgresError(
-                f"this process is root, so PostgreSQL runs as {RUN_AS_USER!r}, which cannot "
+                f"this process is root, so PostgreSQL runs as {run_as.name!r}, which cannot "
                 f"traverse {blocker} (mode {stat.filemode(blocker.stat().st_mode)}) to reach "
                 f"the data directory {data_dir}; choose a data directory it can reach"
             )
@@ -106,8 +106,9 @@ def prepare_data_dir(
         if run_as is not None and data_dir.stat().st_uid != run_as.uid:
             raise EmbeddedPostgresError(
                 f"data directory {data_dir} is owned by uid {data_dir.stat().st_uid}, but the "
-                f"server must run as {RUN_AS_USER!r} (uid {run_as.uid}) because this process "
-                "is root"
+                f"server must run as {run_as.name!r} (uid {run_as.uid}) because this process "
+                f"is root; to keep its data, stop its server and run `chown -R "
+                f"{run_as.name}: {data_dir}`"
             )
         return
     if data_dir.is_dir() and any(data_dir.iterdir()):
@@ -130,7 +131,7 @@ def _initdb(
     # absent or complete, even if this process is killed half way, and two processes
     # initialising the same directory at once cannot mix their files.
     building = Path(tempfile.mkdtemp(prefix=f".{data_dir.name}.initdb-", dir=data_dir.parent))
-    # The password initdb sets for TCP clients; initdb (maybe `nobody`) reads it from a file
+    # The password initdb sets for TCP clients; initdb (maybe another user) reads it from a file
     # in a 0700 directory of its own, deleted once initdb is done.
     password = secrets.token_urlsafe(32)
     secret_dir = Path(tempfile.mkdtemp(prefix=f".{data_dir.name}.pw-", dir=data_dir.parent))

@@ -66,8 +66,8 @@ class EmbeddedPostgres:
     full_page_writes off, initdb --no-sync): for tests and throwaway queues.
 
     Server output goes to ``<data_dir>.log`` beside the data directory. When this process is
-    root the server runs as ``nobody``, which must be able to traverse every parent of
-    ``data_dir``.
+    root the server runs as its own system account (``identity``), which must be able to
+    traverse every parent of ``data_dir``.
 
     ``start()`` may be called from any thread: the server is forked from a module-owned thread
     that lives as long as the process, because Linux sends the parent-death signal when the

@@ -23,7 +23,7 @@ def default_data_dir() -> Path:
     """Where :func:`shared_server` keeps its cluster when no data directory is given.
 
     ``~/.local/share/pgqueue/postgres`` for normal users; ``/var/lib/pgqueue/postgres`` for
-    root, whose server runs as ``nobody``, which cannot traverse ``/root``.
+    root, whose server runs as another user (``identity``), which cannot traverse ``/root``.
     """
     if os.geteuid() == 0:
         return Path("/var/lib/pgqueue/postgres")

@@ -18,6 +18,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     delete,
     false,
@@ -473,11 +474,21 @@ def finished_per_bucket(history: bool = False) -> Select[str, JobState, int, int
     )
 
 
+# The dependents a deleted job leaves behind: those of a job that had not SUCCEEDED, which can
+# now never succeed (``sql.outcomes.abandon_orphans`` cancels them). A SUCCEEDED job released its
+# dependents when it ended, and deleting it (pruned history, say) must not cancel the ones still
+# waiting on another dependency.
+ORPHANED: Final[ColumnElement[list[int] | None]] = case(
+    (Job.state != JobState.SUCCEEDED.value, Job.dependents), else_=null()
+)
+
+
 @cache
 def delete_job() -> Any:  # a ReturningDelete
-    """Delete one job that is not RUNNING, and its ticket. Binds ``job_id``; returns the id when
-    deleted. A running job is left alone: its worker still holds it and would report an outcome
-    for a missing row (and it has no ticket: the claim deleted it).
+    """Delete one job that is not RUNNING, and its ticket. Binds ``job_id``; returns the id and
+    the dependents it orphans (``ORPHANED``) when deleted. A running job is left alone: its
+    worker still holds it and would report an outcome for a missing row (and it has no ticket:
+    the claim deleted it).
 
     The ticket goes first, in the claim's lock order (ticket, then job), so this statement and
     a claim of the same job cannot deadlock: whichever locks the ticket first wins, and the
@@ -488,7 +499,7 @@ def delete_job() -> Any:  # a ReturningDelete
     return (
         delete(Job)
         .where(Job.id == job_id, Job.state != JobState.RUNNING, ticket_first)
-        .returning(Job.id)
+        .returning(Job.id, ORPHANED)
     )
 
 

@@ -40,7 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from pgqueue.models import AuditRecord, Job, MessageQueue
-from pgqueue.sql.admin import CANCEL_VALUES, RERUN_VALUES
+from pgqueue.sql.admin import CANCEL_VALUES, ORPHANED, RERUN_VALUES
 from pgqueue.sql.common import announced, array_param, source_states, tickets_for, woken
 from pgqueue.states import CANCEL, RERUN, JobState
 
@@ -150,9 +150,10 @@ def flag_running(shape: Shape) -> Select[int]:
 
 
 @cache
-def delete_jobs(shape: Shape) -> Select[int]:
+def delete_jobs(shape: Shape) -> Select[int, list[int], list[int]]:
     """Delete the matching jobs that are not RUNNING and their tickets, tickets first, as
-    ``sql.admin.delete_job`` does one job; returns how many jobs."""
+    ``sql.admin.delete_job`` does one job; returns how many jobs, the deleted jobs that orphan
+    dependents, and those dependents (``sql.admin.ORPHANED``)."""
     ticket = (
         delete(MessageQueue)
         .where(MessageQueue.job_id.in_(select(Job.id).where(matching(shape))))
@@ -163,10 +164,15 @@ def delete_jobs(shape: Shape) -> Select[int]:
     deleted = (
         delete(Job)
         .where(matching(shape), Job.state != JobState.RUNNING.value, ticket_first)
-        .returning(Job.id)
+        .returning(Job.id, ORPHANED.label("orphaned"))
         .cte("deleted")
     )
-    return select(func.count()).select_from(deleted)
+    count = select(func.count()).select_from(deleted).scalar_subquery()
+    parents = func.array(
+        select(deleted.c.id).where(deleted.c.orphaned.is_not(None)).scalar_subquery()
+    )
+    orphans = func.array(select(func.unnest(deleted.c.orphaned)).scalar_subquery())
+    return select(count, parents, orphans)
 
 
 @cache

@@ -55,6 +55,14 @@ def seconds(value: ColumnElement[Any]) -> ColumnElement[Any]:
     return value * _ONE_SECOND
 
 
+# The moment an outcome is written (``finished_at``, ``updated_at``, a retry's ``run_at``): the
+# statement's start, not ``now()``, the transaction's. An atomic job's outcome is written in the
+# transaction that claimed it, where ``now()`` is the claim's time, so its ``finished_at`` would
+# equal its ``started_at`` and its backoff would count from the claim. In the short transactions
+# that write leased outcomes the two are the same moment.
+OUTCOME_AT: Final[ColumnElement[Any]] = func.statement_timestamp()
+
+
 _ONE_MINUTE: ColumnElement[Any] = literal_column("interval '1 minute'")
 _EPOCH: ColumnElement[Any] = literal_column("TIMESTAMPTZ '1970-01-01 00:00:00+00'")
 

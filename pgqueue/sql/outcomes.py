@@ -46,6 +46,7 @@ from sqlalchemy.sql.elements import TextClause
 from pgqueue.models import Job, MessageQueue
 from pgqueue.sql.common import (
     CLEAR_LEASE,
+    OUTCOME_AT,
     REQUEUED_OR_ENDED_COLUMNS,
     announced,
     append_error,
@@ -106,7 +107,7 @@ def _progress_values(rows: Any, progress: bool) -> dict[str, Any]:
     return {
         "progress": func.coalesce(rows.c.progress, Job.progress),
         "progress_message": case((reported, rows.c.progress_message), else_=Job.progress_message),
-        "progress_at": case((reported, func.now()), else_=Job.progress_at),
+        "progress_at": case((reported, OUTCOME_AT), else_=Job.progress_at),
     }
 
 
@@ -130,8 +131,8 @@ def complete(with_progress: bool = False, keyed: bool = True) -> Select[int, lis
             state=COMPLETE.target,
             result=cast(rows.c.result, JSON),
             last_error=null(),
-            finished_at=func.now(),
-            updated_at=func.now(),
+            finished_at=OUTCOME_AT,
+            updated_at=OUTCOME_AT,
             **CLEAR_LEASE,
             **_progress_values(rows, with_progress),
         )
@@ -159,8 +160,8 @@ def retry(with_progress: bool = False, keyed: bool = True) -> Select[int]:
         .where(_leased(RETRY, rows))
         .values(
             state=RETRY.target,
-            run_at=func.now() + seconds(rows.c.delay),
-            updated_at=func.now(),
+            run_at=OUTCOME_AT + seconds(rows.c.delay),
+            updated_at=OUTCOME_AT,
             last_error=rows.c.error,
             errors=append_error(Job.attempts, rows.c.error),
             **CLEAR_LEASE,
@@ -186,8 +187,8 @@ def _end_with_error(
         .where(_leased(transition, rows))
         .values(
             state=transition.target,
-            finished_at=func.now(),
-            updated_at=func.now(),
+            finished_at=OUTCOME_AT,
+            updated_at=OUTCOME_AT,
             last_error=rows.c.error,
             errors=history,
             **CLEAR_LEASE,
@@ -237,8 +238,8 @@ def release(with_progress: bool = False, keyed: bool = True) -> Select[int]:
         .values(
             state=RELEASE.target,
             attempts=Job.attempts - 1,
-            run_at=func.now(),
-            updated_at=func.now(),
+            run_at=OUTCOME_AT,
+            updated_at=OUTCOME_AT,
             **CLEAR_LEASE,
             **_progress_values(rows, with_progress),
         )
@@ -287,9 +288,9 @@ def snooze(with_progress: bool = False, keyed: bool = True) -> Select[int, list[
             state=new_state,
             attempts=case((free, Job.attempts - 1), else_=Job.attempts),
             snoozes=Job.snoozes + 1,
-            run_at=case((failed, Job.run_at), else_=func.now() + seconds(rows.c.delay)),
-            finished_at=case((failed, func.now()), else_=null()),
-            updated_at=func.now(),
+            run_at=case((failed, Job.run_at), else_=OUTCOME_AT + seconds(rows.c.delay)),
+            finished_at=case((failed, OUTCOME_AT), else_=null()),
+            updated_at=OUTCOME_AT,
             last_error=case((free, Job.last_error), else_=error),
             errors=case((free, Job.errors), else_=append_error(Job.attempts, error)),
             **CLEAR_LEASE,
@@ -392,8 +393,8 @@ def settle_dependents() -> CompoundSelect[Any]:
         .where(Job.id == doomed.c.id, source_states(ABANDON))
         .values(
             state=ABANDON.target,
-            finished_at=func.now(),
-            updated_at=func.now(),
+            finished_at=OUTCOME_AT,
+            updated_at=OUTCOME_AT,
             last_error=reason,
         )
         .returning(Job.id, Job.state, Job.awaited)
@@ -405,8 +406,8 @@ def settle_dependents() -> CompoundSelect[Any]:
         .where(Job.id.in_(ready), source_states(UNBLOCK))
         .values(
             state=UNBLOCK.target,
-            run_at=func.greatest(Job.run_at, func.now()),
-            updated_at=func.now(),
+            run_at=func.greatest(Job.run_at, OUTCOME_AT),
+            updated_at=OUTCOME_AT,
         )
         .returning(
             Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key
@@ -420,6 +421,37 @@ def settle_dependents() -> CompoundSelect[Any]:
         .union_all(select(unblocked.c.id, unblocked.c.state).where(woken(tickets)))
         .add_cte(tickets)
     )
+
+
+@cache
+def abandon_orphans() -> Select[int, list[int] | None]:
+    """WAITING jobs ``ids`` (array) that depend on a job of ``deleted`` (array) -> CANCELLED,
+    the reason naming the deleted dependency (the smallest id, when several were deleted).
+
+    A deleted dependency can never succeed, and ``settle_dependents`` cannot tell a deleted
+    dependency from a finished one (it finds no row), so deleting a job cancels its dependents
+    here, right after the delete. Returns ``(id, dependents)`` of the cancelled jobs, whose own
+    dependents ``settle_dependents`` then cancels in turn.
+    """
+    deleted = func.unnest(array_param("deleted", BigInteger)).column_valued("deleted_id")
+    gone = select(func.min(deleted)).where(deleted == func.any(Job.depends_on)).scalar_subquery()
+    abandoned = (
+        update(Job)
+        .where(
+            Job.id == func.any(array_param("ids", BigInteger)),
+            source_states(ABANDON),
+            gone.is_not(None),
+        )
+        .values(
+            state=ABANDON.target,
+            finished_at=OUTCOME_AT,
+            updated_at=OUTCOME_AT,
+            last_error=func.concat("dependency ", gone, " was deleted; not run"),
+        )
+        .returning(Job.id, Job.dependents, Job.awaited)
+        .cte("orphans_abandoned")
+    )
+    return select(abandoned.c.id, abandoned.c.dependents).where(announced(abandoned))
 
 
 @cache

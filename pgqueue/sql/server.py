@@ -1,11 +1,12 @@
-"""Statements about the server and its sessions rather than jobs: creating and dropping a
-database (the demo, and the test databases of ``pgqueue.testing``), the listeners' ``LISTEN``
+"""Statements about the server and its sessions rather than jobs: creating, marking and dropping
+a database (the demo, and the test databases of ``pgqueue.testing``), the listeners' ``LISTEN``
 and session name, and dropping the plans of prepared statements. Pure builders, like the rest of
 ``pgqueue.sql``.
 
-``CREATE``/``DROP DATABASE`` take a name, so they are constructs compiled with the dialect's
-identifier preparer (quoted as the dialect quotes it, never pasted in). The others run on a
-raw psycopg connection and are composed by psycopg, as the ``COPY`` statements are.
+``CREATE``/``DROP DATABASE`` and ``COMMENT ON DATABASE`` take a name, so they are constructs
+compiled with the dialect's identifier preparer (quoted as the dialect quotes it, never pasted
+in). The others run on a raw psycopg connection and are composed by psycopg, as the ``COPY``
+statements are.
 """
 
 from __future__ import annotations
@@ -14,6 +15,18 @@ from functools import cache
 from typing import Any
 
 from psycopg import sql
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    String,
+    Text,
+    bindparam,
+    column,
+    func,
+    literal_column,
+    select,
+    table,
+)
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import ExecutableDDLElement
 from sqlalchemy.sql.compiler import DDLCompiler
@@ -42,6 +55,14 @@ class _DropDatabase(_DatabaseStatement):
     """``DROP DATABASE IF EXISTS name WITH (FORCE)``."""
 
 
+class _CommentOnDatabase(_DatabaseStatement):
+    """``COMMENT ON DATABASE name IS 'comment'``."""
+
+    def __init__(self, name: str, comment: str) -> None:
+        super().__init__(name)
+        self.comment = comment
+
+
 @compiles(_CreateDatabase)
 def _compile_create(element: _CreateDatabase, compiler: DDLCompiler, **kw: Any) -> str:
     statement = "CREATE DATABASE " + compiler.preparer.quote(element.name)
@@ -55,6 +76,13 @@ def _compile_drop(element: _DropDatabase, compiler: DDLCompiler, **kw: Any) -> s
     return "DROP DATABASE IF EXISTS " + compiler.preparer.quote(element.name) + " WITH (FORCE)"
 
 
+@compiles(_CommentOnDatabase)
+def _compile_comment(element: _CommentOnDatabase, compiler: DDLCompiler, **kw: Any) -> str:
+    # A utility statement takes no parameters: the comment is rendered as a quoted literal.
+    comment = compiler.sql_compiler.render_literal_value(element.comment, String())
+    return f"COMMENT ON DATABASE {compiler.preparer.quote(element.name)} IS {comment}"
+
+
 def create_database(name: str, template: str | None = None) -> ExecutableDDLElement:
     """``CREATE DATABASE name``, a copy of database ``template`` when given (run outside a
     transaction, e.g. on an AUTOCOMMIT engine)."""
@@ -64,6 +92,24 @@ def create_database(name: str, template: str | None = None) -> ExecutableDDLElem
 def drop_database(name: str) -> ExecutableDDLElement:
     """``DROP DATABASE IF EXISTS name WITH (FORCE)``: ends the sessions still connected to it."""
     return _DropDatabase(name)
+
+
+def comment_on_database(name: str, comment: str) -> ExecutableDDLElement:
+    """``COMMENT ON DATABASE name IS 'comment'`` (needs the database's owner)."""
+    return _CommentOnDatabase(name, comment)
+
+
+_PG_DATABASE = table("pg_database", column("oid"), column("datname"))
+# Written out: the catalog's name, a constant of the statement rather than a parameter.
+_CATALOG: ColumnElement[str] = literal_column("'pg_database'")
+
+
+@cache
+def database_comment() -> Select[str | None]:
+    """The comment on database ``name`` (NULL when it has none); no row when it does not exist."""
+    return select(func.shobj_description(_PG_DATABASE.c.oid, _CATALOG, type_=Text)).where(
+        _PG_DATABASE.c.datname == bindparam("name", type_=Text)
+    )
 
 
 @cache

@@ -71,7 +71,8 @@ class TestDatabases:
     def _start_embedded(self) -> str:
         from pgqueue.embedded import EmbeddedPostgres
 
-        # World-readable parent: as root the server runs as nobody, who must reach the data dir.
+        # World-readable parent: as root the server runs as another user, who must reach the
+        # data dir.
         root = Path(tempfile.mkdtemp(prefix="pgqueue-test-"))
         root.chmod(0o755)
         server = EmbeddedPostgres(root / "data", durable=False)

