@@ -13,6 +13,7 @@ from typing import Final
 __all__ = [
     "BulkCountChanged",
     "ConfigurationError",
+    "DowngradeLosesData",
     "EmbeddedPostgresError",
     "InvalidStateTransition",
     "JobNotFound",
@@ -32,6 +33,7 @@ __all__ = [
     "is_bad_credentials",
     "is_connection_error",
     "is_insufficient_privilege",
+    "is_lock_timeout",
     "is_lost_session_state",
     "is_transient_conflict",
     "is_undefined_table",
@@ -125,6 +127,15 @@ class NotSchemaOwner(PgQueueError, PermissionError):
     role does not own pgqueue's tables (SQLSTATE 42501)."""
 
 
+class DowngradeLosesData(PgQueueError):
+    """A downgrade was refused because its steps would drop rows or values (see
+    ``pgqueue.migrations.losses``); nothing was changed. ``losses`` names each one."""
+
+    def __init__(self, message: str, losses: list[str]) -> None:
+        super().__init__(message)
+        self.losses = losses
+
+
 class BulkCountChanged(PgQueueError):
     """A bulk action matched a different number of jobs than the preview it was confirmed from;
     nothing was changed."""
@@ -188,6 +199,11 @@ def ended_before_commit(exc: BaseException) -> bool:
 def is_insufficient_privilege(exc: BaseException) -> bool:
     """True when the role lacks a right (e.g. ``pgqueue migrate`` run with DML rights only)."""
     return sqlstate_of(exc) == INSUFFICIENT_PRIVILEGE
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """True when a statement gave up waiting for a lock (``lock_timeout``, or ``NOWAIT``)."""
+    return sqlstate_of(exc) == LOCK_NOT_AVAILABLE
 
 
 def is_undefined_table(exc: BaseException) -> bool:
