@@ -23,6 +23,7 @@ from pgqueue import config
 from pgqueue.cli_bulk import add_bulk_commands
 from pgqueue.cli_flow import FLOW_COMMAND_SETTINGS, key_limit_command, rate_limit_command
 from pgqueue.cli_shared import (
+    CommandError,
     OneLineErrors,
     configure_logging,
     console,
@@ -41,10 +42,12 @@ from pgqueue.cli_shared import (
 )
 from pgqueue.core import PgQueue
 from pgqueue.errors import (
+    DowngradeLosesData,
     NotSchemaOwner,
     is_bad_credentials,
     is_connection_error,
     is_insufficient_privilege,
+    is_lock_timeout,
 )
 from pgqueue.states import JobState
 
@@ -65,6 +68,13 @@ database_option = click.option(
 )
 
 
+yes_option = click.option(
+    "--yes",
+    is_flag=True,
+    help="Downgrade even when it drops tables or columns that hold data (see the README).",
+)
+
+
 @click.group(cls=OneLineErrors)
 @verbose_option
 @debug_option
@@ -80,16 +90,21 @@ def main(verbose: int, debug: bool) -> None:
 @main.command()
 @click.argument("action", type=click.Choice(["upgrade", "downgrade", "current"]), default="upgrade")
 @click.argument("revision", required=False)
+@yes_option
 @database_option
-def migrate(action: str, revision: str | None, database_url: str | None) -> None:
+def migrate(action: str, revision: str | None, yes: bool, database_url: str | None) -> None:
     """Upgrade (default), downgrade, or show pgqueue's schema revision."""
-    run_migrate_command(_queue_for(database_url), action, revision)
+    run_migrate_command(_queue_for(database_url), action, revision, yes=yes)
 
 
-def run_migrate_command(pgq: PgQueue, action: str, revision: str | None) -> None:
+def run_migrate_command(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> None:
     """Shared by ``pgqueue migrate`` and ``flask pgqueue migrate``."""
     try:
-        _migrate(pgq, action, revision)
+        _migrate(pgq, action, revision, yes=yes)
+    except DowngradeLosesData as exc:
+        raise CommandError(
+            f"pgqueue migrate: {exc}; nothing changed: add --yes to drop it"
+        ) from None
     except DBAPIError as exc:
         if not is_insufficient_privilege(exc):
             raise
@@ -102,9 +117,11 @@ def run_migrate_command(pgq: PgQueue, action: str, revision: str | None) -> None
         ) from None
 
 
-def _migrate(pgq: PgQueue, action: str, revision: str | None) -> None:
+def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> None:
     from pgqueue import migrations
+    from pgqueue.migrations.blockers import BlockerWatch, session_pid
 
+    lock_timeout = pgq.settings.migration_lock_timeout
     with pgq.engine.begin() as connection:
         if action == "current":
             current = migrations.current(connection)
@@ -112,12 +129,27 @@ def _migrate(pgq: PgQueue, action: str, revision: str | None) -> None:
             marker = " (head)" if current == head else f" (head is {head})"
             click.echo(f"{current or 'none'}{marker}")
             return
-        if action == "downgrade":
-            if not revision:
-                raise click.UsageError("downgrade needs a REVISION (e.g. base)")
-            migrations.downgrade(connection, revision)
-        else:
-            migrations.upgrade(connection, revision or "head")
+        if action == "downgrade" and not revision:
+            raise click.UsageError("downgrade needs a REVISION (e.g. base)")
+        watch = BlockerWatch(pgq.engine, session_pid(connection))
+        try:
+            with watch:
+                if action == "downgrade":
+                    assert revision is not None
+                    migrations.downgrade(
+                        connection, revision, lock_timeout=lock_timeout, refuse_data_loss=not yes
+                    )
+                else:
+                    migrations.upgrade(connection, revision or "head", lock_timeout=lock_timeout)
+        except DBAPIError as exc:
+            if not is_lock_timeout(exc):
+                raise
+            blockers = "; ".join(b.describe() for b in watch.blockers) or "a session gone since"
+            raise CommandError(
+                f"pgqueue migrate: waited {lock_timeout:g} s (migration_lock_timeout) for a lock "
+                f"held by {blockers}; nothing changed: end that transaction, or migrate again "
+                "when it is done"
+            ) from None
     with pgq.engine.connect() as connection:
         click.echo(f"pgqueue schema at {migrations.current(connection) or 'base'}")
 

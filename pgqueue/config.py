@@ -33,6 +33,10 @@ POOLER_MODES: Final = ("none", "transaction", "session")
 # Where finished jobs are kept (see ``Settings.history``).
 HISTORY_LAYOUTS: Final = ("in_place", "partitioned")
 
+# Default ``Settings.migration_lock_timeout`` (seconds), also that of
+# ``pgqueue.migrations.upgrade`` called without one.
+DEFAULT_MIGRATION_LOCK_TIMEOUT: Final = 5.0
+
 # Smallest accepted ``max_error_bytes``.
 MIN_ERROR_BYTES: Final = 256
 
@@ -123,6 +127,11 @@ class Settings:
     """How long a stopping worker waits for running handlers before releasing their jobs."""
     statement_timeout_ms: int = 10_000
     """statement_timeout for pgqueue's own statements (handlers' sessions are not affected)."""
+    migration_lock_timeout: float = DEFAULT_MIGRATION_LOCK_TIMEOUT
+    """How long a migration statement waits for a table lock before the migration gives up
+    (``lock_timeout``; nothing is changed). A statement waiting for a lock also blocks every
+    worker queued behind it, so the wait is kept short; 0 waits without limit. Migrations run
+    without ``statement_timeout`` whatever ``statement_timeout_ms`` says."""
     max_payload_bytes: int = 1_000_000
     """Largest encoded args + kwargs of one job."""
     max_json_depth: int = 64
@@ -214,6 +223,7 @@ class Settings:
             )
         metrics_address(self.metrics_address)
         _non_negative("shutdown_timeout", self.shutdown_timeout)
+        _non_negative("migration_lock_timeout", self.migration_lock_timeout)
         _non_negative("log_summary_interval", self.log_summary_interval)
         if (
             not isinstance(self.prefetch, int)

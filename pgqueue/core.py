@@ -233,7 +233,9 @@ class PgQueue:
         from pgqueue import migrations
 
         with self.engine.begin() as connection:
-            migrations.upgrade(connection, revision)
+            migrations.upgrade(
+                connection, revision, lock_timeout=self.settings.migration_lock_timeout
+            )
 
     # -- tasks -------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ __all__ = [
     "AtomicSessionMisuse",
     "BulkCountChanged",
     "ConfigurationError",
+    "DowngradeLosesData",
     "EmbeddedPostgresError",
     "InvalidStateTransition",
     "JobNotFound",
@@ -33,6 +34,7 @@ __all__ = [
     "is_bad_credentials",
     "is_connection_error",
     "is_insufficient_privilege",
+    "is_lock_timeout",
     "is_lost_session_state",
     "is_timeout",
     "is_transient_conflict",
@@ -133,6 +135,15 @@ class AtomicSessionMisuse(PgQueueError):
     writes when the handler returns, and rolls back the handler's writes when it raises."""
 
 
+class DowngradeLosesData(PgQueueError):
+    """A downgrade was refused because its steps would drop rows or values (see
+    ``pgqueue.migrations.losses``); nothing was changed. ``losses`` names each one."""
+
+    def __init__(self, message: str, losses: list[str]) -> None:
+        super().__init__(message)
+        self.losses = losses
+
+
 class BulkCountChanged(PgQueueError):
     """A bulk action matched a different number of jobs than the preview it was confirmed from;
     nothing was changed."""
@@ -206,6 +217,11 @@ def ended_before_commit(exc: BaseException) -> bool:
 def is_insufficient_privilege(exc: BaseException) -> bool:
     """True when the role lacks a right (e.g. ``pgqueue migrate`` run with DML rights only)."""
     return sqlstate_of(exc) == INSUFFICIENT_PRIVILEGE
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """True when a statement gave up waiting for a lock (``lock_timeout``, or ``NOWAIT``)."""
+    return sqlstate_of(exc) == LOCK_NOT_AVAILABLE
 
 
 def is_undefined_table(exc: BaseException) -> bool:

@@ -727,9 +727,13 @@ def queue_controls(session: Session) -> list[Any]:
 
 
 def record_tick(db: SessionOrExecutor, schedule_name: str, scheduled_at: dt.datetime) -> bool:
-    """True when this caller recorded the tick first (and so must enqueue its job)."""
+    """True when this caller recorded the tick first (and so must enqueue its job); false too
+    when a newer tick of the schedule is recorded already. Call inside a transaction: the
+    schedule's lock is held until it ends."""
     params = {"tick_name": schedule_name, "tick_at": scheduled_at}
-    return bool(executor_for(db).rows(control.record_tick(), params))
+    ex = executor_for(db)
+    ex.rows(control.lock_schedule(), {"tick_name": schedule_name})
+    return bool(ex.rows(control.record_tick(), params))
 
 
 def set_tick_job(

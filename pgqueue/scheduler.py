@@ -16,7 +16,11 @@ unless the hour field is ``*`` (an hourly schedule does tick in both repeated ho
 
 After downtime, the schedule's ``missed`` policy applies to ticks older than ``grace`` seconds:
 ``"latest"`` (default) runs only the latest missed tick, ``"all"`` runs every one, ``"skip"``
-runs none. The clock is injectable (``clock=``) so tests can drive hours of schedule in
+runs none. "latest" and "skip" look the latest missed tick up directly (walking back from now),
+so one pass settles any outage, however many ticks it spans; only "all" walks the missed ticks,
+``MAX_TICKS_PER_PASS`` at a time. A tick is recorded only when it is newer than every recorded
+tick of its schedule (under a per-schedule lock), so a scheduler that computed its ticks before
+another one caught up can never add an older missed tick beside the newer one. The clock is injectable (``clock=``) so tests can drive hours of schedule in
 milliseconds; by default it is the database's ``now()``.
 """
 
@@ -115,6 +119,26 @@ class Schedule:
             if len(ticks) >= MAX_TICKS_PER_PASS:
                 return ticks
 
+    def latest_between(self, after: dt.datetime, until: dt.datetime) -> dt.datetime | None:
+        """The latest cron instant in ``(after, until]`` (UTC), or None, without walking the
+        instants before it: a month of per-second ticks costs a few steps."""
+        iterator = croniter(self.cron, (until + dt.timedelta(seconds=1)).astimezone(self.tz))
+        start = after
+        behind = 0
+        while True:
+            instant = iterator.get_prev(dt.datetime).astimezone(UTC)
+            if instant <= after:
+                break
+            if instant <= until:
+                behind += 1
+                # A few instants back, the forward walk from there applies the same
+                # fall-back rule as ``ticks_between`` from ``after`` would.
+                if behind == 3:
+                    start = instant
+                    break
+        ticks = self.ticks_between(start, until)
+        return ticks[-1] if ticks else None
+
     def next_after(self, moment: dt.datetime) -> dt.datetime:
         """The first cron instant after ``moment`` (UTC)."""
         return self.ticks_between(moment, moment + dt.timedelta(days=400))[0]
@@ -165,27 +189,34 @@ class Scheduler:
         created: list[int] = []
         for schedule in schedules:
             since = last.get(schedule.name) or self._first_seen.setdefault(schedule.name, now)
-            due = schedule.ticks_between(since, now)
-            run, marker = self._apply_policy(schedule, due, now)
+            run, dropped = self._due(schedule, since, now)
             for instant in run:
                 job_id = self._enqueue_tick(schedule, instant)
                 if job_id is not None:
                     created.append(job_id)
-            if marker is not None:
+            if dropped is not None:
                 # Record the newest dropped tick (without a job) so the next pass starts there.
-                self._record_dropped(schedule.name, marker)
+                self._record_dropped(schedule.name, dropped)
         return created
 
-    def _apply_policy(
-        self, schedule: Schedule, due: list[dt.datetime], now: dt.datetime
+    def _due(
+        self, schedule: Schedule, since: dt.datetime, now: dt.datetime
     ) -> tuple[list[dt.datetime], dt.datetime | None]:
-        missed = [t for t in due if now - t > self.grace]
-        on_time = [t for t in due if now - t <= self.grace]
-        if not missed or schedule.missed == "all":
-            return due, None
-        if schedule.missed == "latest" and not on_time:
-            return missed[-1:], None
-        return on_time, None if on_time else missed[-1]
+        """The ticks to enqueue now, and the newest tick dropped without a job (or None)."""
+        # Ticks before ``missed_before`` are missed; ``now - tick == grace`` is still on time.
+        missed_before = now - self.grace - dt.timedelta(microseconds=1)
+        if schedule.missed == "all" or since >= missed_before:
+            return schedule.ticks_between(since, now), None
+        latest_missed = schedule.latest_between(since, missed_before)
+        # Walked on from a real tick, not from ``missed_before``, so the fall-back rule sees the
+        # tick before: the repeated 01:30 of a daily 01:30 stays skipped.
+        on_time = schedule.ticks_between(latest_missed or since, now)
+        if on_time or latest_missed is None:
+            # An on-time tick stands for the missed ones under both "latest" and "skip".
+            return on_time, None
+        if schedule.missed == "latest":
+            return [latest_missed], None
+        return [], latest_missed
 
     def _record_dropped(self, name: str, instant: dt.datetime) -> None:
         uow.run_in_transaction(

@@ -13,6 +13,18 @@ Three ways to run them:
   ``pgqueue@head`` with the host's own Alembic.
 
 For hosts' autogenerate, :func:`include_object` keeps pgqueue's tables out of the comparison.
+
+Every way in runs the revisions with ``statement_timeout`` off for the migration's transaction
+(building an index on a long history takes as long as it takes, whatever the engine's timeout
+for pgqueue's own statements) and with a deliberate ``lock_timeout`` (``Settings.
+migration_lock_timeout``, default 5 s): a DDL statement queued behind a long transaction would
+otherwise block every worker queued behind it. Both are set as ``SET LOCAL`` would set them
+(the transaction's own, also behind a pooler) and put back as they were after the revisions,
+so a host's transaction that called ``upgrade`` keeps its own settings.
+
+``downgrade(..., refuse_data_loss=True)`` (what ``pgqueue migrate downgrade`` does without
+``--yes``) refuses, before any step, a downgrade that would drop rows or values; see
+:mod:`pgqueue.migrations.losses` for what counts.
 """
 
 from __future__ import annotations
@@ -26,7 +38,10 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect
 from sqlalchemy.exc import DBAPIError
 
-from pgqueue.errors import SchemaNotCurrent, is_insufficient_privilege
+from pgqueue.config import DEFAULT_MIGRATION_LOCK_TIMEOUT
+from pgqueue.errors import DowngradeLosesData, SchemaNotCurrent, is_insufficient_privilege
+from pgqueue.migrations import losses
+from pgqueue.sql import schema
 
 VERSION_TABLE: Final = "pgqueue_alembic_version"
 # Where a host's own Alembic records pgqueue's revisions when it runs them (third way above).
@@ -49,6 +64,7 @@ __all__ = [
     "head",
     "include_object",
     "is_history_partition",
+    "migration_settings",
     "upgrade",
 ]
 
@@ -65,27 +81,55 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
-def upgrade(connection: Connection, revision: str = "head") -> None:
+def upgrade(
+    connection: Connection,
+    revision: str = "head",
+    *,
+    lock_timeout: float = DEFAULT_MIGRATION_LOCK_TIMEOUT,
+) -> None:
     """Upgrade pgqueue's tables to ``revision`` using the caller's connection (and its
-    transaction: nothing is committed here). Safe to call from inside a host's revision."""
+    transaction: nothing is committed here). Safe to call from inside a host's revision.
+    Statements run without ``statement_timeout`` and wait at most ``lock_timeout`` seconds
+    for a lock (0: without limit)."""
     script = ScriptDirectory.from_config(alembic_config())
     target = _qualified(revision)
-    _run(connection, lambda rev, _ctx: script._upgrade_revs(target, rev))
+    _run(connection, lambda rev, _ctx: script._upgrade_revs(target, rev), lock_timeout)
 
 
-def downgrade(connection: Connection, revision: str) -> None:
-    """Downgrade pgqueue's tables to ``revision`` (``"base"`` removes them)."""
+def downgrade(
+    connection: Connection,
+    revision: str,
+    *,
+    lock_timeout: float = DEFAULT_MIGRATION_LOCK_TIMEOUT,
+    refuse_data_loss: bool = False,
+) -> None:
+    """Downgrade pgqueue's tables to ``revision`` (``"base"`` removes them). With
+    ``refuse_data_loss``, raise :class:`DowngradeLosesData` before any step when a step would
+    drop rows or values (:mod:`pgqueue.migrations.losses`)."""
     script = ScriptDirectory.from_config(alembic_config())
-    _run(connection, lambda rev, _ctx: script._downgrade_revs(revision, rev))
+
+    def steps(rev: Any, _ctx: Any) -> Any:
+        planned = script._downgrade_revs(revision, rev)
+        if refuse_data_loss:
+            lost = losses.found(connection, planned)
+            if lost:
+                raise DowngradeLosesData(
+                    f"downgrade to {revision} would delete data: {'; '.join(lost)}", lost
+                )
+        return planned
+
+    _run(connection, steps, lock_timeout)
 
 
-def _run(connection: Connection, step: Any) -> None:
+def _run(connection: Connection, step: Any, lock_timeout: float) -> None:
     # Run the revisions on a MigrationContext of our own rather than through alembic.command:
     # a command would load an env.py and install Alembic's module-level ``op``/``context``
     # proxies, clobbering those of a host migration that called us. The host's ``op`` proxy,
     # if any, is put back afterwards.
     from alembic import op as op_module
 
+    previous = connection.execute(schema.current_timeouts()).one()
+    _set_timeouts(connection, "0", _milliseconds(lock_timeout))
     outer = getattr(op_module, "_proxy", None)
     context = MigrationContext.configure(
         connection, opts={"version_table": VERSION_TABLE, "fn": step}
@@ -96,6 +140,22 @@ def _run(connection: Connection, step: Any) -> None:
     finally:
         if outer is not None:
             outer._install_proxy()
+    _set_timeouts(connection, previous[0], previous[1])
+
+
+def migration_settings(connection: Connection, lock_timeout: float) -> None:
+    """Give the rest of ``connection``'s transaction a migration's timeouts: no
+    ``statement_timeout``, ``lock_timeout`` seconds of waiting for a lock (0: no limit)."""
+    _set_timeouts(connection, "0", _milliseconds(lock_timeout))
+
+
+def _set_timeouts(connection: Connection, statement_timeout: str, lock_timeout: str) -> None:
+    params = {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout}
+    connection.execute(schema.set_timeouts(), params)
+
+
+def _milliseconds(seconds: float) -> str:
+    return str(max(0, round(seconds * 1000)))
 
 
 def current(connection: Connection) -> str | None:
@@ -189,6 +249,7 @@ def run_environment(context: Any) -> None:
             transactional_ddl=True,
         )
         with context.begin_transaction():
+            migration_settings(connection, DEFAULT_MIGRATION_LOCK_TIMEOUT)
             context.run_migrations()
 
     connection = context.config.attributes.get("connection")

@@ -5,7 +5,7 @@ schedules, plus the database clock the scheduler reads.
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import (
     BigInteger,
@@ -15,6 +15,7 @@ from sqlalchemy import (
     Text,
     bindparam,
     func,
+    literal,
     select,
     update,
 )
@@ -27,6 +28,10 @@ from pgqueue.sql.common import (
 from pgqueue.states import (
     JobState,
 )
+
+# The first key of the two-key advisory locks that serialise the recording of one schedule's
+# ticks ("pgst"); the second is the hash of the schedule's name.
+SCHEDULE_LOCK_CLASS: Final = 0x70677374
 
 
 @cache
@@ -60,15 +65,35 @@ def queue_controls() -> Select[QueueControl]:
 
 
 @cache
+def lock_schedule() -> Select[Any]:
+    """Take the transaction's advisory lock of schedule ``tick_name``, so its ticks are
+    recorded one transaction at a time."""
+    return select(
+        func.pg_advisory_xact_lock(
+            literal(SCHEDULE_LOCK_CLASS, Integer),
+            func.hashtext(bindparam("tick_name", type_=Text)),
+        )
+    )
+
+
+@cache
 def record_tick() -> Any:
-    """Claim one tick of a schedule; binds ``tick_name``, ``tick_at``. Returns a row
-    only for the one caller that inserted it (``ON CONFLICT DO NOTHING`` on the primary key),
-    which then enqueues the job in the same transaction."""
+    """Claim one tick of a schedule; binds ``tick_name``, ``tick_at``. Returns a row only for
+    the one caller that inserted it, which then enqueues the job in the same transaction.
+    Inserts nothing when the schedule already has a tick at or after ``tick_at``: a scheduler
+    that worked from an older view never adds a tick behind a newer one."""
+    name = bindparam("tick_name", type_=Text)
+    at = bindparam("tick_at", type_=PeriodicTick.scheduled_at.type)
+    newer = (
+        select(PeriodicTick.scheduled_at)
+        .where(PeriodicTick.schedule_name == name, PeriodicTick.scheduled_at >= at)
+        .exists()
+    )
     return (
         pg_insert(PeriodicTick)
-        .values(
-            schedule_name=bindparam("tick_name", type_=Text),
-            scheduled_at=bindparam("tick_at", type_=PeriodicTick.scheduled_at.type),
+        .from_select(
+            [PeriodicTick.schedule_name, PeriodicTick.scheduled_at],
+            select(name, at).where(~newer),
         )
         .on_conflict_do_nothing(
             index_elements=[PeriodicTick.schedule_name, PeriodicTick.scheduled_at]

@@ -289,3 +289,96 @@ def test_workers_run_the_scheduler_in_their_maintenance_loop(pgq: PgQueue) -> No
         jobs = session.scalar(select(func.count()).select_from(Job).where(Job.task_name == "pulse"))
     assert len(ticks) == len(set(ticks))
     assert jobs == len(ticks)
+
+
+def _month_offline(
+    pgq: PgQueue, missed: str
+) -> tuple[list[dt.datetime], dt.datetime, Scheduler, FakeClock]:
+    """A per-minute schedule ticks once on time, then every scheduler is down for 30 days; three
+    fresh schedulers come back together, pass after pass. Returns the ticks that got a job
+    after the first one, the latest tick missed during the outage, a scheduler and the clock."""
+
+    @pgq.task(name=f"month_{missed}")
+    def task() -> None:
+        return None
+
+    pgq.periodic("* * * * *", name=f"m_{missed}", missed=missed)(task)
+    clock = FakeClock(dt.datetime(2025, 1, 1, 0, 0, 30, tzinfo=UTC))
+    before = Scheduler(pgq.sessions, pgq.schedules, clock=clock, grace=10)
+    before.run_pending()
+    clock.advance(35)  # 00:01:05: the 00:01 tick is on time
+    assert len(before.run_pending()) == 1
+    clock.advance(30 * 86400 + 30)  # 2025-01-31 00:01:35: every tick up to 00:01 is missed
+    schedulers = [Scheduler(pgq.sessions, pgq.schedules, clock=clock, grace=10) for _ in range(3)]
+    created: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(schedulers))
+
+    def one(scheduler: Scheduler) -> None:
+        barrier.wait(timeout=30)
+        for _ in range(3):
+            ids = scheduler.run_pending()
+            with lock:
+                created.extend(ids)
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in schedulers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(created) == len(set(created))
+    with pgq.sessions() as session:
+        ticks = list(
+            session.scalars(
+                select(PeriodicTick.scheduled_at)
+                .where(
+                    PeriodicTick.schedule_name == f"m_{missed}",
+                    PeriodicTick.job_id.is_not(None),
+                    PeriodicTick.scheduled_at > dt.datetime(2025, 1, 1, 0, 1, tzinfo=UTC),
+                )
+                .order_by(PeriodicTick.scheduled_at)
+            )
+        )
+    return ticks, dt.datetime(2025, 1, 31, 0, 1, tzinfo=UTC), schedulers[0], clock
+
+
+def _next_minute_tick(pgq: PgQueue, scheduler: Scheduler, clock: FakeClock) -> list[dt.datetime]:
+    """The ticks one more pass enqueues at 00:02:05, when the 00:02 tick is on time."""
+    clock.advance(30)
+    ids = scheduler.run_pending()
+    with pgq.sessions() as session:
+        return list(
+            session.scalars(select(PeriodicTick.scheduled_at).where(PeriodicTick.job_id.in_(ids)))
+        )
+
+
+def test_missed_latest_after_a_month_offline_runs_one_job(pgq: PgQueue) -> None:
+    ticks, latest_missed, scheduler, clock = _month_offline(pgq, "latest")
+    assert ticks == [latest_missed]
+    # Back on schedule: the next minute's tick is on time and runs.
+    assert _next_minute_tick(pgq, scheduler, clock) == [latest_missed + dt.timedelta(minutes=1)]
+    assert _count(pgq, Job, task_name="month_latest") == 3  # before, the latest missed, on time
+
+
+def test_missed_skip_after_a_month_offline_runs_none(pgq: PgQueue) -> None:
+    ticks, latest_missed, scheduler, clock = _month_offline(pgq, "skip")
+    assert ticks == []
+    assert _next_minute_tick(pgq, scheduler, clock) == [latest_missed + dt.timedelta(minutes=1)]
+    assert _count(pgq, Job, task_name="month_skip") == 2  # before, on time
+
+
+def test_a_tick_older_than_the_schedules_latest_is_never_recorded(pgq: PgQueue) -> None:
+    from pgqueue import repository, uow
+
+    def record(at: dt.datetime) -> bool:
+        return uow.run_in_transaction(
+            pgq.sessions, lambda session: repository.record_tick(session, "stale", at)
+        )
+
+    # A scheduler that read the latest tick before another one caught up must not add an older
+    # missed tick beside the newer one.
+    assert record(_at(30)) is True
+    assert record(_at(30)) is False
+    assert record(_at(25)) is False
+    assert record(_at(35)) is True
+    assert _count(pgq, PeriodicTick, schedule_name="stale") == 2

@@ -50,9 +50,10 @@ def _queue() -> CoreQueue:
 @pgqueue_group.command()
 @click.argument("action", type=click.Choice(["upgrade", "downgrade", "current"]), default="upgrade")
 @click.argument("revision", required=False)
-def migrate(action: str, revision: str | None) -> None:
+@core_cli.yes_option
+def migrate(action: str, revision: str | None, yes: bool) -> None:
     """Upgrade (default), downgrade, or show pgqueue's schema revision."""
-    core_cli.run_migrate_command(_queue(), action, revision)
+    core_cli.run_migrate_command(_queue(), action, revision, yes=yes)
 
 
 @pgqueue_group.command()

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from alembic import op
+from pgqueue.migrations.losses import DropsTable
 
 # A statement-level trigger: one NOTIFY per inserted batch and queue, not per row. The payload is
 # the queue name, followed by the epoch of the earliest run_at when that is in the future, so an
@@ -66,6 +67,12 @@ revision: str = "pgqueue_0001"
 down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = ("pgqueue",)
 depends_on: str | Sequence[str] | None = None
+
+# What downgrade() destroys when it holds data (see pgqueue.migrations.losses).
+downgrade_loses = (
+    DropsTable("pgqueue_message_queue"),
+    DropsTable("pgqueue_jobs"),
+)
 
 
 def upgrade() -> None:

@@ -15,11 +15,21 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from alembic import op
+from pgqueue.migrations.losses import DropsColumn, DropsTable, RewritesRows
 
 revision: str = "pgqueue_0002"
 down_revision: str | Sequence[str] | None = "pgqueue_0001"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+# What downgrade() destroys when it holds data (see pgqueue.migrations.losses).
+downgrade_loses = (
+    DropsTable("pgqueue_periodic_ticks"),
+    DropsTable("pgqueue_queues"),
+    DropsColumn("pgqueue_jobs", "dependents"),
+    DropsColumn("pgqueue_jobs", "depends_on"),
+    RewritesRows("pgqueue_jobs", "state", "waiting", "cancels jobs waiting for dependencies"),
+)
 
 # The name 0001 got for the Enum's constraint (created without the naming convention).
 STATE_CHECK = "job_state"

@@ -20,11 +20,19 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from alembic import op
+from pgqueue.migrations.losses import DropsColumn, DropsTable
 
 revision: str = "pgqueue_0007"
 down_revision: str | Sequence[str] | None = "pgqueue_0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+# What downgrade() destroys when it holds data (see pgqueue.migrations.losses).
+downgrade_loses = (
+    DropsColumn("pgqueue_jobs", "trace_context"),
+    DropsTable("pgqueue_audit"),
+    DropsTable("pgqueue_workers"),
+)
 
 
 def upgrade() -> None:

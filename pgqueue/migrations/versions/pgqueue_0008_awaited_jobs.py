@@ -15,11 +15,15 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from pgqueue.migrations.losses import DropsColumn
 
 revision: str = "pgqueue_0008"
 down_revision: str | Sequence[str] | None = "pgqueue_0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+# What downgrade() destroys when it holds data (see pgqueue.migrations.losses).
+downgrade_loses = (DropsColumn("pgqueue_jobs", "awaited", default=False),)
 
 
 def upgrade() -> None:

@@ -16,11 +16,20 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from pgqueue.migrations.losses import DropsColumn
 
 revision: str = "pgqueue_0009"
 down_revision: str | Sequence[str] | None = "pgqueue_0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+# What downgrade() destroys when it holds data (see pgqueue.migrations.losses).
+downgrade_loses = (
+    DropsColumn("pgqueue_jobs", "progress_at"),
+    DropsColumn("pgqueue_jobs", "progress_message"),
+    DropsColumn("pgqueue_jobs", "progress"),
+    DropsColumn("pgqueue_jobs", "snoozes", default=0),
+)
 
 
 def upgrade() -> None:

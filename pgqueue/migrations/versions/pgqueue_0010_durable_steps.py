@@ -14,11 +14,15 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from pgqueue.migrations.losses import DropsTable
 
 revision: str = "pgqueue_0010"
 down_revision: str | Sequence[str] | None = "pgqueue_0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+# What downgrade() destroys when it holds data (see pgqueue.migrations.losses).
+downgrade_loses = (DropsTable("pgqueue_job_steps"),)
 
 
 def upgrade() -> None:

@@ -21,11 +21,24 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from alembic import op
+from pgqueue.migrations.losses import DropsColumn, DropsTable
 
 revision: str = "pgqueue_0012"
 down_revision: str | Sequence[str] | None = "pgqueue_0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+# What downgrade() destroys when it holds data (see pgqueue.migrations.losses).
+downgrade_loses = (
+    DropsTable("pgqueue_key_limits"),
+    DropsTable("pgqueue_concurrency_keys"),
+    DropsColumn("pgqueue_queues", "recent_starts"),
+    DropsColumn("pgqueue_queues", "rate_per"),
+    DropsColumn("pgqueue_queues", "rate_limit"),
+    DropsColumn("pgqueue_message_queue", "keyed", default=False),
+    DropsColumn("pgqueue_message_queue", "key_hash"),
+    DropsColumn("pgqueue_jobs", "concurrency_key"),
+)
 
 _RATE_VALID = "(rate_limit IS NULL AND rate_per IS NULL) OR (rate_limit >= 1 AND rate_per > 0)"
 

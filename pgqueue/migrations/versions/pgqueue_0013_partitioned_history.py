@@ -18,11 +18,15 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from alembic import op
+from pgqueue.migrations.losses import DropsTable
 
 revision: str = "pgqueue_0013"
 down_revision: str | Sequence[str] | None = "pgqueue_0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+# What downgrade() destroys when it holds data (see pgqueue.migrations.losses).
+downgrade_loses = (DropsTable("pgqueue_job_history"),)
 
 _STATE_CHECK = (
     "state::text = ANY ('{queued,waiting,running,retrying,succeeded,failed,cancelled}'::text[])"

@@ -15,11 +15,15 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from pgqueue.migrations.losses import DropsTable
 
 revision: str = "pgqueue_0014"
 down_revision: str | Sequence[str] | None = "pgqueue_0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+# What downgrade() destroys when it holds data (see pgqueue.migrations.losses).
+downgrade_loses = (DropsTable("pgqueue_finished_minutes"),)
 
 _STATE_CHECK = (
     "state::text = ANY ('{queued,waiting,running,retrying,succeeded,failed,cancelled}'::text[])"
