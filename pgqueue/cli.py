@@ -45,12 +45,13 @@ from pgqueue.errors import (
     is_bad_credentials,
     is_connection_error,
     is_insufficient_privilege,
+    pgqueue_logger,
 )
 from pgqueue.states import JobState
 
 __all__ = ["console", "load_app", "main"]
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 
 def _queue_for(database_url: str | None) -> PgQueue:

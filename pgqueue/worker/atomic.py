@@ -10,7 +10,6 @@ find starts the next probe at once; nothing found stops probing until a notifica
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,11 +17,12 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.orm import Session
 
 from pgqueue import repository
+from pgqueue.errors import pgqueue_logger
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 
 class AtomicProbes:

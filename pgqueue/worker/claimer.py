@@ -18,13 +18,13 @@ attempt, which the same thread runs.
 from __future__ import annotations
 
 import bisect
-import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from pgqueue.errors import pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.metrics import NO_METRICS, NoMetrics
 from pgqueue.tasks import TaskRegistry
@@ -38,7 +38,7 @@ from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import WorkerStats
 from pgqueue.worker.store import WorkerStore
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 # Most future run_ats a claimer remembers from notifications.
 MAX_KNOWN_RUN_ATS: Final = 1024

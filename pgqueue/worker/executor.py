@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import threading
 import time
-import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -24,14 +22,22 @@ from sqlalchemy.orm import Session
 from pgqueue import backoff, repository, validation
 from pgqueue.config import Settings
 from pgqueue.context import JobContext, Retry, Snooze
-from pgqueue.errors import UnknownTask, ValidationError, error_line, storable_text
+from pgqueue.errors import (
+    UnknownTask,
+    ValidationError,
+    error_line,
+    error_text,
+    hide_row_values,
+    pgqueue_logger,
+    storable_text,
+)
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.states import OutcomeKind
 from pgqueue.tasks import Task, TaskRegistry
 from pgqueue.tracing import RunSpan, tracing_for
 from pgqueue.worker.execution import Execution
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 
 class _StartTooLate(Exception):
@@ -350,9 +356,9 @@ class Executor:
     def _error_text(self, exc: BaseException) -> str:
         if isinstance(exc, Retry):
             return str(exc)
-        return "".join(traceback.format_exception(exc))
+        return error_text(exc)
 
     def _describe(self, exc: BaseException) -> str:
         """One line for errors pgqueue itself raises about a job (no traceback); capped like
         every error: a hand-edited row can carry a huge task or argument name."""
-        return f"{type(exc).__name__}: {exc}"
+        return hide_row_values(f"{type(exc).__name__}: {exc}", exc)

@@ -13,7 +13,6 @@ engine opened it: a worker's engine can be fine while its listen URL is not.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import threading
 import time
@@ -24,10 +23,10 @@ import psycopg
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue import connections
-from pgqueue.errors import name_connection_failure
+from pgqueue.errors import name_connection_failure, pgqueue_logger
 from pgqueue.sql.server import listen
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 
 class Notifier(threading.Thread):
