@@ -28,6 +28,7 @@ from pgqueue.cli_shared import (
     configure_logging,
     console,
     debug_option,
+    echo,
     job_filter_options,
     json_option,
     load_app,
@@ -48,12 +49,13 @@ from pgqueue.errors import (
     is_connection_error,
     is_insufficient_privilege,
     is_lock_timeout,
+    pgqueue_logger,
 )
 from pgqueue.states import JobState
 
 __all__ = ["console", "load_app", "main"]
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 
 def _queue_for(database_url: str | None) -> PgQueue:
@@ -127,7 +129,7 @@ def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> N
             current = migrations.current(connection)
             head = migrations.head()
             marker = " (head)" if current == head else f" (head is {head})"
-            click.echo(f"{current or 'none'}{marker}")
+            echo(f"{current or 'none'}{marker}")
             return
         if action == "downgrade" and not revision:
             raise click.UsageError("downgrade needs a REVISION (e.g. base)")
@@ -151,7 +153,7 @@ def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> N
                 "when it is done"
             ) from None
     with pgq.engine.connect() as connection:
-        click.echo(f"pgqueue schema at {migrations.current(connection) or 'base'}")
+        echo(f"pgqueue schema at {migrations.current(connection) or 'base'}")
 
 
 # -- worker -----------------------------------------------------------------------------------
@@ -390,7 +392,7 @@ def show(job_id: int, as_json: bool, database_url: str | None) -> None:
 def retry(job_id: int, database_url: str | None) -> None:
     """Run a failed or cancelled job again."""
     _queue_for(database_url).admin.retry_job(job_id)
-    click.echo(f"job {job_id} queued again")
+    echo(f"job {job_id} queued again")
 
 
 @main.command()
@@ -399,9 +401,7 @@ def retry(job_id: int, database_url: str | None) -> None:
 def cancel(job_id: int, database_url: str | None) -> None:
     """Cancel a waiting job, or ask a running one to stop."""
     state = _queue_for(database_url).admin.cancel_job(job_id)
-    click.echo(
-        f"job {job_id}: {'cancelled' if state is JobState.CANCELLED else 'cancel requested'}"
-    )
+    echo(f"job {job_id}: {'cancelled' if state is JobState.CANCELLED else 'cancel requested'}")
 
 
 @main.command()
@@ -409,7 +409,7 @@ def cancel(job_id: int, database_url: str | None) -> None:
 def prune(database_url: str | None) -> None:
     """Delete finished jobs past their retention (PGQUEUE_SUCCEEDED_RETENTION, ...)."""
     deleted = _queue_for(database_url).prune()
-    click.echo(f"pruned {deleted} jobs")
+    echo(f"pruned {deleted} jobs")
 
 
 @main.group(name="history")
@@ -442,7 +442,7 @@ def run_history_maintain(pgq: PgQueue, days_ahead: int, retention_days: int | No
     except NotSchemaOwner as exc:
         # As ``migrate``'s: exit 1, the expected refusal for a DML-only role, nothing changed.
         raise click.ClickException(f"pgqueue history maintain: {exc}") from None
-    click.echo(report.summary())
+    echo(report.summary())
 
 
 @history_group.command(name="maintain")
@@ -488,7 +488,7 @@ def enqueue_from_cli(
         raise click.BadParameter("--args must be a JSON array and --kwargs a JSON object")
     task = pgq.registry.get(task_name)
     job_id = task.configure(queue=queue, delay=delay, priority=priority).enqueue(*args, **kwargs)
-    click.echo(str(job_id))
+    echo(str(job_id))
 
 
 # -- schedules and queue control --------------------------------------------------------------
@@ -609,7 +609,7 @@ def pause(queue: str, database_url: str | None) -> None:
 def pause_queue(pgq: PgQueue, queue: str) -> None:
     """Shared by ``pgqueue pause`` and ``flask pgqueue pause``."""
     pgq.admin.pause_queue(queue)
-    click.echo(f"queue {queue} paused")
+    echo(f"queue {queue} paused")
 
 
 @main.command()
@@ -623,7 +623,7 @@ def resume(queue: str, database_url: str | None) -> None:
 def resume_queue(pgq: PgQueue, queue: str) -> None:
     """Shared by ``pgqueue resume`` and ``flask pgqueue resume``."""
     pgq.admin.resume_queue(queue)
-    click.echo(f"queue {queue} resumed")
+    echo(f"queue {queue} resumed")
 
 
 @main.command()
@@ -639,7 +639,7 @@ def limit_queue(pgq: PgQueue, queue: str, limit: str) -> None:
     """Shared by ``pgqueue limit`` and ``flask pgqueue limit``."""
     value = number_or_none(limit)
     pgq.admin.set_queue_limit(queue, value)
-    click.echo(f"queue {queue}: limit {'removed' if value is None else value}")
+    echo(f"queue {queue}: limit {'removed' if value is None else value}")
 
 
 @main.command(name="max-depth")
@@ -656,7 +656,7 @@ def bound_queue(pgq: PgQueue, queue: str, max_depth: str) -> None:
     """Shared by ``pgqueue max-depth`` and ``flask pgqueue max-depth``."""
     value = number_or_none(max_depth)
     pgq.set_queue_max_depth(queue, value)
-    click.echo(f"queue {queue}: max depth {'removed' if value is None else value}")
+    echo(f"queue {queue}: max depth {'removed' if value is None else value}")
 
 
 @main.command(name="key-limit", context_settings=FLOW_COMMAND_SETTINGS)
@@ -724,9 +724,9 @@ def print_explanation(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
     if as_json:
         print_json(explanation.to_dict())
         return
-    click.echo(explanation.headline)
+    echo(explanation.headline)
     for blocker in explanation.blockers:
-        click.echo(f"  {blocker.kind.value}: {blocker.message}")
+        echo(f"  {blocker.kind.value}: {blocker.message}")
 
 
 def entrypoint() -> None:

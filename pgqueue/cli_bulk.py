@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from pgqueue.admin import BulkResult, default_actor
-from pgqueue.cli_shared import CommandError, json_option, print_json
+from pgqueue.cli_shared import CommandError, echo, json_option, print_json
 from pgqueue.core import PgQueue
 from pgqueue.job_filter import BulkAction, JobFilter, parse_states, parse_time
 
@@ -197,14 +197,14 @@ def _print(result: BulkResult, job_filter: JobFilter, as_json: bool) -> None:
             }
         )
     elif result.dry_run:
-        click.echo(f"dry run: {result.action.value} would change {result.count:,} jobs")
+        echo(f"dry run: {result.action.value} would change {result.count:,} jobs")
     else:
         running = (
             f" ({result.flagged_running:,} running, asked to stop)"
             if result.flagged_running
             else ""
         )
-        click.echo(
+        echo(
             f"{_DONE[result.action]} {result.count:,} jobs{running} "
             f"(audit record {result.audit_id})"
         )

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
 from rich.table import Table
 
 from pgqueue import validation
 from pgqueue.admin import KeyOverride, QueueSettings
-from pgqueue.cli_shared import CommandError, console, number_or_none, print_json
+from pgqueue.cli_shared import CommandError, console, echo, number_or_none, print_json
 from pgqueue.core import PgQueue
 
 __all__ = ["FLOW_COMMAND_SETTINGS", "key_limit_command", "rate_limit_command"]
@@ -50,12 +49,12 @@ def key_limit_command(
         if as_json:
             print_json({"prefix": prefix, "key_limit": key_limit})
             return
-        click.echo(f"keys {prefix}*: {'no limit override' if key_limit is None else key_limit}")
+        echo(f"keys {prefix}*: {'no limit override' if key_limit is None else key_limit}")
         return
     _refuse_json_with_a_value(as_json)
     value = number_or_none(limit)
     pgq.set_key_limit(prefix, value)
-    click.echo(f"keys {prefix}*: limit {'removed' if value is None else value}")
+    echo(f"keys {prefix}*: limit {'removed' if value is None else value}")
 
 
 def rate_limit_command(
@@ -99,7 +98,7 @@ def rate_limit_command(
     window = None if per is None else _seconds(per)
     pgq.set_rate_limit(queue, value, per=window, key=key)
     shown = "removed" if value is None else _rate(value, window)
-    click.echo(f"{target}: rate limit {shown}")
+    echo(f"{target}: rate limit {shown}")
 
 
 def _seconds(text: str) -> float:
@@ -186,4 +185,4 @@ def _print_one_rate(
     if as_json:
         print_json({**name, **_rate_record(limit, per)})
         return
-    click.echo(f"{target}: {'no rate limit' if limit is None else _rate(limit, per)}")
+    echo(f"{target}: {'no rate limit' if limit is None else _rate(limit, per)}")

@@ -2,6 +2,10 @@
 commands: the output consoles, loading ``APP``, one-line errors with exit code 2 (and
 ``--debug``), the logging setup, and the read commands' tables and JSON.
 
+Everything the commands print goes through this module (``console``, ``echo``,
+``print_error``, ``print_json``, the log formatter), which shows control characters in it as
+``\x1b``-style text (``visible``): names, keys and errors are job data, written by any client.
+
 Kept apart from ``pgqueue.cli`` so that each CLI module holds only its commands.
 """
 
@@ -11,13 +15,15 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import click
 import psycopg
-from rich.console import Console
+from rich.console import Console, JustifyMethod, OverflowMethod
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy.exc import DBAPIError
@@ -37,18 +43,61 @@ from pgqueue.states import JobState
 # Wide enough for any row: a table printed to a file or a pipe is never cut or wrapped.
 UNBOUNDED_WIDTH = 100_000
 
+# Every C0 control but tab and newline (layout), DEL, and every C1 control (U+0080-U+009F,
+# which some terminals read as ESC + a letter: U+009B is CSI).
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` safe to print on a terminal: each control character (ESC, BEL, CR, C1...)
+    but newline and tab as its ``\\xNN`` escape, so it shows instead of acting."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
+class _VisibleConsole(Console):
+    """A Rich console that shows control characters in the strings it prints (table cells and
+    titles included: Rich turns each into text here)."""
+
+    def render_str(
+        self,
+        text: str,
+        *,
+        style: str | Style = "",
+        justify: JustifyMethod | None = None,
+        overflow: OverflowMethod | None = None,
+        emoji: bool | None = None,
+        markup: bool | None = None,
+        highlight: bool | None = None,
+        highlighter: Any = None,
+    ) -> Text:
+        return super().render_str(
+            visible(text),
+            style=style,
+            justify=justify,
+            overflow=overflow,
+            emoji=emoji,
+            markup=markup,
+            highlight=highlight,
+            highlighter=highlighter,
+        )
+
 
 def _output_console() -> Console:
     # No markup or highlighting: what is printed (queue and task names, error messages) comes
     # from users and the database, and ``[...]`` in it must print as itself, not as style tags.
-    terminal = Console(markup=False, highlight=False)
+    terminal = _VisibleConsole(markup=False, highlight=False)
     if terminal.is_terminal or os.environ.get("COLUMNS"):
         return terminal
-    return Console(markup=False, highlight=False, width=UNBOUNDED_WIDTH)
+    return _VisibleConsole(markup=False, highlight=False, width=UNBOUNDED_WIDTH)
 
 
 console = _output_console()
-error_console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+error_console = _VisibleConsole(stderr=True, markup=False, highlight=False, soft_wrap=True)
+
+
+def echo(message: str = "", *, err: bool = False) -> None:
+    """One line (or more) of plain output, control characters shown (``visible``)."""
+    click.echo(visible(message), err=err)
 
 
 class CommandError(click.ClickException):
@@ -62,7 +111,7 @@ class CommandError(click.ClickException):
 
 def print_error(message: str) -> None:
     """``error: message`` on stderr, on one line whatever the message holds."""
-    error_console.print(Text.assemble(("error:", "red"), " ", " ".join(message.split())))
+    error_console.print(Text.assemble(("error:", "red"), " ", visible(" ".join(message.split()))))
 
 
 def number_or_none(text: str) -> int | None:
@@ -186,7 +235,17 @@ def configure_logging(verbose: int) -> None:
     """The logging of both CLIs: WARNING and up (``-v`` info, ``-vv`` debug) on stderr, and
     pgqueue's own INFO lines (a worker's start, jobs, shutdown) where a command asks for them."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(VisibleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+class VisibleFormatter(logging.Formatter):
+    """Log lines for a terminal: the formatted record (message, job data in it, traceback)
+    with its control characters shown (``visible``); a traceback keeps its newlines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record))
 
 
 json_option = click.option(
@@ -223,7 +282,9 @@ def job_record(job: Any) -> dict[str, Any]:
 
 
 def print_json(data: Any) -> None:
-    click.echo(json.dumps(data, default=str, sort_keys=True))
+    # json.dumps escapes every control character (ASCII output: C1 and DEL too); ``echo``
+    # makes sure of it.
+    echo(json.dumps(data, default=str, sort_keys=True))
 
 
 def print_jobs(
@@ -301,7 +362,7 @@ def print_job(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
         print_json({**job_record(job), **holder_record(holder), **steps})
         return
     data = {c.key: getattr(job, c.key) for c in job.__table__.columns}
-    click.echo(json.dumps({**data, **holder_record(holder), **steps}, default=str, indent=2))
+    echo(json.dumps({**data, **holder_record(holder), **steps}, default=str, indent=2))
 
 
 def holder_record(holder: JobHolder | None) -> dict[str, Any]:

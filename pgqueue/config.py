@@ -54,8 +54,14 @@ def normalize_database_url(url: str | URL) -> URL:
     """Parse a PostgreSQL URL and select the psycopg 3 driver; raise ConfigurationError if bad."""
     try:
         parsed = make_url(url) if isinstance(url, str) else url
-    except (ArgumentError, ValueError) as exc:
-        raise ConfigurationError(f"invalid database URL {_redact(str(url))!r}: {exc}") from None
+    except (ArgumentError, ValueError):
+        # Not the parser's message: for a password holding ':' or '@' it quotes the part it
+        # took for a port, which is part of the password.
+        raise ConfigurationError(
+            f"invalid database URL {redact_url(url)!r}: expected "
+            "postgresql+psycopg://user:password@host:port/database (percent-encode '@', ':' "
+            "and '/' in the user and password)"
+        ) from None
     backend = parsed.get_backend_name()
     if backend not in {"postgresql", "postgres"}:
         raise ConfigurationError(
@@ -86,8 +92,61 @@ def metrics_address(value: object) -> str:
     raise ConfigurationError(f"metrics_address must be an IP address or a host name, got {value!r}")
 
 
-def _redact(url: str) -> str:
-    return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
+# Query parameters libpq reads a secret from (``?password=...`` works like the user-info's).
+_SECRET_PARAMETERS: Final = frozenset({"password", "sslpassword"})
+_HIDDEN: Final = "***"
+# For strings that are not URLs: ``password=...`` in a libpq keyword string or a query string,
+# the value quoted or not.
+_SECRET_ASSIGNMENT: Final = re.compile(
+    r"(?i)\b((?:ssl)?password\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|[^&\s]*)"
+)
+
+
+def redact_url(url: str | URL) -> str:
+    """``url`` as it may be shown (logs, messages, reprs): every password replaced by ``***``.
+
+    The password of the user-info (``user:password@``, an unencoded ``@`` in it included) and
+    the ``password``/``sslpassword`` query parameters are hidden; a string that does not parse
+    as a URL is masked the same way by pattern.
+    """
+    if isinstance(url, URL):
+        parsed = url
+    else:
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError, TypeError):
+            return _redact_unparsed(str(url))
+    host = parsed.host or ""
+    if "@" in host:
+        # The parser ends the password at its first '@', libpq users expect the last one to
+        # end it: what sits before the host's last '@' is the rest of the password.
+        parsed = parsed.set(password=_HIDDEN, host=host.rpartition("@")[2])
+    secret_keys = {key for key in parsed.query if key.lower() in _SECRET_PARAMETERS}
+    if secret_keys:
+        query = {
+            key: _HIDDEN if key in secret_keys else value for key, value in parsed.query.items()
+        }
+        parsed = parsed.set(query=query)
+    shown = parsed.render_as_string(hide_password=True)
+    # render_as_string percent-encodes the '*' of a query value.
+    for key in secret_keys:
+        shown = shown.replace(f"{key}=%2A%2A%2A", f"{key}={_HIDDEN}")
+    return shown
+
+
+def _redact_unparsed(text: str) -> str:
+    scheme, marker, rest = text.partition("://")
+    if marker:
+        before_query, question, query = rest.partition("?")
+        credentials, at, host = before_query.rpartition("@")
+        if at:
+            user, colon, _ = credentials.partition(":")
+            before_query = f"{user}:{_HIDDEN}@{host}" if colon else f"{_HIDDEN}@{host}"
+        text = f"{scheme}://{before_query}{question}{query}"
+    return _SECRET_ASSIGNMENT.sub(lambda match: match.group(1) + _HIDDEN, text)
+
+
+_URL_FIELDS: Final = frozenset({"database_url", "listen_database_url"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +316,16 @@ class Settings:
             raise ConfigurationError(
                 f"max_error_bytes must be at least {MIN_ERROR_BYTES}, got {self.max_error_bytes}"
             )
+
+    def __repr__(self) -> str:
+        # Settings get logged and printed whole; the URLs may carry passwords.
+        shown = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _URL_FIELDS and value is not None:
+                value = redact_url(value)
+            shown.append(f"{f.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     @property
     def partitioned_history(self) -> bool:

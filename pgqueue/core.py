@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
@@ -27,7 +26,7 @@ from pgqueue.admin import Admin, KeyOverride, check_job_id, job_snapshot
 from pgqueue.aio import AsyncDatabase, check_async_engine, check_async_session
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.db import Database
-from pgqueue.errors import ConfigurationError, ValidationError
+from pgqueue.errors import ConfigurationError, ValidationError, pgqueue_logger
 from pgqueue.explain import JobExplanation
 from pgqueue.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen, insert_path
 from pgqueue.jobs import NewJob
@@ -44,7 +43,7 @@ R = TypeVar("R")
 
 __all__ = ["COPY_THRESHOLD", "PgQueue"]
 
-logger = logging.getLogger(__name__)
+logger = pgqueue_logger(__name__)
 
 
 class PgQueue:

@@ -21,7 +21,7 @@ from rich.table import Table
 from sqlalchemy import create_engine
 
 from pgqueue import backoff
-from pgqueue.config import Settings, normalize_database_url
+from pgqueue.config import Settings, normalize_database_url, redact_url
 from pgqueue.core import PgQueue
 from pgqueue.embedded import shared_server
 from pgqueue.errors import ConfigurationError
@@ -105,9 +105,7 @@ def run_demo(
     url = _fresh_database(base_url, own_server=database_url is None)
     pgq = build_demo_queue(url)
     pgq.migrate()
-    console.print(
-        f"Database ready in {time.monotonic() - started:.1f}s: {pgq.url.render_as_string()}"
-    )
+    console.print(f"Database ready in {time.monotonic() - started:.1f}s: {redact_url(pgq.url)}")
 
     task = pgq.registry.get("demo.resize_image")
     enqueue_started = time.monotonic()

@@ -8,6 +8,9 @@ worker can decide what is retryable in one place.
 
 from __future__ import annotations
 
+import logging
+import re
+import traceback
 from typing import Final
 
 __all__ = [
@@ -31,6 +34,8 @@ __all__ = [
     "connection_failure",
     "ended_before_commit",
     "error_line",
+    "error_text",
+    "hide_row_values",
     "is_bad_credentials",
     "is_connection_error",
     "is_insufficient_privilege",
@@ -40,6 +45,7 @@ __all__ = [
     "is_transient_conflict",
     "is_undefined_table",
     "name_connection_failure",
+    "pgqueue_logger",
     "sqlstate_of",
     "storable_text",
 ]
@@ -278,20 +284,109 @@ def _is_psycopg_operational(exc: BaseException) -> bool:
     return False
 
 
-# Lines SQLAlchemy appends after an error's message: the statement, its parameters and a link.
-_DECORATION_PREFIXES = ("(Background on this error at", "[SQL:", "[parameters:")
+# Lines SQLAlchemy appends after an error's message: the statement, its parameters and a link;
+# and the server's DETAIL and HINT lines, which follow the message itself.
+_DECORATION_PREFIXES = (
+    "(Background on this error at",
+    "[SQL:",
+    "[parameters:",
+    "[SQL parameters hidden",
+    "[parameters hidden",
+    "DETAIL:",
+    "HINT:",
+)
+
+# The row PostgreSQL quotes in a constraint violation's DETAIL holds the row's values (for
+# pgqueue_jobs: args, result, errors); SQLAlchemy's ``[parameters: ...]`` line holds the
+# statement's bound values unless the engine hides them. Both are job data.
+_FAILING_ROW: Final = "Failing row contains ("
+_ROW_HIDDEN: Final = "Failing row contains (values hidden)."
+_PARAMETERS: Final = re.compile(r"^\[parameters: .*$", re.MULTILINE)
+_PARAMETERS_HIDDEN: Final = "[parameters hidden]"
+# Where a quoted row ends when only the text is known: the next part of a SQLAlchemy error or
+# of a chained traceback (each value in the row is cut to 64 bytes by the server, so a value
+# can hold little of what follows).
+_AFTER_ROW: Final = re.compile(
+    r"\n(?=\[SQL: |\[parameters|\(Background on this error|\nThe above exception|\nDuring handling)"
+)
+
+
+def hide_row_values(text: str, exc: BaseException | None = None) -> str:
+    """``text`` (an error's message or traceback) without the job data a database error puts in
+    it: the row of ``DETAIL: Failing row contains (...)`` and SQLAlchemy's ``[parameters:
+    ...]`` line. With ``exc`` (the error ``text`` was made from) the server's exact DETAIL
+    texts are replaced; without it, a quoted row is cut up to what follows it."""
+    for detail in _row_details(exc):
+        text = text.replace(detail, _ROW_HIDDEN)
+    start = text.find(_FAILING_ROW)
+    while start != -1:
+        end_match = _AFTER_ROW.search(text, start)
+        end = len(text) if end_match is None else end_match.start()
+        text = text[:start] + _ROW_HIDDEN + text[end:]
+        start = text.find(_FAILING_ROW, start + len(_ROW_HIDDEN))
+    return _PARAMETERS.sub(_PARAMETERS_HIDDEN, text)
+
+
+def _row_details(exc: BaseException | None) -> list[str]:
+    found: list[str] = []
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        detail = getattr(getattr(current, "diag", None), "message_detail", None)
+        if isinstance(detail, str) and detail.startswith(_FAILING_ROW):
+            found.append(detail)
+        orig = getattr(current, "orig", None)
+        pending += [
+            orig if isinstance(orig, BaseException) else None,
+            current.__cause__,
+            current.__context__,
+        ]
+    return found
+
+
+def error_text(exc: BaseException) -> str:
+    """The traceback of ``exc`` (with its chain) as recorded and logged: row values and bound
+    parameters hidden (``hide_row_values``)."""
+    return hide_row_values("".join(traceback.format_exception(exc)), exc)
 
 
 def error_summary(recorded: str, limit: int = 200) -> str:
     """The line of a recorded traceback worth a log line: the last one naming the error.
 
     The last line of a SQLAlchemy error's text is a documentation link, not the failure, so
-    trailing statement, parameter and link lines are skipped.
+    trailing statement, parameter, link, DETAIL and HINT lines are skipped.
     """
-    lines = [line.strip() for line in recorded.strip().splitlines() if line.strip()]
+    shown = hide_row_values(recorded)
+    lines = [line.strip() for line in shown.strip().splitlines() if line.strip()]
     while len(lines) > 1 and lines[-1].startswith(_DECORATION_PREFIXES):
         lines.pop()
     return lines[-1][:limit] if lines else ""
+
+
+class _HideRowValues(logging.Filter):
+    """Formats a record's traceback with ``error_text``, so the handlers print that one (a
+    formatter uses ``exc_text`` when it is set)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            record.exc_text = error_text(record.exc_info[1]).rstrip("\n")
+        return True
+
+
+_HIDE_ROW_VALUES: Final = _HideRowValues()
+
+
+def pgqueue_logger(name: str) -> logging.Logger:
+    """The logger ``name`` of pgqueue's, whose logged tracebacks hide row values and bound
+    parameters (a filter applies to the records of its own logger only, so each gets it)."""
+    logger = logging.getLogger(name)
+    if _HIDE_ROW_VALUES not in logger.filters:
+        logger.addFilter(_HIDE_ROW_VALUES)
+    return logger
 
 
 # Set on a driver error raised while one of pgqueue's connections was being opened: the
@@ -339,7 +434,7 @@ def error_line(exc: BaseException) -> str:
     the server's (or driver's) message, without SQLAlchemy's statement and parameters, which
     may carry job data."""
     error = getattr(exc, "orig", None) or exc
-    lines = str(error).strip().splitlines()
+    lines = hide_row_values(str(error), exc).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 

@@ -27,7 +27,6 @@ milliseconds; by default it is the database's ``now()``.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -37,12 +36,12 @@ from croniter import croniter
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import repository, uow
-from pgqueue.errors import QueueFull, ValidationError
+from pgqueue.errors import QueueFull, ValidationError, pgqueue_logger
 
 if TYPE_CHECKING:
     from pgqueue.tasks import Task
 
-log = logging.getLogger("pgqueue.scheduler")
+log = pgqueue_logger("pgqueue.scheduler")
 
 MissedPolicy = Literal["latest", "all", "skip"]
 MISSED_POLICIES: Final = ("latest", "all", "skip")

@@ -12,7 +12,6 @@ transaction, because only the caller knows whether its other work may be repeate
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import Callable
@@ -22,11 +21,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue.db import Database, Executor
-from pgqueue.errors import ended_before_commit, is_transient_conflict
+from pgqueue.errors import ended_before_commit, is_transient_conflict, pgqueue_logger
 
 T = TypeVar("T")
 
-log = logging.getLogger("pgqueue.uow")
+log = pgqueue_logger("pgqueue.uow")
 
 DEFAULT_ATTEMPTS = 5
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import threading
 import time
@@ -37,13 +36,13 @@ from sqlalchemy.exc import DBAPIError
 
 from pgqueue import validation
 from pgqueue.admin import check_job_id
-from pgqueue.errors import JobWaitTimeout
+from pgqueue.errors import JobWaitTimeout, pgqueue_logger
 from pgqueue.models import Job
 from pgqueue.sql.common import ALL_FINISHED
 from pgqueue.sql.server import listen_finished
 from pgqueue.states import FINAL_STATES, JobState
 
-log = logging.getLogger("pgqueue.waiting")
+log = pgqueue_logger("pgqueue.waiting")
 
 # The safety net's period while the listener is connected: a read every this many seconds.
 RECHECK_SECONDS: Final = 5.0

@@ -12,7 +12,6 @@ with the ownership and modes that identity needs.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import pwd
 import stat
@@ -23,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from pgqueue.errors import EmbeddedPostgresError
+from pgqueue.errors import EmbeddedPostgresError, pgqueue_logger
 
-log = logging.getLogger("pgqueue.embedded")
+log = pgqueue_logger("pgqueue.embedded")
 
 # The server's own account, and the shared one used when that cannot be created.
 ACCOUNT = "pgqueue-embedded"

@@ -15,7 +15,6 @@ it) undoes the claim too, so that attempt is counted afterwards in a transaction
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,14 +22,14 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.orm import Session
 
 from pgqueue import repository
-from pgqueue.errors import error_line
+from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
 from pgqueue.worker.store import WorkerStore
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 
 class AtomicProbes:

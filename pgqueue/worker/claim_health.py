@@ -19,10 +19,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from pgqueue.errors import error_line, is_connection_error
+from pgqueue.errors import error_line, is_connection_error, pgqueue_logger
 from pgqueue.metrics import NO_METRICS, NoMetrics
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 # How often a claim error that keeps repeating is logged again, with its count.
 REPEAT_LOG_SECONDS = 60.0

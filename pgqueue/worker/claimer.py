@@ -4,10 +4,11 @@ One claim statement takes up to <free slots> tickets, plus, while no flow contro
 limit or atomic task exists, the prefetch (``prefetch.Pace``): attempts that wait in ``Slots``
 for the pool threads to start them as their handlers return. A full claim is followed at
 once by the next (more may be waiting); a short one means nothing else is ready, so the loop
-waits for a wake-up: a notification (``on_notify``), a freed slot while work may be waiting, the earliest
-known future ``run_at``, or the poll interval. While the claim loop waits, a notification is
-claimed for on the listener thread itself (one thread hand-off less on an idle worker's
-pick-up); one claimer at a time, under ``claim_lock``, so the free slots are never over-filled.
+waits for a wake-up: a notification (``on_notify``), a freed slot while work may be waiting,
+the next future ``run_at`` that notifications announced, or the poll interval. While the claim
+loop waits, a notification is claimed for on the listener thread itself (one thread hand-off
+less on an idle worker's pick-up); one claimer at a time, under ``claim_lock``, so the free
+slots are never over-filled.
 
 A pool thread runs each attempt with ``run_leased``: the executor's outcome goes to the
 completer, and the slot is free as soon as the handler returns, or passes to the next waiting
@@ -16,11 +17,14 @@ attempt, which the same thread runs.
 
 from __future__ import annotations
 
-import logging
+import bisect
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Final
 
+from pgqueue.errors import pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.metrics import NO_METRICS, NoMetrics
 from pgqueue.tasks import TaskRegistry
@@ -34,7 +38,10 @@ from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import WorkerStats
 from pgqueue.worker.store import WorkerStore
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
+
+# Most future run_ats a claimer remembers from notifications.
+MAX_KNOWN_RUN_ATS: Final = 1024
 
 
 class Claimer:
@@ -85,7 +92,11 @@ class Claimer:
         self._atomic: AtomicProbes | None = None  # the probes, while any task is atomic
         self._claim_on_notify = False
         self._task_leases: dict[str, float] = {}
-        self._next_known_run_at: float | None = None
+        # Future run_ats (monotonic) that notifications announced, sorted. More than one: a
+        # notification for an earlier time (anyone may send one) must not make the worker forget
+        # a later one. Bounded; one dropped (the latest) is found by a poll.
+        self._known_run_ats: list[float] = []
+        self._known_lock = threading.Lock()
         # Set by a wake-up for new work, cleared by the claim that follows it.
         self._notified = False
         # When a full rate window has room again (monotonic), after a short claim.
@@ -184,17 +195,20 @@ class Claimer:
         timeout = self._poll_interval
         if self._rate_room_at is not None:
             timeout = min(timeout, max(self._rate_room_at - time.monotonic(), 0.0))
-        known = self._next_known_run_at
-        if known is not None:
-            until = known - time.monotonic()
-            if until <= 0:
-                self._next_known_run_at = None
-                return 0.0
-            timeout = min(timeout, until)
+        with self._known_lock:
+            known = self._known_run_ats
+            if known:
+                now = time.monotonic()
+                if known[0] <= now:
+                    del known[: bisect.bisect_right(known, now)]
+                    return 0.0
+                timeout = min(timeout, known[0] - now)
         return timeout
 
     def on_notify(self, run_at_epoch: float | None) -> None:
         """The listener's callback: tickets are ready now (None), or at ``run_at_epoch``."""
+        if run_at_epoch is not None and not math.isfinite(run_at_epoch):
+            run_at_epoch = None  # no time to wait for: look now rather than never
         if run_at_epoch is None:
             if self._claim_on_notify and self.claim_lock.acquire(blocking=False):
                 # The claim loop is waiting (or between claims): claim here, on the thread the
@@ -215,9 +229,13 @@ class Claimer:
             self._wake.set()
             return
         at = wall_to_monotonic(run_at_epoch)
-        known = self._next_known_run_at
-        if known is None or at < known:
-            self._next_known_run_at = at
+        with self._known_lock:
+            known = self._known_run_ats
+            bisect.insort(known, at)
+            if len(known) > MAX_KNOWN_RUN_ATS:
+                known.pop()
+            earliest = known[0] == at
+        if earliest:
             self._wake.set()  # recompute the wait
 
     def _start_leased(self, jobs: Sequence[ClaimedJob]) -> None:

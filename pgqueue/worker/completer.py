@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
-import logging
 import threading
 import time
 from collections.abc import Callable
 
-from pgqueue.errors import error_line, is_connection_error, is_timeout
+from pgqueue.errors import error_line, is_connection_error, is_timeout, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.metrics import LEASE_LOST
 from pgqueue.worker.execution import Execution
@@ -25,7 +24,7 @@ from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
 from pgqueue.worker.store import WorkerStore
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 OUTCOME_BATCH = 2000
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pgqueue.errors import pgqueue_logger
 from pgqueue.worker.execution import Execution
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 
 class WorkQueue:

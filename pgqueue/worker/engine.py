@@ -26,7 +26,6 @@ engine, autocommit) and, for atomic tasks, one transaction per job on the handle
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -37,7 +36,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from pgqueue import config, metrics, validation
-from pgqueue.errors import ConfigurationError, ValidationError
+from pgqueue.errors import ConfigurationError, ValidationError, pgqueue_logger
 from pgqueue.jobs import Outcome
 from pgqueue.worker.atomic import AtomicProbes
 from pgqueue.worker.claim_health import ClaimHealth
@@ -55,7 +54,7 @@ from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport, WorkerStats
 from pgqueue.worker.store import WorkerStore
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 # How long the shutdown waits for the completer to write the last outcomes.
 COMPLETER_JOIN_TIMEOUT = 30

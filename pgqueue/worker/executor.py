@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import logging
 import threading
 import time
-import traceback
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, NoReturn
 
@@ -30,6 +28,9 @@ from pgqueue.errors import (
     UnknownTask,
     ValidationError,
     error_line,
+    error_text,
+    hide_row_values,
+    pgqueue_logger,
     storable_text,
 )
 from pgqueue.jobs import ClaimedJob, Outcome
@@ -38,7 +39,7 @@ from pgqueue.tasks import Task, TaskRegistry
 from pgqueue.tracing import RunSpan, tracing_for
 from pgqueue.worker.execution import Execution
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 
 class _StartTooLate(Exception):
@@ -375,12 +376,12 @@ class Executor:
     def _error_text(self, exc: BaseException) -> str:
         if isinstance(exc, Retry):
             return str(exc)
-        return "".join(traceback.format_exception(exc))
+        return error_text(exc)
 
     def _describe(self, exc: BaseException) -> str:
         """One line for errors pgqueue itself raises about a job (no traceback); capped like
         every error: a hand-edited row can carry a huge task or argument name."""
-        return f"{type(exc).__name__}: {exc}"
+        return hide_row_values(f"{type(exc).__name__}: {exc}", exc)
 
 
 # What a handler may not call on an atomic job's session while it runs.

@@ -13,16 +13,16 @@ so the figures across instances are their maximum.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 
+from pgqueue.errors import pgqueue_logger
 from pgqueue.metrics import NoMetrics
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.store import WorkerStore
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 RUNNING_SAMPLE_INTERVAL = 1.0
 

@@ -19,12 +19,11 @@ Every ``interval`` (sooner while an attempt with a short timeout runs) it
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
 
-from pgqueue.errors import is_connection_error
+from pgqueue.errors import is_connection_error, pgqueue_logger
 from pgqueue.jobs import Outcome, Progress
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.registry import WorkerRegistry
@@ -32,7 +31,7 @@ from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import WorkerStats
 from pgqueue.worker.store import WorkerStore
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 
 class Heartbeat:

@@ -15,19 +15,18 @@ no longer validate) must not stop the others.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
 
 from pgqueue.config import Settings
-from pgqueue.errors import error_line, is_connection_error
+from pgqueue.errors import error_line, is_connection_error, pgqueue_logger
 from pgqueue.metrics import NO_METRICS, NoMetrics
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.stats import WorkerStats
 from pgqueue.worker.store import WorkerStore
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 RESCUE_BATCH = 1000
 PRUNE_BATCH = 10_000

@@ -2,7 +2,8 @@
 
 One dedicated psycopg connection per worker process listens on pgqueue's channel (opened by
 ``PgQueue.listen_connection``, with the engine's connection parameters). A payload is
-a queue name, or ``"<queue> <epoch>"`` when the earliest new ticket is in the future. If the
+a queue name, or ``"<queue> <epoch>"`` when the earliest new ticket is in the future; any role
+that may connect can send one too, so a payload is a hint (``payload_epoch``). If the
 connection drops, it reconnects with backoff and wakes the worker once (notifications may have
 been missed meanwhile); polling covers the gap. A connection that cannot be opened is logged as
 the listener's (``pgqueue listener connection to host:port/db failed: ...``), even when the
@@ -12,7 +13,7 @@ engine opened it: a worker's engine can be fine while its listen URL is not.
 from __future__ import annotations
 
 import contextlib
-import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -22,10 +23,10 @@ import psycopg
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue import connections
-from pgqueue.errors import name_connection_failure
+from pgqueue.errors import name_connection_failure, pgqueue_logger
 from pgqueue.sql.server import listen
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 
 class Notifier(threading.Thread):
@@ -79,13 +80,7 @@ class Notifier(threading.Thread):
         queue, _, epoch = payload.partition(" ")
         if self._queues is not None and queue not in self._queues:
             return
-        run_at: float | None = None
-        if epoch:
-            try:
-                run_at = float(epoch)
-            except ValueError:
-                run_at = None
-        self._on_ready(run_at)
+        self._on_ready(payload_epoch(epoch))
 
 
 def _named_failure(exc: BaseException) -> str:
@@ -106,6 +101,20 @@ def _named_failure(exc: BaseException) -> str:
             where = None
     name_connection_failure(driver, "listener", where)
     return str(driver.args[0])
+
+
+def payload_epoch(text: str) -> float | None:
+    """The epoch a payload carries after its queue name, or None ("look now").
+
+    Any role allowed to connect may send a NOTIFY on the channel, so the text is untrusted:
+    anything but a finite number (``nan``, ``inf``, garbage) reads as None. NaN compares false
+    with every time, so kept as the earliest known ``run_at`` it would never be replaced.
+    """
+    try:
+        epoch = float(text)
+    except ValueError:
+        return None
+    return epoch if math.isfinite(epoch) else None
 
 
 def wall_to_monotonic(epoch: float) -> float:

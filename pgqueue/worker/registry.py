@@ -18,12 +18,12 @@ import socket
 from collections.abc import Sequence
 from importlib import metadata
 
-from pgqueue.errors import error_line, is_connection_error
+from pgqueue.errors import error_line, is_connection_error, pgqueue_logger
 from pgqueue.jobs import WorkerEntry
 from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.store import WorkerStore
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 # How many refreshes of its row a worker makes within the stale interval, at least.
 REFRESHES_PER_STALE_INTERVAL = 3

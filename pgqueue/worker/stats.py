@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pgqueue.errors import error_summary
+from pgqueue.errors import error_summary, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.metrics import CANCELLED, FAILED, NO_METRICS, RETRIED, SUCCEEDED, NoMetrics
 from pgqueue.states import OutcomeKind
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 # Read once: an enum member looked up on its class costs more than the comparison.
 _COMPLETE = OutcomeKind.COMPLETE

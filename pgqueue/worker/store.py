@@ -11,7 +11,6 @@ rides out outages instead of crashing.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -23,13 +22,19 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from pgqueue import repository, uow
 from pgqueue.claim_choice import LimitsSeen
 from pgqueue.db import Database, Executor
-from pgqueue.errors import error_line, is_connection_error, is_timeout, is_transient_conflict
+from pgqueue.errors import (
+    error_line,
+    is_connection_error,
+    is_timeout,
+    is_transient_conflict,
+    pgqueue_logger,
+)
 from pgqueue.jobs import ClaimedJob, Outcome, Progress, WorkerEntry
 from pgqueue.states import JobState
 
 T = TypeVar("T")
 
-log = logging.getLogger("pgqueue.worker")
+log = pgqueue_logger("pgqueue.worker")
 
 # Any 64-bit constant unique to pgqueue: "pgqueue" in ASCII.
 MAINTENANCE_LOCK_KEY = 0x7067717565756500 >> 8

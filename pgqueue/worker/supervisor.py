@@ -18,7 +18,6 @@ SIGTERM, finishing its running jobs within the shutdown timeout and releasing th
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import subprocess
@@ -27,7 +26,9 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-log = logging.getLogger("pgqueue.supervisor")
+from pgqueue.errors import pgqueue_logger
+
+log = pgqueue_logger("pgqueue.supervisor")
 
 # The hidden ``pgqueue worker`` option by which a child learns its supervisor's PID.
 SUPERVISOR_PID_OPTION = "--supervisor-pid"

@@ -119,7 +119,7 @@ def workers(include_stale: bool, as_json: bool) -> None:
 def retry(job_id: int) -> None:
     """Run a failed or cancelled job again."""
     _queue().admin.retry_job(job_id)
-    click.echo(f"job {job_id} queued again")
+    shared.echo(f"job {job_id} queued again")
 
 
 @pgqueue_group.command()
@@ -127,7 +127,7 @@ def retry(job_id: int) -> None:
 def cancel(job_id: int) -> None:
     """Cancel a waiting job, or ask a running one to stop."""
     state = _queue().admin.cancel_job(job_id)
-    click.echo(
+    shared.echo(
         f"job {job_id}: {'cancelled' if state is JobState.CANCELLED else 'cancel requested'}"
     )
 
@@ -135,7 +135,7 @@ def cancel(job_id: int) -> None:
 @pgqueue_group.command()
 def prune() -> None:
     """Delete finished jobs past their retention."""
-    click.echo(f"pruned {_queue().prune()} jobs")
+    shared.echo(f"pruned {_queue().prune()} jobs")
 
 
 @pgqueue_group.group(name="history", cls=FlaskCommandGroup)
