@@ -15,6 +15,7 @@ from typing import Final
 
 __all__ = [
     "AtomicSessionMisuse",
+    "AtomicTransactionLost",
     "BulkCountChanged",
     "ConfigurationError",
     "DowngradeLosesData",
@@ -42,6 +43,7 @@ __all__ = [
     "is_lock_timeout",
     "is_lost_session_state",
     "is_timeout",
+    "is_transaction_ended",
     "is_transient_conflict",
     "is_undefined_table",
     "name_connection_failure",
@@ -141,6 +143,12 @@ class AtomicSessionMisuse(PgQueueError):
     writes when the handler returns, and rolls back the handler's writes when it raises."""
 
 
+class AtomicTransactionLost(PgQueueError):
+    """An atomic attempt's transaction ended before its outcome was recorded (a ROLLBACK or
+    COMMIT sent through the handler's session, or the transaction failed): the claim went with
+    it, and the worker counts the attempt as a failed one in a transaction of its own."""
+
+
 class DowngradeLosesData(PgQueueError):
     """A downgrade was refused because its steps would drop rows or values (see
     ``pgqueue.migrations.losses``); nothing was changed. ``losses`` names each one."""
@@ -169,6 +177,7 @@ UNDEFINED_TABLE: Final = "42P01"
 LOGIN_REFUSED: Final = "28P01"  # wrong password
 INVALID_AUTHORIZATION: Final = "28000"  # no such role, or pg_hba.conf refused it
 INVALID_STATEMENT_NAME: Final = "26000"  # "prepared statement ... does not exist"
+INVALID_SAVEPOINT: Final = "3B001"  # "savepoint ... does not exist"
 DUPLICATE_PREPARED_STATEMENT: Final = "42P05"
 
 _TRANSIENT_CONFLICTS: Final = frozenset({SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
@@ -247,6 +256,12 @@ def is_bad_credentials(exc: BaseException) -> bool:
 # later use of the connection. The statement failed before it ran, so it can be sent again on
 # another connection; this one is dropped.
 _LOST_SESSION_STATES: Final = frozenset({INVALID_STATEMENT_NAME, DUPLICATE_PREPARED_STATEMENT})
+
+
+def is_transaction_ended(exc: BaseException) -> bool:
+    """True when a savepoint pgqueue made is gone: the transaction it was made in has ended
+    (something sent ROLLBACK or COMMIT), and the statements since ran outside it."""
+    return sqlstate_of(exc) == INVALID_SAVEPOINT
 
 
 def is_lost_session_state(exc: BaseException) -> bool:

@@ -148,11 +148,14 @@ class AtomicProbes:
     def _settle(
         self, job: ClaimedJob, outcome: Outcome | None, failure: Exception | None, took: float
     ) -> None:
-        """Report the attempt, or, when its transaction was lost after the handler ran (it
-        failed, or the handler's session ended it), count it as a failed attempt in a
-        transaction of its own: the claim was undone with it, and the job would otherwise be
-        claimed again at once with no attempt counted, its handler's side effects repeated
-        without end."""
+        """Report the attempt, or, when its transaction failed or was ended by the handler's
+        session, count it as a failed attempt in a transaction of its own: the claim was undone
+        with it, and the job would otherwise be claimed again at once with no attempt counted,
+        its handler's side effects repeated without end."""
+        if failure is None:
+            if outcome is not None:
+                self._report.written(outcome, took, job)
+            return
         lost = self._executor.lost_attempt(job, failure)
         try:
             state = self._store.count_lost_attempt(job, delay=lost.delay, error=lost.error)
@@ -163,23 +166,20 @@ class AtomicProbes:
                 job.id,
                 job.task_name,
                 job.attempt,
-                "see its error" if failure is None else error_line(failure),
+                error_line(failure),
                 error_line(exc),
             )
             return
         if state is None:
-            # The claim committed with the outcome (nothing lost), or another claim of the job
-            # is under way (it counts its own attempt).
-            if failure is None and outcome is not None:
-                self._report.written(outcome, took, job)
-            elif failure is not None:
-                log.error(
-                    "job %s (%s) attempt %d: its transaction ended with an error (%s); the "
-                    "attempt was already counted",
-                    job.id,
-                    job.task_name,
-                    job.attempt,
-                    error_line(failure),
-                )
+            # The claim had committed after all (the error came after the commit), or another
+            # claim of the job is under way and counts its own attempt.
+            log.error(
+                "job %s (%s) attempt %d: its transaction ended with an error (%s); the attempt "
+                "was not counted again",
+                job.id,
+                job.task_name,
+                job.attempt,
+                error_line(failure),
+            )
             return
         self._report.written(lost, took, job)

@@ -25,11 +25,13 @@ from pgqueue.config import Settings
 from pgqueue.context import JobContext, Retry, Snooze
 from pgqueue.errors import (
     AtomicSessionMisuse,
+    AtomicTransactionLost,
     UnknownTask,
     ValidationError,
     error_line,
     error_text,
     hide_row_values,
+    is_transaction_ended,
     pgqueue_logger,
     storable_text,
 )
@@ -173,6 +175,13 @@ class Executor:
         except BaseException as exc:
             if span is not None:
                 span.failed(exc)
+            if is_transaction_ended(exc):
+                # The claim's transaction is gone: nothing written from here on would be part
+                # of it. The caller rolls back and counts the attempt.
+                raise AtomicTransactionLost(
+                    f"atomic task {job.task_name!r}: the attempt's transaction ended while the "
+                    "handler ran (a ROLLBACK or COMMIT sent through its session)"
+                ) from exc
             if savepoint.is_active:
                 savepoint.rollback()
             if outcome is None and isinstance(exc, _StartTooLate):
@@ -322,11 +331,11 @@ class Executor:
         outcome.progress = execution.unwritten_progress()
         return outcome
 
-    def lost_attempt(self, job: ClaimedJob, exc: BaseException | None) -> Outcome:
-        """The failed attempt that replaces an atomic attempt whose transaction was lost after
-        its handler ran (``exc``: the error that ended it, None when the handler ended the
-        transaction itself), retried or failed for good like any other."""
-        if exc is None:
+    def lost_attempt(self, job: ClaimedJob, exc: BaseException) -> Outcome:
+        """The failed attempt that replaces an atomic attempt whose transaction was lost
+        (``exc``: the error that ended it, ``AtomicTransactionLost`` when the handler's session
+        ended it), retried or failed for good like any other."""
+        if isinstance(exc, AtomicTransactionLost):
             why = (
                 "the handler's session ended the attempt's transaction (a ROLLBACK or COMMIT "
                 "sent through it), which undid the claim"
