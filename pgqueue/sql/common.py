@@ -200,9 +200,12 @@ def tickets_for(jobs: Any, name: str, *where: ColumnElement[bool]) -> Any:
 
 def wake_payload(queue: Any, first_run_at: Any) -> ColumnElement[str]:
     """What an idle worker is told: the queue, plus the epoch of the earliest new ticket when
-    that is in the future (so it knows when to wake for a delayed job)."""
+    that is in the future (so it knows when to wake for a delayed job). Compared with the
+    statement's time: an outcome sets a ticket's ``run_at`` from it (``OUTCOME_AT``), which is
+    later than the transaction's ``now()``."""
     epoch = cast(func.extract("epoch", first_run_at), Text)
-    return case((first_run_at <= func.now(), queue), else_=queue + literal(" ") + epoch)
+    ready = first_run_at <= func.statement_timestamp()
+    return case((ready, queue), else_=queue + literal(" ") + epoch)
 
 
 def woken(tickets: Any) -> ColumnElement[bool]:
