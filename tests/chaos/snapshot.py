@@ -3,6 +3,10 @@
 Read in one REPEATABLE READ transaction, so an atomic job's state and its in-transaction ledger
 row (which commit together) are seen together. Runs are the ledger's ``run`` rows (one per
 handler run, committed when the run began); ``tx`` rows are the runs that completed their work.
+A run's marks are written by its handler, after its claim and before its outcome, so its
+interval lies within the time its job held a key's or a queue's slot (even when a frozen
+process writes a mark late): more overlapping intervals than a limit means the slots were
+exceeded, never a harness artefact.
 """
 
 from __future__ import annotations
@@ -93,6 +97,10 @@ def read(engine: Engine) -> Snapshot:
             row.outcome,
         )
         (snapshot.runs if run.tag == "run" else snapshot.txs)[run.job_id].append(run)
+    for runs in snapshot.runs.values():
+        # By attempt first: a process frozen between its claim and its first ledger write
+        # records a run that began before a later attempt's as starting after it.
+        runs.sort(key=lambda r: (r.attempt, r.started, r.id))
     return snapshot
 
 
