@@ -97,8 +97,12 @@ class Checker:
                 self.passed += 1
             for violation in found:
                 violation.invariant = name
-                key = (violation.invariant, violation.job_id, violation.message[:20])
-                self.violations.setdefault(key, violation)
+                # One entry per invariant, job and kind of message (numbers aside): the
+                # latest wording (a growing run count), seen first when it first showed.
+                key = (name, violation.job_id, re.sub(r"\d+", "N", violation.message)[:40])
+                earlier = self.violations.get(key)
+                violation.first_seen = earlier.first_seen if earlier else snap.now
+                self.violations[key] = violation
         return snap
 
 

@@ -36,6 +36,7 @@ class Violation:
     job_id: int | None
     message: str
     run_ids: list[int] = field(default_factory=list)
+    first_seen: float | None = None  # the database clock of the check that first found it
 
 
 Check = Callable[[Snapshot, Facts], list[Violation]]

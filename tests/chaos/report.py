@@ -80,7 +80,8 @@ def traces(seed: int, snapshot: Snapshot, events: list[Event], violations: list[
     lines = [f"VIOLATIONS (seed {seed}, replay: python -m tests.chaos --seed {seed} ...)"]
     for violation in violations[:MAX_TRACES]:
         lines.append("")
-        lines.append(f"[{violation.invariant}] job {violation.job_id}: {violation.message}")
+        seen = f" (first seen {clock(violation.first_seen)})" if violation.first_seen else ""
+        lines.append(f"[{violation.invariant}] job {violation.job_id}: {violation.message}{seen}")
         job = snapshot.jobs.get(violation.job_id) if violation.job_id is not None else None
         job_ids = {violation.job_id} if violation.job_id is not None else set()
         for run_id in violation.run_ids:
