@@ -1,0 +1,268 @@
+"""The chaos run's moving parts: its database, an optional PgBouncer, and the worker processes.
+
+Everything here is started by the harness and stopped by PID (never by name): the machine is
+shared. Worker processes are real ``python -m pgqueue worker chaosapp:pgq`` subprocesses, one of
+them a ``--processes 2`` supervisor, whose children the fault injector signals directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL
+
+from pgqueue import migrations
+
+from .app import APP_SOURCE, LEDGER_DDL, QUEUE_ATOMIC_SOLO, SHARED_QUEUES
+
+LEASE_SECONDS = 3.0
+RESCUE_INTERVAL = 1.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def create_database(server: URL, name: str) -> URL:
+    """A fresh database ``name`` on ``server``, migrated to pgqueue's head, with the ledger."""
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    url = server.set(database=name)
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        migrations.upgrade(connection)
+        connection.execute(text(LEDGER_DDL))
+    engine.dispose()
+    return url
+
+
+def drop_database(server: URL, name: str) -> None:
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def write_app(directory: Path) -> None:
+    (directory / "chaosapp.py").write_text(APP_SOURCE)
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+class Bouncer:
+    """A PgBouncer in transaction mode in front of one database (config as tests/e2e's
+    ``bouncer`` fixture), restartable on the same port."""
+
+    def __init__(self, server: URL, database: str) -> None:
+        self.server = server.set(database=database)
+        self.port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="pgqueue-chaos-bouncer-"))
+        self.directory.chmod(0o755)
+        self.process: subprocess.Popen[bytes] | None = None
+        password = f" password={self.server.password}" if self.server.password else ""
+        (self.directory / "pgbouncer.ini").write_text(
+            f"""[databases]
+{database} = host={self.server.host or "127.0.0.1"} port={self.server.port} user={self.server.username}{password}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {self.port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {self.directory}/users.txt
+pool_mode = transaction
+max_client_conn = 300
+default_pool_size = 20
+"""
+        )
+        (self.directory / "users.txt").write_text(f'"{self.server.username}" ""\n')
+
+    @property
+    def url(self) -> URL:
+        return self.server.set(host="127.0.0.1", port=self.port, password=None, query={})
+
+    def start(self) -> None:
+        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        as_nobody = {"user": "nobody", "group": "nogroup"} if os.geteuid() == 0 else {}
+        self.process = subprocess.Popen(
+            [binary, str(self.directory / "pgbouncer.ini")],
+            stdout=subprocess.DEVNULL,
+            stderr=(self.directory / "log").open("ab"),
+            **as_nobody,  # type: ignore[arg-type]
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError((self.directory / "log").read_text()) from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()  # SIGTERM: PgBouncer's immediate shutdown
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@dataclass
+class WorkerSpec:
+    """One ``pgqueue worker`` command line the harness keeps running."""
+
+    name: str
+    queues: list[str]
+    concurrency: int
+    processes: int = 1
+
+
+@dataclass
+class Worker:
+    spec: WorkerSpec
+    popen: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def pids(self) -> list[int]:
+        """The processes that run handlers: the children of a supervisor, else the worker."""
+        if not self.alive or self.popen is None:
+            return []
+        if self.spec.processes > 1:
+            return children_of(self.popen.pid)
+        return [self.popen.pid]
+
+
+SPECS = [
+    WorkerSpec("w0-supervisor", SHARED_QUEUES, 4, processes=2),
+    WorkerSpec("w1", SHARED_QUEUES, 4),
+    WorkerSpec("w2", SHARED_QUEUES, 3),
+    WorkerSpec("w3-solo", [QUEUE_ATOMIC_SOLO], 1),
+]
+
+
+@dataclass
+class Workers:
+    """The worker processes of one run, started in ``directory`` with ``env``."""
+
+    directory: Path
+    env: dict[str, str]
+    workers: list[Worker] = field(default_factory=list)
+    known_pids: set[int] = field(default_factory=set)
+
+    def start_all(self) -> None:
+        for spec in SPECS:
+            worker = Worker(spec)
+            self.workers.append(worker)
+            self.start(worker)
+
+    def start(self, worker: Worker) -> None:
+        spec = worker.spec
+        log = (self.directory / f"{spec.name}.log").open("ab")
+        command = [sys.executable, "-m", "pgqueue", "worker", "chaosapp:pgq"]
+        command += ["--queues", ",".join(spec.queues), "--concurrency", str(spec.concurrency)]
+        command += ["--processes", str(spec.processes), "--lease-seconds", str(LEASE_SECONDS)]
+        command += ["--shutdown-timeout", "5", "--poll-interval", "0.5"]
+        worker.popen = subprocess.Popen(
+            command, cwd=self.directory, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        worker.starts += 1
+
+    def handler_pids(self) -> dict[int, Worker]:
+        found = {pid: worker for worker in self.workers for pid in worker.pids()}
+        self.known_pids.update(found)
+        return found
+
+    def restart_dead(self) -> list[str]:
+        restarted = []
+        for worker in self.workers:
+            if not worker.alive:
+                self.start(worker)
+                restarted.append(worker.spec.name)
+        return restarted
+
+    def continue_all(self) -> None:
+        """SIGCONT every process (a stopped one must run again before it can stop or drain)."""
+        for worker in self.workers:
+            if worker.popen is None:
+                continue
+            for pid in [worker.popen.pid, *children_of(worker.popen.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+    def stop_all(self, timeout: float = 30.0) -> list[str]:
+        """SIGTERM every worker and wait; SIGKILL what is left. Returns the ones killed."""
+        self.continue_all()
+        for worker in self.workers:
+            if worker.alive and worker.popen is not None:
+                worker.popen.send_signal(signal.SIGTERM)
+        killed = []
+        deadline = time.monotonic() + timeout
+        for worker in self.workers:
+            if worker.popen is None:
+                continue
+            try:
+                worker.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                killed.append(worker.spec.name)
+                self.kill_tree(worker)
+        return killed
+
+    def kill_tree(self, worker: Worker) -> None:
+        if worker.popen is None:
+            return
+        for pid in [*children_of(worker.popen.pid), worker.popen.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.popen.wait(10)
+
+    def logs(self) -> dict[str, str]:
+        return {
+            spec.name: (self.directory / f"{spec.name}.log").read_text(errors="replace")
+            for spec in (w.spec for w in self.workers)
+            if (self.directory / f"{spec.name}.log").exists()
+        }

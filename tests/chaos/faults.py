@@ -1,0 +1,228 @@
+"""Seeded faults during a chaos run.
+
+Every second or two (from its own ``random.Random``) the injector does one of: SIGKILL a worker
+process (a standalone worker is restarted by the harness, a supervisor's child by its
+supervisor, a killed supervisor's children stop on their own and the supervisor is restarted);
+SIGSTOP a worker process for longer than the lease, then SIGCONT it; ``pg_terminate_backend``
+some of pgqueue's backends; hold ``FOR UPDATE`` locks on some waiting jobs (with
+``lock_tickets``, sometimes on their tickets too) for a few seconds;
+and, with a PgBouncer in the path, restart it. Each fault is an :class:`Event` the checks use to
+explain (and the traces to show) what a job went through. No server restart: left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, text
+
+from .cluster import LEASE_SECONDS, Bouncer, Worker, Workers, children_of
+from .workload import Event
+
+TERMINATE = text(
+    "SELECT pg_terminate_backend(pid) FROM ("
+    "  SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+    "  AND application_name LIKE 'pgqueue%' AND pid <> pg_backend_pid()"
+    "  ORDER BY random() LIMIT :n) chosen"
+)
+# Waiting jobs locked the way a long application transaction could lock them. SKIP LOCKED:
+# the locker never waits, so it cannot deadlock with a claim that updates several jobs in an
+# order of its own (a deadlock the harness made would hide pgqueue's).
+LOCK_JOBS = text(
+    "SELECT id FROM pgqueue_jobs WHERE state IN ('queued', 'retrying')"
+    " ORDER BY random() LIMIT :n FOR UPDATE SKIP LOCKED"
+)
+# Their tickets too (``--lock-tickets``), taken first, in pgqueue's own order (tickets, then
+# jobs). Off by default: no pgqueue statement expects another session to hold a ticket without
+# claiming or ending its job.
+LOCK_TICKETS = text(
+    "SELECT t.job_id FROM pgqueue_message_queue t JOIN pgqueue_jobs j ON j.id = t.job_id"
+    " WHERE j.state IN ('queued', 'retrying') ORDER BY random() LIMIT :n"
+    " FOR UPDATE OF t SKIP LOCKED"
+)
+LOCK_THESE_JOBS = text(
+    "SELECT id FROM pgqueue_jobs WHERE id = ANY(:ids) ORDER BY id FOR UPDATE SKIP LOCKED"
+)
+
+
+@dataclass
+class Faults:
+    """Injects faults until stopped; keeps the events and the PIDs it killed (with when)."""
+
+    seed: int
+    workers: Workers
+    engine: Engine  # direct to the server, application name not ``pgqueue%``
+    bouncer: Bouncer | None = None
+    lock_tickets: bool = False
+    speed: float = 1.0
+    events: list[Event] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    killed: dict[int, float] = field(default_factory=dict)  # pid -> when it was killed
+    stop_event: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(f"{self.seed}-faults")
+        self.stopped: set[int] = set()  # SIGSTOPped, not yet continued
+        self.restarting: set[str] = set()  # killed workers whose restart is pending
+        self.pending: list[tuple[float, str, Callable[[], None]]] = []
+        self.lockers: list[threading.Thread] = []
+        self.thread = threading.Thread(target=self._loop, name="chaos-faults", daemon=True)
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop injecting; run every pending repair (SIGCONT, restarts) at once."""
+        self.stop_event.set()
+        self.thread.join(60)
+        for _, _, action in sorted(self.pending, key=lambda p: p[0]):
+            action()
+        self.pending.clear()
+        for locker in self.lockers:
+            locker.join(30)
+        if self.bouncer is not None and self.bouncer.process is None:
+            self.bouncer.start()
+
+    def _record(self, kind: str, detail: str, pid: int | None = None, **kw: float) -> None:
+        with self.lock:
+            self.counts[kind] += 1
+            self.events.append(Event(time.time(), kind, detail, pid, kw.get("until")))
+
+    def _loop(self) -> None:
+        choices: list[tuple[float, Callable[[], None]]] = [
+            (3, self._kill),
+            (3, self._stop),
+            (3, self._terminate),
+            (2, self._lock),
+        ]
+        if self.bouncer is not None:
+            choices.append((1.5, self._restart_bouncer))
+        weights = [w for w, _ in choices]
+        actions = [a for _, a in choices]
+        next_fault = time.monotonic() + self.rng.uniform(1, 3) / self.speed
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            for due, _, action in [p for p in self.pending if p[0] <= now]:
+                self.pending.remove((due, _, action))
+                action()
+            self.workers.handler_pids()  # learn the children's PIDs while they live
+            if now >= next_fault:
+                fault = self.rng.choices(actions, weights)[0]
+                try:
+                    fault()
+                except Exception as exc:
+                    self.errors[f"{fault.__name__}: {type(exc).__name__}: {exc}"[:120]] += 1
+                next_fault = now + self.rng.uniform(0.7, 3.0) / self.speed
+            self.stop_event.wait(0.05)
+
+    def _later(self, delay: float, what: str, action: Callable[[], None]) -> None:
+        self.pending.append((time.monotonic() + delay, what, action))
+
+    # -- process faults ------------------------------------------------------------------
+
+    def _kill(self) -> None:
+        worker = self.rng.choice([w for w in self.workers.workers if w.alive])
+        if worker.popen is None:
+            return
+        if worker.spec.processes > 1 and self.rng.random() < 0.8:
+            pids = [p for p in worker.pids() if p not in self.stopped]
+            if not pids:
+                return
+            pid = self.rng.choice(pids)
+            os.kill(pid, signal.SIGKILL)
+            self.killed[pid] = time.time()
+            self._record("sigkill", f"{worker.spec.name} child {pid}", pid)
+            return
+        pid = worker.popen.pid
+        children = children_of(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        worker.popen.wait(10)
+        now = time.time()
+        self.killed[pid] = now
+        for child in children:
+            # A killed supervisor's children stop on their own (releasing their jobs): their
+            # runs are interrupted too. One that was stopped must run again to notice.
+            self.killed[child] = now
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGCONT)
+            self.stopped.discard(child)
+        self.stopped.discard(pid)
+        self._record("sigkill", f"{worker.spec.name} {pid} (children {children})", pid)
+        self.restarting.add(worker.spec.name)
+        self._later(self.rng.uniform(0.3, 2.0), "restart", lambda: self._restart(worker))
+
+    def _restart(self, worker: Worker) -> None:
+        self.restarting.discard(worker.spec.name)
+        if not worker.alive:
+            self.workers.start(worker)
+            self._record("restart", worker.spec.name, worker.popen.pid if worker.popen else None)
+
+    def _stop(self) -> None:
+        pids = [p for p in self.workers.handler_pids() if p not in self.stopped]
+        if not pids:
+            return
+        pid = self.rng.choice(pids)
+        seconds = LEASE_SECONDS + self.rng.uniform(1, 3)
+        os.kill(pid, signal.SIGSTOP)
+        self.stopped.add(pid)
+        self._record("sigstop", f"pid {pid} for {seconds:.1f} s", pid, until=time.time() + seconds)
+
+        def resume() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            self.stopped.discard(pid)
+
+        self._later(seconds, "sigcont", resume)
+
+    # -- database faults -----------------------------------------------------------------
+
+    def _terminate(self) -> None:
+        n = 100 if self.rng.random() < 0.2 else self.rng.randint(1, 4)
+        with self.engine.connect() as connection:
+            done = connection.execute(TERMINATE, {"n": n}).all()
+            connection.commit()
+        self._record("terminate", f"{len(done)} pgqueue backends (asked for {n})")
+
+    def _lock(self) -> None:
+        n = self.rng.randint(1, 10)
+        seconds = self.rng.uniform(2, 5)
+        tickets = self.lock_tickets and self.rng.random() < 0.5
+        what = "jobs and their tickets" if tickets else "jobs"
+        self._record("lock", f"{n} waiting {what} for {seconds:.1f} s", until=time.time() + seconds)
+
+        def hold() -> None:
+            try:
+                with self.engine.begin() as connection:
+                    if tickets:
+                        ids = list(connection.execute(LOCK_TICKETS, {"n": n}).scalars())
+                        connection.execute(LOCK_THESE_JOBS, {"ids": ids})
+                    else:
+                        connection.execute(LOCK_JOBS, {"n": n}).all()
+                    time.sleep(seconds)
+            except Exception as exc:
+                self.errors[f"lock: {type(exc).__name__}"] += 1
+
+        locker = threading.Thread(target=hold, name="chaos-locker", daemon=True)
+        self.lockers = [t for t in self.lockers if t.is_alive()] + [locker]
+        locker.start()
+
+    def _restart_bouncer(self) -> None:
+        assert self.bouncer is not None
+        if self.bouncer.process is None:
+            return
+        self.bouncer.stop()
+        down = self.rng.uniform(0.2, 1.5)
+        self._record("bouncer_restart", f"down for {down:.1f} s", until=time.time() + down)
+        self._later(down, "bouncer start", self.bouncer.start)

@@ -1,0 +1,290 @@
+"""One chaos run, start to end: set up, run the workload under faults, drain, check, report.
+
+``run()`` makes a fresh database (on the server given, else on an embedded PostgreSQL it
+starts), writes the application module, starts the workers (optionally behind PgBouncer), runs
+the seeded workload and faults for ``minutes`` while checking the cheap invariants every few
+seconds, then stops the faults, lets the workers drain (bounded), checks every invariant, stops
+the workers and returns the report. Everything it started it stops, by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL
+
+from pgqueue.config import normalize_database_url
+
+from . import invariants, report, snapshot
+from .cluster import (
+    LEASE_SECONDS,
+    RESCUE_INTERVAL,
+    Bouncer,
+    Workers,
+    create_database,
+    drop_database,
+    write_app,
+)
+from .faults import Faults
+from .invariants import Facts, Violation
+from .workload import Event, Workload
+
+CHECK_EVERY = 5.0
+DRAIN_SECONDS = 90.0
+
+
+@dataclass
+class Result:
+    seed: int
+    violations: list[Violation]
+    passed: int
+    text: str
+    notes: list[str] = field(default_factory=list)
+
+
+def load_app(directory: Path, url: URL) -> ModuleType:
+    """Import ``chaosapp.py`` in this process under a unique name (one per run)."""
+    name = f"chaosapp_{directory.name}"
+    spec = importlib.util.spec_from_file_location(name, directory / "chaosapp.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    saved = os.environ.get("DB_URL")
+    os.environ["DB_URL"] = url.render_as_string(hide_password=False)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            os.environ.pop("DB_URL", None)
+        else:
+            os.environ["DB_URL"] = saved
+    return module
+
+
+class Checker:
+    """Runs the invariants, counts checks, and keeps each violation once (by invariant and
+    job)."""
+
+    def __init__(self, engine: Engine, facts: Facts) -> None:
+        self.engine = engine
+        self.facts = facts
+        self.checks: Counter[str] = Counter()
+        self.passed = 0
+        self.violations: dict[tuple[str, int | None, str], Violation] = {}
+        self.last: snapshot.Snapshot | None = None
+
+    def check(self, *, final: bool) -> snapshot.Snapshot:
+        snap = snapshot.read(self.engine)
+        self.last = snap
+        for function, periodic in invariants.INVARIANTS:
+            if not (final or periodic):
+                continue
+            name = f"{(function.__doc__ or '').split('.')[0]} {function.__name__}"
+            found = function(snap, self.facts)
+            self.checks[name] += 1
+            if not found:
+                self.passed += 1
+            for violation in found:
+                violation.invariant = name
+                # One entry per invariant, job and kind of message (numbers aside): the
+                # latest wording (a growing run count), seen first when it first showed.
+                key = (name, violation.job_id, re.sub(r"\d+", "N", violation.message)[:40])
+                earlier = self.violations.get(key)
+                violation.first_seen = earlier.first_seen if earlier else snap.now
+                self.violations[key] = violation
+        return snap
+
+
+def _say(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run(
+    seed: int,
+    minutes: float,
+    database_url: str | None = None,
+    *,
+    bouncer: bool = False,
+    lock_tickets: bool = False,
+    keep: bool = False,
+    verbose: bool = True,
+) -> Result:
+    say = _say if verbose else (lambda message: None)
+    root = Path(tempfile.mkdtemp(prefix=f"pgqueue-chaos-{seed}-"))
+    root.chmod(0o755)
+    embedded = None
+    stack = contextlib.ExitStack()
+    try:
+        if database_url is None:
+            from pgqueue.embedded import EmbeddedPostgres
+
+            embedded = EmbeddedPostgres(root / "pgdata", durable=False, tcp=bouncer)
+            embedded.start()
+            stack.callback(embedded.stop)
+            database_url = embedded.tcp_url() if bouncer else embedded.url()
+        server = normalize_database_url(database_url)
+        name = f"pgqueue_chaos_{seed}_{os.getpid()}"
+        url = create_database(server, name)
+        if not keep:
+            stack.callback(drop_database, server, name)
+        say(f"seed {seed}: database {name}, directory {root}")
+        return _run(seed, minutes, url, root, bouncer, lock_tickets, stack, say)
+    finally:
+        stack.close()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(
+    seed: int,
+    minutes: float,
+    url: URL,
+    root: Path,
+    use_bouncer: bool,
+    lock_tickets: bool,
+    stack: contextlib.ExitStack,
+    say: object,
+) -> Result:
+    assert callable(say)
+    app_dir = root / "app"
+    app_dir.mkdir()
+    write_app(app_dir)
+    direct = url.render_as_string(hide_password=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env.update(DB_URL=direct, PYTHONUNBUFFERED="1", PGQUEUE_RESCUE_INTERVAL=str(RESCUE_INTERVAL))
+    bouncer = None
+    if use_bouncer:
+        bouncer = Bouncer(url, str(url.database))
+        bouncer.start()
+        stack.callback(bouncer.close)
+        env.update(
+            DB_URL=bouncer.url.render_as_string(hide_password=False),
+            PGQUEUE_POOLER="transaction",
+            PGQUEUE_LISTEN_DATABASE_URL=direct,
+        )
+    engine = create_engine(url, connect_args={"application_name": "chaos-harness"})
+    stack.callback(engine.dispose)
+    app = load_app(app_dir, url)
+    stack.callback(app.pgq.dispose)
+    workers = Workers(app_dir, env)
+    stack.callback(lambda: [workers.kill_tree(w) for w in workers.workers])
+    workload = Workload(app, seed)
+    workload.setup()
+    workers.start_all()
+    faults = Faults(seed, workers, engine, bouncer, lock_tickets=lock_tickets)
+    deadlocks = _deadlocks(engine)
+    facts = Facts(killed=faults.killed, limits=workload.limits, stale_after=LEASE_SECONDS + 9)
+    checker = Checker(engine, facts)
+    notes: list[str] = []
+    time.sleep(2)  # the workers' start-up, so the first faults find them
+    workload.start()
+    faults.start()
+    say(f"running for {minutes} min")
+    deadline = time.monotonic() + minutes * 60
+    next_check = time.monotonic() + CHECK_EVERY
+    while time.monotonic() < deadline:
+        for worker in workers.workers:
+            if not worker.alive and worker.spec.name not in faults.restarting:
+                code = worker.popen.returncode if worker.popen else None
+                notes.append(f"worker {worker.spec.name} exited by itself (code {code})")
+                faults.events.append(Event(time.time(), "unexpected_exit", worker.spec.name))
+                workers.start(worker)
+        if time.monotonic() >= next_check:
+            checker.check(final=False)
+            next_check = time.monotonic() + CHECK_EVERY
+            say(
+                f"{len(checker.last.jobs) if checker.last else 0} jobs, "
+                f"{sum(faults.counts.values())} faults, {len(checker.violations)} violations"
+            )
+        time.sleep(0.5)
+    say("stopping faults and the workload; draining")
+    faults.stop()
+    workload.stop()
+    workers.continue_all()
+    workers.restart_dead()
+    drained = _drain(engine, DRAIN_SECONDS)
+    if not drained:
+        notes.append(f"the workers did not drain within {DRAIN_SECONDS:.0f} s")
+    facts.stale_after = 3 * RESCUE_INTERVAL + 1
+    final = checker.check(final=True)
+    say("stopping the workers")
+    killed = workers.stop_all()
+    if killed:
+        notes.append(f"workers killed at the stop (did not stop within 30 s): {killed}")
+    left = [j.id for j in snapshot.read(engine).jobs.values() if j.state == "running"]
+    stopped = "6 left_running_after_stop"
+    checker.checks[stopped] += 1
+    if left and not killed:
+        checker.violations[(stopped, left[0], "stop")] = Violation(
+            stopped, left[0], f"jobs {left[:20]} left RUNNING after a clean stop"
+        )
+    elif not left or killed:
+        checker.passed += 1
+    deadlocks = _deadlocks(engine) - deadlocks
+    if deadlocks:
+        notes.append(f"the server detected {deadlocks} deadlocks in the run's database")
+    notes += _log_notes(workers.logs(), workload, faults)
+    violations = list(checker.violations.values())
+    events = sorted([*faults.events, *workload.events], key=lambda e: e.at)
+    output = report.summary(seed, final, events, checker.checks, checker.passed, violations, notes)
+    if violations:
+        output = report.traces(seed, final, events, violations) + "\n\n" + output
+    return Result(seed, violations, checker.passed, output, notes)
+
+
+def _deadlocks(engine: Engine) -> int:
+    with engine.connect() as connection:
+        connection.execute(text("SELECT pg_stat_clear_snapshot()"))
+        return int(
+            connection.execute(
+                text("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+            ).scalar_one()
+        )
+
+
+def _drain(engine: Engine, seconds: float) -> bool:
+    """Wait until every job is final or legitimately waiting (or ``seconds`` pass)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        snap = snapshot.read(engine)
+        if all(invariants.not_done_reason(snap, job) is None for job in snap.jobs.values()):
+            return True
+        time.sleep(1)
+    return False
+
+
+def _log_notes(logs: dict[str, str], workload: Workload, faults: Faults) -> list[str]:
+    """What went wrong beside the invariants: the harness's own failed calls, and the
+    workers' ERROR lines and tracebacks, by kind (for whoever reads the report)."""
+    notes = []
+    if workload.errors:
+        notes.append(
+            "harness calls that failed: "
+            + ", ".join(f"{k} x{v}" for k, v in workload.errors.most_common(8))
+        )
+    if faults.errors:
+        notes.append(
+            "faults that failed: " + ", ".join(f"{k} x{v}" for k, v in faults.errors.most_common(5))
+        )
+    errors: Counter[str] = Counter()
+    for log in logs.values():
+        for line in log.splitlines():
+            if " ERROR " in line or line.startswith("Traceback"):
+                # The message without ids, numbers and times, so alike lines count together.
+                shape = re.sub(r"\d+", "N", line.split(" ERROR ", 1)[-1])[:100]
+                errors[shape] += 1
+    if errors:
+        notes.append("worker ERROR lines (by shape):")
+        notes += [f"  {count:5d} {shape}" for shape, count in errors.most_common(10)]
+    return notes

@@ -1,0 +1,289 @@
+"""The invariants a chaos run checks, each a named function of a :class:`Snapshot`.
+
+Each returns the violations it found (empty: it holds). ``Facts`` carries what the database
+does not know: which PIDs the harness killed and when, the limited queue's limit changes, and
+how late a rescue may be. A run interrupted by its process's death, or whose attempt ended by
+lease expiry (the rescuer took the job back), is what the README allows to repeat work; every
+other repetition or overlap is a violation.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .app import KEY_LIMIT, QUEUE_LIMITED
+from .snapshot import ACTIVE, FINAL, Run, Snapshot, interrupted
+from .workload import KEY_OVERRIDES, LimitChange
+
+ATOMIC_TASKS = {"chaos.atomic", "chaos.atomic_solo"}
+# A run that ended without these needs a reason to be followed by another run of its job.
+SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse"}
+
+
+@dataclass
+class Facts:
+    killed: dict[int, float] = field(default_factory=dict)
+    limits: list[LimitChange] = field(default_factory=list)
+    stale_after: float = 10.0  # seconds past lease expiry a RUNNING job may wait for rescue
+    final: bool = False  # the workers drained: nothing may be left ready
+
+
+@dataclass
+class Violation:
+    invariant: str
+    job_id: int | None
+    message: str
+    run_ids: list[int] = field(default_factory=list)
+    first_seen: float | None = None  # the database clock of the check that first found it
+
+
+Check = Callable[[Snapshot, Facts], list[Violation]]
+
+
+def final_or_waiting(s: Snapshot, facts: Facts) -> list[Violation]:
+    """1. Every job is final or legitimately waiting: a future run_at, a paused queue, or a
+    dependency that has not finished."""
+    found = []
+    for job in s.jobs.values():
+        why = not_done_reason(s, job)
+        if why is not None:
+            found.append(Violation("1 final or waiting", job.id, why))
+    return found
+
+
+def not_done_reason(s: Snapshot, job: object) -> str | None:
+    """Why ``job`` is neither final nor legitimately waiting (None: it is one of them)."""
+    state = job.state  # type: ignore[attr-defined]
+    if state in FINAL:
+        return None
+    if state in ("queued", "retrying"):
+        if job.run_at.timestamp() > s.now or job.queue in s.paused:  # type: ignore[attr-defined]
+            return None
+        return f"{state} and ready since {job.run_at} but not run"  # type: ignore[attr-defined]
+    if state == "waiting":
+        parents = [s.jobs.get(p) for p in job.depends_on or []]  # type: ignore[attr-defined]
+        if any(p is not None and p.state not in FINAL for p in parents):
+            return None
+        return f"waiting, but its dependencies are all final: {[p.state for p in parents if p]}"
+    return f"{state} after the workers drained"
+
+
+def attempts_within_max(s: Snapshot, facts: Facts) -> list[Violation]:
+    """2. attempts <= max_attempts for every job."""
+    return [
+        Violation("2 attempts <= max", j.id, f"attempts {j.attempts} > max {j.max_attempts}")
+        for j in s.jobs.values()
+        if j.attempts > j.max_attempts
+    ]
+
+
+def atomic_exactly_once(s: Snapshot, facts: Facts) -> list[Violation]:
+    """3. Atomic jobs: one committed tx row per SUCCEEDED job, none otherwise; handler runs
+    (those not cut short by their process's death, which rolls back uncounted) <= max."""
+    found = []
+    for job in s.jobs.values():
+        if job.task_name not in ATOMIC_TASKS:
+            continue
+        txs = s.txs.get(job.id, [])
+        expected = 1 if job.state == "succeeded" else 0
+        if len(txs) != expected:
+            found.append(
+                Violation(
+                    "3 atomic exactly once",
+                    job.id,
+                    f"{job.state} with {len(txs)} committed tx rows (expected {expected})",
+                    [t.id for t in txs],
+                )
+            )
+        runs = [r for r in s.runs.get(job.id, []) if not interrupted(r, facts.killed)]
+        if len(runs) > job.max_attempts:
+            found.append(
+                Violation(
+                    "3 atomic exactly once",
+                    job.id,
+                    f"handler runs {len(runs)} > max_attempts {job.max_attempts} "
+                    f"(attempts {job.attempts}, state {job.state})",
+                    [r.id for r in runs],
+                )
+            )
+    return found
+
+
+def leased_runs_explained(s: Snapshot, facts: Facts) -> list[Violation]:
+    """4. Leased jobs: a SUCCEEDED job completed a run; a run followed by another run of its
+    job ended by itself (failed, snoozed, saw a cancel), was interrupted by its process's
+    death, or its attempt has a recorded error (a lease expiry, a lost commit)."""
+    found = []
+    for job in s.jobs.values():
+        if job.task_name in ATOMIC_TASKS:
+            continue
+        runs = s.runs.get(job.id, [])
+        if job.state == "succeeded" and not s.txs.get(job.id):
+            found.append(Violation("4 leased runs", job.id, "succeeded without a completed run"))
+        for run in runs[:-1]:
+            if run.outcome in SELF_ENDED or interrupted(run, facts.killed):
+                continue
+            if s.errors_for(job.id, run.attempt) or _history_cut(s, job.id, run.attempt):
+                continue
+            found.append(
+                Violation(
+                    "4 leased runs",
+                    job.id,
+                    f"run of attempt {run.attempt} ended {run.outcome!r} and the job ran again "
+                    f"with no error recorded for that attempt ({len(runs)} runs, attempts "
+                    f"{job.attempts})",
+                    [r.id for r in runs],
+                )
+            )
+    return found
+
+
+def _history_cut(s: Snapshot, job_id: int, attempt: int) -> bool:
+    entries = s.jobs[job_id].errors or []
+    return len(entries) >= 10 and min(e.get("attempt", 0) for e in entries) > attempt
+
+
+def limits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
+    """5. No concurrency key, queue limit or unique key ever had more overlapping runs than
+    its limit, from the ledger's intervals; runs whose attempt ended by lease expiry are
+    allowed to overlap (README: duplicates happen only after a lease expired)."""
+    groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for job in s.jobs.values():
+        if job.task_name in ATOMIC_TASKS:
+            continue
+        names = []
+        if job.concurrency_key:
+            names.append(("key", job.concurrency_key))
+        if job.queue == QUEUE_LIMITED:
+            names.append(("queue", job.queue))
+        if job.unique_key:
+            names.append(("unique", job.unique_key))
+        runs = [r for r in s.runs.get(job.id, []) if not s.rescued(r)]
+        for name in names:
+            groups[name].extend(runs)
+    found = []
+    for (what, name), runs in sorted(groups.items()):
+        violation = _overlap(s, facts, what, name, runs)
+        if violation is not None:
+            found.append(violation)
+    return found
+
+
+def _end(s: Snapshot, facts: Facts, run: Run) -> float:
+    if run.ended is not None:
+        return run.ended
+    killed = facts.killed.get(run.pid)
+    if killed is not None and killed >= run.started:
+        return killed
+    job = s.jobs[run.job_id]
+    if job.state == "running" and s.runs[run.job_id][-1] is run:
+        return s.now  # still running
+    return run.started  # end unknown (its end mark was lost): counted as an instant
+
+
+def _limit(facts: Facts, what: str, name: str, started: float) -> int:
+    if what == "unique":
+        return 1
+    if what == "key":
+        return KEY_OVERRIDES.get(name, KEY_LIMIT)
+    # The queue's limit could be any in force from 2 s before the run's start (claimed under
+    # one limit, started after a change) to its start.
+    changes = facts.limits
+    allowed = [
+        c.limit
+        for i, c in enumerate(changes)
+        if c.before <= started and (i + 1 == len(changes) or changes[i + 1].after >= started - 2)
+    ]
+    return max(allowed, default=max((c.limit for c in changes), default=1))
+
+
+def _overlap(s: Snapshot, facts: Facts, what: str, name: str, runs: list[Run]) -> Violation | None:
+    intervals = sorted(((r.started, _end(s, facts, r), r) for r in runs), key=lambda i: i[0])
+    open_: list[tuple[float, float, Run]] = []
+    for start, end, run in intervals:
+        open_ = [o for o in open_ if o[1] > start]
+        open_.append((start, end, run))
+        limit = max(_limit(facts, what, name, o[2].started) for o in open_)
+        distinct = {o[2].job_id for o in open_}
+        # One job's own runs never overlap but through a rescue, excluded above.
+        if len(open_) > limit and (what != "unique" or len(distinct) > 1):
+            return Violation(
+                "5 limits",
+                run.job_id,
+                f"{len(open_)} overlapping runs of {what} {name} (limit {limit}): jobs "
+                f"{sorted(distinct)}",
+                [o[2].id for o in open_],
+            )
+    return None
+
+
+def no_stale_running(s: Snapshot, facts: Facts) -> list[Violation]:
+    """6. No RUNNING job whose lease expired more than ``stale_after`` seconds ago."""
+    return [
+        Violation(
+            "6 no stale running",
+            j.id,
+            f"running, lease expired {s.now - j.lease_expires_at.timestamp():.1f} s ago",
+        )
+        for j in s.jobs.values()
+        if j.state == "running"
+        and j.lease_expires_at is not None
+        and j.lease_expires_at.timestamp() < s.now - facts.stale_after
+    ]
+
+
+def unique_active(s: Snapshot, facts: Facts) -> list[Violation]:
+    """7. At most one queued/retrying/running job per unique key."""
+    holders: dict[str, list[int]] = defaultdict(list)
+    for job in s.jobs.values():
+        if job.unique_key and job.state in ACTIVE:
+            holders[job.unique_key].append(job.id)
+    return [
+        Violation("7 unique active", ids[0], f"unique key {key!r} held by jobs {ids}")
+        for key, ids in holders.items()
+        if len(ids) > 1
+    ]
+
+
+def dependencies_respected(s: Snapshot, facts: Facts) -> list[Violation]:
+    """8. A dependent runs only after every parent SUCCEEDED (its run starts after each
+    parent's finished_at); a dependent of a failed or cancelled parent is cancelled."""
+    found = []
+    for job in s.jobs.values():
+        parents = [s.jobs[p] for p in job.depends_on or [] if p in s.jobs]
+        for run in s.runs.get(job.id, []):
+            early = [
+                p.id
+                for p in parents
+                if p.state != "succeeded"
+                or p.finished_at is None
+                or run.started <= p.finished_at.timestamp()
+            ]
+            if early:
+                found.append(
+                    Violation(
+                        "8 dependencies", job.id, f"ran before parents {early} succeeded", [run.id]
+                    )
+                )
+                break
+        lost = [p.id for p in parents if p.state in ("failed", "cancelled")]
+        if lost and job.state != "cancelled":
+            found.append(
+                Violation("8 dependencies", job.id, f"{job.state} though parents {lost} ended")
+            )
+    return found
+
+
+# (check, run every few seconds during the run as well as at the end)
+INVARIANTS: list[tuple[Check, bool]] = [
+    (final_or_waiting, False),
+    (attempts_within_max, True),
+    (atomic_exactly_once, True),
+    (leased_runs_explained, True),
+    (limits_respected, True),
+    (no_stale_running, True),
+    (unique_active, True),
+    (dependencies_respected, True),
+]

@@ -1,0 +1,113 @@
+"""One consistent read of the jobs and the ledger, and what the checks derive from it.
+
+Read in one REPEATABLE READ transaction, so an atomic job's state and its in-transaction ledger
+row (which commit together) are seen together. Runs are the ledger's ``run`` rows (one per
+handler run, committed when the run began); ``tx`` rows are the runs that completed their work.
+A run's marks are written by its handler, after its claim and before its outcome, so its
+interval lies within the time its job held a key's or a queue's slot (even when a frozen
+process writes a mark late): more overlapping intervals than a limit means the slots were
+exceeded, never a harness artefact.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+FINAL = {"succeeded", "failed", "cancelled"}
+ACTIVE = {"queued", "retrying", "running"}
+LEASE_EXPIRED = "lease expired"
+
+JOBS = text(
+    "SELECT id, task_name, queue, kwargs::jsonb ->> 'kind' AS kind, state, attempts,"
+    " max_attempts, run_at, created_at, started_at, finished_at, errors, last_error,"
+    " unique_key, concurrency_key, depends_on, lease_expires_at, snoozes, atomic,"
+    " cancel_requested FROM pgqueue_jobs ORDER BY id"
+)
+LEDGER = text(
+    "SELECT id, job_id, attempt, kind, tag, pid, started_at, ended_at, outcome"
+    " FROM ledger ORDER BY started_at, id"
+)
+
+
+@dataclass
+class Run:
+    """One ledger row."""
+
+    id: int
+    job_id: int
+    attempt: int
+    kind: str
+    tag: str
+    pid: int
+    started: float
+    ended: float | None
+    outcome: str | None
+
+
+@dataclass
+class Snapshot:
+    """Jobs by id, their runs and tx rows, the paused queues and the database's clock."""
+
+    now: float
+    jobs: dict[int, Any]
+    runs: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
+    txs: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
+    paused: set[str] = field(default_factory=set)
+
+    def errors_for(self, job_id: int, attempt: int) -> list[str]:
+        """The recorded errors of ``job_id``'s attempt ``attempt`` (its last ten attempts')."""
+        entries = self.jobs[job_id].errors or []
+        return [str(e.get("error", "")) for e in entries if e.get("attempt") == attempt]
+
+    def rescued(self, run: Run) -> bool:
+        """Whether the run's attempt ended by lease expiry (the rescuer took the job back)."""
+        return any(e.startswith(LEASE_EXPIRED) for e in self.errors_for(run.job_id, run.attempt))
+
+
+def _epoch(value: dt.datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def read(engine: Engine) -> Snapshot:
+    with engine.connect() as connection:
+        connection.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+        now = connection.execute(text("SELECT clock_timestamp()")).scalar_one().timestamp()
+        jobs = {row.id: row for row in connection.execute(JOBS)}
+        ledger = connection.execute(LEDGER).all()
+        paused = set(
+            connection.execute(text("SELECT name FROM pgqueue_queues WHERE paused")).scalars()
+        )
+        connection.rollback()
+    snapshot = Snapshot(now, jobs, paused=paused)
+    for row in ledger:
+        run = Run(
+            row.id,
+            row.job_id,
+            row.attempt,
+            row.kind,
+            row.tag,
+            row.pid,
+            row.started_at.timestamp(),
+            _epoch(row.ended_at),
+            row.outcome,
+        )
+        (snapshot.runs if run.tag == "run" else snapshot.txs)[run.job_id].append(run)
+    for runs in snapshot.runs.values():
+        # By attempt first: a process frozen between its claim and its first ledger write
+        # records a run that began before a later attempt's as starting after it.
+        runs.sort(key=lambda r: (r.attempt, r.started, r.id))
+    return snapshot
+
+
+def interrupted(run: Run, killed: dict[int, float]) -> bool:
+    """A run cut short by its process's death: its PID was killed (or its supervisor was)
+    after the run began, and the handler had not returned well before."""
+    when = killed.get(run.pid)
+    if when is None or when < run.started - 1:
+        return False
+    return run.ended is None or run.ended > when - 0.5

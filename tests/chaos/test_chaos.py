@@ -1,0 +1,61 @@
+"""The chaos harness from pytest: about a minute of faults on fixed seeds, zero violations.
+
+Each run makes its own database on the session's test server (``server_url``) and its own
+worker processes. A seed that ever failed goes in ``REGRESSION_SEEDS`` with what it found; while
+the bug it found is open it is expected to fail (``xfail``, not strict: a chaos run replays its
+seed's choices, not the machine's timing, so it may pass).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import URL
+
+from .harness import run
+
+FIXED_SEEDS = [11, 23]
+MINUTES = 1.0
+
+# (seed, harness options, the open issue it found, or None once fixed)
+REGRESSION_SEEDS: list[tuple[int, dict[str, Any], str | None]] = [
+    (
+        1,
+        {"lock_tickets": True},
+        "count_lost_attempt takes the ticket with SKIP LOCKED: a ticket another session holds "
+        "makes the lost attempt go uncounted, so a raw-ROLLBACK atomic job ran 4 times with "
+        "max_attempts 3 (invariant 3)",
+    ),
+    (
+        5,
+        {"bouncer": True, "minutes": 3.0},
+        "an atomic transaction lost to a connection outage (PgBouncer restarted) is counted only "
+        "once the worker reconnects, but its ticket is claimable at once: another worker ran "
+        "attempt 3 again and the late count was skipped, 4 runs with max_attempts 3 "
+        "(invariant 3)",
+    ),
+]
+
+
+def _cases() -> list[Any]:
+    cases = [pytest.param(seed, {}, id=f"seed{seed}") for seed in FIXED_SEEDS]
+    for seed, options, issue in REGRESSION_SEEDS:
+        marks = [pytest.mark.xfail(reason=issue, strict=False)] if issue else []
+        cases.append(pytest.param(seed, options, id=f"regression{seed}", marks=marks))
+    return cases
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("seed", "options"), _cases())
+def test_chaos_finds_no_violation(
+    server_url: URL, server_tcp_url: URL, seed: int, options: dict[str, Any]
+) -> None:
+    options = dict(options)
+    minutes = options.pop("minutes", MINUTES)
+    # PgBouncer reaches the server over TCP (as root it runs as nobody: no socket access).
+    server = server_tcp_url if options.get("bouncer") else server_url
+    result = run(seed, minutes, server.render_as_string(hide_password=False), **options)
+    print(result.text)
+    assert not result.violations, result.text

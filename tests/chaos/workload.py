@@ -1,0 +1,270 @@
+"""The seeded job mix and the admin moves of a chaos run.
+
+One thread draws from its own ``random.Random`` (derived from the run's seed) what to do next:
+enqueue a job of some kind, cancel one, or make an admin move (pause and later resume a queue,
+change the limited queue's concurrency limit, bulk-retry the jobs that always fail). The seed fixes
+the sequence of choices; the interleaving with workers and faults is up to the machine.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from pgqueue import InvalidStateTransition
+from pgqueue.admin import JobFilter
+
+from .app import (
+    ALWAYS_FAILS,
+    QUEUE_ASYNC,
+    QUEUE_ATOMIC,
+    QUEUE_KEYED,
+    QUEUE_LIMITED,
+    QUEUE_MAIN,
+)
+
+PAUSABLE = [QUEUE_MAIN, QUEUE_ASYNC, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_ATOMIC]
+KEYS = ["k0", "k1", "k2", "k3"]
+# ``k3`` gets a run-time override below the task's key_limit of 2.
+KEY_OVERRIDES = {"k3": 1}
+INITIAL_QUEUE_LIMIT = 2
+
+
+@dataclass
+class Event:
+    """Something the harness did (a fault or an admin move), by wall clock (same host as the
+    database, so comparable with the ledger's ``clock_timestamp()``)."""
+
+    at: float
+    kind: str
+    detail: str
+    pid: int | None = None
+    until: float | None = None  # end of a SIGSTOP or of a lock hold
+
+
+@dataclass
+class LimitChange:
+    """A change of the limited queue's concurrency limit, in force from somewhere in
+    [before, after] (the call's start and return)."""
+
+    before: float
+    after: float
+    limit: int
+
+
+@dataclass
+class Workload:
+    """Enqueues the mix and makes admin moves until stopped."""
+
+    app: ModuleType
+    seed: int
+    speed: float = 1.0
+    events: list[Event] = field(default_factory=list)
+    limits: list[LimitChange] = field(default_factory=list)
+    enqueued: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    stop_event: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(f"{self.seed}-workload")
+        self.jobs: list[int] = []
+        self.paused: dict[str, float] = {}  # queue -> when to resume it
+        self.cancels: list[tuple[float, int]] = []  # (when, job id)
+        self.thread = threading.Thread(target=self._loop, name="chaos-workload", daemon=True)
+        self.kinds: list[tuple[float, Callable[[], None]]] = [
+            (10, lambda: self._leased("leased", seconds=self.rng.uniform(0, 0.3))),
+            (6, lambda: self._async("async", seconds=self.rng.uniform(0, 0.3))),
+            (8, lambda: self._atomic("atomic", seconds=self.rng.uniform(0, 0.2))),
+            (5, lambda: self._atomic("atomic_retrying", fail_until=self.rng.randint(1, 2))),
+            (6, self._keyed),
+            (5, self._limited),
+            (5, self._unique),
+            (4, self._delayed),
+            (4, self._dependent),
+            (4, lambda: self._leased("retrying", fail_until=self.rng.randint(1, 2))),
+            (3, lambda: self._leased("always_fail", fail_until=99)),
+            (4, lambda: self._leased("slow", seconds=self.rng.uniform(2, 6))),
+            (3, self._to_cancel),
+            (3, lambda: self._leased("snooze", snoozes=self.rng.randint(1, 3))),
+            (2, lambda: self._misuse("rollback")),
+            (2, lambda: self._misuse("commit")),
+            (2, lambda: self._misuse("deferred")),
+            (2, self._raw_rollback),
+        ]
+
+    # -- setup and lifecycle -------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Limits that must exist before the first job (a new queue limit takes up to 5 s to
+        be seen by the workers)."""
+        pgq = self.app.pgq
+        self._set_limit(INITIAL_QUEUE_LIMIT)
+        for key, limit in KEY_OVERRIDES.items():
+            pgq.set_key_limit(key, limit)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop choosing; resume every paused queue so the workers can drain."""
+        self.stop_event.set()
+        self.thread.join(60)
+        for queue in list(self.paused):
+            self._call("resume", lambda q=queue: self.app.pgq.resume_queue(q))
+            self._event("resume", queue)
+        self.paused.clear()
+
+    def _loop(self) -> None:
+        weights = [weight for weight, _ in self.kinds]
+        actions = [action for _, action in self.kinds]
+        while not self.stop_event.is_set():
+            now = time.time()
+            for queue, due in list(self.paused.items()):
+                if due <= now:
+                    del self.paused[queue]
+                    self._call("resume", lambda q=queue: self.app.pgq.resume_queue(q))
+                    self._event("resume", queue)
+            for due, job_id in [c for c in self.cancels if c[0] <= now]:
+                self.cancels.remove((due, job_id))
+                self._cancel(job_id)
+            roll = self.rng.random()
+            if roll < 0.04:
+                self._admin_move()
+            elif roll < 0.06 and self.jobs:
+                self._cancel(self.rng.choice(self.jobs[-50:]))
+            else:
+                self.rng.choices(actions, weights)[0]()
+            self.stop_event.wait(self.rng.uniform(0.02, 0.25) / self.speed)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _event(self, kind: str, detail: str) -> None:
+        self.events.append(Event(time.time(), kind, detail))
+
+    def _call(self, what: str, action: Callable[[], Any]) -> Any:
+        """Run an enqueue or admin call; the chaos may break its connection, which is counted
+        (a job whose commit answer was lost may exist anyway: the checks read the database)."""
+        try:
+            return action()
+        except Exception as exc:
+            self.errors[f"{what}: {type(exc).__name__}"] += 1
+            return None
+
+    def _enqueue(self, kind: str, task: Any, options: dict[str, Any], **kwargs: Any) -> int | None:
+        target = task.configure(**options) if options else task
+        job_id = self._call("enqueue", lambda: target.enqueue(kind=kind, **kwargs))
+        if job_id is not None:
+            self.enqueued[kind] += 1
+            self.jobs.append(job_id)
+        return job_id
+
+    def _leased(self, kind: str, options: dict[str, Any] | None = None, **kw: Any) -> int | None:
+        return self._enqueue(kind, self.app.leased, options or {}, **kw)
+
+    def _async(self, kind: str, **kw: Any) -> None:
+        self._enqueue(kind, self.app.leased_async, {}, **kw)
+
+    def _atomic(self, kind: str, **kw: Any) -> None:
+        self._enqueue(kind, self.app.atomic, {}, **kw)
+
+    # -- the kinds -----------------------------------------------------------------------
+
+    def _keyed(self) -> None:
+        key = self.rng.choice(KEYS)
+        seconds = self.rng.uniform(0.2, 1.0)
+        self._enqueue("keyed", self.app.keyed, {}, key=key, seconds=seconds)
+
+    def _limited(self) -> None:
+        self._leased("limited", {"queue": QUEUE_LIMITED}, seconds=self.rng.uniform(0.2, 1.0))
+
+    def _unique(self) -> None:
+        key = f"u{self.rng.randint(0, 4)}"
+        self._leased("unique", {"unique_key": key}, seconds=self.rng.uniform(0.2, 1.5))
+
+    def _delayed(self) -> None:
+        # Some far in the future: legitimately waiting at the end of the run.
+        delay = 3600.0 if self.rng.random() < 0.2 else self.rng.uniform(0.5, 8)
+        self._leased("delayed", {"delay": delay}, seconds=self.rng.uniform(0, 0.3))
+
+    def _dependent(self) -> None:
+        parents = []
+        for _ in range(self.rng.randint(1, 3)):
+            # 98: fails every attempt with an error bulk retries do not pick (ALWAYS_FAILS is
+            # for fail_until >= 99), so a parent that failed stays failed.
+            fail = 98 if self.rng.random() < 0.15 else 0
+            options = {"delay": self.rng.uniform(0.5, 3)} if self.rng.random() < 0.3 else {}
+            seconds = self.rng.uniform(0, 1.0)
+            parent = self._leased("parent", options, seconds=seconds, fail_until=fail)
+            if parent is not None:
+                parents.append(parent)
+                if self.rng.random() < 0.1:
+                    self.cancels.append((time.time() + self.rng.uniform(0, 1.5), parent))
+        if not parents:
+            return
+        child = self._leased("dependent", {"depends_on": parents}, seconds=0.05)
+        if child is not None and self.rng.random() < 0.3:
+            self._leased("dependent", {"depends_on": [child]}, seconds=0.05)
+
+    def _to_cancel(self) -> None:
+        if self.rng.random() < 0.5:
+            job_id = self._leased("cancel", seconds=self.rng.uniform(2, 5))
+        else:
+            job_id = self._leased("cancel", {"delay": self.rng.uniform(1, 5)}, seconds=0.1)
+        if job_id is not None:
+            self.cancels.append((time.time() + self.rng.uniform(0, 3), job_id))
+
+    def _misuse(self, misuse: str) -> None:
+        until = 1 if self.rng.random() < 0.5 else 99
+        self._atomic(f"atomic_{misuse}", misuse=misuse, misuse_until=until)
+
+    def _raw_rollback(self) -> None:
+        until = 1 if self.rng.random() < 0.5 else 99
+        kind = "atomic_raw_rollback"
+        self._enqueue(kind, self.app.atomic_solo, {}, misuse="raw_rollback", misuse_until=until)
+
+    def _cancel(self, job_id: int) -> None:
+        try:
+            result = self.app.pgq.cancel_job(job_id)
+        except InvalidStateTransition:
+            result = "already finished"  # the usual answer for a job picked at random
+        except Exception as exc:
+            self.errors[f"cancel: {type(exc).__name__}"] += 1
+            result = type(exc).__name__
+        self._event("cancel", f"job {job_id}: {result}")
+
+    # -- admin moves ---------------------------------------------------------------------
+
+    def _set_limit(self, limit: int) -> None:
+        before = time.time()
+        try:
+            self.app.pgq.set_queue_limit(QUEUE_LIMITED, limit)
+        finally:
+            # Recorded even when the call failed: its commit may have happened anyway, and a
+            # limit that never took effect only makes the check more lenient.
+            self.limits.append(LimitChange(before, time.time(), limit))
+
+    def _admin_move(self) -> None:
+        move = self.rng.choice(["pause", "limit", "bulk_retry"])
+        if move == "pause":
+            queue = self.rng.choice(PAUSABLE)
+            if queue in self.paused:
+                return
+            self.paused[queue] = time.time() + self.rng.uniform(1, 5)
+            self._call("pause", lambda: self.app.pgq.pause_queue(queue))
+            self._event("pause", queue)
+        elif move == "limit":
+            limit = self.rng.randint(1, 3)
+            self._call("limit", lambda: self._set_limit(limit))
+            self._event("limit", f"{QUEUE_LIMITED} -> {limit}")
+        else:
+            job_filter = JobFilter(
+                task_name="chaos.leased", states={"failed"}, error_contains=ALWAYS_FAILS
+            )
+            result = self._call("bulk_retry", lambda: self.app.pgq.admin.bulk_retry(job_filter))
+            self._event("bulk_retry", f"{getattr(result, 'count', None)} jobs")
