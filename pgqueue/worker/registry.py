@@ -3,10 +3,10 @@
 The worker registers before it claims anything. Its heartbeat refreshes the row: in the same
 statement that extends its leases when it holds any (no extra round trip), on its own when it
 holds none. The row carries the error of the worker's claims while they fail
-(``claim_health``); the heartbeat beats at once when that changes. At a clean stop the row is deleted. A worker killed without one leaves its row
-until it goes stale (``Settings.worker_stale_seconds``, the rule in ``sql.workers.is_live``);
-maintenance then deletes it. A row deleted while its worker was only cut off comes back at
-its next heartbeat.
+(``claim_health``); the heartbeat beats at once when that changes. At a clean stop the row is
+deleted. A worker killed without one leaves its row until it goes stale
+(``Settings.worker_stale_seconds``, the rule in ``sql.workers.is_live``); maintenance then
+deletes it. A row deleted while its worker was only cut off comes back at its next heartbeat.
 """
 
 from __future__ import annotations
