@@ -64,10 +64,13 @@ def claim_variant(
     limits_exist: bool,
     task_leases: bool,
     flow_exists: bool = False,
+    atomic_controlled: bool = False,
 ) -> ClaimVariant:
-    """The claim variant for a claim of ``queues`` (None: all) in this mode."""
+    """The claim variant for a claim of ``queues`` (None: all) in this mode
+    (``atomic_controlled``: atomic jobs of controlled work, in a statement of its own)."""
     return ClaimVariant(
-        in_transaction=atomic,
+        atomic_controlled=atomic_controlled,
+        in_transaction=atomic and not atomic_controlled,
         some_queues=queues is not None,
         queue_limits=limits_exist or flow_exists,
         task_leases=task_leases,

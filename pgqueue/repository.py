@@ -346,6 +346,46 @@ def claim(
     return jobs
 
 
+def claim_atomic_controlled(
+    db: SessionOrExecutor,
+    *,
+    worker_id: str,
+    queues: Sequence[str] | None,
+    lease_seconds: float,
+    limits: claim_choice.LimitsSeen,
+) -> list[ClaimedJob]:
+    """Claim at most one atomic job of controlled work (a limited or rate-limited queue, a
+    concurrency key) in a statement that commits by itself, its counters counted there like a
+    leased claim's; nothing when ``limits`` saw no controls. The caller runs the job in a
+    transaction that first takes its row (``lock_claimed``)."""
+    if not (limits.exist or limits.flow):
+        return []
+    variant = claim_choice.claim_variant(
+        atomic=True,
+        queues=queues,
+        limits_exist=limits.exist,
+        task_leases=False,
+        flow_exists=limits.flow,
+        atomic_controlled=True,
+    )
+    params: dict[str, Any] = {"limit": 1, "worker": worker_id, "lease_seconds": lease_seconds}
+    if queues is not None:
+        params["queues"] = list(queues)
+    rows, sent = executor_for(db).timed_rows(claim_sql.claim(variant), params)
+    jobs = _claimed_jobs(rows)
+    for job in jobs:
+        if job.start_within is not None:
+            job.start_by = sent + job.start_within
+    return jobs
+
+
+def lock_claimed(db: SessionOrExecutor, job: ClaimedJob) -> bool:
+    """Lock the row of ``job`` (claimed by ``claim_atomic_controlled``) in the caller's
+    transaction; False when its lease was lost."""
+    params = {"job_id": job.id, "token": job.lease_token}
+    return bool(executor_for(db).rows(claim_sql.lock_claimed(), params))
+
+
 def _look_at_controls(ex: Executor, limits: claim_choice.LimitsSeen) -> None:
     """Record in ``limits`` which controls exist now."""
     exist, flow, rates = ex.rows(flow_sql.controls_exist())[0]

@@ -18,6 +18,7 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
+    Uuid,
     and_,
     bindparam,
     case,
@@ -74,13 +75,22 @@ class ClaimVariant:
     """Some concurrency key, key override or rate limit may exist: keyed tickets are claimed
     per key within the key's room, and rate-limited queues within their window (with
     ``queue_limits``). Otherwise keyed tickets and rate-limited queues are left alone."""
+    atomic_controlled: bool = False
+    """Atomic tickets of controlled work (limited and rate-limited queues, keyed tickets),
+    claimed like leased ones: in a statement that commits at once, the free scan left out.
+    The handler's transaction then locks only the job's row (``lock_claimed``), never a
+    control row, whose counters the leased claims and outcomes of the queue keep writing.
+    The ``in_transaction`` form takes only uncontrolled tickets for that reason."""
 
     @property
     def name(self) -> str:
         """A short label, e.g. ``leased/all-queues/lean/default-lease``."""
+        mode = "atomic" if self.in_transaction else "leased"
+        if self.atomic_controlled:
+            mode = "atomic-controlled"
         return "/".join(
             (
-                "atomic" if self.in_transaction else "leased",
+                mode,
                 "some-queues" if self.some_queues else "all-queues",
                 ("flow" if self.flow else "limits") if self.queue_limits else "lean",
                 "task-leases" if self.task_leases else "default-lease",
@@ -109,7 +119,9 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     with their own lease; without it every job gets the default, with no per-row JSON lookup),
     and ``queues`` (array) with ``variant.some_queues``. Atomic claims (one per open
     transaction) roll back with their transaction; their lease matters only if the handler
-    commits that transaction early (``_claimed_values``).
+    commits that transaction early (``_claimed_values``). They take only tickets the lean
+    form takes (and no keyed ones), whatever ``variant.queue_limits`` says: atomic tickets of
+    controlled work are claimed by the ``atomic_controlled`` form, which commits at once.
 
     The main index scan takes tickets without a concurrency key, of queues without a row in
     ``pgqueue_queues`` that is paused, limited or rate-limited (a hashed anti-join on a usually
@@ -138,12 +150,15 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     work to the full form.
     """
     atomic = variant.in_transaction
+    controlled_only = variant.atomic_controlled and not atomic
     filter_queues = variant.some_queues
-    limits = variant.queue_limits
+    # A claim inside the handler's transaction would hold the control rows it locks (and the
+    # counters it bumps) until the handler ends: it takes only uncontrolled tickets.
+    limits = (variant.queue_limits or controlled_only) and not atomic
     flow = variant.flow and limits
     task_leases = variant.task_leases
     ready = and_(
-        MessageQueue.atomic == (true() if atomic else false()),
+        MessageQueue.atomic == (true() if atomic or controlled_only else false()),
         MessageQueue.run_at <= func.now(),
     )
     queue_filter: ColumnElement[bool] = true()
@@ -157,7 +172,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     # the claimer has not yet seen that keys exist): the scan itself, its plan and its cost
     # stay what they are without keys.
     free_where = [ready, queue_filter, MessageQueue.queue.not_in(controlled)]
-    if flow:
+    if flow or atomic:
         free_where.append(unkeyed)
     free = (
         select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at, MessageQueue.keyed)
@@ -202,7 +217,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     )
     controls: Any = limited
     if flow:
-        controls = _rated_and_limited(limited, filter_queues, atomic)
+        controls = _rated_and_limited(limited, filter_queues)
     per_queue = (
         select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at)
         .where(ready, MessageQueue.queue == controls.c.name, unkeyed)
@@ -221,10 +236,9 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     # claim.
     free_cte = free.cte("free")
     capped_cte = capped.cte("capped")
-    branches = [
-        select(capped_cte.c.job_id),
-        select(free_cte.c.job_id).where(free_cte.c.keyed == false()),
-    ]
+    branches = [select(capped_cte.c.job_id)]
+    if not controlled_only:
+        branches.append(select(free_cte.c.job_id).where(free_cte.c.keyed == false()))
     keys = None
     if flow:
         keys = _keys_with_room(ready, queue_filter, controlled)
@@ -270,12 +284,11 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     return _move_to_running(deleted, claimed_values, start_within).add_cte(bump, bump_keys)
 
 
-def _rated_and_limited(limited: Any, filter_queues: bool, atomic: bool) -> Any:
+def _rated_and_limited(limited: Any, filter_queues: bool) -> Any:
     """CTE of the controlled queues a flow claim takes from: the limited ones of ``limited``
     plus the rate-limited ones (not paused), locked in name order, each with its room: the
-    smaller of its limit's and its window's. A leased claim waits for a rate-limited row (it
-    is held for one claim statement); an atomic claim holds the row until its handler's
-    transaction ends, so it skips a row another claim holds rather than wait that long."""
+    smaller of its limit's and its window's. The claim waits for a rate-limited row: every
+    claim that locks one commits at once, so it is held for one statement."""
     rated_where: list[ColumnElement[bool]] = [
         QueueControl.rate_limit.is_not(None),
         QueueControl.paused.is_(False),
@@ -292,7 +305,7 @@ def _rated_and_limited(limited: Any, filter_queues: bool, atomic: bool) -> Any:
         select(QueueControl.name, func.least(limit_room, window_room).label("room"))
         .where(*rated_where)
         .order_by(QueueControl.name)
-        .with_for_update(skip_locked=atomic)
+        .with_for_update()
         .cte("rated")
     )
     return union_all(
@@ -529,6 +542,22 @@ def _move_to_running(
         .where(among(Job.id, claimed.c.job_id), source_states(CLAIM))
         .values(**values)
         .returning(*CLAIMED_COLUMNS, *extra)
+    )
+
+
+@cache
+def lock_claimed() -> Select[int]:
+    """Lock the row of RUNNING job ``job_id`` whose lease token is ``token`` (its id, or
+    nothing when the lease was lost): an atomic job claimed by a committed statement, held by
+    the handler's transaction so that no rescue can take it while the handler runs."""
+    return (
+        select(Job.id)
+        .where(
+            Job.id == bindparam("job_id", type_=BigInteger),
+            Job.state == JobState.RUNNING,
+            Job.lease_token == bindparam("token", type_=Uuid),
+        )
+        .with_for_update()
     )
 
 

@@ -7,8 +7,18 @@ as soon as its claim answered whether it found a job, so the claim loop never wa
 find starts the next probe at once; nothing found stops probing until a notification or a poll
 (the ``after_wait`` of the claim loop). A probe holds a slot until its transaction ends.
 
+The handler's transaction never holds a control row: a row a limited queue's leased claims and
+outcomes update all the time. So atomic jobs of controlled work (a limited or rate-limited queue,
+a concurrency key) are claimed first, in a statement that commits at once and counts them like
+leased ones (``WorkerStore.claim_atomic_controlled``); the transaction then locks just the job's
+row and the outcome written in it frees the counters as it commits. If that transaction is lost,
+the failed attempt is written like a leased outcome; if the worker dies, the job is rescued when
+its lease expires, and every counter is right in the meantime (the job is RUNNING, committed).
+Other atomic jobs are claimed inside the handler's transaction, which then holds their ticket
+and their row only.
+
 A transaction lost after the handler ran (it failed at commit, or the handler's session ended
-it) undoes the claim too, so that attempt is counted afterwards in a transaction of its own
+it) undoes such a claim too, so that attempt is counted afterwards in a transaction of its own
 (``repository.count_lost_attempt``): a job whose transaction always fails runs its handler
 ``max_attempts`` times and fails, with one log line per attempt.
 """
@@ -108,22 +118,35 @@ class AtomicProbes:
         return False
 
     def _execute(self, claimed: Callable[[bool], None]) -> None:
-        session = self._session_factory()
         started = time.monotonic()
         job: ClaimedJob | None = None
         outcome: Outcome | None = None
         failure: Exception | None = None
-        try:
-            with session.begin():
-                jobs = repository.claim(
-                    session,
+        committed: list[ClaimedJob] = []
+        if self._store.controlled:
+            try:
+                committed = self._store.claim_atomic_controlled(
                     worker_id=self._worker_id,
-                    limit=1,
                     queues=self._queues,
                     lease_seconds=self._lease_seconds,
-                    task_leases={},
-                    atomic=True,
                 )
+            except Exception as exc:
+                log.error("atomic claim failed: %s", error_line(exc))
+        session = self._session_factory()
+        try:
+            with session.begin():
+                if committed:
+                    jobs = committed if repository.lock_claimed(session, committed[0]) else []
+                else:
+                    jobs = repository.claim(
+                        session,
+                        worker_id=self._worker_id,
+                        limit=1,
+                        queues=self._queues,
+                        lease_seconds=self._lease_seconds,
+                        task_leases={},
+                        atomic=True,
+                    )
                 claimed(bool(jobs))
                 if not jobs:
                     return
@@ -142,11 +165,31 @@ class AtomicProbes:
         if job is None:
             if failure is not None:
                 log.error("atomic claim failed: %s", error_line(failure))
+                if committed:
+                    self._give_back(committed[0])
             return
-        self._settle(job, outcome, failure, time.monotonic() - started)
+        self._settle(job, outcome, failure, time.monotonic() - started, bool(committed))
+
+    def _give_back(self, job: ClaimedJob) -> None:
+        """Release a job whose committed claim no transaction could take up (its row could not
+        be locked), so it is claimed again now rather than rescued after its lease."""
+        try:
+            self._store.record_outcomes([Outcome.release(job)])
+        except Exception as exc:
+            log.error(
+                "job %s (%s): could not be released (%s); it is rescued when its lease expires",
+                job.id,
+                job.task_name,
+                error_line(exc),
+            )
 
     def _settle(
-        self, job: ClaimedJob, outcome: Outcome | None, failure: Exception | None, took: float
+        self,
+        job: ClaimedJob,
+        outcome: Outcome | None,
+        failure: Exception | None,
+        took: float,
+        committed: bool,
     ) -> None:
         """Report the attempt, or, when its transaction failed or was ended by the handler's
         session, count it as a failed attempt in a transaction of its own: the claim was undone
@@ -157,6 +200,25 @@ class AtomicProbes:
                 self._report.written(outcome, took, job)
             return
         lost = self._executor.lost_attempt(job, failure)
+        if committed:
+            # Its claim committed on its own: the job is RUNNING under its lease, the attempt
+            # counted; its failed attempt is written like a leased job's outcome.
+            try:
+                if job.id in self._store.record_outcomes([lost]):
+                    return  # the lease was lost: another worker owns the job
+            except Exception as exc:
+                log.error(
+                    "job %s (%s) attempt %d: its transaction was lost (%s) and the attempt "
+                    "could not be recorded (%s); it is rescued when its lease expires",
+                    job.id,
+                    job.task_name,
+                    job.attempt,
+                    error_line(failure),
+                    error_line(exc),
+                )
+                return
+            self._report.written(lost, took, job)
+            return
         try:
             state = self._store.count_lost_attempt(job, delay=lost.delay, error=lost.error)
         except Exception as exc:

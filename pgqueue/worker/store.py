@@ -199,6 +199,23 @@ class WorkerStore:
             failed=failed,
         )
 
+    def claim_atomic_controlled(
+        self, *, worker_id: str, queues: Sequence[str] | None, lease_seconds: float
+    ) -> list[ClaimedJob]:
+        """``repository.claim_atomic_controlled``, committed at once on a pooled connection,
+        with the controls the claimer last saw."""
+        return self._run(
+            "atomic claim",
+            lambda db: repository.claim_atomic_controlled(
+                db,
+                worker_id=worker_id,
+                queues=queues,
+                lease_seconds=lease_seconds,
+                limits=self._limits,
+            ),
+            give_up_when_stopping=True,
+        )
+
     @property
     def flow_controlled(self) -> bool:
         """Whether concurrency keys or rate limits existed at the last look: a short claim may
