@@ -151,14 +151,14 @@ def limits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
     allowed to overlap (README: duplicates happen only after a lease expired)."""
     groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
     for job in s.jobs.values():
-        if job.task_name in ATOMIC_TASKS:
-            continue
+        atomic = job.task_name in ATOMIC_TASKS
         names = []
-        if job.concurrency_key:
+        if job.concurrency_key and not atomic:
             names.append(("key", job.concurrency_key))
+        # Atomic jobs count against their queue's limit like leased ones.
         if job.queue == QUEUE_LIMITED:
             names.append(("queue", job.queue))
-        if job.unique_key:
+        if job.unique_key and not atomic:
             names.append(("unique", job.unique_key))
         runs = [r for r in s.runs.get(job.id, []) if not s.rescued(r)]
         for name in names:

@@ -84,6 +84,7 @@ class Workload:
             (5, lambda: self._atomic("atomic_retrying", fail_until=self.rng.randint(1, 2))),
             (6, self._keyed),
             (5, self._limited),
+            (3, self._atomic_limited),
             (5, self._unique),
             (4, self._delayed),
             (4, self._dependent),
@@ -182,6 +183,10 @@ class Workload:
 
     def _limited(self) -> None:
         self._leased("limited", {"queue": QUEUE_LIMITED}, seconds=self.rng.uniform(0.2, 1.0))
+
+    def _atomic_limited(self) -> None:
+        seconds = self.rng.uniform(0.2, 1.0)
+        self._enqueue("atomic_limited", self.app.atomic, {"queue": QUEUE_LIMITED}, seconds=seconds)
 
     def _unique(self) -> None:
         key = f"u{self.rng.randint(0, 4)}"
