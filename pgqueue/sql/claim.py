@@ -566,9 +566,12 @@ def claimed_by() -> Select[Any]:
     """RUNNING jobs leased to ``worker``, claimed in the last ``within`` seconds, other than
     ``held`` (array of ids): what a claim whose answer never arrived (the connection broke after
     its commit) left to that worker. Binds ``worker``, ``held``, ``within``. Reads the partial
-    index on running jobs."""
+    index on running jobs. Atomic jobs are left out: one claimed by a committed statement
+    (``atomic_controlled``) whose answer was lost is not the leased claimer's to run; it is
+    rescued when its lease expires."""
     return select(*CLAIMED_COLUMNS).where(
         Job.state == JobState.RUNNING,
+        Job.atomic.is_(False),
         Job.lease_owner == bindparam("worker", type_=Text),
         Job.started_at >= func.now() - seconds(bindparam("within", type_=Float)),
         Job.id != func.all(array_param("held", BigInteger)),
