@@ -27,7 +27,7 @@ from pgqueue.errors import JobNotFound, SerializationError, ValidationError, is_
 from pgqueue.insert_choice import BoundedQueuesSeen
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome, Progress, WorkerEntry
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
-from pgqueue.sql import admin, control, enqueue, maintenance
+from pgqueue.sql import admin, atomic_runs, control, enqueue, maintenance
 from pgqueue.sql import claim as claim_sql
 from pgqueue.sql import flow as flow_sql
 from pgqueue.sql import history as history_sql
@@ -463,16 +463,31 @@ def record_outcomes(db: SessionOrExecutor, outcomes: Iterable[Outcome]) -> set[i
     return lost
 
 
+def record_atomic_run(db: SessionOrExecutor, job: ClaimedJob, worker_id: str) -> bool:
+    """Record, on a connection other than the claim's and committed at once, that ``job``'s
+    handler starts its attempt (``sql.atomic_runs.record_run``). False when a run of that
+    attempt is already recorded: an earlier run's transaction was lost and must be counted
+    before the handler may run again."""
+    params = {"job_id": job.id, "attempt": job.attempt, "worker": worker_id}
+    return bool(executor_for(db).rows(atomic_runs.record_run(), params))
+
+
+def clear_atomic_runs(db: SessionOrExecutor, job_id: int) -> None:
+    """Delete the job's run records, in the transaction that commits its attempt."""
+    executor_for(db).rows(atomic_runs.clear_runs(), {"job_id": job_id})
+
+
 def count_lost_attempt(
     db: SessionOrExecutor, job: ClaimedJob, *, delay: float, error: str
 ) -> JobState | None:
-    """Count the attempt of atomic job ``job`` whose transaction was lost after its handler ran
-    (``sql.outcomes.count_lost_attempt``): retried after ``delay`` seconds, or failed for good
-    with its dependents settled. None when the claim had committed after all (nothing was
-    lost) or another claim of the job is under way. Run in a transaction of its own."""
+    """Count the recorded runs of atomic job ``job`` whose transaction was lost
+    (``sql.atomic_runs.count_lost_runs``): retried after ``delay`` seconds, or failed for good
+    with its dependents settled. None when nothing was lost (the claim had committed after
+    all, or no run was recorded) or a claim of the job under way elsewhere counts them. Run in
+    a transaction of its own."""
     ex = executor_for(db)
-    params = {"job_id": job.id, "attempts": job.attempt - 1, "delay": delay, "error": error}
-    rows = ex.rows(outcome_sql.count_lost_attempt(), params)
+    params = {"job_id": job.id, "delay": delay, "error": error}
+    rows = ex.rows(atomic_runs.count_lost_runs(), params)
     if not rows:
         return None
     ended = dependencies.ended_dependents(rows, 1)

@@ -7,10 +7,15 @@ as soon as its claim answered whether it found a job, so the claim loop never wa
 find starts the next probe at once; nothing found stops probing until a notification or a poll
 (the ``after_wait`` of the claim loop). A probe holds a slot until its transaction ends.
 
-A transaction lost after the handler ran (it failed at commit, or the handler's session ended
-it) undoes the claim too, so that attempt is counted afterwards in a transaction of its own
-(``repository.count_lost_attempt``): a job whose transaction always fails runs its handler
-``max_attempts`` times and fails, with one log line per attempt.
+A transaction lost after the handler ran (it failed at commit, the handler's session ended it,
+the connection or the worker died) undoes the claim too. So before the handler runs, the run is
+recorded on another connection and committed (``repository.record_atomic_run``), and the run's
+transaction deletes that record when it commits. A record left behind is counted as a failed
+attempt in a transaction of its own (``repository.count_lost_attempt``): by this worker at
+once when it saw its transaction fail, else by the next claim of the job, which finds the
+record and counts it instead of running the handler. A job whose transaction always fails runs
+its handler ``max_attempts`` times and fails, with one log line per attempt, whatever happened
+to the workers and connections that ran it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.orm import Session
 
 from pgqueue import repository
-from pgqueue.errors import error_line, pgqueue_logger
+from pgqueue.errors import AtomicRunUnfinished, error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.slots import Slots
@@ -130,11 +135,17 @@ class AtomicProbes:
                 job = jobs[0]
                 self._report.stats.claimed += 1
                 self._report.metrics.claimed(1)
+                if not self._store.record_atomic_run(job, self._worker_id):
+                    raise AtomicRunUnfinished(
+                        f"job {job.id} attempt {job.attempt} already ran in a transaction that "
+                        "never committed"
+                    )
                 self._slots.atomic_running(job.queue, +1)
                 try:
                     outcome = self._executor.run_atomic(session, job, threading.Event())
                 finally:
                     self._slots.atomic_running(job.queue, -1)
+                repository.clear_atomic_runs(session, job.id)
         except Exception as exc:
             failure = exc
         finally:
@@ -171,11 +182,11 @@ class AtomicProbes:
             )
             return
         if state is None:
-            # The claim had committed after all (the error came after the commit), or another
-            # claim of the job is under way and counts its own attempt.
+            # Nothing of this attempt was lost (the claim had committed after all, or the
+            # handler never started), or a claim of the job under way elsewhere counts it.
             log.error(
-                "job %s (%s) attempt %d: its transaction ended with an error (%s); the attempt "
-                "was not counted again",
+                "job %s (%s) attempt %d: its transaction ended with an error (%s); nothing was "
+                "counted here",
                 job.id,
                 job.task_name,
                 job.attempt,

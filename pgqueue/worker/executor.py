@@ -24,6 +24,7 @@ from pgqueue import backoff, repository, validation
 from pgqueue.config import Settings
 from pgqueue.context import JobContext, Retry, Snooze
 from pgqueue.errors import (
+    AtomicRunUnfinished,
     AtomicSessionMisuse,
     AtomicTransactionLost,
     UnknownTask,
@@ -335,7 +336,12 @@ class Executor:
         """The failed attempt that replaces an atomic attempt whose transaction was lost
         (``exc``: the error that ended it, ``AtomicTransactionLost`` when the handler's session
         ended it), retried or failed for good like any other."""
-        if isinstance(exc, AtomicTransactionLost):
+        if isinstance(exc, AtomicRunUnfinished):
+            why = (
+                "its handler ran in a transaction that never committed (the worker or its "
+                "connection was lost), which undid the claim"
+            )
+        elif isinstance(exc, AtomicTransactionLost):
             why = (
                 "the handler's session ended the attempt's transaction (a ROLLBACK or COMMIT "
                 "sent through it), which undid the claim"

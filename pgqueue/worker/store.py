@@ -236,6 +236,13 @@ class WorkerStore:
             through_timeouts=True,
         )
 
+    def record_atomic_run(self, job: ClaimedJob, worker_id: str) -> bool:
+        """``repository.record_atomic_run``, committed at once, tried once: a failure leaves
+        the handler unrun (its claim rolls back) rather than risk recording a run twice."""
+        return self._database.run(
+            lambda db: repository.record_atomic_run(db, job, worker_id), autocommit=True
+        )
+
     def count_lost_attempt(self, job: ClaimedJob, *, delay: float, error: str) -> JobState | None:
         """``repository.count_lost_attempt`` in a transaction of its own (retried through a
         lost connection: the attempt must be counted)."""

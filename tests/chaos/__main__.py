@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lock-tickets",
         action="store_true",
-        help="the lock fault sometimes locks waiting jobs' tickets too (finds a known issue)",
+        help="the lock fault sometimes locks waiting jobs' tickets too",
     )
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
     options = parser.parse_args(argv)
