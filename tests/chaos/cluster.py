@@ -204,6 +204,9 @@ class Workers:
         command += ["--queues", ",".join(spec.queues), "--concurrency", str(spec.concurrency)]
         command += ["--processes", str(spec.processes), "--lease-seconds", str(LEASE_SECONDS)]
         command += ["--shutdown-timeout", "5", "--poll-interval", "0.5"]
+        # As a service manager would run it: a worker (re)started while the server restarts
+        # waits for it instead of exiting.
+        command += ["--wait-for-database"]
         worker.popen = subprocess.Popen(
             command, cwd=self.directory, env=self.env, stdout=log, stderr=subprocess.STDOUT
         )
@@ -259,6 +262,30 @@ class Workers:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             worker.popen.wait(10)
+
+    def reap(self) -> list[int]:
+        """SIGKILL every worker process of this run still alive, however it lost its parent
+        (the children of a killed supervisor, a stopped one never continued): every process
+        whose working directory is this run's. Returns their PIDs."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if Path(os.readlink(entry / "cwd")) != self.directory:
+                    continue
+            except OSError:
+                continue
+            pid = int(entry.name)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+                found.append(pid)
+        for worker in self.workers:
+            if worker.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.popen.wait(10)
+        return found
 
     def logs(self) -> dict[str, str]:
         return {

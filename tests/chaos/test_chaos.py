@@ -8,6 +8,7 @@ seed's choices, not the machine's timing, so it may pass).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -45,6 +46,15 @@ def test_chaos_finds_no_violation(
     minutes = options.pop("minutes", MINUTES)
     # PgBouncer reaches the server over TCP (as root it runs as nobody: no socket access).
     server = server_tcp_url if options.get("bouncer") else server_url
-    result = run(seed, minutes, server.render_as_string(hide_password=False), **options)
+    # The server's directory, when the suite's server may be restarted (tests/run's own
+    # Debian server for this tier): the faults then include server restarts.
+    server_dir = os.environ.get("PGQUEUE_TEST_SERVER_DIR")
+    result = run(
+        seed,
+        minutes,
+        server.render_as_string(hide_password=False),
+        server_dir=server_dir,
+        **options,
+    )
     print(result.text)
     assert not result.violations, result.text
