@@ -10,7 +10,8 @@ find starts the next probe at once; nothing found stops probing until a notifica
 A transaction lost after the handler ran (it failed at commit, or the handler's session ended
 it) undoes the claim too, so that attempt is counted afterwards in a transaction of its own
 (``repository.count_lost_attempt``): a job whose transaction always fails runs its handler
-``max_attempts`` times and fails, with one log line per attempt.
+``max_attempts`` times and fails, with one log line per attempt. A job of a task the worker
+does not register is given back by rolling its claim back (``worker.unregistered``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from pgqueue.worker.stats import OutcomeReport
 from pgqueue.worker.store import WorkerStore
 
 log = pgqueue_logger("pgqueue.worker")
+
+
+class _GivenBack(Exception):
+    """The claimed job's task is not registered here: its claim is rolled back."""
 
 
 class AtomicProbes:
@@ -113,6 +118,7 @@ class AtomicProbes:
         job: ClaimedJob | None = None
         outcome: Outcome | None = None
         failure: Exception | None = None
+        unregistered = self._executor.unregistered
         try:
             with session.begin():
                 jobs = repository.claim(
@@ -123,10 +129,13 @@ class AtomicProbes:
                     lease_seconds=self._lease_seconds,
                     task_leases={},
                     atomic=True,
+                    excluded=unregistered.names if unregistered is not None else (),
                 )
                 claimed(bool(jobs))
                 if not jobs:
                     return
+                if unregistered is not None and unregistered.gives_back(jobs[0]):
+                    raise _GivenBack
                 job = jobs[0]
                 self._report.stats.claimed += 1
                 self._report.metrics.claimed(1)
@@ -135,6 +144,8 @@ class AtomicProbes:
                     outcome = self._executor.run_atomic(session, job, threading.Event())
                 finally:
                     self._slots.atomic_running(job.queue, -1)
+        except _GivenBack:
+            return  # the rollback put its ticket back as it was, attempt count included
         except Exception as exc:
             failure = exc
         finally:
