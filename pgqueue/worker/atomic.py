@@ -145,7 +145,9 @@ class AtomicProbes:
                 finally:
                     self._slots.atomic_running(job.queue, -1)
         except _GivenBack:
-            return  # the rollback put its ticket back as it was, attempt count included
+            # The rollback put its ticket back as it was, attempt count included.
+            self._report.stats.released += 1
+            return
         except Exception as exc:
             failure = exc
         finally:
