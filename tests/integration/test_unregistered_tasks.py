@@ -149,7 +149,7 @@ def test_explain_and_metrics_name_jobs_no_live_worker_registers(
             assert _until(lambda: ran == [("old", "report 0")])
             assert [w.tasks for w in old.admin.list_workers()] == [("report",)]
             assert _until(lambda: _sample(port, "pgqueue_queue_jobs_unregistered") == 3.0)
-            given_back = _sample(port, "pgqueue_jobs_given_back_total")
+            given_back = _until(lambda: _sample(port, "pgqueue_jobs_given_back_total"))
             assert given_back is not None and 1 <= given_back <= 3
             result = subprocess.run(
                 [sys.executable, "-m", "pgqueue", "explain", str(v2_ids[0])],
