@@ -64,12 +64,15 @@ def claim_variant(
     limits_exist: bool,
     task_leases: bool,
     flow_exists: bool = False,
+    excluding: bool = False,
 ) -> ClaimVariant:
-    """The claim variant for a claim of ``queues`` (None: all) in this mode."""
+    """The claim variant for a claim of ``queues`` (None: all) in this mode (``excluding``:
+    some task names are to be passed over)."""
     return ClaimVariant(
         in_transaction=atomic,
         some_queues=queues is not None,
         queue_limits=limits_exist or flow_exists,
         task_leases=task_leases,
         flow=flow_exists,
+        excluded=excluding,
     )

@@ -501,6 +501,9 @@ class WorkerRecord(Base):
     """The error of its latest claim while its claims fail; null while they work."""
     claim_failing_since: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     """When its claims began to fail (database clock); null while they work."""
+    tasks: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    """Names of the tasks it registers (it claims only jobs of these); null for a worker of a
+    pgqueue version that did not record them, taken to register every task."""
 
 
 class AuditRecord(Base):

@@ -280,8 +280,10 @@ def claim(
     limits: claim_choice.LimitsSeen | None = None,
     notified: bool = False,
     autocommit: bool = False,
+    excluded: Sequence[str] = (),
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``). ``limits`` is the claimer's
+    """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``), none of a task named in
+    ``excluded`` (tasks the claimer met and does not register; usually none). ``limits`` is the claimer's
     ``LimitsSeen`` (by default the one of the session's bind, or of the executor).
 
     ``notified``: the claim follows a wake-up for new work. If the lean form comes back empty
@@ -302,6 +304,8 @@ def claim(
         params["task_leases"] = dict(task_leases)
     if queues is not None:
         params["queues"] = list(queues)
+    if excluded:
+        params["excluded"] = list(excluded)
 
     def claim_with(seen: claim_choice.LimitsSeen, room: int) -> tuple[list[ClaimedJob], float]:
         variant = claim_choice.claim_variant(
@@ -310,6 +314,7 @@ def claim(
             limits_exist=seen.exist,
             task_leases=bool(task_leases),
             flow_exists=seen.flow,
+            excluding=bool(excluded),
         )
         # ``sent`` precedes the statement's start on the server: see ClaimedJob.start_by.
         rows, sent = ex.timed_rows(claim_sql.claim(variant), {**params, "limit": room})
@@ -397,12 +402,16 @@ def _claimed_jobs(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
     return jobs
 
 
-def ready_ticket_exists(db: SessionOrExecutor, queues: Sequence[str] | None) -> bool:
-    """Whether any ticket of ``queues`` (None: all) is claimable now."""
-    params = {} if queues is None else {"queues": list(queues)}
-    return bool(
-        executor_for(db).rows(claim_sql.ready_ticket_exists(queues is not None), params)[0][0]
-    )
+def ready_ticket_exists(
+    db: SessionOrExecutor, queues: Sequence[str] | None, excluded: Sequence[str] = ()
+) -> bool:
+    """Whether any ticket of ``queues`` (None: all) is claimable now, other than those of the
+    tasks in ``excluded``."""
+    params: dict[str, Any] = {} if queues is None else {"queues": list(queues)}
+    if excluded:
+        params["excluded"] = list(excluded)
+    statement = claim_sql.ready_ticket_exists(queues is not None, bool(excluded))
+    return bool(executor_for(db).rows(statement, params)[0][0])
 
 
 def any_queue_limit(db: SessionOrExecutor) -> bool:
@@ -574,6 +583,7 @@ def _worker_params(worker: WorkerEntry) -> dict[str, Any]:
         "worker_version": worker.version,
         "worker_started_at": worker.started_at,
         "worker_claim_error": worker.claim_error,
+        "worker_tasks": list(worker.tasks),
     }
 
 
@@ -587,6 +597,16 @@ def worker_seen(db: SessionOrExecutor, worker: WorkerEntry) -> dt.datetime:
 def unregister_worker(db: SessionOrExecutor, worker_id: str) -> None:
     """Delete ``worker_id``'s registry row."""
     executor_for(db).rows(workers_sql.unregister(), {"worker_id": worker_id})
+
+
+def unregistered_ready(db: SessionOrExecutor, stale_seconds: float, cap: int) -> dict[str, int]:
+    """Per queue, the ready jobs whose task no live worker serving the queue registers
+    (``sql.workers.unregistered_ready``: at most ``cap`` tickets read)."""
+    params = {"stale_seconds": stale_seconds, "cap": cap}
+    return {
+        queue: int(n)
+        for queue, n in executor_for(db).rows(workers_sql.unregistered_ready(), params)
+    }
 
 
 def delete_stale_workers(db: SessionOrExecutor, stale_seconds: float) -> list[str]:

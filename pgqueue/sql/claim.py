@@ -74,6 +74,10 @@ class ClaimVariant:
     """Some concurrency key, key override or rate limit may exist: keyed tickets are claimed
     per key within the key's room, and rate-limited queues within their window (with
     ``queue_limits``). Otherwise keyed tickets and rate-limited queues are left alone."""
+    excluded: bool = False
+    """The worker met jobs of tasks it does not register: tickets whose job's task is in the
+    ``excluded`` bind (array) are passed over, each checked by the job's primary key. Otherwise
+    the scans never read ``pgqueue_jobs``."""
 
     @property
     def name(self) -> str:
@@ -84,6 +88,7 @@ class ClaimVariant:
                 "some-queues" if self.some_queues else "all-queues",
                 ("flow" if self.flow else "limits") if self.queue_limits else "lean",
                 "task-leases" if self.task_leases else "default-lease",
+                *(("excluding",) if self.excluded else ()),
             )
         )
 
@@ -107,7 +112,8 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     Binds: ``limit``, ``worker`` (lease owner id), ``lease_seconds`` (default lease), and with
     ``variant.task_leases`` ``task_leases`` (JSON object task name -> lease seconds, for tasks
     with their own lease; without it every job gets the default, with no per-row JSON lookup),
-    and ``queues`` (array) with ``variant.some_queues``. Atomic claims (one per open
+    ``queues`` (array) with ``variant.some_queues``, and ``excluded`` (array of task names)
+    with ``variant.excluded``. Atomic claims (one per open
     transaction) roll back with their transaction; their lease matters only if the handler
     commits that transaction early (``_claimed_values``).
 
@@ -146,6 +152,10 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         MessageQueue.atomic == (true() if atomic else false()),
         MessageQueue.run_at <= func.now(),
     )
+    if variant.excluded:
+        # Every scan below (free, per queue, per key) skips them, as if their tickets were not
+        # ready: only this worker's claims, only once it met such a job.
+        ready = and_(ready, _task_not_excluded())
     queue_filter: ColumnElement[bool] = true()
     if filter_queues:
         queue_filter = MessageQueue.queue == func.any(array_param("queues", Text))
@@ -268,6 +278,20 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         .scalar_subquery(),
     ).label("start_within")
     return _move_to_running(deleted, claimed_values, start_within).add_cte(bump, bump_keys)
+
+
+def _task_not_excluded() -> ColumnElement[bool]:
+    """The ticket's job is not of a task in the ``excluded`` bind (by the job's primary key)."""
+    excluded = (
+        select(literal(1))
+        .where(
+            Job.id == MessageQueue.job_id,
+            Job.task_name == func.any(array_param("excluded", Text)),
+        )
+        .correlate_except(Job)
+        .exists()
+    )
+    return ~excluded
 
 
 def _rated_and_limited(limited: Any, filter_queues: bool, atomic: bool) -> Any:
@@ -553,8 +577,9 @@ def any_queue_limit() -> Select[bool]:
 
 
 @cache
-def ready_ticket_exists(filter_queues: bool) -> Select[bool]:
-    """Whether any ticket is claimable now (for ``drain``). Binds ``queues`` when filtering.
+def ready_ticket_exists(filter_queues: bool, excluding: bool = False) -> Select[bool]:
+    """Whether any ticket is claimable now (for ``drain``). Binds ``queues`` when filtering,
+    ``excluded`` (task names the claimer passes over) with ``excluding``.
 
     Tickets of paused queues are not claimable, so they do not count."""
     paused = select(QueueControl.name).where(QueueControl.paused)
@@ -563,4 +588,6 @@ def ready_ticket_exists(filter_queues: bool) -> Select[bool]:
     )
     if filter_queues:
         inner = inner.where(MessageQueue.queue == func.any(array_param("queues", Text)))
+    if excluding:
+        inner = inner.where(_task_not_excluded())
     return select(inner.exists())

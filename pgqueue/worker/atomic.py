@@ -16,6 +16,8 @@ once when it saw its transaction fail, else by the next claim of the job, which 
 record and counts it instead of running the handler. A job whose transaction always fails runs
 its handler ``max_attempts`` times and fails, with one log line per attempt, whatever happened
 to the workers and connections that ran it.
+A job of a task the worker does not register is given back by rolling its claim back
+(``worker.unregistered``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from pgqueue.worker.stats import OutcomeReport
 from pgqueue.worker.store import WorkerStore
 
 log = pgqueue_logger("pgqueue.worker")
+
+
+class _GivenBack(Exception):
+    """The claimed job's task is not registered here: its claim is rolled back."""
 
 
 class AtomicProbes:
@@ -118,6 +124,7 @@ class AtomicProbes:
         job: ClaimedJob | None = None
         outcome: Outcome | None = None
         failure: Exception | None = None
+        unregistered = self._executor.unregistered
         try:
             with session.begin():
                 jobs = repository.claim(
@@ -128,10 +135,13 @@ class AtomicProbes:
                     lease_seconds=self._lease_seconds,
                     task_leases={},
                     atomic=True,
+                    excluded=unregistered.names if unregistered is not None else (),
                 )
                 claimed(bool(jobs))
                 if not jobs:
                     return
+                if unregistered is not None and unregistered.gives_back(jobs[0]):
+                    raise _GivenBack
                 job = jobs[0]
                 self._report.stats.claimed += 1
                 self._report.metrics.claimed(1)
@@ -146,6 +156,10 @@ class AtomicProbes:
                 finally:
                     self._slots.atomic_running(job.queue, -1)
                 repository.clear_atomic_runs(session, job.id)
+        except _GivenBack:
+            # The rollback put its ticket back as it was, attempt count included.
+            self._report.stats.released += 1
+            return
         except Exception as exc:
             failure = exc
         finally:
