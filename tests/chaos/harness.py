@@ -65,15 +65,18 @@ def load_app(directory: Path, url: URL) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, directory / "chaosapp.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    saved = os.environ.get("DB_URL")
-    os.environ["DB_URL"] = url.render_as_string(hide_password=False)
+    # The harness enqueues every task, chaos.newer included.
+    values = {"DB_URL": url.render_as_string(hide_password=False), "CHAOS_NEWER": "1"}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         spec.loader.exec_module(module)
     finally:
-        if saved is None:
-            os.environ.pop("DB_URL", None)
-        else:
-            os.environ["DB_URL"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return module
 
 
@@ -204,7 +207,12 @@ def _run(
         seed, workers, engine, bouncer, lock_tickets=lock_tickets, restart_server=restart_server
     )
     deadlocks = _deadlocks(engine)
-    facts = Facts(killed=faults.killed, limits=workload.limits, stale_after=LEASE_SECONDS + 9)
+    facts = Facts(
+        killed=faults.killed,
+        limits=workload.limits,
+        stale_after=LEASE_SECONDS + 9,
+        newer_pids=workers.newer_pids,
+    )
     checker = Checker(engine, facts)
     notes: list[str] = []
     if restart_server is None:
