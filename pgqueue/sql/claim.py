@@ -227,7 +227,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     ]
     keys = None
     if flow:
-        keys = _keys_with_room(ready, queue_filter, controlled)
+        keys = _keys_with_room(ready, queue_filter, controlled, atomic)
         branches.insert(0, _keyed_tickets(keys, ready, queue_filter, controlled))
     both = union_all(*branches).subquery("candidates")
     picked_cte = select(both.c.job_id).limit(bindparam("limit", type_=Integer)).cte("picked")
@@ -334,16 +334,39 @@ def _bump_queues(taken: Any) -> Any:
     )
 
 
+def _ticket_hashes(atomic: bool) -> Any:
+    """Recursive CTE: each distinct ``key_hash`` among the tickets of this mode (``h``), in
+    hash order, one index probe each (a loose scan of the partial index on keyed tickets): the
+    keys with waiting work, however many keys were ever used."""
+    mode = MessageQueue.atomic == (true() if atomic else false())
+    start = (
+        select(func.min(MessageQueue.key_hash).label("h"))
+        .where(MessageQueue.key_hash.is_not(None), mode)
+        .cte("ticket_hashes", recursive=True)
+    )
+    after = (
+        select(func.min(MessageQueue.key_hash))
+        .where(MessageQueue.key_hash > start.c.h, mode)
+        .scalar_subquery()
+    )
+    return start.union_all(select(after).where(start.c.h.is_not(None)))
+
+
 def _keys_with_room(
-    ready: ColumnElement[bool], queue_filter: ColumnElement[bool], controlled: Select[Any]
+    ready: ColumnElement[bool],
+    queue_filter: ColumnElement[bool],
+    controlled: Select[Any],
+    atomic: bool,
 ) -> Any:
     """CTE: up to ``limit`` keys with a ready ticket and room, locked (SKIP LOCKED), fairest
-    first; ``(key, room)``."""
+    first; ``(key, room)``. Starts from the hashes of waiting tickets and reaches their key
+    rows through the hash index, so idle keys' rows are never read."""
+    hashes = _ticket_hashes(atomic)
     order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
     first = (
         select(*order)
         .where(
-            MessageQueue.key_hash == key_hash(ConcurrencyKey.key),
+            MessageQueue.key_hash == hashes.c.h,
             ready,
             queue_filter,
             MessageQueue.queue.not_in(controlled),
@@ -367,14 +390,19 @@ def _keys_with_room(
     # changed, PostgreSQL re-evaluates the row's expressions on its newest version, so the room
     # is always computed from the counter this claim then holds locked.
     room = func.least(limit_room, window_room)
+    # Two keys can share a hash: each key row of the hash is a candidate with the hash's first
+    # ticket, and the per-key scan then takes only tickets whose job has that very key.
     return (
         select(ConcurrencyKey.key, room.label("room"))
-        .select_from(ConcurrencyKey)
+        .select_from(hashes)
         .join(first, true())
+        .join(ConcurrencyKey, key_hash(ConcurrencyKey.key) == hashes.c.h)
         .where(room > 0)
         .order_by(first.c.priority, ConcurrencyKey.running, first.c.run_at, first.c.job_id)
         .limit(any_room)
-        .with_for_update(of=ConcurrencyKey, skip_locked=True)
+        # NO KEY UPDATE: it does not conflict with the KEY SHARE lock an enqueue holds on the
+        # row until its (host's) transaction ends, which keeps maintenance from deleting it.
+        .with_for_update(of=ConcurrencyKey, skip_locked=True, key_share=True)
         .cte("keys_with_room")
     )
 
