@@ -36,6 +36,7 @@ from sqlalchemy import (
     cast,
     column,
     delete,
+    false,
     func,
     literal,
     null,
@@ -157,21 +158,39 @@ def key_rate_of(key: Any) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
 
 def key_rows(keys: Any) -> tuple[Any, Any]:
     """CTEs for an enqueue of keyed jobs: ``keys`` (a subquery of ``concurrency_key`` and
-    ``key_limit`` per new job) get their key rows, without taking any lock on rows that exist
-    (``ON CONFLICT DO NOTHING``: a claim working on the key is never held up); an existing key
-    whose task now declares another limit gets it."""
+    ``key_limit`` per new job) get their key rows, and the transaction holds a ``FOR KEY SHARE``
+    lock on each until it ends, so maintenance (``sql.maintenance.lock_idle_keys``) cannot
+    delete a row that an uncommitted job needs. That lock conflicts with no claim (``FOR NO KEY
+    UPDATE``) and no counter update, so a long host transaction holds up neither. An existing
+    key whose task now declares another limit gets it."""
     wanted = (
         select(keys.c.concurrency_key.label("key"), func.max(keys.c.key_limit).label("key_limit"))
         .where(keys.c.concurrency_key.is_not(None))
         .group_by(keys.c.concurrency_key)
         .cte("wanted_keys")
     )
-    added = (
-        pg_insert(ConcurrencyKey)
-        .from_select(["key", "key_limit"], select(wanted.c.key, wanted.c.key_limit))
-        .on_conflict_do_nothing(index_elements=[ConcurrencyKey.key])
-        .cte("added_keys")
+    # Existing rows are locked first (waiting for a deletion in progress to end): the insert
+    # below reads this CTE for each key before it tries that key, so a row found deleted is
+    # inserted anew, and a row found alive is already held.
+    held = (
+        select(ConcurrencyKey.key)
+        .where(ConcurrencyKey.key == func.any(func.array(select(wanted.c.key).scalar_subquery())))
+        .with_for_update(read=True, key_share=True)
+        .cte("held_keys")
     )
+    missing = select(wanted.c.key, wanted.c.key_limit).where(
+        ~select(literal(1)).where(held.c.key == wanted.c.key).exists()
+    )
+    stmt = pg_insert(ConcurrencyKey).from_select(["key", "key_limit"], missing)
+    # A row another enqueue inserted after this statement's snapshot conflicts: ``DO UPDATE``
+    # with a false condition changes nothing but locks that row too (DO NOTHING would leave it
+    # unlocked, and deletable before this transaction commits). Only that race pays the
+    # stronger lock.
+    added = stmt.on_conflict_do_update(
+        index_elements=[ConcurrencyKey.key],
+        set_={"running": ConcurrencyKey.running},
+        where=false(),
+    ).cte("added_keys")
     changed = (
         update(ConcurrencyKey)
         .where(
@@ -318,7 +337,7 @@ def lock_counted_keys() -> Select[str]:
         select(ConcurrencyKey.key)
         .where(ConcurrencyKey.running > 0)
         .order_by(ConcurrencyKey.key)
-        .with_for_update(skip_locked=True)
+        .with_for_update(skip_locked=True, key_share=True)
     )
 
 
