@@ -441,29 +441,36 @@ def _keyed_tickets(
 def _bump_keys(keys: Any, deleted: Any) -> Any:
     """CTE: each claimed key's ``running`` grows by what this claim moved to RUNNING, and its
     window gets the starts when a rate applies to it."""
-    moved_with_key = (
-        select(literal(1))
+    # From the claimed tickets to their jobs by primary key (never from a key to all of its
+    # jobs, a backlog that can be long), then to the key rows this claim locked, by key: keyed
+    # tickets are claimed only through those keys.
+    claimed_keys = (
+        select(Job.concurrency_key.label("key"), func.count().label("n"))
         .where(
-            Job.id == deleted.c.job_id,
+            among(Job.id, deleted.c.job_id),
             source_states(CLAIM),
-            Job.concurrency_key == keys.c.key,
+            Job.concurrency_key.is_not(None),
         )
-        .correlate_except(Job)
-        .exists()
+        .group_by(Job.concurrency_key)
+        .cte("claimed_keys")
     )
-    per_key = select(func.count()).select_from(deleted).where(moved_with_key).scalar_subquery()
-    taken = select(keys.c.key, per_key.label("n")).subquery("keys_taken")
+    taken = (
+        select(claimed_keys.c.n)
+        .where(claimed_keys.c.key == ConcurrencyKey.key)
+        .correlate(ConcurrencyKey)
+        .scalar_subquery()
+    )
     rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
     return (
         update(ConcurrencyKey)
-        .where(ConcurrencyKey.key == taken.c.key, taken.c.n > 0)
+        .where(among(ConcurrencyKey.key, claimed_keys.c.key), among(ConcurrencyKey.key, keys.c.key))
         .values(
-            running=ConcurrencyKey.running + taken.c.n,
+            running=ConcurrencyKey.running + taken,
             recent_starts=case(
                 (
                     rate_limit.is_not(None),
                     flow_sql.starts_after(
-                        rate_limit, rate_per, ConcurrencyKey.recent_starts, taken.c.n
+                        rate_limit, rate_per, ConcurrencyKey.recent_starts, taken
                     ),
                 ),
                 else_=ConcurrencyKey.recent_starts,
