@@ -334,24 +334,6 @@ def _bump_queues(taken: Any) -> Any:
     )
 
 
-def _ticket_hashes(atomic: bool) -> Any:
-    """Recursive CTE: each distinct ``key_hash`` among the tickets of this mode (``h``), in
-    hash order, one index probe each (a loose scan of the partial index on keyed tickets): the
-    keys with waiting work, however many keys were ever used."""
-    mode = MessageQueue.atomic == (true() if atomic else false())
-    start = (
-        select(func.min(MessageQueue.key_hash).label("h"))
-        .where(MessageQueue.key_hash.is_not(None), mode)
-        .cte("ticket_hashes", recursive=True)
-    )
-    after = (
-        select(func.min(MessageQueue.key_hash))
-        .where(MessageQueue.key_hash > start.c.h, mode)
-        .scalar_subquery()
-    )
-    return start.union_all(select(after).where(start.c.h.is_not(None)))
-
-
 def _keys_with_room(
     ready: ColumnElement[bool],
     queue_filter: ColumnElement[bool],
@@ -361,7 +343,7 @@ def _keys_with_room(
     """CTE: up to ``limit`` keys with a ready ticket and room, locked (SKIP LOCKED), fairest
     first; ``(key, room)``. Starts from the hashes of waiting tickets and reaches their key
     rows through the hash index, so idle keys' rows are never read."""
-    hashes = _ticket_hashes(atomic)
+    hashes = flow_sql.ticket_key_hashes(atomic)
     order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
     first = (
         select(*order)

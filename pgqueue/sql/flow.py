@@ -42,14 +42,15 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import array as pg_array
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from pgqueue.models import ConcurrencyKey, Job, KeyLimit, QueueControl
-from pgqueue.sql.common import recounted, seconds
+from pgqueue.models import ConcurrencyKey, Job, KeyLimit, MessageQueue, QueueControl
+from pgqueue.sql.common import key_hash, recounted, seconds
 from pgqueue.states import JobState
 
 # The window's margin: a tenth of the window, at most this many seconds. Starts are stamped
@@ -226,6 +227,27 @@ def controls_exist() -> Select[bool, bool, bool]:
     )
 
 
+def ticket_key_hashes(atomic: bool | None = None) -> Any:
+    """Recursive CTE: each distinct ``key_hash`` among the tickets (of this mode, unless
+    ``atomic`` is None), as ``h``, in hash order, one index probe each (a loose scan of the
+    partial index on keyed tickets): the keys with waiting work, however many keys were ever
+    used. Joined to key rows through the index on their hash."""
+    mode: list[ColumnElement[bool]] = []
+    if atomic is not None:
+        mode.append(MessageQueue.atomic == (true() if atomic else false()))
+    start = (
+        select(func.min(MessageQueue.key_hash).label("h"))
+        .where(MessageQueue.key_hash.is_not(None), *mode)
+        .cte("ticket_hashes", recursive=True)
+    )
+    after = (
+        select(func.min(MessageQueue.key_hash))
+        .where(MessageQueue.key_hash > start.c.h, *mode)
+        .scalar_subquery()
+    )
+    return start.union_all(select(after).where(start.c.h.is_not(None)))
+
+
 def _room_at(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
     """When the window of a rate-limited row has (or had) room for one more start: its
     ``limit``-th newest start leaves the window then; null while it holds fewer starts."""
@@ -246,18 +268,24 @@ def _wait_of(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
 @cache
 def rate_wait() -> Select[float | None]:
     """Seconds until a rate window that was full when the claim looked (``looked_ago``
-    seconds ago) has room again, 0 when it has room already; null when none was full. The
-    claimer waits this long instead of a poll interval when its claim came back short. A
-    window that freed between the claim and this statement gives 0, not null: the claim may
-    have come back short because of it."""
+    seconds ago) has room again, 0 when it has room already; null when none was full (of
+    keys, only those with tickets count). The claimer waits this long instead of a poll
+    interval when its claim came back short. A window that freed between the claim and this
+    statement gives 0, not null: the claim may have come back short because of it."""
     queue_room = select(
         _room_at(QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts).label(
             "room_at"
         )
     ).where(QueueControl.rate_limit.is_not(None), QueueControl.paused.is_(False))
     limit, per = key_rate_of(ConcurrencyKey.key)
-    key_room = select(_room_at(limit, per, ConcurrencyKey.recent_starts).label("room_at")).where(
-        ConcurrencyKey.recent_starts.is_not(None), limit.is_not(None)
+    # Only keys with waiting tickets can hold up a claim: start from those, never from every
+    # key row.
+    hashes = ticket_key_hashes()
+    key_room = (
+        select(_room_at(limit, per, ConcurrencyKey.recent_starts).label("room_at"))
+        .select_from(hashes)
+        .join(ConcurrencyKey, key_hash(ConcurrencyKey.key) == hashes.c.h)
+        .where(ConcurrencyKey.recent_starts.is_not(None), limit.is_not(None))
     )
     rooms = queue_room.union_all(key_room).subquery("rooms")
     now = func.clock_timestamp()
@@ -420,4 +448,5 @@ __all__ = [
     "start_within",
     "starts_after",
     "starts_in_window",
+    "ticket_key_hashes",
 ]
