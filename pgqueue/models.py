@@ -127,6 +127,10 @@ class Base(DeclarativeBase):
 # statement cannot prove that ``state IN ($1, $2, $3)`` implies it.
 UNIQUE_KEY_HELD = "unique_key IS NOT NULL AND state IN ('queued', 'running', 'retrying')"
 
+# A concurrency key's 32-bit hash, as ``sql.common.key_hash`` renders it for a key row: the
+# expression of the index that leads from tickets' ``key_hash`` to key rows.
+KEY_HASH_OF_KEY = "(CAST(CAST('x' || substr(md5(key), 1, 8) AS BIT(32)) AS INTEGER))"
+
 
 class Job(Base):
     """The durable record of one unit of work."""
@@ -246,6 +250,13 @@ class Job(Base):
             "unique_key",
             unique=True,
             postgresql_where=text(UNIQUE_KEY_HELD),
+        ),
+        # Whether any job still has a key: maintenance deletes a key's row only when none has
+        # (migration pgqueue_0017). Partial, so jobs without a key pay nothing for it.
+        Index(
+            "ix_pgqueue_jobs_concurrency_key",
+            "concurrency_key",
+            postgresql_where=text("concurrency_key IS NOT NULL"),
         ),
     )
 
@@ -395,8 +406,10 @@ class QueueControl(Base):
 class ConcurrencyKey(Base):
     """One concurrency key: its RUNNING count and recent starts, on one row the claim locks.
 
-    Written by the enqueue of the key's first job (``ON CONFLICT DO NOTHING``, no lock taken)
-    and kept: the claim's per-key scans start from these rows.
+    Written by the enqueue of the key's first job; an enqueue holds a ``FOR KEY SHARE`` lock on
+    it until its transaction ends (which no claim or outcome waits for). The claim reaches the
+    rows of the keys its ready tickets carry (through the hash index), never the others, and
+    maintenance deletes the row of a key no job has any more (``sql.maintenance``).
     """
 
     __tablename__ = "pgqueue_concurrency_keys"
@@ -415,6 +428,9 @@ class ConcurrencyKey(Base):
 
     __table_args__ = (
         CheckConstraint("key_limit IS NULL OR key_limit >= 1", name="limit_positive"),
+        # From a ready ticket's ``key_hash`` to the key rows of that hash (migration
+        # pgqueue_0017). The expression must stay ``sql.common.key_hash`` as it renders.
+        Index("ix_pgqueue_concurrency_keys_key_hash", text(KEY_HASH_OF_KEY)),
     )
 
 

@@ -756,6 +756,16 @@ def recount_keys(db: SessionOrExecutor) -> dict[str, int]:
     return {key: running for key, running in ex.rows(flow_sql.recount_keys(), {"keys": keys})}
 
 
+def delete_idle_keys(db: SessionOrExecutor, *, after: str, limit: int) -> tuple[str | None, int]:
+    """Delete the idle rows among up to ``limit`` key rows after key ``after`` (call inside a
+    transaction); ``(last key read, None when none was left; rows deleted)``."""
+    ex = executor_for(db)
+    last, keys = ex.rows(maintenance.lock_idle_keys(), {"after": after, "limit": limit})[0]
+    if not keys:
+        return last, 0
+    return last, len(ex.rows(maintenance.delete_idle_keys(), {"keys": list(keys)}))
+
+
 def queue_controls(session: Session) -> list[Any]:
     """All queue control rows (``QueueControl`` objects of ``session``)."""
     return list(session.scalars(control.queue_controls()))

@@ -237,7 +237,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     ]
     keys = None
     if flow:
-        keys = _keys_with_room(ready, queue_filter, controlled)
+        keys = _keys_with_room(ready, queue_filter, controlled, atomic)
         branches.insert(0, _keyed_tickets(keys, ready, queue_filter, controlled))
     both = union_all(*branches).subquery("candidates")
     picked_cte = select(both.c.job_id).limit(bindparam("limit", type_=Integer)).cte("picked")
@@ -359,15 +359,20 @@ def _bump_queues(taken: Any) -> Any:
 
 
 def _keys_with_room(
-    ready: ColumnElement[bool], queue_filter: ColumnElement[bool], controlled: Select[Any]
+    ready: ColumnElement[bool],
+    queue_filter: ColumnElement[bool],
+    controlled: Select[Any],
+    atomic: bool,
 ) -> Any:
     """CTE: up to ``limit`` keys with a ready ticket and room, locked (SKIP LOCKED), fairest
-    first; ``(key, room)``."""
+    first; ``(key, room)``. Starts from the hashes of waiting tickets and reaches their key
+    rows through the hash index, so idle keys' rows are never read."""
+    hashes = flow_sql.ticket_key_hashes(atomic)
     order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
     first = (
         select(*order)
         .where(
-            MessageQueue.key_hash == key_hash(ConcurrencyKey.key),
+            MessageQueue.key_hash == hashes.c.h,
             ready,
             queue_filter,
             MessageQueue.queue.not_in(controlled),
@@ -391,14 +396,19 @@ def _keys_with_room(
     # changed, PostgreSQL re-evaluates the row's expressions on its newest version, so the room
     # is always computed from the counter this claim then holds locked.
     room = func.least(limit_room, window_room)
+    # Two keys can share a hash: each key row of the hash is a candidate with the hash's first
+    # ticket, and the per-key scan then takes only tickets whose job has that very key.
     return (
         select(ConcurrencyKey.key, room.label("room"))
-        .select_from(ConcurrencyKey)
+        .select_from(hashes)
         .join(first, true())
+        .join(ConcurrencyKey, key_hash(ConcurrencyKey.key) == hashes.c.h)
         .where(room > 0)
         .order_by(first.c.priority, ConcurrencyKey.running, first.c.run_at, first.c.job_id)
         .limit(any_room)
-        .with_for_update(of=ConcurrencyKey, skip_locked=True)
+        # NO KEY UPDATE: it does not conflict with the KEY SHARE lock an enqueue holds on the
+        # row until its (host's) transaction ends, which keeps maintenance from deleting it.
+        .with_for_update(of=ConcurrencyKey, skip_locked=True, key_share=True)
         .cte("keys_with_room")
     )
 
@@ -437,29 +447,36 @@ def _keyed_tickets(
 def _bump_keys(keys: Any, deleted: Any) -> Any:
     """CTE: each claimed key's ``running`` grows by what this claim moved to RUNNING, and its
     window gets the starts when a rate applies to it."""
-    moved_with_key = (
-        select(literal(1))
+    # From the claimed tickets to their jobs by primary key (never from a key to all of its
+    # jobs, a backlog that can be long), then to the key rows this claim locked, by key: keyed
+    # tickets are claimed only through those keys.
+    claimed_keys = (
+        select(Job.concurrency_key.label("key"), func.count().label("n"))
         .where(
-            Job.id == deleted.c.job_id,
+            among(Job.id, deleted.c.job_id),
             source_states(CLAIM),
-            Job.concurrency_key == keys.c.key,
+            Job.concurrency_key.is_not(None),
         )
-        .correlate_except(Job)
-        .exists()
+        .group_by(Job.concurrency_key)
+        .cte("claimed_keys")
     )
-    per_key = select(func.count()).select_from(deleted).where(moved_with_key).scalar_subquery()
-    taken = select(keys.c.key, per_key.label("n")).subquery("keys_taken")
+    taken = (
+        select(claimed_keys.c.n)
+        .where(claimed_keys.c.key == ConcurrencyKey.key)
+        .correlate(ConcurrencyKey)
+        .scalar_subquery()
+    )
     rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
     return (
         update(ConcurrencyKey)
-        .where(ConcurrencyKey.key == taken.c.key, taken.c.n > 0)
+        .where(among(ConcurrencyKey.key, claimed_keys.c.key), among(ConcurrencyKey.key, keys.c.key))
         .values(
-            running=ConcurrencyKey.running + taken.c.n,
+            running=ConcurrencyKey.running + taken,
             recent_starts=case(
                 (
                     rate_limit.is_not(None),
                     flow_sql.starts_after(
-                        rate_limit, rate_per, ConcurrencyKey.recent_starts, taken.c.n
+                        rate_limit, rate_per, ConcurrencyKey.recent_starts, taken
                     ),
                 ),
                 else_=ConcurrencyKey.recent_starts,

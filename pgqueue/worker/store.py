@@ -350,6 +350,17 @@ class WorkerStore:
             )
         return corrected
 
+    def delete_idle_keys(self, *, after: str, limit: int) -> tuple[str | None, int]:
+        """Delete idle concurrency keys' rows among up to ``limit`` after key ``after``; ``(last
+        key read or None at the end, rows deleted)``. Nothing while another worker does it."""
+
+        def work(db: Executor) -> tuple[str | None, int]:
+            if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 4):
+                return None, 0
+            return repository.delete_idle_keys(db, after=after, limit=limit)
+
+        return self._run("idle key cleanup", work, give_up_when_stopping=True, autocommit=False)
+
     def queue_figures(
         self, *, cap: int, worker_id: str, stale_seconds: float
     ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int]] | None:
