@@ -436,11 +436,16 @@ _ENDING_KINDS = frozenset(
 )
 
 
-def record_outcomes(db: SessionOrExecutor, outcomes: Iterable[Outcome]) -> set[int]:
+def record_outcomes(
+    db: SessionOrExecutor, outcomes: Iterable[Outcome], *, lock_wait_ms: int | None = None
+) -> set[int]:
     """Write many outcomes, one statement per kind, and settle the dependents of the jobs they
     ended; return the ids whose lease was lost. Run in one transaction: an outcome and the
-    settling of its dependents commit together."""
+    settling of its dependents commit together. ``lock_wait_ms``: the transaction waits at
+    most this long for each row lock (``lock_timeout``, set for this transaction only)."""
     ex = executor_for(db)
+    if lock_wait_ms is not None:
+        ex.rows(maintenance.set_lock_timeout(), {"ms": str(lock_wait_ms)})
     by_kind: dict[OutcomeKind, list[Outcome]] = {}
     for outcome in outcomes:
         by_kind.setdefault(outcome.kind, []).append(outcome)

@@ -1,7 +1,7 @@
 """Statements of the worker's housekeeping: rescue of jobs whose lease expired, pruning of
 finished jobs, the advisory lock electing one maintenance leader, the recount of limited queues'
 ``running`` counters, the removal of idle concurrency keys' rows, and the per-transaction
-settings used behind a connection pooler.
+settings (behind a connection pooler, and the outcome writes' lock timeout).
 """
 
 from __future__ import annotations
@@ -260,3 +260,9 @@ def set_local_settings() -> Select[Any]:
         ),
         func.set_config("jit", "off", True),
     )
+
+
+@cache
+def set_lock_timeout() -> Select[Any]:
+    """``lock_timeout`` for the current transaction only: ``ms`` (milliseconds, as text)."""
+    return select(func.set_config("lock_timeout", bindparam("ms", type_=Text), True))

@@ -2,8 +2,16 @@
 
 Pool threads (and the heartbeat, for timeouts, and the shutdown, for releases) put outcomes in
 an ``OutcomeBuffer``; the completer takes everything waiting (up to ``OUTCOME_BATCH``) and
-writes it in one call to the store, one statement per kind, overlapping the next claims. When
-the database refuses a batch, the outcomes are written one by one, and an outcome refused on its
+writes it in one call to the store, one statement per kind, overlapping the next claims.
+
+A batch waits at most ``LOCK_WAIT`` for each row lock. A row held longer by another transaction
+(an operator's ``SELECT ... FOR UPDATE`` of a queue's control row or of a job, a bulk action)
+blocks the outcomes that update it, and only those: the batch is written again queue by queue,
+and the outcomes of a queue that is still blocked are kept aside and tried again with backoff
+(waiting ``RETRY_LOCK_WAIT`` each time), so other queues' outcomes are written at once. Fresh
+outcomes of a blocked queue join its kept ones. Blocked outcomes are right: they are written
+once the rows are free, never turned into failed attempts, and their slots stay held (so their
+leases are heartbeated) until then. When the database refuses a batch, the outcomes are written one by one, and an outcome refused on its
 own is replaced by a failed attempt that says why, so one bad outcome never costs the others
 their write. An outcome whose lease was lost (0 rows) is dropped and reported.
 """
@@ -28,6 +36,15 @@ log = pgqueue_logger("pgqueue.worker")
 
 OUTCOME_BATCH = 2000
 
+# How long an outcome batch waits for a row lock before its queues are written apart. Other
+# writers hold the rows outcomes update for one short statement or transaction (claims, other
+# outcomes, heartbeats): a wait this long means a transaction that holds them far longer.
+LOCK_WAIT = 0.5
+# The wait of each later try of a blocked queue's outcomes, and the backoff between tries.
+RETRY_LOCK_WAIT = 0.1
+RETRY_FIRST = 0.2
+RETRY_MAX = 2.0
+
 # Jobs named in the one line about outcomes a shutdown could not write; the rest are counted.
 UNWRITTEN_NAMED = 10
 
@@ -50,15 +67,21 @@ class OutcomeBuffer:
     def empty(self) -> bool:
         return not self._items
 
-    def take(self, limit: int) -> tuple[list[tuple[Execution, Outcome]], bool]:
-        """Up to ``limit`` outcomes (waiting while there are none), and whether the stop
-        marker came after them."""
+    def take(
+        self, limit: int, timeout: float | None = None
+    ) -> tuple[list[tuple[Execution, Outcome]], bool]:
+        """Up to ``limit`` outcomes (waiting while there are none, at most ``timeout`` seconds
+        when given), and whether the stop marker came after them."""
         with self._ready:
             items = self._items
+            deadline = None if timeout is None else time.monotonic() + timeout
             while not items:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return [], False
                 self._waiting = True
                 try:
-                    self._ready.wait()
+                    self._ready.wait(left)
                 finally:
                     self._waiting = False
             batch: list[tuple[Execution, Outcome]] = []
@@ -92,9 +115,11 @@ class Completer:
         self._given_back: set[int] = set()  # job ids released unstarted at shutdown
         self._unwritten: list[Execution] = []
         self._unwritten_because: BaseException | None = None
-
-    def pending(self) -> bool:
-        return not self.buffer.empty()
+        # Queue -> its outcomes a held row lock kept from being written, the next try's
+        # monotonic time, and the backoff after it.
+        self._blocked: dict[str, list[tuple[Execution, Outcome]]] = {}
+        self._retry_at: dict[str, float] = {}
+        self._backoff: dict[str, float] = {}
 
     def stop(self) -> None:
         """End ``run`` once everything put before is written."""
@@ -122,22 +147,108 @@ class Completer:
             self._given_back.add(execution.job.id)
             self.buffer.put((execution, Outcome.release(execution.job)))
 
+    def pending(self) -> bool:
+        """Whether outcomes wait to be written (in the buffer, or kept aside)."""
+        return not self.buffer.empty() or bool(self._blocked)
+
     def run(self) -> None:
         """The completer thread's loop."""
         while True:
-            batch, stop = self.buffer.take(OUTCOME_BATCH)
+            timeout = None
+            if self._retry_at:
+                timeout = max(min(self._retry_at.values()) - time.monotonic(), 0.0)
+            batch, stop = self.buffer.take(OUTCOME_BATCH, timeout)
             if batch:
-                self._write(batch)
+                self._slots.start_writing(execution for execution, _ in batch)
+                self._write_fresh(batch)
+            self._retry_blocked(final=stop)
             if stop:
                 self._report_unwritten()
                 return
 
-    def _write(self, batch: list[tuple[Execution, Outcome]]) -> None:
-        self._slots.start_writing(execution for execution, _ in batch)
+    def _write_fresh(self, batch: list[tuple[Execution, Outcome]]) -> None:
+        """Write a batch, its outcomes of blocked queues kept aside with the others of their
+        queue; when a row lock keeps the batch waiting, queue by queue."""
+        free: list[tuple[Execution, Outcome]] = []
+        for item in batch:
+            kept = self._blocked.get(item[0].job.queue)
+            if kept is None:
+                free.append(item)
+            else:
+                self._slots.kept_waiting([item[0]])
+                kept.append(item)
+        if not free:
+            return
+        try:
+            self._write(free, lock_wait=LOCK_WAIT)
+            return
+        except Exception as exc:
+            if not is_timeout(exc):  # pragma: no cover - ``_write`` raises timeouts only
+                raise
+        by_queue: dict[str, list[tuple[Execution, Outcome]]] = {}
+        for item in free:
+            by_queue.setdefault(item[0].job.queue, []).append(item)
+        for queue, items in by_queue.items():
+            try:
+                self._write(items, lock_wait=LOCK_WAIT)
+            except Exception as exc:
+                if not is_timeout(exc):  # pragma: no cover
+                    raise
+                self._block(queue, items, exc)
+
+    def _block(
+        self, queue: str, items: list[tuple[Execution, Outcome]], error: BaseException
+    ) -> None:
+        """Keep ``items`` of ``queue`` aside until a later try gets the row locks."""
+        delay = self._backoff.get(queue, RETRY_FIRST)
+        if queue not in self._blocked:
+            log.warning(
+                "outcomes of queue %r wait for rows another transaction holds (%s); "
+                "writing the other queues' outcomes meanwhile",
+                queue,
+                error_line(error),
+            )
+        self._slots.kept_waiting(execution for execution, _ in items)
+        self._blocked.setdefault(queue, []).extend(items)
+        self._retry_at[queue] = time.monotonic() + delay
+        self._backoff[queue] = min(delay * 2, RETRY_MAX)
+
+    def _retry_blocked(self, *, final: bool) -> None:
+        """Try the kept outcomes of each queue whose time came (all of them, waiting as long
+        as the store's patience allows, when ``final``: the worker stops)."""
+        now = time.monotonic()
+        for queue in list(self._blocked):
+            if not final and self._retry_at[queue] > now:
+                continue
+            items = self._blocked.pop(queue)
+            del self._retry_at[queue]
+            self._slots.start_writing(execution for execution, _ in items)
+            try:
+                self._write(items, lock_wait=None if final else RETRY_LOCK_WAIT)
+            except Exception as exc:
+                if not is_timeout(exc):  # pragma: no cover
+                    raise
+                self._slots.kept_waiting(execution for execution, _ in items)
+                self._blocked[queue] = items
+                self._retry_at[queue] = time.monotonic() + self._backoff[queue]
+                self._backoff[queue] = min(self._backoff[queue] * 2, RETRY_MAX)
+                continue
+            self._backoff.pop(queue, None)
+            log.info("outcomes of queue %r written after its rows were freed", queue)
+
+    def _write(
+        self, batch: list[tuple[Execution, Outcome]], *, lock_wait: float | None = None
+    ) -> None:
+        """Write ``batch`` and report it. With ``lock_wait``, a lock timeout is raised with
+        nothing written, for the caller to keep the batch for later."""
         written = batch
         try:
-            lost = self._store.record_outcomes(outcome for _, outcome in batch)
+            lost = self._store.record_outcomes(
+                (outcome for _, outcome in batch), lock_wait=lock_wait
+            )
         except Exception as exc:
+            if lock_wait is not None and is_timeout(exc):
+                raise
             if is_connection_error(exc) or is_timeout(exc):
                 # The store retries a lost connection and a timeout until the worker stops; it
                 # gave up during the shutdown, and writing one by one would only wait again.

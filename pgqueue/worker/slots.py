@@ -226,6 +226,12 @@ class Slots:
             for execution in executions:
                 execution.writing = True
 
+    def kept_waiting(self, executions: Iterable[Execution]) -> None:
+        """Attempts whose outcome waits for a later write: heartbeated again meanwhile."""
+        with self._lock:
+            for execution in executions:
+                execution.writing = False
+
     def written(self, executions: Iterable[Execution]) -> None:
         """Stop holding attempts whose outcome was written (or given up)."""
         with self._lock:

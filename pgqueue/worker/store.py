@@ -223,20 +223,31 @@ class WorkerStore:
         """Give the claim connection back to the pool (the worker calls this when it stops)."""
         self._claim_connection.close()
 
-    def record_outcomes(self, outcomes: Iterable[Outcome]) -> set[int]:
-        # One transaction: an outcome and the settling of its dependents commit together. In
-        # autocommit, a worker dying between the two statements would leave dependents WAITING
-        # for good, with nothing left to release them. A statement or lock timeout means rows
-        # of the batch are held by another transaction (an operator's, a long bulk action):
-        # the outcomes are right, so they wait and are written again, never turned into failed
-        # attempts; the heartbeat keeps their leases meanwhile.
+    def record_outcomes(
+        self, outcomes: Iterable[Outcome], *, lock_wait: float | None = None
+    ) -> set[int]:
+        """Write ``outcomes`` in one transaction; the ids whose lease was lost.
+
+        One transaction: an outcome and the settling of its dependents commit together. In
+        autocommit, a worker dying between the two statements would leave dependents WAITING
+        for good, with nothing left to release them. A statement or lock timeout means rows
+        of the batch are held by another transaction (an operator's, a long bulk action):
+        the outcomes are right, so they wait and are written again, never turned into failed
+        attempts; the heartbeat keeps their leases meanwhile. With ``lock_wait`` (seconds)
+        each row lock is waited for that long at most, and a timeout is raised, not retried:
+        the caller writes what is not blocked and keeps the rest for later."""
         items = list(outcomes)
         database = self._database
+        wait_ms = None if lock_wait is None else max(1, round(lock_wait * 1000))
         return self._retry(
             "record outcomes",
-            lambda: uow.run(database, lambda db: repository.record_outcomes(db, items), attempts=1),
+            lambda: uow.run(
+                database,
+                lambda db: repository.record_outcomes(db, items, lock_wait_ms=wait_ms),
+                attempts=1,
+            ),
             give_up_when_stopping=False,
-            through_timeouts=True,
+            through_timeouts=lock_wait is None,
         )
 
     def record_atomic_run(self, job: ClaimedJob, worker_id: str) -> bool:

@@ -1,7 +1,7 @@
 """pgqueue 0017: indexes that make concurrency-key rows removable and the claim's key reads bounded.
 
 Revision ID: pgqueue_0017
-Revises: pgqueue_0015
+Revises: pgqueue_0016
 Create Date: 2026-11-25
 
 - ``ix_pgqueue_concurrency_keys_key_hash``: a key row's 32-bit key hash (the expression tickets
@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "pgqueue_0017"
-down_revision: str | Sequence[str] | None = "pgqueue_0015"
+down_revision: str | Sequence[str] | None = "pgqueue_0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """pgqueue 0018: a committed record of each atomic handler run.
 
 Revision ID: pgqueue_0018
-Revises: pgqueue_0016
+Revises: pgqueue_0017
 Create Date: 2026-11-25
 
 - ``pgqueue_atomic_runs``: one row per started run of an atomic job's handler, committed before
@@ -19,7 +19,7 @@ from alembic import op
 from pgqueue.migrations.losses import DropsTable
 
 revision: str = "pgqueue_0018"
-down_revision: str | Sequence[str] | None = "pgqueue_0016"
+down_revision: str | Sequence[str] | None = "pgqueue_0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

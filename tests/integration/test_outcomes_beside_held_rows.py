@@ -1,0 +1,69 @@
+"""A transaction that holds one queue's control row does not hold up other queues' outcomes:
+the worker writes them at once, and the held queue's outcomes, unchanged, once the row is free."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from sqlalchemy import Engine, text
+
+from pgqueue import JobState, PgQueue
+from pgqueue.testing import states_of, wait_for_states
+from pgqueue.worker import Worker
+
+
+def test_outcomes_of_other_queues_are_written_while_a_control_row_is_held(
+    pgq: PgQueue, engine: Engine
+) -> None:
+    release = threading.Event()
+
+    @pgq.task(queue="held", name="held_job")
+    def held_job() -> str:
+        release.wait(30)
+        return "done"
+
+    @pgq.task(queue="free", name="free_job")
+    def free_job() -> str:
+        return "done"
+
+    pgq.set_queue_limit("held", 10)
+    held_ids = held_job.enqueue_many([[] for _ in range(3)])
+    worker = Worker(pgq, concurrency=8)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for_states(pgq, held_ids, {JobState.RUNNING}, timeout=15)
+        with engine.connect() as holder:
+            holder.execute(
+                text("SELECT running FROM pgqueue_queues WHERE name = 'held' FOR UPDATE")
+            )
+            release.set()  # the held queue's outcomes now wait for the row
+            time.sleep(0.2)
+            began = time.monotonic()
+            free_ids = free_job.enqueue_many([[] for _ in range(3)])
+            wait_for_states(pgq, free_ids, {JobState.SUCCEEDED}, timeout=10)
+            free_took = time.monotonic() - began
+            more_ids = free_job.enqueue_many([[] for _ in range(3)])
+            wait_for_states(pgq, more_ids, {JobState.SUCCEEDED}, timeout=10)
+            more_took = time.monotonic() - began - free_took
+            time.sleep(max(0.0, 10.0 - (time.monotonic() - began)))
+            held_meanwhile = set(states_of(pgq, held_ids).values())
+            holder.commit()
+        wait_for_states(pgq, held_ids, {JobState.SUCCEEDED}, timeout=15)
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(30)
+    assert free_took < 2.0, free_took
+    assert more_took < 1.0, more_took
+    assert held_meanwhile == {JobState.RUNNING}
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT state, attempts, errors FROM pgqueue_jobs WHERE queue = 'held'")
+        ).all()
+        running = connection.execute(
+            text("SELECT running FROM pgqueue_queues WHERE name = 'held'")
+        ).scalar_one()
+    assert [(row.state, row.attempts, row.errors) for row in rows] == [("succeeded", 1, [])] * 3
+    assert running == 0
