@@ -173,7 +173,8 @@ class WorkerInfo:
     interval (``Settings.worker_stale_seconds``). ``running`` is the number of RUNNING jobs
     it holds. ``claim_error`` is the error of its latest claim while its claims fail (it is
     alive but takes no work), and ``seconds_failing`` how long they have failed; both None
-    while its claims work.
+    while its claims work. ``tasks`` names the tasks it registers, the only ones it claims
+    (None for a worker of a version that did not record them).
     """
 
     id: str
@@ -189,6 +190,7 @@ class WorkerInfo:
     running: int
     claim_error: str | None = None
     seconds_failing: float | None = None
+    tasks: tuple[str, ...] | None = None
 
     @property
     def healthy(self) -> bool:
@@ -739,6 +741,7 @@ class Admin:
                 running=int(row[10]),
                 claim_error=row[11],
                 seconds_failing=None if row[12] is None else float(row[12]),
+                tasks=None if row[13] is None else tuple(row[13]),
             )
             for row in rows
         ]

@@ -64,10 +64,12 @@ def claim_variant(
     limits_exist: bool,
     task_leases: bool,
     flow_exists: bool = False,
+    excluding: bool = False,
     atomic_controlled: bool = False,
 ) -> ClaimVariant:
-    """The claim variant for a claim of ``queues`` (None: all) in this mode
-    (``atomic_controlled``: atomic jobs of controlled work, in a statement of its own)."""
+    """The claim variant for a claim of ``queues`` (None: all) in this mode (``excluding``:
+    some task names are to be passed over; ``atomic_controlled``: atomic jobs of controlled
+    work, in a statement of its own)."""
     return ClaimVariant(
         atomic_controlled=atomic_controlled,
         in_transaction=atomic and not atomic_controlled,
@@ -75,4 +77,5 @@ def claim_variant(
         queue_limits=limits_exist or flow_exists,
         task_leases=task_leases,
         flow=flow_exists,
+        excluded=excluding,
     )

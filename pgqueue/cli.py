@@ -568,6 +568,7 @@ def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
                     "seconds_failing": (
                         None if w.seconds_failing is None else round(w.seconds_failing, 3)
                     ),
+                    "tasks": None if w.tasks is None else list(w.tasks),
                 }
                 for w in found
             ]

@@ -14,6 +14,7 @@ import traceback
 from typing import Final
 
 __all__ = [
+    "AtomicRunUnfinished",
     "AtomicSessionMisuse",
     "AtomicTransactionLost",
     "BulkCountChanged",
@@ -147,6 +148,12 @@ class AtomicTransactionLost(PgQueueError):
     """An atomic attempt's transaction ended before its outcome was recorded (a ROLLBACK or
     COMMIT sent through the handler's session, or the transaction failed): the claim went with
     it, and the worker counts the attempt as a failed one in a transaction of its own."""
+
+
+class AtomicRunUnfinished(AtomicTransactionLost):
+    """A run of an atomic attempt was recorded but its transaction never committed (its worker
+    or its connection was lost while the handler ran): the next claim of the job counts that
+    attempt as failed instead of running the handler again."""
 
 
 class DowngradeLosesData(PgQueueError):

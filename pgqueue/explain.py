@@ -71,6 +71,9 @@ class BlockerKind(enum.StrEnum):
     """It has a concurrency key and its queue a concurrency or rate limit: such jobs wait."""
     NO_LIVE_WORKER = "no_live_worker"
     """No live worker claims from its queue."""
+    TASK_NOT_REGISTERED = "task_not_registered"
+    """Live workers claim from its queue, but none registers its task: it waits for one that
+    does (a rolling deploy under way, or a task removed from the code)."""
     CLAIMS_FAILING = "claims_failing"
     """Every live worker serving its queue fails to claim (each one's error, for how long)."""
     READY = "ready"
@@ -157,6 +160,9 @@ class JobFacts:
     """RUNNING jobs with the job's key (up to ``LIST_CAP``), read when the key is at its limit."""
     queue_rate: Any = None
     """The ``sql.flow.queue_rate_facts`` row when the job's queue has a rate limit."""
+    task_registered: bool = True
+    """Whether a live worker serving the queue registers the job's task (read when the job
+    waits and some live worker serves the queue)."""
 
 
 def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobExplanation:
@@ -200,6 +206,7 @@ def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobEx
     serving: list[str] = []
     failing: dict[str, tuple[str, float]] = {}
     live = 0
+    task_registered = True
     if not finished and state is not JobState.RUNNING:
         workers = {"stale_seconds": stale_seconds, "cap": LIST_CAP}
         for worker_id, claim_error, failing_for in db.rows(
@@ -209,6 +216,9 @@ def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobEx
             if claim_error is not None:
                 failing[worker_id] = (claim_error, float(failing_for or 0.0))
         live = len(db.rows(sql.live_workers(serving_queue=False), workers))
+        if serving:
+            params = {"stale_seconds": stale_seconds, "queue": job.queue, "task": job.task_name}
+            task_registered = bool(db.rows(sql.task_registered(), params)[0][0])
     bound = None
     key: Any = None
     key_running: list[int] = []
@@ -231,6 +241,7 @@ def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobEx
         key=key,
         key_running_ids=key_running,
         queue_rate=queue_rate,
+        task_registered=task_registered,
     )
     return explanation(facts)
 
@@ -351,6 +362,8 @@ def _waiting_blockers(facts: JobFacts, state: JobState) -> list[Blocker]:
                 {"queue": job.queue, "live_workers": facts.live_workers},
             )
         )
+    if facts.serving_workers and not facts.task_registered:
+        blockers.append(_task_not_registered(job, facts.serving_workers))
     failing = facts.failing_workers
     if facts.serving_workers and len(failing) == len(facts.serving_workers):
         blockers.append(_claims_failing(job, failing))
@@ -480,6 +493,17 @@ def _failing_data(failing: Mapping[str, tuple[str, float]]) -> dict[str, Any]:
         worker_id: {"error": error, "seconds_failing": seconds}
         for worker_id, (error, seconds) in failing.items()
     }
+
+
+def _task_not_registered(job: Any, serving: Sequence[str]) -> Blocker:
+    workers = ", ".join(serving) + ("+" if len(serving) >= LIST_CAP else "")
+    return Blocker(
+        BlockerKind.TASK_NOT_REGISTERED,
+        f"no live worker registers task {job.task_name} (live workers serving queue "
+        f"{job.queue}: {workers}): it waits for a worker whose code has the task; if the task "
+        "is gone for good, cancel or delete the job",
+        {"queue": job.queue, "task": job.task_name, "workers": list(serving)},
+    )
 
 
 def _claims_failing(job: Any, failing: Mapping[str, tuple[str, float]]) -> Blocker:

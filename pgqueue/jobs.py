@@ -139,7 +139,8 @@ class WorkerEntry:
 
     ``queues`` is empty for a worker serving all queues; ``started_at`` is None until its first
     registration returned the database's start time; ``claim_error`` is the error of its latest
-    claim while its claims fail, None while they work.
+    claim while its claims fail, None while they work; ``tasks`` names the tasks it registers
+    (the only ones it claims).
     """
 
     id: str
@@ -150,3 +151,4 @@ class WorkerEntry:
     version: str
     started_at: dt.datetime | None = None
     claim_error: str | None = None
+    tasks: tuple[str, ...] = ()

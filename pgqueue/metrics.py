@@ -65,6 +65,7 @@ CHILD_CACHE_LIMIT: Final = 4096
 # of each tombstone (see the module docstring).
 QUEUE_JOBS: Final = "pgqueue_queue_jobs"
 OLDEST_READY: Final = "pgqueue_queue_oldest_ready_seconds"
+UNREGISTERED: Final = "pgqueue_queue_jobs_unregistered"
 JOBS_RUNNING: Final = "pgqueue_jobs_running"
 
 # Jobs range from milliseconds to an hour; the default buckets stop at 10 s.
@@ -127,6 +128,9 @@ class NoMetrics:
     def rescued(self, count: int) -> None:
         pass
 
+    def given_back(self, queue: str) -> None:
+        pass
+
     def claim_failed(self) -> None:
         pass
 
@@ -134,7 +138,10 @@ class NoMetrics:
         pass
 
     def queue_figures(
-        self, counts: Mapping[str, Mapping[str, int]], oldest_ready: Mapping[str, float]
+        self,
+        counts: Mapping[str, Mapping[str, int]],
+        oldest_ready: Mapping[str, float],
+        unregistered: Mapping[str, int] | None = None,
     ) -> None:
         pass
 
@@ -191,6 +198,20 @@ class Metrics(NoMetrics):
             "Jobs whose lease expired, re-queued or failed by this worker's maintenance.",
             registry=target,
         )
+        self._given_back = client.Counter(
+            "pgqueue_jobs_given_back",
+            "Jobs this worker claimed and gave back unrun: their task is not registered in it.",
+            ["queue"],
+            registry=target,
+        )
+        self._unregistered = client.Gauge(
+            UNREGISTERED,
+            "Jobs ready to run whose task no live worker serving their queue registers (they "
+            "wait for one; each count stops at its cap).",
+            ["queue"],
+            registry=target,
+            multiprocess_mode="mostrecent",
+        )
         self._queue_jobs = client.Gauge(
             QUEUE_JOBS,
             "Jobs in the database by queue and state (each count stops at its cap).",
@@ -211,6 +232,7 @@ class Metrics(NoMetrics):
         self._running_labels: set[str] = set()
         self._figure_keys: set[tuple[str, str]] = set()
         self._oldest_labels: set[str] = set()
+        self._unregistered_labels: set[str] = set()
         self._lock = threading.Lock()
 
     def track_tasks(self, tasks: Container[str]) -> None:
@@ -269,6 +291,11 @@ class Metrics(NoMetrics):
     def claim_failed(self) -> None:
         self._claim_failures.inc()
 
+    def given_back(self, queue: str) -> None:
+        with self._lock:
+            label = self._queue_label(queue)
+        self._given_back.labels(label).inc()
+
     def running(self, per_queue: Mapping[str, int]) -> None:
         """Set the running counts; a queue with nothing running has no series."""
         with self._lock:
@@ -284,10 +311,14 @@ class Metrics(NoMetrics):
             self._running_labels = set(totals)
 
     def queue_figures(
-        self, counts: Mapping[str, Mapping[str, int]], oldest_ready: Mapping[str, float]
+        self,
+        counts: Mapping[str, Mapping[str, int]],
+        oldest_ready: Mapping[str, float],
+        unregistered: Mapping[str, int] | None = None,
     ) -> None:
-        """Set the database-derived gauges from one reading; the series of queues not in it
-        are removed. Queues past the label limit are summed (their oldest wait: the longest)
+        """Set the database-derived gauges from one reading (``unregistered``: per queue, the
+        ready jobs no live worker registers the task of; a queue without any has no series);
+        the series of queues not in it are removed. Queues past the label limit are summed (their oldest wait: the longest)
         under ``other``; the busiest queues are named first."""
         with self._lock:
             jobs: dict[tuple[str, str], float] = {}
@@ -308,6 +339,16 @@ class Metrics(NoMetrics):
                 self._oldest_ready.labels(label).set(waited)
             self._figure_keys = set(jobs)
             self._oldest_labels = set(oldest)
+            waiting: dict[str, float] = {}
+            for queue, count in (unregistered or {}).items():
+                if count:
+                    label = self._queue_label(queue)
+                    waiting[label] = waiting.get(label, 0.0) + count
+            for label in self._unregistered_labels - waiting.keys():
+                self._remove(self._unregistered, (label,), math.nan)
+            for label, total in waiting.items():
+                self._unregistered.labels(label).set(total)
+            self._unregistered_labels = set(waiting)
 
     def _remove(self, gauge: Any, labels: tuple[str, ...], tombstone: float) -> None:
         if self._multiprocess:
@@ -320,7 +361,7 @@ class Metrics(NoMetrics):
 def _is_tombstone(name: str, value: float) -> bool:
     if name == JOBS_RUNNING:
         return value == 0
-    return name in (QUEUE_JOBS, OLDEST_READY) and math.isnan(value)
+    return name in (QUEUE_JOBS, OLDEST_READY, UNREGISTERED) and math.isnan(value)
 
 
 class FilesCollector:

@@ -127,6 +127,10 @@ class Base(DeclarativeBase):
 # statement cannot prove that ``state IN ($1, $2, $3)`` implies it.
 UNIQUE_KEY_HELD = "unique_key IS NOT NULL AND state IN ('queued', 'running', 'retrying')"
 
+# A concurrency key's 32-bit hash, as ``sql.common.key_hash`` renders it for a key row: the
+# expression of the index that leads from tickets' ``key_hash`` to key rows.
+KEY_HASH_OF_KEY = "(CAST(CAST('x' || substr(md5(key), 1, 8) AS BIT(32)) AS INTEGER))"
+
 
 class Job(Base):
     """The durable record of one unit of work."""
@@ -246,6 +250,13 @@ class Job(Base):
             "unique_key",
             unique=True,
             postgresql_where=text(UNIQUE_KEY_HELD),
+        ),
+        # Whether any job still has a key: maintenance deletes a key's row only when none has
+        # (migration pgqueue_0017). Partial, so jobs without a key pay nothing for it.
+        Index(
+            "ix_pgqueue_jobs_concurrency_key",
+            "concurrency_key",
+            postgresql_where=text("concurrency_key IS NOT NULL"),
         ),
     )
 
@@ -395,8 +406,10 @@ class QueueControl(Base):
 class ConcurrencyKey(Base):
     """One concurrency key: its RUNNING count and recent starts, on one row the claim locks.
 
-    Written by the enqueue of the key's first job (``ON CONFLICT DO NOTHING``, no lock taken)
-    and kept: the claim's per-key scans start from these rows.
+    Written by the enqueue of the key's first job; an enqueue holds a ``FOR KEY SHARE`` lock on
+    it until its transaction ends (which no claim or outcome waits for). The claim reaches the
+    rows of the keys its ready tickets carry (through the hash index), never the others, and
+    maintenance deletes the row of a key no job has any more (``sql.maintenance``).
     """
 
     __tablename__ = "pgqueue_concurrency_keys"
@@ -415,6 +428,9 @@ class ConcurrencyKey(Base):
 
     __table_args__ = (
         CheckConstraint("key_limit IS NULL OR key_limit >= 1", name="limit_positive"),
+        # From a ready ticket's ``key_hash`` to the key rows of that hash (migration
+        # pgqueue_0017). The expression must stay ``sql.common.key_hash`` as it renders.
+        Index("ix_pgqueue_concurrency_keys_key_hash", text(KEY_HASH_OF_KEY)),
     )
 
 
@@ -501,6 +517,9 @@ class WorkerRecord(Base):
     """The error of its latest claim while its claims fail; null while they work."""
     claim_failing_since: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     """When its claims began to fail (database clock); null while they work."""
+    tasks: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    """Names of the tasks it registers (it claims only jobs of these); null for a worker of a
+    pgqueue version that did not record them, taken to register every task."""
 
 
 class AuditRecord(Base):
@@ -552,6 +571,37 @@ class JobStep(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     """When the step's result was saved (database clock)."""
+
+
+# --- atomic runs ------------------------------------------------------------------------------
+
+
+class AtomicRun(Base):
+    """One started run of an atomic job's handler, committed on a connection of its own before
+    the handler runs, and deleted by the run's own transaction when it commits.
+
+    The run's claim (its ``attempts + 1``) commits or rolls back with the handler's
+    transaction, so a transaction lost for any reason leaves no trace on the job: this row is
+    that trace. A row whose ``attempt`` is above the job's attempt count is a run whose
+    transaction was lost; it is counted as a failed attempt before the handler may run again
+    (``sql.atomic_runs``), so an atomic handler runs at most ``max_attempts`` times whatever
+    happens to its transactions and connections.
+    """
+
+    __tablename__ = "pgqueue_atomic_runs"
+
+    job_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey(Job.id, ondelete="CASCADE"), primary_key=True
+    )
+    """The job whose handler ran."""
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    """The attempt number the run's claim gave the job."""
+    worker: Mapped[str] = mapped_column(Text)
+    """The worker that ran it (named in the lost attempt's error)."""
+    started_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """When the run was recorded, just before its handler started (database clock)."""
 
 
 # --- finished jobs' history, partitioned by day (migration pgqueue_0013) -----------------------

@@ -27,7 +27,7 @@ from pgqueue.errors import JobNotFound, SerializationError, ValidationError, is_
 from pgqueue.insert_choice import BoundedQueuesSeen
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome, Progress, WorkerEntry
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
-from pgqueue.sql import admin, control, enqueue, maintenance
+from pgqueue.sql import admin, atomic_runs, control, enqueue, maintenance
 from pgqueue.sql import claim as claim_sql
 from pgqueue.sql import flow as flow_sql
 from pgqueue.sql import history as history_sql
@@ -280,8 +280,10 @@ def claim(
     limits: claim_choice.LimitsSeen | None = None,
     notified: bool = False,
     autocommit: bool = False,
+    excluded: Sequence[str] = (),
 ) -> list[ClaimedJob]:
-    """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``). ``limits`` is the claimer's
+    """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``), none of a task named in
+    ``excluded`` (tasks the claimer met and does not register; usually none). ``limits`` is the claimer's
     ``LimitsSeen`` (by default the one of the session's bind, or of the executor).
 
     ``notified``: the claim follows a wake-up for new work. If the lean form comes back empty
@@ -302,6 +304,8 @@ def claim(
         params["task_leases"] = dict(task_leases)
     if queues is not None:
         params["queues"] = list(queues)
+    if excluded:
+        params["excluded"] = list(excluded)
 
     def claim_with(seen: claim_choice.LimitsSeen, room: int) -> tuple[list[ClaimedJob], float]:
         variant = claim_choice.claim_variant(
@@ -310,6 +314,7 @@ def claim(
             limits_exist=seen.exist,
             task_leases=bool(task_leases),
             flow_exists=seen.flow,
+            excluding=bool(excluded),
         )
         # ``sent`` precedes the statement's start on the server: see ClaimedJob.start_by.
         rows, sent = ex.timed_rows(claim_sql.claim(variant), {**params, "limit": room})
@@ -353,6 +358,7 @@ def claim_atomic_controlled(
     queues: Sequence[str] | None,
     lease_seconds: float,
     limits: claim_choice.LimitsSeen,
+    excluded: Sequence[str] = (),
 ) -> list[ClaimedJob]:
     """Claim at most one atomic job of controlled work (a limited or rate-limited queue, a
     concurrency key) in a statement that commits by itself, its counters counted there like a
@@ -366,11 +372,14 @@ def claim_atomic_controlled(
         limits_exist=limits.exist,
         task_leases=False,
         flow_exists=limits.flow,
+        excluding=bool(excluded),
         atomic_controlled=True,
     )
     params: dict[str, Any] = {"limit": 1, "worker": worker_id, "lease_seconds": lease_seconds}
     if queues is not None:
         params["queues"] = list(queues)
+    if excluded:
+        params["excluded"] = list(excluded)
     rows, sent = executor_for(db).timed_rows(claim_sql.claim(variant), params)
     jobs = _claimed_jobs(rows)
     for job in jobs:
@@ -437,12 +446,16 @@ def _claimed_jobs(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
     return jobs
 
 
-def ready_ticket_exists(db: SessionOrExecutor, queues: Sequence[str] | None) -> bool:
-    """Whether any ticket of ``queues`` (None: all) is claimable now."""
-    params = {} if queues is None else {"queues": list(queues)}
-    return bool(
-        executor_for(db).rows(claim_sql.ready_ticket_exists(queues is not None), params)[0][0]
-    )
+def ready_ticket_exists(
+    db: SessionOrExecutor, queues: Sequence[str] | None, excluded: Sequence[str] = ()
+) -> bool:
+    """Whether any ticket of ``queues`` (None: all) is claimable now, other than those of the
+    tasks in ``excluded``."""
+    params: dict[str, Any] = {} if queues is None else {"queues": list(queues)}
+    if excluded:
+        params["excluded"] = list(excluded)
+    statement = claim_sql.ready_ticket_exists(queues is not None, bool(excluded))
+    return bool(executor_for(db).rows(statement, params)[0][0])
 
 
 def any_queue_limit(db: SessionOrExecutor) -> bool:
@@ -508,16 +521,31 @@ def record_outcomes(
     return lost
 
 
+def record_atomic_run(db: SessionOrExecutor, job: ClaimedJob, worker_id: str) -> bool:
+    """Record, on a connection other than the claim's and committed at once, that ``job``'s
+    handler starts its attempt (``sql.atomic_runs.record_run``). False when a run of that
+    attempt is already recorded: an earlier run's transaction was lost and must be counted
+    before the handler may run again."""
+    params = {"job_id": job.id, "attempt": job.attempt, "worker": worker_id}
+    return bool(executor_for(db).rows(atomic_runs.record_run(), params))
+
+
+def clear_atomic_runs(db: SessionOrExecutor, job_id: int) -> None:
+    """Delete the job's run records, in the transaction that commits its attempt."""
+    executor_for(db).rows(atomic_runs.clear_runs(), {"job_id": job_id})
+
+
 def count_lost_attempt(
     db: SessionOrExecutor, job: ClaimedJob, *, delay: float, error: str
 ) -> JobState | None:
-    """Count the attempt of atomic job ``job`` whose transaction was lost after its handler ran
-    (``sql.outcomes.count_lost_attempt``): retried after ``delay`` seconds, or failed for good
-    with its dependents settled. None when the claim had committed after all (nothing was
-    lost) or another claim of the job is under way. Run in a transaction of its own."""
+    """Count the recorded runs of atomic job ``job`` whose transaction was lost
+    (``sql.atomic_runs.count_lost_runs``): retried after ``delay`` seconds, or failed for good
+    with its dependents settled. None when nothing was lost (the claim had committed after
+    all, or no run was recorded) or a claim of the job under way elsewhere counts them. Run in
+    a transaction of its own."""
     ex = executor_for(db)
-    params = {"job_id": job.id, "attempts": job.attempt - 1, "delay": delay, "error": error}
-    rows = ex.rows(outcome_sql.count_lost_attempt(), params)
+    params = {"job_id": job.id, "delay": delay, "error": error}
+    rows = ex.rows(atomic_runs.count_lost_runs(), params)
     if not rows:
         return None
     ended = dependencies.ended_dependents(rows, 1)
@@ -604,6 +632,7 @@ def _worker_params(worker: WorkerEntry) -> dict[str, Any]:
         "worker_version": worker.version,
         "worker_started_at": worker.started_at,
         "worker_claim_error": worker.claim_error,
+        "worker_tasks": list(worker.tasks),
     }
 
 
@@ -617,6 +646,16 @@ def worker_seen(db: SessionOrExecutor, worker: WorkerEntry) -> dt.datetime:
 def unregister_worker(db: SessionOrExecutor, worker_id: str) -> None:
     """Delete ``worker_id``'s registry row."""
     executor_for(db).rows(workers_sql.unregister(), {"worker_id": worker_id})
+
+
+def unregistered_ready(db: SessionOrExecutor, stale_seconds: float, cap: int) -> dict[str, int]:
+    """Per queue, the ready jobs whose task no live worker serving the queue registers
+    (``sql.workers.unregistered_ready``: at most ``cap`` tickets read)."""
+    params = {"stale_seconds": stale_seconds, "cap": cap}
+    return {
+        queue: int(n)
+        for queue, n in executor_for(db).rows(workers_sql.unregistered_ready(), params)
+    }
 
 
 def delete_stale_workers(db: SessionOrExecutor, stale_seconds: float) -> list[str]:
@@ -764,6 +803,16 @@ def recount_keys(db: SessionOrExecutor) -> dict[str, int]:
     if not keys:
         return {}
     return {key: running for key, running in ex.rows(flow_sql.recount_keys(), {"keys": keys})}
+
+
+def delete_idle_keys(db: SessionOrExecutor, *, after: str, limit: int) -> tuple[str | None, int]:
+    """Delete the idle rows among up to ``limit`` key rows after key ``after`` (call inside a
+    transaction); ``(last key read, None when none was left; rows deleted)``."""
+    ex = executor_for(db)
+    last, keys = ex.rows(maintenance.lock_idle_keys(), {"after": after, "limit": limit})[0]
+    if not keys:
+        return last, 0
+    return last, len(ex.rows(maintenance.delete_idle_keys(), {"keys": list(keys)}))
 
 
 def queue_controls(session: Session) -> list[Any]:

@@ -7,7 +7,8 @@ server installed with ``apt-get install postgresql``. ``BIN_DIR`` defaults to th
 package's ``/usr/lib/postgresql/<major>/bin``; another build's bin dir (the PostgreSQL wheels
 ``tests/run`` installs for the other major versions) runs the same way. It prints a
 ``postgresql+psycopg://`` URL of the maintenance database.
-``python tests/debian_postgres.py stop DIR`` stops it and removes ``DIR``.
+``python tests/debian_postgres.py restart DIR`` restarts it (fast: open transactions aborted)
+on the same port; ``python tests/debian_postgres.py stop DIR`` stops it and removes ``DIR``.
 """
 
 from __future__ import annotations
@@ -121,14 +122,27 @@ def stop(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def restart(root: Path) -> None:
+    """Fast restart (open transactions aborted, clients disconnected) on the same port, as a
+    server restart in production would look to its clients."""
+    user = {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
+    binaries = Path((root / "bin_dir").read_text().strip())
+    pg_ctl = [binaries / "pg_ctl", "-D", root / "data", "-w", "-m", "fast", "-l", root / "log"]
+    _run([*pg_ctl, "restart"], user, log=root / "log")
+
+
 if __name__ == "__main__":
     arguments = sys.argv[1:]
     if not (
         (len(arguments) in {2, 3} and arguments[0] == "start")
-        or (len(arguments) == 2 and arguments[0] == "stop")
+        or (len(arguments) == 2 and arguments[0] in {"stop", "restart"})
     ):
-        raise SystemExit("usage: python tests/debian_postgres.py start DIR [BIN_DIR] | stop DIR")
+        raise SystemExit(
+            "usage: python tests/debian_postgres.py start DIR [BIN_DIR] | restart DIR | stop DIR"
+        )
     if arguments[0] == "start":
         print(start(Path(arguments[1]), Path(arguments[2]) if len(arguments) == 3 else None))
+    elif arguments[0] == "restart":
+        restart(Path(arguments[1]))
     else:
         stop(Path(arguments[1]))

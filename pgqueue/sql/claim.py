@@ -81,6 +81,10 @@ class ClaimVariant:
     The handler's transaction then locks only the job's row (``lock_claimed``), never a
     control row, whose counters the leased claims and outcomes of the queue keep writing.
     The ``in_transaction`` form takes only uncontrolled tickets for that reason."""
+    excluded: bool = False
+    """The worker met jobs of tasks it does not register: tickets whose job's task is in the
+    ``excluded`` bind (array) are passed over, each checked by the job's primary key. Otherwise
+    the scans never read ``pgqueue_jobs``."""
 
     @property
     def name(self) -> str:
@@ -94,6 +98,7 @@ class ClaimVariant:
                 "some-queues" if self.some_queues else "all-queues",
                 ("flow" if self.flow else "limits") if self.queue_limits else "lean",
                 "task-leases" if self.task_leases else "default-lease",
+                *(("excluding",) if self.excluded else ()),
             )
         )
 
@@ -117,7 +122,8 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     Binds: ``limit``, ``worker`` (lease owner id), ``lease_seconds`` (default lease), and with
     ``variant.task_leases`` ``task_leases`` (JSON object task name -> lease seconds, for tasks
     with their own lease; without it every job gets the default, with no per-row JSON lookup),
-    and ``queues`` (array) with ``variant.some_queues``. Atomic claims (one per open
+    ``queues`` (array) with ``variant.some_queues``, and ``excluded`` (array of task names)
+    with ``variant.excluded``. Atomic claims (one per open
     transaction) roll back with their transaction; their lease matters only if the handler
     commits that transaction early (``_claimed_values``). They take only tickets the lean
     form takes (and no keyed ones), whatever ``variant.queue_limits`` says: atomic tickets of
@@ -161,6 +167,10 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         MessageQueue.atomic == (true() if atomic or controlled_only else false()),
         MessageQueue.run_at <= func.now(),
     )
+    if variant.excluded:
+        # Every scan below (free, per queue, per key) skips them, as if their tickets were not
+        # ready: only this worker's claims, only once it met such a job.
+        ready = and_(ready, _task_not_excluded())
     queue_filter: ColumnElement[bool] = true()
     if filter_queues:
         queue_filter = MessageQueue.queue == func.any(array_param("queues", Text))
@@ -241,7 +251,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         branches.append(select(free_cte.c.job_id).where(free_cte.c.keyed == false()))
     keys = None
     if flow:
-        keys = _keys_with_room(ready, queue_filter, controlled)
+        keys = _keys_with_room(ready, queue_filter, controlled, atomic or controlled_only)
         branches.insert(0, _keyed_tickets(keys, ready, queue_filter, controlled))
     both = union_all(*branches).subquery("candidates")
     picked_cte = select(both.c.job_id).limit(bindparam("limit", type_=Integer)).cte("picked")
@@ -282,6 +292,20 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         .scalar_subquery(),
     ).label("start_within")
     return _move_to_running(deleted, claimed_values, start_within).add_cte(bump, bump_keys)
+
+
+def _task_not_excluded() -> ColumnElement[bool]:
+    """The ticket's job is not of a task in the ``excluded`` bind (by the job's primary key)."""
+    excluded = (
+        select(literal(1))
+        .where(
+            Job.id == MessageQueue.job_id,
+            Job.task_name == func.any(array_param("excluded", Text)),
+        )
+        .correlate_except(Job)
+        .exists()
+    )
+    return ~excluded
 
 
 def _rated_and_limited(limited: Any, filter_queues: bool) -> Any:
@@ -348,15 +372,20 @@ def _bump_queues(taken: Any) -> Any:
 
 
 def _keys_with_room(
-    ready: ColumnElement[bool], queue_filter: ColumnElement[bool], controlled: Select[Any]
+    ready: ColumnElement[bool],
+    queue_filter: ColumnElement[bool],
+    controlled: Select[Any],
+    atomic: bool,
 ) -> Any:
     """CTE: up to ``limit`` keys with a ready ticket and room, locked (SKIP LOCKED), fairest
-    first; ``(key, room)``."""
+    first; ``(key, room)``. Starts from the hashes of waiting tickets and reaches their key
+    rows through the hash index, so idle keys' rows are never read."""
+    hashes = flow_sql.ticket_key_hashes(atomic)
     order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
     first = (
         select(*order)
         .where(
-            MessageQueue.key_hash == key_hash(ConcurrencyKey.key),
+            MessageQueue.key_hash == hashes.c.h,
             ready,
             queue_filter,
             MessageQueue.queue.not_in(controlled),
@@ -380,14 +409,19 @@ def _keys_with_room(
     # changed, PostgreSQL re-evaluates the row's expressions on its newest version, so the room
     # is always computed from the counter this claim then holds locked.
     room = func.least(limit_room, window_room)
+    # Two keys can share a hash: each key row of the hash is a candidate with the hash's first
+    # ticket, and the per-key scan then takes only tickets whose job has that very key.
     return (
         select(ConcurrencyKey.key, room.label("room"))
-        .select_from(ConcurrencyKey)
+        .select_from(hashes)
         .join(first, true())
+        .join(ConcurrencyKey, key_hash(ConcurrencyKey.key) == hashes.c.h)
         .where(room > 0)
         .order_by(first.c.priority, ConcurrencyKey.running, first.c.run_at, first.c.job_id)
         .limit(any_room)
-        .with_for_update(of=ConcurrencyKey, skip_locked=True)
+        # NO KEY UPDATE: it does not conflict with the KEY SHARE lock an enqueue holds on the
+        # row until its (host's) transaction ends, which keeps maintenance from deleting it.
+        .with_for_update(of=ConcurrencyKey, skip_locked=True, key_share=True)
         .cte("keys_with_room")
     )
 
@@ -426,29 +460,36 @@ def _keyed_tickets(
 def _bump_keys(keys: Any, deleted: Any) -> Any:
     """CTE: each claimed key's ``running`` grows by what this claim moved to RUNNING, and its
     window gets the starts when a rate applies to it."""
-    moved_with_key = (
-        select(literal(1))
+    # From the claimed tickets to their jobs by primary key (never from a key to all of its
+    # jobs, a backlog that can be long), then to the key rows this claim locked, by key: keyed
+    # tickets are claimed only through those keys.
+    claimed_keys = (
+        select(Job.concurrency_key.label("key"), func.count().label("n"))
         .where(
-            Job.id == deleted.c.job_id,
+            among(Job.id, deleted.c.job_id),
             source_states(CLAIM),
-            Job.concurrency_key == keys.c.key,
+            Job.concurrency_key.is_not(None),
         )
-        .correlate_except(Job)
-        .exists()
+        .group_by(Job.concurrency_key)
+        .cte("claimed_keys")
     )
-    per_key = select(func.count()).select_from(deleted).where(moved_with_key).scalar_subquery()
-    taken = select(keys.c.key, per_key.label("n")).subquery("keys_taken")
+    taken = (
+        select(claimed_keys.c.n)
+        .where(claimed_keys.c.key == ConcurrencyKey.key)
+        .correlate(ConcurrencyKey)
+        .scalar_subquery()
+    )
     rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
     return (
         update(ConcurrencyKey)
-        .where(ConcurrencyKey.key == taken.c.key, taken.c.n > 0)
+        .where(among(ConcurrencyKey.key, claimed_keys.c.key), among(ConcurrencyKey.key, keys.c.key))
         .values(
-            running=ConcurrencyKey.running + taken.c.n,
+            running=ConcurrencyKey.running + taken,
             recent_starts=case(
                 (
                     rate_limit.is_not(None),
                     flow_sql.starts_after(
-                        rate_limit, rate_per, ConcurrencyKey.recent_starts, taken.c.n
+                        rate_limit, rate_per, ConcurrencyKey.recent_starts, taken
                     ),
                 ),
                 else_=ConcurrencyKey.recent_starts,
@@ -585,8 +626,9 @@ def any_queue_limit() -> Select[bool]:
 
 
 @cache
-def ready_ticket_exists(filter_queues: bool) -> Select[bool]:
-    """Whether any ticket is claimable now (for ``drain``). Binds ``queues`` when filtering.
+def ready_ticket_exists(filter_queues: bool, excluding: bool = False) -> Select[bool]:
+    """Whether any ticket is claimable now (for ``drain``). Binds ``queues`` when filtering,
+    ``excluded`` (task names the claimer passes over) with ``excluding``.
 
     Tickets of paused queues are not claimable, so they do not count."""
     paused = select(QueueControl.name).where(QueueControl.paused)
@@ -595,4 +637,6 @@ def ready_ticket_exists(filter_queues: bool) -> Select[bool]:
     )
     if filter_queues:
         inner = inner.where(MessageQueue.queue == func.any(array_param("queues", Text)))
+    if excluding:
+        inner = inner.where(_task_not_excluded())
     return select(inner.exists())

@@ -174,8 +174,12 @@ def among(column: Any, ids: Any) -> ColumnElement[bool]:
 
 def key_hash(key: Any) -> ColumnElement[Any]:
     """A concurrency key's 32-bit hash as tickets store it (null for null): the first 32 bits of
-    its MD5, which no server version changes (``hashtext`` may)."""
-    hexdigits = literal("x", Text) + func.substr(func.md5(key), 1, 8)
+    its MD5, which no server version changes (``hashtext`` may). Constants, not bound values:
+    over a key row's ``key`` it must equal the expression of the index on key rows
+    (``models.KEY_HASH_OF_KEY``), which a generic plan matches only with constants."""
+    hexdigits = literal_column("'x'", Text).op("||")(
+        func.substr(func.md5(key), literal_column("1"), literal_column("8"))
+    )
     hashed: ColumnElement[Any] = cast(cast(hexdigits, BIT(32)), Integer)
     return hashed
 

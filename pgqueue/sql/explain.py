@@ -21,7 +21,6 @@ from sqlalchemy import (
     extract,
     func,
     literal,
-    or_,
     select,
     tuple_,
 )
@@ -30,7 +29,7 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 from pgqueue.models import Job, MessageQueue, QueueControl, WorkerRecord
 from pgqueue.sql.common import array_param
 from pgqueue.sql.enqueue import waiting_depth
-from pgqueue.sql.workers import is_live
+from pgqueue.sql.workers import is_live, registers, serves
 from pgqueue.states import JobState
 
 
@@ -130,11 +129,6 @@ def tickets_ahead() -> Select[int]:
     return select(func.count()).select_from(ahead)
 
 
-def _serves(queue: Any) -> Any:
-    """The worker claims from ``queue``: it names it, or names none (it serves every queue)."""
-    return or_(queue == func.any(WorkerRecord.queues), func.cardinality(WorkerRecord.queues) == 0)
-
-
 @cache
 def live_workers(*, serving_queue: bool) -> Select[*tuple[Any, ...]]:
     """Ids of the live workers (the registry's rule, ``sql.workers.is_live``: binds
@@ -144,5 +138,17 @@ def live_workers(*, serving_queue: bool) -> Select[*tuple[Any, ...]]:
     failing_for = extract("epoch", func.now() - WorkerRecord.claim_failing_since)
     stmt = select(WorkerRecord.id, WorkerRecord.claim_error, failing_for).where(is_live())
     if serving_queue:
-        stmt = stmt.where(_serves(bindparam("queue", type_=Text)))
+        stmt = stmt.where(serves(WorkerRecord, bindparam("queue", type_=Text)))
     return stmt.order_by(WorkerRecord.id).limit(bindparam("cap", type_=Integer))
+
+
+@cache
+def task_registered() -> Select[bool]:
+    """Whether a live worker that claims from ``queue`` registers task ``task``
+    (``sql.workers.registers``). Binds ``stale_seconds``, ``queue`` and ``task``."""
+    registering = select(literal(1)).where(
+        is_live(),
+        serves(WorkerRecord, bindparam("queue", type_=Text)),
+        registers(WorkerRecord, bindparam("task", type_=Text)),
+    )
+    return select(registering.exists())

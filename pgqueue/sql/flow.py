@@ -36,19 +36,21 @@ from sqlalchemy import (
     cast,
     column,
     delete,
+    false,
     func,
     literal,
     null,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import array as pg_array
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from pgqueue.models import ConcurrencyKey, Job, KeyLimit, QueueControl
-from pgqueue.sql.common import recounted, seconds
+from pgqueue.models import ConcurrencyKey, Job, KeyLimit, MessageQueue, QueueControl
+from pgqueue.sql.common import key_hash, recounted, seconds
 from pgqueue.states import JobState
 
 # The window's margin: a tenth of the window, at most this many seconds. Starts are stamped
@@ -157,21 +159,39 @@ def key_rate_of(key: Any) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
 
 def key_rows(keys: Any) -> tuple[Any, Any]:
     """CTEs for an enqueue of keyed jobs: ``keys`` (a subquery of ``concurrency_key`` and
-    ``key_limit`` per new job) get their key rows, without taking any lock on rows that exist
-    (``ON CONFLICT DO NOTHING``: a claim working on the key is never held up); an existing key
-    whose task now declares another limit gets it."""
+    ``key_limit`` per new job) get their key rows, and the transaction holds a ``FOR KEY SHARE``
+    lock on each until it ends, so maintenance (``sql.maintenance.lock_idle_keys``) cannot
+    delete a row that an uncommitted job needs. That lock conflicts with no claim (``FOR NO KEY
+    UPDATE``) and no counter update, so a long host transaction holds up neither. An existing
+    key whose task now declares another limit gets it."""
     wanted = (
         select(keys.c.concurrency_key.label("key"), func.max(keys.c.key_limit).label("key_limit"))
         .where(keys.c.concurrency_key.is_not(None))
         .group_by(keys.c.concurrency_key)
         .cte("wanted_keys")
     )
-    added = (
-        pg_insert(ConcurrencyKey)
-        .from_select(["key", "key_limit"], select(wanted.c.key, wanted.c.key_limit))
-        .on_conflict_do_nothing(index_elements=[ConcurrencyKey.key])
-        .cte("added_keys")
+    # Existing rows are locked first (waiting for a deletion in progress to end): the insert
+    # below reads this CTE for each key before it tries that key, so a row found deleted is
+    # inserted anew, and a row found alive is already held.
+    held = (
+        select(ConcurrencyKey.key)
+        .where(ConcurrencyKey.key == func.any(func.array(select(wanted.c.key).scalar_subquery())))
+        .with_for_update(read=True, key_share=True)
+        .cte("held_keys")
     )
+    missing = select(wanted.c.key, wanted.c.key_limit).where(
+        ~select(literal(1)).where(held.c.key == wanted.c.key).exists()
+    )
+    stmt = pg_insert(ConcurrencyKey).from_select(["key", "key_limit"], missing)
+    # A row another enqueue inserted after this statement's snapshot conflicts: ``DO UPDATE``
+    # with a false condition changes nothing but locks that row too (DO NOTHING would leave it
+    # unlocked, and deletable before this transaction commits). Only that race pays the
+    # stronger lock.
+    added = stmt.on_conflict_do_update(
+        index_elements=[ConcurrencyKey.key],
+        set_={"running": ConcurrencyKey.running},
+        where=false(),
+    ).cte("added_keys")
     changed = (
         update(ConcurrencyKey)
         .where(
@@ -207,6 +227,27 @@ def controls_exist() -> Select[bool, bool, bool]:
     )
 
 
+def ticket_key_hashes(atomic: bool | None = None) -> Any:
+    """Recursive CTE: each distinct ``key_hash`` among the tickets (of this mode, unless
+    ``atomic`` is None), as ``h``, in hash order, one index probe each (a loose scan of the
+    partial index on keyed tickets): the keys with waiting work, however many keys were ever
+    used. Joined to key rows through the index on their hash."""
+    mode: list[ColumnElement[bool]] = []
+    if atomic is not None:
+        mode.append(MessageQueue.atomic == (true() if atomic else false()))
+    start = (
+        select(func.min(MessageQueue.key_hash).label("h"))
+        .where(MessageQueue.key_hash.is_not(None), *mode)
+        .cte("ticket_hashes", recursive=True)
+    )
+    after = (
+        select(func.min(MessageQueue.key_hash))
+        .where(MessageQueue.key_hash > start.c.h, *mode)
+        .scalar_subquery()
+    )
+    return start.union_all(select(after).where(start.c.h.is_not(None)))
+
+
 def _room_at(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
     """When the window of a rate-limited row has (or had) room for one more start: its
     ``limit``-th newest start leaves the window then; null while it holds fewer starts."""
@@ -227,18 +268,24 @@ def _wait_of(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
 @cache
 def rate_wait() -> Select[float | None]:
     """Seconds until a rate window that was full when the claim looked (``looked_ago``
-    seconds ago) has room again, 0 when it has room already; null when none was full. The
-    claimer waits this long instead of a poll interval when its claim came back short. A
-    window that freed between the claim and this statement gives 0, not null: the claim may
-    have come back short because of it."""
+    seconds ago) has room again, 0 when it has room already; null when none was full (of
+    keys, only those with tickets count). The claimer waits this long instead of a poll
+    interval when its claim came back short. A window that freed between the claim and this
+    statement gives 0, not null: the claim may have come back short because of it."""
     queue_room = select(
         _room_at(QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts).label(
             "room_at"
         )
     ).where(QueueControl.rate_limit.is_not(None), QueueControl.paused.is_(False))
     limit, per = key_rate_of(ConcurrencyKey.key)
-    key_room = select(_room_at(limit, per, ConcurrencyKey.recent_starts).label("room_at")).where(
-        ConcurrencyKey.recent_starts.is_not(None), limit.is_not(None)
+    # Only keys with waiting tickets can hold up a claim: start from those, never from every
+    # key row.
+    hashes = ticket_key_hashes()
+    key_room = (
+        select(_room_at(limit, per, ConcurrencyKey.recent_starts).label("room_at"))
+        .select_from(hashes)
+        .join(ConcurrencyKey, key_hash(ConcurrencyKey.key) == hashes.c.h)
+        .where(ConcurrencyKey.recent_starts.is_not(None), limit.is_not(None))
     )
     rooms = queue_room.union_all(key_room).subquery("rooms")
     now = func.clock_timestamp()
@@ -318,7 +365,7 @@ def lock_counted_keys() -> Select[str]:
         select(ConcurrencyKey.key)
         .where(ConcurrencyKey.running > 0)
         .order_by(ConcurrencyKey.key)
-        .with_for_update(skip_locked=True)
+        .with_for_update(skip_locked=True, key_share=True)
     )
 
 
@@ -401,4 +448,5 @@ __all__ = [
     "start_within",
     "starts_after",
     "starts_in_window",
+    "ticket_key_hashes",
 ]

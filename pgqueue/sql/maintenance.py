@@ -1,7 +1,7 @@
 """Statements of the worker's housekeeping: rescue of jobs whose lease expired, pruning of
 finished jobs, the advisory lock electing one maintenance leader, the recount of limited queues'
-``running`` counters, and the per-transaction settings (behind a connection pooler, and the
-outcome writes' lock timeout).
+``running`` counters, the removal of idle concurrency keys' rows, and the per-transaction
+settings (behind a connection pooler, and the outcome writes' lock timeout).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     Float,
     Integer,
     Select,
@@ -27,15 +28,18 @@ from sqlalchemy import (
     update,
 )
 
-from pgqueue.models import Job, MessageQueue, QueueControl
+from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl
+from pgqueue.sql import flow as flow_sql
 from pgqueue.sql.common import (
     CLEAR_LEASE,
     REQUEUED_OR_ENDED_COLUMNS,
     among,
     announced,
     append_error,
+    array_param,
     free_slots,
     in_states,
+    key_hash,
     recounted,
     seconds,
     source_states,
@@ -178,6 +182,70 @@ def recount_running() -> Any:  # a ReturningUpdate
     its statement also updates the locked row and so waits to commit until after this one.
     """
     return recounted(QueueControl.name, QueueControl.running, Job.queue, "names")
+
+
+def _idle_key() -> ColumnElement[bool]:
+    """A key row no one needs: nothing counted as running, no rate window still holding a
+    start, and no job with the key (in any state: a waiting dependent, a retry or a re-run of
+    a finished job gets a ticket without writing the key row, and the task's limit lives only
+    on it) nor a ticket of its hash."""
+    rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
+    in_window = case(
+        (
+            rate_limit.is_not(None),
+            flow_sql.starts_in_window(ConcurrencyKey.recent_starts, rate_per),
+        ),
+        else_=0,
+    )
+    has_job = select(literal(1)).where(Job.concurrency_key == ConcurrencyKey.key).exists()
+    has_ticket = (
+        select(literal(1)).where(MessageQueue.key_hash == key_hash(ConcurrencyKey.key)).exists()
+    )
+    return and_(ConcurrencyKey.running == 0, in_window == 0, ~has_job, ~has_ticket)
+
+
+@cache
+def lock_idle_keys() -> Select[Any, list[str]]:
+    """Of up to ``limit`` key rows after key ``after`` (key order), lock the idle ones (SKIP
+    LOCKED: a row a claim or an uncommitted enqueue holds is not idle); returns ``(last key
+    read or null, locked keys)``: the first half of ``delete_idle_keys``.
+
+    An enqueue holds a ``FOR KEY SHARE`` lock on its key's row until it commits, which this
+    ``FOR UPDATE`` skips; one that comes later waits for this transaction, and finds the row
+    deleted (and inserts it again) or kept."""
+    scanned = (
+        select(ConcurrencyKey.key)
+        .where(ConcurrencyKey.key > bindparam("after", type_=Text))
+        .order_by(ConcurrencyKey.key)
+        .limit(bindparam("limit", type_=Integer))
+        .cte("scanned_keys")
+    )
+    idle = (
+        select(ConcurrencyKey.key)
+        .where(among(ConcurrencyKey.key, scanned.c.key), _idle_key())
+        .order_by(ConcurrencyKey.key)
+        .with_for_update(skip_locked=True)
+        .cte("idle_keys")
+    )
+    return select(
+        select(func.max(scanned.c.key)).scalar_subquery(),
+        func.array(select(idle.c.key).scalar_subquery()),
+    )
+
+
+@cache
+def delete_idle_keys() -> Any:  # a ReturningDelete
+    """Delete the rows of the keys ``keys`` (array) that are still idle; returns their keys.
+
+    Run in the transaction that locked those rows (``lock_idle_keys``), as a later statement:
+    its snapshot (which its ``NOT EXISTS`` reads) holds every job whose enqueue committed
+    before it began, an enqueue still open holds its row (skipped there) or waits for this
+    transaction, and the lock keeps the row's own columns as they were."""
+    return (
+        delete(ConcurrencyKey)
+        .where(ConcurrencyKey.key == func.any(array_param("keys", Text)), _idle_key())
+        .returning(ConcurrencyKey.key)
+    )
 
 
 @cache

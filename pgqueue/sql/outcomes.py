@@ -27,10 +27,8 @@ from sqlalchemy import (
     Text,
     Uuid,
     and_,
-    bindparam,
     case,
     cast,
-    delete,
     func,
     literal,
     null,
@@ -43,7 +41,7 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.elements import TextClause
 
-from pgqueue.models import Job, MessageQueue
+from pgqueue.models import Job
 from pgqueue.sql.common import (
     CLEAR_LEASE,
     OUTCOME_AT,
@@ -65,8 +63,6 @@ from pgqueue.states import (
     CANCELLED,
     COMPLETE,
     FAIL,
-    LOST_FAIL,
-    LOST_RETRY,
     RELEASE,
     RETRY,
     SNOOZE,
@@ -452,67 +448,6 @@ def abandon_orphans() -> Select[int, list[int] | None]:
         .cte("orphans_abandoned")
     )
     return select(abandoned.c.id, abandoned.c.dependents).where(announced(abandoned))
-
-
-@cache
-def count_lost_attempt() -> Select[str, list[int] | None]:
-    """Count the attempt of an atomic job whose transaction was lost after its handler ran (the
-    claim rolled back with the handler's writes, so the job waits again with its ticket and its
-    old attempt count): ``lost_retry`` with the ticket moved to ``now() + delay``, or
-    ``lost_fail`` with the ticket deleted once the attempts are used up. Guarded by the attempt
-    count the job had before that claim and by its ticket, taken with SKIP LOCKED, so a claim
-    of the job under way elsewhere, or one made since, is left alone. Binds ``job_id``,
-    ``attempts``, ``delay`` (seconds), ``error``. Returns the new state and the dependents."""
-    job_id = bindparam("job_id", type_=BigInteger)
-    error = bindparam("error", type_=Text)
-    ticket = (
-        select(MessageQueue.job_id)
-        .where(MessageQueue.job_id == job_id)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
-    )
-    exhausted = Job.attempts + 1 >= Job.max_attempts
-    counted = (
-        update(Job)
-        .where(
-            Job.id == ticket,
-            Job.attempts == bindparam("attempts", type_=Integer),
-            # Both waiting states: a RETRYING job's lost attempt leaves it RETRYING.
-            source_states(LOST_FAIL),
-        )
-        .values(
-            state=case((exhausted, LOST_FAIL.target), else_=LOST_RETRY.target),
-            attempts=Job.attempts + 1,
-            run_at=case((exhausted, Job.run_at), else_=func.now() + seconds(_delay())),
-            finished_at=case((exhausted, func.now()), else_=null()),
-            updated_at=func.now(),
-            last_error=error,
-            errors=append_error(Job.attempts + 1, error),
-        )
-        .returning(Job.id, Job.state, Job.dependents, Job.awaited)
-        .cte("counted")
-    )
-    moved = (
-        update(MessageQueue)
-        .where(MessageQueue.job_id == counted.c.id, counted.c.state == LOST_RETRY.target)
-        .values(run_at=func.now() + seconds(_delay()))
-        .cte("moved_ticket")
-    )
-    dropped = (
-        delete(MessageQueue)
-        .where(MessageQueue.job_id == counted.c.id, counted.c.state == LOST_FAIL.target)
-        .cte("dropped_ticket")
-    )
-    ended = counted.c.state == LOST_FAIL.target
-    return (
-        select(counted.c.state, counted.c.dependents)
-        .add_cte(moved, dropped)
-        .where(announced(counted, ended))
-    )
-
-
-def _delay() -> ColumnElement[Any]:
-    return bindparam("delay", type_=Float)
 
 
 @cache

@@ -1,6 +1,7 @@
 """Statements of the worker registry (``pgqueue_workers``): a worker's row written at start and
 refreshed by its heartbeat, deleted at a clean stop or, once stale, by any worker's maintenance;
-and the operators' reads (the live workers with their running job counts, the holder of a job).
+and the operators' reads (the live workers with their running job counts, the holder of a job,
+the ready jobs whose task no live worker registers).
 
 ``is_live`` is the one rule of which rows count as running workers: ``last_seen_at`` within
 the bound ``stale_seconds`` of the database clock. Every statement here that tells live from
@@ -30,12 +31,13 @@ from sqlalchemy import (
     func,
     literal,
     literal_column,
+    or_,
     select,
 )
 from sqlalchemy.dialects.postgresql import Insert, insert
 from sqlalchemy.sql.dml import Delete, ReturningDelete, ReturningInsert, ReturningUpdate
 
-from pgqueue.models import Job, WorkerRecord
+from pgqueue.models import Job, MessageQueue, WorkerRecord
 from pgqueue.sql.common import array_param, seconds
 from pgqueue.sql.outcomes import heartbeat
 from pgqueue.states import JobState
@@ -49,11 +51,29 @@ def is_live(worker: Any = WorkerRecord) -> ColumnElement[bool]:
     return live
 
 
+def serves(worker: Any, queue: Any) -> ColumnElement[bool]:
+    """The worker claims from ``queue``: it names it, or names none (it serves every queue)."""
+    served: ColumnElement[bool] = or_(
+        queue == func.any(worker.queues), func.cardinality(worker.queues) == 0
+    )
+    return served
+
+
+def registers(worker: Any, task_name: Any) -> ColumnElement[bool]:
+    """The worker registers ``task_name``; a row without task names (written by a version
+    that did not record them) is taken to register every task."""
+    registered: ColumnElement[bool] = or_(
+        worker.tasks.is_(None), task_name == func.any(worker.tasks)
+    )
+    return registered
+
+
 def _seen_upsert() -> Insert:
     """Insert the worker's row, or refresh ``last_seen_at`` when it exists. Binds
     ``worker_id``, ``worker_host``, ``worker_pid``, ``worker_queues`` (empty: all queues),
-    ``worker_concurrency``, ``worker_version``, ``worker_started_at`` (null: now) and
-    ``worker_claim_error`` (null while its claims work). ``claim_failing_since`` is set when a
+    ``worker_concurrency``, ``worker_version``, ``worker_started_at`` (null: now),
+    ``worker_claim_error`` (null while its claims work) and ``worker_tasks`` (the task names
+    it registers; written on insert only, as they do not change while a worker runs). ``claim_failing_since`` is set when a
     claim error is first written and kept while one is, so it says since when claims fail."""
     claim_error = bindparam("worker_claim_error", type_=Text)
     statement = insert(WorkerRecord).values(
@@ -69,6 +89,7 @@ def _seen_upsert() -> Insert:
         last_seen_at=func.now(),
         claim_error=claim_error,
         claim_failing_since=case((claim_error.is_not(None), func.now())),
+        tasks=array_param("worker_tasks", Text),
     )
     written = statement.excluded.claim_error
     return statement.on_conflict_do_update(
@@ -134,8 +155,8 @@ def _seconds_since(column: Any) -> ColumnElement[Any]:
 @cache
 def list_workers() -> Select[*tuple[Any, ...]]:
     """The registry's rows, live first by id, each with the seconds since it was seen,
-    whether it is live, how many RUNNING jobs it holds, and its claim error with the seconds
-    its claims have been failing (nulls while they work). Binds ``stale_seconds`` and
+    whether it is live, how many RUNNING jobs it holds, its claim error with the seconds
+    its claims have been failing (nulls while they work), and the tasks it registers. Binds ``stale_seconds`` and
     ``include_stale`` (false: live rows only)."""
     running = _running_counts()
     live = is_live()
@@ -154,6 +175,7 @@ def list_workers() -> Select[*tuple[Any, ...]]:
             func.coalesce(running.c.running, 0),
             WorkerRecord.claim_error,
             _seconds_since(WorkerRecord.claim_failing_since),
+            WorkerRecord.tasks,
         )
         .outerjoin(running, running.c.owner == WorkerRecord.id)
         .where(live | bindparam("include_stale", type_=Boolean))
@@ -182,6 +204,38 @@ def job_holder() -> Select[*tuple[Any, ...]]:
             Job.state == JobState.RUNNING,
             Job.lease_owner.is_not(None),
         )
+    )
+
+
+@cache
+def unregistered_ready() -> Select[str, int]:
+    """``(queue, count)``: per queue, the ready tickets (at most ``cap`` read in all) whose
+    job's task no live worker serving the queue registers, while some live worker serves it
+    (a queue nobody serves is a different wait). Binds ``stale_seconds`` and ``cap``. Reads
+    the ticket table and each read ticket's job by its primary key."""
+    live = (
+        select(WorkerRecord.queues, WorkerRecord.tasks)
+        .where(is_live())
+        .cte("live_workers")
+        .prefix_with("MATERIALIZED")
+    )
+    tickets = (
+        select(MessageQueue.job_id, MessageQueue.queue)
+        .where(MessageQueue.run_at <= func.now())
+        .limit(bindparam("cap", type_=Integer))
+        .subquery("ready")
+    )
+    served = exists(select(literal(1)).select_from(live).where(serves(live.c, tickets.c.queue)))
+    registered = exists(
+        select(literal(1))
+        .select_from(live)
+        .where(serves(live.c, tickets.c.queue), registers(live.c, Job.task_name))
+    )
+    return (
+        select(tickets.c.queue, func.count())
+        .select_from(tickets.join(Job, Job.id == tickets.c.job_id))
+        .where(served, ~registered)
+        .group_by(tickets.c.queue)
     )
 
 

@@ -17,10 +17,19 @@ its lease expires, and every counter is right in the meantime (the job is RUNNIN
 Other atomic jobs are claimed inside the handler's transaction, which then holds their ticket
 and their row only.
 
-A transaction lost after the handler ran (it failed at commit, or the handler's session ended
-it) undoes such a claim too, so that attempt is counted afterwards in a transaction of its own
-(``repository.count_lost_attempt``): a job whose transaction always fails runs its handler
-``max_attempts`` times and fails, with one log line per attempt.
+A transaction lost after the handler ran (it failed at commit, the handler's session ended it,
+the connection or the worker died) undoes an in-transaction claim too. So before the handler
+runs, the run is recorded on another connection and committed (``repository.record_atomic_run``), and the run's
+transaction deletes that record when it commits. A record left behind is counted as a failed
+attempt in a transaction of its own (``repository.count_lost_attempt``): by this worker at
+once when it saw its transaction fail, else by the next claim of the job, which finds the
+record and counts it instead of running the handler. A job whose transaction always fails runs
+its handler ``max_attempts`` times and fails, with one log line per attempt, whatever happened
+to the workers and connections that ran it. A committed claim records its run the same way: its
+attempt is counted already (so the record is stale once the job moves on), and a record of the
+very attempt it claimed means that attempt ran before, so it is counted as failed, not run again.
+A job of a task the worker does not register is given back by rolling its claim back
+(``worker.unregistered``).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.orm import Session
 
 from pgqueue import repository
-from pgqueue.errors import error_line, pgqueue_logger
+from pgqueue.errors import AtomicRunUnfinished, error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.slots import Slots
@@ -40,6 +49,10 @@ from pgqueue.worker.stats import OutcomeReport
 from pgqueue.worker.store import WorkerStore
 
 log = pgqueue_logger("pgqueue.worker")
+
+
+class _GivenBack(Exception):
+    """The claimed job's task is not registered here: its claim is rolled back."""
 
 
 class AtomicProbes:
@@ -122,6 +135,8 @@ class AtomicProbes:
         job: ClaimedJob | None = None
         outcome: Outcome | None = None
         failure: Exception | None = None
+        unregistered = self._executor.unregistered
+        excluded = unregistered.names if unregistered is not None else ()
         committed: list[ClaimedJob] = []
         if self._store.controlled:
             try:
@@ -129,6 +144,7 @@ class AtomicProbes:
                     worker_id=self._worker_id,
                     queues=self._queues,
                     lease_seconds=self._lease_seconds,
+                    excluded=excluded,
                 )
             except Exception as exc:
                 log.error("atomic claim failed: %s", error_line(exc))
@@ -146,18 +162,34 @@ class AtomicProbes:
                         lease_seconds=self._lease_seconds,
                         task_leases={},
                         atomic=True,
+                        excluded=excluded,
                     )
                 claimed(bool(jobs))
                 if not jobs:
                     return
+                if unregistered is not None and unregistered.gives_back(jobs[0]):
+                    raise _GivenBack
                 job = jobs[0]
                 self._report.stats.claimed += 1
                 self._report.metrics.claimed(1)
+                if not self._store.record_atomic_run(job, self._worker_id):
+                    raise AtomicRunUnfinished(
+                        f"job {job.id} attempt {job.attempt} already ran in a transaction that "
+                        "never committed"
+                    )
                 self._slots.atomic_running(job.queue, +1)
                 try:
                     outcome = self._executor.run_atomic(session, job, threading.Event())
                 finally:
                     self._slots.atomic_running(job.queue, -1)
+                repository.clear_atomic_runs(session, job.id)
+        except _GivenBack:
+            # The rollback put an in-transaction claim's ticket back as it was, attempt count
+            # included; a committed claim is released like a leased job.
+            if committed:
+                self._give_back(committed[0])
+            self._report.stats.released += 1
+            return
         except Exception as exc:
             failure = exc
         finally:
@@ -233,11 +265,11 @@ class AtomicProbes:
             )
             return
         if state is None:
-            # The claim had committed after all (the error came after the commit), or another
-            # claim of the job is under way and counts its own attempt.
+            # Nothing of this attempt was lost (the claim had committed after all, or the
+            # handler never started), or a claim of the job under way elsewhere counts it.
             log.error(
-                "job %s (%s) attempt %d: its transaction ended with an error (%s); the attempt "
-                "was not counted again",
+                "job %s (%s) attempt %d: its transaction ended with an error (%s); nothing was "
+                "counted here",
                 job.id,
                 job.task_name,
                 job.attempt,

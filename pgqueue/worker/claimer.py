@@ -123,7 +123,7 @@ class Claimer:
                     drain
                     and not full_batch
                     and idle()
-                    and not self._store.ready_work_exists(self._queues)
+                    and not self._store.ready_work_exists(self._queues, self._excluded())
                 ):
                     return
             except Exception as exc:
@@ -171,6 +171,7 @@ class Claimer:
                 held=self._slots.running_ids,
                 notified=notified,
                 failed=self._health.failed,
+                excluded=self._excluded(),
             )
             self._health.succeeded()
             claimed = len(jobs)
@@ -190,6 +191,11 @@ class Claimer:
             atomic.maybe_probe()
         # Full, and room for more than a few: claim again at once.
         return claimed > 0 and claimed == requested and slots.claimable(ahead) > ahead // 2
+
+    def _excluded(self) -> tuple[str, ...]:
+        """The tasks this worker met and does not register, which its claims pass over."""
+        unregistered = self._executor.unregistered
+        return () if unregistered is None else unregistered.names
 
     def _wait_timeout(self) -> float:
         timeout = self._poll_interval

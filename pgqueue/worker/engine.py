@@ -53,6 +53,7 @@ from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport, WorkerStats
 from pgqueue.worker.store import WorkerStore
+from pgqueue.worker.unregistered import UnregisteredTasks
 
 log = pgqueue_logger("pgqueue.worker")
 
@@ -146,9 +147,14 @@ class Worker:
             concurrency=self.concurrency,
             stale_seconds=context.settings.worker_stale_seconds,
             claim_health=self.claim_health,
+            task_names=context.registry.names,
         )
         self.executor = Executor(
-            context.registry, context.settings, context.session_factory, self._async_loop.get
+            context.registry,
+            context.settings,
+            context.session_factory,
+            self._async_loop.get,
+            UnregisteredTasks(context.registry, self.metrics),
         )
         self._slots = Slots(self.concurrency, self.prefetch)
         report = OutcomeReport(

@@ -3,7 +3,9 @@
 Leased jobs run outside any pgqueue transaction; the outcome is returned to the caller, and the
 completer writes it in a batch. Atomic jobs run inside the transaction that claimed them: the
 handler's writes (in a savepoint) and the outcome commit together, or the whole claim rolls
-back. What follows a failed attempt is decided by ``backoff.after_failure``. A handler that
+back. A job of a task the worker does not register is given back unrun
+(``worker.unregistered``). What follows a failed attempt is decided by
+``backoff.after_failure``. A handler that
 raised ``Snooze`` gets a snooze outcome (its SQL decides whether the job may still snooze for
 free). Progress the handler reported and no heartbeat wrote goes with the outcome.
 """
@@ -24,6 +26,7 @@ from pgqueue import backoff, repository, validation
 from pgqueue.config import Settings
 from pgqueue.context import JobContext, Retry, Snooze
 from pgqueue.errors import (
+    AtomicRunUnfinished,
     AtomicSessionMisuse,
     AtomicTransactionLost,
     UnknownTask,
@@ -40,6 +43,7 @@ from pgqueue.states import OutcomeKind
 from pgqueue.tasks import Task, TaskRegistry
 from pgqueue.tracing import RunSpan, tracing_for
 from pgqueue.worker.execution import Execution
+from pgqueue.worker.unregistered import UnregisteredTasks
 
 log = pgqueue_logger("pgqueue.worker")
 
@@ -73,8 +77,13 @@ class Executor:
         settings: Settings,
         session_factory: Callable[[], Session],
         loop: Callable[[], asyncio.AbstractEventLoop],
+        unregistered: UnregisteredTasks | None = None,
     ) -> None:
         self.registry = registry
+        # A worker's: jobs of tasks not registered here go back to their queue. Without it (one
+        # process runs everything, as in immediate mode) such a job fails, as nobody else would
+        # run it.
+        self.unregistered = unregistered
         self.settings = settings
         self.session_factory = session_factory
         self._loop = loop
@@ -95,6 +104,8 @@ class Executor:
         job = execution.job
         if execution.past_start_by():
             return self._not_started(job)
+        if self.unregistered is not None and self.unregistered.gives_back(job):
+            return Outcome.release(job)
         try:
             task = self._resolve(job)
         except (UnknownTask, ValidationError) as exc:
@@ -335,7 +346,12 @@ class Executor:
         """The failed attempt that replaces an atomic attempt whose transaction was lost
         (``exc``: the error that ended it, ``AtomicTransactionLost`` when the handler's session
         ended it), retried or failed for good like any other."""
-        if isinstance(exc, AtomicTransactionLost):
+        if isinstance(exc, AtomicRunUnfinished):
+            why = (
+                "its handler ran in a transaction that never committed (the worker or its "
+                "connection was lost), which undid the claim"
+            )
+        elif isinstance(exc, AtomicTransactionLost):
             why = (
                 "the handler's session ended the attempt's transaction (a ROLLBACK or COMMIT "
                 "sent through it), which undid the claim"

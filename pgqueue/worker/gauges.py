@@ -3,7 +3,7 @@
 Every second it sets ``pgqueue_jobs_running`` from the attempts the slots hold, so claims and
 outcomes pay nothing for it. Every ``metrics_interval`` (the first at start) one worker of the
 cluster reads the queue figures (capped counts per queue and state, the wait of each queue's
-oldest ready job) in one transaction: the live worker with the smallest id in the worker
+oldest ready job, the ready jobs whose task no live worker registers) in one transaction: the live worker with the smallest id in the worker
 registry. The others ask that question in one statement and skip the round; behind it an
 advisory lock (transaction-level, so safe behind a pooler) keeps workers that each believe
 they are first (while the registry names none before them) from reading at the same moment.
@@ -80,5 +80,5 @@ class Gauges:
             self._holds_figures = True
         elif self._holds_figures:
             # Another worker reads them now: a reading of ours left in place would go stale.
-            self._metrics.queue_figures({}, {})
+            self._metrics.queue_figures({}, {}, {})
             self._holds_figures = False

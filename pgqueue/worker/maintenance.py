@@ -5,7 +5,9 @@ leases (``WorkerStore.rescue_expired``: retried or failed for good in SQL, the c
 ``backoff.after_failure``), and, at the first pass and then every half of
 ``worker_stale_seconds``, the deletion of stale rows from the worker registry. Every
 ``prune_interval`` (the first a tenth of it after start):
-prune finished jobs past their retention, and repair the running counts of limited queues.
+prune finished jobs past their retention, repair the running counts of limited queues, and
+delete the rows of concurrency keys no job has any more (a bounded stretch per pass, resumed
+where the last pass stopped).
 Under ``history="partitioned"`` every pass also moves jobs finished more than
 ``history_move_after`` ago into the partitioned history, in bounded batches.
 Rescue and prune elect one leader per database with an advisory lock, and a scheduler pass
@@ -34,6 +36,9 @@ PRUNE_BATCH = 10_000
 # backlog drains it over several passes instead of holding the maintenance thread.
 HISTORY_BATCH = 5_000
 HISTORY_BATCHES_PER_PASS = 20
+# Key rows read per statement, and statements per pass at most, for the idle key cleanup.
+KEY_BATCH = 5_000
+KEY_BATCHES_PER_PASS = 20
 LEASE_EXPIRED_ERROR = "lease expired (worker lost)"
 
 
@@ -58,6 +63,8 @@ class Maintenance:
         self._run_schedules = run_schedules
         self._stats = stats
         self._halt = halt
+        # Where the idle key cleanup goes on (keys in order; "" from the first).
+        self._keys_after = ""
 
     def run(self) -> None:
         settings = self._settings
@@ -79,6 +86,7 @@ class Maintenance:
                 next_prune = time.monotonic() + settings.prune_interval
                 self._duty("prune pass", self.prune)
                 self._duty("queue limit recount", self.recount_running)
+                self._duty("idle key cleanup", self.delete_idle_keys)
 
     def _duty(self, what: str, step: Callable[[], object]) -> None:
         try:
@@ -123,6 +131,21 @@ class Maintenance:
                 break
         if total:
             log.debug("moved %d finished jobs to history", total)
+        return total
+
+    def delete_idle_keys(self) -> int:
+        """Delete idle concurrency keys' rows over up to ``KEY_BATCHES_PER_PASS`` batches, from
+        where the last pass stopped; how many were deleted. Without this, keys made of customer
+        or order ids would pile up for good."""
+        total = 0
+        for _ in range(KEY_BATCHES_PER_PASS):
+            last, deleted = self._store.delete_idle_keys(after=self._keys_after, limit=KEY_BATCH)
+            total += deleted
+            self._keys_after = last or ""
+            if last is None or self._halt.is_set():
+                break
+        if total:
+            log.debug("deleted %d idle concurrency keys' rows", total)
         return total
 
     def recount_running(self) -> None:

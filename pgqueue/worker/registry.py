@@ -7,6 +7,8 @@ holds none. The row carries the error of the worker's claims while they fail
 deleted. A worker killed without one leaves its row until it goes stale
 (``Settings.worker_stale_seconds``, the rule in ``sql.workers.is_live``); maintenance then
 deletes it. A row deleted while its worker was only cut off comes back at its next heartbeat.
+The row names the tasks the worker registers (read when it registers), so operators' reads can
+tell a job that waits because no live worker registers its task.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import dataclasses
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from pgqueue.errors import error_line, is_connection_error, pgqueue_logger
@@ -51,8 +53,10 @@ class WorkerRegistry:
         concurrency: int,
         stale_seconds: float,
         claim_health: ClaimHealth | None = None,
+        task_names: Callable[[], Sequence[str]] = tuple,
     ) -> None:
         self._store = store
+        self._task_names = task_names  # read at registration: tasks are added before the start
         self.stale_seconds = stale_seconds
         self._claim_health = claim_health
         self._entry = WorkerEntry(
@@ -79,6 +83,7 @@ class WorkerRegistry:
 
     def register(self) -> None:
         """Write the row. A failure is logged, not raised: the heartbeat writes it later."""
+        self._entry = dataclasses.replace(self._entry, tasks=tuple(self._task_names()))
         try:
             started_at = self._store.worker_seen(self.entry)
         except Exception as exc:

@@ -135,8 +135,10 @@ class WorkerStore:
         held: Callable[[], Collection[int]] = frozenset,
         notified: bool = False,
         failed: Callable[[BaseException, float | None], None] | None = None,
+        excluded: Sequence[str] = (),
     ) -> list[ClaimedJob]:
-        """Claim up to ``limit`` jobs; ``held`` gives the ids this worker already runs;
+        """Claim up to ``limit`` jobs, none of the tasks in ``excluded``; ``held`` gives the
+        ids this worker already runs;
         ``notified``: the claim follows a wake-up for new work (``repository.claim``);
         ``failed`` is told of each attempt that failed and is tried again here (the error, and
         the delay before the next try when known), instead of a log line.
@@ -165,6 +167,7 @@ class WorkerStore:
                 limits=self._limits,
                 notified=notified,
                 autocommit=True,
+                excluded=excluded,
             )
 
         try:
@@ -200,7 +203,12 @@ class WorkerStore:
         )
 
     def claim_atomic_controlled(
-        self, *, worker_id: str, queues: Sequence[str] | None, lease_seconds: float
+        self,
+        *,
+        worker_id: str,
+        queues: Sequence[str] | None,
+        lease_seconds: float,
+        excluded: Sequence[str] = (),
     ) -> list[ClaimedJob]:
         """``repository.claim_atomic_controlled``, committed at once on a pooled connection,
         with the controls the claimer last saw."""
@@ -212,6 +220,7 @@ class WorkerStore:
                 queues=queues,
                 lease_seconds=lease_seconds,
                 limits=self._limits,
+                excluded=excluded,
             ),
             give_up_when_stopping=True,
         )
@@ -262,6 +271,13 @@ class WorkerStore:
             ),
             give_up_when_stopping=False,
             through_timeouts=lock_wait is None,
+        )
+
+    def record_atomic_run(self, job: ClaimedJob, worker_id: str) -> bool:
+        """``repository.record_atomic_run``, committed at once, tried once: a failure leaves
+        the handler unrun (its claim rolls back) rather than risk recording a run twice."""
+        return self._database.run(
+            lambda db: repository.record_atomic_run(db, job, worker_id), autocommit=True
         )
 
     def count_lost_attempt(self, job: ClaimedJob, *, delay: float, error: str) -> JobState | None:
@@ -368,15 +384,28 @@ class WorkerStore:
             )
         return corrected
 
+    def delete_idle_keys(self, *, after: str, limit: int) -> tuple[str | None, int]:
+        """Delete idle concurrency keys' rows among up to ``limit`` after key ``after``; ``(last
+        key read or None at the end, rows deleted)``. Nothing while another worker does it."""
+
+        def work(db: Executor) -> tuple[str | None, int]:
+            if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 4):
+                return None, 0
+            return repository.delete_idle_keys(db, after=after, limit=limit)
+
+        return self._run("idle key cleanup", work, give_up_when_stopping=True, autocommit=False)
+
     def queue_figures(
         self, *, cap: int, worker_id: str, stale_seconds: float
-    ) -> tuple[dict[str, dict[str, int]], dict[str, float]] | None:
-        """``({queue: {state: capped count}}, {queue: seconds its earliest ticket waited})``,
-        or None when another worker reads them for the cluster: a live worker with a smaller
+    ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int]] | None:
+        """``({queue: {state: capped count}}, {queue: seconds its earliest ticket waited},
+        {queue: ready jobs whose task no live worker registers})``, or None when another worker reads them for the cluster: a live worker with a smaller
         id in the registry (``repository.elected_worker``), or, while the registry names no
         such worker, the one holding the figures lock."""
 
-        def work(db: Executor) -> tuple[dict[str, dict[str, int]], dict[str, float]] | None:
+        def work(
+            db: Executor,
+        ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int]] | None:
             if not repository.elected_worker(db, worker_id, stale_seconds):
                 return None
             if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 2):
@@ -389,13 +418,14 @@ class WorkerStore:
                     for queue, by_state in counts.items()
                 },
                 {queue: waited for queue, (_, _, waited) in oldest.items()},
+                repository.unregistered_ready(db, stale_seconds, cap),
             )
 
         return self._run("queue figures", work, give_up_when_stopping=True, autocommit=False)
 
-    def ready_work_exists(self, queues: Sequence[str] | None) -> bool:
+    def ready_work_exists(self, queues: Sequence[str] | None, excluded: Sequence[str] = ()) -> bool:
         return self._run(
             "drain check",
-            lambda db: repository.ready_ticket_exists(db, queues),
+            lambda db: repository.ready_ticket_exists(db, queues, excluded),
             give_up_when_stopping=True,
         )

@@ -22,7 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lock-tickets",
         action="store_true",
-        help="the lock fault sometimes locks waiting jobs' tickets too (finds a known issue)",
+        help="the lock fault sometimes locks waiting jobs' tickets too",
+    )
+    parser.add_argument(
+        "--server-dir",
+        default=None,
+        help="the directory of the tests/debian_postgres.py server at --database-url, so the "
+        "faults may restart it (an embedded server the run starts is always restarted)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
     options = parser.parse_args(argv)
@@ -33,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         bouncer=options.bouncer,
         lock_tickets=options.lock_tickets,
         keep=options.keep,
+        server_dir=options.server_dir,
     )
     print(result.text)
     return 1 if result.violations else 0

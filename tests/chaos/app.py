@@ -8,6 +8,9 @@ A run that completed its work also writes a ``tx`` row: for an atomic job inside
 transaction (``ctx.session``), so that row exists exactly when the attempt committed; for a
 leased job in the handler's session, which pgqueue commits when the handler returns.
 
+``chaos.newer`` is registered only where ``CHAOS_NEWER=1`` (the harness and one worker), like a
+task a rolling deploy has brought to some workers only.
+
 Behaviour is driven by the job's keyword arguments, so the database alone says what every job
 was meant to do (the harness reads ``kind`` back from ``pgqueue_jobs.kwargs``).
 """
@@ -27,6 +30,7 @@ QUEUE_ATOMIC_SOLO = "chaos_atomic_solo"
 SHARED_QUEUES = [QUEUE_MAIN, QUEUE_ASYNC, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_ATOMIC]
 
 MAX_ATTEMPTS = 3
+NEWER_TASK = "chaos.newer"
 KEY_LIMIT = 2
 ALWAYS_FAILS = "chaos: always fails"
 
@@ -144,6 +148,15 @@ def leased_body(ctx, kind, seconds, fail_until, snoozes, message):
 def leased(ctx, kind, seconds=0.0, fail_until=0, snoozes=0, key=None):
     message = "chaos: always fails" if fail_until >= 99 else "chaos: fails on purpose"
     return leased_body(ctx, kind, seconds, fail_until, snoozes, message)
+
+
+# A task only some workers register, as during a rolling deploy: the others must leave its
+# jobs to them, neither failing them nor counting an attempt.
+if os.environ.get("CHAOS_NEWER") == "1":
+    @pgq.task(name="chaos.newer", queue="chaos", pass_context=True, max_attempts=3,
+              retry=backoff.constant(0.3))
+    def newer(ctx, kind, seconds=0.0):
+        return leased_body(ctx, kind, seconds, 0, 0, "chaos: fails on purpose")
 
 
 @pgq.task(name="chaos.keyed", queue="chaos_keyed", pass_context=True, max_attempts=3,

@@ -81,7 +81,9 @@ def children_of(pid: int) -> list[int]:
 
 class Bouncer:
     """A PgBouncer in transaction mode in front of one database (config as tests/e2e's
-    ``bouncer`` fixture), restartable on the same port."""
+    ``bouncer`` fixture), restartable on the same port. ``server_login_retry`` is 1 s, not the
+    default 15 s: after a server restart, PgBouncer would otherwise hold every client's query
+    for 15 s before it tries the server again (README, "PgBouncer")."""
 
     def __init__(self, server: URL, database: str) -> None:
         self.server = server.set(database=database)
@@ -103,6 +105,7 @@ auth_file = {self.directory}/users.txt
 pool_mode = transaction
 max_client_conn = 300
 default_pool_size = 20
+server_login_retry = 1
 """
         )
         (self.directory / "users.txt").write_text(f'"{self.server.username}" ""\n')
@@ -153,6 +156,7 @@ class WorkerSpec:
     queues: list[str]
     concurrency: int
     processes: int = 1
+    newer: bool = False  # registers ``chaos.newer`` (``CHAOS_NEWER=1``)
 
 
 @dataclass
@@ -177,7 +181,7 @@ class Worker:
 SPECS = [
     WorkerSpec("w0-supervisor", SHARED_QUEUES, 4, processes=2),
     WorkerSpec("w1", SHARED_QUEUES, 4),
-    WorkerSpec("w2", SHARED_QUEUES, 3),
+    WorkerSpec("w2", SHARED_QUEUES, 3, newer=True),
     WorkerSpec("w3-solo", [QUEUE_ATOMIC_SOLO], 1),
 ]
 
@@ -190,6 +194,7 @@ class Workers:
     env: dict[str, str]
     workers: list[Worker] = field(default_factory=list)
     known_pids: set[int] = field(default_factory=set)
+    newer_pids: set[int] = field(default_factory=set)  # processes that register chaos.newer
 
     def start_all(self) -> None:
         for spec in SPECS:
@@ -204,8 +209,12 @@ class Workers:
         command += ["--queues", ",".join(spec.queues), "--concurrency", str(spec.concurrency)]
         command += ["--processes", str(spec.processes), "--lease-seconds", str(LEASE_SECONDS)]
         command += ["--shutdown-timeout", "5", "--poll-interval", "0.5"]
+        # As a service manager would run it: a worker (re)started while the server restarts
+        # waits for it instead of exiting.
+        command += ["--wait-for-database"]
+        env = {**self.env, "CHAOS_NEWER": "1" if spec.newer else "0"}
         worker.popen = subprocess.Popen(
-            command, cwd=self.directory, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            command, cwd=self.directory, env=env, stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
         worker.starts += 1
@@ -213,6 +222,7 @@ class Workers:
     def handler_pids(self) -> dict[int, Worker]:
         found = {pid: worker for worker in self.workers for pid in worker.pids()}
         self.known_pids.update(found)
+        self.newer_pids.update(pid for pid, worker in found.items() if worker.spec.newer)
         return found
 
     def restart_dead(self) -> list[str]:
@@ -259,6 +269,30 @@ class Workers:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             worker.popen.wait(10)
+
+    def reap(self) -> list[int]:
+        """SIGKILL every worker process of this run still alive, however it lost its parent
+        (the children of a killed supervisor, a stopped one never continued): every process
+        whose working directory is this run's. Returns their PIDs."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if Path(os.readlink(entry / "cwd")) != self.directory:
+                    continue
+            except OSError:
+                continue
+            pid = int(entry.name)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+                found.append(pid)
+        for worker in self.workers:
+            if worker.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.popen.wait(10)
+        return found
 
     def logs(self) -> dict[str, str]:
         return {

@@ -6,8 +6,10 @@ supervisor, a killed supervisor's children stop on their own and the supervisor 
 SIGSTOP a worker process for longer than the lease, then SIGCONT it; ``pg_terminate_backend``
 some of pgqueue's backends; hold ``FOR UPDATE`` locks on some waiting jobs (with
 ``lock_tickets``, sometimes on their tickets too) for a few seconds;
-and, with a PgBouncer in the path, restart it. Each fault is an :class:`Event` the checks use to
-explain (and the traces to show) what a job went through. No server restart: left out.
+restart the PostgreSQL server (fast: every open transaction aborted, every connection closed),
+when the run has a server it may restart; and, with a PgBouncer in the path, restart it. Each
+fault is an :class:`Event` the checks use to explain (and the traces to show) what a job went
+through.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Faults:
     engine: Engine  # direct to the server, application name not ``pgqueue%``
     bouncer: Bouncer | None = None
     lock_tickets: bool = False
+    restart_server: Callable[[], None] | None = None
     speed: float = 1.0
     events: list[Event] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
@@ -107,6 +110,8 @@ class Faults:
         ]
         if self.bouncer is not None:
             choices.append((1.5, self._restart_bouncer))
+        if self.restart_server is not None:
+            choices.append((0.6, self._restart_server))
         weights = [w for w, _ in choices]
         actions = [a for _, a in choices]
         next_fault = time.monotonic() + self.rng.uniform(1, 3) / self.speed
@@ -226,3 +231,14 @@ class Faults:
         down = self.rng.uniform(0.2, 1.5)
         self._record("bouncer_restart", f"down for {down:.1f} s", until=time.time() + down)
         self._later(down, "bouncer start", self.bouncer.start)
+
+    def _restart_server(self) -> None:
+        assert self.restart_server is not None
+        began = time.time()
+        self.restart_server()
+        ended = time.time()
+        with self.lock:
+            self.counts["server_restart"] += 1
+            self.events.append(
+                Event(began, "server_restart", f"down {ended - began:.1f} s", until=ended)
+            )

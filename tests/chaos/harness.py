@@ -14,18 +14,23 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 
 from pgqueue.config import normalize_database_url
+from pgqueue.errors import is_connection_error
 
 from . import invariants, report, snapshot
 from .cluster import (
@@ -60,15 +65,18 @@ def load_app(directory: Path, url: URL) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, directory / "chaosapp.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    saved = os.environ.get("DB_URL")
-    os.environ["DB_URL"] = url.render_as_string(hide_password=False)
+    # The harness enqueues every task, chaos.newer included.
+    values = {"DB_URL": url.render_as_string(hide_password=False), "CHAOS_NEWER": "1"}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         spec.loader.exec_module(module)
     finally:
-        if saved is None:
-            os.environ.pop("DB_URL", None)
-        else:
-            os.environ["DB_URL"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return module
 
 
@@ -83,6 +91,7 @@ class Checker:
         self.passed = 0
         self.violations: dict[tuple[str, int | None, str], Violation] = {}
         self.last: snapshot.Snapshot | None = None
+        self.unreachable = 0  # periodic checks skipped: the server was restarting
 
     def check(self, *, final: bool) -> snapshot.Snapshot:
         snap = snapshot.read(self.engine)
@@ -119,11 +128,16 @@ def run(
     lock_tickets: bool = False,
     keep: bool = False,
     verbose: bool = True,
+    server_dir: str | None = None,
 ) -> Result:
+    """``server_dir``: the directory of a ``tests/debian_postgres.py`` server at
+    ``database_url``, which the faults may then restart; an embedded server the run starts
+    itself is always restartable. Without either, the run makes no server restarts."""
     say = _say if verbose else (lambda message: None)
     root = Path(tempfile.mkdtemp(prefix=f"pgqueue-chaos-{seed}-"))
     root.chmod(0o755)
     embedded = None
+    restart_server: Callable[[], None] | None = None
     stack = contextlib.ExitStack()
     try:
         if database_url is None:
@@ -133,13 +147,16 @@ def run(
             embedded.start()
             stack.callback(embedded.stop)
             database_url = embedded.tcp_url() if bouncer else embedded.url()
+            restart_server = _restart_embedded(embedded)
+        elif server_dir is not None:
+            restart_server = _restart_debian(server_dir)
         server = normalize_database_url(database_url)
         name = f"pgqueue_chaos_{seed}_{os.getpid()}"
         url = create_database(server, name)
         if not keep:
             stack.callback(drop_database, server, name)
         say(f"seed {seed}: database {name}, directory {root}")
-        return _run(seed, minutes, url, root, bouncer, lock_tickets, stack, say)
+        return _run(seed, minutes, url, root, bouncer, lock_tickets, restart_server, stack, say)
     finally:
         stack.close()
         if not keep:
@@ -153,6 +170,7 @@ def _run(
     root: Path,
     use_bouncer: bool,
     lock_tickets: bool,
+    restart_server: Callable[[], None] | None,
     stack: contextlib.ExitStack,
     say: object,
 ) -> Result:
@@ -173,20 +191,32 @@ def _run(
             PGQUEUE_POOLER="transaction",
             PGQUEUE_LISTEN_DATABASE_URL=direct,
         )
-    engine = create_engine(url, connect_args={"application_name": "chaos-harness"})
+    # Pre-ping: the faults restart the server, which closes every pooled connection.
+    engine = create_engine(
+        url, pool_pre_ping=True, connect_args={"application_name": "chaos-harness"}
+    )
     stack.callback(engine.dispose)
     app = load_app(app_dir, url)
     stack.callback(app.pgq.dispose)
     workers = Workers(app_dir, env)
-    stack.callback(lambda: [workers.kill_tree(w) for w in workers.workers])
+    stack.callback(workers.reap)
     workload = Workload(app, seed)
     workload.setup()
     workers.start_all()
-    faults = Faults(seed, workers, engine, bouncer, lock_tickets=lock_tickets)
+    faults = Faults(
+        seed, workers, engine, bouncer, lock_tickets=lock_tickets, restart_server=restart_server
+    )
     deadlocks = _deadlocks(engine)
-    facts = Facts(killed=faults.killed, limits=workload.limits, stale_after=LEASE_SECONDS + 9)
+    facts = Facts(
+        killed=faults.killed,
+        limits=workload.limits,
+        stale_after=LEASE_SECONDS + 9,
+        newer_pids=workers.newer_pids,
+    )
     checker = Checker(engine, facts)
     notes: list[str] = []
+    if restart_server is None:
+        notes.append("no server restarts: no server the run may restart")
     time.sleep(2)  # the workers' start-up, so the first faults find them
     workload.start()
     faults.start()
@@ -201,7 +231,12 @@ def _run(
                 faults.events.append(Event(time.time(), "unexpected_exit", worker.spec.name))
                 workers.start(worker)
         if time.monotonic() >= next_check:
-            checker.check(final=False)
+            try:
+                checker.check(final=False)
+            except DBAPIError as exc:
+                if not is_connection_error(exc):
+                    raise
+                checker.unreachable += 1  # the server is restarting: check next time
             next_check = time.monotonic() + CHECK_EVERY
             say(
                 f"{len(checker.last.jobs) if checker.last else 0} jobs, "
@@ -222,6 +257,9 @@ def _run(
     killed = workers.stop_all()
     if killed:
         notes.append(f"workers killed at the stop (did not stop within 30 s): {killed}")
+    orphans = workers.reap()
+    if orphans:
+        notes.append(f"worker processes left after the stop, killed: {orphans}")
     left = [j.id for j in snapshot.read(engine).jobs.values() if j.state == "running"]
     stopped = "6 left_running_after_stop"
     checker.checks[stopped] += 1
@@ -231,6 +269,8 @@ def _run(
         )
     elif not left or killed:
         checker.passed += 1
+    if checker.unreachable:
+        notes.append(f"{checker.unreachable} periodic checks skipped while the server restarted")
     deadlocks = _deadlocks(engine) - deadlocks
     if deadlocks:
         notes.append(f"the server detected {deadlocks} deadlocks in the run's database")
@@ -241,6 +281,28 @@ def _run(
     if violations:
         output = report.traces(seed, final, events, violations) + "\n\n" + output
     return Result(seed, violations, checker.passed, output, notes)
+
+
+def _restart_embedded(server: Any) -> Callable[[], None]:
+    def restart() -> None:
+        server.stop()
+        server.start()
+
+    return restart
+
+
+def _restart_debian(server_dir: str) -> Callable[[], None]:
+    script = Path(__file__).resolve().parents[1] / "debian_postgres.py"
+
+    def restart() -> None:
+        subprocess.run(
+            [sys.executable, str(script), "restart", server_dir],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    return restart
 
 
 def _deadlocks(engine: Engine) -> int:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .app import KEY_LIMIT, QUEUE_LIMITED
+from .app import KEY_LIMIT, NEWER_TASK, QUEUE_LIMITED
 from .snapshot import ACTIVE, FINAL, Run, Snapshot, interrupted
 from .workload import KEY_OVERRIDES, LimitChange
 
@@ -28,6 +28,7 @@ class Facts:
     limits: list[LimitChange] = field(default_factory=list)
     stale_after: float = 10.0  # seconds past lease expiry a RUNNING job may wait for rescue
     final: bool = False  # the workers drained: nothing may be left ready
+    newer_pids: set[int] = field(default_factory=set)  # the processes registering chaos.newer
 
 
 @dataclass
@@ -277,6 +278,33 @@ def dependencies_respected(s: Snapshot, facts: Facts) -> list[Violation]:
 
 
 # (check, run every few seconds during the run as well as at the end)
+def registered_tasks_only(s: Snapshot, facts: Facts) -> list[Violation]:
+    """9. a job runs only on a worker that registers its task, and is never failed for a
+    task the worker does not know."""
+    found = []
+    for job in s.jobs.values():
+        unknown = [e for e in job.errors or [] if "no task named" in str(e.get("error", ""))]
+        if unknown:
+            found.append(
+                Violation(
+                    "9 registered only", job.id, f"failed for an unregistered task: {unknown[0]}"
+                )
+            )
+        if job.task_name != NEWER_TASK:
+            continue
+        strangers = [r for r in s.runs.get(job.id, []) if r.pid not in facts.newer_pids]
+        if strangers:
+            found.append(
+                Violation(
+                    "9 registered only",
+                    job.id,
+                    f"run by pid {strangers[0].pid}, which does not register {NEWER_TASK}",
+                    [r.id for r in strangers],
+                )
+            )
+    return found
+
+
 INVARIANTS: list[tuple[Check, bool]] = [
     (final_or_waiting, False),
     (attempts_within_max, True),
@@ -286,4 +314,5 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (no_stale_running, True),
     (unique_active, True),
     (dependencies_respected, True),
+    (registered_tasks_only, True),
 ]

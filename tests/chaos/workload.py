@@ -97,6 +97,12 @@ class Workload:
             (2, lambda: self._misuse("commit")),
             (2, lambda: self._misuse("deferred")),
             (2, self._raw_rollback),
+            (
+                3,
+                lambda: self._enqueue(
+                    "newer", self.app.newer, {}, seconds=self.rng.uniform(0, 0.3)
+                ),
+            ),
         ]
 
     # -- setup and lifecycle -------------------------------------------------------------

@@ -82,6 +82,21 @@ def sleep(ctx, seconds, first_run_only=False):
     return {"pid": os.getpid(), "attempt": ctx.attempt}
 
 
+@pgq.task(name="atomic_sleep", atomic=True, pass_context=True, max_attempts=2)
+def atomic_sleep(ctx, seconds):
+    """An atomic job: a committed 'start' mark, a sleep on its first run only, a 'done' row
+    in its own transaction."""
+    mark(ctx, "start")
+    with pgq.handler_engine.connect() as connection:
+        runs = connection.execute(STARTS, {"job": ctx.job_id}).scalar_one()
+    if runs == 1:
+        time.sleep(seconds)
+    ctx.session.execute(
+        INSERT,
+        {"job": ctx.job_id, "attempt": ctx.attempt, "tag": "done", "pid": os.getpid(), "info": ""},
+    )
+
+
 @pgq.task(name="die", pass_context=True, max_attempts=3)
 def die(ctx):
     mark(ctx, "start")

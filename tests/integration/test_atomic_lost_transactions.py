@@ -191,3 +191,52 @@ def test_a_running_atomic_job_whose_worker_is_gone_is_rescued(
     job = _wait_final(pgq, job_id, timeout=20)
     assert job.state is JobState.SUCCEEDED, (job.state, job.last_error)
     assert job.attempts == 2
+
+
+def test_a_lost_attempt_is_counted_even_while_another_session_holds_its_ticket(
+    pgq: PgQueue, engine: Engine, running_worker: Callable[..., Worker]
+) -> None:
+    """Right after the handler's raw ROLLBACK (which undid the claim), another session locks the
+    job's ticket for a while, so the worker cannot count the attempt when it sees it lost: the
+    next claim of the job, once the ticket is free, must count it before running anything."""
+    runs: list[int] = []
+    held: list[threading.Thread] = []
+
+    def hold_ticket(job_id: int, seconds: float) -> None:
+        connection = engine.connect()
+        transaction = connection.begin()
+        connection.execute(
+            text("SELECT 1 FROM pgqueue_message_queue WHERE job_id = :id FOR UPDATE"),
+            {"id": job_id},
+        )
+
+        def release() -> None:
+            time.sleep(seconds)
+            transaction.rollback()
+            connection.close()
+
+        thread = threading.Thread(target=release)
+        thread.start()
+        held.append(thread)
+
+    @pgq.task(
+        name="atomic.ticket_held",
+        atomic=True,
+        pass_context=True,
+        max_attempts=MAX_ATTEMPTS,
+        retry=backoff.constant(0),
+    )
+    def ticket_held(ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
+        ctx.session.execute(text("ROLLBACK"))
+        hold_ticket(ctx.job_id, 0.5)
+
+    job_id = ticket_held.enqueue()
+    running_worker(1)
+    job = _wait_final(pgq, job_id, timeout=30)
+    for thread in held:
+        thread.join(10)
+    time.sleep(0.5)
+    assert len(runs) == MAX_ATTEMPTS, f"{len(runs)} handler runs: {runs[:10]}"
+    assert (job.state, job.attempts) == (JobState.FAILED, MAX_ATTEMPTS)
+    assert [entry["attempt"] for entry in job.errors] == [1, 2, 3]
