@@ -590,7 +590,10 @@ def _move_to_running(
 def lock_claimed() -> Select[int]:
     """Lock the row of RUNNING job ``job_id`` whose lease token is ``token`` (its id, or
     nothing when the lease was lost): an atomic job claimed by a committed statement, held by
-    the handler's transaction so that no rescue can take it while the handler runs."""
+    the handler's transaction so that no rescue can take it while the handler runs. NO KEY
+    UPDATE, the lock an update of the job takes: it keeps every writer and the rescue out but
+    lets the run's record (``atomic_runs.record_run``, whose foreign key takes KEY SHARE on
+    the job's row) be committed on another connection while the transaction holds the row."""
     return (
         select(Job.id)
         .where(
@@ -598,7 +601,7 @@ def lock_claimed() -> Select[int]:
             Job.state == JobState.RUNNING,
             Job.lease_token == bindparam("token", type_=Uuid),
         )
-        .with_for_update()
+        .with_for_update(key_share=True)
     )
 
 
