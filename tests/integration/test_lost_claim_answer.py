@@ -182,3 +182,57 @@ def test_a_claim_keeps_its_jobs_when_the_connection_dies_in_the_look_after_it(
     more = noop.enqueue_many([{}] * 2)
     assert sorted(j.id for j in store.claim(limit=5, held=lambda: ids, **CLAIM)) == more  # type: ignore[arg-type]
     store.close()
+
+
+def test_the_take_back_leaves_alone_an_atomic_job_its_probe_claimed_meanwhile(
+    pgq: PgQueue,
+) -> None:
+    """An atomic job of controlled work is claimed in a statement that commits by itself
+    (``claim_atomic_controlled``), under the worker's own id; the worker's atomic probe then
+    runs it in a transaction that locks its row. If a leased claim of the same worker loses its
+    answer meanwhile, the take-back of what that claim committed must not take the atomic job
+    too: run as a leased job, its handler's writes commit in a session of their own, with no
+    lock on the job. The probe, whose connection broke at the same moment, then gives the job
+    back (attempt count undone), and another worker runs the same attempt at the same time,
+    both committing (chaos seed 23: job 482, attempt 1 in two processes). The retry takes back
+    exactly the leased jobs; the atomic job stays RUNNING under the probe's lease."""
+
+    @pgq.task(name="noop")
+    def noop() -> None: ...
+
+    @pgq.task(name="limited_atomic", queue="limited", atomic=True)
+    def limited_atomic() -> None: ...
+
+    pgq.set_queue_limit("limited", 1)
+    store = WorkerStore(pgq.engine, stopping=threading.Event())
+    atomic_id = limited_atomic.enqueue()
+    ids = noop.enqueue_many([{}] * 2)
+    probed: list[Any] = []
+    lost: list[str] = []
+
+    def after(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if not lost and "DELETE FROM pgqueue_message_queue" in statement:
+            lost.append(statement)
+            # The worker's atomic probe claims meanwhile, on a connection of its own.
+            probed.extend(
+                store.claim_atomic_controlled(worker_id="w1", queues=None, lease_seconds=30.0)
+            )
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    event.listen(pgq.engine, "after_cursor_execute", after)
+    try:
+        jobs = store.claim(limit=5, held=lambda: [], **CLAIM)  # type: ignore[arg-type]
+    finally:
+        event.remove(pgq.engine, "after_cursor_execute", after)
+    assert lost
+    assert [j.id for j in probed] == [atomic_id]
+    assert sorted(j.id for j in jobs) == ids
+    with pgq.engine.connect() as connection:
+        row = connection.execute(
+            text(
+                "SELECT state, attempts, lease_owner, lease_token FROM pgqueue_jobs WHERE id = :id"
+            ),
+            {"id": atomic_id},
+        ).one()
+    assert tuple(row) == ("running", 1, "w1", probed[0].lease_token)
+    store.close()
