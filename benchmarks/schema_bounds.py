@@ -14,7 +14,7 @@ the raw-SQL ceiling of the same round:
   outcome's updates of a job row can stay on its page (heap-only tuples, no index entry).
 
 The variants drop indexes that pgqueue's features read (the dashboard's filters and a bounded
-queue's depth, the rescuer's lease scan, unique keys), so none is a configuration to run: they
+queue's depth, the rescuer's lease scan, unique keys, the idle key cleanup), so none is a configuration to run: they
 measure what the worker and the enqueue path would reach if the schema cost nothing more than
 its primary keys. Each round drains ``--jobs`` no-op jobs once per variant (``pgqueue
 worker --drain --concurrency C --processes P``, success lines off) and once with the ceiling
@@ -60,6 +60,7 @@ _SECONDARY = (
     "DROP INDEX ix_pgqueue_jobs_lease_expires_at",
     "DROP INDEX ix_pgqueue_jobs_finished_at",
     "DROP INDEX uq_pgqueue_jobs_unique_key_active",
+    "DROP INDEX ix_pgqueue_jobs_concurrency_key",
 )
 _DASHBOARD = (
     "DROP INDEX ix_pgqueue_jobs_queue_state_id",

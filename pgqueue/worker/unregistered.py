@@ -45,7 +45,8 @@ class UnregisteredTasks:
         self._metrics.given_back(job.queue)
         if first:
             log.warning(
-                "job %d: task %r is not registered in this worker; the job goes back to its "
+                # A task name is whatever the row holds: cut in the log line.
+                "job %d: task %.200r is not registered in this worker; the job goes back to its "
                 "queue unrun (no attempt counted) for a worker that registers it, and this "
                 "worker claims no more jobs of that task",
                 job.id,

@@ -175,11 +175,17 @@ def limits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
 def _end(s: Snapshot, facts: Facts, run: Run) -> float:
     if run.ended is not None:
         return run.ended
+    # A run without its end mark ended before the job's next run began, in this process or
+    # another (a job runs one attempt at a time, or the overlap is invariant 3's or 4's).
+    later = [r.started for r in s.runs[run.job_id] if r.started > run.started]
+    next_start = min(later) if later else None
     killed = facts.killed.get(run.pid)
     if killed is not None and killed >= run.started:
-        return killed
+        return killed if next_start is None else min(killed, next_start)
+    if next_start is not None:
+        return next_start
     job = s.jobs[run.job_id]
-    if job.state == "running" and s.runs[run.job_id][-1] is run:
+    if job.state == "running":
         return s.now  # still running
     return run.started  # end unknown (its end mark was lost): counted as an instant
 

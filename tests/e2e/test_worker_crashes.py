@@ -42,14 +42,15 @@ def test_an_atomic_run_lost_with_its_worker_is_counted_before_the_job_runs_again
     """SIGKILL rolls back the atomic claim with the handler's transaction, so nothing on the
     job shows that attempt 1 ran: the next claim must count it anyway (attempt 2 runs, not
     attempt 1 again), and with attempts used up, fail the job without running it."""
-    first = app.start_worker("--concurrency", "2")
+    env = {**app.env(), "E2E_ATOMIC": "1"}
+    first = app.start_worker_with_env(env, "--concurrency", "2")
     again, used_up = app.module.atomic_sleep.enqueue_many([{"seconds": 60}] * 2)
     app.execute("UPDATE pgqueue_jobs SET max_attempts = 1 WHERE id = :id", id=used_up)
     app.wait_until(lambda: len(app.ledger("start")) == 2, 30, "both atomic jobs to start")
     first.signal(signal.SIGKILL)
     assert first.wait(10) == -signal.SIGKILL
 
-    second = app.start_worker("--concurrency", "2")
+    second = app.start_worker_with_env(env, "--concurrency", "2")
     jobs = app.wait_final([again, used_up], timeout=60)
     assert (jobs[again].state, jobs[again].attempts) == ("succeeded", 2)
     assert [e["attempt"] for e in jobs[again].errors] == [1]
