@@ -33,6 +33,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -138,11 +139,27 @@ def drain_variant(
             url, worker_command(concurrency, processes), env, lambda: fill_pgqueue(url, jobs)
         )
         result = _per_job(jobs, measured, succeeded_after(url, 0))
-        with psycopg.connect(libpq(url), autocommit=True) as conn:
-            row = conn.execute(UPDATES).fetchone()
-    assert row is not None
+        row = _settled_updates(url)
     result.update(variant=variant, processes=processes, updates=row[0], hot_updates=row[1])
     return result
+
+
+def _settled_updates(url: URL) -> tuple[int, int]:
+    """The job table's update counters once they stop changing (at most 10 s): before
+    PostgreSQL 15 the statistics reach other sessions through the collector, up to a second or
+    more after the worker's backends sent them."""
+    last: tuple[int, int] | None = None
+    deadline = time.monotonic() + 10.0
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        while True:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(UPDATES).fetchone()
+            assert row is not None
+            current = (int(row[0]), int(row[1]))
+            if (current == last and current[0] > 0) or time.monotonic() > deadline:
+                return current
+            last = current
+            time.sleep(0.5)
 
 
 def drain_ceiling(server: Server, jobs: int, threads: int, batch: int) -> Result:
