@@ -50,9 +50,14 @@ def settle(db: Executor, job_ids: Iterable[int]) -> dict[int, JobState]:
     """Queue or cancel the WAITING jobs ``job_ids`` whose dependencies ended; their new states.
 
     Runs right after the statement that ended the dependencies, in the same transaction but its
-    own statement, so that it sees dependents enqueued while that statement waited (see
-    ``pgqueue.sql.common`` on the follow-ups)."""
-    rows = db.rows(outcomes.settle_dependents(), {"ids": sorted(set(job_ids))})
+    own statements, so that it sees dependents enqueued while that statement waited (see
+    ``pgqueue.sql.common`` on the follow-ups); the dependents are locked first so that two
+    transactions ending two dependencies of one job cannot each miss the other's outcome
+    (``sql.outcomes.lock_waiting_dependents``)."""
+    ids = sorted(set(job_ids))
+    if not db.rows(outcomes.lock_waiting_dependents(), {"ids": ids}):
+        return {}
+    rows = db.rows(outcomes.settle_dependents(), {"ids": ids})
     return {row[0]: JobState(row[1]) for row in rows}
 
 

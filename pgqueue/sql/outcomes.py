@@ -337,6 +337,26 @@ def lock_jobs() -> Select[int]:
 
 
 @cache
+def lock_waiting_dependents() -> Select[int]:
+    """Lock the WAITING jobs ``ids`` (array) in id order, the statement before
+    ``settle_dependents`` in the transaction that ended some of their dependencies.
+
+    Two dependencies of one job may end in two transactions open at once; each settling,
+    reading in its own snapshot, would see the other dependency still RUNNING and leave the job
+    WAITING for good. With the dependent locked first, the second settling waits for the first
+    transaction to end and its next statement sees that dependency's outcome."""
+    return (
+        select(Job.id)
+        .where(
+            Job.id == func.any(array_param("ids", BigInteger)),
+            Job.state == JobState.WAITING.value,
+        )
+        .order_by(Job.id)
+        .with_for_update(key_share=True)
+    )
+
+
+@cache
 def settle_dependents() -> CompoundSelect[Any]:
     """Release or cancel the WAITING jobs ``ids`` (array) from their dependencies' states.
 

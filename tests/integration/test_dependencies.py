@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from pgqueue import JobNotFound, JobState, PgQueue, ValidationError
 from pgqueue.testing import run_until_final, states_of, table_counts
@@ -162,3 +163,50 @@ def test_dependency_completing_while_dependents_are_enqueued(pgq: PgQueue) -> No
     assert len(children) == 100
     assert set(final.values()) == {JobState.SUCCEEDED}
     assert stats.succeeded >= 1
+
+
+def test_parents_ending_in_concurrent_transactions_release_their_shared_dependent(
+    pgq: PgQueue,
+) -> None:
+    """Two parents of one dependent complete in two transactions open at once: each outcome's
+    settling must see the other parent's success once that transaction commits, or neither
+    releases the dependent and it waits for good (each saw the other still RUNNING)."""
+    from pgqueue import repository
+    from pgqueue.jobs import Outcome
+    from pgqueue.worker.store import WorkerStore
+
+    @pgq.task(name="parent")
+    def parent() -> None: ...
+
+    @pgq.task(name="child")
+    def child() -> None: ...
+
+    first, second = parent.enqueue(), parent.enqueue()
+    dependent = child.configure(depends_on=[first, second]).enqueue()
+    store = WorkerStore(pgq.engine, stopping=threading.Event())
+    claimed = {
+        job.id: job
+        for job in store.claim(
+            worker_id="w1", limit=2, queues=None, lease_seconds=30.0, task_leases={}
+        )
+    }
+    assert set(claimed) == {first, second}
+
+    def outcome(job_id: int) -> list[Outcome]:
+        return [Outcome(job_id, claimed[job_id].lease_token, "complete")]
+
+    with Session(pgq.engine) as held:
+        repository.record_outcomes(held, outcome(first))
+        other = threading.Thread(
+            target=lambda: store.record_outcomes(outcome(second)), name="second-parent"
+        )
+        other.start()
+        other.join(timeout=1.0)
+        held.commit()
+    other.join(timeout=30)
+    assert not other.is_alive()
+    assert states_of(pgq, [first, second, dependent]) == {
+        first: JobState.SUCCEEDED,
+        second: JobState.SUCCEEDED,
+        dependent: JobState.QUEUED,
+    }
