@@ -10,6 +10,12 @@ restart the PostgreSQL server (fast: every open transaction aborted, every conne
 when the run has a server it may restart; and, with a PgBouncer in the path, restart it. Each
 fault is an :class:`Event` the checks use to explain (and the traces to show) what a job went
 through.
+
+Beside those, on a schedule of its own (its own ``random.Random``, so the faults above keep
+their sequence for a seed), a long transaction holds the limited queue's control row or a
+concurrency key's row, as an operator's ``SELECT ... FOR UPDATE`` would, for 2 to 12 s: longer
+than the workers' statement timeout. The outcomes of that queue or key wait for it; no other
+queue's may, and none may turn into a failed attempt.
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Engine, text
 
+from .app import QUEUE_LIMITED
 from .cluster import LEASE_SECONDS, Bouncer, Worker, Workers, children_of
-from .workload import Event
+from .workload import KEYS, Event
 
 TERMINATE = text(
     "SELECT pg_terminate_backend(pid) FROM ("
@@ -50,6 +57,12 @@ LOCK_TICKETS = text(
     " WHERE j.state IN ('queued', 'retrying') ORDER BY random() LIMIT :n"
     " FOR UPDATE OF t SKIP LOCKED"
 )
+LOCK_CONTROL_ROW = text("SELECT name FROM pgqueue_queues WHERE name = :name FOR UPDATE")
+LOCK_KEY_ROW = text("SELECT key FROM pgqueue_concurrency_keys WHERE key = :name FOR UPDATE")
+# How long a held control or key row stays held (seconds): up to past the statement timeout.
+CONTROL_HOLD = (2.0, 12.0)
+# Seconds between two holds of a control or key row.
+CONTROL_EVERY = (8.0, 20.0)
 LOCK_THESE_JOBS = text(
     "SELECT id FROM pgqueue_jobs WHERE id = ANY(:ids) ORDER BY id FOR UPDATE SKIP LOCKED"
 )
@@ -74,6 +87,7 @@ class Faults:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"{self.seed}-faults")
+        self.control_rng = random.Random(f"{self.seed}-control-rows")
         self.stopped: set[int] = set()  # SIGSTOPped, not yet continued
         self.restarting: set[str] = set()  # killed workers whose restart is pending
         self.pending: list[tuple[float, str, Callable[[], None]]] = []
@@ -115,8 +129,12 @@ class Faults:
         weights = [w for w, _ in choices]
         actions = [a for _, a in choices]
         next_fault = time.monotonic() + self.rng.uniform(1, 3) / self.speed
+        next_control = time.monotonic() + self.control_rng.uniform(*CONTROL_EVERY) / self.speed
         while not self.stop_event.is_set():
             now = time.monotonic()
+            if now >= next_control:
+                self._lock_control_row()
+                next_control = now + self.control_rng.uniform(*CONTROL_EVERY) / self.speed
             for due, _, action in [p for p in self.pending if p[0] <= now]:
                 self.pending.remove((due, _, action))
                 action()
@@ -220,6 +238,29 @@ class Faults:
                 self.errors[f"lock: {type(exc).__name__}"] += 1
 
         locker = threading.Thread(target=hold, name="chaos-locker", daemon=True)
+        self.lockers = [t for t in self.lockers if t.is_alive()] + [locker]
+        locker.start()
+
+    def _lock_control_row(self) -> None:
+        rng = self.control_rng
+        if rng.random() < 0.5:
+            statement, name, what = LOCK_CONTROL_ROW, QUEUE_LIMITED, "queue"
+        else:
+            statement, name, what = LOCK_KEY_ROW, rng.choice(KEYS), "key"
+        seconds = rng.uniform(*CONTROL_HOLD)
+        self._record(
+            "lock_control", f"{what} {name}'s row for {seconds:.1f} s", until=time.time() + seconds
+        )
+
+        def hold() -> None:
+            try:
+                with self.engine.begin() as connection:
+                    connection.execute(statement, {"name": name}).all()
+                    time.sleep(seconds)
+            except Exception as exc:
+                self.errors[f"lock_control: {type(exc).__name__}"] += 1
+
+        locker = threading.Thread(target=hold, name="chaos-control-locker", daemon=True)
         self.lockers = [t for t in self.lockers if t.is_alive()] + [locker]
         locker.start()
 

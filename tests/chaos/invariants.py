@@ -20,6 +20,8 @@ from .workload import KEY_OVERRIDES, LimitChange
 ATOMIC_TASKS = {"chaos.atomic", "chaos.atomic_solo"}
 # A run that ended without these needs a reason to be followed by another run of its job.
 SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse"}
+# The error a cancel seen after the handler returned records (``pgqueue.worker.executor``).
+CANCELLED_WHILE_RUNNING = "cancelled while running"
 
 
 @dataclass
@@ -311,6 +313,33 @@ def registered_tasks_only(s: Snapshot, facts: Facts) -> list[Violation]:
     return found
 
 
+def returned_outcome_kept(s: Snapshot, facts: Facts) -> list[Violation]:
+    """10. What a leased handler returned is its attempt's outcome: a run that returned
+    normally has no failure recorded for its attempt unless its lease expired (its process was
+    frozen or its connections were gone past the lease) or its process died. A neighbour (a
+    long transaction holding a row, an atomic job of the same queue, a slow queue) may delay an
+    outcome, never turn it into a failed attempt."""
+    found = []
+    for job in s.jobs.values():
+        if job.task_name in ATOMIC_TASKS:
+            continue
+        for run in s.runs.get(job.id, []):
+            if run.outcome != "ok" or interrupted(run, facts.killed) or s.rescued(run):
+                continue
+            errors = [e for e in s.errors_for(job.id, run.attempt) if e != CANCELLED_WHILE_RUNNING]
+            if errors:
+                found.append(
+                    Violation(
+                        "10 returned outcome kept",
+                        job.id,
+                        f"attempt {run.attempt} returned but was recorded failed: "
+                        f"{errors[0][:160]}",
+                        [run.id],
+                    )
+                )
+    return found
+
+
 INVARIANTS: list[tuple[Check, bool]] = [
     (final_or_waiting, False),
     (attempts_within_max, True),
@@ -321,4 +350,5 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (unique_active, True),
     (dependencies_respected, True),
     (registered_tasks_only, True),
+    (returned_outcome_kept, True),
 ]
