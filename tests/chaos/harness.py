@@ -212,6 +212,7 @@ def _run(
         limits=workload.limits,
         stale_after=LEASE_SECONDS + 9,
         newer_pids=workers.newer_pids,
+        events=faults.events,
     )
     checker = Checker(engine, facts)
     notes: list[str] = []

@@ -15,11 +15,17 @@ from dataclasses import dataclass, field
 
 from .app import KEY_LIMIT, NEWER_TASK, QUEUE_LIMITED
 from .snapshot import ACTIVE, FINAL, Run, Snapshot, interrupted
-from .workload import KEY_OVERRIDES, LimitChange
+from .workload import KEY_OVERRIDES, Event, LimitChange
 
 ATOMIC_TASKS = {"chaos.atomic", "chaos.atomic_solo"}
 # A run that ended without these needs a reason to be followed by another run of its job.
 SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse"}
+# Seconds a returned run's outcome may take to be written with no fault to explain it (the
+# completer writes within a batch's time; a queue whose rows are held retries within 2 s).
+OUTCOME_DELAY = 10.0
+# Faults that delay every outcome of the processes they touch, and how long after they end.
+DELAYING = {"server_restart", "bouncer_restart", "unexpected_exit"}
+AFTER_FAULT = 10.0
 # The error a cancel seen after the handler returned records (``pgqueue.worker.executor``).
 CANCELLED_WHILE_RUNNING = "cancelled while running"
 
@@ -31,6 +37,7 @@ class Facts:
     stale_after: float = 10.0  # seconds past lease expiry a RUNNING job may wait for rescue
     final: bool = False  # the workers drained: nothing may be left ready
     newer_pids: set[int] = field(default_factory=set)  # the processes registering chaos.newer
+    events: list[Event] = field(default_factory=list)  # the faults so far (a live list)
 
 
 @dataclass
@@ -340,6 +347,53 @@ def returned_outcome_kept(s: Snapshot, facts: Facts) -> list[Violation]:
     return found
 
 
+def outcomes_not_held_up(s: Snapshot, facts: Facts) -> list[Violation]:
+    """11. A neighbour never holds up an outcome: a leased job that succeeded has it written
+    within ``OUTCOME_DELAY`` s of its handler's return, unless a fault explains the wait (a
+    server or PgBouncer restart, its own process frozen or killed, a row of its own queue or
+    key held by another transaction)."""
+    found = []
+    for job in s.jobs.values():
+        if job.state != "succeeded" or job.task_name in ATOMIC_TASKS or job.finished_at is None:
+            continue
+        finished = job.finished_at.timestamp()
+        runs = [
+            r for r in s.runs.get(job.id, []) if r.attempt == job.attempts and r.outcome == "ok"
+        ]
+        if not runs or runs[-1].ended is None:
+            continue
+        run = runs[-1]
+        if finished - run.ended <= OUTCOME_DELAY or interrupted(run, facts.killed):
+            continue
+        if any(_delays(event, job, run, finished) for event in list(facts.events)):
+            continue
+        found.append(
+            Violation(
+                "11 outcomes not held up",
+                job.id,
+                f"outcome written {finished - run.ended:.1f} s after the handler returned "
+                "with no fault of its own to explain it",
+                [run.id],
+            )
+        )
+    return found
+
+
+def _delays(event: Event, job: object, run: Run, finished: float) -> bool:
+    """Whether ``event`` explains a late outcome of ``run`` (written at ``finished``)."""
+    until = event.until if event.until is not None else event.at
+    if event.at > finished or until + AFTER_FAULT < run.ended:
+        return False
+    if event.kind in DELAYING:
+        return True
+    if event.kind in {"sigstop", "sigkill"}:
+        return event.pid == run.pid
+    if event.kind == "lock_control":
+        names = {job.queue, job.concurrency_key}  # type: ignore[attr-defined]
+        return any(f" {name}'s row" in event.detail for name in names if name)
+    return False
+
+
 INVARIANTS: list[tuple[Check, bool]] = [
     (final_or_waiting, False),
     (attempts_within_max, True),
@@ -351,4 +405,5 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (dependencies_respected, True),
     (registered_tasks_only, True),
     (returned_outcome_kept, True),
+    (outcomes_not_held_up, True),
 ]
