@@ -30,6 +30,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the directory of the tests/debian_postgres.py server at --database-url, so the "
         "faults may restart it (an embedded server the run starts is always restarted)",
     )
+    parser.add_argument(
+        "--key-history",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start with N idle concurrency-key rows, as months of keys made of customer ids "
+        "leave them",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
     options = parser.parse_args(argv)
     result = run(
@@ -40,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         lock_tickets=options.lock_tickets,
         keep=options.keep,
         server_dir=options.server_dir,
+        key_history=options.key_history,
     )
     print(result.text)
     return 1 if result.violations else 0

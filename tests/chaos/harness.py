@@ -115,6 +115,18 @@ class Checker:
         return snap
 
 
+def _insert_key_history(engine: Engine, n: int) -> None:
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO pgqueue_concurrency_keys (key)"
+                " SELECT 'customer:' || g FROM generate_series(1, :n) AS g"
+            ),
+            {"n": n},
+        )
+        connection.execute(text("ANALYZE pgqueue_concurrency_keys"))
+
+
 def _say(message: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -129,10 +141,13 @@ def run(
     keep: bool = False,
     verbose: bool = True,
     server_dir: str | None = None,
+    key_history: int = 0,
 ) -> Result:
     """``server_dir``: the directory of a ``tests/debian_postgres.py`` server at
     ``database_url``, which the faults may then restart; an embedded server the run starts
-    itself is always restartable. Without either, the run makes no server restarts."""
+    itself is always restartable. Without either, the run makes no server restarts.
+    ``key_history``: idle concurrency-key rows present from the start (no job has their keys),
+    as a long history of keys made of customer ids leaves them."""
     say = _say if verbose else (lambda message: None)
     root = Path(tempfile.mkdtemp(prefix=f"pgqueue-chaos-{seed}-"))
     root.chmod(0o755)
@@ -156,7 +171,9 @@ def run(
         if not keep:
             stack.callback(drop_database, server, name)
         say(f"seed {seed}: database {name}, directory {root}")
-        return _run(seed, minutes, url, root, bouncer, lock_tickets, restart_server, stack, say)
+        return _run(
+            seed, minutes, url, root, bouncer, lock_tickets, restart_server, stack, say, key_history
+        )
     finally:
         stack.close()
         if not keep:
@@ -173,6 +190,7 @@ def _run(
     restart_server: Callable[[], None] | None,
     stack: contextlib.ExitStack,
     say: object,
+    key_history: int = 0,
 ) -> Result:
     assert callable(say)
     app_dir = root / "app"
@@ -202,6 +220,9 @@ def _run(
     stack.callback(workers.reap)
     workload = Workload(app, seed)
     workload.setup()
+    if key_history:
+        _insert_key_history(engine, key_history)
+        say(f"{key_history:,} idle concurrency-key rows inserted")
     workers.start_all()
     faults = Faults(
         seed, workers, engine, bouncer, lock_tickets=lock_tickets, restart_server=restart_server
