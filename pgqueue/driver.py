@@ -158,9 +158,13 @@ def _all_rows(cursor: Any) -> Sequence[Any]:
     return rows
 
 
-def translated(exc: psycopg.Error) -> StatementError:
-    """``exc`` as the ``DBAPIError`` subclass SQLAlchemy would raise for it."""
-    return DBAPIError.instance(None, None, exc, psycopg.Error)
+def translated(exc: psycopg.Error, *, lost: bool = False) -> StatementError:
+    """``exc`` as the ``DBAPIError`` subclass SQLAlchemy would raise for it; ``lost``: the
+    connection it came from was closed by then, which marks it as a lost connection the way
+    SQLAlchemy's own disconnect test does. Behind PgBouncer a backend terminated inside a
+    transaction surfaces at COMMIT as psycopg's InternalError ("received 2 results"), with no
+    SQLSTATE, on a connection PgBouncer has closed."""
+    return DBAPIError.instance(None, None, exc, psycopg.Error, connection_invalidated=lost)
 
 
 def checkout(engine: Engine) -> Any:
@@ -225,8 +229,9 @@ def run(
                 driver.execute(local.sql, local.params)
             return work(executor)
     except psycopg.Error as exc:
+        lost = bool(driver.closed)
         _drop_if_broken(engine, raw, exc)
-        raise translated(exc) from exc
+        raise translated(exc, lost=lost) from exc
     finally:
         raw.close()
 
@@ -298,8 +303,9 @@ class HeldConnection:
                     sent = time.monotonic()
                     rows = _all_rows(driver.execute(compiled.sql, values))
         except psycopg.Error as exc:
+            lost = bool(driver.closed)
             self._release(exc)
-            raise translated(exc) from exc
+            raise translated(exc, lost=lost) from exc
         return rows, sent
 
     def copy(self, statement: Any, chunks: Iterable[str]) -> None:

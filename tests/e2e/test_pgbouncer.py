@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -188,3 +189,36 @@ def _server_default(app: App, name: str) -> str:
         value = connection.execute(text("SELECT current_setting(:n)"), {"n": name}).scalar_one()
     engine.dispose()
     return str(value)
+
+
+def test_a_backend_terminated_inside_a_transaction_is_a_lost_connection_through_pgbouncer(
+    bouncer: URL, server_tcp_url: URL
+) -> None:
+    """PgBouncer closes the client's connection when its backend dies mid-transaction, and the
+    COMMIT that follows fails with psycopg's InternalError ("received 2 results"), no SQLSTATE.
+    pgqueue must read that as a lost connection (retried, an outcome never turned into a
+    failed attempt), as it reads the same termination outside a transaction."""
+    from sqlalchemy.exc import DBAPIError
+
+    from pgqueue.db import Database
+    from pgqueue.errors import is_connection_error
+
+    pgq = PgQueue(bouncer, settings=Settings(pooler="transaction"))
+    direct = server_tcp_url.set(database=bouncer.database, drivername="postgresql")
+    database = Database(pgq.engine)
+
+    def terminated_before_commit(ex: Any) -> None:
+        pid = ex.rows(text("SELECT pg_backend_pid()"))[0][0]
+        with psycopg.connect(direct.render_as_string(hide_password=False)) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s)", [pid])
+        time.sleep(0.5)  # the backend's FATAL reaches PgBouncer before the COMMIT is sent
+
+    try:
+        with pytest.raises(DBAPIError) as raised:
+            database.run(terminated_before_commit, autocommit=False)
+        assert "received 2 results" in str(raised.value)
+        assert is_connection_error(raised.value)
+        # The pool dropped the connection: the next unit of work runs.
+        assert database.run(lambda ex: ex.rows(text("SELECT 1"))[0][0], autocommit=False) == 1
+    finally:
+        pgq.dispose()
