@@ -168,6 +168,8 @@ class Faults:
             return
         pid = worker.popen.pid
         children = children_of(pid)
+        # Before the kill: the harness's loop restarts a worker that died unless it is here.
+        self.restarting.add(worker.spec.name)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
             os.kill(pid, signal.SIGKILL)
@@ -183,14 +185,15 @@ class Faults:
             self.stopped.discard(child)
         self.stopped.discard(pid)
         self._record("sigkill", f"{worker.spec.name} {pid} (children {children})", pid)
-        self.restarting.add(worker.spec.name)
         self._later(self.rng.uniform(0.3, 2.0), "restart", lambda: self._restart(worker))
 
     def _restart(self, worker: Worker) -> None:
-        self.restarting.discard(worker.spec.name)
+        # Started before it leaves ``restarting``: the harness's loop, seeing it dead and not
+        # there, would start a second process in between.
         if not worker.alive:
             self.workers.start(worker)
             self._record("restart", worker.spec.name, worker.popen.pid if worker.popen else None)
+        self.restarting.discard(worker.spec.name)
 
     def _stop(self) -> None:
         pids = [p for p in self.workers.handler_pids() if p not in self.stopped]
