@@ -34,7 +34,9 @@ import psycopg
 
 from benchmarks import app, baseline
 from benchmarks.server import Server, libpq, sqlalchemy_url, start
-from pgqueue import copy_rows, repository, uow, validation
+from pgqueue import uow, validation
+from pgqueue.data import copy_rows
+from pgqueue.data import enqueue as enqueue_data
 from pgqueue.sql import enqueue
 from pgqueue.tasks import ConfiguredTask, EnqueueOptions
 
@@ -147,7 +149,7 @@ def statement_steps(pgq: Any, n: int, rounds: int) -> tuple[dict[str, list[float
 def _timed_copy(timer: list[TimedExecutor], jobs: Any, db: Any) -> Any:
     executor = TimedExecutor(db)
     timer.append(executor)
-    return repository.copy_jobs(executor, jobs)
+    return enqueue_data.copy_jobs(executor, jobs)
 
 
 def server_tables(conninfo: str, pgq: Any, n: int, rounds: int) -> dict[str, list[float]]:

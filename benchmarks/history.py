@@ -8,7 +8,7 @@ generate_series`` straight into the layout's table (``pgqueue_jobs`` for ``in_pl
 ``empty`` holds none. Then, in alternating rounds, the same work on both, and the ratio
 full / empty per round (median over rounds):
 
-- claim: the wall time of one ``repository.claim`` of 10 jobs in its own transaction (the
+- claim: the wall time of one ``claim_data.claim`` of 10 jobs in its own transaction (the
   client's view: the statement's server time plus one round trip; the commit's WAL flush,
   a measure of the disk, left out), median of many calls;
 - enqueue1: ``task.enqueue`` one job per transaction; enqueue_many: 20,000 jobs in one call;
@@ -51,10 +51,12 @@ from benchmarks.workloads import (
     worker_command,
     worker_env,
 )
-from pgqueue import PgQueue, Settings, repository
-from pgqueue.claim_choice import LimitsSeen
+from pgqueue import PgQueue, Settings
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
+from pgqueue.data import claim as claim_data
+from pgqueue.data import history as history_data
+from pgqueue.data.claim_choice import LimitsSeen
 from pgqueue.sql import history as history_sql
 
 DAYS = 10
@@ -114,7 +116,7 @@ def time_claims(pgq: PgQueue, calls: int) -> float:
         with pgq.sessions() as session, session.begin():
             session.connection()  # the transaction's BEGIN, outside the timing
             start = time.perf_counter()
-            claimed = repository.claim(
+            claimed = claim_data.claim(
                 session,
                 worker_id="bench-claimer",
                 limit=10,
@@ -336,7 +338,7 @@ def move_all_finished(url: URL) -> int:
     try:
         while True:
             with pgq.sessions() as session, session.begin():
-                batch = repository.move_to_history(session, age=0.0, limit=50_000)
+                batch = history_data.move_to_history(session, age=0.0, limit=50_000)
             moved += batch
             if batch < 50_000:
                 return moved

@@ -22,8 +22,14 @@ from typing import Final, TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import bulk_actions, explain, repository, uow, validation
+from pgqueue import explain, uow, validation
 from pgqueue.config import Settings
+from pgqueue.data import admin as admin_data
+from pgqueue.data import bulk as bulk_data
+from pgqueue.data import control as control_data
+from pgqueue.data import enqueue as enqueue_data
+from pgqueue.data import flow as flow_data
+from pgqueue.data import workers as workers_data
 from pgqueue.errors import BulkCountChanged, InvalidStateTransition, JobNotFound, ValidationError
 from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.models import Job
@@ -362,7 +368,7 @@ class Admin:
         history = self._partitioned_history()
         with self._sessions()() as session:
             pages = [
-                repository.list_jobs(
+                admin_data.list_jobs(
                     session,
                     queue=checked.queue,
                     state=checked.state,
@@ -386,7 +392,7 @@ class Admin:
         """Delete a job that is not running (with its ticket); False when nothing was
         deleted (it is running, or gone)."""
         job_id = check_job_id(job_id)
-        return self._write(session, lambda s: repository.delete_job(s, job_id))
+        return self._write(session, lambda s: admin_data.delete_job(s, job_id))
 
     def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
         """Make a FAILED or CANCELLED job run again now, whatever its attempt count.
@@ -399,7 +405,7 @@ class Admin:
         history = self._partitioned_history()
 
         def work(s: Session) -> None:
-            if not repository.rerun(s, job_id):
+            if not admin_data.rerun(s, job_id):
                 _raise_for_state(s, job_id, "retry", RERUNNABLE, history=history)
 
         self._write(session, work)
@@ -414,9 +420,9 @@ class Admin:
         history = self._partitioned_history()
 
         def work(s: Session) -> JobState:
-            if repository.cancel_waiting(s, job_id, "cancelled by request"):
+            if admin_data.cancel_waiting(s, job_id, "cancelled by request"):
                 return JobState.CANCELLED
-            if repository.request_cancel_running(s, job_id):
+            if admin_data.request_cancel_running(s, job_id):
                 return JobState.RUNNING
             _raise_for_state(s, job_id, "cancel", CANCELLABLE, history=history)
             raise AssertionError("unreachable")  # pragma: no cover
@@ -492,27 +498,27 @@ class Admin:
         ):
             raise ValidationError(f"expected_count must be an int, got {expected_count!r}")
         if dry_run:
-            count = self._read(lambda s: bulk_actions.count_matching(s, job_filter, states))
+            count = self._read(lambda s: bulk_data.count_matching(s, job_filter, states))
             return BulkResult(action, count, dry_run=True)
 
         def work(s: Session) -> BulkResult:
             flagged = 0
             if action is BulkAction.RETRY:
-                count = bulk_actions.retry_matching(s, job_filter, states)
+                count = bulk_data.retry_matching(s, job_filter, states)
             elif action is BulkAction.CANCEL:
-                cancelled, flagged = bulk_actions.cancel_matching(
+                cancelled, flagged = bulk_data.cancel_matching(
                     s, job_filter, states, BULK_CANCEL_REASON
                 )
                 count = cancelled + flagged
             else:
-                count = bulk_actions.delete_matching(s, job_filter, states)
+                count = bulk_data.delete_matching(s, job_filter, states)
             if expected_count is not None and count != expected_count:
                 # Raised inside the transaction, which rolls back: nothing was changed.
                 raise BulkCountChanged(
                     f"{action.value} would now change {count} jobs, not the {expected_count} "
                     "previewed; nothing was changed (preview again)"
                 )
-            audit_id = bulk_actions.record_action(
+            audit_id = bulk_data.record_action(
                 s, actor=who, source=where, action=action, job_filter=job_filter, count=count
             )
             return BulkResult(action, count, False, flagged, audit_id)
@@ -523,7 +529,7 @@ class Admin:
 
     def counts(self) -> dict[str, dict[JobState, int]]:
         """``{queue: {state: count}}`` over all jobs (exact: reads every job)."""
-        return self._read(repository.state_counts)
+        return self._read(admin_data.state_counts)
 
     def capped_counts(self, cap: int = DEFAULT_COUNT_CAP) -> dict[str, dict[JobState, int]]:
         """``{queue: {state: count}}`` for every queue with jobs, each count stopping at
@@ -532,11 +538,11 @@ class Admin:
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ValidationError(f"cap must be a positive int, got {cap!r}")
         if not self._partitioned_history():
-            return self._read(lambda s: repository.capped_state_counts(s, cap))
+            return self._read(lambda s: admin_data.capped_state_counts(s, cap))
 
         def both(s: Session) -> dict[str, dict[JobState, int]]:
-            counts = repository.capped_state_counts(s, cap)
-            for queue, moved in repository.capped_state_counts(s, cap, history=True).items():
+            counts = admin_data.capped_state_counts(s, cap)
+            for queue, moved in admin_data.capped_state_counts(s, cap, history=True).items():
                 live = counts.setdefault(queue, dict.fromkeys(JobState, 0))
                 for state, count in moved.items():
                     live[state] = min(cap, live.get(state, 0) + count)
@@ -546,7 +552,7 @@ class Admin:
 
     def oldest_waiting(self) -> dict[str, OldestWaiting]:
         """The earliest ticket of each queue that has one."""
-        rows = self._read(repository.oldest_waiting)
+        rows = self._read(admin_data.oldest_waiting)
         return {queue: OldestWaiting(*row) for queue, row in rows.items()}
 
     def throughput(self) -> dict[str, dict[JobState, list[int]]]:
@@ -555,8 +561,8 @@ class Admin:
         that hour appear. Under the partitioned history the minutes are clock minutes, and moved
         jobs are counted from the per-minute counts their move wrote."""
         if self._partitioned_history():
-            return self._read(lambda s: repository.finished_per_clock_minute(s, UNCAPPED))
-        return self._read(repository.finished_per_minute)
+            return self._read(lambda s: admin_data.finished_per_clock_minute(s, UNCAPPED))
+        return self._read(admin_data.finished_per_minute)
 
     def recent_throughput(self, cap: int = DEFAULT_THROUGHPUT_CAP) -> Throughput:
         """Jobs finished per minute over the last hour, or, when more than ``cap`` finished in
@@ -573,17 +579,17 @@ class Admin:
         sources = (False, True) if partitioned else (False,)
 
         def work(s: Session) -> Throughput:
-            live_edge = repository.finished_window_edge(s, THROUGHPUT_WINDOW, cap)
+            live_edge = admin_data.finished_window_edge(s, THROUGHPUT_WINDOW, cap)
             edges = [] if live_edge is None else [live_edge]
             if partitioned:
                 if live_edge is None:
                     # The whole hour: the live table's few minutes of finished jobs, and the
                     # moved ones from their per-minute counts (never the history's rows).
-                    hour = repository.finished_per_clock_minute(s, cap)
+                    hour = admin_data.finished_per_clock_minute(s, cap)
                     return Throughput(THROUGHPUT_WINDOW, 60, hour, shortened=False)
                 # The window is no longer than the live table's: the history is read within it
                 # only, to ``cap`` as well, so at most about twice ``cap`` jobs are read.
-                moved_edge = repository.finished_window_edge(s, live_edge, cap, history=True)
+                moved_edge = admin_data.finished_window_edge(s, live_edge, cap, history=True)
                 if moved_edge is not None:
                     edges.append(moved_edge)
             edge = min(edges) if edges else None
@@ -596,7 +602,7 @@ class Admin:
                 window = max(1, math.ceil(edge / width)) * width
             series: dict[str, dict[JobState, list[int]]] = {}
             for moved in sources:
-                part = repository.finished_per_bucket(s, width, window // width, cap, history=moved)
+                part = admin_data.finished_per_bucket(s, width, window // width, cap, history=moved)
                 for queue, by_state in part.items():
                     for state, counts in by_state.items():
                         into = series.setdefault(queue, {}).setdefault(state, [0] * len(counts))
@@ -609,9 +615,9 @@ class Admin:
     def queue_names(self) -> list[str]:
         """The queues that have jobs, sorted (moved jobs' too under the partitioned history)."""
         if not self._partitioned_history():
-            return self._read(repository.job_queues)
+            return self._read(admin_data.job_queues)
         return self._read(
-            lambda s: sorted({*repository.job_queues(s), *repository.job_queues(s, history=True)})
+            lambda s: sorted({*admin_data.job_queues(s), *admin_data.job_queues(s, history=True)})
         )
 
     # -- queues ------------------------------------------------------------------------------
@@ -620,12 +626,12 @@ class Admin:
         """Stop all workers from claiming ``queue``'s jobs (within one poll interval); running
         jobs finish. Tickets stay, so ``resume_queue`` picks up where it left off."""
         name = validation.queue_name(queue)
-        self._write(None, lambda s: repository.set_queue_control(s, name, paused=True))
+        self._write(None, lambda s: control_data.set_queue_control(s, name, paused=True))
 
     def resume_queue(self, queue: str) -> None:
         """Let workers claim ``queue``'s jobs again."""
         name = validation.queue_name(queue)
-        self._write(None, lambda s: repository.set_queue_control(s, name, paused=False))
+        self._write(None, lambda s: control_data.set_queue_control(s, name, paused=False))
 
     def set_queue_limit(self, queue: str, limit: int | None) -> None:
         """At most ``limit`` jobs of ``queue`` RUNNING at once across all workers and hosts
@@ -635,7 +641,9 @@ class Admin:
         ):
             raise ValidationError(f"queue limit must be a positive int or None, got {limit!r}")
         name = validation.queue_name(queue)
-        self._write(None, lambda s: repository.set_queue_control(s, name, concurrency_limit=limit))
+        self._write(
+            None, lambda s: control_data.set_queue_control(s, name, concurrency_limit=limit)
+        )
 
     def set_queue_max_depth(
         self, queue: str, max_depth: int | None, *, on_full: str = "reject"
@@ -654,7 +662,7 @@ class Admin:
         if on_full != "reject":
             raise ValidationError(f"on_full must be 'reject' (the only mode), got {on_full!r}")
         name = validation.queue_name(queue)
-        self._write(None, lambda s: repository.set_queue_max_depth(s, name, max_depth))
+        self._write(None, lambda s: enqueue_data.set_queue_max_depth(s, name, max_depth))
 
     def set_key_limit(self, key_or_prefix: str, limit: int | None) -> None:
         """At most ``limit`` jobs RUNNING at once for each concurrency key starting with
@@ -663,7 +671,7 @@ class Admin:
         prefix = validation.concurrency_key(key_or_prefix, what="key_or_prefix")
         if limit is not None:
             limit = validation.limit_count(limit, what="key limit")
-        self._write(None, lambda s: repository.set_key_limit(s, prefix, limit))
+        self._write(None, lambda s: flow_data.set_key_limit(s, prefix, limit))
 
     def set_rate_limit(
         self,
@@ -689,14 +697,14 @@ class Admin:
             window = validation.rate_period(per)
         if key is not None:
             prefix = validation.concurrency_key(key, what="key")
-            self._write(None, lambda s: repository.set_key_rate(s, prefix, rate, window))
+            self._write(None, lambda s: flow_data.set_key_rate(s, prefix, rate, window))
             return
         name = validation.queue_name(queue)
-        self._write(None, lambda s: repository.set_queue_rate(s, name, rate, window))
+        self._write(None, lambda s: flow_data.set_queue_rate(s, name, rate, window))
 
     def queue_settings(self) -> dict[str, QueueSettings]:
         """The switches of every queue that has any, by queue name."""
-        rows = self._read(repository.queue_controls)
+        rows = self._read(control_data.queue_controls)
         return {
             row.name: QueueSettings(
                 row.name,
@@ -712,7 +720,7 @@ class Admin:
 
     def key_overrides(self) -> list[KeyOverride]:
         """Every run-time override of the concurrency keys' limits, by prefix."""
-        rows = self._read(repository.key_overrides)
+        rows = self._read(flow_data.key_overrides)
         return [KeyOverride(*row) for row in rows]
 
     # -- workers -----------------------------------------------------------------------------
@@ -724,7 +732,7 @@ class Admin:
             raise ValidationError(f"include_stale must be a bool, got {include_stale!r}")
         stale_seconds = self._stale_seconds()
         rows = self._read(
-            lambda s: repository.list_workers(s, stale_seconds, include_stale=include_stale)
+            lambda s: workers_data.list_workers(s, stale_seconds, include_stale=include_stale)
         )
         return [
             WorkerInfo(
@@ -750,7 +758,7 @@ class Admin:
         """The worker holding job ``job_id`` while it is RUNNING, else None."""
         job_id = check_job_id(job_id)
         stale_seconds = self._stale_seconds()
-        row = self._read(lambda s: repository.job_holder(s, job_id, stale_seconds))
+        row = self._read(lambda s: workers_data.job_holder(s, job_id, stale_seconds))
         if row is None:
             return None
         seen = None if row[4] is None else float(row[4])
@@ -770,10 +778,10 @@ def job_snapshot(session: Session, job_id: int, *, history: bool = False) -> Job
     """Job ``job_id`` read in ``session`` and detached from it; with ``history``, found in the
     partitioned history when it is no longer in ``pgqueue_jobs`` (a ``Job`` of no session,
     without steps). Raises JobNotFound."""
-    job = repository.get_job(session, job_id)
+    job = admin_data.get_job(session, job_id)
     if job is None:
         # Read after the live table: a job moved in between is found here, never missed.
-        moved = repository.get_moved_job(session, job_id) if history else None
+        moved = admin_data.get_moved_job(session, job_id) if history else None
         if moved is None:
             raise JobNotFound(f"no job with id {job_id}")
         return moved
@@ -801,9 +809,9 @@ def _raise_for_state(
     *,
     history: bool = False,
 ) -> None:
-    job = repository.get_job(session, job_id)
+    job = admin_data.get_job(session, job_id)
     if job is None:
-        moved = repository.get_moved_job(session, job_id) if history else None
+        moved = admin_data.get_moved_job(session, job_id) if history else None
         if moved is not None:
             raise InvalidStateTransition(
                 f"cannot {action} job {job_id}: it finished ({moved.state.value}) and was moved "

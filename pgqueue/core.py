@@ -21,14 +21,17 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import connections, history, repository, uow
+from pgqueue import connections, history, uow
 from pgqueue.admin import Admin, KeyOverride, check_job_id, job_snapshot
 from pgqueue.aio import AsyncDatabase, check_async_engine, check_async_session
 from pgqueue.config import Settings, normalize_database_url
+from pgqueue.data import admin as admin_data
+from pgqueue.data import enqueue as enqueue_data
+from pgqueue.data import maintenance as maintenance_data
+from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen, insert_path
 from pgqueue.db import Database
 from pgqueue.errors import ConfigurationError, ValidationError, pgqueue_logger
 from pgqueue.explain import JobExplanation
-from pgqueue.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen, insert_path
 from pgqueue.jobs import NewJob
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
@@ -103,7 +106,7 @@ class PgQueue:
         self._job_waiter = JobWaiter(
             lambda job_id: self.get_job(job_id),
             lambda job_id: uow.run(
-                self.database, lambda db: repository.mark_awaited(db, job_id), autocommit=True
+                self.database, lambda db: admin_data.mark_awaited(db, job_id), autocommit=True
             ),
             self.listen_connection,
             lambda: self.can_listen,
@@ -286,7 +289,7 @@ class PgQueue:
             job = jobs[0]
             job_id = uow.run(
                 self.database,
-                lambda db: repository.insert_one_job(db, job, trace_context),
+                lambda db: enqueue_data.insert_one_job(db, job, trace_context),
                 autocommit=True,
             )
             if job_id is not None:
@@ -294,10 +297,10 @@ class PgQueue:
             bounded.suspect([job.queue])
         elif path == "copy":
             if trace_context is None:
-                ids = uow.run(self.database, lambda db: repository.copy_jobs(db, jobs))
+                ids = uow.run(self.database, lambda db: enqueue_data.copy_jobs(db, jobs))
             else:
                 ids = uow.run(
-                    self.database, lambda db: repository.copy_jobs(db, jobs, trace_context)
+                    self.database, lambda db: enqueue_data.copy_jobs(db, jobs, trace_context)
                 )
             if ids is not None:
                 return ids
@@ -306,7 +309,7 @@ class PgQueue:
         return uow.in_caller_or_own_transaction(
             session,
             self.sessions,
-            lambda s: repository.insert_jobs(s, jobs, trace_context, bounded),
+            lambda s: enqueue_data.insert_jobs(s, jobs, trace_context, bounded),
         )
 
     # -- job control (shortcuts to ``self.admin``) ------------------------------------------
@@ -354,7 +357,7 @@ class PgQueue:
         while True:
             deleted = uow.run_in_transaction(
                 self.sessions,
-                lambda s: repository.prune_finished(
+                lambda s: maintenance_data.prune_finished(
                     s,
                     succeeded_before=self.settings.succeeded_retention,
                     failed_before=self.settings.failed_retention,
@@ -458,18 +461,18 @@ class PgQueue:
         if path == "one":
             job = jobs[0]
             job_id = await database.run(
-                lambda db: repository.insert_one_job(db, job, trace_context), autocommit=True
+                lambda db: enqueue_data.insert_one_job(db, job, trace_context), autocommit=True
             )
             if job_id is not None:
                 return [job_id]
             bounded.suspect([job.queue])
         elif path == "copy":
-            ids = await database.run(lambda db: repository.copy_jobs(db, jobs, trace_context))
+            ids = await database.run(lambda db: enqueue_data.copy_jobs(db, jobs, trace_context))
             if ids is not None:
                 return ids
             bounded.suspect({job.queue for job in jobs})
         return await database.in_caller_or_own_session(
-            session, lambda s: repository.insert_jobs(s, jobs, trace_context, bounded)
+            session, lambda s: enqueue_data.insert_jobs(s, jobs, trace_context, bounded)
         )
 
     async def aget_job(self, job_id: int) -> Job:

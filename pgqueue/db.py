@@ -79,6 +79,9 @@ class ConnectionExecutor:
                 copy.write(chunk)
 
 
+SessionOrExecutor = Session | Executor
+"""What a data operation runs on: a caller's ``Session`` (its transaction) or an executor."""
+
 _EXECUTORS = (ConnectionExecutor, driver.DriverExecutor, driver.HeldConnection)
 
 

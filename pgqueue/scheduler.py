@@ -35,7 +35,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import repository, uow
+from pgqueue import uow
+from pgqueue.data import control as control_data
 from pgqueue.errors import QueueFull, ValidationError, pgqueue_logger
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ class Scheduler:
                 raise ValidationError("the scheduler clock must return aware datetimes")
             return value.astimezone(UTC)
         with self.sessions() as session:
-            return repository.database_now(session).astimezone(UTC)
+            return control_data.database_now(session).astimezone(UTC)
 
     def run_pending(self) -> list[int]:
         """Enqueue every due tick of every schedule; return the ids of jobs this call created."""
@@ -184,7 +185,7 @@ class Scheduler:
             return []
         now = self.now()
         with self.sessions() as session:
-            last = repository.last_ticks(session, [s.name for s in schedules])
+            last = control_data.last_ticks(session, [s.name for s in schedules])
         created: list[int] = []
         for schedule in schedules:
             since = last.get(schedule.name) or self._first_seen.setdefault(schedule.name, now)
@@ -219,17 +220,17 @@ class Scheduler:
 
     def _record_dropped(self, name: str, instant: dt.datetime) -> None:
         uow.run_in_transaction(
-            self.sessions, lambda session: repository.record_tick(session, name, instant)
+            self.sessions, lambda session: control_data.record_tick(session, name, instant)
         )
 
     def _enqueue_tick(self, schedule: Schedule, instant: dt.datetime) -> int | None:
         def work(session: Any) -> int | None:
-            if not repository.record_tick(session, schedule.name, instant):
+            if not control_data.record_tick(session, schedule.name, instant):
                 return None  # another scheduler enqueued this tick
             job_id = schedule.task.configure(session=session).enqueue(
                 *schedule.args, **schedule.kwargs
             )
-            repository.set_tick_job(session, schedule.name, instant, job_id)
+            control_data.set_tick_job(session, schedule.name, instant, job_id)
             return job_id
 
         try:

@@ -3,7 +3,7 @@ the calling thread as soon as the transaction that enqueued it commits.
 
 Nothing is imitated: the job is inserted by the normal enqueue, claimed by its id with the
 claim statement's ``claim_listed`` form, run by the worker's own ``Executor`` and its outcome
-written by ``repository.record_outcomes``, on the real tables. So a job of a rolled-back
+written by ``outcomes_data.record_outcomes``, on the real tables. So a job of a rolled-back
 transaction never runs (there is nothing to claim), and what a test reads afterwards is what a
 worker would have left.
 
@@ -56,8 +56,10 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction
 
-from pgqueue import repository, uow
+from pgqueue import uow
 from pgqueue.core import PgQueue
+from pgqueue.data import claim as claim_data
+from pgqueue.data import outcomes as outcomes_data
 from pgqueue.errors import ValidationError
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome
 from pgqueue.states import JobState, OutcomeKind
@@ -256,7 +258,7 @@ class ImmediateMode:
             return self._attempt_atomic(job_id)
         claimed = uow.run(
             self.pgq.database,
-            lambda db: repository.claim_listed(
+            lambda db: claim_data.claim_listed(
                 db, [job_id], worker_id=self._worker_id, lease_seconds=self._lease_seconds
             ),
             autocommit=True,
@@ -268,7 +270,7 @@ class ImmediateMode:
         timeout = None if task is None else task.timeout
         execution = Execution(job, self._lease_seconds, timeout, 0.0)
         outcome = self._executor.run_leased(execution)
-        lost = uow.run(self.pgq.database, lambda db: repository.record_outcomes(db, [outcome]))
+        lost = uow.run(self.pgq.database, lambda db: outcomes_data.record_outcomes(db, [outcome]))
         if lost:
             raise RuntimeError(f"job {job_id}'s lease was taken while it ran in immediate mode")
         return self._ran(job, outcome)
@@ -277,7 +279,7 @@ class ImmediateMode:
         session = self.pgq.handler_session()
         try:
             with session.begin():
-                claimed = repository.claim_listed(
+                claimed = claim_data.claim_listed(
                     session,
                     [job_id],
                     worker_id=self._worker_id,

@@ -19,9 +19,9 @@ and their row only.
 
 A transaction lost after the handler ran (it failed at commit, the handler's session ended it,
 the connection or the worker died) undoes an in-transaction claim too. So before the handler
-runs, the run is recorded on another connection and committed (``repository.record_atomic_run``), and the run's
+runs, the run is recorded on another connection and committed (``atomic_runs_data.record_atomic_run``), and the run's
 transaction deletes that record when it commits. A record left behind is counted as a failed
-attempt in a transaction of its own (``repository.count_lost_attempt``): by this worker at
+attempt in a transaction of its own (``atomic_runs_data.count_lost_attempt``): by this worker at
 once when it saw its transaction fail, else by the next claim of the job, which finds the
 record and counts it instead of running the handler. A job whose transaction always fails runs
 its handler ``max_attempts`` times and fails, with one log line per attempt, whatever happened
@@ -40,7 +40,8 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
 
-from pgqueue import repository
+from pgqueue.data import atomic_runs as atomic_runs_data
+from pgqueue.data import claim as claim_data
 from pgqueue.errors import AtomicRunUnfinished, error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.worker.executor import Executor
@@ -152,9 +153,9 @@ class AtomicProbes:
         try:
             with session.begin():
                 if committed:
-                    jobs = committed if repository.lock_claimed(session, committed[0]) else []
+                    jobs = committed if claim_data.lock_claimed(session, committed[0]) else []
                 else:
-                    jobs = repository.claim(
+                    jobs = claim_data.claim(
                         session,
                         worker_id=self._worker_id,
                         limit=1,
@@ -182,7 +183,7 @@ class AtomicProbes:
                     outcome = self._executor.run_atomic(session, job, threading.Event())
                 finally:
                     self._slots.atomic_running(job.queue, -1)
-                repository.clear_atomic_runs(session, job.id)
+                atomic_runs_data.clear_atomic_runs(session, job.id)
         except _GivenBack:
             # The rollback put an in-transaction claim's ticket back as it was, attempt count
             # included; a committed claim is released like a leased job.

@@ -22,9 +22,10 @@ from typing import Any, NoReturn
 
 from sqlalchemy.orm import Session
 
-from pgqueue import backoff, repository, validation
+from pgqueue import backoff, validation
 from pgqueue.config import Settings
 from pgqueue.context import JobContext, Retry, Snooze
+from pgqueue.data import outcomes as outcomes_data
 from pgqueue.errors import (
     AtomicRunUnfinished,
     AtomicSessionMisuse,
@@ -176,11 +177,11 @@ class Executor:
             session.flush()  # the handler's pending writes: their errors are the handler's
             # Deferred constraints are checked now, in the handler's savepoint, not at the
             # commit, where a violation would undo the claim along with the handler's writes.
-            repository.check_deferred_constraints(session)
+            outcomes_data.check_deferred_constraints(session)
             outcome = self._success(job, result, execution)
             if context is not None:
                 outcome.progress = execution.unwritten_progress()
-            repository.record_outcomes(session, [outcome])
+            outcomes_data.record_outcomes(session, [outcome])
             savepoint.commit()
             return outcome
         except BaseException as exc:
@@ -210,14 +211,14 @@ class Executor:
         ``unrecorded``'s failed attempt instead."""
         savepoint = session.begin_nested()
         try:
-            repository.record_outcomes(session, [outcome])
+            outcomes_data.record_outcomes(session, [outcome])
             savepoint.commit()
             return outcome
         except Exception as exc:
             if savepoint.is_active:
                 savepoint.rollback()
             substitute = self.unrecorded(job, outcome, exc)
-        repository.record_outcomes(session, [substitute])
+        outcomes_data.record_outcomes(session, [substitute])
         return substitute
 
     # -- shared ------------------------------------------------------------------------------

@@ -19,8 +19,16 @@ from typing import TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from pgqueue import repository, uow
-from pgqueue.claim_choice import LimitsSeen
+from pgqueue import uow
+from pgqueue.data import admin as admin_data
+from pgqueue.data import atomic_runs as atomic_runs_data
+from pgqueue.data import claim as claim_data
+from pgqueue.data import flow as flow_data
+from pgqueue.data import history as history_data
+from pgqueue.data import maintenance as maintenance_data
+from pgqueue.data import outcomes as outcomes_data
+from pgqueue.data import workers as workers_data
+from pgqueue.data.claim_choice import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import (
     error_line,
@@ -139,7 +147,7 @@ class WorkerStore:
     ) -> list[ClaimedJob]:
         """Claim up to ``limit`` jobs, none of the tasks in ``excluded``; ``held`` gives the
         ids this worker already runs;
-        ``notified``: the claim follows a wake-up for new work (``repository.claim``);
+        ``notified``: the claim follows a wake-up for new work (``claim_data.claim``);
         ``failed`` is told of each attempt that failed and is tried again here (the error, and
         the delay before the next try when known), instead of a log line.
 
@@ -157,7 +165,7 @@ class WorkerStore:
         began = time.monotonic()
 
         def claim_on(db: Executor) -> list[ClaimedJob]:
-            return repository.claim(
+            return claim_data.claim(
                 db,
                 worker_id=worker_id,
                 limit=limit,
@@ -183,7 +191,7 @@ class WorkerStore:
                 log.warning("claim: database unavailable (%s); retrying", error_line(exc))
 
         def work(db: Executor) -> list[ClaimedJob]:
-            orphans = repository.claimed_by(
+            orphans = claim_data.claimed_by(
                 db, worker_id=worker_id, held=held(), within=time.monotonic() - began + 1.0
             )
             if orphans:
@@ -210,11 +218,11 @@ class WorkerStore:
         lease_seconds: float,
         excluded: Sequence[str] = (),
     ) -> list[ClaimedJob]:
-        """``repository.claim_atomic_controlled``, committed at once on a pooled connection,
+        """``claim_data.claim_atomic_controlled``, committed at once on a pooled connection,
         with the controls the claimer last saw."""
         return self._run(
             "atomic claim",
-            lambda db: repository.claim_atomic_controlled(
+            lambda db: claim_data.claim_atomic_controlled(
                 db,
                 worker_id=worker_id,
                 queues=queues,
@@ -266,7 +274,7 @@ class WorkerStore:
             "record outcomes",
             lambda: uow.run(
                 database,
-                lambda db: repository.record_outcomes(db, items, lock_wait_ms=wait_ms),
+                lambda db: outcomes_data.record_outcomes(db, items, lock_wait_ms=wait_ms),
                 attempts=1,
             ),
             give_up_when_stopping=False,
@@ -274,18 +282,18 @@ class WorkerStore:
         )
 
     def record_atomic_run(self, job: ClaimedJob, worker_id: str) -> bool:
-        """``repository.record_atomic_run``, committed at once, tried once: a failure leaves
+        """``atomic_runs_data.record_atomic_run``, committed at once, tried once: a failure leaves
         the handler unrun (its claim rolls back) rather than risk recording a run twice."""
         return self._database.run(
-            lambda db: repository.record_atomic_run(db, job, worker_id), autocommit=True
+            lambda db: atomic_runs_data.record_atomic_run(db, job, worker_id), autocommit=True
         )
 
     def count_lost_attempt(self, job: ClaimedJob, *, delay: float, error: str) -> JobState | None:
-        """``repository.count_lost_attempt`` in a transaction of its own (retried through a
+        """``atomic_runs_data.count_lost_attempt`` in a transaction of its own (retried through a
         lost connection: the attempt must be counted)."""
         return self._run(
             "count lost attempt",
-            lambda db: repository.count_lost_attempt(db, job, delay=delay, error=error),
+            lambda db: atomic_runs_data.count_lost_attempt(db, job, delay=delay, error=error),
             give_up_when_stopping=False,
             autocommit=False,
         )
@@ -298,41 +306,41 @@ class WorkerStore:
     ) -> dict[int, bool]:
         return self._run(
             "heartbeat",
-            lambda db: repository.heartbeat(db, leases, worker, progress),  # type: ignore[arg-type]
+            lambda db: outcomes_data.heartbeat(db, leases, worker, progress),  # type: ignore[arg-type]
             give_up_when_stopping=True,
         )
 
     def worker_seen(self, worker: WorkerEntry) -> dt.datetime:
         return self._run(
             "worker registry",
-            lambda db: repository.worker_seen(db, worker),
+            lambda db: workers_data.worker_seen(db, worker),
             give_up_when_stopping=True,
         )
 
     def unregister_worker(self, worker_id: str) -> None:
         self._run(
             "worker registry",
-            lambda db: repository.unregister_worker(db, worker_id),
+            lambda db: workers_data.unregister_worker(db, worker_id),
             give_up_when_stopping=True,
         )
 
     def delete_stale_workers(self, stale_seconds: float) -> list[str]:
         return self._run(
             "stale workers",
-            lambda db: repository.delete_stale_workers(db, stale_seconds),
+            lambda db: workers_data.delete_stale_workers(db, stale_seconds),
             give_up_when_stopping=True,
         )
 
     def rescue_expired(self, *, limit: int, error: str) -> list[tuple[int, str]]:
         if not self._run(
-            "rescue check", repository.expired_lease_exists, give_up_when_stopping=True
+            "rescue check", maintenance_data.expired_lease_exists, give_up_when_stopping=True
         ):
             return []
         # One transaction, like ``record_outcomes``: rescued jobs that end settle their
         # dependents in it.
         return self._run(
             "rescue",
-            lambda db: repository.rescue_expired(
+            lambda db: maintenance_data.rescue_expired(
                 db, lock_key=MAINTENANCE_LOCK_KEY, limit=limit, error=error
             ),
             give_up_when_stopping=True,
@@ -342,9 +350,9 @@ class WorkerStore:
     def prune(self, *, succeeded_before: float, failed_before: float, limit: int) -> int:
         def work(db: Executor) -> int:
             # One transaction: the advisory lock lasts until its end, so one pruner at a time.
-            if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 1):
+            if not maintenance_data.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 1):
                 return 0
-            return repository.prune_finished(
+            return maintenance_data.prune_finished(
                 db, succeeded_before=succeeded_before, failed_before=failed_before, limit=limit
             )
 
@@ -354,9 +362,9 @@ class WorkerStore:
         def work(db: Executor) -> int:
             # One mover at a time, as one pruner: concurrent movers would only skip each
             # other's locked rows.
-            if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 3):
+            if not maintenance_data.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 3):
                 return 0
-            return repository.move_to_history(db, age=age, limit=limit)
+            return history_data.move_to_history(db, age=age, limit=limit)
 
         return self._run("history move", work, give_up_when_stopping=True, autocommit=False)
 
@@ -364,11 +372,11 @@ class WorkerStore:
         """Correct the drifted counters of limited queues and of concurrency keys; ``{queue or
         key: corrected count}``."""
         corrected: dict[str, int] = {}
-        if self._run("limit check", repository.any_queue_limit, give_up_when_stopping=True):
+        if self._run("limit check", claim_data.any_queue_limit, give_up_when_stopping=True):
             corrected.update(
                 self._run(
                     "recount limited queues",
-                    repository.recount_running,
+                    maintenance_data.recount_running,
                     give_up_when_stopping=True,
                     autocommit=False,
                 )
@@ -377,7 +385,7 @@ class WorkerStore:
             corrected.update(
                 self._run(
                     "recount concurrency keys",
-                    repository.recount_keys,
+                    flow_data.recount_keys,
                     give_up_when_stopping=True,
                     autocommit=False,
                 )
@@ -389,9 +397,9 @@ class WorkerStore:
         key read or None at the end, rows deleted)``. Nothing while another worker does it."""
 
         def work(db: Executor) -> tuple[str | None, int]:
-            if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 4):
+            if not maintenance_data.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 4):
                 return None, 0
-            return repository.delete_idle_keys(db, after=after, limit=limit)
+            return maintenance_data.delete_idle_keys(db, after=after, limit=limit)
 
         return self._run("idle key cleanup", work, give_up_when_stopping=True, autocommit=False)
 
@@ -400,25 +408,25 @@ class WorkerStore:
     ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int]] | None:
         """``({queue: {state: capped count}}, {queue: seconds its earliest ticket waited},
         {queue: ready jobs whose task no live worker registers})``, or None when another worker reads them for the cluster: a live worker with a smaller
-        id in the registry (``repository.elected_worker``), or, while the registry names no
+        id in the registry (``workers_data.elected_worker``), or, while the registry names no
         such worker, the one holding the figures lock."""
 
         def work(
             db: Executor,
         ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int]] | None:
-            if not repository.elected_worker(db, worker_id, stale_seconds):
+            if not workers_data.elected_worker(db, worker_id, stale_seconds):
                 return None
-            if not repository.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 2):
+            if not maintenance_data.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 2):
                 return None
-            counts = repository.capped_state_counts(db, cap)
-            oldest = repository.oldest_waiting(db)
+            counts = admin_data.capped_state_counts(db, cap)
+            oldest = admin_data.oldest_waiting(db)
             return (
                 {
                     queue: {str(s): n for s, n in by_state.items()}
                     for queue, by_state in counts.items()
                 },
                 {queue: waited for queue, (_, _, waited) in oldest.items()},
-                repository.unregistered_ready(db, stale_seconds, cap),
+                workers_data.unregistered_ready(db, stale_seconds, cap),
             )
 
         return self._run("queue figures", work, give_up_when_stopping=True, autocommit=False)
@@ -426,6 +434,6 @@ class WorkerStore:
     def ready_work_exists(self, queues: Sequence[str] | None, excluded: Sequence[str] = ()) -> bool:
         return self._run(
             "drain check",
-            lambda db: repository.ready_ticket_exists(db, queues, excluded),
+            lambda db: claim_data.ready_ticket_exists(db, queues, excluded),
             give_up_when_stopping=True,
         )

@@ -33,9 +33,10 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-from pgqueue import Job, JobState, MessageQueue, PgQueue, Settings, ValidationError, repository
+from pgqueue import Job, JobState, MessageQueue, PgQueue, Settings, ValidationError
+from pgqueue.data import enqueue as enqueue_data
+from pgqueue.data.insert_choice import COPY_THRESHOLD
 from pgqueue.errors import JobNotFound
-from pgqueue.insert_choice import COPY_THRESHOLD
 from pgqueue.testing import run_until_final
 
 SLOW_CALLBACK_SECONDS = 0.25
@@ -125,13 +126,13 @@ def test_aenqueue_many_in_a_session_and_copy_outside_one(
         return a + b
 
     copies: list[int] = []
-    real_copy = repository.copy_jobs
+    real_copy = enqueue_data.copy_jobs
 
     def spy(db: Any, jobs: Any, trace_context: str | None = None) -> list[int]:
         copies.append(len(jobs))
         return real_copy(db, jobs, trace_context)
 
-    monkeypatch.setattr(repository, "copy_jobs", spy)
+    monkeypatch.setattr(enqueue_data, "copy_jobs", spy)
     n = COPY_THRESHOLD + 17
 
     async def main() -> tuple[list[int], list[int]]:

@@ -20,7 +20,8 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from pgqueue import JobContext, JobState, PgQueue, backoff, repository
+from pgqueue import JobContext, JobState, PgQueue, backoff
+from pgqueue.data import claim as claim_data
 from pgqueue.worker import Worker
 
 TABLES = """
@@ -176,7 +177,7 @@ def test_a_running_atomic_job_whose_worker_is_gone_is_rescued(
     job_id = orphan.enqueue()
     session: Session = pgq.handler_session()
     with session.begin():
-        [claimed] = repository.claim(
+        [claimed] = claim_data.claim(
             session,
             worker_id="gone",
             limit=1,

@@ -39,13 +39,13 @@ from pgqueue import (
     Settings,
     Task,
     ValidationError,
-    repository,
 )
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
+from pgqueue.data import enqueue as enqueue_data
+from pgqueue.data.insert_choice import COPY_THRESHOLD
 from pgqueue.db import ConnectionExecutor
 from pgqueue.explain import BlockerKind
-from pgqueue.insert_choice import COPY_THRESHOLD
 from pgqueue.jobs import NewJob
 from pgqueue.scheduler import Scheduler
 
@@ -226,8 +226,8 @@ def test_the_plain_inserts_write_nothing_into_a_bounded_queue(pgq: PgQueue, host
     job = NewJob("t", "reports", "[]", "{}", 0, 3, None, None, None, False)
     with pgq.engine.begin() as connection:
         executor = ConnectionExecutor(connection)
-        assert repository.insert_one_job(executor, job) is None
-        assert repository.copy_jobs(executor, [job] * 3) is None
+        assert enqueue_data.insert_one_job(executor, job) is None
+        assert enqueue_data.copy_jobs(executor, [job] * 3) is None
     assert counts(host, "reports")[:2] == (0, 0)
 
 

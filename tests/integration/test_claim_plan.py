@@ -1,7 +1,7 @@
 """The claim statement's plan: the ticket index, never a sequential scan, never JIT-compiled.
 
 With 100,000 finished jobs and 50,000 ready tickets, ``EXPLAIN`` of pgqueue's claim statement
-(exactly the SQL and parameters ``repository.claim`` sends, for all queues and filtered by queue) must read the tickets through
+(exactly the SQL and parameters ``claim_data.claim`` sends, for all queues and filtered by queue) must read the tickets through
 ``ix_pgqueue_message_queue_claim`` (``(atomic, priority, run_at, job_id) INCLUDE (queue)``,
 which also yields the claim's ``ORDER BY``) and must not sequentially scan
 ``pgqueue_message_queue`` or ``pgqueue_jobs``. This holds with fresh statistics and with stale
@@ -28,8 +28,10 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from pgqueue import claim_choice, connections, repository
+from pgqueue import connections
 from pgqueue.config import Settings
+from pgqueue.data import claim as claim_data
+from pgqueue.data import claim_choice
 from pgqueue.db import Database
 from pgqueue.worker.store import WorkerStore
 
@@ -146,7 +148,7 @@ def captured_claim(connection: Connection, *, filter_queues: bool) -> tuple[str,
     event.listen(connection, "before_cursor_execute", capture)
     try:
         with Session(connection) as session:
-            repository.claim(
+            claim_data.claim(
                 session,
                 worker_id="plan-test",
                 limit=10,
@@ -159,7 +161,7 @@ def captured_claim(connection: Connection, *, filter_queues: bool) -> tuple[str,
         return captured.statement, dict(captured.parameters)
     finally:
         event.remove(connection, "before_cursor_execute", capture)
-    raise AssertionError("repository.claim sent no statement")
+    raise AssertionError("claim_data.claim sent no statement")
 
 
 def custom_plan(connection: Connection, sql: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -459,7 +461,7 @@ def claim_many_pooled(database: Database, times: int) -> None:
     lean = claim_choice.LimitsSeen()
     lean.record(False, until=float("inf"))
     for _ in range(times):
-        database.run(lambda ex: repository.claim(ex, limits=lean, **ONE_CLAIM), autocommit=True)
+        database.run(lambda ex: claim_data.claim(ex, limits=lean, **ONE_CLAIM), autocommit=True)
 
 
 def pooled_claim_plan(engine: Engine, *, generic: bool | None) -> dict[str, Any]:

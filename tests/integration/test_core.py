@@ -252,7 +252,7 @@ def test_atomic_failure_rolls_back_handler_writes(pgq: PgQueue, engine, app_tabl
 
 def test_atomic_crash_rolls_back_the_claim(pgq: PgQueue, engine, database_url: URL) -> None:
     """A transaction that dies mid-handler leaves the ticket claimable again at once."""
-    from pgqueue import repository
+    from pgqueue.data import claim as claim_data
 
     @pgq.task(name="atomic_crash", atomic=True)
     def atomic_crash() -> None:
@@ -261,7 +261,7 @@ def test_atomic_crash_rolls_back_the_claim(pgq: PgQueue, engine, database_url: U
     job_id = atomic_crash.enqueue()
     session = pgq.handler_session()
     session.begin()
-    claimed = repository.claim(
+    claimed = claim_data.claim(
         session,
         worker_id="doomed",
         limit=1,
@@ -274,7 +274,7 @@ def test_atomic_crash_rolls_back_the_claim(pgq: PgQueue, engine, database_url: U
     # While the claim is open the ticket is locked: another claimer skips it.
     with Session(engine) as other, other.begin():
         assert (
-            repository.claim(
+            claim_data.claim(
                 other,
                 worker_id="other",
                 limit=1,
@@ -428,7 +428,8 @@ def test_large_enqueue_many_copies_jobs_and_tickets_in_input_order(
     path gives, and the jobs must run."""
     import psycopg
 
-    from pgqueue import core, repository
+    from pgqueue import core
+    from pgqueue.data import enqueue as enqueue_data
 
     seen: list[int] = []
 
@@ -437,13 +438,13 @@ def test_large_enqueue_many_copies_jobs_and_tickets_in_input_order(
         seen.append(1)
 
     copies: list[int] = []
-    real_copy = repository.copy_jobs
+    real_copy = enqueue_data.copy_jobs
 
     def spy(db: object, jobs: list[object]) -> list[int]:
         copies.append(len(jobs))
         return real_copy(db, jobs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(repository, "copy_jobs", spy)
+    monkeypatch.setattr(enqueue_data, "copy_jobs", spy)
     tricky = ["tab\there", "line\nbreak", "back\\slash", "\\N", "", "quote\"'", "é€𝄞", "\r\x01"]
     n = core.COPY_THRESHOLD + 234
     items: list[dict[str, object] | list[object]] = [

@@ -19,9 +19,10 @@ from flask import Flask
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 
-from pgqueue import JobState, repository
+from pgqueue import JobState
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
+from pgqueue.data import admin as admin_data
 
 HISTORY = 200_000
 MOST_ROWS_A_PAGE_STATEMENT_MAY_READ = HISTORY // 8
@@ -222,19 +223,19 @@ def test_filtered_pages_hold_exactly_the_matching_jobs(app: Flask, engine: Engin
             and (case.get("task_name") in (None, r.task_name))
         ]
         with queue.sessions() as session:
-            newest = repository.list_jobs(session, **case, limit=7)
+            newest = admin_data.list_jobs(session, **case, limit=7)
             got = [j.id for j in newest]
             # Walk older pages (only through the rows fetched above), then one page back.
             while len(got) < len(expected) and newest:
-                newest = repository.list_jobs(session, **case, before=got[-1], limit=7)
+                newest = admin_data.list_jobs(session, **case, before=got[-1], limit=7)
                 got += [j.id for j in newest]
             assert got[: len(expected)] == expected, case
             if len(expected) > 7:
-                back = repository.list_jobs(session, **case, after=expected[9], limit=3)
+                back = admin_data.list_jobs(session, **case, after=expected[9], limit=3)
                 assert [j.id for j in back] == expected[6:9], case
     with queue.sessions() as session:
-        assert repository.job_queues(session) == ["[/x]", "bulk", "mail", "rare"]
-        counts = repository.capped_state_counts(session, 1000)
+        assert admin_data.job_queues(session) == ["[/x]", "bulk", "mail", "rare"]
+        counts = admin_data.capped_state_counts(session, 1000)
     assert counts["rare"][JobState.QUEUED] == 1
     assert counts["rare"][JobState.SUCCEEDED] == 0
     assert counts["bulk"][JobState.SUCCEEDED] == 1000  # stopped at the cap

@@ -171,7 +171,7 @@ def test_parents_ending_in_concurrent_transactions_release_their_shared_dependen
     """Two parents of one dependent complete in two transactions open at once: each outcome's
     settling must see the other parent's success once that transaction commits, or neither
     releases the dependent and it waits for good (each saw the other still RUNNING)."""
-    from pgqueue import repository
+    from pgqueue.data import outcomes as outcomes_data
     from pgqueue.jobs import Outcome
     from pgqueue.worker.store import WorkerStore
 
@@ -196,7 +196,7 @@ def test_parents_ending_in_concurrent_transactions_release_their_shared_dependen
         return [Outcome(job_id, claimed[job_id].lease_token, "complete")]
 
     with Session(pgq.engine) as held:
-        repository.record_outcomes(held, outcome(first))
+        outcomes_data.record_outcomes(held, outcome(first))
         other = threading.Thread(
             target=lambda: store.record_outcomes(outcome(second)), name="second-parent"
         )

@@ -18,9 +18,10 @@ from dashboard_app import dashboard_app
 from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import URL
 
-from pgqueue import JobContext, JobState, PgQueue, Settings, backoff, repository, steps
+from pgqueue import JobContext, JobState, PgQueue, Settings, backoff, steps
 from pgqueue.cli import main as cli_main
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
+from pgqueue.data import claim as claim_data
 from pgqueue.errors import LeaseLost, ValidationError
 from pgqueue.job_filter import JobFilter
 from pgqueue.testing import immediate, table_counts
@@ -345,7 +346,7 @@ def test_a_save_under_a_lost_lease_is_refused_and_saves_nothing(pgq: PgQueue) ->
 
     job_id = held.enqueue()
     with pgq.sessions() as session, session.begin():
-        [claimed] = repository.claim(
+        [claimed] = claim_data.claim(
             session, worker_id="w", limit=1, queues=None, lease_seconds=30, task_leases={}
         )
     with pgq.sessions() as session, session.begin():

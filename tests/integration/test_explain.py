@@ -16,8 +16,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import URL
 
-from pgqueue import JobState, PgQueue, backoff, repository
-from pgqueue.claim_choice import LimitsSeen
+from pgqueue import JobState, PgQueue, backoff
+from pgqueue.data import claim as claim_data
+from pgqueue.data.claim_choice import LimitsSeen
 from pgqueue.explain import BlockerKind
 from pgqueue.testing import run_until_final
 
@@ -53,7 +54,7 @@ def kinds(data: dict[str, Any]) -> list[str]:
 def claim(pgq: PgQueue, queue: str, count: int) -> list[int]:
     """Take ``count`` jobs of ``queue`` RUNNING with a real claim, as a worker would."""
     with pgq.sessions() as session, session.begin():
-        claimed = repository.claim(
+        claimed = claim_data.claim(
             session,
             worker_id="test-claimer",
             limit=count,

@@ -21,10 +21,11 @@ from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from pgqueue import PgQueue, Settings, migrations, repository
+from pgqueue import PgQueue, Settings, migrations
 from pgqueue.cli import main as cli_main
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.cli import pgqueue_group
+from pgqueue.data import history as history_data
 from pgqueue.errors import InvalidStateTransition
 from pgqueue.models import JOB_COLUMN_NAMES
 from pgqueue.states import JobState
@@ -144,7 +145,7 @@ def test_the_chart_counts_moved_jobs_once_from_the_moves_minute_counts(
         assert chart_counts(pgq, "chart") == expected
 
         with Session(engine) as session, session.begin():
-            assert repository.move_to_history(session, age=0.0, limit=100) == 7
+            assert history_data.move_to_history(session, age=0.0, limit=100) == 7
         assert history_ids(engine) and where_is(engine, min(history_ids(engine))) == (0, 1)
         assert chart_counts(pgq, "chart") == expected
         assert pgq.admin.throughput()["chart"][JobState.SUCCEEDED][0] in (0, 5)

@@ -14,7 +14,8 @@ from typing import Any
 from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
 
-from pgqueue import PgQueue, repository
+from pgqueue import PgQueue
+from pgqueue.data import claim as claim_data
 from pgqueue.worker import Worker
 from pgqueue.worker.maintenance import Maintenance
 from pgqueue.worker.stats import WorkerStats
@@ -79,7 +80,7 @@ def test_a_claim_reads_only_the_key_rows_of_keys_with_waiting_tickets(pgq: PgQue
         event.listen(pgq.engine, "before_cursor_execute", record)
         try:
             with session.begin():
-                claimed = repository.claim(session, limit=20, **CLAIM)  # type: ignore[arg-type]
+                claimed = claim_data.claim(session, limit=20, **CLAIM)  # type: ignore[arg-type]
                 session.rollback()
         finally:
             event.remove(pgq.engine, "before_cursor_execute", record)
@@ -117,7 +118,7 @@ def test_maintenance_deletes_idle_key_rows_and_keeps_the_needed_ones(pgq: PgQueu
     _insert_idle_keys(pgq.engine, 7_000)  # more than one batch of the cleanup
     keyed.enqueue_many([{"key": "claimed"}])
     with Session(pgq.engine) as session, session.begin():
-        claimed = repository.claim(session, limit=1, **CLAIM)  # type: ignore[arg-type]
+        claimed = claim_data.claim(session, limit=1, **CLAIM)  # type: ignore[arg-type]
     assert [job.kwargs["key"] for job in claimed] == ["claimed"]
     keyed.enqueue_many([{"key": "queued"}])  # a ticket
     keyed.enqueue_many([{"key": "delayed"}])
@@ -168,7 +169,7 @@ def test_maintenance_deletes_idle_key_rows_and_keeps_the_needed_ones(pgq: PgQueu
     again = keyed.enqueue_many([{"key": "deleted", "n": n} for n in range(5)])
     assert _key_rows(pgq.engine)["deleted"] == (3, 0)
     with Session(pgq.engine) as session, session.begin():
-        claimed = repository.claim(session, limit=10, **CLAIM)  # type: ignore[arg-type]
+        claimed = claim_data.claim(session, limit=10, **CLAIM)  # type: ignore[arg-type]
     assert sorted(job.id for job in claimed if job.kwargs["key"] == "deleted") == again[:3]
 
 

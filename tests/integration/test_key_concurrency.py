@@ -13,7 +13,11 @@ from flow_checks import waiting_keys
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from pgqueue import JobState, PgQueue, backoff, repository
+from pgqueue import JobState, PgQueue, backoff
+from pgqueue.data import claim as claim_data
+from pgqueue.data import flow as flow_data
+from pgqueue.data import maintenance as maintenance_data
+from pgqueue.data import outcomes as outcomes_data
 from pgqueue.errors import ValidationError
 from pgqueue.jobs import Outcome
 from pgqueue.testing import states_of, table_counts, wait_for_states
@@ -46,7 +50,7 @@ def _noop() -> None: ...
 
 def _claim(pgq: PgQueue, limit: int) -> list[Any]:
     with Session(pgq.engine) as session, session.begin():
-        return repository.claim(session, limit=limit, **CLAIM)  # type: ignore[arg-type]
+        return claim_data.claim(session, limit=limit, **CLAIM)  # type: ignore[arg-type]
 
 
 def _key_rows(pgq: PgQueue) -> dict[str, tuple[int | None, int]]:
@@ -130,7 +134,7 @@ def test_counter_falls_back_through_success_failure_retry_cancel_and_rescue(
     with pgq.engine.begin() as c:
         c.execute(text("UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 second'"))
     with Session(pgq.engine) as session, session.begin():
-        repository.rescue_expired(session, lock_key=1, limit=10, error="lost")
+        maintenance_data.rescue_expired(session, lock_key=1, limit=10, error="lost")
     assert _key_rows(pgq) == {"shared": (1, 0)}
     pgq.run_worker(drain=True, concurrency=1)
     assert states_of(pgq, [stuck]) == {stuck: JobState.SUCCEEDED}
@@ -297,7 +301,7 @@ def test_cancel_and_release_give_the_key_back(pgq: PgQueue) -> None:
     assert _key_rows(pgq) == {"cr": (2, 2)}
     outcomes = [Outcome.cancelled(cancelled, "stop"), Outcome.release(released)]
     with Session(pgq.engine) as session, session.begin():
-        assert repository.record_outcomes(session, outcomes) == set()
+        assert outcomes_data.record_outcomes(session, outcomes) == set()
     assert _key_rows(pgq) == {"cr": (2, 0)}
     again = {job.id for job in _claim(pgq, 3)}
     assert released.id in again and len(again) == 2  # the released job and the third one
@@ -328,7 +332,7 @@ def test_the_recount_repairs_a_counter_changed_by_hand(pgq: PgQueue) -> None:
     with pgq.engine.begin() as c:
         c.execute(text("UPDATE pgqueue_concurrency_keys SET running = 7"))
     with Session(pgq.engine) as session, session.begin():
-        assert repository.recount_keys(session) == {"rc": 1}
+        assert flow_data.recount_keys(session) == {"rc": 1}
     assert _key_rows(pgq) == {"rc": (2, 1)}
     assert running.id in states_of(pgq, [running.id])
 
@@ -354,8 +358,8 @@ def test_the_claim_marks_keyed_jobs_and_each_outcome_batch_frees_only_real_keys(
     plain_only = [Outcome.complete(job) for job in by_task["unkeyed"]]
     mixed = [Outcome.complete(by_task["mk"][0]), Outcome.fail(by_task["mk"][1], "boom")]
     with Session(pgq.engine) as session, session.begin():
-        assert repository.record_outcomes(session, plain_only) == set()
+        assert outcomes_data.record_outcomes(session, plain_only) == set()
     assert _key_rows(pgq) == {"mk": (5, 2)}
     with Session(pgq.engine) as session, session.begin():
-        assert repository.record_outcomes(session, mixed) == set()
+        assert outcomes_data.record_outcomes(session, mixed) == set()
     assert _key_rows(pgq) == {"mk": (5, 0)}

@@ -46,10 +46,11 @@ from flask import Flask
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import URL
 
-from pgqueue import JobContext, PgQueue, QueueFull, Retry, Settings, Snooze, repository
+from pgqueue import JobContext, PgQueue, QueueFull, Retry, Settings, Snooze
 from pgqueue.cli import main as cli_main
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
+from pgqueue.data import enqueue as enqueue_data
 from pgqueue.errors import JobNotFound, NotSchemaOwner
 from pgqueue.models import Job, MessageQueue, PeriodicTick, metadata
 from pgqueue.states import JobState
@@ -454,13 +455,13 @@ def test_every_runtime_path_with_dml_rights_only(
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setenv("PGQUEUE_DATABASE_URL", url)
     copies: list[int] = []
-    copy_jobs = repository.copy_jobs
+    copy_jobs = enqueue_data.copy_jobs
 
     def counting_copy_jobs(*args: Any) -> list[int]:
         copies.append(len(args[-1]))
         return copy_jobs(*args)
 
-    monkeypatch.setattr(repository, "copy_jobs", counting_copy_jobs)
+    monkeypatch.setattr(enqueue_data, "copy_jobs", counting_copy_jobs)
     caplog.set_level(logging.WARNING)
 
     try:

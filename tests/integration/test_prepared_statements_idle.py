@@ -21,8 +21,10 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ProgrammingError
 
-from pgqueue import Settings, claim_choice, connections, repository
+from pgqueue import Settings, connections
 from pgqueue.aio import AsyncDatabase
+from pgqueue.data import claim as claim_data
+from pgqueue.data import claim_choice
 from pgqueue.db import Database
 from pgqueue.worker.store import WorkerStore
 
@@ -45,7 +47,7 @@ def lean_claim(executor: Any) -> Any:
     """One claim of one job with no flow controls seen (the common claim)."""
     lean = claim_choice.LimitsSeen()
     lean.record(False, until=float("inf"))
-    return repository.claim(executor, limits=lean, **ONE_CLAIM)
+    return claim_data.claim(executor, limits=lean, **ONE_CLAIM)
 
 
 def psycopg_names(connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> set[str]:

@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import URL
 
-from pgqueue import JobState, PgQueue, repository
+from pgqueue import JobState, PgQueue
+from pgqueue.data import claim as claim_data
 from pgqueue.testing import ConcurrencyProbe, states_of, wait_for_states
 from pgqueue.worker import Worker
 
@@ -133,7 +134,7 @@ def test_limit_set_while_a_worker_runs_holds_at_once(
     pgq: PgQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The worker last saw no limits (lean claim); a limit set now is never exceeded."""
-    monkeypatch.setattr(repository, "LIMITS_CHECK_SECONDS", 0.3)
+    monkeypatch.setattr(claim_data, "LIMITS_CHECK_SECONDS", 0.3)
     probe = ConcurrencyProbe()
 
     @pgq.task(queue="q2", name="busy")

@@ -15,7 +15,9 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.functions import FunctionElement
 
-from pgqueue import JobState, PgQueue, Settings, repository
+from pgqueue import JobState, PgQueue, Settings
+from pgqueue.data import claim as claim_data
+from pgqueue.data import outcomes as outcomes_data
 from pgqueue.db import Database
 from pgqueue.errors import ValidationError
 from pgqueue.sql import flow as flow_sql
@@ -29,7 +31,7 @@ CLAIM = {"worker_id": "w", "queues": None, "lease_seconds": 30.0, "task_leases":
 
 def _claim(pgq: PgQueue, limit: int) -> list[Any]:
     with Session(pgq.engine) as session, session.begin():
-        return repository.claim(session, limit=limit, **CLAIM)  # type: ignore[arg-type]
+        return claim_data.claim(session, limit=limit, **CLAIM)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -136,7 +138,7 @@ def test_a_rate_limited_job_not_started_within_its_margin_goes_back_unstarted(
     assert (given_back.kind, started.kind) == (OutcomeKind.RELEASE, OutcomeKind.COMPLETE)
     assert ran == [2]
     with Session(pgq.engine) as session, session.begin():
-        assert repository.record_outcomes(session, [given_back, started]) == set()
+        assert outcomes_data.record_outcomes(session, [given_back, started]) == set()
     with pgq.engine.connect() as c:
         rows = dict(
             c.execute(

@@ -368,11 +368,12 @@ def test_missed_skip_after_a_month_offline_runs_none(pgq: PgQueue) -> None:
 
 
 def test_a_tick_older_than_the_schedules_latest_is_never_recorded(pgq: PgQueue) -> None:
-    from pgqueue import repository, uow
+    from pgqueue import uow
+    from pgqueue.data import control as control_data
 
     def record(at: dt.datetime) -> bool:
         return uow.run_in_transaction(
-            pgq.sessions, lambda session: repository.record_tick(session, "stale", at)
+            pgq.sessions, lambda session: control_data.record_tick(session, "stale", at)
         )
 
     # A scheduler that read the latest tick before another one caught up must not add an older

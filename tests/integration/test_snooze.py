@@ -17,8 +17,10 @@ from sqlalchemy import event, select, text
 from sqlalchemy.engine import URL
 from test_explain import explain_lines
 
-from pgqueue import JobContext, JobState, PgQueue, Settings, Snooze, ValidationError, repository
-from pgqueue.claim_choice import LimitsSeen
+from pgqueue import JobContext, JobState, PgQueue, Settings, Snooze, ValidationError
+from pgqueue.data import claim as claim_data
+from pgqueue.data import outcomes as outcomes_data
+from pgqueue.data.claim_choice import LimitsSeen
 from pgqueue.jobs import Outcome
 from pgqueue.models import MessageQueue, QueueControl
 from pgqueue.testing import run_until_final, table_counts
@@ -194,7 +196,7 @@ def test_bad_snooze_delay_in_a_handler_is_an_ordinary_failed_attempt(pgq: PgQueu
 
 def _claim(pgq: PgQueue, count: int) -> list[Any]:
     with pgq.sessions() as session, session.begin():
-        return repository.claim(
+        return claim_data.claim(
             session,
             worker_id="test-claimer",
             limit=count,
@@ -229,7 +231,7 @@ def test_snoozes_are_batched_with_other_outcomes_and_fenced_by_the_lease(pgq: Pg
     event.listen(pgq.engine, "before_cursor_execute", count)
     try:
         with pgq.sessions() as session, session.begin():
-            lost = repository.record_outcomes(session, outcomes)
+            lost = outcomes_data.record_outcomes(session, outcomes)
     finally:
         event.remove(pgq.engine, "before_cursor_execute", count)
     assert lost == {stale.id}

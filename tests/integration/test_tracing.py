@@ -22,7 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from tracing_spans import memory_exporter
 
-from pgqueue import JobContext, JobState, PgQueue, Settings, core, repository
+from pgqueue import JobContext, JobState, PgQueue, Settings, core
+from pgqueue.data import enqueue as enqueue_data
 from pgqueue.testing import wait_for_states
 from pgqueue.worker import Worker
 
@@ -156,13 +157,13 @@ def test_a_copy_batch_stores_the_context_on_every_job(
     traced: PgQueue, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     copies: list[int] = []
-    real_copy = repository.copy_jobs
+    real_copy = enqueue_data.copy_jobs
 
     def copy_jobs(db: Any, jobs: Any, trace_context: str | None = None) -> list[int]:
         copies.append(len(jobs))
         return real_copy(db, jobs, trace_context)
 
-    monkeypatch.setattr(repository, "copy_jobs", copy_jobs)
+    monkeypatch.setattr(enqueue_data, "copy_jobs", copy_jobs)
 
     @traced.task(name="bulk")
     def bulk(n: int) -> None:

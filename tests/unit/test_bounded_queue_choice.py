@@ -3,7 +3,7 @@ lock's answer corrects that belief both ways."""
 
 from __future__ import annotations
 
-from pgqueue.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen, insert_path
+from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen, insert_path
 from pgqueue.jobs import NewJob
 from pgqueue.sql.enqueue import WAITING_STATES
 from pgqueue.states import FINAL_STATES, JobState

@@ -11,7 +11,8 @@ from sqlalchemy import BigInteger, Float, bindparam, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from pgqueue import claim_choice, copy_rows, dependencies, driver
+from pgqueue import driver
+from pgqueue.data import claim_choice, copy_rows, dependencies
 from pgqueue.jobs import NewJob
 from pgqueue.sql import claim, outcomes
 from pgqueue.sql.claim import ClaimVariant
@@ -68,7 +69,7 @@ def test_heartbeat_binds_one_lease_length_per_job() -> None:
 
 
 def test_outcome_statements_bind_what_the_repository_sends() -> None:
-    from pgqueue.repository import _OUTCOME_STATEMENTS, _outcome_params
+    from pgqueue.data.outcomes import _OUTCOME_STATEMENTS, _outcome_params
 
     for kind, statement in _OUTCOME_STATEMENTS.items():
         assert set(_outcome_params(kind, [])) == _given(statement()), kind
@@ -160,7 +161,7 @@ def test_copy_chunks_hold_a_bounded_number_of_rows() -> None:
 
 
 def test_outcome_statements_touch_the_key_counters_only_in_their_keyed_form() -> None:
-    from pgqueue.repository import _OUTCOME_STATEMENTS
+    from pgqueue.data.outcomes import _OUTCOME_STATEMENTS
 
     for statement in _OUTCOME_STATEMENTS.values():
         for with_progress in (False, True):

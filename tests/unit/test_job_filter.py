@@ -8,7 +8,7 @@ import datetime as dt
 
 import pytest
 
-from pgqueue.bulk_actions import like_pattern
+from pgqueue.data.bulk import like_pattern
 from pgqueue.errors import ValidationError
 from pgqueue.job_filter import BulkAction, JobFilter, parse_time
 from pgqueue.states import JobState

@@ -214,7 +214,7 @@ def test_checked_argument_shapes_do_not_let_other_shapes_through() -> None:
 
 
 def test_copy_text_escapes_what_copys_text_format_would_read_as_syntax() -> None:
-    from pgqueue.copy_rows import copy_text as _copy_text
+    from pgqueue.data.copy_rows import copy_text as _copy_text
 
     assert _copy_text('{"a":"plain"}') == '{"a":"plain"}'
     # One pass: the backslashes the escapes add are not escaped again; \N stays text, not NULL.

@@ -17,8 +17,8 @@ from sqlalchemy.dialects import postgresql
 
 from pgqueue import ConfigurationError, JobContext, Snooze, ValidationError, validation
 from pgqueue.config import Settings
+from pgqueue.data.outcomes import _add_progress
 from pgqueue.jobs import ClaimedJob, Outcome
-from pgqueue.repository import _add_progress
 from pgqueue.sql import outcomes, workers
 from pgqueue.states import OutcomeKind
 from pgqueue.tasks import Task, TaskRegistry

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pgqueue import Settings, copy_rows
+from pgqueue import Settings
+from pgqueue.data import copy_rows
 from pgqueue.jobs import NewJob
 from pgqueue.tracing import INSTALL_HINT, Tracing, tracing_for
 

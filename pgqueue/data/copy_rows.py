@@ -1,4 +1,4 @@
-"""Jobs as COPY text, for the bulk enqueue (``repository.copy_jobs``); pure.
+"""Jobs as COPY text, for the bulk enqueue (``data.enqueue.copy_jobs``); pure.
 
 psycopg's ``write_row`` adapts every value on its own, several times slower than an f-string
 per row, so the rows are formatted here. Text columns are escaped (``copy_text``); the others

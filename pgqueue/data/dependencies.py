@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pgqueue.db import Executor
+from pgqueue.db import Executor, SessionOrExecutor, executor_for
 from pgqueue.sql import outcomes
 from pgqueue.states import JobState
 
@@ -75,3 +75,8 @@ def abandon_orphans(db: Executor, deleted: Iterable[int], orphans: Iterable[int]
     cancelled_dependents = ended_dependents(rows, 1)
     if cancelled_dependents:
         settle(db, cancelled_dependents)
+
+
+def settle_dependents(db: SessionOrExecutor, job_ids: Iterable[int]) -> dict[int, JobState]:
+    """Queue or cancel WAITING jobs whose dependencies ended (``settle``)."""
+    return settle(executor_for(db), job_ids)

@@ -1,11 +1,8 @@
 """The database operations of the bulk actions: count, retry, cancel or delete the jobs a
 ``JobFilter`` chooses, and write the audit record; one function per operation over
 ``db.Executor``, never committing (``pgq.admin`` runs each action and its record in one
-transaction).
-
-Kept beside ``repository`` rather than in it: the filter's translation into binds and the
-settling after a cancel are the bulk actions' own, and the repository stays one screenful per
-topic.
+transaction). The statements are ``sql.bulk``'s; the filter's translation into binds and the
+settling after a cancel are here.
 """
 
 from __future__ import annotations
@@ -14,15 +11,11 @@ import json
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy.orm import Session
-
-from pgqueue import dependencies
-from pgqueue.db import Executor, executor_for
+from pgqueue.data import dependencies
+from pgqueue.db import SessionOrExecutor, executor_for
 from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.sql import bulk
 from pgqueue.states import JobState
-
-SessionOrExecutor = Session | Executor
 
 __all__ = [
     "cancel_matching",

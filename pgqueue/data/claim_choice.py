@@ -2,7 +2,7 @@
 
 The lean variant skips limited queues, rate-limited queues and keyed tickets, so a claimer must
 know whether any queue has a concurrency limit and whether any flow control (concurrency key,
-key override, rate limit) exists. It looks now and then (``repository.LIMITS_CHECK_SECONDS``),
+key override, rate limit) exists. It looks now and then (``data.claim.LIMITS_CHECK_SECONDS``),
 and at once when a notified claim came back empty, and keeps the answers in its
 ``LimitsSeen``: the worker's store owns one; a claim through a session uses the one of the
 session's engine or connection.

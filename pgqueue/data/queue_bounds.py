@@ -1,4 +1,4 @@
-"""The bounded queues' part of an enqueue (``repository.insert_jobs``), over ``db.Executor``
+"""The bounded queues' part of an enqueue (``data.enqueue.insert_jobs``), over ``db.Executor``
 like ``dependencies``: taking the locks of a batch's bounded queues, and telling from an
 insert's empty answer whether a bound stopped it, raising ``QueueFull`` when a locked queue has
 no room for the batch. The statements are ``sql.enqueue``'s (``lock_bounded_queues``,
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pgqueue.data.insert_choice import BoundedQueuesSeen
 from pgqueue.db import Executor
 from pgqueue.errors import ConfigurationError, QueueFull
-from pgqueue.insert_choice import BoundedQueuesSeen
 from pgqueue.jobs import NewJob
 from pgqueue.sql import enqueue
 

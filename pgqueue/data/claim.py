@@ -1,0 +1,222 @@
+"""The claim: taking ready tickets and moving their jobs to RUNNING (``sql.claim``), over
+``db.Executor``; never commits.
+
+Which variant of the statement runs is ``claim_choice``'s; rows become ``ClaimedJob`` objects
+here, each decoded on its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pgqueue import validation
+from pgqueue.data import claim_choice
+from pgqueue.db import Executor, SessionOrExecutor, claimer_key, executor_for
+from pgqueue.errors import SerializationError, is_connection_error
+from pgqueue.jobs import ClaimedJob
+from pgqueue.sql import claim as claim_sql
+from pgqueue.sql import flow as flow_sql
+
+# How long a claimer trusts its last look at which controls exist. Only the controlled work waits
+# on it (the lean claim skips limited and rate-limited queues and keyed tickets): pause and the
+# limits themselves are read by every claim statement, so staleness can delay newly controlled
+# work by this much, never let it exceed its limit; a notified claim that comes back empty looks
+# again at once. Long enough that an idle worker's statement rate barely changes.
+LIMITS_CHECK_SECONDS = 5.0
+
+
+def claim(
+    db: SessionOrExecutor,
+    *,
+    worker_id: str,
+    limit: int,
+    queues: Sequence[str] | None,
+    lease_seconds: float,
+    task_leases: Mapping[str, float],
+    atomic: bool = False,
+    limits: claim_choice.LimitsSeen | None = None,
+    notified: bool = False,
+    autocommit: bool = False,
+    excluded: Sequence[str] = (),
+) -> list[ClaimedJob]:
+    """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``), none of a task named in
+    ``excluded`` (tasks the claimer met and does not register; usually none). ``limits`` is the claimer's
+    ``LimitsSeen`` (by default the one of the session's bind, or of the executor).
+
+    ``notified``: the claim follows a wake-up for new work. If the lean form comes back empty
+    the claimer looks at once whether controls exist (a first keyed job, say) and, if they do,
+    claims with the full form. Only when empty: a claim that got jobs hands them over first,
+    rather than delay them by a round trip on every wake-up of a lightly loaded worker. A
+    short claim of the flow form, while rate limits
+    exist, records in ``limits.rate_wait`` when the first window the claim found full has room
+    (0: it has room already, claim again).
+
+    ``autocommit``: each statement commits by itself (the worker's claims). Then a lost
+    connection after a claim that got jobs returns those jobs instead of raising."""
+    if limits is None:
+        limits = claim_choice.limits_seen_by(claimer_key(db))
+    ex = executor_for(db)
+    params: dict[str, Any] = {"limit": limit, "worker": worker_id, "lease_seconds": lease_seconds}
+    if task_leases:
+        params["task_leases"] = dict(task_leases)
+    if queues is not None:
+        params["queues"] = list(queues)
+    if excluded:
+        params["excluded"] = list(excluded)
+
+    def claim_with(seen: claim_choice.LimitsSeen, room: int) -> tuple[list[ClaimedJob], float]:
+        variant = claim_choice.claim_variant(
+            atomic=atomic,
+            queues=queues,
+            limits_exist=seen.exist,
+            task_leases=bool(task_leases),
+            flow_exists=seen.flow,
+            excluding=bool(excluded),
+        )
+        # ``sent`` precedes the statement's start on the server: see ClaimedJob.start_by.
+        rows, sent = ex.timed_rows(claim_sql.claim(variant), {**params, "limit": room})
+        jobs = _claimed_jobs(rows)
+        if variant.flow:
+            for job in jobs:
+                if job.start_within is not None:
+                    job.start_by = sent + job.start_within
+        return jobs, sent
+
+    lean = not (limits.exist or limits.flow)
+    with_flow = limits.flow
+    jobs, sent = claim_with(limits, limit)
+    limits.rate_wait = None
+    try:
+        # After the claim, so the claim itself stays the first and only statement of its turn.
+        if limits.stale(time.monotonic()) or (notified and lean and not jobs):
+            _look_at_controls(ex, limits)
+            if not with_flow and limits.flow and len(jobs) < limit:
+                more, sent = claim_with(limits, limit - len(jobs))
+                jobs += more
+        if limits.flow and limits.rates and len(jobs) < limit:
+            # The windows as the claim saw them: one that freed since still counts (wait 0).
+            looked_ago = time.monotonic() - sent
+            wait = ex.rows(flow_sql.rate_wait(), {"looked_ago": looked_ago})[0][0]
+            limits.rate_wait = None if wait is None else max(float(wait), 0.0)
+    except Exception as exc:
+        # A claim that committed on its own owns its jobs whatever happens to the connection
+        # next: raising would leave them RUNNING under this worker's name, unseen, until their
+        # leases expire (a retry takes them back only if the server answers before the worker
+        # stops). The look at the controls is stale still, so the next claim looks again.
+        if not (autocommit and jobs and is_connection_error(exc)):
+            raise
+    return jobs
+
+
+def claim_atomic_controlled(
+    db: SessionOrExecutor,
+    *,
+    worker_id: str,
+    queues: Sequence[str] | None,
+    lease_seconds: float,
+    limits: claim_choice.LimitsSeen,
+    excluded: Sequence[str] = (),
+) -> list[ClaimedJob]:
+    """Claim at most one atomic job of controlled work (a limited or rate-limited queue, a
+    concurrency key) in a statement that commits by itself, its counters counted there like a
+    leased claim's; nothing when ``limits`` saw no controls. The caller runs the job in a
+    transaction that first takes its row (``lock_claimed``)."""
+    if not (limits.exist or limits.flow):
+        return []
+    variant = claim_choice.claim_variant(
+        atomic=True,
+        queues=queues,
+        limits_exist=limits.exist,
+        task_leases=False,
+        flow_exists=limits.flow,
+        excluding=bool(excluded),
+        atomic_controlled=True,
+    )
+    params: dict[str, Any] = {"limit": 1, "worker": worker_id, "lease_seconds": lease_seconds}
+    if queues is not None:
+        params["queues"] = list(queues)
+    if excluded:
+        params["excluded"] = list(excluded)
+    rows, sent = executor_for(db).timed_rows(claim_sql.claim(variant), params)
+    jobs = _claimed_jobs(rows)
+    for job in jobs:
+        if job.start_within is not None:
+            job.start_by = sent + job.start_within
+    return jobs
+
+
+def lock_claimed(db: SessionOrExecutor, job: ClaimedJob) -> bool:
+    """Lock the row of ``job`` (claimed by ``claim_atomic_controlled``) in the caller's
+    transaction; False when its lease was lost."""
+    params = {"job_id": job.id, "token": job.lease_token}
+    return bool(executor_for(db).rows(claim_sql.lock_claimed(), params))
+
+
+def _look_at_controls(ex: Executor, limits: claim_choice.LimitsSeen) -> None:
+    """Record in ``limits`` which controls exist now."""
+    exist, flow, rates = ex.rows(flow_sql.controls_exist())[0]
+    limits.record(
+        bool(exist),
+        until=time.monotonic() + LIMITS_CHECK_SECONDS,
+        flow=bool(flow),
+        rates=bool(rates),
+    )
+
+
+def claim_listed(
+    db: SessionOrExecutor,
+    job_ids: Sequence[int],
+    *,
+    worker_id: str,
+    lease_seconds: float,
+    atomic: bool = False,
+) -> list[ClaimedJob]:
+    """Claim the listed jobs whose ticket is there to take, due or not
+    (``sql.claim.claim_listed``); for running chosen jobs at once, as test helpers do."""
+    params = {"job_ids": list(job_ids), "worker": worker_id, "lease_seconds": lease_seconds}
+    return _claimed_jobs(executor_for(db).rows(claim_sql.claim_listed(atomic), params))
+
+
+def claimed_by(
+    db: SessionOrExecutor, *, worker_id: str, held: Iterable[int], within: float
+) -> list[ClaimedJob]:
+    """Jobs RUNNING under ``worker_id``, claimed in the last ``within`` seconds, that it does not
+    hold (``sql.claim.claimed_by``)."""
+    params = {"worker": worker_id, "held": sorted(held), "within": within}
+    return _claimed_jobs(executor_for(db).rows(claim_sql.claimed_by(), params))
+
+
+def _claimed_jobs(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
+    """Rows of ``sql.common.CLAIMED_COLUMNS`` as jobs, each job's arguments decoded on its own.
+    The claim has committed: a row that cannot be decoded must not take the others' answer
+    with it, so it becomes a job whose ``problem`` says why (the executor fails it at once)."""
+    load = validation.load_arguments
+    jobs = []
+    for row in rows:
+        job = ClaimedJob(*row)
+        try:
+            job.args, job.kwargs = load(row[3], row[4])
+        except SerializationError as exc:
+            job.args, job.kwargs = [], {}
+            job.problem = f"job {job.id}'s arguments could not be decoded ({exc})"
+        jobs.append(job)
+    return jobs
+
+
+def ready_ticket_exists(
+    db: SessionOrExecutor, queues: Sequence[str] | None, excluded: Sequence[str] = ()
+) -> bool:
+    """Whether any ticket of ``queues`` (None: all) is claimable now, other than those of the
+    tasks in ``excluded``."""
+    params: dict[str, Any] = {} if queues is None else {"queues": list(queues)}
+    if excluded:
+        params["excluded"] = list(excluded)
+    statement = claim_sql.ready_ticket_exists(queues is not None, bool(excluded))
+    return bool(executor_for(db).rows(statement, params)[0][0])
+
+
+def any_queue_limit(db: SessionOrExecutor) -> bool:
+    """Whether any queue has a concurrency limit."""
+    return bool(executor_for(db).rows(claim_sql.any_queue_limit())[0][0])

@@ -1,0 +1,65 @@
+"""Maintenance (``sql.maintenance``): rescuing expired leases, pruning finished jobs, the
+maintenance lock, correcting drifted counters and deleting idle key rows; over
+``db.Executor``, never committing.
+"""
+
+from __future__ import annotations
+
+from pgqueue.data import dependencies
+from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.sql import maintenance
+from pgqueue.states import JobState
+
+
+def expired_lease_exists(db: SessionOrExecutor) -> bool:
+    """Whether any RUNNING job's lease has expired."""
+    return bool(executor_for(db).rows(maintenance.expired_lease_exists())[0][0])
+
+
+def rescue_expired(
+    db: SessionOrExecutor, *, lock_key: int, limit: int, error: str
+) -> list[tuple[int, str]]:
+    """Re-queue or end jobs whose lease expired and settle the dependents of those that ended;
+    ``(id, new state)`` of each."""
+    ex = executor_for(db)
+    params = {"lock_key": lock_key, "limit": limit, "error": error}
+    rows = ex.rows(maintenance.rescue_expired(), params)
+    ended = {d for row in rows if row[1] != JobState.RETRYING.value for d in row[2] or ()}
+    if ended:
+        dependencies.settle(ex, ended)
+    return [(row[0], row[1]) for row in rows]
+
+
+def prune_finished(
+    db: SessionOrExecutor, *, succeeded_before: float, failed_before: float, limit: int
+) -> int:
+    """Delete up to ``limit`` finished jobs past their retention; how many were deleted."""
+    params = {"succeeded_before": succeeded_before, "failed_before": failed_before, "limit": limit}
+    return int(executor_for(db).rows(maintenance.prune_finished(), params)[0][0])
+
+
+def try_maintenance_lock(db: SessionOrExecutor, key: int) -> bool:
+    """Take the transaction's advisory lock ``key`` if free."""
+    return bool(executor_for(db).rows(maintenance.try_maintenance_lock(), {"key": key})[0][0])
+
+
+def recount_running(db: SessionOrExecutor) -> dict[str, int]:
+    """Correct drifted ``running`` counters of limited queues (call inside a transaction);
+    returns ``{queue: corrected count}``. Queues a claim is using right now are skipped."""
+    ex = executor_for(db)
+    names = [row[0] for row in ex.rows(maintenance.lock_limited_queues())]
+    if not names:
+        return {}
+    return {
+        name: running for name, running in ex.rows(maintenance.recount_running(), {"names": names})
+    }
+
+
+def delete_idle_keys(db: SessionOrExecutor, *, after: str, limit: int) -> tuple[str | None, int]:
+    """Delete the idle rows among up to ``limit`` key rows after key ``after`` (call inside a
+    transaction); ``(last key read, None when none was left; rows deleted)``."""
+    ex = executor_for(db)
+    last, keys = ex.rows(maintenance.lock_idle_keys(), {"after": after, "limit": limit})[0]
+    if not keys:
+        return last, 0
+    return last, len(ex.rows(maintenance.delete_idle_keys(), {"keys": list(keys)}))
