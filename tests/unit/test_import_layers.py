@@ -1,5 +1,6 @@
-"""The layers of ``pgqueue`` hold: no import cycle among its modules and no private name
-imported from another of its modules.
+"""The layers of ``pgqueue`` hold: no import cycle among its modules, no private name imported
+from another of its modules, the statements of ``pgqueue.sql`` imported and run by the data
+layer (``pgqueue.data``) only, and no module much over 500 lines.
 
 The graph is read from the source with ``ast``, so it holds every import: module level, under
 ``TYPE_CHECKING`` and inside functions alike. A package's ``__init__`` counts as the package's
@@ -8,7 +9,11 @@ module; the implicit import of parent packages is not an edge (Python runs a pac
 leading underscore: ``from pgqueue.x import _y``, ``x._y`` on an imported pgqueue module, or a
 private module (``pgqueue.a._b``) imported from outside its own package ``pgqueue.a``.
 
-Run ``python tests/unit/test_import_layers.py`` to print the graph's cycles and private imports.
+The data layer's rules and the size limit each have an allowlist of today's exceptions, meant to
+shrink: an entry that no longer breaks its rule fails the check too, so the lists stay current.
+
+Run ``python tests/unit/test_import_layers.py`` to print the graph's cycles, private imports and
+breaches of the other rules.
 """
 
 from __future__ import annotations
@@ -179,6 +184,113 @@ def cycle_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
     return edges
 
 
+# -- the data layer and module size -------------------------------------------------------------
+
+# The statements every module may import: connection management (LISTEN, DISCARD, CREATE
+# DATABASE), which belongs to whoever owns the connection rather than to the data layer.
+SERVER_STATEMENTS = "pgqueue.sql.server"
+
+# Modules outside ``pgqueue.data`` that still import ``pgqueue.sql``; each should move its data
+# part into ``pgqueue.data`` and leave this list.
+SQL_IMPORT_ALLOWLIST = frozenset(
+    {
+        "pgqueue.connections",  # sql.maintenance.set_local_settings, per-transaction settings
+        "pgqueue.explain",  # its reads of sql.explain, sql.flow and sql.workers
+        "pgqueue.history",  # the partitioned history's reads and DDL (sql.history)
+        "pgqueue.migrations",  # sql.schema, the schema's own checks
+        "pgqueue.migrations.blockers",  # sql.schema
+        "pgqueue.migrations.losses",  # sql.schema
+        "pgqueue.steps",  # sql.steps, the durable steps' reads and writes
+        "pgqueue.testing",  # sql.admin, the test assertions' reads
+        "pgqueue.waiting",  # sql.common.ALL_FINISHED, the states a wait ends on
+    }
+)
+
+# The executors themselves: they implement ``rows`` (and call it on each other) rather than
+# run statements of their own.
+EXECUTOR_MODULES = frozenset({"pgqueue.db", "pgqueue.driver"})
+
+# Modules outside ``pgqueue.data`` that still run statements through an executor's ``rows``.
+ROWS_CALL_ALLOWLIST = frozenset(
+    {
+        "pgqueue.explain",  # the diagnosis's reads
+        "pgqueue.steps",  # the durable steps' reads and writes
+    }
+)
+
+ROWS_METHODS = frozenset({"rows", "timed_rows"})
+
+MAX_LINES = 550
+
+# Modules over ``MAX_LINES`` today; each should be split and leave this list.
+LONG_MODULE_ALLOWLIST = frozenset(
+    {
+        "pgqueue.admin",
+        "pgqueue.cli",
+        "pgqueue.core",
+        "pgqueue.explain",
+        "pgqueue.models",
+        "pgqueue.sql.claim",
+    }
+)
+
+
+def _outside(module: str, packages: tuple[str, ...]) -> bool:
+    return not any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def sql_importers(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
+    """Modules outside the data and statement layers that import a statement module other than
+    the server's: importer -> the statement modules it imports."""
+    top = root.name
+    layers = (f"{top}.data", f"{top}.sql")
+    graph, _ = analyse(root)
+    found: dict[str, set[str]] = {}
+    for importer, targets in graph.items():
+        if not _outside(importer, layers):
+            continue
+        statements = {
+            t for t in targets if not _outside(t, (f"{top}.sql",)) and t != f"{top}.sql.server"
+        }
+        if statements:
+            found[importer] = statements
+    return found
+
+
+def rows_callers(root: Path = PACKAGE_ROOT) -> dict[str, list[int]]:
+    """Modules outside the data and statement layers that call a method named ``rows`` or
+    ``timed_rows`` (an executor's): module -> the lines of those calls."""
+    top = root.name
+    layers = (f"{top}.data", f"{top}.sql")
+    found: dict[str, list[int]] = {}
+    for name, (path, _) in modules(root).items():
+        if not _outside(name, layers):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        lines = sorted(
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ROWS_METHODS
+        )
+        if lines:
+            found[name] = lines
+    return found
+
+
+def long_modules(root: Path = PACKAGE_ROOT, limit: int = MAX_LINES) -> dict[str, int]:
+    """Modules over ``limit`` lines, migration revisions aside: module -> its line count."""
+    found: dict[str, int] = {}
+    for name, (path, _) in modules(root).items():
+        if ".migrations.versions." in f"{name}.":
+            continue
+        count = len(path.read_text(encoding="utf-8").splitlines())
+        if count > limit:
+            found[name] = count
+    return found
+
+
 # -- the checks on pgqueue --------------------------------------------------------------------
 
 
@@ -194,6 +306,31 @@ def test_no_import_cycle_among_pgqueue_modules() -> None:
 def test_no_pgqueue_module_imports_a_private_name_of_another() -> None:
     _, private = analyse()
     assert [str(use) for use in private] == []
+
+
+def test_only_the_data_layer_imports_the_statements() -> None:
+    found = sql_importers()
+    breaches = {m: sorted(s) for m, s in found.items() if m not in SQL_IMPORT_ALLOWLIST}
+    assert breaches == {}, "import pgqueue.sql outside pgqueue.data (move the data part there)"
+    assert sorted(SQL_IMPORT_ALLOWLIST - found.keys()) == [], "no longer import it: unlist them"
+
+
+def test_only_the_data_layer_runs_statements_through_an_executor() -> None:
+    found = rows_callers()
+    breaches = {
+        m: lines
+        for m, lines in found.items()
+        if m not in ROWS_CALL_ALLOWLIST and m not in EXECUTOR_MODULES
+    }
+    assert breaches == {}, "call an executor's rows() outside pgqueue.data (move it there)"
+    assert sorted(ROWS_CALL_ALLOWLIST - found.keys()) == [], "no longer call it: unlist them"
+
+
+def test_no_module_is_much_over_500_lines() -> None:
+    found = long_modules()
+    breaches = {m: n for m, n in found.items() if m not in LONG_MODULE_ALLOWLIST}
+    assert breaches == {}, f"modules over {MAX_LINES} lines (split them)"
+    assert sorted(LONG_MODULE_ALLOWLIST - found.keys()) == [], "short enough now: unlist them"
 
 
 # -- the checker itself, on small made-up packages --------------------------------------------
@@ -261,6 +398,43 @@ def test_private_names_and_private_modules_from_elsewhere_are_reported(tmp_path:
     ]
 
 
+def test_statement_imports_and_rows_calls_outside_the_data_layer_are_found(
+    tmp_path: Path,
+) -> None:
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "sql/__init__.py": "",
+            "sql/claim.py": "",
+            "sql/server.py": "",
+            "data/__init__.py": "",
+            "data/claim.py": "from pkg.sql import claim\ndef f(ex):\n    return ex.rows(1)\n",
+            "api.py": "from pkg.data import claim\nfrom pkg.sql.server import listen\n",
+            "sneaky.py": (
+                "def f(ex):\n    from pkg.sql import claim\n    return ex.timed_rows(claim.x)\n"
+            ),
+        },
+    )
+    assert sql_importers(root) == {"pkg.sneaky": {"pkg.sql.claim"}}
+    assert rows_callers(root) == {"pkg.sneaky": [3]}
+
+
+def test_long_modules_are_found_migration_revisions_aside(tmp_path: Path) -> None:
+    long_text = "x = 1\n" * 12
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "short.py": "x = 1\n",
+            "long.py": long_text,
+            "migrations/__init__.py": "",
+            "migrations/versions/pkg_0001.py": long_text,
+        },
+    )
+    assert long_modules(root, limit=10) == {"pkg.long": 12}
+
+
 if __name__ == "__main__":
     found_graph, found_private = analyse()
     for component in cycles(found_graph):
@@ -269,4 +443,13 @@ if __name__ == "__main__":
         print(f"  edge in a cycle: {a} -> {b}")
     for use in found_private:
         print("private:", use)
+    for importer, statements in sorted(sql_importers().items()):
+        listed = " (allowlisted)" if importer in SQL_IMPORT_ALLOWLIST else ""
+        print(f"imports pgqueue.sql{listed}: {importer} -> {', '.join(sorted(statements))}")
+    for caller, lines in sorted(rows_callers().items()):
+        listed = " (allowlisted)" if caller in ROWS_CALL_ALLOWLIST | EXECUTOR_MODULES else ""
+        print(f"calls rows(){listed}: {caller} at lines {lines}")
+    for name, count in sorted(long_modules().items()):
+        listed = " (allowlisted)" if name in LONG_MODULE_ALLOWLIST else ""
+        print(f"over {MAX_LINES} lines{listed}: {name} ({count})")
     sys.exit(1 if cycles(found_graph) or found_private else 0)
