@@ -3,7 +3,7 @@
 ``pgq.admin`` (an :class:`Admin`) answers the questions an operator asks (which jobs, how many,
 how late, how fast) and carries out their actions (rerun, cancel, delete, pause, limit, and the
 same three actions in bulk by filter, each with a dry run and an audit record). Each
-method is one repository operation in one transaction: reads in a session of their own,
+method is one data-layer operation in one transaction: reads in a session of their own,
 actions in the caller's session when one is given, else in an own transaction retried on
 transient conflicts. Arguments are checked before any SQL runs; rows come back as the public
 ``Job`` model (detached snapshots) or as the small frozen data classes defined here.

@@ -1,7 +1,7 @@
 """asyncio access to the database: pgqueue's units of work on an ``AsyncEngine`` and in a
 caller's ``AsyncSession``.
 
-The operations are the repository's own, written once over ``db.Executor`` and ``Session``.
+The operations are the data layer's own, written once over ``db.Executor`` and ``Session``.
 Here they run through SQLAlchemy's greenlet bridge (``run_sync``): every statement is the same
 ``pgqueue.sql`` object the synchronous path sends, every wait on the database is an ``await``
 on psycopg's asyncio connection, and the Python between two waits is the work the

@@ -4,7 +4,7 @@ An ``Executor`` runs a statement of ``pgqueue.sql`` and gives its rows, or copie
 into a table. There are two implementations: ``ConnectionExecutor`` on a SQLAlchemy
 ``Connection`` (a caller's ``Session``, or a connection of pgqueue's own), and
 ``driver.DriverExecutor`` on the psycopg connection under it, which sends statements compiled
-once. The repository's operations are written once, over ``Executor``.
+once. The data layer's operations (``pgqueue.data``) are written once, over ``Executor``.
 
 ``Database`` is pgqueue's access to one engine: it opens a connection for one unit of work
 (autocommit or one transaction) and hands the work the executor for it, keeps the compiled

@@ -1,7 +1,7 @@
 """The values that cross between layers: a job to insert, a claimed attempt, an attempt's outcome,
 a worker's entry in the worker registry.
 
-Plain data classes with no behaviour and no database access, so the task API, the repository
+Plain data classes with no behaviour and no database access, so the task API, the data layer
 and the worker can all name them without importing each other.
 """
 

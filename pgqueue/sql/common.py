@@ -4,7 +4,7 @@ and key slot release, and the columns a claim returns.
 
 Statements moving jobs out of RUNNING give their queue and concurrency-key slots back in the
 same statement (``free_slots``). Statements that end jobs return the ended jobs' ``dependents``; the
-repository settles those (``sql.outcomes.settle_dependents``) in a follow-up statement, not a
+data layer settles those (``sql.outcomes.settle_dependents``) in a follow-up statement, not a
 CTE: a dependent enqueued while the outcome statement waited for the dependency's row lock is
 invisible to that statement's snapshot, but visible to the next statement's.
 """
@@ -119,7 +119,7 @@ CLEAR_LEASE: Final[dict[str, Any]] = {
 }
 
 # Columns a worker needs to run a claimed job. The arguments come back as their JSON text
-# (free for ``json``, stored as text): the repository decodes each job's on its own, so a row
+# (free for ``json``, stored as text): the data layer decodes each job's on its own, so a row
 # Python cannot decode fails alone instead of the claim's whole answer. The trace context too,
 # decoded only by a worker that traces; returned whether or not it does, so the claim has one
 # form: for the usual null the column costs a null in the answer. ``keyed`` lets the outcome

@@ -1,4 +1,4 @@
-"""The worker's access to the database: repository calls on its ``db.Database``, with retry.
+"""The worker's access to the database: data-layer calls on its ``db.Database``, with retry.
 
 Most worker operations (claim, heartbeat, checks) are a single statement, so they run in
 autocommit mode: one round trip, no BEGIN/COMMIT, and no transaction left open while handlers
