@@ -8,7 +8,7 @@ generate_series`` straight into the layout's table (``pgqueue_jobs`` for ``in_pl
 ``empty`` holds none. Then, in alternating rounds, the same work on both, and the ratio
 full / empty per round (median over rounds):
 
-- claim: the wall time of one ``claim_data.claim`` of 10 jobs in its own transaction (the
+- claim: the wall time of one ``data.claim.claim`` of 10 jobs in its own transaction (the
   client's view: the statement's server time plus one round trip; the commit's WAL flush,
   a measure of the disk, left out), median of many calls;
 - enqueue1: ``task.enqueue`` one job per transaction; enqueue_many: 20,000 jobs in one call;

@@ -3,7 +3,7 @@ the calling thread as soon as the transaction that enqueued it commits.
 
 Nothing is imitated: the job is inserted by the normal enqueue, claimed by its id with the
 claim statement's ``claim_listed`` form, run by the worker's own ``Executor`` and its outcome
-written by ``outcomes_data.record_outcomes``, on the real tables. So a job of a rolled-back
+written by ``data.outcomes.record_outcomes``, on the real tables. So a job of a rolled-back
 transaction never runs (there is nothing to claim), and what a test reads afterwards is what a
 worker would have left.
 

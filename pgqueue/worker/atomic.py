@@ -19,9 +19,9 @@ and their row only.
 
 A transaction lost after the handler ran (it failed at commit, the handler's session ended it,
 the connection or the worker died) undoes an in-transaction claim too. So before the handler
-runs, the run is recorded on another connection and committed (``atomic_runs_data.record_atomic_run``), and the run's
+runs, the run is recorded on another connection and committed (``data.atomic_runs.record_atomic_run``), and the run's
 transaction deletes that record when it commits. A record left behind is counted as a failed
-attempt in a transaction of its own (``atomic_runs_data.count_lost_attempt``): by this worker at
+attempt in a transaction of its own (``data.atomic_runs.count_lost_attempt``): by this worker at
 once when it saw its transaction fail, else by the next claim of the job, which finds the
 record and counts it instead of running the handler. A job whose transaction always fails runs
 its handler ``max_attempts`` times and fails, with one log line per attempt, whatever happened

@@ -147,7 +147,7 @@ class WorkerStore:
     ) -> list[ClaimedJob]:
         """Claim up to ``limit`` jobs, none of the tasks in ``excluded``; ``held`` gives the
         ids this worker already runs;
-        ``notified``: the claim follows a wake-up for new work (``claim_data.claim``);
+        ``notified``: the claim follows a wake-up for new work (``data.claim.claim``);
         ``failed`` is told of each attempt that failed and is tried again here (the error, and
         the delay before the next try when known), instead of a log line.
 
@@ -218,7 +218,7 @@ class WorkerStore:
         lease_seconds: float,
         excluded: Sequence[str] = (),
     ) -> list[ClaimedJob]:
-        """``claim_data.claim_atomic_controlled``, committed at once on a pooled connection,
+        """``data.claim.claim_atomic_controlled``, committed at once on a pooled connection,
         with the controls the claimer last saw."""
         return self._run(
             "atomic claim",
@@ -282,14 +282,14 @@ class WorkerStore:
         )
 
     def record_atomic_run(self, job: ClaimedJob, worker_id: str) -> bool:
-        """``atomic_runs_data.record_atomic_run``, committed at once, tried once: a failure leaves
+        """``data.atomic_runs.record_atomic_run``, committed at once, tried once: a failure leaves
         the handler unrun (its claim rolls back) rather than risk recording a run twice."""
         return self._database.run(
             lambda db: atomic_runs_data.record_atomic_run(db, job, worker_id), autocommit=True
         )
 
     def count_lost_attempt(self, job: ClaimedJob, *, delay: float, error: str) -> JobState | None:
-        """``atomic_runs_data.count_lost_attempt`` in a transaction of its own (retried through a
+        """``data.atomic_runs.count_lost_attempt`` in a transaction of its own (retried through a
         lost connection: the attempt must be counted)."""
         return self._run(
             "count lost attempt",
@@ -408,7 +408,7 @@ class WorkerStore:
     ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int]] | None:
         """``({queue: {state: capped count}}, {queue: seconds its earliest ticket waited},
         {queue: ready jobs whose task no live worker registers})``, or None when another worker reads them for the cluster: a live worker with a smaller
-        id in the registry (``workers_data.elected_worker``), or, while the registry names no
+        id in the registry (``data.workers.elected_worker``), or, while the registry names no
         such worker, the one holding the figures lock."""
 
         def work(

@@ -1,7 +1,7 @@
 """The claim statement's plan: the ticket index, never a sequential scan, never JIT-compiled.
 
 With 100,000 finished jobs and 50,000 ready tickets, ``EXPLAIN`` of pgqueue's claim statement
-(exactly the SQL and parameters ``claim_data.claim`` sends, for all queues and filtered by queue) must read the tickets through
+(exactly the SQL and parameters ``data.claim.claim`` sends, for all queues and filtered by queue) must read the tickets through
 ``ix_pgqueue_message_queue_claim`` (``(atomic, priority, run_at, job_id) INCLUDE (queue)``,
 which also yields the claim's ``ORDER BY``) and must not sequentially scan
 ``pgqueue_message_queue`` or ``pgqueue_jobs``. This holds with fresh statistics and with stale
