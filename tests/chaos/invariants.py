@@ -205,13 +205,16 @@ def _limit(facts: Facts, what: str, name: str, started: float) -> int:
     if what == "key":
         return KEY_OVERRIDES.get(name, KEY_LIMIT)
     # The queue's limit could be any in force from 2 s before the run's start (claimed under
-    # one limit, started after a change) to its start.
+    # one limit, started after a change) to its start. A change whose call failed may or may
+    # not have taken effect: the limit before it stays possible until a change that surely did.
     changes = facts.limits
-    allowed = [
-        c.limit
-        for i, c in enumerate(changes)
-        if c.before <= started and (i + 1 == len(changes) or changes[i + 1].after >= started - 2)
-    ]
+    allowed = []
+    for i, change in enumerate(changes):
+        if change.before > started:
+            continue
+        replaced = next((c for c in changes[i + 1 :] if c.took_effect), None)
+        if replaced is None or replaced.after >= started - 2:
+            allowed.append(change.limit)
     return max(allowed, default=max((c.limit for c in changes), default=1))
 
 
@@ -322,16 +325,21 @@ def registered_tasks_only(s: Snapshot, facts: Facts) -> list[Violation]:
 
 def returned_outcome_kept(s: Snapshot, facts: Facts) -> list[Violation]:
     """10. What a leased handler returned is its attempt's outcome: a run that returned
-    normally has no failure recorded for its attempt unless its lease expired (its process was
-    frozen or its connections were gone past the lease) or its process died. A neighbour (a
-    long transaction holding a row, an atomic job of the same queue, a slow queue) may delay an
-    outcome, never turn it into a failed attempt."""
+    normally and whose work committed (its ``tx`` row, written in the handler's session, which
+    pgqueue commits after the return) has no failure recorded for its attempt unless its lease
+    expired (its process was frozen or its connections were gone past the lease) or its process
+    died. A neighbour (a long transaction holding a row, an atomic job of the same queue, a slow
+    queue) may delay an outcome, never turn it into a failed attempt. (A run whose session
+    failed to commit, its connection lost, failed for a reason of its own.)"""
     found = []
     for job in s.jobs.values():
         if job.task_name in ATOMIC_TASKS:
             continue
+        committed = {tx.attempt for tx in s.txs.get(job.id, [])}
         for run in s.runs.get(job.id, []):
-            if run.outcome != "ok" or interrupted(run, facts.killed) or s.rescued(run):
+            if run.outcome != "ok" or run.attempt not in committed:
+                continue
+            if interrupted(run, facts.killed) or s.rescued(run):
                 continue
             errors = [e for e in s.errors_for(job.id, run.attempt) if e != CANCELLED_WHILE_RUNNING]
             if errors:
