@@ -158,7 +158,9 @@ def _history_cut(s: Snapshot, job_id: int, attempt: int) -> bool:
 def limits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
     """5. No concurrency key, queue limit or unique key ever had more overlapping runs than
     its limit, from the ledger's intervals; runs whose attempt ended by lease expiry are
-    allowed to overlap (README: duplicates happen only after a lease expired)."""
+    allowed to overlap (README: duplicates happen only after a lease expired), and so are
+    atomic runs whose transaction was lost (the handler runs on to its end, but nothing it does
+    can commit, and its slot is given back once the loss is counted)."""
     groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
     for job in s.jobs.values():
         atomic = job.task_name in ATOMIC_TASKS
@@ -170,7 +172,7 @@ def limits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
             names.append(("queue", job.queue))
         if job.unique_key and not atomic:
             names.append(("unique", job.unique_key))
-        runs = [r for r in s.runs.get(job.id, []) if not s.rescued(r)]
+        runs = [r for r in s.runs.get(job.id, []) if not (s.rescued(r) or s.transaction_lost(r))]
         for name in names:
             groups[name].extend(runs)
     found = []
