@@ -26,8 +26,8 @@ OUTCOME_DELAY = 10.0
 # Faults that delay every outcome of the processes they touch, and how long after they end.
 DELAYING = {"server_restart", "bouncer_restart", "unexpected_exit"}
 AFTER_FAULT = 10.0
-# The error a cancel seen after the handler returned records (``pgqueue.worker.executor``).
-CANCELLED_WHILE_RUNNING = "cancelled while running"
+# The error recorded in place of an outcome the database refused (``pgqueue.worker.executor``).
+NOT_RECORDED = "OutcomeNotRecorded"
 
 
 @dataclass
@@ -328,11 +328,12 @@ def registered_tasks_only(s: Snapshot, facts: Facts) -> list[Violation]:
 def returned_outcome_kept(s: Snapshot, facts: Facts) -> list[Violation]:
     """10. What a leased handler returned is its attempt's outcome: a run that returned
     normally and whose work committed (its ``tx`` row, written in the handler's session, which
-    pgqueue commits after the return) has no failure recorded for its attempt unless its lease
-    expired (its process was frozen or its connections were gone past the lease) or its process
-    died. A neighbour (a long transaction holding a row, an atomic job of the same queue, a slow
-    queue) may delay an outcome, never turn it into a failed attempt. (A run whose session
-    failed to commit, its connection lost, failed for a reason of its own.)"""
+    pgqueue commits after the return) never has its outcome replaced by a failed attempt
+    because the outcome could not be written (``OutcomeNotRecorded``), unless its lease expired
+    or its process died. A neighbour (a long transaction holding a row, an atomic job of the
+    same queue, a slow queue) may delay an outcome, never turn it into a failed attempt. (A
+    session whose commit lost its answer with its connection failed for a reason of its own:
+    the attempt fails though its work committed, as README says of leased handlers.)"""
     found = []
     for job in s.jobs.values():
         if job.task_name in ATOMIC_TASKS:
@@ -343,7 +344,7 @@ def returned_outcome_kept(s: Snapshot, facts: Facts) -> list[Violation]:
                 continue
             if interrupted(run, facts.killed) or s.rescued(run):
                 continue
-            errors = [e for e in s.errors_for(job.id, run.attempt) if e != CANCELLED_WHILE_RUNNING]
+            errors = [e for e in s.errors_for(job.id, run.attempt) if e.startswith(NOT_RECORDED)]
             if errors:
                 found.append(
                     Violation(
