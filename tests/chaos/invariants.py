@@ -26,8 +26,8 @@ OUTCOME_DELAY = 10.0
 # Faults that delay every outcome of the processes they touch, and how long after they end.
 DELAYING = {"server_restart", "bouncer_restart", "unexpected_exit"}
 AFTER_FAULT = 10.0
-# The error a cancel seen after the handler returned records (``pgqueue.worker.executor``).
-CANCELLED_WHILE_RUNNING = "cancelled while running"
+# The error recorded in place of an outcome the database refused (``pgqueue.worker.executor``).
+NOT_RECORDED = "OutcomeNotRecorded"
 
 
 @dataclass
@@ -158,7 +158,9 @@ def _history_cut(s: Snapshot, job_id: int, attempt: int) -> bool:
 def limits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
     """5. No concurrency key, queue limit or unique key ever had more overlapping runs than
     its limit, from the ledger's intervals; runs whose attempt ended by lease expiry are
-    allowed to overlap (README: duplicates happen only after a lease expired)."""
+    allowed to overlap (README: duplicates happen only after a lease expired), and so are
+    atomic runs whose transaction was lost (the handler runs on to its end, but nothing it does
+    can commit, and its slot is given back once the loss is counted)."""
     groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
     for job in s.jobs.values():
         atomic = job.task_name in ATOMIC_TASKS
@@ -170,7 +172,7 @@ def limits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
             names.append(("queue", job.queue))
         if job.unique_key and not atomic:
             names.append(("unique", job.unique_key))
-        runs = [r for r in s.runs.get(job.id, []) if not s.rescued(r)]
+        runs = [r for r in s.runs.get(job.id, []) if not (s.rescued(r) or s.transaction_lost(r))]
         for name in names:
             groups[name].extend(runs)
     found = []
@@ -205,13 +207,16 @@ def _limit(facts: Facts, what: str, name: str, started: float) -> int:
     if what == "key":
         return KEY_OVERRIDES.get(name, KEY_LIMIT)
     # The queue's limit could be any in force from 2 s before the run's start (claimed under
-    # one limit, started after a change) to its start.
+    # one limit, started after a change) to its start. A change whose call failed may or may
+    # not have taken effect: the limit before it stays possible until a change that surely did.
     changes = facts.limits
-    allowed = [
-        c.limit
-        for i, c in enumerate(changes)
-        if c.before <= started and (i + 1 == len(changes) or changes[i + 1].after >= started - 2)
-    ]
+    allowed = []
+    for i, change in enumerate(changes):
+        if change.before > started:
+            continue
+        replaced = next((c for c in changes[i + 1 :] if c.took_effect), None)
+        if replaced is None or replaced.after >= started - 2:
+            allowed.append(change.limit)
     return max(allowed, default=max((c.limit for c in changes), default=1))
 
 
@@ -322,18 +327,24 @@ def registered_tasks_only(s: Snapshot, facts: Facts) -> list[Violation]:
 
 def returned_outcome_kept(s: Snapshot, facts: Facts) -> list[Violation]:
     """10. What a leased handler returned is its attempt's outcome: a run that returned
-    normally has no failure recorded for its attempt unless its lease expired (its process was
-    frozen or its connections were gone past the lease) or its process died. A neighbour (a
-    long transaction holding a row, an atomic job of the same queue, a slow queue) may delay an
-    outcome, never turn it into a failed attempt."""
+    normally and whose work committed (its ``tx`` row, written in the handler's session, which
+    pgqueue commits after the return) never has its outcome replaced by a failed attempt
+    because the outcome could not be written (``OutcomeNotRecorded``), unless its lease expired
+    or its process died. A neighbour (a long transaction holding a row, an atomic job of the
+    same queue, a slow queue) may delay an outcome, never turn it into a failed attempt. (A
+    session whose commit lost its answer with its connection failed for a reason of its own:
+    the attempt fails though its work committed, as README says of leased handlers.)"""
     found = []
     for job in s.jobs.values():
         if job.task_name in ATOMIC_TASKS:
             continue
+        committed = {tx.attempt for tx in s.txs.get(job.id, [])}
         for run in s.runs.get(job.id, []):
-            if run.outcome != "ok" or interrupted(run, facts.killed) or s.rescued(run):
+            if run.outcome != "ok" or run.attempt not in committed:
                 continue
-            errors = [e for e in s.errors_for(job.id, run.attempt) if e != CANCELLED_WHILE_RUNNING]
+            if interrupted(run, facts.killed) or s.rescued(run):
+                continue
+            errors = [e for e in s.errors_for(job.id, run.attempt) if e.startswith(NOT_RECORDED)]
             if errors:
                 found.append(
                     Violation(

@@ -21,6 +21,7 @@ from sqlalchemy import Engine, text
 FINAL = {"succeeded", "failed", "cancelled"}
 ACTIVE = {"queued", "retrying", "running"}
 LEASE_EXPIRED = "lease expired"
+TRANSACTION_LOST = ("AtomicTransactionLost", "AtomicRunUnfinished")
 
 JOBS = text(
     "SELECT id, task_name, queue, kwargs::jsonb ->> 'kind' AS kind, state, attempts,"
@@ -63,6 +64,11 @@ class Snapshot:
         """The recorded errors of ``job_id``'s attempt ``attempt`` (its last ten attempts')."""
         entries = self.jobs[job_id].errors or []
         return [str(e.get("error", "")) for e in entries if e.get("attempt") == attempt]
+
+    def transaction_lost(self, run: Run) -> bool:
+        """Whether the run's attempt is an atomic one whose transaction was lost (counted as a
+        failed attempt by pgqueue, ``AtomicTransactionLost`` and its subclass)."""
+        return any(e.startswith(TRANSACTION_LOST) for e in self.errors_for(run.job_id, run.attempt))
 
     def rescued(self, run: Run) -> bool:
         """Whether the run's attempt ended by lease expiry (the rescuer took the job back)."""

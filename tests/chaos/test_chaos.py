@@ -25,6 +25,10 @@ REGRESSION_SEEDS: list[tuple[int, dict[str, Any], str | None]] = [
     (1, {"lock_tickets": True}, None),
     # An atomic transaction lost with its connection was run again by another worker first.
     (5, {"bouncer": True, "minutes": 3.0}, None),
+    # In an hour: three dependents of two parents each left WAITING (the parents ended in
+    # concurrent transactions, each settling saw the other still running), and a keyed leased
+    # attempt that ran twice in one worker (not seen again since).
+    (2026, {"bouncer": True, "lock_tickets": True, "minutes": 2.0}, None),
 ]
 
 

@@ -56,6 +56,7 @@ class LimitChange:
     before: float
     after: float
     limit: int
+    took_effect: bool = True  # False when the call failed: committed or not, nobody knows
 
 
 @dataclass
@@ -253,12 +254,14 @@ class Workload:
 
     def _set_limit(self, limit: int) -> None:
         before = time.time()
+        took_effect = False
         try:
             self.app.pgq.set_queue_limit(QUEUE_LIMITED, limit)
+            took_effect = True
         finally:
-            # Recorded even when the call failed: its commit may have happened anyway, and a
-            # limit that never took effect only makes the check more lenient.
-            self.limits.append(LimitChange(before, time.time(), limit))
+            # Recorded even when the call failed: its commit may have happened anyway. The
+            # check then allows either limit from that call on.
+            self.limits.append(LimitChange(before, time.time(), limit, took_effect))
 
     def _admin_move(self) -> None:
         move = self.rng.choice(["pause", "limit", "bulk_retry"])

@@ -101,3 +101,32 @@ def test_workers_page_lists_the_registry_and_the_job_page_names_the_holder(app: 
         worker.stop()
         thread.join(30)
     assert "No worker is running." in app.test_client().get("/pgqueue/workers").text
+
+
+def test_workers_page_shows_a_worker_whose_claims_fail_as_unhealthy(app: Flask) -> None:
+    queue = pgq.state(app).queue
+    with queue.engine.begin() as connection:
+        insert = (
+            "INSERT INTO pgqueue_workers (id, host, pid, queues, concurrency, version,"
+            " last_seen_at, claim_error, claim_failing_since) VALUES (:id, 'h', 1, '{}', 2,"
+            " '0.1', now(), :error, now() - make_interval(secs => :failing))"
+        )
+        connection.execute(
+            text(insert),
+            {"id": "failing", "error": "InsufficientPrivilege: <no> claims", "failing": 42},
+        )
+        connection.execute(text(insert), {"id": "healthy", "error": None, "failing": 0})
+        connection.execute(
+            text("UPDATE pgqueue_workers SET claim_failing_since = NULL WHERE id = 'healthy'")
+        )
+    html = app.test_client().get("/pgqueue/workers").text
+
+    def health(worker_id: str) -> str:
+        row = html.split(f'data-worker-id="{worker_id}"')[1].split("</tr>")[0]
+        return row.split('<td class="health">')[1].split("</td>")[0]
+
+    failing = health("failing")
+    assert "claims failing</span> for 4" in failing  # 42 s, however the age is worded
+    assert "InsufficientPrivilege: &lt;no&gt; claims" in failing
+    assert "<no>" not in html
+    assert health("healthy") == "ok"
