@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from .app import QUEUE_LIMITED
 from .cluster import LEASE_SECONDS, Bouncer, Worker, Workers, children_of
@@ -228,21 +228,14 @@ class Faults:
         what = "jobs and their tickets" if tickets else "jobs"
         self._record("lock", f"{n} waiting {what} for {seconds:.1f} s", until=time.time() + seconds)
 
-        def hold() -> None:
-            try:
-                with self.engine.begin() as connection:
-                    if tickets:
-                        ids = list(connection.execute(LOCK_TICKETS, {"n": n}).scalars())
-                        connection.execute(LOCK_THESE_JOBS, {"ids": ids})
-                    else:
-                        connection.execute(LOCK_JOBS, {"n": n}).all()
-                    time.sleep(seconds)
-            except Exception as exc:
-                self.errors[f"lock: {type(exc).__name__}"] += 1
+        def lock(connection: Connection) -> None:
+            if tickets:
+                ids = list(connection.execute(LOCK_TICKETS, {"n": n}).scalars())
+                connection.execute(LOCK_THESE_JOBS, {"ids": ids})
+            else:
+                connection.execute(LOCK_JOBS, {"n": n}).all()
 
-        locker = threading.Thread(target=hold, name="chaos-locker", daemon=True)
-        self.lockers = [t for t in self.lockers if t.is_alive()] + [locker]
-        locker.start()
+        self._hold("lock", lock, seconds)
 
     def _lock_control_row(self) -> None:
         rng = self.control_rng
@@ -255,15 +248,26 @@ class Faults:
             "lock_control", f"{what} {name}'s row for {seconds:.1f} s", until=time.time() + seconds
         )
 
+        self._hold(
+            "lock_control",
+            lambda connection: connection.execute(statement, {"name": name}),
+            seconds,
+        )
+
+    def _hold(self, kind: str, lock: Callable[[Connection], object], seconds: float) -> None:
+        """In a thread of its own, take row locks with ``lock`` in a transaction and keep them
+        ``seconds``, as a long application transaction would; a failure is counted under
+        ``kind``."""
+
         def hold() -> None:
             try:
                 with self.engine.begin() as connection:
-                    connection.execute(statement, {"name": name}).all()
+                    lock(connection)
                     time.sleep(seconds)
             except Exception as exc:
-                self.errors[f"lock_control: {type(exc).__name__}"] += 1
+                self.errors[f"{kind}: {type(exc).__name__}"] += 1
 
-        locker = threading.Thread(target=hold, name="chaos-control-locker", daemon=True)
+        locker = threading.Thread(target=hold, name=f"chaos-{kind}", daemon=True)
         self.lockers = [t for t in self.lockers if t.is_alive()] + [locker]
         locker.start()
 

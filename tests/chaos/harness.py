@@ -10,6 +10,7 @@ the workers and returns the report. Everything it started it stops, by PID.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import re
@@ -48,6 +49,8 @@ from .workload import Event, Workload
 
 CHECK_EVERY = 5.0
 DRAIN_SECONDS = 90.0
+# Jobs due within this many seconds still count as work the drain waits for.
+DRAIN_HORIZON = 5.0
 
 
 @dataclass
@@ -338,11 +341,14 @@ def _deadlocks(engine: Engine) -> int:
 
 
 def _drain(engine: Engine, seconds: float) -> bool:
-    """Wait until every job is final or legitimately waiting (or ``seconds`` pass)."""
+    """Wait until every job is final or legitimately waiting, none of them due within
+    ``DRAIN_HORIZON`` s (a retry's short backoff would otherwise fall due right after the drain,
+    before the final check), or until ``seconds`` pass."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         snap = snapshot.read(engine)
-        if all(invariants.not_done_reason(snap, job) is None for job in snap.jobs.values()):
+        soon = dataclasses.replace(snap, now=snap.now + DRAIN_HORIZON)
+        if all(invariants.not_done_reason(soon, job) is None for job in soon.jobs.values()):
             return True
         time.sleep(1)
     return False
