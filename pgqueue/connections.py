@@ -34,7 +34,7 @@ from sqlalchemy.engine.interfaces import AdaptedConnection
 from sqlalchemy.exc import DisconnectionError
 
 from pgqueue.config import Settings
-from pgqueue.driver import PLAN_MAX_AGE, CompiledStatement, LocalSettings
+from pgqueue.driver import PLAN_MAX_AGE, CompiledStatement, LocalSettings, translated
 from pgqueue.errors import is_lost_session_state, name_connection_failure
 from pgqueue.sql.maintenance import set_local_settings
 from pgqueue.sql.server import discard_plans
@@ -228,15 +228,26 @@ def _set_locals_on_begin(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def set_locals(connection: Any) -> None:
+        import psycopg
+
         driver = connection.connection.driver_connection
         if driver.autocommit:
             return  # each statement is its own transaction: nothing to carry settings into
         # On the driver, not through ``connection``: this runs inside SQLAlchemy's begin.
         adapted = connection.connection.dbapi_connection
-        if isinstance(adapted, AdaptedConnection):  # an asyncio driver, awaited in the greenlet
-            adapted.run_async(lambda raw: raw.execute(local.sql, local.params))
-        else:
-            driver.execute(local.sql, local.params)
+        try:
+            if isinstance(adapted, AdaptedConnection):  # asyncio: awaited in the greenlet
+                adapted.run_async(lambda raw: raw.execute(local.sql, local.params))
+            else:
+                driver.execute(local.sql, local.params)
+        except psycopg.Error as exc:
+            # SQLAlchemy does not wrap what a begin listener raises: without this a lost
+            # connection here would escape every caller's handling of DBAPIError (and the pool
+            # would try to roll the dead connection back on its return).
+            lost = bool(driver.closed) or engine.dialect.is_disconnect(exc, adapted, None)  # type: ignore[arg-type]
+            if lost:
+                connection.invalidate(exc)
+            raise translated(exc, lost=lost) from exc
 
 
 def install_dead_connection_check(engine: Engine) -> None:

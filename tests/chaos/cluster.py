@@ -218,6 +218,10 @@ class Workers:
         )
         log.close()
         worker.starts += 1
+        # Known at once, not at the fault loop's next look: a worker started when the faults
+        # stop (a pending restart, the drain's restart of the dead) is never looked at again,
+        # and its runs of the newer task would read as runs where the task is not registered.
+        self.handler_pids()
 
     def handler_pids(self) -> dict[int, Worker]:
         found = {pid: worker for worker in self.workers for pid in worker.pids()}

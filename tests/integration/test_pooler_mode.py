@@ -82,3 +82,38 @@ def test_workers_poll_behind_a_transaction_pooler_unless_given_a_listen_url(
     assert PgQueue(
         database_url, settings=Settings(pooler="transaction", listen_database_url=direct)
     ).can_listen
+
+
+def test_a_connection_lost_as_a_pgqueue_transaction_begins_is_a_lost_connection(
+    pooled: PgQueue,
+) -> None:
+    """The settings are set by a begin listener, whose errors SQLAlchemy passes through as the
+    driver raised them: a backend ended between checkout and begin must still surface as
+    SQLAlchemy's DBAPIError marked as a lost connection, which every retry loop (a worker
+    waiting for the database at start, the store) knows; the next transaction gets a new
+    connection."""
+    import time
+
+    from sqlalchemy import event
+    from sqlalchemy.exc import DBAPIError
+
+    from pgqueue.errors import is_connection_error
+
+    with pooled.engine.connect() as warm:
+        victim = warm.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        warm.rollback()
+
+    def end_the_backend(*_: object) -> None:
+        # After pgqueue's own dead-connection check at checkout: the backend ends between the
+        # checkout and the begin.
+        with pooled.engine.connect() as killer:
+            killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": victim})
+            killer.commit()
+        time.sleep(0.3)
+
+    event.listen(pooled.engine, "checkout", end_the_backend, once=True)
+    with pytest.raises(DBAPIError) as raised, pooled.engine.begin() as connection:
+        connection.execute(text("SELECT 1"))
+    assert is_connection_error(raised.value)
+    with pooled.engine.begin() as connection:
+        assert connection.execute(text("SELECT pg_backend_pid()")).scalar_one() != victim
