@@ -135,7 +135,7 @@ def live_workers(*, serving_queue: bool) -> Select[*tuple[Any, ...]]:
     ``stale_seconds``), at most ``cap``, each with its claim error and the seconds its claims
     have failed (nulls while they work); with ``serving_queue`` only those that claim from
     ``queue``. The registry holds one row per worker process, so this reads a small table."""
-    failing_for = extract("epoch", func.now() - WorkerRecord.claim_failing_since)
+    failing_for = extract("epoch", func.clock_timestamp() - WorkerRecord.claim_failing_since)
     stmt = select(WorkerRecord.id, WorkerRecord.claim_error, failing_for).where(is_live())
     if serving_queue:
         stmt = stmt.where(serves(WorkerRecord, bindparam("queue", type_=Text)))

@@ -149,7 +149,9 @@ def _running_counts() -> Any:
 
 
 def _seconds_since(column: Any) -> ColumnElement[Any]:
-    return extract("epoch", func.now() - column)
+    # The wall clock, not now(): a heartbeat that committed after this transaction began
+    # stamped a later now() than ours, and an age must never come out negative.
+    return extract("epoch", func.clock_timestamp() - column)
 
 
 @cache

@@ -16,7 +16,10 @@ import pytest
 from sqlalchemy import text
 
 from pgqueue import PgQueue
+from pgqueue.data import workers as workers_data
+from pgqueue.db import ConnectionExecutor
 from pgqueue.errors import ValidationError
+from pgqueue.jobs import WorkerEntry
 from pgqueue.worker import Worker
 from pgqueue.worker.registry import pgqueue_version
 
@@ -165,3 +168,19 @@ def test_job_holder_names_the_registered_worker_or_says_it_is_gone(pgq: PgQueue)
         release.set()
         _wait_until(lambda: pgq.get_job(job_id).state == "succeeded", 20, "the job to end")
     assert pgq.admin.job_holder(job_id) is None
+
+
+def test_a_heartbeat_committed_after_the_reader_began_never_reads_as_a_negative_age(
+    pgq: PgQueue,
+) -> None:
+    entry = WorkerEntry(
+        id="w-clock", host="h", pid=1, queues=("default",), concurrency=1, version="test"
+    )
+    with pgq.engine.connect() as reader:
+        reader.execute(text("SELECT 1"))  # the reader's transaction, and its now(), begin here
+        time.sleep(0.2)
+        with pgq.engine.begin() as writer:
+            workers_data.worker_seen(ConnectionExecutor(writer), entry)
+        rows = workers_data.list_workers(ConnectionExecutor(reader), 60)
+        [seen_seconds] = [row[8] for row in rows if row[0] == "w-clock"]
+        assert 0 <= float(seen_seconds) < 1
