@@ -14,8 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-# The pages whose Python blocks the tests run: the tutorial and every how-to guide.
-RUN_PAGES = [DOCS / "tutorial.md", *sorted((DOCS / "how-to").glob("*.md"))]
+# The pages whose Python blocks the tests run: the README's example, the tutorial and every
+# how-to guide.
+RUN_PAGES = [ROOT / "README.md", DOCS / "tutorial.md", *sorted((DOCS / "how-to").glob("*.md"))]
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 _NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(?P<why>.+?)\s*-->\s*$")

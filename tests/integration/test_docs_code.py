@@ -1,4 +1,4 @@
-"""Every Python block of the tutorial and of the how-to guides runs, as a reader would run it.
+"""Every Python block of the README, the tutorial and the how-to guides runs, as a reader would run it.
 
 The blocks of one page run in order, in one namespace, in a fresh migrated database whose URL
 is in ``$PGQUEUE_DATABASE_URL`` (where the pages tell readers to put theirs), from an empty
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from docs_pages import DOCS, RUN_PAGES, python_blocks
+from docs_pages import DOCS, ROOT, RUN_PAGES, python_blocks
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
@@ -43,9 +43,7 @@ def test_skipped_blocks_say_why() -> None:
                 assert len(block.not_run) >= 10, f"{page.name}:{block.line}: say why it is not run"
 
 
-@pytest.mark.parametrize(
-    "page", [p for p in RUN_PAGES if python_blocks(p)], ids=lambda p: p.stem
-)
+@pytest.mark.parametrize("page", [p for p in RUN_PAGES if python_blocks(p)], ids=lambda p: p.stem)
 def test_page_code_runs(page: Path, reader_environment: str) -> None:
     # A module of its own, registered as a reader's module would be (SQLAlchemy resolves a
     # model's annotations through sys.modules).
@@ -57,7 +55,7 @@ def test_page_code_runs(page: Path, reader_environment: str) -> None:
         for block in python_blocks(page):
             if block.not_run is not None:
                 continue
-            where = f"{page.relative_to(DOCS)}:{block.line}"
+            where = f"{page.relative_to(ROOT)}:{block.line}"
             code = compile(block.code, where, "exec")
             try:
                 exec(code, namespace)
