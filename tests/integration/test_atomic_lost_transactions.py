@@ -121,7 +121,7 @@ def test_a_lost_atomic_transaction_counts_as_a_failed_attempt(
     job_id = lost.enqueue()
     # A raw ROLLBACK undoes the claim while the handler still runs: until the attempt is
     # counted, a claim elsewhere (here, the worker's other slot) could take the job again
-    # (README: "Atomic tasks"), so that case runs with one slot.
+    # (docs/how-to/tasks.md, "Leased and atomic tasks"), so that case runs with one slot.
     running_worker(1 if misuse == "raw ROLLBACK" else 2)
     job = _wait_final(pgq, job_id, timeout=15)
     time.sleep(0.5)  # a re-run that should not happen would show by now

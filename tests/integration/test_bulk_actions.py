@@ -25,7 +25,7 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-# Imported for its fixture: a login role holding only the README's grants.
+# Imported for its fixture: a login role holding only the documented grants (docs/explanation/security.md).
 from test_least_privilege import app_role, as_role  # noqa: F401
 
 from pgqueue import JobContext, PgQueue

@@ -2,7 +2,7 @@
 
 The database is made read-only for new sessions (``default_transaction_read_only``, which
 refuses writes as a hot standby does): every page renders from it, and an action is refused
-by the server and changes nothing. docs/scaling.md says which connections must stay on the
+by the server and changes nothing. docs/how-to/scaling.md says which connections must stay on the
 primary on this evidence.
 """
 

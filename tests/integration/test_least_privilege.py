@@ -1,6 +1,6 @@
 """Least privilege: everything but ``migrate`` runs with DML rights only.
 
-The role is created by running the SQL block of README.md's "Security and least privilege"
+The role is created by running the SQL block of the documentation's "Security and least privilege"
 section itself (role, database and password substituted), so the documentation and the test
 cannot drift: ``CONNECT`` on the database, ``USAGE`` on the schema, ``SELECT, INSERT, UPDATE,
 DELETE`` on pgqueue's tables and ``USAGE`` on the jobs' id sequence; no ``CREATE`` anywhere, no
@@ -57,7 +57,8 @@ from pgqueue.states import JobState
 from pgqueue.testing import ConcurrencyProbe, states_of, wait_for_states
 from pgqueue.worker import Worker
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+# The documentation page whose SQL block these tests run.
+SECURITY_PAGE = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "security.md"
 PASSWORD = "pgqueue-app-secret"
 DML: frozenset[str] = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
 _counter = itertools.count()
@@ -69,21 +70,20 @@ def pgqueue_tables() -> list[str]:
 
 
 def readme_sql() -> list[str]:
-    """The statements of the SQL block in README.md's "Security and least privilege" section,
-    comments dropped and whitespace collapsed, exactly as documented (role ``app``, database
-    ``mydb``, password ``'...'``)."""
-    readme = README.read_text(encoding="utf-8")
-    _, found, rest = readme.partition("\n## Security and least privilege\n")
-    assert found, "README.md has no 'Security and least privilege' section"
-    section = rest.split("\n## ", 1)[0]
+    """The statements of the SQL block of the "Security and least privilege" page, comments
+    dropped and whitespace collapsed, exactly as documented (role ``app``, database ``mydb``,
+    password ``'...'``)."""
+    page = SECURITY_PAGE.read_text(encoding="utf-8")
+    assert page.startswith("# Security and least privilege\n"), f"{SECURITY_PAGE} has moved"
+    section = page.split("\n## ", 1)[0]
     block = re.search(r"```sql\n(.*?)```", section, re.DOTALL)
-    assert block is not None, "the README's least-privilege section has no ```sql block"
+    assert block is not None, "the least-privilege page has no ```sql block before its sections"
     lines = [line for line in block.group(1).splitlines() if not line.lstrip().startswith("--")]
     return [" ".join(s.split()) for s in "\n".join(lines).split(";") if s.strip()]
 
 
 def grant_statements(role: str, database: str) -> list[str]:
-    """The README's statements for ``role`` on ``database``."""
+    """The documented statements for ``role`` on ``database``."""
     statements = []
     for statement in readme_sql():
         statement = re.sub(r"\bapp\b", role, statement)
@@ -98,13 +98,13 @@ def _admin(url: URL) -> Engine:
 
 @pytest.fixture
 def app_role(database_url: URL, empty_database_url: URL) -> Iterator[str]:
-    """A login role holding only the README's grants on ``database_url``."""
+    """A login role holding only the documented grants on ``database_url``."""
     role = f"pgqueue_app_{os.getpid()}_{next(_counter)}"
     assert re.fullmatch(r"[a-z0-9_]+", role)  # interpolated as an identifier below
     admin = _admin(database_url)
     with admin.connect() as connection:
         # What PostgreSQL 15+ does by default, done explicitly so the test means the same on 14;
-        # and no TEMP or CONNECT through PUBLIC: the role gets only what the README grants.
+        # and no TEMP or CONNECT through PUBLIC: the role gets only what the documentation grants.
         connection.execute(text("REVOKE CREATE ON SCHEMA public FROM PUBLIC"))
         connection.execute(text(f'REVOKE ALL ON DATABASE "{database_url.database}" FROM PUBLIC'))
         for statement in grant_statements(role, str(database_url.database)):
@@ -138,7 +138,7 @@ def as_role(url: URL, role: str) -> URL:
 
 
 def test_the_readme_grants_exactly_dml_rights(database_url: URL, app_role: str) -> None:
-    """The README's block only creates the role and grants object privileges (no role
+    """The documented block only creates the role and grants object privileges (no role
     membership, no attributes), and what the role ends up with is exactly DML on pgqueue's
     tables and USAGE on their id sequences: no DDL, no TEMP, no version table, no superuser."""
     [create, *grants] = readme_sql()

@@ -1,4 +1,4 @@
-"""Queues split across databases, as docs/scaling.md shows: one ``PgQueue`` per database, each
+"""Queues split across databases, as docs/how-to/scaling.md shows: one ``PgQueue`` per database, each
 with its own tasks, run by its own workers. Each database holds only its own jobs, and a
 worker of one never runs (or sees) the other's."""
 
@@ -40,7 +40,7 @@ def test_two_queues_on_two_databases_each_run_by_its_own_worker(
 ) -> None:
     orders_url, reports_url = (url.render_as_string(hide_password=False) for url in two_databases)
 
-    # The example of docs/scaling.md ("Splitting queues across databases").
+    # The example of docs/how-to/scaling.md ("Splitting queues across databases").
     orders = PgQueue(orders_url)  # the primary that also holds the orders
     reports = PgQueue(reports_url)  # a second primary for the heavy report jobs
 
