@@ -67,9 +67,11 @@ def normalize_database_url(url: str | URL) -> URL:
         raise ConfigurationError(
             f"pgqueue needs a PostgreSQL URL (postgresql+psycopg://...), got backend {backend!r}"
         )
-    driver = parsed.get_driver_name()
+    # Read from the name itself: SQLAlchemy's driver lookup loads a dialect, and it has none
+    # named "postgres" (the scheme Heroku and many platforms hand out).
+    _, _, driver = parsed.drivername.partition("+")
     # psycopg's asyncio driver is the same library: an asyncio app's URL serves as it is.
-    if parsed.drivername in {"postgresql", "postgres"} or driver in {"psycopg", "psycopg_async"}:
+    if driver in {"", "psycopg", "psycopg_async"}:
         return parsed.set(drivername="postgresql+psycopg")
     raise ConfigurationError(
         f"pgqueue uses the psycopg 3 driver (postgresql+psycopg://); got driver {driver!r}"

@@ -130,8 +130,24 @@ def test_bad_database_urls(url: str) -> None:
         normalize_database_url(url)
 
 
-def test_url_driver_is_normalised() -> None:
-    assert normalize_database_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@h/db",
+        "postgres://u:p@h:5432/db",  # the scheme Heroku and other platforms hand out
+        "postgres+psycopg://u@h/db",
+        "postgresql+psycopg_async://u@h/db",
+    ],
+)
+def test_url_driver_is_normalised(url: str) -> None:
+    normalized = normalize_database_url(url)
+    assert normalized.drivername == "postgresql+psycopg"
+    assert (normalized.host, normalized.database) == ("h", "db")
+
+
+def test_a_postgres_scheme_url_with_another_driver_is_refused_by_name() -> None:
+    with pytest.raises(ConfigurationError, match="got driver 'psycopg2'"):
+        normalize_database_url("postgres+psycopg2://u@h/db")
 
 
 def test_settings_from_env_and_validation() -> None:
