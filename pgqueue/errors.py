@@ -417,6 +417,14 @@ def pgqueue_logger(name: str) -> logging.Logger:
 _CONNECT_FAILURE: Final = "pgqueue_connect_failure"
 
 
+# PgBouncer's answer to the startup ``options`` pgqueue sends on a direct connection.
+POOLER_REFUSAL = "unsupported startup parameter: options"
+POOLER_HINT = (
+    "a pooler (PgBouncer) refuses the startup options pgqueue sends to a server; "
+    "set PGQUEUE_POOLER=transaction (Settings(pooler='transaction')) to connect through it"
+)
+
+
 def name_connection_failure(exc: BaseException, name: str, target: str | None = None) -> None:
     """Rewrite, in place, the message of ``exc`` (raised while opening a connection) as one line
     naming the connection: ``pgqueue <name> connection to <target> failed: <reason>``.
@@ -429,6 +437,8 @@ def name_connection_failure(exc: BaseException, name: str, target: str | None = 
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         reason = "; ".join(lines) or type(exc).__name__
         reason = reason.removeprefix("connection failed: ")  # psycopg's own, said again below
+        if POOLER_REFUSAL in reason:
+            reason += f"; {POOLER_HINT}"
         known = (reason, None)
     reason, known_target = known
     target = target or known_target

@@ -10,6 +10,7 @@ the pool's other clients never see pgqueue's settings.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -29,11 +30,23 @@ if TYPE_CHECKING:
     from conftest import App
 
 
-def test_without_the_pooler_setting_pgbouncer_refuses_pgqueue(bouncer: URL) -> None:
+def test_without_the_pooler_setting_pgbouncer_refuses_pgqueue_naming_the_setting(
+    bouncer: URL,
+) -> None:
     pgq = PgQueue(bouncer, settings=Settings())
-    with pytest.raises(Exception, match="unsupported startup parameter"), pgq.engine.connect():
+    refusal = pytest.raises(Exception, match="unsupported startup parameter")
+    with refusal as refused, pgq.engine.connect():
         pass
+    assert "set PGQUEUE_POOLER=transaction" in str(refused.value)
     pgq.dispose()
+    env = {**os.environ, "PGQUEUE_DATABASE_URL": bouncer.render_as_string(hide_password=False)}
+    env.pop("PGQUEUE_POOLER", None)
+    cli = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "stats"], env=env, capture_output=True, text=True
+    )
+    assert cli.returncode != 0
+    [line] = cli.stderr.strip().splitlines()
+    assert "unsupported startup parameter" in line and "PGQUEUE_POOLER=transaction" in line
 
 
 @pytest.mark.slow
