@@ -9,8 +9,10 @@ worker can decide what is retryable in one place.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import traceback
+from pathlib import Path
 from typing import Final
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "ended_before_commit",
     "error_line",
     "error_text",
+    "handler_error_text",
     "hide_row_values",
     "is_bad_credentials",
     "is_connection_error",
@@ -374,6 +377,26 @@ def error_text(exc: BaseException) -> str:
     """The traceback of ``exc`` (with its chain) as recorded and logged: row values and bound
     parameters hidden (``hide_row_values``)."""
     return hide_row_values("".join(traceback.format_exception(exc)), exc)
+
+
+# pgqueue's own source files: the frames that lead from the worker to a handler.
+_PACKAGE_DIRECTORY = str(Path(__file__).resolve().parent) + os.sep
+
+
+def handler_error_text(exc: BaseException) -> str:
+    """``error_text`` of an error a handler raised, as a job records it: the outermost
+    traceback starts at the handler's first frame, without the frames of pgqueue that called it
+    (the worker's executor, the Flask extension's app context), which every error would repeat.
+    An error raised inside pgqueue itself (no frame of the application) keeps every frame."""
+    summary = traceback.TracebackException.from_exception(exc)
+    frames = list(summary.stack)
+    first_own = next(
+        (i for i, frame in enumerate(frames) if not frame.filename.startswith(_PACKAGE_DIRECTORY)),
+        None,
+    )
+    if first_own:
+        summary.stack = traceback.StackSummary.from_list(frames[first_own:])
+    return hide_row_values("".join(summary.format()), exc)
 
 
 def error_summary(recorded: str, limit: int = 200) -> str:

@@ -33,7 +33,7 @@ from pgqueue.errors import (
     UnknownTask,
     ValidationError,
     error_line,
-    error_text,
+    handler_error_text,
     hide_row_values,
     is_transaction_ended,
     pgqueue_logger,
@@ -402,7 +402,7 @@ class Executor:
     def _error_text(self, exc: BaseException) -> str:
         if isinstance(exc, Retry):
             return str(exc)
-        return error_text(exc)
+        return handler_error_text(exc)
 
     def _describe(self, exc: BaseException) -> str:
         """One line for errors pgqueue itself raises about a job (no traceback); capped like

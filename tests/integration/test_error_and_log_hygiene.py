@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 
+import pgqueue
 from pgqueue import PgQueue, Settings
 from pgqueue.errors import ConfigurationError
 from pgqueue.states import JobState
@@ -241,3 +242,30 @@ def test_max_error_bytes_default_and_minimum() -> None:
         Settings(max_error_bytes=255)
     with pytest.raises(ConfigurationError, match="at least 256"):
         Settings.from_env({"PGQUEUE_MAX_ERROR_BYTES": "64"})
+
+
+def _failing_helper() -> None:
+    raise ValueError("out of stock")
+
+
+def test_a_recorded_traceback_starts_at_the_handler_not_in_pgqueue(pgq: PgQueue) -> None:
+    @pgq.task(name="hygiene.out_of_stock", max_attempts=1)
+    def out_of_stock() -> None:
+        _failing_helper()
+
+    @pgq.task(name="hygiene.step_fails", max_attempts=1, pass_context=True)
+    def step_fails(ctx: Any) -> None:
+        ctx.step("reserve", _failing_helper)
+
+    ids = [out_of_stock.enqueue(), step_fails.enqueue()]
+    assert run_until_final(pgq, ids) == dict.fromkeys(ids, JobState.FAILED)
+    package = str(Path(pgqueue.__file__).parent)
+    for job_id in ids:
+        lines = pgq.get_job(job_id).last_error.splitlines()
+        assert lines[0] == "Traceback (most recent call last):"
+        first_file = lines[1].split('"')[1]
+        assert first_file == __file__, lines[1]
+        assert lines[-1] == "ValueError: out of stock"
+    # Frames of pgqueue between the handler and the error (a durable step's runner) stay.
+    step_error = pgq.get_job(ids[1]).last_error
+    assert package in step_error and "_failing_helper" in step_error
