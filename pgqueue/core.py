@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from pgqueue import connections, history, uow
 from pgqueue.admin import Admin, KeyOverride, check_job_id, job_snapshot
 from pgqueue.aio import AsyncDatabase, check_async_engine, check_async_session
-from pgqueue.config import Settings, normalize_database_url
+from pgqueue.config import Settings, embedded_database_name, normalize_database_url
 from pgqueue.data import admin as admin_data
 from pgqueue.data import enqueue as enqueue_data
 from pgqueue.data import maintenance as maintenance_data
@@ -136,10 +136,11 @@ class PgQueue:
                 return self._engine.url
             from pgqueue import embedded
 
+            server = embedded.shared_server(
+                self.settings.embedded_data_dir, bin_dir=self.settings.embedded_bin_dir
+            )
             self._url = normalize_database_url(
-                embedded.shared_server(
-                    self.settings.embedded_data_dir, bin_dir=self.settings.embedded_bin_dir
-                )
+                embedded.app_database(server, embedded_database_name(self.settings))
             )
         return self._url
 
@@ -607,10 +608,14 @@ def _warn_embedded(settings: Settings) -> None:
     from pgqueue import embedded
 
     data_dir = settings.embedded_data_dir or str(embedded.default_data_dir())
+    database = embedded_database_name(settings)
+    named = "set" if settings.embedded_database else "named after the current directory"
     logger.warning(
-        "no database configured: pgqueue uses its embedded PostgreSQL server in %s, which is "
-        "for development, demos and tests only (one per host, stopped when the process that "
-        "started it exits). For a real server pass a URL or Engine to PgQueue, or set "
-        "PGQUEUE_DATABASE_URL.",
+        "no database configured: pgqueue uses database %s (%s; PGQUEUE_EMBEDDED_DATABASE "
+        "names another) of its embedded PostgreSQL server in %s, which is for development, "
+        "demos and tests only (one per host, stopped when the process that started it exits). "
+        "For a real server pass a URL or Engine to PgQueue, or set PGQUEUE_DATABASE_URL.",
+        database,
+        named,
         data_dir,
     )

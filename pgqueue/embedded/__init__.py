@@ -30,11 +30,11 @@ Its modules, each depending only on those listed before it: ``identity`` (the se
 under root, file ownership and modes), ``children`` (child environment, death with the parent),
 ``binaries`` (locating and staging the server binaries), ``cluster`` (initdb, access and server
 configuration), ``server`` (:class:`EmbeddedPostgres`, the server process) and ``shared``
-(:func:`shared_server`).
+(:func:`shared_server`, and :func:`app_database`, an application's own database on it).
 """
 
 from pgqueue.embedded.binaries import find_bin_dir
 from pgqueue.embedded.server import EmbeddedPostgres
-from pgqueue.embedded.shared import default_data_dir, shared_server
+from pgqueue.embedded.shared import app_database, default_data_dir, shared_server
 
-__all__ = ["EmbeddedPostgres", "default_data_dir", "find_bin_dir", "shared_server"]
+__all__ = ["EmbeddedPostgres", "app_database", "default_data_dir", "find_bin_dir", "shared_server"]

@@ -14,9 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+from sqlalchemy import NullPool, create_engine, make_url
+from sqlalchemy.exc import ProgrammingError
 
 from pgqueue.embedded.identity import make_dirs
 from pgqueue.embedded.server import EmbeddedPostgres, serves_data_dir, socket_url
+from pgqueue.errors import sqlstate_of
+from pgqueue.sql.server import create_database
+
+DUPLICATE_DATABASE = "42P04"
 
 
 def default_data_dir() -> Path:
@@ -117,3 +123,21 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def app_database(server_url: str, name: str) -> str:
+    """URL of database ``name`` on the server of ``server_url`` (a URL of its ``postgres``
+    database), created when missing: each application on the shared server gets its own."""
+    url = make_url(server_url)
+    admin = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as connection:
+            try:
+                connection.execute(create_database(name))
+            except ProgrammingError as exc:
+                # Made already, by an earlier run or by a process racing this one.
+                if sqlstate_of(exc) != DUPLICATE_DATABASE:
+                    raise
+    finally:
+        admin.dispose()
+    return url.set(database=name).render_as_string(hide_password=False)

@@ -527,6 +527,51 @@ def test_enqueue_errors_are_sqlalchemy_errors_on_every_path(pgq: PgQueue, engine
     assert table_counts(engine) == before
 
 
+def test_two_apps_on_the_embedded_server_never_see_each_others_tables(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unconfigured apps run from two directories get a database each, named after the
+    directory (the warning says which); a second queue object run from one of them (its
+    worker, its CLI) shares that app's database."""
+    root = Path(tempfile.mkdtemp(prefix="pgqueue-test-apps-"))
+    root.chmod(0o755)
+    data_dir = root / "postgres"
+    settings = Settings(embedded_data_dir=str(data_dir))
+    columns = {"Shop-A": "quantity integer", "shop_b": "title text"}
+    try:
+        for directory, column in columns.items():
+            (root / directory).mkdir()
+            monkeypatch.chdir(root / directory)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="pgqueue"):
+                pgq = PgQueue(settings=settings)
+            [warning] = [r.getMessage() for r in caplog.records]
+            assert f"uses database {directory.lower().replace('-', '_')} " in warning
+            with pgq.engine.begin() as connection:
+                connection.execute(text(f"CREATE TABLE orders (id serial, {column})"))
+            pgq.dispose()
+        for directory, column in columns.items():
+            monkeypatch.chdir(root / directory)
+            pgq = PgQueue(settings=settings)
+            with pgq.engine.connect() as connection:
+                found = connection.scalars(
+                    text(
+                        "SELECT column_name || ' ' || data_type FROM information_schema.columns"
+                        " WHERE table_name = 'orders' AND column_name <> 'id'"
+                    )
+                ).all()
+            assert found == [column]
+            pgq.dispose()
+        named = PgQueue(settings=settings.replace(embedded_database="orders_dev"))
+        assert named.url.database == "orders_dev"
+        named.dispose()
+    finally:
+        server = embedded.shared._SHARED.pop(data_dir, None)
+        if server is not None:
+            server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_no_configuration_warns_once_and_its_server_refuses_tcp(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -6,12 +6,13 @@ import datetime as dt
 import json
 import math
 import traceback
+from pathlib import Path
 
 import pytest
 from sqlalchemy.exc import OperationalError
 
 from pgqueue import backoff, validation
-from pgqueue.config import Settings, normalize_database_url
+from pgqueue.config import Settings, embedded_database_name, normalize_database_url
 from pgqueue.errors import (
     ConfigurationError,
     PayloadTooLarge,
@@ -264,3 +265,25 @@ def test_a_named_connection_failure_is_one_line_and_classified_as_before() -> No
         "pgqueue listener connection to db.example:5432/app failed: "
         "the database system is starting up; HINT: wait"
     )
+
+
+@pytest.mark.parametrize(
+    ("directory", "database"),
+    [
+        ("/home/ana/Orders-App", "orders_app"),
+        ("/srv/shop.v2", "shop_v2"),
+        ("/srv/postgres", "app_postgres"),
+        ("/", "app"),
+        ("/srv/" + "x" * 80, "x" * 63),
+    ],
+)
+def test_the_embedded_database_is_named_after_the_directory(directory: str, database: str) -> None:
+    assert embedded_database_name(Settings(), Path(directory)) == database
+    named = Settings(embedded_database="mine")
+    assert embedded_database_name(named, Path(directory)) == "mine"
+
+
+@pytest.mark.parametrize("name", ["", "postgres", "template1", "x" * 64])
+def test_an_embedded_database_name_that_cannot_be_an_apps_own_is_refused(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="embedded_database"):
+        Settings(embedded_database=name)
