@@ -22,12 +22,13 @@ from pgqueue.contrib.flask.dashboard import init_dashboard
 
 
 def database_url() -> str:
-    """``$DATABASE_URL``, else pgqueue's embedded PostgreSQL (shared by the app and worker)."""
+    """``$DATABASE_URL``, else database ``orders_flask`` of pgqueue's embedded PostgreSQL (shared by
+    the app and its worker; other apps on that server have databases of their own)."""
     url = os.environ.get("DATABASE_URL")
     if not url:
-        from pgqueue.embedded import shared_server
+        from pgqueue.embedded import app_database, shared_server
 
-        url = shared_server()
+        url = app_database(shared_server(), "orders_flask")
     return normalize_database_url(url).render_as_string(hide_password=False)
 
 
