@@ -609,10 +609,14 @@ def _warn_embedded(settings: Settings) -> None:
 
     data_dir = settings.embedded_data_dir or str(embedded.default_data_dir())
     database = embedded_database_name(settings)
-    named = "set" if settings.embedded_database else "named after the current directory"
+    named = (
+        "as embedded_database says"
+        if settings.embedded_database
+        else "named after the current directory; PGQUEUE_EMBEDDED_DATABASE names another"
+    )
     logger.warning(
-        "no database configured: pgqueue uses database %s (%s; PGQUEUE_EMBEDDED_DATABASE "
-        "names another) of its embedded PostgreSQL server in %s, which is for development, "
+        "no database configured: pgqueue uses database %s (%s) "
+        "of its embedded PostgreSQL server in %s, which is for development, "
         "demos and tests only (one per host, stopped when the process that started it exits). "
         "For a real server pass a URL or Engine to PgQueue, or set PGQUEUE_DATABASE_URL.",
         database,

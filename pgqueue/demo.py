@@ -109,7 +109,7 @@ def run_demo(
 
     task = pgq.registry.get("demo.resize_image")
     enqueue_started = time.monotonic()
-    task.enqueue_many([{"image_id": i, "width": 640} for i in range(1, job_count + 1)])
+    ids = task.enqueue_many([{"image_id": i, "width": 640} for i in range(1, job_count + 1)])
     enqueue_seconds = time.monotonic() - enqueue_started
     console.print(f"Enqueued {job_count:,} jobs in {enqueue_seconds:.2f}s (one transaction, COPY)")
 
@@ -154,4 +154,26 @@ def run_demo(
     table.add_row("wall time", f"{run_seconds:.2f}s")
     table.add_row("throughput", f"{job_count / run_seconds:,.0f} jobs/s")
     console.print(table)
+    console.print(_next_steps(url, ids, embedded=database_url is None))
     pgq.dispose()
+
+
+def _next_steps(url: str, ids: list[int], *, embedded: bool) -> str:
+    """What to run next to look at the demo's jobs, which stay in ``pgqueue_demo``: the
+    embedded server starts again for each command (it stops when the demo exits)."""
+    if embedded:
+        prefix = f"PGQUEUE_EMBEDDED_DATABASE={DEMO_DATABASE} "
+        where = "in database pgqueue_demo of the embedded server (it starts again for each)"
+    else:
+        prefix = "PGQUEUE_DATABASE_URL=... "
+        where = f"in {redact_url(url)} (give that URL, with its password, as PGQUEUE_DATABASE_URL)"
+    failing = [i for n, i in enumerate(ids, start=1) if n % 1000 == 0] or ids[:1]
+    return "\n".join(
+        [
+            f"\nThe jobs stay {where}. Next:",
+            f"  {prefix}pgqueue stats",
+            f"  {prefix}pgqueue jobs --state failed",
+            f"  {prefix}pgqueue show {failing[0]}",
+            "Then your own app: the tutorial, docs/tutorial.md in pgqueue's source.",
+        ]
+    )

@@ -102,3 +102,29 @@ def test_on_the_embedded_server_the_demo_always_starts_afresh(
     assert result.exit_code == 0, result.output
     assert "pgqueue demo summary" in result.output
     assert _precious_rows(server) is None
+    assert f"  PGQUEUE_EMBEDDED_DATABASE={NAME} pgqueue stats" in result.output.splitlines()
+
+
+def test_the_demo_ends_with_commands_that_show_its_jobs(
+    server: URL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = server.render_as_string(hide_password=False)
+    result = _demo("--database-url", url)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    steps = lines[lines.index(next(line for line in lines if line.endswith("Next:"))) + 1 :]
+    commands = [line.strip().removeprefix("PGQUEUE_DATABASE_URL=... ") for line in steps[:3]]
+    assert [c.split()[:2] for c in commands] == [
+        ["pgqueue", "stats"],
+        ["pgqueue", "jobs"],
+        ["pgqueue", "show"],
+    ]
+    monkeypatch.setenv(
+        "PGQUEUE_DATABASE_URL", server.set(database=NAME).render_as_string(hide_password=False)
+    )
+    for command in commands:
+        shown = CliRunner().invoke(cli_main, command.split()[1:])
+        assert shown.exit_code == 0, (command, shown.output)
+    job_id = int(commands[2].split()[2])
+    shown = CliRunner().invoke(cli_main, ["show", str(job_id)])
+    assert f'"id": {job_id}' in shown.output
