@@ -49,6 +49,7 @@ def enqueued_jobs(queue: Any, task: Any = None) -> list[EnqueuedJob]:
 def assert_enqueued(task: Any, /, *args: Any, **kwargs: Any) -> EnqueuedJob:
     """Assert that a job of ``task`` with these arguments (all of them or some) is enqueued;
     returns it (the oldest, if several match)."""
+    __tracebackhide__ = True  # pytest shows the test's line, not this module's
     core = core_task(task)
     matching = _matching(core, args, kwargs)
     if not matching:
@@ -62,6 +63,7 @@ def assert_enqueued(task: Any, /, *args: Any, **kwargs: Any) -> EnqueuedJob:
 def assert_not_enqueued(task: Any, /, *args: Any, **kwargs: Any) -> None:
     """Assert that no job of ``task`` with these arguments (no job at all when none are given)
     is enqueued."""
+    __tracebackhide__ = True  # pytest shows the test's line, not this module's
     core = core_task(task)
     matching = _matching(core, args, kwargs)
     if matching:

@@ -177,6 +177,10 @@ def test_a_host_suite_uses_the_plugins_fixtures_and_assertions(
             "E*  #2 fail(reason='boom') queued",
         ]
     )
+    # The failure points at the test's own line, with no frame of pgqueue's assertions.
+    failure = result.stdout.str().split("test_a_missing_job_fails_with_what_was_enqueued _")[1]
+    assert "pgqueue/testing" not in failure
+    assert '>       assert_enqueued(greet, name="bob")' in failure
 
 
 def test_the_plugin_loads_by_itself_and_touches_no_database_unless_asked(
