@@ -115,6 +115,18 @@ class Host:
     def alembic(self, *args: str) -> str:
         return self.run("alembic", *args)
 
+    def alembic_refuses(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "alembic", *args],
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode != 0, done.stdout + done.stderr
+        return done.stdout + done.stderr
+
     def pgqueue(self, *args: str) -> str:
         return self.run("pgqueue", *args)
 
@@ -192,6 +204,10 @@ def test_host_alembic_command_line_beside_pgqueue(
     # A plain revision lands in the host's own directory, never in pgqueue's package.
     first = host.new_revision("-m", "orders table")
     host.alembic("upgrade", "heads")
+    if way == "host-lineage":
+        # Chaining a revision of the host's after pgqueue's head is refused, not written.
+        refusal = host.alembic_refuses("revision", "--head", "pgqueue@head", "-m", "chained")
+        assert "--depends-on pgqueue@head" in refusal, refusal
 
     # Autogenerate from the host's model and pgqueue's metadata: the orders table, nothing of
     # pgqueue's.
