@@ -10,7 +10,9 @@ has a branch of its own, the same command fails with "Multiple heads are present
 ``env.py`` that decides both before Alembic does: the file goes to the host's first version
 location, and the revision is based on the host's own head (or starts the host's branch, with
 its branch label, when the host has no revision yet). Alembic runs the hook for
-``--autogenerate``, and for a plain ``alembic revision`` when ``revision_environment = true``.
+``--autogenerate``, and for a plain ``alembic revision`` only when ``revision_environment =
+true``; so when pgqueue's revisions are listed without that setting, the hook's factory (run by
+every command that loads ``env.py``) refuses with a line saying so.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def keep_host_revisions(branch_label: str | None = None) -> RevisionHook:
     a host revision chained after pgqueue's head would become part of pgqueue's branch.
     """
 
+    _check_revision_environment()
+
     def hook(context: MigrationContext, revision: Any, directives: list[MigrationScript]) -> None:
         script = context.script
         if script is None:  # only while Alembic writes a revision is there a script directory
@@ -48,6 +52,29 @@ def keep_host_revisions(branch_label: str | None = None) -> RevisionHook:
             _place(script, directive, branch_label)
 
     return hook
+
+
+def _check_revision_environment() -> None:
+    # Called from env.py, so the first `alembic upgrade` already says what is missing: without
+    # revision_environment a plain `alembic revision` never runs this hook, and writes into
+    # pgqueue's package.
+    from alembic import context
+
+    try:
+        config = context.config
+    except (AttributeError, NameError):  # not inside an Alembic command
+        return
+    locations = config.get_version_locations_list() or []
+    listed = any(
+        location.startswith("pgqueue:") or Path(location).resolve() == PGQUEUE_VERSIONS
+        for location in locations
+    )
+    if listed and not config.get_alembic_boolean_option("revision_environment"):
+        raise CommandError(
+            "alembic.ini lists pgqueue's revisions in version_locations but not "
+            "`revision_environment = true`: without it a plain `alembic revision` is written into "
+            "pgqueue's package; add it under [alembic]"
+        )
 
 
 def _place(script: ScriptDirectory, directive: MigrationScript, branch_label: str | None) -> None:

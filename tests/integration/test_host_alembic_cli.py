@@ -87,6 +87,22 @@ def pgqueue_versions_untouched() -> Iterator[None]:
     assert not stray, f"written into pgqueue's package: {sorted(p.name for p in stray)}"
 
 
+def recipe_ini_lines() -> dict[str, str]:
+    """The settings of the ``alembic.ini`` block of docs/how-to/alembic.md, as a reader copies
+    them (the generated file's ``script_location`` already says the same)."""
+    page = (REPOSITORY / "docs" / "how-to" / "alembic.md").read_text()
+    blocks = re.findall(r"```ini\n(.*?)```", page, flags=re.S)
+    assert len(blocks) == 1, blocks
+    settings = {}
+    for line in blocks[0].splitlines():
+        if " = " in line and not line.startswith("#"):
+            key, value = line.split(" = ", 1)
+            settings[key.strip()] = value.strip()
+    assert "version_locations" in settings, settings
+    settings.pop("script_location", None)
+    return settings
+
+
 class Host:
     """A sample host application in a temp dir, with its Alembic environment."""
 
@@ -137,7 +153,7 @@ class Host:
         assert len(created) == 1, f"no new revision in the host's directory: {output}"
         return created.pop()
 
-    def configure(self, way: str) -> None:
+    def configure(self, way: str, *, skip_ini_key: str | None = None) -> None:
         self.alembic("init", "migrations")
         (self.root / "models.py").write_text(MODELS)
         ini = self.root / "alembic.ini"
@@ -149,16 +165,14 @@ class Host:
             flags=re.M,
         )
         if way == "host-lineage":
-            # The recipe's alembic.ini lines: the host's directory first, then pgqueue's; the
-            # revision environment so that ``keep_host_revisions`` runs for a plain revision.
-            text = re.sub(r"^path_separator = os$", "path_separator = space", text, flags=re.M)
-            text = text.replace(
-                "[alembic]\n",
-                "[alembic]\n"
-                "version_locations = %(here)s/migrations/versions pgqueue:migrations/versions\n"
-                "revision_environment = true\n",
-                1,
-            )
+            for key, value in recipe_ini_lines().items():
+                if skip_ini_key is not None and key == skip_ini_key:
+                    continue
+                text, replaced = re.subn(
+                    rf"^{re.escape(key)} = .*$", lambda _m: f"{key} = {value}", text, flags=re.M
+                )
+                if not replaced:
+                    text = text.replace("[alembic]\n", f"[alembic]\n{key} = {value}\n", 1)
         ini.write_text(text)
         env_py = self.root / "migrations" / "env.py"
         env_text = env_py.read_text()
@@ -236,3 +250,13 @@ def test_host_alembic_command_line_beside_pgqueue(
     assert {"pgqueue_jobs", "pgqueue_message_queue"} <= tables
     assert host.pgqueue("migrate", "current").startswith(f"{head} (head)")
     assert first.exists()
+
+
+def test_pgqueue_lineage_without_revision_environment_is_refused(
+    empty_database_url: URL, tmp_path: Path, pgqueue_versions_untouched: None
+) -> None:
+    host = Host(tmp_path, empty_database_url)
+    host.configure("host-lineage", skip_ini_key="revision_environment")
+    refusal = host.alembic_refuses("upgrade", "heads")
+    assert "revision_environment = true" in refusal, refusal
+    assert "pgqueue_jobs" not in host.tables()
