@@ -276,7 +276,7 @@ def _applied_by_host(connection: Connection, script: ScriptDirectory, target: st
             f"pgqueue's tables exist in database {database} but neither {VERSION_TABLE} nor "
             f"{HOST_VERSION_TABLE} records their revision; nothing changed: record the "
             "revision they are at with your Alembic (`alembic stamp pgqueue_NNNN`, see "
-            "\"A revision of yours already in pgqueue's package\" in the Alembic how-to)"
+            '"A revision of yours already in pgqueue\'s package" in the Alembic how-to)'
         )
     if found.revision in _known(script):
         applied = {step.revision for step in script.iterate_revisions(found.revision, "base")}
