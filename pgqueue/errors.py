@@ -32,6 +32,7 @@ __all__ = [
     "PgQueueError",
     "QueueFull",
     "SchemaNotCurrent",
+    "SchemaRecordedElsewhere",
     "SerializationError",
     "UnknownTask",
     "ValidationError",
@@ -134,6 +135,12 @@ class LeaseLost(PgQueueError):
 
 class SchemaNotCurrent(PgQueueError):
     """pgqueue's tables are missing, or at another revision than this pgqueue's head."""
+
+
+class SchemaRecordedElsewhere(PgQueueError):
+    """pgqueue's revisions are recorded in a version table that a host application's own
+    Alembic manages (or its tables exist with no revision recorded anywhere), so upgrading or
+    downgrading them here could only fail or disagree with that history; nothing was changed."""
 
 
 class NotSchemaOwner(PgQueueError, PermissionError):

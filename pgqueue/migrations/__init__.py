@@ -10,7 +10,15 @@ Three ways to run them:
 * ``pgqueue.migrations.upgrade(op.get_bind(), "pgqueue_0001")`` from one of the host's own
   revisions, pinning pgqueue's schema version in the host's history;
 * adding ``pgqueue:migrations/versions`` to the host's ``version_locations`` and upgrading
-  ``pgqueue@head`` with the host's own Alembic.
+  ``pgqueue@head`` with the host's own Alembic, which records pgqueue's revisions in its own
+  ``alembic_version``; :func:`keep_host_revisions` keeps the host's new revisions in the host's
+  directory and on the host's branch.
+
+:func:`current` reads whichever version table holds pgqueue's lineage (its own, else rows of
+the host's ``alembic_version`` whose ids start with ``pgqueue_``), and :func:`upgrade` and
+:func:`downgrade` leave a lineage that the host's Alembic records to the host's Alembic: an
+upgrade to a revision already applied there does nothing, anything else is refused in one line
+(:class:`~pgqueue.errors.SchemaRecordedElsewhere`) instead of failing on tables that exist.
 
 For hosts' autogenerate, :func:`include_object` keeps pgqueue's tables out of the comparison.
 
@@ -29,6 +37,7 @@ so a host's transaction that called ``upgrade`` keeps its own settings.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final
 
 from alembic.config import Config
@@ -39,8 +48,14 @@ from sqlalchemy import Connection, inspect
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.config import DEFAULT_MIGRATION_LOCK_TIMEOUT
-from pgqueue.errors import DowngradeLosesData, SchemaNotCurrent, is_insufficient_privilege
+from pgqueue.errors import (
+    DowngradeLosesData,
+    SchemaNotCurrent,
+    SchemaRecordedElsewhere,
+    is_insufficient_privilege,
+)
 from pgqueue.migrations import losses
+from pgqueue.migrations.host import REVISION_PREFIX, keep_host_revisions
 from pgqueue.sql import schema
 
 VERSION_TABLE: Final = "pgqueue_alembic_version"
@@ -52,11 +67,12 @@ SCRIPT_LOCATION: Final = "pgqueue:migrations"
 VERSION_LOCATION: Final = "pgqueue:migrations/versions"
 TABLE_PREFIX: Final = "pgqueue_"
 HISTORY_PARTITIONS_PREFIX: Final = "pgqueue_job_history_"
-REVISION_PREFIX: Final = "pgqueue_"
 
 __all__ = [
     "BRANCH_LABEL",
+    "HOST_VERSION_TABLE",
     "VERSION_TABLE",
+    "Recorded",
     "alembic_config",
     "check_schema",
     "current",
@@ -64,7 +80,9 @@ __all__ = [
     "head",
     "include_object",
     "is_history_partition",
+    "keep_host_revisions",
     "migration_settings",
+    "recorded",
     "upgrade",
 ]
 
@@ -93,6 +111,8 @@ def upgrade(
     for a lock (0: without limit)."""
     script = ScriptDirectory.from_config(alembic_config())
     target = _qualified(revision)
+    if _applied_by_host(connection, script, target):
+        return
     _run(connection, lambda rev, _ctx: script._upgrade_revs(target, rev), lock_timeout)
 
 
@@ -107,6 +127,12 @@ def downgrade(
     ``refuse_data_loss``, raise :class:`DowngradeLosesData` before any step when a step would
     drop rows or values (:mod:`pgqueue.migrations.losses`)."""
     script = ScriptDirectory.from_config(alembic_config())
+    found = recorded(connection)
+    if found is not None and found.table != VERSION_TABLE:
+        raise SchemaRecordedElsewhere(
+            f"pgqueue's revision {found.revision} is recorded in {found.table} by your own "
+            f"Alembic; nothing changed: downgrade it there (`alembic downgrade pgqueue@{revision}`)"
+        )
 
     def steps(rev: Any, _ctx: Any) -> Any:
         planned = script._downgrade_revs(revision, rev)
@@ -158,10 +184,32 @@ def _milliseconds(seconds: float) -> str:
     return str(max(0, round(seconds * 1000)))
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """pgqueue's revision as a database records it, and the version table that holds it."""
+
+    revision: str
+    table: str
+
+
+def recorded(connection: Connection) -> Recorded | None:
+    """Where pgqueue's lineage is recorded: ``pgqueue_alembic_version`` (``pgqueue migrate``,
+    ``PgQueue.migrate()``, ``upgrade()`` from a host's revision), else the host's
+    ``alembic_version`` when the host's own Alembic ran pgqueue's revisions (its rows whose ids
+    start with ``pgqueue_``); None before the first upgrade."""
+    own = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    revision = own.get_current_revision()
+    if revision is not None:
+        return Recorded(revision, VERSION_TABLE)
+    by_host = _recorded_by_host(connection)
+    return None if by_host is None else Recorded(by_host, HOST_VERSION_TABLE)
+
+
 def current(connection: Connection) -> str | None:
-    """The revision recorded in ``pgqueue_alembic_version``, or None before the first upgrade."""
-    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-    return context.get_current_revision()
+    """pgqueue's revision in the connection's database, from whichever version table holds it
+    (see :func:`recorded`), or None before the first upgrade."""
+    found = recorded(connection)
+    return None if found is None else found.revision
 
 
 def head() -> str:
@@ -182,36 +230,68 @@ def check_schema(connection: Connection) -> None:
     expected = head()
     try:
         with connection.begin_nested():
-            recorded = current(connection) or _recorded_by_host(connection)
+            revision = current(connection)
     except DBAPIError as exc:
         if not is_insufficient_privilege(exc):
             raise
         if inspect(connection).has_table(JOBS_TABLE):
             return
-        recorded = None
-    if recorded == expected:
+        revision = None
+    if revision == expected:
         return
-    if recorded is None:
+    if revision is None:
         raise SchemaNotCurrent(
             f"pgqueue's tables are missing in database {database}: run `pgqueue migrate`"
         )
     script = ScriptDirectory.from_config(alembic_config())
-    known = {revision.revision for revision in script.walk_revisions()}
-    if recorded in known:
+    if revision in _known(script):
         raise SchemaNotCurrent(
-            f"pgqueue's schema in database {database} is at {recorded}, this pgqueue needs "
+            f"pgqueue's schema in database {database} is at {revision}, this pgqueue needs "
             f"{expected}: run `pgqueue migrate`"
         )
     raise SchemaNotCurrent(
-        f"pgqueue's schema in database {database} is at {recorded}, newer than this pgqueue "
+        f"pgqueue's schema in database {database} is at {revision}, newer than this pgqueue "
         f"knows ({expected}): upgrade pgqueue"
     )
 
 
 def _recorded_by_host(connection: Connection) -> str | None:
     context = MigrationContext.configure(connection, opts={"version_table": HOST_VERSION_TABLE})
-    ours = [rev for rev in context.get_current_heads() if rev.startswith(REVISION_PREFIX)]
-    return ours[0] if ours else None
+    ours = sorted(rev for rev in context.get_current_heads() if rev.startswith(REVISION_PREFIX))
+    return ours[-1] if ours else None
+
+
+def _applied_by_host(connection: Connection, script: ScriptDirectory, target: str) -> bool:
+    """Whether the host's own Alembic already took pgqueue's lineage to ``target`` (then there
+    is nothing to do). Raise :class:`SchemaRecordedElsewhere` when upgrading here would run
+    revisions whose tables exist: the host's Alembic records them, or nothing does."""
+    found = recorded(connection)
+    if found is not None and found.table == VERSION_TABLE:
+        return False
+    database = connection.engine.url.database or "?"
+    if found is None:
+        if not inspect(connection).has_table(JOBS_TABLE):
+            return False
+        raise SchemaRecordedElsewhere(
+            f"pgqueue's tables exist in database {database} but neither {VERSION_TABLE} nor "
+            f"{HOST_VERSION_TABLE} records their revision; nothing changed: record the "
+            "revision they are at with your Alembic (`alembic stamp pgqueue_NNNN`, see "
+            '"A revision of yours already in pgqueue\'s package" in the Alembic how-to)'
+        )
+    if found.revision in _known(script):
+        applied = {step.revision for step in script.iterate_revisions(found.revision, "base")}
+        wanted = script.get_revision(target)
+        if wanted is not None and wanted.revision in applied:
+            return True
+    raise SchemaRecordedElsewhere(
+        f"pgqueue's schema in database {database} is at {found.revision}, recorded in "
+        f"{found.table} by your own Alembic; nothing changed: upgrade it there "
+        f"(`alembic upgrade {target}`)"
+    )
+
+
+def _known(script: ScriptDirectory) -> set[str]:
+    return {revision.revision for revision in script.walk_revisions()}
 
 
 def _qualified(revision: str) -> str:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -13,6 +17,7 @@ from sqlalchemy.engine import URL
 
 from alembic import command
 from pgqueue import migrations
+from pgqueue.errors import SchemaRecordedElsewhere
 from pgqueue.models import metadata as pgqueue_metadata
 
 
@@ -168,6 +173,53 @@ def test_host_version_locations_include_pgqueue(empty_database_url: URL, tmp_pat
         recorded = connection.execute(text("SELECT version_num FROM alembic_version")).scalars()
         assert set(recorded) == {migrations.head()}
     assert "pgqueue_jobs" in _pgqueue_tables(empty_database_url)
+    engine.dispose()
+
+
+def test_a_lineage_the_host_records_is_left_to_the_host(
+    empty_database_url: URL, tmp_path: Path
+) -> None:
+    engine = create_engine(empty_database_url)
+    with engine.begin() as connection:
+        config = _host_config(tmp_path, connection, with_pgqueue_location=True)
+        command.upgrade(config, "pgqueue_0017")
+    with engine.begin() as connection:
+        assert migrations.recorded(connection) == migrations.Recorded(
+            "pgqueue_0017", migrations.HOST_VERSION_TABLE
+        )
+        assert migrations.current(connection) == "pgqueue_0017"
+        # Already applied by the host's Alembic: nothing to do, and no version table of ours.
+        migrations.upgrade(connection, "pgqueue_0016")
+        with pytest.raises(SchemaRecordedElsewhere, match=r"alembic upgrade pgqueue@head"):
+            migrations.upgrade(connection)
+        with pytest.raises(SchemaRecordedElsewhere, match=r"alembic downgrade pgqueue@base"):
+            migrations.downgrade(connection, "base")
+        assert not inspect(connection).has_table(migrations.VERSION_TABLE)
+    env = {
+        **os.environ,
+        "PGQUEUE_DATABASE_URL": empty_database_url.render_as_string(hide_password=False),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "is at pgqueue_0017, recorded in alembic_version" in done.stderr
+    engine.dispose()
+
+
+def test_tables_without_a_recorded_revision_are_not_created_again(database_url: URL) -> None:
+    engine = create_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text(f"DELETE FROM {migrations.VERSION_TABLE}"))
+    with engine.begin() as connection:
+        assert migrations.current(connection) is None
+        with pytest.raises(SchemaRecordedElsewhere, match="records their revision"):
+            migrations.upgrade(connection)
     engine.dispose()
 
 

@@ -1,0 +1,131 @@
+"""Keeping a host application's own revisions out of pgqueue's lineage.
+
+When a host lists ``pgqueue:migrations/versions`` in its ``version_locations``, Alembic's
+``revision`` command, given no ``--head`` and no ``--version-path``, bases the new revision on
+the only head it sees (pgqueue's, until the host has revisions of its own) and writes the file
+beside that head: into pgqueue's package directory, chained after pgqueue's head. Once the host
+has a branch of its own, the same command fails with "Multiple heads are present".
+
+:func:`keep_host_revisions` returns a ``process_revision_directives`` hook for the host's
+``env.py`` that decides both before Alembic does: the file goes to the host's first version
+location, and the revision is based on the host's own head (or starts the host's branch, with
+its branch label, when the host has no revision yet). Alembic runs the hook for
+``--autogenerate``, and for a plain ``alembic revision`` only when ``revision_environment =
+true``; so when pgqueue's revisions are listed without that setting, the hook's factory (run by
+every command that loads ``env.py``) refuses with a line saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from alembic.operations.ops import MigrationScript
+from alembic.runtime.migration import MigrationContext
+from alembic.script import Script, ScriptDirectory
+from alembic.util import CommandError
+
+REVISION_PREFIX: Final = "pgqueue_"
+PGQUEUE_VERSIONS: Final = Path(__file__).resolve().parent / "versions"
+
+RevisionHook = Callable[[MigrationContext, Any, list[MigrationScript]], None]
+
+
+def keep_host_revisions(branch_label: str | None = None) -> RevisionHook:
+    """A ``process_revision_directives`` hook for a host's ``env.py`` that writes the host's new
+    revisions into the host's own version directory (the first of ``version_locations`` that is
+    not pgqueue's) and bases them on the host's own head. The host's first revision starts its
+    branch, labelled ``branch_label`` when given (so ``alembic downgrade app@-1`` names it).
+
+    An explicit ``--head`` or ``--version-path`` that points into pgqueue's lineage is refused:
+    a host revision chained after pgqueue's head would become part of pgqueue's branch.
+    """
+
+    _check_revision_environment()
+
+    def hook(context: MigrationContext, revision: Any, directives: list[MigrationScript]) -> None:
+        script = context.script
+        if script is None:  # only while Alembic writes a revision is there a script directory
+            return
+        for directive in directives:
+            _place(script, directive, branch_label)
+
+    return hook
+
+
+def _check_revision_environment() -> None:
+    # Called from env.py, so the first `alembic upgrade` already says what is missing: without
+    # revision_environment a plain `alembic revision` never runs this hook, and writes into
+    # pgqueue's package.
+    from alembic import context
+
+    try:
+        config = context.config
+    except (AttributeError, NameError):  # not inside an Alembic command
+        return
+    locations = config.get_version_locations_list() or []
+    listed = any(
+        location.startswith("pgqueue:") or Path(location).resolve() == PGQUEUE_VERSIONS
+        for location in locations
+    )
+    if listed and not config.get_alembic_boolean_option("revision_environment"):
+        raise CommandError(
+            "alembic.ini lists pgqueue's revisions in version_locations but not "
+            "`revision_environment = true`: without it a plain `alembic revision` is written into "
+            "pgqueue's package; add it under [alembic]"
+        )
+
+
+def _place(script: ScriptDirectory, directive: MigrationScript, branch_label: str | None) -> None:
+    if directive.version_path is None:
+        directive.version_path = str(_host_directory(script))
+    elif Path(directive.version_path).resolve() == PGQUEUE_VERSIONS:
+        raise CommandError(
+            f"--version-path {directive.version_path} is pgqueue's own directory (inside its "
+            "package): your revisions belong in yours"
+        )
+    # The command line leaves ``head`` unset without ``--head``; ``command.revision()`` says
+    # "head". Both mean Alembic's default: the only head there is, pgqueue's at first.
+    if directive.head in {None, "head"}:
+        heads = [rev for rev in _scripts(script, "heads") if not _is_pgqueue(rev)]
+        if len(heads) > 1:
+            raise CommandError(
+                "your revisions have several heads ("
+                + ", ".join(rev.revision for rev in heads)
+                + "): pass --head, or merge them (`alembic merge`)"
+            )
+        if heads:
+            directive.head = heads[0].revision
+        else:
+            directive.head = "base"
+            if branch_label and not directive.branch_label:
+                directive.branch_label = branch_label
+        return
+    pgqueue_heads = [rev for rev in _scripts(script, directive.head) if _is_pgqueue(rev)]
+    if pgqueue_heads:
+        raise CommandError(
+            f"--head {directive.head} is pgqueue's revision {pgqueue_heads[0].revision}: a "
+            "revision of yours chained after it would join pgqueue's branch; base it on your "
+            "own head, and add --depends-on pgqueue@head if it needs pgqueue's tables first"
+        )
+
+
+def _host_directory(script: ScriptDirectory) -> Path:
+    locations: Sequence[Path] = script._version_locations
+    for location in locations:
+        if location.resolve() != PGQUEUE_VERSIONS:
+            return location
+    raise CommandError(
+        "version_locations lists only pgqueue's directory: list your own first, e.g. "
+        "`version_locations = %(here)s/migrations/versions pgqueue:migrations/versions`"
+    )
+
+
+def _scripts(script: ScriptDirectory, revision: Any) -> list[Script]:
+    return [rev for rev in script.get_revisions(revision) if rev is not None]
+
+
+def _is_pgqueue(revision: Script) -> bool:
+    in_package = Path(revision.path).resolve().parent == PGQUEUE_VERSIONS
+    return in_package or revision.revision.startswith(REVISION_PREFIX)
