@@ -22,12 +22,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import connections, history, uow
-from pgqueue.admin import Admin, KeyOverride, check_job_id, job_snapshot
+from pgqueue.admin import Admin, KeyOverride, check_job_id
 from pgqueue.aio import AsyncDatabase, check_async_engine, check_async_session
 from pgqueue.config import Settings, normalize_database_url
 from pgqueue.data import admin as admin_data
 from pgqueue.data import enqueue as enqueue_data
 from pgqueue.data import maintenance as maintenance_data
+from pgqueue.data.history import JobTables
 from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen, insert_path
 from pgqueue.db import Database
 from pgqueue.errors import ConfigurationError, ValidationError, pgqueue_logger
@@ -87,7 +88,8 @@ class PgQueue:
         self._async_databases: dict[asyncio.AbstractEventLoop, AsyncDatabase] = {}
         self._given_async_engine: AsyncEngine | None = None
         # The queues this object's enqueues believe bounded (``insert_choice``): a shortcut to
-        # their checked insert, corrected by the database on every enqueue into them.
+        # their checked insert, corrected by the database on every enqueue into them, and told
+        # of the bounds ``admin`` sets.
         self._bounded_queues = BoundedQueuesSeen()
         if isinstance(database, AsyncEngine):
             async_engine = database
@@ -101,6 +103,7 @@ class PgQueue:
             lambda: self.sessions,
             stale_seconds=lambda: self.settings.worker_stale_seconds,
             partitioned_history=lambda: self.settings.partitioned_history,
+            bounded_queues=self._bounded_queues,
         )
         # ``get_job`` looked up on each read, so that a wrapper set on the instance sees them.
         self._job_waiter = JobWaiter(
@@ -479,8 +482,8 @@ class PgQueue:
         """``get_job`` for asyncio. Raises JobNotFound."""
         job_id = check_job_id(job_id)
         database = await self._async_db()
-        history = self.settings.partitioned_history
-        return await database.read(lambda session: job_snapshot(session, job_id, history=history))
+        tables = JobTables.of(self.settings)
+        return await database.read(lambda s: admin_data.job_snapshot(s, job_id, tables))
 
     async def aretry_job(self, job_id: int, *, session: AsyncSession | None = None) -> None:
         """``retry_job`` for asyncio (in ``session``'s transaction when given)."""
@@ -561,10 +564,6 @@ class PgQueue:
         """Bound ``queue``: an enqueue that would take it above ``max_depth`` waiting jobs
         raises ``QueueFull`` (see ``Admin.set_queue_max_depth``); ``None`` removes the bound."""
         self.admin.set_queue_max_depth(queue, max_depth, on_full=on_full)
-        if max_depth is None:
-            self._bounded_queues.record([queue], [])
-        else:
-            self._bounded_queues.suspect([queue])
 
     def set_key_limit(self, key_or_prefix: str, limit: int | None) -> None:
         """At most ``limit`` jobs RUNNING per concurrency key starting with ``key_or_prefix``
