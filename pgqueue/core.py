@@ -1,19 +1,18 @@
-"""``PgQueue``: the object an application creates once; it owns engines, tasks and job control.
+"""``PgQueue``: the object an application creates once; a thin facade over the parts that do
+the work.
 
-It resolves where the database is (a URL, an Engine, ``$PGQUEUE_DATABASE_URL``, or, with a
-WARNING, the embedded PostgreSQL server for development, started lazily on first use), registers
-tasks, inserts jobs for them, and
-runs workers. ``pgq.admin`` (``pgqueue.admin.Admin``) is the job and queue control API; the
-job-control methods here (``get_job``, ``retry_job``, ``cancel_job`` ...) are shortcuts to it.
+It holds the settings, the task registry and the schedules, and wires: ``engines.Engines``
+(where the database is, the engines and sessions, one AsyncEngine per event loop),
+``enqueuer.Enqueuer`` (how ``task.enqueue`` and ``aenqueue`` insert their jobs), ``pgq.admin``
+(``admin.Admin``, the job and queue control API; the job-control methods here, ``get_job``,
+``retry_job``, ``cancel_job`` ..., are shortcuts to it), ``waiting.JobWaiter`` (``wait_for``)
+and the worker (``run_worker``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from sqlalchemy import Engine
@@ -21,21 +20,23 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import connections, history, uow
-from pgqueue.admin import Admin, KeyOverride, check_job_id, job_snapshot
-from pgqueue.aio import AsyncDatabase, check_async_engine, check_async_session
-from pgqueue.config import Settings, embedded_database_name, normalize_database_url
+from pgqueue import uow
+from pgqueue.admin import Admin, KeyOverride, check_job_id
+from pgqueue.admin_values import queue_controls_of
+from pgqueue.aio import AsyncDatabase, check_async_session
+from pgqueue.config import Settings
 from pgqueue.data import admin as admin_data
-from pgqueue.data import enqueue as enqueue_data
+from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
-from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen, insert_path
-from pgqueue.db import Database
-from pgqueue.errors import ConfigurationError, ValidationError, pgqueue_logger
+from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen
+from pgqueue.db import ConnectionExecutor, Database
+from pgqueue.engines import Engines
+from pgqueue.enqueuer import Enqueuer
+from pgqueue.errors import ValidationError
 from pgqueue.explain import JobExplanation
 from pgqueue.jobs import NewJob
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
-from pgqueue.sql.server import name_listener_session
 from pgqueue.states import JobState
 from pgqueue.tasks import Task, TaskOptions, TaskRegistry, task_name_for
 from pgqueue.tracing import Tracing, tracing_for
@@ -45,8 +46,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 __all__ = ["COPY_THRESHOLD", "PgQueue"]
-
-logger = pgqueue_logger(__name__)
 
 
 class PgQueue:
@@ -76,31 +75,22 @@ class PgQueue:
         self.registry = TaskRegistry()
         self.schedules: dict[str, Schedule] = {}
         self._scheduler: Scheduler | None = None
-        self._lock = threading.Lock()
-        self._engine: Engine | None = None
-        self._sessions: sessionmaker[Session] | None = None
-        self._handler_engine: Engine | None = None
-        self._url: URL | None = None
-        self._external_session_factory = session_factory
-        # pgqueue's own AsyncEngines, one per event loop: an asyncio pool's connections and
-        # waiters belong to the loop that made them (tests and threads run several loops).
-        self._async_databases: dict[asyncio.AbstractEventLoop, AsyncDatabase] = {}
-        self._given_async_engine: AsyncEngine | None = None
+        self._engines = Engines(
+            database,
+            lambda: self.settings,
+            session_factory=session_factory,
+            async_engine=async_engine,
+        )
         # The queues this object's enqueues believe bounded (``insert_choice``): a shortcut to
-        # their checked insert, corrected by the database on every enqueue into them.
-        self._bounded_queues = BoundedQueuesSeen()
-        if isinstance(database, AsyncEngine):
-            async_engine = database
-            database = normalize_database_url(async_engine.url)
-        if async_engine is not None:
-            connections.adapt_given_engine(
-                check_async_engine(async_engine).sync_engine, self.settings
-            )
-            self._given_async_engine = async_engine
+        # their checked insert, corrected by the database on every enqueue into them, and told
+        # of the bounds ``admin`` sets.
+        bounded_queues = BoundedQueuesSeen()
+        self._enqueuer = Enqueuer(self._engines, self.tracing, bounded_queues)
         self.admin = Admin(
             lambda: self.sessions,
             stale_seconds=lambda: self.settings.worker_stale_seconds,
             partitioned_history=lambda: self.settings.partitioned_history,
+            bounded_queues=bounded_queues,
         )
         # ``get_job`` looked up on each read, so that a wrapper set on the instance sees them.
         self._job_waiter = JobWaiter(
@@ -111,123 +101,54 @@ class PgQueue:
             self.listen_connection,
             lambda: self.can_listen,
         )
-        if isinstance(database, Engine):
-            if database.dialect.name != "postgresql":
-                raise ConfigurationError(
-                    f"pgqueue needs a PostgreSQL engine, got dialect {database.dialect.name!r}"
-                )
-            connections.adapt_given_engine(database, self.settings)
-            self._engine = database
-            self._handler_engine = database
-        elif database is not None:
-            self._url = normalize_database_url(database)
-        elif self.settings.database_url is not None:
-            self._url = normalize_database_url(self.settings.database_url)
-        else:
-            _warn_embedded(self.settings)  # started on first use
 
-    # -- engines -----------------------------------------------------------------------------
+    # -- engines (``engines.Engines``) -------------------------------------------------------
 
     @property
     def url(self) -> URL:
         """The database URL (starts the embedded server if that is the database)."""
-        if self._url is None:
-            if self._engine is not None:
-                return self._engine.url
-            from pgqueue import embedded
-
-            server = embedded.shared_server(
-                self.settings.embedded_data_dir, bin_dir=self.settings.embedded_bin_dir
-            )
-            self._url = normalize_database_url(
-                embedded.app_database(server, embedded_database_name(self.settings))
-            )
-        return self._url
+        return self._engines.url
 
     @property
     def engine(self) -> Engine:
         """Engine for pgqueue's own short transactions (statement timeout applied, no JIT)."""
-        with self._lock:
-            if self._engine is None:
-                self._engine = connections.create_queue_engine(
-                    self.url, self.settings, pool_size=5, max_overflow=10
-                )
-            return self._engine
+        return self._engines.engine
 
     @property
     def handler_engine(self) -> Engine:
         """Engine for handlers' sessions: no pgqueue statement timeout on the app's queries."""
-        with self._lock:
-            if self._handler_engine is None:
-                self._handler_engine = connections.create_handler_engine(
-                    self.url, self.settings, pool_size=10, max_overflow=40
-                )
-            return self._handler_engine
+        return self._engines.handler_engine
 
     @property
     def can_listen(self) -> bool:
         """Whether workers can LISTEN: not through a transaction pooler (a notification goes to
         the server session that listened, which such a pooler hands to other clients), unless
         ``listen_database_url`` names a way around it."""
-        settings = self.settings
-        return settings.pooler != "transaction" or settings.listen_database_url is not None
+        return self._engines.can_listen
 
-    @contextlib.contextmanager
-    def listen_connection(self) -> Iterator[Any]:
+    def listen_connection(self) -> contextlib.AbstractContextManager[Any]:
         """A new autocommit psycopg connection for LISTEN, made like every connection of
         ``engine`` (URL, ``connect_args``, ``creator`` and ``do_connect`` hooks, TLS), or to
         ``listen_database_url``; closed on exit, never returned to a pool."""
-        listen_url = self.settings.listen_database_url
-        if listen_url is not None:
-            import psycopg
-
-            with psycopg.connect(
-                connections.conninfo(normalize_database_url(listen_url)),
-                autocommit=True,
-                application_name="pgqueue-listener",
-            ) as direct:
-                yield direct
-            return
-        raw = self.engine.raw_connection()
-        connection = raw.driver_connection
-        assert connection is not None
-        # Out of the pool for good. ``raw`` is kept until the end (its garbage collection would
-        # close the connection) and then dropped without the pool's reset, which would fail,
-        # and log, on a connection the server ended.
-        raw.detach()
-        try:
-            connection.autocommit = True
-            # Its own session, never pooled: naming it cannot leak to another user.
-            connection.execute(name_listener_session())
-            yield connection
-        finally:
-            connection.close()
-            raw.invalidate()
+        return self._engines.listen_connection()
 
     @property
     def sessions(self) -> sessionmaker[Session]:
-        factory = self._sessions
-        if factory is None:
-            factory = self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        return factory
+        return self._engines.sessions
 
     def handler_session(self) -> Session:
         """A new session for a handler (the host's factory when one was given)."""
-        if self._external_session_factory is not None:
-            return self._external_session_factory()
-        return Session(self.handler_engine, expire_on_commit=False)
+        return self._engines.handler_session()
+
+    @property
+    def database(self) -> Database:
+        """pgqueue's access to ``engine`` for its own units of work (``db.Database``)."""
+        return self._engines.database
 
     def dispose(self) -> None:
         """Close pooled connections and the wait listener (both are recreated on next use)."""
         self._job_waiter.close()
-        with self._lock:
-            for engine in {self._engine, self._handler_engine}:
-                if engine is not None and self._url is not None:
-                    engine.dispose()
-            if self._url is not None:
-                self._engine = None
-                self._handler_engine = None
-                self._sessions = None
+        self._engines.dispose()
 
     # -- schema ------------------------------------------------------------------------------
 
@@ -268,50 +189,10 @@ class PgQueue:
 
         return register(fn) if fn is not None else register
 
-    @functools.cached_property
-    def database(self) -> Database:
-        """pgqueue's access to ``engine`` for its own units of work (``db.Database``)."""
-        return Database(self.engine)
-
     def insert_jobs(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]:
         """Insert validated jobs in ``session``'s transaction, or in an own one (in an enqueue
         span that they carry the context of, when tracing is on)."""
-        tracing = self.tracing
-        if tracing is not None and jobs:
-            return tracing.enqueue(jobs, lambda context: self._insert(session, jobs, context))
-        return self._insert(session, jobs, None)
-
-    def _insert(
-        self, session: Session | None, jobs: Sequence[NewJob], trace_context: str | None
-    ) -> list[int]:
-        bounded = self._bounded_queues
-        path = insert_path(session is not None, jobs, lambda: self.database.uses_driver, bounded)
-        if path == "one":
-            job = jobs[0]
-            job_id = uow.run(
-                self.database,
-                lambda db: enqueue_data.insert_one_job(db, job, trace_context),
-                autocommit=True,
-            )
-            if job_id is not None:
-                return [job_id]
-            bounded.suspect([job.queue])
-        elif path == "copy":
-            if trace_context is None:
-                ids = uow.run(self.database, lambda db: enqueue_data.copy_jobs(db, jobs))
-            else:
-                ids = uow.run(
-                    self.database, lambda db: enqueue_data.copy_jobs(db, jobs, trace_context)
-                )
-            if ids is not None:
-                return ids
-            bounded.suspect({job.queue for job in jobs})
-        # A queue with a bound stopped the plain insert (which wrote nothing): the checked one.
-        return uow.in_caller_or_own_transaction(
-            session,
-            self.sessions,
-            lambda s: enqueue_data.insert_jobs(s, jobs, trace_context, bounded),
-        )
+        return self._enqueuer.insert(session, jobs)
 
     # -- job control (shortcuts to ``self.admin``) ------------------------------------------
 
@@ -371,7 +252,7 @@ class PgQueue:
 
     def maintain_history(
         self, *, days_ahead: int = 7, retention_days: int | None = None
-    ) -> history.HistoryMaintenance:
+    ) -> history_data.HistoryMaintenance:
         """Keep the partitioned history's partitions (``history="partitioned"``): create the
         partitions of today and the next ``days_ahead`` days, drop the days older than
         ``retention_days`` (default ``Settings.history_retention_days``), and move the rows
@@ -381,7 +262,9 @@ class PgQueue:
             self.settings.history_retention_days if retention_days is None else retention_days
         )
         with self.engine.begin() as connection:
-            return history.maintain(connection, days_ahead=days_ahead, retention_days=retention)
+            return history_data.maintain(
+                ConnectionExecutor(connection), days_ahead=days_ahead, retention_days=retention
+            )
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -413,81 +296,32 @@ class PgQueue:
     @property
     def async_database(self) -> AsyncDatabase:
         """pgqueue's access to ``async_engine`` (``aio.AsyncDatabase``) on the running loop."""
-        loop = asyncio.get_running_loop()
-        database = self._async_databases.get(loop)
-        if database is None:
-            with self._lock:
-                for closed in [known for known in self._async_databases if known.is_closed()]:
-                    del self._async_databases[closed]
-                engine = self._given_async_engine or connections.create_async_queue_engine(
-                    self.url, self.settings, pool_size=5, max_overflow=10
-                )
-                database = self._async_databases[loop] = AsyncDatabase(engine)
-        return database
-
-    async def _async_db(self) -> AsyncDatabase:
-        """``async_database``; the URL looked up off the loop first when that may start the
-        embedded server (seconds of subprocesses and waiting)."""
-        database = self._async_databases.get(asyncio.get_running_loop())
-        if database is not None:
-            return database
-        if self._url is None and self._engine is None and self._given_async_engine is None:
-            await asyncio.to_thread(lambda: self.url)
-        return self.async_database
+        return self._engines.async_database
 
     async def adispose(self) -> None:
         """Close the pooled connections of the AsyncEngine pgqueue made for the running loop
         (made again on next use), then those of the synchronous engines (``dispose``). Await
         it before the event loop closes."""
-        database = self._async_databases.pop(asyncio.get_running_loop(), None)
-        if database is not None and database.engine is not self._given_async_engine:
-            await database.engine.dispose()
+        await self._engines.adispose()
         self.dispose()
 
     async def ainsert_jobs(self, session: AsyncSession | None, jobs: Sequence[NewJob]) -> list[int]:
         """``insert_jobs`` for asyncio: in ``session``'s transaction (an ``AsyncSession``), or
         in an own one on ``async_engine``; the same statements, each wait awaited."""
-        tracing = self.tracing
-        if tracing is not None and jobs:
-            with tracing.enqueue_span(jobs) as span:
-                return span.inserted(await self._ainsert(session, jobs, span.trace_context))
-        return await self._ainsert(session, jobs, None)
-
-    async def _ainsert(
-        self, session: AsyncSession | None, jobs: Sequence[NewJob], trace_context: str | None
-    ) -> list[int]:
-        database = await self._async_db()
-        bounded = self._bounded_queues
-        path = insert_path(session is not None, jobs, lambda: database.may_copy, bounded)
-        if path == "one":
-            job = jobs[0]
-            job_id = await database.run(
-                lambda db: enqueue_data.insert_one_job(db, job, trace_context), autocommit=True
-            )
-            if job_id is not None:
-                return [job_id]
-            bounded.suspect([job.queue])
-        elif path == "copy":
-            ids = await database.run(lambda db: enqueue_data.copy_jobs(db, jobs, trace_context))
-            if ids is not None:
-                return ids
-            bounded.suspect({job.queue for job in jobs})
-        return await database.in_caller_or_own_session(
-            session, lambda s: enqueue_data.insert_jobs(s, jobs, trace_context, bounded)
-        )
+        return await self._enqueuer.ainsert(session, jobs)
 
     async def aget_job(self, job_id: int) -> Job:
         """``get_job`` for asyncio. Raises JobNotFound."""
         job_id = check_job_id(job_id)
-        database = await self._async_db()
-        history = self.settings.partitioned_history
-        return await database.read(lambda session: job_snapshot(session, job_id, history=history))
+        database = await self._engines.running_async_database()
+        tables = history_data.JobTables.of(self.settings)
+        return await database.read(lambda s: admin_data.job_snapshot(s, job_id, tables))
 
     async def aretry_job(self, job_id: int, *, session: AsyncSession | None = None) -> None:
         """``retry_job`` for asyncio (in ``session``'s transaction when given)."""
         job_id = check_job_id(job_id)
         session = check_async_session(session)
-        database = await self._async_db()
+        database = await self._engines.running_async_database()
         await database.in_caller_or_own_session(
             session, lambda s: self.admin.retry_job(job_id, session=s)
         )
@@ -496,7 +330,7 @@ class PgQueue:
         """``cancel_job`` for asyncio (in ``session``'s transaction when given)."""
         job_id = check_job_id(job_id)
         session = check_async_session(session)
-        database = await self._async_db()
+        database = await self._engines.running_async_database()
         return await database.in_caller_or_own_session(
             session, lambda s: self.admin.cancel_job(job_id, session=s)
         )
@@ -562,10 +396,6 @@ class PgQueue:
         """Bound ``queue``: an enqueue that would take it above ``max_depth`` waiting jobs
         raises ``QueueFull`` (see ``Admin.set_queue_max_depth``); ``None`` removes the bound."""
         self.admin.set_queue_max_depth(queue, max_depth, on_full=on_full)
-        if max_depth is None:
-            self._bounded_queues.record([queue], [])
-        else:
-            self._bounded_queues.suspect([queue])
 
     def set_key_limit(self, key_or_prefix: str, limit: int | None) -> None:
         """At most ``limit`` jobs RUNNING per concurrency key starting with ``key_or_prefix``
@@ -592,34 +422,4 @@ class PgQueue:
     def queue_controls(self) -> dict[str, dict[str, Any]]:
         """``{queue: {"paused", "concurrency_limit", "running"}}`` for queues with settings
         (bounds: ``admin.queue_settings()``)."""
-        return {
-            name: {
-                "paused": queue.paused,
-                "concurrency_limit": queue.concurrency_limit,
-                "running": queue.running,
-            }
-            for name, queue in self.admin.queue_settings().items()
-        }
-
-
-def _warn_embedded(settings: Settings) -> None:
-    # Silently falling back would give every production host its own private queue, gone when
-    # the process that started the server exits; this line is how such a deployment notices.
-    from pgqueue import embedded
-
-    data_dir = settings.embedded_data_dir or str(embedded.default_data_dir())
-    database = embedded_database_name(settings)
-    named = (
-        "as embedded_database says"
-        if settings.embedded_database
-        else "named after the current directory; PGQUEUE_EMBEDDED_DATABASE names another"
-    )
-    logger.warning(
-        "no database configured: pgqueue uses database %s (%s) "
-        "of its embedded PostgreSQL server in %s, which is for development, "
-        "demos and tests only (one per host, stopped when the process that started it exits). "
-        "For a real server pass a URL or Engine to PgQueue, or set PGQUEUE_DATABASE_URL.",
-        database,
-        named,
-        data_dir,
-    )
+        return queue_controls_of(self.admin.queue_settings())

@@ -35,7 +35,7 @@ import psycopg
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue import validation
-from pgqueue.admin import check_job_id
+from pgqueue.admin_values import check_job_id
 from pgqueue.errors import JobWaitTimeout, pgqueue_logger
 from pgqueue.models import Job
 from pgqueue.sql.common import ALL_FINISHED

@@ -1,21 +1,37 @@
 """The admin surface's reads and manual actions (``sql.admin``): one job, counts, lists, time
 series, re-run, cancel and delete; over ``db.Executor`` (a ``Session`` where ORM objects are
 returned), never committing.
+
+Each operation ``pgq.admin`` runs is one function here, composed of the statements it needs:
+the reads of jobs cover the tables ``history.JobTables`` names (the partitioned history's
+moved jobs too), and an action that changes nothing says why by raising.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
 from pgqueue.data import dependencies
+from pgqueue.data.history import JobTables
 from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
 from pgqueue.sql import admin
 from pgqueue.states import JobState
+
+RERUNNABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
+CANCELLABLE: Final = frozenset({JobState.QUEUED, JobState.RETRYING, JobState.RUNNING})
+# ``throughput``'s bound on the live table's jobs read under the partitioned history: none (the
+# largest int a LIMIT takes), since ``throughput`` counts every job of the hour.
+UNCAPPED: Final = 2**31 - 1
+THROUGHPUT_WINDOW: Final = 3600
+# Bucket widths (seconds) a shrunken window is divided into, at most 60 buckets of them.
+BUCKET_WIDTHS: Final = (1, 2, 5, 10, 15, 30, 60)
 
 
 def get_job(session: Session, job_id: int) -> Job | None:
@@ -189,3 +205,163 @@ def delete_job(db: SessionOrExecutor, job_id: int) -> bool:
         return False
     dependencies.abandon_orphans(ex, [job_id], rows[0][1] or ())
     return True
+
+
+# -- the operations of ``pgq.admin`` that compose the statements above --------------------------
+
+
+def job_snapshot(session: Session, job_id: int, tables: JobTables) -> Job:
+    """Job ``job_id`` read in ``session`` and detached from it; under the partitioned history,
+    found there when it is no longer in ``pgqueue_jobs`` (a ``Job`` of no session, without
+    steps). Raises JobNotFound."""
+    job = get_job(session, job_id)
+    if job is None:
+        # Read after the live table: a job moved in between is found here, never missed.
+        moved = get_moved_job(session, job_id) if tables.partitioned else None
+        if moved is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        return moved
+    session.expunge(job)
+    return job
+
+
+def jobs_page(
+    session: Session,
+    tables: JobTables,
+    *,
+    queue: str | None,
+    state: JobState | None,
+    task_name: str | None,
+    before: int | None,
+    after: int | None,
+    limit: int,
+) -> list[Job]:
+    """``list_jobs`` over every table of ``tables``: up to ``limit`` jobs nearest the cursor,
+    newest first, each once, detached from ``session``."""
+    pages = [
+        list_jobs(
+            session,
+            queue=queue,
+            state=state,
+            task_name=task_name,
+            before=before,
+            after=after,
+            limit=limit,
+            history=moved,
+        )
+        for moved in tables.reads
+    ]
+    session.expunge_all()
+    if len(pages) == 1:
+        return pages[0]
+    by_id: dict[int, Job] = {}
+    for page in pages:
+        for job in page:
+            by_id.setdefault(job.id, job)  # the live table's row first
+    ids = sorted(by_id)
+    nearest = ids[:limit] if after is not None else ids[-limit:]
+    return [by_id[i] for i in reversed(nearest)]
+
+
+def rerun_job(session: Session, job_id: int, tables: JobTables) -> None:
+    """``rerun``, or the reason it changed nothing: InvalidStateTransition or JobNotFound."""
+    if not rerun(session, job_id):
+        _raise_for_state(session, job_id, "retry", RERUNNABLE, tables)
+
+
+def cancel_job(session: Session, job_id: int, reason: str, tables: JobTables) -> JobState:
+    """Cancel a waiting job (CANCELLED) or flag a running one (RUNNING); otherwise the reason
+    nothing changed: InvalidStateTransition or JobNotFound."""
+    if cancel_waiting(session, job_id, reason):
+        return JobState.CANCELLED
+    if request_cancel_running(session, job_id):
+        return JobState.RUNNING
+    _raise_for_state(session, job_id, "cancel", CANCELLABLE, tables)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _raise_for_state(
+    session: Session, job_id: int, action: str, allowed: frozenset[JobState], tables: JobTables
+) -> None:
+    job = get_job(session, job_id)
+    if job is None:
+        moved = get_moved_job(session, job_id) if tables.partitioned else None
+        if moved is not None:
+            raise InvalidStateTransition(
+                f"cannot {action} job {job_id}: it finished ({moved.state.value}) and was moved "
+                "to the history (history=partitioned), where jobs are read-only; enqueue a new "
+                "job with its arguments instead"
+            )
+        raise JobNotFound(f"no job with id {job_id}")
+    names = ", ".join(sorted(s.value for s in allowed))
+    raise InvalidStateTransition(
+        f"cannot {action} job {job_id}: it is {job.state.value} (allowed from: {names})"
+    )
+
+
+def queue_names(db: SessionOrExecutor, tables: JobTables) -> list[str]:
+    """The queues that have jobs in any table of ``tables``, sorted."""
+    ex = executor_for(db)
+    return sorted({name for moved in tables.reads for name in job_queues(ex, history=moved)})
+
+
+def capped_counts(
+    db: SessionOrExecutor, cap: int, tables: JobTables
+) -> dict[str, dict[JobState, int]]:
+    """``capped_state_counts`` over every table of ``tables``, each sum capped too."""
+    ex = executor_for(db)
+    counts = capped_state_counts(ex, cap)
+    for moved in tables.reads[1:]:
+        for queue, more in capped_state_counts(ex, cap, history=moved).items():
+            live = counts.setdefault(queue, dict.fromkeys(JobState, 0))
+            for state, count in more.items():
+                live[state] = min(cap, live.get(state, 0) + count)
+    return counts
+
+
+def throughput(db: SessionOrExecutor, tables: JobTables) -> dict[str, dict[JobState, list[int]]]:
+    """Jobs finished per minute over the last hour (``finished_per_minute``); under the
+    partitioned history per clock minute, the moved jobs from their per-minute counts."""
+    if tables.partitioned:
+        return finished_per_clock_minute(db, UNCAPPED)
+    return finished_per_minute(db)
+
+
+def recent_throughput(
+    db: SessionOrExecutor, cap: int, tables: JobTables
+) -> tuple[int, int, dict[str, dict[JobState, list[int]]], bool]:
+    """``(window, width, series, shortened)``: jobs finished per bucket of ``width`` seconds
+    over the last hour, or, when more than ``cap`` finished in that hour, over the shorter
+    ``window`` holding the ``cap`` most recent ones (``shortened``), in 1 to 60 second
+    buckets (at most 60). Reads at most about ``cap`` index entries per table twice. Under the
+    partitioned history the moved jobs of a whole hour come from their per-minute counts."""
+    ex = executor_for(db)
+    live_edge = finished_window_edge(ex, THROUGHPUT_WINDOW, cap)
+    edges = [] if live_edge is None else [live_edge]
+    if tables.partitioned:
+        if live_edge is None:
+            # The whole hour: the live table's few minutes of finished jobs, and the moved ones
+            # from their per-minute counts (never the history's rows).
+            return THROUGHPUT_WINDOW, 60, finished_per_clock_minute(ex, cap), False
+        # The window is no longer than the live table's: the history is read within it only,
+        # to ``cap`` as well, so at most about twice ``cap`` jobs are read.
+        moved_edge = finished_window_edge(ex, live_edge, cap, history=True)
+        if moved_edge is not None:
+            edges.append(moved_edge)
+    edge = min(edges) if edges else None
+    if edge is None:
+        width, window = 60, THROUGHPUT_WINDOW
+    else:
+        width = next((w for w in BUCKET_WIDTHS if w * 60 >= edge), BUCKET_WIDTHS[-1])
+        # Rounded up to whole buckets: the window must reach the cap-th newest job, or a burst
+        # that finished within one bucket, some seconds ago, falls outside it.
+        window = max(1, math.ceil(edge / width)) * width
+    series: dict[str, dict[JobState, list[int]]] = {}
+    for moved in tables.reads:
+        part = finished_per_bucket(ex, width, window // width, cap, history=moved)
+        for queue, by_state in part.items():
+            for state, counts in by_state.items():
+                into = series.setdefault(queue, {}).setdefault(state, [0] * len(counts))
+                for i, count in enumerate(counts):
+                    into[i] += count
+    return window, width, series, edge is not None

@@ -13,11 +13,13 @@ from typing import Any
 
 from pgqueue.data import dependencies
 from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.errors import BulkCountChanged
 from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.sql import bulk
 from pgqueue.states import JobState
 
 __all__ = [
+    "act_and_record",
     "cancel_matching",
     "count_matching",
     "delete_matching",
@@ -125,3 +127,38 @@ def record_action(
         "count": count,
     }
     return int(executor_for(db).rows(bulk.insert_audit(), params)[0][0])
+
+
+def act_and_record(
+    db: SessionOrExecutor,
+    action: BulkAction,
+    job_filter: JobFilter,
+    states: Collection[JobState],
+    *,
+    actor: str,
+    source: str,
+    expected_count: int | None,
+    cancel_reason: str,
+) -> tuple[int, int, int]:
+    """Apply ``action`` to the matching jobs of ``states`` and write its audit record:
+    ``(count changed, running jobs flagged, audit record id)``. With ``expected_count``, an
+    action that changes another number of jobs raises ``BulkCountChanged``, so that the
+    caller's transaction rolls back and nothing was changed."""
+    ex = executor_for(db)
+    flagged = 0
+    if action is BulkAction.RETRY:
+        count = retry_matching(ex, job_filter, states)
+    elif action is BulkAction.CANCEL:
+        cancelled, flagged = cancel_matching(ex, job_filter, states, cancel_reason)
+        count = cancelled + flagged
+    else:
+        count = delete_matching(ex, job_filter, states)
+    if expected_count is not None and count != expected_count:
+        raise BulkCountChanged(
+            f"{action.value} would now change {count} jobs, not the {expected_count} "
+            "previewed; nothing was changed (preview again)"
+        )
+    audit_id = record_action(
+        ex, actor=actor, source=source, action=action, job_filter=job_filter, count=count
+    )
+    return count, flagged, audit_id

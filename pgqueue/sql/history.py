@@ -149,6 +149,12 @@ def delete_finished_minutes() -> Any:  # a Delete
 
 
 @cache
+def utc_today() -> Select[dt.date]:
+    """Today's date in UTC by the database's clock: the day the partitions are counted from."""
+    return select(func.date(func.timezone("UTC", func.now())))
+
+
+@cache
 def partitions() -> Select[str]:
     """The names of ``pgqueue_job_history``'s partitions (the days' and the DEFAULT one)."""
     return (
