@@ -195,7 +195,6 @@ SERVER_STATEMENTS = "pgqueue.sql.server"
 SQL_IMPORT_ALLOWLIST = frozenset(
     {
         "pgqueue.connections",  # sql.maintenance.set_local_settings, per-transaction settings
-        "pgqueue.explain",  # its reads of sql.explain, sql.flow and sql.workers
         "pgqueue.history",  # the partitioned history's reads and DDL (sql.history)
         "pgqueue.migrations",  # sql.schema, the schema's own checks
         "pgqueue.migrations.blockers",  # sql.schema
@@ -213,7 +212,6 @@ EXECUTOR_MODULES = frozenset({"pgqueue.db", "pgqueue.driver"})
 # Modules outside ``pgqueue.data`` that still run statements through an executor's ``rows``.
 ROWS_CALL_ALLOWLIST = frozenset(
     {
-        "pgqueue.explain",  # the diagnosis's reads
         "pgqueue.steps",  # the durable steps' reads and writes
     }
 )
@@ -228,7 +226,6 @@ LONG_MODULE_ALLOWLIST = frozenset(
         "pgqueue.admin",
         "pgqueue.cli",
         "pgqueue.core",
-        "pgqueue.explain",
         "pgqueue.models",
         "pgqueue.sql.claim",
     }
