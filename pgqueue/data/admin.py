@@ -189,3 +189,18 @@ def delete_job(db: SessionOrExecutor, job_id: int) -> bool:
         return False
     dependencies.abandon_orphans(ex, [job_id], rows[0][1] or ())
     return True
+
+
+def table_counts(db: SessionOrExecutor) -> dict[str, int]:
+    """Row counts of ``pgqueue_jobs`` and of ``pgqueue_message_queue`` (its tickets)."""
+    ex = executor_for(db)
+    return {
+        "pgqueue_jobs": int(ex.rows(admin.job_count())[0][0]),
+        "pgqueue_message_queue": int(ex.rows(admin.ticket_count())[0][0]),
+    }
+
+
+def states_of_jobs(db: SessionOrExecutor, job_ids: list[int]) -> dict[int, JobState]:
+    """The current state of each of ``job_ids`` that exists."""
+    rows = executor_for(db).rows(admin.states_of_jobs(), {"job_ids": job_ids})
+    return {job_id: JobState(state) for job_id, state in rows}

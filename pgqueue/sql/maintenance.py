@@ -249,20 +249,6 @@ def delete_idle_keys() -> Any:  # a ReturningDelete
 
 
 @cache
-def set_local_settings() -> Select[Any]:
-    """pgqueue's timeouts and ``jit = off`` for the current transaction only (used behind a
-    pooler, where a session setting would reach other clients). Binds ``statement_timeout`` and
-    ``idle_timeout`` (milliseconds, as text)."""
-    return select(
-        func.set_config("statement_timeout", bindparam("statement_timeout", type_=Text), True),
-        func.set_config(
-            "idle_in_transaction_session_timeout", bindparam("idle_timeout", type_=Text), True
-        ),
-        func.set_config("jit", "off", True),
-    )
-
-
-@cache
 def set_lock_timeout() -> Select[Any]:
     """``lock_timeout`` for the current transaction only: ``ms`` (milliseconds, as text)."""
     return select(func.set_config("lock_timeout", bindparam("ms", type_=Text), True))

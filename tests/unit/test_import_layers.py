@@ -186,22 +186,17 @@ def cycle_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 # -- the data layer and module size -------------------------------------------------------------
 
-# The statements every module may import: connection management (LISTEN, DISCARD, CREATE
-# DATABASE), which belongs to whoever owns the connection rather than to the data layer.
+# The statements every module may import: connection management (LISTEN and what its listener
+# hears, DISCARD, CREATE DATABASE, the settings a transaction begins with behind a pooler), which
+# belongs to whoever owns the connection rather than to the data layer.
 SERVER_STATEMENTS = "pgqueue.sql.server"
 
 # Modules outside ``pgqueue.data`` that still import ``pgqueue.sql``; each should move its data
 # part into ``pgqueue.data`` and leave this list.
 SQL_IMPORT_ALLOWLIST = frozenset(
     {
-        "pgqueue.connections",  # sql.maintenance.set_local_settings, per-transaction settings
         "pgqueue.history",  # the partitioned history's reads and DDL (sql.history)
-        "pgqueue.migrations",  # sql.schema, the schema's own checks
-        "pgqueue.migrations.blockers",  # sql.schema
-        "pgqueue.migrations.losses",  # sql.schema
         "pgqueue.steps",  # sql.steps, the durable steps' reads and writes
-        "pgqueue.testing",  # sql.admin, the test assertions' reads
-        "pgqueue.waiting",  # sql.common.ALL_FINISHED, the states a wait ends on
     }
 )
 
