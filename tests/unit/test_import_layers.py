@@ -219,7 +219,6 @@ MAX_LINES = 550
 LONG_MODULE_ALLOWLIST = frozenset(
     {
         "pgqueue.admin",
-        "pgqueue.cli",
         "pgqueue.core",
         "pgqueue.models",
         "pgqueue.sql.claim",
