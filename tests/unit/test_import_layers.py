@@ -220,7 +220,6 @@ LONG_MODULE_ALLOWLIST = frozenset(
     {
         "pgqueue.admin",
         "pgqueue.core",
-        "pgqueue.models",
         "pgqueue.sql.claim",
     }
 )
