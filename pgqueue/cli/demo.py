@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pgqueue.cli.shared import (
-    console,
-    database_option,
-)
+from pgqueue.cli.shared import console, database_option
 
 
 @click.command()

@@ -9,15 +9,9 @@ from typing import Any
 
 import click
 
-from pgqueue.cli.shared import (
-    database_option,
-    echo,
-    queue_for,
-)
+from pgqueue.cli.shared import database_option, echo, queue_for
 from pgqueue.core import PgQueue
-from pgqueue.errors import (
-    NotSchemaOwner,
-)
+from pgqueue.errors import NotSchemaOwner
 
 
 @click.command()

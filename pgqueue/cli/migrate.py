@@ -7,18 +7,9 @@ from __future__ import annotations
 import click
 from sqlalchemy.exc import DBAPIError
 
-from pgqueue.cli.shared import (
-    CommandError,
-    database_option,
-    echo,
-    queue_for,
-)
+from pgqueue.cli.shared import CommandError, database_option, echo, queue_for
 from pgqueue.core import PgQueue
-from pgqueue.errors import (
-    DowngradeLosesData,
-    is_insufficient_privilege,
-    is_lock_timeout,
-)
+from pgqueue.errors import DowngradeLosesData, is_insufficient_privilege, is_lock_timeout
 
 yes_option = click.option(
     "--yes",

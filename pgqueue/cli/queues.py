@@ -7,14 +7,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from pgqueue.cli.shared import (
-    console,
-    database_option,
-    echo,
-    load_app,
-    number_or_none,
-    queue_for,
-)
+from pgqueue.cli.shared import console, database_option, echo, load_app, number_or_none, queue_for
 from pgqueue.core import PgQueue
 
 

@@ -25,11 +25,7 @@ from pgqueue.cli.shared import (
     queue_for,
 )
 from pgqueue.core import PgQueue
-from pgqueue.errors import (
-    is_bad_credentials,
-    is_connection_error,
-    pgqueue_logger,
-)
+from pgqueue.errors import is_bad_credentials, is_connection_error, pgqueue_logger
 
 log = pgqueue_logger("pgqueue.worker")
 

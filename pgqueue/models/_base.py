@@ -7,15 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    Enum,
-    MetaData,
-    Text,
-    TypeDecorator,
-    cast,
-    type_coerce,
-)
+from sqlalchemy import JSON, Enum, MetaData, Text, TypeDecorator, cast, type_coerce
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.sql.elements import ColumnElement
