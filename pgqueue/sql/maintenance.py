@@ -1,7 +1,7 @@
 """Statements of the worker's housekeeping: rescue of jobs whose lease expired, pruning of
 finished jobs, the advisory lock electing one maintenance leader, the recount of limited queues'
-``running`` counters, the removal of idle concurrency keys' rows, and the per-transaction
-settings (behind a connection pooler, and the outcome writes' lock timeout).
+``running`` counters, the removal of idle concurrency keys' rows, and the outcome writes' lock
+timeout (the settings each transaction begins with behind a pooler are ``sql.server``'s).
 """
 
 from __future__ import annotations
