@@ -36,8 +36,7 @@ from sqlalchemy.exc import DisconnectionError
 from pgqueue.config import Settings
 from pgqueue.driver import PLAN_MAX_AGE, CompiledStatement, LocalSettings, translated
 from pgqueue.errors import is_lost_session_state, name_connection_failure
-from pgqueue.sql.maintenance import set_local_settings
-from pgqueue.sql.server import discard_plans
+from pgqueue.sql.server import discard_plans, set_local_settings
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine

@@ -38,8 +38,7 @@ from pgqueue import validation
 from pgqueue.admin_values import check_job_id
 from pgqueue.errors import JobWaitTimeout, pgqueue_logger
 from pgqueue.models import Job
-from pgqueue.sql.common import ALL_FINISHED
-from pgqueue.sql.server import listen_finished
+from pgqueue.sql.server import announced_job_ids, listen_finished
 from pgqueue.states import FINAL_STATES, JobState
 
 log = pgqueue_logger("pgqueue.waiting")
@@ -63,7 +62,7 @@ def wait_timeout(value: object) -> float | None:
 
 class FinishedListener:
     """A daemon thread LISTENing on ``FINISHED_CHANNEL`` that calls the wake-ups subscribed to
-    the ids announced (all of them for ``ALL_FINISHED`` and after each (re)connect)."""
+    the ids announced (all of them for ``sql.common.ALL_FINISHED`` and after each (re)connect)."""
 
     def __init__(self, connect: Connect) -> None:
         self._connect = connect
@@ -115,12 +114,8 @@ class FinishedListener:
                 delay = min(delay * 2, 2.0)
 
     def _dispatch(self, payload: str) -> None:
-        if payload == ALL_FINISHED:
-            self._wake_all()
-            return
-        try:
-            ids = [int(part) for part in payload.split(",")]
-        except ValueError:  # not an announcement of pgqueue's: read again rather than guess
+        ids = announced_job_ids(payload)
+        if ids is None:  # every awaited job, or not an announcement of pgqueue's
             self._wake_all()
             return
         with self._lock:

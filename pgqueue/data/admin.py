@@ -365,3 +365,18 @@ def recent_throughput(
                 for i, count in enumerate(counts):
                     into[i] += count
     return window, width, series, edge is not None
+
+
+def table_counts(db: SessionOrExecutor) -> dict[str, int]:
+    """Row counts of ``pgqueue_jobs`` and of ``pgqueue_message_queue`` (its tickets)."""
+    ex = executor_for(db)
+    return {
+        "pgqueue_jobs": int(ex.rows(admin.job_count())[0][0]),
+        "pgqueue_message_queue": int(ex.rows(admin.ticket_count())[0][0]),
+    }
+
+
+def states_of_jobs(db: SessionOrExecutor, job_ids: list[int]) -> dict[int, JobState]:
+    """The current state of each of ``job_ids`` that exists."""
+    rows = executor_for(db).rows(admin.states_of_jobs(), {"job_ids": job_ids})
+    return {job_id: JobState(state) for job_id, state in rows}

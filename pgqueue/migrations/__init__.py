@@ -48,6 +48,8 @@ from sqlalchemy import Connection, inspect
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.config import DEFAULT_MIGRATION_LOCK_TIMEOUT
+from pgqueue.data import schema as schema_data
+from pgqueue.db import ConnectionExecutor
 from pgqueue.errors import (
     DowngradeLosesData,
     SchemaNotCurrent,
@@ -56,7 +58,6 @@ from pgqueue.errors import (
 )
 from pgqueue.migrations import losses
 from pgqueue.migrations.host import REVISION_PREFIX, keep_host_revisions
-from pgqueue.sql import schema
 
 VERSION_TABLE: Final = "pgqueue_alembic_version"
 # Where a host's own Alembic records pgqueue's revisions when it runs them (third way above).
@@ -154,7 +155,7 @@ def _run(connection: Connection, step: Any, lock_timeout: float) -> None:
     # if any, is put back afterwards.
     from alembic import op as op_module
 
-    previous = connection.execute(schema.current_timeouts()).one()
+    previous = schema_data.current_timeouts(ConnectionExecutor(connection))
     _set_timeouts(connection, "0", _milliseconds(lock_timeout))
     outer = getattr(op_module, "_proxy", None)
     context = MigrationContext.configure(
@@ -176,8 +177,7 @@ def migration_settings(connection: Connection, lock_timeout: float) -> None:
 
 
 def _set_timeouts(connection: Connection, statement_timeout: str, lock_timeout: str) -> None:
-    params = {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout}
-    connection.execute(schema.set_timeouts(), params)
+    schema_data.set_timeouts(ConnectionExecutor(connection), statement_timeout, lock_timeout)
 
 
 def _milliseconds(seconds: float) -> str:

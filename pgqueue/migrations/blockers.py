@@ -16,7 +16,8 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, Engine
 
-from pgqueue.sql import schema
+from pgqueue.data import schema as schema_data
+from pgqueue.db import ConnectionExecutor
 
 # How often a watch asks who blocks the migration: a lock wait of at least this long is named.
 POLL_INTERVAL: Final = 0.1
@@ -46,7 +47,7 @@ class Blocker:
 
 def session_pid(connection: Connection) -> int:
     """The server process id of ``connection``'s session."""
-    return int(connection.execute(schema.backend_pid()).scalar_one())
+    return schema_data.backend_pid(ConnectionExecutor(connection))
 
 
 class BlockerWatch:
@@ -79,7 +80,7 @@ class BlockerWatch:
         try:
             with self.engine.connect() as connection:
                 while not self._stop.wait(self.interval):
-                    rows = connection.execute(schema.blocking_sessions(), {"pid": self.pid}).all()
+                    rows = schema_data.blocking_sessions(ConnectionExecutor(connection), self.pid)
                     connection.rollback()
                     if rows:
                         self.blockers = [_blocker(row) for row in rows]

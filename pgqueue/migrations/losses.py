@@ -23,7 +23,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from pgqueue.sql import schema
+from pgqueue.data import schema as schema_data
+from pgqueue.db import ConnectionExecutor
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,7 @@ class DropsTable:
     table: str
 
     def holds_data(self, connection: Connection) -> bool:
-        return bool(connection.scalar(schema.table_has_rows(self.table)))
+        return schema_data.table_has_rows(ConnectionExecutor(connection), self.table)
 
     def describe(self) -> str:
         return f"drops table {self.table}, which holds rows"
@@ -49,8 +50,9 @@ class DropsColumn:
     default: Any = None
 
     def holds_data(self, connection: Connection) -> bool:
-        statement = schema.column_holds_values(self.table, self.column, self.default)
-        return bool(connection.scalar(statement))
+        return schema_data.column_holds_values(
+            ConnectionExecutor(connection), self.table, self.column, self.default
+        )
 
     def describe(self) -> str:
         return f"drops column {self.table}.{self.column}, which holds values"
@@ -67,8 +69,9 @@ class RewritesRows:
     what: str
 
     def holds_data(self, connection: Connection) -> bool:
-        statement = schema.rows_where_equal(self.table, self.column, self.value)
-        return bool(connection.scalar(statement))
+        return schema_data.rows_where_equal(
+            ConnectionExecutor(connection), self.table, self.column, self.value
+        )
 
     def describe(self) -> str:
         return f"{self.what} ({self.table} rows with {self.column} = {self.value!r})"

@@ -1,7 +1,7 @@
 """Statements of the worker's housekeeping: rescue of jobs whose lease expired, pruning of
 finished jobs, the advisory lock electing one maintenance leader, the recount of limited queues'
-``running`` counters, the removal of idle concurrency keys' rows, and the per-transaction
-settings (behind a connection pooler, and the outcome writes' lock timeout).
+``running`` counters, the removal of idle concurrency keys' rows, and the outcome writes' lock
+timeout (the settings each transaction begins with behind a pooler are ``sql.server``'s).
 """
 
 from __future__ import annotations
@@ -245,20 +245,6 @@ def delete_idle_keys() -> Any:  # a ReturningDelete
         delete(ConcurrencyKey)
         .where(ConcurrencyKey.key == func.any(array_param("keys", Text)), _idle_key())
         .returning(ConcurrencyKey.key)
-    )
-
-
-@cache
-def set_local_settings() -> Select[Any]:
-    """pgqueue's timeouts and ``jit = off`` for the current transaction only (used behind a
-    pooler, where a session setting would reach other clients). Binds ``statement_timeout`` and
-    ``idle_timeout`` (milliseconds, as text)."""
-    return select(
-        func.set_config("statement_timeout", bindparam("statement_timeout", type_=Text), True),
-        func.set_config(
-            "idle_in_transaction_session_timeout", bindparam("idle_timeout", type_=Text), True
-        ),
-        func.set_config("jit", "off", True),
     )
 
 

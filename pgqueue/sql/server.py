@@ -1,12 +1,13 @@
 """Statements about the server and its sessions rather than jobs: creating, marking and dropping
 a database (the demo, and the test databases of ``pgqueue.testing``), the listeners' ``LISTEN``
-and session name, and dropping the plans of prepared statements. Pure builders, like the rest of
-``pgqueue.sql``.
+and session name (and what the finished-jobs listener hears), the settings each transaction
+begins with behind a pooler, and dropping the plans of prepared statements. Whoever owns a
+connection runs these, not the data layer. Pure builders, like the rest of ``pgqueue.sql``.
 
 ``CREATE``/``DROP DATABASE`` and ``COMMENT ON DATABASE`` take a name, so they are constructs
 compiled with the dialect's identifier preparer (quoted as the dialect quotes it, never pasted
-in). The others run on a raw psycopg connection and are composed by psycopg, as the ``COPY``
-statements are.
+in). The transaction settings are a construct too, compiled once by ``connections``. The others
+run on a raw psycopg connection and are composed by psycopg, as the ``COPY`` statements are.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import ExecutableDDLElement
 from sqlalchemy.sql.compiler import DDLCompiler
 
-from pgqueue.sql.common import FINISHED_CHANNEL, NOTIFY_CHANNEL
+from pgqueue.sql.common import ALL_FINISHED, FINISHED_CHANNEL, NOTIFY_CHANNEL
 
 
 class _DatabaseStatement(ExecutableDDLElement):
@@ -125,10 +126,36 @@ def listen_finished() -> sql.Composed:
     return sql.SQL("LISTEN {}").format(sql.Identifier(FINISHED_CHANNEL))
 
 
+def announced_job_ids(payload: str) -> list[int] | None:
+    """The ids of the jobs an announcement heard on ``FINISHED_CHANNEL`` names
+    (``sql.common.announced`` wrote it); None when it stands for every job (``ALL_FINISHED``)
+    or is not pgqueue's, so that whoever waits reads again rather than guess."""
+    if payload == ALL_FINISHED:
+        return None
+    try:
+        return [int(part) for part in payload.split(",")]
+    except ValueError:
+        return None
+
+
 @cache
 def name_listener_session() -> sql.SQL:
     """Name the current session ``pgqueue-listener`` (its ``application_name``)."""
     return sql.SQL("SELECT set_config('application_name', 'pgqueue-listener', false)")
+
+
+@cache
+def set_local_settings() -> Select[Any]:
+    """pgqueue's timeouts and ``jit = off`` for the current transaction only (used behind a
+    pooler, where a session setting would reach other clients). Binds ``statement_timeout`` and
+    ``idle_timeout`` (milliseconds, as text)."""
+    return select(
+        func.set_config("statement_timeout", bindparam("statement_timeout", type_=Text), True),
+        func.set_config(
+            "idle_in_transaction_session_timeout", bindparam("idle_timeout", type_=Text), True
+        ),
+        func.set_config("jit", "off", True),
+    )
 
 
 @cache

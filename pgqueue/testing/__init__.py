@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from pgqueue.core import PgQueue
-from pgqueue.sql import admin as admin_statements
+from pgqueue.data import admin as admin_data
 from pgqueue.states import FINAL_STATES, JobState
 from pgqueue.testing.assertions import assert_enqueued, assert_not_enqueued, enqueued_jobs
 from pgqueue.testing.databases import TestDatabases
@@ -74,18 +74,14 @@ class ConcurrencyProbe:
 def table_counts(engine: Engine) -> dict[str, int]:
     """Row counts of pgqueue's two tables."""
     with Session(engine) as session:
-        return {
-            "pgqueue_jobs": session.scalar(admin_statements.job_count()) or 0,
-            "pgqueue_message_queue": session.scalar(admin_statements.ticket_count()) or 0,
-        }
+        return admin_data.table_counts(session)
 
 
 def states_of(pgq: PgQueue, job_ids: Iterable[int]) -> dict[int, JobState]:
     """The current state of each of the jobs that exist."""
     ids = list(job_ids)
     with pgq.sessions() as session:
-        rows = session.execute(admin_statements.states_of_jobs(), {"job_ids": ids})
-        return {job_id: JobState(state) for job_id, state in rows}
+        return admin_data.states_of_jobs(session, ids)
 
 
 def wait_for_states(

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 
 from pgqueue.cli import main
-from pgqueue.cli_shared import VisibleFormatter, visible
+from pgqueue.cli.shared import VisibleFormatter, visible
 
 # Every C0 control but newline and tab, DEL, and every C1 control.
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -1,4 +1,4 @@
-"""The commands print only through ``pgqueue.cli_shared``'s outputs, which show control
+"""The commands print only through ``pgqueue.cli.shared``'s outputs, which show control
 characters as text; a direct ``click.echo``, ``print`` or ``sys.stdout.write`` in a command
 module would let job data drive the terminal."""
 
@@ -10,7 +10,18 @@ from pathlib import Path
 import pgqueue
 
 ROOT = Path(pgqueue.__file__).parent
-COMMAND_MODULES = ["cli.py", "cli_bulk.py", "cli_flow.py", "contrib/flask/cli.py"]
+COMMAND_MODULES = [
+    "cli/__init__.py",
+    "cli/bulk.py",
+    "cli/demo.py",
+    "cli/flow.py",
+    "cli/history.py",
+    "cli/jobs.py",
+    "cli/migrate.py",
+    "cli/queues.py",
+    "cli/workers.py",
+    "contrib/flask/cli.py",
+]
 
 
 def _direct_outputs(path: Path) -> list[str]:

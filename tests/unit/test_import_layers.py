@@ -186,22 +186,16 @@ def cycle_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 # -- the data layer and module size -------------------------------------------------------------
 
-# The statements every module may import: connection management (LISTEN, DISCARD, CREATE
-# DATABASE), which belongs to whoever owns the connection rather than to the data layer.
+# The statements every module may import: connection management (LISTEN and what its listener
+# hears, DISCARD, CREATE DATABASE, the settings a transaction begins with behind a pooler), which
+# belongs to whoever owns the connection rather than to the data layer.
 SERVER_STATEMENTS = "pgqueue.sql.server"
 
 # Modules outside ``pgqueue.data`` that still import ``pgqueue.sql``; each should move its data
 # part into ``pgqueue.data`` and leave this list.
 SQL_IMPORT_ALLOWLIST = frozenset(
     {
-        "pgqueue.connections",  # sql.maintenance.set_local_settings, per-transaction settings
-        "pgqueue.explain",  # its reads of sql.explain, sql.flow and sql.workers
-        "pgqueue.migrations",  # sql.schema, the schema's own checks
-        "pgqueue.migrations.blockers",  # sql.schema
-        "pgqueue.migrations.losses",  # sql.schema
         "pgqueue.steps",  # sql.steps, the durable steps' reads and writes
-        "pgqueue.testing",  # sql.admin, the test assertions' reads
-        "pgqueue.waiting",  # sql.common.ALL_FINISHED, the states a wait ends on
     }
 )
 
@@ -212,7 +206,6 @@ EXECUTOR_MODULES = frozenset({"pgqueue.db", "pgqueue.driver"})
 # Modules outside ``pgqueue.data`` that still run statements through an executor's ``rows``.
 ROWS_CALL_ALLOWLIST = frozenset(
     {
-        "pgqueue.explain",  # the diagnosis's reads
         "pgqueue.steps",  # the durable steps' reads and writes
     }
 )
@@ -224,9 +217,6 @@ MAX_LINES = 550
 # Modules over ``MAX_LINES`` today; each should be split and leave this list.
 LONG_MODULE_ALLOWLIST = frozenset(
     {
-        "pgqueue.cli",
-        "pgqueue.explain",
-        "pgqueue.models",
         "pgqueue.sql.claim",
     }
 )

@@ -16,10 +16,14 @@ import click
 from flask import current_app
 from flask.cli import AppGroup, ScriptInfo
 
-from pgqueue import cli as core_cli
-from pgqueue import cli_shared as shared
-from pgqueue.cli_bulk import add_bulk_commands
-from pgqueue.cli_flow import FLOW_COMMAND_SETTINGS, key_limit_command, rate_limit_command
+from pgqueue.cli import history as history_commands
+from pgqueue.cli import jobs as job_commands
+from pgqueue.cli import migrate as migrate_commands
+from pgqueue.cli import queues as queue_commands
+from pgqueue.cli import shared
+from pgqueue.cli import workers as worker_commands
+from pgqueue.cli.bulk import add_bulk_commands
+from pgqueue.cli.flow import FLOW_COMMAND_SETTINGS, key_limit_command, rate_limit_command
 from pgqueue.contrib.flask import get_state
 from pgqueue.core import PgQueue as CoreQueue
 from pgqueue.states import JobState
@@ -50,28 +54,28 @@ def _queue() -> CoreQueue:
 @pgqueue_group.command()
 @click.argument("action", type=click.Choice(["upgrade", "downgrade", "current"]), default="upgrade")
 @click.argument("revision", required=False)
-@core_cli.yes_option
+@migrate_commands.yes_option
 def migrate(action: str, revision: str | None, yes: bool) -> None:
     """Upgrade (default), downgrade, or show pgqueue's schema revision."""
-    core_cli.run_migrate_command(_queue(), action, revision, yes=yes)
+    migrate_commands.run_migrate_command(_queue(), action, revision, yes=yes)
 
 
 @pgqueue_group.command()
-@core_cli.worker_options
+@worker_commands.worker_options
 def worker(**options: Any) -> None:
     """Run workers for this app's tasks (each job runs in an app context)."""
     info = click.get_current_context().find_object(ScriptInfo)
     app_path = info.app_import_path if info is not None else None
     # Child processes (--processes N) re-run this very command for the same app.
     prefix = [sys.executable, "-m", "flask", *(["--app", app_path] if app_path else [])]
-    core_cli.run_worker_command(
+    worker_commands.run_worker_command(
         _queue(), app_argv=[], command_prefix=[*prefix, "pgqueue", "worker"], **options
     )
 
 
 @pgqueue_group.command()
 @click.argument("task_name")
-@core_cli.enqueue_options
+@job_commands.enqueue_options
 def enqueue(
     task_name: str,
     args_json: str,
@@ -81,7 +85,9 @@ def enqueue(
     priority: int | None,
 ) -> None:
     """Enqueue TASK_NAME with JSON arguments (in its own transaction); prints the job id."""
-    core_cli.enqueue_from_cli(_queue(), task_name, args_json, kwargs_json, queue, delay, priority)
+    job_commands.enqueue_from_cli(
+        _queue(), task_name, args_json, kwargs_json, queue, delay, priority
+    )
 
 
 @pgqueue_group.command()
@@ -107,11 +113,11 @@ def show(job_id: int, as_json: bool) -> None:
 
 
 @pgqueue_group.command()
-@core_cli.include_stale_option
+@worker_commands.include_stale_option
 @shared.json_option
 def workers(include_stale: bool, as_json: bool) -> None:
     """List the running worker processes (the worker registry)."""
-    core_cli.print_workers(_queue(), include_stale=include_stale, as_json=as_json)
+    worker_commands.print_workers(_queue(), include_stale=include_stale, as_json=as_json)
 
 
 @pgqueue_group.command()
@@ -144,30 +150,30 @@ def history_group() -> None:
 
 
 @history_group.command(name="maintain")
-@core_cli.history_maintain_options
+@history_commands.history_maintain_options
 def history_maintain(days_ahead: int, retention_days: int | None) -> None:
     """Create coming days' partitions and drop expired ones (run as the schema owner)."""
-    core_cli.run_history_maintain(_queue(), days_ahead, retention_days)
+    history_commands.run_history_maintain(_queue(), days_ahead, retention_days)
 
 
 @pgqueue_group.command()
 def schedules() -> None:
     """List this app's periodic schedules with their next run."""
-    core_cli.print_schedules(_queue())
+    queue_commands.print_schedules(_queue())
 
 
 @pgqueue_group.command()
 @click.argument("queue")
 def pause(queue: str) -> None:
     """Stop all workers from claiming QUEUE's jobs (running jobs finish)."""
-    core_cli.pause_queue(_queue(), queue)
+    queue_commands.pause_queue(_queue(), queue)
 
 
 @pgqueue_group.command()
 @click.argument("queue")
 def resume(queue: str) -> None:
     """Let workers claim QUEUE's jobs again."""
-    core_cli.resume_queue(_queue(), queue)
+    queue_commands.resume_queue(_queue(), queue)
 
 
 @pgqueue_group.command()
@@ -175,7 +181,7 @@ def resume(queue: str) -> None:
 @click.argument("limit")
 def limit(queue: str, limit: str) -> None:
     """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
-    core_cli.limit_queue(_queue(), queue, limit)
+    queue_commands.limit_queue(_queue(), queue, limit)
 
 
 @pgqueue_group.command(name="max-depth")
@@ -184,7 +190,7 @@ def limit(queue: str, limit: str) -> None:
 def max_depth(queue: str, max_depth: str) -> None:
     """Refuse enqueues that would take QUEUE above MAX_DEPTH waiting jobs (``none`` removes
     the bound)."""
-    core_cli.bound_queue(_queue(), queue, max_depth)
+    queue_commands.bound_queue(_queue(), queue, max_depth)
 
 
 @pgqueue_group.command(name="key-limit", context_settings=FLOW_COMMAND_SETTINGS)
@@ -222,4 +228,4 @@ add_bulk_commands(bulk, lambda options: _queue())
 @shared.json_option
 def explain(job_id: int, as_json: bool) -> None:
     """Why isn't job JOB_ID running? One line per blocker."""
-    core_cli.print_explanation(_queue(), job_id, as_json=as_json)
+    job_commands.print_explanation(_queue(), job_id, as_json=as_json)

@@ -11,14 +11,30 @@ from __future__ import annotations
 
 from typing import Any
 
+import click
 from rich.table import Table
 
 from pgqueue import validation
 from pgqueue.admin import KeyOverride, QueueSettings
-from pgqueue.cli_shared import CommandError, console, echo, number_or_none, print_json
+from pgqueue.cli.shared import (
+    CommandError,
+    console,
+    database_option,
+    echo,
+    json_option,
+    number_or_none,
+    print_json,
+    queue_for,
+)
 from pgqueue.core import PgQueue
 
-__all__ = ["FLOW_COMMAND_SETTINGS", "key_limit_command", "rate_limit_command"]
+__all__ = [
+    "FLOW_COMMAND_SETTINGS",
+    "key_limit",
+    "key_limit_command",
+    "rate_limit",
+    "rate_limit_command",
+]
 
 # A limit of ``-3`` is a bad value to name in the error, not an unknown option; a mistyped
 # option (``--jsn``) then arrives as an argument, and ``_refuse_unknown_options`` names it.
@@ -186,3 +202,35 @@ def _print_one_rate(
         print_json({**name, **_rate_record(limit, per)})
         return
     echo(f"{target}: {'no rate limit' if limit is None else _rate(limit, per)}")
+
+
+@click.command(name="key-limit", context_settings=FLOW_COMMAND_SETTINGS)
+@click.argument("key_or_prefix", required=False)
+@click.argument("limit", required=False)
+@json_option
+@database_option
+def key_limit(
+    key_or_prefix: str | None, limit: str | None, as_json: bool, database_url: str | None
+) -> None:
+    """At most LIMIT running jobs per concurrency key starting with KEY_OR_PREFIX (``none``
+    removes the override); without LIMIT, show it; without arguments, list every override."""
+    key_limit_command(queue_for(database_url), key_or_prefix, limit, as_json=as_json)
+
+
+@click.command(name="rate-limit", context_settings=FLOW_COMMAND_SETTINGS)
+@click.argument("values", nargs=-1, metavar="[QUEUE] [LIMIT]")
+@click.option("--key", default=None, metavar="PREFIX", help="Limit each key with this prefix.")
+@click.option("--per", default=None, metavar="SECONDS", help="The window, in seconds.")
+@json_option
+@database_option
+def rate_limit(
+    values: tuple[str, ...],
+    key: str | None,
+    per: str | None,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """At most LIMIT jobs of QUEUE (or of each key starting with --key PREFIX) start in any
+    window of --per SECONDS (``none`` removes it); without LIMIT, show it; without arguments,
+    list every rate limit."""
+    rate_limit_command(queue_for(database_url), values, key=key, per=per, as_json=as_json)

@@ -18,11 +18,18 @@ from typing import Any
 import click
 
 from pgqueue.admin import BulkResult, default_actor
-from pgqueue.cli_shared import CommandError, echo, json_option, print_json
+from pgqueue.cli.shared import (
+    CommandError,
+    database_option,
+    echo,
+    json_option,
+    print_json,
+    queue_for,
+)
 from pgqueue.core import PgQueue
 from pgqueue.job_filter import BulkAction, JobFilter, parse_states, parse_time
 
-__all__ = ["add_bulk_commands", "job_filter_from_options"]
+__all__ = ["add_bulk_commands", "bulk", "job_filter_from_options"]
 
 _DONE = {BulkAction.RETRY: "retried", BulkAction.CANCEL: "cancelled", BulkAction.DELETE: "deleted"}
 
@@ -208,3 +215,11 @@ def _print(result: BulkResult, job_filter: JobFilter, as_json: bool) -> None:
             f"{_DONE[result.action]} {result.count:,} jobs{running} "
             f"(audit record {result.audit_id})"
         )
+
+
+@click.group()
+def bulk() -> None:
+    """Retry, cancel or delete the jobs a filter chooses (--dry-run counts them first)."""
+
+
+add_bulk_commands(bulk, lambda options: queue_for(options.pop("database_url")), database_option)

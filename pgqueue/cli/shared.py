@@ -6,7 +6,7 @@ Everything the commands print goes through this module (``console``, ``echo``,
 ``print_error``, ``print_json``, the log formatter), which shows control characters in it as
 ``\x1b``-style text (``visible``): names, keys and errors are job data, written by any client.
 
-Kept apart from ``pgqueue.cli`` so that each CLI module holds only its commands.
+Kept apart from the command modules so that each of them holds only its commands.
 """
 
 from __future__ import annotations
@@ -163,6 +163,20 @@ def remember_queue(pgq: PgQueue) -> PgQueue:
 
 
 _QUEUE_KEY = "pgqueue.queue"
+
+
+def queue_for(database_url: str | None) -> PgQueue:
+    """The queue of a command that only touches tables: on ``--database-url`` when given, else
+    on ``$PGQUEUE_DATABASE_URL`` or the embedded server."""
+    return remember_queue(PgQueue(database_url) if database_url else PgQueue())
+
+
+database_option = click.option(
+    "--database-url",
+    envvar="PGQUEUE_DATABASE_URL",
+    default=None,
+    help="SQLAlchemy URL (default: $PGQUEUE_DATABASE_URL, else the embedded server).",
+)
 
 
 def problem_line(exc: BaseException, database: Callable[[], str | None]) -> str | None:

@@ -1,0 +1,67 @@
+"""The ``pgqueue`` command: migrate, run workers, inspect and control jobs, and the demo.
+
+Commands that need tasks take an application path ``module:attribute`` naming a ``PgQueue``
+(e.g. ``myapp.jobs:pgq``). Commands that only touch tables take ``--database-url`` (default
+``$PGQUEUE_DATABASE_URL``, then the embedded server).
+
+This module holds the command group and adds the commands of each group's module to it
+(``migrate``, ``workers``, ``jobs``, ``history``, ``queues``, ``flow``, ``bulk``, ``demo``);
+``shared`` holds what they and ``flask pgqueue`` share, output included.
+"""
+
+from __future__ import annotations
+
+import click
+
+from pgqueue.cli import demo, history, jobs, migrate, queues, workers
+from pgqueue.cli.bulk import bulk
+from pgqueue.cli.flow import key_limit, rate_limit
+from pgqueue.cli.shared import (
+    OneLineErrors,
+    configure_logging,
+    console,
+    debug_option,
+    load_app,
+    verbose_option,
+)
+
+__all__ = ["console", "load_app", "main"]
+
+
+@click.group(cls=OneLineErrors)
+@verbose_option
+@debug_option
+@click.version_option(package_name="pgqueue")
+def main(verbose: int, debug: bool) -> None:
+    """pgqueue: PostgreSQL job queue for SQLAlchemy applications."""
+    configure_logging(verbose)
+
+
+for _command in (
+    migrate.migrate,
+    workers.worker,
+    workers.workers,
+    jobs.jobs,
+    jobs.stats,
+    jobs.show,
+    jobs.retry,
+    jobs.cancel,
+    jobs.enqueue,
+    jobs.explain,
+    history.prune,
+    history.history_group,
+    queues.schedules,
+    queues.pause,
+    queues.resume,
+    queues.limit,
+    queues.max_depth,
+    key_limit,
+    rate_limit,
+    demo.demo,
+    bulk,
+):
+    main.add_command(_command)
+
+
+def entrypoint() -> None:
+    main()

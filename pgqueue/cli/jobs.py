@@ -1,0 +1,145 @@
+"""The commands about single jobs: list, count, show, enqueue, retry, cancel, and explain why
+one is not running.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from pgqueue.cli.shared import (
+    database_option,
+    echo,
+    job_filter_options,
+    json_option,
+    load_app,
+    print_job,
+    print_jobs,
+    print_json,
+    print_stats,
+    queue_for,
+)
+from pgqueue.core import PgQueue
+from pgqueue.states import JobState
+
+
+@click.command()
+@job_filter_options
+@database_option
+def jobs(database_url: str | None, **filters: Any) -> None:
+    """List jobs, newest first."""
+    print_jobs(queue_for(database_url), **filters)
+
+
+@click.command()
+@json_option
+@database_option
+def stats(as_json: bool, database_url: str | None) -> None:
+    """Job counts per queue and state."""
+    print_stats(queue_for(database_url), as_json=as_json)
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@json_option
+@database_option
+def show(job_id: int, as_json: bool, database_url: str | None) -> None:
+    """Show one job as JSON."""
+    print_job(queue_for(database_url), job_id, as_json=as_json)
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@database_option
+def retry(job_id: int, database_url: str | None) -> None:
+    """Run a failed or cancelled job again."""
+    queue_for(database_url).admin.retry_job(job_id)
+    echo(f"job {job_id} queued again")
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@database_option
+def cancel(job_id: int, database_url: str | None) -> None:
+    """Cancel a waiting job, or ask a running one to stop."""
+    state = queue_for(database_url).admin.cancel_job(job_id)
+    echo(f"job {job_id}: {'cancelled' if state is JobState.CANCELLED else 'cancel requested'}")
+
+
+def enqueue_options(function: Any) -> Any:
+    """The options of ``pgqueue enqueue`` (shared with ``flask pgqueue enqueue``)."""
+    options = [
+        click.option(
+            "--args", "args_json", default="[]", help="JSON array of positional arguments."
+        ),
+        click.option(
+            "--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments."
+        ),
+        click.option("--queue", default=None),
+        click.option("--delay", type=float, default=None),
+        click.option("--priority", type=int, default=None),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+@click.command()
+@click.argument("app")
+@click.argument("task_name")
+@enqueue_options
+def enqueue(
+    app: str,
+    task_name: str,
+    args_json: str,
+    kwargs_json: str,
+    queue: str | None,
+    delay: float | None,
+    priority: int | None,
+) -> None:
+    """Enqueue TASK_NAME of the PgQueue at APP with JSON arguments."""
+    enqueue_from_cli(load_app(app), task_name, args_json, kwargs_json, queue, delay, priority)
+
+
+def enqueue_from_cli(
+    pgq: PgQueue,
+    task_name: str,
+    args_json: str,
+    kwargs_json: str,
+    queue: str | None,
+    delay: float | None,
+    priority: int | None,
+) -> None:
+    try:
+        args = json.loads(args_json)
+        kwargs = json.loads(kwargs_json)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}") from None
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise click.BadParameter("--args must be a JSON array and --kwargs a JSON object")
+    task = pgq.registry.get(task_name)
+    job_id = task.configure(queue=queue, delay=delay, priority=priority).enqueue(*args, **kwargs)
+    echo(str(job_id))
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@json_option
+@database_option
+def explain(job_id: int, as_json: bool, database_url: str | None) -> None:
+    """Why isn't job JOB_ID running? One line per blocker."""
+    print_explanation(queue_for(database_url), job_id, as_json=as_json)
+
+
+def print_explanation(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
+    """Shared by ``pgqueue explain`` and ``flask pgqueue explain``: the job's state, then one
+    line per blocker (``--json``: the whole explanation on one line)."""
+    explanation = pgq.admin.explain_job(job_id)
+    if as_json:
+        print_json(explanation.to_dict())
+        return
+    echo(explanation.headline)
+    for blocker in explanation.blockers:
+        echo(f"  {blocker.kind.value}: {blocker.message}")

@@ -1,0 +1,85 @@
+"""``pgqueue migrate``: upgrade, downgrade or show pgqueue's schema revision, naming the sessions
+whose locks a migration waited for and refusing a downgrade that would destroy data unless told.
+"""
+
+from __future__ import annotations
+
+import click
+from sqlalchemy.exc import DBAPIError
+
+from pgqueue.cli.shared import CommandError, database_option, echo, queue_for
+from pgqueue.core import PgQueue
+from pgqueue.errors import DowngradeLosesData, is_insufficient_privilege, is_lock_timeout
+
+yes_option = click.option(
+    "--yes",
+    is_flag=True,
+    help="Downgrade even when it drops tables or columns that hold data (see the README).",
+)
+
+
+@click.command()
+@click.argument("action", type=click.Choice(["upgrade", "downgrade", "current"]), default="upgrade")
+@click.argument("revision", required=False)
+@yes_option
+@database_option
+def migrate(action: str, revision: str | None, yes: bool, database_url: str | None) -> None:
+    """Upgrade (default), downgrade, or show pgqueue's schema revision."""
+    run_migrate_command(queue_for(database_url), action, revision, yes=yes)
+
+
+def run_migrate_command(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> None:
+    """Shared by ``pgqueue migrate`` and ``flask pgqueue migrate``."""
+    try:
+        _migrate(pgq, action, revision, yes=yes)
+    except DowngradeLosesData as exc:
+        raise CommandError(
+            f"pgqueue migrate: {exc}; nothing changed: add --yes to drop it"
+        ) from None
+    except DBAPIError as exc:
+        if not is_insufficient_privilege(exc):
+            raise
+        # The expected failure for an application role with DML rights only: one line, no
+        # traceback (the transaction rolled back, nothing changed).
+        reason = str(exc.orig).strip().splitlines()[0]
+        raise click.ClickException(
+            f"pgqueue migrate: {reason} (SQLSTATE 42501): this database role may not change the "
+            "schema; run migrate as the schema owner"
+        ) from None
+
+
+def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> None:
+    from pgqueue import migrations
+    from pgqueue.migrations.blockers import BlockerWatch, session_pid
+
+    lock_timeout = pgq.settings.migration_lock_timeout
+    with pgq.engine.begin() as connection:
+        if action == "current":
+            current = migrations.current(connection)
+            head = migrations.head()
+            marker = " (head)" if current == head else f" (head is {head})"
+            echo(f"{current or 'none'}{marker}")
+            return
+        if action == "downgrade" and not revision:
+            raise click.UsageError("downgrade needs a REVISION (e.g. base)")
+        watch = BlockerWatch(pgq.engine, session_pid(connection))
+        try:
+            with watch:
+                if action == "downgrade":
+                    assert revision is not None
+                    migrations.downgrade(
+                        connection, revision, lock_timeout=lock_timeout, refuse_data_loss=not yes
+                    )
+                else:
+                    migrations.upgrade(connection, revision or "head", lock_timeout=lock_timeout)
+        except DBAPIError as exc:
+            if not is_lock_timeout(exc):
+                raise
+            blockers = "; ".join(b.describe() for b in watch.blockers) or "a session gone since"
+            raise CommandError(
+                f"pgqueue migrate: waited {lock_timeout:g} s (migration_lock_timeout) for a lock "
+                f"held by {blockers}; nothing changed: end that transaction, or migrate again "
+                "when it is done"
+            ) from None
+    with pgq.engine.connect() as connection:
+        echo(f"pgqueue schema at {migrations.current(connection) or 'base'}")

@@ -1,0 +1,101 @@
+"""The commands about queues: pause and resume them, limit their running jobs, bound their
+depth, and list the periodic schedules that feed them.
+"""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from pgqueue.cli.shared import console, database_option, echo, load_app, number_or_none, queue_for
+from pgqueue.core import PgQueue
+
+
+@click.command()
+@click.argument("app")
+def schedules(app: str) -> None:
+    """List the periodic schedules of the PgQueue at APP with their next run."""
+    print_schedules(load_app(app))
+
+
+def print_schedules(pgq: PgQueue) -> None:
+    """Shared by ``pgqueue schedules`` and ``flask pgqueue schedules``."""
+    import datetime as dt
+
+    from pgqueue.scheduler import describe
+
+    table = Table(title="pgqueue schedules")
+    for column in ("name", "cron", "time zone", "task", "missed", "next run (local)", "UTC"):
+        table.add_column(column)
+    for row in describe(list(pgq.schedules.values()), dt.datetime.now(dt.UTC)):
+        table.add_row(
+            row["name"],
+            row["cron"],
+            row["tz"],
+            row["task"],
+            row["missed"],
+            row["next_run_local"].strftime("%Y-%m-%d %H:%M:%S %Z"),
+            row["next_run_utc"].strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    console.print(table)
+
+
+@click.command()
+@click.argument("queue")
+@database_option
+def pause(queue: str, database_url: str | None) -> None:
+    """Stop all workers from claiming QUEUE's jobs (running jobs finish)."""
+    pause_queue(queue_for(database_url), queue)
+
+
+def pause_queue(pgq: PgQueue, queue: str) -> None:
+    """Shared by ``pgqueue pause`` and ``flask pgqueue pause``."""
+    pgq.admin.pause_queue(queue)
+    echo(f"queue {queue} paused")
+
+
+@click.command()
+@click.argument("queue")
+@database_option
+def resume(queue: str, database_url: str | None) -> None:
+    """Let workers claim QUEUE's jobs again."""
+    resume_queue(queue_for(database_url), queue)
+
+
+def resume_queue(pgq: PgQueue, queue: str) -> None:
+    """Shared by ``pgqueue resume`` and ``flask pgqueue resume``."""
+    pgq.admin.resume_queue(queue)
+    echo(f"queue {queue} resumed")
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("limit")
+@database_option
+def limit(queue: str, limit: str, database_url: str | None) -> None:
+    """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
+    limit_queue(queue_for(database_url), queue, limit)
+
+
+def limit_queue(pgq: PgQueue, queue: str, limit: str) -> None:
+    """Shared by ``pgqueue limit`` and ``flask pgqueue limit``."""
+    value = number_or_none(limit)
+    pgq.admin.set_queue_limit(queue, value)
+    echo(f"queue {queue}: limit {'removed' if value is None else value}")
+
+
+@click.command(name="max-depth")
+@click.argument("queue")
+@click.argument("max_depth")
+@database_option
+def max_depth(queue: str, max_depth: str, database_url: str | None) -> None:
+    """Refuse enqueues that would take QUEUE above MAX_DEPTH waiting jobs (``none`` removes
+    the bound)."""
+    bound_queue(queue_for(database_url), queue, max_depth)
+
+
+def bound_queue(pgq: PgQueue, queue: str, max_depth: str) -> None:
+    """Shared by ``pgqueue max-depth`` and ``flask pgqueue max-depth``."""
+    value = number_or_none(max_depth)
+    pgq.set_queue_max_depth(queue, value)
+    echo(f"queue {queue}: max depth {'removed' if value is None else value}")

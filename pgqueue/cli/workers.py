@@ -1,0 +1,284 @@
+"""``pgqueue worker`` and ``pgqueue workers``: run worker processes (one, or a supervised group
+with one metrics endpoint) after checking the schema, and list the worker registry.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from typing import Any
+
+import click
+from rich.table import Table
+from sqlalchemy.exc import DBAPIError
+
+from pgqueue import config
+from pgqueue.cli.shared import (
+    console,
+    database_option,
+    json_option,
+    load_app,
+    print_json,
+    problem_line,
+    queue_for,
+)
+from pgqueue.core import PgQueue
+from pgqueue.errors import is_bad_credentials, is_connection_error, pgqueue_logger
+
+log = pgqueue_logger("pgqueue.worker")
+
+
+def worker_options(function: Any) -> Any:
+    """The options of ``pgqueue worker`` (shared with ``flask pgqueue worker``)."""
+    options = [
+        click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all)."),
+        click.option("--concurrency", "-c", default=10, show_default=True, type=click.IntRange(1)),
+        click.option("--processes", "-p", default=1, show_default=True, type=click.IntRange(1)),
+        click.option("--no-listen", is_flag=True, help="Poll only, never LISTEN."),
+        click.option("--poll-interval", type=click.FloatRange(min=0.01), default=None),
+        click.option("--lease-seconds", type=click.FloatRange(min=0.1), default=None),
+        click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=None),
+        click.option("--drain", is_flag=True, help="Exit when no job is ready."),
+        click.option(
+            "--wait-for-database",
+            type=click.FloatRange(min=0),
+            is_flag=False,
+            flag_value=math.inf,
+            default=None,
+            envvar="PGQUEUE_WAIT_FOR_DATABASE",
+            metavar="[SECONDS]",
+            help="If the database cannot be reached at start, wait for it (for SECONDS, or "
+            "without a value for ever) instead of exiting with code 2 "
+            "(default: $PGQUEUE_WAIT_FOR_DATABASE).",
+        ),
+        click.option(
+            "--metrics-port",
+            type=click.IntRange(1, 65535),
+            default=None,
+            help="Serve Prometheus /metrics on this port (default: $PGQUEUE_METRICS_PORT).",
+        ),
+        click.option(
+            "--metrics-address",
+            default=None,
+            metavar="ADDRESS",
+            help="Address /metrics listens on: an IP address (0.0.0.0 or :: for every "
+            "interface) or a host name (default: $PGQUEUE_METRICS_ADDRESS, else 127.0.0.1).",
+        ),
+        # Given by the supervisor to its children: they stop when it is gone.
+        click.option("--supervisor-pid", type=int, default=None, hidden=True),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+@click.command()
+@click.argument("app")
+@worker_options
+def worker(app: str, **options: Any) -> None:
+    """Run workers for the PgQueue at APP (module:attribute)."""
+    pgq = load_app(app)
+    run_worker_command(pgq, app_argv=[app], **options)
+
+
+def run_worker_command(
+    pgq: PgQueue,
+    *,
+    app_argv: list[str],
+    queues: str | None,
+    concurrency: int,
+    processes: int,
+    no_listen: bool,
+    poll_interval: float | None,
+    lease_seconds: float | None,
+    shutdown_timeout: float | None,
+    drain: bool,
+    wait_for_database: float | None = None,
+    command_prefix: list[str] | None = None,
+    supervisor_pid: int | None = None,
+    metrics_port: int | None = None,
+    metrics_address: str | None = None,
+) -> None:
+    """Shared by ``pgqueue worker`` and ``flask pgqueue worker``."""
+    address = (
+        pgq.settings.metrics_address
+        if metrics_address is None
+        else config.metrics_address(metrics_address)
+    )
+    check_schema(pgq, wait_for_database=wait_for_database)
+    if processes > 1:
+        from pgqueue import metrics
+        from pgqueue.worker.supervisor import Supervisor
+
+        argv = [
+            "--concurrency",
+            str(concurrency),
+            *(["--queues", queues] if queues else []),
+            *(["--no-listen"] if no_listen else []),
+            *(["--poll-interval", str(poll_interval)] if poll_interval else []),
+            *(["--lease-seconds", str(lease_seconds)] if lease_seconds else []),
+            *(
+                ["--shutdown-timeout", str(shutdown_timeout)]
+                if shutdown_timeout is not None
+                else []
+            ),
+            *(["--drain"] if drain else []),
+            # Restarted while the server is down, a child waits for it: the group already
+            # started, and rides out an outage as a running worker does.
+            "--wait-for-database",
+        ]
+        pgq.url  # noqa: B018 - start the embedded server here so children share it
+        # The supervisor runs no statement after the schema check: close that check's pooled
+        # connection, so a host holds its worker processes' connections and not one more.
+        pgq.dispose()
+        prefix = command_prefix or [sys.executable, "-m", "pgqueue", "worker"]
+        command = [*prefix, *app_argv, *argv]
+        group_port = metrics_port or pgq.settings.metrics_port
+        if not group_port:
+            sys.exit(Supervisor(command, processes).run())
+        # One endpoint for the group: the children write to a shared directory it serves.
+        with metrics.serve_group(group_port, address) as child_exited:
+            code = Supervisor(command, processes, on_exit=child_exited).run()
+        sys.exit(code)
+    from pgqueue.worker import Worker
+
+    logging.getLogger("pgqueue").setLevel(min(logging.getLogger().level, logging.INFO))
+    w = Worker(
+        pgq,
+        queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+        concurrency=concurrency,
+        listen=False if no_listen else None,
+        poll_interval=poll_interval,
+        lease_seconds=lease_seconds,
+        shutdown_timeout=shutdown_timeout,
+        install_signal_handlers=True,
+        metrics_port=metrics_port if supervisor_pid is None else _child_metrics(),
+        metrics_address=address,
+    )
+    if supervisor_pid is not None:
+        from pgqueue.worker.supervisor import watch_supervisor
+
+        watch_supervisor(supervisor_pid, w.stop)
+    w.run(drain=drain)
+
+
+def _child_metrics() -> int:
+    """A supervisor's child records metrics into the group's directory (when the supervisor
+    serves one) and never serves a port itself: 0."""
+    from pgqueue import metrics
+
+    if metrics.multiprocess_dir() is not None:
+        metrics.enable()
+    return 0
+
+
+# A worker waiting for its database tries again after this long, doubling up to the longest
+# wait: a quick start when the server is nearly up, a line every few seconds at most otherwise.
+FIRST_DATABASE_WAIT = 0.5
+LONGEST_DATABASE_WAIT = 5.0
+
+
+def check_schema(pgq: PgQueue, *, wait_for_database: float | None = None) -> None:
+    """Refuse to go on unless pgqueue's schema is at this pgqueue's head (``SchemaNotCurrent``).
+
+    A database that cannot be reached (server down, login refused, TLS refused) ends the
+    command with its one-line error, so that a process manager restarts the worker. With
+    ``wait_for_database`` (seconds, ``math.inf`` for ever) such failures are logged one line
+    each, at most one every ``LONGEST_DATABASE_WAIT`` seconds, until the database answers and
+    the schema is checked, or the time is up and the last failure ends the command.
+    """
+    from pgqueue import migrations
+
+    deadline = None if wait_for_database is None else time.monotonic() + wait_for_database
+    delay = FIRST_DATABASE_WAIT
+    while True:
+        try:
+            with pgq.engine.connect() as connection:
+                migrations.check_schema(connection)
+            return
+        except DBAPIError as exc:
+            if deadline is None or not (is_connection_error(exc) or is_bad_credentials(exc)):
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            pause = min(delay, left)
+            problem = problem_line(exc, lambda: pgq.engine.url.database) or str(exc)
+            log.warning("waiting for the database: %s; next try in %.1fs", problem, pause)
+            time.sleep(pause)
+            delay = min(delay * 2, LONGEST_DATABASE_WAIT)
+
+
+include_stale_option = click.option(
+    "--all",
+    "include_stale",
+    is_flag=True,
+    help="Also list workers gone stale (killed or cut off) whose rows are not deleted yet.",
+)
+
+
+@click.command()
+@include_stale_option
+@json_option
+@database_option
+def workers(include_stale: bool, as_json: bool, database_url: str | None) -> None:
+    """List the running worker processes (the worker registry)."""
+    print_workers(queue_for(database_url), include_stale=include_stale, as_json=as_json)
+
+
+def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
+    """Shared by ``pgqueue workers`` and ``flask pgqueue workers``."""
+    import datetime as dt
+
+    found = pgq.admin.list_workers(include_stale=include_stale)
+    if as_json:
+        print_json(
+            [
+                {
+                    "id": w.id,
+                    "host": w.host,
+                    "pid": w.pid,
+                    "queues": list(w.queues),
+                    "concurrency": w.concurrency,
+                    "version": w.version,
+                    "started_at": w.started_at.isoformat(),
+                    "last_seen_at": w.last_seen_at.isoformat(),
+                    "seconds_since_seen": round(w.seconds_since_seen, 3),
+                    "live": w.live,
+                    "running": w.running,
+                    "healthy": w.healthy,
+                    "claim_error": w.claim_error,
+                    "seconds_failing": (
+                        None if w.seconds_failing is None else round(w.seconds_failing, 3)
+                    ),
+                    "tasks": None if w.tasks is None else list(w.tasks),
+                }
+                for w in found
+            ]
+        )
+        return
+    table = Table(title=f"pgqueue workers ({pgq.settings.worker_stale_seconds:g}s to stale)")
+    columns = ("id", "host", "pid", "queues", "concurrency", "running", "version", "started")
+    for column in (*columns, "last seen", "health"):
+        table.add_column(column, justify="right" if column in ("pid", "running") else "left")
+    for w in found:
+        health = (
+            "ok"
+            if w.claim_error is None
+            else f"claims failing for {w.seconds_failing or 0:.0f}s: {w.claim_error}"
+        )
+        table.add_row(
+            w.id,
+            w.host,
+            str(w.pid),
+            ",".join(w.queues) or "*",
+            str(w.concurrency),
+            str(w.running),
+            w.version,
+            f"{w.started_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}",
+            f"{w.seconds_since_seen:.0f}s ago" + ("" if w.live else " (stale)"),
+            health,
+        )
+    console.print(table)

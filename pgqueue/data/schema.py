@@ -1,0 +1,54 @@
+"""The migrations' own reads and settings (``sql.schema``): a transaction's timeouts, the
+sessions that block a migration, and whether what a downgrade would destroy holds data; over
+``db.Executor``, never committing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.sql import schema as schema_sql
+
+
+def current_timeouts(db: SessionOrExecutor) -> tuple[str, str]:
+    """``(statement_timeout, lock_timeout)`` of the current transaction, as text."""
+    statement_timeout, lock_timeout = executor_for(db).rows(schema_sql.current_timeouts())[0]
+    return str(statement_timeout), str(lock_timeout)
+
+
+def set_timeouts(db: SessionOrExecutor, statement_timeout: str, lock_timeout: str) -> None:
+    """Set ``statement_timeout`` and ``lock_timeout`` (text, as ``current_timeouts`` gives
+    them or milliseconds) for the rest of the current transaction only."""
+    params = {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout}
+    executor_for(db).rows(schema_sql.set_timeouts(), params)
+
+
+def backend_pid(db: SessionOrExecutor) -> int:
+    """The server process id of the session."""
+    return int(executor_for(db).rows(schema_sql.backend_pid())[0][0])
+
+
+def blocking_sessions(db: SessionOrExecutor, pid: int) -> Sequence[Any]:
+    """``(pid, application_name, state, seconds in transaction, seconds in state, query)`` of
+    each session that blocks session ``pid`` from the lock it waits for, by pid."""
+    return executor_for(db).rows(schema_sql.blocking_sessions(), {"pid": pid})
+
+
+def table_has_rows(db: SessionOrExecutor, table: str) -> bool:
+    """Whether ``table`` (a partitioned one: any of its partitions) holds a row."""
+    return bool(executor_for(db).rows(schema_sql.table_has_rows(table))[0][0])
+
+
+def column_holds_values(db: SessionOrExecutor, table: str, column: str, default: Any) -> bool:
+    """Whether some row of ``table`` holds a value in ``column`` other than NULL and
+    ``default`` (None: no default to discount)."""
+    statement = schema_sql.column_holds_values(table, column, default)
+    return bool(executor_for(db).rows(statement)[0][0])
+
+
+def rows_where_equal(db: SessionOrExecutor, table: str, column: str, value: Any) -> bool:
+    """Whether some row of ``table`` has ``column`` equal to ``value``."""
+    statement = schema_sql.rows_where_equal(table, column, value)
+    return bool(executor_for(db).rows(statement)[0][0])
