@@ -21,7 +21,9 @@ def set_queue_control(
     paused: bool | None = None,
     concurrency_limit: int | bool | None = False,
 ) -> None:
-    """Upsert a queue's switches; ``concurrency_limit=False`` leaves the limit as it is."""
+    """Upsert a queue's switches; ``concurrency_limit=False`` leaves the limit as it is. Setting
+    a limit (re)starts the queue's counter from its RUNNING jobs: call inside a transaction
+    (READ COMMITTED), as the recount must be a later statement than the row's lock."""
     params: dict[str, Any] = {"name": name}
     if paused is not None:
         params["paused"] = paused
@@ -29,7 +31,10 @@ def set_queue_control(
     if set_limit:
         params["concurrency_limit"] = concurrency_limit
     statement = control.set_queue_control(paused=paused is not None, limit=set_limit)
-    executor_for(db).rows(statement, params)
+    ex = executor_for(db)
+    ex.rows(statement, params)
+    if set_limit:
+        ex.rows(control.recount_queue(), {"names": [name]})
 
 
 def queue_controls(session: Session) -> list[Any]:

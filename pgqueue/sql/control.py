@@ -24,9 +24,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from pgqueue.models import Job, PeriodicTick, QueueControl
 from pgqueue.sql.common import (
     array_param,
-)
-from pgqueue.states import (
-    JobState,
+    recounted,
 )
 
 # The first key of the two-key advisory locks that serialise the recording of one schedule's
@@ -36,26 +34,34 @@ SCHEDULE_LOCK_CLASS: Final = 0x70677374
 
 @cache
 def set_queue_control(*, paused: bool, limit: bool) -> Any:
-    """Create or update a queue's control row. Binds ``name`` and ``paused`` and/or
-    ``concurrency_limit`` (null removes the limit). Setting a limit starts the ``running``
-    counter from the queue's RUNNING jobs, so jobs already running count against it."""
+    """Create or update a queue's control row, locking it. Binds ``name`` and ``paused`` and/or
+    ``concurrency_limit`` (null removes the limit). A new limit's ``running`` counter is set
+    by ``recount_queue``, a later statement of the same transaction."""
     name = bindparam("name", type_=Text)
     values: dict[str, Any] = {"name": name, "updated_at": func.now()}
     if paused:
         values["paused"] = bindparam("paused", type_=Boolean)
     if limit:
         values["concurrency_limit"] = bindparam("concurrency_limit", type_=Integer)
-        values["running"] = (
-            select(func.count())
-            .select_from(Job)
-            .where(Job.queue == name, Job.state == JobState.RUNNING.value)
-            .scalar_subquery()
-        )
     stmt = pg_insert(QueueControl).values(**values)
     return stmt.on_conflict_do_update(
         index_elements=[QueueControl.name],
         set_={k: stmt.excluded[k] for k in values if k != "name"},
     )
+
+
+@cache
+def recount_queue() -> Any:  # a ReturningUpdate
+    """Start the ``running`` counter of the queues ``names`` (array) from their RUNNING jobs,
+    so jobs already running count against a limit just set.
+
+    Run after ``set_queue_control`` locked the row, as a later statement of its transaction,
+    never in the same statement: a statement counts from the snapshot it began with, and a
+    claim that was counting a job against the queue then held the row and committed while the
+    upsert waited for it. Counted before that wait, such a job is forgotten and the queue runs
+    one over its limit; counted after it, the claim is seen, and a job leaving RUNNING now
+    still counts, since its statement waits for the row to lower the counter after this one."""
+    return recounted(QueueControl.name, QueueControl.running, Job.queue, "names")
 
 
 @cache

@@ -186,15 +186,20 @@ def limits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
 def _end(s: Snapshot, facts: Facts, run: Run) -> float:
     if run.ended is not None:
         return run.ended
-    # A run without its end mark ended before the job's next run began, in this process or
-    # another (a job runs one attempt at a time, or the overlap is invariant 3's or 4's).
-    later = [r.started for r in s.runs[run.job_id] if r.started > run.started]
-    next_start = min(later) if later else None
+    # A run without its end mark (its handler's last write failed, or its process died) ended
+    # before its attempt's outcome was written, and before the job's next run began, in this
+    # process or another (a job runs one attempt at a time, or the overlap is invariant 3's or
+    # 4's). The outcome bounds it first: the next run may start long after it (a retry's
+    # backoff, a wait for room in the queue), and the run no longer held a slot in between.
+    bounds = [r.started for r in s.runs[run.job_id] if r.started > run.started]
     killed = facts.killed.get(run.pid)
     if killed is not None and killed >= run.started:
-        return killed if next_start is None else min(killed, next_start)
-    if next_start is not None:
-        return next_start
+        bounds.append(killed)
+    outcome = s.attempt_ended(run)
+    if outcome is not None:
+        bounds.append(max(outcome, run.started))
+    if bounds:
+        return min(bounds)
     job = s.jobs[run.job_id]
     if job.state == "running":
         return s.now  # still running

@@ -70,6 +70,21 @@ class Snapshot:
         failed attempt by pgqueue, ``AtomicTransactionLost`` and its subclass)."""
         return any(e.startswith(TRANSACTION_LOST) for e in self.errors_for(run.job_id, run.attempt))
 
+    def attempt_ended(self, run: Run) -> float | None:
+        """When the outcome of the run's attempt was written (the attempt left RUNNING, giving
+        back its job's slots): its recorded error's time, or the job's ``finished_at`` when the
+        job ended with that attempt; None while it is unknown (the attempt is running, or ended
+        without a record: a snooze, a release)."""
+        job = self.jobs[run.job_id]
+        times = [
+            dt.datetime.fromisoformat(e["at"]).timestamp()
+            for e in job.errors or []
+            if e.get("attempt") == run.attempt and e.get("at")
+        ]
+        if job.state in FINAL and job.attempts == run.attempt and job.finished_at is not None:
+            times.append(job.finished_at.timestamp())
+        return min(times, default=None)
+
     def rescued(self, run: Run) -> bool:
         """Whether the run's attempt ended by lease expiry (the rescuer took the job back)."""
         return any(e.startswith(LEASE_EXPIRED) for e in self.errors_for(run.job_id, run.attempt))

@@ -16,6 +16,8 @@ from sqlalchemy.engine import URL
 
 from pgqueue import JobState, PgQueue
 from pgqueue.data import claim as claim_data
+from pgqueue.data import claim_choice
+from pgqueue.db import ConnectionExecutor
 from pgqueue.testing import ConcurrencyProbe, states_of, wait_for_states
 from pgqueue.worker import Worker
 
@@ -156,3 +158,77 @@ def test_limit_set_while_a_worker_runs_holds_at_once(
         worker.stop()
         thread.join(timeout=30)
     assert probe.peak == 1
+
+
+def _wait_for_lock_waiter(pgq: PgQueue, statement: str, timeout: float = 10.0) -> None:
+    """Until another session of this database waits for a lock in a statement that starts
+    with ``statement``."""
+    deadline = time.monotonic() + timeout
+    with pgq.engine.connect() as connection:
+        while True:
+            waiting = connection.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+                    " AND ltrim(query) LIKE :statement"
+                ),
+                {"statement": f"{statement}%"},
+            ).scalar_one()
+            connection.rollback()
+            if waiting:
+                return
+            assert time.monotonic() < deadline, f"no {statement} waits for a lock"
+            time.sleep(0.02)
+
+
+def test_a_limit_set_while_a_claim_waits_keeps_that_claim_counted(pgq: PgQueue) -> None:
+    """Setting a limit starts the counter from the queue's RUNNING jobs. A claim that counted
+    a job against the queue while waiting for that job's row (another transaction holds it, an
+    application's or an operator's) holds the queue's row until it commits; the limit's count
+    waits for that row and must see the claimed job. Counted from what was committed when the
+    setting began, the counter forgets the job, and the queue runs one over its limit."""
+
+    @pgq.task(queue="q3", name="held")
+    def held() -> None:
+        pass
+
+    pgq.set_queue_limit("q3", 1)
+    first = held.enqueue()
+    second = held.enqueue()
+
+    def claim() -> list[int]:
+        autocommit = pgq.engine.execution_options(isolation_level="AUTOCOMMIT")
+        with autocommit.connect() as connection:
+            jobs = claim_data.claim(
+                ConnectionExecutor(connection),
+                worker_id="limit-test",
+                limit=2,
+                queues=["q3"],
+                lease_seconds=30,
+                task_leases={},
+                limits=claim_choice.LimitsSeen(),
+                autocommit=True,
+            )
+        return [job.id for job in jobs]
+
+    claimed: list[int] = []
+    claimer = threading.Thread(target=lambda: claimed.extend(claim()))
+    setter = threading.Thread(target=pgq.set_queue_limit, args=("q3", 1))
+    with pgq.engine.begin() as locker:
+        locker.execute(text("SELECT 1 FROM pgqueue_jobs WHERE id = :id FOR UPDATE"), {"id": first})
+        claimer.start()
+        _wait_for_lock_waiter(pgq, "WITH")  # the claim, holding the queue's row
+        setter.start()
+        _wait_for_lock_waiter(pgq, "INSERT INTO pgqueue_queues")
+    for thread in (claimer, setter):
+        thread.join(30)
+        assert not thread.is_alive()
+    assert claimed == [first]
+    # The queue is at its limit: the second job waits.
+    assert claim() == []
+    assert states_of(pgq, [first, second]) == {first: JobState.RUNNING, second: JobState.QUEUED}
+    with pgq.engine.connect() as connection:
+        running = connection.execute(
+            text("SELECT running FROM pgqueue_queues WHERE name = 'q3'")
+        ).scalar_one()
+    assert running == 1
