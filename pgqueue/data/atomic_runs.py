@@ -15,8 +15,9 @@ from pgqueue.states import JobState
 def record_atomic_run(db: SessionOrExecutor, job: ClaimedJob, worker_id: str) -> bool:
     """Record, on a connection other than the claim's and committed at once, that ``job``'s
     handler starts its attempt (``sql.atomic_runs.record_run``). False when a run of that
-    attempt is already recorded: an earlier run's transaction was lost and must be counted
-    before the handler may run again."""
+    attempt is already recorded (an earlier run's transaction was lost and must be counted
+    before the handler may run again), or when the claim is stale: its transaction ended and
+    the job moved on, so the handler must not run."""
     params = {"job_id": job.id, "attempt": job.attempt, "worker": worker_id}
     return bool(executor_for(db).rows(atomic_runs.record_run(), params))
 

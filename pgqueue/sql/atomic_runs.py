@@ -20,11 +20,14 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
+    and_,
     bindparam,
     case,
     delete,
+    exists,
     func,
     null,
+    or_,
     select,
     update,
 )
@@ -32,20 +35,37 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from pgqueue.models import AtomicRun, Job, MessageQueue
 from pgqueue.sql.common import announced, append_error, seconds, source_states
-from pgqueue.states import LOST_FAIL, LOST_RETRY
+from pgqueue.states import LOST_FAIL, LOST_RETRY, JobState
 
 
 @cache
 def record_run() -> Insert:
     """Record that the handler of job ``job_id`` starts attempt ``attempt`` on ``worker``;
     returns the row, or nothing when a run of that attempt is already recorded (its
-    transaction was lost: that attempt must be counted first)."""
+    transaction was lost: that attempt must be counted first) or when the job's committed row
+    says the claim is stale: an in-transaction claim sees the count before its attempt, a
+    committed claim its own RUNNING attempt under ``worker``. Anything else means the claim's
+    transaction ended (its connection was cut while the worker was frozen, say) and the job
+    moved on: the attempt was counted or run elsewhere, and its handler must not run."""
+    job_id = bindparam("job_id", type_=BigInteger)
+    attempt = bindparam("attempt", type_=Integer)
+    worker = bindparam("worker", type_=Text)
+    current = exists().where(
+        Job.id == job_id,
+        or_(
+            Job.attempts < attempt,
+            and_(
+                Job.state == JobState.RUNNING,
+                Job.attempts == attempt,
+                Job.lease_owner == worker,
+            ),
+        ),
+    )
     return (
         pg_insert(AtomicRun)
-        .values(
-            job_id=bindparam("job_id", type_=BigInteger),
-            attempt=bindparam("attempt", type_=Integer),
-            worker=bindparam("worker", type_=Text),
+        .from_select(
+            [AtomicRun.job_id, AtomicRun.attempt, AtomicRun.worker],
+            select(job_id, attempt, worker).where(current),
         )
         .on_conflict_do_nothing(index_elements=[AtomicRun.job_id, AtomicRun.attempt])
         .returning(AtomicRun.job_id)

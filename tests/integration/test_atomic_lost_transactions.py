@@ -21,6 +21,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from pgqueue import JobContext, JobState, PgQueue, backoff
+from pgqueue.data import atomic_runs as atomic_runs_data
 from pgqueue.data import claim as claim_data
 from pgqueue.worker import Worker
 
@@ -241,3 +242,59 @@ def test_a_lost_attempt_is_counted_even_while_another_session_holds_its_ticket(
     assert len(runs) == MAX_ATTEMPTS, f"{len(runs)} handler runs: {runs[:10]}"
     assert (job.state, job.attempts) == (JobState.FAILED, MAX_ATTEMPTS)
     assert [entry["attempt"] for entry in job.errors] == [1, 2, 3]
+
+
+def test_a_stale_claim_whose_transaction_ended_does_not_record_a_run(
+    pgq: PgQueue, engine: Engine, running_worker: Callable[..., Worker]
+) -> None:
+    """A worker frozen right after its in-transaction claim answered, whose connection was cut
+    meanwhile: the claim rolled back and another worker ran the job to its end. When the frozen
+    worker wakes, the run record it writes before calling the handler is refused, so the handler
+    does not run a second time; a live claim's record is accepted."""
+    runs: list[int] = []
+
+    @pgq.task(name="atomic.once", atomic=True, pass_context=True, max_attempts=3)
+    def once(ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
+
+    job_id = once.enqueue()
+    stale: Session = pgq.handler_session()
+    stale.begin()
+    [claimed] = claim_data.claim(
+        stale,
+        worker_id="frozen",
+        limit=1,
+        queues=None,
+        lease_seconds=30,
+        task_leases={},
+        atomic=True,
+    )
+    assert (claimed.id, claimed.attempt) == (job_id, 1)
+    pid = stale.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar()
+    with engine.connect() as admin:
+        admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    running_worker(1)
+    assert _wait_final(pgq, job_id, timeout=20).state is JobState.SUCCEEDED
+    assert runs == [1]
+    with pgq.sessions() as other:
+        assert not atomic_runs_data.record_atomic_run(other, claimed, "frozen")
+        other.commit()
+    stale.invalidate()  # its connection was cut
+
+    live_id = once.enqueue()
+    live: Session = pgq.handler_session()
+    with live.begin():
+        [fresh] = claim_data.claim(
+            live,
+            worker_id="live",
+            limit=1,
+            queues=None,
+            lease_seconds=30,
+            task_leases={},
+            atomic=True,
+        )
+        assert fresh.id == live_id
+        with pgq.sessions() as other:
+            assert atomic_runs_data.record_atomic_run(other, fresh, "live")
+            other.commit()
+    live.close()
