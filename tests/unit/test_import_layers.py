@@ -200,7 +200,6 @@ SQL_IMPORT_ALLOWLIST = frozenset(
         "pgqueue.migrations",  # sql.schema, the schema's own checks
         "pgqueue.migrations.blockers",  # sql.schema
         "pgqueue.migrations.losses",  # sql.schema
-        "pgqueue.steps",  # sql.steps, the durable steps' reads and writes
         "pgqueue.testing",  # sql.admin, the test assertions' reads
         "pgqueue.waiting",  # sql.common.ALL_FINISHED, the states a wait ends on
     }
@@ -214,7 +213,6 @@ EXECUTOR_MODULES = frozenset({"pgqueue.db", "pgqueue.driver"})
 ROWS_CALL_ALLOWLIST = frozenset(
     {
         "pgqueue.explain",  # the diagnosis's reads
-        "pgqueue.steps",  # the durable steps' reads and writes
     }
 )
 
