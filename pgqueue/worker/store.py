@@ -72,15 +72,21 @@ class WorkerStore:
         *,
         give_up_when_stopping: bool,
         autocommit: bool = True,
+        failed: Callable[[BaseException, float], None] | None = None,
+        through_timeouts: bool = False,
     ) -> T:
+        """``work`` as one unit of work (``uow.run``: its retry policy for transient conflicts),
+        kept trying through an outage (``_keep_trying``)."""
         database = self._database
-        return self._retry(
+        return self._keep_trying(
             what,
-            lambda: database.run(work, autocommit=autocommit),
+            lambda: uow.run(database, work, autocommit=autocommit),
             give_up_when_stopping=give_up_when_stopping,
+            failed=failed,
+            through_timeouts=through_timeouts,
         )
 
-    def _retry(
+    def _keep_trying(
         self,
         what: str,
         once: Callable[[], T],
@@ -89,23 +95,20 @@ class WorkerStore:
         failed: Callable[[BaseException, float], None] | None = None,
         through_timeouts: bool = False,
     ) -> T:
-        """``once()``, again (capped exponential backoff) after a lost connection or a
-        transient conflict. Each such failure is logged, or given to ``failed`` (the error, the
-        delay before the next try) when the caller reports them itself. With
-        ``through_timeouts``, a statement or lock timeout is retried too. Once the worker is
-        stopping, work that does not give up at once is retried for ``SHUTDOWN_WRITE_PATIENCE``
-        seconds at most, without a line per failure: the shutdown reports what it could not
-        write, once."""
+        """``once()`` (a unit of work that already retried what its policy retries), again
+        with capped exponential backoff while the database is unreachable or keeps conflicting:
+        a worker rides out an outage instead of crashing. Each such failure is logged, or given
+        to ``failed`` (the error, the delay before the next try) when the caller reports them
+        itself. With ``through_timeouts``, a statement or lock timeout is tried again too. Once
+        the worker is stopping, work that does not give up at once is tried for
+        ``SHUTDOWN_WRITE_PATIENCE`` seconds at most, without a line per failure: the shutdown
+        reports what it could not write, once."""
         delay = 0.05
         while True:
             try:
                 return once()
             except (DBAPIError, OperationalError) as exc:
-                if not (
-                    is_connection_error(exc)
-                    or is_transient_conflict(exc)
-                    or (through_timeouts and is_timeout(exc))
-                ):
+                if not _outage(exc, through_timeouts=through_timeouts):
                     raise
                 if self._stopping.is_set():
                     if give_up_when_stopping or self._shutdown_patience_spent():
@@ -181,7 +184,7 @@ class WorkerStore:
         try:
             return claim_on(self._claim_connection)
         except (DBAPIError, OperationalError) as exc:
-            if not (is_connection_error(exc) or is_transient_conflict(exc)):
+            if not _outage(exc, through_timeouts=False):
                 raise
             if self._stopping.is_set():
                 raise
@@ -202,13 +205,7 @@ class WorkerStore:
                 return orphans
             return claim_on(db)
 
-        database = self._database
-        return self._retry(
-            "claim",
-            lambda: database.run(work, autocommit=True),
-            give_up_when_stopping=True,
-            failed=failed,
-        )
+        return self._run("claim", work, give_up_when_stopping=True, failed=failed)
 
     def claim_atomic_controlled(
         self,
@@ -268,16 +265,12 @@ class WorkerStore:
         each row lock is waited for that long at most, and a timeout is raised, not retried:
         the caller writes what is not blocked and keeps the rest for later."""
         items = list(outcomes)
-        database = self._database
         wait_ms = None if lock_wait is None else max(1, round(lock_wait * 1000))
-        return self._retry(
+        return self._run(
             "record outcomes",
-            lambda: uow.run(
-                database,
-                lambda db: outcomes_data.record_outcomes(db, items, lock_wait_ms=wait_ms),
-                attempts=1,
-            ),
+            lambda db: outcomes_data.record_outcomes(db, items, lock_wait_ms=wait_ms),
             give_up_when_stopping=False,
+            autocommit=False,
             through_timeouts=lock_wait is None,
         )
 
@@ -437,3 +430,14 @@ class WorkerStore:
             lambda db: claim_data.ready_ticket_exists(db, queues, excluded),
             give_up_when_stopping=True,
         )
+
+
+def _outage(exc: BaseException, *, through_timeouts: bool) -> bool:
+    """Whether the worker keeps trying after ``exc``: the connection is gone, or conflicts
+    outlasted the unit of work's own retries, or (``through_timeouts``) a statement or lock
+    timed out."""
+    return (
+        is_connection_error(exc)
+        or is_transient_conflict(exc)
+        or (through_timeouts and is_timeout(exc))
+    )
