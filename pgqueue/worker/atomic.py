@@ -153,7 +153,7 @@ class AtomicProbes:
         try:
             with session.begin():
                 if committed:
-                    jobs = committed if claim_data.lock_claimed(session, committed[0]) else []
+                    jobs = committed if atomic_runs_data.lock_claimed(session, committed[0]) else []
                 else:
                     jobs = claim_data.claim(
                         session,

@@ -28,7 +28,7 @@ from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
 from pgqueue.data import outcomes as outcomes_data
 from pgqueue.data import workers as workers_data
-from pgqueue.data.claim_choice import LimitsSeen
+from pgqueue.data.claim import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import (
     error_line,

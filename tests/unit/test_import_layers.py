@@ -228,7 +228,6 @@ LONG_MODULE_ALLOWLIST = frozenset(
         "pgqueue.core",
         "pgqueue.explain",
         "pgqueue.models",
-        "pgqueue.sql.claim",
     }
 )
 
