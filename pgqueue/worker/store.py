@@ -1,11 +1,15 @@
-"""The worker's access to the database: data-layer calls on its ``db.Database``, with retry.
+"""The worker's access to the database: data-layer calls on its ``db.Database``, each one unit
+of work of ``uow`` (its retry policy for transient conflicts), kept trying through an outage.
 
 Most worker operations (claim, heartbeat, checks) are a single statement, so they run in
 autocommit mode: one round trip, no BEGIN/COMMIT, and no transaction left open while handlers
 run. Writes that end jobs run in one transaction with the settling of their dependents. When
 the connection is lost (terminated backend, server restart) the pool drops it and the
 operation is tried again on a fresh connection with capped exponential backoff, so the worker
-rides out outages instead of crashing.
+rides out outages instead of crashing (``_keep_trying``).
+
+Each service names the calls it makes in a protocol of its own (``worker.claimer.ClaimStore``,
+``worker.completer.OutcomeStore`` and so on); this class is all of them.
 """
 
 from __future__ import annotations
