@@ -3,8 +3,9 @@ conflicts, for the synchronous and the asyncio paths alike.
 
 ``run`` gives work an executor of a ``db.Database`` in one transaction, or in autocommit mode
 (each statement its own transaction: no ``BEGIN``/``COMMIT`` round trip). ``run_in_transaction``
-does the same with a ``Session`` of a session factory, for work that wants the ORM.
-``apart_from`` runs work in a transaction beside a caller's session, on the same bind.
+does the same with a ``Session`` of a session factory, for work that wants the ORM, and
+``read`` without a commit. ``apart_from`` runs work in a transaction beside a caller's session,
+on the same bind.
 ``pgqueue.aio`` runs its units of work through ``aretrying``, the same policy awaited.
 
 The retry decision is ``RetryPolicy.pause_after``, and nothing else decides: after a deadlock
@@ -129,6 +130,12 @@ def in_caller_or_own_transaction(
     if session is not None:
         return work(session)
     return run_in_transaction(sessions, work)
+
+
+def read(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
+    """``work(session)`` in a session of its own, ended without a commit (reads)."""
+    with sessions() as session:
+        return work(session)
 
 
 def apart_from(session: Session, work: Callable[[Executor], T]) -> T:
