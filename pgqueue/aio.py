@@ -9,24 +9,23 @@ synchronous path does too (no blocking call), so the event loop is never held. `
 SQLAlchemy construct, is awaited on the psycopg ``AsyncConnection`` under the adapter
 (``BridgedExecutor``).
 
-Retries follow ``uow``: a unit of work of pgqueue's own runs again after a deadlock or
-serialization failure (its pause awaited, not slept); work in a caller's session is never
-retried or committed here, because only the caller knows whether its other work may repeat.
+Retries are ``uow``'s policy (``uow.aretrying``): a unit of work of pgqueue's own runs again
+after a deadlock or serialization failure (its pause awaited, not slept); work in a caller's
+session is never retried or committed here, because only the caller knows whether its other
+work may repeat.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
 
 from pgqueue.db import ConnectionExecutor, Executor, watches_statements
 from pgqueue.errors import ConfigurationError, ValidationError
-from pgqueue.uow import DEFAULT_ATTEMPTS, Retries
+from pgqueue.uow import DEFAULT_ATTEMPTS, aretrying
 
 T = TypeVar("T")
 
@@ -106,7 +105,7 @@ class AsyncDatabase:
                 async with connection.begin():
                     return await connection.run_sync(lambda sync: work(BridgedExecutor(sync)))
 
-        return await retrying(once, attempts)
+        return await aretrying(once, attempts)
 
     async def in_caller_or_own_session(
         self, session: AsyncSession | None, work: Callable[[Session], T]
@@ -120,22 +119,9 @@ class AsyncDatabase:
             async with self.sessions() as own, own.begin():
                 return await own.run_sync(work)
 
-        return await retrying(once, DEFAULT_ATTEMPTS)
+        return await aretrying(once, DEFAULT_ATTEMPTS)
 
     async def read(self, work: Callable[[Session], T]) -> T:
         """``work(session)`` in a session of its own, ended without a commit."""
         async with self.sessions() as own:
             return await own.run_sync(work)
-
-
-async def retrying(once: Callable[[], Awaitable[T]], attempts: int) -> T:
-    """``await once()``, run again as ``uow.retrying`` runs its work (``uow.Retries``)."""
-    retries = Retries(attempts)
-    while True:
-        try:
-            return await once()
-        except DBAPIError as exc:
-            pause = retries.pause_after(exc)
-            if pause is None:
-                raise
-            await asyncio.sleep(pause)

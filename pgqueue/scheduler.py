@@ -175,8 +175,7 @@ class Scheduler:
             if value.tzinfo is None:
                 raise ValidationError("the scheduler clock must return aware datetimes")
             return value.astimezone(UTC)
-        with self.sessions() as session:
-            return control_data.database_now(session).astimezone(UTC)
+        return uow.read(self.sessions, control_data.database_now).astimezone(UTC)
 
     def run_pending(self) -> list[int]:
         """Enqueue every due tick of every schedule; return the ids of jobs this call created."""
@@ -184,8 +183,8 @@ class Scheduler:
         if not schedules:
             return []
         now = self.now()
-        with self.sessions() as session:
-            last = control_data.last_ticks(session, [s.name for s in schedules])
+        names = [s.name for s in schedules]
+        last = uow.read(self.sessions, lambda session: control_data.last_ticks(session, names))
         created: list[int] = []
         for schedule in schedules:
             since = last.get(schedule.name) or self._first_seen.setdefault(schedule.name, now)

@@ -5,7 +5,7 @@ rescue after a crash) gets the saved result back without calling ``fn``. Where i
 depends on how the job runs:
 
 - leased: in a short transaction of its own on the handlers' engine, right after ``fn``
-  returns, fenced by the job's lease (``sql.steps.save_step``): a worker that lost the lease
+  returns, fenced by the job's lease (``data.steps.save``): a worker that lost the lease
   saves nothing and gets ``LeaseLost``;
 - atomic: in the job's own claim transaction, inside a savepoint around ``fn``, so the step's
   writes in ``ctx.session`` and its saved result commit together or roll back together.
@@ -18,21 +18,18 @@ step, the same in every attempt on every worker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import threading
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any, Final
 
-from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, SessionTransaction
 
-from pgqueue import validation
-from pgqueue.db import ConnectionExecutor, Executor, executor_for
-from pgqueue.errors import LeaseLost, ValidationError
-from pgqueue.sql import steps as steps_sql
+from pgqueue import uow, validation
+from pgqueue.data import steps as steps_data
+from pgqueue.errors import ValidationError
 
 __all__ = ["STEP_NAME_MAX", "AttemptSteps", "arun_step", "run_step", "step_key", "step_name"]
 
@@ -62,26 +59,6 @@ def step_key(job_id: int, name: object) -> str:
     an HTTP header value), the same in every attempt and on every worker, different for
     another job or another name."""
     return str(uuid.uuid5(_KEY_NAMESPACE, f"{job_id}/{step_name(name)}"))
-
-
-# --- operations -------------------------------------------------------------------------------
-
-
-def load_saved(db: Session | Executor, job_id: int) -> dict[str, str]:
-    """``{name: result as JSON text}`` of the saved steps of job ``job_id``."""
-    rows = executor_for(db).rows(steps_sql.saved_steps(), {"job_id": job_id})
-    return {name: result for name, result in rows}
-
-
-def save(db: Session | Executor, job_id: int, token: uuid.UUID, name: str, result: str) -> None:
-    """Save step ``name`` of job ``job_id`` with ``result`` (JSON text) under lease ``token``.
-    Raises LeaseLost when that lease is no longer the job's."""
-    params: Mapping[str, Any] = {"job_id": job_id, "token": token, "name": name, "result": result}
-    if not executor_for(db).rows(steps_sql.save_step(), params):
-        raise LeaseLost(
-            f"step {name!r} of job {job_id} was not saved: this worker no longer holds the "
-            "job's lease (it expired and the job was rescued, or the job was deleted)"
-        )
 
 
 # --- one attempt ------------------------------------------------------------------------------
@@ -186,34 +163,20 @@ class AttemptSteps:
 
     def _load(self) -> dict[str, str]:
         if self._atomic:
-            return load_saved(self._session(), self.job_id)
-        with self._own_transaction() as db:
-            return load_saved(db, self.job_id)
+            return steps_data.load_saved(self._session(), self.job_id)
+        return uow.apart_from(self._session(), lambda db: steps_data.load_saved(db, self.job_id))
 
     def _save(self, name: str, encoded: str) -> None:
         if self._atomic:
-            save(self._session(), self.job_id, self._token, name, encoded)
+            steps_data.save(self._session(), self.job_id, self._token, name, encoded)
             savepoint, self._savepoint = self._savepoint, None
             if savepoint is not None:
                 savepoint.commit()
             return
-        with self._own_transaction() as db:
-            save(db, self.job_id, self._token, name, encoded)
-
-    @contextlib.contextmanager
-    def _own_transaction(self) -> Iterator[ConnectionExecutor]:
-        """A transaction apart from the handler's session, on its engine; on the connection a
-        session is bound to (a test's), a savepoint of that connection's transaction."""
-        bind: Engine | Connection = self._session().get_bind()
-        if isinstance(bind, Engine):
-            with bind.begin() as connection:
-                yield ConnectionExecutor(connection)
-        elif bind.in_transaction():
-            with bind.begin_nested():
-                yield ConnectionExecutor(bind)
-        else:
-            with bind.begin():
-                yield ConnectionExecutor(bind)
+        uow.apart_from(
+            self._session(),
+            lambda db: steps_data.save(db, self.job_id, self._token, name, encoded),
+        )
 
 
 def run_step(steps: AttemptSteps, name: object, call: Callable[[], Any]) -> Any:

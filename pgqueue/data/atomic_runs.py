@@ -44,3 +44,10 @@ def count_lost_attempt(
     if ended:
         dependencies.settle(ex, ended)
     return JobState(rows[0][0])
+
+
+def lock_claimed(db: SessionOrExecutor, job: ClaimedJob) -> bool:
+    """Lock the row of ``job`` (claimed by ``data.claim.claim_atomic_controlled``) in the caller's
+    transaction; False when its lease was lost."""
+    params = {"job_id": job.id, "token": job.lease_token}
+    return bool(executor_for(db).rows(atomic_runs.lock_claimed(), params))

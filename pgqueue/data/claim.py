@@ -1,23 +1,26 @@
 """The claim: taking ready tickets and moving their jobs to RUNNING (``sql.claim``), over
-``db.Executor``; never commits.
+``db.Executor``; never commits. Rows become ``ClaimedJob`` objects here, each decoded on its own.
 
-Which variant of the statement runs is ``claim_choice``'s; rows become ``ClaimedJob`` objects
-here, each decoded on its own.
+Which variant of the statement runs is chosen here too (``claim_variant``). The lean variant
+skips limited queues, rate-limited queues and keyed tickets, so a claimer must know whether any
+queue has a concurrency limit and whether any flow control (concurrency key, key override, rate
+limit) exists. It looks now and then (``LIMITS_CHECK_SECONDS``), and at once when a notified
+claim came back empty, and keeps the answers in its ``LimitsSeen``: the worker's store owns
+one; a claim through a session uses the one of the session's engine or connection.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pgqueue import validation
-from pgqueue.data import claim_choice
 from pgqueue.db import Executor, SessionOrExecutor, claimer_key, executor_for
 from pgqueue.errors import SerializationError, is_connection_error
 from pgqueue.jobs import ClaimedJob
 from pgqueue.sql import claim as claim_sql
-from pgqueue.sql import flow as flow_sql
 
 # How long a claimer trusts its last look at which controls exist. Only the controlled work waits
 # on it (the lean claim skips limited and rate-limited queues and keyed tickets): pause and the
@@ -25,6 +28,70 @@ from pgqueue.sql import flow as flow_sql
 # work by this much, never let it exceed its limit; a notified claim that comes back empty looks
 # again at once. Long enough that an idle worker's statement rate barely changes.
 LIMITS_CHECK_SECONDS = 5.0
+
+
+class LimitsSeen:
+    """A claimer's last look at which controls exist (they choose the claim variant), and
+    when its last short claim's rate windows free. Until the claimer has looked, queue limits
+    are assumed (the full variant is always correct) and flow controls are not: the first claim
+    is followed by the first look, and a short first claim by a claim of the flow variant when
+    that look finds flow controls."""
+
+    def __init__(self) -> None:
+        self.exist = True
+        self.flow = False
+        self.rates = False
+        self.until = 0.0  # monotonic time after which the answer is stale
+        self.rate_wait: float | None = None
+        """Seconds from the last claim until a full rate window has room (None: none full)."""
+
+    def stale(self, now: float) -> bool:
+        return now >= self.until
+
+    def record(self, exist: bool, *, until: float, flow: bool = False, rates: bool = False) -> None:
+        """What the claimer saw: queue limits (``exist``), flow controls and rate limits."""
+        self.exist = exist
+        self.flow = flow
+        self.rates = rates
+        self.until = until
+
+
+# Per claimer: the engine or connection behind a claiming session, or the executor the worker
+# claims on. Weak keys: an entry goes with its claimer, and never passes to a new object that
+# happens to get the same ``id``.
+_limits_seen: weakref.WeakKeyDictionary[Any, LimitsSeen] = weakref.WeakKeyDictionary()
+
+
+def limits_seen_by(claimer: Any) -> LimitsSeen:
+    """The ``LimitsSeen`` of ``claimer`` (a session's bind, or an executor), made on first use."""
+    seen = _limits_seen.get(claimer)
+    if seen is None:
+        seen = _limits_seen[claimer] = LimitsSeen()
+    return seen
+
+
+def claim_variant(
+    *,
+    atomic: bool,
+    queues: Sequence[str] | None,
+    limits_exist: bool,
+    task_leases: bool,
+    flow_exists: bool = False,
+    excluding: bool = False,
+    atomic_controlled: bool = False,
+) -> claim_sql.ClaimVariant:
+    """The claim variant for a claim of ``queues`` (None: all) in this mode (``excluding``:
+    some task names are to be passed over; ``atomic_controlled``: atomic jobs of controlled
+    work, in a statement of its own)."""
+    return claim_sql.ClaimVariant(
+        atomic_controlled=atomic_controlled,
+        in_transaction=atomic and not atomic_controlled,
+        some_queues=queues is not None,
+        queue_limits=limits_exist or flow_exists,
+        task_leases=task_leases,
+        flow=flow_exists,
+        excluded=excluding,
+    )
 
 
 def claim(
@@ -36,7 +103,7 @@ def claim(
     lease_seconds: float,
     task_leases: Mapping[str, float],
     atomic: bool = False,
-    limits: claim_choice.LimitsSeen | None = None,
+    limits: LimitsSeen | None = None,
     notified: bool = False,
     autocommit: bool = False,
     excluded: Sequence[str] = (),
@@ -56,7 +123,7 @@ def claim(
     ``autocommit``: each statement commits by itself (the worker's claims). Then a lost
     connection after a claim that got jobs returns those jobs instead of raising."""
     if limits is None:
-        limits = claim_choice.limits_seen_by(claimer_key(db))
+        limits = limits_seen_by(claimer_key(db))
     ex = executor_for(db)
     params: dict[str, Any] = {"limit": limit, "worker": worker_id, "lease_seconds": lease_seconds}
     if task_leases:
@@ -66,8 +133,8 @@ def claim(
     if excluded:
         params["excluded"] = list(excluded)
 
-    def claim_with(seen: claim_choice.LimitsSeen, room: int) -> tuple[list[ClaimedJob], float]:
-        variant = claim_choice.claim_variant(
+    def claim_with(seen: LimitsSeen, room: int) -> tuple[list[ClaimedJob], float]:
+        variant = claim_variant(
             atomic=atomic,
             queues=queues,
             limits_exist=seen.exist,
@@ -98,7 +165,7 @@ def claim(
         if limits.flow and limits.rates and len(jobs) < limit:
             # The windows as the claim saw them: one that freed since still counts (wait 0).
             looked_ago = time.monotonic() - sent
-            wait = ex.rows(flow_sql.rate_wait(), {"looked_ago": looked_ago})[0][0]
+            wait = ex.rows(claim_sql.rate_wait(), {"looked_ago": looked_ago})[0][0]
             limits.rate_wait = None if wait is None else max(float(wait), 0.0)
     except Exception as exc:
         # A claim that committed on its own owns its jobs whatever happens to the connection
@@ -116,16 +183,16 @@ def claim_atomic_controlled(
     worker_id: str,
     queues: Sequence[str] | None,
     lease_seconds: float,
-    limits: claim_choice.LimitsSeen,
+    limits: LimitsSeen,
     excluded: Sequence[str] = (),
 ) -> list[ClaimedJob]:
     """Claim at most one atomic job of controlled work (a limited or rate-limited queue, a
     concurrency key) in a statement that commits by itself, its counters counted there like a
     leased claim's; nothing when ``limits`` saw no controls. The caller runs the job in a
-    transaction that first takes its row (``lock_claimed``)."""
+    transaction that first takes its row (``data.atomic_runs.lock_claimed``)."""
     if not (limits.exist or limits.flow):
         return []
-    variant = claim_choice.claim_variant(
+    variant = claim_variant(
         atomic=True,
         queues=queues,
         limits_exist=limits.exist,
@@ -147,16 +214,9 @@ def claim_atomic_controlled(
     return jobs
 
 
-def lock_claimed(db: SessionOrExecutor, job: ClaimedJob) -> bool:
-    """Lock the row of ``job`` (claimed by ``claim_atomic_controlled``) in the caller's
-    transaction; False when its lease was lost."""
-    params = {"job_id": job.id, "token": job.lease_token}
-    return bool(executor_for(db).rows(claim_sql.lock_claimed(), params))
-
-
-def _look_at_controls(ex: Executor, limits: claim_choice.LimitsSeen) -> None:
+def _look_at_controls(ex: Executor, limits: LimitsSeen) -> None:
     """Record in ``limits`` which controls exist now."""
-    exist, flow, rates = ex.rows(flow_sql.controls_exist())[0]
+    exist, flow, rates = ex.rows(claim_sql.controls_exist())[0]
     limits.record(
         bool(exist),
         until=time.monotonic() + LIMITS_CHECK_SECONDS,

@@ -1,5 +1,5 @@
-"""Flow control (``sql.flow``): per-key limits and rates, queue rates, and correcting drifted
-key counters; over ``db.Executor``, never committing.
+"""Flow control's settings (``sql.flow_settings``): per-key limits and rates, queue rates, and
+correcting drifted key counters; over ``db.Executor``, never committing.
 """
 
 from __future__ import annotations
@@ -7,14 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 from pgqueue.db import SessionOrExecutor, executor_for
-from pgqueue.sql import flow as flow_sql
+from pgqueue.sql import flow_settings as flow_settings_sql
 
 
 def set_key_limit(db: SessionOrExecutor, prefix: str, key_limit: int | None) -> None:
     """Set (None: remove) the per-key limit override of keys starting with ``prefix``."""
     ex = executor_for(db)
-    ex.rows(flow_sql.set_key_override("key_limit"), {"prefix": prefix, "key_limit": key_limit})
-    ex.rows(flow_sql.delete_empty_override(), {"prefix": prefix})
+    ex.rows(
+        flow_settings_sql.set_key_override("key_limit"), {"prefix": prefix, "key_limit": key_limit}
+    )
+    ex.rows(flow_settings_sql.delete_empty_override(), {"prefix": prefix})
 
 
 def set_key_rate(
@@ -23,8 +25,8 @@ def set_key_rate(
     """Set (None: remove) the per-key rate limit of keys starting with ``prefix``."""
     ex = executor_for(db)
     params = {"prefix": prefix, "rate_limit": rate_limit, "rate_per": per}
-    ex.rows(flow_sql.set_key_override("rate"), params)
-    ex.rows(flow_sql.delete_empty_override(), {"prefix": prefix})
+    ex.rows(flow_settings_sql.set_key_override("rate"), params)
+    ex.rows(flow_settings_sql.delete_empty_override(), {"prefix": prefix})
 
 
 def set_queue_rate(
@@ -32,19 +34,21 @@ def set_queue_rate(
 ) -> None:
     """Set (None: remove) the rate limit of ``queue``."""
     params = {"name": queue, "rate_limit": rate_limit, "rate_per": per}
-    executor_for(db).rows(flow_sql.set_queue_rate(), params)
+    executor_for(db).rows(flow_settings_sql.set_queue_rate(), params)
 
 
 def key_overrides(db: SessionOrExecutor) -> list[Any]:
     """``(prefix, key_limit, rate_limit, rate_per)`` of every key override."""
-    return list(executor_for(db).rows(flow_sql.key_overrides()))
+    return list(executor_for(db).rows(flow_settings_sql.key_overrides()))
 
 
 def recount_keys(db: SessionOrExecutor) -> dict[str, int]:
     """Correct drifted ``running`` counters of concurrency keys (call inside a transaction);
     ``{key: corrected count}``. Keys a claim is using right now are skipped."""
     ex = executor_for(db)
-    keys = [row[0] for row in ex.rows(flow_sql.lock_counted_keys())]
+    keys = [row[0] for row in ex.rows(flow_settings_sql.lock_counted_keys())]
     if not keys:
         return {}
-    return {key: running for key, running in ex.rows(flow_sql.recount_keys(), {"keys": keys})}
+    return {
+        key: running for key, running in ex.rows(flow_settings_sql.recount_keys(), {"keys": keys})
+    }

@@ -1,5 +1,6 @@
 """Statements of atomic runs (``pgqueue_atomic_runs``): record a run before its handler starts,
-clear a job's records when its run commits, and count the runs whose transaction was lost.
+clear a job's records when its run commits, and count the runs whose transaction was lost;
+and the lock an atomic run's transaction takes on a job claimed by a committed statement.
 
 An atomic claim lives and dies with the handler's transaction, so only a row committed on
 another connection can tell that a handler ran in a transaction that never committed. Whoever
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
+    Uuid,
     and_,
     bindparam,
     case,
@@ -146,4 +148,23 @@ def count_lost_runs() -> Select[Any]:
         select(counted.c.state, counted.c.dependents)
         .add_cte(moved, dropped)
         .where(announced(counted, ended))
+    )
+
+
+@cache
+def lock_claimed() -> Select[int]:
+    """Lock the row of RUNNING job ``job_id`` whose lease token is ``token`` (its id, or
+    nothing when the lease was lost): an atomic job claimed by a committed statement, held by
+    the handler's transaction so that no rescue can take it while the handler runs. NO KEY
+    UPDATE, the lock an update of the job takes: it keeps every writer and the rescue out but
+    lets the run's record (``atomic_runs.record_run``, whose foreign key takes KEY SHARE on
+    the job's row) be committed on another connection while the transaction holds the row."""
+    return (
+        select(Job.id)
+        .where(
+            Job.id == bindparam("job_id", type_=BigInteger),
+            Job.state == JobState.RUNNING,
+            Job.lease_token == bindparam("token", type_=Uuid),
+        )
+        .with_for_update(key_share=True)
     )

@@ -1,8 +1,9 @@
 """The claim: one statement that locks ready tickets (``FOR UPDATE SKIP LOCKED``), deletes them
 and moves their jobs to RUNNING, in one of the named ``ClaimVariant`` forms (or, for chosen
-jobs, ``claim_listed``), within queue limits, per-key limits and rate limits (``sql.flow``);
-plus the reads that go with it (jobs a lost claim answer left to a worker, whether any queue
-has a limit, whether any ticket is claimable now).
+jobs, ``claim_listed``), within queue limits, per-key limits and rate limits (the flow
+variant's parts are ``sql.flow``'s); plus the reads that go with it: which controls exist (they
+choose the variant), how long until a full rate window has room, jobs a lost claim answer left
+to a worker, and whether any ticket is claimable now.
 """
 
 from __future__ import annotations
@@ -18,10 +19,8 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
-    Uuid,
     and_,
     bindparam,
-    case,
     cast,
     delete,
     false,
@@ -36,7 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql.dml import ReturningUpdate
 
-from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl
+from pgqueue.models import ConcurrencyKey, Job, KeyLimit, MessageQueue, QueueControl
 from pgqueue.sql import flow as flow_sql
 from pgqueue.sql.common import (
     CLAIMED_COLUMNS,
@@ -227,7 +226,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     )
     controls: Any = limited
     if flow:
-        controls = _rated_and_limited(limited, filter_queues)
+        controls = flow_sql.rated_and_limited(limited, filter_queues)
     per_queue = (
         select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at)
         .where(ready, MessageQueue.queue == controls.c.name, unkeyed)
@@ -251,8 +250,8 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         branches.append(select(free_cte.c.job_id).where(free_cte.c.keyed == false()))
     keys = None
     if flow:
-        keys = _keys_with_room(ready, queue_filter, controlled, atomic or controlled_only)
-        branches.insert(0, _keyed_tickets(keys, ready, queue_filter, controlled))
+        keys = flow_sql.keys_with_room(ready, queue_filter, controlled, atomic or controlled_only)
+        branches.insert(0, flow_sql.keyed_tickets(keys, ready, queue_filter, controlled))
     both = union_all(*branches).subquery("candidates")
     picked_cte = select(both.c.job_id).limit(bindparam("limit", type_=Integer)).cte("picked")
     deleted = (
@@ -273,7 +272,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     )
     taken = select(controls.c.name.label("queue"), per_limited.label("n")).subquery("taken")
     if flow:
-        bump = _bump_queues(taken)
+        bump = flow_sql.bump_queues(taken)
     else:
         bump = (
             update(QueueControl)
@@ -283,7 +282,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         )
     if keys is None:
         return _move_to_running(deleted, claimed_values).add_cte(bump)
-    bump_keys = _bump_keys(keys, deleted)
+    bump_keys = flow_sql.bump_keys(keys, deleted)
     # Each rate-limited job's time to start (the tightest of its queue's and its key's).
     start_within = func.least(
         select(bump.c.start_within).where(bump.c.name == Job.queue).scalar_subquery(),
@@ -308,201 +307,55 @@ def _task_not_excluded() -> ColumnElement[bool]:
     return ~excluded
 
 
-def _rated_and_limited(limited: Any, filter_queues: bool) -> Any:
-    """CTE of the controlled queues a flow claim takes from: the limited ones of ``limited``
-    plus the rate-limited ones (not paused), locked in name order, each with its room: the
-    smaller of its limit's and its window's. The claim waits for a rate-limited row: every
-    claim that locks one commits at once, so it is held for one statement."""
-    rated_where: list[ColumnElement[bool]] = [
-        QueueControl.rate_limit.is_not(None),
-        QueueControl.paused.is_(False),
-    ]
-    if filter_queues:
-        rated_where.append(QueueControl.name == func.any(array_param("queues", Text)))
-    window_room = flow_sql.rate_room(
-        QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts
-    )
-    limit_room = func.coalesce(
-        QueueControl.concurrency_limit - QueueControl.running, QueueControl.rate_limit
-    )
-    rated = (
-        select(QueueControl.name, func.least(limit_room, window_room).label("room"))
-        .where(*rated_where)
-        .order_by(QueueControl.name)
-        .with_for_update()
-        .cte("rated")
-    )
-    return union_all(
-        select(limited.c.name, limited.c.room), select(rated.c.name, rated.c.room)
-    ).cte("controls")
+@cache
+def controls_exist() -> Select[bool, bool, bool]:
+    """``(queue limits, flow controls, rate limits)``: whether any queue has a concurrency
+    limit; whether any concurrency key, key override or rate limit exists (the claim's flow
+    variant); whether any rate limit exists (the claimer then asks ``rate_wait``)."""
 
+    def any_row(*where: ColumnElement[bool], table: Any) -> ColumnElement[bool]:
+        return select(literal(1)).select_from(table).where(*where).exists()
 
-def _bump_queues(taken: Any) -> Any:
-    """CTE: the controlled queues' rows after a flow claim: ``running`` grows where a limit is
-    kept, the window gets the starts where a rate is."""
-    return (
-        update(QueueControl)
-        .where(QueueControl.name == taken.c.queue, taken.c.n > 0)
-        .values(
-            running=case(
-                (QueueControl.concurrency_limit.is_not(None), QueueControl.running + taken.c.n),
-                else_=QueueControl.running,
-            ),
-            recent_starts=case(
-                (
-                    QueueControl.rate_limit.is_not(None),
-                    flow_sql.starts_after(
-                        QueueControl.rate_limit,
-                        QueueControl.rate_per,
-                        QueueControl.recent_starts,
-                        taken.c.n,
-                    ),
-                ),
-                else_=QueueControl.recent_starts,
-            ),
-        )
-        .returning(
-            QueueControl.name,
-            flow_sql.start_within(
-                QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts
-            ).label("start_within"),
-        )
-        .cte("bump")
-    )
-
-
-def _keys_with_room(
-    ready: ColumnElement[bool],
-    queue_filter: ColumnElement[bool],
-    controlled: Select[Any],
-    atomic: bool,
-) -> Any:
-    """CTE: up to ``limit`` keys with a ready ticket and room, locked (SKIP LOCKED), fairest
-    first; ``(key, room)``. Starts from the hashes of waiting tickets and reaches their key
-    rows through the hash index, so idle keys' rows are never read."""
-    hashes = flow_sql.ticket_key_hashes(atomic)
-    order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
-    first = (
-        select(*order)
-        .where(
-            MessageQueue.key_hash == hashes.c.h,
-            ready,
-            queue_filter,
-            MessageQueue.queue.not_in(controlled),
-        )
-        .order_by(*order)
-        .limit(1)
-        .lateral("first_ticket")
-    )
-    any_room = bindparam("limit", type_=Integer)
-    key_limit = flow_sql.key_limit_of(ConcurrencyKey.key, ConcurrencyKey.key_limit)
-    rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
-    limit_room = func.coalesce(key_limit - ConcurrencyKey.running, any_room)
-    window_room = case(
-        (
-            rate_limit.is_not(None),
-            flow_sql.rate_room(rate_limit, rate_per, ConcurrencyKey.recent_starts),
+    queue_rates = any_row(QueueControl.rate_limit.is_not(None), table=QueueControl)
+    key_rates = any_row(KeyLimit.rate_limit.is_not(None), table=KeyLimit)
+    return select(
+        any_row(QueueControl.concurrency_limit.is_not(None), table=QueueControl),
+        or_(
+            any_row(table=ConcurrencyKey),
+            any_row(table=KeyLimit),
+            queue_rates,
         ),
-        else_=any_room,
+        or_(queue_rates, key_rates),
     )
-    # One level, no subquery between the lock and the room: after waiting for a key row that
-    # changed, PostgreSQL re-evaluates the row's expressions on its newest version, so the room
-    # is always computed from the counter this claim then holds locked.
-    room = func.least(limit_room, window_room)
-    # Two keys can share a hash: each key row of the hash is a candidate with the hash's first
-    # ticket, and the per-key scan then takes only tickets whose job has that very key.
-    return (
-        select(ConcurrencyKey.key, room.label("room"))
+
+
+@cache
+def rate_wait() -> Select[float | None]:
+    """Seconds until a rate window that was full when the claim looked (``looked_ago``
+    seconds ago) has room again, 0 when it has room already; null when none was full (of
+    keys, only those with tickets count). The claimer waits this long instead of a poll
+    interval when its claim came back short. A window that freed between the claim and this
+    statement gives 0, not null: the claim may have come back short because of it."""
+    queue_room = select(
+        flow_sql.room_at(
+            QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts
+        ).label("room_at")
+    ).where(QueueControl.rate_limit.is_not(None), QueueControl.paused.is_(False))
+    limit, per = flow_sql.key_rate_of(ConcurrencyKey.key)
+    # Only keys with waiting tickets can hold up a claim: start from those, never from every
+    # key row.
+    hashes = flow_sql.ticket_key_hashes()
+    key_room = (
+        select(flow_sql.room_at(limit, per, ConcurrencyKey.recent_starts).label("room_at"))
         .select_from(hashes)
-        .join(first, true())
         .join(ConcurrencyKey, key_hash(ConcurrencyKey.key) == hashes.c.h)
-        .where(room > 0)
-        .order_by(first.c.priority, ConcurrencyKey.running, first.c.run_at, first.c.job_id)
-        .limit(any_room)
-        # NO KEY UPDATE: it does not conflict with the KEY SHARE lock an enqueue holds on the
-        # row until its (host's) transaction ends, which keeps maintenance from deleting it.
-        .with_for_update(of=ConcurrencyKey, skip_locked=True, key_share=True)
-        .cte("keys_with_room")
+        .where(ConcurrencyKey.recent_starts.is_not(None), limit.is_not(None))
     )
-
-
-def _keyed_tickets(
-    keys: Any,
-    ready: ColumnElement[bool],
-    queue_filter: ColumnElement[bool],
-    controlled: Select[Any],
-) -> Select[Any]:
-    """The union branch of keyed tickets: per locked key, at most its room of them in claim
-    order (SKIP LOCKED), through the partial index on keyed tickets."""
-    order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
-    per_key = (
-        select(MessageQueue.job_id)
-        .where(
-            MessageQueue.key_hash == key_hash(keys.c.key),
-            # Two keys can share a hash: only the tickets whose job has this very key.
-            select(literal(1))
-            .where(Job.id == MessageQueue.job_id, Job.concurrency_key == keys.c.key)
-            .correlate_except(Job)
-            .exists(),
-            ready,
-            queue_filter,
-            MessageQueue.queue.not_in(controlled),
-        )
-        .order_by(*order)
-        .limit(func.least(keys.c.room, bindparam("limit", type_=Integer)))
-        .with_for_update(skip_locked=True)
-        .lateral("per_key")
-    )
-    keyed = select(per_key.c.job_id).select_from(keys.join(per_key, true())).cte("keyed")
-    return select(keyed.c.job_id)
-
-
-def _bump_keys(keys: Any, deleted: Any) -> Any:
-    """CTE: each claimed key's ``running`` grows by what this claim moved to RUNNING, and its
-    window gets the starts when a rate applies to it."""
-    # From the claimed tickets to their jobs by primary key (never from a key to all of its
-    # jobs, a backlog that can be long), then to the key rows this claim locked, by key: keyed
-    # tickets are claimed only through those keys.
-    claimed_keys = (
-        select(Job.concurrency_key.label("key"), func.count().label("n"))
-        .where(
-            among(Job.id, deleted.c.job_id),
-            source_states(CLAIM),
-            Job.concurrency_key.is_not(None),
-        )
-        .group_by(Job.concurrency_key)
-        .cte("claimed_keys")
-    )
-    taken = (
-        select(claimed_keys.c.n)
-        .where(claimed_keys.c.key == ConcurrencyKey.key)
-        .correlate(ConcurrencyKey)
-        .scalar_subquery()
-    )
-    rate_limit, rate_per = flow_sql.key_rate_of(ConcurrencyKey.key)
-    return (
-        update(ConcurrencyKey)
-        .where(among(ConcurrencyKey.key, claimed_keys.c.key), among(ConcurrencyKey.key, keys.c.key))
-        .values(
-            running=ConcurrencyKey.running + taken,
-            recent_starts=case(
-                (
-                    rate_limit.is_not(None),
-                    flow_sql.starts_after(
-                        rate_limit, rate_per, ConcurrencyKey.recent_starts, taken
-                    ),
-                ),
-                else_=ConcurrencyKey.recent_starts,
-            ),
-        )
-        .returning(
-            ConcurrencyKey.key,
-            flow_sql.start_within(rate_limit, rate_per, ConcurrencyKey.recent_starts).label(
-                "start_within"
-            ),
-        )
-        .cte("bump_keys")
-    )
+    rooms = queue_room.union_all(key_room).subquery("rooms")
+    now = func.clock_timestamp()
+    wait = func.greatest(func.extract("epoch", rooms.c.room_at - now), 0.0)
+    looked_at = now - seconds(bindparam("looked_ago", type_=Float))
+    return select(func.min(wait)).where(rooms.c.room_at > looked_at)
 
 
 @cache
@@ -583,25 +436,6 @@ def _move_to_running(
         .where(among(Job.id, claimed.c.job_id), source_states(CLAIM))
         .values(**values)
         .returning(*CLAIMED_COLUMNS, *extra)
-    )
-
-
-@cache
-def lock_claimed() -> Select[int]:
-    """Lock the row of RUNNING job ``job_id`` whose lease token is ``token`` (its id, or
-    nothing when the lease was lost): an atomic job claimed by a committed statement, held by
-    the handler's transaction so that no rescue can take it while the handler runs. NO KEY
-    UPDATE, the lock an update of the job takes: it keeps every writer and the rescue out but
-    lets the run's record (``atomic_runs.record_run``, whose foreign key takes KEY SHARE on
-    the job's row) be committed on another connection while the transaction holds the row."""
-    return (
-        select(Job.id)
-        .where(
-            Job.id == bindparam("job_id", type_=BigInteger),
-            Job.state == JobState.RUNNING,
-            Job.lease_token == bindparam("token", type_=Uuid),
-        )
-        .with_for_update(key_share=True)
     )
 
 

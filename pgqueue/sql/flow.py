@@ -3,9 +3,10 @@
 The claim (``sql.claim``) enforces both on rows it locks: a key's ``pgqueue_concurrency_keys``
 row (its RUNNING counter and latest starts) and a queue's ``pgqueue_queues`` row (its rate and
 latest starts). This module holds the pieces the claim and the enqueue share (the sliding
-window, the longest-prefix override, the key rows an enqueue writes), the operators' writes
-(``set_key_limit``, ``set_rate_limit``), the claimer's reads (which controls exist, how long
-until a full rate window frees) and the maintenance recount of the key counters.
+window, the longest-prefix override, the key rows an enqueue writes), the flow variant's parts
+of the claim statement (the keys with room and their tickets, the rate-limited queues, the
+counters and windows the claim bumps) and ``explain``'s reads of a key or a queue rate. The
+operators' writes and the recount of key counters are ``sql.flow_settings``'s.
 
 A rate limit of n per ``per`` seconds is a sliding window: the claim starts a job only while
 fewer than n starts lie in the last ``per`` seconds plus a margin (``RATE_MARGIN_*``), counted
@@ -27,7 +28,6 @@ from typing import Any, Final
 from sqlalchemy import (
     ColumnElement,
     DateTime,
-    Float,
     Integer,
     Select,
     Text,
@@ -35,14 +35,13 @@ from sqlalchemy import (
     case,
     cast,
     column,
-    delete,
     false,
     func,
     literal,
     null,
-    or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -50,8 +49,8 @@ from sqlalchemy.dialects.postgresql import array as pg_array
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from pgqueue.models import ConcurrencyKey, Job, KeyLimit, MessageQueue, QueueControl
-from pgqueue.sql.common import key_hash, recounted, seconds
-from pgqueue.states import JobState
+from pgqueue.sql.common import among, array_param, key_hash, seconds, source_states
+from pgqueue.states import CLAIM, JobState
 
 # The window's margin: a tenth of the window, at most this many seconds. Starts are stamped
 # when the claim commits; handlers start a few milliseconds later on a quiet host and up to
@@ -205,28 +204,6 @@ def key_rows(keys: Any) -> tuple[Any, Any]:
     return added, changed
 
 
-@cache
-def controls_exist() -> Select[bool, bool, bool]:
-    """``(queue limits, flow controls, rate limits)``: whether any queue has a concurrency
-    limit; whether any concurrency key, key override or rate limit exists (the claim's flow
-    variant); whether any rate limit exists (the claimer then asks ``rate_wait``)."""
-
-    def any_row(*where: ColumnElement[bool], table: Any) -> ColumnElement[bool]:
-        return select(literal(1)).select_from(table).where(*where).exists()
-
-    queue_rates = any_row(QueueControl.rate_limit.is_not(None), table=QueueControl)
-    key_rates = any_row(KeyLimit.rate_limit.is_not(None), table=KeyLimit)
-    return select(
-        any_row(QueueControl.concurrency_limit.is_not(None), table=QueueControl),
-        or_(
-            any_row(table=ConcurrencyKey),
-            any_row(table=KeyLimit),
-            queue_rates,
-        ),
-        or_(queue_rates, key_rates),
-    )
-
-
 def ticket_key_hashes(atomic: bool | None = None) -> Any:
     """Recursive CTE: each distinct ``key_hash`` among the tickets (of this mode, unless
     ``atomic`` is None), as ``h``, in hash order, one index probe each (a loose scan of the
@@ -248,7 +225,7 @@ def ticket_key_hashes(atomic: bool | None = None) -> Any:
     return start.union_all(select(after).where(start.c.h.is_not(None)))
 
 
-def _room_at(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
+def room_at(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
     """When the window of a rate-limited row has (or had) room for one more start: its
     ``limit``-th newest start leaves the window then; null while it holds fewer starts."""
     at = _starts(starts)
@@ -260,123 +237,9 @@ def _room_at(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
 
 def _wait_of(limit: Any, per: Any, starts: Any) -> ColumnElement[Any]:
     """Seconds until the window of a rate-limited row has room again; null while it has."""
-    room_at = _room_at(limit, per, starts)
+    at = room_at(limit, per, starts)
     now = func.clock_timestamp()
-    return case((room_at > now, func.extract("epoch", room_at - now)), else_=null())
-
-
-@cache
-def rate_wait() -> Select[float | None]:
-    """Seconds until a rate window that was full when the claim looked (``looked_ago``
-    seconds ago) has room again, 0 when it has room already; null when none was full (of
-    keys, only those with tickets count). The claimer waits this long instead of a poll
-    interval when its claim came back short. A window that freed between the claim and this
-    statement gives 0, not null: the claim may have come back short because of it."""
-    queue_room = select(
-        _room_at(QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts).label(
-            "room_at"
-        )
-    ).where(QueueControl.rate_limit.is_not(None), QueueControl.paused.is_(False))
-    limit, per = key_rate_of(ConcurrencyKey.key)
-    # Only keys with waiting tickets can hold up a claim: start from those, never from every
-    # key row.
-    hashes = ticket_key_hashes()
-    key_room = (
-        select(_room_at(limit, per, ConcurrencyKey.recent_starts).label("room_at"))
-        .select_from(hashes)
-        .join(ConcurrencyKey, key_hash(ConcurrencyKey.key) == hashes.c.h)
-        .where(ConcurrencyKey.recent_starts.is_not(None), limit.is_not(None))
-    )
-    rooms = queue_room.union_all(key_room).subquery("rooms")
-    now = func.clock_timestamp()
-    wait = func.greatest(func.extract("epoch", rooms.c.room_at - now), 0.0)
-    looked_at = now - seconds(bindparam("looked_ago", type_=Float))
-    return select(func.min(wait)).where(rooms.c.room_at > looked_at)
-
-
-@cache
-def set_key_override(field: str) -> Any:
-    """Upsert the override ``prefix`` with ``field`` (``key_limit``, or ``rate`` for
-    ``rate_limit`` and ``rate_per``) from the binds of the same names; then delete the row if
-    it holds nothing any more. Returns nothing."""
-    values: dict[str, Any]
-    if field == "key_limit":
-        values = {"key_limit": bindparam("key_limit", type_=Integer)}
-    else:
-        values = {
-            "rate_limit": bindparam("rate_limit", type_=Integer),
-            "rate_per": bindparam("rate_per", type_=Float),
-        }
-    prefix = bindparam("prefix", type_=Text)
-    stmt = pg_insert(KeyLimit).values(prefix=prefix, **values)
-    return stmt.on_conflict_do_update(
-        index_elements=[KeyLimit.prefix],
-        set_={**{name: stmt.excluded[name] for name in values}, "updated_at": func.now()},
-    )
-
-
-@cache
-def delete_empty_override() -> Any:
-    """Delete the override ``prefix`` when it holds neither a limit nor a rate."""
-    return delete(KeyLimit).where(
-        KeyLimit.prefix == bindparam("prefix", type_=Text),
-        KeyLimit.key_limit.is_(None),
-        KeyLimit.rate_limit.is_(None),
-    )
-
-
-@cache
-def set_queue_rate() -> Any:
-    """Upsert queue ``name``'s rate limit (binds ``rate_limit``, ``rate_per``; nulls remove it,
-    and the kept starts with it)."""
-    rate_limit = bindparam("rate_limit", type_=Integer)
-    stmt = pg_insert(QueueControl).values(
-        name=bindparam("name", type_=Text),
-        rate_limit=rate_limit,
-        rate_per=bindparam("rate_per", type_=Float),
-    )
-    return stmt.on_conflict_do_update(
-        index_elements=[QueueControl.name],
-        set_={
-            "rate_limit": stmt.excluded.rate_limit,
-            "rate_per": stmt.excluded.rate_per,
-            "recent_starts": case(
-                (stmt.excluded.rate_limit.is_(None), null()), else_=QueueControl.recent_starts
-            ),
-            "updated_at": func.now(),
-        },
-    )
-
-
-@cache
-def key_overrides() -> Select[str, int | None, int | None, float | None]:
-    """All overrides: ``(prefix, key_limit, rate_limit, rate_per)``, by prefix."""
-    return select(
-        KeyLimit.prefix, KeyLimit.key_limit, KeyLimit.rate_limit, KeyLimit.rate_per
-    ).order_by(KeyLimit.prefix)
-
-
-@cache
-def lock_counted_keys() -> Select[str]:
-    """Keys whose counter is above zero, their rows locked (SKIP LOCKED: keys a claim holds
-    right now are left for later) until the transaction ends: the first half of
-    ``recount_keys``."""
-    return (
-        select(ConcurrencyKey.key)
-        .where(ConcurrencyKey.running > 0)
-        .order_by(ConcurrencyKey.key)
-        .with_for_update(skip_locked=True, key_share=True)
-    )
-
-
-@cache
-def recount_keys() -> Any:  # a ReturningUpdate
-    """Reset the ``running`` counter of the keys ``keys`` (array) to their RUNNING jobs where
-    it drifted (a job ended by hand, say); ``(key, running)`` of each corrected key.
-
-    Run in the transaction that locked those rows (``lock_counted_keys``), as a later
-    statement, for the reason ``sql.maintenance.recount_running`` gives."""
-    return recounted(ConcurrencyKey.key, ConcurrencyKey.running, Job.concurrency_key, "keys")
+    return case((at > now, func.extract("epoch", at - now)), else_=null())
 
 
 @cache
@@ -425,26 +288,220 @@ def running_with_key() -> Select[int]:
     )
 
 
+# --- the claim's flow-controlled parts (``sql.claim.claim``'s flow variant) ---
+
+
+def rated_and_limited(limited: Any, filter_queues: bool) -> Any:
+    """CTE of the controlled queues a flow claim takes from: the limited ones of ``limited``
+    plus the rate-limited ones (not paused), locked in name order, each with its room: the
+    smaller of its limit's and its window's. The claim waits for a rate-limited row: every
+    claim that locks one commits at once, so it is held for one statement."""
+    rated_where: list[ColumnElement[bool]] = [
+        QueueControl.rate_limit.is_not(None),
+        QueueControl.paused.is_(False),
+    ]
+    if filter_queues:
+        rated_where.append(QueueControl.name == func.any(array_param("queues", Text)))
+    window_room = rate_room(
+        QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts
+    )
+    limit_room = func.coalesce(
+        QueueControl.concurrency_limit - QueueControl.running, QueueControl.rate_limit
+    )
+    rated = (
+        select(QueueControl.name, func.least(limit_room, window_room).label("room"))
+        .where(*rated_where)
+        .order_by(QueueControl.name)
+        .with_for_update()
+        .cte("rated")
+    )
+    return union_all(
+        select(limited.c.name, limited.c.room), select(rated.c.name, rated.c.room)
+    ).cte("controls")
+
+
+def bump_queues(taken: Any) -> Any:
+    """CTE: the controlled queues' rows after a flow claim: ``running`` grows where a limit is
+    kept, the window gets the starts where a rate is."""
+    return (
+        update(QueueControl)
+        .where(QueueControl.name == taken.c.queue, taken.c.n > 0)
+        .values(
+            running=case(
+                (QueueControl.concurrency_limit.is_not(None), QueueControl.running + taken.c.n),
+                else_=QueueControl.running,
+            ),
+            recent_starts=case(
+                (
+                    QueueControl.rate_limit.is_not(None),
+                    starts_after(
+                        QueueControl.rate_limit,
+                        QueueControl.rate_per,
+                        QueueControl.recent_starts,
+                        taken.c.n,
+                    ),
+                ),
+                else_=QueueControl.recent_starts,
+            ),
+        )
+        .returning(
+            QueueControl.name,
+            start_within(
+                QueueControl.rate_limit, QueueControl.rate_per, QueueControl.recent_starts
+            ).label("start_within"),
+        )
+        .cte("bump")
+    )
+
+
+def keys_with_room(
+    ready: ColumnElement[bool],
+    queue_filter: ColumnElement[bool],
+    controlled: Select[Any],
+    atomic: bool,
+) -> Any:
+    """CTE: up to ``limit`` keys with a ready ticket and room, locked (SKIP LOCKED), fairest
+    first; ``(key, room)``. Starts from the hashes of waiting tickets and reaches their key
+    rows through the hash index, so idle keys' rows are never read."""
+    hashes = ticket_key_hashes(atomic)
+    order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
+    first = (
+        select(*order)
+        .where(
+            MessageQueue.key_hash == hashes.c.h,
+            ready,
+            queue_filter,
+            MessageQueue.queue.not_in(controlled),
+        )
+        .order_by(*order)
+        .limit(1)
+        .lateral("first_ticket")
+    )
+    any_room = bindparam("limit", type_=Integer)
+    key_limit = key_limit_of(ConcurrencyKey.key, ConcurrencyKey.key_limit)
+    rate_limit, rate_per = key_rate_of(ConcurrencyKey.key)
+    limit_room = func.coalesce(key_limit - ConcurrencyKey.running, any_room)
+    window_room = case(
+        (
+            rate_limit.is_not(None),
+            rate_room(rate_limit, rate_per, ConcurrencyKey.recent_starts),
+        ),
+        else_=any_room,
+    )
+    # One level, no subquery between the lock and the room: after waiting for a key row that
+    # changed, PostgreSQL re-evaluates the row's expressions on its newest version, so the room
+    # is always computed from the counter this claim then holds locked.
+    room = func.least(limit_room, window_room)
+    # Two keys can share a hash: each key row of the hash is a candidate with the hash's first
+    # ticket, and the per-key scan then takes only tickets whose job has that very key.
+    return (
+        select(ConcurrencyKey.key, room.label("room"))
+        .select_from(hashes)
+        .join(first, true())
+        .join(ConcurrencyKey, key_hash(ConcurrencyKey.key) == hashes.c.h)
+        .where(room > 0)
+        .order_by(first.c.priority, ConcurrencyKey.running, first.c.run_at, first.c.job_id)
+        .limit(any_room)
+        # NO KEY UPDATE: it does not conflict with the KEY SHARE lock an enqueue holds on the
+        # row until its (host's) transaction ends, which keeps maintenance from deleting it.
+        .with_for_update(of=ConcurrencyKey, skip_locked=True, key_share=True)
+        .cte("keys_with_room")
+    )
+
+
+def keyed_tickets(
+    keys: Any,
+    ready: ColumnElement[bool],
+    queue_filter: ColumnElement[bool],
+    controlled: Select[Any],
+) -> Select[Any]:
+    """The union branch of keyed tickets: per locked key, at most its room of them in claim
+    order (SKIP LOCKED), through the partial index on keyed tickets."""
+    order = (MessageQueue.priority, MessageQueue.run_at, MessageQueue.job_id)
+    per_key = (
+        select(MessageQueue.job_id)
+        .where(
+            MessageQueue.key_hash == key_hash(keys.c.key),
+            # Two keys can share a hash: only the tickets whose job has this very key.
+            select(literal(1))
+            .where(Job.id == MessageQueue.job_id, Job.concurrency_key == keys.c.key)
+            .correlate_except(Job)
+            .exists(),
+            ready,
+            queue_filter,
+            MessageQueue.queue.not_in(controlled),
+        )
+        .order_by(*order)
+        .limit(func.least(keys.c.room, bindparam("limit", type_=Integer)))
+        .with_for_update(skip_locked=True)
+        .lateral("per_key")
+    )
+    keyed = select(per_key.c.job_id).select_from(keys.join(per_key, true())).cte("keyed")
+    return select(keyed.c.job_id)
+
+
+def bump_keys(keys: Any, deleted: Any) -> Any:
+    """CTE: each claimed key's ``running`` grows by what this claim moved to RUNNING, and its
+    window gets the starts when a rate applies to it."""
+    # From the claimed tickets to their jobs by primary key (never from a key to all of its
+    # jobs, a backlog that can be long), then to the key rows this claim locked, by key: keyed
+    # tickets are claimed only through those keys.
+    claimed_keys = (
+        select(Job.concurrency_key.label("key"), func.count().label("n"))
+        .where(
+            among(Job.id, deleted.c.job_id),
+            source_states(CLAIM),
+            Job.concurrency_key.is_not(None),
+        )
+        .group_by(Job.concurrency_key)
+        .cte("claimed_keys")
+    )
+    taken = (
+        select(claimed_keys.c.n)
+        .where(claimed_keys.c.key == ConcurrencyKey.key)
+        .correlate(ConcurrencyKey)
+        .scalar_subquery()
+    )
+    rate_limit, rate_per = key_rate_of(ConcurrencyKey.key)
+    return (
+        update(ConcurrencyKey)
+        .where(among(ConcurrencyKey.key, claimed_keys.c.key), among(ConcurrencyKey.key, keys.c.key))
+        .values(
+            running=ConcurrencyKey.running + taken,
+            recent_starts=case(
+                (
+                    rate_limit.is_not(None),
+                    starts_after(rate_limit, rate_per, ConcurrencyKey.recent_starts, taken),
+                ),
+                else_=ConcurrencyKey.recent_starts,
+            ),
+        )
+        .returning(
+            ConcurrencyKey.key,
+            start_within(rate_limit, rate_per, ConcurrencyKey.recent_starts).label("start_within"),
+        )
+        .cte("bump_keys")
+    )
+
+
 __all__ = [
     "RATE_MARGIN_SECONDS",
     "RATE_MARGIN_SHARE",
-    "controls_exist",
-    "delete_empty_override",
+    "bump_keys",
+    "bump_queues",
     "key_facts",
     "key_limit_of",
-    "key_overrides",
     "key_rate_of",
     "key_rows",
-    "lock_counted_keys",
+    "keyed_tickets",
+    "keys_with_room",
     "queue_rate_facts",
     "rate_margin",
     "rate_room",
-    "rate_wait",
     "rate_window",
-    "recount_keys",
+    "rated_and_limited",
+    "room_at",
     "running_with_key",
-    "set_key_override",
-    "set_queue_rate",
     "start_within",
     "starts_after",
     "starts_in_window",

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from sqlalchemy.orm import Session
 
@@ -44,12 +45,49 @@ from pgqueue.data import atomic_runs as atomic_runs_data
 from pgqueue.data import claim as claim_data
 from pgqueue.errors import AtomicRunUnfinished, error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.states import JobState
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
-from pgqueue.worker.store import WorkerStore
 
 log = pgqueue_logger("pgqueue.worker")
+
+
+class AtomicStore(Protocol):
+    """What atomic runs need of the database besides their own transaction (``WorkerStore``
+    is one)."""
+
+    @property
+    def controlled(self) -> bool:
+        """Whether queue limits, concurrency keys or rate limits may exist."""
+        ...
+
+    def claim_atomic_controlled(
+        self,
+        *,
+        worker_id: str,
+        queues: Sequence[str] | None,
+        lease_seconds: float,
+        excluded: Sequence[str] = (),
+    ) -> list[ClaimedJob]:
+        """At most one atomic job of controlled work, claimed in a statement that commits."""
+        ...
+
+    def record_atomic_run(self, job: ClaimedJob, worker_id: str) -> bool:
+        """Record the attempt's start, committed at once; False when a run of that attempt is
+        already recorded (an earlier run's transaction was lost and must be counted first)."""
+        ...
+
+    def record_outcomes(
+        self, outcomes: Iterable[Outcome], *, lock_wait: float | None = None
+    ) -> set[int]:
+        """Write ``outcomes``; the ids whose lease was lost."""
+        ...
+
+    def count_lost_attempt(self, job: ClaimedJob, *, delay: float, error: str) -> JobState | None:
+        """Count the runs of ``job`` whose transaction was lost; the job's state after it, or
+        None when nothing was lost."""
+        ...
 
 
 class _GivenBack(Exception):
@@ -64,7 +102,7 @@ class AtomicProbes:
         *,
         slots: Slots,
         executor: Executor,
-        store: WorkerStore,
+        store: AtomicStore,
         report: OutcomeReport,
         session_factory: Callable[[], Session],
         submit: Callable[[Callable[[], bool]], None],
@@ -153,7 +191,7 @@ class AtomicProbes:
         try:
             with session.begin():
                 if committed:
-                    jobs = committed if claim_data.lock_claimed(session, committed[0]) else []
+                    jobs = committed if atomic_runs_data.lock_claimed(session, committed[0]) else []
                 else:
                     jobs = claim_data.claim(
                         session,

@@ -13,6 +13,10 @@ slots are never over-filled.
 A pool thread runs each attempt with ``run_leased``: the executor's outcome goes to the
 completer, and the slot is free as soon as the handler returns, or passes to the next waiting
 attempt, which the same thread runs.
+
+What the claimer touches is named here: ``ClaimStore`` (the database: ``WorkerStore`` runs
+``data.claim.claim``, whose statement is ``sql.claim.claim``) and ``ClaimSlots`` (the worker's
+slot ledger, ``worker.slots.Slots``).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import bisect
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
 
 from pgqueue.errors import pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
@@ -34,14 +39,98 @@ from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.notifier import wall_to_monotonic
 from pgqueue.worker.prefetch import Pace
-from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import WorkerStats
-from pgqueue.worker.store import WorkerStore
 
 log = pgqueue_logger("pgqueue.worker")
 
 # Most future run_ats a claimer remembers from notifications.
 MAX_KNOWN_RUN_ATS: Final = 1024
+
+
+class ClaimStore(Protocol):
+    """What the claimer needs of the database (``WorkerStore`` is one)."""
+
+    def claim(
+        self,
+        *,
+        worker_id: str,
+        limit: int,
+        queues: Sequence[str] | None,
+        lease_seconds: float,
+        task_leases: Mapping[str, float],
+        held: Callable[[], Collection[int]] = frozenset,
+        notified: bool = False,
+        failed: Callable[[BaseException, float | None], None] | None = None,
+        excluded: Sequence[str] = (),
+    ) -> list[ClaimedJob]:
+        """Claim up to ``limit`` jobs (``data.claim.claim``), none of the tasks in ``excluded``,
+        committed at once, kept trying through an outage (each failed try told to ``failed``);
+        after a try whose answer was lost, first the jobs it claimed (those RUNNING under
+        ``worker_id`` other than ``held()``). Never from two threads at once."""
+        ...
+
+    def ready_work_exists(self, queues: Sequence[str] | None, excluded: Sequence[str] = ()) -> bool:
+        """Whether any ticket of ``queues`` is claimable now (drain mode's last look)."""
+        ...
+
+    @property
+    def controlled(self) -> bool:
+        """Whether queue limits, concurrency keys or rate limits may exist (no prefetch then)."""
+        ...
+
+    @property
+    def flow_controlled(self) -> bool:
+        """Whether concurrency keys or rate limits existed at the last claim's look."""
+        ...
+
+    @property
+    def rate_wait(self) -> float | None:
+        """Seconds from the last claim until a full rate window has room (None: none full)."""
+        ...
+
+    def close(self) -> None:
+        """Give the claim connection back to the pool."""
+        ...
+
+
+class ClaimSlots(Protocol):
+    """What the claimer needs of the worker's slot ledger (``worker.slots.Slots`` is one)."""
+
+    returned: int
+    """Handlers returned, ever: slots that came free (the prefetch's pace)."""
+
+    def claimable(self, ahead: int) -> int:
+        """How many attempts may be claimed now to fill the free slots and keep ``ahead``
+        waiting (0 or less: none)."""
+        ...
+
+    def start_waiting(self) -> list[Execution]:
+        """The waiting attempts that slots freed without a handler returning can take now."""
+        ...
+
+    def add(self, executions: Sequence[Execution]) -> list[Execution]:
+        """Hold newly claimed attempts; those to start now (the rest wait for a slot)."""
+        ...
+
+    def handler_returned(self, execution: Execution) -> tuple[bool, bool, Execution | None]:
+        """Free or pass on a returned handler's slot: ``(this decided the outcome, the claimer
+        has room, the waiting attempt now started in this slot)``."""
+        ...
+
+    def running_ids(self) -> list[int]:
+        """Ids of the attempts held now."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSettings:
+    """What a worker's claims ask for and how often it looks."""
+
+    worker_id: str
+    queues: Sequence[str] | None  # None: every queue
+    lease_seconds: float  # the default lease; tasks may have their own
+    poll_interval: float  # the longest wait between claims with no wake-up
+    prefetch: int = 0  # attempts claimed ahead of free slots, at most
 
 
 class Claimer:
@@ -50,15 +139,12 @@ class Claimer:
     def __init__(
         self,
         *,
-        store: WorkerStore,
-        slots: Slots,
+        settings: ClaimSettings,
+        store: ClaimStore,
+        slots: ClaimSlots,
         registry: TaskRegistry,
         executor: Executor,
         stats: WorkerStats,
-        worker_id: str,
-        queues: Sequence[str] | None,
-        lease_seconds: float,
-        poll_interval: float,
         stopping: threading.Event,
         wake: threading.Event,
         submit: Callable[[Sequence[Execution]], None],
@@ -66,7 +152,6 @@ class Claimer:
         probes: AtomicProbes,
         health: ClaimHealth,
         metrics: NoMetrics = NO_METRICS,
-        prefetch: int = 0,
     ) -> None:
         self._metrics = metrics
         self._health = health
@@ -75,16 +160,16 @@ class Claimer:
         self._registry = registry
         self._executor = executor
         self._stats = stats
-        self._worker_id = worker_id
-        self._queues = queues
-        self._lease_seconds = lease_seconds
-        self._poll_interval = poll_interval
+        self._worker_id = settings.worker_id
+        self._queues = settings.queues
+        self._lease_seconds = settings.lease_seconds
+        self._poll_interval = settings.poll_interval
         self._stopping = stopping
         self._wake = wake
         self._submit = submit  # claimed attempts, to the pool threads
         self._put_outcome = put_outcome  # to the completer
         self._probes = probes
-        self._pace = Pace(prefetch)
+        self._pace = Pace(settings.prefetch)
         # One claimer at a time (the claim loop, or the listener for a notification); the
         # store's claim connection is used under it.
         self.claim_lock = threading.Lock()

@@ -22,7 +22,8 @@ import collections
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from pgqueue.errors import error_line, is_connection_error, is_timeout, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
@@ -30,7 +31,6 @@ from pgqueue.metrics import LEASE_LOST
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
-from pgqueue.worker.store import WorkerStore
 
 log = pgqueue_logger("pgqueue.worker")
 
@@ -47,6 +47,18 @@ RETRY_MAX = 2.0
 
 # Jobs named in the one line about outcomes a shutdown could not write; the rest are counted.
 UNWRITTEN_NAMED = 10
+
+
+class OutcomeStore(Protocol):
+    """What the completer needs of the database (``WorkerStore`` is one)."""
+
+    def record_outcomes(
+        self, outcomes: Iterable[Outcome], *, lock_wait: float | None = None
+    ) -> set[int]:
+        """Write ``outcomes`` in one transaction, kept trying through an outage; the ids whose
+        lease was lost. With ``lock_wait``, a row lock is waited for that long at most and a
+        timeout is raised, not retried."""
+        ...
 
 
 class OutcomeBuffer:
@@ -99,7 +111,7 @@ class Completer:
     def __init__(
         self,
         *,
-        store: WorkerStore,
+        store: OutcomeStore,
         slots: Slots,
         report: OutcomeReport,
         unrecorded: Callable[[ClaimedJob, Outcome, BaseException], Outcome],

@@ -21,7 +21,10 @@ Each service owns its state and its lock (one module each)::
 ``Worker(pgq, ...)`` reads what it needs from ``pgq`` once (``context.WorkerContext``).
 
 No SQL here or in the services: database work goes through ``WorkerStore`` (pgqueue's own
-engine, autocommit) and, for atomic tasks, one transaction per job on the handler engine.
+engine, autocommit) and, for atomic tasks, one transaction per job on the handler engine. Each
+service that reaches the database names the few calls it makes in a protocol of its own
+(``ClaimStore``, ``OutcomeStore``, ``HeartbeatStore``, ``MaintenanceStore``, ``RegistryStore``,
+``FiguresStore``, ``AtomicStore``); ``WorkerStore`` is each of them.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pgqueue.errors import ConfigurationError, ValidationError, pgqueue_logger
 from pgqueue.jobs import Outcome
 from pgqueue.worker.atomic import AtomicProbes
 from pgqueue.worker.claim_health import ClaimHealth
-from pgqueue.worker.claimer import Claimer
+from pgqueue.worker.claimer import Claimer, ClaimSettings
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.context import QueueHost, WorkerContext
 from pgqueue.worker.dispatch import AsyncLoop, Dispatcher, WorkQueue, start_daemon
@@ -185,15 +188,18 @@ class Worker:
             lease_seconds=self.lease_seconds,
         )
         self._claimer = Claimer(
+            settings=ClaimSettings(
+                worker_id=self.worker_id,
+                queues=self.queues,
+                lease_seconds=self.lease_seconds,
+                poll_interval=self.poll_interval,
+                prefetch=self.prefetch,
+            ),
             store=self.store,
             slots=self._slots,
             registry=context.registry,
             executor=self.executor,
             stats=self.stats,
-            worker_id=self.worker_id,
-            queues=self.queues,
-            lease_seconds=self.lease_seconds,
-            poll_interval=self.poll_interval,
             stopping=self._stopping,
             wake=wake,
             submit=work.put_many,
@@ -201,7 +207,6 @@ class Worker:
             probes=probes,
             health=self.claim_health,
             metrics=self.metrics,
-            prefetch=self.prefetch,
         )
         self._dispatcher = Dispatcher(self.concurrency, work, self._claimer.run_leased)
         self._heartbeat = Heartbeat(

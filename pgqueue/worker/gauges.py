@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Protocol
 
 from pgqueue.errors import pgqueue_logger
 from pgqueue.metrics import NoMetrics
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
-from pgqueue.worker.store import WorkerStore
 
 log = pgqueue_logger("pgqueue.worker")
 
@@ -30,13 +30,23 @@ RUNNING_SAMPLE_INTERVAL = 1.0
 FIGURES_COUNT_CAP = 100_000
 
 
+class FiguresStore(Protocol):
+    """What the gauges need of the database (``WorkerStore`` is one)."""
+
+    def queue_figures(
+        self, *, cap: int, worker_id: str, stale_seconds: float
+    ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int]] | None:
+        """The cluster's queue figures, or None when another worker reads them."""
+        ...
+
+
 class Gauges:
     """The gauge thread's loop (until ``halt`` is set)."""
 
     def __init__(
         self,
         *,
-        store: WorkerStore,
+        store: FiguresStore,
         slots: Slots,
         metrics: NoMetrics,
         interval: float,

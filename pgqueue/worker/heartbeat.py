@@ -21,17 +21,31 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from pgqueue.errors import is_connection_error, pgqueue_logger
-from pgqueue.jobs import Outcome, Progress
+from pgqueue.jobs import Outcome, Progress, WorkerEntry
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import WorkerStats
-from pgqueue.worker.store import WorkerStore
 
 log = pgqueue_logger("pgqueue.worker")
+
+
+class HeartbeatStore(Protocol):
+    """What the heartbeat needs of the database (``WorkerStore`` is one)."""
+
+    def heartbeat(
+        self,
+        leases: Sequence[tuple[int, object, float]],
+        worker: WorkerEntry | None = None,
+        progress: Mapping[int, Progress] | None = None,
+    ) -> dict[int, bool]:
+        """Extend ``leases`` (job id, token, seconds), refresh ``worker``'s registry row and
+        write ``progress``; ``{job id: cancel requested}`` of the leases still held."""
+        ...
 
 
 class Heartbeat:
@@ -40,7 +54,7 @@ class Heartbeat:
     def __init__(
         self,
         *,
-        store: WorkerStore,
+        store: HeartbeatStore,
         slots: Slots,
         stats: WorkerStats,
         interval: float,

@@ -20,13 +20,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from pgqueue.config import Settings
 from pgqueue.errors import error_line, is_connection_error, pgqueue_logger
 from pgqueue.metrics import NO_METRICS, NoMetrics
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.stats import WorkerStats
-from pgqueue.worker.store import WorkerStore
 
 log = pgqueue_logger("pgqueue.worker")
 
@@ -42,13 +42,38 @@ KEY_BATCHES_PER_PASS = 20
 LEASE_EXPIRED_ERROR = "lease expired (worker lost)"
 
 
+class MaintenanceStore(Protocol):
+    """What maintenance needs of the database (``WorkerStore`` is one). Each call takes its
+    own advisory lock, so one worker of the cluster does each pass at a time."""
+
+    def rescue_expired(self, *, limit: int, error: str) -> list[tuple[int, str]]:
+        """Re-queue or fail up to ``limit`` jobs whose lease expired; ``(job id, new state)``."""
+        ...
+
+    def prune(self, *, succeeded_before: float, failed_before: float, limit: int) -> int:
+        """Delete up to ``limit`` finished jobs older than the given ages; how many."""
+        ...
+
+    def move_to_history(self, *, age: float, limit: int) -> int:
+        """Move up to ``limit`` finished jobs older than ``age`` to history; how many."""
+        ...
+
+    def delete_idle_keys(self, *, after: str, limit: int) -> tuple[str | None, int]:
+        """Delete idle concurrency keys' rows among up to ``limit`` after key ``after``."""
+        ...
+
+    def recount_running(self) -> dict[str, int]:
+        """Correct drifted running counters; ``{queue or key: corrected count}``."""
+        ...
+
+
 class Maintenance:
     """The maintenance thread's loop (until ``halt`` is set)."""
 
     def __init__(
         self,
         *,
-        store: WorkerStore,
+        store: MaintenanceStore,
         settings: Settings,
         run_schedules: Callable[[], object],
         stats: WorkerStats,

@@ -14,16 +14,17 @@ tell a job that waits because no live worker registers its task.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
 from importlib import metadata
+from typing import Protocol
 
 from pgqueue.errors import error_line, is_connection_error, pgqueue_logger
 from pgqueue.jobs import WorkerEntry
 from pgqueue.worker.claim_health import ClaimHealth
-from pgqueue.worker.store import WorkerStore
 
 log = pgqueue_logger("pgqueue.worker")
 
@@ -40,13 +41,29 @@ def pgqueue_version() -> str:
         return "unknown"
 
 
+class RegistryStore(Protocol):
+    """What the registry needs of the database (``WorkerStore`` is one)."""
+
+    def worker_seen(self, worker: WorkerEntry) -> dt.datetime:
+        """Write or refresh ``worker``'s registry row; its ``started_at``."""
+        ...
+
+    def unregister_worker(self, worker_id: str) -> None:
+        """Delete the row of ``worker_id``."""
+        ...
+
+    def delete_stale_workers(self, stale_seconds: float) -> list[str]:
+        """Delete the rows of workers not seen within ``stale_seconds``; their ids."""
+        ...
+
+
 class WorkerRegistry:
     """One worker process's registry row: register, refresh, unregister; and the cleanup of
     stale rows that maintenance runs."""
 
     def __init__(
         self,
-        store: WorkerStore,
+        store: RegistryStore,
         *,
         worker_id: str,
         queues: Sequence[str] | None,

@@ -1,11 +1,15 @@
-"""The worker's access to the database: data-layer calls on its ``db.Database``, with retry.
+"""The worker's access to the database: data-layer calls on its ``db.Database``, each one unit
+of work of ``uow`` (its retry policy for transient conflicts), kept trying through an outage.
 
 Most worker operations (claim, heartbeat, checks) are a single statement, so they run in
 autocommit mode: one round trip, no BEGIN/COMMIT, and no transaction left open while handlers
 run. Writes that end jobs run in one transaction with the settling of their dependents. When
 the connection is lost (terminated backend, server restart) the pool drops it and the
 operation is tried again on a fresh connection with capped exponential backoff, so the worker
-rides out outages instead of crashing.
+rides out outages instead of crashing (``_keep_trying``).
+
+Each service names the calls it makes in a protocol of its own (``worker.claimer.ClaimStore``,
+``worker.completer.OutcomeStore`` and so on); this class is all of them.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
 from pgqueue.data import outcomes as outcomes_data
 from pgqueue.data import workers as workers_data
-from pgqueue.data.claim_choice import LimitsSeen
+from pgqueue.data.claim import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import (
     error_line,
@@ -72,15 +76,21 @@ class WorkerStore:
         *,
         give_up_when_stopping: bool,
         autocommit: bool = True,
+        failed: Callable[[BaseException, float], None] | None = None,
+        through_timeouts: bool = False,
     ) -> T:
+        """``work`` as one unit of work (``uow.run``: its retry policy for transient conflicts),
+        kept trying through an outage (``_keep_trying``)."""
         database = self._database
-        return self._retry(
+        return self._keep_trying(
             what,
-            lambda: database.run(work, autocommit=autocommit),
+            lambda: uow.run(database, work, autocommit=autocommit),
             give_up_when_stopping=give_up_when_stopping,
+            failed=failed,
+            through_timeouts=through_timeouts,
         )
 
-    def _retry(
+    def _keep_trying(
         self,
         what: str,
         once: Callable[[], T],
@@ -89,23 +99,20 @@ class WorkerStore:
         failed: Callable[[BaseException, float], None] | None = None,
         through_timeouts: bool = False,
     ) -> T:
-        """``once()``, again (capped exponential backoff) after a lost connection or a
-        transient conflict. Each such failure is logged, or given to ``failed`` (the error, the
-        delay before the next try) when the caller reports them itself. With
-        ``through_timeouts``, a statement or lock timeout is retried too. Once the worker is
-        stopping, work that does not give up at once is retried for ``SHUTDOWN_WRITE_PATIENCE``
-        seconds at most, without a line per failure: the shutdown reports what it could not
-        write, once."""
+        """``once()`` (a unit of work that already retried what its policy retries), again
+        with capped exponential backoff while the database is unreachable or keeps conflicting:
+        a worker rides out an outage instead of crashing. Each such failure is logged, or given
+        to ``failed`` (the error, the delay before the next try) when the caller reports them
+        itself. With ``through_timeouts``, a statement or lock timeout is tried again too. Once
+        the worker is stopping, work that does not give up at once is tried for
+        ``SHUTDOWN_WRITE_PATIENCE`` seconds at most, without a line per failure: the shutdown
+        reports what it could not write, once."""
         delay = 0.05
         while True:
             try:
                 return once()
             except (DBAPIError, OperationalError) as exc:
-                if not (
-                    is_connection_error(exc)
-                    or is_transient_conflict(exc)
-                    or (through_timeouts and is_timeout(exc))
-                ):
+                if not _outage(exc, through_timeouts=through_timeouts):
                     raise
                 if self._stopping.is_set():
                     if give_up_when_stopping or self._shutdown_patience_spent():
@@ -181,7 +188,7 @@ class WorkerStore:
         try:
             return claim_on(self._claim_connection)
         except (DBAPIError, OperationalError) as exc:
-            if not (is_connection_error(exc) or is_transient_conflict(exc)):
+            if not _outage(exc, through_timeouts=False):
                 raise
             if self._stopping.is_set():
                 raise
@@ -202,13 +209,7 @@ class WorkerStore:
                 return orphans
             return claim_on(db)
 
-        database = self._database
-        return self._retry(
-            "claim",
-            lambda: database.run(work, autocommit=True),
-            give_up_when_stopping=True,
-            failed=failed,
-        )
+        return self._run("claim", work, give_up_when_stopping=True, failed=failed)
 
     def claim_atomic_controlled(
         self,
@@ -268,16 +269,12 @@ class WorkerStore:
         each row lock is waited for that long at most, and a timeout is raised, not retried:
         the caller writes what is not blocked and keeps the rest for later."""
         items = list(outcomes)
-        database = self._database
         wait_ms = None if lock_wait is None else max(1, round(lock_wait * 1000))
-        return self._retry(
+        return self._run(
             "record outcomes",
-            lambda: uow.run(
-                database,
-                lambda db: outcomes_data.record_outcomes(db, items, lock_wait_ms=wait_ms),
-                attempts=1,
-            ),
+            lambda db: outcomes_data.record_outcomes(db, items, lock_wait_ms=wait_ms),
             give_up_when_stopping=False,
+            autocommit=False,
             through_timeouts=lock_wait is None,
         )
 
@@ -437,3 +434,14 @@ class WorkerStore:
             lambda db: claim_data.ready_ticket_exists(db, queues, excluded),
             give_up_when_stopping=True,
         )
+
+
+def _outage(exc: BaseException, *, through_timeouts: bool) -> bool:
+    """Whether the worker keeps trying after ``exc``: the connection is gone, or conflicts
+    outlasted the unit of work's own retries, or (``through_timeouts``) a statement or lock
+    timed out."""
+    return (
+        is_connection_error(exc)
+        or is_transient_conflict(exc)
+        or (through_timeouts and is_timeout(exc))
+    )

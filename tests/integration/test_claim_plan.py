@@ -31,7 +31,6 @@ from sqlalchemy.orm import Session
 from pgqueue import connections
 from pgqueue.config import Settings
 from pgqueue.data import claim as claim_data
-from pgqueue.data import claim_choice
 from pgqueue.db import Database
 from pgqueue.worker.store import WorkerStore
 
@@ -333,11 +332,11 @@ def test_claim_of_200_probes_primary_keys_instead_of_scanning(admin: Engine, lim
     # plan, an order of magnitude slower than probing the primary keys.
     with admin.connect() as connection:
         scenario_fresh(connection)
-        claim_choice.limits_seen_by(connection).record(limits, until=float("inf"))
+        claim_data.limits_seen_by(connection).record(limits, until=float("inf"))
         try:
             sql, params = captured_claim(connection, filter_queues=False)
         finally:
-            claim_choice._limits_seen.pop(connection, None)
+            claim_data._limits_seen.pop(connection, None)
         params["limit"] = 200
         plan = custom_plan(connection, sql, params)
         assert_good_plan(plan, f"limit 200, {limits=}")
@@ -458,7 +457,7 @@ def test_claim_plan_made_on_tiny_tables_is_replaced_once_they_grow(
 
 def claim_many_pooled(database: Database, times: int) -> None:
     """``times`` lean claims (no queue limits seen), each on a connection from the pool."""
-    lean = claim_choice.LimitsSeen()
+    lean = claim_data.LimitsSeen()
     lean.record(False, until=float("inf"))
     for _ in range(times):
         database.run(lambda ex: claim_data.claim(ex, limits=lean, **ONE_CLAIM), autocommit=True)

@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL
 
 from pgqueue import JobState, PgQueue, backoff
 from pgqueue.data import claim as claim_data
-from pgqueue.data.claim_choice import LimitsSeen
+from pgqueue.data.claim import LimitsSeen
 from pgqueue.explain import BlockerKind
 from pgqueue.testing import run_until_final
 

@@ -24,7 +24,6 @@ from sqlalchemy.exc import ProgrammingError
 from pgqueue import Settings, connections
 from pgqueue.aio import AsyncDatabase
 from pgqueue.data import claim as claim_data
-from pgqueue.data import claim_choice
 from pgqueue.db import Database
 from pgqueue.worker.store import WorkerStore
 
@@ -45,7 +44,7 @@ SERVER_NAMES = text("SELECT name FROM pg_prepared_statements")
 
 def lean_claim(executor: Any) -> Any:
     """One claim of one job with no flow controls seen (the common claim)."""
-    lean = claim_choice.LimitsSeen()
+    lean = claim_data.LimitsSeen()
     lean.record(False, until=float("inf"))
     return claim_data.claim(executor, limits=lean, **ONE_CLAIM)
 

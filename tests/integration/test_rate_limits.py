@@ -20,7 +20,7 @@ from pgqueue.data import claim as claim_data
 from pgqueue.data import outcomes as outcomes_data
 from pgqueue.db import Database
 from pgqueue.errors import ValidationError
-from pgqueue.sql import flow as flow_sql
+from pgqueue.sql import claim as claim_sql
 from pgqueue.states import OutcomeKind
 from pgqueue.testing import states_of
 from pgqueue.worker.execution import Execution
@@ -167,7 +167,7 @@ def test_a_window_that_freed_after_the_claim_looked_sends_the_claimer_back_at_on
     with pgq.engine.connect() as c:
 
         def wait(looked_ago: float) -> float | None:
-            seconds = c.execute(flow_sql.rate_wait(), {"looked_ago": looked_ago}).scalar()
+            seconds = c.execute(claim_sql.rate_wait(), {"looked_ago": looked_ago}).scalar()
             return None if seconds is None else float(seconds)
 
         first = wait(0.0)

@@ -20,7 +20,7 @@ from test_explain import explain_lines
 from pgqueue import JobContext, JobState, PgQueue, Settings, Snooze, ValidationError
 from pgqueue.data import claim as claim_data
 from pgqueue.data import outcomes as outcomes_data
-from pgqueue.data.claim_choice import LimitsSeen
+from pgqueue.data.claim import LimitsSeen
 from pgqueue.jobs import Outcome
 from pgqueue.models import MessageQueue, QueueControl
 from pgqueue.testing import run_until_final, table_counts

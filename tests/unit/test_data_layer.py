@@ -12,7 +12,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from pgqueue import driver
-from pgqueue.data import claim_choice, copy_rows, dependencies
+from pgqueue.data import claim as claim_data
+from pgqueue.data import copy_rows, dependencies
 from pgqueue.jobs import NewJob
 from pgqueue.sql import claim, outcomes
 from pgqueue.sql.claim import ClaimVariant
@@ -84,15 +85,13 @@ def test_every_claim_variant_is_its_own_cached_statement() -> None:
 
 
 def test_claim_variant_follows_the_request() -> None:
-    lean = claim_choice.claim_variant(
+    lean = claim_data.claim_variant(
         atomic=False, queues=None, limits_exist=False, task_leases=False
     )
     assert lean.name == "leased/all-queues/lean/default-lease"
-    full = claim_choice.claim_variant(
-        atomic=True, queues=["a"], limits_exist=True, task_leases=True
-    )
+    full = claim_data.claim_variant(atomic=True, queues=["a"], limits_exist=True, task_leases=True)
     assert full.name == "atomic/some-queues/limits/task-leases"
-    no_queues = claim_choice.claim_variant(
+    no_queues = claim_data.claim_variant(
         atomic=False, queues=[], limits_exist=False, task_leases=False
     )
     assert no_queues.some_queues  # an empty list claims from no queue, not from all
@@ -101,7 +100,7 @@ def test_claim_variant_follows_the_request() -> None:
 
 
 def test_limits_are_assumed_until_looked_at_and_trusted_until_stale() -> None:
-    seen = claim_choice.LimitsSeen()
+    seen = claim_data.LimitsSeen()
     assert seen.exist and seen.stale(0.0)
     seen.record(False, until=10.0)
     assert not seen.exist
@@ -114,9 +113,9 @@ def test_limits_seen_is_kept_per_claimer() -> None:
         pass
 
     one, other = Claimer(), Claimer()
-    claim_choice.limits_seen_by(one).record(False, until=1e18)
-    assert claim_choice.limits_seen_by(one).exist is False
-    assert claim_choice.limits_seen_by(other).exist is True
+    claim_data.limits_seen_by(one).record(False, until=1e18)
+    assert claim_data.limits_seen_by(one).exist is False
+    assert claim_data.limits_seen_by(other).exist is True
 
 
 def test_new_job_state_follows_its_dependencies() -> None:

@@ -193,33 +193,21 @@ SERVER_STATEMENTS = "pgqueue.sql.server"
 
 # Modules outside ``pgqueue.data`` that still import ``pgqueue.sql``; each should move its data
 # part into ``pgqueue.data`` and leave this list.
-SQL_IMPORT_ALLOWLIST = frozenset(
-    {
-        "pgqueue.steps",  # sql.steps, the durable steps' reads and writes
-    }
-)
+SQL_IMPORT_ALLOWLIST = frozenset[str]()
 
 # The executors themselves: they implement ``rows`` (and call it on each other) rather than
 # run statements of their own.
 EXECUTOR_MODULES = frozenset({"pgqueue.db", "pgqueue.driver"})
 
 # Modules outside ``pgqueue.data`` that still run statements through an executor's ``rows``.
-ROWS_CALL_ALLOWLIST = frozenset(
-    {
-        "pgqueue.steps",  # the durable steps' reads and writes
-    }
-)
+ROWS_CALL_ALLOWLIST = frozenset[str]()
 
 ROWS_METHODS = frozenset({"rows", "timed_rows"})
 
 MAX_LINES = 550
 
 # Modules over ``MAX_LINES`` today; each should be split and leave this list.
-LONG_MODULE_ALLOWLIST = frozenset(
-    {
-        "pgqueue.sql.claim",
-    }
-)
+LONG_MODULE_ALLOWLIST = frozenset[str]()
 
 
 def _outside(module: str, packages: tuple[str, ...]) -> bool:
