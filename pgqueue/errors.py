@@ -34,6 +34,7 @@ __all__ = [
     "SchemaNotCurrent",
     "SchemaRecordedElsewhere",
     "SerializationError",
+    "UnknownRevision",
     "UnknownTask",
     "ValidationError",
     "connection_failure",
@@ -141,6 +142,11 @@ class SchemaRecordedElsewhere(PgQueueError):
     """pgqueue's revisions are recorded in a version table that a host application's own
     Alembic manages (or its tables exist with no revision recorded anywhere), so upgrading or
     downgrading them here could only fail or disagree with that history; nothing was changed."""
+
+
+class UnknownRevision(ValidationError, LookupError):
+    """A migration was asked for a revision that pgqueue's lineage does not have (or cannot
+    reach from where the schema is); nothing was changed."""
 
 
 class NotSchemaOwner(PgQueueError, PermissionError):

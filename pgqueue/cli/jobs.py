@@ -12,6 +12,7 @@ import click
 from pgqueue.cli.shared import (
     database_option,
     echo,
+    in_this_cli,
     job_filter_options,
     json_option,
     load_app,
@@ -46,7 +47,7 @@ def stats(as_json: bool, database_url: str | None) -> None:
 @json_option
 @database_option
 def show(job_id: int, as_json: bool, database_url: str | None) -> None:
-    """Show one job as JSON."""
+    """Show one job: its fields, then its errors with their tracebacks (--json: JSON)."""
     print_job(queue_for(database_url), job_id, as_json=as_json)
 
 
@@ -140,6 +141,6 @@ def print_explanation(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
     if as_json:
         print_json(explanation.to_dict())
         return
-    echo(explanation.headline)
+    echo(in_this_cli(explanation.headline))
     for blocker in explanation.blockers:
-        echo(f"  {blocker.kind.value}: {blocker.message}")
+        echo(in_this_cli(f"  {blocker.kind.value}: {blocker.message}"))

@@ -7,8 +7,37 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from pgqueue.cli.shared import console, database_option, echo, load_app, number_or_none, queue_for
+from pgqueue.cli.shared import (
+    CommandError,
+    console,
+    database_option,
+    echo,
+    load_app,
+    number_or_none,
+    queue_for,
+)
 from pgqueue.core import PgQueue
+
+new_option = click.option(
+    "--new",
+    is_flag=True,
+    help="The queue has no jobs or settings yet, and this is on purpose (not a typo).",
+)
+
+
+def known_queue(pgq: PgQueue, queue: str, *, new: bool, doing: str) -> str:
+    """``queue`` checked as every command checks a queue name, and known: it has jobs or
+    settings, unless ``new`` says a queue set up before its first job is meant. A typo would
+    otherwise report success on a queue no worker will ever see."""
+    from pgqueue import validation
+
+    name = validation.queue_name(queue)
+    if new or name in pgq.admin.queue_settings() or name in pgq.admin.queue_names():
+        return name
+    hint = "" if doing == "resume" else f", or add --new to {doing} it before its first job"
+    raise CommandError(
+        f"queue {name!r} has no jobs and no settings; nothing changed: check its name{hint}"
+    )
 
 
 @click.command()
@@ -42,15 +71,16 @@ def print_schedules(pgq: PgQueue) -> None:
 
 @click.command()
 @click.argument("queue")
+@new_option
 @database_option
-def pause(queue: str, database_url: str | None) -> None:
+def pause(queue: str, new: bool, database_url: str | None) -> None:
     """Stop all workers from claiming QUEUE's jobs (running jobs finish)."""
-    pause_queue(queue_for(database_url), queue)
+    pause_queue(queue_for(database_url), queue, new=new)
 
 
-def pause_queue(pgq: PgQueue, queue: str) -> None:
+def pause_queue(pgq: PgQueue, queue: str, *, new: bool = False) -> None:
     """Shared by ``pgqueue pause`` and ``flask pgqueue pause``."""
-    pgq.admin.pause_queue(queue)
+    pgq.admin.pause_queue(known_queue(pgq, queue, new=new, doing="pause"))
     echo(f"queue {queue} paused")
 
 
@@ -64,38 +94,40 @@ def resume(queue: str, database_url: str | None) -> None:
 
 def resume_queue(pgq: PgQueue, queue: str) -> None:
     """Shared by ``pgqueue resume`` and ``flask pgqueue resume``."""
-    pgq.admin.resume_queue(queue)
+    pgq.admin.resume_queue(known_queue(pgq, queue, new=False, doing="resume"))
     echo(f"queue {queue} resumed")
 
 
 @click.command()
 @click.argument("queue")
 @click.argument("limit")
+@new_option
 @database_option
-def limit(queue: str, limit: str, database_url: str | None) -> None:
+def limit(queue: str, limit: str, new: bool, database_url: str | None) -> None:
     """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
-    limit_queue(queue_for(database_url), queue, limit)
+    limit_queue(queue_for(database_url), queue, limit, new=new)
 
 
-def limit_queue(pgq: PgQueue, queue: str, limit: str) -> None:
+def limit_queue(pgq: PgQueue, queue: str, limit: str, *, new: bool = False) -> None:
     """Shared by ``pgqueue limit`` and ``flask pgqueue limit``."""
     value = number_or_none(limit)
-    pgq.admin.set_queue_limit(queue, value)
+    pgq.admin.set_queue_limit(known_queue(pgq, queue, new=new, doing="limit"), value)
     echo(f"queue {queue}: limit {'removed' if value is None else value}")
 
 
 @click.command(name="max-depth")
 @click.argument("queue")
 @click.argument("max_depth")
+@new_option
 @database_option
-def max_depth(queue: str, max_depth: str, database_url: str | None) -> None:
+def max_depth(queue: str, max_depth: str, new: bool, database_url: str | None) -> None:
     """Refuse enqueues that would take QUEUE above MAX_DEPTH waiting jobs (``none`` removes
     the bound)."""
-    bound_queue(queue_for(database_url), queue, max_depth)
+    bound_queue(queue_for(database_url), queue, max_depth, new=new)
 
 
-def bound_queue(pgq: PgQueue, queue: str, max_depth: str) -> None:
+def bound_queue(pgq: PgQueue, queue: str, max_depth: str, *, new: bool = False) -> None:
     """Shared by ``pgqueue max-depth`` and ``flask pgqueue max-depth``."""
     value = number_or_none(max_depth)
-    pgq.set_queue_max_depth(queue, value)
+    pgq.set_queue_max_depth(known_queue(pgq, queue, new=new, doing="bound"), value)
     echo(f"queue {queue}: max depth {'removed' if value is None else value}")

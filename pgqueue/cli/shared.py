@@ -100,6 +100,23 @@ def echo(message: str = "", *, err: bool = False) -> None:
     click.echo(visible(message), err=err)
 
 
+def plural(count: int, noun: str) -> str:
+    """``1 job``, ``2 jobs``, ``0 jobs``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def in_this_cli(text: str) -> str:
+    """``text`` with the ``pgqueue ...`` commands it suggests (in backticks, as the library's
+    messages write them) as the user types them in this CLI: ``flask pgqueue ...`` under
+    Flask, where the app comes from ``--app`` and no APP argument is given."""
+    context = click.get_current_context(silent=True)
+    if context is None or isinstance(context.find_root().command, OneLineErrors):
+        return text
+    return text.replace("`pgqueue worker APP ", "`flask pgqueue worker ").replace(
+        "`pgqueue ", "`flask pgqueue "
+    )
+
+
 class CommandError(click.ClickException):
     """A problem the user can fix, printed as one ``error: ...`` line; exit code 2."""
 
@@ -355,7 +372,7 @@ def print_stats(pgq: PgQueue, *, as_json: bool) -> None:
             }
         )
         return
-    table = Table(title="pgqueue jobs")
+    table = Table(title="pgqueue job counts per queue and state")
     table.add_column("queue")
     for state in JobState:
         table.add_column(state.value, justify="right")
@@ -365,18 +382,46 @@ def print_stats(pgq: PgQueue, *, as_json: bool) -> None:
 
 
 def print_job(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
-    """Shared by ``pgqueue show`` and ``flask pgqueue show``: one job as JSON (``--json``: on
-    one line, values normalised)."""
+    """Shared by ``pgqueue show`` and ``flask pgqueue show``: one job, a field a line and its
+    errors' tracebacks as text (``--json``: one JSON document on one line)."""
     job = pgq.admin.get_job(job_id)
     holder = pgq.admin.job_holder(job_id) if job.state is JobState.RUNNING else None
     steps = {
         "steps": [{"name": s.name, "completed_at": s.completed_at.isoformat()} for s in job.steps]
     }
+    record = {**job_record(job), **holder_record(holder), **steps}
     if as_json:
-        print_json({**job_record(job), **holder_record(holder), **steps})
+        print_json(record)
         return
-    data = {c.key: getattr(job, c.key) for c in job.__table__.columns}
-    echo(json.dumps({**data, **holder_record(holder), **steps}, default=str, indent=2))
+    echo(readable_job(record))
+
+
+def readable_job(record: dict[str, Any]) -> str:
+    """A job's record for a person: one ``key  value`` line per field (lists and objects as
+    compact JSON), then its errors with their tracebacks as the lines they are, oldest first
+    (``last_error`` only when the history does not already end with it)."""
+    errors = record.get("errors") or []
+    last_error = record.get("last_error")
+    fields = {k: v for k, v in record.items() if k not in {"errors", "last_error"}}
+    width = max(len(key) for key in fields)
+    lines = [f"{key:<{width}}  {_field_text(value)}" for key, value in fields.items()]
+    texts = [(_error_heading(e), str(e.get("error", ""))) for e in errors if isinstance(e, dict)]
+    if last_error and (not texts or texts[-1][1] != last_error):
+        texts.append(("last error:", last_error))
+    for heading, text in texts:
+        lines.append(heading)
+        lines.extend(f"    {line}" for line in text.rstrip().splitlines())
+    return "\n".join(lines)
+
+
+def _error_heading(entry: dict[str, Any]) -> str:
+    return f"error of attempt {entry.get('attempt', '?')} at {entry.get('at', '?')}:"
+
+
+def _field_text(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str, sort_keys=True)
+    return "" if value is None else str(value)
 
 
 def holder_record(holder: JobHolder | None) -> dict[str, Any]:

@@ -18,8 +18,10 @@ from pgqueue import config
 from pgqueue.cli.shared import (
     console,
     database_option,
+    in_this_cli,
     json_option,
     load_app,
+    plural,
     print_json,
     problem_line,
     queue_for,
@@ -145,9 +147,10 @@ def run_worker_command(
     from pgqueue.worker import Worker
 
     logging.getLogger("pgqueue").setLevel(min(logging.getLogger().level, logging.INFO))
+    names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     w = Worker(
         pgq,
-        queues=[q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+        queues=names,
         concurrency=concurrency,
         listen=False if no_listen else None,
         poll_interval=poll_interval,
@@ -162,6 +165,50 @@ def run_worker_command(
 
         watch_supervisor(supervisor_pid, w.stop)
     w.run(drain=drain)
+    if drain:
+        report_left_waiting(pgq, names)
+
+
+def report_left_waiting(pgq: PgQueue, queues: list[str] | None) -> None:
+    """After a drain, one line for the jobs it left waiting in its queues (retries and
+    scheduled jobs not due yet, or ready ones it could not claim): how many, and when the
+    next is due; nothing when none is left. A drain otherwise looks like an empty queue."""
+    from pgqueue.states import JobState
+
+    counts = {
+        queue: by_state
+        for queue, by_state in pgq.admin.capped_counts().items()
+        if queues is None or queue in queues
+    }
+    retrying = sum(by_state.get(JobState.RETRYING, 0) for by_state in counts.values())
+    queued = sum(by_state.get(JobState.QUEUED, 0) for by_state in counts.values())
+    if not retrying + queued:
+        return
+    firsts = [
+        first
+        for queue, first in pgq.admin.oldest_waiting().items()
+        if queues is None or queue in queues
+    ]
+    next_one = min(firsts, key=lambda first: first.run_at, default=None)
+    if next_one is None:
+        due = ""
+    elif next_one.seconds_waiting < 0:
+        due = (
+            f"; the next, job {next_one.job_id}, is due in {-next_one.seconds_waiting:.0f} s "
+            f"({next_one.run_at:%Y-%m-%d %H:%M:%S %Z})"
+        )
+    else:
+        due = (
+            f"; job {next_one.job_id} is due but was not claimed "
+            f"(`pgqueue explain {next_one.job_id}` says why)"
+        )
+    log.info(
+        "drained, leaving %s waiting (%d retrying, %d queued)%s",
+        plural(retrying + queued, "job"),
+        retrying,
+        queued,
+        in_this_cli(due),
+    )
 
 
 def _child_metrics() -> int:

@@ -37,6 +37,8 @@ so a host's transaction that called ``upgrade`` keeps its own settings.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -44,6 +46,7 @@ from alembic.config import Config
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy import Connection, inspect
 from sqlalchemy.exc import DBAPIError
 
@@ -54,6 +57,7 @@ from pgqueue.errors import (
     DowngradeLosesData,
     SchemaNotCurrent,
     SchemaRecordedElsewhere,
+    UnknownRevision,
     is_insufficient_privilege,
 )
 from pgqueue.migrations import losses
@@ -112,9 +116,10 @@ def upgrade(
     for a lock (0: without limit)."""
     script = ScriptDirectory.from_config(alembic_config())
     target = _qualified(revision)
-    if _applied_by_host(connection, script, target):
-        return
-    _run(connection, lambda rev, _ctx: script._upgrade_revs(target, rev), lock_timeout)
+    with _known_revision(script, revision):
+        if _applied_by_host(connection, script, target):
+            return
+        _run(connection, lambda rev, _ctx: script._upgrade_revs(target, rev), lock_timeout)
 
 
 def downgrade(
@@ -145,7 +150,24 @@ def downgrade(
                 )
         return planned
 
-    _run(connection, steps, lock_timeout)
+    with _known_revision(script, revision):
+        _run(connection, steps, lock_timeout)
+
+
+@contextmanager
+def _known_revision(script: ScriptDirectory, revision: str) -> Iterator[None]:
+    """Alembic's refusal of a revision it cannot find or reach (a typo, a host's revision id)
+    as a one-line :class:`UnknownRevision` naming the lineage's revisions; Alembic resolves
+    the target only once the migration runs, so this wraps the run (whose transaction is the
+    caller's to roll back)."""
+    try:
+        yield
+    except AlembicCommandError as exc:
+        ids = sorted(_known(script))
+        raise UnknownRevision(
+            f"revision {revision!r}: {exc}; nothing changed: pgqueue's revisions are {ids[0]} "
+            f"to {ids[-1]} (head), base, or a step like -1 or +1"
+        ) from None
 
 
 def _run(connection: Connection, step: Any, lock_timeout: float) -> None:

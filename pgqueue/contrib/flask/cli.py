@@ -108,7 +108,7 @@ def stats(as_json: bool) -> None:
 @click.argument("job_id", type=int)
 @shared.json_option
 def show(job_id: int, as_json: bool) -> None:
-    """Show one job as JSON."""
+    """Show one job: its fields, then its errors with their tracebacks (--json: JSON)."""
     shared.print_job(_queue(), job_id, as_json=as_json)
 
 
@@ -164,9 +164,10 @@ def schedules() -> None:
 
 @pgqueue_group.command()
 @click.argument("queue")
-def pause(queue: str) -> None:
+@queue_commands.new_option
+def pause(queue: str, new: bool) -> None:
     """Stop all workers from claiming QUEUE's jobs (running jobs finish)."""
-    queue_commands.pause_queue(_queue(), queue)
+    queue_commands.pause_queue(_queue(), queue, new=new)
 
 
 @pgqueue_group.command()
@@ -179,18 +180,20 @@ def resume(queue: str) -> None:
 @pgqueue_group.command()
 @click.argument("queue")
 @click.argument("limit")
-def limit(queue: str, limit: str) -> None:
+@queue_commands.new_option
+def limit(queue: str, limit: str, new: bool) -> None:
     """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
-    queue_commands.limit_queue(_queue(), queue, limit)
+    queue_commands.limit_queue(_queue(), queue, limit, new=new)
 
 
 @pgqueue_group.command(name="max-depth")
 @click.argument("queue")
 @click.argument("max_depth")
-def max_depth(queue: str, max_depth: str) -> None:
+@queue_commands.new_option
+def max_depth(queue: str, max_depth: str, new: bool) -> None:
     """Refuse enqueues that would take QUEUE above MAX_DEPTH waiting jobs (``none`` removes
     the bound)."""
-    queue_commands.bound_queue(_queue(), queue, max_depth)
+    queue_commands.bound_queue(_queue(), queue, max_depth, new=new)
 
 
 @pgqueue_group.command(name="key-limit", context_settings=FLOW_COMMAND_SETTINGS)

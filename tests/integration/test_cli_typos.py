@@ -1,0 +1,157 @@
+"""Both CLIs given what a user mistypes or misreads: a revision that does not exist, a queue
+that has no jobs, a name no job can have, a drain that leaves retries behind, a job's
+tracebacks. A mistake prints one ``error:`` line and exits 2; what a command reports reads as
+text. Real servers, real subprocesses (the helpers of ``test_cli_one_line_errors``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL
+from test_cli_one_line_errors import _assert_one_line, _enqueue, _run, flask, pgqueue, shop
+
+from pgqueue import PgQueue, migrations
+
+__all__ = ["shop"]  # the fixture, used by name
+
+def _first_and_head() -> tuple[str, str]:
+    return "pgqueue_0001", migrations.head()
+
+
+def test_a_revision_that_does_not_exist(shop: Path, database_url: URL) -> None:
+    first, head = _first_and_head()
+    for cli in (pgqueue, flask):
+        for action in ("upgrade", "downgrade"):
+            error = _assert_one_line(
+                cli(["migrate", action, "pgqueue_9999"], shop, database_url),
+                "revision 'pgqueue_9999'",
+                f"{first} to {head} (head)",
+            )
+            assert "nothing changed" in error
+    current = pgqueue(["migrate", "current"], shop, database_url)
+    assert current.stdout.strip() == f"{head} (head)", current.stdout
+
+
+def test_the_library_raises_the_same_refusal(database_url: URL) -> None:
+    from pgqueue.errors import UnknownRevision
+
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            for step in (migrations.upgrade, migrations.downgrade):
+                try:
+                    step(connection, "nosuch")
+                except UnknownRevision as exc:
+                    assert "revision 'nosuch'" in str(exc)
+                else:
+                    raise AssertionError(f"{step.__name__} took a revision that is not there")
+                connection.rollback()
+    finally:
+        engine.dispose()
+
+
+def test_a_queue_without_jobs_or_settings_is_refused(shop: Path, database_url: URL) -> None:
+    _enqueue(database_url, "mail")
+    for cli in (pgqueue, flask):
+        for command in (
+            ["pause", "nosuchqueue"],
+            ["resume", "nosuchqueue"],
+            ["limit", "nosuchqueue", "3"],
+            ["max-depth", "nosuchqueue", "3"],
+        ):
+            error = _assert_one_line(
+                cli(command, shop, database_url), "queue 'nosuchqueue' has no jobs and no settings"
+            )
+            assert ("--new" in error) is (command[0] != "resume"), error
+        # The queue that has jobs, and a queue set up on purpose before its first job.
+        for command in (["pause", "mail"], ["resume", "mail"], ["pause", "later", "--new"]):
+            done = cli(command, shop, database_url)
+            assert done.returncode == 0, done.stderr
+        # Once it has settings, it is known.
+        done = cli(["resume", "later"], shop, database_url)
+        assert done.returncode == 0, done.stderr
+    engine = create_engine(database_url)
+    with engine.connect() as connection:
+        names = connection.execute(text("SELECT name FROM pgqueue_queues")).scalars().all()
+    engine.dispose()
+    assert "nosuchqueue" not in names and "later" in names
+
+
+def test_a_name_no_job_can_have_is_refused_by_every_command(
+    shop: Path, database_url: URL
+) -> None:
+    for cli in (pgqueue, flask):
+        for command in (
+            ["jobs", "--queue", "bad queue"],
+            ["jobs", "--task", "bad task"],
+            ["jobs", "--json", "--queue", "bad queue"],
+            ["pause", "bad queue"],
+            ["pause", "bad queue", "--new"],
+            ["resume", "bad queue"],
+            ["limit", "bad queue", "2"],
+            ["bulk", "retry", "--queue", "bad queue", "--dry-run"],
+        ):
+            _assert_one_line(cli(command, shop, database_url), "'bad ", "has characters outside")
+
+
+SLOW_RETRIES = """
+import os
+
+from flask import Flask
+
+from pgqueue import PgQueue, backoff
+from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
+
+pgq = PgQueue(os.environ["SHOP_URL"])
+flask_pgq = FlaskPgQueue()
+
+
+def fail():
+    raise ValueError("boom")
+
+
+pgq.task(name="shop.later", retry=backoff.constant(600))(fail)
+flask_pgq.task(name="shop.later", retry=backoff.constant(600))(fail)
+app = Flask("slow")
+app.config["PGQUEUE_DATABASE_URL"] = os.environ["SHOP_URL"]
+flask_pgq.init_app(app)
+"""
+
+
+def test_a_drain_names_the_retries_it_leaves(shop: Path, database_url: URL) -> None:
+    (shop / "slow.py").write_text(SLOW_RETRIES)
+    pgq = PgQueue(database_url)
+    runs = {
+        "pgqueue": ["-m", "pgqueue", "worker", "slow:pgq", "--drain"],
+        "flask": ["-m", "flask", "--app", "slow:app", "pgqueue", "worker", "--drain"],
+    }
+    for argv in runs.values():
+        [job_id] = _enqueue(database_url, "default", task="shop.later", max_attempts=3)
+        result = _run(argv, shop, database_url)
+        assert result.returncode == 0, result.stderr
+        [line] = [line for line in result.stderr.splitlines() if "drained" in line]
+        assert "leaving 1 job waiting (1 retrying, 0 queued)" in line, line
+        assert f"the next, job {job_id}, is due in 600 s" in line, line
+        pgq.admin.cancel_job(job_id)
+    pgq.dispose()
+    done = _run(runs["pgqueue"], shop, database_url)
+    assert done.returncode == 0, done.stderr
+    assert "drained" not in done.stderr, done.stderr
+
+
+def test_show_prints_tracebacks_as_text(shop: Path, database_url: URL) -> None:
+    [job_id] = _enqueue(database_url, "default", task="shop.fail", max_attempts=1)
+    assert pgqueue(["worker", "shop:pgq", "--drain"], shop, database_url).returncode == 0
+    for cli in (pgqueue, flask):
+        shown = cli(["show", str(job_id)], shop, database_url)
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.splitlines()
+        assert "\\n" not in shown.stdout, shown.stdout
+        assert "    Traceback (most recent call last):" in lines, shown.stdout
+        assert "    ValueError: boom" in lines, shown.stdout
+        assert any(line.startswith("error of attempt 1 at ") for line in lines), shown.stdout
+        assert any(line.split() == ["state", "failed"] for line in lines), shown.stdout
+        record = json.loads(cli(["show", str(job_id), "--json"], shop, database_url).stdout)
+        assert record["state"] == "failed" and "Traceback" in record["last_error"]
