@@ -16,6 +16,7 @@ from pgqueue import PgQueue, migrations
 
 __all__ = ["shop"]  # the fixture, used by name
 
+
 def _first_and_head() -> tuple[str, str]:
     return "pgqueue_0001", migrations.head()
 
@@ -79,9 +80,7 @@ def test_a_queue_without_jobs_or_settings_is_refused(shop: Path, database_url: U
     assert "nosuchqueue" not in names and "later" in names
 
 
-def test_a_name_no_job_can_have_is_refused_by_every_command(
-    shop: Path, database_url: URL
-) -> None:
+def test_a_name_no_job_can_have_is_refused_by_every_command(shop: Path, database_url: URL) -> None:
     for cli in (pgqueue, flask):
         for command in (
             ["jobs", "--queue", "bad queue"],
