@@ -389,6 +389,14 @@ class Settings:
         return cls(**values)
 
 
+# What a setting's variable must hold, in words (not its Python type, ``int | None``).
+_KIND_NAMES: Final = {
+    "bool": "true or false (1/0, yes/no, on/off)",
+    "int": "a whole number",
+    "float": "a number",
+}
+
+
 def _coerce(name: str, annotation: Any, raw: str) -> Any:
     kind = str(annotation)
     variable = ENV_PREFIX + name.upper()
@@ -405,7 +413,9 @@ def _coerce(name: str, annotation: Any, raw: str) -> Any:
         if kind.startswith("float"):
             return float(raw)
     except ValueError:
-        raise ConfigurationError(f"{variable}={raw!r} is not a valid {kind}") from None
+        raise ConfigurationError(
+            f"{variable}={raw!r} is not {_KIND_NAMES[kind.split()[0]]}"
+        ) from None
     return raw
 
 

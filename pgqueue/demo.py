@@ -111,7 +111,9 @@ def run_demo(
     enqueue_started = time.monotonic()
     ids = task.enqueue_many([{"image_id": i, "width": 640} for i in range(1, job_count + 1)])
     enqueue_seconds = time.monotonic() - enqueue_started
-    console.print(f"Enqueued {job_count:,} jobs in {enqueue_seconds:.2f}s (one transaction, COPY)")
+    console.print(
+        f"Enqueued {job_count:,} job{'' if job_count == 1 else 's'} in {enqueue_seconds:.2f}s (one transaction, COPY)"
+    )
 
     worker = Worker(pgq, concurrency=concurrency)
     thread = threading.Thread(target=worker.run, name="demo-worker", daemon=True)

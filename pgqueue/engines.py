@@ -16,7 +16,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
@@ -222,6 +222,11 @@ class Engines:
             await database.engine.dispose()
 
 
+# Marks the log record of the fallback, for the CLI: it shows the WARNING where a process runs
+# (a worker), and at INFO for a command that only reads or sets something.
+EMBEDDED_FALLBACK: Final = "pgqueue_embedded_fallback"
+
+
 def _warn_embedded(settings: Settings) -> None:
     # Silently falling back would give every production host its own private queue, gone when
     # the process that started the server exits; this line is how such a deployment notices.
@@ -242,4 +247,5 @@ def _warn_embedded(settings: Settings) -> None:
         database,
         named,
         data_dir,
+        extra={EMBEDDED_FALLBACK: True},
     )

@@ -55,7 +55,22 @@ class JobState(enum.StrEnum):
     def is_final(self) -> bool:
         return self in FINAL_STATES
 
+    @property
+    def phrase(self) -> str:
+        """The state as the end of a sentence about the job: ``it has succeeded``, ``it is
+        running``, ``it was cancelled``."""
+        return _PHRASES[self]
 
+
+_PHRASES: Final = {
+    JobState.QUEUED: "is queued",
+    JobState.WAITING: "is waiting for the jobs it depends on",
+    JobState.RUNNING: "is running",
+    JobState.RETRYING: "is waiting to be retried",
+    JobState.SUCCEEDED: "has succeeded",
+    JobState.FAILED: "has failed",
+    JobState.CANCELLED: "was cancelled",
+}
 FINAL_STATES: Final = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 WAITING_STATES: Final = frozenset({JobState.QUEUED, JobState.RETRYING})
 ACTIVE_STATES: Final = WAITING_STATES | {JobState.RUNNING}

@@ -11,6 +11,8 @@ This module holds the command group and adds the commands of each group's module
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from pgqueue.cli import demo, history, jobs, migrate, queues, workers
@@ -31,10 +33,21 @@ __all__ = ["console", "load_app", "main"]
 @click.group(cls=OneLineErrors)
 @verbose_option
 @debug_option
+@click.option(
+    "--database-url",
+    default=None,
+    metavar="URL",
+    help="SQLAlchemy URL for every command (each command's own --database-url wins; "
+    "default: $PGQUEUE_DATABASE_URL, else the embedded server).",
+)
 @click.version_option(package_name="pgqueue")
-def main(verbose: int, debug: bool) -> None:
+def main(verbose: int, debug: bool, database_url: str | None) -> None:
     """pgqueue: PostgreSQL job queue for SQLAlchemy applications."""
     configure_logging(verbose)
+    if database_url is not None:
+        # As the environment variable: each command's option reads it as its default, and so
+        # do an APP's PgQueue() and the worker processes of ``worker --processes N``.
+        os.environ["PGQUEUE_DATABASE_URL"] = database_url
 
 
 for _command in (

@@ -23,6 +23,7 @@ from pgqueue.cli.shared import (
     database_option,
     echo,
     json_option,
+    plural,
     print_json,
     queue_for,
 )
@@ -182,10 +183,10 @@ def run_bulk(
         preview = act(job_filter, dry_run=True, actor=who, source="cli")
         if not sys.stdin.isatty():
             raise CommandError(
-                f"refusing to {action.value} {preview.count} jobs without confirmation: pass "
+                f"refusing to {action.value} {plural(preview.count, 'job')} without confirmation: pass "
                 "--yes (or --dry-run to only count)"
             )
-        click.confirm(f"{action.value} {preview.count:,} jobs?", abort=True, err=True)
+        click.confirm(f"{action.value} {plural(preview.count, 'job')}?", abort=True, err=True)
         expected = preview.count
     result = act(job_filter, actor=who, source="cli", expected_count=expected)
     _print(result, job_filter, as_json)
@@ -204,7 +205,7 @@ def _print(result: BulkResult, job_filter: JobFilter, as_json: bool) -> None:
             }
         )
     elif result.dry_run:
-        echo(f"dry run: {result.action.value} would change {result.count:,} jobs")
+        echo(f"dry run: {result.action.value} would change {plural(result.count, 'job')}")
     else:
         running = (
             f" ({result.flagged_running:,} running, asked to stop)"
@@ -212,7 +213,7 @@ def _print(result: BulkResult, job_filter: JobFilter, as_json: bool) -> None:
             else ""
         )
         echo(
-            f"{_DONE[result.action]} {result.count:,} jobs{running} "
+            f"{_DONE[result.action]} {plural(result.count, 'job')}{running} "
             f"(audit record {result.audit_id})"
         )
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from pgqueue.cli.shared import database_option, echo, queue_for
+from pgqueue.cli.shared import database_option, echo, plural, queue_for
 from pgqueue.core import PgQueue
 from pgqueue.errors import NotSchemaOwner
 
@@ -19,7 +19,7 @@ from pgqueue.errors import NotSchemaOwner
 def prune(database_url: str | None) -> None:
     """Delete finished jobs past their retention (PGQUEUE_SUCCEEDED_RETENTION, ...)."""
     deleted = queue_for(database_url).prune()
-    echo(f"pruned {deleted} jobs")
+    echo(f"pruned {plural(deleted, 'job')}")
 
 
 @click.group(name="history")

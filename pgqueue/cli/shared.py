@@ -101,8 +101,8 @@ def echo(message: str = "", *, err: bool = False) -> None:
 
 
 def plural(count: int, noun: str) -> str:
-    """``1 job``, ``2 jobs``, ``0 jobs``."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+    """``1 job``, ``2 jobs``, ``0 jobs``, ``1,200 jobs``."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
 
 
 def in_this_cli(text: str) -> str:
@@ -268,7 +268,28 @@ def configure_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     handler = logging.StreamHandler()
     handler.setFormatter(VisibleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_quiet_embedded_notice)
     logging.basicConfig(level=level, handlers=[handler])
+
+
+# The commands that keep the embedded server's WARNING: those that run jobs, where a
+# deployment left without a database URL must notice.
+_RUN_JOBS: Final = {"worker"}
+
+
+def _quiet_embedded_notice(record: logging.LogRecord) -> bool:
+    """Show the embedded server's fallback WARNING as an INFO line (``-v``) for commands that
+    only read or set something, so it is not repeated on every one of them while trying the
+    CLI; ``pgqueue worker`` keeps it. ``PGQUEUE_DATABASE_URL`` unset is said in the docs."""
+    from pgqueue.engines import EMBEDDED_FALLBACK
+
+    if not getattr(record, EMBEDDED_FALLBACK, False):
+        return True
+    context = click.get_current_context(silent=True)
+    if context is not None and context.info_name in _RUN_JOBS:
+        return True
+    record.levelno, record.levelname = logging.INFO, "INFO"
+    return logging.getLogger().getEffectiveLevel() <= logging.INFO
 
 
 class VisibleFormatter(logging.Formatter):
@@ -372,7 +393,7 @@ def print_stats(pgq: PgQueue, *, as_json: bool) -> None:
             }
         )
         return
-    table = Table(title="pgqueue job counts per queue and state")
+    table = Table(title="jobs per queue and state")
     table.add_column("queue")
     for state in JobState:
         table.add_column(state.value, justify="right")

@@ -295,7 +295,7 @@ def _raise_for_state(
         raise JobNotFound(f"no job with id {job_id}")
     names = ", ".join(sorted(s.value for s in allowed))
     raise InvalidStateTransition(
-        f"cannot {action} job {job_id}: it is {job.state.value} (allowed from: {names})"
+        f"cannot {action} job {job_id}: it {job.state.phrase} (allowed from: {names})"
     )
 
 

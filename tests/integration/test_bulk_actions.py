@@ -103,7 +103,7 @@ def test_bulk_retry_of_3000_failed_jobs_dry_run_action_and_one_audit_row(
     refused = _cli(database_url, "bulk", "retry", "--state", "failed", "--queue", "sync")
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        "error: refusing to retry 3000 jobs without confirmation: pass --yes (or --dry-run to "
+        "error: refusing to retry 3,000 jobs without confirmation: pass --yes (or --dry-run to "
         "only count)"
     ]
     assert _audit_rows(engine) == []

@@ -154,7 +154,7 @@ def test_retry_job_refuses_jobs_that_did_not_fail(pgq: PgQueue) -> None:
 
     job_id = fine.enqueue()
     run_until_final(pgq, [job_id])
-    with pytest.raises(InvalidStateTransition, match="it is succeeded"):
+    with pytest.raises(InvalidStateTransition, match="it has succeeded"):
         pgq.retry_job(job_id)
     assert pgq.get_job(job_id).state is JobState.SUCCEEDED
 
