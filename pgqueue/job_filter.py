@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pgqueue import validation
 from pgqueue.errors import ValidationError
 from pgqueue.states import CANCEL, RERUN, JobState
 
@@ -79,6 +78,8 @@ class JobFilter:
     all_jobs: bool = False
 
     def __post_init__(self) -> None:
+        from pgqueue import validation  # SQLAlchemy, through config: not for --help
+
         if self.queue is not None:
             validation.queue_name(self.queue)
         if self.task_name is not None:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgqueue.admin import BulkResult, default_actor
 from pgqueue.cli.shared import (
     CommandError,
     database_option,
@@ -27,8 +26,11 @@ from pgqueue.cli.shared import (
     print_json,
     queue_for,
 )
-from pgqueue.core import PgQueue
 from pgqueue.job_filter import BulkAction, JobFilter, parse_states, parse_time
+
+if TYPE_CHECKING:
+    from pgqueue.admin import BulkResult
+    from pgqueue.core import PgQueue
 
 __all__ = ["add_bulk_commands", "bulk", "job_filter_from_options"]
 
@@ -174,6 +176,8 @@ def run_bulk(
         BulkAction.CANCEL: admin.bulk_cancel,
         BulkAction.DELETE: admin.bulk_delete,
     }[action]
+    from pgqueue.admin import default_actor
+
     who = default_actor() if actor is None else actor
     if dry_run:
         _print(act(job_filter, dry_run=True, actor=who, source="cli"), job_filter, as_json)

@@ -9,13 +9,11 @@ and reported as one line with exit code 2.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
 
-from pgqueue import validation
-from pgqueue.admin import KeyOverride, QueueSettings
 from pgqueue.cli.shared import (
     CommandError,
     console,
@@ -26,7 +24,10 @@ from pgqueue.cli.shared import (
     print_json,
     queue_for,
 )
-from pgqueue.core import PgQueue
+
+if TYPE_CHECKING:
+    from pgqueue.admin import KeyOverride
+    from pgqueue.core import PgQueue
 
 __all__ = [
     "FLOW_COMMAND_SETTINGS",
@@ -58,6 +59,8 @@ def key_limit_command(
     if key_or_prefix is None:
         _print_key_overrides(pgq.key_overrides(), as_json=as_json)
         return
+    from pgqueue import validation
+
     prefix = validation.concurrency_key(key_or_prefix, what="KEY_OR_PREFIX")
     if limit is None:
         found = {o.prefix: o for o in pgq.key_overrides()}.get(prefix)
@@ -95,6 +98,8 @@ def rate_limit_command(
             raise CommandError("--per goes with a QUEUE (or --key PREFIX) and a LIMIT")
         _print_rates(pgq, as_json=as_json)
         return
+    from pgqueue import validation
+
     queue = None if key is not None else values[0]
     if key is not None:
         target = f"keys {validation.concurrency_key(key, what='--key')}*"
@@ -189,6 +194,8 @@ def _rate_record(limit: int | None, per: float | None) -> dict[str, Any]:
 def _print_one_rate(
     pgq: PgQueue, target: str, *, key: str | None, queue: str | None, as_json: bool
 ) -> None:
+    from pgqueue.admin import QueueSettings
+
     if key is not None:
         override = {o.prefix: o for o in pgq.key_overrides()}.get(key)
         limit, per = (override.rate_limit, override.rate_per) if override else (None, None)

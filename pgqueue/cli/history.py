@@ -5,12 +5,14 @@ retention, and keep the partitioned history's partitions (coming days created, e
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from pgqueue.cli.shared import database_option, echo, plural, queue_for
-from pgqueue.core import PgQueue
+
+if TYPE_CHECKING:
+    from pgqueue.core import PgQueue
 from pgqueue.errors import NotSchemaOwner
 
 

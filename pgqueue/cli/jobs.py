@@ -5,7 +5,7 @@ one is not running.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,8 +22,10 @@ from pgqueue.cli.shared import (
     print_stats,
     queue_for,
 )
-from pgqueue.core import PgQueue
 from pgqueue.states import JobState
+
+if TYPE_CHECKING:
+    from pgqueue.core import PgQueue
 
 
 @click.command()

@@ -4,12 +4,15 @@ whose locks a migration waited for and refusing a downgrade that would destroy d
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
-from sqlalchemy.exc import DBAPIError
 
 from pgqueue.cli.shared import CommandError, database_option, echo, queue_for
-from pgqueue.core import PgQueue
 from pgqueue.errors import DowngradeLosesData, is_insufficient_privilege, is_lock_timeout
+
+if TYPE_CHECKING:
+    from pgqueue.core import PgQueue
 
 yes_option = click.option(
     "--yes",
@@ -30,6 +33,8 @@ def migrate(action: str, revision: str | None, yes: bool, database_url: str | No
 
 def run_migrate_command(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> None:
     """Shared by ``pgqueue migrate`` and ``flask pgqueue migrate``."""
+    from sqlalchemy.exc import DBAPIError
+
     try:
         _migrate(pgq, action, revision, yes=yes)
     except DowngradeLosesData as exc:
@@ -49,6 +54,8 @@ def run_migrate_command(pgq: PgQueue, action: str, revision: str | None, *, yes:
 
 
 def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> None:
+    from sqlalchemy.exc import DBAPIError
+
     from pgqueue import migrations
     from pgqueue.migrations.blockers import BlockerWatch, session_pid
 

@@ -4,6 +4,8 @@ depth, and list the periodic schedules that feed them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 from rich.table import Table
 
@@ -16,7 +18,9 @@ from pgqueue.cli.shared import (
     number_or_none,
     queue_for,
 )
-from pgqueue.core import PgQueue
+
+if TYPE_CHECKING:
+    from pgqueue.core import PgQueue
 
 new_option = click.option(
     "--new",

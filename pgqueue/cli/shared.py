@@ -18,18 +18,14 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
-import psycopg
 from rich.console import Console, JustifyMethod, OverflowMethod
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy.exc import DBAPIError
 
-from pgqueue.admin import JobHolder
-from pgqueue.core import PgQueue
 from pgqueue.errors import (
     PgQueueError,
     connection_failure,
@@ -39,6 +35,12 @@ from pgqueue.errors import (
     is_undefined_table,
 )
 from pgqueue.states import JobState
+
+# SQLAlchemy, psycopg and pgqueue's core are imported where a command uses them, never by
+# ``pgqueue --help`` (they are most of a command's start-up time).
+if TYPE_CHECKING:
+    from pgqueue.admin import JobHolder
+    from pgqueue.core import PgQueue
 
 # Wide enough for any row: a table printed to a file or a pipe is never cut or wrapped.
 UNBOUNDED_WIDTH = 100_000
@@ -150,6 +152,8 @@ def load_app(path: str) -> PgQueue:
 
     Whatever else it names (a task, a function, a class) is refused without being called.
     """
+    from pgqueue.core import PgQueue
+
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise CommandError(f"APP {path!r} is not of the form module:attribute: {_FIX_APP}")
@@ -185,6 +189,8 @@ _QUEUE_KEY = "pgqueue.queue"
 def queue_for(database_url: str | None) -> PgQueue:
     """The queue of a command that only touches tables: on ``--database-url`` when given, else
     on ``$PGQUEUE_DATABASE_URL`` or the embedded server."""
+    from pgqueue.core import PgQueue
+
     return remember_queue(PgQueue(database_url) if database_url else PgQueue())
 
 
@@ -200,6 +206,9 @@ def problem_line(exc: BaseException, database: Callable[[], str | None]) -> str 
     """One line naming what went wrong and its fix, for the errors a user causes and can fix
     (schema not migrated, server down, login refused, bad input); None for anything else,
     which is a bug and keeps its traceback. ``database`` names the command's database."""
+    import psycopg
+    from sqlalchemy.exc import DBAPIError
+
     if isinstance(exc, PgQueueError):
         return str(exc)
     if not isinstance(exc, DBAPIError | psycopg.Error):

@@ -8,13 +8,11 @@ import logging
 import math
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
-from sqlalchemy.exc import DBAPIError
 
-from pgqueue import config
 from pgqueue.cli.shared import (
     console,
     database_option,
@@ -26,8 +24,10 @@ from pgqueue.cli.shared import (
     problem_line,
     queue_for,
 )
-from pgqueue.core import PgQueue
 from pgqueue.errors import is_bad_credentials, is_connection_error, pgqueue_logger
+
+if TYPE_CHECKING:
+    from pgqueue.core import PgQueue
 
 log = pgqueue_logger("pgqueue.worker")
 
@@ -104,6 +104,8 @@ def run_worker_command(
     metrics_address: str | None = None,
 ) -> None:
     """Shared by ``pgqueue worker`` and ``flask pgqueue worker``."""
+    from pgqueue import config
+
     address = (
         pgq.settings.metrics_address
         if metrics_address is None
@@ -236,6 +238,8 @@ def check_schema(pgq: PgQueue, *, wait_for_database: float | None = None) -> Non
     each, at most one every ``LONGEST_DATABASE_WAIT`` seconds, until the database answers and
     the schema is checked, or the time is up and the last failure ends the command.
     """
+    from sqlalchemy.exc import DBAPIError
+
     from pgqueue import migrations
 
     deadline = None if wait_for_database is None else time.monotonic() + wait_for_database
