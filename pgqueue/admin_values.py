@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pgqueue import validation
 from pgqueue.errors import ValidationError
 from pgqueue.job_filter import BulkAction
 from pgqueue.models import Job
@@ -244,12 +243,9 @@ def list_arguments(
     limit: int,
 ) -> ListArguments:
     """Check a job listing's arguments (ValidationError on the first bad one)."""
-    # The names every other operation accepts: a name no job can have is a typo, refused
-    # rather than listed as an empty page.
-    if queue is not None:
-        validation.queue_name(queue)
-    if task_name is not None:
-        validation.task_name(task_name)
+    for label, text in (("queue", queue), ("task_name", task_name)):
+        if text is not None and (not isinstance(text, str) or "\x00" in text):
+            raise ValidationError(f"{label} must be a str without NUL characters, got {text!r}")
     if state is not None and not isinstance(state, JobState):
         try:
             state = JobState(state)

@@ -19,6 +19,7 @@ import click
 
 from pgqueue.cli.shared import (
     CommandError,
+    checked_name,
     database_option,
     echo,
     json_option,
@@ -39,8 +40,15 @@ _DONE = {BulkAction.RETRY: "retried", BulkAction.CANCEL: "cancelled", BulkAction
 
 def _bulk_options(function: Any) -> Any:
     options = [
-        click.option("--queue", "-q", default=None, help="Only this queue."),
-        click.option("--task", "-t", "task_name", default=None, help="Only this task name."),
+        click.option("--queue", "-q", default=None, callback=checked_name, help="Only this queue."),
+        click.option(
+            "--task",
+            "-t",
+            "task_name",
+            default=None,
+            callback=checked_name,
+            help="Only this task name.",
+        ),
         click.option(
             "--state",
             "-s",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pgqueue.cli.shared import (
+    checked_name,
     database_option,
     echo,
     in_this_cli,
@@ -80,7 +81,7 @@ def enqueue_options(function: Any) -> Any:
         click.option(
             "--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments."
         ),
-        click.option("--queue", default=None),
+        click.option("--queue", default=None, callback=checked_name),
         click.option("--delay", type=float, default=None),
         click.option("--priority", type=int, default=None),
     ]

@@ -314,12 +314,43 @@ json_option = click.option(
 )
 
 
+def checked_name(context: click.Context, parameter: click.Parameter, value: Any) -> Any:
+    """An option's queue or task name (or names, comma-separated for ``--queues``), checked as
+    every command and the library check one: a name no job can have is a typo, refused in one
+    line rather than shown as an empty table. The library's own listing takes any name, since
+    rows written by other clients may hold any."""
+    if value is None:
+        return value
+    from pgqueue import validation
+
+    check = validation.task_name if parameter.name == "task_name" else validation.queue_name
+    # ``--queues a,b``: each name, as the worker splits them.
+    names = (
+        [n.strip() for n in value.split(",") if n.strip()]
+        if parameter.name == "queues"
+        else [value]
+    )
+    try:
+        for name in names:
+            check(name)
+    except PgQueueError as exc:
+        raise CommandError(str(exc)) from None
+    return value
+
+
 def job_filter_options(function: Any) -> Any:
     """The options of ``pgqueue jobs`` (shared with ``flask pgqueue jobs``)."""
     options = [
-        click.option("--queue", "-q", default=None, help="Only this queue."),
+        click.option("--queue", "-q", default=None, callback=checked_name, help="Only this queue."),
         click.option("--state", "-s", type=click.Choice([s.value for s in JobState]), default=None),
-        click.option("--task", "-t", "task_name", default=None, help="Only this task name."),
+        click.option(
+            "--task",
+            "-t",
+            "task_name",
+            default=None,
+            callback=checked_name,
+            help="Only this task name.",
+        ),
         click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 1000)),
         click.option("--before", type=int, default=None, help="Only jobs older than this job id."),
         json_option,

@@ -14,6 +14,7 @@ import click
 from rich.table import Table
 
 from pgqueue.cli.shared import (
+    checked_name,
     console,
     database_option,
     in_this_cli,
@@ -35,7 +36,13 @@ log = pgqueue_logger("pgqueue.worker")
 def worker_options(function: Any) -> Any:
     """The options of ``pgqueue worker`` (shared with ``flask pgqueue worker``)."""
     options = [
-        click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all)."),
+        click.option(
+            "--queues",
+            "-q",
+            default=None,
+            callback=checked_name,
+            help="Comma-separated queues (default: all).",
+        ),
         click.option("--concurrency", "-c", default=10, show_default=True, type=click.IntRange(1)),
         click.option("--processes", "-p", default=1, show_default=True, type=click.IntRange(1)),
         click.option("--no-listen", is_flag=True, help="Poll only, never LISTEN."),

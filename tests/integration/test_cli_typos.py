@@ -17,6 +17,9 @@ from pgqueue import PgQueue, migrations
 __all__ = ["shop"]  # the fixture, used by name
 
 
+APP = {pgqueue: ["shop:pgq"], flask: []}
+
+
 def _first_and_head() -> tuple[str, str]:
     return "pgqueue_0001", migrations.head()
 
@@ -91,6 +94,10 @@ def test_a_name_no_job_can_have_is_refused_by_every_command(shop: Path, database
             ["resume", "bad queue"],
             ["limit", "bad queue", "2"],
             ["bulk", "retry", "--queue", "bad queue", "--dry-run"],
+            ["bulk", "delete", "--task", "bad task", "--dry-run"],
+            ["rate-limit", "bad queue", "3", "--per", "1"],
+            ["enqueue", *APP[cli], "shop.noop", "--queue", "bad queue"],
+            ["worker", *APP[cli], "--queues", "default,bad queue", "--drain"],
         ):
             _assert_one_line(cli(command, shop, database_url), "'bad ", "has characters outside")
 

@@ -73,9 +73,8 @@ def test_listing_arguments_are_checked_and_states_parsed() -> None:
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        ({"queue": "a\x00b"}, "queue name .* has characters outside"),
-        ({"queue": "bad queue"}, "queue name 'bad queue' has characters outside"),
-        ({"task_name": 3}, "task name must be a string"),
+        ({"queue": "a\x00b"}, "queue must be a str without NUL"),
+        ({"task_name": 3}, "task_name must be a str"),
         ({"state": "sleeping"}, "unknown state 'sleeping'"),
         ({"before": -1}, "before must be a job id"),
         ({"after": MAX_JOB_ID + 1}, "after must be a job id"),

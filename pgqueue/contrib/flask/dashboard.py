@@ -284,17 +284,14 @@ def job_list() -> str:
     limit = min(max(request.args.get("limit", PAGE_SIZE, type=int), 1), 500)
     admin = _admin()
     queues = admin.queue_names()
-    try:
-        page = admin.list_jobs(
-            queue=queue_name,
-            state=state,
-            task_name=task_name,
-            before=before,
-            after=after,
-            limit=limit,
-        )
-    except ValidationError as exc:  # a name no job can have
-        abort(400, description=str(exc))
+    page = admin.list_jobs(
+        queue=queue_name,
+        state=state,
+        task_name=task_name,
+        before=before,
+        after=after,
+        limit=limit,
+    )
     filters: dict[str, Any] = {
         k: v for k, v in (("queue", queue_name), ("state", state_name), ("task", task_name)) if v
     }
