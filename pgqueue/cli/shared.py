@@ -317,8 +317,8 @@ json_option = click.option(
 def checked_name(context: click.Context, parameter: click.Parameter, value: Any) -> Any:
     """An option's queue or task name (or names, comma-separated for ``--queues``), checked as
     every command and the library check one: a name no job can have is a typo, refused in one
-    line rather than shown as an empty table. The library's own listing takes any name, since
-    rows written by other clients may hold any."""
+    line rather than acted on. (``jobs`` lists the jobs of any name, which rows written by
+    other clients may hold, and refuses such a name only when no job has it.)"""
     if value is None:
         return value
     from pgqueue import validation
@@ -338,19 +338,24 @@ def checked_name(context: click.Context, parameter: click.Parameter, value: Any)
     return value
 
 
+def _refuse_bad_names(*, queue: str | None, task_name: str | None) -> None:
+    from pgqueue import validation
+
+    try:
+        if queue is not None:
+            validation.queue_name(queue)
+        if task_name is not None:
+            validation.task_name(task_name)
+    except PgQueueError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def job_filter_options(function: Any) -> Any:
     """The options of ``pgqueue jobs`` (shared with ``flask pgqueue jobs``)."""
     options = [
-        click.option("--queue", "-q", default=None, callback=checked_name, help="Only this queue."),
+        click.option("--queue", "-q", default=None, help="Only this queue."),
         click.option("--state", "-s", type=click.Choice([s.value for s in JobState]), default=None),
-        click.option(
-            "--task",
-            "-t",
-            "task_name",
-            default=None,
-            callback=checked_name,
-            help="Only this task name.",
-        ),
+        click.option("--task", "-t", "task_name", default=None, help="Only this task name."),
         click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 1000)),
         click.option("--before", type=int, default=None, help="Only jobs older than this job id."),
         json_option,
@@ -389,7 +394,11 @@ def print_jobs(
     before: int | None,
     as_json: bool,
 ) -> None:
-    """Shared by ``pgqueue jobs`` and ``flask pgqueue jobs``: a page of jobs, newest first."""
+    """Shared by ``pgqueue jobs`` and ``flask pgqueue jobs``: a page of jobs, newest first.
+
+    A queue or task name that ``checked_name`` refuses is refused here too, unless jobs have
+    it: rows written by other clients may hold any name, and listing them is how one finds
+    them."""
     page = pgq.admin.list_jobs(
         queue=queue,
         state=JobState(state) if state else None,
@@ -397,6 +406,8 @@ def print_jobs(
         before=before,
         limit=limit,
     )
+    if not page.jobs and before is None:
+        _refuse_bad_names(queue=queue, task_name=task_name)
     if as_json:
         print_json(
             {
