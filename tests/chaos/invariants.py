@@ -19,7 +19,7 @@ from .workload import KEY_OVERRIDES, Event, LimitChange
 
 ATOMIC_TASKS = {"chaos.atomic", "chaos.atomic_solo"}
 # A run that ended without these needs a reason to be followed by another run of its job.
-SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse"}
+SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse", "poison"}
 # Seconds a returned run's outcome may take to be written with no fault to explain it (the
 # completer writes within a batch's time; a queue whose rows are held retries within 2 s).
 OUTCOME_DELAY = 10.0
@@ -410,6 +410,31 @@ def _delays(event: Event, job: object, run: Run, finished: float) -> bool:
     return False
 
 
+# The kinds whose handler returns a result pgqueue cannot store (``app.POISONS``).
+POISON_KINDS = frozenset({"poison", "atomic_poison"})
+
+
+def poison_refused(s: Snapshot, facts: Facts) -> list[Violation]:
+    """12. A job whose handler returns a result pgqueue cannot store never succeeds: each
+    such attempt is a failed attempt with its error recorded, and at the end the job is FAILED
+    (or CANCELLED by an admin move), never stuck RUNNING or retried without end."""
+    found = []
+    for job in s.jobs.values():
+        if job.kind not in POISON_KINDS:
+            continue
+        if job.state == "succeeded":
+            found.append(Violation("12 poison refused", job.id, "succeeded with a poison result"))
+        elif facts.final and job.state not in {"failed", "cancelled"}:
+            found.append(
+                Violation(
+                    "12 poison refused",
+                    job.id,
+                    f"{job.state} at the end (attempts {job.attempts}/{job.max_attempts})",
+                )
+            )
+    return found
+
+
 INVARIANTS: list[tuple[Check, bool]] = [
     (final_or_waiting, False),
     (attempts_within_max, True),
@@ -422,4 +447,5 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (registered_tasks_only, True),
     (returned_outcome_kept, True),
     (outcomes_not_held_up, True),
+    (poison_refused, True),
 ]
