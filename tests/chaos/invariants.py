@@ -246,7 +246,9 @@ def _overlap(s: Snapshot, facts: Facts, what: str, name: str, runs: list[Run]) -
 
 
 def no_stale_running(s: Snapshot, facts: Facts) -> list[Violation]:
-    """6. No RUNNING job whose lease expired more than ``stale_after`` seconds ago."""
+    """6. No RUNNING job whose lease expired more than ``stale_after`` seconds ago, unless its
+    own queue's or key's control row was held meanwhile: its outcome and its rescue both update
+    that row, so they wait for whoever holds it (an operator's ``SELECT ... FOR UPDATE``)."""
     return [
         Violation(
             "6 no stale running",
@@ -257,7 +259,23 @@ def no_stale_running(s: Snapshot, facts: Facts) -> list[Violation]:
         if j.state == "running"
         and j.lease_expires_at is not None
         and j.lease_expires_at.timestamp() < s.now - facts.stale_after
+        and not _own_row_held(j, facts, j.lease_expires_at.timestamp(), s.now)
     ]
+
+
+def _own_row_held(job: object, facts: Facts, since: float, now: float) -> bool:
+    """Whether a fault held ``job``'s queue's or key's control row after its lease expired
+    (``since``) and let go of it less than ``stale_after`` seconds before ``now``."""
+    names = {job.queue, job.concurrency_key}  # type: ignore[attr-defined]
+    for event in list(facts.events):
+        if event.kind != "lock_control" or event.at > now:
+            continue
+        until = event.until if event.until is not None else event.at
+        if until < since or until + facts.stale_after < now:
+            continue
+        if any(f" {name}'s row" in event.detail for name in names if name):
+            return True
+    return False
 
 
 def unique_active(s: Snapshot, facts: Facts) -> list[Violation]:
