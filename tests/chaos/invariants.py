@@ -266,16 +266,21 @@ def no_stale_running(s: Snapshot, facts: Facts) -> list[Violation]:
 def _own_row_held(job: object, facts: Facts, since: float, now: float) -> bool:
     """Whether a fault held ``job``'s queue's or key's control row after its lease expired
     (``since``) and let go of it less than ``stale_after`` seconds before ``now``."""
-    names = {job.queue, job.concurrency_key}  # type: ignore[attr-defined]
     for event in list(facts.events):
-        if event.kind != "lock_control" or event.at > now:
+        if not _holds_row_of(event, job) or event.at > now:
             continue
         until = event.until if event.until is not None else event.at
-        if until < since or until + facts.stale_after < now:
-            continue
-        if any(f" {name}'s row" in event.detail for name in names if name):
+        if since <= until and now <= until + facts.stale_after:
             return True
     return False
+
+
+def _holds_row_of(event: Event, job: object) -> bool:
+    """Whether ``event`` is a fault holding ``job``'s queue's or key's control row."""
+    if event.kind != "lock_control":
+        return False
+    names = {job.queue, job.concurrency_key}  # type: ignore[attr-defined]
+    return any(f" {name}'s row" in event.detail for name in names if name)
 
 
 def unique_active(s: Snapshot, facts: Facts) -> list[Violation]:
@@ -422,10 +427,7 @@ def _delays(event: Event, job: object, run: Run, finished: float) -> bool:
         return True
     if event.kind in {"sigstop", "sigkill"}:
         return event.pid == run.pid
-    if event.kind == "lock_control":
-        names = {job.queue, job.concurrency_key}  # type: ignore[attr-defined]
-        return any(f" {name}'s row" in event.detail for name in names if name)
-    return False
+    return _holds_row_of(event, job)
 
 
 # The kinds whose handler returns a result pgqueue cannot store (``app.POISONS``).
