@@ -56,7 +56,6 @@ from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.data import claim as claim_data
 from pgqueue.data import history as history_data
-from pgqueue.data.claim_choice import LimitsSeen
 from pgqueue.sql import history as history_sql
 
 DAYS = 10
@@ -123,7 +122,7 @@ def time_claims(pgq: PgQueue, calls: int) -> float:
                 queues=["default"],
                 lease_seconds=600.0,
                 task_leases={},
-                limits=LimitsSeen(),
+                limits=claim_data.LimitsSeen(),
             )
             samples.append((time.perf_counter() - start) * 1e6)
         assert len(claimed) == 10

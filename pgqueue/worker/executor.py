@@ -139,9 +139,9 @@ class Executor:
     ) -> Outcome:
         """Run an atomic job in ``session``'s open claim transaction and write its outcome there.
 
-        The handler runs in a savepoint, and a success is written inside it: on failure the
-        handler's writes are rolled back while the claim and the retry/failure record still
-        commit. An outcome the database refuses is replaced by a failed attempt (``unrecorded``)
+        The handler runs in a savepoint, and a success is written inside it: on failure (the
+        handler raised, its result cannot be stored, or it was cancelled) the handler's writes
+        are rolled back while the claim and the retry/failure record still commit. An outcome the database refuses is replaced by a failed attempt (``unrecorded``)
         with the handler's writes rolled back, so every attempt counts even then; only a
         failure to write that too rolls the whole claim back. The caller commits.
         """
@@ -181,6 +181,11 @@ class Executor:
             outcome = self._success(job, result, execution)
             if context is not None:
                 outcome.progress = execution.unwritten_progress()
+            if outcome.kind is not OutcomeKind.COMPLETE:
+                # A result that cannot be stored, or a cancel seen as it returned: the
+                # handler's writes commit with a completion only, never beside a failure.
+                savepoint.rollback()
+                return self._record_atomic(session, job, outcome)
             outcomes_data.record_outcomes(session, [outcome])
             savepoint.commit()
             return outcome

@@ -124,10 +124,30 @@ def nap(ctx, seconds):
     return True
 
 
-def leased_body(ctx, kind, seconds, fail_until, snoozes, message):
+def nested(levels):
+    value = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+# Results pgqueue cannot store: what a handler returning the wrong thing hands the worker (a
+# set, NaN, an arbitrary object, JSON nested deeper than max_json_depth).
+POISONS = {
+    "set": lambda: {1, 2},
+    "nan": lambda: float("nan"),
+    "object": lambda: object(),
+    "deep": lambda: nested(100),
+}
+
+
+def leased_body(ctx, kind, seconds, fail_until, snoozes, message, poison=None):
     token = begin_run(ctx, kind)
     outcome = "raised"
     try:
+        if poison:
+            outcome = "poison"
+            return POISONS[poison]()
         if snoozes and runs_so_far(ctx) <= snoozes:
             outcome = "snooze"
             raise Snooze(0.3)
@@ -145,9 +165,9 @@ def leased_body(ctx, kind, seconds, fail_until, snoozes, message):
 
 @pgq.task(name="chaos.leased", queue="chaos", pass_context=True, max_attempts=3,
           retry=backoff.constant(0.3))
-def leased(ctx, kind, seconds=0.0, fail_until=0, snoozes=0, key=None):
+def leased(ctx, kind, seconds=0.0, fail_until=0, snoozes=0, key=None, poison=None):
     message = "chaos: always fails" if fail_until >= 99 else "chaos: fails on purpose"
-    return leased_body(ctx, kind, seconds, fail_until, snoozes, message)
+    return leased_body(ctx, kind, seconds, fail_until, snoozes, message, poison)
 
 
 # A task only some workers register, as during a rolling deploy: the others must leave its
@@ -193,13 +213,16 @@ MISUSES = {
 }
 
 
-def atomic_body(ctx, kind, seconds, fail_until, misuse, misuse_until):
+def atomic_body(ctx, kind, seconds, fail_until, misuse, misuse_until, poison=None):
     token = begin_run(ctx, kind)
     outcome = "raised"
     try:
         tx_row(ctx.session, ctx, kind)
         if seconds:
             time.sleep(seconds)
+        if poison:
+            outcome = "poison"
+            return POISONS[poison]()
         if misuse and ctx.attempt <= misuse_until:
             outcome = "misuse"
             MISUSES[misuse](ctx)
@@ -213,8 +236,8 @@ def atomic_body(ctx, kind, seconds, fail_until, misuse, misuse_until):
 
 @pgq.task(name="chaos.atomic", queue="chaos_atomic", atomic=True, pass_context=True,
           max_attempts=3, retry=backoff.constant(0.3))
-def atomic(ctx, kind, seconds=0.0, fail_until=0, misuse=None, misuse_until=0):
-    return atomic_body(ctx, kind, seconds, fail_until, misuse, misuse_until)
+def atomic(ctx, kind, seconds=0.0, fail_until=0, misuse=None, misuse_until=0, poison=None):
+    return atomic_body(ctx, kind, seconds, fail_until, misuse, misuse_until, poison)
 
 
 @pgq.task(name="chaos.atomic_solo", queue="chaos_atomic_solo", atomic=True, pass_context=True,

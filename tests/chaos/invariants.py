@@ -19,7 +19,7 @@ from .workload import KEY_OVERRIDES, Event, LimitChange
 
 ATOMIC_TASKS = {"chaos.atomic", "chaos.atomic_solo"}
 # A run that ended without these needs a reason to be followed by another run of its job.
-SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse"}
+SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse", "poison"}
 # Seconds a returned run's outcome may take to be written with no fault to explain it (the
 # completer writes within a batch's time; a queue whose rows are held retries within 2 s).
 OUTCOME_DELAY = 10.0
@@ -246,7 +246,9 @@ def _overlap(s: Snapshot, facts: Facts, what: str, name: str, runs: list[Run]) -
 
 
 def no_stale_running(s: Snapshot, facts: Facts) -> list[Violation]:
-    """6. No RUNNING job whose lease expired more than ``stale_after`` seconds ago."""
+    """6. No RUNNING job whose lease expired more than ``stale_after`` seconds ago, unless its
+    own queue's or key's control row was held meanwhile: its outcome and its rescue both update
+    that row, so they wait for whoever holds it (an operator's ``SELECT ... FOR UPDATE``)."""
     return [
         Violation(
             "6 no stale running",
@@ -257,7 +259,28 @@ def no_stale_running(s: Snapshot, facts: Facts) -> list[Violation]:
         if j.state == "running"
         and j.lease_expires_at is not None
         and j.lease_expires_at.timestamp() < s.now - facts.stale_after
+        and not _own_row_held(j, facts, j.lease_expires_at.timestamp(), s.now)
     ]
+
+
+def _own_row_held(job: object, facts: Facts, since: float, now: float) -> bool:
+    """Whether a fault held ``job``'s queue's or key's control row after its lease expired
+    (``since``) and let go of it less than ``stale_after`` seconds before ``now``."""
+    for event in list(facts.events):
+        if not _holds_row_of(event, job) or event.at > now:
+            continue
+        until = event.until if event.until is not None else event.at
+        if since <= until and now <= until + facts.stale_after:
+            return True
+    return False
+
+
+def _holds_row_of(event: Event, job: object) -> bool:
+    """Whether ``event`` is a fault holding ``job``'s queue's or key's control row."""
+    if event.kind != "lock_control":
+        return False
+    names = {job.queue, job.concurrency_key}  # type: ignore[attr-defined]
+    return any(f" {name}'s row" in event.detail for name in names if name)
 
 
 def unique_active(s: Snapshot, facts: Facts) -> list[Violation]:
@@ -404,10 +427,32 @@ def _delays(event: Event, job: object, run: Run, finished: float) -> bool:
         return True
     if event.kind in {"sigstop", "sigkill"}:
         return event.pid == run.pid
-    if event.kind == "lock_control":
-        names = {job.queue, job.concurrency_key}  # type: ignore[attr-defined]
-        return any(f" {name}'s row" in event.detail for name in names if name)
-    return False
+    return _holds_row_of(event, job)
+
+
+# The kinds whose handler returns a result pgqueue cannot store (``app.POISONS``).
+POISON_KINDS = frozenset({"poison", "atomic_poison"})
+
+
+def poison_refused(s: Snapshot, facts: Facts) -> list[Violation]:
+    """12. A job whose handler returns a result pgqueue cannot store never succeeds: each
+    such attempt is a failed attempt with its error recorded, and at the end the job is FAILED
+    (or CANCELLED by an admin move), never stuck RUNNING or retried without end."""
+    found = []
+    for job in s.jobs.values():
+        if job.kind not in POISON_KINDS:
+            continue
+        if job.state == "succeeded":
+            found.append(Violation("12 poison refused", job.id, "succeeded with a poison result"))
+        elif facts.final and job.state not in {"failed", "cancelled"}:
+            found.append(
+                Violation(
+                    "12 poison refused",
+                    job.id,
+                    f"{job.state} at the end (attempts {job.attempts}/{job.max_attempts})",
+                )
+            )
+    return found
 
 
 INVARIANTS: list[tuple[Check, bool]] = [
@@ -422,4 +467,5 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (registered_tasks_only, True),
     (returned_outcome_kept, True),
     (outcomes_not_held_up, True),
+    (poison_refused, True),
 ]

@@ -31,6 +31,8 @@ from .app import (
 
 PAUSABLE = [QUEUE_MAIN, QUEUE_ASYNC, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_ATOMIC]
 KEYS = ["k0", "k1", "k2", "k3"]
+# The results no JSON column can hold that the app's handlers return on request (app.POISONS).
+POISONS = ["set", "nan", "object", "deep"]
 # ``k3`` gets a run-time override below the task's key_limit of 2.
 KEY_OVERRIDES = {"k3": 1}
 INITIAL_QUEUE_LIMIT = 2
@@ -98,6 +100,8 @@ class Workload:
             (2, lambda: self._misuse("commit")),
             (2, lambda: self._misuse("deferred")),
             (2, self._raw_rollback),
+            (2, lambda: self._leased("poison", poison=self.rng.choice(POISONS))),
+            (2, lambda: self._atomic("atomic_poison", poison=self.rng.choice(POISONS))),
             (
                 3,
                 lambda: self._enqueue(

@@ -5,11 +5,12 @@ own asyncio units of work never hold the event loop (asyncio's debug mode report
 that runs longer than ``SLOW_CALLBACK_SECONDS``), and the asyncio calls refuse what the
 synchronous ones refuse, before any SQL.
 
-The slow-callback threshold is 0.25 s. A correct enqueue runs well under a millisecond of
-Python between two awaits, but on a shared CI machine a step can take tens of milliseconds (the
-process descheduled, or a garbage collection walking the many objects asyncio's debug mode
-records per task), so a threshold near asyncio's default of 0.1 s would fail now and then. A
-blocking enqueue is made to block for ``TABLE_LOCK_SECONDS`` (2.5 s, ten times the threshold):
+The slow-callback threshold is 1.0 s. A correct enqueue runs well under a millisecond of
+Python between two awaits, but on a shared 2-core CI machine running three servers' test tiers
+at once a step can take a few hundred milliseconds (the process descheduled, or a garbage
+collection walking the many objects asyncio's debug mode records per task), so a threshold
+near asyncio's default of 0.1 s fails now and then. A
+blocking enqueue is made to block for ``TABLE_LOCK_SECONDS`` (2.5 s, 2.5 times the threshold):
 the tests hold a lock its insert must wait for, so the check fails it every time (the last
 test of that section shows it).
 """
@@ -39,7 +40,7 @@ from pgqueue.data.insert_choice import COPY_THRESHOLD
 from pgqueue.errors import JobNotFound
 from pgqueue.testing import run_until_final
 
-SLOW_CALLBACK_SECONDS = 0.25
+SLOW_CALLBACK_SECONDS = 1.0
 TABLE_LOCK_SECONDS = 2.5
 CONCURRENT_ENQUEUES = 1000
 

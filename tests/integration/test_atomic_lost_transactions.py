@@ -86,6 +86,19 @@ def running_worker(pgq: PgQueue) -> Iterator[Callable[..., Worker]]:
         assert not thread.is_alive()
 
 
+def _claim_atomic(session: Session, worker_id: str, lease_seconds: float) -> list[Any]:
+    """An atomic claim of one job in ``session``'s transaction, as a worker's probe makes it."""
+    return claim_data.claim(
+        session,
+        worker_id=worker_id,
+        limit=1,
+        queues=None,
+        lease_seconds=lease_seconds,
+        task_leases={},
+        atomic=True,
+    )
+
+
 def _wait_final(pgq: PgQueue, job_id: int, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -178,15 +191,7 @@ def test_a_running_atomic_job_whose_worker_is_gone_is_rescued(
     job_id = orphan.enqueue()
     session: Session = pgq.handler_session()
     with session.begin():
-        [claimed] = claim_data.claim(
-            session,
-            worker_id="gone",
-            limit=1,
-            queues=None,
-            lease_seconds=0.5,
-            task_leases={},
-            atomic=True,
-        )
+        [claimed] = _claim_atomic(session, "gone", 0.5)
     session.close()  # committed early; the worker that made the claim is gone
     assert claimed.id == job_id and pgq.get_job(job_id).state is JobState.RUNNING
     running_worker()
@@ -260,15 +265,7 @@ def test_a_stale_claim_whose_transaction_ended_does_not_record_a_run(
     job_id = once.enqueue()
     stale: Session = pgq.handler_session()
     stale.begin()
-    [claimed] = claim_data.claim(
-        stale,
-        worker_id="frozen",
-        limit=1,
-        queues=None,
-        lease_seconds=30,
-        task_leases={},
-        atomic=True,
-    )
+    [claimed] = _claim_atomic(stale, "frozen", 30)
     assert (claimed.id, claimed.attempt) == (job_id, 1)
     pid = stale.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar()
     with engine.connect() as admin:
@@ -284,15 +281,7 @@ def test_a_stale_claim_whose_transaction_ended_does_not_record_a_run(
     live_id = once.enqueue()
     live: Session = pgq.handler_session()
     with live.begin():
-        [fresh] = claim_data.claim(
-            live,
-            worker_id="live",
-            limit=1,
-            queues=None,
-            lease_seconds=30,
-            task_leases={},
-            atomic=True,
-        )
+        [fresh] = _claim_atomic(live, "live", 30)
         assert fresh.id == live_id
         with pgq.sessions() as other:
             assert atomic_runs_data.record_atomic_run(other, fresh, "live")

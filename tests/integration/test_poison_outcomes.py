@@ -232,3 +232,29 @@ def test_arguments_python_cannot_decode_fail_alone_at_once(
         f"ValidationError: job {bad}'s arguments could not be decoded (RecursionError: "
         "maximum recursion depth exceeded while decoding a JSON array from a unicode string)"
     )
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [{1, 2}, float("nan"), object(), "x" * 1_000_001],
+    ids=["set", "nan", "object", "oversized"],
+)
+def test_an_atomic_result_that_cannot_be_stored_rolls_back_the_handler(
+    pgq: PgQueue, engine: Engine, poison: Any
+) -> None:
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE effects (job_id BIGINT, attempt INT)"))
+
+    @pgq.task(name="poison.atomic_result", atomic=True, pass_context=True, max_attempts=2)
+    def atomic_result(ctx: JobContext) -> Any:
+        ctx.session.execute(
+            text("INSERT INTO effects VALUES (:job, :attempt)"),
+            {"job": ctx.job_id, "attempt": ctx.attempt},
+        )
+        return poison
+
+    job_id = atomic_result.enqueue()
+    assert run_until_final(pgq, [job_id], timeout=30) == {job_id: JobState.FAILED}
+    assert "result could not be stored" in pgq.get_job(job_id).last_error
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM effects")).scalar() == 0

@@ -16,7 +16,6 @@ from sqlalchemy.engine import URL
 
 from pgqueue import JobState, PgQueue
 from pgqueue.data import claim as claim_data
-from pgqueue.data import claim_choice
 from pgqueue.db import ConnectionExecutor
 from pgqueue.testing import ConcurrencyProbe, states_of, wait_for_states
 from pgqueue.worker import Worker
@@ -206,7 +205,7 @@ def test_a_limit_set_while_a_claim_waits_keeps_that_claim_counted(pgq: PgQueue) 
                 queues=["q3"],
                 lease_seconds=30,
                 task_leases={},
-                limits=claim_choice.LimitsSeen(),
+                limits=claim_data.LimitsSeen(),
                 autocommit=True,
             )
         return [job.id for job in jobs]
