@@ -72,13 +72,13 @@ def test_job_page_names_the_blockers(served: tuple[Flask, str]) -> None:
 
 def test_flask_pgqueue_explain_names_the_paused_queue(database_url: URL) -> None:
     env = example_env(database_url)
-    flask(["pgqueue", "pause", "mail"], env)
+    flask(["pgqueue", "pause", "mail", "--new"], env)
     out = flask(["pgqueue", "enqueue", "orders.tasks.send_receipt", "--args", "[1]"], env).stdout
     job_id = int(out.strip())
     lines = flask(["pgqueue", "explain", str(job_id)], env).stdout.splitlines()
     assert lines[0] == f"job {job_id} (orders.tasks.send_receipt, queue mail): queued"
     assert lines[1] == (
-        "  paused: queue mail is paused: `pgqueue resume mail` lets workers claim it again"
+        "  paused: queue mail is paused: `flask pgqueue resume mail` lets workers claim it again"
     )
     data = json.loads(flask(["pgqueue", "explain", str(job_id), "--json"], env).stdout)
     assert data["blockers"][0]["kind"] == "paused"

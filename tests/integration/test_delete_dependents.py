@@ -107,7 +107,7 @@ def test_pgqueue_bulk_delete_cancels_what_waits_on_the_deleted_jobs(
         cli_main, ["bulk", "delete", "--queue", "parents", "--yes", "--database-url", url]
     )
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("deleted 1 jobs"), result.output
+    assert result.output.startswith("deleted 1 job"), result.output
     _assert_cancelled_for(pgq, parent, child, grandchild)
 
 

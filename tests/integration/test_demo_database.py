@@ -127,4 +127,5 @@ def test_the_demo_ends_with_commands_that_show_its_jobs(
         assert shown.exit_code == 0, (command, shown.output)
     job_id = int(commands[2].split()[2])
     shown = CliRunner().invoke(cli_main, ["show", str(job_id)])
-    assert f'"id": {job_id}' in shown.output
+    assert shown.output.splitlines()[0].split() == ["id", str(job_id)], shown.output
+    assert "task_name         demo." in shown.output, shown.output

@@ -334,7 +334,7 @@ def test_full_job_cycle_with_dml_rights_only(
         cli_job = int(enqueued.stdout.strip())
         drained = _cli(tmp_path, app_url, "worker", "lp_app:pgq", "--drain", "--concurrency", "2")
         assert drained.returncode == 0, drained.stderr[-2000:]
-        shown = _cli(tmp_path, app_url, "show", str(cli_job))
+        shown = _cli(tmp_path, app_url, "show", str(cli_job), "--json")
         assert shown.returncode == 0, shown.stderr
         data = json.loads(shown.stdout)
         assert (data["state"], data["result"]) == ("succeeded", 5)
@@ -472,8 +472,8 @@ def test_every_runtime_path_with_dml_rights_only(
         assert len(set(bulk_ids)) == 5000
 
         # Queue control through the CLI.
-        assert "paused" in _invoke("pause", "paused")
-        assert "limit 1" in _invoke("limit", "limited", "1")
+        assert "paused" in _invoke("pause", "paused", "--new")
+        assert "limit 1" in _invoke("limit", "limited", "1", "--new")
         assert pgq.queue_controls()["paused"]["paused"] is True
         assert pgq.queue_controls()["limited"]["concurrency_limit"] == 1
         held_ids = [held.enqueue(i) for i in range(3)]
