@@ -12,6 +12,7 @@ transient conflicts. Arguments are checked before any SQL runs; rows come back a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -140,18 +141,9 @@ class Admin:
             queue=queue, state=state, task_name=task_name, before=before, after=after, limit=limit
         )
         tables = self._tables()
-        rows = self._read(
-            lambda s: admin_data.jobs_page(
-                s,
-                tables,
-                queue=checked.queue,
-                state=checked.state,
-                task_name=checked.task_name,
-                before=checked.before,
-                after=checked.after,
-                limit=checked.limit + 1,
-            )
-        )
+        # One more than the page: whether there is a next page.
+        ahead = dataclasses.replace(checked, limit=checked.limit + 1)
+        rows = self._read(lambda s: admin_data.jobs_page(s, tables, ahead))
         return page_of(rows, limit=checked.limit, before=checked.before, after=checked.after)
 
     def delete_job(self, job_id: int, *, session: Session | None = None) -> bool:

@@ -197,14 +197,16 @@ class JobHolder:
 
 @dataclass(frozen=True, slots=True)
 class ListArguments:
-    """The checked filters and cursor of a job listing."""
+    """The filters and cursor of a job listing (checked by ``list_arguments``): jobs of
+    ``queue``, in ``state``, of task ``task_name`` (None: any), up to ``limit`` of them, older
+    than job ``before`` or newer than job ``after`` (None: from the newest)."""
 
-    queue: str | None
-    state: JobState | None
-    task_name: str | None
-    before: int | None
-    after: int | None
-    limit: int
+    queue: str | None = None
+    state: JobState | None = None
+    task_name: str | None = None
+    before: int | None = None
+    after: int | None = None
+    limit: int = DEFAULT_PAGE_SIZE
 
 
 def check_job_id(value: object) -> int:
