@@ -18,21 +18,19 @@ from typing import TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import explain, uow, validation
+from pgqueue import admin_values, explain, uow, validation
+from pgqueue.admin_values import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_values import (
-    AUDIT_SOURCES,
     BULK_CANCEL_REASON,
     DEFAULT_COUNT_CAP,
     DEFAULT_PAGE_SIZE,
     DEFAULT_THROUGHPUT_CAP,
     MAX_JOB_ID,
-    MAX_PAGE_SIZE,
     MAX_QUEUE_DEPTH,
     BulkResult,
     JobHolder,
     JobPage,
     KeyOverride,
-    ListArguments,
     OldestWaiting,
     QueueSettings,
     Throughput,
@@ -57,30 +55,7 @@ from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.models import Job
 from pgqueue.states import JobState
 
-__all__ = [
-    "AUDIT_SOURCES",
-    "DEFAULT_COUNT_CAP",
-    "DEFAULT_PAGE_SIZE",
-    "DEFAULT_THROUGHPUT_CAP",
-    "MAX_JOB_ID",
-    "MAX_PAGE_SIZE",
-    "Admin",
-    "BulkAction",
-    "BulkResult",
-    "JobFilter",
-    "JobHolder",
-    "JobPage",
-    "KeyOverride",
-    "ListArguments",
-    "OldestWaiting",
-    "QueueSettings",
-    "Throughput",
-    "WorkerInfo",
-    "check_job_id",
-    "default_actor",
-    "list_arguments",
-    "page_of",
-]
+__all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__]
 
 T = TypeVar("T")
 

@@ -1,6 +1,7 @@
 """The values of the admin API (``pgq.admin``): the records its reads return, its limits and
 defaults, and the checks of its arguments that run before any SQL. Pure; ``pgqueue.admin``
-re-exports every public name, which is where users import them from.
+re-exports the names of ``__all__``, which is where users import them from (the others serve
+pgqueue itself).
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ from pgqueue.states import JobState
 
 __all__ = [
     "AUDIT_SOURCES",
-    "BULK_CANCEL_REASON",
     "DEFAULT_COUNT_CAP",
     "DEFAULT_PAGE_SIZE",
     "DEFAULT_THROUGHPUT_CAP",
     "MAX_JOB_ID",
     "MAX_PAGE_SIZE",
-    "MAX_QUEUE_DEPTH",
     "BulkResult",
     "JobHolder",
     "JobPage",
@@ -36,12 +35,10 @@ __all__ = [
     "QueueSettings",
     "Throughput",
     "WorkerInfo",
-    "check_actor",
     "check_job_id",
     "default_actor",
     "list_arguments",
     "page_of",
-    "queue_controls_of",
 ]
 
 MAX_JOB_ID: Final = 2**63 - 1  # job ids are bigint
