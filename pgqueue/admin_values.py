@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from pgqueue.errors import ValidationError
 from pgqueue.job_filter import BulkAction
+from pgqueue.jobs import WorkerIdentity
 from pgqueue.models import Job
 from pgqueue.states import JobState
 
@@ -141,24 +142,17 @@ class Throughput:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """One worker process in the worker registry.
+class WorkerInfo(WorkerIdentity):
+    """One worker process in the worker registry (who it is: ``WorkerIdentity``).
 
-    ``queues`` is empty for a worker serving all queues. ``seconds_since_seen`` counts from
-    its latest heartbeat (database clock); ``live`` is false once that exceeds the stale
-    interval (``Settings.worker_stale_seconds``). ``running`` is the number of RUNNING jobs
-    it holds. ``claim_error`` is the error of its latest claim while its claims fail (it is
-    alive but takes no work), and ``seconds_failing`` how long they have failed; both None
-    while its claims work. ``tasks`` names the tasks it registers, the only ones it claims
-    (None for a worker of a version that did not record them).
+    ``seconds_since_seen`` counts from its latest heartbeat (database clock); ``live`` is false
+    once that exceeds the stale interval (``Settings.worker_stale_seconds``). ``running`` is the
+    number of RUNNING jobs it holds. ``claim_error`` is the error of its latest claim while its
+    claims fail (it is alive but takes no work), and ``seconds_failing`` how long they have
+    failed; both None while its claims work. ``tasks`` names the tasks it registers, the only
+    ones it claims (None for a worker of a version that did not record them).
     """
 
-    id: str
-    host: str
-    pid: int
-    queues: tuple[str, ...]
-    concurrency: int
-    version: str
     started_at: dt.datetime
     last_seen_at: dt.datetime
     seconds_since_seen: float

@@ -159,14 +159,11 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerEntry:
-    """What a worker writes about itself to the worker registry (``pgqueue_workers``).
-
-    ``queues`` is empty for a worker serving all queues; ``started_at`` is None until its first
-    registration returned the database's start time; ``claim_error`` is the error of its latest
-    claim while its claims fail, None while they work; ``tasks`` names the tasks it registers
-    (the only ones it claims).
-    """
+class WorkerIdentity:
+    """Who a worker process is, as its row in the worker registry (``pgqueue_workers``) says:
+    its id, host and pid, the queues it serves (empty: all of them), its concurrency and
+    pgqueue's version. What a worker writes (``WorkerEntry``) and what operators read
+    (``admin_values.WorkerInfo``) both begin with it."""
 
     id: str
     host: str
@@ -174,6 +171,17 @@ class WorkerEntry:
     queues: tuple[str, ...]
     concurrency: int
     version: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEntry(WorkerIdentity):
+    """What a worker writes about itself to the worker registry.
+
+    ``started_at`` is None until its first registration returned the database's start time;
+    ``claim_error`` is the error of its latest claim while its claims fail, None while they
+    work; ``tasks`` names the tasks it registers (the only ones it claims).
+    """
+
     started_at: dt.datetime | None = None
     claim_error: str | None = None
     tasks: tuple[str, ...] = ()
