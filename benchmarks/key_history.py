@@ -37,6 +37,7 @@ from benchmarks import server as server_module
 from benchmarks.run import RESULTS_DIR, machine
 from benchmarks.server import Server, libpq, sqlalchemy_url
 from pgqueue import PgQueue
+from pgqueue.jobs import ClaimRequest
 from pgqueue.worker.store import WorkerStore
 
 ENQUEUE_CHUNK = 1_000
@@ -80,7 +81,9 @@ def _one_database(url: URL, args: argparse.Namespace, history: int) -> dict[str,
 
     def claim_pgqueue(limit: int) -> int:
         claimed = store.claim(
-            worker_id="bench", limit=limit, queues=None, lease_seconds=300.0, task_leases={}
+            ClaimRequest(
+                worker_id="bench", limit=limit, queues=None, lease_seconds=300.0, task_leases={}
+            )
         )
         return len(claimed)
 

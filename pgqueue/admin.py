@@ -12,26 +12,25 @@ transient conflicts. Arguments are checked before any SQL runs; rows come back a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import explain, uow, validation
+from pgqueue import admin_values, explain, uow, validation
+from pgqueue.admin_values import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_values import (
-    AUDIT_SOURCES,
     BULK_CANCEL_REASON,
     DEFAULT_COUNT_CAP,
     DEFAULT_PAGE_SIZE,
     DEFAULT_THROUGHPUT_CAP,
     MAX_JOB_ID,
-    MAX_PAGE_SIZE,
     MAX_QUEUE_DEPTH,
     BulkResult,
     JobHolder,
     JobPage,
     KeyOverride,
-    ListArguments,
     OldestWaiting,
     QueueSettings,
     Throughput,
@@ -56,30 +55,7 @@ from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.models import Job
 from pgqueue.states import JobState
 
-__all__ = [
-    "AUDIT_SOURCES",
-    "DEFAULT_COUNT_CAP",
-    "DEFAULT_PAGE_SIZE",
-    "DEFAULT_THROUGHPUT_CAP",
-    "MAX_JOB_ID",
-    "MAX_PAGE_SIZE",
-    "Admin",
-    "BulkAction",
-    "BulkResult",
-    "JobFilter",
-    "JobHolder",
-    "JobPage",
-    "KeyOverride",
-    "ListArguments",
-    "OldestWaiting",
-    "QueueSettings",
-    "Throughput",
-    "WorkerInfo",
-    "check_job_id",
-    "default_actor",
-    "list_arguments",
-    "page_of",
-]
+__all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__]
 
 T = TypeVar("T")
 
@@ -140,18 +116,9 @@ class Admin:
             queue=queue, state=state, task_name=task_name, before=before, after=after, limit=limit
         )
         tables = self._tables()
-        rows = self._read(
-            lambda s: admin_data.jobs_page(
-                s,
-                tables,
-                queue=checked.queue,
-                state=checked.state,
-                task_name=checked.task_name,
-                before=checked.before,
-                after=checked.after,
-                limit=checked.limit + 1,
-            )
-        )
+        # One more than the page: whether there is a next page.
+        ahead = dataclasses.replace(checked, limit=checked.limit + 1)
+        rows = self._read(lambda s: admin_data.jobs_page(s, tables, ahead))
         return page_of(rows, limit=checked.limit, before=checked.before, after=checked.after)
 
     def delete_job(self, job_id: int, *, session: Session | None = None) -> bool:

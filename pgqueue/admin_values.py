@@ -1,6 +1,7 @@
 """The values of the admin API (``pgq.admin``): the records its reads return, its limits and
 defaults, and the checks of its arguments that run before any SQL. Pure; ``pgqueue.admin``
-re-exports every public name, which is where users import them from.
+re-exports the names of ``__all__``, which is where users import them from (the others serve
+pgqueue itself).
 """
 
 from __future__ import annotations
@@ -15,18 +16,17 @@ from typing import Any, Final
 
 from pgqueue.errors import ValidationError
 from pgqueue.job_filter import BulkAction
+from pgqueue.jobs import WorkerIdentity
 from pgqueue.models import Job
 from pgqueue.states import JobState
 
 __all__ = [
     "AUDIT_SOURCES",
-    "BULK_CANCEL_REASON",
     "DEFAULT_COUNT_CAP",
     "DEFAULT_PAGE_SIZE",
     "DEFAULT_THROUGHPUT_CAP",
     "MAX_JOB_ID",
     "MAX_PAGE_SIZE",
-    "MAX_QUEUE_DEPTH",
     "BulkResult",
     "JobHolder",
     "JobPage",
@@ -36,12 +36,10 @@ __all__ = [
     "QueueSettings",
     "Throughput",
     "WorkerInfo",
-    "check_actor",
     "check_job_id",
     "default_actor",
     "list_arguments",
     "page_of",
-    "queue_controls_of",
 ]
 
 MAX_JOB_ID: Final = 2**63 - 1  # job ids are bigint
@@ -144,24 +142,17 @@ class Throughput:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """One worker process in the worker registry.
+class WorkerInfo(WorkerIdentity):
+    """One worker process in the worker registry (who it is: ``WorkerIdentity``).
 
-    ``queues`` is empty for a worker serving all queues. ``seconds_since_seen`` counts from
-    its latest heartbeat (database clock); ``live`` is false once that exceeds the stale
-    interval (``Settings.worker_stale_seconds``). ``running`` is the number of RUNNING jobs
-    it holds. ``claim_error`` is the error of its latest claim while its claims fail (it is
-    alive but takes no work), and ``seconds_failing`` how long they have failed; both None
-    while its claims work. ``tasks`` names the tasks it registers, the only ones it claims
-    (None for a worker of a version that did not record them).
+    ``seconds_since_seen`` counts from its latest heartbeat (database clock); ``live`` is false
+    once that exceeds the stale interval (``Settings.worker_stale_seconds``). ``running`` is the
+    number of RUNNING jobs it holds. ``claim_error`` is the error of its latest claim while its
+    claims fail (it is alive but takes no work), and ``seconds_failing`` how long they have
+    failed; both None while its claims work. ``tasks`` names the tasks it registers, the only
+    ones it claims (None for a worker of a version that did not record them).
     """
 
-    id: str
-    host: str
-    pid: int
-    queues: tuple[str, ...]
-    concurrency: int
-    version: str
     started_at: dt.datetime
     last_seen_at: dt.datetime
     seconds_since_seen: float
@@ -197,14 +188,16 @@ class JobHolder:
 
 @dataclass(frozen=True, slots=True)
 class ListArguments:
-    """The checked filters and cursor of a job listing."""
+    """The filters and cursor of a job listing (checked by ``list_arguments``): jobs of
+    ``queue``, in ``state``, of task ``task_name`` (None: any), up to ``limit`` of them, older
+    than job ``before`` or newer than job ``after`` (None: from the newest)."""
 
-    queue: str | None
-    state: JobState | None
-    task_name: str | None
-    before: int | None
-    after: int | None
-    limit: int
+    queue: str | None = None
+    state: JobState | None = None
+    task_name: str | None = None
+    before: int | None = None
+    after: int | None = None
+    limit: int = DEFAULT_PAGE_SIZE
 
 
 def check_job_id(value: object) -> int:

@@ -99,21 +99,27 @@ class Engines:
     def engine(self) -> Engine:
         """Engine for pgqueue's own short transactions (statement timeout applied, no JIT)."""
         with self._lock:
-            if self._engine is None:
-                self._engine = connections.create_queue_engine(
-                    self.url, self._settings(), pool_size=5, max_overflow=10
-                )
+            self._engine = self._made(self._engine, connections.create_queue_engine, 5, 10)
             return self._engine
 
     @property
     def handler_engine(self) -> Engine:
         """Engine for handlers' sessions: no pgqueue statement timeout on the app's queries."""
         with self._lock:
-            if self._handler_engine is None:
-                self._handler_engine = connections.create_handler_engine(
-                    self.url, self._settings(), pool_size=10, max_overflow=40
-                )
+            self._handler_engine = self._made(
+                self._handler_engine, connections.create_handler_engine, 10, 40
+            )
             return self._handler_engine
+
+    def _made(
+        self, engine: Engine | None, create: Callable[..., Engine], size: int, overflow: int
+    ) -> Engine:
+        """``engine``, or one that ``create`` makes now (under ``_lock``) with a pool of
+        ``size`` connections and ``overflow`` more, on ``url`` with the settings of this
+        moment."""
+        if engine is not None:
+            return engine
+        return create(self.url, self._settings(), pool_size=size, max_overflow=overflow)
 
     @property
     def sessions(self) -> sessionmaker[Session]:

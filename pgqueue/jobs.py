@@ -1,5 +1,5 @@
-"""The values that cross between layers: a job to insert, a claimed attempt, an attempt's outcome,
-a worker's entry in the worker registry.
+"""The values that cross between layers: a job to insert, a worker's claim and the attempts it
+claimed, an attempt's outcome, a worker's entry in the worker registry.
 
 Plain data classes with no behaviour and no database access, so the task API, the data layer
 and the worker can all name them without importing each other.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,8 @@ _COMPLETE, _RETRY, _FAIL, _CANCELLED, _RELEASE, _SNOOZE = (
 
 # What a handler reported with ``JobContext.progress``: the fraction done and a message.
 Progress = tuple[float, str | None]
+# A held attempt's lease to extend: (job id, lease token, lease seconds).
+Lease = tuple[int, uuid.UUID, float]
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass is slower to build, once per job
@@ -46,6 +49,28 @@ class NewJob:
     depends_on: tuple[int, ...] = ()
     concurrency_key: str | None = None
     key_limit: int | None = None  # the task's limit for its key (null: none declared)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One claim of a worker: up to ``limit`` jobs of ``queues`` (None: every queue) for worker
+    ``worker_id``, leased for ``lease_seconds`` unless ``task_leases`` names a task's own lease,
+    none of the tasks in ``excluded``.
+
+    ``held`` gives the ids of the attempts the worker runs already; ``notified``: the claim
+    follows a wake-up for new work; ``failed`` is told of each try that failed and is tried
+    again (the error, and the delay before the next try when known), instead of a log line.
+    """
+
+    worker_id: str
+    limit: int
+    queues: Sequence[str] | None
+    lease_seconds: float
+    task_leases: Mapping[str, float]
+    held: Callable[[], Collection[int]] = frozenset
+    notified: bool = False
+    failed: Callable[[BaseException, float | None], None] | None = None
+    excluded: Sequence[str] = ()
 
 
 @dataclass(slots=True)  # not frozen: cheaper to build (thousands per second); see _claimed_jobs
@@ -134,14 +159,11 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerEntry:
-    """What a worker writes about itself to the worker registry (``pgqueue_workers``).
-
-    ``queues`` is empty for a worker serving all queues; ``started_at`` is None until its first
-    registration returned the database's start time; ``claim_error`` is the error of its latest
-    claim while its claims fail, None while they work; ``tasks`` names the tasks it registers
-    (the only ones it claims).
-    """
+class WorkerIdentity:
+    """Who a worker process is, as its row in the worker registry (``pgqueue_workers``) says:
+    its id, host and pid, the queues it serves (empty: all of them), its concurrency and
+    pgqueue's version. What a worker writes (``WorkerEntry``) and what operators read
+    (``admin_values.WorkerInfo``) both begin with it."""
 
     id: str
     host: str
@@ -149,6 +171,17 @@ class WorkerEntry:
     queues: tuple[str, ...]
     concurrency: int
     version: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEntry(WorkerIdentity):
+    """What a worker writes about itself to the worker registry.
+
+    ``started_at`` is None until its first registration returned the database's start time;
+    ``claim_error`` is the error of its latest claim while its claims fail, None while they
+    work; ``tasks`` names the tasks it registers (the only ones it claims).
+    """
+
     started_at: dt.datetime | None = None
     claim_error: str | None = None
     tasks: tuple[str, ...] = ()

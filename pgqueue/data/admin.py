@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from sqlalchemy.orm import Session
 
+from pgqueue.admin_values import ListArguments
 from pgqueue.data import dependencies
 from pgqueue.data.history import JobTables
 from pgqueue.db import SessionOrExecutor, executor_for
@@ -86,22 +87,14 @@ def request_cancel_running(db: SessionOrExecutor, job_id: int) -> bool:
     return bool(executor_for(db).rows(admin.request_cancel_running(), {"job_id": job_id}))
 
 
-def list_jobs(
-    session: Session,
-    *,
-    queue: str | None = None,
-    state: JobState | None = None,
-    task_name: str | None = None,
-    before: int | None = None,
-    after: int | None = None,
-    limit: int = 50,
-    history: bool = False,
-) -> list[Job]:
-    """Up to ``limit`` jobs, newest first, matching the filters; ``before``/``after`` (a job id)
-    page to older/newer jobs. Returns ORM objects of ``session``; with ``history``, the same
-    page of the moved jobs, as ``Job`` objects of no session (``moved_job``)."""
+def list_jobs(session: Session, listing: ListArguments, *, history: bool = False) -> list[Job]:
+    """The page of jobs ``listing`` asks for, newest first. Returns ORM objects of ``session``;
+    with ``history``, the same page of the moved jobs, as ``Job`` objects of no session
+    (``moved_job``)."""
+    queue, state, task_name = listing.queue, listing.state, listing.task_name
+    before, after = listing.before, listing.after
     cursor = "before" if before is not None else "after" if after is not None else None
-    params: dict[str, Any] = {"limit": limit}
+    params: dict[str, Any] = {"limit": listing.limit}
     params["states"] = [s.value for s in JobState] if state is None else [state.value]
     if queue is not None:
         params["queue"] = queue
@@ -225,32 +218,10 @@ def job_snapshot(session: Session, job_id: int, tables: JobTables) -> Job:
     return job
 
 
-def jobs_page(
-    session: Session,
-    tables: JobTables,
-    *,
-    queue: str | None,
-    state: JobState | None,
-    task_name: str | None,
-    before: int | None,
-    after: int | None,
-    limit: int,
-) -> list[Job]:
-    """``list_jobs`` over every table of ``tables``: up to ``limit`` jobs nearest the cursor,
-    newest first, each once, detached from ``session``."""
-    pages = [
-        list_jobs(
-            session,
-            queue=queue,
-            state=state,
-            task_name=task_name,
-            before=before,
-            after=after,
-            limit=limit,
-            history=moved,
-        )
-        for moved in tables.reads
-    ]
+def jobs_page(session: Session, tables: JobTables, listing: ListArguments) -> list[Job]:
+    """``list_jobs`` over every table of ``tables``: up to ``listing.limit`` jobs nearest the
+    cursor, newest first, each once, detached from ``session``."""
+    pages = [list_jobs(session, listing, history=moved) for moved in tables.reads]
     session.expunge_all()
     if len(pages) == 1:
         return pages[0]
@@ -259,7 +230,8 @@ def jobs_page(
         for job in page:
             by_id.setdefault(job.id, job)  # the live table's row first
     ids = sorted(by_id)
-    nearest = ids[:limit] if after is not None else ids[-limit:]
+    limit = listing.limit
+    nearest = ids[:limit] if listing.after is not None else ids[-limit:]
     return [by_id[i] for i in reversed(nearest)]
 
 

@@ -5,7 +5,6 @@ over ``db.Executor``, read-only.
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from pgqueue.db import SessionOrExecutor, executor_for
@@ -33,24 +32,15 @@ def dependency_states(db: SessionOrExecutor, job_ids: list[int]) -> dict[int, Jo
     return {job_id: JobState(state) for job_id, state in rows}
 
 
-def tickets_ahead(
-    db: SessionOrExecutor,
-    *,
-    job_id: int,
-    queue: str,
-    atomic: bool,
-    priority: int,
-    run_at: dt.datetime,
-    cap: int,
-) -> int:
-    """How many tickets of ``queue`` a claim would take before job ``job_id``'s ticket
-    ``(atomic, priority, run_at)``, counted up to ``cap``."""
+def tickets_ahead(db: SessionOrExecutor, job: Any, cap: int) -> int:
+    """How many tickets of its queue a claim would take before the ticket of ``job`` (a
+    ``job_facts`` row that has a ticket), counted up to ``cap``."""
     params = {
-        "atomic": atomic,
-        "priority": priority,
-        "run_at": run_at,
-        "job_id": job_id,
-        "queue": queue,
+        "atomic": job.ticket_atomic,
+        "priority": job.ticket_priority,
+        "run_at": job.ticket_run_at,
+        "job_id": job.id,
+        "queue": job.queue,
         "cap": cap,
     }
     return int(executor_for(db).rows(explain_sql.tickets_ahead(), params)[0][0])

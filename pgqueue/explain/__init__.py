@@ -66,15 +66,7 @@ def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobEx
         dependencies.update(explain_data.dependency_states(db, wanted))
     ahead: int | None = None
     if job.has_ticket and not finished:
-        ahead = explain_data.tickets_ahead(
-            db,
-            job_id=job.id,
-            queue=job.queue,
-            atomic=job.ticket_atomic,
-            priority=job.ticket_priority,
-            run_at=job.ticket_run_at,
-            cap=AHEAD_CAP,
-        )
+        ahead = explain_data.tickets_ahead(db, job, AHEAD_CAP)
     holder = None
     if state is JobState.RUNNING and job.lease_owner is not None:
         found = workers_data.job_holder(db, job.id, stale_seconds)

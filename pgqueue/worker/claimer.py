@@ -25,12 +25,12 @@ import bisect
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
 from pgqueue.errors import pgqueue_logger
-from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
 from pgqueue.metrics import NO_METRICS, NoMetrics
 from pgqueue.tasks import TaskRegistry
 from pgqueue.worker.atomic import AtomicProbes
@@ -50,23 +50,11 @@ MAX_KNOWN_RUN_ATS: Final = 1024
 class ClaimStore(Protocol):
     """What the claimer needs of the database (``WorkerStore`` is one)."""
 
-    def claim(
-        self,
-        *,
-        worker_id: str,
-        limit: int,
-        queues: Sequence[str] | None,
-        lease_seconds: float,
-        task_leases: Mapping[str, float],
-        held: Callable[[], Collection[int]] = frozenset,
-        notified: bool = False,
-        failed: Callable[[BaseException, float | None], None] | None = None,
-        excluded: Sequence[str] = (),
-    ) -> list[ClaimedJob]:
-        """Claim up to ``limit`` jobs (``data.claim.claim``), none of the tasks in ``excluded``,
-        committed at once, kept trying through an outage (each failed try told to ``failed``);
-        after a try whose answer was lost, first the jobs it claimed (those RUNNING under
-        ``worker_id`` other than ``held()``). Never from two threads at once."""
+    def claim(self, request: ClaimRequest) -> list[ClaimedJob]:
+        """Claim the jobs ``request`` asks for (``data.claim.claim``), committed at once, kept
+        trying through an outage; after a try whose answer was lost, first the jobs it claimed
+        (those RUNNING under the request's worker other than its ``held()``). Never from two
+        threads at once."""
         ...
 
     def ready_work_exists(self, queues: Sequence[str] | None, excluded: Sequence[str] = ()) -> bool:
@@ -248,15 +236,17 @@ class Claimer:
         claimed = 0
         if free > 0:
             jobs = self._store.claim(
-                worker_id=self._worker_id,
-                limit=free,
-                queues=self._queues,
-                lease_seconds=self._lease_seconds,
-                task_leases=self._task_leases,
-                held=self._slots.running_ids,
-                notified=notified,
-                failed=self._health.failed,
-                excluded=self._excluded(),
+                ClaimRequest(
+                    worker_id=self._worker_id,
+                    limit=free,
+                    queues=self._queues,
+                    lease_seconds=self._lease_seconds,
+                    task_leases=self._task_leases,
+                    held=self._slots.running_ids,
+                    notified=notified,
+                    failed=self._health.failed,
+                    excluded=self._excluded(),
+                )
             )
             self._health.succeeded()
             claimed = len(jobs)

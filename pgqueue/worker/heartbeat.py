@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from pgqueue.errors import is_connection_error, pgqueue_logger
-from pgqueue.jobs import Outcome, Progress, WorkerEntry
+from pgqueue.jobs import Lease, Outcome, Progress, WorkerEntry
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
@@ -38,10 +38,7 @@ class HeartbeatStore(Protocol):
     """What the heartbeat needs of the database (``WorkerStore`` is one)."""
 
     def heartbeat(
-        self,
-        leases: Sequence[tuple[int, object, float]],
-        worker: WorkerEntry | None = None,
-        progress: Mapping[int, Progress] | None = None,
+        self, leases: Sequence[Lease], worker: WorkerEntry | None, progress: Mapping[int, Progress]
     ) -> dict[int, bool]:
         """Extend ``leases`` (job id, token, seconds), refresh ``worker``'s registry row and
         write ``progress``; ``{job id: cancel requested}`` of the leases still held."""

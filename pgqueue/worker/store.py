@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from sqlalchemy import Engine
@@ -41,7 +41,7 @@ from pgqueue.errors import (
     is_transient_conflict,
     pgqueue_logger,
 )
-from pgqueue.jobs import ClaimedJob, Outcome, Progress, WorkerEntry
+from pgqueue.jobs import ClaimedJob, ClaimRequest, Lease, Outcome, Progress, WorkerEntry
 from pgqueue.states import JobState
 
 T = TypeVar("T")
@@ -139,24 +139,8 @@ class WorkerStore:
             self._shutdown_write_deadline = now + SHUTDOWN_WRITE_PATIENCE
         return now >= self._shutdown_write_deadline
 
-    def claim(
-        self,
-        *,
-        worker_id: str,
-        limit: int,
-        queues: Sequence[str] | None,
-        lease_seconds: float,
-        task_leases: Mapping[str, float],
-        held: Callable[[], Collection[int]] = frozenset,
-        notified: bool = False,
-        failed: Callable[[BaseException, float | None], None] | None = None,
-        excluded: Sequence[str] = (),
-    ) -> list[ClaimedJob]:
-        """Claim up to ``limit`` jobs, none of the tasks in ``excluded``; ``held`` gives the
-        ids this worker already runs;
-        ``notified``: the claim follows a wake-up for new work (``data.claim.claim``);
-        ``failed`` is told of each attempt that failed and is tried again here (the error, and
-        the delay before the next try when known), instead of a log line.
+    def claim(self, request: ClaimRequest) -> list[ClaimedJob]:
+        """See ``worker.claimer.ClaimStore.claim``.
 
         A claim commits by itself (autocommit), so when the connection breaks after the commit
         but before the answer arrives, its jobs are RUNNING under this worker's name and nobody
@@ -166,23 +150,25 @@ class WorkerStore:
         for the gap between the clocks' readings) qualify: a job this worker gave up on earlier
         (its outcome could not be written) is left to its lease, as documented.
 
-        Not to be called from two threads at once: the first attempt runs on the store's own
-        claim connection (kept checked out, autocommit), retries on pooled connections.
+        The first attempt runs on the store's own claim connection (kept checked out,
+        autocommit), retries on pooled connections.
         """
         began = time.monotonic()
+
+        worker_id, failed = request.worker_id, request.failed
 
         def claim_on(db: Executor) -> list[ClaimedJob]:
             return claim_data.claim(
                 db,
                 worker_id=worker_id,
-                limit=limit,
-                queues=queues,
-                lease_seconds=lease_seconds,
-                task_leases=task_leases,
+                limit=request.limit,
+                queues=request.queues,
+                lease_seconds=request.lease_seconds,
+                task_leases=request.task_leases,
                 limits=self._limits,
-                notified=notified,
+                notified=request.notified,
                 autocommit=True,
-                excluded=excluded,
+                excluded=request.excluded,
             )
 
         try:
@@ -199,7 +185,7 @@ class WorkerStore:
 
         def work(db: Executor) -> list[ClaimedJob]:
             orphans = claim_data.claimed_by(
-                db, worker_id=worker_id, held=held(), within=time.monotonic() - began + 1.0
+                db, worker_id=worker_id, held=request.held(), within=time.monotonic() - began + 1.0
             )
             if orphans:
                 log.warning(
@@ -296,14 +282,11 @@ class WorkerStore:
         )
 
     def heartbeat(
-        self,
-        leases: Sequence[tuple[int, object, float]],
-        worker: WorkerEntry | None = None,
-        progress: Mapping[int, Progress] | None = None,
+        self, leases: Sequence[Lease], worker: WorkerEntry | None, progress: Mapping[int, Progress]
     ) -> dict[int, bool]:
         return self._run(
             "heartbeat",
-            lambda db: outcomes_data.heartbeat(db, leases, worker, progress),  # type: ignore[arg-type]
+            lambda db: outcomes_data.heartbeat(db, leases, worker, progress),
             give_up_when_stopping=True,
         )
 

@@ -32,6 +32,7 @@ from pgqueue import connections
 from pgqueue.config import Settings
 from pgqueue.data import claim as claim_data
 from pgqueue.db import Database
+from pgqueue.jobs import ClaimRequest
 from pgqueue.worker.store import WorkerStore
 
 FINISHED = 100_000
@@ -390,7 +391,7 @@ ONE_CLAIM: dict[str, Any] = {
 
 def claim_many(store: WorkerStore, times: int) -> None:
     for _ in range(times):
-        store.claim(**ONE_CLAIM)
+        store.claim(ClaimRequest(**ONE_CLAIM))
 
 
 # How old prepared statements may grow in the two tests below (when they are dropped at all).

@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 
 from pgqueue import JobState
+from pgqueue.admin import ListArguments
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.data import admin as admin_data
@@ -223,15 +224,19 @@ def test_filtered_pages_hold_exactly_the_matching_jobs(app: Flask, engine: Engin
             and (case.get("task_name") in (None, r.task_name))
         ]
         with queue.sessions() as session:
-            newest = admin_data.list_jobs(session, **case, limit=7)
+            newest = admin_data.list_jobs(session, ListArguments(**case, limit=7))
             got = [j.id for j in newest]
             # Walk older pages (only through the rows fetched above), then one page back.
             while len(got) < len(expected) and newest:
-                newest = admin_data.list_jobs(session, **case, before=got[-1], limit=7)
+                newest = admin_data.list_jobs(
+                    session, ListArguments(**case, before=got[-1], limit=7)
+                )
                 got += [j.id for j in newest]
             assert got[: len(expected)] == expected, case
             if len(expected) > 7:
-                back = admin_data.list_jobs(session, **case, after=expected[9], limit=3)
+                back = admin_data.list_jobs(
+                    session, ListArguments(**case, after=expected[9], limit=3)
+                )
                 assert [j.id for j in back] == expected[6:9], case
     with queue.sessions() as session:
         assert admin_data.job_queues(session) == ["[/x]", "bulk", "mail", "rare"]

@@ -172,7 +172,7 @@ def test_parents_ending_in_concurrent_transactions_release_their_shared_dependen
     settling must see the other parent's success once that transaction commits, or neither
     releases the dependent and it waits for good (each saw the other still RUNNING)."""
     from pgqueue.data import outcomes as outcomes_data
-    from pgqueue.jobs import Outcome
+    from pgqueue.jobs import ClaimRequest, Outcome
     from pgqueue.worker.store import WorkerStore
 
     @pgq.task(name="parent")
@@ -187,7 +187,7 @@ def test_parents_ending_in_concurrent_transactions_release_their_shared_dependen
     claimed = {
         job.id: job
         for job in store.claim(
-            worker_id="w1", limit=2, queues=None, lease_seconds=30.0, task_leases={}
+            ClaimRequest(worker_id="w1", limit=2, queues=None, lease_seconds=30.0, task_leases={})
         )
     }
     assert set(claimed) == {first, second}

@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy import Engine, event, text
 
 from pgqueue import PgQueue
+from pgqueue.jobs import ClaimRequest
 from pgqueue.worker.store import WorkerStore
 
 
@@ -42,7 +43,12 @@ def answer_lost_once(engine: Engine, marker: str) -> Iterator[list[str]]:
         event.remove(engine, "after_cursor_execute", after)
 
 
-CLAIM = {"worker_id": "w1", "queues": None, "lease_seconds": 30.0, "task_leases": {}}
+CLAIM: dict[str, Any] = {
+    "worker_id": "w1",
+    "queues": None,
+    "lease_seconds": 30.0,
+    "task_leases": {},
+}
 
 
 @dataclass
@@ -55,7 +61,7 @@ class Scene:
     later: list[int]
 
     def claim(self, limit: int, held: list[int]) -> list[Any]:
-        return self.store.claim(limit=limit, held=lambda: held, **CLAIM)  # type: ignore[arg-type]
+        return self.store.claim(ClaimRequest(limit=limit, held=lambda: held, **CLAIM))
 
 
 def scene(pgq: PgQueue) -> Scene:
@@ -64,7 +70,7 @@ def scene(pgq: PgQueue) -> Scene:
 
     store = WorkerStore(pgq.engine, stopping=threading.Event())
     [held] = noop.enqueue_many([{}])
-    [first] = store.claim(limit=1, **CLAIM)  # type: ignore[arg-type]
+    [first] = store.claim(ClaimRequest(limit=1, **CLAIM))
     assert first.id == held
     return Scene(store, held, noop.enqueue_many([{}] * 3), noop.enqueue_many([{}] * 5))
 
@@ -145,7 +151,7 @@ def test_a_claim_keeps_its_jobs_when_the_connection_dies_in_the_look_after_it(
 
     def claim() -> None:
         try:
-            answer.append(store.claim(limit=5, **CLAIM))  # type: ignore[arg-type]
+            answer.append(store.claim(ClaimRequest(limit=5, **CLAIM)))
         except Exception as exc:
             answer.append(exc)
 
@@ -180,7 +186,9 @@ def test_a_claim_keeps_its_jobs_when_the_connection_dies_in_the_look_after_it(
     # The next claim runs on a fresh connection and finds the jobs enqueued since.
     stopping.clear()
     more = noop.enqueue_many([{}] * 2)
-    assert sorted(j.id for j in store.claim(limit=5, held=lambda: ids, **CLAIM)) == more  # type: ignore[arg-type]
+    assert (
+        sorted(j.id for j in store.claim(ClaimRequest(limit=5, held=lambda: ids, **CLAIM))) == more
+    )
     store.close()
 
 
@@ -221,7 +229,7 @@ def test_the_take_back_leaves_alone_an_atomic_job_its_probe_claimed_meanwhile(
 
     event.listen(pgq.engine, "after_cursor_execute", after)
     try:
-        jobs = store.claim(limit=5, held=lambda: [], **CLAIM)  # type: ignore[arg-type]
+        jobs = store.claim(ClaimRequest(limit=5, held=lambda: [], **CLAIM))
     finally:
         event.remove(pgq.engine, "after_cursor_execute", after)
     assert lost

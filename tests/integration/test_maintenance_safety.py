@@ -23,7 +23,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue import JobState, PgQueue, Settings
-from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
 from pgqueue.testing import states_of
 from pgqueue.worker import Worker
 from pgqueue.worker.store import WorkerStore
@@ -54,7 +54,7 @@ def _running_with_dependent(pgq: PgQueue, max_attempts: int) -> tuple[WorkerStor
     second = step.configure(depends_on=[first]).enqueue()
     store = WorkerStore(pgq.engine, stopping=threading.Event())
     [claimed] = store.claim(
-        worker_id="test", limit=10, queues=None, lease_seconds=30.0, task_leases={}
+        ClaimRequest(worker_id="test", limit=10, queues=None, lease_seconds=30.0, task_leases={})
     )
     assert claimed.id == first
     return store, claimed, second
@@ -114,7 +114,9 @@ def test_a_failing_scheduler_pass_does_not_stop_rescue(
 
     lost = stranded.enqueue()
     store = WorkerStore(pgq.engine, stopping=threading.Event())
-    store.claim(worker_id="gone", limit=1, queues=None, lease_seconds=30.0, task_leases={})
+    store.claim(
+        ClaimRequest(worker_id="gone", limit=1, queues=None, lease_seconds=30.0, task_leases={})
+    )
     _execute(
         engine,
         f"UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = {lost}",
@@ -162,7 +164,8 @@ def test_a_drifted_queue_limit_counter_is_repaired(
             connection.execute(text("UPDATE pgqueue_queues SET running = 2"))
         store = WorkerStore(pgq.engine, stopping=threading.Event())
         claim = {"limit": 5, "queues": ["reports"], "lease_seconds": 30.0, "task_leases": {}}
-        assert store.claim(worker_id="probe", **claim) == []  # held at its (false) limit
+        # Held at its (false) limit.
+        assert store.claim(ClaimRequest(worker_id="probe", **claim)) == []
 
         worker = Worker(pgq, queues=["reports"], concurrency=2)
         thread = threading.Thread(target=worker.run, daemon=True)

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import event, text
 
 from pgqueue import PgQueue
-from pgqueue.jobs import Outcome
+from pgqueue.jobs import ClaimRequest, Outcome
 from pgqueue.worker.store import WorkerStore
 
 
@@ -30,7 +30,9 @@ def test_outcome_batch_and_heartbeat_of_the_same_jobs_do_not_deadlock(
 
     store = WorkerStore(pgq.engine, stopping=threading.Event())
     noop.enqueue_many([{}] * 2)
-    claimed = store.claim(worker_id="w1", limit=2, queues=None, lease_seconds=30.0, task_leases={})
+    claimed = store.claim(
+        ClaimRequest(worker_id="w1", limit=2, queues=None, lease_seconds=30.0, task_leases={})
+    )
     a, b = sorted(claimed, key=lambda job: job.id)
     paused, resume = threading.Event(), threading.Event()
 
@@ -51,7 +53,7 @@ def test_outcome_batch_and_heartbeat_of_the_same_jobs_do_not_deadlock(
 
     def heartbeat() -> None:
         results["held"] = store.heartbeat(
-            [(a.id, a.lease_token, 30.0), (b.id, b.lease_token, 30.0)]
+            [(a.id, a.lease_token, 30.0), (b.id, b.lease_token, 30.0)], None, {}
         )
 
     event.listen(pgq.engine, "after_cursor_execute", pause_after_first_statement)

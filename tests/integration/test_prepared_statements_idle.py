@@ -25,6 +25,7 @@ from pgqueue import Settings, connections
 from pgqueue.aio import AsyncDatabase
 from pgqueue.data import claim as claim_data
 from pgqueue.db import Database
+from pgqueue.jobs import ClaimRequest
 from pgqueue.worker.store import WorkerStore
 
 # One claim of one job by worker "w".
@@ -69,9 +70,9 @@ def test_claim_connection_keeps_its_statements_through_idle_plan_refreshes(
         with caplog.at_level(logging.WARNING):
             for _ in range(ROUNDS):
                 for _ in range(RUNS):
-                    store.claim(**ONE_CLAIM)
+                    store.claim(ClaimRequest(**ONE_CLAIM))
                 time.sleep(PLAN_AGE * 1.5)  # idle past the plans' age: the next claim drops them
-            store.claim(**ONE_CLAIM)
+            store.claim(ClaimRequest(**ONE_CLAIM))
             server = {row[0] for row in held.rows(SERVER_NAMES)}
             known = psycopg_names(held._raw.driver_connection)
         assert caplog.records == []
@@ -153,14 +154,14 @@ def test_claim_on_a_connection_whose_statements_vanished_is_retried_on_another(
     store = WorkerStore(engine, stopping=threading.Event())
     try:
         for _ in range(RUNS):
-            store.claim(**ONE_CLAIM)
+            store.claim(ClaimRequest(**ONE_CLAIM))
         lost = _drop_statements_behind_psycopgs_back(store._claim_connection._raw.driver_connection)
         with caplog.at_level(logging.WARNING, logger="pgqueue"):
-            assert store.claim(**ONE_CLAIM) == []
+            assert store.claim(ClaimRequest(**ONE_CLAIM)) == []
         assert ["does not exist" in r.getMessage() for r in caplog.records] == [True]
         # The retry ran on a new connection; the broken one left the pool for good.
         for _ in range(RUNS):
-            store.claim(**ONE_CLAIM)
+            store.claim(ClaimRequest(**ONE_CLAIM))
         assert store._claim_connection._raw.driver_connection.info.backend_pid != lost
     finally:
         store.close()

@@ -25,6 +25,7 @@ from sqlalchemy.engine import URL
 from pgqueue import Job, JobState, JobWaitTimeout, PgQueue, Settings, ValidationError, waiting
 from pgqueue.errors import JobNotFound
 from pgqueue.job_filter import JobFilter
+from pgqueue.jobs import ClaimRequest
 from pgqueue.sql.common import MAX_PAYLOAD_BYTES
 from pgqueue.worker import Worker
 from pgqueue.worker.store import WorkerStore
@@ -256,7 +257,7 @@ def test_a_rescue_that_fails_a_job_wakes_its_waiter(
     job_id = lost.enqueue()
     store = WorkerStore(pgq.engine, stopping=threading.Event())
     [claimed] = store.claim(
-        worker_id="gone", limit=1, queues=None, lease_seconds=30.0, task_leases={}
+        ClaimRequest(worker_id="gone", limit=1, queues=None, lease_seconds=30.0, task_leases={})
     )
     assert claimed.id == job_id
     with engine.begin() as connection:

@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from pgqueue import JobState, PgQueue, core
-from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
 from pgqueue.worker.store import WorkerStore
 
 
@@ -54,7 +54,9 @@ def _store(pgq: PgQueue) -> WorkerStore:
 
 def _claim_one(pgq: PgQueue, job_id: int, lease_seconds: float = 30.0) -> ClaimedJob:
     [claimed] = _store(pgq).claim(
-        worker_id="test", limit=10, queues=None, lease_seconds=lease_seconds, task_leases={}
+        ClaimRequest(
+            worker_id="test", limit=10, queues=None, lease_seconds=lease_seconds, task_leases={}
+        )
     )
     assert claimed.id == job_id
     return claimed
@@ -161,7 +163,9 @@ def test_rescue_and_manual_rerun_wake(pgq: PgQueue, engine: Engine) -> None:
         return None
 
     rescued, rerun = lost.enqueue(), lost.enqueue()
-    _store(pgq).claim(worker_id="gone", limit=10, queues=None, lease_seconds=0.01, task_leases={})
+    _store(pgq).claim(
+        ClaimRequest(worker_id="gone", limit=10, queues=None, lease_seconds=0.01, task_leases={})
+    )
     with engine.begin() as connection:  # one lease has attempts left, the other fails for good
         connection.execute(
             text("UPDATE pgqueue_jobs SET max_attempts = 2 WHERE id = :id"), {"id": rescued}
