@@ -21,8 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import click
-from rich.console import Console, JustifyMethod, OverflowMethod
-from rich.style import Style
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -60,28 +59,8 @@ class _VisibleConsole(Console):
     """A Rich console that shows control characters in the strings it prints (table cells and
     titles included: Rich turns each into text here)."""
 
-    def render_str(
-        self,
-        text: str,
-        *,
-        style: str | Style = "",
-        justify: JustifyMethod | None = None,
-        overflow: OverflowMethod | None = None,
-        emoji: bool | None = None,
-        markup: bool | None = None,
-        highlight: bool | None = None,
-        highlighter: Any = None,
-    ) -> Text:
-        return super().render_str(
-            visible(text),
-            style=style,
-            justify=justify,
-            overflow=overflow,
-            emoji=emoji,
-            markup=markup,
-            highlight=highlight,
-            highlighter=highlighter,
-        )
+    def render_str(self, text: str, **options: Any) -> Text:
+        return super().render_str(visible(text), **options)
 
 
 def _output_console() -> Console:
