@@ -32,6 +32,8 @@ from pgqueue.states import JobState
 class FlaskCommandGroup(shared.OneLineErrors, AppGroup):
     """Flask's app-context command group, with the core CLI's one-line errors."""
 
+    cli_name = "flask pgqueue"
+
 
 @click.group("pgqueue", cls=FlaskCommandGroup)
 @shared.verbose_option
