@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from pgqueue.cli.shared import (
+    CommandError,
     checked_name,
     database_option,
     echo,
@@ -127,9 +128,9 @@ def enqueue_from_cli(
         args = json.loads(args_json)
         kwargs = json.loads(kwargs_json)
     except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}") from None
+        raise CommandError(f"--args and --kwargs must be JSON: {exc}") from None
     if not isinstance(args, list) or not isinstance(kwargs, dict):
-        raise click.BadParameter("--args must be a JSON array and --kwargs a JSON object")
+        raise CommandError("--args must be a JSON array and --kwargs a JSON object")
     task = pgq.registry.get(task_name)
     job_id = task.configure(queue=queue, delay=delay, priority=priority).enqueue(*args, **kwargs)
     echo(str(job_id))
