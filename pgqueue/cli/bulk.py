@@ -38,6 +38,11 @@ __all__ = ["add_bulk_commands", "bulk", "job_filter_from_options"]
 _DONE = {BulkAction.RETRY: "retried", BulkAction.CANCEL: "cancelled", BulkAction.DELETE: "deleted"}
 
 
+def _text_option(name: str, help: str) -> Callable[[Any], Any]:
+    """A filter option taking text, unset by default."""
+    return click.option(name, default=None, help=help)
+
+
 def _bulk_options(function: Any) -> Any:
     options = [
         click.option("--queue", "-q", default=None, callback=checked_name, help="Only this queue."),
@@ -57,24 +62,22 @@ def _bulk_options(function: Any) -> Any:
             help="Only jobs in this state (repeat for several; default: every state the action "
             "applies to).",
         ),
-        click.option(
+        _text_option(
             "--since",
-            default=None,
-            help="From this time on: ISO 8601 (UTC unless an offset is "
-            "given) or an age such as 12h, 90m, 2d.",
+            "From this time on: ISO 8601 (UTC unless an offset is given) or an age such as 12h, "
+            "90m, 2d.",
         ),
-        click.option("--until", default=None, help="Before this time (same forms as --since)."),
+        _text_option("--until", "Before this time (same forms as --since)."),
         click.option(
             "--time-column",
             default="created_at",
             show_default=True,
             help="The time --since/--until bound: created_at or finished_at.",
         ),
-        click.option(
+        _text_option(
             "--error-contains",
-            default=None,
-            help="Only jobs whose last error contains this "
-            "text (any case; % and _ are plain characters).",
+            "Only jobs whose last error contains this text (any case; % and _ are plain "
+            "characters).",
         ),
         click.option("--all-jobs", is_flag=True, help="Allow a filter that chooses every job."),
         click.option("--dry-run", is_flag=True, help="Only count the jobs; change nothing."),

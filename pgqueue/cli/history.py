@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgqueue.cli.shared import database_option, echo, plural, queue_for
+from pgqueue.cli.shared import database_option, echo, in_this_cli, plural, queue_for, this_cli
 
 if TYPE_CHECKING:
     from pgqueue.core import PgQueue
@@ -53,7 +53,7 @@ def run_history_maintain(pgq: PgQueue, days_ahead: int, retention_days: int | No
         report = pgq.maintain_history(days_ahead=days_ahead, retention_days=retention_days)
     except NotSchemaOwner as exc:
         # As ``migrate``'s: exit 1, the expected refusal for a DML-only role, nothing changed.
-        raise click.ClickException(f"pgqueue history maintain: {exc}") from None
+        raise click.ClickException(in_this_cli(f"{this_cli()} history maintain: {exc}")) from None
     echo(report.summary())
 
 

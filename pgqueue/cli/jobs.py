@@ -5,11 +5,13 @@ one is not running.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from pgqueue.cli.shared import (
+    CommandError,
     checked_name,
     database_option,
     echo,
@@ -45,13 +47,25 @@ def stats(as_json: bool, database_url: str | None) -> None:
     print_stats(queue_for(database_url), as_json=as_json)
 
 
-@click.command()
-@click.argument("job_id", type=int)
-@json_option
-@database_option
-def show(job_id: int, as_json: bool, database_url: str | None) -> None:
-    """Show one job: its fields, then its errors with their tracebacks (--json: JSON)."""
-    print_job(queue_for(database_url), job_id, as_json=as_json)
+def _job_report(name: str, printer: Callable[..., None], summary: str) -> click.Command:
+    """A command that prints one job's report (``printer``'s: ``show``, ``explain``): a table or
+    text, or ``--json``."""
+
+    @click.command(name, help=summary)
+    @click.argument("job_id", type=int)
+    @json_option
+    @database_option
+    def report(job_id: int, as_json: bool, database_url: str | None) -> None:
+        printer(queue_for(database_url), job_id, as_json=as_json)
+
+    return report
+
+
+show = _job_report(
+    "show",
+    print_job,
+    "Show one job: its fields, then its errors with their tracebacks (--json: JSON).",
+)
 
 
 @click.command()
@@ -94,47 +108,32 @@ def enqueue_options(function: Any) -> Any:
 @click.argument("app")
 @click.argument("task_name")
 @enqueue_options
-def enqueue(
-    app: str,
-    task_name: str,
-    args_json: str,
-    kwargs_json: str,
-    queue: str | None,
-    delay: float | None,
-    priority: int | None,
-) -> None:
+def enqueue(app: str, task_name: str, **options: Any) -> None:
     """Enqueue TASK_NAME of the PgQueue at APP with JSON arguments."""
-    enqueue_from_cli(load_app(app), task_name, args_json, kwargs_json, queue, delay, priority)
+    enqueue_from_cli(load_app(app), task_name, **options)
 
 
 def enqueue_from_cli(
     pgq: PgQueue,
     task_name: str,
+    *,
     args_json: str,
     kwargs_json: str,
     queue: str | None,
     delay: float | None,
     priority: int | None,
 ) -> None:
+    """Shared by ``pgqueue enqueue`` and ``flask pgqueue enqueue``: enqueue, print the job id."""
     try:
         args = json.loads(args_json)
         kwargs = json.loads(kwargs_json)
     except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}") from None
+        raise CommandError(f"--args and --kwargs must be JSON: {exc}") from None
     if not isinstance(args, list) or not isinstance(kwargs, dict):
-        raise click.BadParameter("--args must be a JSON array and --kwargs a JSON object")
+        raise CommandError("--args must be a JSON array and --kwargs a JSON object")
     task = pgq.registry.get(task_name)
     job_id = task.configure(queue=queue, delay=delay, priority=priority).enqueue(*args, **kwargs)
     echo(str(job_id))
-
-
-@click.command()
-@click.argument("job_id", type=int)
-@json_option
-@database_option
-def explain(job_id: int, as_json: bool, database_url: str | None) -> None:
-    """Why isn't job JOB_ID running? One line per blocker."""
-    print_explanation(queue_for(database_url), job_id, as_json=as_json)
 
 
 def print_explanation(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
@@ -147,3 +146,8 @@ def print_explanation(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
     echo(in_this_cli(explanation.headline))
     for blocker in explanation.blockers:
         echo(in_this_cli(f"  {blocker.kind.value}: {blocker.message}"))
+
+
+explain = _job_report(
+    "explain", print_explanation, "Why isn't job JOB_ID running? One line per blocker."
+)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pgqueue.cli.shared import CommandError, database_option, echo, queue_for
+from pgqueue.cli.shared import CommandError, database_option, echo, queue_for, this_cli
 from pgqueue.errors import DowngradeLosesData, is_insufficient_privilege, is_lock_timeout
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def run_migrate_command(pgq: PgQueue, action: str, revision: str | None, *, yes:
         _migrate(pgq, action, revision, yes=yes)
     except DowngradeLosesData as exc:
         raise CommandError(
-            f"pgqueue migrate: {exc}; nothing changed: add --yes to drop it"
+            f"{this_cli()} migrate: {exc}; nothing changed: add --yes to drop it"
         ) from None
     except DBAPIError as exc:
         if not is_insufficient_privilege(exc):
@@ -48,7 +48,7 @@ def run_migrate_command(pgq: PgQueue, action: str, revision: str | None, *, yes:
         # traceback (the transaction rolled back, nothing changed).
         reason = str(exc.orig).strip().splitlines()[0]
         raise click.ClickException(
-            f"pgqueue migrate: {reason} (SQLSTATE 42501): this database role may not change the "
+            f"{this_cli()} migrate: {reason} (SQLSTATE 42501): this database role may not change the "
             "schema; run migrate as the schema owner"
         ) from None
 
@@ -84,7 +84,7 @@ def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> N
                 raise
             blockers = "; ".join(b.describe() for b in watch.blockers) or "a session gone since"
             raise CommandError(
-                f"pgqueue migrate: waited {lock_timeout:g} s (migration_lock_timeout) for a lock "
+                f"{this_cli()} migrate: waited {lock_timeout:g} s (migration_lock_timeout) for a lock "
                 f"held by {blockers}; nothing changed: end that transaction, or migrate again "
                 "when it is done"
             ) from None

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import click
-from rich.console import Console, JustifyMethod, OverflowMethod
-from rich.style import Style
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -60,28 +59,8 @@ class _VisibleConsole(Console):
     """A Rich console that shows control characters in the strings it prints (table cells and
     titles included: Rich turns each into text here)."""
 
-    def render_str(
-        self,
-        text: str,
-        *,
-        style: str | Style = "",
-        justify: JustifyMethod | None = None,
-        overflow: OverflowMethod | None = None,
-        emoji: bool | None = None,
-        markup: bool | None = None,
-        highlight: bool | None = None,
-        highlighter: Any = None,
-    ) -> Text:
-        return super().render_str(
-            visible(text),
-            style=style,
-            justify=justify,
-            overflow=overflow,
-            emoji=emoji,
-            markup=markup,
-            highlight=highlight,
-            highlighter=highlighter,
-        )
+    def render_str(self, text: str, **options: Any) -> Text:
+        return super().render_str(visible(text), **options)
 
 
 def _output_console() -> Console:
@@ -107,22 +86,35 @@ def plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
 
 
+def this_cli() -> str:
+    """How the user types the command being run: ``pgqueue``, or ``flask pgqueue`` under Flask
+    (the ``cli_name`` of the nearest ``OneLineErrors`` group)."""
+    context = click.get_current_context(silent=True)
+    while context is not None:
+        if isinstance(context.command, OneLineErrors):
+            return context.command.cli_name
+        context = context.parent
+    return OneLineErrors.cli_name
+
+
 def in_this_cli(text: str) -> str:
     """``text`` with the ``pgqueue ...`` commands it suggests (in backticks, as the library's
     messages write them) as the user types them in this CLI: ``flask pgqueue ...`` under
     Flask, where the app comes from ``--app`` and no APP argument is given."""
-    context = click.get_current_context(silent=True)
-    if context is None or isinstance(context.find_root().command, OneLineErrors):
+    cli = this_cli()
+    if cli == OneLineErrors.cli_name:
         return text
-    return text.replace("`pgqueue worker APP ", "`flask pgqueue worker ").replace(
-        "`pgqueue ", "`flask pgqueue "
-    )
+    return text.replace("`pgqueue worker APP ", f"`{cli} worker ").replace("`pgqueue ", f"`{cli} ")
 
 
 class CommandError(click.ClickException):
     """A problem the user can fix, printed as one ``error: ...`` line; exit code 2."""
 
     exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        # Worded here, while the command runs: its CLI is known then, not when it is shown.
+        super().__init__(in_this_cli(message))
 
     def show(self, file: Any = None) -> None:
         print_error(self.format_message())
@@ -235,7 +227,10 @@ def problem_line(exc: BaseException, database: Callable[[], str | None]) -> str 
 
 class OneLineErrors(click.Group):
     """A command group whose commands report a user's problem (see ``problem_line``) as one
-    line and exit code 2; its ``--debug`` option shows the traceback instead."""
+    line and exit code 2; its ``--debug`` option shows the traceback instead. ``cli_name`` is
+    how the user types it, for the commands its messages suggest."""
+
+    cli_name = "pgqueue"
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -248,7 +243,7 @@ class OneLineErrors(click.Group):
             line = problem_line(exc, lambda: _database_name(ctx.meta.get(_QUEUE_KEY)))
             if line is None:
                 raise
-            print_error(line)
+            print_error(in_this_cli(line))
             ctx.exit(2)
 
 

@@ -189,7 +189,7 @@ def test_unmigrated_database(shop: Path, empty_database_url: URL) -> None:
         shop,
         empty_database_url,
         f"pgqueue's tables are missing in database {name}",
-        "run `pgqueue migrate`",
+        "pgqueue migrate`",  # `flask pgqueue migrate` in the Flask CLI
         schema_exists=False,
     )
 

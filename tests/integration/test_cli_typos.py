@@ -161,3 +161,13 @@ def test_show_prints_tracebacks_as_text(shop: Path, database_url: URL) -> None:
         assert any(line.split() == ["state", "failed"] for line in lines), shown.stdout
         record = json.loads(cli(["show", str(job_id), "--json"], shop, database_url).stdout)
         assert record["state"] == "failed" and "Traceback" in record["last_error"]
+
+
+def test_enqueue_arguments_that_are_not_json(shop: Path, database_url: URL) -> None:
+    for cli in (pgqueue, flask):
+        for options, expected in (
+            (["--args", "[1,"], "--args and --kwargs must be JSON"),
+            (["--kwargs", "[]"], "--args must be a JSON array and --kwargs a JSON object"),
+        ):
+            command = ["enqueue", *APP[cli], "shop.noop", *options]
+            _assert_one_line(cli(command, shop, database_url), expected)

@@ -32,6 +32,8 @@ from pgqueue.states import JobState
 class FlaskCommandGroup(shared.OneLineErrors, AppGroup):
     """Flask's app-context command group, with the core CLI's one-line errors."""
 
+    cli_name = "flask pgqueue"
+
 
 @click.group("pgqueue", cls=FlaskCommandGroup)
 @shared.verbose_option
@@ -76,18 +78,9 @@ def worker(**options: Any) -> None:
 @pgqueue_group.command()
 @click.argument("task_name")
 @job_commands.enqueue_options
-def enqueue(
-    task_name: str,
-    args_json: str,
-    kwargs_json: str,
-    queue: str | None,
-    delay: float | None,
-    priority: int | None,
-) -> None:
+def enqueue(task_name: str, **options: Any) -> None:
     """Enqueue TASK_NAME with JSON arguments (in its own transaction); prints the job id."""
-    job_commands.enqueue_from_cli(
-        _queue(), task_name, args_json, kwargs_json, queue, delay, priority
-    )
+    job_commands.enqueue_from_cli(_queue(), task_name, **options)
 
 
 @pgqueue_group.command()
