@@ -36,6 +36,11 @@ def blocking_sessions(db: SessionOrExecutor, pid: int) -> Sequence[Any]:
     return executor_for(db).rows(schema_sql.blocking_sessions(), {"pid": pid})
 
 
+def table_exists(db: SessionOrExecutor, table: str) -> bool:
+    """Whether a table named ``table`` exists (in the search path)."""
+    return bool(executor_for(db).rows(schema_sql.table_exists(), {"name": table})[0][0])
+
+
 def table_has_rows(db: SessionOrExecutor, table: str) -> bool:
     """Whether ``table`` (a partitioned one: any of its partitions) holds a row."""
     return bool(executor_for(db).rows(schema_sql.table_has_rows(table))[0][0])

@@ -90,6 +90,12 @@ def blocking_sessions() -> Select[Any]:
 
 
 @cache
+def table_exists() -> Select[Any]:
+    """Whether a table named ``name`` (bind, text) exists in the search path."""
+    return select(func.to_regclass(bindparam("name", type_=Text)).is_not(None))
+
+
+@cache
 def table_has_rows(name: str) -> Select[Any]:
     """Whether table ``name`` (a partitioned one: any of its partitions) holds a row."""
     return select(exists(select(literal(1)).select_from(table(name))))
