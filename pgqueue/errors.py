@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Final
 
 __all__ = [
-    "AtomicRunUnfinished",
     "AtomicSessionMisuse",
     "AtomicTransactionLost",
     "BulkCountChanged",
@@ -162,14 +161,8 @@ class AtomicSessionMisuse(PgQueueError):
 
 class AtomicTransactionLost(PgQueueError):
     """An atomic attempt's transaction ended before its outcome was recorded (a ROLLBACK or
-    COMMIT sent through the handler's session, or the transaction failed): the claim went with
-    it, and the worker counts the attempt as a failed one in a transaction of its own."""
-
-
-class AtomicRunUnfinished(AtomicTransactionLost):
-    """A run of an atomic attempt was recorded but its transaction never committed (its worker
-    or its connection was lost while the handler ran): the next claim of the job counts that
-    attempt as failed instead of running the handler again."""
+    COMMIT sent through the handler's session, or the transaction failed): the handler's writes
+    went with it, and the worker records the attempt, whose claim had committed, as failed."""
 
 
 class DowngradeLosesData(PgQueueError):

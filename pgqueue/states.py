@@ -26,11 +26,9 @@ The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded trans
     hold         (new)              -> WAITING     enqueued with unfinished dependencies, no ticket
     unblock      WAITING            -> QUEUED      the last dependency succeeded; ticket inserted
     abandon      WAITING            -> CANCELLED   a dependency failed for good or was cancelled
-    lost_retry   QUEUED             -> RETRYING    an atomic attempt whose transaction was lost
-                                                   (its claim rolled back with it) after the
-                                                   handler ran: attempts + 1, error kept, ticket
-                                                   at now()+backoff (a RETRYING job stays so)
-    lost_fail    QUEUED, RETRYING   -> FAILED      the same, attempts exhausted: ticket deleted
+
+Atomic jobs take the same transitions: their claim commits like a leased one, and their
+outcome is written in the handler's transaction, under the lease's token.
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ class JobState(enum.StrEnum):
 
     QUEUED = "queued"  # waiting for its run_at, a ticket exists
     WAITING = "waiting"  # waiting for its dependencies to succeed; no ticket yet
-    RUNNING = "running"  # claimed; held by a lease (or by an open transaction for atomic tasks)
+    RUNNING = "running"  # claimed; held by a lease (and by its transaction, for atomic tasks)
     RETRYING = "retrying"  # an attempt failed; a ticket exists for the next one
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # failed for good: attempts exhausted, unknown task, or rescued too often
@@ -112,11 +110,6 @@ CANCEL: Final = _t(
 RERUN: Final = _t("rerun", {JobState.FAILED, JobState.CANCELLED}, JobState.QUEUED, lease=False)
 UNBLOCK: Final = _t("unblock", {JobState.WAITING}, JobState.QUEUED, lease=False)
 ABANDON: Final = _t("abandon", {JobState.WAITING}, JobState.CANCELLED, lease=False)
-# A RETRYING job whose attempt is lost stays RETRYING: only its count and error change.
-LOST_RETRY: Final = _t("lost_retry", {JobState.QUEUED}, JobState.RETRYING, lease=False)
-LOST_FAIL: Final = _t(
-    "lost_fail", {JobState.QUEUED, JobState.RETRYING}, JobState.FAILED, lease=False
-)
 
 TRANSITIONS: Final[dict[str, Transition]] = {
     t.name: t
@@ -134,8 +127,6 @@ TRANSITIONS: Final[dict[str, Transition]] = {
         RERUN,
         UNBLOCK,
         ABANDON,
-        LOST_RETRY,
-        LOST_FAIL,
     )
 }
 

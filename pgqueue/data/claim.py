@@ -78,14 +78,11 @@ def claim_variant(
     task_leases: bool,
     flow_exists: bool = False,
     excluding: bool = False,
-    atomic_controlled: bool = False,
 ) -> claim_sql.ClaimVariant:
     """The claim variant for a claim of ``queues`` (None: all) in this mode (``excluding``:
-    some task names are to be passed over; ``atomic_controlled``: atomic jobs of controlled
-    work, in a statement of its own)."""
+    some task names are to be passed over)."""
     return claim_sql.ClaimVariant(
-        atomic_controlled=atomic_controlled,
-        in_transaction=atomic and not atomic_controlled,
+        atomic=atomic,
         some_queues=queues is not None,
         queue_limits=limits_exist or flow_exists,
         task_leases=task_leases,
@@ -109,8 +106,10 @@ def claim(
     excluded: Sequence[str] = (),
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``), none of a task named in
-    ``excluded`` (tasks the claimer met and does not register; usually none). ``limits`` is the claimer's
-    ``LimitsSeen`` (by default the one of the session's bind, or of the executor).
+    ``excluded`` (tasks the claimer met and does not register; usually none); ``atomic``: atomic
+    jobs instead of leased ones, each then run in a transaction that first takes its row
+    (``data.atomic_runs.lock_claimed``). ``limits`` is the claimer's ``LimitsSeen`` (by default
+    the one of the session's bind, or of the executor).
 
     ``notified``: the claim follows a wake-up for new work. If the lean form comes back empty
     the claimer looks at once whether controls exist (a first keyed job, say) and, if they do,
@@ -174,43 +173,6 @@ def claim(
         # stops). The look at the controls is stale still, so the next claim looks again.
         if not (autocommit and jobs and is_connection_error(exc)):
             raise
-    return jobs
-
-
-def claim_atomic_controlled(
-    db: SessionOrExecutor,
-    *,
-    worker_id: str,
-    queues: Sequence[str] | None,
-    lease_seconds: float,
-    limits: LimitsSeen,
-    excluded: Sequence[str] = (),
-) -> list[ClaimedJob]:
-    """Claim at most one atomic job of controlled work (a limited or rate-limited queue, a
-    concurrency key) in a statement that commits by itself, its counters counted there like a
-    leased claim's; nothing when ``limits`` saw no controls. The caller runs the job in a
-    transaction that first takes its row (``data.atomic_runs.lock_claimed``)."""
-    if not (limits.exist or limits.flow):
-        return []
-    variant = claim_variant(
-        atomic=True,
-        queues=queues,
-        limits_exist=limits.exist,
-        task_leases=False,
-        flow_exists=limits.flow,
-        excluding=bool(excluded),
-        atomic_controlled=True,
-    )
-    params: dict[str, Any] = {"limit": 1, "worker": worker_id, "lease_seconds": lease_seconds}
-    if queues is not None:
-        params["queues"] = list(queues)
-    if excluded:
-        params["excluded"] = list(excluded)
-    rows, sent = executor_for(db).timed_rows(claim_sql.claim(variant), params)
-    jobs = _claimed_jobs(rows)
-    for job in jobs:
-        if job.start_within is not None:
-            job.start_by = sent + job.start_within
     return jobs
 
 

@@ -27,7 +27,7 @@ from pgqueue.models._control import (
     PeriodicTick,
     QueueControl,
 )
-from pgqueue.models._jobs import UNIQUE_KEY_HELD, AtomicRun, Job, JobStep, MessageQueue
+from pgqueue.models._jobs import UNIQUE_KEY_HELD, Job, JobStep, MessageQueue
 from pgqueue.models._records import (
     HISTORY_DEFAULT_PARTITION,
     HISTORY_PARTITION_PREFIX,
@@ -47,7 +47,6 @@ __all__ = [
     "STATE_CHECK",
     "TABLE_PREFIX",
     "UNIQUE_KEY_HELD",
-    "AtomicRun",
     "AuditRecord",
     "Base",
     "ConcurrencyKey",

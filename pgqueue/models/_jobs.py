@@ -4,8 +4,7 @@
 keeps its history until pruned. ``pgqueue_message_queue`` (``MessageQueue``) holds the ready
 tickets: a ticket row exists only while one attempt of a job is waiting to be claimed, and
 claiming deletes it, so the claim scans a table that holds waiting work only, however much
-history accumulates. A job's saved durable steps (``JobStep``) and its atomic runs in flight
-(``AtomicRun``) are deleted with it.
+history accumulates. A job's saved durable steps (``JobStep``) are deleted with it.
 """
 
 from __future__ import annotations
@@ -303,34 +302,3 @@ class JobStep(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     """When the step's result was saved (database clock)."""
-
-
-# --- atomic runs ------------------------------------------------------------------------------
-
-
-class AtomicRun(Base):
-    """One started run of an atomic job's handler, committed on a connection of its own before
-    the handler runs, and deleted by the run's own transaction when it commits.
-
-    The run's claim (its ``attempts + 1``) commits or rolls back with the handler's
-    transaction, so a transaction lost for any reason leaves no trace on the job: this row is
-    that trace. A row whose ``attempt`` is above the job's attempt count is a run whose
-    transaction was lost; it is counted as a failed attempt before the handler may run again
-    (``sql.atomic_runs``), so an atomic handler runs at most ``max_attempts`` times whatever
-    happens to its transactions and connections.
-    """
-
-    __tablename__ = "pgqueue_atomic_runs"
-
-    job_id: Mapped[int] = mapped_column(
-        BigInteger, ForeignKey(Job.id, ondelete="CASCADE"), primary_key=True
-    )
-    """The job whose handler ran."""
-    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
-    """The attempt number the run's claim gave the job."""
-    worker: Mapped[str] = mapped_column(Text)
-    """The worker that ran it (named in the lost attempt's error)."""
-    started_at: Mapped[dt.datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now()
-    )
-    """When the run was recorded, just before its handler started (database clock)."""

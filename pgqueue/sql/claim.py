@@ -59,9 +59,10 @@ class ClaimVariant:
     (leased, every queue, no limits, default lease) is the cheapest statement.
     """
 
-    in_transaction: bool
-    """Atomic mode: claimed inside the handler's open transaction (if that transaction dies,
-    the claim itself rolls back). Otherwise leased, committed at once."""
+    atomic: bool
+    """Atomic tickets instead of leased ones. Both commit at once; an atomic job's handler then
+    runs in a transaction that first locks the job's row (``sql.atomic_runs.lock_claimed``),
+    never a control row, whose counters the claims and outcomes of the queue keep writing."""
     some_queues: bool
     """Only the queues named by the ``queues`` bind; otherwise every queue."""
     queue_limits: bool
@@ -74,12 +75,6 @@ class ClaimVariant:
     """Some concurrency key, key override or rate limit may exist: keyed tickets are claimed
     per key within the key's room, and rate-limited queues within their window (with
     ``queue_limits``). Otherwise keyed tickets and rate-limited queues are left alone."""
-    atomic_controlled: bool = False
-    """Atomic tickets of controlled work (limited and rate-limited queues, keyed tickets),
-    claimed like leased ones: in a statement that commits at once, the free scan left out.
-    The handler's transaction then locks only the job's row (``lock_claimed``), never a
-    control row, whose counters the leased claims and outcomes of the queue keep writing.
-    The ``in_transaction`` form takes only uncontrolled tickets for that reason."""
     excluded: bool = False
     """The worker met jobs of tasks it does not register: tickets whose job's task is in the
     ``excluded`` bind (array) are passed over, each checked by the job's primary key. Otherwise
@@ -88,9 +83,7 @@ class ClaimVariant:
     @property
     def name(self) -> str:
         """A short label, e.g. ``leased/all-queues/lean/default-lease``."""
-        mode = "atomic" if self.in_transaction else "leased"
-        if self.atomic_controlled:
-            mode = "atomic-controlled"
+        mode = "atomic" if self.atomic else "leased"
         return "/".join(
             (
                 mode,
@@ -122,11 +115,8 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     ``variant.task_leases`` ``task_leases`` (JSON object task name -> lease seconds, for tasks
     with their own lease; without it every job gets the default, with no per-row JSON lookup),
     ``queues`` (array) with ``variant.some_queues``, and ``excluded`` (array of task names)
-    with ``variant.excluded``. Atomic claims (one per open
-    transaction) roll back with their transaction; their lease matters only if the handler
-    commits that transaction early (``_claimed_values``). They take only tickets the lean
-    form takes (and no keyed ones), whatever ``variant.queue_limits`` says: atomic tickets of
-    controlled work are claimed by the ``atomic_controlled`` form, which commits at once.
+    with ``variant.excluded``. The atomic form takes atomic tickets the same way, counted
+    against the same limits.
 
     The main index scan takes tickets without a concurrency key, of queues without a row in
     ``pgqueue_queues`` that is paused, limited or rate-limited (a hashed anti-join on a usually
@@ -154,16 +144,12 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     it can never break a limit that was set after the caller last looked, it only leaves that
     work to the full form.
     """
-    atomic = variant.in_transaction
-    controlled_only = variant.atomic_controlled and not atomic
     filter_queues = variant.some_queues
-    # A claim inside the handler's transaction would hold the control rows it locks (and the
-    # counters it bumps) until the handler ends: it takes only uncontrolled tickets.
-    limits = (variant.queue_limits or controlled_only) and not atomic
+    limits = variant.queue_limits
     flow = variant.flow and limits
     task_leases = variant.task_leases
     ready = and_(
-        MessageQueue.atomic == (true() if atomic or controlled_only else false()),
+        MessageQueue.atomic == (true() if variant.atomic else false()),
         MessageQueue.run_at <= func.now(),
     )
     if variant.excluded:
@@ -181,7 +167,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     # the claimer has not yet seen that keys exist): the scan itself, its plan and its cost
     # stay what they are without keys.
     free_where = [ready, queue_filter, MessageQueue.queue.not_in(controlled)]
-    if flow or atomic:
+    if flow:
         free_where.append(unkeyed)
     free = (
         select(MessageQueue.job_id, MessageQueue.priority, MessageQueue.run_at, MessageQueue.keyed)
@@ -245,12 +231,13 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     # claim.
     free_cte = free.cte("free")
     capped_cte = capped.cte("capped")
-    branches = [select(capped_cte.c.job_id)]
-    if not controlled_only:
-        branches.append(select(free_cte.c.job_id).where(free_cte.c.keyed == false()))
+    branches = [
+        select(capped_cte.c.job_id),
+        select(free_cte.c.job_id).where(free_cte.c.keyed == false()),
+    ]
     keys = None
     if flow:
-        keys = flow_sql.keys_with_room(ready, queue_filter, controlled, atomic or controlled_only)
+        keys = flow_sql.keys_with_room(ready, queue_filter, controlled, variant.atomic)
         branches.insert(0, flow_sql.keyed_tickets(keys, ready, queue_filter, controlled))
     both = union_all(*branches).subquery("candidates")
     picked_cte = select(both.c.job_id).limit(bindparam("limit", type_=Integer)).cte("picked")
@@ -410,9 +397,9 @@ def claim_listed(in_transaction: bool) -> ReturningUpdate[Any]:
 def _claimed_values(lease: ColumnElement[Any]) -> dict[str, Any]:
     """The values a claim writes to each job it moves to RUNNING (``lease``: its seconds).
 
-    An atomic claim gets a lease too, though nobody sees its RUNNING row while its transaction
-    is open (and the rescuer skips the locked row): should the handler commit that transaction
-    early and its worker die, the job is rescued like a leased one instead of staying RUNNING."""
+    An atomic job's lease is not extended while its handler runs: the handler's transaction
+    holds the job's row, which the rescue skips. Once that transaction ends without an outcome
+    (its worker died), the lease runs out and the job is rescued like a leased one."""
     lease_expiry: ColumnElement[Any] = func.now() + seconds(lease)
     return {
         "state": CLAIM.target,
@@ -444,9 +431,8 @@ def claimed_by() -> Select[Any]:
     """RUNNING jobs leased to ``worker``, claimed in the last ``within`` seconds, other than
     ``held`` (array of ids): what a claim whose answer never arrived (the connection broke after
     its commit) left to that worker. Binds ``worker``, ``held``, ``within``. Reads the partial
-    index on running jobs. Atomic jobs are left out: one claimed by a committed statement
-    (``atomic_controlled``) whose answer was lost is not the leased claimer's to run; it is
-    rescued when its lease expires."""
+    index on running jobs. Atomic jobs are left out: one whose claim's answer was lost is not the
+    leased claimer's to run; it is rescued when its lease expires."""
     return select(*CLAIMED_COLUMNS).where(
         Job.state == JobState.RUNNING,
         Job.atomic.is_(False),

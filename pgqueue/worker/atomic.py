@@ -1,39 +1,30 @@
-"""Atomic tasks: found by probes, each run inside the transaction that claimed it.
+"""Atomic tasks: found by probes, each job run in a transaction that holds its row.
 
-An atomic claim holds its transaction open while the handler runs, so it cannot be made by the
-claim loop: the claim loop starts a probe (one at a time) on a pool thread, which claims at most
-one atomic job in a handler session and runs it there (``Executor.run_atomic``). The probe tells
-as soon as its claim answered whether it found a job, so the claim loop never waits for it: a
-find starts the next probe at once; nothing found stops probing until a notification or a poll
-(the ``after_wait`` of the claim loop). A probe holds a slot until its transaction ends.
+An atomic job's handler runs in a transaction that stays open until its outcome is written,
+so it cannot run on the claim loop's terms: the claim loop starts a probe (one at a time) on a
+pool thread. The probe claims atomic jobs for its own slot and the free ones, in a statement
+that commits at once and counts them against every limit like a leased claim
+(``WorkerStore.claim_atomic``), runs the first itself and hands each other one to a runner of
+its own, holding a slot of its own. The probe tells as soon as its claim answered whether it
+found anything, so the claim loop never waits for it: a find starts the next probe at once;
+nothing found stops probing until a notification, a poll or the end of a run (which frees a
+slot and the rows its transaction held).
 
-The handler's transaction never holds a control row: a row a limited queue's leased claims and
-outcomes update all the time. So atomic jobs of controlled work (a limited or rate-limited queue,
-a concurrency key) are claimed first, in a statement that commits at once and counts them like
-leased ones (``WorkerStore.claim_atomic_controlled``); the transaction then locks just the job's
-row and the outcome written in it frees the counters as it commits. If that transaction is lost,
-the failed attempt is written like a leased outcome; if the worker dies, the job is rescued when
-its lease expires, and every counter is right in the meantime (the job is RUNNING, committed).
-Other atomic jobs are claimed inside the handler's transaction, which then holds their ticket
-and their row only.
-
-A transaction lost after the handler ran (it failed at commit, the handler's session ended it,
-the connection or the worker died) undoes an in-transaction claim too. So before the handler
-runs, the run is recorded on another connection and committed (``data.atomic_runs.record_atomic_run``), and the run's
-transaction deletes that record when it commits. A record left behind is counted as a failed
-attempt in a transaction of its own (``data.atomic_runs.count_lost_attempt``): by this worker at
-once when it saw its transaction fail, else by the next claim of the job, which finds the
-record and counts it instead of running the handler. A job whose transaction always fails runs
-its handler ``max_attempts`` times and fails, with one log line per attempt, whatever happened
-to the workers and connections that ran it. A committed claim records its run the same way: its
-attempt is counted already (so the record is stale once the job moves on), and a record of the
-very attempt it claimed means that attempt ran before, so it is counted as failed, not run again.
-A job of a task the worker does not register is given back by rolling its claim back
-(``worker.unregistered``).
+Each job runs in a transaction that first locks the job's row (``data.atomic_runs.lock_claimed``)
+and writes the job's outcome before it commits, so the handler's writes and the outcome commit
+together or not at all. No control row (a limited queue's or a key's counters, which the claims
+and outcomes of the queue keep writing) is held while the handler runs: only the outcome's own
+statement takes them, just before the commit. The claim has committed, so every attempt is
+counted whatever happens next: if the transaction is lost (the handler's session ended it, it
+failed at commit, the connection was cut) the failed attempt is written apart like a leased
+outcome; if the worker dies, its transaction ends with it and the rescue, which skips locked
+rows while the handler runs, takes the job when its lease expires. A job of a task the worker
+does not register is given back unrun (``worker.unregistered``).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -42,10 +33,8 @@ from typing import Protocol
 from sqlalchemy.orm import Session
 
 from pgqueue.data import atomic_runs as atomic_runs_data
-from pgqueue.data import claim as claim_data
-from pgqueue.errors import AtomicRunUnfinished, error_line, pgqueue_logger
-from pgqueue.jobs import ClaimedJob, Outcome
-from pgqueue.states import JobState
+from pgqueue.errors import error_line, pgqueue_logger
+from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
@@ -57,25 +46,8 @@ class AtomicStore(Protocol):
     """What atomic runs need of the database besides their own transaction (``WorkerStore``
     is one)."""
 
-    @property
-    def controlled(self) -> bool:
-        """Whether queue limits, concurrency keys or rate limits may exist."""
-        ...
-
-    def claim_atomic_controlled(
-        self,
-        *,
-        worker_id: str,
-        queues: Sequence[str] | None,
-        lease_seconds: float,
-        excluded: Sequence[str] = (),
-    ) -> list[ClaimedJob]:
-        """At most one atomic job of controlled work, claimed in a statement that commits."""
-        ...
-
-    def record_atomic_run(self, job: ClaimedJob, worker_id: str) -> bool:
-        """Record the attempt's start, committed at once; False when a run of that attempt is
-        already recorded (an earlier run's transaction was lost and must be counted first)."""
+    def claim_atomic(self, request: ClaimRequest) -> list[ClaimedJob]:
+        """Up to ``request.limit`` atomic jobs, claimed in a statement that commits at once."""
         ...
 
     def record_outcomes(
@@ -84,18 +56,9 @@ class AtomicStore(Protocol):
         """Write ``outcomes``; the ids whose lease was lost."""
         ...
 
-    def count_lost_attempt(self, job: ClaimedJob, *, delay: float, error: str) -> JobState | None:
-        """Count the runs of ``job`` whose transaction was lost; the job's state after it, or
-        None when nothing was lost."""
-        ...
-
-
-class _GivenBack(Exception):
-    """The claimed job's task is not registered here: its claim is rolled back."""
-
 
 class AtomicProbes:
-    """Starts atomic runners and keeps their probe state (its own lock)."""
+    """Starts atomic probes and runners and keeps their probe state (its own lock)."""
 
     def __init__(
         self,
@@ -113,7 +76,7 @@ class AtomicProbes:
     ) -> None:
         self._slots = slots
         self._executor = executor
-        self._store = store  # counts the attempts whose transaction was lost
+        self._store = store
         self._report = report
         self._session_factory = session_factory
         self._submit = submit  # to the pool threads
@@ -122,18 +85,22 @@ class AtomicProbes:
         self._queues = queues
         self._lease_seconds = lease_seconds
         self._lock = threading.Lock()
-        self._probing = False  # a runner has not answered yet
+        self._probing = False  # a probe has not answered yet
         self._idle = False  # the last probe found nothing: wait for a notification or a poll
         self._notified = False  # a notification (not just a freed slot) woke the claim loop
+        # A run ended while a probe was claiming: the probe may have met that run's rows held
+        # (a limited queue's row, taken by the outcome just before the commit), so its short
+        # answer does not mean the work is gone.
+        self._ended_while_probing = False
 
     def maybe_probe(self) -> None:
-        """Start one atomic runner unless one is claiming or the last found nothing."""
+        """Start one atomic probe unless one is claiming or the last found nothing."""
         with self._lock:
             if self._probing or self._idle:
                 return
             self._probing = True
             self._slots.atomic_started()
-        self._submit(self._runner)
+        self._submit(self._probe)
 
     def notified(self) -> None:
         """New tickets were announced: the next wake-up of the claim loop probes again."""
@@ -147,103 +114,105 @@ class AtomicProbes:
                 self._idle = False  # poll time or new tickets: look for atomic work
             self._notified = False
 
-    def _runner(self) -> bool:
-        reported = False
-
-        def claimed(found: bool) -> None:
-            nonlocal reported
-            reported = True
+    def _probe(self) -> bool:
+        jobs: list[ClaimedJob] = []
+        full = False
+        try:
+            jobs, full = self._claim()
+        finally:
             with self._lock:
                 self._probing = False
-                self._idle = not found
-            self._wake.set()  # found: probe for the next one; not found: nothing to do
+                # A short claim found all there was: wait for a notification, a poll or the
+                # end of a run. A full one may have left more: probe again at once.
+                self._idle = not (full or self._ended_while_probing)
+                self._ended_while_probing = False
+            if not jobs:
+                self._slots.atomic_finished()
+            self._wake.set()
+        # Each job beyond the first takes a slot of its own, on a thread of its own.
+        for job in jobs[1:]:
+            self._slots.atomic_started()
+            self._submit(functools.partial(self._run_in_slot, job))
+        return self._run_in_slot(jobs[0]) if jobs else False
 
+    def _claim(self) -> tuple[list[ClaimedJob], bool]:
+        """Claim for the probe's slot and the free ones: the jobs this worker can run, and
+        whether the claim got as many as it asked for."""
+        unregistered = self._executor.unregistered
+        request = ClaimRequest(
+            worker_id=self._worker_id,
+            limit=1 + max(self._slots.free(), 0),
+            queues=self._queues,
+            lease_seconds=self._lease_seconds,
+            task_leases={},
+            excluded=unregistered.names if unregistered is not None else (),
+        )
         try:
-            self._execute(claimed)
+            claimed = self._store.claim_atomic(request)
+        except Exception as exc:
+            log.error("atomic claim failed: %s", error_line(exc))
+            return [], False
+        jobs = []
+        for job in claimed:
+            if unregistered is not None and unregistered.gives_back(job):
+                self._give_back(job)
+                self._report.stats.released += 1
+            else:
+                jobs.append(job)
+        self._report.stats.claimed += len(jobs)
+        self._report.metrics.claimed(len(jobs))
+        return jobs, len(claimed) == request.limit
+
+    def _run_in_slot(self, job: ClaimedJob) -> bool:
+        """Run ``job`` in the slot taken for it, then give the slot back."""
+        try:
+            self._run(job)
         finally:
             self._slots.atomic_finished()
-            if not reported:
-                with self._lock:
-                    self._probing = False
-                    self._idle = True  # it failed before claiming: wait for a poll
+            with self._lock:
+                # Its slot is free and the rows its transaction held too (a limited queue's
+                # row, which a probe meanwhile skipped): look for atomic work again.
+                self._idle = False
+                self._ended_while_probing = self._probing
             self._wake.set()
         return False
 
-    def _execute(self, claimed: Callable[[bool], None]) -> None:
+    def _run(self, job: ClaimedJob) -> None:
         started = time.monotonic()
-        job: ClaimedJob | None = None
         outcome: Outcome | None = None
         failure: Exception | None = None
-        unregistered = self._executor.unregistered
-        excluded = unregistered.names if unregistered is not None else ()
-        committed: list[ClaimedJob] = []
-        if self._store.controlled:
-            try:
-                committed = self._store.claim_atomic_controlled(
-                    worker_id=self._worker_id,
-                    queues=self._queues,
-                    lease_seconds=self._lease_seconds,
-                    excluded=excluded,
-                )
-            except Exception as exc:
-                log.error("atomic claim failed: %s", error_line(exc))
+        locked = False
         session = self._session_factory()
         try:
             with session.begin():
-                if committed:
-                    jobs = committed if atomic_runs_data.lock_claimed(session, committed[0]) else []
-                else:
-                    jobs = claim_data.claim(
-                        session,
-                        worker_id=self._worker_id,
-                        limit=1,
-                        queues=self._queues,
-                        lease_seconds=self._lease_seconds,
-                        task_leases={},
-                        atomic=True,
-                        excluded=excluded,
-                    )
-                claimed(bool(jobs))
-                if not jobs:
-                    return
-                if unregistered is not None and unregistered.gives_back(jobs[0]):
-                    raise _GivenBack
-                job = jobs[0]
-                self._report.stats.claimed += 1
-                self._report.metrics.claimed(1)
-                if not self._store.record_atomic_run(job, self._worker_id):
-                    raise AtomicRunUnfinished(
-                        f"job {job.id} attempt {job.attempt} already ran in a transaction that "
-                        "never committed"
-                    )
+                locked = atomic_runs_data.lock_claimed(session, job)
+                if not locked:
+                    return  # its lease was lost: the job was rescued, another worker owns it
                 self._slots.atomic_running(job.queue, +1)
                 try:
                     outcome = self._executor.run_atomic(session, job, threading.Event())
                 finally:
                     self._slots.atomic_running(job.queue, -1)
-                atomic_runs_data.clear_atomic_runs(session, job.id)
-        except _GivenBack:
-            # The rollback put an in-transaction claim's ticket back as it was, attempt count
-            # included; a committed claim is released like a leased job.
-            if committed:
-                self._give_back(committed[0])
-            self._report.stats.released += 1
-            return
         except Exception as exc:
             failure = exc
         finally:
             session.close()
-        if job is None:
+        if not locked:
             if failure is not None:
-                log.error("atomic claim failed: %s", error_line(failure))
-                if committed:
-                    self._give_back(committed[0])
+                # The handler never started: the job goes back to its queue unrun.
+                log.error(
+                    "job %s (%s): could not be started: %s",
+                    job.id,
+                    job.task_name,
+                    error_line(failure),
+                )
+                self._give_back(job)
             return
-        self._settle(job, outcome, failure, time.monotonic() - started, bool(committed))
+        self._settle(job, outcome, failure, time.monotonic() - started)
 
     def _give_back(self, job: ClaimedJob) -> None:
-        """Release a job whose committed claim no transaction could take up (its row could not
-        be locked), so it is claimed again now rather than rescued after its lease."""
+        """Release a claimed job that did not run, so it is claimed again now rather than
+        rescued after its lease."""
         try:
             self._store.record_outcomes([Outcome.release(job)])
         except Exception as exc:
@@ -255,64 +224,28 @@ class AtomicProbes:
             )
 
     def _settle(
-        self,
-        job: ClaimedJob,
-        outcome: Outcome | None,
-        failure: Exception | None,
-        took: float,
-        committed: bool,
+        self, job: ClaimedJob, outcome: Outcome | None, failure: Exception | None, took: float
     ) -> None:
         """Report the attempt, or, when its transaction failed or was ended by the handler's
-        session, count it as a failed attempt in a transaction of its own: the claim was undone
-        with it, and the job would otherwise be claimed again at once with no attempt counted,
-        its handler's side effects repeated without end."""
+        session, write it as a failed attempt in a transaction of its own, like a leased
+        outcome: its claim committed, so the job is RUNNING under its lease until then."""
         if failure is None:
             if outcome is not None:
                 self._report.written(outcome, took, job)
             return
         lost = self._executor.lost_attempt(job, failure)
-        if committed:
-            # Its claim committed on its own: the job is RUNNING under its lease, the attempt
-            # counted; its failed attempt is written like a leased job's outcome.
-            try:
-                if job.id in self._store.record_outcomes([lost]):
-                    return  # the lease was lost: another worker owns the job
-            except Exception as exc:
-                log.error(
-                    "job %s (%s) attempt %d: its transaction was lost (%s) and the attempt "
-                    "could not be recorded (%s); it is rescued when its lease expires",
-                    job.id,
-                    job.task_name,
-                    job.attempt,
-                    error_line(failure),
-                    error_line(exc),
-                )
-                return
-            self._report.written(lost, took, job)
-            return
         try:
-            state = self._store.count_lost_attempt(job, delay=lost.delay, error=lost.error)
+            if job.id in self._store.record_outcomes([lost]):
+                return  # the lease was lost: another worker owns the job
         except Exception as exc:
             log.error(
-                "job %s (%s) attempt %d: its transaction was lost (%s) and the attempt could not "
-                "be counted (%s)",
+                "job %s (%s) attempt %d: its transaction was lost (%s) and the attempt could "
+                "not be recorded (%s); it is rescued when its lease expires",
                 job.id,
                 job.task_name,
                 job.attempt,
                 error_line(failure),
                 error_line(exc),
-            )
-            return
-        if state is None:
-            # Nothing of this attempt was lost (the claim had committed after all, or the
-            # handler never started), or a claim of the job under way elsewhere counts it.
-            log.error(
-                "job %s (%s) attempt %d: its transaction ended with an error (%s); nothing was "
-                "counted here",
-                job.id,
-                job.task_name,
-                job.attempt,
-                error_line(failure),
             )
             return
         self._report.written(lost, took, job)

@@ -27,7 +27,6 @@ from pgqueue.config import Settings
 from pgqueue.context import JobContext, Retry, Snooze
 from pgqueue.data import outcomes as outcomes_data
 from pgqueue.errors import (
-    AtomicRunUnfinished,
     AtomicSessionMisuse,
     AtomicTransactionLost,
     UnknownTask,
@@ -137,13 +136,15 @@ class Executor:
     def run_atomic(
         self, session: Session, job: ClaimedJob, cancel_event: threading.Event
     ) -> Outcome:
-        """Run an atomic job in ``session``'s open claim transaction and write its outcome there.
+        """Run an atomic job in ``session``'s open transaction (which holds the job's row) and
+        write its outcome there.
 
         The handler runs in a savepoint, and a success is written inside it: on failure (the
         handler raised, its result cannot be stored, or it was cancelled) the handler's writes
-        are rolled back while the claim and the retry/failure record still commit. An outcome the database refuses is replaced by a failed attempt (``unrecorded``)
-        with the handler's writes rolled back, so every attempt counts even then; only a
-        failure to write that too rolls the whole claim back. The caller commits.
+        are rolled back while the retry/failure record still commits. An outcome the database
+        refuses is replaced by a failed attempt (``unrecorded``) with the handler's writes
+        rolled back; only a failure to write that too fails the transaction, and the caller
+        then records the failed attempt apart (``lost_attempt``). The caller commits.
         """
         tracing = self.tracing
         if tracing is None:
@@ -193,8 +194,8 @@ class Executor:
             if span is not None:
                 span.failed(exc)
             if is_transaction_ended(exc):
-                # The claim's transaction is gone: nothing written from here on would be part
-                # of it. The caller rolls back and counts the attempt.
+                # The attempt's transaction is gone: nothing written from here on would be
+                # part of it. The caller rolls back and records the failed attempt apart.
                 raise AtomicTransactionLost(
                     f"atomic task {job.task_name!r}: the attempt's transaction ended while the "
                     "handler ran (a ROLLBACK or COMMIT sent through its session)"
@@ -352,18 +353,16 @@ class Executor:
         """The failed attempt that replaces an atomic attempt whose transaction was lost
         (``exc``: the error that ended it, ``AtomicTransactionLost`` when the handler's session
         ended it), retried or failed for good like any other."""
-        if isinstance(exc, AtomicRunUnfinished):
-            why = (
-                "its handler ran in a transaction that never committed (the worker or its "
-                "connection was lost), which undid the claim"
-            )
-        elif isinstance(exc, AtomicTransactionLost):
+        if isinstance(exc, AtomicTransactionLost):
             why = (
                 "the handler's session ended the attempt's transaction (a ROLLBACK or COMMIT "
-                "sent through it), which undid the claim"
+                "sent through it), which undid the handler's writes"
             )
         else:
-            why = f"the attempt's transaction failed ({error_line(exc)}), which undid the claim"
+            why = (
+                f"the attempt's transaction failed ({error_line(exc)}), which undid the "
+                "handler's writes"
+            )
         error = f"AtomicTransactionLost: {why}; the attempt counts as failed"
         return self._after_failure(job, self._storable(error))
 
@@ -422,15 +421,15 @@ _TRANSACTION_ENDERS = ("commit", "rollback", "close")
 @contextlib.contextmanager
 def transaction_kept(session: Session, task_name: str) -> Iterator[None]:
     """While an atomic handler runs, its session refuses ``commit()``, ``rollback()`` and
-    ``close()`` (``AtomicSessionMisuse``): its transaction holds the job's claim, which must
-    commit or roll back with the handler's writes, never before them. Set on the session
+    ``close()`` (``AtomicSessionMisuse``): its transaction holds the job's row and will hold
+    its outcome, which must commit or roll back with the handler's writes, never apart. Set on the session
     itself (not a wrapper), so the handler still gets a real ``Session``."""
 
     def refusal(name: str) -> Callable[..., NoReturn]:
         def refuse(*args: Any, **kwargs: Any) -> NoReturn:
             raise AtomicSessionMisuse(
                 f"{name}() on the session of atomic task {task_name!r}: its transaction holds "
-                "the job's claim and commits with the handler's writes when the handler "
+                "the job and commits its outcome with the handler's writes when the handler "
                 "returns; raise an exception to roll the attempt back instead"
             )
 

@@ -25,7 +25,6 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from pgqueue import uow
 from pgqueue.data import admin as admin_data
-from pgqueue.data import atomic_runs as atomic_runs_data
 from pgqueue.data import claim as claim_data
 from pgqueue.data import flow as flow_data
 from pgqueue.data import history as history_data
@@ -42,7 +41,6 @@ from pgqueue.errors import (
     pgqueue_logger,
 )
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Lease, Outcome, Progress, WorkerEntry
-from pgqueue.states import JobState
 
 T = TypeVar("T")
 
@@ -65,6 +63,7 @@ class WorkerStore:
         # The claimer's own connection (claims are serialized by the worker, see ``claim``).
         self._claim_connection = self._database.held_connection()
         self._limits = LimitsSeen()
+        self._atomic_limits = LimitsSeen()
         # Set at the first failed write after the worker began to stop: the writes of the whole
         # shutdown share this one deadline.
         self._shutdown_write_deadline: float | None = None
@@ -197,25 +196,25 @@ class WorkerStore:
 
         return self._run("claim", work, give_up_when_stopping=True, failed=failed)
 
-    def claim_atomic_controlled(
-        self,
-        *,
-        worker_id: str,
-        queues: Sequence[str] | None,
-        lease_seconds: float,
-        excluded: Sequence[str] = (),
-    ) -> list[ClaimedJob]:
-        """``data.claim.claim_atomic_controlled``, committed at once on a pooled connection,
-        with the controls the claimer last saw."""
+    def claim_atomic(self, request: ClaimRequest) -> list[ClaimedJob]:
+        """See ``worker.atomic.AtomicStore.claim_atomic``: ``data.claim.claim`` of atomic jobs,
+        committed at once on a pooled connection. Atomic probes claim from pool threads beside
+        the claim loop, so they keep their own look at which controls exist. A claim whose
+        answer was lost with its connection is not taken back: its jobs are rescued when their
+        leases expire."""
         return self._run(
             "atomic claim",
-            lambda db: claim_data.claim_atomic_controlled(
+            lambda db: claim_data.claim(
                 db,
-                worker_id=worker_id,
-                queues=queues,
-                lease_seconds=lease_seconds,
-                limits=self._limits,
-                excluded=excluded,
+                worker_id=request.worker_id,
+                limit=request.limit,
+                queues=request.queues,
+                lease_seconds=request.lease_seconds,
+                task_leases=request.task_leases,
+                atomic=True,
+                limits=self._atomic_limits,
+                autocommit=True,
+                excluded=request.excluded,
             ),
             give_up_when_stopping=True,
         )
@@ -262,23 +261,6 @@ class WorkerStore:
             give_up_when_stopping=False,
             autocommit=False,
             through_timeouts=lock_wait is None,
-        )
-
-    def record_atomic_run(self, job: ClaimedJob, worker_id: str) -> bool:
-        """``data.atomic_runs.record_atomic_run``, committed at once, tried once: a failure leaves
-        the handler unrun (its claim rolls back) rather than risk recording a run twice."""
-        return self._database.run(
-            lambda db: atomic_runs_data.record_atomic_run(db, job, worker_id), autocommit=True
-        )
-
-    def count_lost_attempt(self, job: ClaimedJob, *, delay: float, error: str) -> JobState | None:
-        """``data.atomic_runs.count_lost_attempt`` in a transaction of its own (retried through a
-        lost connection: the attempt must be counted)."""
-        return self._run(
-            "count lost attempt",
-            lambda db: atomic_runs_data.count_lost_attempt(db, job, delay=delay, error=error),
-            give_up_when_stopping=False,
-            autocommit=False,
         )
 
     def heartbeat(

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 FINAL = {"succeeded", "failed", "cancelled"}
 ACTIVE = {"queued", "retrying", "running"}
 LEASE_EXPIRED = "lease expired"
-TRANSACTION_LOST = ("AtomicTransactionLost", "AtomicRunUnfinished")
+TRANSACTION_LOST = ("AtomicTransactionLost",)
 
 JOBS = text(
     "SELECT id, task_name, queue, kwargs::jsonb ->> 'kind' AS kind, state, attempts,"

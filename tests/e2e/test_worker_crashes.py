@@ -36,33 +36,34 @@ def test_sigkill_with_20_running_jobs_second_worker_finishes_all(app: App) -> No
     assert {r.pid for r in app.ledger("end")} == {second.pid}
 
 
-def test_an_atomic_run_lost_with_its_worker_is_counted_before_the_job_runs_again(
+def test_an_atomic_run_lost_with_its_worker_is_rescued_with_its_attempt_counted(
     app: App,
 ) -> None:
-    """SIGKILL rolls back the atomic claim with the handler's transaction, so nothing on the
-    job shows that attempt 1 ran: the next claim must count it anyway (attempt 2 runs, not
-    attempt 1 again), and with attempts used up, fail the job without running it."""
-    env = {**app.env(), "E2E_ATOMIC": "1"}
-    first = app.start_worker_with_env(env, "--concurrency", "2")
+    """SIGKILL ends the handler's transaction and rolls its writes back, but the claim had
+    committed on its own: the job stays RUNNING until its lease expires, then the rescue
+    counts the attempt (attempt 2 runs, not attempt 1 again) or, with attempts used up, fails
+    the job without running it."""
+    env = {**app.env(rescue_interval=0.5), "E2E_ATOMIC": "1"}
+    lease = ("--lease-seconds", "2")
+    first = app.start_worker_with_env(env, "--concurrency", "2", *lease)
     again, used_up = app.module.atomic_sleep.enqueue_many([{"seconds": 60}] * 2)
     app.execute("UPDATE pgqueue_jobs SET max_attempts = 1 WHERE id = :id", id=used_up)
     app.wait_until(lambda: len(app.ledger("start")) == 2, 30, "both atomic jobs to start")
     first.signal(signal.SIGKILL)
     assert first.wait(10) == -signal.SIGKILL
 
-    second = app.start_worker_with_env(env, "--concurrency", "2")
+    second = app.start_worker_with_env(env, "--concurrency", "2", *lease)
     jobs = app.wait_final([again, used_up], timeout=60)
     assert (jobs[again].state, jobs[again].attempts) == ("succeeded", 2)
     assert [e["attempt"] for e in jobs[again].errors] == [1]
-    assert "never committed" in jobs[again].errors[0]["error"]
+    assert "lease expired" in jobs[again].errors[0]["error"]
     assert (jobs[used_up].state, jobs[used_up].attempts) == ("failed", 1)
-    assert "never committed" in (jobs[used_up].last_error or "")
+    assert "lease expired" in (jobs[used_up].last_error or "")
     starts = sorted((r.job_id, r.attempt, r.pid) for r in app.ledger("start"))
     assert starts == sorted(
         [(again, 1, first.pid), (again, 2, second.pid), (used_up, 1, first.pid)]
     )
     assert [(r.job_id, r.attempt) for r in app.ledger("done")] == [(again, 2)]
-    assert app.scalars("SELECT count(*) FROM pgqueue_atomic_runs") == [0]
 
 
 def test_zombie_worker_late_completion_changes_nothing(app: App) -> None:

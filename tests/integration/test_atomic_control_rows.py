@@ -136,3 +136,27 @@ def test_mixed_atomic_and_leased_jobs_fill_the_limit_and_never_exceed_it(
     # of its queue out (runs start beside one).
     assert ledger.peak() == 3, runs
     assert ledger.started_beside_atomic() >= 4, runs
+
+
+def test_short_atomic_jobs_of_a_limited_queue_run_one_after_another_without_a_poll(
+    database_url: URL,
+) -> None:
+    """Each atomic run's outcome takes its queue's row just before its transaction commits, so
+    a probe claiming meanwhile finds the row held and the queue empty for it. The end of that
+    run must start the next probe: the rest of the queue never waits for a poll (30 s here)."""
+    url = database_url.render_as_string(hide_password=False)
+    pgq = PgQueue(url, settings=Settings(poll_interval=30.0))
+
+    @pgq.task(queue="limited_short", name="short_atomic", atomic=True)
+    def short_atomic() -> None: ...
+
+    pgq.set_queue_limit("limited_short", 2)
+    ids = short_atomic.enqueue_many([[] for _ in range(40)])
+    worker = Worker(pgq, concurrency=4)
+    thread = _started(worker)
+    try:
+        wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=20)
+    finally:
+        worker.stop()
+        thread.join(30)
+        pgq.dispose()

@@ -1,12 +1,13 @@
 """An atomic attempt whose transaction is lost is a failed attempt, not a free re-run.
 
-An atomic job's claim lives in the handler's transaction. When that transaction is lost after
-the handler ran, the claim is undone with it: without care the job is claimed again at once with
-no attempt counted, and its handler (with its emails and HTTP calls) runs without end. Each way a
-real handler loses it is tried here with ``max_attempts=3``: the handler must run exactly three
-times, the job must end FAILED with three attempts and the reason kept, and none of the handler's
-writes may survive. A handler's ``commit()``/``rollback()``/``close()`` is refused with an error
-naming the misuse; a deferred constraint fails in the handler's savepoint, not at the commit.
+An atomic job's claim commits on its own, then its handler runs in a transaction that holds the
+job's row and writes its outcome. When that transaction is lost after the handler ran, its
+writes and its outcome go with it, and the job is left RUNNING under its lease: the worker must
+record the failed attempt apart. Each way a real handler loses it is tried here with
+``max_attempts=3``: the handler must run exactly three times, the job must end FAILED with three
+attempts and the reason kept, and none of the handler's writes may survive. A handler's
+``commit()``/``rollback()``/``close()`` is refused with an error naming the misuse; a deferred
+constraint fails in the handler's savepoint, not at the commit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sqlalchemy.orm import Session
 from pgqueue import JobContext, JobState, PgQueue, backoff
 from pgqueue.data import atomic_runs as atomic_runs_data
 from pgqueue.data import claim as claim_data
+from pgqueue.jobs import ClaimedJob
 from pgqueue.worker import Worker
 
 TABLES = """
@@ -86,8 +88,8 @@ def running_worker(pgq: PgQueue) -> Iterator[Callable[..., Worker]]:
         assert not thread.is_alive()
 
 
-def _claim_atomic(session: Session, worker_id: str, lease_seconds: float) -> list[Any]:
-    """An atomic claim of one job in ``session``'s transaction, as a worker's probe makes it."""
+def _claim_atomic(session: Session, worker_id: str, lease_seconds: float) -> list[ClaimedJob]:
+    """An atomic claim of one job, as a worker's probe makes it (committed with ``session``)."""
     return claim_data.claim(
         session,
         worker_id=worker_id,
@@ -133,10 +135,7 @@ def test_a_lost_atomic_transaction_counts_as_a_failed_attempt(
         return "returned"
 
     job_id = lost.enqueue()
-    # A raw ROLLBACK undoes the claim while the handler still runs: until the attempt is
-    # counted, a claim elsewhere (here, the worker's other slot) could take the job again
-    # (docs/how-to/tasks.md, "Leased and atomic tasks"), so that case runs with one slot.
-    running_worker(1 if misuse == "raw ROLLBACK" else 2)
+    running_worker(2)
     job = _wait_final(pgq, job_id, timeout=15)
     time.sleep(0.5)  # a re-run that should not happen would show by now
     assert len(runs) == MAX_ATTEMPTS, f"{len(runs)} handler runs: {runs[:10]}"
@@ -181,8 +180,9 @@ def test_a_lost_attempt_that_leaves_attempts_retries_and_can_succeed(
 def test_a_running_atomic_job_whose_worker_is_gone_is_rescued(
     pgq: PgQueue, running_worker: Callable[..., Worker]
 ) -> None:
-    """A handler that committed its claim's transaction early, then lost its worker, leaves the
-    job RUNNING with nobody to end it: its lease expires and the rescuer takes it back."""
+    """A worker that claimed an atomic job and died before its handler's transaction took the
+    job's row leaves it RUNNING with nobody to end it: its lease expires and the rescuer takes
+    it back, the lost attempt counted."""
 
     @pgq.task(name="atomic.orphan", atomic=True, max_attempts=3)
     def orphan() -> str:
@@ -192,7 +192,7 @@ def test_a_running_atomic_job_whose_worker_is_gone_is_rescued(
     session: Session = pgq.handler_session()
     with session.begin():
         [claimed] = _claim_atomic(session, "gone", 0.5)
-    session.close()  # committed early; the worker that made the claim is gone
+    session.close()  # the worker that made the claim is gone
     assert claimed.id == job_id and pgq.get_job(job_id).state is JobState.RUNNING
     running_worker()
     job = _wait_final(pgq, job_id, timeout=20)
@@ -200,21 +200,20 @@ def test_a_running_atomic_job_whose_worker_is_gone_is_rescued(
     assert job.attempts == 2
 
 
-def test_a_lost_attempt_is_counted_even_while_another_session_holds_its_ticket(
+def test_a_lost_attempt_is_recorded_even_while_another_session_holds_the_jobs_row(
     pgq: PgQueue, engine: Engine, running_worker: Callable[..., Worker]
 ) -> None:
-    """Right after the handler's raw ROLLBACK (which undid the claim), another session locks the
-    job's ticket for a while, so the worker cannot count the attempt when it sees it lost: the
-    next claim of the job, once the ticket is free, must count it before running anything."""
+    """Right after the handler's raw ROLLBACK, another session locks the job's row for a while
+    (an operator's ``SELECT ... FOR UPDATE``), so the worker's write of the failed attempt
+    waits: it must still be written, once, before the job runs again."""
     runs: list[int] = []
     held: list[threading.Thread] = []
 
-    def hold_ticket(job_id: int, seconds: float) -> None:
+    def hold_row(job_id: int, seconds: float) -> None:
         connection = engine.connect()
         transaction = connection.begin()
         connection.execute(
-            text("SELECT 1 FROM pgqueue_message_queue WHERE job_id = :id FOR UPDATE"),
-            {"id": job_id},
+            text("SELECT 1 FROM pgqueue_jobs WHERE id = :id FOR UPDATE"), {"id": job_id}
         )
 
         def release() -> None:
@@ -227,19 +226,19 @@ def test_a_lost_attempt_is_counted_even_while_another_session_holds_its_ticket(
         held.append(thread)
 
     @pgq.task(
-        name="atomic.ticket_held",
+        name="atomic.row_held",
         atomic=True,
         pass_context=True,
         max_attempts=MAX_ATTEMPTS,
         retry=backoff.constant(0),
     )
-    def ticket_held(ctx: JobContext) -> None:
+    def row_held(ctx: JobContext) -> None:
         runs.append(ctx.attempt)
         ctx.session.execute(text("ROLLBACK"))
-        hold_ticket(ctx.job_id, 0.5)
+        hold_row(ctx.job_id, 0.5)
 
-    job_id = ticket_held.enqueue()
-    running_worker(1)
+    job_id = row_held.enqueue()
+    running_worker(2)
     job = _wait_final(pgq, job_id, timeout=30)
     for thread in held:
         thread.join(10)
@@ -249,13 +248,13 @@ def test_a_lost_attempt_is_counted_even_while_another_session_holds_its_ticket(
     assert [entry["attempt"] for entry in job.errors] == [1, 2, 3]
 
 
-def test_a_stale_claim_whose_transaction_ended_does_not_record_a_run(
+def test_a_claim_whose_lease_was_lost_never_takes_the_jobs_row(
     pgq: PgQueue, engine: Engine, running_worker: Callable[..., Worker]
 ) -> None:
-    """A worker frozen right after its in-transaction claim answered, whose connection was cut
-    meanwhile: the claim rolled back and another worker ran the job to its end. When the frozen
-    worker wakes, the run record it writes before calling the handler is refused, so the handler
-    does not run a second time; a live claim's record is accepted."""
+    """A worker frozen right after its atomic claim answered, for longer than the lease: the
+    rescue counted the attempt and another worker ran the job to its end. When the frozen worker
+    wakes, its transaction's lock on the job's row finds the lease gone, so the handler does not
+    run a second time; a live claim takes the row."""
     runs: list[int] = []
 
     @pgq.task(name="atomic.once", atomic=True, pass_context=True, max_attempts=3)
@@ -263,27 +262,19 @@ def test_a_stale_claim_whose_transaction_ended_does_not_record_a_run(
         runs.append(ctx.attempt)
 
     job_id = once.enqueue()
-    stale: Session = pgq.handler_session()
-    stale.begin()
-    [claimed] = _claim_atomic(stale, "frozen", 30)
+    with pgq.handler_session() as session, session.begin():
+        [claimed] = _claim_atomic(session, "frozen", 0.5)
     assert (claimed.id, claimed.attempt) == (job_id, 1)
-    pid = stale.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar()
-    with engine.connect() as admin:
-        admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
     running_worker(1)
-    assert _wait_final(pgq, job_id, timeout=20).state is JobState.SUCCEEDED
-    assert runs == [1]
-    with pgq.sessions() as other:
-        assert not atomic_runs_data.record_atomic_run(other, claimed, "frozen")
-        other.commit()
-    stale.invalidate()  # its connection was cut
+    finished = _wait_final(pgq, job_id, timeout=20)
+    assert (finished.state, finished.attempts) == (JobState.SUCCEEDED, 2)
+    assert runs == [2]
+    with pgq.handler_session() as session, session.begin():
+        assert not atomic_runs_data.lock_claimed(session, claimed)
 
     live_id = once.enqueue()
-    live: Session = pgq.handler_session()
-    with live.begin():
-        [fresh] = _claim_atomic(live, "live", 30)
+    with pgq.handler_session() as session, session.begin():
+        [fresh] = _claim_atomic(session, "live", 30)
         assert fresh.id == live_id
-        with pgq.sessions() as other:
-            assert atomic_runs_data.record_atomic_run(other, fresh, "live")
-            other.commit()
-    live.close()
+    with pgq.handler_session() as session, session.begin():
+        assert atomic_runs_data.lock_claimed(session, fresh)

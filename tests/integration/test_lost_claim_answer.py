@@ -195,8 +195,8 @@ def test_a_claim_keeps_its_jobs_when_the_connection_dies_in_the_look_after_it(
 def test_the_take_back_leaves_alone_an_atomic_job_its_probe_claimed_meanwhile(
     pgq: PgQueue,
 ) -> None:
-    """An atomic job of controlled work is claimed in a statement that commits by itself
-    (``claim_atomic_controlled``), under the worker's own id; the worker's atomic probe then
+    """An atomic job is claimed in a statement that commits by itself (``claim_atomic``),
+    under the worker's own id; the worker's atomic probe then
     runs it in a transaction that locks its row. If a leased claim of the same worker loses its
     answer meanwhile, the take-back of what that claim committed must not take the atomic job
     too: run as a leased job, its handler's writes commit in a session of their own, with no
@@ -222,9 +222,7 @@ def test_the_take_back_leaves_alone_an_atomic_job_its_probe_claimed_meanwhile(
         if not lost and "DELETE FROM pgqueue_message_queue" in statement:
             lost.append(statement)
             # The worker's atomic probe claims meanwhile, on a connection of its own.
-            probed.extend(
-                store.claim_atomic_controlled(worker_id="w1", queues=None, lease_seconds=30.0)
-            )
+            probed.extend(store.claim_atomic(ClaimRequest(limit=1, **CLAIM)))
             raise psycopg.OperationalError("server closed the connection unexpectedly")
 
     event.listen(pgq.engine, "after_cursor_execute", after)

@@ -31,9 +31,7 @@ def _claim(pgq: PgQueue, *, limits: bool) -> list[int]:
     """One claim of up to 10 jobs with the chosen claim variant, committed."""
     params = {"limit": 10, "worker": "test", "lease_seconds": 30.0}
     stmt = claim(
-        ClaimVariant(
-            in_transaction=False, some_queues=False, queue_limits=limits, task_leases=False
-        )
+        ClaimVariant(atomic=False, some_queues=False, queue_limits=limits, task_leases=False)
     )
     with pgq.sessions() as session, session.begin():
         return sorted(row.id for row in session.connection().execute(stmt, params))
