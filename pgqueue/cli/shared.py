@@ -232,9 +232,32 @@ class OneLineErrors(click.Group):
 
     cli_name = "pgqueue"
 
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        # The group's own options (``pgqueue --bogus``) are parsed here, outside ``invoke``.
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise OneLineUsageError(exc, self.cli_name) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # a group given no command shows its help, as asked
+        except click.UsageError as exc:
+            # A subcommand's arguments (a bad value, a missing or extra one, an unknown option
+            # or command), at any depth below this group: one line, not click's usage block.
+            if isinstance(exc, OneLineUsageError):
+                raise
+            raise OneLineUsageError(exc, self.cli_name) from None
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:
@@ -245,6 +268,37 @@ class OneLineErrors(click.Group):
                 raise
             print_error(in_this_cli(line))
             ctx.exit(2)
+
+
+class OneLineUsageError(click.UsageError):
+    """click's usage error (``Invalid value for '--state'...``, ``No such command``, ``Missing
+    argument``) as one ``error: ...`` line naming the command, the problem and where its usage
+    is (``pgqueue jobs --help``); exit code 2, as click's. Its message is worded when it is
+    raised, with the command's path as the user types it in this CLI (``cli_name``)."""
+
+    def __init__(self, exc: click.UsageError, cli_name: str) -> None:
+        path = _command_path(exc.ctx, cli_name)
+        problem = exc.format_message().strip().rstrip(".")
+        if problem[:1].isupper() and problem[1:2].islower():
+            problem = problem[0].lower() + problem[1:]
+        super().__init__(f"{path}: {problem} (see `{path} --help`)", ctx=exc.ctx)
+
+    def show(self, file: Any = None) -> None:
+        print_error(self.format_message())
+
+
+def _command_path(ctx: click.Context | None, cli_name: str) -> str:
+    """``pgqueue bulk retry``: the command of ``ctx`` as typed in this CLI (the outermost
+    ``OneLineErrors`` group written as its ``cli_name``, whatever ran the program)."""
+    chain: list[click.Context] = []
+    while ctx is not None:
+        chain.insert(0, ctx)
+        ctx = ctx.parent
+    for index, outer in enumerate(chain):
+        if isinstance(outer.command, OneLineErrors):
+            names = [c.info_name or "" for c in chain[index + 1 :]]
+            return " ".join([outer.command.cli_name, *names])
+    return cli_name
 
 
 def _database_name(pgq: PgQueue | None) -> str | None:
