@@ -203,12 +203,15 @@ def key_limit(key_or_prefix: str | None, limit: str | None, as_json: bool) -> No
 @click.argument("values", nargs=-1, metavar="[QUEUE] [LIMIT]")
 @click.option("--key", default=None, metavar="PREFIX", help="Limit each key with this prefix.")
 @click.option("--per", default=None, metavar="SECONDS", help="The window, in seconds.")
+@queue_commands.new_option
 @shared.json_option
-def rate_limit(values: tuple[str, ...], key: str | None, per: str | None, as_json: bool) -> None:
+def rate_limit(
+    values: tuple[str, ...], key: str | None, per: str | None, new: bool, as_json: bool
+) -> None:
     """At most LIMIT jobs of QUEUE (or of each key starting with --key PREFIX) start in any
     window of --per SECONDS (``none`` removes it); without LIMIT, show it; without arguments,
     list every rate limit."""
-    rate_limit_command(_queue(), values, key=key, per=per, as_json=as_json)
+    rate_limit_command(_queue(), values, key=key, per=per, as_json=as_json, new=new)
 
 
 @pgqueue_group.group()
