@@ -399,6 +399,23 @@ def _refuse_bad_names(*, queue: str | None, task_name: str | None) -> None:
         raise CommandError(str(exc)) from None
 
 
+def _note_names_no_job_has(pgq: PgQueue, *, queue: str | None, task_name: str | None) -> None:
+    """Under an empty listing, one ``note:`` line on stderr naming the queue or task name that
+    no job has (a likely typo), whatever the other filters; the exit code stays 0, as for any
+    listing that finds nothing."""
+    unknown = []
+    if queue is not None and not pgq.admin.list_jobs(queue=queue, limit=1).jobs:
+        unknown.append(f"queue {queue!r}")
+    if task_name is not None and not pgq.admin.list_jobs(task_name=task_name, limit=1).jobs:
+        unknown.append(f"task {task_name!r}")
+    if unknown:
+        echo(
+            f"note: no job has {' or '.join(unknown)}: check the name "
+            f"(`{this_cli()} stats` lists the queues that have jobs)",
+            err=True,
+        )
+
+
 def job_filter_options(function: Any) -> Any:
     """The options of ``pgqueue jobs`` (shared with ``flask pgqueue jobs``)."""
     options = [
@@ -457,6 +474,7 @@ def print_jobs(
     )
     if not page.jobs and before is None:
         _refuse_bad_names(queue=queue, task_name=task_name)
+        _note_names_no_job_has(pgq, queue=queue, task_name=task_name)
     if as_json:
         print_json(
             {
