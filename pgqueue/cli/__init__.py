@@ -6,7 +6,8 @@ Commands that need tasks take an application path ``module:attribute`` naming a 
 
 This module holds the command group and adds the commands of each group's module to it
 (``migrate``, ``workers``, ``jobs``, ``history``, ``queues``, ``flow``, ``bulk``, ``demo``);
-``shared`` holds what they and ``flask pgqueue`` share, output included.
+``shared`` holds what they and ``flask pgqueue`` share, output included, and ``reports``
+the job reports both print.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
+from pgqueue.cli.queues import known_queue, new_option
 from pgqueue.cli.shared import (
     CommandError,
     console,
@@ -83,10 +84,12 @@ def rate_limit_command(
     key: str | None,
     per: str | None,
     as_json: bool,
+    new: bool = False,
 ) -> None:
     """Shared by ``pgqueue rate-limit`` and ``flask pgqueue rate-limit``: every rate limit
     (no arguments), the rate of one queue (``QUEUE``) or key prefix (``--key PREFIX``), or set
-    it (``... LIMIT --per SECONDS``; ``none`` removes it)."""
+    it (``... LIMIT --per SECONDS``; ``none`` removes it). A queue's is set only on a queue
+    that has jobs or settings, unless ``new`` says it is set up before its first job."""
     _refuse_unknown_options(*values)
     most = 1 if key is not None else 2
     if len(values) > most:
@@ -117,6 +120,11 @@ def rate_limit_command(
     if value is not None and per is None:
         raise CommandError("a rate limit needs --per SECONDS, the window it counts starts in")
     window = None if per is None else _seconds(per)
+    if queue is not None:
+        if value is not None:  # a bad value is named before the queue is looked up
+            validation.limit_count(value, what="rate limit")
+            validation.rate_period(window)
+        queue = known_queue(pgq, queue, new=new, doing="rate-limit")
     pgq.set_rate_limit(queue, value, per=window, key=key)
     shown = "removed" if value is None else _rate(value, window)
     echo(f"{target}: rate limit {shown}")
@@ -228,16 +236,18 @@ def key_limit(
 @click.argument("values", nargs=-1, metavar="[QUEUE] [LIMIT]")
 @click.option("--key", default=None, metavar="PREFIX", help="Limit each key with this prefix.")
 @click.option("--per", default=None, metavar="SECONDS", help="The window, in seconds.")
+@new_option
 @json_option
 @database_option
 def rate_limit(
     values: tuple[str, ...],
     key: str | None,
     per: str | None,
+    new: bool,
     as_json: bool,
     database_url: str | None,
 ) -> None:
     """At most LIMIT jobs of QUEUE (or of each key starting with --key PREFIX) start in any
     window of --per SECONDS (``none`` removes it); without LIMIT, show it; without arguments,
     list every rate limit."""
-    rate_limit_command(queue_for(database_url), values, key=key, per=per, as_json=as_json)
+    rate_limit_command(queue_for(database_url), values, key=key, per=per, as_json=as_json, new=new)

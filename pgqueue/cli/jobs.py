@@ -10,19 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from pgqueue.cli.reports import job_filter_options, print_job, print_jobs, print_stats
 from pgqueue.cli.shared import (
     CommandError,
     checked_name,
     database_option,
     echo,
     in_this_cli,
-    job_filter_options,
     json_option,
     load_app,
-    print_job,
-    print_jobs,
     print_json,
-    print_stats,
     queue_for,
 )
 from pgqueue.states import JobState

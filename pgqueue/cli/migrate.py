@@ -35,6 +35,17 @@ def run_migrate_command(pgq: PgQueue, action: str, revision: str | None, *, yes:
     """Shared by ``pgqueue migrate`` and ``flask pgqueue migrate``."""
     from sqlalchemy.exc import DBAPIError
 
+    # Checked before connecting: a mistyped command line changes nothing.
+    if action == "downgrade" and not revision:
+        raise CommandError(
+            f"{this_cli()} migrate downgrade needs a REVISION: a revision id, or base to remove "
+            "pgqueue's tables"
+        )
+    if action == "current" and revision is not None:
+        raise CommandError(
+            f"{this_cli()} migrate current takes no REVISION, got {revision!r}: it shows the "
+            f"schema's revision; `{this_cli()} migrate upgrade {revision}` moves to one"
+        )
     try:
         _migrate(pgq, action, revision, yes=yes)
     except DowngradeLosesData as exc:
@@ -67,13 +78,11 @@ def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> N
             marker = " (head)" if current == head else f" (head is {head})"
             echo(f"{current or 'none'}{marker}")
             return
-        if action == "downgrade" and not revision:
-            raise click.UsageError("downgrade needs a REVISION (e.g. base)")
         watch = BlockerWatch(pgq.engine, session_pid(connection))
         try:
             with watch:
                 if action == "downgrade":
-                    assert revision is not None
+                    assert revision is not None  # refused without one before connecting
                     migrations.downgrade(
                         connection, revision, lock_timeout=lock_timeout, refuse_data_loss=not yes
                     )

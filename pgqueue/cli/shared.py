@@ -1,6 +1,6 @@
 """What the two command-line interfaces (``pgqueue`` and ``flask pgqueue``) share beyond their
 commands: the output consoles, loading ``APP``, one-line errors with exit code 2 (and
-``--debug``), the logging setup, and the read commands' tables and JSON.
+``--debug``), the logging setup, and JSON output (the job reports' tables are in ``reports``).
 
 Everything the commands print goes through this module (``console``, ``echo``,
 ``print_error``, ``print_json``, the log formatter), which shows control characters in it as
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import click
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from pgqueue.errors import (
@@ -33,12 +32,10 @@ from pgqueue.errors import (
     is_connection_error,
     is_undefined_table,
 )
-from pgqueue.states import JobState
 
 # SQLAlchemy, psycopg and pgqueue's core are imported where a command uses them, never by
 # ``pgqueue --help`` (they are most of a command's start-up time).
 if TYPE_CHECKING:
-    from pgqueue.admin import JobHolder
     from pgqueue.core import PgQueue
 
 # Wide enough for any row: a table printed to a file or a pipe is never cut or wrapped.
@@ -232,9 +229,32 @@ class OneLineErrors(click.Group):
 
     cli_name = "pgqueue"
 
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        # The group's own options (``pgqueue --bogus``) are parsed here, outside ``invoke``.
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise OneLineUsageError(exc, self.cli_name) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # a group given no command shows its help, as asked
+        except click.UsageError as exc:
+            # A subcommand's arguments (a bad value, a missing or extra one, an unknown option
+            # or command), at any depth below this group: one line, not click's usage block.
+            if isinstance(exc, OneLineUsageError):
+                raise
+            raise OneLineUsageError(exc, self.cli_name) from None
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:
@@ -245,6 +265,37 @@ class OneLineErrors(click.Group):
                 raise
             print_error(in_this_cli(line))
             ctx.exit(2)
+
+
+class OneLineUsageError(click.UsageError):
+    """click's usage error (``Invalid value for '--state'...``, ``No such command``, ``Missing
+    argument``) as one ``error: ...`` line naming the command, the problem and where its usage
+    is (``pgqueue jobs --help``); exit code 2, as click's. Its message is worded when it is
+    raised, with the command's path as the user types it in this CLI (``cli_name``)."""
+
+    def __init__(self, exc: click.UsageError, cli_name: str) -> None:
+        path = _command_path(exc.ctx, cli_name)
+        problem = exc.format_message().strip().rstrip(".")
+        if problem[:1].isupper() and problem[1:2].islower():
+            problem = problem[0].lower() + problem[1:]
+        super().__init__(f"{path}: {problem} (see `{path} --help`)", ctx=exc.ctx)
+
+    def show(self, file: Any = None) -> None:
+        print_error(self.format_message())
+
+
+def _command_path(ctx: click.Context | None, cli_name: str) -> str:
+    """``pgqueue bulk retry``: the command of ``ctx`` as typed in this CLI (the outermost
+    ``OneLineErrors`` group written as its ``cli_name``, whatever ran the program)."""
+    chain: list[click.Context] = []
+    while ctx is not None:
+        chain.insert(0, ctx)
+        ctx = ctx.parent
+    for index, outer in enumerate(chain):
+        if isinstance(outer.command, OneLineErrors):
+            names = [c.info_name or "" for c in chain[index + 1 :]]
+            return " ".join([outer.command.cli_name, *names])
+    return cli_name
 
 
 def _database_name(pgq: PgQueue | None) -> str | None:
@@ -333,177 +384,7 @@ def checked_name(context: click.Context, parameter: click.Parameter, value: Any)
     return value
 
 
-def _refuse_bad_names(*, queue: str | None, task_name: str | None) -> None:
-    from pgqueue import validation
-
-    try:
-        if queue is not None:
-            validation.queue_name(queue)
-        if task_name is not None:
-            validation.task_name(task_name)
-    except PgQueueError as exc:
-        raise CommandError(str(exc)) from None
-
-
-def job_filter_options(function: Any) -> Any:
-    """The options of ``pgqueue jobs`` (shared with ``flask pgqueue jobs``)."""
-    options = [
-        click.option("--queue", "-q", default=None, help="Only this queue."),
-        click.option("--state", "-s", type=click.Choice([s.value for s in JobState]), default=None),
-        click.option("--task", "-t", "task_name", default=None, help="Only this task name."),
-        click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 1000)),
-        click.option("--before", type=int, default=None, help="Only jobs older than this job id."),
-        json_option,
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
-
-
-def job_record(job: Any) -> dict[str, Any]:
-    """A job's columns as JSON-ready values: times in ISO 8601, states as their names."""
-    record: dict[str, Any] = {}
-    for column in job.__table__.columns:
-        value = getattr(job, column.key)
-        if isinstance(value, JobState):
-            value = value.value
-        elif hasattr(value, "isoformat"):
-            value = value.isoformat()
-        record[column.key] = value
-    return record
-
-
 def print_json(data: Any) -> None:
     # json.dumps escapes every control character (ASCII output: C1 and DEL too); ``echo``
     # makes sure of it.
     echo(json.dumps(data, default=str, sort_keys=True))
-
-
-def print_jobs(
-    pgq: PgQueue,
-    *,
-    queue: str | None,
-    state: str | None,
-    task_name: str | None,
-    limit: int,
-    before: int | None,
-    as_json: bool,
-) -> None:
-    """Shared by ``pgqueue jobs`` and ``flask pgqueue jobs``: a page of jobs, newest first.
-
-    A queue or task name that ``checked_name`` refuses is refused here too, unless jobs have
-    it: rows written by other clients may hold any name, and listing them is how one finds
-    them."""
-    page = pgq.admin.list_jobs(
-        queue=queue,
-        state=JobState(state) if state else None,
-        task_name=task_name,
-        before=before,
-        limit=limit,
-    )
-    if not page.jobs and before is None:
-        _refuse_bad_names(queue=queue, task_name=task_name)
-    if as_json:
-        print_json(
-            {
-                "jobs": [job_record(job) for job in page.jobs],
-                "older": page.older,
-                "newer": page.newer,
-            }
-        )
-        return
-    table = Table(title="pgqueue jobs")
-    for column in ("id", "queue", "task", "state", "attempts", "created", "finished"):
-        table.add_column(column)
-    for job in page.jobs:
-        table.add_row(
-            str(job.id),
-            job.queue,
-            job.task_name,
-            job.state.value,
-            f"{job.attempts}/{job.max_attempts}",
-            f"{job.created_at:%Y-%m-%d %H:%M:%S}",
-            f"{job.finished_at:%Y-%m-%d %H:%M:%S}" if job.finished_at else "",
-        )
-    console.print(table)
-
-
-def print_stats(pgq: PgQueue, *, as_json: bool) -> None:
-    """Shared by ``pgqueue stats`` and ``flask pgqueue stats``: counts per queue and state."""
-    counts = pgq.admin.counts()
-    if as_json:
-        print_json(
-            {
-                queue: {state.value: by_state.get(state, 0) for state in JobState}
-                for queue, by_state in counts.items()
-            }
-        )
-        return
-    table = Table(title="jobs per queue and state")
-    table.add_column("queue")
-    for state in JobState:
-        table.add_column(state.value, justify="right")
-    for queue, by_state in sorted(counts.items()):
-        table.add_row(queue, *(str(by_state.get(s, 0)) for s in JobState))
-    console.print(table)
-
-
-def print_job(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
-    """Shared by ``pgqueue show`` and ``flask pgqueue show``: one job, a field a line and its
-    errors' tracebacks as text (``--json``: one JSON document on one line)."""
-    job = pgq.admin.get_job(job_id)
-    holder = pgq.admin.job_holder(job_id) if job.state is JobState.RUNNING else None
-    steps = {
-        "steps": [{"name": s.name, "completed_at": s.completed_at.isoformat()} for s in job.steps]
-    }
-    record = {**job_record(job), **holder_record(holder), **steps}
-    if as_json:
-        print_json(record)
-        return
-    echo(readable_job(record))
-
-
-def readable_job(record: dict[str, Any]) -> str:
-    """A job's record for a person: one ``key  value`` line per field (lists and objects as
-    compact JSON), then its errors with their tracebacks as the lines they are, oldest first
-    (``last_error`` only when the history does not already end with it)."""
-    errors = record.get("errors") or []
-    last_error = record.get("last_error")
-    fields = {k: v for k, v in record.items() if k not in {"errors", "last_error"}}
-    width = max(len(key) for key in fields)
-    lines = [f"{key:<{width}}  {_field_text(value)}" for key, value in fields.items()]
-    texts = [(_error_heading(e), str(e.get("error", ""))) for e in errors if isinstance(e, dict)]
-    if last_error and (not texts or texts[-1][1] != last_error):
-        texts.append(("last error:", last_error))
-    for heading, text in texts:
-        lines.append(heading)
-        lines.extend(f"    {line}" for line in text.rstrip().splitlines())
-    return "\n".join(lines)
-
-
-def _error_heading(entry: dict[str, Any]) -> str:
-    return f"error of attempt {entry.get('attempt', '?')} at {entry.get('at', '?')}:"
-
-
-def _field_text(value: Any) -> str:
-    if isinstance(value, dict | list):
-        return json.dumps(value, default=str, sort_keys=True)
-    return "" if value is None else str(value)
-
-
-def holder_record(holder: JobHolder | None) -> dict[str, Any]:
-    """``{"worker": ...}`` naming the registered worker holding a RUNNING job (``{}`` when
-    no one holds it): host, pid and seconds since seen, or ``"registered": false`` when the
-    worker has no row (it is gone)."""
-    if holder is None:
-        return {}
-    worker: dict[str, Any] = {"id": holder.worker_id, "registered": holder.registered}
-    if holder.registered:
-        worker.update(
-            host=holder.host,
-            pid=holder.pid,
-            last_seen_at=holder.last_seen_at.isoformat() if holder.last_seen_at else None,
-            seconds_since_seen=round(holder.seconds_since_seen or 0.0, 3),
-            live=holder.live,
-        )
-    return {"worker": worker}

@@ -74,7 +74,7 @@ def test_key_limit_set_show_list_and_remove(pgq: PgQueue, database_url: URL) -> 
 
 
 def test_queue_rate_limit_set_show_list_and_remove(pgq: PgQueue, database_url: URL) -> None:
-    out = pgqueue("rate-limit", "reports", "50", "--per", "1.5", url=database_url)
+    out = pgqueue("rate-limit", "reports", "50", "--per", "1.5", "--new", url=database_url)
     assert out.strip() == "queue reports: rate limit 50 per 1.5s"
     settings = pgq.admin.queue_settings()["reports"]
     assert (settings.rate_limit, settings.rate_per) == (50, 1.5)
@@ -181,7 +181,9 @@ def test_flask_cli_sets_and_shows_the_same_limits(
         return result.stdout.strip()
 
     assert flask("key-limit", "account:", "4") == "keys account:*: limit 4"
-    assert flask("rate-limit", "mail", "20", "--per", "1") == "queue mail: rate limit 20 per 1s"
+    assert flask("rate-limit", "mail", "20", "--per", "1", "--new") == (
+        "queue mail: rate limit 20 per 1s"
+    )
     assert pgq.key_overrides() == [KeyOverride("account:", 4, None, None)]
     assert flask("rate-limit", "mail") == "queue mail: 20 per 1s"
     assert flask("key-limit", "account:") == "keys account:*: 4"

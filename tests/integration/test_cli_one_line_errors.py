@@ -12,8 +12,10 @@ import socket
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import click
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
@@ -370,3 +372,117 @@ def test_schema_check_reads_a_hosts_alembic_version(database_url: URL) -> None:
                 migrations.check_schema(connection)
     finally:
         engine.dispose()
+
+
+# Every command of both CLIs (groups and their commands, by path) with bad inputs, each with
+# the words its one error line must hold in both CLIs. APP (``shop:pgq``) is dropped for the
+# Flask CLI. ``test_every_command_has_bad_inputs`` fails for a command missing here.
+BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
+    "": [
+        (["nosuch"], "no such command 'nosuch'"),
+        (["--bogus", "stats"], "no such option '--bogus'"),
+    ],
+    "migrate": [
+        (["migrate", "sideways"], "'sideways' is not one of 'upgrade', 'downgrade', 'current'"),
+        (["migrate", "downgrade"], "migrate downgrade needs a REVISION"),
+        (["migrate", "current", "pgqueue_0001"], "migrate current takes no REVISION"),
+        (["migrate", "upgrade", "--yess"], "no such option '--yess'"),
+    ],
+    "worker": [
+        (["worker", "shop:pgq", "--concurrency", "0"], "0 is not in the range x>=1"),
+        (["worker", "shop:pgq", "--processes", "two"], "'two' is not a valid integer"),
+    ],
+    "workers": [(["workers", "--al"], "no such option '--al'")],
+    "jobs": [
+        (["jobs", "--state", "faild"], "'faild' is not one of 'queued'"),
+        (["jobs", "--limit", "0"], "0 is not in the range 1<=x<=1000"),
+        (["jobs", "--before", "yesterday"], "'yesterday' is not a valid integer"),
+    ],
+    "stats": [(["stats", "all"], "unexpected extra argument (all)")],
+    "show": [
+        (["show", "abc"], "'abc' is not a valid integer"),
+        (["show"], "missing argument 'JOB_ID'"),
+    ],
+    "explain": [(["explain", "abc"], "'abc' is not a valid integer")],
+    "retry": [(["retry", "abc"], "'abc' is not a valid integer")],
+    "cancel": [(["cancel", "1", "2"], "unexpected extra argument (2)")],
+    "enqueue": [
+        (["enqueue", "shop:pgq", "shop.noop", "--priority", "high"], "'high' is not a valid"),
+        (["enqueue", "shop:pgq"], "missing argument 'TASK_NAME'"),
+    ],
+    "prune": [(["prune", "now"], "unexpected extra argument (now)")],
+    "history": [(["history", "prune"], "no such command 'prune'")],
+    "history maintain": [
+        (["history", "maintain", "--days-ahead", "0"], "0 is not in the range x>=1"),
+    ],
+    "schedules": [(["schedules", "shop:pgq", "all"], "unexpected extra argument (all)")],
+    "pause": [
+        (["pause", "nosuchqueue"], "queue 'nosuchqueue' has no jobs and no settings"),
+        (["pause"], "missing argument 'QUEUE'"),
+    ],
+    "resume": [(["resume", "nosuchqueue"], "queue 'nosuchqueue' has no jobs and no settings")],
+    "limit": [
+        (["limit", "nosuchqueue", "3"], "queue 'nosuchqueue' has no jobs and no settings"),
+        (["limit", "default", "lots"], "'lots' is not a whole number or 'none'"),
+    ],
+    "max-depth": [(["max-depth", "default", "deep"], "'deep' is not a whole number")],
+    "key-limit": [
+        (["key-limit", "account:", "0"], "key limit must be a whole number of at least 1"),
+        (["key-limit", "--jsn"], "no such option: --jsn"),
+    ],
+    "rate-limit": [
+        (["rate-limit", "nosuchq", "3", "--per", "1"], "queue 'nosuchq' has no jobs and no"),
+        (["rate-limit", "default", "3"], "a rate limit needs --per SECONDS"),
+    ],
+    "demo": [(["demo", "--jobs", "0"], "0 is not in the range x>=1")],
+    "bulk": [(["bulk", "requeue"], "no such command 'requeue'")],
+    "bulk retry": [(["bulk", "retry", "--state", "faild", "--dry-run"], "unknown state 'faild'")],
+    "bulk cancel": [(["bulk", "cancel", "--since", "soon", "--dry-run"], "--since")],
+    "bulk delete": [(["bulk", "delete", "--dry-rn"], "no such option '--dry-rn'")],
+}
+
+
+def _command_paths(group: click.Group, prefix: str = "") -> list[str]:
+    """The group's path and every command's below it (``history maintain``), by name."""
+    paths = [prefix]
+    for name, command in group.commands.items():
+        path = f"{prefix} {name}".strip()
+        paths.extend(_command_paths(command, path) if isinstance(command, click.Group) else [path])
+    return paths
+
+
+GROUPS = {"pgqueue": core_cli.main, "flask": flask_cli.pgqueue_group}
+
+
+def test_every_command_has_bad_inputs() -> None:
+    for cli, group in GROUPS.items():
+        missing = sorted(set(_command_paths(group)) - set(BAD_INPUTS))
+        assert not missing, f"{cli}: add the bad inputs of {missing} to BAD_INPUTS"
+
+
+@pytest.mark.parametrize("cli", sorted(GROUPS))
+def test_every_command_given_bad_input_prints_one_line(
+    shop: Path, database_url: URL, cli: str
+) -> None:
+    _enqueue(database_url, "default")  # a queue that is known, beside the mistyped ones
+    run = pgqueue if cli == "pgqueue" else flask
+    cases = [
+        ([a for a in argv if cli == "pgqueue" or a != "shop:pgq"], problem)
+        for path in _command_paths(GROUPS[cli])
+        for argv, problem in BAD_INPUTS[path]
+    ]
+    # Two at a time: each case is a process start, and nothing they do collides.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda case: run(case[0], shop, database_url), cases))
+    failures = []
+    for (argv, problem), result in zip(cases, results, strict=True):
+        lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+        if not (
+            result.returncode == 2
+            and len(lines) == 1
+            and "Traceback" not in result.stderr
+            and lines[0].startswith("error: ")
+            and problem in lines[0]
+        ):
+            failures.append((argv, result.returncode, problem, lines[:6]))
+    assert not failures, "\n".join(map(repr, failures))

@@ -64,13 +64,21 @@ def test_a_queue_without_jobs_or_settings_is_refused(shop: Path, database_url: U
             ["resume", "nosuchqueue"],
             ["limit", "nosuchqueue", "3"],
             ["max-depth", "nosuchqueue", "3"],
+            ["rate-limit", "nosuchqueue", "3", "--per", "1"],
+            ["rate-limit", "nosuchqueue", "none"],
         ):
             error = _assert_one_line(
                 cli(command, shop, database_url), "queue 'nosuchqueue' has no jobs and no settings"
             )
             assert ("--new" in error) is (command[0] != "resume"), error
         # The queue that has jobs, and a queue set up on purpose before its first job.
-        for command in (["pause", "mail"], ["resume", "mail"], ["pause", "later", "--new"]):
+        for command in (
+            ["pause", "mail"],
+            ["resume", "mail"],
+            ["rate-limit", "mail", "3", "--per", "1"],
+            ["pause", "later", "--new"],
+            ["rate-limit", "sooner", "3", "--per", "1", "--new"],
+        ):
             done = cli(command, shop, database_url)
             assert done.returncode == 0, done.stderr
         # Once it has settings, it is known.
@@ -80,7 +88,40 @@ def test_a_queue_without_jobs_or_settings_is_refused(shop: Path, database_url: U
     with engine.connect() as connection:
         names = connection.execute(text("SELECT name FROM pgqueue_queues")).scalars().all()
     engine.dispose()
-    assert "nosuchqueue" not in names and "later" in names
+    assert "nosuchqueue" not in names and {"later", "sooner"} <= set(names)
+
+
+def test_listing_a_queue_or_task_no_job_has_says_so(shop: Path, database_url: URL) -> None:
+    _enqueue(database_url, "mail")
+    for cli in (pgqueue, flask):
+        for options, note in (
+            (["--queue", "nosuch"], "note: no job has queue 'nosuch': check the name"),
+            (["--task", "shop.nop"], "note: no job has task 'shop.nop': check the name"),
+            (
+                ["--queue", "mail", "--task", "shop.nop", "--json"],
+                "note: no job has task 'shop.nop': check the name",
+            ),
+            (["--queue", "nosuch", "--task", "shop.nop"], "queue 'nosuch' or task 'shop.nop'"),
+        ):
+            result = cli(["jobs", *options], shop, database_url)
+            assert result.returncode == 0, result.stderr
+            [line] = result.stderr.strip().splitlines()
+            assert note in line, line
+            assert "stats` lists the queues" in line, line
+            assert "nosuch" not in result.stdout and "shop.nop" not in result.stdout
+        # Names that jobs have, matching nothing with the other filters: no note.
+        result = cli(["jobs", "--queue", "mail", "--state", "failed"], shop, database_url)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_migrate_current_takes_no_revision(shop: Path, database_url: URL) -> None:
+    for cli in (pgqueue, flask):
+        error = _assert_one_line(
+            cli(["migrate", "current", "pgqueue_0001"], shop, database_url),
+            "migrate current takes no REVISION, got 'pgqueue_0001'",
+            "migrate upgrade pgqueue_0001`",
+        )
+        assert error.startswith("error: ")
 
 
 def test_a_name_no_job_can_have_is_refused_by_every_command(shop: Path, database_url: URL) -> None:

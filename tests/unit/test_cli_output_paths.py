@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "cli/jobs.py",
     "cli/migrate.py",
     "cli/queues.py",
+    "cli/reports.py",
     "cli/workers.py",
     "contrib/flask/cli.py",
 ]

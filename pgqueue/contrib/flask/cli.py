@@ -20,7 +20,7 @@ from pgqueue.cli import history as history_commands
 from pgqueue.cli import jobs as job_commands
 from pgqueue.cli import migrate as migrate_commands
 from pgqueue.cli import queues as queue_commands
-from pgqueue.cli import shared
+from pgqueue.cli import reports, shared
 from pgqueue.cli import workers as worker_commands
 from pgqueue.cli.bulk import add_bulk_commands
 from pgqueue.cli.flow import FLOW_COMMAND_SETTINGS, key_limit_command, rate_limit_command
@@ -84,17 +84,17 @@ def enqueue(task_name: str, **options: Any) -> None:
 
 
 @pgqueue_group.command()
-@shared.job_filter_options
+@reports.job_filter_options
 def jobs(**filters: Any) -> None:
     """List jobs, newest first."""
-    shared.print_jobs(_queue(), **filters)
+    reports.print_jobs(_queue(), **filters)
 
 
 @pgqueue_group.command()
 @shared.json_option
 def stats(as_json: bool) -> None:
     """Job counts per queue and state."""
-    shared.print_stats(_queue(), as_json=as_json)
+    reports.print_stats(_queue(), as_json=as_json)
 
 
 @pgqueue_group.command()
@@ -102,7 +102,7 @@ def stats(as_json: bool) -> None:
 @shared.json_option
 def show(job_id: int, as_json: bool) -> None:
     """Show one job: its fields, then its errors with their tracebacks (--json: JSON)."""
-    shared.print_job(_queue(), job_id, as_json=as_json)
+    reports.print_job(_queue(), job_id, as_json=as_json)
 
 
 @pgqueue_group.command()
@@ -203,12 +203,15 @@ def key_limit(key_or_prefix: str | None, limit: str | None, as_json: bool) -> No
 @click.argument("values", nargs=-1, metavar="[QUEUE] [LIMIT]")
 @click.option("--key", default=None, metavar="PREFIX", help="Limit each key with this prefix.")
 @click.option("--per", default=None, metavar="SECONDS", help="The window, in seconds.")
+@queue_commands.new_option
 @shared.json_option
-def rate_limit(values: tuple[str, ...], key: str | None, per: str | None, as_json: bool) -> None:
+def rate_limit(
+    values: tuple[str, ...], key: str | None, per: str | None, new: bool, as_json: bool
+) -> None:
     """At most LIMIT jobs of QUEUE (or of each key starting with --key PREFIX) start in any
     window of --per SECONDS (``none`` removes it); without LIMIT, show it; without arguments,
     list every rate limit."""
-    rate_limit_command(_queue(), values, key=key, per=per, as_json=as_json)
+    rate_limit_command(_queue(), values, key=key, per=per, as_json=as_json, new=new)
 
 
 @pgqueue_group.group()

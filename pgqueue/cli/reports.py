@@ -1,0 +1,208 @@
+"""The job reports both CLIs print: ``jobs``'s page of jobs (with its filter options),
+``stats``'s counts per queue and state, and ``show``'s record of one job. They print only
+through ``shared``'s outputs (``console``, ``echo``, ``print_json``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.table import Table
+
+from pgqueue.cli.shared import CommandError, console, echo, json_option, print_json, this_cli
+from pgqueue.errors import PgQueueError
+from pgqueue.states import JobState
+
+if TYPE_CHECKING:
+    from pgqueue.admin import JobHolder
+    from pgqueue.core import PgQueue
+
+
+def _refuse_bad_names(*, queue: str | None, task_name: str | None) -> None:
+    from pgqueue import validation
+
+    try:
+        if queue is not None:
+            validation.queue_name(queue)
+        if task_name is not None:
+            validation.task_name(task_name)
+    except PgQueueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _note_names_no_job_has(pgq: PgQueue, *, queue: str | None, task_name: str | None) -> None:
+    """Under an empty listing, one ``note:`` line on stderr naming the queue or task name that
+    no job has (a likely typo), whatever the other filters; the exit code stays 0, as for any
+    listing that finds nothing."""
+    unknown = []
+    if queue is not None and not pgq.admin.list_jobs(queue=queue, limit=1).jobs:
+        unknown.append(f"queue {queue!r}")
+    if task_name is not None and not pgq.admin.list_jobs(task_name=task_name, limit=1).jobs:
+        unknown.append(f"task {task_name!r}")
+    if unknown:
+        echo(
+            f"note: no job has {' or '.join(unknown)}: check the name "
+            f"(`{this_cli()} stats` lists the queues that have jobs)",
+            err=True,
+        )
+
+
+def job_filter_options(function: Any) -> Any:
+    """The options of ``pgqueue jobs`` (shared with ``flask pgqueue jobs``)."""
+    options = [
+        click.option("--queue", "-q", default=None, help="Only this queue."),
+        click.option("--state", "-s", type=click.Choice([s.value for s in JobState]), default=None),
+        click.option("--task", "-t", "task_name", default=None, help="Only this task name."),
+        click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 1000)),
+        click.option("--before", type=int, default=None, help="Only jobs older than this job id."),
+        json_option,
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def job_record(job: Any) -> dict[str, Any]:
+    """A job's columns as JSON-ready values: times in ISO 8601, states as their names."""
+    record: dict[str, Any] = {}
+    for column in job.__table__.columns:
+        value = getattr(job, column.key)
+        if isinstance(value, JobState):
+            value = value.value
+        elif hasattr(value, "isoformat"):
+            value = value.isoformat()
+        record[column.key] = value
+    return record
+
+
+def print_jobs(
+    pgq: PgQueue,
+    *,
+    queue: str | None,
+    state: str | None,
+    task_name: str | None,
+    limit: int,
+    before: int | None,
+    as_json: bool,
+) -> None:
+    """Shared by ``pgqueue jobs`` and ``flask pgqueue jobs``: a page of jobs, newest first.
+
+    A queue or task name that ``checked_name`` refuses is refused here too, unless jobs have
+    it: rows written by other clients may hold any name, and listing them is how one finds
+    them."""
+    page = pgq.admin.list_jobs(
+        queue=queue,
+        state=JobState(state) if state else None,
+        task_name=task_name,
+        before=before,
+        limit=limit,
+    )
+    if not page.jobs and before is None:
+        _refuse_bad_names(queue=queue, task_name=task_name)
+        _note_names_no_job_has(pgq, queue=queue, task_name=task_name)
+    if as_json:
+        print_json(
+            {
+                "jobs": [job_record(job) for job in page.jobs],
+                "older": page.older,
+                "newer": page.newer,
+            }
+        )
+        return
+    table = Table(title="pgqueue jobs")
+    for column in ("id", "queue", "task", "state", "attempts", "created", "finished"):
+        table.add_column(column)
+    for job in page.jobs:
+        table.add_row(
+            str(job.id),
+            job.queue,
+            job.task_name,
+            job.state.value,
+            f"{job.attempts}/{job.max_attempts}",
+            f"{job.created_at:%Y-%m-%d %H:%M:%S}",
+            f"{job.finished_at:%Y-%m-%d %H:%M:%S}" if job.finished_at else "",
+        )
+    console.print(table)
+
+
+def print_stats(pgq: PgQueue, *, as_json: bool) -> None:
+    """Shared by ``pgqueue stats`` and ``flask pgqueue stats``: counts per queue and state."""
+    counts = pgq.admin.counts()
+    if as_json:
+        print_json(
+            {
+                queue: {state.value: by_state.get(state, 0) for state in JobState}
+                for queue, by_state in counts.items()
+            }
+        )
+        return
+    table = Table(title="jobs per queue and state")
+    table.add_column("queue")
+    for state in JobState:
+        table.add_column(state.value, justify="right")
+    for queue, by_state in sorted(counts.items()):
+        table.add_row(queue, *(str(by_state.get(s, 0)) for s in JobState))
+    console.print(table)
+
+
+def print_job(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
+    """Shared by ``pgqueue show`` and ``flask pgqueue show``: one job, a field a line and its
+    errors' tracebacks as text (``--json``: one JSON document on one line)."""
+    job = pgq.admin.get_job(job_id)
+    holder = pgq.admin.job_holder(job_id) if job.state is JobState.RUNNING else None
+    steps = {
+        "steps": [{"name": s.name, "completed_at": s.completed_at.isoformat()} for s in job.steps]
+    }
+    record = {**job_record(job), **holder_record(holder), **steps}
+    if as_json:
+        print_json(record)
+        return
+    echo(readable_job(record))
+
+
+def readable_job(record: dict[str, Any]) -> str:
+    """A job's record for a person: one ``key  value`` line per field (lists and objects as
+    compact JSON), then its errors with their tracebacks as the lines they are, oldest first
+    (``last_error`` only when the history does not already end with it)."""
+    errors = record.get("errors") or []
+    last_error = record.get("last_error")
+    fields = {k: v for k, v in record.items() if k not in {"errors", "last_error"}}
+    width = max(len(key) for key in fields)
+    lines = [f"{key:<{width}}  {_field_text(value)}" for key, value in fields.items()]
+    texts = [(_error_heading(e), str(e.get("error", ""))) for e in errors if isinstance(e, dict)]
+    if last_error and (not texts or texts[-1][1] != last_error):
+        texts.append(("last error:", last_error))
+    for heading, text in texts:
+        lines.append(heading)
+        lines.extend(f"    {line}" for line in text.rstrip().splitlines())
+    return "\n".join(lines)
+
+
+def _error_heading(entry: dict[str, Any]) -> str:
+    return f"error of attempt {entry.get('attempt', '?')} at {entry.get('at', '?')}:"
+
+
+def _field_text(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str, sort_keys=True)
+    return "" if value is None else str(value)
+
+
+def holder_record(holder: JobHolder | None) -> dict[str, Any]:
+    """``{"worker": ...}`` naming the registered worker holding a RUNNING job (``{}`` when
+    no one holds it): host, pid and seconds since seen, or ``"registered": false`` when the
+    worker has no row (it is gone)."""
+    if holder is None:
+        return {}
+    worker: dict[str, Any] = {"id": holder.worker_id, "registered": holder.registered}
+    if holder.registered:
+        worker.update(
+            host=holder.host,
+            pid=holder.pid,
+            last_seen_at=holder.last_seen_at.isoformat() if holder.last_seen_at else None,
+            seconds_since_seen=round(holder.seconds_since_seen or 0.0, 3),
+            live=holder.live,
+        )
+    return {"worker": worker}
