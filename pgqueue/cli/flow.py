@@ -73,6 +73,10 @@ def key_limit_command(
         return
     _refuse_json_with_a_value(as_json)
     value = number_or_none(limit)
+    if value is None and prefix not in {o.prefix for o in pgq.key_overrides() if o.key_limit}:
+        # Removing what is not there changes nothing; saying "removed" would hide a typo.
+        echo(f"keys {prefix}*: no limit override to remove (key-limit lists them)")
+        return
     pgq.set_key_limit(prefix, value)
     echo(f"keys {prefix}*: limit {'removed' if value is None else value}")
 

@@ -71,6 +71,11 @@ def test_key_limit_set_show_list_and_remove(pgq: PgQueue, database_url: URL) -> 
     assert pgq.key_overrides() == [KeyOverride("account:42", 5, None, None)]
     shown = pgqueue("key-limit", "account:", url=database_url).strip()
     assert shown == "keys account:*: no limit override"
+    # A mistyped prefix is not reported as removed.
+    assert pgqueue("key-limit", "acount:", "none", url=database_url).strip() == (
+        "keys acount:*: no limit override to remove (key-limit lists them)"
+    )
+    assert pgq.key_overrides() == [KeyOverride("account:42", 5, None, None)]
 
 
 def test_queue_rate_limit_set_show_list_and_remove(pgq: PgQueue, database_url: URL) -> None:
