@@ -1,14 +1,13 @@
-"""Atomic tasks: found by probes, each job run in a transaction that holds its row.
+"""Atomic tasks: claimed by the claim loop, each job run in a transaction that holds its row.
 
-An atomic job's handler runs in a transaction that stays open until its outcome is written,
-so it cannot run on the claim loop's terms: the claim loop starts a probe (one at a time) on a
-pool thread. The probe claims atomic jobs for its own slot and the free ones, in a statement
-that commits at once and counts them against every limit like a leased claim
-(``WorkerStore.claim_atomic``), runs the first itself and hands each other one to a runner of
-its own, holding a slot of its own. The probe tells as soon as its claim answered whether it
-found anything, so the claim loop never waits for it: a find starts the next probe at once;
-nothing found stops probing until a notification, a poll or the end of a run (which frees a
-slot and the rows its transaction held).
+The claim loop claims atomic jobs for its free slots right after its leased claim, in a
+statement that commits at once and counts them against every limit like a leased claim
+(``WorkerStore.claim_atomic``), and starts each on a pool thread in a slot of its own. A short
+claim means nothing more is ready: the next one waits for a notification, a poll, the end of a
+run (which frees a slot and the rows its transaction held), or, while queue limits or flow
+controls exist, any wake-up of the claim loop (a claim skips a control row another transaction
+holds for a moment, an outcome's or another worker's claim, so a short claim there does not
+mean the work is gone).
 
 Each job runs in a transaction that first locks the job's row (``data.atomic_runs.lock_claimed``)
 and writes the job's outcome before it commits, so the handler's writes and the outcome commit
@@ -57,8 +56,9 @@ class AtomicStore(Protocol):
         ...
 
 
-class AtomicProbes:
-    """Starts atomic probes and runners and keeps their probe state (its own lock)."""
+class AtomicClaims:
+    """Claims atomic jobs for the claim loop and runs each in a slot of its own; keeps whether
+    looking is worth a statement (its own lock)."""
 
     def __init__(
         self,
@@ -85,63 +85,48 @@ class AtomicProbes:
         self._queues = queues
         self._lease_seconds = lease_seconds
         self._lock = threading.Lock()
-        self._probing = False  # a probe has not answered yet
-        self._idle = False  # the last probe found nothing: wait for a notification or a poll
+        # The last claim came back short and nothing has happened since that could make more
+        # atomic work claimable: the next claim waits for a notification, a poll, the end of a
+        # run, or (while controls exist) any wake-up of the claim loop.
+        self._idle = False
         self._notified = False  # a notification (not just a freed slot) woke the claim loop
-        # A run ended while a probe was claiming: the probe may have met that run's rows held
-        # (a limited queue's row, taken by the outcome just before the commit), so its short
-        # answer does not mean the work is gone.
-        self._ended_while_probing = False
 
-    def maybe_probe(self) -> None:
-        """Start one atomic probe unless one is claiming or the last found nothing."""
+    def claim(self, free: int) -> bool:
+        """Claim up to ``free`` atomic jobs (by the claim loop, whose leased claim never runs
+        at the same time) and start each in a slot of its own; True when the claim was full."""
         with self._lock:
-            if self._probing or self._idle:
-                return
-            self._probing = True
+            if self._idle:
+                return False
+        jobs, full = self._claim(free)
+        with self._lock:
+            self._idle = not full
+        for job in jobs:
             self._slots.atomic_started()
-        self._submit(self._probe)
+            self._submit(functools.partial(self._run_in_slot, job))
+        return full
 
     def notified(self) -> None:
-        """New tickets were announced: the next wake-up of the claim loop probes again."""
+        """New tickets were announced: the claim loop's next turn looks for atomic work."""
         with self._lock:
             self._notified = True
 
-    def after_wait(self, woken: bool) -> None:
-        """The claim loop's wait ended (``woken``: by a wake-up, else at its poll time)."""
+    def after_wait(self, woken: bool, controlled: bool) -> None:
+        """The claim loop's wait ended (``woken``: by a wake-up, else at its poll time;
+        ``controlled``: queue limits or flow controls exist). Under controls any wake-up may
+        mean a control row came free that the last claim skipped while another transaction
+        held it (an outcome's, or another worker's claim)."""
         with self._lock:
-            if not woken or self._notified:
-                self._idle = False  # poll time or new tickets: look for atomic work
+            if not woken or self._notified or controlled:
+                self._idle = False
             self._notified = False
 
-    def _probe(self) -> bool:
-        jobs: list[ClaimedJob] = []
-        full = False
-        try:
-            jobs, full = self._claim()
-        finally:
-            with self._lock:
-                self._probing = False
-                # A short claim found all there was: wait for a notification, a poll or the
-                # end of a run. A full one may have left more: probe again at once.
-                self._idle = not (full or self._ended_while_probing)
-                self._ended_while_probing = False
-            if not jobs:
-                self._slots.atomic_finished()
-            self._wake.set()
-        # Each job beyond the first takes a slot of its own, on a thread of its own.
-        for job in jobs[1:]:
-            self._slots.atomic_started()
-            self._submit(functools.partial(self._run_in_slot, job))
-        return self._run_in_slot(jobs[0]) if jobs else False
-
-    def _claim(self) -> tuple[list[ClaimedJob], bool]:
-        """Claim for the probe's slot and the free ones: the jobs this worker can run, and
-        whether the claim got as many as it asked for."""
+    def _claim(self, limit: int) -> tuple[list[ClaimedJob], bool]:
+        """Claim up to ``limit``: the jobs this worker can run, and whether the claim got as
+        many as it asked for."""
         unregistered = self._executor.unregistered
         request = ClaimRequest(
             worker_id=self._worker_id,
-            limit=1 + max(self._slots.free(), 0),
+            limit=limit,
             queues=self._queues,
             lease_seconds=self._lease_seconds,
             task_leases={},
@@ -161,7 +146,7 @@ class AtomicProbes:
                 jobs.append(job)
         self._report.stats.claimed += len(jobs)
         self._report.metrics.claimed(len(jobs))
-        return jobs, len(claimed) == request.limit
+        return jobs, len(claimed) == limit
 
     def _run_in_slot(self, job: ClaimedJob) -> bool:
         """Run ``job`` in the slot taken for it, then give the slot back."""
@@ -171,9 +156,8 @@ class AtomicProbes:
             self._slots.atomic_finished()
             with self._lock:
                 # Its slot is free and the rows its transaction held too (a limited queue's
-                # row, which a probe meanwhile skipped): look for atomic work again.
+                # row, which a claim meanwhile skipped): look for atomic work again.
                 self._idle = False
-                self._ended_while_probing = self._probing
             self._wake.set()
         return False
 

@@ -33,7 +33,7 @@ from pgqueue.errors import pgqueue_logger
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
 from pgqueue.metrics import NO_METRICS, NoMetrics
 from pgqueue.tasks import TaskRegistry
-from pgqueue.worker.atomic import AtomicProbes
+from pgqueue.worker.atomic import AtomicClaims
 from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import Executor
@@ -137,7 +137,7 @@ class Claimer:
         wake: threading.Event,
         submit: Callable[[Sequence[Execution]], None],
         put_outcome: Callable[[tuple[Execution, Outcome]], None],
-        probes: AtomicProbes,
+        atomic: AtomicClaims,
         health: ClaimHealth,
         metrics: NoMetrics = NO_METRICS,
     ) -> None:
@@ -156,13 +156,13 @@ class Claimer:
         self._wake = wake
         self._submit = submit  # claimed attempts, to the pool threads
         self._put_outcome = put_outcome  # to the completer
-        self._probes = probes
+        self._atomic_claims = atomic
         self._pace = Pace(settings.prefetch)
         # One claimer at a time (the claim loop, or the listener for a notification); the
         # store's claim connection is used under it.
         self.claim_lock = threading.Lock()
         self._backlog = True  # the last claim was full (or not tried): more may be waiting
-        self._atomic: AtomicProbes | None = None  # the probes, while any task is atomic
+        self._atomic: AtomicClaims | None = None  # while any task is atomic
         self._claim_on_notify = False
         self._task_leases: dict[str, float] = {}
         # Future run_ats (monotonic) that notifications announced, sorted. More than one: a
@@ -178,9 +178,9 @@ class Claimer:
     def prepare(self, drain: bool) -> None:
         """Read the tasks registered by now; before the listener starts calling ``on_notify``."""
         self._task_leases = self._registry.lease_overrides()
-        self._atomic = self._probes if self._registry.has_atomic else None
-        # Atomic work is found by probes that the claim loop starts; in drain mode the claim
-        # loop decides when the queue is empty. Both keep every claim on the claim loop.
+        self._atomic = self._atomic_claims if self._registry.has_atomic else None
+        # Atomic work is claimed by the claim loop after its leased claim; in drain mode the
+        # claim loop decides when the queue is empty. Both keep every claim on the claim loop.
         self._claim_on_notify = not drain and self._atomic is None
 
     def run(self, drain: bool, *, idle: Callable[[], bool]) -> None:
@@ -214,14 +214,14 @@ class Claimer:
                 continue  # a full batch: more may be waiting
             woken = self._wake.wait(self._wait_timeout())
             if self._atomic is not None:
-                self._atomic.after_wait(woken)
+                self._atomic.after_wait(woken, self._store.controlled)
 
     def close(self) -> None:
         """Give the claim connection back (after a claim under way registered its jobs)."""
         with self.claim_lock:
             self._store.close()
 
-    def _claim_once(self, atomic: AtomicProbes | None, *, notified: bool = False) -> bool:
+    def _claim_once(self, atomic: AtomicClaims | None, *, notified: bool = False) -> bool:
         """Claim for the free slots and the prefetch; True when the claim was full (more may be
         waiting) and left room for more than a few.
         ``notified``: a wake-up for new work led to this claim."""
@@ -263,7 +263,7 @@ class Claimer:
         else:
             self._backlog = True  # no room to look: work may be waiting
         if atomic is not None and free > 0:
-            atomic.maybe_probe()
+            atomic.claim(free)
         # Full, and room for more than a few: claim again at once.
         return claimed > 0 and claimed == requested and slots.claimable(ahead) > ahead // 2
 

@@ -8,7 +8,7 @@ Each service owns its state and its lock (one module each)::
     dispatch     the pool threads (N + 2) that run handlers, the dispatcher thread that wakes
                  them, the asyncio loop thread of ``async def`` handlers
     executor     one attempt -> one outcome (``backoff.after_failure`` after a failure)
-    atomic       probes that claim and run atomic jobs in their own transaction
+    atomic       atomic claims for the claim loop, each job run in a transaction of its own
     completer    writes outcomes in batches, overlapping the next claims
     heartbeat    extends leases, times out handlers, passes on cancel requests
     maintenance  scheduler passes, rescue of expired leases, pruning, queue-limit recounts
@@ -41,7 +41,7 @@ from types import FrameType
 from pgqueue import config, metrics, validation
 from pgqueue.errors import ConfigurationError, ValidationError, pgqueue_logger
 from pgqueue.jobs import Outcome
-from pgqueue.worker.atomic import AtomicProbes
+from pgqueue.worker.atomic import AtomicClaims
 from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.claimer import Claimer, ClaimSettings
 from pgqueue.worker.completer import Completer
@@ -175,7 +175,7 @@ class Worker:
             unrecorded=self.executor.unrecorded,
             wake=wake,
         )
-        probes = AtomicProbes(
+        atomic = AtomicClaims(
             slots=self._slots,
             executor=self.executor,
             store=self.store,
@@ -204,7 +204,7 @@ class Worker:
             wake=wake,
             submit=work.put_many,
             put_outcome=self._completer.buffer.put,
-            probes=probes,
+            atomic=atomic,
             health=self.claim_health,
             metrics=self.metrics,
         )

@@ -198,8 +198,8 @@ class WorkerStore:
 
     def claim_atomic(self, request: ClaimRequest) -> list[ClaimedJob]:
         """See ``worker.atomic.AtomicStore.claim_atomic``: ``data.claim.claim`` of atomic jobs,
-        committed at once on a pooled connection. Atomic probes claim from pool threads beside
-        the claim loop, so they keep their own look at which controls exist. A claim whose
+        committed at once on a pooled connection, with a look of its own at which controls
+        exist (the leased claim's decides that claim's variant and wait). A claim whose
         answer was lost with its connection is not taken back: its jobs are rescued when their
         leases expire."""
         return self._run(

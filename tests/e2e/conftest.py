@@ -83,7 +83,7 @@ def sleep(ctx, seconds, first_run_only=False):
 
 
 # Registered only where E2E_ATOMIC=1 (the test process, and the workers of the tests that use
-# it): a worker with an atomic task also probes for atomic work while idle, which the idle-load
+# it): a worker with an atomic task also claims atomic work on each poll, which the idle-load
 # test does not count on.
 if os.environ.get("E2E_ATOMIC") == "1":
     @pgq.task(name="atomic_sleep", atomic=True, pass_context=True, max_attempts=2)
