@@ -49,18 +49,11 @@ def paused(job: Any) -> Blocker:
 
 def at_limit(job: Any, limit: int, running_ids: Sequence[int]) -> Blocker:
     ids = list(running_ids)
-    listed = ", ".join(str(i) for i in ids) or "none found"
-    more = job.running - len(ids)
     return Blocker(
         BlockerKind.AT_LIMIT,
         f"queue {job.queue} is at its limit of {limit} running "
-        f"{'job' if limit == 1 else 'jobs'}: {listed}" + (f" and {more} more" if more > 0 else ""),
-        {
-            "queue": job.queue,
-            "limit": limit,
-            "running": job.running,
-            "running_job_ids": ids,
-        },
+        f"{_noun(limit, 'job', 'jobs')}: {_ids_and_more(ids, job.running)}",
+        {"queue": job.queue, "limit": limit, "running": job.running, "running_job_ids": ids},
     )
 
 
@@ -91,20 +84,25 @@ def key_in_controlled_queue(job: Any) -> Blocker:
 
 def key_at_limit(job: Any, running: int, limit: int, running_ids: Sequence[int]) -> Blocker:
     ids = list(running_ids)
-    listed = ", ".join(str(i) for i in ids) or "none found"
-    more = running - len(ids)
+    key = job.concurrency_key
     return Blocker(
         BlockerKind.KEY_AT_LIMIT,
-        f"key {job.concurrency_key} at its limit: {running} of {limit} running, "
-        f"{'job' if len(ids) == 1 else 'jobs'} {listed}"
-        + (f" and {more} more" if more > 0 else ""),
-        {
-            "key": job.concurrency_key,
-            "limit": limit,
-            "running": running,
-            "running_job_ids": ids,
-        },
+        f"key {key} at its limit: {running} of {limit} running, "
+        f"{_noun(len(ids), 'job', 'jobs')} {_ids_and_more(ids, running)}",
+        {"key": key, "limit": limit, "running": running, "running_job_ids": ids},
     )
+
+
+def _ids_and_more(ids: Sequence[int], total: int) -> str:
+    """``ids`` listed (``none found`` when empty), and how many of ``total`` were not."""
+    more = total - len(ids)
+    listed = ", ".join(str(i) for i in ids) or "none found"
+    return listed + (f" and {more} more" if more > 0 else "")
+
+
+def _noun(count: int, one: str, many: str) -> str:
+    """``one`` for a count of 1, else ``many``."""
+    return one if count == 1 else many
 
 
 def bounded(job: Any, max_depth: int, depth: int) -> Blocker:
@@ -150,7 +148,7 @@ def dependencies(job: Any, dependencies: Mapping[int, JobState | None]) -> Block
     return Blocker(
         BlockerKind.DEPENDENCIES,
         f"waiting for {len(pending)} of {total} "
-        f"{'dependency' if total == 1 else 'dependencies'}: {described or 'none left'}"
+        f"{_noun(total, 'dependency', 'dependencies')}: {described or 'none left'}"
         + (f" (and {unread} not read)" if unread > 0 else ""),
         {
             "dependencies": [

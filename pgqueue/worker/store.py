@@ -157,18 +157,7 @@ class WorkerStore:
         worker_id, failed = request.worker_id, request.failed
 
         def claim_on(db: Executor) -> list[ClaimedJob]:
-            return claim_data.claim(
-                db,
-                worker_id=worker_id,
-                limit=request.limit,
-                queues=request.queues,
-                lease_seconds=request.lease_seconds,
-                task_leases=request.task_leases,
-                limits=self._limits,
-                notified=request.notified,
-                autocommit=True,
-                excluded=request.excluded,
-            )
+            return self._claim_on(db, request, atomic=False)
 
         try:
             return claim_on(self._claim_connection)
@@ -204,19 +193,25 @@ class WorkerStore:
         leases expire."""
         return self._run(
             "atomic claim",
-            lambda db: claim_data.claim(
-                db,
-                worker_id=request.worker_id,
-                limit=request.limit,
-                queues=request.queues,
-                lease_seconds=request.lease_seconds,
-                task_leases=request.task_leases,
-                atomic=True,
-                limits=self._atomic_limits,
-                autocommit=True,
-                excluded=request.excluded,
-            ),
+            lambda db: self._claim_on(db, request, atomic=True),
             give_up_when_stopping=True,
+        )
+
+    def _claim_on(self, db: Executor, request: ClaimRequest, *, atomic: bool) -> list[ClaimedJob]:
+        """``data.claim.claim`` of ``request`` on ``db``, committing at once; leased and atomic
+        claims each keep their own look at which controls exist."""
+        return claim_data.claim(
+            db,
+            worker_id=request.worker_id,
+            limit=request.limit,
+            queues=request.queues,
+            lease_seconds=request.lease_seconds,
+            task_leases=request.task_leases,
+            atomic=atomic,
+            limits=self._atomic_limits if atomic else self._limits,
+            notified=request.notified,
+            autocommit=True,
+            excluded=request.excluded,
         )
 
     @property
