@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .app import KEY_LIMIT, NEWER_TASK, QUEUE_LIMITED
-from .snapshot import ACTIVE, FINAL, Run, Snapshot, interrupted
+from .snapshot import ACTIVE, FINAL, Run, Snapshot, clock, interrupted
 from .workload import KEY_OVERRIDES, Event, LimitChange
 
 ATOMIC_TASKS = {"chaos.atomic", "chaos.atomic_solo"}
@@ -47,6 +47,9 @@ class Violation:
     message: str
     run_ids: list[int] = field(default_factory=list)
     first_seen: float | None = None  # the database clock of the check that first found it
+    # The database clock of the latest check that found it: the one ``message`` is worded for
+    # (a check seeing it again rewords it, "lease expired 22.0 s ago" after "12.0 s ago").
+    last_seen: float | None = None
 
 
 Check = Callable[[Snapshot, Facts], list[Violation]]
@@ -248,12 +251,16 @@ def _overlap(s: Snapshot, facts: Facts, what: str, name: str, runs: list[Run]) -
 def no_stale_running(s: Snapshot, facts: Facts) -> list[Violation]:
     """6. No RUNNING job whose lease expired more than ``stale_after`` seconds ago, unless its
     own queue's or key's control row was held meanwhile: its outcome and its rescue both update
-    that row, so they wait for whoever holds it (an operator's ``SELECT ... FOR UPDATE``)."""
+    that row, so they wait for whoever holds it (an operator's ``SELECT ... FOR UPDATE``). The
+    message gives the lease's expiry and the claim's start as times, not only as an age that
+    belongs to one check."""
     return [
         Violation(
             "6 no stale running",
             j.id,
-            f"running, lease expired {s.now - j.lease_expires_at.timestamp():.1f} s ago",
+            f"running, lease expired {s.now - j.lease_expires_at.timestamp():.1f} s ago "
+            f"(at {clock(j.lease_expires_at.timestamp())}; attempt {j.attempts} claimed at "
+            f"{clock(j.started_at.timestamp() if j.started_at else None)})",
         )
         for j in s.jobs.values()
         if j.state == "running"
