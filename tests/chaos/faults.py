@@ -13,9 +13,11 @@ through.
 
 Beside those, on a schedule of its own (its own ``random.Random``, so the faults above keep
 their sequence for a seed), a long transaction holds the limited queue's control row or a
-concurrency key's row, as an operator's ``SELECT ... FOR UPDATE`` would, for 2 to 12 s: longer
-than the workers' statement timeout. The outcomes of that queue or key wait for it; no other
-queue's may, and none may turn into a failed attempt.
+concurrency key's row, as an operator's ``SELECT ... FOR UPDATE`` would, for 2 to 12 s, sometimes
+past the workers' statement timeout. It takes the row while a leased job of that queue
+or key runs (waiting up to a few seconds for one), so an outcome meets the held row. The
+outcomes of that queue or key wait for it; no other queue's may, and none may turn into a
+failed attempt.
 """
 
 from __future__ import annotations
@@ -59,8 +61,22 @@ LOCK_TICKETS = text(
 )
 LOCK_CONTROL_ROW = text("SELECT name FROM pgqueue_queues WHERE name = :name FOR UPDATE")
 LOCK_KEY_ROW = text("SELECT key FROM pgqueue_concurrency_keys WHERE key = :name FOR UPDATE")
+# The same rows, taken only while a leased job of that queue or key runs: its outcome, written
+# as it ends, must wait for the row (the outcomes of a queue or key nobody runs have nothing to
+# wait for).
+LOCK_BUSY_CONTROL_ROW = text(
+    "SELECT name FROM pgqueue_queues WHERE name = :name AND EXISTS (SELECT 1 FROM pgqueue_jobs"
+    " WHERE queue = :name AND state = 'running' AND NOT atomic) FOR UPDATE"
+)
+LOCK_BUSY_KEY_ROW = text(
+    "SELECT key FROM pgqueue_concurrency_keys WHERE key = :name AND EXISTS (SELECT 1 FROM"
+    " pgqueue_jobs WHERE concurrency_key = :name AND state = 'running' AND NOT atomic)"
+    " FOR UPDATE"
+)
 # How long a held control or key row stays held (seconds): up to past the statement timeout.
 CONTROL_HOLD = (2.0, 12.0)
+# How long a hold waits for a running job of its queue or key before it takes the row anyway.
+BUSY_WAIT = 3.0
 # Seconds between two holds of a control or key row.
 CONTROL_EVERY = (8.0, 20.0)
 LOCK_THESE_JOBS = text(
@@ -240,19 +256,32 @@ class Faults:
     def _lock_control_row(self) -> None:
         rng = self.control_rng
         if rng.random() < 0.5:
-            statement, name, what = LOCK_CONTROL_ROW, QUEUE_LIMITED, "queue"
+            statements, name, what = (
+                (LOCK_BUSY_CONTROL_ROW, LOCK_CONTROL_ROW),
+                QUEUE_LIMITED,
+                "queue",
+            )
         else:
-            statement, name, what = LOCK_KEY_ROW, rng.choice(KEYS), "key"
+            statements, name, what = (LOCK_BUSY_KEY_ROW, LOCK_KEY_ROW), rng.choice(KEYS), "key"
         seconds = rng.uniform(*CONTROL_HOLD)
-        self._record(
-            "lock_control", f"{what} {name}'s row for {seconds:.1f} s", until=time.time() + seconds
-        )
+        busy, any_time = statements
 
-        self._hold(
-            "lock_control",
-            lambda connection: connection.execute(statement, {"name": name}),
-            seconds,
-        )
+        def lock(connection: Connection) -> None:
+            # Taken when a job of the queue or key runs (its outcome then meets the held
+            # row), else after BUSY_WAIT anyway; recorded once held, until the hold ends.
+            deadline = time.monotonic() + BUSY_WAIT
+            while not connection.execute(busy, {"name": name}).first():
+                if time.monotonic() > deadline or self.stop_event.is_set():
+                    connection.execute(any_time, {"name": name})
+                    break
+                time.sleep(0.05)
+            self._record(
+                "lock_control",
+                f"{what} {name}'s row for {seconds:.1f} s",
+                until=time.time() + seconds,
+            )
+
+        self._hold("lock_control", lock, seconds)
 
     def _hold(self, kind: str, lock: Callable[[Connection], object], seconds: float) -> None:
         """In a thread of its own, take row locks with ``lock`` in a transaction and keep them

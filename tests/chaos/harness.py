@@ -103,19 +103,24 @@ class Checker:
             if not (final or periodic):
                 continue
             name = f"{(function.__doc__ or '').split('.')[0]} {function.__name__}"
-            found = function(snap, self.facts)
-            self.checks[name] += 1
-            if not found:
-                self.passed += 1
-            for violation in found:
-                violation.invariant = name
-                # One entry per invariant, job and kind of message (numbers aside): the
-                # latest wording (a growing run count), seen first when it first showed.
-                key = (name, violation.job_id, re.sub(r"\d+", "N", violation.message)[:40])
-                earlier = self.violations.get(key)
-                violation.first_seen = earlier.first_seen if earlier else snap.now
-                self.violations[key] = violation
+            self.record(name, function(snap, self.facts), snap.now)
         return snap
+
+    def record(self, name: str, found: list[Violation], now: float) -> None:
+        """Count one check of invariant ``name`` at ``now`` (database clock) that found
+        ``found``. One entry per invariant, job and kind of message (numbers aside): the latest
+        wording (a growing run count, a growing age), seen first when it first showed and last
+        at ``now``, the check its wording belongs to."""
+        self.checks[name] += 1
+        if not found:
+            self.passed += 1
+        for violation in found:
+            violation.invariant = name
+            key = (name, violation.job_id, re.sub(r"\d+", "N", violation.message)[:40])
+            earlier = self.violations.get(key)
+            violation.first_seen = earlier.first_seen if earlier else now
+            violation.last_seen = now
+            self.violations[key] = violation
 
 
 def _insert_key_history(engine: Engine, n: int) -> None:

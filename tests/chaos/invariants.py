@@ -13,8 +13,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .app import KEY_LIMIT, NEWER_TASK, QUEUE_LIMITED
-from .snapshot import ACTIVE, FINAL, Run, Snapshot, interrupted
+from .app import KEY_LIMIT, NEWER_TASK, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_MAIN
+from .snapshot import ACTIVE, FINAL, Run, Snapshot, clock, interrupted
 from .workload import KEY_OVERRIDES, Event, LimitChange
 
 ATOMIC_TASKS = {"chaos.atomic", "chaos.atomic_solo"}
@@ -23,6 +23,10 @@ SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse", "poison"}
 # Seconds a returned run's outcome may take to be written with no fault to explain it (the
 # completer writes within a batch's time; a queue whose rows are held retries within 2 s).
 OUTCOME_DELAY = 10.0
+# Seconds an outcome of another queue may take while a control or key row is held: the held
+# row blocks its own queue's outcomes only, the others are written apart (after a short lock
+# wait) at once.
+NEIGHBOUR_DELAY = 4.0
 # Faults that delay every outcome of the processes they touch, and how long after they end.
 DELAYING = {"server_restart", "bouncer_restart", "unexpected_exit"}
 AFTER_FAULT = 10.0
@@ -47,6 +51,9 @@ class Violation:
     message: str
     run_ids: list[int] = field(default_factory=list)
     first_seen: float | None = None  # the database clock of the check that first found it
+    # The database clock of the latest check that found it: the one ``message`` is worded for
+    # (a check seeing it again rewords it, "lease expired 22.0 s ago" after "12.0 s ago").
+    last_seen: float | None = None
 
 
 Check = Callable[[Snapshot, Facts], list[Violation]]
@@ -248,12 +255,16 @@ def _overlap(s: Snapshot, facts: Facts, what: str, name: str, runs: list[Run]) -
 def no_stale_running(s: Snapshot, facts: Facts) -> list[Violation]:
     """6. No RUNNING job whose lease expired more than ``stale_after`` seconds ago, unless its
     own queue's or key's control row was held meanwhile: its outcome and its rescue both update
-    that row, so they wait for whoever holds it (an operator's ``SELECT ... FOR UPDATE``)."""
+    that row, so they wait for whoever holds it (an operator's ``SELECT ... FOR UPDATE``). The
+    message gives the lease's expiry and the claim's start as times, not only as an age that
+    belongs to one check."""
     return [
         Violation(
             "6 no stale running",
             j.id,
-            f"running, lease expired {s.now - j.lease_expires_at.timestamp():.1f} s ago",
+            f"running, lease expired {s.now - j.lease_expires_at.timestamp():.1f} s ago "
+            f"(at {clock(j.lease_expires_at.timestamp())}; attempt {j.attempts} claimed at "
+            f"{clock(j.started_at.timestamp() if j.started_at else None)})",
         )
         for j in s.jobs.values()
         if j.state == "running"
@@ -388,10 +399,15 @@ def returned_outcome_kept(s: Snapshot, facts: Facts) -> list[Violation]:
 
 def outcomes_not_held_up(s: Snapshot, facts: Facts) -> list[Violation]:
     """11. A neighbour never holds up an outcome: a leased job that succeeded has it written
-    within ``OUTCOME_DELAY`` s of its handler's return, unless a fault explains the wait (a
-    server or PgBouncer restart, its own process frozen or killed, a row of its own queue or
-    key held by another transaction)."""
+    within ``OUTCOME_DELAY`` s of its handler's return, and within ``NEIGHBOUR_DELAY`` s when
+    it returned while another queue's control row (or a key's row, which only the keyed queue's
+    outcomes update) was held, or while an atomic job of its own queue ran (whose transaction
+    holds its job's row only), unless a fault explains the wait (a server or PgBouncer restart,
+    its own process frozen or killed, a row of its own queue or key held by another
+    transaction; beside a neighbour, also held rows of waiting jobs, which the outcomes of
+    their parents' queue settle)."""
     found = []
+    atomic_runs = _atomic_runs_by_queue(s)
     for job in s.jobs.values():
         if job.state != "succeeded" or job.task_name in ATOMIC_TASKS or job.finished_at is None:
             continue
@@ -402,20 +418,73 @@ def outcomes_not_held_up(s: Snapshot, facts: Facts) -> list[Violation]:
         if not runs or runs[-1].ended is None:
             continue
         run = runs[-1]
-        if finished - run.ended <= OUTCOME_DELAY or interrupted(run, facts.killed):
+        waited = finished - run.ended
+        if waited <= NEIGHBOUR_DELAY or interrupted(run, facts.killed):
             continue
-        if any(_delays(event, job, run, finished) for event in list(facts.events)):
+        events = list(facts.events)
+        beside = _neighbour(events, atomic_runs.get(job.queue, []), job, run.ended)
+        if beside is None and waited <= OUTCOME_DELAY:
+            continue
+        if any(_delays(event, job, run, finished) for event in events):
+            continue
+        if beside is not None and any(
+            _locks_dependents(e, job, run.ended, finished) for e in events
+        ):
             continue
         found.append(
             Violation(
                 "11 outcomes not held up",
                 job.id,
-                f"outcome written {finished - run.ended:.1f} s after the handler returned "
+                f"outcome written {waited:.1f} s after the handler returned{beside or ''}, "
                 "with no fault of its own to explain it",
                 [run.id],
             )
         )
     return found
+
+
+def _atomic_runs_by_queue(s: Snapshot) -> dict[str, list[Run]]:
+    """The atomic jobs' runs that returned, by their job's queue."""
+    found: dict[str, list[Run]] = defaultdict(list)
+    for job in s.jobs.values():
+        if job.task_name in ATOMIC_TASKS:
+            found[job.queue].extend(r for r in s.runs.get(job.id, []) if r.ended is not None)
+    return found
+
+
+def _neighbour(events: list[Event], atomic: list[Run], job: object, at: float) -> str | None:
+    """What a neighbour was doing when ``job``'s run returned at ``at`` (None: nothing): holding
+    another queue's control row, or running an atomic job of ``job``'s queue."""
+    held = next((e for e in events if _neighbours_hold(e, job, at)), None)
+    if held is not None:
+        return f" while {held.detail} was held (another queue's)"
+    running = next((r for r in atomic if r.started <= at <= (r.ended or at)), None)
+    if running is not None:
+        return f" while atomic job {running.job_id} of its queue ran"
+    return None
+
+
+def _neighbours_hold(event: Event, job: object, at: float) -> bool:
+    """Whether ``event`` held, at ``at``, the control row of a queue other than ``job``'s, or
+    a key's row while ``job`` is not of the keyed queue."""
+    if event.kind != "lock_control" or event.until is None:
+        return False
+    if not event.at <= at <= event.until:
+        return False
+    queue = job.queue  # type: ignore[attr-defined]
+    if event.detail.startswith("key "):
+        return bool(queue != QUEUE_KEYED)
+    return f" {queue}'s row" not in event.detail
+
+
+def _locks_dependents(event: Event, job: object, ended: float, finished: float) -> bool:
+    """Whether ``event`` held waiting jobs' rows between a run's end and its outcome, and the
+    run's job is of the queue of the parents whose outcomes settle such jobs (a wait of that
+    queue's own, not the neighbour's)."""
+    if event.kind != "lock" or job.queue != QUEUE_MAIN:  # type: ignore[attr-defined]
+        return False
+    until = event.until if event.until is not None else event.at
+    return event.at <= finished and until >= ended
 
 
 def _delays(event: Event, job: object, run: Run, finished: float) -> bool:

@@ -3,23 +3,16 @@ violation (the job's row, its ledger rows, and the faults around them)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import Counter
 from collections.abc import Iterable
 
 from .invariants import Violation
-from .snapshot import Snapshot
+from .snapshot import Snapshot, clock
 from .workload import Event
 
 TRACE_MARGIN = 8.0  # seconds of faults shown before and after a job's runs
 MAX_TRACES = 12
 MAX_ROWS = 10  # ledger rows shown per job
-
-
-def clock(epoch: float | None) -> str:
-    if epoch is None:
-        return "-"
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
 def table(title: str, counts: dict[str, Counter[str]], columns: list[str]) -> list[str]:
@@ -75,12 +68,23 @@ def summary(
     return "\n".join(lines)
 
 
+def _seen(violation: Violation) -> str:
+    """When the checks saw ``violation``: its message is worded as the latest check saw it, so
+    a number in it (an age, a count) belongs to that check, not to the first."""
+    first, last = violation.first_seen, violation.last_seen
+    if first is None:
+        return ""
+    if last is None or last == first:
+        return f" (seen {clock(first)})"
+    return f" (first seen {clock(first)}; worded as last seen, {clock(last)})"
+
+
 def traces(seed: int, snapshot: Snapshot, events: list[Event], violations: list[Violation]) -> str:
     """A short trace per violation (the first ``MAX_TRACES``), with the seed to replay it."""
     lines = [f"VIOLATIONS (seed {seed}, replay: python -m tests.chaos --seed {seed} ...)"]
     for violation in violations[:MAX_TRACES]:
         lines.append("")
-        seen = f" (first seen {clock(violation.first_seen)})" if violation.first_seen else ""
+        seen = _seen(violation)
         lines.append(f"[{violation.invariant}] job {violation.job_id}: {violation.message}{seen}")
         job = snapshot.jobs.get(violation.job_id) if violation.job_id is not None else None
         job_ids = {violation.job_id} if violation.job_id is not None else set()

@@ -90,6 +90,13 @@ class Snapshot:
         return any(e.startswith(LEASE_EXPIRED) for e in self.errors_for(run.job_id, run.attempt))
 
 
+def clock(epoch: float | None) -> str:
+    """A time of day (UTC, milliseconds) as traces and messages print it; ``-`` for none."""
+    if epoch is None:
+        return "-"
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
 def _epoch(value: dt.datetime | None) -> float | None:
     return None if value is None else value.timestamp()
 

@@ -88,6 +88,7 @@ class Workload:
             (6, self._keyed),
             (5, self._limited),
             (3, self._atomic_limited),
+            (2, self._atomic_limited_slow),
             (5, self._unique),
             (4, self._delayed),
             (4, self._dependent),
@@ -128,9 +129,18 @@ class Workload:
         self.stop_event.set()
         self.thread.join(60)
         for queue in list(self.paused):
-            self._call("resume", lambda q=queue: self.app.pgq.resume_queue(q))
+            # Tried until it takes: a queue left paused would leave its jobs legitimately
+            # waiting, and the final checks would see nothing of them.
+            for attempt in range(10):
+                if self._call("resume", lambda q=queue: self._resume(q)):
+                    break
+                time.sleep(0.5 * (attempt + 1))
             self._event("resume", queue)
         self.paused.clear()
+
+    def _resume(self, queue: str) -> bool:
+        self.app.pgq.resume_queue(queue)
+        return True
 
     def _loop(self) -> None:
         weights = [weight for weight, _ in self.kinds]
@@ -198,6 +208,17 @@ class Workload:
     def _atomic_limited(self) -> None:
         seconds = self.rng.uniform(0.2, 1.0)
         self._enqueue("atomic_limited", self.app.atomic, {"queue": QUEUE_LIMITED}, seconds=seconds)
+
+    def _atomic_limited_slow(self) -> None:
+        # Longer than a leased outcome may take to be written (invariant 11): the leased jobs
+        # of the queue that end while it runs must not wait for it (a claim or a transaction
+        # of an atomic job that held the queue's control row would keep their outcomes
+        # waiting to its end). Short enough that its own lease, which nothing extends while
+        # its transaction runs, is not stale before it commits (invariant 6).
+        seconds = self.rng.uniform(10.5, 11.5)
+        self._enqueue(
+            "atomic_limited_slow", self.app.atomic, {"queue": QUEUE_LIMITED}, seconds=seconds
+        )
 
     def _unique(self) -> None:
         key = f"u{self.rng.randint(0, 4)}"
