@@ -27,8 +27,8 @@ def test_notifications_are_claimed_on_the_listener_within_the_free_slots(pgq: Pg
     claimers: list[str] = []
     claim = worker.store.claim
 
-    def recording_claim(**kwargs: Any) -> Any:
-        jobs = claim(**kwargs)
+    def recording_claim(request: Any) -> Any:
+        jobs = claim(request)
         if jobs:
             claimers.append(threading.current_thread().name)
         return jobs
