@@ -12,7 +12,7 @@ in alternating order:
   atomic mode grew from: the work and its completion commit together), until none is left.
 
 Reports jobs/s per kind (medians over the rounds) and each pgqueue kind's ratio to the raw
-SQL of its round. Writes the JSON to ``benchmarks/results/<timestamp>-atomic.json``.
+SQL of its round. Writes the JSON to ``benchmarks/results/<timestamp>-atomic.json`` (``benchmarks.run.write_json``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import os
 import statistics
 import threading
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -32,7 +31,7 @@ from sqlalchemy.engine import URL
 
 from benchmarks import baseline
 from benchmarks import server as server_module
-from benchmarks.run import RESULTS_DIR, machine
+from benchmarks.run import machine, write_json
 from benchmarks.server import Server, libpq, sqlalchemy_url
 from pgqueue import PgQueue, Settings
 
@@ -140,11 +139,8 @@ def main() -> None:
     print("|---|---|---|")
     for kind, row in report["summary"].items():
         print(f"| {kind} | {row['jobs_per_s']:,.0f} | {row['vs_raw']:.2f}x |")
-    RESULTS_DIR.mkdir(exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = RESULTS_DIR / f"{stamp}-atomic.json"
-    path.write_text(json.dumps(report, indent=2, default=str))
-    print(f"wrote {path}")
+    report["mode"] = "atomic"
+    print(f"wrote {write_json(report, None)}")
 
 
 if __name__ == "__main__":
