@@ -265,16 +265,17 @@ def test_a_claim_whose_lease_was_lost_never_takes_the_jobs_row(
     with pgq.handler_session() as session, session.begin():
         [claimed] = _claim_atomic(session, "frozen", 0.5)
     assert (claimed.id, claimed.attempt) == (job_id, 1)
-    running_worker(1)
-    finished = _wait_final(pgq, job_id, timeout=20)
-    assert (finished.state, finished.attempts) == (JobState.SUCCEEDED, 2)
-    assert runs == [2]
-    with pgq.handler_session() as session, session.begin():
-        assert not atomic_runs_data.lock_claimed(session, claimed)
-
+    # A live claim takes the row (claimed before any worker runs, which would take the job).
     live_id = once.enqueue()
     with pgq.handler_session() as session, session.begin():
         [fresh] = _claim_atomic(session, "live", 30)
         assert fresh.id == live_id
     with pgq.handler_session() as session, session.begin():
         assert atomic_runs_data.lock_claimed(session, fresh)
+
+    running_worker(1)
+    finished = _wait_final(pgq, job_id, timeout=20)
+    assert (finished.state, finished.attempts) == (JobState.SUCCEEDED, 2)
+    assert runs == [2]
+    with pgq.handler_session() as session, session.begin():
+        assert not atomic_runs_data.lock_claimed(session, claimed)
