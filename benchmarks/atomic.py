@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import threading
 import time
@@ -30,8 +29,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.engine import URL
 
 from benchmarks import baseline
-from benchmarks import server as server_module
-from benchmarks.run import machine, write_json
+from benchmarks.run import standalone, write_json
 from benchmarks.server import Server, libpq, sqlalchemy_url
 from pgqueue import PgQueue, Settings
 
@@ -130,11 +128,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--limit", type=int, default=2)
     args = parser.parse_args()
-    with server_module.start(os.environ.get("PGQUEUE_DATABASE_URL")) as server:
-        report = run(server, args)
-        report["settings"] = server.settings()
-    report["machine"] = machine()
-    report["arguments"] = vars(args)
+    report = standalone(run, args)
     print("| atomic drain | jobs/s | vs raw SQL |")
     print("|---|---|---|")
     for kind, row in report["summary"].items():

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import threading
 import time
@@ -33,8 +32,7 @@ import psycopg
 from sqlalchemy.engine import URL
 
 from benchmarks import baseline
-from benchmarks import server as server_module
-from benchmarks.run import RESULTS_DIR, machine
+from benchmarks.run import RESULTS_DIR, standalone
 from benchmarks.server import Server, libpq, sqlalchemy_url
 from pgqueue import PgQueue
 from pgqueue.jobs import ClaimRequest
@@ -159,11 +157,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--batch", type=int, default=10)
     args = parser.parse_args()
-    with server_module.start(os.environ.get("PGQUEUE_DATABASE_URL")) as server:
-        report = run(server, args)
-        report["settings"] = server.settings()
-    report["machine"] = machine()
-    report["arguments"] = vars(args)
+    report = standalone(run, args)
     print(f"| claim of {args.batch} | fresh ms | {args.history:,} keys ms | ratio | vs raw SQL |")
     print("|---|---|---|---|---|")
     for kind, row in report["summary"].items():

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -562,6 +562,21 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"{_fmt(row['baseline'], row['unit'])} | {ratio} | {row['target']} | {met} |"
         )
     return "\n".join(lines)
+
+
+def standalone(
+    run: Callable[[server_module.Server, argparse.Namespace], dict[str, Any]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The report of a benchmark module's ``run(server, args)`` on ``$PGQUEUE_DATABASE_URL``
+    (or a durable embedded server), with the server's settings, the machine and the
+    arguments."""
+    with server_module.start(os.environ.get("PGQUEUE_DATABASE_URL")) as server:
+        report = run(server, args)
+        report["settings"] = server.settings()
+    report["machine"] = machine()
+    report["arguments"] = vars(args)
+    return report
 
 
 def write_json(report: dict[str, Any], extra_path: str | None) -> Path:
