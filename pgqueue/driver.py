@@ -20,7 +20,7 @@ import psycopg
 from psycopg import pq
 from sqlalchemy import Engine
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError, StatementError
+from sqlalchemy.exc import DBAPIError, InvalidRequestError, StatementError
 from sqlalchemy.sql import Executable
 from sqlalchemy.types import ARRAY, BigInteger, Text, Uuid
 
@@ -174,6 +174,11 @@ def checkout(engine: Engine) -> Any:
         return engine.raw_connection()
     except psycopg.Error as exc:
         raise translated(exc) from exc
+    except InvalidRequestError as exc:
+        # The pool's check found each connection it tried dead ("This connection is closed":
+        # the server cuts them as they come): a lost connection, to be tried again like one.
+        lost = psycopg.OperationalError(f"no live connection to check out ({exc})")
+        raise translated(lost, lost=True) from exc
 
 
 # A connection in one of these states after an error cannot be given back to the pool: ACTIVE,
