@@ -2,7 +2,7 @@
 
 A leased attempt takes a slot at its claim and gives it back as soon as its handler returns, so
 the next claim overlaps the outcome write. It stays in the running set (the heartbeat set)
-until the completer wrote its outcome. An atomic runner holds a slot from its probe until its
+until the completer wrote its outcome. An atomic run holds a slot from its claim until its
 transaction ends.
 
 A claim may also take up to ``ahead`` attempts more than the free slots (the claimer's
