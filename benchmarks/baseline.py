@@ -1,6 +1,7 @@
 """The ceiling: the same work done by hand-written SQL on one table, with psycopg directly.
 
-One table ``baseline_jobs`` with a partial index over queued rows, the common claim (a CTE that
+One table ``baseline_jobs`` with a partial index over queued rows (and ``baseline_tickets``, only
+for a second bulk ceiling that writes as many rows as pgqueue: a job and a ticket each), the common claim (a CTE that
 selects ``FOR UPDATE SKIP LOCKED`` and an ``UPDATE ... RETURNING``), batched claims and batched
 completions (``id = ANY(...)``), COPY for bulk enqueue and LISTEN/NOTIFY for wake-ups. No
 leases, no heartbeats, no retries, no validation: that is what makes it a ceiling.
@@ -39,6 +40,12 @@ CREATE TABLE baseline_jobs (
     result jsonb
 );
 CREATE INDEX baseline_jobs_ready ON baseline_jobs (priority, run_at, id) WHERE state = 'queued';
+CREATE TABLE baseline_tickets (
+    id bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    priority smallint NOT NULL DEFAULT 0,
+    run_at timestamptz NOT NULL DEFAULT now()
+);
 """
 
 INSERT_ONE = "INSERT INTO baseline_jobs (task, args) VALUES (%s, %s) RETURNING id"
@@ -85,6 +92,29 @@ def enqueue_copy(conninfo: str, n: int) -> float:
         with conn.cursor() as cur, cur.copy("COPY baseline_jobs (task, args) FROM STDIN") as copy:
             for i in range(n):
                 copy.write_row(("noop", f"[{i}]"))
+        conn.commit()
+        return time.perf_counter() - start
+
+
+def enqueue_copy_two_rows(conninfo: str, n: int) -> float:
+    """``n`` jobs as pgqueue lays them out, a job row and a ticket row each, with two COPYs in one
+    transaction (the ids are taken from the sequence first, as a client must to link the two);
+    returns seconds. The bulk ceiling for as many rows as pgqueue writes."""
+    with psycopg.connect(conninfo) as conn:
+        start = time.perf_counter()
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "SELECT nextval('baseline_jobs_id_seq') FROM generate_series(1, %s)", (n,)
+            )
+        ]
+        with conn.cursor() as cur:
+            with cur.copy("COPY baseline_jobs (id, task, args) FROM STDIN") as copy:
+                for i, job_id in enumerate(ids):
+                    copy.write_row((job_id, "noop", f"[{i}]"))
+            with cur.copy("COPY baseline_tickets (job_id) FROM STDIN") as copy:
+                for job_id in ids:
+                    copy.write_row((job_id,))
         conn.commit()
         return time.perf_counter() - start
 

@@ -332,7 +332,11 @@ def table(results: dict[str, Any], peers: dict[str, Any]) -> list[dict[str, str]
         p = d.get(key) or {}
         pg_note = ""
         if p:
-            pg_note = f" [c={p['concurrency']}" + (", log_successes off]" if key == "best" else "]")
+            processes = p.get("processes", 1)
+            pg_note = f" [c={p['concurrency']}" + (
+                f" x {processes} processes" if processes > 1 else ""
+            )
+            pg_note += ", log_successes off]" if key == "best" else "]"
         row(
             label,
             _rate_cell(p.get("baseline"), None) + ceiling_note,
