@@ -72,17 +72,18 @@ DECLARE
     new_id bigint;
     job_run_at timestamptz;
 BEGIN
-    -- Names: pgqueue.config's NAME_PATTERN and TASK_NAME_PATTERN, at most 63 bytes.
+    -- Names: pgqueue.config's NAME_PATTERN and TASK_NAME_PATTERN, at most 63 bytes. A refused
+    -- value is quoted as a JSON string, cut: control characters escaped, the message one line.
     IF pgqueue_enqueue.task_name IS NULL THEN
         RAISE EXCEPTION 'task_name must not be NULL' USING ERRCODE = '22004';
     END IF;
     IF octet_length(pgqueue_enqueue.task_name) > 63 THEN
         RAISE EXCEPTION 'task_name % is longer than 63 bytes',
-            quote_literal(left(pgqueue_enqueue.task_name, 80)) USING ERRCODE = '22023';
+            to_json(left(pgqueue_enqueue.task_name, 80)) USING ERRCODE = '22023';
     END IF;
     IF pgqueue_enqueue.task_name !~ '^[A-Za-z_][A-Za-z0-9_.:<>\-]{0,62}$' THEN
         RAISE EXCEPTION 'task_name % has characters outside letters, digits and ''_.:-'' (and ''<>'')',
-            quote_literal(pgqueue_enqueue.task_name) USING ERRCODE = '22023';
+            to_json(left(pgqueue_enqueue.task_name, 80)) USING ERRCODE = '22023';
     END IF;
     IF pgqueue_enqueue.queue IS NULL THEN
         RAISE EXCEPTION 'queue must not be NULL (omit it for the queue ''default'')'
@@ -90,11 +91,11 @@ BEGIN
     END IF;
     IF octet_length(pgqueue_enqueue.queue) > 63 THEN
         RAISE EXCEPTION 'queue % is longer than 63 bytes',
-            quote_literal(left(pgqueue_enqueue.queue, 80)) USING ERRCODE = '22023';
+            to_json(left(pgqueue_enqueue.queue, 80)) USING ERRCODE = '22023';
     END IF;
     IF pgqueue_enqueue.queue !~ '^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,62}$' THEN
         RAISE EXCEPTION 'queue % has characters outside letters, digits and ''_.:-''',
-            quote_literal(pgqueue_enqueue.queue) USING ERRCODE = '22023';
+            to_json(left(pgqueue_enqueue.queue, 80)) USING ERRCODE = '22023';
     END IF;
 
     -- Numbers: pgqueue.validation's PRIORITY_MIN..PRIORITY_MAX and MAX_ATTEMPTS_LIMIT.
@@ -142,13 +143,13 @@ BEGIN
         pgqueue_enqueue.unique_key = '' OR length(pgqueue_enqueue.unique_key) > 512
     ) THEN
         RAISE EXCEPTION 'unique_key must be a non-empty string of at most 512 characters, got %',
-            quote_literal(left(pgqueue_enqueue.unique_key, 80)) USING ERRCODE = '22023';
+            to_json(left(pgqueue_enqueue.unique_key, 80)) USING ERRCODE = '22023';
     END IF;
     IF pgqueue_enqueue.concurrency_key IS NOT NULL AND (
         pgqueue_enqueue.concurrency_key = '' OR length(pgqueue_enqueue.concurrency_key) > 512
     ) THEN
         RAISE EXCEPTION 'concurrency_key must be a non-empty string of at most 512 characters, got %',
-            quote_literal(left(pgqueue_enqueue.concurrency_key, 80)) USING ERRCODE = '22023';
+            to_json(left(pgqueue_enqueue.concurrency_key, 80)) USING ERRCODE = '22023';
     END IF;
     IF pgqueue_enqueue.key_limit IS NOT NULL THEN
         IF pgqueue_enqueue.key_limit NOT BETWEEN 1 AND 2147483647 THEN
