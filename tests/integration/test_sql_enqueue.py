@@ -7,6 +7,8 @@
 - Every refused input raises its SQLSTATE with a message naming the parameter and writes
   nothing; and what it accepts is what Python accepts (names, numbers, nesting, as properties).
 - A bounded queue refuses it as it refuses Python, with the same message.
+- What SQL cannot check is left to the worker: a task no worker registers waits, arguments that
+  do not fit the function fail the first attempt for good.
 - The migration adds and removes the function on a database holding jobs.
 """
 
@@ -612,3 +614,23 @@ def test_the_migration_adds_and_removes_the_function_with_jobs_present(
     finally:
         pgq.dispose()
         engine.dispose()
+
+
+def test_what_sql_cannot_check_is_handled_by_the_worker(pgq: PgQueue, engine: Engine) -> None:
+    """A task no worker registers waits for one that does; arguments that do not fit the
+    function fail the job's first attempt for good, naming the mismatch (as the how-to says)."""
+
+    @pgq.task(name="w.known", max_attempts=5)
+    def known(a: int) -> int:
+        return a
+
+    with engine.begin() as connection:
+        unknown = enqueue_sql(connection, task_name="w.unknown")
+        misfit = enqueue_sql(connection, task_name="w.known", args=[1, 2], max_attempts=5)
+        fits = enqueue_sql(connection, task_name="w.known", kwargs={"a": 7})
+    pgq.run_worker(drain=True)
+    waiting, failed, done = (pgq.get_job(i) for i in (unknown, misfit, fits))
+    assert (waiting.state.value, waiting.attempts, waiting.last_error) == ("queued", 0, None)
+    assert (failed.state.value, failed.attempts) == ("failed", 1)
+    assert "arguments do not match task w.known" in (failed.last_error or "")
+    assert (done.state.value, done.result) == ("succeeded", 7)
