@@ -6,7 +6,9 @@
 - From a trigger on an application table: the job commits with the row, or not at all.
 - Every refused input raises its SQLSTATE with a message naming the parameter and writes
   nothing; and what it accepts is what Python accepts (names, numbers, nesting, as properties).
-- A bounded queue refuses it as it refuses Python, with the same message.
+- A bounded queue refuses it as it refuses Python, with the same message, and counts the
+  enqueues (SQL or Python) that held its lock before; concurrent calls with one unique key make
+  one job.
 - What SQL cannot check is left to the worker: a task no worker registers waits, arguments that
   do not fit the function fail the first attempt for good.
 - The migration adds and removes the function on a database holding jobs.
@@ -17,6 +19,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import select
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -634,3 +638,77 @@ def test_what_sql_cannot_check_is_handled_by_the_worker(pgq: PgQueue, engine: En
     assert (failed.state.value, failed.attempts) == ("failed", 1)
     assert "arguments do not match task w.known" in (failed.last_error or "")
     assert (done.state.value, done.result) == ("succeeded", 7)
+
+
+@pytest.mark.parametrize("first_ends", ["commit", "rollback"])
+def test_a_unique_key_enqueued_at_once_twice_makes_one_job(engine: Engine, first_ends: str) -> None:
+    """The second call waits for the first's key: a committed holder's id comes back, a
+    rolled-back one leaves the key to the second."""
+    answers: dict[str, int] = {}
+
+    def second() -> None:
+        with engine.begin() as connection:
+            answers["second"] = enqueue_sql(connection, task_name="t", unique_key="race")
+
+    with engine.connect() as first:
+        answers["first"] = enqueue_sql(first, task_name="t", unique_key="race")
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive()  # waiting for the first's key
+        getattr(first, first_ends)()
+        thread.join(30)
+    with engine.connect() as connection:
+        ids = (
+            connection.execute(text("SELECT id FROM pgqueue_jobs WHERE unique_key = 'race'"))
+            .scalars()
+            .all()
+        )
+    assert ids == [answers["second"]]
+    assert (answers["second"] == answers["first"]) is (first_ends == "commit")
+
+
+def test_a_bounded_queue_counts_the_enqueue_it_waited_for(pgq: PgQueue, engine: Engine) -> None:
+    """An enqueue into a bounded queue waits for the queue's lock and counts what its holder
+    committed: with room for one, a SQL and a Python enqueue waiting behind a SQL one are both
+    refused."""
+
+    @pgq.task(name="b.one", queue="one")
+    def one() -> None:
+        """Enqueued only."""
+
+    pgq.set_queue_max_depth("one", 1)
+    refused: dict[str, Exception] = {}
+
+    def from_sql() -> None:
+        try:
+            with engine.begin() as connection:
+                enqueue_sql(connection, task_name="b.one", queue="one")
+        except DBAPIError as exc:
+            refused["sql"] = exc
+
+    def from_python() -> None:
+        try:
+            one.enqueue()
+        except QueueFull as exc:
+            refused["python"] = exc
+
+    with engine.connect() as first:
+        enqueue_sql(first, task_name="b.one", queue="one")
+        threads = [threading.Thread(target=f) for f in (from_sql, from_python)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+        assert all(thread.is_alive() for thread in threads)  # waiting for the queue's lock
+        first.commit()
+        for thread in threads:
+            thread.join(30)
+    assert sqlstate_of(refused["sql"]) == "PQ001"
+    assert isinstance(refused["python"], QueueFull)
+    with engine.connect() as connection:
+        assert (
+            connection.execute(
+                text("SELECT count(*) FROM pgqueue_jobs WHERE queue = 'one'")
+            ).scalar_one()
+            == 1
+        )
