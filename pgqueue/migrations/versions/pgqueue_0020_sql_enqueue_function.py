@@ -328,7 +328,7 @@ BEGIN
         END IF;
     END LOOP;
     RAISE EXCEPTION 'enqueue of unique_key % did not settle after 10 tries',
-        quote_literal(left(pgqueue_enqueue.unique_key, 80));
+        to_json(left(pgqueue_enqueue.unique_key, 80));
 END
 $function$
 """
