@@ -235,3 +235,50 @@ def test_a_backend_terminated_inside_a_transaction_is_a_lost_connection_through_
         assert database.run(lambda ex: ex.rows(text("SELECT 1"))[0][0], autocommit=False) == 1
     finally:
         pgq.dispose()
+
+
+def test_enqueue_from_sql_through_pgbouncer_in_transaction_mode(bouncer: URL) -> None:
+    """``pgqueue_enqueue`` through the pooler: plain calls (autocommit, unprepared as a client
+    of a transaction pooler sends them), a unique key held, a bounded queue's lock and count
+    inside the caller's transaction and its refusal; a worker through the same pooler runs the
+    jobs with their arguments."""
+    pgq = PgQueue(bouncer, settings=Settings(pooler="transaction", poll_interval=0.1))
+
+    @pgq.task(name="sqlpool.add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    pgq.set_queue_max_depth("tight", 2)
+    conninfo = bouncer.set(drivername="postgresql").render_as_string(hide_password=False)
+    call = (
+        "SELECT pgqueue_enqueue(task_name => 'sqlpool.add', args => %s::jsonb,"
+        " queue => %s, unique_key => %s)"
+    )
+    try:
+        with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as client:
+            ids = [
+                client.execute(call, [f"[{i}, 1]", "default", None]).fetchone()[0]  # type: ignore[index]
+                for i in range(20)
+            ]
+            keyed = client.execute(call, ["[100, 0]", "default", "once"]).fetchone()[0]  # type: ignore[index]
+            again = client.execute(call, ["[100, 0]", "default", "once"]).fetchone()[0]  # type: ignore[index]
+            with client.transaction():
+                tight = [
+                    client.execute(call, [f"[{i}, 0]", "tight", None]).fetchone()[0]  # type: ignore[index]
+                    for i in (200, 201)
+                ]
+            with pytest.raises(psycopg.Error) as full, client.transaction():
+                client.execute(call, ["[202, 0]", "tight", None])
+            assert full.value.sqlstate == "PQ001"
+            assert client.execute("SELECT count(*) FROM pgqueue_jobs").fetchone() == (23,)
+        assert again == keyed
+        pgq.run_worker(queues=["default", "tight"], drain=True)
+        results = {i: pgq.get_job(i).result for i in [*ids, keyed, *tight]}
+        assert results == {
+            **{job_id: n + 1 for n, job_id in enumerate(ids)},
+            keyed: 100,
+            tight[0]: 200,
+            tight[1]: 201,
+        }
+    finally:
+        pgq.dispose()

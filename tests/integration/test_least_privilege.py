@@ -3,7 +3,8 @@
 The role is created by running the SQL block of the documentation's "Security and least privilege"
 section itself (role, database and password substituted), so the documentation and the test
 cannot drift: ``CONNECT`` on the database, ``USAGE`` on the schema, ``SELECT, INSERT, UPDATE,
-DELETE`` on pgqueue's tables and ``USAGE`` on the jobs' id sequence; no ``CREATE`` anywhere, no
+DELETE`` on pgqueue's tables, ``USAGE`` on the jobs' id sequence and ``EXECUTE`` on
+``pgqueue_enqueue`` (tested in ``test_sql_enqueue.py``); no ``CREATE`` anywhere, no
 ``TEMP``, no version table, no role membership, not the owner of anything. Connected as that
 role:
 
@@ -140,7 +141,8 @@ def as_role(url: URL, role: str) -> URL:
 def test_the_readme_grants_exactly_dml_rights(database_url: URL, app_role: str) -> None:
     """The documented block only creates the role and grants object privileges (no role
     membership, no attributes), and what the role ends up with is exactly DML on pgqueue's
-    tables and USAGE on their id sequences: no DDL, no TEMP, no version table, no superuser."""
+    tables, USAGE on their id sequences and EXECUTE on the SQL enqueue function (which runs
+    with the caller's rights): no DDL, no TEMP, no version table, no superuser."""
     [create, *grants] = readme_sql()
     assert create == "CREATE ROLE app LOGIN PASSWORD '...'"
     for grant in grants:
@@ -156,6 +158,15 @@ def test_the_readme_grants_exactly_dml_rights(database_url: URL, app_role: str) 
             text(
                 """SELECT c.relname, a.privilege_type
                    FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+                   WHERE a.grantee = CAST(:r AS regrole)"""
+            ),
+            {"r": app_role},
+        ).all()
+        # Of functions, EXECUTE on the SQL enqueue (SECURITY INVOKER: no rights of its own).
+        functions = connection.execute(
+            text(
+                """SELECT p.proname, a.privilege_type, p.prosecdef
+                   FROM pg_proc p CROSS JOIN LATERAL aclexplode(p.proacl) a
                    WHERE a.grantee = CAST(:r AS regrole)"""
             ),
             {"r": app_role},
@@ -180,6 +191,7 @@ def test_the_readme_grants_exactly_dml_rights(database_url: URL, app_role: str) 
     expected = {(table, right) for table in pgqueue_tables() for right in DML}
     expected |= {("pgqueue_jobs_id_seq", "USAGE"), ("pgqueue_audit_id_seq", "USAGE")}
     assert set(held) == expected
+    assert functions == [("pgqueue_enqueue", "EXECUTE", False)]
     assert tuple(rights) == (True, True, False, False, False, False, False, 0, 0)
 
 

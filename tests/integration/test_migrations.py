@@ -66,8 +66,9 @@ def test_upgrade_downgrade_upgrade(empty_database_url: URL) -> None:
     with engine.begin() as connection:
         migrations.downgrade(connection, "base")
         assert migrations.current(connection) is None
+        # No function of pgqueue's is left behind (0001's trigger function, 0020's enqueue).
         functions = connection.execute(
-            text("SELECT count(*) FROM pg_proc WHERE proname = 'pgqueue_notify_tickets'")
+            text("SELECT count(*) FROM pg_proc WHERE proname LIKE 'pgqueue\\_%'")
         ).scalar_one()
         assert functions == 0
     assert _pgqueue_tables(empty_database_url) == {migrations.VERSION_TABLE}
