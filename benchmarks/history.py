@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import statistics
 import time
 from typing import Any
@@ -38,8 +37,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import URL
 
 from benchmarks import app
-from benchmarks import server as bench_server
 from benchmarks.dashboard_pages import PAGES
+from benchmarks.run import standalone, write_json
 from benchmarks.server import Server, libpq, sqlalchemy_url
 from benchmarks.workloads import (
     STEADY_COLUMNS,
@@ -366,8 +365,10 @@ def main() -> None:
     parser.add_argument("--layout", choices=("in_place", "partitioned"), default="partitioned")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    with bench_server.start(os.environ.get("PGQUEUE_DATABASE_URL")) as server:
-        print(json.dumps(run(server, args.rows, args.layout, args.rounds), indent=1))
+    report = standalone(lambda server, a: run(server, a.rows, a.layout, a.rounds), args)
+    report["mode"] = "history"
+    print(json.dumps(report, indent=1, default=str))
+    print(f"wrote {write_json(report, None)}")
 
 
 if __name__ == "__main__":
