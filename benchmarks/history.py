@@ -19,7 +19,7 @@ full / empty per round (median over rounds):
   (``partitioned``) or ``pgq.prune`` deleting its rows in batches (``in_place``): time, the
   dead tuples left, and the table's size before and after.
 
-Prints one JSON document; BENCHMARKS.md carries the numbers.
+Prints the report and writes it to ``benchmarks/results/<timestamp>-history.json``.
 """
 
 from __future__ import annotations

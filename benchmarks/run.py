@@ -30,6 +30,7 @@ from rich.table import Table
 
 from benchmarks import server as server_module
 from benchmarks import workloads as w
+from pgqueue.config import redact_url
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 console = Console()
@@ -670,8 +671,17 @@ def standalone(
         report = run(server, args)
         report["settings"] = server.settings()
     report["machine"] = machine()
-    report["arguments"] = vars(args)
+    report["arguments"] = arguments(args)
     return report
+
+
+def arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """A run's arguments for its report, the database URL's password hidden: results files are
+    committed."""
+    values = dict(vars(args))
+    if values.get("database_url"):
+        values["database_url"] = redact_url(values["database_url"])
+    return values
 
 
 def write_json(report: dict[str, Any], extra_path: str | None) -> Path:

@@ -46,7 +46,7 @@ from sqlalchemy.engine import URL
 
 from benchmarks import baseline
 from benchmarks import server as server_module
-from benchmarks.run import RESULTS_DIR, machine
+from benchmarks.run import RESULTS_DIR, arguments, machine
 from benchmarks.scaling import SAMPLE_INTERVAL, command_cost
 from benchmarks.server import Server, libpq
 from benchmarks.workloads import (
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{stamp}-schema-bounds.json"
-    report = {"machine": machine(), "server": settings, "args": vars(args), "rows": rows,
+    report = {"machine": machine(), "server": settings, "args": arguments(args), "rows": rows,
               "drains": drains, "bulks": bulks}  # fmt: skip
     path.write_text(json.dumps(report, indent=2, default=str))
     print(f"JSON: {path}")
