@@ -335,6 +335,15 @@ def encode_result(value: Any, *, max_bytes: int, max_depth: int) -> str:
     return data.decode()
 
 
+def encode_payload(value: Any, what: str, *, max_bytes: int, max_depth: int) -> str:
+    """JSON text of ``value`` (same rules as arguments); the errors name ``what``."""
+    _check_json(value, what, max_depth)
+    data = _encode_checked(value)
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(f"{what} is larger than {max_bytes} bytes encoded")
+    return data.decode()
+
+
 # orjson writes what ``json.dumps(ensure_ascii=False, separators=(",", ":"))`` writes for the
 # values ``_check_json`` lets through, several times faster (same float text: the shortest that
 # reads back as the same float). It would also accept what JSON must not carry here (NaN as
