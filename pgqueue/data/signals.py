@@ -23,7 +23,7 @@ def lock_state(db: SessionOrExecutor, job_id: int) -> JobState | None:
 def send(db: SessionOrExecutor, job_id: int, name: str, payload: str) -> bool:
     """Store signal ``name`` (``payload``: JSON text) of job ``job_id`` and wake the job if it
     waits for it; False when a signal of that name was stored already (nothing changes)."""
-    params = {"job_id": job_id, "name": name, "payload": payload}
+    params = {"target": job_id, "name": name, "payload": payload}
     return bool(executor_for(db).rows(signals_sql.send_signal(), params))
 
 

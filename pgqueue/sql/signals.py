@@ -61,10 +61,11 @@ def lock_for_signal() -> Select[JobState]:
 
 @cache
 def send_signal() -> Select[str]:
-    """Store signal ``name`` of job ``job_id`` with ``payload`` (JSON text), unless one of that
+    """Store signal ``name`` of job ``target`` with ``payload`` (JSON text), unless one of that
     name is stored already; when it is stored and the job is suspended waiting for it, move the
     job's ticket to now and wake idle workers. Returns the name when stored, no row otherwise."""
-    job_id = bindparam("job_id", type_=BigInteger)
+    # Bound as ``target``, not ``job_id``: an UPDATE would SET the column a bind is named after.
+    job_id = bindparam("target", type_=BigInteger)
     name = bindparam("name", type_=Text)
     stored = (
         insert(JobSignal)
