@@ -253,11 +253,11 @@ class PgQueue:
     def _checked_signal(self, job_id: int, name: str, payload: Any) -> tuple[int, str, str]:
         checked_id = check_job_id(job_id)
         checked_name = signal_name(name)
-        encoded = validation.encode_payload(
+        encoded = validation.encode_result(
             payload,
-            f"payload of signal {checked_name!r}",
             max_bytes=self.settings.max_payload_bytes,
             max_depth=self.settings.max_json_depth,
+            what=f"payload of signal {checked_name!r}",
         )
         return checked_id, checked_name, encoded
 
