@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import URL
 from test_explain import explain_lines
 from test_least_privilege import app_role, as_role  # noqa: F401  (app_role: a fixture)
@@ -33,10 +33,12 @@ from pgqueue import (
     SignalTimeout,
     ValidationError,
     Worker,
+    migrations,
 )
 from pgqueue.data import claim as claim_data
 from pgqueue.data import outcomes as outcomes_data
 from pgqueue.data.claim import LimitsSeen
+from pgqueue.errors import DowngradeLosesData
 from pgqueue.jobs import Outcome
 from pgqueue.testing import table_counts
 
@@ -394,3 +396,52 @@ def test_sleep_and_signal_with_dml_rights_only(
         assert (done.state, done.result, done.attempts) == (JobState.SUCCEEDED, "ok", 1)
     finally:
         pgq.dispose()
+
+
+def test_migration_0021_goes_both_ways_with_jobs_and_signals_present(
+    empty_database_url: URL,
+) -> None:
+    engine = create_engine(empty_database_url)
+    pgq = PgQueue(
+        empty_database_url.render_as_string(hide_password=False),
+        settings=Settings(poll_interval=0.1),
+    )
+
+    @pgq.task(name="m.waits", pass_context=True)
+    def waits(ctx: JobContext) -> Any:
+        return ctx.wait_for_signal("go", timeout=3600)
+
+    @pgq.task(name="m.plain")
+    def plain(n: int) -> int:
+        return n
+
+    try:
+        with engine.begin() as connection:
+            migrations.upgrade(connection, "pgqueue_0020")
+        before = [plain.enqueue(n) for n in range(3)]
+        with engine.begin() as connection:
+            migrations.upgrade(connection, "pgqueue_0021")
+        waiting = waits.enqueue()
+        with running_worker(pgq):
+            wait_until(lambda: suspended(pgq, waiting), "the job waits for its signal")
+        assert pgq.signal(waiting, "go", 1) is True
+        # The signal and the suspension are data a downgrade would drop: refused unless asked.
+        with (
+            engine.begin() as connection,
+            pytest.raises(DowngradeLosesData, match="pgqueue_job_signals"),
+        ):
+            migrations.downgrade(connection, "pgqueue_0020", refuse_data_loss=True)
+        with engine.begin() as connection:
+            migrations.downgrade(connection, "pgqueue_0020")
+            tables = set(inspect(connection).get_table_names())
+            assert not {"pgqueue_job_signals", "pgqueue_job_suspensions"} & tables
+            migrations.upgrade(connection)
+        pgq.run_worker(drain=True)
+        assert [pgq.get_job(i).result for i in before] == [0, 1, 2]
+        # Its signal went with the downgrade; sent again, it still resumes the job.
+        assert pgq.signal(waiting, "go", 2) is True
+        with running_worker(pgq):
+            assert pgq.wait_for(waiting, timeout=WAIT).result == 2
+    finally:
+        pgq.dispose()
+        engine.dispose()
