@@ -115,6 +115,8 @@ def test_sleep_frees_the_slot_resumes_later_and_uses_no_attempt(pgq: PgQueue) ->
     def quick() -> None:
         order.append("quick ran")
 
+    # The queue's limit of one running job is given back too, not only the worker's slot.
+    pgq.set_queue_limit("default", 1)
     started = time.monotonic()
     job_id = sleeper.enqueue()
     with running_worker(pgq, concurrency=1) as worker:
@@ -169,6 +171,20 @@ def test_signal_wakes_a_waiting_job_with_its_payload(pgq: PgQueue, database_url:
     assert done.state is JobState.SUCCEEDED
     assert done.result == {"order": 7, "decision": {"by": "ana"}}
     assert (done.attempts, runs) == (1, [1, 1])
+
+
+def test_an_async_handler_waits_and_resumes_with_asignal(pgq: PgQueue) -> None:
+    @pgq.task(name="async_waits", pass_context=True, max_attempts=1)
+    async def async_waits(ctx: JobContext) -> Any:
+        await asyncio.sleep(0)
+        return ctx.wait_for_signal("go", timeout=3600)
+
+    job_id = async_waits.enqueue()
+    with running_worker(pgq):
+        wait_until(lambda: suspended(pgq, job_id), "the async handler waits for its signal")
+        assert asyncio.run(pgq.asignal(job_id, "go", [1, 2])) is True
+        done = pgq.wait_for(job_id, timeout=WAIT)
+    assert (done.state, done.result, done.attempts) == (JobState.SUCCEEDED, [1, 2], 1)
 
 
 def test_a_signal_sent_before_the_wait_is_returned_at_once_and_the_first_one_wins(
@@ -342,11 +358,7 @@ def test_bad_signals_are_refused_before_anything_is_written(pgq: PgQueue) -> Non
     assert signal_rows(pgq.engine) == 0
 
 
-def test_asignal_and_bad_waits(pgq: PgQueue) -> None:
-    @pgq.task(name="async_target", pass_context=True, max_attempts=1)
-    async def async_target(ctx: JobContext) -> Any:
-        return ctx.wait_for_signal("go", timeout=60)
-
+def test_bad_waits_fail_the_attempt_naming_the_problem(pgq: PgQueue) -> None:
     @pgq.task(name="bad_wait", pass_context=True, max_attempts=1)
     def bad_wait(ctx: JobContext) -> None:
         ctx.wait_for_signal("", timeout=60)
@@ -359,11 +371,8 @@ def test_asignal_and_bad_waits(pgq: PgQueue) -> None:
     def reserved_step(ctx: JobContext) -> None:
         ctx.step("pgqueue:sleep:1", lambda: None)
 
-    job_id = async_target.enqueue()
-    assert asyncio.run(pgq.asignal(job_id, "go", [1, 2])) is True
     others = [bad_wait.enqueue(), atomic_sleep.enqueue(), reserved_step.enqueue()]
     pgq.run_worker(drain=True, concurrency=1)
-    assert pgq.get_job(job_id).result == [1, 2]
     errors = [pgq.get_job(other).last_error or "" for other in others]
     assert "signal name must not be empty" in errors[0]
     assert "ctx.sleep in atomic task 'atomic_sleep'" in errors[1]
