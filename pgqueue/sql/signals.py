@@ -77,14 +77,24 @@ def send_signal() -> Select[str]:
     waiting = exists(
         select(JobSuspension.job_id).where(*_current(job_id), JobSuspension.signal == name)
     )
-    woke = (
-        update(MessageQueue)
+    # SKIP LOCKED: a ticket locked now is being claimed (its deadline came) or cancelled, and
+    # waiting for it while holding the job's row could deadlock with that claim or cancel,
+    # which take the ticket first and the job's row next. A claimed job's handler reads the
+    # signal once this transaction ends (the claim waits for the job's row).
+    ticket = (
+        select(MessageQueue.job_id)
         .where(
             MessageQueue.job_id == job_id,
             MessageQueue.run_at > func.now(),
             waiting,
             exists(select(stored.c.name)),
         )
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    woke = (
+        update(MessageQueue)
+        .where(MessageQueue.job_id == ticket)
         .values(run_at=func.now())
         .returning(MessageQueue.queue, MessageQueue.run_at)
         .cte("signal_wake")
