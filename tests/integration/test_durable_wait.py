@@ -296,6 +296,12 @@ def test_a_suspended_job_can_be_cancelled(pgq: PgQueue) -> None:
     with running_worker(pgq, concurrency=2):
         for job_id in ids:
             wait_until(lambda job_id=job_id: suspended(pgq, job_id), "the job is suspended")
+        [sleeping_blocker] = [
+            b for b in pgq.explain_job(ids[1]).blockers if b.kind.value == "suspended"
+        ]
+        assert sleeping_blocker.message.startswith("sleeping (ctx.sleep) until ")
+        assert sleeping_blocker.data["signal"] is None
+        assert 3500 < sleeping_blocker.data["seconds"] <= 3600
         for job_id in ids:
             assert pgq.cancel_job(job_id) is JobState.CANCELLED
     assert {pgq.get_job(job_id).state for job_id in ids} == {JobState.CANCELLED}
@@ -367,16 +373,27 @@ def test_bad_waits_fail_the_attempt_naming_the_problem(pgq: PgQueue) -> None:
     def atomic_sleep(ctx: JobContext) -> None:
         ctx.sleep(1)
 
+    @pgq.task(name="negative_sleep", pass_context=True, max_attempts=1)
+    def negative_sleep(ctx: JobContext) -> None:
+        ctx.sleep(-1)
+
     @pgq.task(name="reserved_step", pass_context=True, max_attempts=1)
     def reserved_step(ctx: JobContext) -> None:
         ctx.step("pgqueue:sleep:1", lambda: None)
 
-    others = [bad_wait.enqueue(), atomic_sleep.enqueue(), reserved_step.enqueue()]
+    others = [
+        bad_wait.enqueue(),
+        atomic_sleep.enqueue(),
+        reserved_step.enqueue(),
+        negative_sleep.enqueue(),
+    ]
     pgq.run_worker(drain=True, concurrency=1)
     errors = [pgq.get_job(other).last_error or "" for other in others]
     assert "signal name must not be empty" in errors[0]
     assert "ctx.sleep in atomic task 'atomic_sleep'" in errors[1]
     assert "starts with 'pgqueue:'" in errors[2]
+    assert "sleep must be a finite, non-negative number of seconds, got -1" in errors[3]
+    assert {pgq.get_job(other).state for other in others} == {JobState.FAILED}
 
 
 def test_sleep_and_signal_with_dml_rights_only(
