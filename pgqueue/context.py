@@ -1,7 +1,7 @@
 """What a running handler gets and may raise: ``JobContext`` (its job, session, progress,
-cancellation, durable steps, durable sleep and signals) and the exceptions that end an attempt without being a fault of
-the code, ``Retry`` ("try again, counting an attempt") and ``Snooze`` ("come back later", not
-counting one).
+cancellation, durable steps, durable sleep and signals) and the exceptions that end an attempt
+without being a fault of the code, ``Retry`` ("try again, counting an attempt") and ``Snooze``
+("come back later", not counting one).
 
 The worker's executor builds the context and turns these exceptions into the attempt's outcome;
 handlers import them from ``pgqueue``.

@@ -17,9 +17,10 @@ The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded trans
     snooze       RUNNING            -> QUEUED      lease checked, ticket at now()+delay, attempt not
                                                    counted, snoozes + 1 (past the ``max_snoozes``
                                                    setting the same statement writes retry or fail)
-    suspend      RUNNING            -> QUEUED      lease checked, the handler called ``ctx.sleep`` or
-                                                   ``ctx.wait_for_signal``: ticket at its wake time
-                                                   (a signal moves it to now), attempt not counted
+    suspend      RUNNING            -> QUEUED      lease checked, ``ctx.sleep`` or
+                                                   ``ctx.wait_for_signal``: ticket at the wake
+                                                   time (a signal moves it to now), attempt not
+                                                   counted
     rescue       RUNNING            -> RETRYING    lease expired (database clock); ticket now
     rescue_fail  RUNNING            -> FAILED      lease expired and attempts exhausted
     cancel       QUEUED, RETRYING,  -> CANCELLED   ticket deleted (running jobs get a flag instead)

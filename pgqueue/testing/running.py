@@ -63,8 +63,8 @@ def _attempts_of(
 ) -> list[JobRun]:
     """``outcomes`` (in the order written) as runs, each with the attempt it ran as, counted
     back from each job's attempt count now over the outcomes that used one: a release, a
-    suspension and a snooze within ``max_snoozes`` give their attempt back (the next run has the same number);
-    a snooze past it counts as a failed attempt (RETRYING, or FAILED on the last one)."""
+    suspension and a snooze within ``max_snoozes`` give their attempt back (the next run has
+    the same number); a snooze past it counts as a failed attempt (RETRYING, or FAILED on the last one)."""
     snoozes_here = Counter(o.job_id for o in outcomes if o.kind is OutcomeKind.SNOOZE)
     snoozed = {job_id: job.snoozes - snoozes_here[job_id] for job_id, job in jobs.items()}
     used: list[bool] = []
