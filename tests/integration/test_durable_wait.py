@@ -40,7 +40,7 @@ from pgqueue.data import outcomes as outcomes_data
 from pgqueue.data.claim import LimitsSeen
 from pgqueue.errors import DowngradeLosesData
 from pgqueue.jobs import Outcome
-from pgqueue.testing import table_counts
+from pgqueue.testing import immediate, table_counts
 
 WAIT = 30.0
 
@@ -471,3 +471,27 @@ def test_migration_0021_goes_both_ways_with_jobs_and_signals_present(
     finally:
         pgq.dispose()
         engine.dispose()
+
+
+def test_immediate_mode_leaves_a_suspended_job_for_a_worker(pgq: PgQueue) -> None:
+    @pgq.task(name="im.waits", pass_context=True)
+    def waits(ctx: JobContext) -> Any:
+        return ctx.wait_for_signal("go", timeout=3600)
+
+    done = threading.Event()
+    modes: list[Any] = []
+
+    def run() -> None:
+        with immediate(pgq) as mode:
+            modes.append(mode)
+            waits.enqueue()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(WAIT), "immediate mode kept running the suspended job"
+    [run_record] = modes[0].runs
+    assert (run_record.state, run_record.attempt) == (JobState.QUEUED, 1)
+    assert suspended(pgq, run_record.job_id)
+    assert pgq.signal(run_record.job_id, "go", "later") is True
+    with running_worker(pgq):
+        assert pgq.wait_for(run_record.job_id, timeout=WAIT).result == "later"
