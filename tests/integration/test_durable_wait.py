@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -495,3 +496,26 @@ def test_immediate_mode_leaves_a_suspended_job_for_a_worker(pgq: PgQueue) -> Non
     assert pgq.signal(run_record.job_id, "go", "later") is True
     with running_worker(pgq):
         assert pgq.wait_for(run_record.job_id, timeout=WAIT).result == "later"
+
+
+def test_a_signal_never_waits_for_a_ticket_another_transaction_holds(pgq: PgQueue) -> None:
+    """A claim or a cancel takes the ticket first and the job's row next; the signal holds the
+    job's row, so waiting for the ticket could deadlock. It skips a held ticket instead: the
+    payload is stored, and the job's run (here: at its deadline) returns it."""
+
+    @pgq.task(name="held_ticket", pass_context=True)
+    def held_ticket(ctx: JobContext) -> Any:
+        return ctx.wait_for_signal("go", timeout=3)
+
+    job_id = held_ticket.enqueue()
+    with running_worker(pgq):
+        wait_until(lambda: suspended(pgq, job_id), "the job waits for its signal")
+        with pgq.engine.connect() as holder, holder.begin():
+            holder.execute(
+                text("SELECT 1 FROM pgqueue_message_queue WHERE job_id = :id FOR UPDATE"),
+                {"id": job_id},
+            )
+            with ThreadPoolExecutor(1) as pool:
+                sent = pool.submit(pgq.signal, job_id, "go", "held")
+                assert sent.result(timeout=10) is True
+        assert pgq.wait_for(job_id, timeout=WAIT).result == "held"
