@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         PgQueueError,
         QueueFull,
         SerializationError,
+        SignalTimeout,
         UnknownTask,
         ValidationError,
     )
@@ -53,6 +54,7 @@ _MODULE_OF = {
     "Retry": "pgqueue.context",
     "SerializationError": "pgqueue.errors",
     "Settings": "pgqueue.config",
+    "SignalTimeout": "pgqueue.errors",
     "Snooze": "pgqueue.context",
     "Task": "pgqueue.tasks",
     "UnknownTask": "pgqueue.errors",
@@ -95,6 +97,7 @@ __all__ = [
     "Retry",
     "SerializationError",
     "Settings",
+    "SignalTimeout",
     "Snooze",
     "Task",
     "UnknownTask",

@@ -1,7 +1,7 @@
 """What a running handler gets and may raise: ``JobContext`` (its job, session, progress,
-cancellation and durable steps) and the exceptions that end an attempt without being a fault of
-the code, ``Retry`` ("try again, counting an attempt") and ``Snooze`` ("come back later", not
-counting one).
+cancellation, durable steps, durable sleep and signals) and the exceptions that end an attempt
+without being a fault of the code, ``Retry`` ("try again, counting an attempt") and ``Snooze``
+("come back later", not counting one).
 
 The worker's executor builds the context and turns these exceptions into the attempt's outcome;
 handlers import them from ``pgqueue``.
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec
 
 from sqlalchemy.orm import Session
 
-from pgqueue import steps, validation
+from pgqueue import steps, suspension, validation
 from pgqueue.errors import ValidationError
 from pgqueue.jobs import Progress
 
@@ -108,6 +108,7 @@ class JobContext:
         self._atomic = atomic
         self._settings = settings
         self._steps: steps.AttemptSteps | None = None
+        self._sleeps = 0  # ``ctx.sleep`` calls of this run: the n-th is step pgqueue:sleep:<n>
 
     @property
     def session(self) -> Session:
@@ -163,6 +164,51 @@ class JobContext:
         coroutine function's), and reads and saves off the event loop."""
         call = functools.partial(fn, *args, **kwargs)
         return await steps.arun_step(self._attempt_steps(), name, call)
+
+    # -- durable sleep and signals ---------------------------------------------------------
+
+    def sleep(self, seconds: float | dt.timedelta) -> None:
+        """Suspend the job for ``seconds`` (a number or a ``timedelta``), durably: this run of
+        the handler ends here, the job goes back to its queue (QUEUED, holding no worker slot
+        and no lease, no attempt used) and runs again once the time has come, from the top.
+        That run's ``ctx.sleep`` returns at once, and its ``ctx.step`` calls return their saved
+        results: code before a sleep that must not run twice goes in ``ctx.step``.
+
+        Sleeps are told apart by their order in the run (the n-th ``sleep`` call is the n-th
+        sleep), so a handler must reach them in the same order every run. Leased tasks only
+        (``ValidationError`` in an atomic one, or outside a worker). Writes made in
+        ``ctx.session`` before it are rolled back, as for any run that does not return.
+        """
+        checked = validation.seconds(seconds, "sleep")
+        self._sleeps += 1
+        suspension.sleep(self._suspendable("sleep"), self._sleeps, checked)
+
+    def wait_for_signal(self, name: str, *, timeout: float | dt.timedelta) -> Any:
+        """The payload of signal ``name`` sent to this job (``pgq.signal(job_id, name,
+        payload)``), waiting for it durably: until it arrives the job is suspended as by
+        ``sleep`` (no slot, no lease, no attempt), and the signal wakes it. A signal sent
+        before the wait is returned at once; every later run of the handler gets the same
+        payload back (each signal name is delivered once per job: wait for it once).
+
+        Raises ``pgqueue.SignalTimeout`` when no signal ``name`` was stored within ``timeout``
+        seconds (a number or a ``timedelta``, required) of the wait's start, database clock;
+        the handler may catch it, and uncaught it fails the attempt like any exception.
+        Leased tasks only (``ValidationError`` in an atomic one, or outside a worker).
+        """
+        checked_name = suspension.signal_name(name)
+        checked = validation.seconds(timeout, "wait_for_signal timeout")
+        return suspension.wait_for_signal(
+            self._suspendable("wait_for_signal"), checked_name, checked
+        )
+
+    def _suspendable(self, call: str) -> steps.AttemptSteps:
+        if self._atomic:
+            raise ValidationError(
+                f"ctx.{call} in atomic task {self.task_name!r}: an atomic job runs inside the "
+                "transaction that claimed it, which cannot stay open across a suspension; make "
+                "the task leased (atomic=False)"
+            )
+        return self._attempt_steps()
 
     def step_key(self, name: str) -> str:
         """The idempotency key of step ``name`` of this job, to pass to external APIs (e.g. as

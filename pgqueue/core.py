@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import uow
+from pgqueue import uow, validation
 from pgqueue.admin import Admin, KeyOverride, check_job_id
 from pgqueue.admin_values import queue_controls_of
 from pgqueue.aio import AsyncDatabase, check_async_session
@@ -28,6 +28,7 @@ from pgqueue.config import Settings
 from pgqueue.data import admin as admin_data
 from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
+from pgqueue.data import signals as signals_data
 from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen
 from pgqueue.db import ConnectionExecutor, Database
 from pgqueue.engines import Engines
@@ -38,6 +39,7 @@ from pgqueue.jobs import NewJob
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
 from pgqueue.states import JobState
+from pgqueue.suspension import signal_name
 from pgqueue.tasks import Task, TaskOptions, TaskRegistry, task_name_for
 from pgqueue.tracing import Tracing, tracing_for
 from pgqueue.waiting import JobWaiter
@@ -215,6 +217,49 @@ class PgQueue:
         handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried).
         """
         return self.admin.cancel_job(job_id, session=session)
+
+    def signal(
+        self, job_id: int, name: str, payload: Any = None, *, session: Session | None = None
+    ) -> bool:
+        """Send signal ``name`` with ``payload`` (JSON; None by default) to job ``job_id``: it
+        is stored durably, and the job, if suspended in ``ctx.wait_for_signal(name)``, is woken
+        (an idle worker picks it up at once). A signal sent before the job reaches that wait is
+        kept, and the wait returns it at once.
+
+        In ``session``'s transaction when given (a rollback sends nothing), else in one of its
+        own. Returns True when stored, False when a signal of that name was stored for the
+        job already: the first one is kept and the later one ignored. Raises JobNotFound when
+        there is no such job, InvalidStateTransition when it has finished, and
+        ValidationError (a ``ValueError``) for a bad job id or name or a payload that is not
+        JSON or is larger than the ``max_payload_bytes`` setting, before anything is written.
+        The job's row stays locked until the transaction ends, as for ``cancel_job``.
+        """
+        job_id, name, encoded = self._checked_signal(job_id, name, payload)
+        return uow.in_caller_or_own_transaction(
+            session, self.sessions, lambda s: signals_data.signal_job(s, job_id, name, encoded)
+        )
+
+    async def asignal(
+        self, job_id: int, name: str, payload: Any = None, *, session: AsyncSession | None = None
+    ) -> bool:
+        """``signal`` for asyncio (in ``session``'s transaction when given)."""
+        job_id, name, encoded = self._checked_signal(job_id, name, payload)
+        session = check_async_session(session)
+        database = await self._engines.running_async_database()
+        return await database.in_caller_or_own_session(
+            session, lambda s: signals_data.signal_job(s, job_id, name, encoded)
+        )
+
+    def _checked_signal(self, job_id: int, name: str, payload: Any) -> tuple[int, str, str]:
+        checked_id = check_job_id(job_id)
+        checked_name = signal_name(name)
+        encoded = validation.encode_result(
+            payload,
+            max_bytes=self.settings.max_payload_bytes,
+            max_depth=self.settings.max_json_depth,
+            what=f"payload of signal {checked_name!r}",
+        )
+        return checked_id, checked_name, encoded
 
     # -- waiting for a job to finish (``pgqueue.waiting``) -----------------------------------
 

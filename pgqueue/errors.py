@@ -33,6 +33,7 @@ __all__ = [
     "SchemaNotCurrent",
     "SchemaRecordedElsewhere",
     "SerializationError",
+    "SignalTimeout",
     "UnknownRevision",
     "UnknownTask",
     "ValidationError",
@@ -100,6 +101,20 @@ class JobWaitTimeout(PgQueueError, TimeoutError):
         super().__init__(f"job {job_id} did not finish within {timeout:g} s; it is still {state}")
         self.job_id = job_id
         self.state = state
+        self.timeout = timeout
+
+
+class SignalTimeout(PgQueueError, TimeoutError):
+    """Raised by ``ctx.wait_for_signal(name, timeout=...)`` in the handler when no signal
+    ``name`` reached the job within ``timeout`` seconds of the wait's start (database clock).
+
+    ``job_id``, ``signal`` and ``timeout`` say which job waited, for what and how long. The
+    handler may catch it; uncaught, it fails the attempt like any other exception."""
+
+    def __init__(self, job_id: int, signal: str, timeout: float) -> None:
+        super().__init__(f"job {job_id} waited {timeout:g} s for signal {signal!r}")
+        self.job_id = job_id
+        self.signal = signal
         self.timeout = timeout
 
 

@@ -17,13 +17,14 @@ from pgqueue.states import OutcomeKind
 
 # Bound once: the constructors below run once per job, and an enum member looked up on its
 # class costs a lookup each time.
-_COMPLETE, _RETRY, _FAIL, _CANCELLED, _RELEASE, _SNOOZE = (
+_COMPLETE, _RETRY, _FAIL, _CANCELLED, _RELEASE, _SNOOZE, _SUSPEND = (
     OutcomeKind.COMPLETE,
     OutcomeKind.RETRY,
     OutcomeKind.FAIL,
     OutcomeKind.CANCELLED,
     OutcomeKind.RELEASE,
     OutcomeKind.SNOOZE,
+    OutcomeKind.SUSPEND,
 )
 
 # What a handler reported with ``JobContext.progress``: the fraction done and a message.
@@ -121,6 +122,9 @@ class Outcome:
     max_snoozes: int = 0  # a snooze's: how many the job may have before one counts as an attempt
     progress: Progress | None = None
     keyed: bool = True  # the job may have a concurrency key (``ClaimedJob.keyed``)
+    # A suspension's: its wake time (epoch seconds, database clock) and the awaited signal.
+    wake_at: float = 0.0
+    signal: str | None = None
 
     @classmethod
     def complete(cls, job: ClaimedJob, result_json: str = "null") -> Outcome:
@@ -155,6 +159,15 @@ class Outcome:
         statement writes."""
         return cls(
             job.id, job.lease_token, _SNOOZE, "null", "", delay, max_snoozes, keyed=job.keyed
+        )
+
+    @classmethod
+    def suspend(cls, job: ClaimedJob, wake_at: float, signal: str | None) -> Outcome:
+        """The handler slept (``signal`` None) or waits for ``signal``: the job runs again at
+        ``wake_at`` (epoch seconds, database clock), or when the signal arrives, without
+        using an attempt."""
+        return cls(
+            job.id, job.lease_token, _SUSPEND, keyed=job.keyed, wake_at=wake_at, signal=signal
         )
 
 

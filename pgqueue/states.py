@@ -17,6 +17,10 @@ The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded trans
     snooze       RUNNING            -> QUEUED      lease checked, ticket at now()+delay, attempt not
                                                    counted, snoozes + 1 (past the ``max_snoozes``
                                                    setting the same statement writes retry or fail)
+    suspend      RUNNING            -> QUEUED      lease checked, ``ctx.sleep`` or
+                                                   ``ctx.wait_for_signal``: ticket at the wake
+                                                   time (a signal moves it to now), attempt not
+                                                   counted
     rescue       RUNNING            -> RETRYING    lease expired (database clock); ticket now
     rescue_fail  RUNNING            -> FAILED      lease expired and attempts exhausted
     cancel       QUEUED, RETRYING,  -> CANCELLED   ticket deleted (running jobs get a flag instead)
@@ -99,6 +103,7 @@ FAIL: Final = _t("fail", {JobState.RUNNING}, JobState.FAILED, lease=True)
 CANCELLED: Final = _t("cancelled", {JobState.RUNNING}, JobState.CANCELLED, lease=True)
 RELEASE: Final = _t("release", {JobState.RUNNING}, JobState.QUEUED, lease=True)
 SNOOZE: Final = _t("snooze", {JobState.RUNNING}, JobState.QUEUED, lease=True)
+SUSPEND: Final = _t("suspend", {JobState.RUNNING}, JobState.QUEUED, lease=True)
 RESCUE: Final = _t("rescue", {JobState.RUNNING}, JobState.RETRYING, lease=False)
 RESCUE_FAIL: Final = _t("rescue_fail", {JobState.RUNNING}, JobState.FAILED, lease=False)
 CANCEL: Final = _t(
@@ -121,6 +126,7 @@ TRANSITIONS: Final[dict[str, Transition]] = {
         CANCELLED,
         RELEASE,
         SNOOZE,
+        SUSPEND,
         RESCUE,
         RESCUE_FAIL,
         CANCEL,
@@ -148,6 +154,7 @@ class OutcomeKind(enum.StrEnum):
     CANCELLED = "cancelled"
     RELEASE = "release"
     SNOOZE = "snooze"
+    SUSPEND = "suspend"
 
     @property
     def transition(self) -> Transition:

@@ -23,17 +23,30 @@ import threading
 import unicodedata
 import uuid
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from sqlalchemy.orm import Session, SessionTransaction
 
 from pgqueue import uow, validation
 from pgqueue.data import steps as steps_data
+from pgqueue.db import Executor
 from pgqueue.errors import ValidationError
 
-__all__ = ["STEP_NAME_MAX", "AttemptSteps", "arun_step", "run_step", "step_key", "step_name"]
+__all__ = [
+    "RESERVED_PREFIX",
+    "STEP_NAME_MAX",
+    "AttemptSteps",
+    "arun_step",
+    "run_step",
+    "step_key",
+    "step_name",
+]
 
 STEP_NAME_MAX: Final = 200
+# The names of the steps pgqueue saves itself (``pgqueue.suspension``) begin with it; a
+# handler's own step names may not.
+RESERVED_PREFIX: Final = "pgqueue:"
+T = TypeVar("T")
 # Fixed forever: step keys derive from it, and a key must never change for a saved step.
 _KEY_NAMESPACE: Final = uuid.UUID("5b0f3c1e-8d2a-4f6e-9a47-3c8e2d1b7f60")
 
@@ -51,6 +64,11 @@ def step_name(value: object) -> str:
         )
     if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
         raise ValidationError(f"step name {value!r} has control characters or lone surrogates")
+    if value.startswith(RESERVED_PREFIX):
+        raise ValidationError(
+            f"step name {value!r} starts with {RESERVED_PREFIX!r}, which pgqueue keeps for the "
+            "steps of ctx.sleep and ctx.wait_for_signal"
+        )
     return value
 
 
@@ -96,11 +114,12 @@ class AttemptSteps:
         self._running: str | None = None
         self._savepoint: SessionTransaction | None = None
 
-    def start(self, name: object) -> tuple[bool, Any]:
+    def start(self, name: object, *, internal: bool = False) -> tuple[bool, Any]:
         """Begin step ``name``: ``(True, saved result)`` when an earlier attempt completed it
         (nothing to run), else ``(False, None)``, and the caller runs the step and then calls
-        ``finish`` (or ``abandon`` when it raised)."""
-        name = step_name(name)
+        ``finish`` (or ``abandon`` when it raised). ``internal``: a name pgqueue built (under
+        ``RESERVED_PREFIX``, from checked parts), taken as it is."""
+        name = str(name) if internal else step_name(name)
         with self._lock:
             if self._running is not None:
                 raise ValidationError(
@@ -156,6 +175,11 @@ class AttemptSteps:
                 savepoint.rollback()
         finally:
             self._running = None
+
+    def read(self, work: Callable[[Executor], T]) -> T:
+        """``work(executor)`` where this attempt's steps read: in a short transaction apart
+        from the handler's session (leased jobs only; see ``pgqueue.suspension``)."""
+        return uow.apart_from(self._session(), work)
 
     def _done(self, name: str) -> None:
         self._completed.add(name)

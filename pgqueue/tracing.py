@@ -55,6 +55,7 @@ OUTCOME_LABELS: Final = {
     OutcomeKind.CANCELLED: CANCELLED,
     OutcomeKind.RELEASE: "released",
     OutcomeKind.SNOOZE: "snoozed",
+    OutcomeKind.SUSPEND: "suspended",
 }
 # Attempts that failed: their span's status is ERROR. A cancelled attempt did what an operator
 # asked; its outcome attribute says so.

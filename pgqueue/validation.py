@@ -326,12 +326,12 @@ def _encode_flat_args(
     )
 
 
-def encode_result(value: Any, *, max_bytes: int, max_depth: int) -> str:
-    """JSON text of a handler's return value (same rules as arguments)."""
-    _check_json(value, "result", max_depth)
+def encode_result(value: Any, *, max_bytes: int, max_depth: int, what: str = "") -> str:
+    """JSON text of a handler's return value, or of what ``what`` names (same rules as args)."""
+    _check_json(value, what or "result", max_depth)
     data = _encode_checked(value)
     if len(data) > max_bytes:
-        raise PayloadTooLarge(f"task result is larger than {max_bytes} bytes encoded")
+        raise PayloadTooLarge(f"{what or 'task result'} is larger than {max_bytes} bytes encoded")
     return data.decode()
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pgqueue.data import dependencies
+from pgqueue.data import signals as signals_data
 from pgqueue.data.workers import worker_params
 from pgqueue.db import SessionOrExecutor, executor_for
 from pgqueue.jobs import Outcome, Progress, WorkerEntry
@@ -25,6 +26,7 @@ _OUTCOME_STATEMENTS = {
     OutcomeKind.CANCELLED: outcome_sql.mark_cancelled,
     OutcomeKind.RELEASE: outcome_sql.release,
     OutcomeKind.SNOOZE: outcome_sql.snooze,
+    OutcomeKind.SUSPEND: outcome_sql.suspend,
 }
 
 
@@ -71,6 +73,11 @@ def record_outcomes(
         if len(rows) != len(batch):
             done = {row[0] for row in rows}
             lost.update(o.job_id for o in batch if o.job_id not in done)
+        if kind is OutcomeKind.SUSPEND and any(o.signal is not None for o in batch):
+            # A signal committed while the handler ran found the job RUNNING and woke nothing:
+            # this statement, after the suspension took the jobs' row locks, sees it.
+            waiting = [o.job_id for o in batch if o.signal is not None]
+            signals_data.wake_signalled(ex, waiting)
     if ended:
         dependencies.settle(ex, ended)
     return lost
@@ -97,6 +104,9 @@ def _outcome_params(kind: OutcomeKind, batch: Sequence[Outcome]) -> dict[str, An
     elif kind == OutcomeKind.SNOOZE:
         params["delays"] = [o.delay for o in batch]
         params["max_snoozes"] = [o.max_snoozes for o in batch]
+    elif kind == OutcomeKind.SUSPEND:
+        params["wake_ats"] = [o.wake_at for o in batch]
+        params["signals"] = [o.signal for o in batch]
     return params
 
 

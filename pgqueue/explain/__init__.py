@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from pgqueue.data import explain as explain_data
+from pgqueue.data import signals as signals_data
 from pgqueue.data import workers as workers_data
 from pgqueue.db import Executor, executor_for
 from pgqueue.errors import JobNotFound
@@ -88,6 +89,9 @@ def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobEx
             task_registered = explain_data.task_registered(
                 db, job.queue, job.task_name, stale_seconds
             )
+    suspension = None
+    if state is JobState.QUEUED:
+        suspension = signals_data.suspension(db, job.id)
     bound = None
     key: Any = None
     key_running: list[int] = []
@@ -111,6 +115,7 @@ def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobEx
         key_running_ids=key_running,
         queue_rate=queue_rate,
         task_registered=task_registered,
+        suspension=suspension,
     )
     return explanation(facts)
 
@@ -158,7 +163,9 @@ def _waiting_blockers(facts: JobFacts, state: JobState) -> list[Blocker]:
     if state is JobState.WAITING:
         blockers.append(sentences.dependencies(job, facts.dependencies))
     run_at = job.ticket_run_at if job.has_ticket else job.run_at
-    if run_at > job.now:
+    if facts.suspension is not None and run_at > job.now:
+        blockers.append(sentences.suspended(facts.suspension, job.now))
+    elif run_at > job.now:
         blockers.append(sentences.scheduled(job, state, run_at, job.now))
     if job.paused:
         blockers.append(sentences.paused(job))

@@ -39,6 +39,34 @@ def scheduled(job: Any, state: JobState, run_at: dt.datetime, now: dt.datetime) 
     )
 
 
+def suspended(suspension: Any, now: dt.datetime) -> Blocker:
+    """A job its handler suspended (``ctx.sleep``, ``ctx.wait_for_signal``)."""
+    signal, wake_at, arrived = suspension
+    when = f"{_when(wake_at)} (in {_duration((wake_at - now).total_seconds())})"
+    if signal is None:
+        message = f"sleeping (ctx.sleep) until {when}"
+    elif arrived:
+        message = (
+            f"signal {signal!r} arrived: the job resumes as soon as a worker claims it "
+            f"(it waited with a deadline of {_when(wake_at)})"
+        )
+    else:
+        message = (
+            f"waiting for signal {signal!r} (ctx.wait_for_signal) until {when}; then it "
+            "resumes and the wait raises SignalTimeout"
+        )
+    return Blocker(
+        BlockerKind.SUSPENDED,
+        message,
+        {
+            "signal": signal,
+            "wake_at": wake_at,
+            "seconds": (wake_at - now).total_seconds(),
+            "arrived": bool(arrived),
+        },
+    )
+
+
 def paused(job: Any) -> Blocker:
     return Blocker(
         BlockerKind.PAUSED,

@@ -34,6 +34,9 @@ class BlockerKind(enum.StrEnum):
     """WAITING for dependencies to succeed (which, and their states)."""
     SCHEDULED = "scheduled"
     """Its ``run_at`` is in the future (when)."""
+    SUSPENDED = "suspended"
+    """Its handler suspended it: ``ctx.sleep`` (until when) or ``ctx.wait_for_signal`` (which
+    signal, until which deadline, and whether the signal has arrived)."""
     PAUSED = "paused"
     """Its queue is paused."""
     AT_LIMIT = "at_limit"
@@ -136,6 +139,9 @@ class JobFacts:
     queue_rate: Any = None
     """The ``sql.flow.queue_rate_facts`` row when the job's queue has a rate limit."""
     task_registered: bool = True
+    suspension: Any = None
+    """The ``sql.signals.suspension`` row (signal, wake time, arrived) of a QUEUED job its
+    handler suspended, None otherwise."""
     """Whether a live worker serving the queue registers the job's task (read when the job
     waits and some live worker serves the queue)."""
 

@@ -27,7 +27,14 @@ from pgqueue.models._control import (
     PeriodicTick,
     QueueControl,
 )
-from pgqueue.models._jobs import UNIQUE_KEY_HELD, Job, JobStep, MessageQueue
+from pgqueue.models._jobs import (
+    UNIQUE_KEY_HELD,
+    Job,
+    JobSignal,
+    JobStep,
+    JobSuspension,
+    MessageQueue,
+)
 from pgqueue.models._records import (
     HISTORY_DEFAULT_PARTITION,
     HISTORY_PARTITION_PREFIX,
@@ -53,7 +60,9 @@ __all__ = [
     "FinishedMinute",
     "Job",
     "JobHistory",
+    "JobSignal",
     "JobStep",
+    "JobSuspension",
     "KeyLimit",
     "MessageQueue",
     "PeriodicTick",

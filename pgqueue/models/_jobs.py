@@ -302,3 +302,54 @@ class JobStep(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     """When the step's result was saved (database clock)."""
+
+
+# --- durable sleep and signals -----------------------------------------------------------------
+
+
+class JobSignal(Base):
+    """A signal sent to a job (``pgq.signal(job_id, name, payload)``): kept until the job is
+    deleted, so a ``ctx.wait_for_signal(name)`` reached after the signal was sent returns it at
+    once, and every later run of the handler gets the same payload back.
+
+    One row per job and name: the first signal of a name is kept, a later one of the same name
+    is refused (``signal`` returns False). The foreign key deletes a job's signals with the job.
+    """
+
+    __tablename__ = "pgqueue_job_signals"
+
+    job_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey(Job.id, ondelete="CASCADE"), primary_key=True
+    )
+    """The job the signal was sent to."""
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    """The signal's name (``wait_for_signal(name)`` waits for it)."""
+    payload: Mapped[Any] = mapped_column(StoredJSON, nullable=False)
+    """The JSON payload sent with it (JSON null when none was given)."""
+    sent_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    """When the signal was stored (database clock)."""
+
+
+class JobSuspension(Base):
+    """What a job's handler last suspended it for (``ctx.sleep``, ``ctx.wait_for_signal``): the
+    signal awaited (null for a sleep) and the wake time its ticket was given.
+
+    Written by the ``suspend`` outcome, in the same statement that moves the job back to
+    QUEUED, with ``suspended_at`` equal to the job's ``updated_at``: the row describes the job
+    only while that still holds (any later change of the job's state moves ``updated_at``), so
+    it is never deleted apart from its job. A signal reads it to know whether to wake the job;
+    ``pgqueue explain`` reads it to say what the job waits for.
+    """
+
+    __tablename__ = "pgqueue_job_suspensions"
+
+    job_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey(Job.id, ondelete="CASCADE"), primary_key=True
+    )
+    """The suspended job."""
+    signal: Mapped[str | None] = mapped_column(Text)
+    """The signal name the job waits for; null when it sleeps."""
+    wake_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    """When the job runs again by itself: the end of its sleep, or its wait's deadline."""
+    suspended_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    """When it was suspended: the ``updated_at`` the suspension wrote on the job."""

@@ -1,6 +1,6 @@
 """Statements that write what became of running jobs, batched over parallel arrays and guarded by
 the lease token (a worker whose lease was lost updates 0 rows): complete, retry, fail, cancelled,
-release, snooze; the heartbeat that extends leases; the lock that orders a batch; and the
+release, snooze, suspend; the heartbeat that extends leases; the lock that orders a batch; and the
 settling of the dependents of jobs that ended.
 
 Each outcome statement and the heartbeat has a second form, ``with_progress=True``, that also
@@ -37,11 +37,12 @@ from sqlalchemy import (
     true,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.elements import TextClause
 
-from pgqueue.models import Job
+from pgqueue.models import Job, JobSuspension
 from pgqueue.sql.common import (
     CLEAR_LEASE,
     OUTCOME_AT,
@@ -66,6 +67,7 @@ from pgqueue.states import (
     RELEASE,
     RETRY,
     SNOOZE,
+    SUSPEND,
     UNBLOCK,
     JobState,
     Transition,
@@ -301,6 +303,52 @@ def snooze(with_progress: bool = False, keyed: bool = True) -> Select[int, list[
         select(updated.c.id, case((ended, updated.c.dependents), else_=null()))
         .add_cte(tickets, *free_slots(updated, keyed))
         .where(woken(tickets), announced(updated, ended))
+    )
+
+
+@cache
+def suspend(with_progress: bool = False, keyed: bool = True) -> Select[int, None]:
+    """RUNNING -> QUEUED for many jobs whose handler called ``ctx.sleep`` or
+    ``ctx.wait_for_signal``: a ticket at the wake time (the end of the sleep, the wait's
+    deadline), the attempt the claim counted given back (``attempts - 1``), no error recorded,
+    and what the job waits for recorded in ``pgqueue_job_suspensions`` (``suspended_at`` equal
+    to the job's new ``updated_at``). Binds ``ids``, ``tokens``, ``wake_ats`` (epoch seconds,
+    database clock), ``signals`` (the awaited signal's name, null for a sleep). Returns the ids
+    updated. ``sql.signals.wake_signalled`` follows it in the same transaction."""
+    rows = _outcome_rows(
+        ("wake_at", "wake_ats", Float), ("signal", "signals", Text), progress=with_progress
+    )
+    updated = (
+        update(Job)
+        .where(_leased(SUSPEND, rows))
+        .values(
+            state=SUSPEND.target,
+            attempts=Job.attempts - 1,
+            run_at=func.to_timestamp(rows.c.wake_at),
+            updated_at=OUTCOME_AT,
+            **CLEAR_LEASE,
+            **_progress_values(rows, with_progress),
+        )
+        .returning(*REQUEUED_OR_ENDED_COLUMNS, Job.updated_at, rows.c.signal)
+        .cte("suspended")
+    )
+    recorded = insert(JobSuspension).from_select(
+        ["job_id", "signal", "wake_at", "suspended_at"],
+        select(updated.c.id, updated.c.signal, updated.c.run_at, updated.c.updated_at),
+    )
+    recorded = recorded.on_conflict_do_update(
+        index_elements=[JobSuspension.job_id],
+        set_={
+            "signal": recorded.excluded.signal,
+            "wake_at": recorded.excluded.wake_at,
+            "suspended_at": recorded.excluded.suspended_at,
+        },
+    )
+    tickets = tickets_for(updated, "suspend_tickets")
+    return (
+        select(updated.c.id, null())
+        .add_cte(tickets, recorded.cte("suspensions"), *free_slots(updated, keyed))
+        .where(woken(tickets))
     )
 
 

@@ -33,6 +33,8 @@ worker would after it: the snooze uses no attempt, and past the ``max_snoozes`` 
 counts as a failed attempt (retried, or failed for good on the last attempt), so a task that
 keeps snoozing ends FAILED after ``max_snoozes`` snoozes and its attempts. With
 ``retries=False`` the job stays QUEUED with its ``run_at`` ``delay`` seconds ahead.
+A job whose handler sleeps or waits for a signal (``ctx.sleep``, ``ctx.wait_for_signal``) is
+left suspended, QUEUED as a worker leaves it: a worker resumes it at its time or signal.
 Handlers' exceptions are recorded on the job, as a worker records them, not raised: assert on
 ``runs`` or on the job. ``async def`` handlers run to completion on an event loop thread while
 the calling thread waits. Task ``timeout``s of ``async def`` handlers hold; a synchronous
@@ -118,6 +120,8 @@ class ImmediateMode:
         overrides = pgq.registry.lease_overrides().values()
         self._lease_seconds = max([pgq.settings.lease_seconds, *overrides])
         self._lock = threading.Lock()
+        # Jobs whose latest run suspended them: not run again at once (see ``_drain``).
+        self._suspended: set[int] = set()
         # Jobs enqueued in a caller's session, run when that session commits.
         self._uncommitted: weakref.WeakKeyDictionary[Session, list[Entry]] = (
             weakref.WeakKeyDictionary()
@@ -247,7 +251,10 @@ class ImmediateMode:
         while ready:
             entry = ready.popleft()
             run = self._attempt(entry)
-            if run is not None and run.state in RUN_AGAIN and self.retries:
+            # A suspended job (``ctx.sleep``, ``ctx.wait_for_signal``) waits for its time or
+            # its signal, which running it again at once would not bring: it is left queued.
+            suspended = run is not None and run.job_id in self._suspended
+            if run is not None and run.state in RUN_AGAIN and self.retries and not suspended:
                 ready.appendleft(entry)
 
     def _attempt(self, entry: Entry) -> JobRun | None:
@@ -303,6 +310,10 @@ class ImmediateMode:
             run = replace(run, state=written.state, error=written.last_error if failed else None)
         with self._lock:
             self.runs.append(run)
+            if outcome.kind is OutcomeKind.SUSPEND:
+                self._suspended.add(job.id)
+            else:
+                self._suspended.discard(job.id)
         return run
 
     def states(self) -> dict[int, JobState]:

@@ -62,9 +62,9 @@ def _attempts_of(
     outcomes: Sequence[Outcome], jobs: Mapping[int, Job], max_snoozes: int
 ) -> list[JobRun]:
     """``outcomes`` (in the order written) as runs, each with the attempt it ran as, counted
-    back from each job's attempt count now over the outcomes that used one: a release and a
-    snooze within ``max_snoozes`` give their attempt back (the next run has the same number);
-    a snooze past it counts as a failed attempt (RETRYING, or FAILED on the last one)."""
+    back from each job's attempt count now over the outcomes that used one: a release, a
+    suspension and a snooze within ``max_snoozes`` give their attempt back (the next run has
+    the same number); a snooze past it counts as a failed attempt (RETRYING, or FAILED on the last one)."""
     snoozes_here = Counter(o.job_id for o in outcomes if o.kind is OutcomeKind.SNOOZE)
     snoozed = {job_id: job.snoozes - snoozes_here[job_id] for job_id, job in jobs.items()}
     used: list[bool] = []
@@ -73,7 +73,7 @@ def _attempts_of(
             snoozed[outcome.job_id] += 1
             used.append(snoozed[outcome.job_id] > max_snoozes)
         else:
-            used.append(outcome.kind is not OutcomeKind.RELEASE)
+            used.append(outcome.kind not in (OutcomeKind.RELEASE, OutcomeKind.SUSPEND))
     remaining = Counter(o.job_id for o, counts in zip(outcomes, used, strict=True) if counts)
     runs = []
     for outcome, counts in zip(outcomes, used, strict=True):

@@ -7,7 +7,8 @@ back. A job of a task the worker does not register is given back unrun
 (``worker.unregistered``). What follows a failed attempt is decided by
 ``backoff.after_failure``. A handler that
 raised ``Snooze`` gets a snooze outcome (its SQL decides whether the job may still snooze for
-free). Progress the handler reported and no heartbeat wrote goes with the outcome.
+free); one that suspended itself (``ctx.sleep``, ``ctx.wait_for_signal``: ``Suspend``) gets a
+suspend outcome. Progress the handler reported and no heartbeat wrote goes with the outcome.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pgqueue.errors import (
 )
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.states import OutcomeKind
+from pgqueue.suspension import Suspend
 from pgqueue.tasks import Task, TaskRegistry
 from pgqueue.tracing import RunSpan, tracing_for
 from pgqueue.worker.execution import Execution
@@ -119,7 +121,7 @@ class Executor:
         except _StartTooLate:
             outcome = self._not_started(job)
         except BaseException as exc:
-            if span is not None:
+            if span is not None and not isinstance(exc, Suspend):
                 span.failed(exc)
             if context is not None and context.session_opened:
                 context.session.rollback()
@@ -328,6 +330,8 @@ class Executor:
             return Outcome.cancelled(job, CANCELLED_WHILE_RUNNING)
         if isinstance(exc, Snooze):
             return self._snoozed(job, exc)
+        if isinstance(exc, Suspend):
+            return Outcome.suspend(job, exc.wake_at, exc.signal)
         delay = exc.delay if isinstance(exc, Retry) else None
         return self._after_failure(job, self._error_text(exc), task=task, delay=delay)
 

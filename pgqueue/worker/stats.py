@@ -30,6 +30,7 @@ _FAIL = OutcomeKind.FAIL
 _CANCELLED = OutcomeKind.CANCELLED
 _RELEASE = OutcomeKind.RELEASE
 _SNOOZE = OutcomeKind.SNOOZE
+_SUSPEND = OutcomeKind.SUSPEND
 
 # The ``outcome`` label of each kind that finishes an attempt (a release does not).
 _FINISHED_LABEL = {
@@ -55,6 +56,7 @@ class WorkerStats:
     cancelled: int = 0
     released: int = 0
     snoozed: int = 0  # written snoozes (one past ``max_snoozes`` counts here, not as retried)
+    suspended: int = 0  # runs that ended in ``ctx.sleep`` or ``ctx.wait_for_signal``
     lost_leases: int = 0
     rescued: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -164,6 +166,8 @@ class OutcomeReport:
             stats.released += 1
         elif kind == _SNOOZE:
             stats.snoozed += 1
+        elif kind == _SUSPEND:
+            stats.suspended += 1
         if self._metrics_on:
             label = _FINISHED_LABEL.get(kind)
             if label is not None:

@@ -314,6 +314,7 @@ def test_each_outcome_kind_names_a_lease_guarded_transition_from_running() -> No
         OutcomeKind.CANCELLED: JobState.CANCELLED,
         OutcomeKind.RELEASE: JobState.QUEUED,
         OutcomeKind.SNOOZE: JobState.QUEUED,
+        OutcomeKind.SUSPEND: JobState.QUEUED,
     }
     for kind in OutcomeKind:
         assert kind.transition.name == kind == kind.value
