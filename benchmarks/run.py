@@ -533,9 +533,11 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
             target,
             None if not waits or target.startswith("(") else waits["p50"] < 10,
         )
+        not_heard = len(waits["after_announcement"].get("not_heard", [])) if waits else 0
         add(
-            f"{name} p50 after a bare LISTEN client heard the job end",
-            waits and waits["after_announcement"]["p50"],
+            f"{name} p50 after a bare LISTEN client heard the job end"
+            + (f" ({not_heard} ends it never heard)" if not_heard else ""),
+            waits and waits["after_announcement"].get("p50"),
             None,
             "ms",
             "(informative)",

@@ -514,12 +514,19 @@ def await_pgqueue(server: Server, n: int) -> Result:
 
     def summary(returns: list[tuple[Any, float]]) -> Result:
         finished = [(at - job.finished_at.timestamp()) * 1000 for job, at in returns]
-        announced = [(at - announcements.arrived[job.id]) * 1000 for job, at in returns]
+        # A job whose announcement the bare client never heard is counted, not measured: the
+        # wait itself returned, and which side missed the announcement is for the count to show.
+        heard = [(job, at) for job, at in returns if job.id in announcements.arrived]
+        announced = [(at - announcements.arrived[job.id]) * 1000 for job, at in heard]
         return {
             **percentiles(finished),
             "unit": "ms",
             "delays": finished,
-            "after_announcement": {**percentiles(announced), "delays": announced},
+            "after_announcement": {
+                **(percentiles(announced) if announced else {}),
+                "delays": announced,
+                "not_heard": [job.id for job, _ in returns if job.id not in announcements.arrived],
+            },
         }
 
     return {
