@@ -51,19 +51,24 @@ T = TypeVar("T")
 _KEY_NAMESPACE: Final = uuid.UUID("5b0f3c1e-8d2a-4f6e-9a47-3c8e2d1b7f60")
 
 
+def checked_name(what: str, value: object, limit: int) -> str:
+    """``value`` as the name of a step or a signal (``what``): a non-empty string of at most
+    ``limit`` characters without control characters or lone surrogates."""
+    if not isinstance(value, str):
+        raise ValidationError(f"{what} name must be a string, got {type(value).__name__}")
+    if not value:
+        raise ValidationError(f"{what} name must not be empty")
+    if len(value) > limit:
+        raise ValidationError(f"{what} name {value[:40]!r}... is longer than {limit} characters")
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
+        raise ValidationError(f"{what} name {value!r} has control characters or lone surrogates")
+    return value
+
+
 def step_name(value: object) -> str:
     """A step name: a non-empty string of at most ``STEP_NAME_MAX`` characters without control
-    characters."""
-    if not isinstance(value, str):
-        raise ValidationError(f"step name must be a string, got {type(value).__name__}")
-    if not value:
-        raise ValidationError("step name must not be empty")
-    if len(value) > STEP_NAME_MAX:
-        raise ValidationError(
-            f"step name {value[:40]!r}... is longer than {STEP_NAME_MAX} characters"
-        )
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
-        raise ValidationError(f"step name {value!r} has control characters or lone surrogates")
+    characters, outside the prefix pgqueue keeps for its own steps."""
+    value = checked_name("step", value, STEP_NAME_MAX)
     if value.startswith(RESERVED_PREFIX):
         raise ValidationError(
             f"step name {value!r} starts with {RESERVED_PREFIX!r}, which pgqueue keeps for the "

@@ -17,13 +17,12 @@ job's row until the handler returns and cannot stay open across a suspension.
 
 from __future__ import annotations
 
-import unicodedata
 from typing import Any, Final
 
 from pgqueue import validation
 from pgqueue.data import signals as signals_data
 from pgqueue.errors import SignalTimeout, ValidationError
-from pgqueue.steps import RESERVED_PREFIX, AttemptSteps
+from pgqueue.steps import RESERVED_PREFIX, AttemptSteps, checked_name
 
 __all__ = ["SIGNAL_NAME_MAX", "Suspend", "signal_name", "sleep", "wait_for_signal"]
 
@@ -52,17 +51,7 @@ class Suspend(BaseException):
 def signal_name(value: object) -> str:
     """A signal name: a non-empty string of at most ``SIGNAL_NAME_MAX`` characters without
     control characters or lone surrogates."""
-    if not isinstance(value, str):
-        raise ValidationError(f"signal name must be a string, got {type(value).__name__}")
-    if not value:
-        raise ValidationError("signal name must not be empty")
-    if len(value) > SIGNAL_NAME_MAX:
-        raise ValidationError(
-            f"signal name {value[:40]!r}... is longer than {SIGNAL_NAME_MAX} characters"
-        )
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in value):
-        raise ValidationError(f"signal name {value!r} has control characters or lone surrogates")
-    return value
+    return checked_name("signal", value, SIGNAL_NAME_MAX)
 
 
 def sleep(steps: AttemptSteps, ordinal: int, seconds: float) -> None:
