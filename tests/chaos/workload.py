@@ -210,8 +210,8 @@ class Workload:
         self._enqueue("atomic_limited", self.app.atomic, {"queue": QUEUE_LIMITED}, seconds=seconds)
 
     def _atomic_limited_slow(self) -> None:
-        # Rare (weight 0.5): at 11 s each, a weight of 2 alone needed about one of the limited
-        # queue's one to three slots, so the queue's backlog grew for the whole run.
+        # Rare (weight 0.5): at 11 s each, a more frequent kind would take most of the limited
+        # queue's one to three slots by itself, and the queue's backlog would grow all run long.
         # Longer than a leased outcome may take to be written (invariant 11): the leased jobs
         # of the queue that end while it runs must not wait for it (a claim or a transaction
         # of an atomic job that held the queue's control row would keep their outcomes
