@@ -5,6 +5,8 @@ maintenance lock, correcting drifted counters and deleting idle key rows; over
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pgqueue.data import dependencies
 from pgqueue.db import SessionOrExecutor, executor_for
 from pgqueue.sql import maintenance
@@ -17,17 +19,37 @@ def expired_lease_exists(db: SessionOrExecutor) -> bool:
 
 
 def rescue_expired(
-    db: SessionOrExecutor, *, lock_key: int, limit: int, error: str
+    db: SessionOrExecutor,
+    *,
+    lock_key: int,
+    limit: int,
+    error: str,
+    ids: Sequence[int] | None = None,
+    lock_wait_ms: int | None = None,
 ) -> list[tuple[int, str]]:
-    """Re-queue or end jobs whose lease expired and settle the dependents of those that ended;
-    ``(id, new state)`` of each."""
+    """Re-queue or end jobs whose lease expired (only among ``ids`` when given) and settle the
+    dependents of those that ended; ``(id, new state)`` of each. ``lock_wait_ms``: the
+    transaction waits at most this long for each row lock (``lock_timeout``, this transaction
+    only)."""
     ex = executor_for(db)
-    params = {"lock_key": lock_key, "limit": limit, "error": error}
-    rows = ex.rows(maintenance.rescue_expired(), params)
+    if lock_wait_ms is not None:
+        ex.rows(maintenance.set_lock_timeout(), {"ms": str(lock_wait_ms)})
+    params: dict[str, object] = {"lock_key": lock_key, "limit": limit, "error": error}
+    if ids is not None:
+        params["ids"] = list(ids)
+    rows = ex.rows(maintenance.rescue_expired(ids is not None), params)
     ended = {d for row in rows if row[1] != JobState.RETRYING.value for d in row[2] or ()}
     if ended:
         dependencies.settle(ex, ended)
     return [(row[0], row[1]) for row in rows]
+
+
+def expired_leases(db: SessionOrExecutor, *, limit: int) -> list[tuple[int, str]]:
+    """``(id, queue)`` of up to ``limit`` RUNNING jobs whose lease expired, longest first."""
+    return [
+        (row[0], row[1])
+        for row in executor_for(db).rows(maintenance.expired_leases(), {"limit": limit})
+    ]
 
 
 def prune_finished(

@@ -65,11 +65,24 @@ def expired_lease_exists() -> Select[bool]:
 
 
 @cache
-def rescue_expired() -> Select[int, str, list[int] | None]:
+def expired_leases() -> Select[int, str]:
+    """``(id, queue)`` of up to ``limit`` RUNNING jobs whose lease expired (database clock),
+    the longest expired first; reads only, for a rescue done in parts. Binds ``limit``."""
+    return (
+        select(Job.id, Job.queue)
+        .where(Job.state == JobState.RUNNING, Job.lease_expires_at < func.now())
+        .order_by(Job.lease_expires_at)
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+@cache
+def rescue_expired(among_ids: bool = False) -> Select[int, str, list[int] | None]:
     """Re-queue (``rescue``) or fail for good (``rescue_fail``) up to ``limit`` jobs whose lease
     expired by the database clock; rescued jobs get a ticket for now. A job whose cancellation
-    was requested ends CANCELLED instead. Binds ``lock_key``, ``limit``, ``error``.
-    Returns ``(id, new state)``; nothing when another session holds the maintenance lock.
+    was requested ends CANCELLED instead. Binds ``lock_key``, ``limit``, ``error``, and with
+    ``among_ids`` the ``ids`` the rescue is limited to. Returns ``(id, new state)``; nothing
+    when another session holds the maintenance lock.
     The SQL counterpart of ``backoff.after_failure``: the same retry-or-fail rule, for attempts
     whose worker is gone.
     """
@@ -78,9 +91,10 @@ def rescue_expired() -> Select[int, str, list[int] | None]:
     leader = select(
         func.pg_try_advisory_xact_lock(bindparam("lock_key", type_=BigInteger))
     ).scalar_subquery()
+    only = (Job.id == func.any(array_param("ids", BigInteger)),) if among_ids else ()
     expired = (
         select(Job.id)
-        .where(leader, Job.state == JobState.RUNNING, Job.lease_expires_at < func.now())
+        .where(leader, Job.state == JobState.RUNNING, Job.lease_expires_at < func.now(), *only)
         .order_by(Job.lease_expires_at)
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)

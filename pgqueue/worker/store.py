@@ -49,6 +49,16 @@ log = pgqueue_logger("pgqueue.worker")
 # Any 64-bit constant unique to pgqueue: "pgqueue" in ASCII.
 MAINTENANCE_LOCK_KEY = 0x7067717565756500 >> 8
 
+# How long a rescue waits for a row lock before it rescues queue by queue, then job by job
+# (``RESCUE_RETRY_LOCK_WAIT`` each), and how many jobs one pass tries one by one at most: the
+# rest of a queue whose row stays held wait for the next pass.
+RESCUE_LOCK_WAIT = 0.5
+RESCUE_RETRY_LOCK_WAIT = 0.1
+RESCUE_ONE_BY_ONE = 20
+# The longest an outcome write that keeps trying waits for a row lock per try: between tries the
+# rows of its jobs are free again.
+KEEP_TRYING_LOCK_WAIT = 2.0
+
 # How long a stopping worker keeps trying to write outcomes to a database it cannot reach: long
 # enough for a server restart or a failover's switch, short of a process manager's kill timeout.
 SHUTDOWN_WRITE_PATIENCE = 5.0
@@ -247,9 +257,13 @@ class WorkerStore:
         the outcomes are right, so they wait and are written again, never turned into failed
         attempts; the heartbeat keeps their leases meanwhile. With ``lock_wait`` (seconds)
         each row lock is waited for that long at most, and a timeout is raised, not retried:
-        the caller writes what is not blocked and keeps the rest for later."""
+        the caller writes what is not blocked and keeps the rest for later. Without it, each
+        try still waits ``KEEP_TRYING_LOCK_WAIT`` at most: a write blocked for long must not
+        keep its jobs' rows locked meanwhile, since the rescue skips locked rows (and their
+        leases are not extended while their outcome is being written)."""
         items = list(outcomes)
-        wait_ms = None if lock_wait is None else max(1, round(lock_wait * 1000))
+        wait = KEEP_TRYING_LOCK_WAIT if lock_wait is None else lock_wait
+        wait_ms = max(1, round(wait * 1000))
         return self._run(
             "record outcomes",
             lambda db: outcomes_data.record_outcomes(db, items, lock_wait_ms=wait_ms),
@@ -289,16 +303,77 @@ class WorkerStore:
         )
 
     def rescue_expired(self, *, limit: int, error: str) -> list[tuple[int, str]]:
+        """Re-queue or end up to ``limit`` jobs whose lease expired; ``(id, new state)``.
+
+        A rescue also updates rows besides the job's: a limited queue's or key's control row,
+        a job's waiting dependents. Another transaction holding one of those (an operator's
+        ``SELECT ... FOR UPDATE``, a long bulk action) must hold up the jobs that need it, not
+        every expired job: the pass waits ``RESCUE_LOCK_WAIT`` at most, and when a row stays
+        held the jobs are rescued queue by queue, then one by one, the blocked ones left to
+        a later pass."""
         if not self._run(
             "rescue check", maintenance_data.expired_lease_exists, give_up_when_stopping=True
         ):
             return []
+        try:
+            return self._rescue(limit=limit, error=error, ids=None, lock_wait=RESCUE_LOCK_WAIT)
+        except (DBAPIError, OperationalError) as exc:
+            if not is_timeout(exc):
+                raise
+        expired = self._run(
+            "rescue candidates",
+            lambda db: maintenance_data.expired_leases(db, limit=limit),
+            give_up_when_stopping=True,
+        )
+        by_queue: dict[str, list[int]] = {}
+        for job_id, queue in expired:
+            by_queue.setdefault(queue, []).append(job_id)
+        rescued: list[tuple[int, str]] = []
+        blocked: list[int] = []
+        for ids in by_queue.values():
+            try:
+                rescued += self._rescue(
+                    limit=limit, error=error, ids=ids, lock_wait=RESCUE_LOCK_WAIT
+                )
+            except (DBAPIError, OperationalError) as exc:
+                if not is_timeout(exc):
+                    raise
+                blocked += ids
+        left: list[int] = []
+        for job_id in blocked[:RESCUE_ONE_BY_ONE]:
+            try:
+                rescued += self._rescue(
+                    limit=1, error=error, ids=[job_id], lock_wait=RESCUE_RETRY_LOCK_WAIT
+                )
+            except (DBAPIError, OperationalError) as exc:
+                if not is_timeout(exc):
+                    raise
+                left.append(job_id)
+        left += blocked[RESCUE_ONE_BY_ONE:]
+        if left:
+            log.info(
+                "rescue: %d expired jobs wait for rows another transaction holds (%s); "
+                "the next pass tries them again",
+                len(left),
+                ", ".join(map(str, left[:10])),
+            )
+        return rescued
+
+    def _rescue(
+        self, *, limit: int, error: str, ids: list[int] | None, lock_wait: float
+    ) -> list[tuple[int, str]]:
         # One transaction, like ``record_outcomes``: rescued jobs that end settle their
         # dependents in it.
+        wait_ms = max(1, round(lock_wait * 1000))
         return self._run(
             "rescue",
             lambda db: maintenance_data.rescue_expired(
-                db, lock_key=MAINTENANCE_LOCK_KEY, limit=limit, error=error
+                db,
+                lock_key=MAINTENANCE_LOCK_KEY,
+                limit=limit,
+                error=error,
+                ids=ids,
+                lock_wait_ms=wait_ms,
             ),
             give_up_when_stopping=True,
             autocommit=False,
