@@ -9,6 +9,7 @@ handlers import them from ``pgqueue``.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import functools
 import threading
@@ -199,6 +200,24 @@ class JobContext:
         checked = validation.seconds(timeout, "wait_for_signal timeout")
         return suspension.wait_for_signal(
             self._suspendable("wait_for_signal"), checked_name, checked
+        )
+
+    async def asleep(self, seconds: float | dt.timedelta) -> None:
+        """``sleep`` for ``async def`` handlers: its database work runs in a thread, off the
+        event loop, so other coroutines of the worker's loop go on meanwhile."""
+        checked = validation.seconds(seconds, "sleep")
+        self._sleeps += 1
+        attempt_steps = self._suspendable("asleep")
+        await asyncio.to_thread(suspension.sleep, attempt_steps, self._sleeps, checked)
+
+    async def await_signal(self, name: str, *, timeout: float | dt.timedelta) -> Any:
+        """``wait_for_signal`` for ``async def`` handlers: its database work runs in a thread,
+        off the event loop."""
+        checked_name = suspension.signal_name(name)
+        checked = validation.seconds(timeout, "await_signal timeout")
+        attempt_steps = self._suspendable("await_signal")
+        return await asyncio.to_thread(
+            suspension.wait_for_signal, attempt_steps, checked_name, checked
         )
 
     def _suspendable(self, call: str) -> steps.AttemptSteps:

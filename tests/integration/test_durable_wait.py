@@ -91,6 +91,15 @@ def ticket_delay(engine: Engine, job_id: int) -> float | None:
         ).scalar_one_or_none()
 
 
+def step_names(engine: Engine, job_id: int) -> list[tuple[str, Any]]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT name, result FROM pgqueue_job_steps WHERE job_id = :id ORDER BY name"),
+            {"id": job_id},
+        ).all()
+    return [(row[0], row[1]) for row in rows]
+
+
 def signal_rows(engine: Engine) -> int:
     with engine.connect() as connection:
         return int(connection.execute(text("SELECT count(*) FROM pgqueue_job_signals")).scalar())
@@ -186,6 +195,42 @@ def test_an_async_handler_waits_and_resumes_with_asignal(pgq: PgQueue) -> None:
         assert asyncio.run(pgq.asignal(job_id, "go", [1, 2])) is True
         done = pgq.wait_for(job_id, timeout=WAIT)
     assert (done.state, done.result, done.attempts) == (JobState.SUCCEEDED, [1, 2], 1)
+
+
+def test_async_handlers_sleep_and_wait_with_asleep_and_await_signal(pgq: PgQueue) -> None:
+    @pgq.task(name="async_sleeps_then_waits", pass_context=True, max_attempts=1)
+    async def async_sleeps_then_waits(ctx: JobContext) -> Any:
+        runs = await ctx.astep("count", lambda: 1)
+        await ctx.asleep(0.3)
+        payload = await ctx.await_signal("go", timeout=3600)
+        return [runs, payload]
+
+    job_id = async_sleeps_then_waits.enqueue()
+    with running_worker(pgq):
+        wait_until(
+            lambda: suspended(pgq, job_id) and (ticket_delay(pgq.engine, job_id) or 0) > 60,
+            "the async handler slept, then waits for its signal",
+        )
+        assert pgq.signal(job_id, "go", {"by": "ana"}) is True
+        done = pgq.wait_for(job_id, timeout=WAIT)
+    assert (done.state, done.result, done.attempts) == (JobState.SUCCEEDED, [1, {"by": "ana"}], 1)
+    assert sorted(name for name, _ in step_names(pgq.engine, job_id)) == [
+        "count",
+        "pgqueue:signal:go",
+        "pgqueue:sleep:1",
+    ]
+
+
+def test_async_waits_refuse_an_atomic_task(pgq: PgQueue) -> None:
+    @pgq.task(name="atomic_async_sleeps", pass_context=True, atomic=True, max_attempts=1)
+    async def atomic_async_sleeps(ctx: JobContext) -> None:
+        await ctx.asleep(1)
+
+    job_id = atomic_async_sleeps.enqueue()
+    with running_worker(pgq):
+        done = pgq.wait_for(job_id, timeout=WAIT)
+    assert done.state is JobState.FAILED
+    assert "ctx.asleep in atomic task 'atomic_async_sleeps'" in (done.last_error or "")
 
 
 def test_a_signal_sent_before_the_wait_is_returned_at_once_and_the_first_one_wins(
