@@ -4,7 +4,7 @@
 worker`` subprocesses and by the harness (which enqueues with the very same task objects). Every
 handler run leaves a ``run`` row in ``ledger``, committed at once on a connection of its own (so
 it survives whatever happens to the attempt), closed with ``ended_at`` when the handler returns.
-A run that completed its work also writes a ``tx`` row: for an atomic job inside the job's own
+A durable step's body writes a ``step`` row when it runs. A run that completed its work also writes a ``tx`` row: for an atomic job inside the job's own
 transaction (``ctx.session``), so that row exists exactly when the attempt committed; for a
 leased job in the handler's session, which pgqueue commits when the handler returns.
 
@@ -66,7 +66,7 @@ import uuid
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from pgqueue import PgQueue, Settings, Snooze, backoff
+from pgqueue import PgQueue, Settings, SignalTimeout, Snooze, backoff
 
 pgq = PgQueue(os.environ["DB_URL"], settings=Settings.from_env())
 
@@ -80,6 +80,10 @@ TX = text(
     " VALUES (:job, :attempt, :kind, 'tx', :pid)"
 )
 RUNS = text("SELECT count(*) FROM ledger WHERE job_id = :job AND tag = 'run'")
+STEP = text(
+    "INSERT INTO ledger (job_id, attempt, kind, tag, pid)"
+    " VALUES (:job, :attempt, :kind, 'step', :pid)"
+)
 
 
 def own(statement, params):
@@ -244,4 +248,38 @@ def atomic(ctx, kind, seconds=0.0, fail_until=0, misuse=None, misuse_until=0, po
           max_attempts=3, retry=backoff.constant(0.3))
 def atomic_solo(ctx, kind, seconds=0.0, fail_until=0, misuse=None, misuse_until=0):
     return atomic_body(ctx, kind, seconds, fail_until, misuse, misuse_until)
+
+
+def step_mark(ctx, kind):
+    own(STEP, {"job": ctx.job_id, "attempt": ctx.attempt, "kind": kind, "pid": os.getpid()})
+    return 1
+
+
+# A durable step, then a durable sleep and a wait for a signal: the step's body runs once per
+# job unless a run dies before saving it; a sleep or a wait ends the run (``Suspend``) and the
+# job resumes later from the top, with no attempt used.
+@pgq.task(name="chaos.waiter", queue="chaos", pass_context=True, max_attempts=3,
+          retry=backoff.constant(0.3))
+def waiter(ctx, kind, sleep=0.0, signal=None, timeout=5.0):
+    token = begin_run(ctx, kind)
+    outcome = "raised"
+    try:
+        ctx.step("before", step_mark, ctx, kind)
+        if sleep:
+            ctx.sleep(sleep)
+        payload = None
+        if signal:
+            try:
+                payload = ctx.wait_for_signal(signal, timeout=timeout)
+            except SignalTimeout:
+                payload = "timed out"
+        tx_row(ctx.session, ctx, kind)
+        outcome = "ok"
+        return {"payload": payload}
+    except BaseException as exc:
+        if type(exc).__name__ == "Suspend":
+            outcome = "suspended"
+        raise
+    finally:
+        end_run(token, outcome)
 '''

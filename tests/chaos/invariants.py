@@ -19,7 +19,7 @@ from .workload import KEY_OVERRIDES, Event, LimitChange
 
 ATOMIC_TASKS = {"chaos.atomic", "chaos.atomic_solo"}
 # A run that ended without these needs a reason to be followed by another run of its job.
-SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse", "poison"}
+SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse", "poison", "suspended"}
 # Seconds a returned run's outcome may take to be written with no fault to explain it (the
 # completer writes within a batch's time; a queue whose rows are held retries within 2 s).
 OUTCOME_DELAY = 10.0
@@ -525,6 +525,62 @@ def poison_refused(s: Snapshot, facts: Facts) -> list[Violation]:
     return found
 
 
+def durable_waits_kept(s: Snapshot, facts: Facts) -> list[Violation]:
+    """13. Durable steps, sleeps and signals (``chaos.waiter``): the step before the sleep ran
+    again only after a run that did not save it (one that died or raised, never one that
+    suspended or returned); a run got past its sleep only once the sleep's time had come
+    (database clock); a wait returned this job's own signal or timed out; and suspensions used
+    no attempt (every attempt but the last has a recorded error)."""
+    found = []
+    for job in s.jobs.values():
+        if job.task_name != "chaos.waiter":
+            continue
+        runs = s.runs.get(job.id, [])
+        unsaved = sum(1 for r in runs if r.outcome not in ("suspended", "ok"))
+        steps = len(s.steps.get(job.id, []))
+        if steps > 1 + unsaved:
+            found.append(
+                Violation(
+                    "13 durable waits",
+                    job.id,
+                    f"the step before the sleep ran {steps} times in {len(runs)} runs, "
+                    f"{unsaved} of which could have died before saving it",
+                    [r.id for r in runs],
+                )
+            )
+        until = s.sleeps_until.get(job.id)
+        for run in runs:
+            if run.outcome == "ok" and until is not None and run.started < until - 0.01:
+                found.append(
+                    Violation(
+                        "13 durable waits",
+                        job.id,
+                        f"run {run.id} got past its sleep at {clock(run.started)}, before the "
+                        f"sleep's end {clock(until)}",
+                        [run.id],
+                    )
+                )
+        if job.state != "succeeded":
+            continue
+        payload = (job.result or {}).get("payload")
+        if payload not in (None, "timed out", {"job": job.id}):
+            found.append(Violation("13 durable waits", job.id, f"the wait returned {payload!r}"))
+        errors = job.errors or []
+        failed_attempts = {e.get("attempt") for e in errors}
+        if len(errors) < 10 and job.attempts > 1 + len(failed_attempts):
+            found.append(
+                Violation(
+                    "13 durable waits",
+                    job.id,
+                    f"succeeded at attempt {job.attempts} with errors recorded for attempts "
+                    f"{sorted(a for a in failed_attempts if a is not None)} only: a suspension "
+                    "used an attempt",
+                    [r.id for r in runs],
+                )
+            )
+    return found
+
+
 INVARIANTS: list[tuple[Check, bool]] = [
     (final_or_waiting, False),
     (attempts_within_max, True),
@@ -538,4 +594,5 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (returned_outcome_kept, True),
     (outcomes_not_held_up, True),
     (poison_refused, True),
+    (durable_waits_kept, True),
 ]

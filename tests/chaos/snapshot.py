@@ -2,7 +2,8 @@
 
 Read in one REPEATABLE READ transaction, so an atomic job's state and its in-transaction ledger
 row (which commit together) are seen together. Runs are the ledger's ``run`` rows (one per
-handler run, committed when the run began); ``tx`` rows are the runs that completed their work.
+handler run, committed when the run began); ``tx`` rows are the runs that completed their work;
+``step`` rows are the runs of a durable step's body.
 A run's marks are written by its handler, after its claim and before its outcome, so its
 interval lies within the time its job held a key's or a queue's slot (even when a frozen
 process writes a mark late): more overlapping intervals than a limit means the slots were
@@ -27,7 +28,13 @@ JOBS = text(
     "SELECT id, task_name, queue, kwargs::jsonb ->> 'kind' AS kind, state, attempts,"
     " max_attempts, run_at, created_at, started_at, finished_at, errors, last_error,"
     " unique_key, concurrency_key, depends_on, lease_expires_at, snoozes, atomic,"
-    " cancel_requested FROM pgqueue_jobs ORDER BY id"
+    " cancel_requested, CASE WHEN task_name = 'chaos.waiter' THEN result END AS result"
+    " FROM pgqueue_jobs ORDER BY id"
+)
+# When each durable sleep of the waiter jobs ends (its step's saved time, database clock).
+SLEEPS = text(
+    "SELECT job_id, (result ->> 'until')::float8 FROM pgqueue_job_steps"
+    " WHERE name = 'pgqueue:sleep:1'"
 )
 LEDGER = text(
     "SELECT id, job_id, attempt, kind, tag, pid, started_at, ended_at, outcome"
@@ -58,7 +65,9 @@ class Snapshot:
     jobs: dict[int, Any]
     runs: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
     txs: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
+    steps: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
     paused: set[str] = field(default_factory=set)
+    sleeps_until: dict[int, float] = field(default_factory=dict)
 
     def errors_for(self, job_id: int, attempt: int) -> list[str]:
         """The recorded errors of ``job_id``'s attempt ``attempt`` (its last ten attempts')."""
@@ -110,8 +119,10 @@ def read(engine: Engine) -> Snapshot:
         paused = set(
             connection.execute(text("SELECT name FROM pgqueue_queues WHERE paused")).scalars()
         )
+        sleeps = {row[0]: row[1] for row in connection.execute(SLEEPS)}
         connection.rollback()
-    snapshot = Snapshot(now, jobs, paused=paused)
+    snapshot = Snapshot(now, jobs, paused=paused, sleeps_until=sleeps)
+    by_tag = {"run": snapshot.runs, "tx": snapshot.txs, "step": snapshot.steps}
     for row in ledger:
         run = Run(
             row.id,
@@ -124,7 +135,7 @@ def read(engine: Engine) -> Snapshot:
             _epoch(row.ended_at),
             row.outcome,
         )
-        (snapshot.runs if run.tag == "run" else snapshot.txs)[run.job_id].append(run)
+        by_tag[run.tag][run.job_id].append(run)
     for runs in snapshot.runs.values():
         # By attempt first: a process frozen between its claim and its first ledger write
         # records a run that began before a later attempt's as starting after it.

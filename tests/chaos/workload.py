@@ -8,6 +8,7 @@ the sequence of choices; the interleaving with workers and faults is up to the m
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
+
+from sqlalchemy import text
 
 from pgqueue import InvalidStateTransition
 from pgqueue.admin import JobFilter
@@ -79,6 +82,7 @@ class Workload:
         self.jobs: list[int] = []
         self.paused: dict[str, float] = {}  # queue -> when to resume it
         self.cancels: list[tuple[float, int]] = []  # (when, job id)
+        self.signals: list[tuple[float, int]] = []  # (when, job id): a signal to send then
         self.thread = threading.Thread(target=self._loop, name="chaos-workload", daemon=True)
         self.kinds: list[tuple[float, Callable[[], None]]] = [
             (10, lambda: self._leased("leased", seconds=self.rng.uniform(0, 0.3))),
@@ -103,6 +107,8 @@ class Workload:
             (2, self._raw_rollback),
             (2, lambda: self._leased("poison", poison=self.rng.choice(POISONS))),
             (2, lambda: self._atomic("atomic_poison", poison=self.rng.choice(POISONS))),
+            (4, self._durable_wait),
+            (2, self._sql_enqueued),
             (
                 3,
                 lambda: self._enqueue(
@@ -155,6 +161,9 @@ class Workload:
             for due, job_id in [c for c in self.cancels if c[0] <= now]:
                 self.cancels.remove((due, job_id))
                 self._cancel(job_id)
+            for due, job_id in [c for c in self.signals if c[0] <= now]:
+                self.signals.remove((due, job_id))
+                self._signal(job_id)
             roll = self.rng.random()
             if roll < 0.04:
                 self._admin_move()
@@ -249,6 +258,41 @@ class Workload:
         child = self._leased("dependent", {"depends_on": parents}, seconds=0.05)
         if child is not None and self.rng.random() < 0.3:
             self._leased("dependent", {"depends_on": [child]}, seconds=0.05)
+
+    def _durable_wait(self) -> None:
+        sleep = self.rng.uniform(0.3, 4) if self.rng.random() < 0.7 else 0.0
+        signal = "go" if self.rng.random() < 0.6 or not sleep else None
+        job_id = self._enqueue(
+            "durable_wait", self.app.waiter, {}, sleep=sleep, signal=signal, timeout=5.0
+        )
+        if job_id is not None and signal and self.rng.random() < 0.8:
+            # Some before the wait begins, some after, some past its 5 s deadline.
+            self.signals.append((time.time() + self.rng.uniform(0, sleep + 6), job_id))
+
+    def _signal(self, job_id: int) -> None:
+        sent = self._call("signal", lambda: self.app.pgq.signal(job_id, "go", {"job": job_id}))
+        self._event("signal", f"job {job_id}: {sent}")
+
+    def _sql_enqueued(self) -> None:
+        """A leased job enqueued by the SQL function, as a trigger or another language would."""
+        kwargs = json.dumps({"kind": "sql_enqueued", "seconds": self.rng.uniform(0, 0.3)})
+
+        def enqueue() -> int:
+            with self.app.pgq.engine.begin() as connection:
+                return int(
+                    connection.execute(
+                        text(
+                            "SELECT pgqueue_enqueue(task_name => 'chaos.leased',"
+                            " kwargs => CAST(:kwargs AS jsonb), queue => 'chaos', max_attempts => 3)"
+                        ),
+                        {"kwargs": kwargs},
+                    ).scalar_one()
+                )
+
+        job_id = self._call("sql enqueue", enqueue)
+        if job_id is not None:
+            self.enqueued["sql_enqueued"] += 1
+            self.jobs.append(job_id)
 
     def _to_cancel(self) -> None:
         if self.rng.random() < 0.5:
