@@ -282,3 +282,46 @@ def test_enqueue_from_sql_through_pgbouncer_in_transaction_mode(bouncer: URL) ->
         }
     finally:
         pgq.dispose()
+
+
+def test_durable_sleep_and_signals_through_pgbouncer_in_transaction_mode(bouncer: URL) -> None:
+    """A worker through the pooler suspends jobs that sleep or wait, resumes them when their
+    time comes or their signal arrives (sent through the pooler too, also from an asyncio
+    session), and their steps before the sleep run once."""
+    pgq = PgQueue(bouncer, settings=Settings(pooler="transaction", poll_interval=0.1))
+    steps_run: list[int] = []
+
+    @pgq.task(name="poolwait.sleeper", pass_context=True, max_attempts=1)
+    def sleeper(ctx: JobContext) -> str:
+        ctx.step("before", lambda: steps_run.append(ctx.job_id) or 1)
+        ctx.sleep(0.5)
+        return "slept"
+
+    @pgq.task(name="poolwait.waiter", pass_context=True, max_attempts=1)
+    def waiter(ctx: JobContext) -> Any:
+        ctx.step("before", lambda: steps_run.append(ctx.job_id) or 1)
+        return ctx.wait_for_signal("go", timeout=60)
+
+    async def signal_async(job_id: int) -> bool:
+        return await pgq.asignal(job_id, "go", {"from": "asyncio"})
+
+    slept = sleeper.enqueue()
+    waiting = [waiter.enqueue() for _ in range(3)]
+    try:
+        pgq.run_worker(drain=True)  # each runs up to its sleep or wait, then suspends
+        assert states_of(pgq, waiting) == dict.fromkeys(waiting, JobState.QUEUED)
+        assert pgq.signal(waiting[0], "go", {"from": "sync"}) is True
+        assert asyncio.run(signal_async(waiting[1])) is True
+        time.sleep(0.6)  # the sleep's time comes
+        pgq.run_worker(drain=True)
+        results = {i: (pgq.get_job(i).state, pgq.get_job(i).result) for i in [slept, *waiting]}
+        assert results == {
+            slept: (JobState.SUCCEEDED, "slept"),
+            waiting[0]: (JobState.SUCCEEDED, {"from": "sync"}),
+            waiting[1]: (JobState.SUCCEEDED, {"from": "asyncio"}),
+            waiting[2]: (JobState.QUEUED, None),
+        }
+        assert sorted(steps_run) == sorted([slept, *waiting])
+        assert [pgq.get_job(i).attempts for i in [slept, *waiting]] == [1, 1, 1, 0]
+    finally:
+        pgq.dispose()
