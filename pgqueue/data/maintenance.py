@@ -24,7 +24,7 @@ def rescue_expired(
     ex = executor_for(db)
     params = {"lock_key": lock_key, "limit": limit, "error": error}
     rows = ex.rows(maintenance.rescue_expired(), params)
-    ended = {d for row in rows if row[1] != JobState.RETRYING.value for d in row[2] or ()}
+    ended = [d for row in rows if row[1] != JobState.RETRYING.value for d in row[2] or ()]
     if ended:
         dependencies.settle(ex, ended)
     return [(row[0], row[1]) for row in rows]
