@@ -279,7 +279,14 @@ class PgQueue:
     # -- workflows (``pgqueue.workflows``) ----------------------------------------------------
 
     def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow:
-        """Insert a laid-out workflow in ``session``'s transaction, or in an own one."""
+        """Insert a laid-out workflow in ``session``'s transaction, or in an own one (where a
+        large one may go by ``COPY``, as ``enqueue_many``'s batches do)."""
+        if session is None:
+            database = self._engines.database
+            may_copy = database.uses_driver
+            return uow.run(
+                database, lambda ex: workflow_data.insert_workflow(ex, plan, may_copy=may_copy)
+            )
         return uow.in_caller_or_own_transaction(
             session, self._engines.sessions, lambda s: workflow_data.insert_workflow(s, plan)
         )

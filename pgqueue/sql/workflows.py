@@ -57,8 +57,11 @@ _ON_FAILURE = WorkflowRole.ON_FAILURE.value
 
 @cache
 def allocate_ids() -> Select[Any]:
-    """One row: an array of ``n`` new job ids from the jobs' identity sequence, ascending, and
-    a new workflow id. Binds ``n``."""
+    """One row: an array of ``n`` new job ids from the jobs' identity sequence, ascending, a
+    new workflow id, whether a queue among ``queues`` (array) has a bound (a workflow does not
+    go to bounded queues: then nothing else matters), and the run_at of jobs due ``run_at`` or
+    ``delay`` seconds from now (for the ``COPY`` insert). Binds ``n``, ``queues``, ``run_at``,
+    ``delay``."""
     sequence = select(
         cast(func.pg_get_serial_sequence(literal(Job.__tablename__), literal("id")), REGCLASS)
     ).scalar_subquery()
@@ -71,9 +74,73 @@ def allocate_ids() -> Select[Any]:
         .render_derived(name="series")
     )
     ids = select(func.nextval(sequence).label("id")).select_from(series).order_by(series.c.i)
-    return select(
-        func.array(ids.scalar_subquery()), func.nextval(workflow_sequence).label("workflow_id")
+    bounded = select(QueueControl.name).where(
+        QueueControl.name == func.any(array_param("queues", Text)),
+        QueueControl.max_depth.is_not(None),
     )
+    run_at = func.coalesce(
+        bindparam("run_at", type_=Job.run_at.type),
+        func.now() + seconds(func.coalesce(bindparam("delay", type_=Float), literal(0.0))),
+    )
+    return select(
+        func.array(ids.scalar_subquery()),
+        func.nextval(workflow_sequence).label("workflow_id"),
+        bounded.exists(),
+        run_at,
+    )
+
+
+COPY_JOB_COLUMNS = (
+    "id",
+    "task_name",
+    "queue",
+    "args",
+    "kwargs",
+    "priority",
+    "max_attempts",
+    "run_at",
+    "atomic",
+    "state",
+    "depends_on",
+    "dependents",
+    "pending_dependencies",
+    "workflow_role",
+    "workflow_id",
+)
+
+
+def copy_jobs() -> Any:
+    """``COPY pgqueue_jobs (COPY_JOB_COLUMNS) FROM STDIN``, for a large workflow whose jobs
+    share their ``run_at`` (a psycopg ``sql.Composed``: COPY has no SQLAlchemy construct)."""
+    from psycopg import sql  # only the COPY statements need psycopg's SQL composition
+
+    return sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(Job.__tablename__),
+        sql.SQL(", ").join(sql.Identifier(c) for c in COPY_JOB_COLUMNS),
+    )
+
+
+@cache
+def insert_tickets() -> Select[Any]:
+    """Tickets for the jobs ``ids`` (array), all of queue ``queue``, ``priority``, ``run_at``
+    and ``atomic``: the first jobs of a workflow written by ``copy_jobs``; sends the wake-up."""
+    ids = func.unnest(array_param("ids", BigInteger)).table_valued("id").render_derived("r")
+    tickets = (
+        insert(MessageQueue)
+        .from_select(
+            ["job_id", "queue", "priority", "run_at", "atomic"],
+            select(
+                ids.c.id,
+                bindparam("queue", type_=Text),
+                bindparam("priority", type_=SmallInteger),
+                bindparam("run_at", type_=Job.run_at.type),
+                bindparam("atomic", type_=Boolean),
+            ),
+        )
+        .returning(MessageQueue.queue, MessageQueue.run_at)
+        .cte("root_tickets")
+    )
+    return select(func.count()).select_from(tickets).where(woken(tickets))
 
 
 @cache

@@ -4,11 +4,14 @@ the database, each callback released once, failures ending the workflow FAILED a
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from pgqueue import JobState, PgQueue, ValidationError, WorkflowNotFound, chain, chord, group
@@ -282,3 +285,105 @@ def test_set_options_reach_the_jobs(pgq: PgQueue) -> None:
     first, second = (pgq.get_job(j) for j in wf.job_ids)
     assert (first.queue, first.priority) == ("fast", 5)
     assert second.max_attempts == 7
+
+
+def test_a_group_of_10000_runs_every_member(pgq: PgQueue) -> None:
+    @pgq.task(name="ident")
+    def ident(x: int) -> int:
+        return x
+
+    wf = group(ident.s(i) for i in range(10_000)).enqueue()
+    assert table_counts(pgq.engine)["pgqueue_message_queue"] == 10_000
+    status = _run_workflow(pgq, wf.id, timeout=120, concurrency=16)
+    assert status.state == "succeeded"
+    assert status.result == list(range(10_000))
+
+
+def test_a_chord_of_10000_calls_back_once_with_every_result_in_order(pgq: PgQueue) -> None:
+    pgq.engine.dispose()
+    with pgq.engine.begin() as c:
+        c.execute(text("CREATE TABLE callback_runs (n int, ordered bool)"))
+
+    @pgq.task(name="ident")
+    def ident(x: int) -> int:
+        return x
+
+    @pgq.task(name="check")
+    def check(results: list[int]) -> int:
+        with pgq.engine.begin() as c:
+            c.execute(
+                text("INSERT INTO callback_runs VALUES (:n, :o)"),
+                {"n": len(results), "o": results == list(range(10_000))},
+            )
+        return len(results)
+
+    wf = chord([ident.s(i) for i in range(10_000)], check.s()).enqueue()
+    status = _run_workflow(pgq, wf.id, timeout=120, concurrency=16)
+    assert status.state == "succeeded"
+    assert status.result == 10_000
+    with pgq.engine.connect() as c:
+        assert c.execute(text("SELECT n, ordered FROM callback_runs")).all() == [(10_000, True)]
+    # The countdown ended at 0: every member's end was counted exactly once.
+    assert pgq.get_job(wf.job_ids[-1]).state is JobState.SUCCEEDED
+    with pgq.engine.connect() as c:
+        pending = c.execute(
+            text("SELECT pending_dependencies FROM pgqueue_jobs WHERE id = :id"),
+            {"id": wf.job_ids[-1]},
+        ).scalar()
+    assert pending == 0
+
+
+def test_aenqueue_in_an_async_session_and_await_workflow(pgq: PgQueue, database_url: URL) -> None:
+    @pgq.task(name="add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    async def enqueue() -> int:
+        app_engine = create_async_engine(database_url.set(drivername="postgresql+psycopg_async"))
+        try:
+            async with AsyncSession(app_engine) as session:
+                await chain(add.s(1, 2), add.s(3)).aenqueue(session=session)
+                await session.rollback()
+            async with AsyncSession(app_engine) as session, session.begin():
+                wf = await chain(add.s(1, 2), add.s(3)).configure(session=session).aenqueue()
+            return wf.id
+        finally:
+            await app_engine.dispose()
+
+    async def wait(workflow_id: int) -> Any:
+        try:
+            return await pgq.await_workflow(workflow_id, timeout=30)
+        finally:
+            await pgq.adispose()
+
+    workflow_id = asyncio.run(enqueue())
+    assert table_counts(pgq.engine)["pgqueue_jobs"] == 3  # two steps and the closing marker
+    worker = Worker(pgq, concurrency=2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        status = asyncio.run(wait(workflow_id))
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert (status.state, status.result) == ("succeeded", 6)
+
+
+def test_a_result_over_the_payload_limit_fails_the_member_not_the_callback(
+    pgq: PgQueue,
+) -> None:
+    @pgq.task(name="big", max_attempts=1)
+    def big() -> str:
+        return "x" * (pgq.settings.max_payload_bytes + 10)
+
+    @pgq.task(name="merge")
+    def merge(results: list[Any]) -> int:
+        return len(results)
+
+    wf = chord([big.s()], merge.s()).enqueue()
+    status = _run_workflow(pgq, wf.id)
+    assert status.state == "failed"
+    member = pgq.get_job(wf.job_ids[0])
+    assert member.state is JobState.FAILED
+    assert "result could not be stored" in (member.last_error or "")
+    assert pgq.get_job(wf.job_ids[1]).state is JobState.CANCELLED
