@@ -27,7 +27,7 @@ JOBS = text(
     "SELECT id, task_name, queue, kwargs::jsonb ->> 'kind' AS kind, state, attempts,"
     " max_attempts, run_at, created_at, started_at, finished_at, errors, last_error,"
     " unique_key, concurrency_key, depends_on, lease_expires_at, snoozes, atomic,"
-    " cancel_requested FROM pgqueue_jobs ORDER BY id"
+    " cancel_requested, workflow_id, workflow_role FROM pgqueue_jobs ORDER BY id"
 )
 LEDGER = text(
     "SELECT id, job_id, attempt, kind, tag, pid, started_at, ended_at, outcome"
@@ -59,6 +59,7 @@ class Snapshot:
     runs: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
     txs: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
     paused: set[str] = field(default_factory=set)
+    workflows: dict[int, str] = field(default_factory=dict)  # workflow id -> state
 
     def errors_for(self, job_id: int, attempt: int) -> list[str]:
         """The recorded errors of ``job_id``'s attempt ``attempt`` (its last ten attempts')."""
@@ -110,8 +111,9 @@ def read(engine: Engine) -> Snapshot:
         paused = set(
             connection.execute(text("SELECT name FROM pgqueue_queues WHERE paused")).scalars()
         )
+        workflows = dict(connection.execute(text("SELECT id, state FROM pgqueue_workflows")).all())
         connection.rollback()
-    snapshot = Snapshot(now, jobs, paused=paused)
+    snapshot = Snapshot(now, jobs, paused=paused, workflows=workflows)
     for row in ledger:
         run = Run(
             row.id,
