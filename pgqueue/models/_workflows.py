@@ -14,6 +14,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Identity,
+    Index,
     Integer,
     Text,
     func,
@@ -53,4 +54,8 @@ class Workflow(Base):
     job_count: Mapped[int] = mapped_column(Integer)
     """How many member jobs (the closing marker and ``on_failure`` not counted)."""
 
-    __table_args__ = (CheckConstraint(WORKFLOW_STATE_CHECK, name="state_valid"),)
+    __table_args__ = (
+        CheckConstraint(WORKFLOW_STATE_CHECK, name="state_valid"),
+        # Pruning deletes a workflow's row with its closing marker.
+        Index("ix_pgqueue_workflows_closing_job_id", "closing_job_id"),
+    )

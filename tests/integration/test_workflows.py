@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from pgqueue import JobState, PgQueue, ValidationError, WorkflowNotFound, chain, chord, group
+from pgqueue.explain import BlockerKind
 from pgqueue.testing import run_until_final, table_counts
 from pgqueue.worker import Worker
 
@@ -387,3 +388,66 @@ def test_a_result_over_the_payload_limit_fails_the_member_not_the_callback(
     assert member.state is JobState.FAILED
     assert "result could not be stored" in (member.last_error or "")
     assert pgq.get_job(wf.job_ids[1]).state is JobState.CANCELLED
+
+
+def test_explain_names_what_a_waiting_member_waits_for(pgq: PgQueue) -> None:
+    @pgq.task(name="noop")
+    def noop(*_: Any) -> None:
+        return None
+
+    wf = chord([noop.s() for _ in range(30)], noop.s()).enqueue()
+    callback = wf.job_ids[-1]
+    explanation = pgq.explain_job(callback)
+    [blocker] = [b for b in explanation.blockers if b.kind is BlockerKind.DEPENDENCIES]
+    assert blocker.message.startswith(f"waiting for 30 of 30 dependencies of workflow {wf.id}")
+    assert str(wf.job_ids[0]) in blocker.message
+    assert blocker.data["pending"] == 30
+    assert blocker.data["workflow_id"] == wf.id
+
+
+def test_the_workflow_command_prints_the_workflow_and_cancels_it(pgq: PgQueue) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from pgqueue.cli import main
+
+    @pgq.task(name="noop")
+    def noop(*_: Any) -> None:
+        return None
+
+    wf = chain(noop.s(), noop.s()).enqueue()
+    url = pgq.url.render_as_string(hide_password=False)
+    runner = CliRunner()
+    shown = runner.invoke(main, ["workflow", str(wf.id), "--database-url", url])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[0] == f"workflow {wf.id}  running  (2 jobs: 1 queued, 1 waiting)"
+    assert lines[2] == f"  job {wf.job_ids[1]}  noop  waiting  after {wf.job_ids[0]}"
+    as_json = runner.invoke(main, ["workflow", str(wf.id), "--json", "--database-url", url])
+    record = json.loads(as_json.output)
+    assert [j["state"] for j in record["jobs"]] == ["queued", "waiting"]
+    cancelled = runner.invoke(main, ["workflow", str(wf.id), "--cancel", "--database-url", url])
+    assert cancelled.output.strip() == f"workflow {wf.id}: cancelled"
+    assert pgq.get_workflow(wf.id).state == "cancelled"
+    missing = runner.invoke(main, ["workflow", "999999", "--database-url", url])
+    assert missing.exit_code != 0
+    assert "no workflow with id 999999" in missing.output
+
+
+def test_pruning_the_closing_marker_deletes_the_workflow_row(pgq: PgQueue) -> None:
+    @pgq.task(name="noop")
+    def noop(*_: Any) -> None:
+        return None
+
+    ended = chain(noop.s(), noop.s()).enqueue()
+    assert _run_workflow(pgq, ended.id).state == "succeeded"
+    running = chain(noop.s(), noop.s()).enqueue()
+    with pgq.engine.begin() as c:
+        c.execute(text("UPDATE pgqueue_jobs SET finished_at = now() - interval '30 days'"))
+    assert pgq.prune() == 3  # the ended workflow's two steps and its marker
+    with pgq.engine.connect() as c:
+        rows = c.execute(text("SELECT id FROM pgqueue_workflows")).scalars().all()
+    assert rows == [running.id]
+    with pytest.raises(WorkflowNotFound):
+        pgq.get_workflow(ended.id)
