@@ -29,7 +29,6 @@ from pgqueue.data import admin as admin_data
 from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
 from pgqueue.data import signals as signals_data
-from pgqueue.data import workflows as workflow_data
 from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen
 from pgqueue.db import ConnectionExecutor, Database
 from pgqueue.engines import Engines
@@ -279,26 +278,14 @@ class PgQueue:
     # -- workflows (``pgqueue.workflows``) ----------------------------------------------------
 
     def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow:
-        """Insert a laid-out workflow in ``session``'s transaction, or in an own one (where a
-        large one may go by ``COPY``, as ``enqueue_many``'s batches do)."""
-        if session is None:
-            database = self._engines.database
-            may_copy = database.uses_driver
-            return uow.run(
-                database, lambda ex: workflow_data.insert_workflow(ex, plan, may_copy=may_copy)
-            )
-        return uow.in_caller_or_own_transaction(
-            session, self._engines.sessions, lambda s: workflow_data.insert_workflow(s, plan)
-        )
+        """Insert a laid-out workflow (``Enqueuer.insert_workflow``)."""
+        return self._enqueuer.insert_workflow(session, plan)
 
     async def ainsert_workflow(
         self, session: AsyncSession | None, plan: WorkflowPlan
     ) -> InsertedWorkflow:
         """``insert_workflow`` for asyncio."""
-        database = await self._engines.running_async_database()
-        return await database.in_caller_or_own_session(
-            session, lambda s: workflow_data.insert_workflow(s, plan)
-        )
+        return await self._enqueuer.ainsert_workflow(session, plan)
 
     def get_workflow(self, workflow_id: int) -> WorkflowStatus:
         """Workflow ``workflow_id``: its state, member jobs and result. Raises
