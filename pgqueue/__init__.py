@@ -28,17 +28,27 @@ if TYPE_CHECKING:
         SignalTimeout,
         UnknownTask,
         ValidationError,
+        WorkflowNotFound,
     )
     from pgqueue.models import Job, MessageQueue
     from pgqueue.states import JobState
     from pgqueue.tasks import ConfiguredTask, Task
     from pgqueue.worker import Worker, WorkerStats
+    from pgqueue.workflows import (
+        EnqueuedWorkflow,
+        Signature,
+        WorkflowStatus,
+        chain,
+        chord,
+        group,
+    )
 
 __version__ = "0.1.0"
 
 _MODULE_OF = {
     "ConfigurationError": "pgqueue.errors",
     "ConfiguredTask": "pgqueue.tasks",
+    "EnqueuedWorkflow": "pgqueue.workflows",
     "InvalidStateTransition": "pgqueue.errors",
     "Job": "pgqueue.models",
     "JobContext": "pgqueue.context",
@@ -54,6 +64,7 @@ _MODULE_OF = {
     "Retry": "pgqueue.context",
     "SerializationError": "pgqueue.errors",
     "Settings": "pgqueue.config",
+    "Signature": "pgqueue.workflows",
     "SignalTimeout": "pgqueue.errors",
     "Snooze": "pgqueue.context",
     "Task": "pgqueue.tasks",
@@ -61,6 +72,11 @@ _MODULE_OF = {
     "ValidationError": "pgqueue.errors",
     "Worker": "pgqueue.worker",
     "WorkerStats": "pgqueue.worker",
+    "WorkflowNotFound": "pgqueue.errors",
+    "WorkflowStatus": "pgqueue.workflows",
+    "chain": "pgqueue.workflows",
+    "chord": "pgqueue.workflows",
+    "group": "pgqueue.workflows",
 }
 
 
@@ -82,6 +98,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ConfigurationError",
     "ConfiguredTask",
+    "EnqueuedWorkflow",
     "InvalidStateTransition",
     "Job",
     "JobContext",
@@ -98,12 +115,18 @@ __all__ = [
     "SerializationError",
     "Settings",
     "SignalTimeout",
+    "Signature",
     "Snooze",
     "Task",
     "UnknownTask",
     "ValidationError",
     "Worker",
     "WorkerStats",
+    "WorkflowNotFound",
+    "WorkflowStatus",
     "__version__",
     "backoff",
+    "chain",
+    "chord",
+    "group",
 ]

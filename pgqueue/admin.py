@@ -48,12 +48,14 @@ from pgqueue.data import control as control_data
 from pgqueue.data import enqueue as enqueue_data
 from pgqueue.data import flow as flow_data
 from pgqueue.data import workers as workers_data
+from pgqueue.data import workflows as workflow_data
 from pgqueue.data.history import JobTables
 from pgqueue.data.insert_choice import BoundedQueuesSeen
-from pgqueue.errors import JobNotFound, ValidationError
+from pgqueue.errors import JobNotFound, ValidationError, WorkflowNotFound
 from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.models import Job
 from pgqueue.states import JobState
+from pgqueue.workflows.status import WorkflowStatus, status_of
 
 __all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__]
 
@@ -148,6 +150,30 @@ class Admin:
         return self._write(
             session, lambda s: admin_data.cancel_job(s, job_id, "cancelled by request", tables)
         )
+
+    # -- workflows ---------------------------------------------------------------------------
+
+    def get_workflow(self, workflow_id: int) -> WorkflowStatus:
+        """Workflow ``workflow_id`` as read in one snapshot. Raises WorkflowNotFound."""
+        return self._read(lambda s: self.workflow_in(s, workflow_id))
+
+    def workflow_in(self, session: Session, workflow_id: int) -> WorkflowStatus:
+        """``get_workflow`` in ``session``."""
+        row = workflow_data.read_workflow(session, check_job_id(workflow_id))
+        if row is None:
+            raise WorkflowNotFound(f"no workflow with id {workflow_id}")
+        return status_of(row)
+
+    def cancel_workflow(self, workflow_id: int, *, session: Session | None = None) -> bool:
+        """Cancel workflow ``workflow_id`` (see ``PgQueue.cancel_workflow``)."""
+        workflow_id = check_job_id(workflow_id)
+
+        def cancel(s: Session) -> bool:
+            if workflow_data.read_workflow(s, workflow_id) is None:
+                raise WorkflowNotFound(f"no workflow with id {workflow_id}")
+            return workflow_data.cancel_workflow(s, workflow_id)
+
+        return self._write(session, cancel)
 
     # -- bulk actions ------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from pgqueue.engines import Engines
 from pgqueue.enqueuer import Enqueuer
 from pgqueue.errors import ValidationError
 from pgqueue.explain import JobExplanation
-from pgqueue.jobs import NewJob
+from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
 from pgqueue.states import JobState
@@ -43,6 +43,7 @@ from pgqueue.suspension import signal_name
 from pgqueue.tasks import Task, TaskOptions, TaskRegistry, task_name_for
 from pgqueue.tracing import Tracing, tracing_for
 from pgqueue.waiting import JobWaiter
+from pgqueue.workflows.status import WorkflowStatus
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -273,6 +274,48 @@ class PgQueue:
     async def await_job(self, job_id: int, *, timeout: float | None = None) -> Job:
         """``wait_for`` in an event loop, without blocking it."""
         return await self._job_waiter.await_job(job_id, timeout)
+
+    # -- workflows (``pgqueue.workflows``) ----------------------------------------------------
+
+    def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow:
+        """Insert a laid-out workflow (``Enqueuer.insert_workflow``)."""
+        return self._enqueuer.insert_workflow(session, plan)
+
+    async def ainsert_workflow(
+        self, session: AsyncSession | None, plan: WorkflowPlan
+    ) -> InsertedWorkflow:
+        """``insert_workflow`` for asyncio."""
+        return await self._enqueuer.ainsert_workflow(session, plan)
+
+    def get_workflow(self, workflow_id: int) -> WorkflowStatus:
+        """Workflow ``workflow_id``: its state, member jobs and result. Raises
+        WorkflowNotFound."""
+        return self.admin.get_workflow(workflow_id)
+
+    def wait_for_workflow(
+        self, workflow_id: int, *, timeout: float | None = None
+    ) -> WorkflowStatus:
+        """Block until workflow ``workflow_id`` ended (the last of its members ended, or it
+        was cancelled and its running members stopped) and return it as ``get_workflow`` does.
+        Its ``on_failure`` job may still be running. JobWaitTimeout after ``timeout`` seconds."""
+        status = self.get_workflow(workflow_id)
+        self.wait_for(status.closing_job_id, timeout=timeout)
+        return self.get_workflow(workflow_id)
+
+    async def await_workflow(
+        self, workflow_id: int, *, timeout: float | None = None
+    ) -> WorkflowStatus:
+        """``wait_for_workflow`` in an event loop, without blocking it."""
+        database = await self._engines.running_async_database()
+        status = await database.read(lambda s: self.admin.workflow_in(s, workflow_id))
+        await self.await_job(status.closing_job_id, timeout=timeout)
+        return await database.read(lambda s: self.admin.workflow_in(s, workflow_id))
+
+    def cancel_workflow(self, workflow_id: int, *, session: Session | None = None) -> bool:
+        """Cancel workflow ``workflow_id``: its jobs that have not started are cancelled (its
+        ``on_failure`` job too), its running ones are asked to stop (``ctx.cancel_requested``).
+        False when it had already ended. Raises WorkflowNotFound."""
+        return self.admin.cancel_workflow(workflow_id, session=session)
 
     def counts(self) -> dict[str, dict[JobState, int]]:
         """``{queue: {state: count}}`` over all jobs."""

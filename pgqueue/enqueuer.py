@@ -8,7 +8,8 @@ queue of the jobs has a bound; the plan then marks those queues as possibly boun
 jobs go to the checked insert (the queues' locks, then count and insert, or ``QueueFull``), in
 the caller's transaction or an own one. Every other enqueue goes to the checked insert at
 once. ``Enqueuer.insert`` and ``Enqueuer.ainsert`` run the plan, the one with ``uow``, the
-other with ``aio.AsyncDatabase``, each inside an enqueue span when tracing is on.
+other with ``aio.AsyncDatabase``, each inside an enqueue span when tracing is on. A workflow
+(``insert_workflow``) is inserted whole in the caller's transaction or an own one.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from sqlalchemy.orm import Session
 
 from pgqueue import uow
 from pgqueue.data import enqueue as enqueue_data
+from pgqueue.data import workflows as workflow_data
 from pgqueue.data.insert_choice import BoundedQueuesSeen, InsertPath, insert_path
 from pgqueue.db import Executor
 from pgqueue.engines import Engines
-from pgqueue.jobs import NewJob
+from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
 from pgqueue.tracing import Tracing
 
 __all__ = ["Enqueuer", "InsertPlan", "plan_insert"]
@@ -148,3 +150,25 @@ class Enqueuer:
                 return ids
             plan.stopped_by_bound()
         return await database.in_caller_or_own_session(session, plan.checked_insert)
+
+    def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow:
+        """Insert a laid-out workflow in ``session``'s transaction, or in an own one (where a
+        large one may go by ``COPY``, as ``enqueue_many``'s batches do)."""
+        if session is None:
+            database = self._engines.database
+            may_copy = database.uses_driver
+            return uow.run(
+                database, lambda ex: workflow_data.insert_workflow(ex, plan, may_copy=may_copy)
+            )
+        return uow.in_caller_or_own_transaction(
+            session, self._engines.sessions, lambda s: workflow_data.insert_workflow(s, plan)
+        )
+
+    async def ainsert_workflow(
+        self, session: AsyncSession | None, plan: WorkflowPlan
+    ) -> InsertedWorkflow:
+        """``insert_workflow`` for asyncio: in ``session``'s transaction or an own one."""
+        database = await self._engines.running_async_database()
+        return await database.in_caller_or_own_session(
+            session, lambda s: workflow_data.insert_workflow(s, plan)
+        )

@@ -37,6 +37,7 @@ __all__ = [
     "UnknownRevision",
     "UnknownTask",
     "ValidationError",
+    "WorkflowNotFound",
     "connection_failure",
     "ended_before_commit",
     "error_line",
@@ -89,6 +90,10 @@ class UnknownTask(PgQueueError, LookupError):
 
 class JobNotFound(PgQueueError, LookupError):
     """No job with the given id."""
+
+
+class WorkflowNotFound(PgQueueError, LookupError):
+    """No workflow with the given id."""
 
 
 class JobWaitTimeout(PgQueueError, TimeoutError):

@@ -198,3 +198,25 @@ class WorkerEntry(WorkerIdentity):
     started_at: dt.datetime | None = None
     claim_error: str | None = None
     tasks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowPlan:
+    """A workflow ready to insert: its validated jobs, each job's parents (indexes into
+    ``jobs``, in the order their results are passed) and ``WorkflowRole`` value, the indexes
+    of the jobs whose results are the workflow's result, and of its ``on_failure`` job."""
+
+    jobs: Sequence[NewJob]
+    parents: Sequence[tuple[int, ...]]
+    roles: Sequence[int]
+    final: tuple[int, ...]
+    on_failure: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InsertedWorkflow:
+    """What inserting a ``WorkflowPlan`` gave: the workflow's id and its jobs' ids (in the
+    plan's order), the closing marker's id last."""
+
+    id: int
+    job_ids: tuple[int, ...]

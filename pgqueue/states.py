@@ -30,6 +30,9 @@ The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded trans
     hold         (new)              -> WAITING     enqueued with unfinished dependencies, no ticket
     unblock      WAITING            -> QUEUED      the last dependency succeeded; ticket inserted
     abandon      WAITING            -> CANCELLED   a dependency failed for good or was cancelled
+    close        WAITING            -> SUCCEEDED   a workflow's closing marker, when its last member
+                                                   ended and every member succeeded (never runs)
+    close_failed WAITING            -> FAILED      the same when a member failed or was cancelled
 
 Atomic jobs take the same transitions: their claim commits like a leased one, and their
 outcome is written in the handler's transaction, under the lease's token.
@@ -115,6 +118,8 @@ CANCEL: Final = _t(
 RERUN: Final = _t("rerun", {JobState.FAILED, JobState.CANCELLED}, JobState.QUEUED, lease=False)
 UNBLOCK: Final = _t("unblock", {JobState.WAITING}, JobState.QUEUED, lease=False)
 ABANDON: Final = _t("abandon", {JobState.WAITING}, JobState.CANCELLED, lease=False)
+CLOSE: Final = _t("close", {JobState.WAITING}, JobState.SUCCEEDED, lease=False)
+CLOSE_FAILED: Final = _t("close_failed", {JobState.WAITING}, JobState.FAILED, lease=False)
 
 TRANSITIONS: Final[dict[str, Transition]] = {
     t.name: t
@@ -133,6 +138,8 @@ TRANSITIONS: Final[dict[str, Transition]] = {
         RERUN,
         UNBLOCK,
         ABANDON,
+        CLOSE,
+        CLOSE_FAILED,
     )
 }
 
@@ -140,6 +147,17 @@ TRANSITIONS: Final[dict[str, Transition]] = {
 def allowed(source: JobState, target: JobState) -> bool:
     """Whether any named transition leads from ``source`` to ``target``."""
     return any(source in t.sources and t.target is target for t in TRANSITIONS.values())
+
+
+class WorkflowRole(enum.IntEnum):
+    """What a workflow job receives when it is released and how it is settled
+    (``Job.workflow_role``, stored as its number)."""
+
+    MEMBER = 0  # a step that takes no parent's result (``task.si``, or a workflow's first step)
+    TAKES_RESULT = 1  # its parent's result becomes its first positional argument (``task.s``)
+    TAKES_RESULTS = 2  # the list of its parents' results, in order (after a group; a chord)
+    CLOSING = 3  # the workflow's closing marker: never runs, ends the workflow
+    ON_FAILURE = 4  # runs once, with the failed members, when the workflow failed
 
 
 class OutcomeKind(enum.StrEnum):

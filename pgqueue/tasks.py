@@ -23,7 +23,8 @@ from sqlalchemy.orm import Session
 from pgqueue import backoff, validation
 from pgqueue.aio import check_async_session
 from pgqueue.errors import UnknownTask, ValidationError
-from pgqueue.jobs import NewJob
+from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
+from pgqueue.workflows.canvas import Signature
 
 if TYPE_CHECKING:
     from pgqueue.config import Settings
@@ -45,6 +46,12 @@ class JobSink(Protocol):
     async def ainsert_jobs(
         self, session: AsyncSession | None, jobs: Sequence[NewJob]
     ) -> list[int]: ...
+
+    def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow: ...
+
+    async def ainsert_workflow(
+        self, session: AsyncSession | None, plan: WorkflowPlan
+    ) -> InsertedWorkflow: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +229,20 @@ class Task(Generic[P, R]):
         """``enqueue_many`` for asyncio code (in ``session``'s transaction when given)."""
         return await ConfiguredTask(self, EnqueueOptions(session=session)).aenqueue_many(items)
 
+    def with_options(self, options: Mapping[str, Any]) -> ConfiguredTask[P, R]:
+        """``configure(**options)``, for callers holding the options as a mapping."""
+        return self.configure(**options)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this task for a workflow (``chain``/``group``/``chord``): in a
+        workflow, its parent's result (or its parents' results, as a list, after a group) is
+        passed as the first positional argument, before ``args``."""
+        return Signature(self, tuple(args), dict(kwargs))
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: like ``s``, but it receives no parent's result."""
+        return Signature(self, tuple(args), dict(kwargs), immutable=True)
+
     # -- used by the worker ------------------------------------------------------------------
 
     def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -315,7 +336,14 @@ class ConfiguredTask(Generic[P, R]):
     def _build(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
         return self._builder()(args, kwargs)
 
-    def _builder(self) -> Callable[[Sequence[Any], Mapping[str, Any]], NewJob]:
+    def build_job(self, args: Sequence[Any], kwargs: Mapping[str, Any], *, passed: int) -> NewJob:
+        """The validated job for ``args`` and ``kwargs`` when ``passed`` more positional
+        arguments are put before ``args`` when it runs (a workflow job's parents' results):
+        checked against the function's signature with them, stored without."""
+        self.task.check_arguments((None,) * passed + tuple(args), kwargs)
+        return self._builder(check=False)(args, kwargs)
+
+    def _builder(self, check: bool = True) -> Callable[[Sequence[Any], Mapping[str, Any]], NewJob]:
         """The job for one call's arguments; what every job of this enqueue shares (the task's
         defaults merged with the options, the limits) is worked out here, once per call."""
         task, opts = self.task, self.options
@@ -340,7 +368,8 @@ class ConfiguredTask(Generic[P, R]):
         fixed_key = concurrency_key if isinstance(concurrency_key, str) else None
 
         def build(args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
-            check_arguments(args, kwargs)
+            if check:
+                check_arguments(args, kwargs)
             args_json, kwargs_json = encode_args(
                 args, kwargs, max_bytes=max_bytes, max_depth=max_depth
             )

@@ -16,7 +16,7 @@ import os
 
 import click
 
-from pgqueue.cli import demo, history, jobs, migrate, queues, workers
+from pgqueue.cli import demo, history, jobs, migrate, queues, workers, workflows
 from pgqueue.cli.bulk import bulk
 from pgqueue.cli.flow import key_limit, rate_limit
 from pgqueue.cli.shared import (
@@ -62,6 +62,7 @@ for _command in (
     jobs.cancel,
     jobs.enqueue,
     jobs.explain,
+    workflows.workflow,
     history.prune,
     history.history_group,
     queues.schedules,

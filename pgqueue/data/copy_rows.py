@@ -63,3 +63,26 @@ def chunks(lines: Iterable[str]) -> Iterator[str]:
             yield "".join(rows)
             rows.clear()
     yield "".join(rows)
+
+
+def workflow_lines(
+    columns: Sequence[Sequence[object]], text_columns: frozenset[int], run_at: str
+) -> Iterator[str]:
+    """Lines of ``sql.workflows.COPY_JOB_COLUMNS`` for a workflow's jobs given column by column
+    (``columns``, run_at left out: every job has ``run_at``, ISO text): None is ``\\N``, the
+    columns at ``text_columns`` are escaped, a bool is ``t``/``f``."""
+    text = copy_text
+    for values in zip(*columns, strict=True):
+        fields: list[str] = []
+        for index, value in enumerate(values):
+            if index == 7:
+                fields.append(run_at)
+            if value is None:
+                fields.append("\\N")
+            elif value is True or value is False:
+                fields.append("t" if value else "f")
+            elif index in text_columns:
+                fields.append(text(str(value)))
+            else:
+                fields.append(str(value))
+        yield "\t".join(fields) + "\n"

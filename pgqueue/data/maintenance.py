@@ -38,7 +38,7 @@ def rescue_expired(
     if ids is not None:
         params["ids"] = list(ids)
     rows = ex.rows(maintenance.rescue_expired(ids is not None), params)
-    ended = {d for row in rows if row[1] != JobState.RETRYING.value for d in row[2] or ()}
+    ended = [d for row in rows if row[1] != JobState.RETRYING.value for d in row[2] or ()]
     if ended:
         dependencies.settle(ex, ended)
     return [(row[0], row[1]) for row in rows]

@@ -59,7 +59,7 @@ def record_outcomes(
         # deadlock with a heartbeat of the same jobs. Take them all first, in id order.
         ex.rows(outcome_sql.lock_jobs(), {"ids": ids})
     lost: set[int] = set()
-    ended: set[int] = set()
+    ended: list[int] = []
     for kind, batch in by_kind.items():
         statement = _OUTCOME_STATEMENTS.get(kind)
         if statement is None:  # pragma: no cover - Outcome kinds are produced by pgqueue only
@@ -69,7 +69,7 @@ def record_outcomes(
         keyed = any(o.keyed for o in batch)
         rows = ex.rows(statement(with_progress, keyed), params)
         if kind in _ENDING_KINDS:
-            ended |= dependencies.ended_dependents(rows, 1)
+            ended += dependencies.ended_dependents(rows, 1)
         if len(rows) != len(batch):
             done = {row[0] for row in rows}
             lost.update(o.job_id for o in batch if o.job_id not in done)

@@ -173,18 +173,26 @@ def dependencies(job: Any, dependencies: Mapping[int, JobState | None]) -> Block
         for dependency, state in pending.items()
     )
     unread = total - len(dependencies)
+    # A workflow job counts its unfinished dependencies: the count is exact however many it
+    # has, where the states read are the first few only.
+    counted = getattr(job, "pending_dependencies", None)
+    waiting_for = len(pending) if counted is None else counted
+    workflow = getattr(job, "workflow_id", None)
     return Blocker(
         BlockerKind.DEPENDENCIES,
-        f"waiting for {len(pending)} of {total} "
-        f"{_noun(total, 'dependency', 'dependencies')}: {described or 'none left'}"
+        f"waiting for {waiting_for} of {total} "
+        f"{_noun(total, 'dependency', 'dependencies')}"
+        + (f" of workflow {workflow}" if workflow is not None else "")
+        + f": {described or 'none left'}"
         + (f" (and {unread} not read)" if unread > 0 else ""),
         {
             "dependencies": [
                 {"id": dependency, "state": state.value if state is not None else None}
                 for dependency, state in dependencies.items()
             ],
-            "pending": len(pending),
+            "pending": waiting_for,
             "total": total,
+            "workflow_id": workflow,
         },
     )
 

@@ -4,7 +4,8 @@ The two the queue runs on are ``pgqueue_jobs`` (``Job``, durable history) and
 ``pgqueue_message_queue`` (``MessageQueue``, ready tickets), with the rows that belong to one job
 (``_jobs``). Beside them: the rows that steer the claim (``_control``: queues, concurrency keys,
 key limits, schedule ticks) and the records kept beside the queue (``_records``: the worker
-registry, the audit of bulk actions, the partitioned history). All of them share one
+registry, the audit of bulk actions, the partitioned history) and the workflows
+(``_workflows``). All of them share one
 ``MetaData`` with a naming convention (``_base``), so constraint names are deterministic and the
 shipped migrations match the models exactly (a test compares them).
 """
@@ -44,6 +45,7 @@ from pgqueue.models._records import (
     JobHistory,
     WorkerRecord,
 )
+from pgqueue.models._workflows import WORKFLOW_STATE_CHECK, Workflow
 
 __all__ = [
     "HISTORY_DEFAULT_PARTITION",
@@ -54,6 +56,7 @@ __all__ = [
     "STATE_CHECK",
     "TABLE_PREFIX",
     "UNIQUE_KEY_HELD",
+    "WORKFLOW_STATE_CHECK",
     "AuditRecord",
     "Base",
     "ConcurrencyKey",
@@ -69,6 +72,7 @@ __all__ = [
     "QueueControl",
     "StoredJSON",
     "WorkerRecord",
+    "Workflow",
     "job_state_type",
     "metadata",
 ]

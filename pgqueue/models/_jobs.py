@@ -149,6 +149,19 @@ class Job(Base):
     concurrency_key: Mapped[str | None] = mapped_column(Text)
     """Flow control: at most the key's limit of jobs with this key run at once, across all
     workers (``ConcurrencyKey``); null for most jobs."""
+    workflow_id: Mapped[int | None] = mapped_column(BigInteger)
+    """The workflow (``chain``/``group``/``chord``, ``Workflow``) the job belongs to; null for
+    most jobs. No foreign key: a workflow's row outlives its pruned jobs, and a job is never
+    moved to another workflow."""
+    pending_dependencies: Mapped[int | None] = mapped_column(Integer)
+    """A workflow job's count of dependencies that have not ended yet, decremented in the
+    transaction that ends each one: the job is settled once, when it reaches 0, so a chord
+    callback over n members costs O(n) in all. Null for jobs outside workflows (settled by
+    reading all their dependencies' states each time one ends)."""
+    workflow_role: Mapped[int | None] = mapped_column(SmallInteger)
+    """What a workflow job receives and how it settles (``pgqueue.workflows.roles``): a plain
+    member, one taking its parent's result or its parents' results as first argument, the
+    workflow's closing marker, or its ``on_failure`` job. Null outside workflows."""
 
     __table_args__ = (
         CheckConstraint(STATE_CHECK, name="state_valid"),
@@ -184,6 +197,13 @@ class Job(Base):
             "ix_pgqueue_jobs_concurrency_key",
             "concurrency_key",
             postgresql_where=text("concurrency_key IS NOT NULL"),
+        ),
+        # A workflow's jobs by state: listing them, and whether any of them is still active.
+        Index(
+            "ix_pgqueue_jobs_workflow_id_state",
+            "workflow_id",
+            "state",
+            postgresql_where=text("workflow_id IS NOT NULL"),
         ),
     )
 

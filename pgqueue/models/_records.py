@@ -183,6 +183,12 @@ class JobHistory(Base):
     """``Job.progress_at``."""
     concurrency_key: Mapped[str | None] = mapped_column(Text)
     """``Job.concurrency_key``."""
+    workflow_id: Mapped[int | None] = mapped_column(BigInteger)
+    """``Job.workflow_id``."""
+    pending_dependencies: Mapped[int | None] = mapped_column(Integer)
+    """``Job.pending_dependencies``."""
+    workflow_role: Mapped[int | None] = mapped_column(SmallInteger)
+    """``Job.workflow_role``."""
 
     __table_args__ = (
         CheckConstraint(STATE_CHECK, name="state_valid"),

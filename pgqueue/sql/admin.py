@@ -475,7 +475,7 @@ def finished_per_bucket(history: bool = False) -> Select[str, JobState, int, int
 
 
 # The dependents a deleted job leaves behind: those of a job that had not SUCCEEDED, which can
-# now never succeed (``sql.outcomes.abandon_orphans`` cancels them). A SUCCEEDED job released its
+# now never succeed (``sql.dependencies.abandon_orphans`` cancels them). A SUCCEEDED job released its
 # dependents when it ended, and deleting it (pruned history, say) must not cancel the ones still
 # waiting on another dependency.
 ORPHANED: Final[ColumnElement[list[int] | None]] = case(

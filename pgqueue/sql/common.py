@@ -4,7 +4,7 @@ and key slot release, and the columns a claim returns.
 
 Statements moving jobs out of RUNNING give their queue and concurrency-key slots back in the
 same statement (``free_slots``). Statements that end jobs return the ended jobs' ``dependents``; the
-data layer settles those (``sql.outcomes.settle_dependents``) in a follow-up statement, not a
+data layer settles those (``sql.dependencies.settle_dependents``) in a follow-up statement, not a
 CTE: a dependent enqueued while the outcome statement waited for the dependency's row lock is
 invisible to that statement's snapshot, but visible to the next statement's.
 """

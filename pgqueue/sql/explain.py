@@ -53,6 +53,8 @@ def job_facts() -> Select[*tuple[Any, ...]]:
             Job.lease_owner,
             Job.lease_expires_at,
             Job.depends_on,
+            Job.pending_dependencies,
+            Job.workflow_id,
             Job.atomic,
             Job.snoozes,
             Job.concurrency_key,

@@ -28,7 +28,7 @@ from sqlalchemy import (
     update,
 )
 
-from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl
+from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl, Workflow
 from pgqueue.sql import flow as flow_sql
 from pgqueue.sql.common import (
     CLEAR_LEASE,
@@ -138,7 +138,8 @@ def prune_finished() -> Select[int]:
     Binds ``succeeded_before``/``failed_before`` (seconds of age), ``limit``. A finished job
     has no ticket (the claim deleted it, a re-run gives a new one only to a job it moves out of
     the finished states, and this statement locks what it deletes); any ticket of a pruned job
-    is deleted all the same, since no foreign key cascades the delete to tickets."""
+    is deleted all the same, since no foreign key cascades the delete to tickets. The row of a
+    workflow whose closing marker is pruned is deleted too."""
     old = (
         select(Job.id)
         .where(
@@ -164,7 +165,11 @@ def prune_finished() -> Select[int]:
     tickets = (
         delete(MessageQueue).where(among(MessageQueue.job_id, pruned.c.id)).cte("pruned_tickets")
     )
-    return select(func.count()).select_from(pruned).add_cte(tickets)
+    # A workflow's row goes with its closing marker, the last of its jobs to end.
+    workflows = (
+        delete(Workflow).where(among(Workflow.closing_job_id, pruned.c.id)).cte("pruned_workflows")
+    )
+    return select(func.count()).select_from(pruned).add_cte(tickets, workflows)
 
 
 @cache

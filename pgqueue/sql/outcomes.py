@@ -1,7 +1,7 @@
 """Statements that write what became of running jobs, batched over parallel arrays and guarded by
 the lease token (a worker whose lease was lost updates 0 rows): complete, retry, fail, cancelled,
-release, snooze, suspend; the heartbeat that extends leases; the lock that orders a batch; and the
-settling of the dependents of jobs that ended.
+release, snooze, suspend; the heartbeat that extends leases; and the lock that orders a batch.
+The settling of the dependents of jobs that ended is ``sql.dependencies``'.
 
 Each outcome statement and the heartbeat has a second form, ``with_progress=True``, that also
 writes the progress handlers reported (``JobContext.progress``): two more arrays, null for the
@@ -20,7 +20,6 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     ColumnElement,
-    CompoundSelect,
     Float,
     Integer,
     Select,
@@ -34,11 +33,9 @@ from sqlalchemy import (
     null,
     select,
     text,
-    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.orm import aliased
 from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.elements import TextClause
 
@@ -52,7 +49,6 @@ from pgqueue.sql.common import (
     array_param,
     free_slots,
     ids_with_new_tickets,
-    in_states,
     locked_in_id_order,
     seconds,
     source_states,
@@ -60,7 +56,6 @@ from pgqueue.sql.common import (
     woken,
 )
 from pgqueue.states import (
-    ABANDON,
     CANCELLED,
     COMPLETE,
     FAIL,
@@ -68,7 +63,6 @@ from pgqueue.states import (
     RETRY,
     SNOOZE,
     SUSPEND,
-    UNBLOCK,
     JobState,
     Transition,
 )
@@ -382,140 +376,6 @@ def lock_jobs() -> Select[int]:
     """Lock the rows of jobs ``ids`` (array) in id order, first thing in a transaction that
     then updates them in several statements (``record_outcomes``). Binds ``ids``."""
     return locked_in_id_order()
-
-
-@cache
-def lock_waiting_dependents() -> Select[int]:
-    """Lock the WAITING jobs ``ids`` (array) in id order, the statement before
-    ``settle_dependents`` in the transaction that ended some of their dependencies.
-
-    Two dependencies of one job may end in two transactions open at once; each settling,
-    reading in its own snapshot, would see the other dependency still RUNNING and leave the job
-    WAITING for good. With the dependent locked first, the second settling waits for the first
-    transaction to end and its next statement sees that dependency's outcome."""
-    return (
-        select(Job.id)
-        .where(
-            Job.id == func.any(array_param("ids", BigInteger)),
-            Job.state == JobState.WAITING.value,
-        )
-        .order_by(Job.id)
-        .with_for_update(key_share=True)
-    )
-
-
-@cache
-def settle_dependents() -> CompoundSelect[Any]:
-    """Release or cancel the WAITING jobs ``ids`` (array) from their dependencies' states.
-
-    A job all of whose ``depends_on`` SUCCEEDED gets its ticket (``unblock``); a job with a
-    dependency FAILED or CANCELLED is cancelled (``abandon``) with the reason, and so is every
-    WAITING job depending on it, transitively. Others stay WAITING. Idempotent: the state guard
-    makes a second run (or a concurrent one) change nothing, so each job is queued at most once.
-    Returns ``(id, new state)``.
-    """
-    dependency = aliased(Job, name="dependency")
-    candidates = (
-        select(Job.id, Job.depends_on)
-        .where(Job.id == func.any(array_param("ids", BigInteger)), source_states(UNBLOCK))
-        .cte("candidates")
-    )
-    dead = (
-        select(dependency.id, dependency.state)
-        .where(
-            dependency.id == func.any(candidates.c.depends_on),
-            in_states(dependency.state, (JobState.FAILED, JobState.CANCELLED)),
-        )
-        .order_by(dependency.id)
-        .limit(1)
-        .lateral("dead")
-    )
-    unfinished = (
-        select(literal(1))
-        .where(
-            dependency.id == func.any(candidates.c.depends_on),
-            dependency.state != JobState.SUCCEEDED.value,
-        )
-        .exists()
-    )
-    seeds = (
-        select(
-            candidates.c.id.label("id"),
-            dead.c.id.label("root"),
-            dead.c.state.label("root_state"),
-        )
-        .select_from(candidates.join(dead, true()))
-        .cte("doomed", recursive=True)
-    )
-    deeper = select(
-        func.unnest(Job.dependents).label("id"), seeds.c.root, seeds.c.root_state
-    ).where(Job.id == seeds.c.id, Job.dependents.is_not(None))
-    doomed = seeds.union(deeper)
-    reason = func.concat("dependency ", doomed.c.root, " ended ", doomed.c.root_state, "; not run")
-    abandoned = (
-        update(Job)
-        .where(Job.id == doomed.c.id, source_states(ABANDON))
-        .values(
-            state=ABANDON.target,
-            finished_at=OUTCOME_AT,
-            updated_at=OUTCOME_AT,
-            last_error=reason,
-        )
-        .returning(Job.id, Job.state, Job.awaited)
-        .cte("abandoned")
-    )
-    ready = select(candidates.c.id).where(~unfinished)
-    unblocked = (
-        update(Job)
-        .where(Job.id.in_(ready), source_states(UNBLOCK))
-        .values(
-            state=UNBLOCK.target,
-            run_at=func.greatest(Job.run_at, OUTCOME_AT),
-            updated_at=OUTCOME_AT,
-        )
-        .returning(
-            Job.id, Job.state, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key
-        )
-        .cte("unblocked")
-    )
-    tickets = tickets_for(unblocked, "unblocked_tickets")
-    return (
-        select(abandoned.c.id, abandoned.c.state)
-        .where(announced(abandoned))
-        .union_all(select(unblocked.c.id, unblocked.c.state).where(woken(tickets)))
-        .add_cte(tickets)
-    )
-
-
-@cache
-def abandon_orphans() -> Select[int, list[int] | None]:
-    """WAITING jobs ``ids`` (array) that depend on a job of ``deleted`` (array) -> CANCELLED,
-    the reason naming the deleted dependency (the smallest id, when several were deleted).
-
-    A deleted dependency can never succeed, and ``settle_dependents`` cannot tell a deleted
-    dependency from a finished one (it finds no row), so deleting a job cancels its dependents
-    here, right after the delete. Returns ``(id, dependents)`` of the cancelled jobs, whose own
-    dependents ``settle_dependents`` then cancels in turn.
-    """
-    deleted = func.unnest(array_param("deleted", BigInteger)).column_valued("deleted_id")
-    gone = select(func.min(deleted)).where(deleted == func.any(Job.depends_on)).scalar_subquery()
-    abandoned = (
-        update(Job)
-        .where(
-            Job.id == func.any(array_param("ids", BigInteger)),
-            source_states(ABANDON),
-            gone.is_not(None),
-        )
-        .values(
-            state=ABANDON.target,
-            finished_at=OUTCOME_AT,
-            updated_at=OUTCOME_AT,
-            last_error=func.concat("dependency ", gone, " was deleted; not run"),
-        )
-        .returning(Job.id, Job.dependents, Job.awaited)
-        .cte("orphans_abandoned")
-    )
-    return select(abandoned.c.id, abandoned.c.dependents).where(announced(abandoned))
 
 
 @cache

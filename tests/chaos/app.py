@@ -174,6 +174,23 @@ def leased(ctx, kind, seconds=0.0, fail_until=0, snoozes=0, key=None, poison=Non
     return leased_body(ctx, kind, seconds, fail_until, snoozes, message, poison)
 
 
+# A chord's callback: its run rows count its runs (each must happen once), and it checks it
+# got one result per member, as a list.
+@pgq.task(name="chaos.gather", queue="chaos", pass_context=True, max_attempts=3,
+          retry=backoff.constant(0.3))
+def gather(ctx, results, kind, expected=0):
+    token = begin_run(ctx, kind)
+    outcome = "raised"
+    try:
+        if not isinstance(results, list) or len(results) != expected:
+            raise RuntimeError(f"chaos: gathered {results!r}, expected {expected} results")
+        tx_row(ctx.session, ctx, kind)
+        outcome = "ok"
+        return len(results)
+    finally:
+        end_run(token, outcome)
+
+
 # A task only some workers register, as during a rolling deploy: the others must leave its
 # jobs to them, neither failing them nor counting an attempt.
 if os.environ.get("CHAOS_NEWER") == "1":

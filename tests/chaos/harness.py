@@ -245,6 +245,7 @@ def _run(
         stale_after=LEASE_SECONDS + 9,
         newer_pids=workers.newer_pids,
         events=faults.events,
+        workflow_cancels=workload.workflow_cancels,
     )
     checker = Checker(engine, facts)
     notes: list[str] = []

@@ -13,8 +13,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import workflow_checks
 from .app import KEY_LIMIT, NEWER_TASK, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_MAIN
 from .snapshot import ACTIVE, FINAL, Run, Snapshot, clock, interrupted
+from .workflow_checks import CLOSING_ROLE
 from .workload import KEY_OVERRIDES, Event, LimitChange
 
 ATOMIC_TASKS = {"chaos.atomic", "chaos.atomic_solo"}
@@ -42,6 +44,8 @@ class Facts:
     final: bool = False  # the workers drained: nothing may be left ready
     newer_pids: set[int] = field(default_factory=set)  # the processes registering chaos.newer
     events: list[Event] = field(default_factory=list)  # the faults so far (a live list)
+    # Workflow id -> when its cancel returned (a live dict of the workload's).
+    workflow_cancels: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -135,8 +139,8 @@ def leased_runs_explained(s: Snapshot, facts: Facts) -> list[Violation]:
     death, or its attempt has a recorded error (a lease expiry, a lost commit)."""
     found = []
     for job in s.jobs.values():
-        if job.task_name in ATOMIC_TASKS:
-            continue
+        if job.task_name in ATOMIC_TASKS or job.workflow_role == CLOSING_ROLE:
+            continue  # a workflow's closing marker never runs
         runs = s.runs.get(job.id, [])
         if job.state == "succeeded" and not s.txs.get(job.id):
             found.append(Violation("4 leased runs", job.id, "succeeded without a completed run"))
@@ -310,7 +314,8 @@ def unique_active(s: Snapshot, facts: Facts) -> list[Violation]:
 
 def dependencies_respected(s: Snapshot, facts: Facts) -> list[Violation]:
     """8. A dependent runs only after every parent SUCCEEDED (its run starts after each
-    parent's finished_at); a dependent of a failed or cancelled parent is cancelled."""
+    parent's finished_at); a dependent of a failed or cancelled parent is cancelled (a
+    workflow job once all its parents ended)."""
     found = []
     for job in s.jobs.values():
         parents = [s.jobs[p] for p in job.depends_on or [] if p in s.jobs]
@@ -330,7 +335,10 @@ def dependencies_respected(s: Snapshot, facts: Facts) -> list[Violation]:
                 )
                 break
         lost = [p.id for p in parents if p.state in ("failed", "cancelled")]
-        if lost and job.state != "cancelled":
+        # A workflow job is settled once all its parents ended (it counts them down), and a
+        # workflow's closing marker ends FAILED when a member did (it closes the workflow).
+        settled = job.workflow_id is None or all(p.state in FINAL for p in parents)
+        if lost and settled and job.state != "cancelled" and job.workflow_role != CLOSING_ROLE:
             found.append(
                 Violation("8 dependencies", job.id, f"{job.state} though parents {lost} ended")
             )
@@ -595,4 +603,6 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (outcomes_not_held_up, True),
     (poison_refused, True),
     (durable_waits_kept, True),
+    (workflow_checks.callback_once, True),
+    (workflow_checks.nothing_starts_after_a_cancel, True),
 ]

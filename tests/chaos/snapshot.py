@@ -28,7 +28,8 @@ JOBS = text(
     "SELECT id, task_name, queue, kwargs::jsonb ->> 'kind' AS kind, state, attempts,"
     " max_attempts, run_at, created_at, started_at, finished_at, errors, last_error,"
     " unique_key, concurrency_key, depends_on, lease_expires_at, snoozes, atomic,"
-    " cancel_requested, CASE WHEN task_name = 'chaos.waiter' THEN result END AS result"
+    " cancel_requested, workflow_id, workflow_role,"
+    " CASE WHEN task_name = 'chaos.waiter' THEN result END AS result"
     " FROM pgqueue_jobs ORDER BY id"
 )
 # When each durable sleep of the waiter jobs ends (its step's saved time, database clock).
@@ -68,6 +69,7 @@ class Snapshot:
     steps: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
     paused: set[str] = field(default_factory=set)
     sleeps_until: dict[int, float] = field(default_factory=dict)
+    workflows: dict[int, str] = field(default_factory=dict)  # workflow id -> state
 
     def errors_for(self, job_id: int, attempt: int) -> list[str]:
         """The recorded errors of ``job_id``'s attempt ``attempt`` (its last ten attempts')."""
@@ -120,8 +122,9 @@ def read(engine: Engine) -> Snapshot:
             connection.execute(text("SELECT name FROM pgqueue_queues WHERE paused")).scalars()
         )
         sleeps = {row[0]: row[1] for row in connection.execute(SLEEPS)}
+        workflows = dict(connection.execute(text("SELECT id, state FROM pgqueue_workflows")).all())
         connection.rollback()
-    snapshot = Snapshot(now, jobs, paused=paused, sleeps_until=sleeps)
+    snapshot = Snapshot(now, jobs, paused=paused, sleeps_until=sleeps, workflows=workflows)
     by_tag = {"run": snapshot.runs, "tx": snapshot.txs, "step": snapshot.steps}
     for row in ledger:
         run = Run(

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from pgqueue import InvalidStateTransition
+from pgqueue import InvalidStateTransition, chord
 from pgqueue.admin import JobFilter
 
 from .app import (
@@ -83,6 +83,9 @@ class Workload:
         self.paused: dict[str, float] = {}  # queue -> when to resume it
         self.cancels: list[tuple[float, int]] = []  # (when, job id)
         self.signals: list[tuple[float, int]] = []  # (when, job id): a signal to send then
+        self.workflow_cancels_due: list[tuple[float, int]] = []  # (when, workflow id)
+        # Workflow id -> when its cancel returned (committed by then).
+        self.workflow_cancels: dict[int, float] = {}
         self.thread = threading.Thread(target=self._loop, name="chaos-workload", daemon=True)
         self.kinds: list[tuple[float, Callable[[], None]]] = [
             (10, lambda: self._leased("leased", seconds=self.rng.uniform(0, 0.3))),
@@ -96,6 +99,7 @@ class Workload:
             (5, self._unique),
             (4, self._delayed),
             (4, self._dependent),
+            (3, self._workflow),
             (4, lambda: self._leased("retrying", fail_until=self.rng.randint(1, 2))),
             (3, lambda: self._leased("always_fail", fail_until=99)),
             (4, lambda: self._leased("slow", seconds=self.rng.uniform(2, 6))),
@@ -164,6 +168,9 @@ class Workload:
             for due, job_id in [c for c in self.signals if c[0] <= now]:
                 self.signals.remove((due, job_id))
                 self._signal(job_id)
+            for due, workflow_id in [c for c in self.workflow_cancels_due if c[0] <= now]:
+                self.workflow_cancels_due.remove((due, workflow_id))
+                self._cancel_workflow(workflow_id)
             roll = self.rng.random()
             if roll < 0.04:
                 self._admin_move()
@@ -293,6 +300,29 @@ class Workload:
         if job_id is not None:
             self.enqueued["sql_enqueued"] += 1
             self.jobs.append(job_id)
+
+    def _workflow(self) -> None:
+        """A chord of a few leased members (some failing for good, some slow) and a gather
+        callback; one in five is cancelled a moment later."""
+        members = []
+        for _ in range(self.rng.randint(2, 12)):
+            fail = 98 if self.rng.random() < 0.05 else self.rng.choice([0, 0, 0, 1])
+            seconds = self.rng.uniform(0, 1.5)
+            members.append(self.app.leased.s(kind="wf_member", seconds=seconds, fail_until=fail))
+        callback = self.app.gather.s(kind="wf_callback", expected=len(members))
+        workflow = self._call("enqueue", lambda: chord(members, callback).enqueue())
+        if workflow is None:
+            return
+        self.enqueued["workflow"] += 1
+        self.jobs.extend(workflow.job_ids)
+        if self.rng.random() < 0.2:
+            self.workflow_cancels_due.append((time.time() + self.rng.uniform(0, 2), workflow.id))
+
+    def _cancel_workflow(self, workflow_id: int) -> None:
+        result = self._call("cancel_workflow", lambda: self.app.pgq.cancel_workflow(workflow_id))
+        if result:
+            self.workflow_cancels[workflow_id] = time.time()
+        self._event("cancel_workflow", f"workflow {workflow_id}: {result}")
 
     def _to_cancel(self) -> None:
         if self.rng.random() < 0.5:

@@ -131,6 +131,23 @@ def work(ctx, seconds=0.0, start_mark=False):
     )
 
 
+@pgq.task(name="member", max_attempts=25, retry=backoff.constant(0.05))
+def member(x, seconds=0.0):
+    """A workflow member: its argument back, after ``seconds``."""
+    if seconds:
+        time.sleep(seconds)
+    return x
+
+
+@pgq.task(name="gather", pass_context=True, max_attempts=25, retry=backoff.constant(0.05))
+def gather(ctx, results):
+    """A chord's callback: a committed 'callback' mark per run, with how many results it got
+    and whether they were 0, 1, 2, ... in order."""
+    ordered = results == list(range(len(results)))
+    mark(ctx, "callback", f"{len(results)} {ordered}")
+    return len(results)
+
+
 @pgq.task(name="flaky", pass_context=True, max_attempts=2, retry=backoff.constant(0.05))
 def flaky(ctx, seconds=0.0, fail_ratio=0.5):
     """Fails ``fail_ratio`` of its runs (so some jobs end FAILED), else writes a 'done' row."""

@@ -36,6 +36,7 @@ INVOCATIONS: dict[str, list[list[str]]] = {
     "jobs": [["jobs"], ["jobs", "--json", "--state", "failed"]],
     "show": [["show", "1"]],
     "explain": [["explain", "1"], ["explain", "1", "--json"]],
+    "workflow": [["workflow", "1"], ["workflow", "1", "--json"]],
     "retry": [["retry", "1"]],
     "cancel": [["cancel", "1"]],
     "prune": [["prune"]],
@@ -404,6 +405,10 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
         (["show"], "missing argument 'JOB_ID'"),
     ],
     "explain": [(["explain", "abc"], "'abc' is not a valid integer")],
+    "workflow": [
+        (["workflow", "abc"], "'abc' is not a valid integer"),
+        (["workflow", "99"], "no workflow with id 99"),
+    ],
     "retry": [(["retry", "abc"], "'abc' is not a valid integer")],
     "cancel": [(["cancel", "1", "2"], "unexpected extra argument (2)")],
     "enqueue": [

@@ -151,7 +151,8 @@ def test_the_readme_grants_exactly_dml_rights(database_url: URL, app_role: str) 
         sequences = connection.execute(
             text(
                 "SELECT pg_get_serial_sequence('pgqueue_jobs', 'id'),"
-                " pg_get_serial_sequence('pgqueue_audit', 'id')"
+                " pg_get_serial_sequence('pgqueue_audit', 'id'),"
+                " pg_get_serial_sequence('pgqueue_workflows', 'id')"
             )
         ).one()
         held = connection.execute(
@@ -187,9 +188,17 @@ def test_the_readme_grants_exactly_dml_rights(database_url: URL, app_role: str) 
             ),
             {"r": app_role},
         ).one()
-    assert tuple(sequences) == ("public.pgqueue_jobs_id_seq", "public.pgqueue_audit_id_seq")
+    assert tuple(sequences) == (
+        "public.pgqueue_jobs_id_seq",
+        "public.pgqueue_audit_id_seq",
+        "public.pgqueue_workflows_id_seq",
+    )
     expected = {(table, right) for table in pgqueue_tables() for right in DML}
-    expected |= {("pgqueue_jobs_id_seq", "USAGE"), ("pgqueue_audit_id_seq", "USAGE")}
+    expected |= {
+        ("pgqueue_jobs_id_seq", "USAGE"),
+        ("pgqueue_audit_id_seq", "USAGE"),
+        ("pgqueue_workflows_id_seq", "USAGE"),
+    }
     assert set(held) == expected
     assert functions == [("pgqueue_enqueue", "EXECUTE", False)]
     assert tuple(rights) == (True, True, False, False, False, False, False, 0, 0)

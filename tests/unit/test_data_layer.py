@@ -135,7 +135,9 @@ def test_new_job_state_follows_its_dependencies() -> None:
 def test_dependency_helpers() -> None:
     assert dependencies.array_text((3, 1)) == "{3,1}"
     assert dependencies.array_text(()) is None
-    assert dependencies.ended_dependents([(1, [5, 6]), (2, None), (3, [6, 7])], 1) == {5, 6, 7}
+    # One entry per ended edge: job 6 had two of its dependencies end.
+    ended = dependencies.ended_dependents([(1, [5, 6]), (2, None), (3, [6, 7])], 1)
+    assert ended == [5, 6, 6, 7]
 
 
 def _job(queue: str = "q", task: str = "t", args: str = "[]") -> NewJob:

@@ -1,0 +1,230 @@
+"""Workflows (``sql.workflows``): inserting one whole, reading it, cancelling it; over
+``db.Executor``, never committing.
+
+A workflow is inserted in three statements however many jobs it has: its ids are drawn, then
+its jobs go in with their edges on both sides (``depends_on`` and ``dependents``), their
+countdowns and roles, and tickets for those with no parent, then its row. A closing marker
+(a job that never runs) depends on every member: it is settled when the last of them ended,
+and closes the workflow in that transaction (``dependencies.settle``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pgqueue.data import copy_rows, dependencies
+from pgqueue.data.insert_choice import COPY_THRESHOLD
+from pgqueue.db import Executor, SessionOrExecutor, executor_for
+from pgqueue.errors import ValidationError
+from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
+from pgqueue.sql import workflows
+from pgqueue.states import JobState, WorkflowRole
+
+# The closing marker's task name: it never runs, so no task has this name.
+CLOSING_TASK = "pgqueue.workflow"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRow:
+    """A workflow's row and the rows of its jobs, as read in one snapshot."""
+
+    id: int
+    state: str
+    created_at: Any
+    finished_at: Any
+    final_job_ids: list[int]
+    closing_job_id: int
+    on_failure_job_id: int | None
+    job_count: int
+    jobs: list[tuple[int, str, JobState, int | None, list[int] | None]]
+    final_results: list[tuple[int, JobState, Any]]
+
+
+def insert_workflow(
+    db: SessionOrExecutor, plan: WorkflowPlan, *, may_copy: bool = False
+) -> InsertedWorkflow:
+    """Insert ``plan``'s jobs, its closing marker and its row (see the module). ``may_copy``:
+    a large workflow whose jobs share their ``run_at``, and whose first jobs their queue,
+    priority and atomic flag, and that has no concurrency key, is written with ``COPY``."""
+    ex = executor_for(db)
+    members = [i for i in range(len(plan.jobs)) if i != plan.on_failure]
+    first = plan.jobs[0]
+    jobs: list[NewJob] = [
+        *plan.jobs,
+        NewJob(CLOSING_TASK, first.queue, "[]", "{}", first.priority, 1, None, None, None, False),
+    ]
+    count = len(jobs)
+    closing = count - 1
+    parents: list[tuple[int, ...]] = [*plan.parents, tuple(members)]
+    if plan.on_failure is not None:
+        parents[plan.on_failure] = (closing,)
+    roots = [i for i, p in enumerate(parents) if not p]
+    copy = may_copy and count >= COPY_THRESHOLD and _copyable(jobs, roots)
+    allocation = {
+        "n": count,
+        "queues": sorted({j.queue for j in jobs}),
+        "run_at": first.run_at if copy else None,
+        "delay": first.delay if copy else None,
+    }
+    ids, workflow_id, bounded, run_at = ex.rows(workflows.allocate_ids(), allocation)[0]
+    if bounded:
+        raise ValidationError("a workflow's jobs cannot go to a queue with a max_depth")
+    ids = sorted(ids)
+    children: list[list[int]] = [[] for _ in jobs]
+    for child, its_parents in enumerate(parents):
+        for parent in its_parents:
+            children[parent].append(ids[child])
+    columns: dict[str, list[Any]] = {
+        "ids": ids,
+        "task_names": [j.task_name for j in jobs],
+        "queues": [j.queue for j in jobs],
+        "args": [j.args_json for j in jobs],
+        "kwargs": [j.kwargs_json for j in jobs],
+        "priorities": [j.priority for j in jobs],
+        "max_attempts": [j.max_attempts for j in jobs],
+        "atomics": [j.atomic for j in jobs],
+        "states": [(JobState.WAITING if p else JobState.QUEUED).value for p in parents],
+        "depends_ons": [dependencies.array_text(ids[i] for i in p) for p in parents],
+        "dependents": [dependencies.array_text(c) for c in children],
+        "pendings": [len(p) if p else None for p in parents],
+        "roles": [*plan.roles, WorkflowRole.CLOSING.value],
+    }
+    if copy:
+        _copy_jobs(ex, columns, workflow_id, run_at, [ids[i] for i in roots], jobs[roots[0]])
+    else:
+        _insert_jobs(ex, jobs, columns, workflow_id)
+    ex.rows(
+        workflows.insert_workflow(),
+        {
+            "id": workflow_id,
+            "final_job_ids": [ids[i] for i in plan.final],
+            "closing_job_id": ids[closing],
+            "on_failure_job_id": None if plan.on_failure is None else ids[plan.on_failure],
+            "job_count": len(members),
+        },
+    )
+    return InsertedWorkflow(workflow_id, tuple(ids))
+
+
+def _copyable(jobs: Sequence[NewJob], roots: Sequence[int]) -> bool:
+    """Whether ``jobs`` share their ``run_at``/``delay``, the ``roots`` their queue, priority
+    and atomic flag, and none has a concurrency key: then one ``COPY`` and one ticket insert
+    of shared values write them."""
+    first, root = jobs[0], jobs[roots[0]]
+    return all(
+        j.concurrency_key is None and j.delay == first.delay and j.run_at == first.run_at
+        for j in jobs
+    ) and all(
+        (jobs[i].queue, jobs[i].priority, jobs[i].atomic)
+        == (root.queue, root.priority, root.atomic)
+        for i in roots
+    )
+
+
+# The columns of ``_copy_jobs``' lines that hold text to escape (task name, queue, arguments).
+_TEXT_COLUMNS = frozenset({1, 2, 3, 4})
+
+
+def _copy_jobs(
+    ex: Executor,
+    columns: dict[str, list[Any]],
+    workflow_id: int,
+    run_at: Any,
+    root_ids: list[int],
+    root: NewJob,
+) -> None:
+    """Write the jobs with ``COPY``, then the tickets of the ``root_ids``."""
+    ordered = [
+        columns["ids"],
+        columns["task_names"],
+        columns["queues"],
+        columns["args"],
+        columns["kwargs"],
+        columns["priorities"],
+        columns["max_attempts"],
+        columns["atomics"],
+        columns["states"],
+        columns["depends_ons"],
+        columns["dependents"],
+        columns["pendings"],
+        columns["roles"],
+        [workflow_id] * len(columns["ids"]),
+    ]
+    lines = copy_rows.workflow_lines(ordered, _TEXT_COLUMNS, run_at.isoformat())
+    ex.copy(workflows.copy_jobs(), copy_rows.chunks(lines))
+    ex.rows(
+        workflows.insert_tickets(),
+        {
+            "ids": root_ids,
+            "queue": root.queue,
+            "priority": root.priority,
+            "run_at": run_at,
+            "atomic": root.atomic,
+        },
+    )
+
+
+def _insert_jobs(
+    ex: Executor, jobs: Sequence[NewJob], columns: dict[str, list[Any]], workflow_id: int
+) -> None:
+    """Write the jobs and their first jobs' tickets in one ``INSERT`` over unnested arrays."""
+    params: dict[str, Any] = {
+        **columns,
+        "delays": [j.delay for j in jobs],
+        "run_ats": [None if j.run_at is None else j.run_at.isoformat() for j in jobs],
+        "workflow_id": workflow_id,
+    }
+    keyed = any(j.concurrency_key is not None for j in jobs)
+    if keyed:
+        params["concurrency_keys"] = [j.concurrency_key for j in jobs]
+        params["key_limits"] = [j.key_limit for j in jobs]
+    inserted = ex.rows(workflows.insert_jobs(keyed), params)
+    if len(inserted) != len(jobs):  # pragma: no cover - a bound set since allocate_ids
+        raise ValidationError("a workflow's jobs cannot go to a queue with a max_depth")
+
+
+def read_workflow(db: SessionOrExecutor, workflow_id: int) -> WorkflowRow | None:
+    """Workflow ``workflow_id`` with its jobs and the results of its final jobs, or None."""
+    ex = executor_for(db)
+    rows = ex.rows(workflows.workflow_row(), {"workflow": workflow_id})
+    if not rows:
+        return None
+    state, created, finished, final, closing, on_failure, job_count = rows[0]
+    jobs = [
+        (row[0], row[1], JobState(row[2]), row[3], row[4])
+        for row in ex.rows(workflows.workflow_jobs(), {"workflow": workflow_id})
+    ]
+    by_id = {row[0]: row for row in ex.rows(workflows.results_of(), {"ids": list(final)})}
+    results = [
+        (job_id, JobState(by_id[job_id][1]), by_id[job_id][2])
+        for job_id in final
+        if job_id in by_id
+    ]
+    return WorkflowRow(
+        workflow_id,
+        state,
+        created,
+        finished,
+        list(final),
+        closing,
+        on_failure,
+        job_count,
+        jobs,
+        results,
+    )
+
+
+def cancel_workflow(db: SessionOrExecutor, workflow_id: int) -> bool:
+    """Cancel workflow ``workflow_id``: its row -> cancelled, its jobs that wait cancelled
+    (what depends on them counted down and settled), its running jobs flagged. False when it
+    was not running."""
+    ex = executor_for(db)
+    if not ex.rows(workflows.mark_cancelled(), {"workflow": workflow_id}):
+        return False
+    dependents = ex.rows(workflows.cancel_waiting_jobs(), {"workflow": workflow_id})[0][0]
+    if dependents:
+        dependencies.settle(ex, dependents)
+    ex.rows(workflows.flag_running_jobs(), {"workflow": workflow_id})
+    return True

@@ -1,0 +1,95 @@
+"""A workflow construct as the rows to insert (``jobs.WorkflowPlan``): pure, no database.
+
+Each construct lays itself out (``lay_out``) after its ``parents`` (the jobs whose results it
+may receive) and says what comes out of it: the jobs whose results the next step receives, and
+whether they are a group's (then the next step gets their results as one list) or one job's
+(its result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from pgqueue.errors import ValidationError
+from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
+from pgqueue.states import WorkflowRole
+
+# What comes out of a laid-out construct: its jobs' indexes, and whether they are a group's.
+Outlet = tuple[tuple[int, ...], bool]
+
+
+class WorkflowSink(Protocol):
+    """Where a workflow is inserted (implemented by ``PgQueue``)."""
+
+    def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow: ...
+
+    async def ainsert_workflow(
+        self, session: AsyncSession | None, plan: WorkflowPlan
+    ) -> InsertedWorkflow: ...
+
+
+class JobBuilder(Protocol):
+    """A task with enqueue options (``ConfiguredTask``): it builds validated jobs."""
+
+    def build_job(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], *, passed: int
+    ) -> NewJob: ...
+
+
+class SignedTask(Protocol):
+    """What a signature needs of its task (``Task``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sink(self) -> WorkflowSink: ...
+
+    def with_options(self, options: Mapping[str, Any]) -> JobBuilder: ...
+
+
+@dataclass
+class Layout:
+    """The jobs laid out so far, in insert order, and the sink their tasks enqueue to."""
+
+    jobs: list[NewJob] = field(default_factory=list)
+    parents: list[tuple[int, ...]] = field(default_factory=list)
+    roles: list[int] = field(default_factory=list)
+    sink: WorkflowSink | None = None
+
+    def add(
+        self,
+        task: SignedTask,
+        call: tuple[Sequence[Any], Mapping[str, Any], Mapping[str, Any]],
+        parents: tuple[int, ...],
+        role: WorkflowRole,
+    ) -> int:
+        """Lay out one job of ``task`` for ``call`` (args, kwargs, enqueue options) after
+        ``parents``; its index."""
+        sink = task.sink
+        if self.sink is None:
+            self.sink = sink
+        elif sink is not self.sink:
+            raise ValidationError("a workflow's tasks must all belong to one PgQueue")
+        args, kwargs, options = call
+        passed = 0 if role is WorkflowRole.MEMBER else 1
+        self.jobs.append(task.with_options(options).build_job(args, kwargs, passed=passed))
+        self.parents.append(parents)
+        self.roles.append(role.value)
+        return len(self.jobs) - 1
+
+    def plan(self, final: tuple[int, ...], on_failure: int | None) -> WorkflowPlan:
+        """The laid-out jobs as a plan."""
+        return WorkflowPlan(self.jobs, self.parents, self.roles, final, on_failure)
+
+
+def role_after(parents: tuple[int, ...], grouped: bool, immutable: bool) -> WorkflowRole:
+    """The role of a signature laid out after ``parents`` (a group's when ``grouped``)."""
+    if not parents or immutable:
+        return WorkflowRole.MEMBER
+    return WorkflowRole.TAKES_RESULTS if grouped else WorkflowRole.TAKES_RESULT
