@@ -18,7 +18,7 @@ CLAIM_SLACK = 1.0
 
 
 def callback_once(s: Snapshot, facts: Facts) -> list[Violation]:
-    """13. A chord's callback completed one run, with one result per member: never two runs
+    """14. A chord's callback completed one run, with one result per member: never two runs
     that returned (unless an interruption or a recorded error explains the first), and, once
     every member succeeded in a workflow not cancelled and the workers drained, exactly one."""
     from .invariants import Violation
@@ -37,7 +37,7 @@ def callback_once(s: Snapshot, facts: Facts) -> list[Violation]:
         if len(completed) > 1:
             found.append(
                 Violation(
-                    "13 callback once",
+                    "14 callback once",
                     job.id,
                     f"the callback returned {len(completed)} times",
                     [r.id for r in completed],
@@ -49,13 +49,13 @@ def callback_once(s: Snapshot, facts: Facts) -> list[Violation]:
         if facts.final and all_done and not cancelled and job.state != "succeeded":
             found.append(
                 Violation(
-                    "13 callback once",
+                    "14 callback once",
                     job.id,
                     f"{job.state} though its {len(members)} members succeeded",
                 )
             )
         if job.state == "succeeded" and not s.runs.get(job.id):
-            found.append(Violation("13 callback once", job.id, "succeeded without a run"))
+            found.append(Violation("14 callback once", job.id, "succeeded without a run"))
     for workflow_id, state in s.workflows.items():
         closing = [
             j
@@ -64,13 +64,13 @@ def callback_once(s: Snapshot, facts: Facts) -> list[Violation]:
         ]
         if facts.final and state == "running" and closing and closing[0].state in FINAL:
             found.append(
-                Violation("13 callback once", closing[0].id, "closed but its workflow is running")
+                Violation("14 callback once", closing[0].id, "closed but its workflow is running")
             )
     return found
 
 
 def nothing_starts_after_a_cancel(s: Snapshot, facts: Facts) -> list[Violation]:
-    """14. No member of a cancelled workflow that had not started starts after the cancel
+    """15. No member of a cancelled workflow that had not started starts after the cancel
     returned (a running member may see its cancel flag, or be run again if rescued)."""
     from .invariants import Violation
 
@@ -86,7 +86,7 @@ def nothing_starts_after_a_cancel(s: Snapshot, facts: Facts) -> list[Violation]:
         if late:
             found.append(
                 Violation(
-                    "14 nothing after a cancel",
+                    "15 nothing after a cancel",
                     job.id,
                     f"started {late[0].started - cancelled_at:.1f} s after its workflow "
                     f"{job.workflow_id} was cancelled",
