@@ -66,6 +66,8 @@ CHILD_CACHE_LIMIT: Final = 4096
 QUEUE_JOBS: Final = "pgqueue_queue_jobs"
 OLDEST_READY: Final = "pgqueue_queue_oldest_ready_seconds"
 UNREGISTERED: Final = "pgqueue_queue_jobs_unregistered"
+WORKFLOWS: Final = "pgqueue_workflows"
+NAN_TOMBSTONES: Final = (QUEUE_JOBS, OLDEST_READY, UNREGISTERED, WORKFLOWS)
 JOBS_RUNNING: Final = "pgqueue_jobs_running"
 
 # Jobs range from milliseconds to an hour; the default buckets stop at 10 s.
@@ -143,6 +145,9 @@ class NoMetrics:
         oldest_ready: Mapping[str, float],
         unregistered: Mapping[str, int] | None = None,
     ) -> None:
+        pass
+
+    def workflow_figures(self, counts: Mapping[str, int]) -> None:
         pass
 
 
@@ -226,6 +231,15 @@ class Metrics(NoMetrics):
             registry=target,
             multiprocess_mode="mostrecent",
         )
+        self._workflows = client.Gauge(
+            WORKFLOWS,
+            "Workflows in the database by state: running, and how they ended (succeeded, "
+            "failed, cancelled) among those not yet pruned; each count stops at its cap.",
+            ["state"],
+            registry=target,
+            multiprocess_mode="mostrecent",
+        )
+        self._workflow_states: set[str] = set()
         self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self._queue_labels: set[str] = set()
         self._task_registries: list[Container[str]] = []
@@ -350,6 +364,16 @@ class Metrics(NoMetrics):
                 self._unregistered.labels(label).set(total)
             self._unregistered_labels = set(waiting)
 
+    def workflow_figures(self, counts: Mapping[str, int]) -> None:
+        """Set the workflow gauge from one reading (``{state: capped count}``); the series of
+        states not in it are removed (a worker that stops reading passes none)."""
+        with self._lock:
+            for state in self._workflow_states - counts.keys():
+                self._remove(self._workflows, (state,), math.nan)
+            for state, count in counts.items():
+                self._workflows.labels(state).set(count)
+            self._workflow_states = set(counts)
+
     def _remove(self, gauge: Any, labels: tuple[str, ...], tombstone: float) -> None:
         if self._multiprocess:
             # The files keep every series ever written: mark it for FilesCollector to skip.
@@ -361,7 +385,7 @@ class Metrics(NoMetrics):
 def _is_tombstone(name: str, value: float) -> bool:
     if name == JOBS_RUNNING:
         return value == 0
-    return name in (QUEUE_JOBS, OLDEST_READY, UNREGISTERED) and math.isnan(value)
+    return name in NAN_TOMBSTONES and math.isnan(value)
 
 
 class FilesCollector:
@@ -373,7 +397,7 @@ class FilesCollector:
 
     def collect(self) -> Iterable[Any]:
         for metric in self._files.collect():
-            if metric.name in (QUEUE_JOBS, OLDEST_READY, JOBS_RUNNING):
+            if metric.name in NAN_TOMBSTONES or metric.name == JOBS_RUNNING:
                 metric.samples = [
                     sample
                     for sample in metric.samples

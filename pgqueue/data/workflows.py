@@ -228,3 +228,14 @@ def cancel_workflow(db: SessionOrExecutor, workflow_id: int) -> bool:
         dependencies.settle(ex, dependents)
     ex.rows(workflows.flag_running_jobs(), {"workflow": workflow_id})
     return True
+
+
+WORKFLOW_STATES = ("running", "succeeded", "failed", "cancelled")
+
+
+def state_counts(db: SessionOrExecutor, cap: int) -> dict[str, int]:
+    """How many workflows are in each state, each count stopping at ``cap``."""
+    rows = executor_for(db).rows(
+        workflows.state_counts(), {"states": list(WORKFLOW_STATES), "cap": cap}
+    )
+    return {state: int(count) for state, count in rows}

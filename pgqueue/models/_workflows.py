@@ -58,4 +58,6 @@ class Workflow(Base):
         CheckConstraint(WORKFLOW_STATE_CHECK, name="state_valid"),
         # Pruning deletes a workflow's row with its closing marker.
         Index("ix_pgqueue_workflows_closing_job_id", "closing_job_id"),
+        # The metrics' counts by state read at most their cap of it each.
+        Index("ix_pgqueue_workflows_state", "state"),
     )

@@ -496,3 +496,23 @@ def flag_running_jobs() -> Select[int]:
         .cte("flagged")
     )
     return select(func.count()).select_from(flagged)
+
+
+@cache
+def state_counts() -> Select[str, int]:
+    """``(state, count)`` of the workflows in each state of ``states`` (array), each count
+    stopping at ``cap``: the metrics' reading, whatever the table's size."""
+    states = func.unnest(array_param("states", Text)).table_valued("state").render_derived()
+    capped = (
+        select(literal(1).label("hit"))
+        .where(Workflow.state == states.c.state)
+        .limit(bindparam("cap", type_=Integer))
+        .correlate(states)
+        .lateral("capped")
+    )
+    return (
+        select(states.c.state, func.count(capped.c.hit))
+        .select_from(states)
+        .outerjoin(capped, literal(True))
+        .group_by(states.c.state)
+    )

@@ -3,7 +3,8 @@
 Every second it sets ``pgqueue_jobs_running`` from the attempts the slots hold, so claims and
 outcomes pay nothing for it. Every ``metrics_interval`` (the first at start) one worker of the
 cluster reads the queue figures (capped counts per queue and state, the wait of each queue's
-oldest ready job, the ready jobs whose task no live worker registers) in one transaction: the live worker with the smallest id in the worker
+oldest ready job, the ready jobs whose task no live worker registers, capped counts of
+workflows per state) in one transaction: the live worker with the smallest id in the worker
 registry. The others ask that question in one statement and skip the round; behind it an
 advisory lock (transaction-level, so safe behind a pooler) keeps workers that each believe
 they are first (while the registry names none before them) from reading at the same moment.
@@ -35,8 +36,8 @@ class FiguresStore(Protocol):
 
     def queue_figures(
         self, *, cap: int, worker_id: str, stale_seconds: float
-    ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int]] | None:
-        """The cluster's queue figures, or None when another worker reads them."""
+    ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int], dict[str, int]] | None:
+        """The cluster's queue and workflow figures, or None when another worker reads them."""
         ...
 
 
@@ -86,9 +87,12 @@ class Gauges:
                 log.exception("metrics: reading the queue figures failed")
             return
         if figures is not None:
-            self._metrics.queue_figures(*figures)
+            counts, oldest, unregistered, workflows = figures
+            self._metrics.queue_figures(counts, oldest, unregistered)
+            self._metrics.workflow_figures(workflows)
             self._holds_figures = True
         elif self._holds_figures:
             # Another worker reads them now: a reading of ours left in place would go stale.
             self._metrics.queue_figures({}, {}, {})
+            self._metrics.workflow_figures({})
             self._holds_figures = False

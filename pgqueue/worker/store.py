@@ -31,6 +31,7 @@ from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
 from pgqueue.data import outcomes as outcomes_data
 from pgqueue.data import workers as workers_data
+from pgqueue.data import workflows as workflows_data
 from pgqueue.data.claim import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import (
@@ -43,6 +44,8 @@ from pgqueue.errors import (
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Lease, Outcome, Progress, WorkerEntry
 
 T = TypeVar("T")
+# The gauges' reading (``queue_figures``).
+Figures = tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int], dict[str, int]]
 
 log = pgqueue_logger("pgqueue.worker")
 
@@ -435,17 +438,14 @@ class WorkerStore:
 
         return self._run("idle key cleanup", work, give_up_when_stopping=True, autocommit=False)
 
-    def queue_figures(
-        self, *, cap: int, worker_id: str, stale_seconds: float
-    ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int]] | None:
+    def queue_figures(self, *, cap: int, worker_id: str, stale_seconds: float) -> Figures | None:
         """``({queue: {state: capped count}}, {queue: seconds its earliest ticket waited},
-        {queue: ready jobs whose task no live worker registers})``, or None when another worker reads them for the cluster: a live worker with a smaller
-        id in the registry (``data.workers.elected_worker``), or, while the registry names no
-        such worker, the one holding the figures lock."""
+        {queue: ready jobs whose task no live worker registers}, {workflow state: capped
+        count})``, or None when another worker reads them for the cluster: a live worker with
+        a smaller id in the registry (``data.workers.elected_worker``), or, while the registry
+        names no such worker, the one holding the figures lock."""
 
-        def work(
-            db: Executor,
-        ) -> tuple[dict[str, dict[str, int]], dict[str, float], dict[str, int]] | None:
+        def work(db: Executor) -> Figures | None:
             if not workers_data.elected_worker(db, worker_id, stale_seconds):
                 return None
             if not maintenance_data.try_maintenance_lock(db, MAINTENANCE_LOCK_KEY + 2):
@@ -459,6 +459,7 @@ class WorkerStore:
                 },
                 {queue: waited for queue, (_, _, waited) in oldest.items()},
                 workers_data.unregistered_ready(db, stale_seconds, cap),
+                workflows_data.state_counts(db, cap),
             )
 
         return self._run("queue figures", work, give_up_when_stopping=True, autocommit=False)

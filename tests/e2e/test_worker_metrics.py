@@ -1,7 +1,7 @@
 """Prometheus ``/metrics`` of real worker processes: the counts of what they did, the duration
 histogram, and the queue gauges read from the database; one endpoint for ``--processes 2``;
 the address it listens on; label values bounded however many queues and task names the rows
-hold; and the gauge series of a queue that is gone removed."""
+hold; the gauge series of a queue that is gone removed; and workflows counted by state."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pgqueue import chain, group
 from pgqueue.jobs import NewJob
 
 if TYPE_CHECKING:
@@ -345,3 +346,26 @@ def test_the_gauge_series_of_a_vanished_queue_disappear(app: App, processes: str
     app.execute("DELETE FROM pgqueue_jobs WHERE queue = 'brief'")
     samples = scrape_when(port, lambda s: not any(series(s, name) for name in gauges), app)
     assert finished(samples) == {("brief", "sleep", "succeeded"): 1}  # counters stay
+
+
+def test_workflows_are_counted_by_how_they_ended(app: App) -> None:
+    port = free_port()
+    app.start_worker("--concurrency", "4", "--metrics-port", str(port), **FAST_GAUGES)
+    record, flaky = app.module.record, app.module.flaky
+    done = [group(record.si(), record.si()).enqueue() for _ in range(2)]
+    failed = chain(record.si(), flaky.si(fail_ratio=1.0).set(max_attempts=1), record.si()).enqueue()
+    waiting = group(record.si().set(delay=3600)).enqueue()
+    for workflow in [*done, failed]:
+        app.module.pgq.wait_for_workflow(workflow.id, timeout=60)
+
+    def workflows(samples: dict[str, Any]) -> dict[str, float]:
+        return {
+            dict(labels)["state"]: value
+            for labels, value in samples.get("pgqueue_workflows", {}).items()
+            if value
+        }
+
+    expected = {"succeeded": 2, "failed": 1, "running": 1}
+    samples = scrape_when(port, lambda s: workflows(s) == expected, app)
+    assert workflows(samples) == expected
+    assert app.module.pgq.get_workflow(waiting.id).state == "running"

@@ -194,6 +194,13 @@ def test_series_of_vanished_queues_are_removed() -> None:
     recorded.queue_figures({"mail": {"queued": 3}}, {"mail": 2.0})
     assert sample(registry, "pgqueue_queue_jobs", queue="mail", state="queued") == 3
 
+    recorded.workflow_figures({"running": 2, "succeeded": 5})
+    recorded.workflow_figures({"succeeded": 6})
+    assert sample(registry, "pgqueue_workflows", state="succeeded") == 6
+    assert sample(registry, "pgqueue_workflows", state="running") is None
+    recorded.workflow_figures({})  # another worker reads them now
+    assert "pgqueue_workflows{" not in generate_latest(registry).decode()
+
 
 def test_series_of_vanished_queues_are_removed_in_multiprocess_mode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -209,8 +216,11 @@ def test_series_of_vanished_queues_are_removed_in_multiprocess_mode(
         recorded.queue_figures(
             {"mail": {"queued": 7}, "books": {"queued": 1}}, {"mail": 12.5, "books": 1.0}
         )
+        recorded.workflow_figures({"running": 2, "failed": 1})
+        recorded.queue_figures({"mail": {"queued": 7}}, {"mail": 12.5}, {"mail": 4})
         recorded.running({"books": 1})
         recorded.queue_figures({"books": {"queued": 1}}, {"books": 1.0})
+        recorded.workflow_figures({"running": 3})
     # What this process's registry serves, then what a supervisor serves for its group: the
     # files of every process, merged.
     for registry in (recorded.registry, None):
@@ -222,6 +232,9 @@ def test_series_of_vanished_queues_are_removed_in_multiprocess_mode(
         assert sample(registry, "pgqueue_jobs_running", queue="mail") is None
         assert sample(registry, "pgqueue_jobs_running", queue="books") == 1
         assert sample(registry, "pgqueue_queue_jobs", queue="books", state="queued") == 1
+        assert sample(registry, "pgqueue_queue_jobs_unregistered", queue="mail") is None
+        assert sample(registry, "pgqueue_workflows", state="running") == 3
+        assert sample(registry, "pgqueue_workflows", state="failed") is None
         assert not [line for line in scrape_lines(registry) if line.endswith(" NaN")]
 
     recorded.queue_figures({"mail": {"queued": 3}}, {"mail": 2.0})

@@ -57,6 +57,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_pgqueue_workflows")),
     )
     op.create_index("ix_pgqueue_workflows_closing_job_id", "pgqueue_workflows", ["closing_job_id"])
+    op.create_index("ix_pgqueue_workflows_state", "pgqueue_workflows", ["state"])
     for table in ("pgqueue_jobs", "pgqueue_job_history"):
         op.add_column(table, sa.Column("workflow_id", sa.BigInteger(), nullable=True))
         op.add_column(table, sa.Column("pending_dependencies", sa.Integer(), nullable=True))
@@ -77,5 +78,6 @@ def downgrade() -> None:
     op.drop_column("pgqueue_jobs", "workflow_role")
     op.drop_column("pgqueue_jobs", "pending_dependencies")
     op.drop_column("pgqueue_jobs", "workflow_id")
+    op.drop_index("ix_pgqueue_workflows_state", table_name="pgqueue_workflows")
     op.drop_index("ix_pgqueue_workflows_closing_job_id", table_name="pgqueue_workflows")
     op.drop_table("pgqueue_workflows")
