@@ -27,6 +27,7 @@ from pgqueue.config import Settings
 from pgqueue.core import PgQueue as CoreQueue
 from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.tasks import ConfiguredTask, Task, TaskOptions, task_name_for
+from pgqueue.workflows import Signature
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -114,6 +115,16 @@ class FlaskTask(Generic[P, R]):
         self, items: Iterable[Mapping[str, Any] | Sequence[Any]], *, session: Session | None = None
     ) -> list[int]:
         return self.configure(session=session).enqueue_many(items)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of the current app's task for a workflow (``Task.s``). A workflow is
+        enqueued in its own transaction unless given one: ``.configure(session=db.session)``
+        joins the request's."""
+        return self.task_for().s(*args, **kwargs)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature of the current app's task (``Task.si``)."""
+        return self.task_for().si(*args, **kwargs)
 
 
 class PgQueue:

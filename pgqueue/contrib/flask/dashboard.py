@@ -44,6 +44,7 @@ from pgqueue.admin import (
     QueueSettings,
 )
 from pgqueue.contrib.flask import _bulk_views as bulk_views
+from pgqueue.contrib.flask import _workflow_view as workflow_view
 from pgqueue.contrib.flask import get_state
 from pgqueue.contrib.flask.job_display import (
     duration,
@@ -121,6 +122,7 @@ def init_dashboard(
         raise ConfigurationError(f"{THROUGHPUT_CAP_KEY} must be a positive int, got {cap!r}")
     blueprint = _blueprint(access)
     bulk_views.register(blueprint, actor or _dashboard_actor)
+    workflow_view.register(blueprint)
     app.register_blueprint(blueprint, url_prefix=url_prefix)
     return blueprint
 

@@ -1,0 +1,100 @@
+"""The dashboard's workflow page in real headless Chromium: reached from a member's job page,
+it draws a chord in stages (the members, then the callback that waits on them), with each
+member's state and what the callback still waits on; once the workflow ends, its state and
+result."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dashboard_app import dashboard_app
+from flask import Flask
+from playwright.sync_api import expect, sync_playwright
+from sqlalchemy.engine import URL
+from test_flask_dashboard import CHROMIUM_ARGS, serving
+
+from pgqueue import JobState, chord
+from pgqueue.contrib.flask import PgQueue
+from pgqueue.contrib.flask._workflow_view import STAGE_SHOWN
+from pgqueue.testing import wait_for_states
+from pgqueue.worker import Worker
+
+pgq = PgQueue()
+release = threading.Event()
+
+
+@pgq.task(name="parts.fetch", queue="parts")
+def fetch(n: int) -> int:
+    if n == 0:
+        release.wait(60)  # one member runs until the test lets it go
+    return n
+
+
+@pgq.task(name="parts.merge", queue="parts")
+def merge(results: list[int]) -> int:
+    return sum(results)
+
+
+@pytest.fixture
+def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
+    release.clear()
+    with (
+        dashboard_app(pgq, database_url, "dashboard_workflow_browser") as app,
+        serving(app) as base,
+    ):
+        yield app, f"{base}/pgqueue"
+    release.set()
+
+
+def test_workflow_page_in_a_browser(served: tuple[Flask, str], tmp_path: Path) -> None:
+    app, base = served
+    queue = pgq.state(app).queue
+    members = STAGE_SHOWN + 5
+    with app.app_context():
+        workflow = chord([fetch.s(n) for n in range(members)], merge.s()).enqueue()
+    status = queue.get_workflow(workflow.id)
+    first = min(job.id for job in status.jobs)
+    worker = Worker(queue, queues=["parts"], concurrency=4, maintenance=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        callback = max(job.id for job in status.jobs)
+        wait_for_states(queue, [first], {JobState.RUNNING}, timeout=30)
+        others = [job.id for job in status.jobs if job.id not in (first, callback)]
+        wait_for_states(queue, others, {JobState.SUCCEEDED}, timeout=60)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 600})
+                page.goto(f"{base}/jobs/{first}")
+                page.click("#job-workflow")
+                expect(page.locator("#workflow-state")).to_have_text("running")
+                stages = page.locator(".workflow-stage")
+                expect(stages).to_have_count(2)
+                expect(stages.nth(0).locator(".workflow-member")).to_have_count(STAGE_SHOWN)
+                expect(stages.nth(0).locator(".workflow-hidden")).to_have_text(
+                    f"and {members - STAGE_SHOWN} more"
+                )
+                expect(page.locator(f'[data-job="{first}"]')).to_have_attribute(
+                    "data-state", "running"
+                )
+                waiting = page.locator(f'[data-job="{callback}"]')
+                expect(waiting).to_have_attribute("data-state", "waiting")
+                expect(waiting.locator(".waits-on")).to_have_text(f"waits on #{first}")
+                expect(page.locator("#workflow-counts")).to_contain_text(f"{members - 1} succeeded")
+                page.screenshot(path=str(tmp_path / "dashboard-workflow.png"), full_page=True)
+
+                release.set()
+                queue.wait_for_workflow(workflow.id, timeout=60)
+                page.reload()
+                expect(page.locator("#workflow-state")).to_have_text("succeeded")
+                expect(page.locator("#workflow-result")).to_have_text(str(sum(range(members)) - 0))
+            finally:
+                browser.close()
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(30)
