@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BIT
 
-from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl
+from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl, Workflow
 from pgqueue.states import JobState, Transition
 
 NOTIFY_CHANNEL: Final = "pgqueue"
@@ -338,3 +338,15 @@ def locked_in_id_order(*where: ColumnElement[bool]) -> Select[int]:
         .order_by(Job.id)
         .with_for_update()
     )
+
+
+def outside_running_workflows() -> ColumnElement[bool]:
+    """True for a job of no workflow that still runs. A running workflow's finished members
+    stay in ``pgqueue_jobs`` whatever their age: a chord's callback reads their results from
+    their rows when it is released, and ``get_workflow`` lists them."""
+    running = (
+        select(literal(1))
+        .where(Workflow.id == Job.workflow_id, Workflow.state == "running")
+        .exists()
+    )
+    return or_(Job.workflow_id.is_(None), ~running)

@@ -48,7 +48,7 @@ from pgqueue.models import (
     JobHistory,
     MessageQueue,
 )
-from pgqueue.sql.common import among, in_states, minute_of, seconds
+from pgqueue.sql.common import among, in_states, minute_of, outside_running_workflows, seconds
 from pgqueue.states import FINAL_STATES
 
 HISTORY_TABLE = JobHistory.__tablename__
@@ -106,6 +106,7 @@ def move_finished() -> Select[int]:
             Job.finished_at.is_not(None),
             Job.finished_at < func.now() - seconds(bindparam("age", type_=Float)),
             in_states(Job.state, FINAL_STATES),
+            outside_running_workflows(),
         )
         .order_by(Job.finished_at)
         .limit(bindparam("limit", type_=Integer))

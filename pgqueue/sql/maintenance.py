@@ -40,6 +40,7 @@ from pgqueue.sql.common import (
     free_slots,
     in_states,
     key_hash,
+    outside_running_workflows,
     recounted,
     seconds,
     source_states,
@@ -155,6 +156,7 @@ def prune_finished() -> Select[int]:
                     Job.finished_at < func.now() - seconds(bindparam("failed_before", type_=Float)),
                 ),
             ),
+            outside_running_workflows(),
         )
         .order_by(Job.finished_at)
         .limit(bindparam("limit", type_=Integer))

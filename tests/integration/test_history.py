@@ -21,11 +21,12 @@ from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from pgqueue import PgQueue, Settings, migrations
+from pgqueue import PgQueue, Settings, chord, migrations
 from pgqueue.cli import main as cli_main
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.cli import pgqueue_group
 from pgqueue.data import history as history_data
+from pgqueue.data import maintenance as maintenance_data
 from pgqueue.errors import InvalidStateTransition
 from pgqueue.models import JOB_COLUMN_NAMES
 from pgqueue.states import JobState
@@ -308,3 +309,39 @@ def test_downgrade_drops_the_history_with_its_partitions(database_url: URL) -> N
         assert partitions(engine) == {"pgqueue_job_history_default"}
     finally:
         engine.dispose()
+
+
+def test_members_of_a_running_workflow_stay_until_it_ends(
+    history_pgq: PgQueue, engine: Engine
+) -> None:
+    """A chord's callback reads its members' results from their rows when it is released, and
+    ``get_workflow`` lists the members: neither the history move nor pruning takes a member of
+    a workflow that is still running, however long ago the member finished."""
+    pgq = history_pgq
+    pgq.maintain_history(days_ahead=1, retention_days=7)
+
+    @pgq.task(name="history.part", queue="parts")
+    def part(n: int) -> int:
+        return n
+
+    @pgq.task(name="history.sum", queue="merge")
+    def total(results: list[int]) -> list[int]:
+        return results
+
+    wf = chord([part.s(n) for n in range(3)], total.s()).enqueue()
+    # The members run; the callback's queue is not served yet.
+    assert pgq.run_worker(drain=True, queues=["parts"]).succeeded == 3
+    time.sleep(0.6)  # past history_move_after
+    with Session(engine) as session, session.begin():
+        moved = history_data.move_to_history(session, age=0.0, limit=100)
+        pruned = maintenance_data.prune_finished(
+            session, succeeded_before=0.0, failed_before=0.0, limit=100
+        )
+    assert (moved, pruned) == (0, 0)
+    assert len(pgq.get_workflow(wf.id).jobs) == 4
+
+    pgq.run_worker(drain=True, queues=["merge"])
+    done = pgq.wait_for_workflow(wf.id, timeout=30)
+    assert (done.state, done.result) == ("succeeded", [0, 1, 2])
+    with Session(engine) as session, session.begin():
+        assert history_data.move_to_history(session, age=0.0, limit=100) >= 4
