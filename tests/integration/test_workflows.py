@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -451,3 +452,47 @@ def test_pruning_the_closing_marker_deletes_the_workflow_row(pgq: PgQueue) -> No
     assert rows == [running.id]
     with pytest.raises(WorkflowNotFound):
         pgq.get_workflow(ended.id)
+
+
+def test_atomic_keyed_and_prioritised_members(pgq: PgQueue) -> None:
+    """An atomic member commits its writes with its outcome and gets its parent's result; the
+    members of a keyed task respect its key's limit; a member's priority orders its claim."""
+    runs: list[tuple[str, int]] = []
+    running = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    @pgq.task(name="keyed_part", concurrency_key=lambda n: "one-key", key_limit=1)
+    def keyed_part(n: int) -> int:
+        with lock:
+            running["now"] += 1
+            running["most"] = max(running["most"], running["now"])
+        time.sleep(0.05)
+        with lock:
+            running["now"] -= 1
+        return n
+
+    @pgq.task(name="atomic_total", atomic=True, pass_context=True)
+    def atomic_total(ctx: Any, results: list[int]) -> int:
+        ctx.session.execute(
+            text("INSERT INTO wf_atomic_rows (total) VALUES (:t)"), {"t": sum(results)}
+        )
+        return sum(results)
+
+    @pgq.task(name="ordered", queue="ordered")
+    def ordered(label: str) -> None:
+        runs.append((label, 0))
+
+    with pgq.engine.begin() as connection:
+        connection.execute(text("CREATE TABLE wf_atomic_rows (total int)"))
+    keyed = chord([keyed_part.s(n) for n in range(6)], atomic_total.s()).enqueue()
+    prioritised = group(
+        ordered.si("low").set(priority=10), ordered.si("high").set(priority=-10)
+    ).enqueue()
+    status = _run_workflow(pgq, keyed.id, queues=["default"])
+    assert (status.state, status.result) == ("succeeded", 15)
+    assert running["most"] == 1
+    with pgq.engine.connect() as connection:
+        assert connection.execute(text("SELECT total FROM wf_atomic_rows")).scalars().all() == [15]
+    pgq.run_worker(drain=True, queues=["ordered"], concurrency=1)
+    assert pgq.get_workflow(prioritised.id).state == "succeeded"
+    assert [label for label, _ in runs] == ["high", "low"]
