@@ -336,12 +336,19 @@ class ConfiguredTask(Generic[P, R]):
     def _build(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
         return self._builder()(args, kwargs)
 
-    def build_job(self, args: Sequence[Any], kwargs: Mapping[str, Any], *, passed: int) -> NewJob:
-        """The validated job for ``args`` and ``kwargs`` when ``passed`` more positional
-        arguments are put before ``args`` when it runs (a workflow job's parents' results):
-        checked against the function's signature with them, stored without."""
-        self.task.check_arguments((None,) * passed + tuple(args), kwargs)
-        return self._builder(check=False)(args, kwargs)
+    def job_builder(self, *, passed: int) -> Callable[[Sequence[Any], Mapping[str, Any]], NewJob]:
+        """Builds the validated job of each call's ``args`` and ``kwargs`` when ``passed`` more
+        positional arguments are put before ``args`` when it runs (a workflow job's parents'
+        results): checked against the function's signature with them, stored without. What
+        the calls share is worked out once, here."""
+        check, build = self.task.check_arguments, self._builder(check=False)
+        padding = (None,) * passed
+
+        def built(args: Sequence[Any], kwargs: Mapping[str, Any]) -> NewJob:
+            check(padding + tuple(args), kwargs)
+            return build(args, kwargs)
+
+        return built
 
     def _builder(self, check: bool = True) -> Callable[[Sequence[Any], Mapping[str, Any]], NewJob]:
         """The job for one call's arguments; what every job of this enqueue shares (the task's

@@ -8,7 +8,7 @@ whether they are a group's (then the next step gets their results as one list) o
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,9 +36,9 @@ class WorkflowSink(Protocol):
 class JobBuilder(Protocol):
     """A task with enqueue options (``ConfiguredTask``): it builds validated jobs."""
 
-    def build_job(
-        self, args: Sequence[Any], kwargs: Mapping[str, Any], *, passed: int
-    ) -> NewJob: ...
+    def job_builder(
+        self, *, passed: int
+    ) -> Callable[[Sequence[Any], Mapping[str, Any]], NewJob]: ...
 
 
 class SignedTask(Protocol):
@@ -61,6 +61,11 @@ class Layout:
     parents: list[tuple[int, ...]] = field(default_factory=list)
     roles: list[int] = field(default_factory=list)
     sink: WorkflowSink | None = None
+    # Job builders by (task, options, passed results): a group of 10,000 signatures of one task
+    # and options merges the task's defaults with its options once, not 10,000 times.
+    builders: dict[Any, Callable[[Sequence[Any], Mapping[str, Any]], NewJob]] = field(
+        default_factory=dict
+    )
 
     def add(
         self,
@@ -78,7 +83,17 @@ class Layout:
             raise ValidationError("a workflow's tasks must all belong to one PgQueue")
         args, kwargs, options = call
         passed = 0 if role is WorkflowRole.MEMBER else 1
-        self.jobs.append(task.with_options(options).build_job(args, kwargs, passed=passed))
+        try:
+            key: Any = (id(task), tuple(sorted(options.items())), passed)
+            hash(key)
+        except TypeError:  # an option value that cannot be a key: built on its own
+            key = None
+        builder = self.builders.get(key) if key is not None else None
+        if builder is None:
+            builder = task.with_options(options).job_builder(passed=passed)
+            if key is not None:
+                self.builders[key] = builder
+        self.jobs.append(builder(args, kwargs))
         self.parents.append(parents)
         self.roles.append(role.value)
         return len(self.jobs) - 1
