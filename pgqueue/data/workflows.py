@@ -10,14 +10,15 @@ and closes the workflow in that transaction (``dependencies.settle``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pgqueue.data import copy_rows, dependencies
-from pgqueue.data.insert_choice import COPY_THRESHOLD
+from pgqueue.data import copy_rows, dependencies, queue_bounds
+from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen
 from pgqueue.db import Executor, SessionOrExecutor, executor_for
-from pgqueue.errors import ValidationError
+from pgqueue.errors import QueueFull, ValidationError
 from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
 from pgqueue.sql import workflows
 from pgqueue.states import JobState, WorkflowRole
@@ -70,7 +71,7 @@ def insert_workflow(
     }
     ids, workflow_id, bounded, run_at = ex.rows(workflows.allocate_ids(), allocation)[0]
     if bounded:
-        raise ValidationError("a workflow's jobs cannot go to a queue with a max_depth")
+        _reserve_room(ex, jobs)
     ids = sorted(ids)
     children: list[list[int]] = [[] for _ in jobs]
     for child, its_parents in enumerate(parents):
@@ -94,7 +95,7 @@ def insert_workflow(
     if copy:
         _copy_jobs(ex, columns, workflow_id, run_at, [ids[i] for i in roots], jobs[roots[0]])
     else:
-        _insert_jobs(ex, jobs, columns, workflow_id)
+        _insert_jobs(ex, jobs, columns, workflow_id, room_reserved=bool(bounded))
     ex.rows(
         workflows.insert_workflow(),
         {
@@ -106,6 +107,18 @@ def insert_workflow(
         },
     )
     return InsertedWorkflow(workflow_id, tuple(ids))
+
+
+def _reserve_room(ex: Executor, jobs: Sequence[NewJob]) -> None:
+    """Take the locks of the workflow's bounded queues (as a checked enqueue does, to the end
+    of the transaction) and raise ``QueueFull`` when one has no room for all the workflow's
+    jobs it would hold: waiting members count toward a queue's depth like queued ones, and so
+    does the closing marker, in the first job's queue."""
+    locked = queue_bounds.lock(ex, jobs, BoundedQueuesSeen())
+    asked = Counter(job.queue for job in jobs)
+    for name, (max_depth, depth) in queue_bounds.depths(ex, locked).items():
+        if depth + asked[name] > max_depth:
+            raise QueueFull(name, max_depth, depth, asked[name])
 
 
 def _copyable(jobs: Sequence[NewJob], roots: Sequence[int]) -> bool:
@@ -167,7 +180,12 @@ def _copy_jobs(
 
 
 def _insert_jobs(
-    ex: Executor, jobs: Sequence[NewJob], columns: dict[str, list[Any]], workflow_id: int
+    ex: Executor,
+    jobs: Sequence[NewJob],
+    columns: dict[str, list[Any]],
+    workflow_id: int,
+    *,
+    room_reserved: bool,
 ) -> None:
     """Write the jobs and their first jobs' tickets in one ``INSERT`` over unnested arrays."""
     params: dict[str, Any] = {
@@ -180,9 +198,11 @@ def _insert_jobs(
     if keyed:
         params["concurrency_keys"] = [j.concurrency_key for j in jobs]
         params["key_limits"] = [j.key_limit for j in jobs]
-    inserted = ex.rows(workflows.insert_jobs(keyed), params)
+    inserted = ex.rows(workflows.insert_jobs(keyed, room_reserved), params)
     if len(inserted) != len(jobs):  # pragma: no cover - a bound set since allocate_ids
-        raise ValidationError("a workflow's jobs cannot go to a queue with a max_depth")
+        raise ValidationError(
+            "a queue of the workflow got a max_depth while it was enqueued: enqueue it again"
+        )
 
 
 def read_workflow(db: SessionOrExecutor, workflow_id: int) -> WorkflowRow | None:

@@ -161,10 +161,11 @@ def insert_workflow() -> Any:  # a ReturningInsert
 
 
 @cache
-def insert_jobs(with_concurrency_keys: bool = False) -> Select[Any]:
+def insert_jobs(with_concurrency_keys: bool = False, room_reserved: bool = False) -> Select[Any]:
     """Insert a workflow's jobs, with the ids ``allocate_ids`` drew, and tickets for those
-    QUEUED; returns the inserted ids (none when a queue of the batch has a bound: workflows do
-    not go to bounded queues).
+    QUEUED; returns the inserted ids. Without ``room_reserved`` (the bounded queues' locks
+    taken and their depths counted in this transaction), none when a queue of the batch has a
+    bound: one set since ``allocate_ids`` looked.
 
     Binds parallel arrays ``ids``, ``task_names``, ``queues``, ``args`` and ``kwargs`` (JSON
     text), ``priorities``, ``max_attempts``, ``delays`` (seconds from now(), may be null),
@@ -261,7 +262,9 @@ def insert_jobs(with_concurrency_keys: bool = False) -> Select[Any]:
         QueueControl.name == func.any(array_param("queues", Text)),
         QueueControl.max_depth.is_not(None),
     )
-    source = select(*values).where(~bounded.exists()).order_by(rows.c.ord)
+    source = select(*values).order_by(rows.c.ord)
+    if not room_reserved:
+        source = source.where(~bounded.exists())
     if keys is not None:
         source = source.where(keys.c.ord == rows.c.ord)
     returned = [Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.state]

@@ -15,7 +15,16 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from pgqueue import JobState, PgQueue, ValidationError, WorkflowNotFound, chain, chord, group
+from pgqueue import (
+    JobState,
+    PgQueue,
+    QueueFull,
+    ValidationError,
+    WorkflowNotFound,
+    chain,
+    chord,
+    group,
+)
 from pgqueue.explain import BlockerKind
 from pgqueue.testing import run_until_final, table_counts
 from pgqueue.worker import Worker
@@ -496,3 +505,33 @@ def test_atomic_keyed_and_prioritised_members(pgq: PgQueue) -> None:
     pgq.run_worker(drain=True, queues=["ordered"], concurrency=1)
     assert pgq.get_workflow(prioritised.id).state == "succeeded"
     assert [label for label, _ in runs] == ["high", "low"]
+
+
+def test_members_count_toward_a_bounded_queues_depth(pgq: PgQueue) -> None:
+    """A workflow goes to a bounded queue when all its jobs fit: its members count toward the
+    depth while they wait, and so does its closing marker (in its first job's queue). One that
+    does not fit raises QueueFull naming the queue and writes nothing."""
+
+    @pgq.task(name="bounded_step", queue="tight")
+    def bounded_step(x: int) -> int:
+        return x + 1
+
+    pgq.set_queue_max_depth("tight", 4)
+    fits = chain(bounded_step.s(1), bounded_step.s(), bounded_step.s()).enqueue()  # 3 + marker
+    with pytest.raises(QueueFull) as full:
+        group(bounded_step.s(1)).enqueue()
+    assert "tight" in str(full.value)
+    with pytest.raises(QueueFull):
+        bounded_step.enqueue(0)
+    with pgq.engine.connect() as connection:
+        counts = connection.execute(
+            text(
+                "SELECT (SELECT count(*) FROM pgqueue_workflows),"
+                " (SELECT count(*) FROM pgqueue_jobs WHERE queue = 'tight')"
+            )
+        ).one()
+    assert tuple(counts) == (1, 4)
+    status = _run_workflow(pgq, fits.id)
+    assert (status.state, status.result) == ("succeeded", 4)
+    second = chain(bounded_step.s(10), bounded_step.s(), bounded_step.s()).enqueue()
+    assert _run_workflow(pgq, second.id).result == 13
