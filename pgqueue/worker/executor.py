@@ -124,11 +124,11 @@ class Executor:
             if span is not None and not isinstance(exc, Suspend):
                 span.failed(exc)
             if context is not None and context.session_opened:
-                context.session.rollback()
+                _discard(context.session.rollback, job.id)
             outcome = self._failure(job, task, exc, execution)
         finally:
             if context is not None and context.session_opened:
-                context.session.close()
+                _discard(context.session.close, job.id)
         if context is not None:  # only a handler with a context reports progress
             outcome.progress = execution.unwritten_progress()
         return outcome
@@ -446,3 +446,16 @@ def transaction_kept(session: Session, task_name: str) -> Iterator[None]:
     finally:
         for name in _TRANSACTION_ENDERS:
             session.__dict__.pop(name, None)
+
+
+def _discard(end: Callable[[], None], job_id: int) -> None:
+    """Roll back or close a leased handler's session, whose transaction the attempt does not
+    keep. A connection that broke (the server restarted, a pooler dropped it) makes the
+    rollback itself fail; its transaction is gone with it, and the attempt's outcome, not the
+    worker thread, must carry on."""
+    try:
+        end()
+    except Exception as exc:
+        log.warning(
+            "job %d: its handler's session could not be rolled back: %s", job_id, error_line(exc)
+        )
