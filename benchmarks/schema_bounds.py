@@ -65,6 +65,7 @@ _SECONDARY = (
     "DROP INDEX ix_pgqueue_jobs_finished_at",
     "DROP INDEX uq_pgqueue_jobs_unique_key_active",
     "DROP INDEX ix_pgqueue_jobs_concurrency_key",
+    "DROP INDEX ix_pgqueue_jobs_workflow_id",
 )
 _DASHBOARD = (
     "DROP INDEX ix_pgqueue_jobs_queue_state_id",

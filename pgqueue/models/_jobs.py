@@ -198,11 +198,11 @@ class Job(Base):
             "concurrency_key",
             postgresql_where=text("concurrency_key IS NOT NULL"),
         ),
-        # A workflow's jobs by state: listing them, and whether any of them is still active.
+        # A workflow's jobs: listing them, cancelling those not started. On the workflow id
+        # alone, a column no state change touches, so a job's updates never write it.
         Index(
-            "ix_pgqueue_jobs_workflow_id_state",
+            "ix_pgqueue_jobs_workflow_id",
             "workflow_id",
-            "state",
             postgresql_where=text("workflow_id IS NOT NULL"),
         ),
     )

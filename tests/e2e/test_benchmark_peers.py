@@ -7,6 +7,7 @@ the test server; and the suite without ``--peers`` imports none of the peers' pa
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -57,8 +58,11 @@ def test_peer_workloads_run_end_to_end_and_fill_the_side_by_side_table(
         assert got[key]["setting"] == peer.DEFAULT
         assert got[key]["peer"] > 0 and got[key]["ratio"] > 0
     assert [r["ok"] for r in got["drain_sweep"]] == [True]
+    # A start measured for every probe. The delay's sign is not asserted: it runs from the
+    # enqueuing client's clock reading after its commit returned, and a loaded machine can
+    # deschedule that client long enough for the worker to start the job first.
     assert got["latency"]["peer"]["jobs"] == TINY.latency
-    assert got["latency"]["peer"]["p50"] > 0
+    assert math.isfinite(got["latency"]["peer"]["p50"])
 
     rows = peers.table({}, {name: got})
     assert [r["workload"] for r in rows][:2] == [

@@ -5,6 +5,7 @@ with exit code 2 and nothing dropped, when one it did not create exists. On the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -128,4 +129,4 @@ def test_the_demo_ends_with_commands_that_show_its_jobs(
     job_id = int(commands[2].split()[2])
     shown = CliRunner().invoke(cli_main, ["show", str(job_id)])
     assert shown.output.splitlines()[0].split() == ["id", str(job_id)], shown.output
-    assert "task_name         demo." in shown.output, shown.output
+    assert re.search(r"^task_name +demo\.", shown.output, re.MULTILINE), shown.output

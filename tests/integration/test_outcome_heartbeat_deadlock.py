@@ -4,7 +4,8 @@ Outcomes are written in one transaction, one statement per kind, and a heartbeat
 attempts whose outcome is being written. Without a common lock order the batch [complete B,
 retry A] holds B and waits for A while the heartbeat (A, B) holds A and waits for B: the server
 breaks the cycle with 40P01 after ``deadlock_timeout``. The interleaving is forced here: the
-batch pauses after its first statement until the heartbeat is waiting for a lock.
+batch pauses after the statement that takes its rows' locks until the heartbeat is waiting for
+a lock.
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ def test_outcome_batch_and_heartbeat_of_the_same_jobs_do_not_deadlock(
     a, b = sorted(claimed, key=lambda job: job.id)
     paused, resume = threading.Event(), threading.Event()
 
-    def pause_after_first_statement(*args: Any) -> None:
-        if threading.current_thread().name == "outcomes" and not paused.is_set():
+    def pause_after_its_row_locks(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if (
+            threading.current_thread().name == "outcomes"
+            and " FOR " in statement
+            and not paused.is_set()
+        ):
             paused.set()
             resume.wait(10)
 
@@ -56,7 +61,7 @@ def test_outcome_batch_and_heartbeat_of_the_same_jobs_do_not_deadlock(
             [(a.id, a.lease_token, 30.0), (b.id, b.lease_token, 30.0)], None, {}
         )
 
-    event.listen(pgq.engine, "after_cursor_execute", pause_after_first_statement)
+    event.listen(pgq.engine, "after_cursor_execute", pause_after_its_row_locks)
     caplog.set_level(logging.WARNING, logger="pgqueue.worker")
     try:
         outcomes = threading.Thread(target=write_outcomes, name="outcomes")
@@ -70,7 +75,7 @@ def test_outcome_batch_and_heartbeat_of_the_same_jobs_do_not_deadlock(
         beat.join(30)
     finally:
         resume.set()
-        event.remove(pgq.engine, "after_cursor_execute", pause_after_first_statement)
+        event.remove(pgq.engine, "after_cursor_execute", pause_after_its_row_locks)
 
     assert "deadlock" not in caplog.text
     assert results == {"lost": set(), "held": {}}  # written; then nothing left to extend

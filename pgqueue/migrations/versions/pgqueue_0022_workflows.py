@@ -8,7 +8,7 @@ Create Date: 2026-11-25
   are its result, its closing marker job and its ``on_failure`` job.
 - ``pgqueue_jobs`` (and ``pgqueue_job_history``, which keeps the same columns) get
   ``workflow_id``, ``pending_dependencies`` and ``workflow_role``, all nullable, and a partial
-  index on ``(workflow_id, state)`` for workflow jobs.
+  index on ``workflow_id`` for workflow jobs.
 
 Nullable columns without defaults are added without rewriting the table; the index is built
 on the jobs that have a workflow, none yet, so it takes no time.
@@ -63,15 +63,15 @@ def upgrade() -> None:
         op.add_column(table, sa.Column("pending_dependencies", sa.Integer(), nullable=True))
         op.add_column(table, sa.Column("workflow_role", sa.SmallInteger(), nullable=True))
     op.create_index(
-        "ix_pgqueue_jobs_workflow_id_state",
+        "ix_pgqueue_jobs_workflow_id",
         "pgqueue_jobs",
-        ["workflow_id", "state"],
+        ["workflow_id"],
         postgresql_where=sa.text("workflow_id IS NOT NULL"),
     )
 
 
 def downgrade() -> None:
-    op.drop_index("ix_pgqueue_jobs_workflow_id_state", table_name="pgqueue_jobs")
+    op.drop_index("ix_pgqueue_jobs_workflow_id", table_name="pgqueue_jobs")
     op.drop_column("pgqueue_job_history", "workflow_role")
     op.drop_column("pgqueue_job_history", "pending_dependencies")
     op.drop_column("pgqueue_job_history", "workflow_id")
