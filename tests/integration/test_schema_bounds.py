@@ -40,9 +40,12 @@ def test_each_variant_drains_every_job_and_only_the_hot_one_updates_in_place(
     for drain in drains:
         assert drain["ok"], drain
         # Gross: a few hundred jobs cost less than the commands' start-up varies by, so the
-        # per-job figures (net of a run on the empty database) are for real sizes only.
-        assert drain["server_cpu_s"] > 0, drain
+        # per-job figures (net of a run on the empty database) are for real sizes only. The
+        # server's CPU is read in clock ticks (10 ms): the ceiling's in-process drain of a few
+        # hundred jobs can take less than one, so only the whole set must show some.
+        assert drain["server_cpu_s"] >= 0, drain
         assert drain["client_cpu_s"] > 0, drain
+    assert sum(drain["server_cpu_s"] for drain in drains) > 0, drains
     by_variant = {drain["variant"]: drain for drain in drains}
     # A claim and an outcome per job: two updates of each job row.
     for variant in VARIANTS:
