@@ -41,7 +41,14 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from pgqueue.models import AuditRecord, Job, MessageQueue
 from pgqueue.sql.admin import CANCEL_VALUES, ORPHANED, RERUN_VALUES
-from pgqueue.sql.common import announced, array_param, source_states, tickets_for, woken
+from pgqueue.sql.common import (
+    announced,
+    array_param,
+    cancel_flags,
+    source_states,
+    tickets_for,
+    woken,
+)
 from pgqueue.states import CANCEL, RERUN, JobState
 
 
@@ -132,21 +139,7 @@ def flag_running(shape: Shape) -> Select[int]:
     one job; returns how many. The rows are locked in id order first, the order in which
     heartbeats and outcome writers lock several running jobs, so none of them deadlocks with
     this."""
-    locked = (
-        select(Job.id)
-        .where(matching(shape), Job.state == JobState.RUNNING.value)
-        .order_by(Job.id)
-        .with_for_update()
-        .cte("locked")
-    )
-    flagged = (
-        update(Job)
-        .where(Job.id.in_(select(locked.c.id)), Job.state == JobState.RUNNING.value)
-        .values(cancel_requested=True, updated_at=func.now())
-        .returning(Job.id)
-        .cte("flagged")
-    )
-    return select(func.count()).select_from(flagged)
+    return cancel_flags(matching(shape))
 
 
 @cache

@@ -350,3 +350,25 @@ def outside_running_workflows() -> ColumnElement[bool]:
         .exists()
     )
     return or_(Job.workflow_id.is_(None), ~running)
+
+
+def cancel_flags(matching: ColumnElement[bool]) -> Select[int]:
+    """Flag the RUNNING jobs ``matching`` selects for cancellation (their handlers see it and
+    stop, cooperatively); returns how many. The rows are locked in id order first, the order in
+    which heartbeats and outcome writers lock several running jobs, so none of them deadlocks
+    with this."""
+    locked = (
+        select(Job.id)
+        .where(matching, Job.state == JobState.RUNNING.value)
+        .order_by(Job.id)
+        .with_for_update()
+        .cte("locked")
+    )
+    flagged = (
+        update(Job)
+        .where(Job.id.in_(select(locked.c.id)), Job.state == JobState.RUNNING.value)
+        .values(cancel_requested=True, updated_at=func.now())
+        .returning(Job.id)
+        .cte("flagged")
+    )
+    return select(func.count()).select_from(flagged)

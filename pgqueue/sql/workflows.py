@@ -43,6 +43,7 @@ from pgqueue.sql.common import (
     OUTCOME_AT,
     announced,
     array_param,
+    cancel_flags,
     seconds,
     source_states,
     tickets_for,
@@ -215,23 +216,7 @@ def insert_jobs(with_concurrency_keys: bool = False, room_reserved: bool = False
         cast(rows.c.run_at, Job.run_at.type),
         func.now() + seconds(func.coalesce(rows.c.delay, 0.0)),
     )
-    columns = [
-        "id",
-        "task_name",
-        "queue",
-        "args",
-        "kwargs",
-        "priority",
-        "max_attempts",
-        "run_at",
-        "atomic",
-        "state",
-        "depends_on",
-        "dependents",
-        "pending_dependencies",
-        "workflow_role",
-        "workflow_id",
-    ]
+    columns = list(COPY_JOB_COLUMNS)
     values: list[Any] = [
         rows.c.id,
         rows.c.task_name,
@@ -483,22 +468,7 @@ def cancel_waiting_jobs() -> Select[Any]:
 def flag_running_jobs() -> Select[int]:
     """Flag workflow ``workflow``'s RUNNING jobs for cancellation (their handlers see it and stop,
     cooperatively); the rows locked in id order first, as ``sql.bulk.flag_running`` does."""
-    in_workflow = Job.workflow_id == bindparam("workflow", type_=BigInteger)
-    locked = (
-        select(Job.id)
-        .where(in_workflow, Job.state == JobState.RUNNING.value)
-        .order_by(Job.id)
-        .with_for_update()
-        .cte("locked")
-    )
-    flagged = (
-        update(Job)
-        .where(Job.id.in_(select(locked.c.id)), Job.state == JobState.RUNNING.value)
-        .values(cancel_requested=True, updated_at=func.now())
-        .returning(Job.id)
-        .cte("flagged")
-    )
-    return select(func.count()).select_from(flagged)
+    return cancel_flags(Job.workflow_id == bindparam("workflow", type_=BigInteger))
 
 
 @cache
