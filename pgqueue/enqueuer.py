@@ -153,15 +153,32 @@ class Enqueuer:
 
     def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow:
         """Insert a laid-out workflow in ``session``'s transaction, or in an own one (where a
-        large one may go by ``COPY``, as ``enqueue_many``'s batches do)."""
+        large one may go by ``COPY``, as ``enqueue_many``'s batches do); in one PRODUCER span
+        when tracing is on."""
+        tracing = self._tracing
+        if tracing is None:
+            return self._insert_workflow(session, plan, None)
+        with tracing.enqueue_span(plan.jobs, workflow=True) as span:
+            inserted = self._insert_workflow(session, plan, span.trace_context)
+            span.workflow_inserted(inserted.id)
+            return inserted
+
+    def _insert_workflow(
+        self, session: Session | None, plan: WorkflowPlan, trace_context: str | None
+    ) -> InsertedWorkflow:
         if session is None:
             database = self._engines.database
             may_copy = database.uses_driver
             return uow.run(
-                database, lambda ex: workflow_data.insert_workflow(ex, plan, may_copy=may_copy)
+                database,
+                lambda ex: workflow_data.insert_workflow(
+                    ex, plan, may_copy=may_copy, trace_context=trace_context
+                ),
             )
         return uow.in_caller_or_own_transaction(
-            session, self._engines.sessions, lambda s: workflow_data.insert_workflow(s, plan)
+            session,
+            self._engines.sessions,
+            lambda s: workflow_data.insert_workflow(s, plan, trace_context=trace_context),
         )
 
     async def ainsert_workflow(
@@ -169,6 +186,15 @@ class Enqueuer:
     ) -> InsertedWorkflow:
         """``insert_workflow`` for asyncio: in ``session``'s transaction or an own one."""
         database = await self._engines.running_async_database()
-        return await database.in_caller_or_own_session(
-            session, lambda s: workflow_data.insert_workflow(s, plan)
-        )
+        tracing = self._tracing
+        if tracing is None:
+            return await database.in_caller_or_own_session(
+                session, lambda s: workflow_data.insert_workflow(s, plan)
+            )
+        with tracing.enqueue_span(plan.jobs, workflow=True) as span:
+            context = span.trace_context
+            inserted = await database.in_caller_or_own_session(
+                session, lambda s: workflow_data.insert_workflow(s, plan, trace_context=context)
+            )
+            span.workflow_inserted(inserted.id)
+            return inserted

@@ -9,6 +9,8 @@ enqueue or run: nothing else runs, and no trace context is written.
 On, each enqueue call (one job, or one ``enqueue_many`` batch) runs in a PRODUCER span, and
 the context of that span, as the global propagator writes it (W3C ``traceparent`` and
 ``tracestate`` by default), is stored with every job it inserts (``pgqueue_jobs.trace_context``).
+A workflow's enqueue (a chain, group or chord) is one such span, "pgqueue enqueue workflow",
+carrying the workflow's id: every member's runs are its children.
 Each run of a job (an attempt) is a CONSUMER span that is a child of that stored context and
 links to it, as the OpenTelemetry messaging conventions allow for single-message processing:
 the run appears inside the enqueuing request's trace, and backends that follow links find the
@@ -44,6 +46,7 @@ TASK: Final = "pgqueue.task"
 ATTEMPT: Final = "pgqueue.job.attempt"
 MAX_ATTEMPTS: Final = "pgqueue.job.max_attempts"
 OUTCOME: Final = "pgqueue.job.outcome"
+WORKFLOW_ID: Final = "pgqueue.workflow.id"
 
 SYSTEM_NAME: Final = "pgqueue"
 TIMED_OUT: Final = "timed_out"
@@ -87,6 +90,10 @@ class EnqueueSpan:
             self._span.set_attribute(MESSAGE_ID, str(ids[0]))
         return ids
 
+    def workflow_inserted(self, workflow_id: int) -> None:
+        """Record the id of the workflow the span's jobs belong to."""
+        self._span.set_attribute(WORKFLOW_ID, str(workflow_id))
+
 
 class Tracing:
     """Starts pgqueue's spans on the tracer of the global tracer provider (looked up through
@@ -112,9 +119,12 @@ class Tracing:
             return span.inserted(insert(span.trace_context))
 
     @contextlib.contextmanager
-    def enqueue_span(self, jobs: Sequence[NewJob]) -> Iterator[EnqueueSpan]:
+    def enqueue_span(
+        self, jobs: Sequence[NewJob], *, workflow: bool = False
+    ) -> Iterator[EnqueueSpan]:
         """The PRODUCER span of one enqueue call, current inside the block (``enqueue``, and
-        the asyncio enqueue, which awaits its insert inside it)."""
+        the asyncio enqueue, which awaits its insert inside it). ``workflow``: the jobs are one
+        workflow's (a chain, group or chord), named so and counted even when one."""
         first = jobs[0]
         task = first.task_name
         queue = first.queue
@@ -131,9 +141,12 @@ class Tracing:
             attributes[DESTINATION] = queue
         if task:
             attributes[TASK] = task
-        if len(jobs) > 1:
+        if len(jobs) > 1 or workflow:
             attributes[BATCH_COUNT] = len(jobs)
-        name = f"pgqueue enqueue {task}" if task else "pgqueue enqueue"
+        if workflow:
+            name = "pgqueue enqueue workflow"
+        else:
+            name = f"pgqueue enqueue {task}" if task else "pgqueue enqueue"
         with self._tracer.start_as_current_span(
             name, kind=self._trace.SpanKind.PRODUCER, attributes=attributes
         ) as span:

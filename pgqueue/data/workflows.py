@@ -44,11 +44,16 @@ class WorkflowRow:
 
 
 def insert_workflow(
-    db: SessionOrExecutor, plan: WorkflowPlan, *, may_copy: bool = False
+    db: SessionOrExecutor,
+    plan: WorkflowPlan,
+    *,
+    may_copy: bool = False,
+    trace_context: str | None = None,
 ) -> InsertedWorkflow:
     """Insert ``plan``'s jobs, its closing marker and its row (see the module). ``may_copy``:
     a large workflow whose jobs share their ``run_at``, and whose first jobs their queue,
-    priority and atomic flag, and that has no concurrency key, is written with ``COPY``."""
+    priority and atomic flag, and that has no concurrency key, is written with ``COPY``.
+    ``trace_context`` (JSON text): the enqueuing span's context, stored with every job."""
     ex = executor_for(db)
     members = [i for i in range(len(plan.jobs)) if i != plan.on_failure]
     first = plan.jobs[0]
@@ -93,9 +98,10 @@ def insert_workflow(
         "roles": [*plan.roles, WorkflowRole.CLOSING.value],
     }
     if copy:
-        _copy_jobs(ex, columns, workflow_id, run_at, [ids[i] for i in roots], jobs[roots[0]])
+        roots_ids = [ids[i] for i in roots]
+        _copy_jobs(ex, columns, workflow_id, run_at, roots_ids, jobs[roots[0]], trace_context)
     else:
-        _insert_jobs(ex, jobs, columns, workflow_id, room_reserved=bool(bounded))
+        _insert_jobs(ex, jobs, columns, workflow_id, trace_context, room_reserved=bool(bounded))
     ex.rows(
         workflows.insert_workflow(),
         {
@@ -147,6 +153,7 @@ def _copy_jobs(
     run_at: Any,
     root_ids: list[int],
     root: NewJob,
+    trace_context: str | None,
 ) -> None:
     """Write the jobs with ``COPY``, then the tickets of the ``root_ids``."""
     ordered = [
@@ -165,8 +172,12 @@ def _copy_jobs(
         columns["roles"],
         [workflow_id] * len(columns["ids"]),
     ]
-    lines = copy_rows.workflow_lines(ordered, _TEXT_COLUMNS, run_at.isoformat())
-    ex.copy(workflows.copy_jobs(), copy_rows.chunks(lines))
+    text_columns = _TEXT_COLUMNS
+    if trace_context is not None:
+        text_columns = text_columns | {len(ordered)}
+        ordered.append([trace_context] * len(columns["ids"]))
+    lines = copy_rows.workflow_lines(ordered, text_columns, run_at.isoformat())
+    ex.copy(workflows.copy_jobs(trace_context is not None), copy_rows.chunks(lines))
     ex.rows(
         workflows.insert_tickets(),
         {
@@ -184,6 +195,7 @@ def _insert_jobs(
     jobs: Sequence[NewJob],
     columns: dict[str, list[Any]],
     workflow_id: int,
+    trace_context: str | None,
     *,
     room_reserved: bool,
 ) -> None:
@@ -194,11 +206,14 @@ def _insert_jobs(
         "run_ats": [None if j.run_at is None else j.run_at.isoformat() for j in jobs],
         "workflow_id": workflow_id,
     }
+    if trace_context is not None:
+        params["trace_context"] = trace_context
     keyed = any(j.concurrency_key is not None for j in jobs)
     if keyed:
         params["concurrency_keys"] = [j.concurrency_key for j in jobs]
         params["key_limits"] = [j.key_limit for j in jobs]
-    inserted = ex.rows(workflows.insert_jobs(keyed, room_reserved), params)
+    traced = trace_context is not None
+    inserted = ex.rows(workflows.insert_jobs(keyed, room_reserved, traced), params)
     if len(inserted) != len(jobs):  # pragma: no cover - a bound set since allocate_ids
         raise ValidationError(
             "a queue of the workflow got a max_depth while it was enqueued: enqueue it again"

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     ColumnElement,
     Integer,
@@ -65,6 +66,11 @@ OUTCOME_AT: Final[ColumnElement[Any]] = func.statement_timestamp()
 
 _ONE_MINUTE: ColumnElement[Any] = literal_column("interval '1 minute'")
 _EPOCH: ColumnElement[Any] = literal_column("TIMESTAMPTZ '1970-01-01 00:00:00+00'")
+
+
+def trace_context_param() -> ColumnElement[Any]:
+    """The bind ``trace_context`` (JSON text) as ``json``: the enqueuing span's context."""
+    return cast(bindparam("trace_context", type_=Text), JSON)
 
 
 def minute_of(moment: Any) -> ColumnElement[Any]:  # a column or an expression

@@ -54,6 +54,7 @@ from pgqueue.sql.common import (
     in_states,
     seconds,
     tickets_for,
+    trace_context_param,
     wake_payload,
     woken,
 )
@@ -130,11 +131,6 @@ def _requested_run_at() -> ColumnElement[Any]:
         bindparam("run_at", type_=Job.run_at.type),
         func.now() + seconds(func.coalesce(bindparam("delay", type_=Float), literal_column("0"))),
     )
-
-
-def _trace_context() -> ColumnElement[Any]:
-    """The bind ``trace_context`` (JSON text) as ``json``: the enqueuing span's context."""
-    return cast(bindparam("trace_context", type_=Text), JSON)
 
 
 @cache
@@ -225,7 +221,7 @@ def insert_jobs(
         ]
     if traced:
         extra_columns.append("trace_context")
-        extra_values.append(_trace_context())
+        extra_values.append(trace_context_param())
     keys: Any = None
     if with_concurrency_keys:
         keys = (
@@ -328,7 +324,7 @@ def insert_one_job(traced: bool = False) -> Select[int]:
         "atomic": bindparam("atomic", type_=Boolean),
     }
     if traced:
-        values["trace_context"] = _trace_context()
+        values["trace_context"] = trace_context_param()
     unbounded = _no_bound(QueueControl.name == bindparam("queue", type_=Text))
     job = (
         insert(Job)

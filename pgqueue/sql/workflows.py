@@ -47,6 +47,7 @@ from pgqueue.sql.common import (
     seconds,
     source_states,
     tickets_for,
+    trace_context_param,
     woken,
 )
 from pgqueue.sql.flow import key_rows
@@ -110,14 +111,16 @@ COPY_JOB_COLUMNS = (
 )
 
 
-def copy_jobs() -> Any:
+def copy_jobs(traced: bool = False) -> Any:
     """``COPY pgqueue_jobs (COPY_JOB_COLUMNS) FROM STDIN``, for a large workflow whose jobs
-    share their ``run_at`` (a psycopg ``sql.Composed``: COPY has no SQLAlchemy construct)."""
+    share their ``run_at`` (a psycopg ``sql.Composed``: COPY has no SQLAlchemy construct);
+    ``traced`` adds a last column ``trace_context`` (JSON text)."""
     from psycopg import sql  # only the COPY statements need psycopg's SQL composition
 
+    columns = COPY_JOB_COLUMNS + (("trace_context",) if traced else ())
     return sql.SQL("COPY {} ({}) FROM STDIN").format(
         sql.Identifier(Job.__tablename__),
-        sql.SQL(", ").join(sql.Identifier(c) for c in COPY_JOB_COLUMNS),
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns),
     )
 
 
@@ -162,7 +165,9 @@ def insert_workflow() -> Any:  # a ReturningInsert
 
 
 @cache
-def insert_jobs(with_concurrency_keys: bool = False, room_reserved: bool = False) -> Select[Any]:
+def insert_jobs(
+    with_concurrency_keys: bool = False, room_reserved: bool = False, traced: bool = False
+) -> Select[Any]:
     """Insert a workflow's jobs, with the ids ``allocate_ids`` drew, and tickets for those
     QUEUED; returns the inserted ids. Without ``room_reserved`` (the bounded queues' locks
     taken and their depths counted in this transaction), none when a queue of the batch has a
@@ -173,7 +178,8 @@ def insert_jobs(with_concurrency_keys: bool = False, room_reserved: bool = False
     ``run_ats`` (absolute, may be null), ``atomics``, ``states`` (QUEUED or WAITING),
     ``depends_ons`` and ``dependents`` (``'{1,2}'`` array literals or null), ``pendings`` (the
     countdowns) and ``roles``; and ``workflow_id``. ``with_concurrency_keys`` also binds
-    ``concurrency_keys`` and ``key_limits`` (see ``sql.enqueue.insert_jobs``)."""
+    ``concurrency_keys`` and ``key_limits`` (see ``sql.enqueue.insert_jobs``); ``traced``
+    ``trace_context`` (JSON text, the enqueuing span's, one value for every job)."""
     rows = (
         func.unnest(
             array_param("ids", BigInteger),
@@ -234,6 +240,9 @@ def insert_jobs(with_concurrency_keys: bool = False, room_reserved: bool = False
         rows.c.role,
         bindparam("workflow_id", type_=BigInteger),
     ]
+    if traced:
+        columns.append("trace_context")
+        values.append(trace_context_param())
     keys: Any = None
     if with_concurrency_keys:
         keys = (

@@ -74,10 +74,11 @@ def test_a_chord_of_10000_calls_back_once_while_workers_are_killed_every_2_secon
 
 @pytest.mark.slow
 def test_a_chord_through_pgbouncer_in_transaction_mode(app: App, bouncer: URL) -> None:
+    members = 10_000
     pgq = PgQueue(bouncer, settings=Settings(pooler="transaction"))
     member, gather = _declared(pgq)
     wf = chord(
-        [member.s(i) for i in range(2000)],  # type: ignore[attr-defined]
+        [member.s(i) for i in range(members)],  # type: ignore[attr-defined]
         gather.s(),  # type: ignore[attr-defined]
     ).enqueue()
     env = app.env(pooler="transaction")
@@ -100,7 +101,7 @@ def test_a_chord_through_pgbouncer_in_transaction_mode(app: App, bouncer: URL) -
     for marker in ("ERROR", "Traceback"):
         assert marker not in output, output
     status = pgq.get_workflow(wf.id)
-    assert (status.state, status.result) == ("succeeded", 2000)
+    assert (status.state, status.result) == ("succeeded", members)
     runs = app.rows("SELECT info FROM ledger WHERE tag = 'callback'")
-    assert [r.info for r in runs] == ["2000 True"]
+    assert [r.info for r in runs] == [f"{members} True"]
     pgq.dispose()

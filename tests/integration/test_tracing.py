@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from tracing_spans import memory_exporter
 
-from pgqueue import JobContext, JobState, PgQueue, Settings, core
+from pgqueue import JobContext, JobState, PgQueue, Settings, chain, chord, core, group
 from pgqueue.data import enqueue as enqueue_data
 from pgqueue.testing import wait_for_states
 from pgqueue.worker import Worker
@@ -264,3 +264,67 @@ def test_cancelled_and_timed_out_runs_say_so(traced: PgQueue, spans: InMemorySpa
     [timed_out] = named(spans, "pgqueue run overrun")
     assert dict(timed_out.attributes or {})["pgqueue.job.outcome"] == "timed_out"
     assert timed_out.status.status_code is StatusCode.ERROR
+
+
+def _workflow_in_own_transaction(pgq: PgQueue, add: Any, total: Any) -> Any:
+    return chord([add.s(n, n) for n in range(3)], total.s()).enqueue()
+
+
+def _workflow_by_copy(pgq: PgQueue, add: Any, total: Any) -> Any:
+    return chord([add.s(n, n) for n in range(core.COPY_THRESHOLD)], total.s()).enqueue()
+
+
+def _workflow_in_caller_session(pgq: PgQueue, add: Any, total: Any) -> Any:
+    with Session(pgq.engine) as session, session.begin():
+        return chain(add.s(1, 1), total.s()).configure(session=session).enqueue()
+
+
+def _workflow_asyncio(pgq: PgQueue, add: Any, total: Any) -> Any:
+    async def main() -> Any:
+        try:
+            return await group(add.s(1, 1), add.s(2, 2)).aenqueue()
+        finally:
+            await pgq.adispose()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "enqueue",
+    [
+        _workflow_in_own_transaction,
+        _workflow_by_copy,
+        _workflow_in_caller_session,
+        _workflow_asyncio,
+    ],
+)
+def test_a_workflow_enqueue_is_one_span_whose_context_every_member_stores(
+    traced: PgQueue, spans: InMemorySpanExporter, enqueue: Callable[..., Any]
+) -> None:
+    @traced.task(name="add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @traced.task(name="total")
+    def total(values: Any) -> int:
+        return sum(values) if isinstance(values, list) else int(values)
+
+    with tracer.start_as_current_span("request") as request:
+        workflow = enqueue(traced, add, total)
+    [producer] = named(spans, "pgqueue enqueue workflow")
+    assert producer.parent is not None
+    assert producer.parent.span_id == request.get_span_context().span_id
+    assert producer.kind is trace.SpanKind.PRODUCER
+    attributes = dict(producer.attributes or {})
+    assert attributes["pgqueue.workflow.id"] == str(workflow.id)
+    assert attributes["messaging.batch.message_count"] == len(workflow.job_ids)
+    ids = list(workflow.job_ids)
+    expected = {"traceparent": traceparent(producer)}
+    assert stored_contexts(traced, ids) == [expected] * len(ids)
+    if len(ids) > 10:
+        return  # the COPY case: the stored contexts are what this test is for
+    Worker(traced, concurrency=2).run(drain=True)
+    runs = [span for span in spans.get_finished_spans() if span.name.startswith("pgqueue run")]
+    assert len(runs) == len(ids)
+    for run in runs:
+        assert run.parent is not None and run.parent.span_id == producer.context.span_id
