@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import uow, validation
+from pgqueue import uow
 from pgqueue.admin import Admin, KeyOverride, check_job_id
 from pgqueue.admin_values import queue_controls_of
 from pgqueue.aio import AsyncDatabase, check_async_session
@@ -39,7 +39,7 @@ from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
 from pgqueue.states import JobState
-from pgqueue.suspension import signal_name
+from pgqueue.suspension import checked_signal
 from pgqueue.tasks import Task, TaskOptions, TaskRegistry, task_name_for
 from pgqueue.tracing import Tracing, tracing_for
 from pgqueue.waiting import JobWaiter
@@ -235,7 +235,7 @@ class PgQueue:
         JSON or is larger than the ``max_payload_bytes`` setting, before anything is written.
         The job's row stays locked until the transaction ends, as for ``cancel_job``.
         """
-        job_id, name, encoded = self._checked_signal(job_id, name, payload)
+        job_id, name, encoded = checked_signal(job_id, name, payload, self.settings)
         return uow.in_caller_or_own_transaction(
             session, self.sessions, lambda s: signals_data.signal_job(s, job_id, name, encoded)
         )
@@ -244,23 +244,12 @@ class PgQueue:
         self, job_id: int, name: str, payload: Any = None, *, session: AsyncSession | None = None
     ) -> bool:
         """``signal`` for asyncio (in ``session``'s transaction when given)."""
-        job_id, name, encoded = self._checked_signal(job_id, name, payload)
+        job_id, name, encoded = checked_signal(job_id, name, payload, self.settings)
         session = check_async_session(session)
         database = await self._engines.running_async_database()
         return await database.in_caller_or_own_session(
             session, lambda s: signals_data.signal_job(s, job_id, name, encoded)
         )
-
-    def _checked_signal(self, job_id: int, name: str, payload: Any) -> tuple[int, str, str]:
-        checked_id = check_job_id(job_id)
-        checked_name = signal_name(name)
-        encoded = validation.encode_result(
-            payload,
-            max_bytes=self.settings.max_payload_bytes,
-            max_depth=self.settings.max_json_depth,
-            what=f"payload of signal {checked_name!r}",
-        )
-        return checked_id, checked_name, encoded
 
     # -- waiting for a job to finish (``pgqueue.waiting``) -----------------------------------
 

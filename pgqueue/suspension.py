@@ -20,11 +20,20 @@ from __future__ import annotations
 from typing import Any, Final
 
 from pgqueue import validation
+from pgqueue.admin_values import check_job_id
+from pgqueue.config import Settings
 from pgqueue.data import signals as signals_data
 from pgqueue.errors import SignalTimeout, ValidationError
 from pgqueue.steps import RESERVED_PREFIX, AttemptSteps, checked_name
 
-__all__ = ["SIGNAL_NAME_MAX", "Suspend", "signal_name", "sleep", "wait_for_signal"]
+__all__ = [
+    "SIGNAL_NAME_MAX",
+    "Suspend",
+    "checked_signal",
+    "signal_name",
+    "sleep",
+    "wait_for_signal",
+]
 
 SIGNAL_NAME_MAX: Final = 200
 
@@ -52,6 +61,22 @@ def signal_name(value: object) -> str:
     """A signal name: a non-empty string of at most ``SIGNAL_NAME_MAX`` characters without
     control characters or lone surrogates."""
     return checked_name("signal", value, SIGNAL_NAME_MAX)
+
+
+def checked_signal(
+    job_id: object, name: object, payload: Any, settings: Settings
+) -> tuple[int, str, str]:
+    """A signal's job id, name and payload as JSON text (``pgq.signal``), checked before
+    anything is written; ValidationError names what is wrong."""
+    checked_id = check_job_id(job_id)
+    checked_name = signal_name(name)
+    encoded = validation.encode_result(
+        payload,
+        max_bytes=settings.max_payload_bytes,
+        max_depth=settings.max_json_depth,
+        what=f"payload of signal {checked_name!r}",
+    )
+    return checked_id, checked_name, encoded
 
 
 def sleep(steps: AttemptSteps, ordinal: int, seconds: float) -> None:
