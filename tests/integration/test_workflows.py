@@ -5,6 +5,7 @@ the database, each callback released once, failures ending the workflow FAILED a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from typing import Any
@@ -535,3 +536,40 @@ def test_members_count_toward_a_bounded_queues_depth(pgq: PgQueue) -> None:
     assert (status.state, status.result) == ("succeeded", 4)
     second = chain(bounded_step.s(10), bounded_step.s(), bounded_step.s()).enqueue()
     assert _run_workflow(pgq, second.id).result == 13
+
+
+def test_a_limited_and_rate_limited_queue_holds_its_members_to_its_limits(pgq: PgQueue) -> None:
+    """Members of a group in a queue limited to 1 running job never overlap; members of a
+    chord in a queue limited to 2 starts per second start no faster, and the callback runs."""
+    spans: dict[str, list[tuple[float, float]]] = {"limited": [], "rated": []}
+    lock = threading.Lock()
+
+    @pgq.task(name="limited_part", queue="limited")
+    def limited_part(n: int) -> int:
+        started = time.monotonic()
+        time.sleep(0.05)
+        with lock:
+            spans["limited"].append((started, time.monotonic()))
+        return n
+
+    @pgq.task(name="rated_part", queue="rated")
+    def rated_part(n: int) -> int:
+        with lock:
+            spans["rated"].append((time.monotonic(), 0.0))
+        return n
+
+    @pgq.task(name="rated_total", queue="rated")
+    def rated_total(values: list[int]) -> int:
+        return sum(values)
+
+    pgq.set_queue_limit("limited", 1)
+    pgq.set_rate_limit("rated", 2, per=1.0)
+    limited = group(limited_part.s(n) for n in range(6)).enqueue()
+    rated = chord([rated_part.s(n) for n in range(4)], rated_total.s()).enqueue()
+    assert _run_workflow(pgq, limited.id, concurrency=6).result == list(range(6))
+    ordered = sorted(spans["limited"])
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(ordered))
+    assert _run_workflow(pgq, rated.id, concurrency=6).result == 6
+    starts = sorted(start for start, _ in spans["rated"])
+    # 4 members and the callback at 2 per second: the third start waits for the window.
+    assert starts[2] - starts[0] >= 0.9
