@@ -56,6 +56,7 @@ def test_each_variant_drains_every_job_and_only_the_hot_one_updates_in_place(
     assert by_variant["primary key only, HOT"]["hot_updates"] >= 1.5 * JOBS
     # Indexes on columns no state change touches leave the updates heap-only too.
     assert by_variant["unchanging-column indexes, HOT"]["hot_updates"] >= 1.5 * JOBS
+    assert by_variant["live-table design (lease rows)"]["hot_updates"] >= 1.5 * JOBS
 
     rows = summarize(drains, [])
     assert [row["variant"] for row in rows] == [*VARIANTS, CEILING]
@@ -86,3 +87,22 @@ def test_the_bulk_workload_enqueues_into_the_shaped_database(server_url: URL) ->
 
     assert indexes == ["pk_pgqueue_jobs"]
     assert result["pgqueue"] > 0
+
+
+def test_the_live_table_design_keeps_a_lease_row_per_running_job(server_url: URL) -> None:
+    server = Server(server_url, embedded=False)
+    with server.fresh_database("bounds") as url, psycopg.connect(libpq(url)) as conn:
+        cut_down(url, "live-table design (lease rows)")
+        conn.execute(
+            "INSERT INTO pgqueue_jobs (id, task_name) SELECT g, 'noop' FROM generate_series(1, 3) g"
+        )
+        conn.execute(
+            "UPDATE pgqueue_jobs SET state = 'running', lease_owner = 'w',"
+            " lease_token = gen_random_uuid(), lease_expires_at = now() + interval '30 s'"
+            " WHERE id IN (1, 2)"
+        )
+        leases = "SELECT job_id FROM bounds_leases ORDER BY job_id"
+        assert [row[0] for row in conn.execute(leases)] == [1, 2]
+        conn.execute("UPDATE pgqueue_jobs SET lease_expires_at = now() WHERE id = 1")
+        conn.execute("UPDATE pgqueue_jobs SET state = 'succeeded' WHERE id = 2")
+        assert [row[0] for row in conn.execute(leases)] == [1]
