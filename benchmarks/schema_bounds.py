@@ -1,7 +1,7 @@
 """How far a leaner ``pgqueue_jobs`` could take the drain and the bulk enqueue: an upper bound.
 
 ``python -m benchmarks.schema_bounds [--rounds 3] [--jobs 60000] [--bulk 50000]
-[--concurrency 10] [--processes 1] [--threads 4] [--batch 200]`` on
+[--concurrency 10] [--processes 1] [--threads 4] [--batch 200] [--variant NAME ...]`` on
 ``$PGQUEUE_DATABASE_URL`` (or a durable embedded server) runs pgqueue's drain and its bulk
 enqueue on scratch databases whose jobs table is cut down step by step (``VARIANTS``), beside
 the raw-SQL ceiling of the same round:
@@ -304,9 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument(
-        "--variants",
-        default=",".join(VARIANTS),
-        help="the variants to run, comma-separated (default: all)",
+        "--variant",
+        action="append",
+        dest="variants",
+        help="a variant to run (repeat for more; default: all)",
     )
     parser.add_argument(
         "--database-url",
@@ -314,10 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         help="a server on this host (default $PGQUEUE_DATABASE_URL, else a durable embedded one)",
     )
     args = parser.parse_args(argv)
-    chosen = [name.strip() for name in args.variants.split(",") if name.strip()]
+    chosen = args.variants or list(VARIANTS)
     unknown = [name for name in chosen if name not in VARIANTS]
-    if unknown or not chosen:
-        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {'; '.join(VARIANTS)}")
     drains: list[Result] = []
     bulks: list[Result] = []
     with server_module.start(args.database_url) as server:
