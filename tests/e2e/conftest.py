@@ -139,6 +139,12 @@ def member(x, seconds=0.0):
     return x
 
 
+@pgq.task(name="await_go", pass_context=True)
+def await_go(ctx):
+    """Suspends (holding no slot) until signal 'go' is sent; returns its payload."""
+    return ctx.wait_for_signal("go", timeout=3600)
+
+
 @pgq.task(name="gather", pass_context=True, max_attempts=25, retry=backoff.constant(0.05))
 def gather(ctx, results):
     """A chord's callback: a committed 'callback' mark per run, with how many results it got

@@ -9,7 +9,9 @@ Three idle periods (25 s, 40 s, 2 min), each followed by three jobs a couple of 
 on two workers at once: one connected directly, one through PgBouncer in transaction mode. The
 test process enqueues like the apps that use pgqueue: in its own session's transaction, with a
 one-off ``enqueue()``, and from asyncio (``aenqueue``), each on connections that sat idle in
-their pools as long as the workers did.
+their pools as long as the workers did. After each quiet period a job that waited through it
+in ``ctx.wait_for_signal`` is signalled, and a two-step chain is enqueued: the signalled job
+and the chain's second step (released by the first's end) must start at once too.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pytest
 from debian_postgres import free_port
 from sqlalchemy.engine import URL
 
-from pgqueue import PgQueue, Settings
+from pgqueue import PgQueue, Settings, chain
 
 if TYPE_CHECKING:
     from conftest import App, WorkerProcess
@@ -45,12 +47,21 @@ def _declare_record(pgq: PgQueue) -> Any:
     return record
 
 
+def _declare_await_go(pgq: PgQueue) -> Any:
+    @pgq.task(name="await_go", pass_context=True)
+    def await_go(ctx: object) -> None:
+        """The e2e app's ``await_go``; declared here to enqueue it."""
+
+    return await_go
+
+
 class Enqueuer:
     """Enqueues ``record`` into one queue the three ways an app does, taking turns."""
 
     def __init__(self, pgq: PgQueue, queue: str, loop: asyncio.AbstractEventLoop) -> None:
         self.pgq = pgq
-        self.task = _declare_record(pgq).configure(queue=queue)
+        self.record = _declare_record(pgq)
+        self.task = self.record.configure(queue=queue)
         self.loop = loop
         self.turn = 0
 
@@ -72,6 +83,38 @@ def _pickup_seconds(app: App, job_id: int) -> list[float]:
         "SELECT extract(epoch FROM started_at - created_at) AS waited, started_at "
         "FROM pgqueue_jobs WHERE id = :id",
         id=job_id,
+    )
+    return [] if row.started_at is None else [float(row.waited)]
+
+
+def _suspended(app: App, job_id: int) -> bool:
+    """Whether job ``job_id`` waits in ``ctx.wait_for_signal`` (queued, its wait saved)."""
+    return bool(
+        app.rows(
+            "SELECT 1 FROM pgqueue_jobs j JOIN pgqueue_job_suspensions s ON s.job_id = j.id"
+            " WHERE j.id = :id AND j.state = 'queued'",
+            id=job_id,
+        )
+    )
+
+
+def _resumed_seconds(app: App, job_id: int) -> list[float]:
+    """``[seconds from the job's signal to its resumed run's claim]`` once it succeeded."""
+    [row] = app.rows(
+        "SELECT j.state, extract(epoch FROM j.started_at - s.sent_at) AS waited"
+        " FROM pgqueue_jobs j JOIN pgqueue_job_signals s ON s.job_id = j.id WHERE j.id = :id",
+        id=job_id,
+    )
+    return [float(row.waited)] if row.state == "succeeded" else []
+
+
+def _released_seconds(app: App, first: int, second: int) -> list[float]:
+    """``[seconds from a chain's first step's end to its second step's claim]``, once claimed."""
+    [row] = app.rows(
+        "SELECT extract(epoch FROM b.started_at - a.finished_at) AS waited, b.started_at"
+        " FROM pgqueue_jobs a, pgqueue_jobs b WHERE a.id = :first AND b.id = :second",
+        first=first,
+        second=second,
     )
     return [] if row.started_at is None else [float(row.waited)]
 
@@ -123,9 +166,39 @@ def test_idle_workers_pick_up_each_job_at_once_after_long_quiet_periods(
         "bounced": Enqueuer(bounced_pgq, "bounced", loop),
     }
     waits: dict[str, list[tuple[float, int, float]]] = {name: [] for name in enqueuers}
+    pgqs = {"direct": direct_pgq, "bounced": bounced_pgq}
+    await_go = {name: _declare_await_go(pgq) for name, pgq in pgqs.items()}
     try:
         for idle in IDLE_PERIODS:
+            waiting = {name: int(await_go[name].configure(queue=name).enqueue()) for name in pgqs}
+            for name, job_id in waiting.items():
+                app.wait_until(
+                    lambda job_id=job_id: _suspended(app, job_id),
+                    timeout=30,
+                    what=f"{name} job {job_id} to wait for its signal",
+                )
             time.sleep(idle)
+            for name, job_id in waiting.items():
+                assert pgqs[name].signal(job_id, "go", {"after": idle})
+            for name, job_id in waiting.items():
+                [waited] = app.wait_until(
+                    lambda job_id=job_id: _resumed_seconds(app, job_id),
+                    timeout=30,
+                    what=f"{name} job {job_id} to resume after its signal, {idle:.0f} s idle",
+                    interval=0.02,
+                )
+                waits[name].append((idle, job_id, waited))
+            for name, enqueuer in enqueuers.items():
+                steps = [enqueuer.record.si().set(queue=name) for _ in range(2)]
+                workflow = chain(*steps).enqueue()
+                first, second = workflow.job_ids
+                [waited] = app.wait_until(
+                    lambda first=first, second=second: _released_seconds(app, first, second),
+                    timeout=30,
+                    what=f"{name} chain {workflow.id}'s second step, {idle:.0f} s idle",
+                    interval=0.02,
+                )
+                waits[name].append((idle, second, waited))
             for _ in range(JOBS_PER_BURST):
                 ids = {name: enqueuer.enqueue() for name, enqueuer in enqueuers.items()}
                 for name, job_id in ids.items():
@@ -138,6 +211,8 @@ def test_idle_workers_pick_up_each_job_at_once_after_long_quiet_periods(
                     waits[name].append((idle, job_id, waited))
                 time.sleep(SECONDS_BETWEEN_JOBS)
         app.wait_final([job_id for name in waits for _, job_id, _ in waits[name]], timeout=30)
+        for name, job_id in waiting.items():
+            assert pgqs[name].get_job(job_id).result == {"after": IDLE_PERIODS[-1]}
         claim_failures = {
             "direct": _claim_failures(direct_port),
             "bounced": _claim_failures(bounced_port),
