@@ -161,7 +161,9 @@ def main() -> None:
     for round_ in range(args.rounds):
         for concurrency in args.concurrency or [10]:
             for processes in args.processes or [1]:
-                for tree in trees:
+                # Each round reverses the order: a load that grows or fades during a round
+                # does not favour one tree every round.
+                for tree in trees if round_ % 2 == 0 else trees[::-1]:
                     result = drain_tree(
                         server,
                         tree,
