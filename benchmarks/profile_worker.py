@@ -1,7 +1,8 @@
 """Where a draining worker spends its time, and paired drains of two source trees.
 
-``python -m benchmarks.profile_worker URL [--jobs N] [--concurrency C] [--log-successes default|true|false]
-[--py-spy OUT] [--tree DIR ...] [--baseline-threads T --baseline-batch B] [--rounds R]``
+``python -m benchmarks.profile_worker URL [--jobs N] [--concurrency C ...] [--processes P ...]
+[--log-successes default|true|false] [--py-spy OUT] [--tree DIR ...] [--baseline-threads T
+--baseline-batch B] [--rounds R] [--json PATH]``
 
 Each round drains ``--jobs`` no-op jobs from a fresh database with ``python -m pgqueue worker
 benchmarks.app:pgq --drain``, once per ``--tree`` (a checkout of pgqueue; the worker runs with
@@ -9,14 +10,20 @@ that directory as its working directory, so it imports that tree's pgqueue), alt
 trees round by round, then the raw baseline with ``T`` threads claiming batches of ``B`` (a
 multi-threaded form of ``benchmarks.baseline``'s drain). With ``--py-spy OUT`` the worker
 runs under ``py-spy record`` (raw folded stacks in ``OUT``). Prints one JSON line per drain,
-with the load average when it began.
+with the load average when it began. ``--processes`` runs each drain with that many worker
+processes too (every concurrency with every process count). With ``--json`` every drain and a
+summary go to ``PATH``: per tree and setting the median jobs/s, the median of its per-round
+ratios to the same round's raw baseline, and the median of per-round ratios to the first tree.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -49,6 +56,7 @@ def drain_tree(
     concurrency: int,
     log_successes: bool | None,
     py_spy: str | None,
+    processes: int = 1,
 ) -> dict[str, Any]:
     """One drain of ``jobs`` no-op jobs by a worker of the pgqueue in ``tree``."""
     with server.fresh_database("profile") as url:
@@ -57,7 +65,7 @@ def drain_tree(
         env.pop("PGQUEUE_LOG_SUCCESSES", None)
         if log_successes is not None:  # else the tree's default
             env["PGQUEUE_LOG_SUCCESSES"] = "true" if log_successes else "false"
-        command = worker_command(concurrency)
+        command = worker_command(concurrency, processes)
         if py_spy:
             command = ["py-spy", "record", "--format", "raw", "--rate", "250", "--gil", "--nonblocking", "-o", py_spy,
                        "--", *command]  # fmt: skip
@@ -75,7 +83,13 @@ def drain_tree(
         result = steady_throughput(jobs, succeeded_after(url, 0), wall)
         result["log_lines"] = completed.stderr.count("\n")
         result.update(_batches(url))
-    result.update(tree=str(tree), concurrency=concurrency, log_successes=log_successes, load=began)
+    result.update(
+        tree=str(tree),
+        concurrency=concurrency,
+        processes=processes,
+        log_successes=log_successes,
+        load=began,
+    )
     return result
 
 
@@ -137,20 +151,79 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--baseline-threads", type=int, default=0)
     parser.add_argument("--baseline-batch", type=int, default=100)
+    parser.add_argument("--processes", type=int, action="append")
+    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     server = Server(make_url(args.url).set(drivername="postgresql+psycopg"), embedded=False)
     trees = args.tree or [REPO_ROOT]
     log_successes = None if args.log_successes == "default" else args.log_successes == "true"
-    for _ in range(args.rounds):
+    drains: list[dict[str, Any]] = []
+    for round_ in range(args.rounds):
         for concurrency in args.concurrency or [10]:
-            for tree in trees:
-                result = drain_tree(
-                    server, tree, args.jobs, concurrency, log_successes, args.py_spy
-                )
-                print(json.dumps(result), flush=True)
+            for processes in args.processes or [1]:
+                # Each round reverses the order: a load that grows or fades during a round
+                # does not favour one tree every round.
+                for tree in trees if round_ % 2 == 0 else trees[::-1]:
+                    result = drain_tree(
+                        server,
+                        tree,
+                        args.jobs,
+                        concurrency,
+                        log_successes,
+                        args.py_spy,
+                        processes,
+                    )
+                    result["round"] = round_
+                    drains.append(result)
+                    print(json.dumps(result), flush=True)
         if args.baseline_threads:
             result = drain_baseline(server, args.jobs, args.baseline_threads, args.baseline_batch)
+            result["round"] = round_
+            drains.append(result)
             print(json.dumps(result), flush=True)
+    if args.json:
+        summary = summarize(drains, [str(tree) for tree in trees])
+        print(json.dumps(summary, indent=1), flush=True)
+        document = {"command": sys.argv, "jobs": args.jobs, "rounds": args.rounds}
+        document |= {"summary": summary, "drains": drains, "loadavg_end": os.getloadavg()}
+        args.json.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def summarize(drains: list[dict[str, Any]], trees: list[str]) -> dict[str, Any]:
+    """Per tree and setting: median jobs/s, the median of per-round ratios to the round's raw
+    baseline (when it ran) and to the first tree's drain of the same setting and round."""
+    ceiling = {d["round"]: d["jobs_per_s"] for d in drains if d["tree"] == "raw" and d["ok"]}
+    pgqueue = {
+        (d["tree"], d["concurrency"], d["processes"], d["round"]): d["jobs_per_s"]
+        for d in drains
+        if d["tree"] != "raw" and d["ok"]
+    }
+    settings = sorted({(c, p) for _, c, p, _ in pgqueue})
+    rounds = sorted({r for *_, r in pgqueue})
+    summary: dict[str, Any] = {
+        "ceiling_jobs_per_s": statistics.median(ceiling.values()) if ceiling else None
+    }
+    for concurrency, processes in settings:
+        for tree in trees:
+            rates = {r: pgqueue[tree, concurrency, processes, r] for r in rounds
+                     if (tree, concurrency, processes, r) in pgqueue}  # fmt: skip
+            if not rates:
+                continue
+            to_ceiling = [rates[r] / ceiling[r] for r in rates if r in ceiling]
+            first = [
+                rates[r] / pgqueue[trees[0], concurrency, processes, r]
+                for r in rates
+                if (trees[0], concurrency, processes, r) in pgqueue
+            ]
+            summary[f"{tree} c={concurrency} p={processes}"] = {
+                "jobs_per_s": statistics.median(rates.values()),
+                "rounds_jobs_per_s": [rates[r] for r in sorted(rates)],
+                "ratio_to_ceiling": statistics.median(to_ceiling) if to_ceiling else None,
+                "rounds_ratio_to_ceiling": to_ceiling,
+                "ratio_to_first_tree": statistics.median(first) if first else None,
+                "rounds_ratio_to_first_tree": first,
+            }
+    return summary
 
 
 if __name__ == "__main__":
