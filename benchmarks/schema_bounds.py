@@ -71,6 +71,35 @@ _DASHBOARD = (
     "DROP INDEX ix_pgqueue_jobs_queue_state_id",
     "DROP INDEX ix_pgqueue_jobs_task_name_state_id",
 )
+_LIVE_TABLE = (
+    *_DASHBOARD,
+    *_SECONDARY,
+    "CREATE INDEX ix_bounds_queue_id ON pgqueue_jobs (queue, id)",
+    "CREATE INDEX ix_bounds_task_name_id ON pgqueue_jobs (task_name, id)",
+    "CREATE INDEX ix_bounds_concurrency_key ON pgqueue_jobs (concurrency_key)"
+    " WHERE concurrency_key IS NOT NULL",
+    "CREATE INDEX ix_bounds_workflow_id ON pgqueue_jobs (workflow_id)"
+    " WHERE workflow_id IS NOT NULL",
+    "CREATE UNIQUE INDEX uq_bounds_unique_key ON pgqueue_jobs (unique_key)"
+    " WHERE unique_key IS NOT NULL",
+    "ALTER TABLE pgqueue_jobs SET (fillfactor = 40)",
+    "CREATE TABLE bounds_leases (job_id bigint PRIMARY KEY, owner text NOT NULL,"
+    " token uuid NOT NULL, expires_at timestamptz NOT NULL)",
+    "CREATE INDEX ix_bounds_leases_expires_at ON bounds_leases (expires_at)",
+    """CREATE FUNCTION bounds_leases_written() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        DELETE FROM bounds_leases l USING changed_new n
+        WHERE l.job_id = n.id AND n.state <> 'running';
+        INSERT INTO bounds_leases (job_id, owner, token, expires_at)
+        SELECT n.id, n.lease_owner, n.lease_token, n.lease_expires_at
+        FROM changed_new n JOIN changed_old o ON o.id = n.id
+        WHERE n.state = 'running' AND o.state <> 'running';
+        RETURN NULL;
+    END $$""",
+    "CREATE TRIGGER bounds_leases_written AFTER UPDATE ON pgqueue_jobs"
+    " REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new"
+    " FOR EACH STATEMENT EXECUTE FUNCTION bounds_leases_written()",
+)
 # Name -> the statements that turn a migrated database into the variant.
 VARIANTS: dict[str, tuple[str, ...]] = {
     "as shipped": (),
@@ -100,34 +129,34 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # the outcome's transition tables: one set-based insert or delete per statement, as a
     # CTE of those statements would write them, plus the trigger's own cost (so a bound from
     # below for the design).
-    "live-table design (lease rows)": (
-        *_DASHBOARD,
-        *_SECONDARY,
-        "CREATE INDEX ix_bounds_queue_id ON pgqueue_jobs (queue, id)",
-        "CREATE INDEX ix_bounds_task_name_id ON pgqueue_jobs (task_name, id)",
-        "CREATE INDEX ix_bounds_concurrency_key ON pgqueue_jobs (concurrency_key)"
-        " WHERE concurrency_key IS NOT NULL",
-        "CREATE INDEX ix_bounds_workflow_id ON pgqueue_jobs (workflow_id)"
-        " WHERE workflow_id IS NOT NULL",
-        "CREATE UNIQUE INDEX uq_bounds_unique_key ON pgqueue_jobs (unique_key)"
-        " WHERE unique_key IS NOT NULL",
-        "ALTER TABLE pgqueue_jobs SET (fillfactor = 40)",
-        "CREATE TABLE bounds_leases (job_id bigint PRIMARY KEY, owner text NOT NULL,"
-        " token uuid NOT NULL, expires_at timestamptz NOT NULL)",
-        "CREATE INDEX ix_bounds_leases_expires_at ON bounds_leases (expires_at)",
-        """CREATE FUNCTION bounds_leases_written() RETURNS trigger LANGUAGE plpgsql AS $$
+    # A design that keeps every feature's index: the unchanging-column schema, a unique key
+    # index whose predicate names no state (a job would clear its key when it ends), and the
+    # leases in a table of their own, a row per running job indexed by expiry, for the
+    # rescuer. The lease rows are written by statement-level triggers over the claim's and
+    # the outcome's transition tables: one set-based insert or delete per statement, as a
+    # CTE of those statements would write them, plus the trigger's own cost (so a bound from
+    # below for the design).
+    "live-table design (lease rows)": _LIVE_TABLE,
+    # The same, with each finished job moved at once (by the statement that ends it) to a
+    # history table that carries the dashboard's state indexes: what keeping only live jobs
+    # in pgqueue_jobs costs when the move is paid per job, not deferred.
+    "live-table design, finished rows moved": (
+        *_LIVE_TABLE,
+        "CREATE TABLE bounds_history (LIKE pgqueue_jobs INCLUDING DEFAULTS)",
+        "CREATE INDEX ix_bounds_history_queue ON bounds_history (queue, state, id)",
+        "CREATE INDEX ix_bounds_history_task ON bounds_history (task_name, state, id)",
+        "CREATE INDEX ix_bounds_history_finished ON bounds_history (finished_at)",
+        """CREATE FUNCTION bounds_history_moved() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            DELETE FROM bounds_leases l USING changed_new n
-            WHERE l.job_id = n.id AND n.state <> 'running';
-            INSERT INTO bounds_leases (job_id, owner, token, expires_at)
-            SELECT n.id, n.lease_owner, n.lease_token, n.lease_expires_at
-            FROM changed_new n JOIN changed_old o ON o.id = n.id
-            WHERE n.state = 'running' AND o.state <> 'running';
+            INSERT INTO bounds_history SELECT n.* FROM changed_new n
+            WHERE n.state IN ('succeeded', 'failed', 'cancelled');
+            DELETE FROM pgqueue_jobs j USING changed_new n
+            WHERE j.id = n.id AND n.state IN ('succeeded', 'failed', 'cancelled');
             RETURN NULL;
         END $$""",
-        "CREATE TRIGGER bounds_leases_written AFTER UPDATE ON pgqueue_jobs"
-        " REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new"
-        " FOR EACH STATEMENT EXECUTE FUNCTION bounds_leases_written()",
+        "CREATE TRIGGER bounds_history_moved AFTER UPDATE ON pgqueue_jobs"
+        " REFERENCING NEW TABLE AS changed_new"
+        " FOR EACH STATEMENT EXECUTE FUNCTION bounds_history_moved()",
     ),
 }
 CEILING = "raw SQL ceiling"
@@ -190,10 +219,21 @@ def drain_variant(
         measured = _measured_drain(
             url, worker_command(concurrency, processes), env, lambda: fill_pgqueue(url, jobs)
         )
+        _moved_back(url, variant)
         result = _per_job(jobs, measured, succeeded_after(url, 0))
         row = _settled_updates(url)
     result.update(variant=variant, processes=processes, updates=row[0], hot_updates=row[1])
     return result
+
+
+def _moved_back(url: URL, variant: str) -> None:
+    """For a variant that moves finished jobs out of ``pgqueue_jobs``, put them back (after
+    the drain was timed), so the drain's jobs are counted where every variant's are."""
+    if "bounds_history" not in " ".join(VARIANTS[variant]):
+        return
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        conn.execute("ALTER TABLE pgqueue_jobs DISABLE TRIGGER USER")
+        conn.execute("INSERT INTO pgqueue_jobs SELECT * FROM bounds_history")
 
 
 def _settled_updates(url: URL) -> tuple[int, int]:

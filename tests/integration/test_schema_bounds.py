@@ -57,6 +57,7 @@ def test_each_variant_drains_every_job_and_only_the_hot_one_updates_in_place(
     # Indexes on columns no state change touches leave the updates heap-only too.
     assert by_variant["unchanging-column indexes, HOT"]["hot_updates"] >= 1.5 * JOBS
     assert by_variant["live-table design (lease rows)"]["hot_updates"] >= 1.5 * JOBS
+    assert by_variant["live-table design, finished rows moved"]["hot_updates"] >= 1.5 * JOBS
 
     rows = summarize(drains, [])
     assert [row["variant"] for row in rows] == [*VARIANTS, CEILING]
@@ -106,3 +107,21 @@ def test_the_live_table_design_keeps_a_lease_row_per_running_job(server_url: URL
         conn.execute("UPDATE pgqueue_jobs SET lease_expires_at = now() WHERE id = 1")
         conn.execute("UPDATE pgqueue_jobs SET state = 'succeeded' WHERE id = 2")
         assert [row[0] for row in conn.execute(leases)] == [1]
+
+
+def test_the_moving_design_keeps_only_live_jobs_in_the_jobs_table(server_url: URL) -> None:
+    server = Server(server_url, embedded=False)
+    with server.fresh_database("bounds") as url, psycopg.connect(libpq(url)) as conn:
+        cut_down(url, "live-table design, finished rows moved")
+        conn.execute(
+            "INSERT INTO pgqueue_jobs (id, task_name) SELECT g, 'noop' FROM generate_series(1, 3) g"
+        )
+        conn.execute(
+            "UPDATE pgqueue_jobs SET state = 'running', lease_owner = 'w',"
+            " lease_token = gen_random_uuid(), lease_expires_at = now() WHERE id IN (1, 2)"
+        )
+        conn.execute("UPDATE pgqueue_jobs SET state = 'succeeded' WHERE id IN (1, 2)")
+        live = [row[0] for row in conn.execute("SELECT id FROM pgqueue_jobs ORDER BY id")]
+        moved = [row[0] for row in conn.execute("SELECT id FROM bounds_history ORDER BY id")]
+        assert (live, moved) == ([3], [1, 2])
+        assert conn.execute("SELECT count(*) FROM bounds_leases").fetchone() == (0,)
