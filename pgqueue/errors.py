@@ -26,6 +26,7 @@ __all__ = [
     "JobNotFound",
     "JobWaitTimeout",
     "LeaseLost",
+    "MigrationRefused",
     "NotSchemaOwner",
     "PayloadTooLarge",
     "PgQueueError",
@@ -192,6 +193,11 @@ class DowngradeLosesData(PgQueueError):
     def __init__(self, message: str, losses: list[str]) -> None:
         super().__init__(message)
         self.losses = losses
+
+
+class MigrationRefused(PgQueueError):
+    """A revision refused to run because of rows the database holds (its message names them
+    and says how to clear them); nothing was changed."""
 
 
 class BulkCountChanged(PgQueueError):

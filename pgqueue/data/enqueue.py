@@ -185,7 +185,7 @@ def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> 
     ]
     if missing:
         found = ex.rows(enqueue.active_job_ids_by_unique_key(), {"unique_keys": missing})
-        by_key.update({key: job_id for job_id, key in found if key is not None})
+        by_key.update({key: job_id for job_id, key, _ in found if key is not None})
         if any(key not in by_key for key in missing):
             return None  # the holder finished between our insert and lookup: insert again
     return [next(inserted_plain) if j.unique_key is None else by_key[j.unique_key] for j in jobs]
