@@ -35,6 +35,7 @@ __all__ = [
     "SchemaRecordedElsewhere",
     "SerializationError",
     "SignalTimeout",
+    "UniqueKeyHeld",
     "UnknownRevision",
     "UnknownTask",
     "ValidationError",
@@ -143,6 +144,24 @@ class QueueFull(PgQueueError):
         self.max_depth = max_depth
         self.depth = depth
         self.asked = asked
+
+
+class UniqueKeyHeld(PgQueueError):
+    """A workflow was not enqueued because the ``unique_key`` of one of its members is held by
+    a job that has not ended; nothing of the workflow was written, and the caller's
+    transaction is still usable.
+
+    ``key`` is the key, ``job_id`` the holder's id and ``workflow_id`` the holder's workflow
+    (None when it is not a workflow member), so the caller can use the holder instead."""
+
+    def __init__(self, key: str, job_id: int, workflow_id: int | None) -> None:
+        holder = f"job {job_id}" + ("" if workflow_id is None else f" of workflow {workflow_id}")
+        super().__init__(
+            f"workflow not enqueued: unique_key {key!r} of one of its members is held by {holder}"
+        )
+        self.key = key
+        self.job_id = job_id
+        self.workflow_id = workflow_id
 
 
 class InvalidStateTransition(PgQueueError):
