@@ -26,6 +26,7 @@ __all__ = [
     "JobNotFound",
     "JobWaitTimeout",
     "LeaseLost",
+    "MigrationRefused",
     "NotSchemaOwner",
     "PayloadTooLarge",
     "PgQueueError",
@@ -34,6 +35,7 @@ __all__ = [
     "SchemaRecordedElsewhere",
     "SerializationError",
     "SignalTimeout",
+    "UniqueKeyHeld",
     "UnknownRevision",
     "UnknownTask",
     "ValidationError",
@@ -144,6 +146,24 @@ class QueueFull(PgQueueError):
         self.asked = asked
 
 
+class UniqueKeyHeld(PgQueueError):
+    """A workflow was not enqueued because the ``unique_key`` of one of its members is held by
+    a job that has not ended; nothing of the workflow was written, and the caller's
+    transaction is still usable.
+
+    ``key`` is the key, ``job_id`` the holder's id and ``workflow_id`` the holder's workflow
+    (None when it is not a workflow member), so the caller can use the holder instead."""
+
+    def __init__(self, key: str, job_id: int, workflow_id: int | None) -> None:
+        holder = f"job {job_id}" + ("" if workflow_id is None else f" of workflow {workflow_id}")
+        super().__init__(
+            f"workflow not enqueued: unique_key {key!r} of one of its members is held by {holder}"
+        )
+        self.key = key
+        self.job_id = job_id
+        self.workflow_id = workflow_id
+
+
 class InvalidStateTransition(PgQueueError):
     """A transition was asked for from a state the transition table does not allow."""
 
@@ -192,6 +212,11 @@ class DowngradeLosesData(PgQueueError):
     def __init__(self, message: str, losses: list[str]) -> None:
         super().__init__(message)
         self.losses = losses
+
+
+class MigrationRefused(PgQueueError):
+    """A revision refused to run because of rows the database holds (its message names them
+    and says how to clear them); nothing was changed."""
 
 
 class BulkCountChanged(PgQueueError):

@@ -79,8 +79,12 @@ _PHRASES: Final = {
 FINAL_STATES: Final = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 WAITING_STATES: Final = frozenset({JobState.QUEUED, JobState.RETRYING})
 ACTIVE_STATES: Final = WAITING_STATES | {JobState.RUNNING}
-# Not in ACTIVE_STATES on purpose: a job blocked on dependencies holds no ticket and no unique key.
+# Not in ACTIVE_STATES on purpose: a job blocked on dependencies holds no ticket. It does hold
+# its unique key (``UNIQUE_KEY_STATES``), so its release never meets another holder.
 BLOCKED_STATES: Final = frozenset({JobState.WAITING})
+# The states whose jobs hold their unique key (``models.UNIQUE_KEY_HELD``, the unique index's
+# predicate): every state but the final ones.
+UNIQUE_KEY_STATES: Final = ACTIVE_STATES | BLOCKED_STATES
 
 
 @dataclass(frozen=True, slots=True)

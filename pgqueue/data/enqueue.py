@@ -176,6 +176,13 @@ def _add_concurrency_keys(jobs: Sequence[NewJob], params: dict[str, Any]) -> boo
     return True
 
 
+def unique_key_holders(db: Executor, keys: Sequence[str]) -> dict[str, tuple[int, int | None]]:
+    """``{key: (job id, workflow id or None)}`` of the jobs holding the unique ``keys`` (the
+    jobs not ended that have them)."""
+    rows = db.rows(enqueue.active_job_ids_by_unique_key(), {"unique_keys": list(keys)})
+    return {key: (job_id, workflow_id) for job_id, key, workflow_id in rows}
+
+
 def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> list[int] | None:
     """Map inserted rows back to inputs; look up the holders of keys that conflicted."""
     inserted_plain = iter(sorted(row[0] for row in rows if row[1] is None))
@@ -185,7 +192,7 @@ def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> 
     ]
     if missing:
         found = ex.rows(enqueue.active_job_ids_by_unique_key(), {"unique_keys": missing})
-        by_key.update({key: job_id for job_id, key in found if key is not None})
+        by_key.update({key: job_id for job_id, key, _ in found if key is not None})
         if any(key not in by_key for key in missing):
             return None  # the holder finished between our insert and lookup: insert again
     return [next(inserted_plain) if j.unique_key is None else by_key[j.unique_key] for j in jobs]

@@ -6,6 +6,13 @@ its jobs go in with their edges on both sides (``depends_on`` and ``dependents``
 countdowns and roles, and tickets for those with no parent, then its row. A closing marker
 (a job that never runs) depends on every member: it is settled when the last of them ended,
 and closes the workflow in that transaction (``dependencies.settle``).
+
+Members with a ``unique_key`` hold it from the enqueue on, while they wait too (the unique
+index covers WAITING jobs). Such a workflow is inserted inside a savepoint, skipping keyed jobs
+whose key is held (``ON CONFLICT DO NOTHING``): when one was skipped, everything since the
+savepoint is rolled back and ``UniqueKeyHeld`` names the holder, so the workflow is enqueued
+whole or not at all, and a caller's transaction stays usable. A concurrent enqueue of the same
+key waits for this transaction and then finds the key held (or free, if it rolled back).
 """
 
 from __future__ import annotations
@@ -15,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pgqueue.data import copy_rows, dependencies, queue_bounds
+from pgqueue.data import copy_rows, dependencies, enqueue, queue_bounds
 from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen
 from pgqueue.db import Executor, SessionOrExecutor, executor_for
-from pgqueue.errors import QueueFull, ValidationError
+from pgqueue.errors import QueueFull, UniqueKeyHeld, ValidationError
 from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
 from pgqueue.sql import workflows
 from pgqueue.states import JobState, WorkflowRole
@@ -52,8 +59,9 @@ def insert_workflow(
 ) -> InsertedWorkflow:
     """Insert ``plan``'s jobs, its closing marker and its row (see the module). ``may_copy``:
     a large workflow whose jobs share their ``run_at``, and whose first jobs their queue,
-    priority and atomic flag, and that has no concurrency key, is written with ``COPY``.
-    ``trace_context`` (JSON text): the enqueuing span's context, stored with every job."""
+    priority and atomic flag, and that has no concurrency key and no unique key, is written
+    with ``COPY``. ``trace_context`` (JSON text): the enqueuing span's context, stored with
+    every job. Raises ``UniqueKeyHeld`` (nothing written) when a member's key is held."""
     ex = executor_for(db)
     members = [i for i in range(len(plan.jobs)) if i != plan.on_failure]
     first = plan.jobs[0]
@@ -129,11 +137,14 @@ def _reserve_room(ex: Executor, jobs: Sequence[NewJob]) -> None:
 
 def _copyable(jobs: Sequence[NewJob], roots: Sequence[int]) -> bool:
     """Whether ``jobs`` share their ``run_at``/``delay``, the ``roots`` their queue, priority
-    and atomic flag, and none has a concurrency key: then one ``COPY`` and one ticket insert
-    of shared values write them."""
+    and atomic flag, and none has a concurrency key or a unique key (``COPY`` has no ``ON
+    CONFLICT``): then one ``COPY`` and one ticket insert of shared values write them."""
     first, root = jobs[0], jobs[roots[0]]
     return all(
-        j.concurrency_key is None and j.delay == first.delay and j.run_at == first.run_at
+        j.concurrency_key is None
+        and j.unique_key is None
+        and j.delay == first.delay
+        and j.run_at == first.run_at
         for j in jobs
     ) and all(
         (jobs[i].queue, jobs[i].priority, jobs[i].atomic)
@@ -199,7 +210,8 @@ def _insert_jobs(
     *,
     room_reserved: bool,
 ) -> None:
-    """Write the jobs and their first jobs' tickets in one ``INSERT`` over unnested arrays."""
+    """Write the jobs and their first jobs' tickets in one ``INSERT`` over unnested arrays;
+    with unique keys, inside a savepoint (see the module)."""
     params: dict[str, Any] = {
         **columns,
         "delays": [j.delay for j in jobs],
@@ -213,11 +225,45 @@ def _insert_jobs(
         params["concurrency_keys"] = [j.concurrency_key for j in jobs]
         params["key_limits"] = [j.key_limit for j in jobs]
     traced = trace_context is not None
-    inserted = ex.rows(workflows.insert_jobs(keyed, room_reserved, traced), params)
+    unique = any(j.unique_key is not None for j in jobs)
+    statement = workflows.insert_jobs(keyed, room_reserved, traced, unique)
+    if not unique:
+        inserted = ex.rows(statement, params)
+    else:
+        params["unique_keys"] = [j.unique_key for j in jobs]
+        inserted = _insert_keyed_jobs(ex, jobs, params, statement)
     if len(inserted) != len(jobs):  # pragma: no cover - a bound set since allocate_ids
         raise ValidationError(
             "a queue of the workflow got a max_depth while it was enqueued: enqueue it again"
         )
+
+
+def _insert_keyed_jobs(
+    ex: Executor, jobs: Sequence[NewJob], params: dict[str, Any], statement: Any
+) -> Sequence[Any]:
+    """Run the insert ``statement`` of jobs some of which have a unique key inside a savepoint;
+    its rows when every job went in (or none did: a bound). When a keyed job was skipped, roll
+    back to the savepoint and raise ``UniqueKeyHeld`` naming its key's holder; when that holder
+    ended in between, insert again."""
+    for _ in range(10):
+        ex.rows(workflows.savepoint())
+        inserted = ex.rows(statement, params)
+        if len(inserted) == len(jobs) or not inserted:
+            ex.rows(workflows.release_savepoint())
+            return inserted
+        ex.rows(workflows.rollback_to_savepoint())
+        ex.rows(workflows.release_savepoint())
+        returned = {row[0] for row in inserted}
+        skipped: list[str] = [
+            j.unique_key
+            for job_id, j in zip(params["ids"], jobs, strict=True)
+            if job_id not in returned and j.unique_key is not None
+        ]
+        holders = enqueue.unique_key_holders(ex, skipped)
+        for key in skipped:
+            if key in holders:
+                raise UniqueKeyHeld(key, *holders[key])
+    raise RuntimeError("workflow enqueue did not settle after 10 tries")  # pragma: no cover
 
 
 def read_workflow(db: SessionOrExecutor, workflow_id: int) -> WorkflowRow | None:

@@ -53,10 +53,12 @@ def _loaded_steps(job: Job) -> list[JobStep]:
     return job._steps
 
 
-# Which rows hold their unique key. Written out, not built from bound values: an
-# ``ON CONFLICT`` naming this index must repeat the predicate, and a generic plan of a prepared
-# statement cannot prove that ``state IN ($1, $2, $3)`` implies it.
-UNIQUE_KEY_HELD = "unique_key IS NOT NULL AND state IN ('queued', 'running', 'retrying')"
+# Which rows hold their unique key: every job that has not ended, a WAITING one too (a
+# workflow member or dependent job holds its key from its enqueue on, so its release to QUEUED
+# never meets another holder). Written out, not built from bound values: an ``ON CONFLICT``
+# naming this index must repeat the predicate, and a generic plan of a prepared statement
+# cannot prove that ``state IN ($1, $2, $3, $4)`` implies it.
+UNIQUE_KEY_HELD = "unique_key IS NOT NULL AND state IN ('queued', 'running', 'retrying', 'waiting')"
 
 
 class Job(Base):

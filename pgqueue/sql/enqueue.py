@@ -59,9 +59,7 @@ from pgqueue.sql.common import (
     woken,
 )
 from pgqueue.sql.flow import key_rows
-from pgqueue.states import (
-    JobState,
-)
+from pgqueue.states import UNIQUE_KEY_STATES, JobState
 
 # The job columns every enqueue path writes from the caller's values, in the order of its
 # parameters.
@@ -416,11 +414,12 @@ def _copy(table: str, columns: tuple[str, ...]) -> Any:
 
 
 @cache
-def active_job_ids_by_unique_key() -> Select[int, str | None]:
-    """Ids of active jobs holding the given ``unique_keys`` (array)."""
-    return select(Job.id, Job.unique_key).where(
+def active_job_ids_by_unique_key() -> Select[int, str | None, int | None]:
+    """``(id, unique_key, workflow_id)`` of the jobs holding the given ``unique_keys`` (array):
+    those not ended (``states.UNIQUE_KEY_STATES``, the unique index's predicate)."""
+    return select(Job.id, Job.unique_key, Job.workflow_id).where(
         Job.unique_key == func.any(array_param("unique_keys", Text)),
-        in_states(Job.state, (JobState.QUEUED, JobState.RUNNING, JobState.RETRYING)),
+        in_states(Job.state, UNIQUE_KEY_STATES),
     )
 
 

@@ -33,12 +33,14 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REGCLASS, aggregate_order_by
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import aliased
 
-from pgqueue.models import Job, MessageQueue, QueueControl, Workflow
+from pgqueue.models import UNIQUE_KEY_HELD, Job, MessageQueue, QueueControl, Workflow
 from pgqueue.sql.common import (
     OUTCOME_AT,
     announced,
@@ -166,7 +168,10 @@ def insert_workflow() -> Any:  # a ReturningInsert
 
 @cache
 def insert_jobs(
-    with_concurrency_keys: bool = False, room_reserved: bool = False, traced: bool = False
+    with_concurrency_keys: bool = False,
+    room_reserved: bool = False,
+    traced: bool = False,
+    with_unique_keys: bool = False,
 ) -> Select[Any]:
     """Insert a workflow's jobs, with the ids ``allocate_ids`` drew, and tickets for those
     QUEUED; returns the inserted ids. Without ``room_reserved`` (the bounded queues' locks
@@ -179,7 +184,12 @@ def insert_jobs(
     ``depends_ons`` and ``dependents`` (``'{1,2}'`` array literals or null), ``pendings`` (the
     countdowns) and ``roles``; and ``workflow_id``. ``with_concurrency_keys`` also binds
     ``concurrency_keys`` and ``key_limits`` (see ``sql.enqueue.insert_jobs``); ``traced``
-    ``trace_context`` (JSON text, the enqueuing span's, one value for every job)."""
+    ``trace_context`` (JSON text, the enqueuing span's, one value for every job).
+    ``with_unique_keys`` also binds ``unique_keys`` (may be null): a job whose key is held by a
+    job that has not ended is skipped (``ON CONFLICT DO NOTHING`` on the partial unique index)
+    and gets no ticket, so fewer ids come back; the caller then rolls back to its savepoint.
+    Keyed rows go in in key order, so two workflows sharing keys wait for each other on their
+    first common key, never crosswise."""
     rows = (
         func.unnest(
             array_param("ids", BigInteger),
@@ -252,11 +262,24 @@ def insert_jobs(
         )
         columns.append("concurrency_key")
         values.append(keys.c.concurrency_key)
+    unique: Any = None
+    order: list[Any] = [rows.c.ord]
+    if with_unique_keys:
+        unique = (
+            func.unnest(array_param("unique_keys", Text))
+            .table_valued("unique_key", with_ordinality="ord")
+            .render_derived(name="u")
+        )
+        columns.append("unique_key")
+        values.append(unique.c.unique_key)
+        order = [unique.c.unique_key.asc().nulls_last(), rows.c.ord]
     bounded = select(QueueControl.name).where(
         QueueControl.name == func.any(array_param("queues", Text)),
         QueueControl.max_depth.is_not(None),
     )
-    source = select(*values).order_by(rows.c.ord)
+    source = select(*values).order_by(*order)
+    if unique is not None:
+        source = source.where(unique.c.ord == rows.c.ord)
     if not room_reserved:
         source = source.where(~bounded.exists())
     if keys is not None:
@@ -264,12 +287,43 @@ def insert_jobs(
     returned = [Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.state]
     if keys is not None:
         returned.append(Job.concurrency_key)
-    jobs = insert(Job).from_select(columns, source).returning(*returned).cte("new_jobs")
+    inserted = pg_insert(Job).from_select(columns, source)
+    if with_unique_keys:
+        inserted = inserted.on_conflict_do_nothing(
+            index_elements=[Job.unique_key],
+            # The index's own predicate, as text (see ``sql.enqueue.insert_jobs``).
+            index_where=text(UNIQUE_KEY_HELD),
+        )
+    jobs = inserted.returning(*returned).cte("new_jobs")
     tickets = tickets_for(jobs, "new_tickets", jobs.c.state == JobState.QUEUED.value)
     also = [tickets]
     if keys is not None:
         also.extend(key_rows(select(keys.c.concurrency_key, keys.c.key_limit).subquery("keyed")))
     return select(jobs.c.id).add_cte(*also).where(woken(tickets))
+
+
+# A savepoint (``pgqueue_workflow_keys``) around the insert of a workflow with unique keys:
+# when a key is held the insert is undone whole, and the caller's transaction stays usable (no
+# unique violation is ever raised).
+
+
+@cache
+def savepoint() -> Any:
+    """``SAVEPOINT`` before the insert of a workflow with unique keys."""
+    return text("SAVEPOINT pgqueue_workflow_keys")
+
+
+@cache
+def rollback_to_savepoint() -> Any:
+    """Undo the insert since ``savepoint`` (a member's unique key was held); ``release_savepoint``
+    then ends it."""
+    return text("ROLLBACK TO SAVEPOINT pgqueue_workflow_keys")
+
+
+@cache
+def release_savepoint() -> Any:
+    """End ``savepoint``, keeping what was written since (or nothing, after the rollback)."""
+    return text("RELEASE SAVEPOINT pgqueue_workflow_keys")
 
 
 @cache

@@ -5,7 +5,8 @@ arguments and enqueue options, not yet enqueued; ``task.s(...)``/``task.si(...)`
 
 ``enqueue()``/``aenqueue()`` validate every job before any SQL and insert the whole workflow
 in one transaction: the caller's (``session=``, or ``configure(session=...)``) when given, so
-a rollback leaves nothing, or one of its own.
+a rollback leaves nothing, or one of its own. A workflow a member of which has a unique key
+held by another job is not enqueued at all (``UniqueKeyHeld``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from pgqueue.states import WorkflowRole
 from pgqueue.workflows.plan import Layout, Outlet, SignedTask, WorkflowSink, role_after
 
 # The enqueue options a signature may carry (``Signature.set``): what ``task.configure``
-# accepts, except what a workflow decides itself (the session, dependencies, unique keys).
+# accepts, except what a workflow decides itself (the session, dependencies).
 SIGNATURE_OPTIONS = frozenset(
-    {"queue", "priority", "max_attempts", "delay", "run_at", "concurrency_key"}
+    {"queue", "priority", "max_attempts", "delay", "run_at", "concurrency_key", "unique_key"}
 )
 
 
@@ -116,7 +117,9 @@ class Signature(Canvas):
 
     def set(self, **options: Any) -> Signature:
         """This signature with enqueue options (``queue``, ``priority``, ``max_attempts``,
-        ``delay``, ``run_at``, ``concurrency_key``), validated now."""
+        ``delay``, ``run_at``, ``concurrency_key``, ``unique_key``), validated now. A member's
+        ``unique_key`` is held from the workflow's enqueue until the member ends; when it is
+        held already, ``enqueue`` raises ``UniqueKeyHeld`` and writes nothing."""
         unknown = set(options) - SIGNATURE_OPTIONS
         if unknown:
             raise ValidationError(

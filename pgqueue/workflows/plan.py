@@ -99,7 +99,18 @@ class Layout:
         return len(self.jobs) - 1
 
     def plan(self, final: tuple[int, ...], on_failure: int | None) -> WorkflowPlan:
-        """The laid-out jobs as a plan."""
+        """The laid-out jobs as a plan; refused when two of them have the same unique key (the
+        second could never be enqueued while the first waits or runs)."""
+        seen: set[str] = set()
+        for job in self.jobs:
+            key = job.unique_key
+            if key is None:
+                continue
+            if key in seen:
+                raise ValidationError(
+                    f"two jobs of the workflow have unique_key {key!r}: a key is held by one job"
+                )
+            seen.add(key)
         return WorkflowPlan(self.jobs, self.parents, self.roles, final, on_failure)
 
 

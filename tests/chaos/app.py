@@ -169,16 +169,17 @@ def leased_body(ctx, kind, seconds, fail_until, snoozes, message, poison=None):
 
 @pgq.task(name="chaos.leased", queue="chaos", pass_context=True, max_attempts=3,
           retry=backoff.constant(0.3))
-def leased(ctx, kind, seconds=0.0, fail_until=0, snoozes=0, key=None, poison=None):
+def leased(ctx, kind, seconds=0.0, fail_until=0, snoozes=0, key=None, poison=None, wf_tag=None):
     message = "chaos: always fails" if fail_until >= 99 else "chaos: fails on purpose"
     return leased_body(ctx, kind, seconds, fail_until, snoozes, message, poison)
 
 
 # A chord's callback: its run rows count its runs (each must happen once), and it checks it
-# got one result per member, as a list.
+# got one result per member, as a list. ``wf_tag`` (members' too) names the workload's
+# workflow, so the rows of one refused for a held unique key would be found.
 @pgq.task(name="chaos.gather", queue="chaos", pass_context=True, max_attempts=3,
           retry=backoff.constant(0.3))
-def gather(ctx, results, kind, expected=0):
+def gather(ctx, results, kind, expected=0, wf_tag=None):
     token = begin_run(ctx, kind)
     outcome = "raised"
     try:

@@ -246,6 +246,7 @@ def _run(
         newer_pids=workers.newer_pids,
         events=faults.events,
         workflow_cancels=workload.workflow_cancels,
+        refused_workflows=workload.refused_workflows,
     )
     checker = Checker(engine, facts)
     notes: list[str] = []
@@ -377,6 +378,11 @@ def _log_notes(logs: dict[str, str], workload: Workload, faults: Faults) -> list
     """What went wrong beside the invariants: the harness's own failed calls, and the
     workers' ERROR lines and tracebacks, by kind (for whoever reads the report)."""
     notes = []
+    if workload.enqueued["workflow"] or workload.enqueued["workflow_refused"]:
+        notes.append(
+            f"workflows: {workload.enqueued['workflow']} enqueued, "
+            f"{workload.enqueued['workflow_refused']} refused for a held unique key"
+        )
     if workload.errors:
         notes.append(
             "harness calls that failed: "

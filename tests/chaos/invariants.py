@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import workflow_checks
 from .app import KEY_LIMIT, NEWER_TASK, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_MAIN
@@ -34,6 +35,11 @@ DELAYING = {"server_restart", "bouncer_restart", "unexpected_exit"}
 AFTER_FAULT = 10.0
 # The error recorded in place of an outcome the database refused (``pgqueue.worker.executor``).
 NOT_RECORDED = "OutcomeNotRecorded"
+# The states whose jobs hold their unique key: every state but the final ones.
+KEY_HOLDING = ACTIVE | {"waiting"}
+# Seconds a job's creation (its transaction's start) may precede the end of its key's previous
+# holder: the enqueue's transaction may begin before that end commits and insert after it.
+KEY_SLACK = 1.0
 
 
 @dataclass
@@ -46,6 +52,9 @@ class Facts:
     events: list[Event] = field(default_factory=list)  # the faults so far (a live list)
     # Workflow id -> when its cancel returned (a live dict of the workload's).
     workflow_cancels: dict[int, float] = field(default_factory=dict)
+    # The tag of each workflow refused for a held unique key -> (the key, the holder's id)
+    # (a live dict of the workload's).
+    refused_workflows: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -300,16 +309,43 @@ def _holds_row_of(event: Event, job: object) -> bool:
 
 
 def unique_active(s: Snapshot, facts: Facts) -> list[Violation]:
-    """7. At most one queued/retrying/running job per unique key."""
+    """7. At most one job that has not ended (queued, retrying, running, or waiting: a workflow
+    job waiting for its parents holds its key) per unique key: in the snapshot, and over the
+    run, no job with a key was created while another with that key had not yet ended (its
+    creation to its end, ``KEY_SLACK`` aside), so a holder seen by no snapshot counts too."""
     holders: dict[str, list[int]] = defaultdict(list)
+    by_key: dict[str, list[Any]] = defaultdict(list)
     for job in s.jobs.values():
-        if job.unique_key and job.state in ACTIVE:
-            holders[job.unique_key].append(job.id)
-    return [
+        if job.unique_key:
+            by_key[job.unique_key].append(job)
+            if job.state in KEY_HOLDING:
+                holders[job.unique_key].append(job.id)
+    found = [
         Violation("7 unique active", ids[0], f"unique key {key!r} held by jobs {ids}")
         for key, ids in holders.items()
         if len(ids) > 1
     ]
+    for key, jobs in by_key.items():
+        jobs.sort(key=lambda j: (j.created_at, j.id))
+        holder = None  # the job whose holding ends last so far, and when (None: not yet)
+        ends_at: float | None = 0.0
+        for job in jobs:
+            created = job.created_at.timestamp()
+            if holder is not None and (ends_at is None or created < ends_at - KEY_SLACK):
+                found.append(
+                    Violation(
+                        "7 unique active",
+                        job.id,
+                        f"unique key {key!r}: job {job.id} created at {clock(created)} while "
+                        f"job {holder} held it ("
+                        + ("not ended" if ends_at is None else f"ended {clock(ends_at)}")
+                        + ")",
+                    )
+                )
+            end = None if job.finished_at is None else job.finished_at.timestamp()
+            if holder is None or (ends_at is not None and (end is None or end > ends_at)):
+                holder, ends_at = job.id, end
+    return found
 
 
 def dependencies_respected(s: Snapshot, facts: Facts) -> list[Violation]:
@@ -605,4 +641,5 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (durable_waits_kept, True),
     (workflow_checks.callback_once, True),
     (workflow_checks.nothing_starts_after_a_cancel, True),
+    (workflow_checks.refused_left_nothing, True),
 ]

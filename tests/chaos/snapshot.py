@@ -28,7 +28,7 @@ JOBS = text(
     "SELECT id, task_name, queue, kwargs::jsonb ->> 'kind' AS kind, state, attempts,"
     " max_attempts, run_at, created_at, started_at, finished_at, errors, last_error,"
     " unique_key, concurrency_key, depends_on, lease_expires_at, snoozes, atomic,"
-    " cancel_requested, workflow_id, workflow_role,"
+    " cancel_requested, workflow_id, workflow_role, kwargs::jsonb ->> 'wf_tag' AS wf_tag,"
     " CASE WHEN task_name = 'chaos.waiter' THEN result END AS result"
     " FROM pgqueue_jobs ORDER BY id"
 )

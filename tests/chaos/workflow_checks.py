@@ -1,5 +1,6 @@
 """The chaos run's invariants of workflows (chords of leased members and a gather callback):
-each callback runs once, and nothing of a cancelled workflow starts after the cancel."""
+each callback runs once, nothing of a cancelled workflow starts after the cancel, and a
+workflow refused for a held unique key wrote nothing."""
 
 from __future__ import annotations
 
@@ -91,6 +92,37 @@ def nothing_starts_after_a_cancel(s: Snapshot, facts: Facts) -> list[Violation]:
                     f"started {late[0].started - cancelled_at:.1f} s after its workflow "
                     f"{job.workflow_id} was cancelled",
                     [r.id for r in late],
+                )
+            )
+    return found
+
+
+def refused_left_nothing(s: Snapshot, facts: Facts) -> list[Violation]:
+    """16. A workflow refused for a held unique key (``UniqueKeyHeld``) left no row: no job
+    carries its tag, and the holder it named exists with that key."""
+    from .invariants import Violation
+
+    found = []
+    for job in s.jobs.values():
+        refused = facts.refused_workflows.get(job.wf_tag) if job.wf_tag else None
+        if refused is not None:
+            found.append(
+                Violation(
+                    "16 refused workflow wrote nothing",
+                    job.id,
+                    f"a job of workflow {job.wf_tag}, refused as key {refused[0]!r} was held by "
+                    f"job {refused[1]}",
+                )
+            )
+    for tag, (key, holder) in list(facts.refused_workflows.items()):
+        job = s.jobs.get(holder)
+        if job is None or job.unique_key != key:
+            found.append(
+                Violation(
+                    "16 refused workflow wrote nothing",
+                    holder,
+                    f"workflow {tag} was refused as key {key!r} was held by job {holder}, "
+                    f"which {'does not exist' if job is None else 'has another key'}",
                 )
             )
     return found

@@ -19,8 +19,9 @@ from types import ModuleType
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.orm import Session
 
-from pgqueue import InvalidStateTransition, chord
+from pgqueue import InvalidStateTransition, UniqueKeyHeld, chord
 from pgqueue.admin import JobFilter
 
 from .app import (
@@ -34,6 +35,8 @@ from .app import (
 
 PAUSABLE = [QUEUE_MAIN, QUEUE_ASYNC, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_ATOMIC]
 KEYS = ["k0", "k1", "k2", "k3"]
+# The unique keys of the plain unique jobs (``_unique``), also given to workflows' jobs.
+UNIQUE_KEYS = [f"u{i}" for i in range(5)]
 # The results no JSON column can hold that the app's handlers return on request (app.POISONS).
 POISONS = ["set", "nan", "object", "deep"]
 # ``k3`` gets a run-time override below the task's key_limit of 2.
@@ -79,6 +82,8 @@ class Workload:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"{self.seed}-workload")
+        # The workflows' unique keys are drawn apart: the main stream's choices stay a seed's.
+        self.key_rng = random.Random(f"{self.seed}-workflow-keys")
         self.jobs: list[int] = []
         self.paused: dict[str, float] = {}  # queue -> when to resume it
         self.cancels: list[tuple[float, int]] = []  # (when, job id)
@@ -86,6 +91,9 @@ class Workload:
         self.workflow_cancels_due: list[tuple[float, int]] = []  # (when, workflow id)
         # Workflow id -> when its cancel returned (committed by then).
         self.workflow_cancels: dict[int, float] = {}
+        # The tag of each workflow refused for a held unique key -> (the key, its holder's id).
+        self.refused_workflows: dict[str, tuple[str, int]] = {}
+        self.workflow_count = 0
         self.thread = threading.Thread(target=self._loop, name="chaos-workload", daemon=True)
         self.kinds: list[tuple[float, Callable[[], None]]] = [
             (10, lambda: self._leased("leased", seconds=self.rng.uniform(0, 0.3))),
@@ -303,20 +311,61 @@ class Workload:
 
     def _workflow(self) -> None:
         """A chord of a few leased members (some failing for good, some slow) and a gather
-        callback; one in five is cancelled a moment later."""
-        members = []
+        callback; one in five is cancelled a moment later. Most have unique keys of the plain
+        unique jobs' (``_unique``) on a member or on the callback (which holds its key while it
+        waits for the members), and most of those are submitted twice at once, as a repeated
+        request would: refused whole (``UniqueKeyHeld``) when a key is held."""
+        keys = self.key_rng.sample(UNIQUE_KEYS, 2) if self.key_rng.random() < 0.8 else []
+        specs = []
         for _ in range(self.rng.randint(2, 12)):
             fail = 98 if self.rng.random() < 0.05 else self.rng.choice([0, 0, 0, 1])
-            seconds = self.rng.uniform(0, 1.5)
-            members.append(self.app.leased.s(kind="wf_member", seconds=seconds, fail_until=fail))
-        callback = self.app.gather.s(kind="wf_callback", expected=len(members))
-        workflow = self._call("enqueue", lambda: chord(members, callback).enqueue())
-        if workflow is None:
+            specs.append((self.rng.uniform(0, 1.5), fail))
+        member_key = keys.pop() if keys and self.key_rng.random() < 0.5 else None
+        callback_key = keys.pop() if keys and self.key_rng.random() < 0.7 else None
+        keyed = member_key is not None or callback_key is not None
+        submissions = 2 if keyed and self.key_rng.random() < 0.7 else 1
+        for _ in range(submissions):
+            self.workflow_count += 1
+            tag = f"wf-{self.seed}-{self.workflow_count}"
+            members = [
+                self.app.leased.s(kind="wf_member", seconds=seconds, fail_until=fail, wf_tag=tag)
+                for seconds, fail in specs
+            ]
+            if member_key is not None:
+                members[0] = members[0].set(unique_key=member_key)
+            callback = self.app.gather.s(kind="wf_callback", expected=len(members), wf_tag=tag)
+            if callback_key is not None:
+                callback = callback.set(unique_key=callback_key)
+            in_session = keyed and self.key_rng.random() < 0.5
+            self._submit_workflow(chord(members, callback), tag, in_session)
+
+    def _submit_workflow(self, workflow: Any, tag: str, in_session: bool) -> None:
+        """Enqueue ``workflow`` (tagged ``tag``), in a session of the harness's own when
+        ``in_session``; a refusal is recorded for the checks."""
+        try:
+            if in_session:
+                # In a caller's session that commits after a refusal, as a caller going on
+                # with its transaction would: the refused workflow must have left nothing in it.
+                with Session(self.app.pgq.engine) as session:
+                    try:
+                        enqueued = workflow.enqueue(session=session)
+                    except UniqueKeyHeld:
+                        session.commit()
+                        raise
+                    session.commit()
+            else:
+                enqueued = workflow.enqueue()
+        except UniqueKeyHeld as held:
+            self.refused_workflows[tag] = (held.key, held.job_id)
+            self.enqueued["workflow_refused"] += 1
+            return
+        except Exception as exc:
+            self.errors[f"enqueue: {type(exc).__name__}"] += 1
             return
         self.enqueued["workflow"] += 1
-        self.jobs.extend(workflow.job_ids)
+        self.jobs.extend(enqueued.job_ids)
         if self.rng.random() < 0.2:
-            self.workflow_cancels_due.append((time.time() + self.rng.uniform(0, 2), workflow.id))
+            self.workflow_cancels_due.append((time.time() + self.rng.uniform(0, 2), enqueued.id))
 
     def _cancel_workflow(self, workflow_id: int) -> None:
         result = self._call("cancel_workflow", lambda: self.app.pgq.cancel_workflow(workflow_id))
