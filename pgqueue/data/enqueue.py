@@ -30,7 +30,8 @@ def insert_jobs(
     text, see ``pgqueue.tracing``) is stored with every job.
 
     A job whose unique key is already held by an active job is not inserted; the existing job's
-    id is returned in its place (if that job finished meanwhile, the insert is tried again).
+    id is returned in its place (if that job ended meanwhile, that job alone is inserted again:
+    the rest of the batch went in once).
 
     Bounded queues: the jobs of a queue with a ``max_depth`` are inserted all or none, after
     their queue's lock (``queue_bounds.lock``); when they do not fit, QueueFull is
@@ -47,16 +48,21 @@ def insert_jobs(
     with_keys = any(j.unique_key is not None for j in jobs)
     seen = bounded if bounded is not None else BoundedQueuesSeen()
     locked = queue_bounds.lock(ex, jobs, seen) if seen.covers(jobs) else None
+    ids: list[int | None] = [None] * len(jobs)
+    pending = list(range(len(jobs)))  # the jobs not yet inserted or matched to a holder
     for _ in range(10):
-        rows = _insert_rows(ex, jobs, trace_context, locked, with_keys, with_dependencies)
-        if queue_bounds.stopped_by_bound(ex, jobs, rows, locked):
-            locked = queue_bounds.lock(ex, jobs, seen)
+        batch = [jobs[i] for i in pending]
+        rows = _insert_rows(ex, batch, trace_context, locked, with_keys, with_dependencies)
+        if queue_bounds.stopped_by_bound(ex, batch, rows, locked):
+            locked = queue_bounds.lock(ex, batch, seen)
             continue
         if not with_keys:
             return [row[0] for row in rows]
-        resolved = _match_unique(ex, jobs, rows)
-        if resolved is not None:
-            return resolved
+        for index, job_id in zip(pending, _match_unique(ex, batch, rows), strict=True):
+            ids[index] = job_id
+        pending = [i for i in pending if ids[i] is None]
+        if not pending:
+            return [job_id for job_id in ids if job_id is not None]
         if with_dependencies:  # pragma: no cover - a key's holder is never a dependent job
             raise RuntimeError("unique-key enqueue with dependencies did not settle")
     raise RuntimeError("enqueue did not settle after 10 tries")  # pragma: no cover
@@ -183,8 +189,10 @@ def unique_key_holders(db: Executor, keys: Sequence[str]) -> dict[str, tuple[int
     return {key: (job_id, workflow_id) for job_id, key, workflow_id in rows}
 
 
-def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> list[int] | None:
-    """Map inserted rows back to inputs; look up the holders of keys that conflicted."""
+def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> list[int | None]:
+    """Map inserted rows back to inputs, and keys that conflicted to their holders' ids; None
+    for a job whose key's holder ended between the insert and the lookup (neither inserted nor
+    held: to insert again)."""
     inserted_plain = iter(sorted(row[0] for row in rows if row[1] is None))
     by_key: dict[str, int] = {row[1]: row[0] for row in rows if row[1] is not None}
     missing = [
@@ -193,9 +201,9 @@ def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> 
     if missing:
         found = ex.rows(enqueue.active_job_ids_by_unique_key(), {"unique_keys": missing})
         by_key.update({key: job_id for job_id, key, _ in found if key is not None})
-        if any(key not in by_key for key in missing):
-            return None  # the holder finished between our insert and lookup: insert again
-    return [next(inserted_plain) if j.unique_key is None else by_key[j.unique_key] for j in jobs]
+    return [
+        next(inserted_plain) if j.unique_key is None else by_key.get(j.unique_key) for j in jobs
+    ]
 
 
 def _insert_dependent_jobs(

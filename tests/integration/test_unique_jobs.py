@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
+import pytest
 from sqlalchemy import URL, create_engine, func, select, text
 
 from pgqueue import Job, JobState, PgQueue
+from pgqueue.data import enqueue as enqueue_data
 from pgqueue.testing import run_until_final, states_of, wait_for_states
 from pgqueue.worker import Worker
 
@@ -136,3 +139,48 @@ def test_unique_enqueue_survives_generic_plans(database_url: URL) -> None:
         assert _jobs_with_key(pgq, "invoice-7") == 1
     finally:
         pgq.dispose()
+
+
+def test_a_holder_ending_between_insert_and_lookup_reinserts_only_that_job(
+    pgq: PgQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of unkeyed jobs and one keyed job whose key is held: the holder ends (another
+    transaction) after the batch's insert skipped the keyed job and before its holder is looked
+    up. The keyed job alone is inserted again; each unkeyed job goes in once."""
+
+    @pgq.task(name="mixed", unique_key=lambda n: "the-key" if n == 1 else None)
+    def mixed(n: int) -> None:
+        pass
+
+    holder = mixed.enqueue(1)
+    real_match = enqueue_data._match_unique
+    ended: list[int] = []
+
+    def holder_ends_first(ex: Any, jobs: Any, rows: Any) -> Any:
+        if not ended:
+            with pgq.engine.begin() as connection:
+                connection.execute(
+                    text(
+                        "UPDATE pgqueue_jobs SET state = 'cancelled', finished_at = now()"
+                        " WHERE id = :id"
+                    ),
+                    {"id": holder},
+                )
+            ended.append(holder)
+        return real_match(ex, jobs, rows)
+
+    monkeypatch.setattr(enqueue_data, "_match_unique", holder_ends_first)
+    ids = mixed.enqueue_many([[0], [1], [2]])
+    assert ended == [holder]
+    with pgq.engine.connect() as connection:
+        args = (
+            connection.execute(
+                text("SELECT args::text FROM pgqueue_jobs WHERE id <> :holder ORDER BY id"),
+                {"holder": holder},
+            )
+            .scalars()
+            .all()
+        )
+    assert sorted(args) == ["[0]", "[1]", "[2]"]  # no unkeyed job twice
+    assert len(set(ids)) == 3 and holder not in ids
+    assert [pgq.get_job(job_id).state for job_id in ids] == [JobState.QUEUED] * 3
