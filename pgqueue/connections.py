@@ -35,8 +35,9 @@ from sqlalchemy.exc import DisconnectionError
 
 from pgqueue.config import Settings
 from pgqueue.driver import PLAN_MAX_AGE, CompiledStatement, LocalSettings, translated
-from pgqueue.errors import is_lost_session_state, name_connection_failure
+from pgqueue.errors import name_connection_failure
 from pgqueue.sql.server import discard_plans, set_local_settings
+from pgqueue.sqlstates import is_lost_session_state
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine

@@ -237,11 +237,11 @@ class Task(Generic[P, R]):
         """A signature of this task for a workflow (``chain``/``group``/``chord``): in a
         workflow, its parent's result (or its parents' results, as a list, after a group) is
         passed as the first positional argument, before ``args``."""
-        return Signature(self, tuple(args), dict(kwargs))
+        return Signature(self, args, kwargs)  # ``*args``/``**kwargs`` are this call's own
 
     def si(self, *args: Any, **kwargs: Any) -> Signature:
         """An immutable signature: like ``s``, but it receives no parent's result."""
-        return Signature(self, tuple(args), dict(kwargs), immutable=True)
+        return Signature(self, args, kwargs, immutable=True)
 
     # -- used by the worker ------------------------------------------------------------------
 

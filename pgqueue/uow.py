@@ -30,7 +30,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue.db import ConnectionExecutor, Database, Executor
-from pgqueue.errors import ended_before_commit, is_transient_conflict, pgqueue_logger
+from pgqueue.errors import pgqueue_logger
+from pgqueue.sqlstates import ended_before_commit, is_transient_conflict
 
 T = TypeVar("T")
 
@@ -53,7 +54,7 @@ class RetryPolicy:
     def pause_after(self, exc: DBAPIError) -> float | None:
         """Seconds to wait before running the work again after ``exc``, or None to give up.
 
-        A session the server ended before the work committed (``errors.ended_before_commit``:
+        A session the server ended before the work committed (``sqlstates.ended_before_commit``:
         a connection killed while it sat in the pool, a restart, a failover) is tried once more
         at once, so it is not the caller's problem; that try is not counted in ``attempts``."""
         if not self.reconnected and ended_before_commit(exc):

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import click
 
 from pgqueue.cli.shared import CommandError, database_option, echo, queue_for, this_cli
-from pgqueue.errors import DowngradeLosesData, is_insufficient_privilege, is_lock_timeout
+from pgqueue.errors import DowngradeLosesData
+from pgqueue.sqlstates import is_insufficient_privilege, is_lock_timeout
 
 if TYPE_CHECKING:
     from pgqueue.core import PgQueue

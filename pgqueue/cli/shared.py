@@ -24,14 +24,8 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from pgqueue.errors import (
-    PgQueueError,
-    connection_failure,
-    error_line,
-    is_bad_credentials,
-    is_connection_error,
-    is_undefined_table,
-)
+from pgqueue.errors import PgQueueError, connection_failure, error_line
+from pgqueue.sqlstates import is_bad_credentials, is_connection_error, is_undefined_table
 
 # SQLAlchemy, psycopg and pgqueue's core are imported where a command uses them, never by
 # ``pgqueue --help`` (they are most of a command's start-up time).

@@ -25,7 +25,8 @@ from pgqueue.cli.shared import (
     problem_line,
     queue_for,
 )
-from pgqueue.errors import is_bad_credentials, is_connection_error, pgqueue_logger
+from pgqueue.errors import pgqueue_logger
+from pgqueue.sqlstates import is_bad_credentials, is_connection_error
 
 if TYPE_CHECKING:
     from pgqueue.core import PgQueue

@@ -18,9 +18,10 @@ from typing import Any
 
 from pgqueue import validation
 from pgqueue.db import Executor, SessionOrExecutor, claimer_key, executor_for
-from pgqueue.errors import SerializationError, is_connection_error
+from pgqueue.errors import SerializationError
 from pgqueue.jobs import ClaimedJob
 from pgqueue.sql import claim as claim_sql
+from pgqueue.sqlstates import is_connection_error
 
 # How long a claimer trusts its last look at which controls exist. Only the controlled work waits
 # on it (the lean claim skips limited and rate-limited queues and keyed tickets): pause and the

@@ -68,21 +68,31 @@ def chunks(lines: Iterable[str]) -> Iterator[str]:
 def workflow_lines(
     columns: Sequence[Sequence[object]], text_columns: frozenset[int], run_at: str
 ) -> Iterator[str]:
-    """Lines of ``sql.workflows.COPY_JOB_COLUMNS`` for a workflow's jobs given column by column
+    """Lines of ``sql.workflow_inserts.COPY_JOB_COLUMNS`` for a workflow's jobs given column by column
     (``columns``, run_at left out: every job has ``run_at``, ISO text): None is ``\\N``, the
     columns at ``text_columns`` are escaped, a bool is ``t``/``f``."""
-    text = copy_text
-    for values in zip(*columns, strict=True):
-        fields: list[str] = []
-        for index, value in enumerate(values):
-            if index == 7:
-                fields.append(run_at)
-            if value is None:
-                fields.append("\\N")
-            elif value is True or value is False:
-                fields.append("t" if value else "f")
-            elif index in text_columns:
-                fields.append(text(str(value)))
-            else:
-                fields.append(str(value))
+    # Column by column: each value is formatted by one comprehension per column, and each line
+    # joined from the formatted columns, with no list per line (a group of 10,000 would
+    # otherwise make 10,000 short-lived lists for the garbage collector to walk).
+    formatted = [
+        _copy_column(values, index in text_columns) for index, values in enumerate(columns)
+    ]
+    formatted.insert(7, [run_at] * len(columns[0]))
+    for fields in zip(*formatted, strict=True):
         yield "\t".join(fields) + "\n"
+
+
+def _copy_column(values: Sequence[object], escaped: bool) -> list[str]:
+    """``values`` as COPY text: None is ``\\N``, a bool ``t``/``f``, text escaped when
+    ``escaped``."""
+    text = copy_text
+    return [
+        "\\N"
+        if value is None
+        else ("t" if value else "f")
+        if value is True or value is False
+        else text(str(value))
+        if escaped
+        else str(value)
+        for value in values
+    ]

@@ -22,8 +22,9 @@ from sqlalchemy.exc import DBAPIError
 
 from pgqueue.config import Settings
 from pgqueue.db import Executor, SessionOrExecutor, executor_for
-from pgqueue.errors import NotSchemaOwner, is_insufficient_privilege
+from pgqueue.errors import NotSchemaOwner
 from pgqueue.sql import history as history_sql
+from pgqueue.sqlstates import is_insufficient_privilege
 from pgqueue.validation import limit_count
 
 __all__ = ["HistoryMaintenance", "JobTables", "maintain", "move_to_history"]

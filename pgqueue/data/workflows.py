@@ -27,7 +27,7 @@ from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen
 from pgqueue.db import Executor, SessionOrExecutor, executor_for
 from pgqueue.errors import QueueFull, UniqueKeyHeld, ValidationError
 from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
-from pgqueue.sql import workflows
+from pgqueue.sql import workflow_inserts, workflows
 from pgqueue.states import JobState, WorkflowRole
 
 # The closing marker's task name: it never runs, so no task has this name.
@@ -82,14 +82,10 @@ def insert_workflow(
         "run_at": first.run_at if copy else None,
         "delay": first.delay if copy else None,
     }
-    ids, workflow_id, bounded, run_at = ex.rows(workflows.allocate_ids(), allocation)[0]
+    ids, workflow_id, bounded, run_at = ex.rows(workflow_inserts.allocate_ids(), allocation)[0]
     if bounded:
         _reserve_room(ex, jobs)
     ids = sorted(ids)
-    children: list[list[int]] = [[] for _ in jobs]
-    for child, its_parents in enumerate(parents):
-        for parent in its_parents:
-            children[parent].append(ids[child])
     columns: dict[str, list[Any]] = {
         "ids": ids,
         "task_names": [j.task_name for j in jobs],
@@ -100,8 +96,10 @@ def insert_workflow(
         "max_attempts": [j.max_attempts for j in jobs],
         "atomics": [j.atomic for j in jobs],
         "states": [(JobState.WAITING if p else JobState.QUEUED).value for p in parents],
-        "depends_ons": [dependencies.array_text(ids[i] for i in p) for p in parents],
-        "dependents": [dependencies.array_text(c) for c in children],
+        "depends_ons": [
+            dependencies.array_text([ids[i] for i in p]) if p else None for p in parents
+        ],
+        "dependents": _dependents(ids, parents),
         "pendings": [len(p) if p else None for p in parents],
         "roles": [*plan.roles, WorkflowRole.CLOSING.value],
     }
@@ -111,7 +109,7 @@ def insert_workflow(
     else:
         _insert_jobs(ex, jobs, columns, workflow_id, trace_context, room_reserved=bool(bounded))
     ex.rows(
-        workflows.insert_workflow(),
+        workflow_inserts.insert_workflow(),
         {
             "id": workflow_id,
             "final_job_ids": [ids[i] for i in plan.final],
@@ -121,6 +119,32 @@ def insert_workflow(
         },
     )
     return InsertedWorkflow(workflow_id, tuple(ids))
+
+
+def _dependents(ids: Sequence[int], parents: Sequence[tuple[int, ...]]) -> list[str | None]:
+    """Each job's ``dependents`` (array literal, or None): the ids of the jobs it is a parent
+    of. Most jobs of a large workflow have one child (a group's members: the closing marker),
+    so one is kept as an int and a list made only for a second; a group of 10,000 allocates
+    no list per member."""
+    first: list[int | None] = [None] * len(ids)
+    more: dict[int, list[int]] = {}
+    for child, its_parents in enumerate(parents):
+        child_id = ids[child]
+        for parent in its_parents:
+            if first[parent] is None:
+                first[parent] = child_id
+            elif parent in more:
+                more[parent].append(child_id)
+            else:
+                more[parent] = [child_id]
+    return [
+        None
+        if only is None
+        else "{" + str(only) + "}"
+        if index not in more
+        else dependencies.array_text([only, *more[index]])
+        for index, only in enumerate(first)
+    ]
 
 
 def _reserve_room(ex: Executor, jobs: Sequence[NewJob]) -> None:
@@ -188,9 +212,9 @@ def _copy_jobs(
         text_columns = text_columns | {len(ordered)}
         ordered.append([trace_context] * len(columns["ids"]))
     lines = copy_rows.workflow_lines(ordered, text_columns, run_at.isoformat())
-    ex.copy(workflows.copy_jobs(trace_context is not None), copy_rows.chunks(lines))
+    ex.copy(workflow_inserts.copy_jobs(trace_context is not None), copy_rows.chunks(lines))
     ex.rows(
-        workflows.insert_tickets(),
+        workflow_inserts.insert_tickets(),
         {
             "ids": root_ids,
             "queue": root.queue,
@@ -226,7 +250,7 @@ def _insert_jobs(
         params["key_limits"] = [j.key_limit for j in jobs]
     traced = trace_context is not None
     unique = any(j.unique_key is not None for j in jobs)
-    statement = workflows.insert_jobs(keyed, room_reserved, traced, unique)
+    statement = workflow_inserts.insert_jobs(keyed, room_reserved, traced, unique)
     if not unique:
         inserted = ex.rows(statement, params)
     else:
@@ -246,13 +270,13 @@ def _insert_keyed_jobs(
     back to the savepoint and raise ``UniqueKeyHeld`` naming its key's holder; when that holder
     ended in between, insert again."""
     for _ in range(10):
-        ex.rows(workflows.savepoint())
+        ex.rows(workflow_inserts.savepoint())
         inserted = ex.rows(statement, params)
         if len(inserted) == len(jobs) or not inserted:
-            ex.rows(workflows.release_savepoint())
+            ex.rows(workflow_inserts.release_savepoint())
             return inserted
-        ex.rows(workflows.rollback_to_savepoint())
-        ex.rows(workflows.release_savepoint())
+        ex.rows(workflow_inserts.rollback_to_savepoint())
+        ex.rows(workflow_inserts.release_savepoint())
         returned = {row[0] for row in inserted}
         skipped: list[str] = [
             j.unique_key

@@ -19,8 +19,8 @@ from sqlalchemy.exc import ProgrammingError
 
 from pgqueue.embedded.identity import make_dirs
 from pgqueue.embedded.server import EmbeddedPostgres, serves_data_dir, socket_url
-from pgqueue.errors import sqlstate_of
 from pgqueue.sql.server import create_database
+from pgqueue.sqlstates import sqlstate_of
 
 DUPLICATE_DATABASE = "42P04"
 

@@ -58,10 +58,10 @@ from pgqueue.errors import (
     SchemaNotCurrent,
     SchemaRecordedElsewhere,
     UnknownRevision,
-    is_insufficient_privilege,
 )
 from pgqueue.migrations import losses
 from pgqueue.migrations.host import REVISION_PREFIX, keep_host_revisions
+from pgqueue.sqlstates import is_insufficient_privilege
 
 VERSION_TABLE: Final = "pgqueue_alembic_version"
 # Where a host's own Alembic records pgqueue's revisions when it runs them (third way above).

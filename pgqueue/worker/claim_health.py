@@ -19,8 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from pgqueue.errors import error_line, is_connection_error, pgqueue_logger
+from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.metrics import NO_METRICS, NoMetrics
+from pgqueue.sqlstates import is_connection_error
 
 log = pgqueue_logger("pgqueue.worker")
 

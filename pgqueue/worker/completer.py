@@ -25,9 +25,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from pgqueue.errors import error_line, is_connection_error, is_timeout, pgqueue_logger
+from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.metrics import LEASE_LOST
+from pgqueue.sqlstates import is_connection_error, is_timeout
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport

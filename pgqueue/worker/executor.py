@@ -35,11 +35,11 @@ from pgqueue.errors import (
     error_line,
     handler_error_text,
     hide_row_values,
-    is_transaction_ended,
     pgqueue_logger,
     storable_text,
 )
 from pgqueue.jobs import ClaimedJob, Outcome
+from pgqueue.sqlstates import is_transaction_ended
 from pgqueue.states import OutcomeKind
 from pgqueue.suspension import Suspend
 from pgqueue.tasks import Task, TaskRegistry

@@ -24,8 +24,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from pgqueue.errors import is_connection_error, pgqueue_logger
+from pgqueue.errors import pgqueue_logger
 from pgqueue.jobs import Lease, Outcome, Progress, WorkerEntry
+from pgqueue.sqlstates import is_connection_error
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots

@@ -23,8 +23,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pgqueue.config import Settings
-from pgqueue.errors import error_line, is_connection_error, pgqueue_logger
+from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.metrics import NO_METRICS, NoMetrics
+from pgqueue.sqlstates import is_connection_error
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.stats import WorkerStats
 

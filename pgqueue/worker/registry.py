@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Protocol
 
-from pgqueue.errors import error_line, is_connection_error, pgqueue_logger
+from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.jobs import WorkerEntry
+from pgqueue.sqlstates import is_connection_error
 from pgqueue.worker.claim_health import ClaimHealth
 
 log = pgqueue_logger("pgqueue.worker")

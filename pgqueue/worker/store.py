@@ -34,14 +34,9 @@ from pgqueue.data import workers as workers_data
 from pgqueue.data import workflows as workflows_data
 from pgqueue.data.claim import LimitsSeen
 from pgqueue.db import Database, Executor
-from pgqueue.errors import (
-    error_line,
-    is_connection_error,
-    is_timeout,
-    is_transient_conflict,
-    pgqueue_logger,
-)
+from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Lease, Outcome, Progress, WorkerEntry
+from pgqueue.sqlstates import is_connection_error, is_timeout, is_transient_conflict
 
 T = TypeVar("T")
 # The gauges' reading (``queue_figures``).

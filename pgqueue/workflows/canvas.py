@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -26,6 +27,7 @@ from pgqueue.workflows.plan import Layout, Outlet, SignedTask, WorkflowSink, rol
 
 # The enqueue options a signature may carry (``Signature.set``): what ``task.configure``
 # accepts, except what a workflow decides itself (the session, dependencies).
+NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
 SIGNATURE_OPTIONS = frozenset(
     {"queue", "priority", "max_attempts", "delay", "run_at", "concurrency_key", "unique_key"}
 )
@@ -113,7 +115,8 @@ class Signature(Canvas):
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     immutable: bool = False
-    options: Mapping[str, Any] = field(default_factory=dict)
+    # Shared and read-only: a group of 10,000 signatures allocates no options of its own.
+    options: Mapping[str, Any] = field(default_factory=lambda: NO_OPTIONS)
 
     def set(self, **options: Any) -> Signature:
         """This signature with enqueue options (``queue``, ``priority``, ``max_attempts``,

@@ -84,7 +84,7 @@ class Layout:
         args, kwargs, options = call
         passed = 0 if role is WorkflowRole.MEMBER else 1
         try:
-            key: Any = (id(task), tuple(sorted(options.items())), passed)
+            key: Any = (id(task), tuple(sorted(options.items())) if options else (), passed)
             hash(key)
         except TypeError:  # an option value that cannot be a key: built on its own
             key = None

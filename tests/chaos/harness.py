@@ -31,7 +31,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.config import normalize_database_url
-from pgqueue.errors import is_connection_error
+from pgqueue.sqlstates import is_connection_error
 
 from . import invariants, report, snapshot
 from .cluster import (

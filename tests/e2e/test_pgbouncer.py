@@ -214,7 +214,7 @@ def test_a_backend_terminated_inside_a_transaction_is_a_lost_connection_through_
     from sqlalchemy.exc import DBAPIError
 
     from pgqueue.db import Database
-    from pgqueue.errors import is_connection_error
+    from pgqueue.sqlstates import is_connection_error
 
     pgq = PgQueue(bouncer, settings=Settings(pooler="transaction"))
     direct = server_tcp_url.set(database=bouncer.database, drivername="postgresql")

@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DisconnectionError
 
 from pgqueue import driver
-from pgqueue.errors import is_connection_error
+from pgqueue.sqlstates import is_connection_error
 
 
 def test_a_checkout_whose_every_connection_is_dead_raises_a_lost_connection(

@@ -97,7 +97,7 @@ def test_a_connection_lost_as_a_pgqueue_transaction_begins_is_a_lost_connection(
     from sqlalchemy import event
     from sqlalchemy.exc import DBAPIError
 
-    from pgqueue.errors import is_connection_error
+    from pgqueue.sqlstates import is_connection_error
 
     with pooled.engine.connect() as warm:
         victim = warm.execute(text("SELECT pg_backend_pid()")).scalar_one()

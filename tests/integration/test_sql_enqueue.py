@@ -34,7 +34,8 @@ from sqlalchemy.exc import DBAPIError
 from test_least_privilege import app_role, as_role  # noqa: F401
 
 from pgqueue import PgQueue, QueueFull, Settings, migrations, validation
-from pgqueue.errors import PgQueueError, sqlstate_of
+from pgqueue.errors import PgQueueError
+from pgqueue.sqlstates import sqlstate_of
 
 # The SQL type each parameter is bound as (psycopg sends a str as text, which is no jsonb).
 PARAMETER_TYPES: Mapping[str, str] = {

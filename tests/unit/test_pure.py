@@ -20,11 +20,9 @@ from pgqueue.errors import (
     ValidationError,
     connection_failure,
     error_summary,
-    is_connection_error,
-    is_transient_conflict,
     name_connection_failure,
-    sqlstate_of,
 )
+from pgqueue.sqlstates import is_connection_error, is_transient_conflict, sqlstate_of
 from pgqueue.states import FINAL_STATES, TRANSITIONS, JobState, allowed
 from pgqueue.tasks import Task
 

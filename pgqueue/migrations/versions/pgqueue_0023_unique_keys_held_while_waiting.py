@@ -89,26 +89,47 @@ def _can_leave_transaction(context: Any) -> bool:
     return not getattr(context, "_in_external_transaction", True)
 
 
+# The online swap to each predicate, statement by statement (written out: no SQL is formatted).
+_ONLINE_SWAP = {
+    NEW_HELD: (
+        "DROP INDEX CONCURRENTLY IF EXISTS uq_pgqueue_jobs_unique_key_swap",
+        "CREATE UNIQUE INDEX CONCURRENTLY uq_pgqueue_jobs_unique_key_swap"
+        " ON pgqueue_jobs (unique_key) WHERE unique_key IS NOT NULL"
+        " AND state IN ('queued', 'running', 'retrying', 'waiting')",
+        "DROP INDEX CONCURRENTLY IF EXISTS uq_pgqueue_jobs_unique_key_active",
+        "ALTER INDEX uq_pgqueue_jobs_unique_key_swap RENAME TO uq_pgqueue_jobs_unique_key_active",
+    ),
+    OLD_HELD: (
+        "DROP INDEX CONCURRENTLY IF EXISTS uq_pgqueue_jobs_unique_key_swap",
+        "CREATE UNIQUE INDEX CONCURRENTLY uq_pgqueue_jobs_unique_key_swap"
+        " ON pgqueue_jobs (unique_key) WHERE unique_key IS NOT NULL"
+        " AND state IN ('queued', 'running', 'retrying')",
+        "DROP INDEX CONCURRENTLY IF EXISTS uq_pgqueue_jobs_unique_key_active",
+        "ALTER INDEX uq_pgqueue_jobs_unique_key_swap RENAME TO uq_pgqueue_jobs_unique_key_active",
+    ),
+}
+_RENAME_SWAP = (
+    "ALTER INDEX uq_pgqueue_jobs_unique_key_swap RENAME TO uq_pgqueue_jobs_unique_key_active"
+)
+
+
 def _swap_index(predicate: str) -> None:
-    """Replace the unique index with one on ``predicate``, under the same name (see the
-    module): online when Alembic owns the transaction, else in the caller's."""
+    """Replace the unique index with one on ``predicate`` (``NEW_HELD`` or ``OLD_HELD``), under
+    the same name (see the module): online when Alembic owns the transaction, else in the
+    caller's."""
     context = op.get_context()
     if _can_leave_transaction(context):
         with context.autocommit_block():
-            # An interrupted earlier run may have left an INVALID build behind.
-            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SWAP}")
-            op.execute(
-                f"CREATE UNIQUE INDEX CONCURRENTLY {SWAP} ON pgqueue_jobs (unique_key)"
-                f" WHERE {predicate}"
-            )
-            op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
-            op.execute(f"ALTER INDEX {SWAP} RENAME TO {INDEX}")
+            # An interrupted earlier run may have left an INVALID build behind: the first
+            # statement drops it.
+            for statement in _ONLINE_SWAP[predicate]:
+                op.execute(statement)
         return
     op.create_index(
         SWAP, "pgqueue_jobs", ["unique_key"], unique=True, postgresql_where=sa.text(predicate)
     )
     op.drop_index(INDEX, table_name="pgqueue_jobs")
-    op.execute(f"ALTER INDEX {SWAP} RENAME TO {INDEX}")
+    op.execute(_RENAME_SWAP)
 
 
 def upgrade() -> None:
