@@ -58,7 +58,7 @@ from pgqueue.sql.common import (
     wake_payload,
     woken,
 )
-from pgqueue.sql.flow import key_rows
+from pgqueue.sql.flow import key_rows, new_job_keys
 from pgqueue.states import UNIQUE_KEY_STATES, JobState
 
 # The job columns every enqueue path writes from the caller's values, in the order of its
@@ -222,11 +222,7 @@ def insert_jobs(
         extra_values.append(trace_context_param())
     keys: Any = None
     if with_concurrency_keys:
-        keys = (
-            func.unnest(array_param("concurrency_keys", Text), array_param("key_limits", Integer))
-            .table_valued("concurrency_key", "key_limit", with_ordinality="ord")
-            .render_derived(name="k")
-        )
+        keys = new_job_keys()
         extra_columns.append("concurrency_key")
         extra_values.append(keys.c.concurrency_key)
     source = select(

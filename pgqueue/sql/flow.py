@@ -156,6 +156,17 @@ def key_rate_of(key: Any) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
     return _override(key, KeyLimit.rate_limit, present), _override(key, KeyLimit.rate_per, present)
 
 
+def new_job_keys() -> Any:
+    """The bound ``concurrency_keys`` and ``key_limits`` (arrays, one entry per new job) as rows
+    ``k(concurrency_key, key_limit, ord)``, joined to the jobs' rows by ``ord`` and given to
+    ``key_rows``."""
+    return (
+        func.unnest(array_param("concurrency_keys", Text), array_param("key_limits", Integer))
+        .table_valued("concurrency_key", "key_limit", with_ordinality="ord")
+        .render_derived(name="k")
+    )
+
+
 def key_rows(keys: Any) -> tuple[Any, Any]:
     """CTEs for an enqueue of keyed jobs: ``keys`` (a subquery of ``concurrency_key`` and
     ``key_limit`` per new job) get their key rows, and the transaction holds a ``FOR KEY SHARE``

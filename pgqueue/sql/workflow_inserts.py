@@ -41,7 +41,7 @@ from pgqueue.sql.common import (
     trace_context_param,
     woken,
 )
-from pgqueue.sql.flow import key_rows
+from pgqueue.sql.flow import key_rows, new_job_keys
 from pgqueue.states import JobState
 
 
@@ -241,11 +241,7 @@ def insert_jobs(
         values.append(trace_context_param())
     keys: Any = None
     if with_concurrency_keys:
-        keys = (
-            func.unnest(array_param("concurrency_keys", Text), array_param("key_limits", Integer))
-            .table_valued("concurrency_key", "key_limit", with_ordinality="ord")
-            .render_derived(name="k")
-        )
+        keys = new_job_keys()
         columns.append("concurrency_key")
         values.append(keys.c.concurrency_key)
     unique: Any = None
