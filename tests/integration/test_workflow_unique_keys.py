@@ -16,12 +16,12 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from test_workflows import run_workflow
 
 from alembic import command
 from pgqueue import JobState, PgQueue, UniqueKeyHeld, ValidationError, chain, group, migrations
 from pgqueue.data.insert_choice import COPY_THRESHOLD
 from pgqueue.errors import MigrationRefused
-from pgqueue.worker import Worker
 
 # The tables a workflow's enqueue writes.
 TABLES = ("pgqueue_jobs", "pgqueue_message_queue", "pgqueue_workflows")
@@ -30,17 +30,6 @@ TABLES = ("pgqueue_jobs", "pgqueue_message_queue", "pgqueue_workflows")
 def _rows(pgq: PgQueue) -> dict[str, int]:
     with pgq.engine.connect() as c:
         return {t: c.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in TABLES}
-
-
-def _run_workflow(pgq: PgQueue, workflow_id: int, timeout: float = 30.0) -> Any:
-    worker = Worker(pgq, concurrency=2)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        return pgq.wait_for_workflow(workflow_id, timeout=timeout)
-    finally:
-        worker.stop()
-        thread.join(timeout=60)
 
 
 def _tasks(pgq: PgQueue) -> tuple[Any, Any]:
@@ -67,14 +56,14 @@ def test_a_waiting_member_holds_its_key_until_it_ends(pgq: PgQueue) -> None:
         assert held.scalar_one() == member
     assert _rows(pgq)["pgqueue_jobs"] == 3  # the two steps and the closing marker
 
-    status = _run_workflow(pgq, wf.id)
+    status = run_workflow(pgq, wf.id, concurrency=2)
     assert (status.state, status.result) == ("succeeded", 11)
     # Ended, the member holds the key no more: it can be taken again, by a plain job or a member.
     again = then.configure(unique_key="report:7").enqueue(0, 0)
     assert again not in wf.job_ids
     pgq.cancel_job(again)
     second = chain(first.s(2), then.s(20).set(unique_key="report:7")).enqueue()
-    assert _run_workflow(pgq, second.id).result == 22
+    assert run_workflow(pgq, second.id, concurrency=2).result == 22
 
 
 def test_a_large_workflow_with_a_keyed_member_keeps_the_key(pgq: PgQueue) -> None:

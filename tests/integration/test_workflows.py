@@ -31,8 +31,9 @@ from pgqueue.testing import run_until_final, table_counts
 from pgqueue.worker import Worker
 
 
-def _run_workflow(pgq: PgQueue, workflow_id: int, timeout: float = 30.0, **options: Any) -> Any:
-    """Run a worker in a thread until the workflow ended; its status."""
+def run_workflow(pgq: PgQueue, workflow_id: int, timeout: float = 30.0, **options: Any) -> Any:
+    """Run a worker in a thread until the workflow ended; its status (shared by the workflow
+    test modules)."""
     options.setdefault("concurrency", 4)
     worker = Worker(pgq, **options)
     thread = threading.Thread(target=worker.run, daemon=True)
@@ -54,7 +55,7 @@ def test_a_chain_passes_each_result_to_the_next_step(pgq: PgQueue) -> None:
         return x * y
 
     wf = chain(add.s(2, 2), add.s(4), mul.s(10)).enqueue()
-    status = _run_workflow(pgq, wf.id)
+    status = run_workflow(pgq, wf.id)
     assert status.state == "succeeded"
     assert status.result == 80
     assert [pgq.get_job(j).args for j in wf.job_ids] == [[2, 2], [4, 4], [8, 10]]
@@ -66,7 +67,7 @@ def test_a_chain_of_100_steps_passes_every_value_on(pgq: PgQueue) -> None:
         return x + 1
 
     wf = chain(inc.si(0), *(inc.s() for _ in range(99))).enqueue()
-    status = _run_workflow(pgq, wf.id, concurrency=2)
+    status = run_workflow(pgq, wf.id, concurrency=2)
     assert status.state == "succeeded"
     assert status.result == 100
     assert [pgq.get_job(j).result for j in wf.job_ids] == list(range(1, 101))
@@ -78,7 +79,7 @@ def test_si_receives_no_parent_result(pgq: PgQueue) -> None:
         return list(values)
 
     wf = chain(echo.s("a"), echo.si("b"), echo.s("c")).enqueue()
-    status = _run_workflow(pgq, wf.id)
+    status = run_workflow(pgq, wf.id)
     assert status.result == [["b"], "c"]
 
 
@@ -99,7 +100,7 @@ def test_a_chord_callback_gets_the_results_in_group_order_once(pgq: PgQueue) -> 
         return sum(results)
 
     wf = chord([square.s(i) for i in range(300)], collect.s()).enqueue()
-    status = _run_workflow(pgq, wf.id, concurrency=8)
+    status = run_workflow(pgq, wf.id, concurrency=8)
     assert status.state == "succeeded"
     assert status.result == sum(i * i for i in range(300))
     with pgq.engine.connect() as c:
@@ -115,7 +116,7 @@ def test_a_group_from_a_generator_returns_its_results_in_order(pgq: PgQueue) -> 
         return 2 * x
 
     wf = group(double.s(i) for i in range(50)).enqueue()
-    status = _run_workflow(pgq, wf.id)
+    status = run_workflow(pgq, wf.id)
     assert status.state == "succeeded"
     assert status.result == [2 * i for i in range(50)]
     assert len(status.jobs) == 50
@@ -135,7 +136,7 @@ def test_a_nested_chain_of_a_group_passes_the_list_on(pgq: PgQueue) -> None:
         return sum(values)
 
     wf = chain(start.s(), group(plus.s(1), plus.s(2)), total.s()).enqueue()
-    status = _run_workflow(pgq, wf.id)
+    status = run_workflow(pgq, wf.id)
     assert status.state == "succeeded"
     assert status.result == (3 + 1) + (3 + 2)
 
@@ -170,7 +171,7 @@ def test_a_commit_of_the_callers_session_makes_the_whole_workflow(pgq: PgQueue) 
     assert status.state == "running"
     assert len(status.jobs) == 4
     assert table_counts(pgq.engine)["pgqueue_message_queue"] == 1  # only the first step
-    assert _run_workflow(pgq, wf.id).state == "succeeded"
+    assert run_workflow(pgq, wf.id).state == "succeeded"
 
 
 def test_a_failed_member_fails_the_workflow_and_runs_on_failure_once(pgq: PgQueue) -> None:
@@ -196,7 +197,7 @@ def test_a_failed_member_fails_the_workflow_and_runs_on_failure_once(pgq: PgQueu
             c.execute(text("INSERT INTO failures_seen VALUES (:f)"), {"f": json.dumps(failures)})
 
     wf = chord([maybe.s(i) for i in range(40)], merge.s(), on_failure=alert.s()).enqueue()
-    status = _run_workflow(pgq, wf.id, concurrency=8)
+    status = run_workflow(pgq, wf.id, concurrency=8)
     assert status.state == "failed"
     callback = pgq.get_job(wf.job_ids[40])
     assert callback.state is JobState.CANCELLED
@@ -222,7 +223,7 @@ def test_on_failure_does_not_run_when_the_workflow_succeeds(pgq: PgQueue) -> Non
         raise AssertionError("must not run")
 
     wf = chain(ok.s(), ok.si(), on_failure=alert.s()).enqueue()
-    status = _run_workflow(pgq, wf.id)
+    status = run_workflow(pgq, wf.id)
     assert status.state == "succeeded"
     assert status.on_failure_job_id is not None
     assert pgq.get_job(status.on_failure_job_id).state is JobState.CANCELLED
@@ -238,7 +239,7 @@ def test_a_failed_step_cancels_the_rest_of_the_chain(pgq: PgQueue) -> None:
         return None
 
     wf = chain(boom.s(), after.s(), after.s(), after.s()).enqueue()
-    status = _run_workflow(pgq, wf.id)
+    status = run_workflow(pgq, wf.id)
     assert status.state == "failed"
     assert [j.state for j in status.jobs] == [JobState.FAILED] + [JobState.CANCELLED] * 3
 
@@ -306,7 +307,7 @@ def test_a_group_of_10000_runs_every_member(pgq: PgQueue) -> None:
 
     wf = group(ident.s(i) for i in range(10_000)).enqueue()
     assert table_counts(pgq.engine)["pgqueue_message_queue"] == 10_000
-    status = _run_workflow(pgq, wf.id, timeout=120, concurrency=16)
+    status = run_workflow(pgq, wf.id, timeout=120, concurrency=16)
     assert status.state == "succeeded"
     assert status.result == list(range(10_000))
 
@@ -330,7 +331,7 @@ def test_a_chord_of_10000_calls_back_once_with_every_result_in_order(pgq: PgQueu
         return len(results)
 
     wf = chord([ident.s(i) for i in range(10_000)], check.s()).enqueue()
-    status = _run_workflow(pgq, wf.id, timeout=120, concurrency=16)
+    status = run_workflow(pgq, wf.id, timeout=120, concurrency=16)
     assert status.state == "succeeded"
     assert status.result == 10_000
     with pgq.engine.connect() as c:
@@ -393,7 +394,7 @@ def test_a_result_over_the_payload_limit_fails_the_member_not_the_callback(
         return len(results)
 
     wf = chord([big.s()], merge.s()).enqueue()
-    status = _run_workflow(pgq, wf.id)
+    status = run_workflow(pgq, wf.id)
     assert status.state == "failed"
     member = pgq.get_job(wf.job_ids[0])
     assert member.state is JobState.FAILED
@@ -452,7 +453,7 @@ def test_pruning_the_closing_marker_deletes_the_workflow_row(pgq: PgQueue) -> No
         return None
 
     ended = chain(noop.s(), noop.s()).enqueue()
-    assert _run_workflow(pgq, ended.id).state == "succeeded"
+    assert run_workflow(pgq, ended.id).state == "succeeded"
     running = chain(noop.s(), noop.s()).enqueue()
     with pgq.engine.begin() as c:
         c.execute(text("UPDATE pgqueue_jobs SET finished_at = now() - interval '30 days'"))
@@ -498,7 +499,7 @@ def test_atomic_keyed_and_prioritised_members(pgq: PgQueue) -> None:
     prioritised = group(
         ordered.si("low").set(priority=10), ordered.si("high").set(priority=-10)
     ).enqueue()
-    status = _run_workflow(pgq, keyed.id, queues=["default"])
+    status = run_workflow(pgq, keyed.id, queues=["default"])
     assert (status.state, status.result) == ("succeeded", 15)
     assert running["most"] == 1
     with pgq.engine.connect() as connection:
@@ -532,10 +533,10 @@ def test_members_count_toward_a_bounded_queues_depth(pgq: PgQueue) -> None:
             )
         ).one()
     assert tuple(counts) == (1, 4)
-    status = _run_workflow(pgq, fits.id)
+    status = run_workflow(pgq, fits.id)
     assert (status.state, status.result) == ("succeeded", 4)
     second = chain(bounded_step.s(10), bounded_step.s(), bounded_step.s()).enqueue()
-    assert _run_workflow(pgq, second.id).result == 13
+    assert run_workflow(pgq, second.id).result == 13
 
 
 def test_a_limited_and_rate_limited_queue_holds_its_members_to_its_limits(pgq: PgQueue) -> None:
@@ -566,10 +567,10 @@ def test_a_limited_and_rate_limited_queue_holds_its_members_to_its_limits(pgq: P
     pgq.set_rate_limit("rated", 2, per=1.0)
     limited = group(limited_part.s(n) for n in range(6)).enqueue()
     rated = chord([rated_part.s(n) for n in range(4)], rated_total.s()).enqueue()
-    assert _run_workflow(pgq, limited.id, concurrency=6).result == list(range(6))
+    assert run_workflow(pgq, limited.id, concurrency=6).result == list(range(6))
     ordered = sorted(spans["limited"])
     assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(ordered))
-    assert _run_workflow(pgq, rated.id, concurrency=6).result == 6
+    assert run_workflow(pgq, rated.id, concurrency=6).result == 6
     starts = sorted(start for start, _ in spans["rated"])
     # 4 members and the callback at 2 per second: the third start waits for the window.
     assert starts[2] - starts[0] >= 0.9
