@@ -45,7 +45,8 @@ class Workflow(Base):
     """When its last member ended (or it was cancelled)."""
     final_job_ids: Mapped[list[int]] = mapped_column(ARRAY(BigInteger))
     """The jobs whose results are the workflow's result (the last step of a chain, a group's
-    members, a chord's callback), in order."""
+    members, a chord's callback), in order. Stored uncompressed (``STORAGE EXTERNAL``,
+    migration pgqueue_0024), like the jobs' arrays of ids."""
     closing_job_id: Mapped[int] = mapped_column(BigInteger)
     """The workflow's closing marker: a job that never runs, depends on every member and is
     settled when the last of them ends, ending the workflow in the same statement."""

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -297,3 +298,44 @@ def test_migrated_check_constraints_equal_the_models(
     migrated = checks(database_url)
     assert "ck_pgqueue_jobs_state_valid" in migrated
     assert migrated == checks(empty_database_url)
+
+
+def _id_array_storage(connection: Any) -> dict[tuple[str, str], str]:
+    """``attstorage`` of the arrays of job ids, by (table, column), partitions of the history
+    included."""
+    rows = connection.execute(
+        text(
+            "SELECT c.relname, a.attname, a.attstorage FROM pg_attribute a"
+            " JOIN pg_class c ON c.oid = a.attrelid"
+            " WHERE c.relname LIKE 'pgqueue\\_%' AND c.relkind IN ('r', 'p')"
+            " AND a.attname IN ('depends_on', 'dependents', 'final_job_ids')"
+        )
+    ).all()
+    return {(table, column): storage for table, column, storage in rows}
+
+
+def test_0024_stores_id_arrays_uncompressed_and_downgrade_compresses_them(
+    empty_database_url: URL,
+) -> None:
+    engine = create_engine(empty_database_url)
+    try:
+        with engine.begin() as c:
+            migrations.upgrade(c, "pgqueue_0023")
+            c.execute(
+                text(
+                    "CREATE TABLE pgqueue_job_history_p20261126 PARTITION OF"
+                    " pgqueue_job_history FOR VALUES FROM ('2026-11-26') TO ('2026-11-27')"
+                )
+            )
+            before = _id_array_storage(c)
+            migrations.upgrade(c)
+            after = _id_array_storage(c)
+            migrations.downgrade(c, "pgqueue_0023")
+            down = _id_array_storage(c)
+    finally:
+        engine.dispose()
+    # jobs (2), history, its default partition and a day's (2 each), workflows (1)
+    assert len(after) == 9
+    assert set(before.values()) == {"x"}
+    assert set(after.values()) == {"e"}
+    assert down == before

@@ -308,7 +308,7 @@ def test_migration_down_and_up_with_jobs_held(empty_database_url: URL) -> None:
     )
     try:
         with engine.begin() as c:
-            migrations.upgrade(c)
+            migrations.upgrade(c, "pgqueue_0023")
             c.execute(
                 insert,
                 [
