@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
 from pgqueue.jobs import NewJob
+from pgqueue.states import JobState
 
 CHUNK_ROWS: Final = 5000
 
@@ -66,33 +67,60 @@ def chunks(lines: Iterable[str]) -> Iterator[str]:
 
 
 def workflow_lines(
-    columns: Sequence[Sequence[object]], text_columns: frozenset[int], run_at: str
+    ids: Sequence[int],
+    jobs: Sequence[NewJob],
+    parents: Sequence[tuple[int, ...]],
+    dependents: Sequence[str | None],
+    roles: Sequence[int],
+    run_at: str,
+    workflow_id: int,
+    trace_context: str | None = None,
 ) -> Iterator[str]:
-    """Lines of ``sql.workflow_inserts.COPY_JOB_COLUMNS`` for a workflow's jobs given column by column
-    (``columns``, run_at left out: every job has ``run_at``, ISO text): None is ``\\N``, the
-    columns at ``text_columns`` are escaped, a bool is ``t``/``f``."""
-    # Column by column: each value is formatted by one comprehension per column, and each line
-    # joined from the formatted columns, with no list per line (a group of 10,000 would
-    # otherwise make 10,000 short-lived lists for the garbage collector to walk).
-    formatted = [
-        _copy_column(values, index in text_columns) for index, values in enumerate(columns)
-    ]
-    formatted.insert(7, [run_at] * len(columns[0]))
-    for fields in zip(*formatted, strict=True):
-        yield "\t".join(fields) + "\n"
-
-
-def _copy_column(values: Sequence[object], escaped: bool) -> list[str]:
-    """``values`` as COPY text: None is ``\\N``, a bool ``t``/``f``, text escaped when
-    ``escaped``."""
+    """Lines of ``sql.workflow_inserts.COPY_JOB_COLUMNS`` for a workflow's ``jobs`` with their
+    ``ids``, all due at ``run_at`` (ISO text): a job with ``parents`` (indexes into ``jobs``)
+    waits for them (its ``depends_on`` their ids, as many pending), one without is queued;
+    ``dependents`` are array literals (or None), ``roles`` the ``WorkflowRole`` values; with a
+    ``trace_context`` (JSON text), that as one more column of every line."""
     text = copy_text
-    return [
-        "\\N"
-        if value is None
-        else ("t" if value else "f")
-        if value is True or value is False
-        else text(str(value))
-        if escaped
-        else str(value)
-        for value in values
-    ]
+    end = (
+        f"\t{workflow_id}\n"
+        if trace_context is None
+        else f"\t{workflow_id}\t{text(trace_context)}\n"
+    )
+    waiting, queued = JobState.WAITING.value, JobState.QUEUED.value
+    # A line's tail (task, queue, priority, attempts, run_at, atomic, state, role, workflow) is
+    # formatted once per distinct tail: a group's members share one.
+    tails: dict[tuple[str, str, int, int, bool, bool, int], str] = {}
+    for job_id, job, its_parents, its_dependents, role in zip(
+        ids, jobs, parents, dependents, roles, strict=True
+    ):
+        shape = (
+            job.task_name,
+            job.queue,
+            job.priority,
+            job.max_attempts,
+            job.atomic,
+            not its_parents,
+            role,
+        )
+        tail = tails.get(shape)
+        if tail is None:
+            tail = tails[shape] = (
+                f"{text(job.task_name)}\t{text(job.queue)}\t{job.priority}\t{job.max_attempts}"
+                f"\t{run_at}\t{'t' if job.atomic else 'f'}\t{waiting if its_parents else queued}"
+                f"\t{role}{end}"
+            )
+        edges = (
+            f"{{{','.join([str(ids[i]) for i in its_parents])}}}\t{len(its_parents)}"
+            if its_parents
+            else _NO_EDGES
+        )
+        yield (
+            f"{job_id}\t{text(job.args_json)}\t{text(job.kwargs_json)}\t{edges}"
+            f"\t{its_dependents or _NULL}\t{tail}"
+        )
+
+
+_NULL: Final = "\\N"
+# A job with no parents: no ``depends_on``, nothing pending.
+_NO_EDGES: Final = "\\N\t\\N"

@@ -18,7 +18,7 @@ key waits for this transaction and then finds the key held (or free, if it rolle
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,27 +86,32 @@ def insert_workflow(
     if bounded:
         _reserve_room(ex, jobs)
     ids = sorted(ids)
-    columns: dict[str, list[Any]] = {
-        "ids": ids,
-        "task_names": [j.task_name for j in jobs],
-        "queues": [j.queue for j in jobs],
-        "args": [j.args_json for j in jobs],
-        "kwargs": [j.kwargs_json for j in jobs],
-        "priorities": [j.priority for j in jobs],
-        "max_attempts": [j.max_attempts for j in jobs],
-        "atomics": [j.atomic for j in jobs],
-        "states": [(JobState.WAITING if p else JobState.QUEUED).value for p in parents],
-        "depends_ons": [
-            dependencies.array_text([ids[i] for i in p]) if p else None for p in parents
-        ],
-        "dependents": _dependents(ids, parents),
-        "pendings": [len(p) if p else None for p in parents],
-        "roles": [*plan.roles, WorkflowRole.CLOSING.value],
-    }
+    dependents = _dependents(ids, parents)
+    roles = [*plan.roles, WorkflowRole.CLOSING.value]
     if copy:
-        roots_ids = [ids[i] for i in roots]
-        _copy_jobs(ex, columns, workflow_id, run_at, roots_ids, jobs[roots[0]], trace_context)
+        lines = copy_rows.workflow_lines(
+            ids, jobs, parents, dependents, roles, run_at.isoformat(), workflow_id, trace_context
+        )
+        root_ids = [ids[i] for i in roots]
+        _copy_jobs(ex, lines, run_at, root_ids, jobs[roots[0]], trace_context is not None)
     else:
+        columns: dict[str, list[Any]] = {
+            "ids": ids,
+            "task_names": [j.task_name for j in jobs],
+            "queues": [j.queue for j in jobs],
+            "args": [j.args_json for j in jobs],
+            "kwargs": [j.kwargs_json for j in jobs],
+            "priorities": [j.priority for j in jobs],
+            "max_attempts": [j.max_attempts for j in jobs],
+            "atomics": [j.atomic for j in jobs],
+            "states": [(JobState.WAITING if p else JobState.QUEUED).value for p in parents],
+            "depends_ons": [
+                dependencies.array_text([ids[i] for i in p]) if p else None for p in parents
+            ],
+            "dependents": dependents,
+            "pendings": [len(p) if p else None for p in parents],
+            "roles": roles,
+        }
         _insert_jobs(ex, jobs, columns, workflow_id, trace_context, room_reserved=bool(bounded))
     ex.rows(
         workflow_inserts.insert_workflow(),
@@ -137,12 +142,14 @@ def _dependents(ids: Sequence[int], parents: Sequence[tuple[int, ...]]) -> list[
                 more[parent].append(child_id)
             else:
                 more[parent] = [child_id]
+    # A group's members all have the one child: its text is made once.
+    single: dict[int, str] = {}
     return [
         None
         if only is None
-        else "{" + str(only) + "}"
-        if index not in more
         else dependencies.array_text([only, *more[index]])
+        if index in more
+        else single.get(only) or single.setdefault(only, "{" + str(only) + "}")
         for index, only in enumerate(first)
     ]
 
@@ -164,6 +171,7 @@ def _copyable(jobs: Sequence[NewJob], roots: Sequence[int]) -> bool:
     and atomic flag, and none has a concurrency key or a unique key (``COPY`` has no ``ON
     CONFLICT``): then one ``COPY`` and one ticket insert of shared values write them."""
     first, root = jobs[0], jobs[roots[0]]
+    queue, priority, atomic = root.queue, root.priority, root.atomic
     return all(
         j.concurrency_key is None
         and j.unique_key is None
@@ -171,48 +179,22 @@ def _copyable(jobs: Sequence[NewJob], roots: Sequence[int]) -> bool:
         and j.run_at == first.run_at
         for j in jobs
     ) and all(
-        (jobs[i].queue, jobs[i].priority, jobs[i].atomic)
-        == (root.queue, root.priority, root.atomic)
-        for i in roots
+        j.queue == queue and j.priority == priority and j.atomic is atomic
+        for j in map(jobs.__getitem__, roots)
     )
-
-
-# The columns of ``_copy_jobs``' lines that hold text to escape (task name, queue, arguments).
-_TEXT_COLUMNS = frozenset({1, 2, 3, 4})
 
 
 def _copy_jobs(
     ex: Executor,
-    columns: dict[str, list[Any]],
-    workflow_id: int,
+    lines: Iterable[str],
     run_at: Any,
     root_ids: list[int],
     root: NewJob,
-    trace_context: str | None,
+    traced: bool,
 ) -> None:
-    """Write the jobs with ``COPY``, then the tickets of the ``root_ids``."""
-    ordered = [
-        columns["ids"],
-        columns["task_names"],
-        columns["queues"],
-        columns["args"],
-        columns["kwargs"],
-        columns["priorities"],
-        columns["max_attempts"],
-        columns["atomics"],
-        columns["states"],
-        columns["depends_ons"],
-        columns["dependents"],
-        columns["pendings"],
-        columns["roles"],
-        [workflow_id] * len(columns["ids"]),
-    ]
-    text_columns = _TEXT_COLUMNS
-    if trace_context is not None:
-        text_columns = text_columns | {len(ordered)}
-        ordered.append([trace_context] * len(columns["ids"]))
-    lines = copy_rows.workflow_lines(ordered, text_columns, run_at.isoformat())
-    ex.copy(workflow_inserts.copy_jobs(trace_context is not None), copy_rows.chunks(lines))
+    """Write the jobs' COPY ``lines`` (``copy_rows.workflow_lines``), then the tickets of the
+    ``root_ids``."""
+    ex.copy(workflow_inserts.copy_jobs(traced), copy_rows.chunks(lines))
     ex.rows(
         workflow_inserts.insert_tickets(),
         {

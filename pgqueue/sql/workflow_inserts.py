@@ -80,7 +80,8 @@ def allocate_ids() -> Select[Any]:
     )
 
 
-COPY_JOB_COLUMNS = (
+# The columns ``insert_jobs`` writes, in the order of its values.
+_INSERT_JOB_COLUMNS = (
     "id",
     "task_name",
     "queue",
@@ -94,6 +95,28 @@ COPY_JOB_COLUMNS = (
     "depends_on",
     "dependents",
     "pending_dependencies",
+    "workflow_role",
+    "workflow_id",
+)
+
+
+# The columns of ``copy_jobs``' lines: those that differ from job to job first, so that a line
+# is its job's own fields followed by a tail its workflow's jobs mostly share
+# (``data.copy_rows.workflow_lines``).
+COPY_JOB_COLUMNS = (
+    "id",
+    "args",
+    "kwargs",
+    "depends_on",
+    "pending_dependencies",
+    "dependents",
+    "task_name",
+    "queue",
+    "priority",
+    "max_attempts",
+    "run_at",
+    "atomic",
+    "state",
     "workflow_role",
     "workflow_id",
 )
@@ -218,7 +241,7 @@ def insert_jobs(
         cast(rows.c.run_at, Job.run_at.type),
         func.now() + seconds(func.coalesce(rows.c.delay, 0.0)),
     )
-    columns = list(COPY_JOB_COLUMNS)
+    columns = list(_INSERT_JOB_COLUMNS)
     values: list[Any] = [
         rows.c.id,
         rows.c.task_name,
