@@ -176,10 +176,19 @@ class Group(Canvas):
 
     def lay_out(self, layout: Layout, parents: tuple[int, ...], grouped: bool) -> Outlet:
         ends: list[int] = []
+        signatures: list[Signature] = []  # a run of plain signatures, laid out in one call
         for member in self.members:
+            if type(member) is Signature:
+                signatures.append(member)
+                continue
+            if signatures:
+                ends.extend(layout.add_signatures(signatures, parents, grouped))
+                signatures = []
             member._nested()
             member_ends, _ = member.lay_out(layout, parents, grouped)
             ends.extend(member_ends)
+        if signatures:
+            ends.extend(layout.add_signatures(signatures, parents, grouped))
         return tuple(ends), True
 
     def _copy(self) -> Group:

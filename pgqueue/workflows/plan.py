@@ -66,6 +66,9 @@ class Layout:
     builders: dict[Any, Callable[[Sequence[Any], Mapping[str, Any]], NewJob]] = field(
         default_factory=dict
     )
+    # The last job's task, options (the same object, as a group's signatures share theirs) and
+    # role, with its builder: the next job of all three builds with no lookup.
+    _last: tuple[SignedTask, Mapping[str, Any], WorkflowRole, Any] | None = None
 
     def add(
         self,
@@ -76,12 +79,53 @@ class Layout:
     ) -> int:
         """Lay out one job of ``task`` for ``call`` (args, kwargs, enqueue options) after
         ``parents``; its index."""
+        args, kwargs, options = call
+        last = self._last
+        if last is not None and last[0] is task and last[1] is options and last[2] is role:
+            builder = last[3]
+        else:
+            builder = self._builder(task, options, role)
+            self._last = (task, options, role, builder)
+        self.jobs.append(builder(args, kwargs))
+        self.parents.append(parents)
+        self.roles.append(role.value)
+        return len(self.jobs) - 1
+
+    def add_signatures(
+        self, signatures: Sequence[Any], parents: tuple[int, ...], grouped: bool
+    ) -> range:
+        """Lay out a group's ``signatures`` (``Signature``s), each after ``parents``; their
+        indexes. ``add`` for each, in one loop: a group of 10,000 costs one call, not 10,000."""
+        start = len(self.jobs)
+        append_job, append_role = self.jobs.append, self.roles.append
+        roles = {
+            False: role_after(parents, grouped, False),
+            True: role_after(parents, grouped, True),
+        }
+        for signature in signatures:
+            role = roles[signature.immutable]
+            task, options = signature.task, signature.options
+            last = self._last
+            if last is not None and last[0] is task and last[1] is options and last[2] is role:
+                builder = last[3]
+            else:
+                builder = self._builder(task, options, role)
+                self._last = (task, options, role, builder)
+            append_job(builder(signature.args, signature.kwargs))
+            append_role(role.value)
+        self.parents.extend([parents] * (len(self.jobs) - start))
+        return range(start, len(self.jobs))
+
+    def _builder(
+        self, task: SignedTask, options: Mapping[str, Any], role: WorkflowRole
+    ) -> Callable[[Sequence[Any], Mapping[str, Any]], NewJob]:
+        """The job builder of ``task`` with ``options`` for a job of ``role``; refused when the
+        task belongs to another sink than the workflow's jobs so far."""
         sink = task.sink
         if self.sink is None:
             self.sink = sink
         elif sink is not self.sink:
             raise ValidationError("a workflow's tasks must all belong to one PgQueue")
-        args, kwargs, options = call
         passed = 0 if role is WorkflowRole.MEMBER else 1
         try:
             key: Any = (id(task), tuple(sorted(options.items())) if options else (), passed)
@@ -93,10 +137,7 @@ class Layout:
             builder = task.with_options(options).job_builder(passed=passed)
             if key is not None:
                 self.builders[key] = builder
-        self.jobs.append(builder(args, kwargs))
-        self.parents.append(parents)
-        self.roles.append(role.value)
-        return len(self.jobs) - 1
+        return builder
 
     def plan(self, final: tuple[int, ...], on_failure: int | None) -> WorkflowPlan:
         """The laid-out jobs as a plan; refused when two of them have the same unique key (the

@@ -67,3 +67,27 @@ def test_on_failure_inside_a_nested_construct_is_refused() -> None:
 def test_tasks_of_two_queues_cannot_share_a_workflow() -> None:
     with pytest.raises(ValidationError, match="one PgQueue"):
         chain(step.s(), elsewhere.si())._planned()
+
+
+def test_a_group_mixing_signatures_options_and_a_chain_keeps_each_jobs_role_and_options() -> None:
+    members = group(
+        step.s(1),
+        step.s(2).set(queue="fast", priority=4),
+        step.si(3),
+        step.si(4).set(max_attempts=9),
+        chain(step.s(5), step.s()),
+        step.s(6),
+    )
+    _, plan = chain(step.s(0), members, step.s())._planned()
+    assert list(plan.parents) == [(), (0,), (0,), (0,), (0,), (0,), (5,), (0,), (1, 2, 3, 4, 6, 7)]
+    assert list(plan.roles) == [M, ONE, ONE, M, M, ONE, ONE, ONE, MANY]
+    assert [j.args_json for j in plan.jobs] == [
+        "[0]", "[1]", "[2]", "[3]", "[4]", "[5]", "[]", "[6]", "[]",
+    ]  # fmt: skip
+    assert [(j.queue, j.priority) for j in plan.jobs][1:3] == [("default", 0), ("fast", 4)]
+    assert [j.max_attempts for j in plan.jobs][3:5] == [plan.jobs[0].max_attempts, 9]
+
+
+def test_a_group_of_signatures_of_two_queues_is_refused() -> None:
+    with pytest.raises(ValidationError, match="one PgQueue"):
+        group(step.s(), step.s(), elsewhere.si())._planned()
