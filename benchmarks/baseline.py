@@ -11,7 +11,9 @@ the suite sweeps threads x batch and takes the best point as the ceiling, since 
 in a loop leaves the server idle while the client completes a batch.
 
 The workers run in a child process like pgqueue's (``python -m benchmarks.baseline drain URL
-BATCH [THREADS]`` / ``listen URL BATCH``) so both sides pay the same interprocess costs.
+BATCH [THREADS [async]]`` / ``listen URL BATCH [async]``) so both sides pay the same interprocess
+costs. ``async``: claims commit without waiting for their WAL flush (``CLAIM_ASYNC``), as
+pgqueue's leased claims do; the suite runs the ceilings both ways and takes the stronger.
 """
 
 from __future__ import annotations
@@ -63,6 +65,14 @@ SET state = 'running', attempts = j.attempts + 1, started_at = now()
 FROM cte WHERE j.id = cte.id
 RETURNING j.id, j.task, j.args
 """
+
+# The same claim committing without waiting for its WAL flush, as pgqueue's leased claim does
+# (``pgqueue.sql.claim``): the strongest form of a bare loop, for the ceilings to be fair.
+CLAIM_ASYNC = CLAIM.replace(
+    "FROM cte WHERE j.id = cte.id",
+    "FROM cte WHERE j.id = cte.id"
+    " AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL",
+)
 
 COMPLETE = """
 UPDATE baseline_jobs AS j SET state = 'succeeded', finished_at = now(), result = r.result
@@ -137,8 +147,8 @@ def span(conninfo: str) -> dict[str, Any]:
     return {"succeeded": row[0], "total": row[1], "span_s": row[2], "steady_s": row[3]}
 
 
-def _run_batch(conn: psycopg.Connection[Any], batch: int) -> int:
-    rows = conn.execute(CLAIM, (batch,), prepare=True).fetchall()
+def _run_batch(conn: psycopg.Connection[Any], batch: int, async_claims: bool = False) -> int:
+    rows = conn.execute(CLAIM_ASYNC if async_claims else CLAIM, (batch,), prepare=True).fetchall()
     if not rows:
         return 0
     ids: list[int] = []
@@ -150,9 +160,10 @@ def _run_batch(conn: psycopg.Connection[Any], batch: int) -> int:
     return len(rows)
 
 
-def drain(conninfo: str, batch: int, threads: int = 1) -> int:
+def drain(conninfo: str, batch: int, threads: int = 1, async_claims: bool = False) -> int:
     """Claim ``batch`` at a time and complete them until nothing is ready, on ``threads``
-    connections at once; returns the count."""
+    connections at once (``async_claims``: claims commit without waiting for their WAL flush);
+    returns the count."""
     counts = [0] * threads
     # Every thread connects before any claims, so the first claims do not run alone while the
     # other threads are still connecting.
@@ -161,7 +172,7 @@ def drain(conninfo: str, batch: int, threads: int = 1) -> int:
     def run(index: int) -> None:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             ready.wait()
-            while got := _run_batch(conn, batch):
+            while got := _run_batch(conn, batch, async_claims):
                 counts[index] += got
 
     workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
@@ -172,8 +183,9 @@ def drain(conninfo: str, batch: int, threads: int = 1) -> int:
     return sum(counts)
 
 
-def listen(conninfo: str, batch: int) -> None:
-    """Idle worker: LISTEN, and on each notification claim until empty. Stops on SIGTERM."""
+def listen(conninfo: str, batch: int, async_claims: bool = False) -> None:
+    """Idle worker: LISTEN, and on each notification claim until empty (``async_claims``: see
+    ``drain``). Stops on SIGTERM."""
     stopping = False
 
     def stop(signum: int, frame: Any) -> None:
@@ -185,7 +197,7 @@ def listen(conninfo: str, batch: int) -> None:
         conn.execute(f"LISTEN {CHANNEL}")
         print("listening", flush=True)
         while not stopping:
-            while _run_batch(conn, batch):
+            while _run_batch(conn, batch, async_claims):
                 pass
             # Wait for one NOTIFY (psycopg keeps those that arrived during the claims in a
             # backlog, so none is missed), or poll after a second.
@@ -210,9 +222,11 @@ def probe_results(conninfo: str) -> dict[int, float]:
 
 
 if __name__ == "__main__":
+    # drain URL BATCH [THREADS [async]] / listen URL BATCH [async]
     mode, url, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    asynchronous = sys.argv[-1] == "async"
     if mode == "drain":
         threads = int(sys.argv[4]) if len(sys.argv) > 4 else 1
-        print(json.dumps({"processed": drain(url, size, threads)}))
+        print(json.dumps({"processed": drain(url, size, threads, asynchronous)}))
     else:
-        listen(url, size)
+        listen(url, size, asynchronous)

@@ -298,8 +298,11 @@ def succeeded_after(url: URL, history: int) -> dict[str, Any]:
     return steady_counts(row)
 
 
-def drain_baseline(server: Server, n: int, batch: int, threads: int = 1) -> Result:
-    """``n`` jobs drained by the raw-SQL worker: ``threads`` connections claiming ``batch`` each."""
+def drain_baseline(
+    server: Server, n: int, batch: int, threads: int = 1, async_claims: bool = False
+) -> Result:
+    """``n`` jobs drained by the raw-SQL worker: ``threads`` connections claiming ``batch`` each
+    (``async_claims``: claims that commit without waiting for their WAL flush)."""
     with server.fresh_database("drain_base", migrate=False) as url:
         baseline.create_schema(libpq(url))
         baseline.fill(libpq(url), n)
@@ -307,6 +310,7 @@ def drain_baseline(server: Server, n: int, batch: int, threads: int = 1) -> Resu
         command = [
             *(sys.executable, "-m", "benchmarks.baseline", "drain"),
             *(libpq(url), str(batch), str(threads)),
+            *(("async",) if async_claims else ()),
         ]
         with process(command) as child:
             code = child.wait(WORKER_TIMEOUT)
@@ -314,7 +318,7 @@ def drain_baseline(server: Server, n: int, batch: int, threads: int = 1) -> Resu
                 raise RuntimeError(f"baseline worker exited with {code}")
         wall = time.perf_counter() - start
         result = steady_throughput(n, baseline.span(libpq(url)), wall)
-    result.update(batch=batch, threads=threads)
+    result.update(batch=batch, threads=threads, async_claims=async_claims)
     return result
 
 
@@ -398,11 +402,13 @@ def _probe_starts(url: URL) -> dict[int, float]:
     return {job_id: float(result) for job_id, result in rows}
 
 
-def latency_baseline(server: Server, n: int, rate: float) -> Result:
+def latency_baseline(server: Server, n: int, rate: float, async_claims: bool = False) -> Result:
+    """The bare LISTEN loop's pick-up (``async_claims``: see ``drain_baseline``)."""
     with server.fresh_database("lat_base", migrate=False) as url:
         conninfo = libpq(url)
         baseline.create_schema(conninfo)
         command = [sys.executable, "-m", "benchmarks.baseline", "listen", conninfo, "10"]
+        command += ["async"] if async_claims else []
         with process(command) as child, psycopg.connect(conninfo) as conn:
             assert child.stdout is not None
             assert child.stdout.readline().strip() == "listening"
@@ -423,7 +429,14 @@ def latency_baseline(server: Server, n: int, rate: float) -> Result:
             wait_until(lambda: len(baseline.probe_results(conninfo)) >= n, 60, "probe jobs")
             started = baseline.probe_results(conninfo)
     delays = [(started[job_id] - t) * 1000 for job_id, t in sent.items()]
-    return {"jobs": n, "rate": rate, **percentiles(delays), "unit": "ms", "delays": delays}
+    return {
+        "jobs": n,
+        "rate": rate,
+        **percentiles(delays),
+        "unit": "ms",
+        "delays": delays,
+        "async_claims": async_claims,
+    }
 
 
 def paired_latency(rounds: list[tuple[Result, Result]]) -> Result:
