@@ -121,9 +121,7 @@ def claim(
     (0: it has room already, claim again).
 
     ``autocommit``: each statement commits by itself (the worker's claims). Then a lost
-    connection after a claim that got jobs returns those jobs instead of raising. A leased
-    claim makes its transaction commit asynchronously (``sql.claim.claim``): on a session,
-    claim in a transaction that writes nothing else."""
+    connection after a claim that got jobs returns those jobs instead of raising."""
     if limits is None:
         limits = limits_seen_by(claimer_key(db))
     ex = executor_for(db)

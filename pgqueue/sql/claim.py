@@ -60,11 +60,9 @@ class ClaimVariant:
     """
 
     atomic: bool
-    """Atomic tickets instead of leased ones. Both commit at once (the leased form without
-    waiting for its WAL flush, see ``_commit_asynchronously``; the atomic form durably); an
-    atomic job's handler then runs in a transaction that first locks the job's row
-    (``sql.atomic_runs.lock_claimed``), never a control row, whose counters the claims and
-    outcomes of the queue keep writing."""
+    """Atomic tickets instead of leased ones. Both commit at once; an atomic job's handler then
+    runs in a transaction that first locks the job's row (``sql.atomic_runs.lock_claimed``),
+    never a control row, whose counters the claims and outcomes of the queue keep writing."""
     some_queues: bool
     """Only the queues named by the ``queues`` bind; otherwise every queue."""
     queue_limits: bool
@@ -145,9 +143,6 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
     common case): the main scan alone, still skipping controlled queues and keyed tickets, so
     it can never break a limit that was set after the caller last looked, it only leaves that
     work to the full form.
-
-    The leased forms make their transaction commit asynchronously (``_commit_asynchronously``):
-    run them in a transaction of their own, as the worker does (autocommit).
     """
     filter_queues = variant.some_queues
     limits = variant.queue_limits
@@ -198,7 +193,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
             .returning(MessageQueue.job_id)
             .cte("claimed")
         )
-        return _move_to_running(lean_deleted, claimed_values, durable=variant.atomic)
+        return _move_to_running(lean_deleted, claimed_values)
     limited_where: list[ColumnElement[bool]] = [
         QueueControl.concurrency_limit.is_not(None),
         QueueControl.paused.is_(False),
@@ -273,7 +268,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
             .cte("bump")
         )
     if keys is None:
-        return _move_to_running(deleted, claimed_values, durable=variant.atomic).add_cte(bump)
+        return _move_to_running(deleted, claimed_values).add_cte(bump)
     bump_keys = flow_sql.bump_keys(keys, deleted)
     # Each rate-limited job's time to start (the tightest of its queue's and its key's).
     start_within = func.least(
@@ -282,8 +277,7 @@ def claim(variant: ClaimVariant) -> ReturningUpdate[Any]:
         .where(bump_keys.c.key == Job.concurrency_key)
         .scalar_subquery(),
     ).label("start_within")
-    moved_jobs = _move_to_running(deleted, claimed_values, start_within, durable=variant.atomic)
-    return moved_jobs.add_cte(bump, bump_keys)
+    return _move_to_running(deleted, claimed_values, start_within).add_cte(bump, bump_keys)
 
 
 def _task_not_excluded() -> ColumnElement[bool]:
@@ -354,9 +348,7 @@ def rate_wait() -> Select[float | None]:
 @cache
 def claim_listed(in_transaction: bool) -> ReturningUpdate[Any]:
     """Claim the tickets of the jobs in ``job_ids`` (array), whatever their ``run_at``, and move
-    those jobs to RUNNING like ``claim`` does (``in_transaction``: the atomic form, claimed in
-    the transaction its handler then runs in; otherwise the leased form, which commits
-    asynchronously like the leased ``claim``). Binds ``job_ids``, ``worker``, ``lease_seconds``.
+    those jobs to RUNNING like ``claim`` does (``in_transaction``: the atomic form). Binds ``job_ids``, ``worker``, ``lease_seconds``.
 
     For running chosen jobs at once (``pgqueue.testing.immediate``), not for workers: tickets of
     the other mode and of paused or limited queues are left alone, as the lean claim leaves them.
@@ -399,8 +391,7 @@ def claim_listed(in_transaction: bool) -> ReturningUpdate[Any]:
         .cte("counted_keys")
     )
     lease = bindparam("lease_seconds", type_=Float)
-    moved_jobs = _move_to_running(claimed, _claimed_values(lease), durable=in_transaction)
-    return moved_jobs.add_cte(counted)
+    return _move_to_running(claimed, _claimed_values(lease)).add_cte(counted)
 
 
 def _claimed_values(lease: ColumnElement[Any]) -> dict[str, Any]:
@@ -422,37 +413,17 @@ def _claimed_values(lease: ColumnElement[Any]) -> dict[str, Any]:
 
 
 def _move_to_running(
-    claimed: Any, values: dict[str, Any], *extra: ColumnElement[Any], durable: bool
+    claimed: Any, values: dict[str, Any], *extra: ColumnElement[Any]
 ) -> ReturningUpdate[Any]:
     """The claim's last step: the jobs of the ``claimed`` tickets (a CTE of deleted tickets)
     that still wait move to RUNNING with ``values``, returning ``CLAIMED_COLUMNS`` and
-    ``extra`` (the flow form's ``start_within``). Unless ``durable``, the statement's
-    transaction commits without waiting for its WAL flush (``_commit_asynchronously``)."""
-    where = [among(Job.id, claimed.c.job_id), source_states(CLAIM)]
-    if not durable:
-        where.append(_commit_asynchronously())
-    return update(Job).where(*where).values(**values).returning(*CLAIMED_COLUMNS, *extra)
-
-
-def _commit_asynchronously() -> ColumnElement[bool]:
-    """Always true; as a side effect, ``synchronous_commit = off`` for the current transaction.
-
-    For the leased claim, which commits on its own (autocommit: the statement is its
-    transaction). Its commit need not wait for the WAL flush: a server crash before the flush
-    undoes the claim, and the job is claimed again (at-least-once, as leased delivery is
-    anyway); the job's outcome and heartbeats commit durably, and a durable commit flushes the
-    WAL up to itself, so no outcome can outlive its claim. Not for the atomic forms: the one of
-    ``claim_listed`` shares its transaction with the handler's writes, and atomic mode, which
-    promises its database effects once, keeps every commit of its own durable.
-
-    Inside the statement, not a session ``SET``: the setting ends with the transaction, so a
-    pooled connection (or a PgBouncer server connection) carries nothing to its next user. An
-    uncorrelated scalar subquery: PostgreSQL runs it once per statement (an InitPlan), and
-    ``synchronous_commit`` is read when the transaction commits, after the statement ran. The
-    condition reads no row, so the planner tests it once, as a one-time filter above the scan
-    of the jobs, and leaves every scan and join of the claim as it was."""
-    setting = func.set_config("synchronous_commit", "off", true())
-    return select(setting).scalar_subquery().is_not(None)
+    ``extra`` (the flow form's ``start_within``)."""
+    return (
+        update(Job)
+        .where(among(Job.id, claimed.c.job_id), source_states(CLAIM))
+        .values(**values)
+        .returning(*CLAIMED_COLUMNS, *extra)
+    )
 
 
 @cache
