@@ -12,8 +12,9 @@ in a loop leaves the server idle while the client completes a batch.
 
 The workers run in a child process like pgqueue's (``python -m benchmarks.baseline drain URL
 BATCH [THREADS [async]]`` / ``listen URL BATCH [async]``) so both sides pay the same interprocess
-costs. ``async``: claims commit without waiting for their WAL flush (``CLAIM_ASYNC``), as
-pgqueue's leased claims do; the suite runs the ceilings both ways and takes the stronger.
+costs. ``async``: claims commit without waiting for their WAL flush (``CLAIM_ASYNC``), which
+pgqueue's claims do not (a server crash could undo them); the suite runs the ceilings both ways
+and takes the stronger.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ FROM cte WHERE j.id = cte.id
 RETURNING j.id, j.task, j.args
 """
 
-# The same claim committing without waiting for its WAL flush, as pgqueue's leased claim does
-# (``pgqueue.sql.claim``): the strongest form of a bare loop, for the ceilings to be fair.
+# The same claim committing without waiting for its WAL flush: the strongest form of a bare
+# loop, for the ceilings to be the strongest (pgqueue's claims commit durably).
 CLAIM_ASYNC = CLAIM.replace(
     "FROM cte WHERE j.id = cte.id",
     "FROM cte WHERE j.id = cte.id"

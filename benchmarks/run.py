@@ -180,8 +180,8 @@ def run_drain(step: Any, srv: server_module.Server, sizes: Sizes) -> dict[str, A
     best_p = best["processes"] if best else 1
     threads = ceiling["threads"] if ceiling else sizes.baseline_threads[-1]
     batch = ceiling["batch"] if ceiling else sizes.baseline_batches[-1]
-    # The best point again with claims that commit without waiting for their WAL flush (as
-    # pgqueue's leased claims do); the rounds' ceiling commits its claims the faster way.
+    # The best point again with claims that commit without waiting for their WAL flush (a
+    # bare loop may; pgqueue's claims do not); the rounds' ceiling commits them the faster way.
     async_point = step(
         f"ceiling drain threads={threads} batch={batch}, async claims",
         w.drain_baseline,
@@ -307,8 +307,8 @@ def run_suite(
         latency_bases: list[list[float | None]] = []  # each round's (durable, async) p50
         for r in range(sizes.latency_rounds):
             pg = step(f"latency round {r + 1}", w.latency_pgqueue, srv, sizes.latency, LATENCY_RATE)
-            # The bare loop both ways (claims durable, and asynchronous as pgqueue's leased
-            # claims are); the round's baseline is the faster of the two.
+            # The bare loop both ways (claims durable, and asynchronous, which pgqueue's are
+            # not); the round's baseline is the faster of the two.
             bases = [
                 step(
                     f"latency round {r + 1}: baseline, {'async' if a else 'durable'} claims",
