@@ -68,7 +68,15 @@ class Layout:
     )
     # The last job's task, options (the same object, as a group's signatures share theirs) and
     # role, with its builder: the next job of all three builds with no lookup.
-    _last: tuple[SignedTask, Mapping[str, Any], WorkflowRole, Any] | None = None
+    _last: (
+        tuple[
+            SignedTask,
+            Mapping[str, Any],
+            WorkflowRole,
+            Callable[[Sequence[Any], Mapping[str, Any]], NewJob],
+        ]
+        | None
+    ) = None
 
     def add(
         self,
@@ -80,12 +88,7 @@ class Layout:
         """Lay out one job of ``task`` for ``call`` (args, kwargs, enqueue options) after
         ``parents``; its index."""
         args, kwargs, options = call
-        last = self._last
-        if last is not None and last[0] is task and last[1] is options and last[2] is role:
-            builder = last[3]
-        else:
-            builder = self._builder(task, options, role)
-            self._last = (task, options, role, builder)
+        builder = self._builder(task, options, role)
         self.jobs.append(builder(args, kwargs))
         self.parents.append(parents)
         self.roles.append(role.value)
@@ -105,13 +108,7 @@ class Layout:
         for signature in signatures:
             role = roles[signature.immutable]
             task, options = signature.task, signature.options
-            last = self._last
-            if last is not None and last[0] is task and last[1] is options and last[2] is role:
-                builder = last[3]
-            else:
-                builder = self._builder(task, options, role)
-                self._last = (task, options, role, builder)
-            append_job(builder(signature.args, signature.kwargs))
+            append_job(self._builder(task, options, role)(signature.args, signature.kwargs))
             append_role(role.value)
         self.parents.extend([parents] * (len(self.jobs) - start))
         return range(start, len(self.jobs))
@@ -121,6 +118,9 @@ class Layout:
     ) -> Callable[[Sequence[Any], Mapping[str, Any]], NewJob]:
         """The job builder of ``task`` with ``options`` for a job of ``role``; refused when the
         task belongs to another sink than the workflow's jobs so far."""
+        last = self._last
+        if last is not None and last[0] is task and last[1] is options and last[2] is role:
+            return last[3]
         sink = task.sink
         if self.sink is None:
             self.sink = sink
@@ -137,6 +137,7 @@ class Layout:
             builder = task.with_options(options).job_builder(passed=passed)
             if key is not None:
                 self.builders[key] = builder
+        self._last = (task, options, role, builder)
         return builder
 
     def plan(self, final: tuple[int, ...], on_failure: int | None) -> WorkflowPlan:
