@@ -121,7 +121,7 @@ class Job(Base):
     depends_on: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
     """Ids of the jobs this one waited for (``configure(depends_on=...)``); null for most jobs.
     This and ``dependents`` are stored uncompressed (``STORAGE EXTERNAL``, migration
-    pgqueue_0024): compressing a workflow's array of 10,000 ids cost 4 times its write."""
+    pgqueue_0024): compressing a large workflow's arrays would cost several times their write."""
     dependents: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
     """Ids of WAITING jobs to settle when this one ends. On this row, not in an edge table, so the
     outcome's UPDATE (which waits for an enqueuing dependent's lock on this row, then re-reads

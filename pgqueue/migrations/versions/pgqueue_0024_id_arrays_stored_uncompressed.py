@@ -6,10 +6,10 @@ Create Date: 2026-11-26
 
 ``depends_on`` and ``dependents`` (``pgqueue_jobs``, ``pgqueue_job_history``) and
 ``final_job_ids`` (``pgqueue_workflows``) get ``STORAGE EXTERNAL``: a large array still goes
-out of line to the TOAST table, but is not compressed first. A workflow of 10,000 members
-writes two arrays of 10,000 ids (its closing marker's ``depends_on``, its ``final_job_ids``);
-compressing each cost about 3.6 ms of server time against 0.9 ms without (Debian PostgreSQL 15),
-for half the bytes. Small arrays stay in the row either way.
+out of line to the TOAST table, but is not compressed first. A large workflow writes arrays
+of as many ids as it has members (its closing marker's ``depends_on``, its ``final_job_ids``),
+and compressing them costs several times their write for about half the bytes
+(``docs/how-to/alembic.md``). Small arrays stay in the row either way.
 
 Catalog-only: no row is rewritten (values stored before stay compressed until rewritten), each
 ``ALTER`` holds its table's lock for an instant, within the migration's ``lock_timeout``. The
