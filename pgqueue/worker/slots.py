@@ -9,9 +9,12 @@ A claim may also take up to ``ahead`` attempts more than the free slots (the cla
 prefetch): those wait, in claim order, leased to this worker and heartbeated like the others,
 and the pool thread whose handler returns starts the next one itself (its slot passes on
 without a thread hand-off). A waiting attempt's timeout and duration count from that start, not
-from the claim. At most ``2 * concurrency + prefetch`` attempts are held at once (running,
-waiting, or with their outcome not yet written); at a shutdown the waiting ones are given back
-unstarted (``take_waiting``).
+from the claim. At most ``2 * (concurrency + prefetch)`` attempts are held at once (running,
+waiting, or with their outcome not yet written): the slots and the prefetch, and as many again
+whose handlers returned while the completer writes their outcomes. A bound of the slots and
+the prefetch alone would make each claim ahead wait for the last outcome write, so claims and
+outcome writes would take turns instead of overlapping. At a shutdown the waiting ones are given
+back unstarted (``take_waiting``).
 
 A sync handler past its timeout cannot be stopped: its slot goes to a replacement thread while
 it runs on, but only while fewer than ``max(concurrency, MIN_HUNG_THREADS)`` threads are in that
@@ -48,7 +51,7 @@ class Slots:
         self._ahead = 0  # how many attempts the claimer means to keep waiting (its last claim)
         self._closed = False  # the worker stops: waiting attempts are not started any more
         self.returned = 0  # handlers returned, ever: slots that came free (the claimer's pace)
-        self._max_held = 2 * concurrency + prefetch
+        self._max_held = 2 * (concurrency + prefetch)
         self._hung = 0  # threads whose timed-out handler still runs (their slot was replaced)
         self._max_hung = max(concurrency, MIN_HUNG_THREADS)
         self._atomic = 0  # atomic runners probing or running

@@ -60,3 +60,23 @@ def test_a_stopping_worker_gives_back_the_waiting_attempts_and_starts_no_more() 
     assert all(e.decided for e in given_back)
     assert slots.handler_returned(executions[0]) == (True, True, None)
     assert slots.give_up_unfinished() == []  # decided once: given back, not released again
+
+
+def test_claims_ahead_overlap_the_outcome_writes_of_the_last_claim_up_to_twice_the_room() -> None:
+    slots = Slots(concurrency=2, prefetch=3)
+    first = [_execution(i) for i in range(1, 6)]
+    assert slots.add(first) == first[:2]
+    following = [slots.handler_returned(e)[2] for e in first]
+    assert following == [first[2], first[3], first[4], None, None]
+    # Every handler returned and no outcome is written yet: the next claim still fills the
+    # slots and the prefetch, while the completer writes the first five.
+    assert slots.running_ids() == [1, 2, 3, 4, 5]
+    assert slots.claimable(ahead=3) == 5
+    second = [_execution(i) for i in range(6, 11)]
+    assert slots.add(second) == second[:2]
+    rooms = [slots.handler_returned(execution)[1] for execution in second]
+    # Ten held, twice the slots and the prefetch: no more until outcomes are written.
+    assert rooms == [False] * 5
+    assert slots.claimable(ahead=3) == 0
+    slots.written(first)
+    assert slots.claimable(ahead=3) == 5
