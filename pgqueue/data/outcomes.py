@@ -38,25 +38,36 @@ _ENDING_KINDS = frozenset(
 
 
 def record_outcomes(
-    db: SessionOrExecutor, outcomes: Iterable[Outcome], *, lock_wait_ms: int | None = None
+    db: SessionOrExecutor,
+    outcomes: Iterable[Outcome],
+    *,
+    lock_wait_ms: int | None = None,
+    lock_rows: bool = True,
 ) -> set[int]:
     """Write many outcomes, one statement per kind, and settle the dependents of the jobs they
     ended; return the ids whose lease was lost. Run in one transaction: an outcome and the
     settling of its dependents commit together. ``lock_wait_ms``: the transaction waits at
-    most this long for each row lock (``lock_timeout``, set for this transaction only)."""
+    most this long for each row lock (``lock_timeout``, set for this transaction only).
+
+    Outcomes of several kinds, or of one kind with ``lock_rows``, first lock their rows in id
+    order, the heartbeat's: one statement per kind would lock them in kind order, and one
+    statement in its join's order, either of which can deadlock with a heartbeat of the same
+    jobs. A worker passes ``lock_rows=False`` when it knows no heartbeat of these jobs is
+    under way (``worker.slots.Slots.heartbeat_in_flight``): the locking statement writes a row
+    lock per job, a visible share of the server's work per job."""
     ex = executor_for(db)
     if lock_wait_ms is not None:
         ex.rows(maintenance.set_lock_timeout(), {"ms": str(lock_wait_ms)})
     by_kind: dict[OutcomeKind, list[Outcome]] = {}
     for outcome in outcomes:
         by_kind.setdefault(outcome.kind, []).append(outcome)
-    if len(by_kind) == 1:
+    if len(by_kind) > 1:
+        ids = sorted({o.job_id for batch in by_kind.values() for o in batch})
+    elif lock_rows:
         ids = sorted(o.job_id for batch in by_kind.values() for o in batch)
     else:
-        ids = sorted({o.job_id for batch in by_kind.values() for o in batch})
+        ids = []
     if len(ids) > 1:
-        # One statement per kind would lock the rows in kind order; in a transaction that can
-        # deadlock with a heartbeat of the same jobs. Take them all first, in id order.
         ex.rows(outcome_sql.lock_jobs(), {"ids": ids})
     lost: set[int] = set()
     ended: list[int] = []

@@ -54,11 +54,16 @@ class OutcomeStore(Protocol):
     """What the completer needs of the database (``WorkerStore`` is one)."""
 
     def record_outcomes(
-        self, outcomes: Iterable[Outcome], *, lock_wait: float | None = None
+        self,
+        outcomes: Iterable[Outcome],
+        *,
+        lock_wait: float | None = None,
+        lock_rows: bool = True,
     ) -> set[int]:
         """Write ``outcomes`` in one transaction, kept trying through an outage; the ids whose
         lease was lost. With ``lock_wait``, a row lock is waited for that long at most and a
-        timeout is raised, not retried."""
+        timeout is raised, not retried. ``lock_rows``: a heartbeat of these attempts may be
+        under way, so the rows are locked in its order first."""
         ...
 
 
@@ -256,8 +261,12 @@ class Completer:
         nothing written, for the caller to keep the batch for later."""
         written = batch
         try:
+            # Asked after ``start_writing``: without a heartbeat of these attempts under way,
+            # nothing else waits for their rows in an order of its own.
             lost = self._store.record_outcomes(
-                (outcome for _, outcome in batch), lock_wait=lock_wait
+                (outcome for _, outcome in batch),
+                lock_wait=lock_wait,
+                lock_rows=self._slots.heartbeat_in_flight(),
             )
         except Exception as exc:
             if lock_wait is not None and is_timeout(exc):

@@ -116,9 +116,15 @@ class Heartbeat:
             self._put_outcome((execution, self._timed_out(execution)))
 
     def _extend_leases(self) -> None:
+        leases = self._slots.leases()
+        try:
+            self._extend(leases)
+        finally:
+            self._slots.beat_done()
+
+    def _extend(self, leases: Sequence[Lease]) -> None:
         # Attempts whose outcome waits for its write are extended too: their lease must not run
         # out in the meantime.
-        leases = self._slots.leases()
         registry = self._registry
         if not leases:
             if registry is not None:

@@ -56,6 +56,7 @@ class Slots:
         self._max_hung = max(concurrency, MIN_HUNG_THREADS)
         self._atomic = 0  # atomic runners probing or running
         self._atomic_running: dict[str, int] = {}  # atomic attempts running, per queue
+        self._beats = 0  # heartbeats between ``leases`` and ``beat_done``
 
     # -- claims --------------------------------------------------------------------------------
 
@@ -182,13 +183,27 @@ class Slots:
     def leases(self) -> list[tuple[int, uuid.UUID, float]]:
         """``(job id, lease token, lease seconds)`` of the held attempts to extend: not those
         whose outcome is being written (the write may commit first, which would look like a
-        lost lease), nor those already known lost."""
+        lost lease), nor those already known lost. Until the caller's ``beat_done``, a
+        heartbeat is in flight (``heartbeat_in_flight``)."""
         with self._lock:
+            self._beats += 1
             return [
                 (e.job.id, e.job.lease_token, e.lease_seconds)
                 for e in self._running.values()
                 if not e.writing and not e.lease_lost
             ]
+
+    def beat_done(self) -> None:
+        """The heartbeat that took ``leases`` has ended its statement (committed or not)."""
+        with self._lock:
+            self._beats -= 1
+
+    def heartbeat_in_flight(self) -> bool:
+        """Whether a heartbeat took its leases and has not ended its statement. An outcome
+        write that asks after ``start_writing`` and hears no can update its rows in any order:
+        a heartbeat that begins later leaves those attempts out (they are ``writing``)."""
+        with self._lock:
+            return self._beats > 0
 
     def lookup(self, job_ids: Iterable[int]) -> dict[int, Execution | None]:
         with self._lock:

@@ -244,7 +244,11 @@ class WorkerStore:
         self._claim_connection.close()
 
     def record_outcomes(
-        self, outcomes: Iterable[Outcome], *, lock_wait: float | None = None
+        self,
+        outcomes: Iterable[Outcome],
+        *,
+        lock_wait: float | None = None,
+        lock_rows: bool = True,
     ) -> set[int]:
         """Write ``outcomes`` in one transaction; the ids whose lease was lost.
 
@@ -258,13 +262,16 @@ class WorkerStore:
         the caller writes what is not blocked and keeps the rest for later. Without it, each
         try still waits ``KEEP_TRYING_LOCK_WAIT`` at most: a write blocked for long must not
         keep its jobs' rows locked meanwhile, since the rescue skips locked rows (and their
-        leases are not extended while their outcome is being written)."""
+        leases are not extended while their outcome is being written). ``lock_rows``: see
+        ``data.outcomes.record_outcomes``."""
         items = list(outcomes)
         wait = KEEP_TRYING_LOCK_WAIT if lock_wait is None else lock_wait
         wait_ms = max(1, round(wait * 1000))
         return self._run(
             "record outcomes",
-            lambda db: outcomes_data.record_outcomes(db, items, lock_wait_ms=wait_ms),
+            lambda db: outcomes_data.record_outcomes(
+                db, items, lock_wait_ms=wait_ms, lock_rows=lock_rows
+            ),
             give_up_when_stopping=False,
             autocommit=False,
             through_timeouts=lock_wait is None,

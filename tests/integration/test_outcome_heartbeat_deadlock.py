@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event, text
+from sqlalchemy.orm import Session
 
 from pgqueue import PgQueue
+from pgqueue.data import outcomes as outcomes_data
 from pgqueue.jobs import ClaimRequest, Outcome
 from pgqueue.worker.store import WorkerStore
 
@@ -82,3 +84,49 @@ def test_outcome_batch_and_heartbeat_of_the_same_jobs_do_not_deadlock(
     with pgq.engine.connect() as connection:
         states = dict(connection.execute(text("SELECT id, state FROM pgqueue_jobs")).all())
     assert states == {a.id: "retrying", b.id: "succeeded"}
+
+
+def _locking_statements(pgq: PgQueue, write: Any) -> int:
+    """How many ``FOR UPDATE`` statements ``write(session)`` sends."""
+    sent: list[str] = []
+
+    def record(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FOR UPDATE" in statement:
+            sent.append(statement)
+
+    event.listen(pgq.engine, "before_cursor_execute", record)
+    try:
+        with Session(pgq.engine) as session, session.begin():
+            write(session)
+    finally:
+        event.remove(pgq.engine, "before_cursor_execute", record)
+    return len(sent)
+
+
+def test_outcomes_lock_their_rows_first_unless_told_no_heartbeat_of_them_is_under_way(
+    pgq: PgQueue,
+) -> None:
+    @pgq.task(name="noop")
+    def noop() -> None: ...
+
+    store = WorkerStore(pgq.engine, stopping=threading.Event())
+    noop.enqueue_many([{}] * 6)
+    jobs = store.claim(
+        ClaimRequest(worker_id="w1", limit=6, queues=None, lease_seconds=30.0, task_leases={})
+    )
+    done = [Outcome(job.id, job.lease_token, "complete") for job in jobs]
+    locked = _locking_statements(pgq, lambda s: outcomes_data.record_outcomes(s, done[:2]))
+    assert locked == 1
+    unlocked = _locking_statements(
+        pgq, lambda s: outcomes_data.record_outcomes(s, done[2:4], lock_rows=False)
+    )
+    assert unlocked == 0
+    # Several kinds always lock first: their statements would take the rows in kind order.
+    mixed = [done[4], Outcome(jobs[5].id, jobs[5].lease_token, "retry", error="x", delay=60.0)]
+    assert (
+        _locking_statements(pgq, lambda s: outcomes_data.record_outcomes(s, mixed, lock_rows=False))
+        == 1
+    )
+    with pgq.engine.connect() as connection:
+        states = sorted(connection.execute(text("SELECT state FROM pgqueue_jobs")).scalars())
+    assert states == ["retrying"] + ["succeeded"] * 5

@@ -17,10 +17,12 @@ from pgqueue.config import Settings
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.states import TRANSITIONS, JobState, OutcomeKind
 from pgqueue.tasks import Task, TaskRegistry
+from pgqueue.worker.completer import Completer
 from pgqueue.worker.dispatch import Dispatcher, WorkQueue
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.slots import MIN_HUNG_THREADS, Slots
+from pgqueue.worker.stats import OutcomeReport, WorkerStats
 
 
 def _job(job_id: int = 1, *, attempt: int = 1, max_attempts: int = 3) -> ClaimedJob:
@@ -128,6 +130,63 @@ def test_heartbeats_skip_attempts_being_written_or_known_lost() -> None:
     slots.start_writing([writing])
     lost.lease_lost = True
     assert [lease[0] for lease in slots.leases()] == [3]
+
+
+def test_a_heartbeat_is_in_flight_from_taking_its_leases_until_its_statement_ended() -> None:
+    slots = Slots(concurrency=2)
+    slots.add([_execution(1), _execution(2)])
+    assert not slots.heartbeat_in_flight()
+    slots.leases()
+    assert slots.heartbeat_in_flight()  # outcome writes lock their rows in its order meanwhile
+    slots.leases()
+    slots.beat_done()
+    assert slots.heartbeat_in_flight()
+    slots.beat_done()
+    assert not slots.heartbeat_in_flight()
+
+
+class _RecordingOutcomeStore:
+    """An ``OutcomeStore`` that writes nothing and notes each call's ``lock_rows``."""
+
+    def __init__(self) -> None:
+        self.lock_rows: list[bool] = []
+
+    def record_outcomes(
+        self, outcomes: Any, *, lock_wait: float | None = None, lock_rows: bool = True
+    ) -> set[int]:
+        list(outcomes)
+        self.lock_rows.append(lock_rows)
+        return set()
+
+
+def test_the_completer_locks_rows_first_only_while_a_heartbeat_is_in_flight() -> None:
+    slots = Slots(concurrency=2)
+    store = _RecordingOutcomeStore()
+    report = OutcomeReport(WorkerStats(), log_successes=False, log_args=False, on_outcome=None)
+    completer = Completer(
+        store=store,
+        slots=slots,
+        report=report,
+        unrecorded=lambda job, outcome, exc: outcome,
+        wake=threading.Event(),
+    )
+    first, second = _execution(1), _execution(2)
+    slots.add([first, second])
+    thread = threading.Thread(target=completer.run)
+    thread.start()
+    slots.handler_returned(first)
+    completer.buffer.put((first, Outcome.complete(first.job)))
+    deadline = time.monotonic() + 10
+    while not store.lock_rows and time.monotonic() < deadline:
+        time.sleep(0.01)
+    slots.leases()  # a heartbeat takes its leases: the second attempt's among them
+    slots.handler_returned(second)
+    completer.buffer.put((second, Outcome.complete(second.job)))
+    completer.stop()
+    thread.join(10)
+    slots.beat_done()
+    assert store.lock_rows == [False, True]
+    assert slots.running_ids() == []
 
 
 def test_shutdown_gives_up_only_undecided_attempts() -> None:
