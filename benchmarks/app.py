@@ -15,6 +15,7 @@ from pgqueue import PgQueue, Settings
 
 NOOP = "bench.noop"
 SPIN = "bench.spin"
+SLEEP = "bench.sleep"
 PROBE = "bench.probe"
 
 
@@ -32,6 +33,11 @@ def build(url: str, settings: Settings | None = None) -> PgQueue:
         end = time.perf_counter() + ms / 1000.0
         while time.perf_counter() < end:
             pass
+
+    @pgq.task(name=SLEEP)
+    def sleep(ms: float = 10.0) -> None:
+        """Waits ``ms`` milliseconds without the GIL, like a job waiting on I/O."""
+        time.sleep(ms / 1000.0)
 
     @pgq.task(name=PROBE)
     def probe(n: int = 0) -> float:

@@ -1,7 +1,8 @@
 """Scale-out on one server: ``python -m benchmarks.scaling [--processes 1,2,4,8] [--jobs N]
-[--concurrency C] [--rounds R]``.
+[--concurrency C] [--rounds R] [--job-ms MS]``.
 
-For each number of worker processes P, a fresh database is filled with N no-op jobs and drained
+For each number of worker processes P, a fresh database is filled with N no-op jobs (with
+``--job-ms``, jobs that sleep MS milliseconds, like handlers waiting on I/O) and drained
 by ``pgqueue worker benchmarks.app:pgq --processes P --drain``: the command a deployment runs on
 one host (the supervisor opens no connection; its children are the same worker processes that P
 separate hosts would run). Measured per drain:
@@ -407,14 +408,23 @@ def measure(
 
 
 def run(
-    server: Server, processes: Sequence[int], jobs: int, concurrency: int, rounds: int
+    server: Server,
+    processes: Sequence[int],
+    jobs: int,
+    concurrency: int,
+    rounds: int,
+    job_ms: float = 0.0,
 ) -> list[Result]:
-    """``rounds`` rounds, each draining once per process count, in order."""
+    """``rounds`` rounds, each draining once per process count, in order; with ``job_ms``,
+    jobs that sleep that long (``benchmarks.app.SLEEP``) instead of no-op jobs."""
+    task_name, task_kwargs = (app.SLEEP, {"ms": job_ms}) if job_ms else (app.NOOP, None)
     results = []
     for round_index in range(rounds):
         for count in processes:
             console.log(f"round {round_index + 1}: {count} process(es), {jobs} jobs ...")
-            result = measure(server, count, jobs, concurrency)
+            result = measure(
+                server, count, jobs, concurrency, task_name=task_name, task_kwargs=task_kwargs
+            )
             result["round"] = round_index + 1
             console.log(_line(result))
             results.append(result)
@@ -557,6 +567,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=_positive, default=40_000)
     parser.add_argument("--concurrency", type=_positive, default=10)
     parser.add_argument("--rounds", type=_positive, default=1)
+    parser.add_argument(
+        "--job-ms",
+        type=float,
+        default=0.0,
+        help="jobs that sleep this many milliseconds (handlers waiting on I/O); 0: no-op jobs",
+    )
     parser.add_argument("--json", dest="json_path", default=None, help="also write JSON here")
     parser.add_argument(
         "--database-url",
@@ -573,15 +589,19 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "processes": args.processes,
         "rounds": args.rounds,
+        "job_ms": args.job_ms,
     }
     with server_module.start(args.database_url) as srv:
         report["server"] = {"embedded": srv.embedded, **srv.settings()}
         console.log(f"server: {report['server']}")
-        report["results"] = run(srv, args.processes, args.jobs, args.concurrency, args.rounds)
+        report["results"] = run(
+            srv, args.processes, args.jobs, args.concurrency, args.rounds, args.job_ms
+        )
     report["summary"] = summarize(report["results"])
     report["elapsed_s"] = time.perf_counter() - started
+    kind = f"{args.job_ms:g} ms sleeping" if args.job_ms else "no-op"
     title = (
-        f"{args.jobs:,} no-op jobs, concurrency {args.concurrency} per process, "
+        f"{args.jobs:,} {kind} jobs, concurrency {args.concurrency} per process, "
         f"server {report['server']['server_version']}"
     )
     print_table(report["summary"], title)

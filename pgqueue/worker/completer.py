@@ -37,6 +37,14 @@ log = pgqueue_logger("pgqueue.worker")
 
 OUTCOME_BATCH = 2000
 
+# The least time from the start of one outcome write to the start of the next. A write is a
+# transaction with a commit of its own, which costs the server far more than one more row in
+# it: outcomes that come in while a write was just made wait for the rest of this time and go
+# in one batch. An outcome that comes after a quiet spell is written at once, and so is every
+# outcome while half the attempts the worker may hold are held (its claims would soon wait
+# for the room the write frees: with one slot and no prefetch, after every job).
+WRITE_SPACING = 0.005
+
 # How long an outcome batch waits for a row lock before its queues are written apart. Other
 # writers hold the rows outcomes update for one short statement or transaction (claims, other
 # outcomes, heartbeats): a wait this long means a transaction that holds them far longer.
@@ -171,12 +179,20 @@ class Completer:
 
     def run(self) -> None:
         """The completer thread's loop."""
+        last_write = -WRITE_SPACING
         while True:
             timeout = None
             if self._retry_at:
                 timeout = max(min(self._retry_at.values()) - time.monotonic(), 0.0)
             batch, stop = self.buffer.take(OUTCOME_BATCH, timeout)
+            if batch and not stop and len(batch) < OUTCOME_BATCH:
+                gap = last_write + WRITE_SPACING - time.monotonic()
+                if gap > 0 and not self._slots.half_held():
+                    time.sleep(gap)
+                    more, stop = self.buffer.take(OUTCOME_BATCH - len(batch), 0.0)
+                    batch += more
             if batch:
+                last_write = time.monotonic()
                 self._slots.start_writing(execution for execution, _ in batch)
                 self._write_fresh(batch)
             self._retry_blocked(final=stop)

@@ -262,6 +262,12 @@ class Slots:
 
     # -- idle and shutdown ---------------------------------------------------------------------
 
+    def half_held(self) -> bool:
+        """Whether half or more of the attempts this worker may hold are held: the claims
+        may soon wait for the outcome writes that free room."""
+        with self._lock:
+            return 2 * len(self._running) >= self._max_held
+
     def busy(self) -> bool:
         """Whether any attempt is held or any atomic runner is under way."""
         with self._lock:

@@ -17,6 +17,7 @@ from pgqueue.config import Settings
 from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.states import TRANSITIONS, JobState, OutcomeKind
 from pgqueue.tasks import Task, TaskRegistry
+from pgqueue.worker import completer as completer_module
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.dispatch import Dispatcher, WorkQueue
 from pgqueue.worker.execution import Execution
@@ -150,26 +151,90 @@ class _RecordingOutcomeStore:
 
     def __init__(self) -> None:
         self.lock_rows: list[bool] = []
+        self.batches: list[tuple[float, list[int]]] = []  # (monotonic time, job ids) per write
 
     def record_outcomes(
         self, outcomes: Any, *, lock_wait: float | None = None, lock_rows: bool = True
     ) -> set[int]:
-        list(outcomes)
+        self.batches.append((time.monotonic(), [outcome.job_id for outcome in outcomes]))
         self.lock_rows.append(lock_rows)
         return set()
 
 
-def test_the_completer_locks_rows_first_only_while_a_heartbeat_is_in_flight() -> None:
-    slots = Slots(concurrency=2)
-    store = _RecordingOutcomeStore()
+def _completer(slots: Slots, store: _RecordingOutcomeStore) -> Completer:
     report = OutcomeReport(WorkerStats(), log_successes=False, log_args=False, on_outcome=None)
-    completer = Completer(
+    return Completer(
         store=store,
         slots=slots,
         report=report,
         unrecorded=lambda job, outcome, exc: outcome,
         wake=threading.Event(),
     )
+
+
+def _finish(slots: Slots, completer: Completer, execution: Execution) -> None:
+    slots.handler_returned(execution)
+    completer.buffer.put((execution, Outcome.complete(execution.job)))
+
+
+def _wait_for_writes(store: _RecordingOutcomeStore, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(store.batches) < count and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def test_outcomes_that_come_in_right_after_a_write_wait_and_go_in_one_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(completer_module, "WRITE_SPACING", 0.3)
+    slots = Slots(concurrency=3, prefetch=10)  # three held of at most 26
+    store = _RecordingOutcomeStore()
+    completer = _completer(slots, store)
+    first, second, third = _execution(1), _execution(2), _execution(3)
+    slots.add([first, second, third])
+    thread = threading.Thread(target=completer.run)
+    thread.start()
+    try:
+        _finish(slots, completer, first)  # after a quiet spell: written at once
+        _wait_for_writes(store, 1)
+        _finish(slots, completer, second)
+        time.sleep(0.05)
+        _finish(slots, completer, third)
+        _wait_for_writes(store, 2)
+    finally:
+        completer.stop()
+        thread.join(10)
+    assert [ids for _, ids in store.batches] == [[1], [2, 3]]
+    assert store.batches[1][0] - store.batches[0][0] >= 0.3
+
+
+def test_outcomes_are_written_at_once_while_half_the_room_is_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One slot and no prefetch: a worker holds two attempts at most, so its next claim waits
+    for each outcome write, which must not wait for the spacing."""
+    monkeypatch.setattr(completer_module, "WRITE_SPACING", 30.0)
+    slots = Slots(concurrency=1)
+    store = _RecordingOutcomeStore()
+    completer = _completer(slots, store)
+    thread = threading.Thread(target=completer.run)
+    thread.start()
+    try:
+        for job_id in (1, 2):
+            execution = _execution(job_id)
+            slots.add([execution])
+            _finish(slots, completer, execution)
+            _wait_for_writes(store, job_id)
+    finally:
+        completer.stop()
+        thread.join(10)
+    assert [ids for _, ids in store.batches] == [[1], [2]]
+
+
+def test_the_completer_locks_rows_first_only_while_a_heartbeat_is_in_flight() -> None:
+    slots = Slots(concurrency=2)
+    store = _RecordingOutcomeStore()
+    completer = _completer(slots, store)
     first, second = _execution(1), _execution(2)
     slots.add([first, second])
     thread = threading.Thread(target=completer.run)
