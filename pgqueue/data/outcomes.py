@@ -61,14 +61,10 @@ def record_outcomes(
     by_kind: dict[OutcomeKind, list[Outcome]] = {}
     for outcome in outcomes:
         by_kind.setdefault(outcome.kind, []).append(outcome)
-    if len(by_kind) > 1:
+    if lock_rows or len(by_kind) > 1:
         ids = sorted({o.job_id for batch in by_kind.values() for o in batch})
-    elif lock_rows:
-        ids = sorted(o.job_id for batch in by_kind.values() for o in batch)
-    else:
-        ids = []
-    if len(ids) > 1:
-        ex.rows(outcome_sql.lock_jobs(), {"ids": ids})
+        if len(ids) > 1:
+            ex.rows(outcome_sql.lock_jobs(), {"ids": ids})
     lost: set[int] = set()
     ended: list[int] = []
     for kind, batch in by_kind.items():

@@ -205,6 +205,12 @@ class Slots:
         with self._lock:
             return self._beats > 0
 
+    def half_held(self) -> bool:
+        """Whether half or more of the attempts this worker may hold are held: the claims
+        may soon wait for the outcome writes that free room."""
+        with self._lock:
+            return 2 * len(self._running) >= self._max_held
+
     def lookup(self, job_ids: Iterable[int]) -> dict[int, Execution | None]:
         with self._lock:
             running = self._running
@@ -261,12 +267,6 @@ class Slots:
                     del running[execution.job.id]
 
     # -- idle and shutdown ---------------------------------------------------------------------
-
-    def half_held(self) -> bool:
-        """Whether half or more of the attempts this worker may hold are held: the claims
-        may soon wait for the outcome writes that free room."""
-        with self._lock:
-            return 2 * len(self._running) >= self._max_held
 
     def busy(self) -> bool:
         """Whether any attempt is held or any atomic runner is under way."""

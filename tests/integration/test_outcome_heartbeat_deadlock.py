@@ -21,21 +21,28 @@ from sqlalchemy.orm import Session
 
 from pgqueue import PgQueue
 from pgqueue.data import outcomes as outcomes_data
-from pgqueue.jobs import ClaimRequest, Outcome
+from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
 from pgqueue.worker.store import WorkerStore
+
+
+def _claimed(pgq: PgQueue, count: int) -> tuple[WorkerStore, list[ClaimedJob]]:
+    """A worker's store, and ``count`` no-op jobs it claimed under the lease of worker w1."""
+
+    @pgq.task(name="noop")
+    def noop() -> None: ...
+
+    store = WorkerStore(pgq.engine, stopping=threading.Event())
+    noop.enqueue_many([{}] * count)
+    claimed = store.claim(
+        ClaimRequest(worker_id="w1", limit=count, queues=None, lease_seconds=30.0, task_leases={})
+    )
+    return store, claimed
 
 
 def test_outcome_batch_and_heartbeat_of_the_same_jobs_do_not_deadlock(
     pgq: PgQueue, caplog: pytest.LogCaptureFixture
 ) -> None:
-    @pgq.task(name="noop")
-    def noop() -> None: ...
-
-    store = WorkerStore(pgq.engine, stopping=threading.Event())
-    noop.enqueue_many([{}] * 2)
-    claimed = store.claim(
-        ClaimRequest(worker_id="w1", limit=2, queues=None, lease_seconds=30.0, task_leases={})
-    )
+    store, claimed = _claimed(pgq, 2)
     a, b = sorted(claimed, key=lambda job: job.id)
     paused, resume = threading.Event(), threading.Event()
 
@@ -106,14 +113,7 @@ def _locking_statements(pgq: PgQueue, write: Any) -> int:
 def test_outcomes_lock_their_rows_first_unless_told_no_heartbeat_of_them_is_under_way(
     pgq: PgQueue,
 ) -> None:
-    @pgq.task(name="noop")
-    def noop() -> None: ...
-
-    store = WorkerStore(pgq.engine, stopping=threading.Event())
-    noop.enqueue_many([{}] * 6)
-    jobs = store.claim(
-        ClaimRequest(worker_id="w1", limit=6, queues=None, lease_seconds=30.0, task_leases={})
-    )
+    _, jobs = _claimed(pgq, 6)
     done = [Outcome(job.id, job.lease_token, "complete") for job in jobs]
     locked = _locking_statements(pgq, lambda s: outcomes_data.record_outcomes(s, done[:2]))
     assert locked == 1
