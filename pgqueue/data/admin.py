@@ -1,6 +1,6 @@
-"""The admin surface's reads and manual actions (``sql.admin``): one job, counts, lists, time
-series, re-run, cancel and delete; over ``db.Executor`` (a ``Session`` where ORM objects are
-returned), never committing.
+"""The admin surface's reads and manual actions (``sql.admin``, ``sql.job_lists``): one job,
+counts, lists, time series, re-run, cancel and delete; over ``db.Executor`` (a ``Session`` where
+ORM objects are returned), never committing.
 
 Each operation ``pgq.admin`` runs is one function here, composed of the statements it needs:
 the reads of jobs cover the tables ``history.JobTables`` names (the partitioned history's
@@ -22,7 +22,7 @@ from pgqueue.data.history import JobTables
 from pgqueue.db import SessionOrExecutor, executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
-from pgqueue.sql import admin
+from pgqueue.sql import admin, job_lists
 from pgqueue.states import JobState
 
 RERUNNABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
@@ -105,7 +105,7 @@ def list_jobs(session: Session, listing: ListArguments, *, history: bool = False
         params["task_name"] = task_name
     if cursor is not None:
         params["cursor"] = before if before is not None else after
-    statement = admin.list_jobs(
+    statement = job_lists.list_jobs(
         by_queue=queue is not None,
         by_state=state is not None,
         by_task=task_name is not None,
@@ -119,7 +119,7 @@ def list_jobs(session: Session, listing: ListArguments, *, history: bool = False
 def job_queues(db: SessionOrExecutor, *, history: bool = False) -> list[str]:
     """Names of the queues that have jobs, sorted (one index probe per queue); of the moved
     jobs with ``history``."""
-    return [row[0] for row in executor_for(db).rows(admin.job_queues(history))]
+    return [row[0] for row in executor_for(db).rows(job_lists.job_queues(history))]
 
 
 def capped_state_counts(
@@ -130,7 +130,9 @@ def capped_state_counts(
     ``history``."""
     counts: dict[str, dict[JobState, int]] = {}
     params = {"states": [s.value for s in JobState], "cap": cap}
-    for queue, state, count in executor_for(db).rows(admin.capped_state_counts(history), params):
+    for queue, state, count in executor_for(db).rows(
+        job_lists.capped_state_counts(history), params
+    ):
         counts.setdefault(queue, {})[JobState(state)] = int(count)
     return counts
 

@@ -29,6 +29,7 @@ from pgqueue.models._control import (
     QueueControl,
 )
 from pgqueue.models._jobs import (
+    LISTED_BY_STATE,
     UNIQUE_KEY_HELD,
     Job,
     JobSignal,
@@ -52,6 +53,7 @@ __all__ = [
     "HISTORY_PARTITION_PREFIX",
     "JOB_COLUMN_NAMES",
     "KEY_HASH_OF_KEY",
+    "LISTED_BY_STATE",
     "NAMING_CONVENTION",
     "STATE_CHECK",
     "TABLE_PREFIX",

@@ -60,6 +60,13 @@ def _loaded_steps(job: Job) -> list[JobStep]:
 # cannot prove that ``state IN ($1, $2, $3, $4)`` implies it.
 UNIQUE_KEY_HELD = "unique_key IS NOT NULL AND state IN ('queued', 'running', 'retrying', 'waiting')"
 
+# Which rows the dashboard's ``(queue, state, id)`` and ``(task_name, state, id)`` indexes hold:
+# every job but a running one. A claim's update of the job row then writes two index entries
+# (the primary key's and the lease index's) instead of four; the running jobs, as many as the
+# workers' slots, are listed by the lease index. Written out for the same reason as
+# ``UNIQUE_KEY_HELD``: a statement reads these indexes only when its text names this predicate.
+LISTED_BY_STATE = "state <> 'running'"
+
 
 class Job(Base):
     """The durable record of one unit of work."""
@@ -185,9 +192,21 @@ class Job(Base):
         ),
         # The dashboard's filters (and its queue list and capped counts): newest jobs of one
         # queue or one task in one state, read in id order however long the history
-        # (migration pgqueue_0006).
-        Index("ix_pgqueue_jobs_queue_state_id", "queue", "state", "id"),
-        Index("ix_pgqueue_jobs_task_name_state_id", "task_name", "state", "id"),
+        # (migration pgqueue_0006); running jobs left out (``LISTED_BY_STATE``, pgqueue_0025).
+        Index(
+            "ix_pgqueue_jobs_queue_state_id",
+            "queue",
+            "state",
+            "id",
+            postgresql_where=text(LISTED_BY_STATE),
+        ),
+        Index(
+            "ix_pgqueue_jobs_task_name_state_id",
+            "task_name",
+            "state",
+            "id",
+            postgresql_where=text(LISTED_BY_STATE),
+        ),
         # Race-free unique jobs: the index, not a read-then-write, rejects the duplicate.
         Index(
             "uq_pgqueue_jobs_unique_key_active",

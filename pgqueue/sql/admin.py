@@ -1,6 +1,6 @@
 """Statements of the admin surface (``PgQueue`` methods, the CLIs and the Flask dashboard): one job,
-state counts, paged job lists, the oldest waiting ticket per queue, finished jobs per minute,
-and the manual actions (re-run, cancel, delete). Read-mostly, and kept apart from the worker's
+state counts, the oldest waiting ticket per queue, finished jobs per minute, and the manual
+actions (re-run, cancel, delete); the paged job lists are in ``sql.job_lists``. Read-mostly, and kept apart from the worker's
 hot path.
 """
 
@@ -29,7 +29,6 @@ from sqlalchemy import (
     or_,
     select,
     true,
-    tuple_,
     union_all,
     update,
 )
@@ -40,26 +39,19 @@ from pgqueue.models import FinishedMinute, Job, JobHistory, MessageQueue
 from pgqueue.sql.common import (
     CLEAR_LEASE,
     announced,
-    array_param,
     ids_with_new_tickets,
     in_states,
     minute_of,
     seconds,
     source_states,
 )
+from pgqueue.sql.job_lists import job_model
 from pgqueue.states import (
     CANCEL,
     FINAL_STATES,
     RERUN,
     JobState,
 )
-
-
-def _model(history: bool) -> Any:
-    """``Job``, or ``JobHistory`` for the statements that read moved jobs (same columns). The
-    statements that serve both bind it to a local ``Job``, so their text is the same for both
-    and unchanged for ``pgqueue_jobs``."""
-    return JobHistory if history else Job
 
 
 @cache
@@ -192,155 +184,6 @@ def request_cancel_running() -> ReturningUpdate[int]:
     )
 
 
-_MAX_ID: Final = 2**63 - 1
-
-
-def _one_state(value: ColumnElement[Any], state: Any = Job.state) -> ColumnElement[bool]:
-    """``state = value``, written as a range of one value so the planner reads the newest ids of
-    a ``(queue, state)`` or ``(task_name, state)`` pair off its index.
-
-    Compared to a value it cannot see (an outer column of a lateral walk, or a generic plan's
-    parameter), ``state = x`` is estimated at the average frequency of a state; the planner
-    then walks the primary key backwards filtering rows, expecting a match every few rows, and
-    for a rare pair reads the whole history. With a range, ``ORDER BY state, id`` is an order
-    only the composite index gives, and any other plan must sort every match first."""
-    return and_(state >= value, state <= value)
-
-
-def _distinct_queues(history: bool = False) -> Any:  # a CTE
-    """The queue names present in ``pgqueue_jobs``, by a loose index scan: one index probe per
-    queue on the ``(queue, state, id)`` index (``min(queue) WHERE queue > previous``), never a
-    pass over the history. ``history``: in ``pgqueue_job_history`` instead (its own
-    ``(queue, state, id)`` index)."""
-    Job = _model(history)
-    smallest = select(func.min(Job.queue).label("queue")).cte(
-        "history_queues" if history else "job_queues", recursive=True
-    )
-    following = (
-        select(
-            select(func.min(Job.queue))
-            .where(Job.queue > smallest.c.queue)
-            .scalar_subquery()
-            .label("queue")
-        )
-        .select_from(smallest)
-        .where(smallest.c.queue.is_not(None))
-    )
-    return smallest.union_all(following)
-
-
-@cache
-def job_queues(history: bool = False) -> Select[str]:
-    """Names of the queues that have jobs, sorted (the dashboard's queue filter); of the
-    moved jobs with ``history``."""
-    queues = _distinct_queues(history)
-    return select(queues.c.queue).where(queues.c.queue.is_not(None)).order_by(queues.c.queue)
-
-
-@cache
-def capped_state_counts(history: bool = False) -> Select[str, str, int]:
-    """``(queue, state, count)`` for every queue with jobs and every state in ``states`` (an
-    array), each count stopping at ``cap``: a count of ``cap`` means "at least ``cap``".
-
-    Each count reads at most ``cap`` entries of the ``(queue, state, id)`` index, so the
-    overview costs the same with a long history as with a short one. The state is bounded as
-    a row range, ``(state, id)`` from ``(s, 0)`` to ``(s, max)``, and read in that order: the
-    planner estimates such a range at a good share of the queue, so it stops a walk of the
-    index at the cap instead of collecting every match of the pair (a bitmap scan) or sorting
-    the primary key's walk (see ``_one_state`` for why plain equality does not do).
-    ``history``: the same over ``pgqueue_job_history``."""
-    Job = _model(history)
-    queues = _distinct_queues(history)
-    states = (
-        func.unnest(array_param("states", Text)).table_valued("state").render_derived(name="states")
-    )
-    hits = (
-        select(literal(1).label("hit"))
-        .where(
-            Job.queue == queues.c.queue,
-            tuple_(Job.state, Job.id) >= tuple_(states.c.state, literal(0, BigInteger)),
-            tuple_(Job.state, Job.id) <= tuple_(states.c.state, literal(_MAX_ID, BigInteger)),
-        )
-        .order_by(Job.state, Job.id)
-        .limit(bindparam("cap", type_=Integer))
-        .correlate(queues, states)
-        .subquery("hits")
-    )
-    counted = select(func.count()).select_from(hits).scalar_subquery()
-    return (
-        select(queues.c.queue, states.c.state, counted.label("count"))
-        .select_from(queues)
-        .join(states, true())
-        .where(queues.c.queue.is_not(None))
-    )
-
-
-@cache
-def list_jobs(
-    *, by_queue: bool, by_state: bool, by_task: bool, cursor: str | None, history: bool = False
-) -> Select[Any]:
-    """One page of jobs, newest first, optionally filtered.
-
-    Binds ``limit``; ``cursor`` (a job id) when ``cursor`` is ``"before"`` (older jobs:
-    ``id < cursor``, newest first) or ``"after"`` (newer jobs: ``id > cursor``, oldest first so
-    the page nearest the cursor comes back; the caller reverses it). Keyset paging walks an
-    index in id order, so deep pages stay cheap.
-
-    Unfiltered, the page walks the primary key. Filtered, it is the merge of one short walk per
-    ``(queue, state)`` pair (``queues`` and ``states`` arrays: the chosen ones, or all of them)
-    on the ``(queue, state, id)`` index, or per state on ``(task_name, state, id)`` when a task
-    is chosen (binds ``task_name``, and ``queue`` with it). Each walk stops after ``limit`` ids,
-    so a filter matching few of many finished jobs never scans the history for them.
-
-    ``history``: the same page of ``pgqueue_job_history`` (its rows are ``JobHistory``).
-    """
-    Job = _model(history)
-    position = bindparam("cursor", type_=BigInteger)
-    newer = cursor == "after"
-    order = Job.id.asc() if newer else Job.id.desc()
-    limit = bindparam("limit", type_=Integer)
-
-    def paged(stmt: Select[Any], *keys: Any) -> Select[Any]:
-        if cursor == "before":
-            stmt = stmt.where(Job.id < position)
-        elif cursor == "after":
-            stmt = stmt.where(Job.id > position)
-        order_by = [k.asc() if newer else k.desc() for k in keys]
-        return stmt.order_by(*order_by, order).limit(limit)
-
-    if not (by_queue or by_state or by_task):
-        return paged(select(Job))
-    states = (
-        func.unnest(array_param("states", Text)).table_valued("state").render_derived(name="states")
-    )
-    if by_task:
-        walk = select(Job.id).where(
-            Job.task_name == bindparam("task_name", type_=Text),
-            _one_state(states.c.state, Job.state),
-        )
-        if by_queue:
-            # ``queue || ''``: the same test, but not one the ``(queue, state, id)`` index can
-            # serve, so a generic plan cannot walk a busy queue's whole index looking for a
-            # rare task; it walks the task's index and checks the queue of each match.
-            walk = walk.where(Job.queue.concat("") == bindparam("queue", type_=Text))
-        ids = paged(walk, Job.state).lateral("walk")
-        merged = select(ids.c.id).select_from(states).join(ids, true())
-    else:
-        queues = (
-            func.unnest(array_param("queues", Text))
-            .table_valued("queue")
-            .render_derived(name="queues")
-        )
-        walk = select(Job.id).where(
-            Job.queue == queues.c.queue, _one_state(states.c.state, Job.state)
-        )
-        ids = paged(walk, Job.state).lateral("walk")
-        merged = select(ids.c.id).select_from(queues).join(states, true()).join(ids, true())
-    merged_order = ids.c.id.asc() if cursor == "after" else ids.c.id.desc()
-    page = merged.order_by(merged_order).limit(limit).subquery("page")
-    return select(Job).join(page, Job.id == page.c.id).order_by(order)
-
-
 @cache
 def oldest_waiting_per_queue() -> Select[str, int, Any, Any]:
     """``(queue, job_id, run_at, waiting_seconds)``: per queue, the ticket with the earliest
@@ -434,7 +277,7 @@ def finished_window_edge(history: bool = False) -> Select[float]:
     """How many seconds ago the ``cap``-th most recently finished job of the last ``window``
     seconds finished; no row when fewer finished. Reads at most ``cap`` entries of the
     ``finished_at`` index, newest first. ``history``: in ``pgqueue_job_history``."""
-    Job = _model(history)
+    Job = job_model(history)
     # The offset's rows are computed and dropped: the subtraction waits for the one kept.
     edge = (
         select(Job.finished_at)
@@ -457,7 +300,7 @@ def finished_per_bucket(history: bool = False) -> Select[str, JobState, int, int
     too, which cannot know how much of the table the window holds) walks that index and stops
     after ``cap`` entries; callers choose a window holding fewer (``finished_window_edge``).
     ``history``: in ``pgqueue_job_history``."""
-    Job = _model(history)
+    Job = job_model(history)
     recent = (
         select(Job.queue, Job.state, Job.finished_at)
         .where(_finished_within(Job))

@@ -45,6 +45,8 @@ from pgqueue.sql.common import (
     announced,
     array_param,
     cancel_flags,
+    listed_by_state,
+    running,
     source_states,
     tickets_for,
     woken,
@@ -86,8 +88,12 @@ def matching(shape: Shape) -> ColumnElement[bool]:
 
 @cache
 def count(shape: Shape) -> Select[int]:
-    """The number of jobs matching the filter (a dry run)."""
-    return select(func.count()).select_from(Job).where(matching(shape))
+    """The number of jobs matching the filter (a dry run): those not running, off the indexes
+    of ``(queue, state, id)`` and ``(task_name, state, id)``, plus the running ones, off the
+    lease index (a statement names each index's predicate to read it)."""
+    listed = select(func.count()).select_from(Job).where(matching(shape), listed_by_state())
+    running_jobs = select(func.count()).select_from(Job).where(matching(shape), running())
+    return select(listed.scalar_subquery() + running_jobs.scalar_subquery())
 
 
 @cache
@@ -96,7 +102,7 @@ def retry(shape: Shape) -> Select[int]:
     does one job; returns how many."""
     updated = (
         update(Job)
-        .where(matching(shape), source_states(RERUN))
+        .where(matching(shape), source_states(RERUN), listed_by_state())
         .values(**RERUN_VALUES)
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
         .cte("rerun")
@@ -112,7 +118,7 @@ def cancel_waiting(shape: Shape) -> Select[int, list[int] | None]:
     dependents of the cancelled jobs (to settle)."""
     gone = (
         delete(MessageQueue)
-        .where(MessageQueue.job_id.in_(select(Job.id).where(matching(shape))))
+        .where(MessageQueue.job_id.in_(select(Job.id).where(matching(shape), listed_by_state())))
         .returning(MessageQueue.job_id)
         .cte("gone")
     )
@@ -123,7 +129,7 @@ def cancel_waiting(shape: Shape) -> Select[int, list[int] | None]:
     )
     updated = (
         update(Job)
-        .where(matching(shape), has_ticket_or_blocked, source_states(CANCEL))
+        .where(matching(shape), has_ticket_or_blocked, source_states(CANCEL), listed_by_state())
         .values(**CANCEL_VALUES)
         .returning(Job.id, Job.dependents, Job.awaited)
         .cte("cancelled")
@@ -149,14 +155,14 @@ def delete_jobs(shape: Shape) -> Select[int, list[int], list[int]]:
     dependents, and those dependents (``sql.admin.ORPHANED``)."""
     ticket = (
         delete(MessageQueue)
-        .where(MessageQueue.job_id.in_(select(Job.id).where(matching(shape))))
+        .where(MessageQueue.job_id.in_(select(Job.id).where(matching(shape), listed_by_state())))
         .returning(MessageQueue.job_id)
         .cte("gone_tickets")
     )
     ticket_first = select(func.count()).select_from(ticket).scalar_subquery() >= 0
     deleted = (
         delete(Job)
-        .where(matching(shape), Job.state != JobState.RUNNING.value, ticket_first)
+        .where(matching(shape), listed_by_state(), ticket_first)
         .returning(Job.id, ORPHANED.label("orphaned"))
         .cte("deleted")
     )

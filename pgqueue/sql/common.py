@@ -84,6 +84,22 @@ def array_param(name: str, item_type: Any) -> ColumnElement[Any]:
     return bindparam(name, type_=ARRAY(item_type))
 
 
+def listed_by_state(job: Any = Job) -> ColumnElement[bool]:
+    """``job`` is not running: the predicate of the ``(queue, state, id)`` and
+    ``(task_name, state, id)`` indexes (``models.LISTED_BY_STATE``), which a statement must name
+    to read them whatever state it binds (a generic plan cannot prove it from a bound state).
+    ``job``: ``Job``, or ``JobHistory``, whose indexes hold every row (it has no running job)."""
+    listed: ColumnElement[bool] = job.state != literal_column("'running'")
+    return listed
+
+
+def running(job: Any = Job) -> ColumnElement[bool]:
+    """``job`` is running, written out so that every plan may read the lease index (partial on
+    this predicate), which lists the running jobs: as many as the workers' slots."""
+    is_running: ColumnElement[bool] = job.state == literal_column("'running'")
+    return is_running
+
+
 def in_states(column: Any, states: Iterable[JobState]) -> ColumnElement[bool]:
     """``column = a OR column = b``: one plain bind per state, no expanding ``IN`` list (which
     SQLAlchemy renders per execution), so a statement's SQL text is final once compiled and
@@ -364,11 +380,7 @@ def cancel_flags(matching: ColumnElement[bool]) -> Select[int]:
     which heartbeats and outcome writers lock several running jobs, so none of them deadlocks
     with this."""
     locked = (
-        select(Job.id)
-        .where(matching, Job.state == JobState.RUNNING.value)
-        .order_by(Job.id)
-        .with_for_update()
-        .cte("locked")
+        select(Job.id).where(matching, running()).order_by(Job.id).with_for_update().cte("locked")
     )
     flagged = (
         update(Job)

@@ -52,6 +52,7 @@ from pgqueue.sql.common import (
     NOTIFY_CHANNEL,
     array_param,
     in_states,
+    listed_by_state,
     seconds,
     tickets_for,
     trace_context_param,
@@ -84,7 +85,7 @@ def waiting_depth(queue: Any, cap: Any) -> ColumnElement[int]:
     for state in WAITING_STATES:
         jobs = (
             select(Job.id)
-            .where(Job.queue == queue, Job.state == state.value)
+            .where(Job.queue == queue, Job.state == state.value, listed_by_state())
             .limit(cap)
             .correlate(QueueControl)
             .subquery()

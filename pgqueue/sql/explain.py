@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from pgqueue.models import Job, MessageQueue, QueueControl, WorkerRecord
-from pgqueue.sql.common import array_param
+from pgqueue.sql.common import array_param, running
 from pgqueue.sql.enqueue import waiting_depth
 from pgqueue.sql.workers import is_live, registers, serves
 from pgqueue.states import JobState
@@ -79,10 +79,10 @@ def job_facts() -> Select[*tuple[Any, ...]]:
 @cache
 def running_in_queue() -> Select[int]:
     """Ids of the RUNNING jobs of ``queue``, lowest first, at most ``cap``: the jobs that fill a
-    queue's limit. Reads the ``(queue, state, id)`` index."""
+    queue's limit. Reads the lease index, which lists the running jobs."""
     return (
         select(Job.id)
-        .where(Job.queue == bindparam("queue", type_=Text), Job.state == JobState.RUNNING.value)
+        .where(Job.queue == bindparam("queue", type_=Text), running())
         .order_by(Job.id)
         .limit(bindparam("cap", type_=Integer))
     )

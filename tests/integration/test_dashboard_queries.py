@@ -37,29 +37,41 @@ def work(n: int) -> int:
 
 
 def _insert_history(connection: Connection) -> None:
-    # The long tail every dashboard user has: finished jobs of two busy tasks in two queues.
+    # The long tail every dashboard user has: finished jobs of two busy tasks in two queues,
+    # and among them the few running ones a live fleet has (which the state indexes leave out).
     connection.execute(
         text(
             """INSERT INTO pgqueue_jobs (task_name, queue, state, attempts, started_at,
-                                         finished_at, updated_at, result, args)
+                                         finished_at, updated_at, result, args, lease_owner,
+                                         lease_token, lease_expires_at)
                SELECT CASE WHEN i % 3 = 0 THEN 'mail.send' ELSE 'bulk.work' END,
                       CASE WHEN i % 3 = 0 THEN 'mail' ELSE 'bulk' END,
-                      CASE WHEN i % 97 = 0 THEN 'failed'
-                           WHEN i % 89 = 0 THEN 'cancelled' ELSE 'succeeded' END,
-                      1, now() - (i || ' seconds')::interval, now() - (i || ' seconds')::interval,
-                      now(), to_json(i), json_build_array(i)
-               FROM generate_series(1, :n) AS i"""
+                      state, 1, now() - (i || ' seconds')::interval,
+                      CASE WHEN state <> 'running' THEN now() - (i || ' seconds')::interval END,
+                      now(), to_json(i), json_build_array(i),
+                      CASE WHEN state = 'running' THEN 'worker-1' END,
+                      CASE WHEN state = 'running' THEN gen_random_uuid() END,
+                      CASE WHEN state = 'running' THEN now() + interval '1 hour' END
+               FROM generate_series(1, :n) AS i,
+                    LATERAL (SELECT CASE WHEN i % 1009 = 0 THEN 'running'
+                                         WHEN i % 97 = 0 THEN 'failed'
+                                         WHEN i % 89 = 0 THEN 'cancelled'
+                                         ELSE 'succeeded' END AS state) AS s"""
         ),
         {"n": HISTORY},
     )
-    # A rare queue, a rare task and a rare combination the filters must find quickly.
+    # A rare queue, a rare task and a rare combination the filters must find quickly; a queue
+    # and a task whose only jobs run.
     connection.execute(
         text(
             """INSERT INTO pgqueue_jobs (task_name, queue, state, args)
                VALUES ('rare.task', 'rare', 'queued', '[1]'),
                       ('rare.task', 'bulk', 'failed', '[2]'),
                       ('bulk.work', 'rare', 'retrying', '[3]'),
-                      ('<script>x</script>', '[/x]', 'waiting', '[4]')"""
+                      ('<script>x</script>', '[/x]', 'waiting', '[4]'),
+                      ('live.task', 'live', 'running', '[5]'),
+                      ('bulk.work', 'bulk', 'running', '[6]'),
+                      ('live.task', 'live', 'running', '[7]')"""
         )
     )
 
@@ -104,6 +116,11 @@ PAGES = [
     "/pgqueue/jobs?queue=bulk&before=100000",
     "/pgqueue/jobs?state=succeeded&after=1000",
     "/pgqueue/jobs?task=bulk.work&before=150000",
+    "/pgqueue/jobs?state=running",
+    "/pgqueue/jobs?queue=live",
+    "/pgqueue/jobs?queue=bulk&state=running",
+    "/pgqueue/jobs?task=live.task&state=running",
+    "/pgqueue/jobs?task=bulk.work&state=running&before=150000",
     "/pgqueue/jobs/100",
 ]
 
@@ -214,6 +231,11 @@ def test_filtered_pages_hold_exactly_the_matching_jobs(app: Flask, engine: Engin
         {"task_name": "rare.task", "queue": "bulk"},
         {"task_name": "mail.send", "state": JobState.FAILED},
         {"queue": "mail"},
+        {"state": JobState.RUNNING},
+        {"queue": "bulk", "state": JobState.RUNNING},
+        {"queue": "live"},
+        {"task_name": "live.task", "state": JobState.RUNNING},
+        {"task_name": "bulk.work", "queue": "bulk", "state": JobState.RUNNING},
     ]
     for case in cases:
         expected = [
@@ -239,8 +261,24 @@ def test_filtered_pages_hold_exactly_the_matching_jobs(app: Flask, engine: Engin
                 )
                 assert [j.id for j in back] == expected[6:9], case
     with queue.sessions() as session:
-        assert admin_data.job_queues(session) == ["[/x]", "bulk", "mail", "rare"]
+        assert admin_data.job_queues(session) == ["[/x]", "bulk", "live", "mail", "rare"]
         counts = admin_data.capped_state_counts(session, 1000)
+        few = admin_data.capped_state_counts(session, 5)
+    with engine.connect() as connection:
+        running_per_queue = dict(
+            connection.execute(
+                text(
+                    "SELECT queue, count(*) FROM pgqueue_jobs WHERE state = 'running'"
+                    " GROUP BY queue"
+                )
+            ).all()
+        )
+    assert running_per_queue["bulk"] > 5 and running_per_queue["live"] == 2
+    for name, running in running_per_queue.items():
+        assert counts[name][JobState.RUNNING] == running, name
+        assert few[name][JobState.RUNNING] == min(running, 5), name
+    assert counts["live"][JobState.QUEUED] == 0
+    assert counts["rare"][JobState.RUNNING] == 0
     assert counts["rare"][JobState.QUEUED] == 1
     assert counts["rare"][JobState.SUCCEEDED] == 0
     assert counts["bulk"][JobState.SUCCEEDED] == 1000  # stopped at the cap

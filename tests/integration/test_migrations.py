@@ -13,7 +13,17 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, inspect, text
+from sqlalchemy import (
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    event,
+    inspect,
+    text,
+)
 from sqlalchemy.engine import URL
 
 from alembic import command
@@ -339,3 +349,117 @@ def test_0024_stores_id_arrays_uncompressed_and_downgrade_compresses_them(
     assert set(before.values()) == {"x"}
     assert set(after.values()) == {"e"}
     assert down == before
+
+
+STATE_INDEXES = ("ix_pgqueue_jobs_queue_state_id", "ix_pgqueue_jobs_task_name_state_id")
+
+
+def _state_indexes(connection: Any) -> dict[str, tuple[str | None, bool]]:
+    """The predicate and validity of each index of ``pgqueue_jobs`` whose name starts like the
+    dashboard's two state indexes (a leftover ``_swap`` build would show here)."""
+    rows = connection.execute(
+        text(
+            "SELECT c.relname, pg_get_expr(i.indpred, i.indrelid), i.indisvalid"
+            " FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
+            " WHERE c.relname LIKE 'ix\\_pgqueue\\_jobs\\_%state\\_id%'"
+        )
+    ).all()
+    return {name: (predicate, valid) for name, predicate, valid in rows}
+
+
+def _insert_jobs_in_three_states(connection: Any) -> None:
+    connection.execute(
+        text(
+            "INSERT INTO pgqueue_jobs (task_name, queue, state)"
+            " SELECT 't', 'q', (ARRAY['queued', 'running', 'succeeded'])[i % 3 + 1]"
+            " FROM generate_series(1, 3000) AS i"
+        )
+    )
+
+
+def _succeeded_through_the_index(connection: Any) -> int:
+    """The succeeded jobs of queue ``q``, counted with sequential scans off: read off the
+    ``(queue, state, id)`` index whichever form it has."""
+    connection.execute(text("SET LOCAL enable_seqscan = off"))
+    return int(
+        connection.execute(
+            text(
+                "SELECT count(*) FROM pgqueue_jobs"
+                " WHERE queue = 'q' AND state = 'succeeded' AND state <> 'running'"
+            )
+        ).scalar_one()
+    )
+
+
+FULL = {name: (None, True) for name in STATE_INDEXES}
+WITHOUT_RUNNING = {name: ("((state)::text <> 'running'::text)", True) for name in STATE_INDEXES}
+
+
+def test_0025_leaves_running_jobs_out_of_the_state_indexes_and_downgrade_puts_them_back(
+    empty_database_url: URL,
+) -> None:
+    engine = create_engine(empty_database_url)
+    try:
+        with engine.begin() as c:
+            migrations.upgrade(c, "pgqueue_0024")
+            _insert_jobs_in_three_states(c)
+            assert _state_indexes(c) == FULL
+            migrations.upgrade(c)
+            assert _state_indexes(c) == WITHOUT_RUNNING
+            assert _succeeded_through_the_index(c) == 1000
+            migrations.downgrade(c, "pgqueue_0024")
+            assert _state_indexes(c) == FULL
+            assert _succeeded_through_the_index(c) == 1000
+            migrations.upgrade(c)
+            assert _state_indexes(c) == WITHOUT_RUNNING
+    finally:
+        engine.dispose()
+
+
+OWNED_TRANSACTION_ENV = """
+from alembic import context
+
+connection = context.config.attributes["connection"]
+context.configure(connection=connection, target_metadata=None)
+with context.begin_transaction():
+    context.run_migrations()
+"""
+
+
+def test_0025_swaps_the_state_indexes_concurrently_when_alembic_owns_the_transaction(
+    empty_database_url: URL, tmp_path: Path
+) -> None:
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "env.py").write_text(OWNED_TRANSACTION_ENV)
+    engine = create_engine(empty_database_url)
+    statements: list[str] = []
+    try:
+        with engine.connect() as connection:
+            config = Config()
+            config.set_main_option("script_location", str(tmp_path))
+            config.set_main_option("path_separator", "space")
+            config.set_main_option(
+                "version_locations", f"{tmp_path / 'versions'} {migrations.VERSION_LOCATION}"
+            )
+            config.attributes["connection"] = connection
+            command.upgrade(config, "pgqueue@pgqueue_0024")
+            _insert_jobs_in_three_states(connection)
+            connection.commit()
+            event.listen(
+                engine, "before_cursor_execute", lambda *a: statements.append(a[2]), named=False
+            )
+            command.upgrade(config, "pgqueue@head")
+            assert _state_indexes(connection) == WITHOUT_RUNNING
+            connection.commit()
+            built = [s for s in statements if s.startswith("CREATE INDEX CONCURRENTLY")]
+            assert len(built) == 2 and all("WHERE state <> 'running'" in s for s in built)
+            statements.clear()
+            command.downgrade(config, "pgqueue@pgqueue_0024")
+            assert _state_indexes(connection) == FULL
+            built = [s for s in statements if s.startswith("CREATE INDEX CONCURRENTLY")]
+            assert len(built) == 2 and not any("WHERE" in s for s in built)
+            count = connection.execute(text("SELECT count(*) FROM pgqueue_jobs")).scalar_one()
+            assert count == 3000
+            connection.commit()
+    finally:
+        engine.dispose()

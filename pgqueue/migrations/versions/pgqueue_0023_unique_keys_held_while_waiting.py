@@ -35,12 +35,12 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 
 from alembic import op
 from pgqueue.errors import MigrationRefused
+from pgqueue.migrations.online import can_leave_transaction
 
 revision: str = "pgqueue_0023"
 down_revision: str | Sequence[str] | None = "pgqueue_0022"
@@ -81,14 +81,6 @@ def _function_0023() -> str:
     return _replaced(body, OLD_LOOKUP, NEW_LOOKUP)
 
 
-def _can_leave_transaction(context: Any) -> bool:
-    """Whether ``autocommit_block`` can run here: offline SQL, or a transaction Alembic began
-    itself (not one its caller had open when it configured the context)."""
-    if context.as_sql:
-        return True
-    return not getattr(context, "_in_external_transaction", True)
-
-
 # The online swap to each predicate, statement by statement (written out: no SQL is formatted).
 _ONLINE_SWAP = {
     NEW_HELD: (
@@ -118,7 +110,7 @@ def _swap_index(predicate: str) -> None:
     the same name (see the module): online when Alembic owns the transaction, else in the
     caller's."""
     context = op.get_context()
-    if _can_leave_transaction(context):
+    if can_leave_transaction(context):
         with context.autocommit_block():
             # An interrupted earlier run may have left an INVALID build behind: the first
             # statement drops it.
