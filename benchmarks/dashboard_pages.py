@@ -5,7 +5,8 @@ is migrated and given 1,000,000 finished jobs by ``generate_series`` (four queue
 about 1 % failed and 1 % cancelled, 0.1 % running) plus a few waiting and rare ones; then every dashboard page
 is requested through Flask's test client, first with the table only analyzed (a busy table whose
 visibility map lags), then after ``VACUUM`` (the steady state autovacuum keeps). Prints the
-median and the slowest of the timed requests per page, in milliseconds.
+median and the slowest of the timed requests per page, in milliseconds, and writes them to
+``benchmarks/results/<timestamp>-dashboard-pages.json``.
 
 ``--enqueue`` also times single-job enqueues (one transaction each) with the dashboard's
 indexes and without them, in alternating rounds, to show what the indexes cost writes.
@@ -18,11 +19,13 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 from flask import Flask
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from benchmarks.run import machine, write_json
 from pgqueue import PgQueue as CorePgQueue
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
@@ -146,9 +149,19 @@ def main() -> None:
     for page in PAGES:
         a, v = analyzed[page], vacuumed[page]
         print(f"| `{page}` | {a[0]:.1f} / {a[1]:.1f} | {v[0]:.1f} / {v[1]:.1f} |")
+    report: dict[str, Any] = {
+        "mode": "dashboard-pages",
+        "machine": machine(),
+        "server_version": version,
+        "history": args.history,
+        "rounds": args.rounds,
+        "median_and_max_ms": {"analyzed": analyzed, "vacuumed": vacuumed},
+    }
     if args.enqueue:
         result = _time_enqueues(url, args.enqueue, rounds=3)
         print("enqueue, one transaction each (median us per job):", result)
+        report["enqueue_us_per_job"] = result
+    print(f"wrote {write_json(report, None)}")
     engine.dispose()
     with admin.connect() as connection:
         connection.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
