@@ -84,19 +84,24 @@ def array_param(name: str, item_type: Any) -> ColumnElement[Any]:
     return bindparam(name, type_=ARRAY(item_type))
 
 
+# The running state written out, not bound: the partial indexes' predicates name it, and a
+# generic plan proves a predicate only from constants.
+_RUNNING_STATE: ColumnElement[Any] = literal_column("'running'")
+
+
 def listed_by_state(job: Any = Job) -> ColumnElement[bool]:
     """``job`` is not running: the predicate of the ``(queue, state, id)`` and
     ``(task_name, state, id)`` indexes (``models.LISTED_BY_STATE``), which a statement must name
     to read them whatever state it binds (a generic plan cannot prove it from a bound state).
     ``job``: ``Job``, or ``JobHistory``, whose indexes hold every row (it has no running job)."""
-    listed: ColumnElement[bool] = job.state != literal_column("'running'")
+    listed: ColumnElement[bool] = job.state != _RUNNING_STATE
     return listed
 
 
 def running(job: Any = Job) -> ColumnElement[bool]:
     """``job`` is running, written out so that every plan may read the lease index (partial on
     this predicate), which lists the running jobs: as many as the workers' slots."""
-    is_running: ColumnElement[bool] = job.state == literal_column("'running'")
+    is_running: ColumnElement[bool] = job.state == _RUNNING_STATE
     return is_running
 
 

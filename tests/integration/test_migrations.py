@@ -13,6 +13,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from host_alembic import owned_transaction_config
 from sqlalchemy import (
     Column,
     Integer,
@@ -416,32 +417,14 @@ def test_0025_leaves_running_jobs_out_of_the_state_indexes_and_downgrade_puts_th
         engine.dispose()
 
 
-OWNED_TRANSACTION_ENV = """
-from alembic import context
-
-connection = context.config.attributes["connection"]
-context.configure(connection=connection, target_metadata=None)
-with context.begin_transaction():
-    context.run_migrations()
-"""
-
-
 def test_0025_swaps_the_state_indexes_concurrently_when_alembic_owns_the_transaction(
     empty_database_url: URL, tmp_path: Path
 ) -> None:
-    (tmp_path / "versions").mkdir()
-    (tmp_path / "env.py").write_text(OWNED_TRANSACTION_ENV)
     engine = create_engine(empty_database_url)
     statements: list[str] = []
     try:
         with engine.connect() as connection:
-            config = Config()
-            config.set_main_option("script_location", str(tmp_path))
-            config.set_main_option("path_separator", "space")
-            config.set_main_option(
-                "version_locations", f"{tmp_path / 'versions'} {migrations.VERSION_LOCATION}"
-            )
-            config.attributes["connection"] = connection
+            config = owned_transaction_config(tmp_path, connection)
             command.upgrade(config, "pgqueue@pgqueue_0024")
             _insert_jobs_in_three_states(connection)
             connection.commit()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic.config import Config
+from host_alembic import owned_transaction_config
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
@@ -348,35 +348,17 @@ def test_migration_down_and_up_with_jobs_held(empty_database_url: URL) -> None:
         engine.dispose()
 
 
-HOST_ENV = """
-from alembic import context
-
-connection = context.config.attributes["connection"]
-context.configure(connection=connection, target_metadata=None)
-with context.begin_transaction():
-    context.run_migrations()
-"""
-
-
 def test_with_alembic_owning_the_transaction_the_index_is_swapped_concurrently(
     empty_database_url: URL, tmp_path: Path
 ) -> None:
     """A host's Alembic that begins the migration's transaction itself: 0023 swaps the index
     with CREATE/DROP INDEX CONCURRENTLY both ways, the index ends valid, jobs stay."""
-    (tmp_path / "versions").mkdir()
-    (tmp_path / "env.py").write_text(HOST_ENV)
     engine = create_engine(empty_database_url)
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]), named=False)
     try:
         with engine.connect() as connection:
-            config = Config()
-            config.set_main_option("script_location", str(tmp_path))
-            config.set_main_option("path_separator", "space")
-            config.set_main_option(
-                "version_locations", f"{tmp_path / 'versions'} {migrations.VERSION_LOCATION}"
-            )
-            config.attributes["connection"] = connection
+            config = owned_transaction_config(tmp_path, connection)
             command.upgrade(config, "pgqueue@pgqueue_0022")
             connection.execute(
                 text(
