@@ -61,9 +61,9 @@ def _loaded_steps(job: Job) -> list[JobStep]:
 UNIQUE_KEY_HELD = "unique_key IS NOT NULL AND state IN ('queued', 'running', 'retrying', 'waiting')"
 
 # Which rows the dashboard's ``(queue, state, id)`` and ``(task_name, state, id)`` indexes hold:
-# every job but a running one. A claim's update of the job row then writes two index entries
-# (the primary key's and the lease index's) instead of four; the running jobs, as many as the
-# workers' slots, are listed by the lease index. Written out for the same reason as
+# every job but a running one. A claim's update of the job row, which is never heap-only, then
+# writes no entry into them, only the primary key's and the lease index's; the running jobs, as
+# many as the workers' slots, are listed by the lease index. Written out for the same reason as
 # ``UNIQUE_KEY_HELD``: a statement reads these indexes only when its text names this predicate.
 LISTED_BY_STATE = "state <> 'running'"
 
