@@ -156,12 +156,18 @@ class PgQueue:
     # -- schema ------------------------------------------------------------------------------
 
     def migrate(self, revision: str = "head") -> None:
-        """Upgrade pgqueue's own tables (its Alembic lineage) to ``revision``."""
+        """Upgrade pgqueue's own tables (its Alembic lineage) to ``revision``, building
+        indexes online (``pgqueue.migrations``, ``own_transaction``)."""
         from pgqueue import migrations
 
-        with self.engine.begin() as connection:
+        # The handlers' engine: no statement_timeout of pgqueue's on the online builds, which
+        # run outside any transaction (see the CLI's migrate).
+        with self.handler_engine.connect() as connection:
             migrations.upgrade(
-                connection, revision, lock_timeout=self.settings.migration_lock_timeout
+                connection,
+                revision,
+                lock_timeout=self.settings.migration_lock_timeout,
+                own_transaction=True,
             )
 
     # -- tasks -------------------------------------------------------------------------------

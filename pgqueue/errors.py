@@ -26,6 +26,7 @@ __all__ = [
     "JobNotFound",
     "JobWaitTimeout",
     "LeaseLost",
+    "MigrationInterrupted",
     "MigrationRefused",
     "NotSchemaOwner",
     "PayloadTooLarge",
@@ -206,6 +207,17 @@ class DowngradeLosesData(PgQueueError):
 class MigrationRefused(PgQueueError):
     """A revision refused to run because of rows the database holds (its message names them
     and says how to clear them); nothing was changed."""
+
+
+class MigrationInterrupted(PgQueueError):
+    """A migration failed after it had committed part of its work: a revision that builds
+    indexes ``CONCURRENTLY`` commits the revisions before it. ``revision`` is the one now
+    recorded (None: base); the error it failed on is the ``__cause__``. Migrating again
+    continues from there."""
+
+    def __init__(self, message: str, revision: str | None) -> None:
+        super().__init__(message)
+        self.revision = revision
 
 
 class BulkCountChanged(PgQueueError):

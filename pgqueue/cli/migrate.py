@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING
 import click
 
 from pgqueue.cli.shared import CommandError, database_option, echo, queue_for, this_cli
-from pgqueue.errors import DowngradeLosesData
+from pgqueue.errors import DowngradeLosesData, MigrationInterrupted, error_line
 from pgqueue.sqlstates import is_insufficient_privilege, is_lock_timeout
 
 if TYPE_CHECKING:
     from pgqueue.core import PgQueue
+    from pgqueue.migrations.blockers import BlockerWatch
 
 yes_option = click.option(
     "--yes",
@@ -72,7 +73,11 @@ def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> N
     from pgqueue.migrations.blockers import BlockerWatch, session_pid
 
     lock_timeout = pgq.settings.migration_lock_timeout
-    with pgq.engine.begin() as connection:
+    # A connection, not a transaction: the migration commits on it itself (own_transaction), so
+    # that the revisions building indexes CONCURRENTLY may leave its transaction to do so. The
+    # handlers' engine: its sessions carry no statement_timeout of pgqueue's, which no SET
+    # LOCAL could lift from the statements run outside the transaction.
+    with pgq.handler_engine.connect() as connection:
         if action == "current":
             current = migrations.current(connection)
             head = migrations.head()
@@ -80,23 +85,46 @@ def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> N
             echo(f"{current or 'none'}{marker}")
             return
         watch = BlockerWatch(pgq.engine, session_pid(connection))
+        connection.commit()
         try:
             with watch:
                 if action == "downgrade":
                     assert revision is not None  # refused without one before connecting
                     migrations.downgrade(
-                        connection, revision, lock_timeout=lock_timeout, refuse_data_loss=not yes
+                        connection,
+                        revision,
+                        lock_timeout=lock_timeout,
+                        refuse_data_loss=not yes,
+                        own_transaction=True,
                     )
                 else:
-                    migrations.upgrade(connection, revision or "head", lock_timeout=lock_timeout)
+                    migrations.upgrade(
+                        connection,
+                        revision or "head",
+                        lock_timeout=lock_timeout,
+                        own_transaction=True,
+                    )
+        except MigrationInterrupted as exc:
+            # Part of the run is committed: say where the schema is, not "nothing changed".
+            cause = exc.__cause__
+            if isinstance(cause, DBAPIError) and is_lock_timeout(cause):
+                raise CommandError(f"{_waited(lock_timeout, watch)}; {exc}") from None
+            reason = error_line(cause) if cause is not None else "failed"
+            raise CommandError(f"{this_cli()} migrate: {reason}; {exc}") from None
         except DBAPIError as exc:
             if not is_lock_timeout(exc):
                 raise
-            blockers = "; ".join(b.describe() for b in watch.blockers) or "a session gone since"
             raise CommandError(
-                f"{this_cli()} migrate: waited {lock_timeout:g} s (migration_lock_timeout) for a lock "
-                f"held by {blockers}; nothing changed: end that transaction, or migrate again "
-                "when it is done"
+                f"{_waited(lock_timeout, watch)}; nothing changed: end that transaction, or "
+                "migrate again when it is done"
             ) from None
     with pgq.engine.connect() as connection:
         echo(f"pgqueue schema at {migrations.current(connection) or 'base'}")
+
+
+def _waited(lock_timeout: float, watch: BlockerWatch) -> str:
+    blockers = "; ".join(b.describe() for b in watch.blockers) or "a session gone since"
+    return (
+        f"{this_cli()} migrate: waited {lock_timeout:g} s (migration_lock_timeout) for a lock "
+        f"held by {blockers}"
+    )

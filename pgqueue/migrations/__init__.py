@@ -6,7 +6,8 @@ label ``pgqueue`` with ids prefixed ``pgqueue_``, and are recorded in their own 
 
 Three ways to run them:
 
-* ``pgqueue migrate`` (CLI) or ``PgQueue.migrate()``;
+* ``pgqueue migrate`` (CLI) or ``PgQueue.migrate()``, which call :func:`upgrade` and
+  :func:`downgrade` with ``own_transaction=True``;
 * ``pgqueue.migrations.upgrade(op.get_bind(), "pgqueue_0001")`` from one of the host's own
   revisions, pinning pgqueue's schema version in the host's history;
 * adding ``pgqueue:migrations/versions`` to the host's ``version_locations`` and upgrading
@@ -29,6 +30,15 @@ migration_lock_timeout``, default 5 s): a DDL statement queued behind a long tra
 otherwise block every worker queued behind it. Both are set as ``SET LOCAL`` would set them
 (the transaction's own, also behind a pooler) and put back as they were after the revisions,
 so a host's transaction that called ``upgrade`` keeps its own settings.
+
+With ``own_transaction=True`` (a connection with no transaction open, that pgqueue may commit
+on) pgqueue commits its own reads, then lets Alembic begin the migration's transaction, so the
+revisions that build indexes ``CONCURRENTLY`` (0023, 0025) may leave it to do so
+(:mod:`pgqueue.migrations.online`): writers of ``pgqueue_jobs`` are not held up by the builds.
+Each such build commits the revisions before it; a failure after that raises
+:class:`~pgqueue.errors.MigrationInterrupted` naming the revision now recorded, from which the
+next run continues. Without it, in the caller's transaction, nothing is committed and the
+indexes are built in that transaction (writes to ``pgqueue_jobs`` wait for them).
 
 ``downgrade(..., refuse_data_loss=True)`` (what ``pgqueue migrate downgrade`` does without
 ``--yes``) refuses, before any step, a downgrade that would drop rows or values; see
@@ -55,12 +65,14 @@ from pgqueue.data import schema as schema_data
 from pgqueue.db import ConnectionExecutor
 from pgqueue.errors import (
     DowngradeLosesData,
+    MigrationInterrupted,
     SchemaNotCurrent,
     SchemaRecordedElsewhere,
     UnknownRevision,
 )
 from pgqueue.migrations import losses
 from pgqueue.migrations.host import REVISION_PREFIX, keep_host_revisions
+from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY
 from pgqueue.sqlstates import is_insufficient_privilege
 
 VERSION_TABLE: Final = "pgqueue_alembic_version"
@@ -109,17 +121,21 @@ def upgrade(
     revision: str = "head",
     *,
     lock_timeout: float = DEFAULT_MIGRATION_LOCK_TIMEOUT,
+    own_transaction: bool = False,
 ) -> None:
     """Upgrade pgqueue's tables to ``revision`` using the caller's connection (and its
     transaction: nothing is committed here). Safe to call from inside a host's revision.
     Statements run without ``statement_timeout`` and wait at most ``lock_timeout`` seconds
-    for a lock (0: without limit)."""
+    for a lock (0: without limit). With ``own_transaction``, ``connection`` must have no
+    transaction open and pgqueue commits on it, building indexes online (see the module)."""
     script = ScriptDirectory.from_config(alembic_config())
     target = _qualified(revision)
+    _refuse_open_transaction(connection, own_transaction)
     with _known_revision(script, revision):
         if _applied_by_host(connection, script, target):
             return
-        _run(connection, lambda rev, _ctx: script._upgrade_revs(target, rev), lock_timeout)
+        run = _run_owned if own_transaction else _run
+        run(connection, lambda rev, _ctx: script._upgrade_revs(target, rev), lock_timeout)
 
 
 def downgrade(
@@ -128,11 +144,14 @@ def downgrade(
     *,
     lock_timeout: float = DEFAULT_MIGRATION_LOCK_TIMEOUT,
     refuse_data_loss: bool = False,
+    own_transaction: bool = False,
 ) -> None:
     """Downgrade pgqueue's tables to ``revision`` (``"base"`` removes them). With
     ``refuse_data_loss``, raise :class:`DowngradeLosesData` before any step when a step would
-    drop rows or values (:mod:`pgqueue.migrations.losses`)."""
+    drop rows or values (:mod:`pgqueue.migrations.losses`). ``own_transaction`` as for
+    :func:`upgrade`."""
     script = ScriptDirectory.from_config(alembic_config())
+    _refuse_open_transaction(connection, own_transaction)
     found = recorded(connection)
     if found is not None and found.table != VERSION_TABLE:
         raise SchemaRecordedElsewhere(
@@ -151,7 +170,7 @@ def downgrade(
         return planned
 
     with _known_revision(script, revision):
-        _run(connection, steps, lock_timeout)
+        (_run_owned if own_transaction else _run)(connection, steps, lock_timeout)
 
 
 @contextmanager
@@ -190,6 +209,58 @@ def _run(connection: Connection, step: Any, lock_timeout: float) -> None:
         if outer is not None:
             outer._install_proxy()
     _set_timeouts(connection, previous[0], previous[1])
+
+
+def _refuse_open_transaction(connection: Connection, own_transaction: bool) -> None:
+    if own_transaction and connection.in_transaction():
+        # Committing it would commit the caller's work, and leaving it open would keep the
+        # online builds inside it.
+        raise ValueError(
+            "own_transaction=True needs a connection without an open transaction: commit or "
+            "roll back first"
+        )
+
+
+def _run_owned(connection: Connection, step: Any, lock_timeout: float) -> None:
+    # pgqueue's reads so far end here, so that Alembic begins (and owns) the migration's
+    # transaction: the revisions may then commit it to build indexes CONCURRENTLY.
+    connection.commit()
+    from alembic import op as op_module
+
+    milliseconds = _milliseconds(lock_timeout)
+    commits: list[bool] = []
+    outer = getattr(op_module, "_proxy", None)
+    context = MigrationContext.configure(
+        connection,
+        opts={
+            "version_table": VERSION_TABLE,
+            "fn": step,
+            LOCK_TIMEOUT_KEY: milliseconds,
+            COMMITS_KEY: commits,
+        },
+    )
+    try:
+        with Operations.context(context), context.begin_transaction():
+            _set_timeouts(connection, "0", milliseconds)
+            context.run_migrations()
+    except Exception as exc:
+        if not commits:
+            raise  # rolled back whole: nothing changed
+        revision = _recorded_after_failure(connection)
+        raise MigrationInterrupted(
+            f"pgqueue schema now at {revision or 'base'} (revisions up to it committed, and "
+            "the online index builds of the next); migrate again to continue",
+            revision,
+        ) from exc
+    finally:
+        if outer is not None:
+            outer._install_proxy()
+
+
+def _recorded_after_failure(connection: Connection) -> str | None:
+    # On a connection of its own: the failed one may be unusable (its session terminated).
+    with connection.engine.connect() as fresh:
+        return current(fresh)
 
 
 def migration_settings(connection: Connection, lock_timeout: float) -> None:
@@ -349,6 +420,8 @@ def run_environment(context: Any) -> None:
             include_object=_only_pgqueue,
             compare_type=True,
             transactional_ddl=True,
+            # The migration's lock_timeout, given again after an online step (online.py).
+            **{LOCK_TIMEOUT_KEY: _milliseconds(DEFAULT_MIGRATION_LOCK_TIMEOUT)},
         )
         with context.begin_transaction():
             migration_settings(connection, DEFAULT_MIGRATION_LOCK_TIMEOUT)
@@ -376,7 +449,8 @@ def run_environment(context: Any) -> None:
     if not url:
         raise RuntimeError("set sqlalchemy.url in alembic.ini or PGQUEUE_DATABASE_URL")
     engine = create_engine(url, poolclass=pool.NullPool)
-    with engine.begin() as conn:
+    # Not engine.begin(): Alembic begins the transaction, so revisions may build online.
+    with engine.connect() as conn:
         configure_and_run(conn)
 
 

@@ -15,12 +15,13 @@ Online when it can be: the new index is built ``CONCURRENTLY`` under a temporary
 one dropped ``CONCURRENTLY`` and the new one renamed, so enqueues and workers keep writing
 ``pgqueue_jobs`` meanwhile. Statements the old code prepared keep working against the new index
 (their predicate implies it). ``CONCURRENTLY`` cannot run inside a transaction block, so this
-needs Alembic to own the migration's transaction (a host's Alembic whose ``env.py`` begins it,
-or offline SQL): the revisions before this one are committed first. When the revision runs in a
-transaction its caller opened (``pgqueue migrate``, ``PgQueue.migrate()``,
-``pgqueue.migrations.upgrade(connection)``, which commit nothing of the caller's), the index is
-built in that transaction instead: writes to ``pgqueue_jobs`` wait for the build (a scan of the
-table, seconds per million rows), as for 0006's indexes.
+needs Alembic to own the migration's transaction (``pgqueue migrate``, ``PgQueue.migrate()``, a
+host's Alembic whose ``env.py`` begins it, or offline SQL): the revisions before this one are
+committed first (``pgqueue.migrations.online``). When the revision runs in a transaction its
+caller opened (``pgqueue.migrations.upgrade(connection)`` from a host's revision, which commits
+nothing of the caller's), the index is built in that transaction instead: writes to
+``pgqueue_jobs`` wait for the build (a scan of the table, seconds per million rows), as for
+0006's indexes.
 
 The upgrade refuses (``MigrationRefused``, nothing changed) when a waiting job's key is held by another job that has
 not ended (only possible for rows written by hand: no earlier pgqueue writes a waiting job with
@@ -40,7 +41,7 @@ import sqlalchemy as sa
 
 from alembic import op
 from pgqueue.errors import MigrationRefused
-from pgqueue.migrations.online import can_leave_transaction
+from pgqueue.migrations.online import can_leave_transaction, outside_transaction
 
 revision: str = "pgqueue_0023"
 down_revision: str | Sequence[str] | None = "pgqueue_0022"
@@ -111,7 +112,7 @@ def _swap_index(predicate: str) -> None:
     caller's."""
     context = op.get_context()
     if can_leave_transaction(context):
-        with context.autocommit_block():
+        with outside_transaction(context):
             # An interrupted earlier run may have left an INVALID build behind: the first
             # statement drops it.
             for statement in _ONLINE_SWAP[predicate]:

@@ -13,11 +13,11 @@ dashboard's statements read for them.
 
 Online when it can be, as 0023: each new index is built ``CONCURRENTLY`` under a temporary
 name, the old one dropped ``CONCURRENTLY`` and the new one renamed, so enqueues and workers keep
-writing ``pgqueue_jobs`` meanwhile; this needs Alembic to own the migration's transaction (a
-host's Alembic whose ``env.py`` begins it, or offline SQL). In a transaction its caller opened
-(``pgqueue migrate``, ``PgQueue.migrate()``, ``pgqueue.migrations.upgrade(connection)``) the
-indexes are built in that transaction: writes to ``pgqueue_jobs`` wait for the builds (a scan
-of the table each, seconds per million rows). The downgrade puts the full indexes back the
+writing ``pgqueue_jobs`` meanwhile; this needs Alembic to own the migration's transaction
+(``pgqueue migrate``, ``PgQueue.migrate()``, a host's Alembic whose ``env.py`` begins it, or
+offline SQL). In a transaction its caller opened (``pgqueue.migrations.upgrade(connection)``
+from a host's revision) the indexes are built in that transaction: writes to ``pgqueue_jobs``
+wait for the builds (a scan of the table each, seconds per million rows). The downgrade puts the full indexes back the
 same way. Statements of either version read either index: those of this one name the
 predicate, and an index without one serves them too.
 """
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
-from pgqueue.migrations.online import can_leave_transaction
+from pgqueue.migrations.online import can_leave_transaction, outside_transaction
 
 revision: str = "pgqueue_0025"
 down_revision: str | Sequence[str] | None = "pgqueue_0024"
@@ -93,7 +93,7 @@ def _swap_indexes(online: Sequence[str], predicate: str | None) -> None:
     online when Alembic owns the transaction, else in the caller's (see the module)."""
     context = op.get_context()
     if can_leave_transaction(context):
-        with context.autocommit_block():
+        with outside_transaction(context):
             for statement in online:
                 op.execute(statement)
         return
