@@ -206,7 +206,8 @@ class DowngradeLosesData(PgQueueError):
 
 class MigrationRefused(PgQueueError):
     """A revision refused to run because of rows the database holds (its message names them
-    and says how to clear them); nothing was changed."""
+    and says how to clear them); nothing of that revision was changed. Raised after an online
+    step of the same run committed, it is the cause of a ``MigrationInterrupted``."""
 
 
 class MigrationInterrupted(PgQueueError):

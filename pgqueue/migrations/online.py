@@ -56,6 +56,12 @@ def can_leave_transaction(context: Any) -> bool:
     return not getattr(context, "_in_external_transaction", True)
 
 
+def has_committed(context: Any) -> bool:
+    """Whether this run has already committed part of its work (an earlier online step), so
+    that a revision refusing now must not say that nothing changed."""
+    return bool(context.opts.get(COMMITS_KEY))
+
+
 @contextmanager
 def outside_transaction(context: Any) -> Iterator[None]:
     """``context.autocommit_block()``, after which the new transaction gets the migration's

@@ -220,3 +220,29 @@ def test_pgqueue_migrate_builds_online(empty_database_url: URL) -> None:
         pgq.dispose()
     assert len([s for s in statements if s.startswith("CREATE INDEX CONCURRENTLY")]) == 2
     assert revision_of(empty_database_url) == migrations.head()
+
+
+def test_a_refusal_after_an_online_step_does_not_say_nothing_changed(
+    database_url: URL, tmp_path: Path
+) -> None:
+    engine = create_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO pgqueue_jobs (task_name, queue, state, unique_key)"
+                " VALUES ('t', 'q', 'waiting', 'k1')"
+            )
+        )
+    engine.dispose()
+    # 0025's downgrade swaps its indexes back online (committing), then 0023's downgrade
+    # refuses over the waiting job's key.
+    result = migrate(["downgrade", "pgqueue_0022"], database_url, tmp_path)
+    output = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert len(output) == 1, output
+    (line,) = output
+    assert "downgrade below pgqueue_0023 refused: waiting jobs hold unique keys" in line, line
+    assert "nothing changed" not in line, line
+    assert "pgqueue schema now at pgqueue_0025 (revisions up to it committed" in line, line
+    assert revision_of(database_url) == migrations.head()
+    assert _state_predicates(database_url) == dict.fromkeys(STATE_INDEXES, None)

@@ -25,8 +25,8 @@ nothing of the caller's), the index is built in that transaction instead: writes
 
 The upgrade refuses (``MigrationRefused``, nothing changed) when a waiting job's key is held by another job that has
 not ended (only possible for rows written by hand: no earlier pgqueue writes a waiting job with
-a key). The downgrade refuses (``MigrationRefused``, nothing changed) while a waiting job has a
-unique key: the older schema would let another job take that key, and the waiting job's release
+a key). The downgrade refuses (``MigrationRefused``; nothing changed, unless 0025's downgrade in the
+same run already committed its online swap) while a waiting job has a unique key: the older schema would let another job take that key, and the waiting job's release
 would then fail on the unique index in its parent's outcome transaction. Let such jobs start or
 end, or cancel them, then downgrade again.
 """
@@ -41,7 +41,11 @@ import sqlalchemy as sa
 
 from alembic import op
 from pgqueue.errors import MigrationRefused
-from pgqueue.migrations.online import can_leave_transaction, outside_transaction
+from pgqueue.migrations.online import (
+    can_leave_transaction,
+    has_committed,
+    outside_transaction,
+)
 
 revision: str = "pgqueue_0023"
 down_revision: str | Sequence[str] | None = "pgqueue_0022"
@@ -167,8 +171,10 @@ def downgrade() -> None:
     if held:
         named = ", ".join(f"job {job_id} ({key!r})" for job_id, key in held[:5])
         more = " and more" if len(held) > 5 else ""
+        # 0025's downgrade, run before this one, may have committed its online swap already.
+        unchanged = "" if has_committed(op.get_context()) else ", nothing changed"
         raise MigrationRefused(
-            "downgrade below pgqueue_0023 refused, nothing changed: waiting jobs hold unique "
+            f"downgrade below pgqueue_0023 refused{unchanged}: waiting jobs hold unique "
             f"keys ({named}{more}), which the older schema would let another job take; let them "
             "start or end, or cancel them (pgq.cancel_workflow), then downgrade again"
         )
