@@ -213,8 +213,8 @@ class MigrationRefused(PgQueueError):
 class MigrationInterrupted(PgQueueError):
     """A migration failed after it had committed part of its work: a revision that builds
     indexes ``CONCURRENTLY`` commits the revisions before it. ``revision`` is the one now
-    recorded (None: base); the error it failed on is the ``__cause__``. Migrating again
-    continues from there."""
+    recorded (None: base, or it could not be read); the error it failed on is the
+    ``__cause__``. Migrating again continues from there."""
 
     def __init__(self, message: str, revision: str | None) -> None:
         super().__init__(message)

@@ -69,6 +69,7 @@ from pgqueue.errors import (
     SchemaNotCurrent,
     SchemaRecordedElsewhere,
     UnknownRevision,
+    ValidationError,
 )
 from pgqueue.migrations import losses
 from pgqueue.migrations.host import REVISION_PREFIX, keep_host_revisions
@@ -215,7 +216,7 @@ def _refuse_open_transaction(connection: Connection, own_transaction: bool) -> N
     if own_transaction and connection.in_transaction():
         # Committing it would commit the caller's work, and leaving it open would keep the
         # online builds inside it.
-        raise ValueError(
+        raise ValidationError(
             "own_transaction=True needs a connection without an open transaction: commit or "
             "roll back first"
         )
@@ -246,7 +247,15 @@ def _run_owned(connection: Connection, step: Any, lock_timeout: float) -> None:
     except Exception as exc:
         if not commits:
             raise  # rolled back whole: nothing changed
-        revision = _recorded_after_failure(connection)
+        try:
+            revision = _recorded_after_failure(connection)
+        except DBAPIError:
+            # The server is gone too, say: what is known is that something was committed.
+            raise MigrationInterrupted(
+                "pgqueue schema partly migrated (online index builds committed; the revision "
+                "now recorded could not be read); migrate again to continue",
+                None,
+            ) from exc
         raise MigrationInterrupted(
             f"pgqueue schema now at {revision or 'base'} (revisions up to it committed, and "
             "the online index builds of the next); migrate again to continue",

@@ -20,6 +20,7 @@ from pgqueue import migrations
 from pgqueue.cli.migrate import run_migrate_command
 from pgqueue.config import Settings
 from pgqueue.core import PgQueue
+from pgqueue.errors import ValidationError
 from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY, outside_transaction
 
 STATE_INDEXES = ("ix_pgqueue_jobs_queue_state_id", "ix_pgqueue_jobs_task_name_state_id")
@@ -180,7 +181,7 @@ def test_outside_transaction_gives_the_migration_timeouts_again(
 def test_own_transaction_refuses_a_connection_in_a_transaction(empty_database_url: URL) -> None:
     engine = create_engine(empty_database_url)
     try:
-        with engine.begin() as connection, pytest.raises(ValueError, match="open transaction"):
+        with engine.begin() as connection, pytest.raises(ValidationError, match="open transaction"):
             migrations.upgrade(connection, own_transaction=True)
     finally:
         engine.dispose()
