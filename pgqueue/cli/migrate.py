@@ -14,7 +14,7 @@ from pgqueue.sqlstates import is_insufficient_privilege, is_lock_timeout
 
 if TYPE_CHECKING:
     from pgqueue.core import PgQueue
-    from pgqueue.migrations.blockers import BlockerWatch
+    from pgqueue.migrations.blockers import Blocker, BlockerWatch
 
 yes_option = click.option(
     "--yes",
@@ -84,7 +84,7 @@ def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> N
             marker = " (head)" if current == head else f" (head is {head})"
             echo(f"{current or 'none'}{marker}")
             return
-        watch = BlockerWatch(pgq.engine, session_pid(connection))
+        watch = BlockerWatch(pgq.engine, session_pid(connection), on_long_wait=_still_waiting)
         connection.commit()
         try:
             with watch:
@@ -127,4 +127,15 @@ def _waited(lock_timeout: float, watch: BlockerWatch) -> str:
     return (
         f"{this_cli()} migrate: waited {lock_timeout:g} s (migration_lock_timeout) for a lock "
         f"held by {blockers}"
+    )
+
+
+def _still_waiting(blockers: list[Blocker], seconds: float) -> None:
+    """A line on stderr while the migration waits on and on (an index build ``CONCURRENTLY``
+    waits for every transaction older than it, with no lock_timeout to end the wait)."""
+    named = "; ".join(b.describe() for b in blockers)
+    echo(
+        f"{this_cli()} migrate: waiting {seconds:.0f} s so far for {named} to end its "
+        "transaction; the migration goes on when it does",
+        err=True,
     )

@@ -1,5 +1,6 @@
 """Names the sessions that hold up a migration, for the one line ``pgqueue migrate`` prints
-when its ``lock_timeout`` fires.
+when its ``lock_timeout`` fires, and, while a wait goes on past ``WAIT_NOTICE_AFTER`` seconds,
+for the line it prints meanwhile.
 
 Once the lock wait is cancelled the migration no longer waits, so nothing blocks it any more and
 ``pg_blocking_pids`` has nothing to say: the sessions are looked up while it waits. A watch
@@ -10,6 +11,8 @@ the latest non-empty answer.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
@@ -21,6 +24,10 @@ from pgqueue.db import ConnectionExecutor
 
 # How often a watch asks who blocks the migration: a lock wait of at least this long is named.
 POLL_INTERVAL: Final = 0.1
+# A wait this long is reported while it goes on: longer than the default lock_timeout, so only
+# a wait no lock_timeout ends gets there, as an index build ``CONCURRENTLY`` waiting for the
+# transactions older than it does (without the line the migration would seem to hang).
+WAIT_NOTICE_AFTER: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +59,25 @@ def session_pid(connection: Connection) -> int:
 
 class BlockerWatch:
     """While open, polls which sessions block session ``pid`` (on a connection of ``engine``)
-    and keeps the latest ones seen in ``blockers``."""
+    and keeps the latest ones seen in ``blockers``. ``on_long_wait``, if given, is called (from
+    the watch's thread) once per uninterrupted wait, with the blockers and the seconds waited,
+    when that wait reaches ``notice_after`` seconds (``WAIT_NOTICE_AFTER`` unless given)."""
 
-    def __init__(self, engine: Engine, pid: int, interval: float = POLL_INTERVAL) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        pid: int,
+        interval: float = POLL_INTERVAL,
+        *,
+        on_long_wait: Callable[[list[Blocker], float], None] | None = None,
+        notice_after: float | None = None,
+    ) -> None:
         self.engine = engine
         self.pid = pid
         self.interval = interval
         self.blockers: list[Blocker] = []
+        self.on_long_wait = on_long_wait
+        self.notice_after = WAIT_NOTICE_AFTER if notice_after is None else notice_after
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="pgqueue-migrate-locks")
         self._thread.daemon = True
@@ -77,13 +96,24 @@ class BlockerWatch:
         self._thread.join(timeout=5)
 
     def _watch(self) -> None:
+        waiting_since: float | None = None
+        noticed = False
         try:
             with self.engine.connect() as connection:
                 while not self._stop.wait(self.interval):
                     rows = schema_data.blocking_sessions(ConnectionExecutor(connection), self.pid)
                     connection.rollback()
-                    if rows:
-                        self.blockers = [_blocker(row) for row in rows]
+                    if not rows:
+                        waiting_since, noticed = None, False
+                        continue
+                    self.blockers = [_blocker(row) for row in rows]
+                    now = time.monotonic()
+                    if waiting_since is None:
+                        waiting_since = now
+                    waited = now - waiting_since
+                    if self.on_long_wait and not noticed and waited >= self.notice_after:
+                        noticed = True
+                        self.on_long_wait(self.blockers, waited)
         except Exception:  # naming the blockers is a courtesy: it must never fail a migration
             return
 

@@ -21,6 +21,7 @@ from pgqueue.cli.migrate import run_migrate_command
 from pgqueue.config import Settings
 from pgqueue.core import PgQueue
 from pgqueue.errors import ValidationError
+from pgqueue.migrations import blockers
 from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY, outside_transaction
 
 STATE_INDEXES = ("ix_pgqueue_jobs_queue_state_id", "ix_pgqueue_jobs_task_name_state_id")
@@ -247,3 +248,41 @@ def test_a_refusal_after_an_online_step_does_not_say_nothing_changed(
     assert "pgqueue schema now at pgqueue_0025 (revisions up to it committed" in line, line
     assert revision_of(database_url) == migrations.head()
     assert _state_predicates(database_url) == dict.fromkeys(STATE_INDEXES, None)
+
+
+def test_a_long_wait_for_an_older_transaction_is_reported_while_it_lasts(
+    empty_database_url: URL, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = create_engine(empty_database_url)
+    with engine.begin() as connection:
+        migrations.upgrade(connection, "pgqueue_0024")
+    engine.dispose()
+    monkeypatch.setattr(blockers, "WAIT_NOTICE_AFTER", 0.5)
+    pgq = PgQueue(empty_database_url.render_as_string(hide_password=False), settings=Settings())
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_migrate_command(pgq, "upgrade", None, yes=False)
+        except BaseException as exc:  # reported by the test below
+            failures.append(exc)
+
+    migration = threading.Thread(target=run, daemon=True)
+    # The older transaction wrote to pgqueue_jobs and stays open: 0025's first concurrent build
+    # waits for it, with no lock_timeout to end the wait.
+    with lock_held(empty_database_url, "LOCK TABLE pgqueue_jobs IN ROW EXCLUSIVE MODE", 30) as pid:
+        migration.start()
+        deadline = time.monotonic() + 30
+        while "waiting" not in (seen := capsys.readouterr().err):
+            assert migration.is_alive() and time.monotonic() < deadline, failures
+            time.sleep(0.1)
+        assert revision_of(empty_database_url) == "pgqueue_0024"
+    migration.join(timeout=60)
+    pgq.dispose()
+    assert not migration.is_alive() and not failures, failures
+    lines = seen.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("pgqueue migrate: waiting "), lines
+    assert f"pid {pid}, 'report-job', idle in transaction" in lines[0], lines
+    assert lines[0].endswith("to end its transaction; the migration goes on when it does")
+    assert revision_of(empty_database_url) == migrations.head()
