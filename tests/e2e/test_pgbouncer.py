@@ -325,3 +325,74 @@ def test_durable_sleep_and_signals_through_pgbouncer_in_transaction_mode(bouncer
         assert [pgq.get_job(i).attempts for i in [slept, *waiting]] == [1, 1, 1, 0]
     finally:
         pgq.dispose()
+
+
+def test_pgqueue_migrate_swaps_indexes_online_through_pgbouncer(app: App, bouncer: URL) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env.update(
+        PGQUEUE_DATABASE_URL=bouncer.render_as_string(hide_password=False),
+        PGQUEUE_POOLER="transaction",
+    )
+
+    def migrate(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pgqueue", "migrate", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def predicates() -> set[str | None]:
+        return set(
+            app.scalars(
+                "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index AS i"
+                " JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indisvalid"
+                " AND c.relname IN ('ix_pgqueue_jobs_queue_state_id',"
+                " 'ix_pgqueue_jobs_task_name_state_id')"
+            )
+        )
+
+    # Each CONCURRENTLY statement runs outside a transaction, each on whichever server session
+    # PgBouncer hands it; none may leave a setting behind on the sessions others get.
+    assert "pgqueue schema at pgqueue_0024" in migrate("downgrade", "pgqueue_0024", "--yes")
+    assert predicates() == {None}
+    # An older transaction that wrote to pgqueue_jobs: the upgrade's first concurrent build
+    # waits for it (a plain build would wait for its lock, and time out).
+    holder = create_engine(app.url)
+    try:
+        with holder.connect() as older:
+            older.execute(text("INSERT INTO pgqueue_jobs (task_name, queue) VALUES ('t', 'q')"))
+            upgrade = subprocess.Popen(
+                [sys.executable, "-m", "pgqueue", "migrate"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            app.wait_until(
+                lambda: (
+                    upgrade.poll() is not None
+                    or app.scalars(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE 'CREATE INDEX CONCURRENTLY%'"
+                    )[0]
+                ),
+                60,
+                "a concurrent build waiting",
+            )
+            assert upgrade.poll() is None, upgrade.communicate()[0]
+            older.commit()
+        output, _ = upgrade.communicate(timeout=120)
+    finally:
+        holder.dispose()
+    assert upgrade.returncode == 0, output
+    assert "pgqueue schema at pgqueue_0025" in output
+    assert predicates() == {"((state)::text <> 'running'::text)"}
+    with psycopg.connect(bouncer.set(drivername="postgresql").render_as_string(False)) as other:
+        row = other.execute(
+            "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+        ).fetchone()
+    assert row == ("0", "0")
