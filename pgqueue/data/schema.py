@@ -1,5 +1,5 @@
-"""The migrations' own reads and settings (``sql.schema``): a transaction's timeouts, the
-sessions that block a migration, and whether what a downgrade would destroy holds data; over
+"""The migrations' own reads and settings (``sql.schema``): a transaction's timeouts, the lock
+of migration runs, the sessions that block a migration, and whether what a downgrade would destroy holds data; over
 ``db.Executor``, never committing.
 """
 
@@ -23,6 +23,12 @@ def set_timeouts(db: SessionOrExecutor, statement_timeout: str, lock_timeout: st
     them or milliseconds) for the rest of the current transaction only."""
     params = {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout}
     executor_for(db).rows(schema_sql.set_timeouts(), params)
+
+
+def try_migration_lock(db: SessionOrExecutor) -> bool:
+    """Take the lock of pgqueue's migration runs until the current transaction ends, if no
+    other run holds it; whether it was taken."""
+    return bool(executor_for(db).rows(schema_sql.try_migration_lock())[0][0])
 
 
 def backend_pid(db: SessionOrExecutor) -> int:

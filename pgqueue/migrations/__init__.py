@@ -47,6 +47,7 @@ indexes are built in that transaction (writes to ``pgqueue_jobs`` wait for them)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError as AlembicCommandError
-from sqlalchemy import Connection, inspect
+from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.config import DEFAULT_MIGRATION_LOCK_TIMEOUT
@@ -85,6 +86,8 @@ SCRIPT_LOCATION: Final = "pgqueue:migrations"
 VERSION_LOCATION: Final = "pgqueue:migrations/versions"
 TABLE_PREFIX: Final = "pgqueue_"
 HISTORY_PARTITIONS_PREFIX: Final = "pgqueue_job_history_"
+# Seconds between two tries of a migration run waiting for another run to end.
+MIGRATION_LOCK_RETRY: Final = 0.5
 
 __all__ = [
     "BRANCH_LABEL",
@@ -226,6 +229,37 @@ def _run_owned(connection: Connection, step: Any, lock_timeout: float) -> None:
     # pgqueue's reads so far end here, so that Alembic begins (and owns) the migration's
     # transaction: the revisions may then commit it to build indexes CONCURRENTLY.
     connection.commit()
+    with _one_run_at_a_time(connection.engine):
+        _run_alembic_owned(connection, step, lock_timeout)
+
+
+@contextmanager
+def _one_run_at_a_time(engine: Engine) -> Iterator[None]:
+    """Hold the lock of pgqueue's migration runs (``sql.schema.MIGRATION_LOCK_KEYS``) for the
+    block, waiting for a run elsewhere to end first: app instances that each call
+    ``PgQueue.migrate()`` as they start then migrate one after the other, each later one
+    finding the schema current (their revisions, committed in parts around the online builds,
+    would otherwise run twice at once).
+
+    The lock is held by a transaction of its own on a second connection: a session lock would
+    stay on whichever server session a transaction pooler gave it, and the migration's own
+    transactions end at each online build. That transaction is READ COMMITTED and writes
+    nothing, so between statements it holds no snapshot, xid or table lock that a concurrent
+    index build would wait for. A run that finds the lock taken tries again every
+    ``MIGRATION_LOCK_RETRY`` seconds, each try in a short transaction of its own: the holder's
+    builds wait for every transaction whose snapshot is older than theirs, so a waiter that
+    kept one open would wait for them while they waited for it."""
+    with engine.connect().execution_options(isolation_level="READ COMMITTED") as holder:
+        while not schema_data.try_migration_lock(ConnectionExecutor(holder)):
+            holder.rollback()
+            time.sleep(MIGRATION_LOCK_RETRY)
+        try:
+            yield
+        finally:
+            holder.rollback()
+
+
+def _run_alembic_owned(connection: Connection, step: Any, lock_timeout: float) -> None:
     from alembic import op as op_module
 
     milliseconds = _milliseconds(lock_timeout)

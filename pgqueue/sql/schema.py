@@ -9,7 +9,7 @@ A table or column name reaches these statements as an identifier construct (``ta
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import (
     ColumnClause,
@@ -23,6 +23,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    literal_column,
     select,
     table,
 )
@@ -37,6 +38,28 @@ _activity = table(
     column("state_change"),
     column("query", Text),
 )
+
+
+# The advisory lock (two-key form) that lets one of pgqueue's own migration runs go at a time.
+# Its first key is not the one the queue bounds' lock uses (revision 0020), so no queue's name
+# can collide with it.
+MIGRATION_LOCK_KEYS: Final = (1885827429, 1)
+
+
+@cache
+def try_migration_lock() -> Select[Any]:
+    """Whether the lock of pgqueue's migration runs was free; if it was, it is held now until
+    the transaction ends.
+
+    A try, not a wait: a session waiting in a statement holds that statement's snapshot, and
+    an index build ``CONCURRENTLY`` of the run holding the lock would wait for it. The keys are
+    written into the statement, not bound: the server keeps the snapshot of a statement that
+    had parameters with its portal until the next statement, and the transaction holding this
+    lock stays idle while the builds wait for every snapshot older than theirs."""
+    first, second = MIGRATION_LOCK_KEYS
+    return select(
+        func.pg_try_advisory_xact_lock(literal_column(str(first)), literal_column(str(second)))
+    )
 
 
 @cache

@@ -5,6 +5,8 @@ after it says where the schema is instead of "nothing changed"."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -286,3 +288,55 @@ def test_a_long_wait_for_an_older_transaction_is_reported_while_it_lasts(
     assert f"pid {pid}, 'report-job', idle in transaction" in lines[0], lines
     assert lines[0].endswith("to end its transaction; the migration goes on when it does")
     assert revision_of(empty_database_url) == migrations.head()
+
+
+@pytest.mark.parametrize("start", [None, "pgqueue_0024"])
+def test_app_instances_that_each_migrate_as_they_start_all_succeed(
+    empty_database_url: URL, tmp_path: Path, start: str | None
+) -> None:
+    if start is not None:
+        engine = create_engine(empty_database_url)
+        with engine.begin() as connection:
+            migrations.upgrade(connection, start)
+            connection.execute(
+                text(
+                    "INSERT INTO pgqueue_jobs (task_name, queue)"
+                    " SELECT 't', 'q' FROM generate_series(1, 200000)"
+                )
+            )
+        engine.dispose()
+    # As gunicorn's workers would, each calling pgq.migrate() at import: one migrates, the
+    # others wait for it (without holding up its concurrent builds) and find nothing to do.
+    code = (
+        "import sys; from pgqueue import PgQueue, Settings; "
+        "PgQueue(sys.argv[1], settings=Settings()).migrate(); print('migrated')"
+    )
+    url = empty_database_url.render_as_string(hide_password=False)
+    starts = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, url],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outputs = [process.communicate(timeout=120)[0] for process in starts]
+    assert [process.returncode for process in starts] == [0, 0, 0, 0], outputs
+    assert revision_of(empty_database_url) == migrations.head()
+    assert _state_predicates(empty_database_url) == dict.fromkeys(
+        STATE_INDEXES, "((state)::text <> 'running'::text)"
+    )
+    engine = create_engine(empty_database_url)
+    try:
+        with engine.connect() as connection:
+            leftovers = connection.execute(
+                text(
+                    "SELECT c.relname FROM pg_index AS i JOIN pg_class AS c"
+                    " ON c.oid = i.indexrelid WHERE c.relname LIKE '%\\_swap' OR NOT i.indisvalid"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    assert leftovers == []
