@@ -123,7 +123,9 @@ def _migrate(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> N
 
 
 def _waited(lock_timeout: float, watch: BlockerWatch) -> str:
-    blockers = "; ".join(b.describe() for b in watch.blockers) or "a session gone since"
+    from pgqueue.migrations.blockers import described
+
+    blockers = described(watch.blockers) or "a session gone since"
     return (
         f"{this_cli()} migrate: waited {lock_timeout:g} s (migration_lock_timeout) for a lock "
         f"held by {blockers}"
@@ -133,7 +135,9 @@ def _waited(lock_timeout: float, watch: BlockerWatch) -> str:
 def _still_waiting(blockers: list[Blocker], seconds: float) -> None:
     """A line on stderr while the migration waits on and on (an index build ``CONCURRENTLY``
     waits for every transaction older than it, with no lock_timeout to end the wait)."""
-    named = "; ".join(b.describe() for b in blockers)
+    from pgqueue.migrations.blockers import described
+
+    named = described(blockers)
     echo(
         f"{this_cli()} migrate: waiting {seconds:.0f} s so far for {named} to end its "
         "transaction; the migration goes on when it does",

@@ -1,6 +1,6 @@
 """The migrations' own reads and settings (``sql.schema``): a transaction's timeouts, the lock
-of migration runs, the sessions that block a migration, and whether what a downgrade would destroy holds data; over
-``db.Executor``, never committing.
+of migration runs, the sessions that block a migration, and whether what a downgrade would
+destroy holds data; over ``db.Executor``, never committing.
 """
 
 from __future__ import annotations

@@ -194,25 +194,33 @@ def _known_revision(script: ScriptDirectory, revision: str) -> Iterator[None]:
 
 
 def _run(connection: Connection, step: Any, lock_timeout: float) -> None:
-    # Run the revisions on a MigrationContext of our own rather than through alembic.command:
-    # a command would load an env.py and install Alembic's module-level ``op``/``context``
-    # proxies, clobbering those of a host migration that called us. The host's ``op`` proxy,
-    # if any, is put back afterwards.
-    from alembic import op as op_module
-
     previous = schema_data.current_timeouts(ConnectionExecutor(connection))
     _set_timeouts(connection, "0", _milliseconds(lock_timeout))
-    outer = getattr(op_module, "_proxy", None)
     context = MigrationContext.configure(
         connection, opts={"version_table": VERSION_TABLE, "fn": step}
     )
+    with _operations(context):
+        context.run_migrations()
+    _set_timeouts(connection, previous[0], previous[1])
+
+
+@contextmanager
+def _operations(context: MigrationContext) -> Iterator[None]:
+    """Alembic's ``op`` bound to ``context`` for the block.
+
+    pgqueue runs the revisions on a MigrationContext of its own rather than through
+    alembic.command: a command would load an env.py and install Alembic's module-level
+    ``op``/``context`` proxies, clobbering those of a host migration that called it. The host's
+    ``op`` proxy, if any, is put back afterwards."""
+    from alembic import op as op_module
+
+    outer = getattr(op_module, "_proxy", None)
     try:
         with Operations.context(context):
-            context.run_migrations()
+            yield
     finally:
         if outer is not None:
             outer._install_proxy()
-    _set_timeouts(connection, previous[0], previous[1])
 
 
 def _refuse_open_transaction(connection: Connection, own_transaction: bool) -> None:
@@ -260,11 +268,8 @@ def _one_run_at_a_time(engine: Engine) -> Iterator[None]:
 
 
 def _run_alembic_owned(connection: Connection, step: Any, lock_timeout: float) -> None:
-    from alembic import op as op_module
-
     milliseconds = _milliseconds(lock_timeout)
     commits: list[bool] = []
-    outer = getattr(op_module, "_proxy", None)
     context = MigrationContext.configure(
         connection,
         opts={
@@ -275,7 +280,7 @@ def _run_alembic_owned(connection: Connection, step: Any, lock_timeout: float) -
         },
     )
     try:
-        with Operations.context(context), context.begin_transaction():
+        with _operations(context), context.begin_transaction():
             _set_timeouts(connection, "0", milliseconds)
             context.run_migrations()
     except Exception as exc:
@@ -295,9 +300,6 @@ def _run_alembic_owned(connection: Connection, step: Any, lock_timeout: float) -
             "the online index builds of the next); migrate again to continue",
             revision,
         ) from exc
-    finally:
-        if outer is not None:
-            outer._install_proxy()
 
 
 def _recorded_after_failure(connection: Connection) -> str | None:

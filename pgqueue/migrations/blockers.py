@@ -52,6 +52,11 @@ class Blocker:
         return ", ".join(parts)
 
 
+def described(blockers: list[Blocker]) -> str:
+    """``blockers`` as one line, each as :meth:`Blocker.describe` gives it."""
+    return "; ".join(blocker.describe() for blocker in blockers)
+
+
 def session_pid(connection: Connection) -> int:
     """The server process id of ``connection``'s session."""
     return schema_data.backend_pid(ConnectionExecutor(connection))

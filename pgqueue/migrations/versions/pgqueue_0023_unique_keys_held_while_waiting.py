@@ -25,10 +25,11 @@ nothing of the caller's), the index is built in that transaction instead: writes
 
 The upgrade refuses (``MigrationRefused``, nothing changed) when a waiting job's key is held by another job that has
 not ended (only possible for rows written by hand: no earlier pgqueue writes a waiting job with
-a key). The downgrade refuses (``MigrationRefused``; nothing changed, unless 0025's downgrade in the
-same run already committed its online swap) while a waiting job has a unique key: the older schema would let another job take that key, and the waiting job's release
-would then fail on the unique index in its parent's outcome transaction. Let such jobs start or
-end, or cancel them, then downgrade again.
+a key). The downgrade refuses (``MigrationRefused``; nothing changed, unless 0025's downgrade in
+the same run already committed its online swap) while a waiting job has a unique key: the older
+schema would let another job take that key, and the waiting job's release would then fail on
+the unique index in its parent's outcome transaction. Let such jobs start or end, or cancel
+them, then downgrade again.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ writing ``pgqueue_jobs`` meanwhile; this needs Alembic to own the migration's tr
 (``pgqueue migrate``, ``PgQueue.migrate()``, a host's Alembic whose ``env.py`` begins it, or
 offline SQL). In a transaction its caller opened (``pgqueue.migrations.upgrade(connection)``
 from a host's revision) the indexes are built in that transaction: writes to ``pgqueue_jobs``
-wait for the builds (a scan of the table each, seconds per million rows). The downgrade puts the full indexes back the
-same way. Statements of either version read either index: those of this one name the
-predicate, and an index without one serves them too.
+wait for the builds (a scan of the table each, seconds per million rows). The downgrade puts
+the full indexes back the same way. Statements of either version read either index: those of
+this one name the predicate, and an index without one serves them too.
 """
 
 from __future__ import annotations
