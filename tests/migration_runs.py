@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
@@ -30,6 +31,26 @@ def migrate(
         text=True,
         timeout=120,
     )
+
+
+def migrated_to(url: URL, revision: str) -> None:
+    """Upgrade the database at ``url`` to ``revision``, in a transaction of its own."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            migrations.upgrade(connection, revision)
+    finally:
+        engine.dispose()
+
+
+def rows_of(url: URL, sql: str) -> list[Any]:
+    """The rows ``sql`` reads from the database at ``url``."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return list(connection.execute(text(sql)).all())
+    finally:
+        engine.dispose()
 
 
 def revision_of(url: URL) -> str | None:

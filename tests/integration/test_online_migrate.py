@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from alembic.runtime.migration import MigrationContext
-from migration_runs import lock_held, migrate, revision_of
+from migration_runs import lock_held, migrate, migrated_to, revision_of, rows_of
 from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.engine import URL
 
@@ -31,18 +31,12 @@ INSERT_JOB = "INSERT INTO pgqueue_jobs (task_name, queue) VALUES ('t', 'q')"
 
 
 def _state_predicates(url: URL) -> dict[str, str | None]:
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            rows = connection.execute(
-                text(
-                    "SELECT c.relname, pg_get_expr(i.indpred, i.indrelid)"
-                    " FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
-                    " WHERE c.relname LIKE 'ix\\_pgqueue\\_jobs\\_%state\\_id%' AND i.indisvalid"
-                )
-            ).all()
-    finally:
-        engine.dispose()
+    rows = rows_of(
+        url,
+        "SELECT c.relname, pg_get_expr(i.indpred, i.indrelid)"
+        " FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
+        " WHERE c.relname LIKE 'ix\\_pgqueue\\_jobs\\_%state\\_id%' AND i.indisvalid",
+    )
     return {name: predicate for name, predicate in rows}
 
 
@@ -125,10 +119,7 @@ def test_migrate_builds_the_state_indexes_concurrently_while_jobs_are_written(
 def test_a_lock_timeout_after_an_online_build_names_the_revision_reached(
     empty_database_url: URL, tmp_path: Path
 ) -> None:
-    engine = create_engine(empty_database_url)
-    with engine.begin() as connection:
-        migrations.upgrade(connection, "pgqueue_0022")
-    engine.dispose()
+    migrated_to(empty_database_url, "pgqueue_0022")
     # 0023 commits the run and swaps its unique index online (the holder holds no lock on
     # pgqueue_jobs and no snapshot, so the build does not wait for it); 0024 then alters
     # pgqueue_workflows, whose lock the holder keeps: only the migration's lock_timeout, given
@@ -194,10 +185,7 @@ def test_own_transaction_refuses_a_connection_in_a_transaction(empty_database_ur
 def test_an_online_build_longer_than_statement_timeout_completes(
     empty_database_url: URL, tmp_path: Path
 ) -> None:
-    engine = create_engine(empty_database_url)
-    with engine.begin() as connection:
-        migrations.upgrade(connection, "pgqueue_0024")
-    engine.dispose()
+    migrated_to(empty_database_url, "pgqueue_0024")
     # 0025's concurrent builds wait 1.5 s for an older transaction that wrote to pgqueue_jobs:
     # longer than a 300 ms statement_timeout. Outside the migration's transaction no SET LOCAL
     # lifts pgqueue's own statement_timeout: the migration's connection must not carry it.
@@ -211,10 +199,7 @@ def test_an_online_build_longer_than_statement_timeout_completes(
 
 
 def test_pgqueue_migrate_builds_online(empty_database_url: URL) -> None:
-    engine = create_engine(empty_database_url)
-    with engine.begin() as connection:
-        migrations.upgrade(connection, "pgqueue_0024")
-    engine.dispose()
+    migrated_to(empty_database_url, "pgqueue_0024")
     pgq = PgQueue(empty_database_url.render_as_string(hide_password=False), settings=Settings())
     statements: list[str] = []
     event.listen(pgq.handler_engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
@@ -255,10 +240,7 @@ def test_a_refusal_after_an_online_step_does_not_say_nothing_changed(
 def test_a_long_wait_for_an_older_transaction_is_reported_while_it_lasts(
     empty_database_url: URL, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = create_engine(empty_database_url)
-    with engine.begin() as connection:
-        migrations.upgrade(connection, "pgqueue_0024")
-    engine.dispose()
+    migrated_to(empty_database_url, "pgqueue_0024")
     monkeypatch.setattr(blockers, "WAIT_NOTICE_AFTER", 0.5)
     pgq = PgQueue(empty_database_url.render_as_string(hide_password=False), settings=Settings())
     failures: list[BaseException] = []
@@ -328,15 +310,9 @@ def test_app_instances_that_each_migrate_as_they_start_all_succeed(
     assert _state_predicates(empty_database_url) == dict.fromkeys(
         STATE_INDEXES, "((state)::text <> 'running'::text)"
     )
-    engine = create_engine(empty_database_url)
-    try:
-        with engine.connect() as connection:
-            leftovers = connection.execute(
-                text(
-                    "SELECT c.relname FROM pg_index AS i JOIN pg_class AS c"
-                    " ON c.oid = i.indexrelid WHERE c.relname LIKE '%\\_swap' OR NOT i.indisvalid"
-                )
-            ).all()
-    finally:
-        engine.dispose()
+    leftovers = rows_of(
+        empty_database_url,
+        "SELECT c.relname FROM pg_index AS i JOIN pg_class AS c"
+        " ON c.oid = i.indexrelid WHERE c.relname LIKE '%\\_swap' OR NOT i.indisvalid",
+    )
     assert leftovers == []
