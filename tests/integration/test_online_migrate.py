@@ -316,3 +316,36 @@ def test_app_instances_that_each_migrate_as_they_start_all_succeed(
         " ON c.oid = i.indexrelid WHERE c.relname LIKE '%\\_swap' OR NOT i.indisvalid",
     )
     assert leftovers == []
+
+
+def test_a_build_left_invalid_by_an_interrupted_run_is_dropped_by_the_next(
+    empty_database_url: URL, tmp_path: Path
+) -> None:
+    migrated_to(empty_database_url, "pgqueue_0024")
+    engine = create_engine(empty_database_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            connection.execute(text(INSERT_JOB))
+            connection.execute(text(INSERT_JOB))
+            # A concurrent build that fails leaves its index behind, INVALID, as a cancelled
+            # build of an interrupted run does: here a unique one over two equal rows.
+            with pytest.raises(Exception, match="could not create unique index"):
+                connection.execute(
+                    text(
+                        "CREATE UNIQUE INDEX CONCURRENTLY ix_pgqueue_jobs_queue_state_id_swap"
+                        " ON pgqueue_jobs (queue)"
+                    )
+                )
+    finally:
+        engine.dispose()
+    invalid = "SELECT c.relname FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
+    invalid += " WHERE NOT i.indisvalid"
+    assert rows_of(empty_database_url, invalid) == [("ix_pgqueue_jobs_queue_state_id_swap",)]
+
+    result = migrate([], empty_database_url, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert revision_of(empty_database_url) == migrations.head()
+    assert rows_of(empty_database_url, invalid) == []
+    assert _state_predicates(empty_database_url) == dict.fromkeys(
+        STATE_INDEXES, "((state)::text <> 'running'::text)"
+    )
