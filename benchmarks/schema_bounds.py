@@ -7,6 +7,9 @@ enqueue on scratch databases whose jobs table is cut down step by step (``VARIAN
 the raw-SQL ceiling of the same round:
 
 - ``as shipped``: pgqueue's schema;
+- ``as shipped, fillfactor 70`` and ``50``: the same with room left on each page, so the claim's
+  and the outcome's new versions of a job row can stay on its page (no index is dropped, so
+  neither update is heap-only);
 - ``no dashboard indexes``: without ``(queue, state, id)`` and ``(task_name, state, id)``;
 - ``state indexes holding running jobs``: those two without their predicate (``state <>
   'running'``), as before migration ``pgqueue_0025``, so a claim writes into them;
@@ -105,6 +108,10 @@ _LIVE_TABLE = (
 # Name -> the statements that turn a migrated database into the variant.
 VARIANTS: dict[str, tuple[str, ...]] = {
     "as shipped": (),
+    # Every index kept, room left on each page: an update whose new version fits on the old
+    # one's page writes no lock record first and dirties one page, not two.
+    "as shipped, fillfactor 70": ("ALTER TABLE pgqueue_jobs SET (fillfactor = 70)",),
+    "as shipped, fillfactor 50": ("ALTER TABLE pgqueue_jobs SET (fillfactor = 50)",),
     "no dashboard indexes": _DASHBOARD,
     # The dashboard's indexes holding running jobs too, as before migration pgqueue_0025: the
     # claim's update then writes four index entries (the primary key's, both of these, the
