@@ -13,7 +13,6 @@ import asyncio
 import datetime as dt
 import functools
 import threading
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec
 
@@ -90,7 +89,7 @@ class JobContext:
         session_factory: Callable[[], Session],
         cancel_event: threading.Event,
         progress_sink: Callable[[Progress], None] | None = None,
-        lease_token: uuid.UUID | None = None,
+        lease_token: str | None = None,
         atomic: bool = False,
         settings: Settings | None = None,
     ) -> None:

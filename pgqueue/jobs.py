@@ -8,7 +8,6 @@ and the worker can all name them without importing each other.
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ _COMPLETE, _RETRY, _FAIL, _CANCELLED, _RELEASE, _SNOOZE, _SUSPEND = (
 # What a handler reported with ``JobContext.progress``: the fraction done and a message.
 Progress = tuple[float, str | None]
 # A held attempt's lease to extend: (job id, lease token, lease seconds).
-Lease = tuple[int, uuid.UUID, float]
+Lease = tuple[int, str, float]
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass is slower to build, once per job
@@ -86,7 +85,8 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     priority: int
-    lease_token: uuid.UUID
+    # The lease's fencing token as the text of its UUID: a worker only sends it back.
+    lease_token: str
     atomic: bool
     cancel_requested: bool
     # The enqueuing code's trace context (JSON text as stored, read only when tracing is on).
@@ -114,7 +114,7 @@ class Outcome:
     """
 
     job_id: int
-    lease_token: uuid.UUID
+    lease_token: str  # the attempt's ``ClaimedJob.lease_token``
     kind: OutcomeKind
     result_json: str = "null"
     error: str = ""

@@ -101,7 +101,7 @@ class AttemptSteps:
         self,
         *,
         job_id: int,
-        lease_token: uuid.UUID,
+        lease_token: str,
         atomic: bool,
         session: Callable[[], Session],
         max_bytes: int,

@@ -5,7 +5,6 @@ dependents of ended jobs settled alongside) and extending their leases (``sql.ou
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ from pgqueue.data import dependencies
 from pgqueue.data import signals as signals_data
 from pgqueue.data.workers import worker_params
 from pgqueue.db import SessionOrExecutor, executor_for
-from pgqueue.jobs import Outcome, Progress, WorkerEntry
+from pgqueue.jobs import Lease, Outcome, Progress, WorkerEntry
 from pgqueue.sql import maintenance
 from pgqueue.sql import outcomes as outcome_sql
 from pgqueue.sql import workers as workers_sql
@@ -131,7 +130,7 @@ def _add_progress(params: dict[str, Any], batch: Sequence[Outcome]) -> bool:
 
 def heartbeat(
     db: SessionOrExecutor,
-    leases: Sequence[tuple[int, uuid.UUID, float]],
+    leases: Sequence[Lease],
     worker: WorkerEntry | None = None,
     progress: Mapping[int, Progress] | None = None,
 ) -> dict[int, bool]:

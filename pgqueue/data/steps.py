@@ -3,7 +3,6 @@ job's lease; over ``db.Executor`` or a caller's ``Session``, never committing.""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +17,7 @@ def load_saved(db: SessionOrExecutor, job_id: int) -> dict[str, str]:
     return {name: result for name, result in rows}
 
 
-def save(db: SessionOrExecutor, job_id: int, token: uuid.UUID, name: str, result: str) -> None:
+def save(db: SessionOrExecutor, job_id: int, token: str, name: str, result: str) -> None:
     """Save step ``name`` of job ``job_id`` with ``result`` (JSON text) under lease ``token``.
     Raises LeaseLost when that lease is no longer the job's."""
     params: Mapping[str, Any] = {"job_id": job_id, "token": token, "name": name, "result": result}

@@ -31,9 +31,9 @@ from __future__ import annotations
 import collections
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 
+from pgqueue.jobs import Lease
 from pgqueue.worker.execution import Execution
 
 MIN_HUNG_THREADS = 10
@@ -180,7 +180,7 @@ class Slots:
         with self._lock:
             return list(self._running)
 
-    def leases(self) -> list[tuple[int, uuid.UUID, float]]:
+    def leases(self) -> list[Lease]:
         """``(job id, lease token, lease seconds)`` of the held attempts to extend: not those
         whose outcome is being written (the write may commit first, which would look like a
         lost lease), nor those already known lost. Until the caller's ``beat_done``, a

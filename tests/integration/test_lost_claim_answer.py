@@ -84,7 +84,8 @@ def assert_took_back_exactly_the_lost_claim(pgq: PgQueue, s: Scene, jobs: list[A
     with pgq.engine.connect() as connection:
         rows = connection.execute(
             text(
-                "SELECT id, state, attempts, lease_owner, lease_token FROM pgqueue_jobs ORDER BY id"
+                "SELECT id, state, attempts, lease_owner, lease_token::text AS lease_token"
+                " FROM pgqueue_jobs ORDER BY id"
             )
         ).all()
     tokens = {j.id: j.lease_token for j in jobs}
@@ -177,7 +178,10 @@ def test_a_claim_keeps_its_jobs_when_the_connection_dies_in_the_look_after_it(
     assert sorted(j.id for j in jobs) == ids
     with engine.connect() as connection:
         rows = connection.execute(
-            text("SELECT id, state, lease_owner, lease_token FROM pgqueue_jobs ORDER BY id")
+            text(
+                "SELECT id, state, lease_owner, lease_token::text AS lease_token"
+                " FROM pgqueue_jobs ORDER BY id"
+            )
         ).all()
     tokens = {j.id: j.lease_token for j in jobs}
     assert [(r.id, r.state, r.lease_owner, r.lease_token) for r in rows] == [
@@ -236,7 +240,8 @@ def test_the_take_back_leaves_alone_an_atomic_job_its_probe_claimed_meanwhile(
     with pgq.engine.connect() as connection:
         row = connection.execute(
             text(
-                "SELECT state, attempts, lease_owner, lease_token FROM pgqueue_jobs WHERE id = :id"
+                "SELECT state, attempts, lease_owner, lease_token::text FROM pgqueue_jobs"
+                " WHERE id = :id"
             ),
             {"id": atomic_id},
         ).one()

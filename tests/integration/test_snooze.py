@@ -215,7 +215,7 @@ def test_snoozes_are_batched_with_other_outcomes_and_fenced_by_the_lease(pgq: Pg
     claimed = sorted(_claim(pgq, 5), key=lambda job: job.id)
     assert [job.id for job in claimed] == ids
     stale = claimed[4]
-    stale.lease_token = uuid.uuid4()  # as if its lease had been lost to another worker
+    stale.lease_token = str(uuid.uuid4())  # as if its lease had been lost to another worker
     outcomes = [
         Outcome.complete(claimed[0]),
         Outcome.snooze(claimed[1], 60.0, 100),

@@ -11,7 +11,7 @@ from pgqueue.worker.slots import Slots
 
 
 def _execution(job_id: int) -> Execution:
-    job = ClaimedJob(job_id, "t", "default", [], {}, 1, 3, 0, uuid.uuid4(), False, False)
+    job = ClaimedJob(job_id, "t", "default", [], {}, 1, 3, 0, str(uuid.uuid4()), False, False)
     return Execution(job, 30.0, None, 0.0)
 
 

@@ -27,7 +27,7 @@ from pgqueue.worker.executor import Executor
 
 
 def _job(*, attempt: int = 1, max_attempts: int = 3) -> ClaimedJob:
-    token = uuid.uuid4()
+    token = str(uuid.uuid4())
     return ClaimedJob(7, "t", "default", [], {}, attempt, max_attempts, 0, token, False, False)
 
 

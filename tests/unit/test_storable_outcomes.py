@@ -139,7 +139,7 @@ def _job(
         attempt=attempt,
         max_attempts=max_attempts,
         priority=0,
-        lease_token=uuid.uuid4(),
+        lease_token=str(uuid.uuid4()),
         atomic=False,
         cancel_requested=False,
         problem=problem,

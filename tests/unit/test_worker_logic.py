@@ -27,7 +27,7 @@ from pgqueue.worker.stats import OutcomeReport, WorkerStats
 
 
 def _job(job_id: int = 1, *, attempt: int = 1, max_attempts: int = 3) -> ClaimedJob:
-    token = uuid.uuid4()
+    token = str(uuid.uuid4())
     return ClaimedJob(job_id, "t", "default", [], {}, attempt, max_attempts, 0, token, False, False)
 
 

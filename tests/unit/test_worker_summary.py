@@ -30,7 +30,7 @@ def _job(job_id: int) -> ClaimedJob:
         attempt=1,
         max_attempts=3,
         priority=0,
-        lease_token=uuid.uuid4(),
+        lease_token=str(uuid.uuid4()),
         atomic=False,
         cancel_requested=False,
     )
