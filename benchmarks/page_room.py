@@ -8,7 +8,8 @@ process (``pgqueue worker --drain``), then ``VACUUM`` the table, as autovacuum w
 busy spells. The first cycle's drain is read with ``pg_walinspect`` (created in the scratch
 database; a superuser's server): the drain's WAL records per job by kind (a heap ``LOCK`` record
 precedes every update whose new version leaves its page) and its bytes per job. After each
-cycle the table's size in pages is read. Prints a Markdown table and writes the JSON to
+cycle the table's size in pages is read. On a server without ``pg_walinspect`` (PostgreSQL 14)
+the record kinds are left out. Prints a Markdown table and writes the JSON to
 ``benchmarks/results/<timestamp>-page-room.json``.
 
 A measurement for the schema decisions of ``benchmarks.schema_bounds``'s fillfactor variants,
@@ -37,6 +38,8 @@ from benchmarks.workloads import fill_pgqueue, worker_command, worker_env
 WAL_KINDS = """SELECT "resource_manager/record_type", count, combined_size
 FROM pg_get_wal_stats(%s, %s, true) WHERE count > 0 ORDER BY combined_size DESC"""
 PAGES = "SELECT pg_relation_size('pgqueue_jobs') / current_setting('block_size')::int"
+# PostgreSQL 14 has no pg_walinspect: there the kinds are left empty (the bytes are core).
+AVAILABLE = "SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_walinspect'"
 
 
 def _drain(url: URL) -> None:
@@ -48,7 +51,9 @@ def measure(server: Server, fillfactor: int, jobs: int, cycles: int) -> dict[str
     kind, and the table's pages after each cycle."""
     with server.fresh_database(f"room{fillfactor}") as url:
         with psycopg.connect(libpq(url), autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            walinspect = bool(conn.execute(AVAILABLE).fetchone()[0])
+            if walinspect:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
             # A literal: ALTER TABLE takes no parameters (an int from argparse).
             conn.execute(f"ALTER TABLE pgqueue_jobs SET (fillfactor = {int(fillfactor)})")
         wal: dict[str, dict[str, float]] = {}
@@ -63,8 +68,9 @@ def measure(server: Server, fillfactor: int, jobs: int, cycles: int) -> dict[str
             with psycopg.connect(libpq(url), autocommit=True) as conn:
                 if cycle == 0:
                     end = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
-                    for kind, count, size in conn.execute(WAL_KINDS, (start, end)):
-                        wal[kind] = {"per_job": count / jobs, "bytes_per_job": size / jobs}
+                    if walinspect:
+                        for kind, count, size in conn.execute(WAL_KINDS, (start, end)):
+                            wal[kind] = {"per_job": count / jobs, "bytes_per_job": size / jobs}
                     wal_bytes = (
                         float(
                             conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (end, start)).fetchone()[
