@@ -19,31 +19,39 @@ not a throughput benchmark: the drains are not timed against a ceiling.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import subprocess
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from sqlalchemy.engine import URL
 
-from benchmarks import server as server_module
-from benchmarks.run import RESULTS_DIR, machine
+from benchmarks.run import standalone, write_json
 from benchmarks.server import Server, libpq
 from benchmarks.workloads import fill_pgqueue, worker_command, worker_env
 
 # The drain's WAL by record kind, per job: count and bytes (full-page images included).
 WAL_KINDS = """SELECT "resource_manager/record_type", count, combined_size
 FROM pg_get_wal_stats(%s, %s, true) WHERE count > 0 ORDER BY combined_size DESC"""
-PAGES = "SELECT pg_relation_size('pgqueue_jobs') / current_setting('block_size')::int"
+SIZE = "SELECT pg_relation_size('pgqueue_jobs'), current_setting('block_size')::int"
 # PostgreSQL 14 has no pg_walinspect: there the kinds are left empty (the bytes are core).
 AVAILABLE = "SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_walinspect'"
 
 
 def _drain(url: URL) -> None:
     subprocess.run(worker_command(10), env=worker_env(url), check=True, capture_output=True)
+
+
+def _wal_read(
+    conn: psycopg.Connection[Any], start: str, jobs: int, walinspect: bool
+) -> tuple[float, dict[str, dict[str, float]]]:
+    """The WAL written since ``start``: bytes per job, and per record kind (when
+    ``pg_walinspect`` is there) records and bytes per job."""
+    end = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    written = conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (end, start)).fetchone()[0]
+    kinds = conn.execute(WAL_KINDS, (start, end)).fetchall() if walinspect else []
+    by_kind = {kind: {"per_job": n / jobs, "bytes_per_job": size / jobs} for kind, n, size in kinds}
+    return float(written) / jobs, by_kind
 
 
 def measure(server: Server, fillfactor: int, jobs: int, cycles: int) -> dict[str, Any]:
@@ -56,8 +64,7 @@ def measure(server: Server, fillfactor: int, jobs: int, cycles: int) -> dict[str
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
             # A literal: ALTER TABLE takes no parameters (an int from argparse).
             conn.execute(f"ALTER TABLE pgqueue_jobs SET (fillfactor = {int(fillfactor)})")
-        wal: dict[str, dict[str, float]] = {}
-        wal_bytes = 0.0
+        wal_bytes, wal = 0.0, {}
         pages: list[int] = []
         for cycle in range(cycles):
             fill_pgqueue(url, jobs)
@@ -67,27 +74,17 @@ def measure(server: Server, fillfactor: int, jobs: int, cycles: int) -> dict[str
             _drain(url)
             with psycopg.connect(libpq(url), autocommit=True) as conn:
                 if cycle == 0:
-                    end = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
-                    if walinspect:
-                        for kind, count, size in conn.execute(WAL_KINDS, (start, end)):
-                            wal[kind] = {"per_job": count / jobs, "bytes_per_job": size / jobs}
-                    wal_bytes = (
-                        float(
-                            conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (end, start)).fetchone()[
-                                0
-                            ]
-                        )
-                        / jobs
-                    )
+                    wal_bytes, wal = _wal_read(conn, start, jobs, walinspect)
                 conn.execute("VACUUM pgqueue_jobs")
-                pages.append(int(conn.execute(PAGES).fetchone()[0]))
+                size, block = conn.execute(SIZE).fetchone()
+                pages.append(size // block)
     return {
         "fillfactor": fillfactor,
         "jobs_per_cycle": jobs,
         "wal_bytes_per_job": wal_bytes,
         "wal": wal,
         "pages_after_cycle": pages,
-        "bytes_per_job_kept": pages[-1] * 8192 / (jobs * cycles),
+        "bytes_per_job_kept": size / (jobs * cycles),
     }
 
 
@@ -113,25 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=30_000)
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--fillfactor", type=int, action="append", dest="fillfactors")
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("PGQUEUE_DATABASE_URL"),
-        help="a server on this host (default $PGQUEUE_DATABASE_URL, else a durable embedded one)",
-    )
     args = parser.parse_args(argv)
     fillfactors = args.fillfactors or [100, 70, 50]
     if any(not 10 <= f <= 100 for f in fillfactors):
         parser.error("a fillfactor is a percentage from 10 to 100")
-    with server_module.start(args.database_url) as server:
-        settings = server.settings()
-        results = [measure(server, f, args.jobs, args.cycles) for f in fillfactors]
-    print(markdown_table(results))
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    path = RESULTS_DIR / f"{stamp}-page-room.json"
-    report = {"machine": machine(), "server": settings, "args": vars(args), "rows": results}
-    path.write_text(json.dumps(report, indent=2, default=str))
-    print(f"JSON: {path}")
+    report = standalone(
+        lambda server, a: {"rows": [measure(server, f, a.jobs, a.cycles) for f in fillfactors]},
+        args,
+    )
+    report["mode"] = "page-room"
+    print(markdown_table(report["rows"]))
+    print(f"JSON: {write_json(report, None)}")
     return 0
 
 

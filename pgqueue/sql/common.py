@@ -150,10 +150,9 @@ CLEAR_LEASE: Final[dict[str, Any]] = {
 # Python cannot decode fails alone instead of the claim's whole answer. The trace context too,
 # decoded only by a worker that traces; returned whether or not it does, so the claim has one
 # form: for the usual null the column costs a null in the answer. The lease token as its text:
-# the worker only sends it back (outcomes, heartbeats, steps), and a ``uuid.UUID`` per job,
-# built on reading and turned back into text for each batch, cost about as much of the
-# worker's time as the rest of the row. ``keyed`` lets the outcome statements of jobs without a
-# concurrency key skip the key counters.
+# the worker only sends it back (outcomes, heartbeats, steps), so a ``uuid.UUID`` built per job
+# on reading, and turned back into text for every batch, would be work for nothing. ``keyed``
+# lets the outcome statements of jobs without a concurrency key skip the key counters.
 CLAIMED_COLUMNS: Final[tuple[Any, ...]] = (
     Job.id,
     Job.task_name,
