@@ -41,6 +41,7 @@ from benchmarks.workloads import (
     worker_command,
     worker_env,
 )
+from pgqueue.config import redact_url
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -184,7 +185,9 @@ def main() -> None:
     if args.json:
         summary = summarize(drains, [str(tree) for tree in trees])
         print(json.dumps(summary, indent=1), flush=True)
-        document = {"command": sys.argv, "jobs": args.jobs, "rounds": args.rounds}
+        # Results files are committed: the server URL's password is hidden.
+        command = [redact_url(part) if "://" in part else part for part in sys.argv]
+        document = {"command": command, "jobs": args.jobs, "rounds": args.rounds}
         document |= {"summary": summary, "drains": drains, "loadavg_end": os.getloadavg()}
         args.json.write_text(json.dumps(document, indent=1) + "\n")
 
