@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy.orm import Session
@@ -166,27 +167,43 @@ def finished_per_clock_minute(
 ) -> dict[str, dict[JobState, list[int]]]:
     """``{queue: {state: [count per minute]}}`` over the last 60 clock minutes, index 0 the
     current one, under the partitioned history: moved jobs from their per-minute counts, the
-    live table's finished jobs read up to ``cap``. Only queues with finished jobs appear."""
+    live table's finished jobs among its ``cap`` most recent. Only queues with finished jobs
+    appear."""
     return _series(executor_for(db).rows(admin.finished_per_clock_minute(), {"cap": cap}), 60)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowEdge:
+    """Of the ``cap`` most recently finished jobs, the ``count`` that finished within a window,
+    and how many seconds ago the oldest of those finished (None when none did)."""
+
+    count: int
+    seconds_ago: float | None
+
+    def shortens(self, cap: int) -> float | None:
+        """The window holding the ``cap`` newest jobs (seconds) when this one holds at least
+        that many; None when it holds fewer."""
+        return self.seconds_ago if self.count >= cap else None
 
 
 def finished_window_edge(
     db: SessionOrExecutor, window: float, cap: int, *, history: bool = False
-) -> float | None:
-    """Seconds since the ``cap``-th most recently finished job of the last ``window`` seconds
-    finished; None when fewer than ``cap`` finished in that window. Of the moved jobs with
-    ``history``."""
-    params = {"window": float(window), "skip": cap - 1}
-    rows = executor_for(db).rows(admin.finished_window_edge(history), params)
-    return float(rows[0][0]) if rows else None
+) -> WindowEdge:
+    """How many of the ``cap`` most recently finished jobs finished within the last ``window``
+    seconds, and when the oldest of them did. Of the moved jobs with ``history``."""
+    params = {"window": float(window), "cap": cap}
+    count, seconds_ago = executor_for(db).rows(admin.finished_window_edge(history), params)[0]
+    return WindowEdge(int(count), None if seconds_ago is None else float(seconds_ago))
 
 
 def finished_per_bucket(
     db: SessionOrExecutor, width: float, buckets: int, cap: int, *, history: bool = False
 ) -> dict[str, dict[JobState, list[int]]]:
     """``{queue: {state: [count per bucket]}}`` over the last ``buckets`` x ``width`` seconds,
-    counting at most the ``cap`` most recent jobs; index 0 is the newest bucket. Only queues
-    with finished jobs in that window appear. Of the moved jobs with ``history``."""
+    of the ``cap`` most recently finished jobs; index 0 is the newest bucket. Only queues with
+    finished jobs in that window appear. Of the moved jobs with ``history``."""
+    if cap < 1:
+        return {}
     params = {"window": float(width * buckets), "width": float(width), "cap": cap}
     return _series(executor_for(db).rows(admin.finished_per_bucket(history), params), buckets)
 
@@ -310,17 +327,22 @@ def recent_throughput(
     buckets (at most 60). Reads at most about ``cap`` index entries per table twice. Under the
     partitioned history the moved jobs of a whole hour come from their per-minute counts."""
     ex = executor_for(db)
-    live_edge = finished_window_edge(ex, THROUGHPUT_WINDOW, cap)
+    # The bucket reads take as many of the newest jobs as each table's window was seen to
+    # hold (at most ``cap``): in a quiet hour, only the hour's few.
+    live = finished_window_edge(ex, THROUGHPUT_WINDOW, cap)
+    held = {False: live.count}
+    live_edge = live.shortens(cap)
     edges = [] if live_edge is None else [live_edge]
     if tables.partitioned:
         if live_edge is None:
             # The whole hour: the live table's few minutes of finished jobs, and the moved ones
             # from their per-minute counts (never the history's rows).
-            return THROUGHPUT_WINDOW, 60, finished_per_clock_minute(ex, cap), False
+            return THROUGHPUT_WINDOW, 60, finished_per_clock_minute(ex, live.count), False
         # The window is no longer than the live table's: the history is read within it only,
         # to ``cap`` as well, so at most about twice ``cap`` jobs are read.
-        moved_edge = finished_window_edge(ex, live_edge, cap, history=True)
-        if moved_edge is not None:
+        moved = finished_window_edge(ex, live_edge, cap, history=True)
+        held[True] = moved.count
+        if (moved_edge := moved.shortens(cap)) is not None:
             edges.append(moved_edge)
     edge = min(edges) if edges else None
     if edge is None:
@@ -331,8 +353,8 @@ def recent_throughput(
         # that finished within one bucket, some seconds ago, falls outside it.
         window = max(1, math.ceil(edge / width)) * width
     series: dict[str, dict[JobState, list[int]]] = {}
-    for moved in tables.reads:
-        part = finished_per_bucket(ex, width, window // width, cap, history=moved)
+    for in_history in tables.reads:
+        part = finished_per_bucket(ex, width, window // width, held[in_history], history=in_history)
         for queue, by_state in part.items():
             for state, counts in by_state.items():
                 into = series.setdefault(queue, {}).setdefault(state, [0] * len(counts))

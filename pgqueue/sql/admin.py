@@ -16,7 +16,6 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
-    and_,
     bindparam,
     case,
     cast,
@@ -225,21 +224,18 @@ def finished_per_minute() -> Select[str, JobState, int, int]:
 def finished_per_clock_minute() -> Select[str, JobState, int, int]:
     """``(queue, state, minutes_ago, count)`` over the last 60 clock minutes (0 = the current
     one, whole minutes since the Unix epoch) under the partitioned history: the jobs still in
-    ``pgqueue_jobs`` (at most the ``cap`` most recent, on the ``finished_at`` index) plus the
+    ``pgqueue_jobs`` (of the ``cap`` most recently finished, ``newest_finished``) plus the
     moved ones' counts in ``pgqueue_finished_minutes``, which the move writes as it deletes
     them. One statement, so one snapshot: a job moved meanwhile is counted exactly once."""
     this_minute = minute_of(func.now())
     since = this_minute - seconds(literal(59 * 60.0))
-    recent = (
-        select(Job.queue, Job.state, minute_of(Job.finished_at).label("minute"))
-        .where(Job.finished_at.is_not(None), Job.finished_at >= since)
-        .order_by(Job.finished_at.desc())
-        .limit(bindparam("cap", type_=Integer))
-        .subquery("recent")
+    recent = newest_finished(Job, Job.queue, Job.state, Job.finished_at)
+    minute = minute_of(recent.c.finished_at).label("minute")
+    live = (
+        select(recent.c.queue, recent.c.state, minute, func.count().label("jobs"))
+        .where(recent.c.finished_at >= since)
+        .group_by(recent.c.queue, recent.c.state, minute)
     )
-    live = select(
-        recent.c.queue, recent.c.state, recent.c.minute, func.count().label("jobs")
-    ).group_by(recent.c.queue, recent.c.state, recent.c.minute)
     moved = select(
         FinishedMinute.queue, FinishedMinute.state, FinishedMinute.minute, FinishedMinute.jobs
     ).where(FinishedMinute.minute >= since)
@@ -264,56 +260,64 @@ def seconds_ago(at: Any) -> ColumnElement[float]:
     return seconds
 
 
-def _finished_within(Job: Any) -> ColumnElement[bool]:
-    """Finished during the last ``window`` seconds (a bound float), on the ``finished_at`` index."""
-    return and_(
-        Job.finished_at.is_not(None),
-        Job.finished_at >= func.now() - seconds(bindparam("window", type_=Float)),
+def newest_finished(Job: Any, *columns: Any) -> Any:  # a Subquery
+    """``columns`` of the ``cap`` (a bind) most recently finished jobs, newest first.
+
+    The only condition is the ``finished_at`` index's own (``IS NOT NULL``); callers apply
+    their window to these rows, and give as ``cap`` the count ``finished_window_edge`` found in
+    it. With a range on ``finished_at`` here the planner would guess how many jobs the range
+    holds, and on statistics taken before a burst (until autovacuum's next ANALYZE) a guess
+    below ``cap`` has it read every job of the range and sort them, where a walk of the index
+    stops after ``cap`` entries. The price: the count's walk reads ``cap`` index entries even
+    when the window holds fewer jobs."""
+    return (
+        select(*columns)
+        .where(Job.finished_at.is_not(None))
+        .order_by(Job.finished_at.desc())
+        .limit(bindparam("cap", type_=Integer))
+        .subquery("recent")
     )
+
+
+def _within_window(finished_at: Any) -> ColumnElement[bool]:
+    """Finished during the last ``window`` seconds (a bound float)."""
+    within: ColumnElement[bool] = finished_at >= func.now() - seconds(
+        bindparam("window", type_=Float)
+    )
+    return within
 
 
 @cache
-def finished_window_edge(history: bool = False) -> Select[float]:
-    """How many seconds ago the ``cap``-th most recently finished job of the last ``window``
-    seconds finished; no row when fewer finished. Reads at most ``cap`` entries of the
-    ``finished_at`` index, newest first. ``history``: in ``pgqueue_job_history``."""
+def finished_window_edge(history: bool = False) -> Select[int, float | None]:
+    """``(count, seconds_ago)``: how many of the ``cap`` most recently finished jobs finished
+    within the last ``window`` seconds, and how many seconds ago the oldest of those did (null
+    when none did). A count of ``cap`` means the window holds at least that many jobs, and the
+    oldest counted marks the window of the ``cap`` newest. Reads ``cap`` entries of the
+    ``finished_at`` index (fewer when fewer jobs have finished), an index-only scan
+    (``newest_finished``). ``history``: in ``pgqueue_job_history``."""
     Job = job_model(history)
-    # The offset's rows are computed and dropped: the subtraction waits for the one kept.
-    edge = (
-        select(Job.finished_at)
-        .where(_finished_within(Job))
-        .order_by(Job.finished_at.desc())
-        .offset(bindparam("skip", type_=Integer))
-        .limit(1)
-        .subquery("edge")
-    )
-    return select(func.extract("epoch", func.now() - edge.c.finished_at))
+    recent = newest_finished(Job, Job.finished_at)
+    return select(
+        func.count(), func.extract("epoch", func.now() - func.min(recent.c.finished_at))
+    ).where(_within_window(recent.c.finished_at))
 
 
 @cache
 def finished_per_bucket(history: bool = False) -> Select[str, JobState, int, int]:
     """``(queue, state, buckets_ago, count)`` for jobs finished in the last ``window`` seconds,
-    bucketed by ``width`` seconds before ``now()`` (0 = the newest bucket); at most the ``cap``
-    most recent of them are counted.
-
-    The newest ``cap`` jobs are read in ``finished_at`` order, so every plan (a generic one
-    too, which cannot know how much of the table the window holds) walks that index and stops
-    after ``cap`` entries; callers choose a window holding fewer (``finished_window_edge``).
-    ``history``: in ``pgqueue_job_history``."""
+    bucketed by ``width`` seconds before ``now()`` (0 = the newest bucket); of the ``cap`` most
+    recently finished jobs only (``newest_finished``), so callers give the count
+    ``finished_window_edge`` found in the window. ``history``: in ``pgqueue_job_history``."""
     Job = job_model(history)
-    recent = (
-        select(Job.queue, Job.state, Job.finished_at)
-        .where(_finished_within(Job))
-        .order_by(Job.finished_at.desc())
-        .limit(bindparam("cap", type_=Integer))
-        .subquery("recent")
-    )
+    recent = newest_finished(Job, Job.queue, Job.state, Job.finished_at)
     buckets_ago = cast(
         func.floor(seconds_ago(recent.c.finished_at) / bindparam("width", type_=Float)),
         Integer,
     ).label("buckets_ago")
-    return select(recent.c.queue, recent.c.state, buckets_ago, func.count()).group_by(
-        recent.c.queue, recent.c.state, buckets_ago
+    return (
+        select(recent.c.queue, recent.c.state, buckets_ago, func.count())
+        .where(_within_window(recent.c.finished_at))
+        .group_by(recent.c.queue, recent.c.state, buckets_ago)
     )
 
 
