@@ -14,7 +14,10 @@ full / empty per round (median over rounds):
 - enqueue1: ``task.enqueue`` one job per transaction; enqueue_many: 20,000 jobs in one call;
 - drain: ``pgqueue worker --drain`` (concurrency 10, success lines off) on 20,000 no-op jobs,
   jobs/s between the 10th and the 90th percentile of completions;
-- the Flask dashboard's pages on ``full`` (the layout's settings), median and slowest;
+- the Flask dashboard's pages on ``full`` (the layout's settings), median and slowest: as the
+  drains left ``pgqueue_jobs`` (with what the planner then knew of it: the rows changed since
+  its last ANALYZE), again after an ``ANALYZE`` of it, and under ``partitioned`` once every
+  finished job was moved;
 - pruning one day (the oldest, N/10 jobs): ``pgq.maintain_history`` dropping its partition
   (``partitioned``) or ``pgq.prune`` deleting its rows in batches (``in_place``): time, the
   dead tuples left, and the table's size before and after.
@@ -318,7 +321,13 @@ def run(server: Server, rows: int, layout: str, rounds: int) -> dict[str, Any]:
         # As the drains left it (under ``partitioned``, their last minute of finished jobs
         # still in pgqueue_jobs, since a drained worker exits before moving them), and, for
         # ``partitioned``, once the move has caught up (an idle system a minute later).
+        result["statistics_before_dashboard"] = job_statistics(full)
         result["dashboard_ms"] = dashboard_pages(full, layout, 10, rows)
+        # The same pages once pgqueue_jobs has statistics of what the drains left (what
+        # autovacuum's next ANALYZE gives), which is what the planner chose from above.
+        with psycopg.connect(libpq(full), autocommit=True) as conn:
+            conn.execute("ANALYZE pgqueue_jobs")
+        result["dashboard_ms_analysed"] = dashboard_pages(full, layout, 10, rows)
         if layout == "partitioned":
             result["moved_before_dashboard"] = move_all_finished(full)
             result["dashboard_ms_moved"] = dashboard_pages(full, layout, 10, rows)
@@ -326,6 +335,25 @@ def run(server: Server, rows: int, layout: str, rounds: int) -> dict[str, Any]:
     with open("/proc/loadavg") as loadavg:
         result["loadavg"] = loadavg.read().split()[:3]
     return result
+
+
+def job_statistics(url: URL) -> dict[str, Any]:
+    """What the planner knows of ``pgqueue_jobs``: the rows changed since its last ANALYZE, and
+    how many seconds ago that was (None: never)."""
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        row = conn.execute(
+            """SELECT n_mod_since_analyze, n_live_tup, n_dead_tup,
+                      extract(epoch FROM now() - greatest(last_analyze, last_autoanalyze))
+               FROM pg_stat_user_tables WHERE relname = 'pgqueue_jobs'"""
+        ).fetchone()
+    assert row is not None
+    changed, live, dead, seconds = row
+    return {
+        "changed_since_analyze": changed,
+        "live_rows": live,
+        "dead_rows": dead,
+        "analysed_seconds_ago": None if seconds is None else round(float(seconds), 1),
+    }
 
 
 def move_all_finished(url: URL) -> int:
