@@ -288,3 +288,58 @@ def test_filtered_pages_hold_exactly_the_matching_jobs(app: Flask, engine: Engin
     assert counts["bulk"][JobState.SUCCEEDED] == 1000  # stopped at the cap
     assert counts["bulk"][JobState.FAILED] == 1000
     assert counts["[/x]"][JobState.WAITING] == 1
+
+
+def test_a_busy_queue_without_running_jobs_is_listed_off_the_lease_index(
+    database_url: URL,
+) -> None:
+    # Two equally busy queues, running jobs in one only: for the other, a walk of the primary
+    # key looking for its running jobs (a match expected every few hundred rows) finds none and
+    # reads the whole history.
+    setup = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    try:
+        with setup.connect() as connection:
+            connection.execute(text("ALTER TABLE pgqueue_jobs SET (autovacuum_enabled = false)"))
+            connection.execute(
+                text(
+                    """INSERT INTO pgqueue_jobs (task_name, queue, state, attempts, started_at,
+                                                 finished_at, updated_at, args, lease_owner,
+                                                 lease_token, lease_expires_at)
+                       SELECT 'bulk.work', CASE WHEN i % 2 = 0 THEN 'busy' ELSE 'quiet' END,
+                              state, 1, now(), CASE WHEN state = 'succeeded' THEN now() END,
+                              now(), '[]', CASE WHEN state = 'running' THEN 'worker-1' END,
+                              CASE WHEN state = 'running' THEN gen_random_uuid() END,
+                              CASE WHEN state = 'running' THEN now() + interval '1 hour' END
+                       FROM generate_series(1, :n) AS i,
+                            LATERAL (SELECT CASE WHEN i % 2 = 0 AND i % 100 = 0 THEN 'running'
+                                                 ELSE 'succeeded' END AS state) AS s"""
+                ),
+                {"n": HISTORY},
+            )
+            connection.execute(text("ANALYZE pgqueue_jobs"))
+    finally:
+        setup.dispose()
+    app = Flask("dashboard_quiet_queue")
+    app.config.update(
+        SECRET_KEY="test-secret",
+        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
+    )
+    pgq.init_app(app)
+    init_dashboard(app, public=True)
+    queue = pgq.state(app).queue
+    sent: list[tuple[str, str, dict[str, Any]]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
+        if "pgqueue_jobs" in statement:
+            sent.append(("quiet", statement, dict(parameters or {})))
+
+    try:
+        event.listen(queue.engine, "before_cursor_execute", record)
+        response = app.test_client().get("/pgqueue/jobs?queue=quiet")
+        event.remove(queue.engine, "before_cursor_execute", record)
+        assert response.status_code == 200
+        assert response.text.count("bulk.work") >= 50  # a full page of the quiet queue's jobs
+        with queue.engine.connect() as connection:
+            assert plan_problems(connection, sent, MOST_ROWS_A_PAGE_STATEMENT_MAY_READ) == []
+    finally:
+        queue.dispose()
