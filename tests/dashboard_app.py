@@ -17,13 +17,17 @@ from pgqueue.contrib.flask.dashboard import init_dashboard
 
 
 @contextmanager
-def dashboard_app(queue: PgQueue, database_url: URL, name: str) -> Iterator[Flask]:
+def dashboard_app(
+    queue: PgQueue, database_url: URL, name: str, **config: object
+) -> Iterator[Flask]:
     """An app named ``name`` with ``queue`` on ``database_url`` and the dashboard open to all
-    (at ``/pgqueue``); the queue's engines are disposed of on exit."""
+    (at ``/pgqueue``), with ``config`` added to its settings; the queue's engines are disposed
+    of on exit."""
     app = Flask(name)
     app.config.update(
         SECRET_KEY="test-secret",
         PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
+        **config,
     )
     queue.init_app(app)
     init_dashboard(app, access=lambda: True)

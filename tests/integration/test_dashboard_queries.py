@@ -10,11 +10,12 @@ all). A second test checks the filtered, paged lists return exactly the right jo
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg.sql
 import pytest
+from dashboard_app import dashboard_app
 from flask import Flask
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
@@ -22,7 +23,6 @@ from sqlalchemy.engine import URL
 from pgqueue import JobState
 from pgqueue.admin import ListArguments
 from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.data import admin as admin_data
 
 HISTORY = 200_000
@@ -76,31 +76,57 @@ def _insert_history(connection: Connection) -> None:
     )
 
 
-@pytest.fixture
-def app(database_url: URL) -> Iterator[Flask]:
+def _prepare(database_url: URL, fill: Callable[[Connection], None]) -> None:
+    """``fill`` the jobs table, then analyse it, with autovacuum off for the test's life."""
     setup = create_engine(database_url, isolation_level="AUTOCOMMIT")
     try:
         with setup.connect() as connection:
             # No vacuum: a busy table's visibility map lags, so the planner cannot count on
             # index-only scans (the harder case for it), but it knows the table's statistics.
             connection.execute(text("ALTER TABLE pgqueue_jobs SET (autovacuum_enabled = false)"))
-            _insert_history(connection)
+            fill(connection)
             connection.execute(text("ANALYZE pgqueue_jobs"))
     finally:
         setup.dispose()
-    app = Flask("dashboard_queries")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-        # The throughput chart reads the newest finished jobs up to its cap, however long ago
-        # they finished (test_dashboard_throughput.py); a cap under this test's bound keeps
-        # that read a fraction of the history here, as the default's 50,000 is of a real one.
-        PGQUEUE_DASHBOARD_THROUGHPUT_CAP=MOST_ROWS_A_PAGE_STATEMENT_MAY_READ // 2,
-    )
-    pgq.init_app(app)
-    init_dashboard(app, public=True)
-    yield app
-    pgq.state(app).queue.dispose()
+
+
+@pytest.fixture
+def app(database_url: URL) -> Iterator[Flask]:
+    _prepare(database_url, _insert_history)
+    # The throughput chart reads the newest finished jobs up to its cap, however long ago they
+    # finished (test_dashboard_throughput.py); a cap under this test's bound keeps that read a
+    # fraction of the history here, as the default's 50,000 is of a real one.
+    cap = MOST_ROWS_A_PAGE_STATEMENT_MAY_READ // 2
+    with dashboard_app(
+        pgq, database_url, "dashboard_queries", PGQUEUE_DASHBOARD_THROUGHPUT_CAP=cap
+    ) as app:
+        yield app
+
+
+def _statements_of_pages(
+    app: Flask, pages: list[str]
+) -> tuple[list[tuple[str, str, dict[str, Any]]], dict[str, str]]:
+    """Each of ``pages`` loaded once: the ``(page, statement, parameters)`` sent on the jobs
+    table for it, and each page's text."""
+    engine = pgq.state(app).queue.engine
+    sent: list[tuple[str, str, dict[str, Any]]] = []
+    texts: dict[str, str] = {}
+    page = ""
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
+        if "pgqueue_jobs" in statement:
+            sent.append((page, statement, dict(parameters or {})))
+
+    event.listen(engine, "before_cursor_execute", record)
+    client = app.test_client()
+    try:
+        for page in pages:
+            response = client.get(page)
+            assert response.status_code == 200, (page, response.text[:500])
+            texts[page] = response.text
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    return sent, texts
 
 
 PAGES = [
@@ -173,21 +199,7 @@ def _plans(
 
 def test_no_page_reads_the_history(app: Flask) -> None:
     queue = pgq.state(app).queue
-    sent: list[tuple[str, str, dict[str, Any]]] = []
-    page = ""
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
-        if "pgqueue_jobs" in statement:
-            sent.append((page, statement, dict(parameters or {})))
-
-    event.listen(queue.engine, "before_cursor_execute", record)
-    client = app.test_client()
-    try:
-        for page in PAGES:
-            response = client.get(page)
-            assert response.status_code == 200, (page, response.text[:500])
-    finally:
-        event.remove(queue.engine, "before_cursor_execute", record)
+    sent, _ = _statements_of_pages(app, PAGES)
     assert {p for p, _, _ in sent} == set(PAGES)  # every page did read jobs
 
     with queue.engine.connect() as connection:
@@ -296,50 +308,29 @@ def test_a_busy_queue_without_running_jobs_is_listed_off_the_lease_index(
     # Two equally busy queues, running jobs in one only: for the other, a walk of the primary
     # key looking for its running jobs (a match expected every few hundred rows) finds none and
     # reads the whole history.
-    setup = create_engine(database_url, isolation_level="AUTOCOMMIT")
-    try:
-        with setup.connect() as connection:
-            connection.execute(text("ALTER TABLE pgqueue_jobs SET (autovacuum_enabled = false)"))
-            connection.execute(
-                text(
-                    """INSERT INTO pgqueue_jobs (task_name, queue, state, attempts, started_at,
-                                                 finished_at, updated_at, args, lease_owner,
-                                                 lease_token, lease_expires_at)
-                       SELECT 'bulk.work', CASE WHEN i % 2 = 0 THEN 'busy' ELSE 'quiet' END,
-                              state, 1, now(), CASE WHEN state = 'succeeded' THEN now() END,
-                              now(), '[]', CASE WHEN state = 'running' THEN 'worker-1' END,
-                              CASE WHEN state = 'running' THEN gen_random_uuid() END,
-                              CASE WHEN state = 'running' THEN now() + interval '1 hour' END
-                       FROM generate_series(1, :n) AS i,
-                            LATERAL (SELECT CASE WHEN i % 2 = 0 AND i % 100 = 0 THEN 'running'
-                                                 ELSE 'succeeded' END AS state) AS s"""
-                ),
-                {"n": HISTORY},
-            )
-            connection.execute(text("ANALYZE pgqueue_jobs"))
-    finally:
-        setup.dispose()
-    app = Flask("dashboard_quiet_queue")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    pgq.init_app(app)
-    init_dashboard(app, public=True)
-    queue = pgq.state(app).queue
-    sent: list[tuple[str, str, dict[str, Any]]] = []
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
-        if "pgqueue_jobs" in statement:
-            sent.append(("quiet", statement, dict(parameters or {})))
-
-    try:
-        event.listen(queue.engine, "before_cursor_execute", record)
-        response = app.test_client().get("/pgqueue/jobs?queue=quiet")
-        event.remove(queue.engine, "before_cursor_execute", record)
-        assert response.status_code == 200
-        assert response.text.count("bulk.work") >= 50  # a full page of the quiet queue's jobs
-        with queue.engine.connect() as connection:
+    _prepare(database_url, _insert_quiet_and_busy_queues)
+    page = "/pgqueue/jobs?queue=quiet"
+    with dashboard_app(pgq, database_url, "dashboard_quiet_queue") as app:
+        sent, texts = _statements_of_pages(app, [page])
+        assert texts[page].count("bulk.work") >= 50  # a full page of the quiet queue's jobs
+        with pgq.state(app).queue.engine.connect() as connection:
             assert plan_problems(connection, sent, MOST_ROWS_A_PAGE_STATEMENT_MAY_READ) == []
-    finally:
-        queue.dispose()
+
+
+def _insert_quiet_and_busy_queues(connection: Connection) -> None:
+    connection.execute(
+        text(
+            """INSERT INTO pgqueue_jobs (task_name, queue, state, attempts, started_at,
+                                         finished_at, updated_at, args, lease_owner,
+                                         lease_token, lease_expires_at)
+               SELECT 'bulk.work', CASE WHEN i % 2 = 0 THEN 'busy' ELSE 'quiet' END,
+                      state, 1, now(), CASE WHEN state = 'succeeded' THEN now() END,
+                      now(), '[]', CASE WHEN state = 'running' THEN 'worker-1' END,
+                      CASE WHEN state = 'running' THEN gen_random_uuid() END,
+                      CASE WHEN state = 'running' THEN now() + interval '1 hour' END
+               FROM generate_series(1, :n) AS i,
+                    LATERAL (SELECT CASE WHEN i % 2 = 0 AND i % 100 = 0 THEN 'running'
+                                         ELSE 'succeeded' END AS state) AS s"""
+        ),
+        {"n": HISTORY},
+    )
