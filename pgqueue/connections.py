@@ -28,6 +28,8 @@ import select
 import time
 from typing import TYPE_CHECKING, Any, Final
 
+import psycopg
+from psycopg import pq
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL
 from sqlalchemy.engine.interfaces import AdaptedConnection
@@ -139,8 +141,6 @@ def _drop_old_plans(dbapi_connection: Any, record: Any, proxy: Any) -> None:
     record.info[_PLANS_SINCE] = now
     if not _has_prepared_statements(record.driver_connection):
         return
-    import psycopg
-
     # ``DISCARD PLANS`` keeps the statements psycopg prepared, so its names for them stay
     # valid. In autocommit: no transaction of its own (BEGIN, COMMIT) around it. Through the
     # DB-API connection, which under an asyncio engine is SQLAlchemy's adapter (it awaits).
@@ -228,8 +228,6 @@ def _set_locals_on_begin(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def set_locals(connection: Any) -> None:
-        import psycopg
-
         driver = connection.connection.driver_connection
         if driver.autocommit:
             return  # each statement is its own transaction: nothing to carry settings into
@@ -288,9 +286,6 @@ def is_dead(connection: Any) -> bool:
     """Whether an idle psycopg connection was ended by the server: its socket is readable (an
     idle session gets nothing unasked but a goodbye, a notice or a notification) and reading
     leaves the connection broken."""
-    import psycopg
-    from psycopg import pq
-
     if connection.closed:
         return True
     pgconn = connection.pgconn

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 import psycopg
 from psycopg import pq
@@ -34,6 +34,9 @@ TUPLES_OK = pq.ExecStatus.TUPLES_OK
 # plan made while a table was tiny scans it whole however large it grows, until the table's next
 # ANALYZE or VACUUM, which a busy autovacuum may put off for minutes.
 PLAN_MAX_AGE = 5.0
+
+# ``record.info`` key of a pooled connection: the cursor pgqueue sends its statements with there.
+_CURSOR: Final = "pgqueue_cursor"
 
 
 class LocalSettings(NamedTuple):
@@ -123,13 +126,32 @@ class CompiledStatements:
         return found
 
 
+def reused_cursor(raw: Any) -> psycopg.Cursor[Any]:
+    """The cursor pgqueue sends its statements with on the pooled connection ``raw``, made once
+    per connection and kept in its pool record (which the pool clears when it drops the
+    connection). ``Connection.execute`` makes a cursor per statement, and with it psycopg's
+    adaptation state for the parameters: a visible share of a single enqueue's client time."""
+    info = raw.info
+    cursor: psycopg.Cursor[Any] | None = info.get(_CURSOR)
+    if cursor is None or cursor.closed:
+        cursor = info[_CURSOR] = raw.driver_connection.cursor()
+    return cursor
+
+
 class DriverExecutor:
     """``pgqueue.db.Executor`` on a psycopg connection, in whatever transaction state the
-    connection is (the caller opens and ends transactions)."""
+    connection is (the caller opens and ends transactions); statements go through ``cursor``,
+    one of that connection's."""
 
-    def __init__(self, connection: psycopg.Connection[Any], statements: CompiledStatements):
+    def __init__(
+        self,
+        connection: psycopg.Connection[Any],
+        statements: CompiledStatements,
+        cursor: psycopg.Cursor[Any] | None = None,
+    ):
         self.connection = connection
         self.statements = statements
+        self.cursor = connection.cursor() if cursor is None else cursor
 
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
         return self.timed_rows(statement, params)[0]
@@ -140,7 +162,9 @@ class DriverExecutor:
         compiled = self.statements.get(statement)
         values = compiled.params(params or {})
         sent = time.monotonic()
-        return _all_rows(self.connection.execute(compiled.sql, values)), sent
+        cursor = self.cursor
+        cursor.execute(compiled.sql, values)
+        return _all_rows(cursor), sent
 
     def copy(self, statement: Any, chunks: Iterable[str]) -> None:
         with self.connection.cursor() as cursor, cursor.copy(statement) as copy:
@@ -218,7 +242,7 @@ def run(
     connection is dropped from the pool."""
     raw = checkout(engine)
     driver: Any = raw.driver_connection
-    executor = DriverExecutor(driver, statements)
+    executor = DriverExecutor(driver, statements, reused_cursor(raw))
     try:
         if autocommit:
             driver.autocommit = True
@@ -231,7 +255,7 @@ def run(
                     driver.autocommit = False
         with driver.transaction():
             if local is not None:
-                driver.execute(local.sql, local.params)
+                executor.cursor.execute(local.sql, local.params)
             return work(executor)
     except psycopg.Error as exc:
         lost = bool(driver.closed)
@@ -299,14 +323,16 @@ class HeldConnection:
             ):
                 driver.execute(discard_plans(), prepare=False)
                 self._plans_since = time.monotonic()
+            cursor = reused_cursor(raw)
             if self._local is None:
                 sent = time.monotonic()
-                rows: Sequence[Any] = _all_rows(driver.execute(compiled.sql, values))
+                cursor.execute(compiled.sql, values)
             else:
                 with driver.transaction():
-                    driver.execute(self._local.sql, self._local.params)
+                    cursor.execute(self._local.sql, self._local.params)
                     sent = time.monotonic()
-                    rows = _all_rows(driver.execute(compiled.sql, values))
+                    cursor.execute(compiled.sql, values)
+            rows: Sequence[Any] = _all_rows(cursor)
         except psycopg.Error as exc:
             lost = bool(driver.closed)
             self._release(exc)
