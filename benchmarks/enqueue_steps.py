@@ -250,34 +250,25 @@ def paired_round(server: Server, n: int, singles: int) -> dict[str, float]:
     the raw COPY of ``n`` rows, then ``singles`` single ``enqueue`` calls (one transaction each)
     and as many raw one-row INSERTs, each pair measured back to back in fresh databases."""
     out: dict[str, float] = {}
-    with (
-        server.fresh_database("pair") as url,
-        server.fresh_database("pair_raw", migrate=False) as raw_url,
-    ):
-        conninfo = libpq(raw_url)
-        baseline.create_schema(conninfo)
-        pgq = app.build(sqlalchemy_url(url))
-        try:
-            task = pgq.registry.get(app.NOOP)
-            task.enqueue_many([{"n": i} for i in range(2000)])  # warm-up (compiles)
-            task.enqueue(n=0)
-            baseline.enqueue_copy(conninfo, 10)
-            items = [{"n": i} for i in range(n)]
-            begin = time.perf_counter()
-            assert len(task.enqueue_many(items)) == n
-            out["enqueue_many"] = n / (time.perf_counter() - begin)
-            out["raw_copy"] = n / baseline.enqueue_copy(conninfo, n)
+    with server.app_beside_baseline("pair") as (pgq, conninfo):
+        task = pgq.registry.get(app.NOOP)
+        task.enqueue_many([{"n": i} for i in range(2000)])  # warm-up (compiles)
+        task.enqueue(n=0)
+        baseline.enqueue_copy(conninfo, 10)
+        items = [{"n": i} for i in range(n)]
+        begin = time.perf_counter()
+        assert len(task.enqueue_many(items)) == n
+        out["enqueue_many"] = n / (time.perf_counter() - begin)
+        out["raw_copy"] = n / baseline.enqueue_copy(conninfo, n)
+        begin = time.perf_counter()
+        for i in range(singles):
+            task.enqueue(n=i)
+        out["enqueue1"] = singles / (time.perf_counter() - begin)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
             begin = time.perf_counter()
             for i in range(singles):
-                task.enqueue(n=i)
-            out["enqueue1"] = singles / (time.perf_counter() - begin)
-            with psycopg.connect(conninfo, autocommit=True) as conn:
-                begin = time.perf_counter()
-                for i in range(singles):
-                    baseline.insert_one(conn, i)
-                out["raw_insert1"] = singles / (time.perf_counter() - begin)
-        finally:
-            pgq.dispose()
+                baseline.insert_one(conn, i)
+            out["raw_insert1"] = singles / (time.perf_counter() - begin)
     out["load1"] = float(Path("/proc/loadavg").read_text().split()[0])
     return out
 

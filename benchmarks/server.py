@@ -19,7 +19,7 @@ import psycopg
 from sqlalchemy import create_engine
 from sqlalchemy.engine import URL, make_url
 
-from pgqueue import migrations
+from pgqueue import PgQueue, migrations
 from pgqueue.embedded import EmbeddedPostgres
 
 _counter = itertools.count(1)
@@ -84,6 +84,25 @@ class Server:
         finally:
             with psycopg.connect(libpq(self.admin_url), autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    @contextmanager
+    def app_beside_baseline(self, label: str) -> Iterator[tuple[PgQueue, str]]:
+        """The benchmark app on a fresh pgqueue database, and the libpq URI of a fresh database
+        beside it holding the raw-SQL baseline's schema: the pair a paired workload compares.
+        The app's connections are closed and both databases dropped on exit."""
+        from benchmarks import app, baseline
+
+        with (
+            self.fresh_database(label) as url,
+            self.fresh_database(f"{label}_raw", migrate=False) as raw_url,
+        ):
+            raw = libpq(raw_url)
+            baseline.create_schema(raw)
+            pgq = app.build(sqlalchemy_url(url))
+            try:
+                yield pgq, raw
+            finally:
+                pgq.dispose()
 
 
 @contextmanager

@@ -186,30 +186,22 @@ def _paired(rounds: list[tuple[float, float]], jobs: int) -> Result:
 def enqueue1(server: Server, n: int, rounds: int) -> Result:
     """``n`` jobs per round through ``task.enqueue`` (one transaction each) vs. single-row
     autocommit INSERTs, ``rounds`` alternating rounds."""
-    with (
-        server.fresh_database("enq1") as url,
-        server.fresh_database("enq1_base", migrate=False) as base_url,
-    ):
-        baseline.create_schema(libpq(base_url))
-        pgq = app.build(sqlalchemy_url(url))
-        try:
-            task = pgq.registry.get(app.NOOP)
-            with psycopg.connect(libpq(base_url), autocommit=True) as conn:
-                for i in range(20):  # warm-up: pool connections, statement caches, prepares
+    with server.app_beside_baseline("enq1") as (pgq, raw):
+        task = pgq.registry.get(app.NOOP)
+        with psycopg.connect(raw, autocommit=True) as conn:
+            for i in range(20):  # warm-up: pool connections, statement caches, prepares
+                task.enqueue(n=i)
+                baseline.insert_one(conn, i)
+            results = []
+            for _ in range(rounds):
+                start = time.perf_counter()
+                for i in range(n):
                     task.enqueue(n=i)
+                pg = n / (time.perf_counter() - start)
+                start = time.perf_counter()
+                for i in range(n):
                     baseline.insert_one(conn, i)
-                results = []
-                for _ in range(rounds):
-                    start = time.perf_counter()
-                    for i in range(n):
-                        task.enqueue(n=i)
-                    pg = n / (time.perf_counter() - start)
-                    start = time.perf_counter()
-                    for i in range(n):
-                        baseline.insert_one(conn, i)
-                    results.append((pg, n / (time.perf_counter() - start)))
-        finally:
-            pgq.dispose()
+                results.append((pg, n / (time.perf_counter() - start)))
     return _paired(results, n)
 
 

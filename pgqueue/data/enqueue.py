@@ -94,11 +94,9 @@ def _insert_rows(
     return ex.rows(statement, params)
 
 
-def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) -> int | None:
-    """Insert one job without unique key or dependencies, and its ticket; return its id. None
-    when its queue has a bound: nothing was written, and ``insert_jobs`` inserts it (in a
-    transaction, which the queue's lock needs)."""
-    params: dict[str, Any] = {
+def one_job_params(job: NewJob) -> dict[str, Any]:
+    """The parameters of ``sql.enqueue.insert_one_job`` for ``job`` (without a trace context)."""
+    return {
         "task_name": job.task_name,
         "queue": job.queue,
         "args": job.args_json,
@@ -109,6 +107,13 @@ def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) 
         "run_at": job.run_at,
         "atomic": job.atomic,
     }
+
+
+def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) -> int | None:
+    """Insert one job without unique key or dependencies, and its ticket; return its id. None
+    when its queue has a bound: nothing was written, and ``insert_jobs`` inserts it (in a
+    transaction, which the queue's lock needs)."""
+    params = one_job_params(job)
     if trace_context is None:
         rows = db.rows(enqueue.insert_one_job(), params)
     else:
