@@ -342,6 +342,18 @@ class HeldConnection:
     def copy(self, statement: Any, chunks: Iterable[str]) -> None:
         raise NotImplementedError("the held connection runs autocommit statements, not COPY")
 
+    @property
+    def driver_connection(self) -> Any:
+        """The psycopg connection held now, or None between checkouts."""
+        return None if self._raw is None else self._raw.driver_connection
+
+    def drop(self) -> None:
+        """Drop the held connection from the pool (the server has ended it); the next
+        statement checks out another."""
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            raw.invalidate()
+
     def close(self) -> None:
         """Give the connection back to the pool (a later ``rows`` checks out another)."""
         self._release(None)

@@ -132,7 +132,10 @@ class Engines:
     @functools.cached_property
     def database(self) -> Database:
         """pgqueue's access to ``engine`` for its own units of work (``db.Database``)."""
-        return Database(self.engine)
+        engine = self.engine
+        # A connection is kept for single enqueues only on an engine of pgqueue's own (5 + 10
+        # overflow): a host's engine may be sized to its threads with none to spare.
+        return Database(engine, keeps_a_connection=self._url is not None)
 
     def handler_session(self) -> Session:
         """A new session for a handler (the host's factory when one was given)."""
@@ -183,6 +186,8 @@ class Engines:
     def dispose(self) -> None:
         """Close the pooled connections of the engines pgqueue made (made again on next use)."""
         with self._lock:
+            if "database" in self.__dict__:
+                self.database.close()
             for engine in {self._engine, self._handler_engine}:
                 if engine is not None and self._url is not None:
                     engine.dispose()

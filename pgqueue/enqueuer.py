@@ -116,7 +116,10 @@ class Enqueuer:
             trace_context,
         )
         if plan.tries_plain:
-            ids = uow.run(database, plan.first_try, autocommit=plan.autocommit)
+            if plan.autocommit:
+                ids = uow.run_single(database, plan.first_try)
+            else:
+                ids = uow.run(database, plan.first_try)
             if ids is not None:
                 return ids
             plan.stopped_by_bound()

@@ -107,6 +107,12 @@ def run(
     return retrying(lambda: database.run(work, autocommit=autocommit), attempts)
 
 
+def run_single(database: Database, work: Callable[[Executor], T]) -> T:
+    """``work(executor)`` in autocommit mode on ``database``'s connection kept for single
+    statements (``Database.run_single``), retrying transient conflicts."""
+    return retrying(lambda: database.run_single(work))
+
+
 def run_in_transaction(
     sessions: sessionmaker[Session],
     work: Callable[[Session], T],

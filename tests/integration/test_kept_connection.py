@@ -1,0 +1,113 @@
+"""Single enqueues outside a transaction keep one connection checked out between them.
+
+On an engine pgqueue made, back-to-back ``task.enqueue`` calls run on one backend that stays out
+of the pool between them; ``dispose`` gives it back and the server sees it go. A kept
+connection the server ended is replaced before the next enqueue, which writes its job once.
+A host's engine keeps nothing. A forked child enqueues on a connection of its own and leaves
+its parent's working.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import URL
+
+from pgqueue import PgQueue
+
+
+def _count(url: URL, sql: str, **params: object) -> int:
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            return int(connection.execute(text(sql), params).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def _backend_of_kept(pgq: PgQueue) -> int:
+    """The backend pid of the connection kept after the last enqueue."""
+    kept = pgq.database._kept
+    assert kept is not None and len(kept._idle) == 1
+    connection = kept._idle[0].driver_connection
+    assert connection is not None
+    return int(connection.info.backend_pid)
+
+
+def _wait_until_gone(url: URL, pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while _count(url, "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid", pid=pid):
+        assert time.monotonic() < deadline, f"backend {pid} is still there"
+        time.sleep(0.02)
+
+
+def test_back_to_back_enqueues_run_on_one_kept_connection(pgq: PgQueue, database_url: URL) -> None:
+    @pgq.task(name="kept.noop")
+    def noop(n: int) -> None:
+        """Does nothing."""
+
+    noop.enqueue(n=0)
+    pid = _backend_of_kept(pgq)
+    pool = pgq.engine.pool
+    assert pool.checkedout() == 1  # type: ignore[attr-defined]
+    for n in range(1, 20):
+        noop.enqueue(n=n)
+    assert _backend_of_kept(pgq) == pid
+    assert pool.checkedout() == 1  # type: ignore[attr-defined]
+
+    pgq.dispose()
+    assert pool.checkedout() == 0  # type: ignore[attr-defined]
+    _wait_until_gone(database_url, pid)
+    assert _count(database_url, "SELECT count(*) FROM pgqueue_jobs") == 20
+
+
+def test_a_kept_connection_the_server_ended_is_replaced(pgq: PgQueue, database_url: URL) -> None:
+    @pgq.task(name="kept.noop")
+    def noop(n: int) -> None:
+        """Does nothing."""
+
+    noop.enqueue(n=0)
+    old = _backend_of_kept(pgq)
+    assert _count(database_url, "SELECT count(pg_terminate_backend(:pid))", pid=old) == 1
+    _wait_until_gone(database_url, old)
+
+    noop.enqueue(n=1)
+    assert _backend_of_kept(pgq) != old
+    assert _count(database_url, "SELECT count(*) FROM pgqueue_jobs") == 2
+
+
+def test_a_hosts_engine_keeps_no_connection(engine: Engine) -> None:
+    pgq = PgQueue(engine)
+
+    @pgq.task(name="kept.noop")
+    def noop(n: int) -> None:
+        """Does nothing."""
+
+    noop.enqueue(n=0)
+    assert pgq.database._kept is None
+    assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+def test_a_forked_child_enqueues_on_its_own_connection(pgq: PgQueue, database_url: URL) -> None:
+    @pgq.task(name="kept.noop")
+    def noop(n: int) -> None:
+        """Does nothing."""
+
+    noop.enqueue(n=0)
+    parent_backend = _backend_of_kept(pgq)
+    child = os.fork()
+    if child == 0:
+        status = 1
+        try:
+            noop.enqueue(n=1)
+            status = 0 if _backend_of_kept(pgq) != parent_backend else 2
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+    noop.enqueue(n=2)
+    assert _backend_of_kept(pgq) == parent_backend
+    assert _count(database_url, "SELECT count(*) FROM pgqueue_jobs") == 3
