@@ -194,8 +194,7 @@ class HeldConnection(driver.HeldConnection):
 class KeptConnection:
     """One pooled connection kept checked out, in autocommit, between single-statement units
     of work (``task.enqueue`` of one job outside a caller's transaction): back-to-back
-    enqueues skip the pool's checkout and return, about a tenth of a raw insert's time
-    (``benchmarks.enqueue_layers``).
+    enqueues skip the pool's checkout and return (``benchmarks.enqueue_layers`` measures it).
 
     At most one is kept. A caller that finds none (another thread has it) uses a connection of
     its own, kept afterwards if none is by then, else given back. Before each reuse its socket
@@ -206,22 +205,22 @@ class KeptConnection:
 
     def __init__(self, database: Database) -> None:
         self._database = database
-        self._idle: list[driver.HeldConnection] = []
+        self._idle: driver.HeldConnection | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        # In a forked child, the parent's kept connections: its sockets, which the child must
+        # In a forked child, the parent's kept connection: its socket, which the child must
         # neither use nor close (closing sends the server a goodbye for the parent's session,
-        # as would the pool's clean-up of an object collected), so they are held unused.
+        # as would the pool's clean-up of an object collected), so it is held unused.
         self._parents: list[driver.HeldConnection] = []
 
     def run(self, work: Callable[[Executor], T]) -> T:
         if self._pid != os.getpid():
-            self._parents.extend(self._idle)
-            self._idle, self._pid, self._lock = [], os.getpid(), threading.Lock()
-        try:
-            with self._lock:
-                held = self._idle.pop()
-        except IndexError:
+            if self._idle is not None:
+                self._parents.append(self._idle)
+            self._idle, self._pid, self._lock = None, os.getpid(), threading.Lock()
+        with self._lock:
+            held, self._idle = self._idle, None
+        if held is None:
             # The driver's own: ``run_single`` chose the driver for this unit already.
             database = self._database
             held = driver.HeldConnection(database.engine, database.statements, database.local)
@@ -235,15 +234,14 @@ class KeptConnection:
             held.close()
             raise
         with self._lock:
-            keep = not self._idle
+            keep = self._idle is None
             if keep:
-                self._idle.append(held)
+                self._idle = held
         if not keep:
             held.close()
         return result
 
     def close(self) -> None:
-        idle, self._idle = self._idle, []
-        if self._pid == os.getpid():
-            for held in idle:
-                held.close()
+        idle, self._idle = self._idle, None
+        if idle is not None and self._pid == os.getpid():
+            idle.close()

@@ -147,11 +147,11 @@ class DriverExecutor:
         self,
         connection: psycopg.Connection[Any],
         statements: CompiledStatements,
-        cursor: psycopg.Cursor[Any] | None = None,
+        cursor: psycopg.Cursor[Any],
     ):
         self.connection = connection
         self.statements = statements
-        self.cursor = connection.cursor() if cursor is None else cursor
+        self.cursor = cursor
 
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
         return self.timed_rows(statement, params)[0]

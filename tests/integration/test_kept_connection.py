@@ -30,8 +30,8 @@ def _count(url: URL, sql: str, **params: object) -> int:
 def _backend_of_kept(pgq: PgQueue) -> int:
     """The backend pid of the connection kept after the last enqueue."""
     kept = pgq.database._kept
-    assert kept is not None and len(kept._idle) == 1
-    connection = kept._idle[0].driver_connection
+    assert kept is not None and kept._idle is not None
+    connection = kept._idle.driver_connection
     assert connection is not None
     return int(connection.info.backend_pid)
 
