@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import time
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from pgqueue import PgQueue, Settings
 
 NOOP = "bench.noop"
@@ -19,9 +21,12 @@ SLEEP = "bench.sleep"
 PROBE = "bench.probe"
 
 
-def build(url: str, settings: Settings | None = None) -> PgQueue:
-    """A PgQueue on ``url`` with the benchmark tasks registered (default settings unless given)."""
-    pgq = PgQueue(url, settings=settings or Settings())
+def build(
+    url: str, settings: Settings | None = None, async_engine: AsyncEngine | None = None
+) -> PgQueue:
+    """A PgQueue on ``url`` with the benchmark tasks registered (default settings unless given;
+    its asyncio calls on ``async_engine`` when given)."""
+    pgq = PgQueue(url, settings=settings or Settings(), async_engine=async_engine)
 
     @pgq.task(name=NOOP)
     def noop(n: int = 0) -> None:

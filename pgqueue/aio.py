@@ -22,8 +22,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
+from sqlalchemy.util import greenlet_spawn
 
+from pgqueue.connections import is_dead, local_settings
 from pgqueue.db import ConnectionExecutor, Executor, watches_statements
+from pgqueue.driver import AwaitedConnection, CompiledStatements, awaited_copy
 from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.uow import DEFAULT_ATTEMPTS, aretrying
 
@@ -64,22 +67,29 @@ class BridgedExecutor(ConnectionExecutor):
 
     def copy(self, statement: Any, chunks: Iterable[str]) -> None:
         adapted: Any = self.connection.connection.dbapi_connection
-        adapted.run_async(lambda raw: _copy(raw, statement, chunks))
-
-
-async def _copy(raw: Any, statement: Any, chunks: Iterable[str]) -> None:
-    async with raw.cursor() as cursor, cursor.copy(statement) as copy:
-        for chunk in chunks:
-            await copy.write(chunk)
+        adapted.run_async(lambda raw: awaited_copy(raw, statement, chunks))
 
 
 class AsyncDatabase:
     """pgqueue's access to an ``AsyncEngine``: units of work of its own (retried on transient
-    conflicts) and work in a caller's ``AsyncSession``."""
+    conflicts) and work in a caller's ``AsyncSession``.
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    With ``keeps_a_connection`` (only for an engine pgqueue made: a host's engine may have no
+    connection to spare), single-statement units (``run_single``) run on one connection kept
+    between them (``driver.AwaitedConnection``), past SQLAlchemy's asyncio engine and its pool:
+    their checkout, return and execution cost more than the statement's round trip. At most one
+    is kept; a unit that finds it in use by another task runs on a pooled connection. Before
+    each reuse its socket is looked at, as a pool checkout does (``connections.is_dead``);
+    ``close`` ends it."""
+
+    def __init__(self, engine: AsyncEngine, *, keeps_a_connection: bool = False) -> None:
         self.engine = engine
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+        self._keeps_a_connection = keeps_a_connection
+        self._statements = CompiledStatements(engine.dialect)
+        self._local = local_settings(engine.sync_engine)
+        self._kept: AwaitedConnection | None = None
+        self._kept_in_use = False
 
     @property
     def may_copy(self) -> bool:
@@ -96,16 +106,48 @@ class AsyncDatabase:
     ) -> T:
         """``work(executor)`` in one committed transaction (or in autocommit mode: each
         statement its own transaction), retrying transient conflicts."""
+        return await aretrying(lambda: self._once(work, autocommit=autocommit), attempts)
 
-        async def once() -> T:
-            async with self.engine.connect() as connection:
-                if autocommit:
-                    await connection.execution_options(isolation_level="AUTOCOMMIT")
-                    return await connection.run_sync(lambda sync: work(BridgedExecutor(sync)))
-                async with connection.begin():
-                    return await connection.run_sync(lambda sync: work(BridgedExecutor(sync)))
+    async def _once(self, work: Callable[[Executor], T], *, autocommit: bool) -> T:
+        async with self.engine.connect() as connection:
+            if autocommit:
+                await connection.execution_options(isolation_level="AUTOCOMMIT")
+                return await connection.run_sync(lambda sync: work(BridgedExecutor(sync)))
+            async with connection.begin():
+                return await connection.run_sync(lambda sync: work(BridgedExecutor(sync)))
 
-        return await aretrying(once, attempts)
+    async def run_single(self, work: Callable[[Executor], T]) -> T:
+        """``work(executor)`` in autocommit mode on the connection kept for single statements
+        when this database keeps one and nothing watches the engine's statements, else as
+        ``run(work, autocommit=True)``; transient conflicts retried."""
+        if not self._keeps_a_connection or watches_statements(self.engine.sync_engine):
+            return await self.run(work, autocommit=True)
+        return await aretrying(lambda: self._on_kept(work))
+
+    async def _on_kept(self, work: Callable[[Executor], T]) -> T:
+        kept = self._kept
+        if kept is None:
+            kept = self._kept = AwaitedConnection(
+                self.engine.sync_engine, self._statements, self._local
+            )
+        elif self._kept_in_use:
+            return await self._once(work, autocommit=True)
+        self._kept_in_use = True
+        try:
+            if kept.connection is not None and is_dead(kept.connection):
+                kept.close()
+            return await greenlet_spawn(work, kept)
+        except BaseException:
+            kept.close()
+            raise
+        finally:
+            self._kept_in_use = False
+
+    def close(self) -> None:
+        """End the kept connection (a later ``run_single`` makes another); nothing awaited, so
+        also for a loop that has ended."""
+        if self._kept is not None:
+            self._kept.close()
 
     async def in_caller_or_own_session(
         self, session: AsyncSession | None, work: Callable[[Session], T]

@@ -84,7 +84,12 @@ class ConnectionExecutor:
 SessionOrExecutor = Session | Executor
 """What a data operation runs on: a caller's ``Session`` (its transaction) or an executor."""
 
-_EXECUTORS = (ConnectionExecutor, driver.DriverExecutor, driver.HeldConnection)
+_EXECUTORS = (
+    ConnectionExecutor,
+    driver.DriverExecutor,
+    driver.HeldConnection,
+    driver.AwaitedConnection,
+)
 
 
 def executor_for(db: Session | Executor) -> Executor:

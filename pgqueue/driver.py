@@ -23,6 +23,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, InvalidRequestError, StatementError
 from sqlalchemy.sql import Executable
 from sqlalchemy.types import ARRAY, BigInteger, Text, Uuid
+from sqlalchemy.util import await_only
 
 from pgqueue.sql.server import discard_plans
 
@@ -371,3 +372,115 @@ class HeldConnection:
             except psycopg.Error as exc:
                 raw.invalidate(exc)
         raw.close()
+
+
+class AwaitedConnection:
+    """``pgqueue.db.Executor`` for single-statement units of work started from asyncio code
+    (``task.aenqueue`` outside a caller's session): one psycopg ``AsyncConnection``, made as the
+    AsyncEngine makes its connections and kept in autocommit between units, each statement
+    awaited from the greenlet in which SQLAlchemy's bridge runs synchronous code
+    (``greenlet_spawn``). Its methods must run in such a greenlet, ``close`` anywhere.
+
+    The connection is detached from the engine's pool: a pooled connection still checked out
+    when its event loop ends cannot be given back, and SQLAlchemy warns when the garbage
+    collector finds one. Its prepared statements' plans are refreshed every ``plan_max_age``
+    seconds, as ``HeldConnection``'s are. After any error it is closed, and the next statement
+    makes another.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        statements: CompiledStatements,
+        local: LocalSettings | None,
+        *,
+        plan_max_age: float = PLAN_MAX_AGE,
+    ) -> None:
+        self.engine = engine
+        self._statements = statements
+        self._local = local
+        self._plan_max_age = plan_max_age
+        self.connection: psycopg.AsyncConnection[Any] | None = None
+        self._cursor: psycopg.AsyncCursor[Any] | None = None
+        self._plans_since = 0.0
+
+    def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
+        return self.timed_rows(statement, params)[0]
+
+    def timed_rows(
+        self, statement: Executable, params: Mapping[str, Any] | None = None
+    ) -> tuple[Sequence[Any], float]:
+        connection, cursor = self._connected()
+        compiled = self._statements.get(statement)
+        values = compiled.params(params or {})
+        try:
+            if (
+                connection.prepare_threshold is not None
+                and time.monotonic() - self._plans_since > self._plan_max_age
+            ):
+                await_only(connection.execute(discard_plans(), prepare=False))
+                self._plans_since = time.monotonic()
+            sent = time.monotonic()
+            rows = await_only(_awaited_rows(connection, cursor, compiled.sql, values, self._local))
+        except psycopg.Error as exc:
+            lost = bool(connection.closed)
+            self.close()
+            raise translated(exc, lost=lost) from exc
+        return rows, sent
+
+    def copy(self, statement: Any, chunks: Iterable[str]) -> None:
+        connection, _ = self._connected()
+        await_only(awaited_copy(connection, statement, chunks))
+
+    def close(self) -> None:
+        """Close the connection (the next statement makes another). Nothing is awaited: it
+        may run where no event loop does, such as for a loop that has ended."""
+        connection, self.connection, self._cursor = self.connection, None, None
+        if connection is not None and not connection.closed:
+            connection.pgconn.finish()
+
+    def _connected(self) -> tuple[psycopg.AsyncConnection[Any], psycopg.AsyncCursor[Any]]:
+        connection, cursor = self.connection, self._cursor
+        if connection is None or cursor is None:
+            raw = checkout(self.engine)
+            connection = raw.driver_connection
+            raw.detach()
+            try:
+                await_only(connection.set_autocommit(True))
+            except psycopg.Error as exc:
+                connection.pgconn.finish()
+                raise translated(exc, lost=True) from exc
+            cursor = connection.cursor()
+            self.connection, self._cursor = connection, cursor
+            self._plans_since = time.monotonic()
+        return connection, cursor
+
+
+async def _awaited_rows(
+    connection: psycopg.AsyncConnection[Any],
+    cursor: psycopg.AsyncCursor[Any],
+    sql: str,
+    values: dict[str, Any],
+    local: LocalSettings | None,
+) -> Sequence[Any]:
+    """The rows of ``sql`` sent on ``cursor`` (behind a pooler, in a transaction of its own
+    that carries pgqueue's settings)."""
+    if local is None:
+        await cursor.execute(sql, values)
+    else:
+        async with connection.transaction():
+            await cursor.execute(local.sql, local.params)
+            await cursor.execute(sql, values)
+    result = cursor.pgresult
+    if result is None or result.status != TUPLES_OK:
+        return ()
+    return await cursor.fetchall()
+
+
+async def awaited_copy(
+    connection: psycopg.AsyncConnection[Any], statement: Any, chunks: Iterable[str]
+) -> None:
+    """``COPY`` of ``chunks`` by ``statement`` on an asyncio connection, in its transaction."""
+    async with connection.cursor() as cursor, cursor.copy(statement) as copy:
+        for chunk in chunks:
+            await copy.write(chunk)

@@ -188,6 +188,10 @@ class Engines:
         with self._lock:
             if "database" in self.__dict__:
                 self.database.close()
+            # The asyncio databases of loops that have ended: nothing else would end their kept
+            # connections (a running loop's are ``adispose``'s).
+            for closed in [known for known in self._async_databases if known.is_closed()]:
+                self._async_databases.pop(closed).close()
             for engine in {self._engine, self._handler_engine}:
                 if engine is not None and self._url is not None:
                     engine.dispose()
@@ -208,11 +212,14 @@ class Engines:
         if database is None:
             with self._lock:
                 for closed in [known for known in self._async_databases if known.is_closed()]:
-                    del self._async_databases[closed]
-                engine = self._given_async_engine or connections.create_async_queue_engine(
+                    self._async_databases.pop(closed).close()
+                given = self._given_async_engine
+                engine = given or connections.create_async_queue_engine(
                     self.url, self._settings(), pool_size=5, max_overflow=10
                 )
-                database = self._async_databases[loop] = AsyncDatabase(engine)
+                database = self._async_databases[loop] = AsyncDatabase(
+                    engine, keeps_a_connection=given is None
+                )
         return database
 
     async def running_async_database(self) -> AsyncDatabase:
@@ -229,8 +236,10 @@ class Engines:
         """Close the pooled connections of the AsyncEngine pgqueue made for the running loop
         (made again on next use); the synchronous engines are ``dispose``'s."""
         database = self._async_databases.pop(asyncio.get_running_loop(), None)
-        if database is not None and database.engine is not self._given_async_engine:
-            await database.engine.dispose()
+        if database is not None:
+            database.close()
+            if database.engine is not self._given_async_engine:
+                await database.engine.dispose()
 
 
 # Marks the log record of the fallback, for the CLI: it shows the WARNING where a process runs

@@ -148,7 +148,10 @@ class Enqueuer:
             trace_context,
         )
         if plan.tries_plain:
-            ids = await database.run(plan.first_try, autocommit=plan.autocommit)
+            if plan.autocommit:
+                ids = await database.run_single(plan.first_try)
+            else:
+                ids = await database.run(plan.first_try)
             if ids is not None:
                 return ids
             plan.stopped_by_bound()

@@ -8,6 +8,7 @@ the sequence of choices; the interleaving with workers and faults is up to the m
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import threading
@@ -93,6 +94,9 @@ class Workload:
         self.workflow_cancels: dict[int, float] = {}
         # The tag of each workflow refused for a held unique key -> (the key, its holder's id).
         self.refused_workflows: dict[str, tuple[str, int]] = {}
+        # The event loop the async handler's jobs are enqueued from (``aenqueue``), one for the
+        # run: the connection pgqueue keeps between single asyncio enqueues meets every fault.
+        self.loop = asyncio.new_event_loop()
         self.workflow_count = 0
         self.thread = threading.Thread(target=self._loop, name="chaos-workload", daemon=True)
         self.kinds: list[tuple[float, Callable[[], None]]] = [
@@ -187,6 +191,8 @@ class Workload:
             else:
                 self.rng.choices(actions, weights)[0]()
             self.stop_event.wait(self.rng.uniform(0.02, 0.25) / self.speed)
+        self.loop.run_until_complete(self.app.pgq.adispose())
+        self.loop.close()
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -214,7 +220,14 @@ class Workload:
         return self._enqueue(kind, self.app.leased, options or {}, **kw)
 
     def _async(self, kind: str, **kw: Any) -> None:
-        self._enqueue(kind, self.app.leased_async, {}, **kw)
+        """A job of the async handler, enqueued from asyncio code (``aenqueue``)."""
+        enqueue = self.app.leased_async.aenqueue
+        job_id = self._call(
+            "aenqueue", lambda: self.loop.run_until_complete(enqueue(kind=kind, **kw))
+        )
+        if job_id is not None:
+            self.enqueued[kind] += 1
+            self.jobs.append(job_id)
 
     def _atomic(self, kind: str, **kw: Any) -> None:
         self._enqueue(kind, self.app.atomic, {}, **kw)
