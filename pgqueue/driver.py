@@ -266,7 +266,38 @@ def run(
         raw.close()
 
 
-class HeldConnection:
+class _OneUsersConnection:
+    """What ``HeldConnection`` and ``AwaitedConnection`` share: the engine their connection
+    comes from, the statements and settings they send, and when the plans of the connection's
+    prepared statements were last dropped (see ``HeldConnection``)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        statements: CompiledStatements,
+        local: LocalSettings | None,
+        *,
+        plan_max_age: float = PLAN_MAX_AGE,
+    ) -> None:
+        self.engine = engine
+        self._statements = statements
+        self._local = local
+        self._plan_max_age = plan_max_age
+        self._plans_since = 0.0
+
+    def _plans_due(self, connection: Any) -> bool:
+        """Whether the plans of ``connection``'s prepared statements are to be dropped now
+        (never where nothing is prepared, behind a pooler); counted as done from now."""
+        if connection.prepare_threshold is None:
+            return False
+        now = time.monotonic()
+        if now - self._plans_since <= self._plan_max_age:
+            return False
+        self._plans_since = now
+        return True
+
+
+class HeldConnection(_OneUsersConnection):
     """One pooled connection kept checked out by a single user (the worker's claimer) in
     autocommit mode. Against ``run`` it saves, per statement, the pool checkout and return
     (with its reset) and two autocommit switches, a visible share of an idle worker's pick-up
@@ -284,20 +315,7 @@ class HeldConnection:
     so a broken connection is never reused.
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        statements: CompiledStatements,
-        local: LocalSettings | None,
-        *,
-        plan_max_age: float = PLAN_MAX_AGE,
-    ) -> None:
-        self.engine = engine
-        self._statements = statements
-        self._local = local
-        self._plan_max_age = plan_max_age
-        self._raw: Any = None
-        self._plans_since = 0.0
+    _raw: Any = None
 
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
         """All rows of ``statement``, run in autocommit (behind a pooler, in a transaction of
@@ -318,12 +336,8 @@ class HeldConnection:
         compiled = self._statements.get(statement)
         values = compiled.params(params or {})
         try:
-            if (
-                driver.prepare_threshold is not None
-                and time.monotonic() - self._plans_since > self._plan_max_age
-            ):
+            if self._plans_due(driver):
                 driver.execute(discard_plans(), prepare=False)
-                self._plans_since = time.monotonic()
             cursor = reused_cursor(raw)
             if self._local is None:
                 sent = time.monotonic()
@@ -374,7 +388,7 @@ class HeldConnection:
         raw.close()
 
 
-class AwaitedConnection:
+class AwaitedConnection(_OneUsersConnection):
     """``pgqueue.db.Executor`` for single-statement units of work started from asyncio code
     (``task.aenqueue`` outside a caller's session): one psycopg ``AsyncConnection``, made as the
     AsyncEngine makes its connections and kept in autocommit between units, each statement
@@ -388,21 +402,8 @@ class AwaitedConnection:
     makes another.
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        statements: CompiledStatements,
-        local: LocalSettings | None,
-        *,
-        plan_max_age: float = PLAN_MAX_AGE,
-    ) -> None:
-        self.engine = engine
-        self._statements = statements
-        self._local = local
-        self._plan_max_age = plan_max_age
-        self.connection: psycopg.AsyncConnection[Any] | None = None
-        self._cursor: psycopg.AsyncCursor[Any] | None = None
-        self._plans_since = 0.0
+    connection: psycopg.AsyncConnection[Any] | None = None
+    _cursor: psycopg.AsyncCursor[Any] | None = None
 
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
         return self.timed_rows(statement, params)[0]
@@ -414,12 +415,8 @@ class AwaitedConnection:
         compiled = self._statements.get(statement)
         values = compiled.params(params or {})
         try:
-            if (
-                connection.prepare_threshold is not None
-                and time.monotonic() - self._plans_since > self._plan_max_age
-            ):
+            if self._plans_due(connection):
                 await_only(connection.execute(discard_plans(), prepare=False))
-                self._plans_since = time.monotonic()
             sent = time.monotonic()
             rows = await_only(_awaited_rows(connection, cursor, compiled.sql, values, self._local))
         except psycopg.Error as exc:

@@ -8,6 +8,7 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, text
@@ -19,6 +20,24 @@ _counter = itertools.count()
 def admin_engine(server_url: URL) -> Engine:
     """An autocommit engine on the server, for CREATE/DROP DATABASE."""
     return create_engine(server_url, isolation_level="AUTOCOMMIT")
+
+
+def count_on(url: URL, sql: str, **params: object) -> int:
+    """The integer ``sql`` returns on ``url``, read on a connection of its own in autocommit."""
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            return int(connection.execute(text(sql), params).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def wait_until_backend_gone(url: URL, pid: int) -> None:
+    """Wait up to 10 s for the server of ``url`` to have no backend ``pid``."""
+    deadline = time.monotonic() + 10
+    while count_on(url, "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid", pid=pid):
+        assert time.monotonic() < deadline, f"backend {pid} is still there"
+        time.sleep(0.02)
 
 
 def run_example_tests(example: Path, server_url: str) -> subprocess.CompletedProcess[str]:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 import warnings
 
 import psycopg
-from sqlalchemy import create_engine, text
+from server_databases import count_on, wait_until_backend_gone
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -25,17 +24,8 @@ from pgqueue import PgQueue
 CONCURRENT = 200
 
 
-def _count(url: URL, sql: str, **params: object) -> int:
-    engine = create_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as connection:
-            return int(connection.execute(text(sql), params).scalar_one())
-    finally:
-        engine.dispose()
-
-
 def _jobs(url: URL) -> int:
-    return _count(url, "SELECT count(*) FROM pgqueue_jobs")
+    return count_on(url, "SELECT count(*) FROM pgqueue_jobs")
 
 
 def _backend_of_kept(pgq: PgQueue) -> int:
@@ -43,13 +33,6 @@ def _backend_of_kept(pgq: PgQueue) -> int:
     kept = pgq._engines.async_database._kept
     assert kept is not None and kept.connection is not None
     return int(kept.connection.info.backend_pid)
-
-
-def _wait_until_gone(url: URL, pid: int) -> None:
-    deadline = time.monotonic() + 10
-    while _count(url, "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid", pid=pid):
-        assert time.monotonic() < deadline, f"backend {pid} is still there"
-        time.sleep(0.02)
 
 
 def test_back_to_back_aenqueues_run_on_one_kept_connection(pgq: PgQueue, database_url: URL) -> None:
@@ -69,7 +52,7 @@ def test_back_to_back_aenqueues_run_on_one_kept_connection(pgq: PgQueue, databas
         return pid
 
     pid = asyncio.run(main())
-    _wait_until_gone(database_url, pid)
+    wait_until_backend_gone(database_url, pid)
     assert _jobs(database_url) == 20
 
 
@@ -92,9 +75,9 @@ def test_a_loop_that_ended_without_adispose_has_its_connection_ended(
     assert second != first
     # Ended, not left to the garbage collector (psycopg warns of a connection deleted open).
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
-    _wait_until_gone(database_url, first)
+    wait_until_backend_gone(database_url, first)
     asyncio.run(pgq.adispose())
-    _wait_until_gone(database_url, second)
+    wait_until_backend_gone(database_url, second)
     assert _jobs(database_url) == 2
 
 
@@ -107,8 +90,8 @@ def test_a_kept_connection_the_server_ended_is_replaced(pgq: PgQueue, database_u
         try:
             await noop.aenqueue(n=0)
             old = _backend_of_kept(pgq)
-            assert _count(database_url, "SELECT count(pg_terminate_backend(:pid))", pid=old) == 1
-            _wait_until_gone(database_url, old)
+            assert count_on(database_url, "SELECT count(pg_terminate_backend(:pid))", pid=old) == 1
+            wait_until_backend_gone(database_url, old)
             await noop.aenqueue(n=1)
             assert _backend_of_kept(pgq) != old
         finally:
@@ -133,7 +116,8 @@ def test_concurrent_aenqueues_write_every_job_once(pgq: PgQueue, database_url: U
     assert len(set(ids)) == CONCURRENT
     assert _jobs(database_url) == CONCURRENT
     assert (
-        _count(database_url, "SELECT count(DISTINCT kwargs->>'n') FROM pgqueue_jobs") == CONCURRENT
+        count_on(database_url, "SELECT count(DISTINCT kwargs->>'n') FROM pgqueue_jobs")
+        == CONCURRENT
     )
 
 
@@ -167,11 +151,11 @@ def test_an_aenqueue_cancelled_while_waiting_writes_nothing_and_the_next_one_run
 
     cancelled_on, next_on = asyncio.run(main())
     assert next_on != cancelled_on
-    _wait_until_gone(database_url, cancelled_on)
+    wait_until_backend_gone(database_url, cancelled_on)
     # psycopg cancels the statement on the server before the task's cancellation ends, so the
     # cancelled enqueue wrote nothing: only the two others' jobs are there.
     assert _jobs(database_url) == 2
-    assert _count(database_url, "SELECT count(*) FROM pgqueue_message_queue") == 2
+    assert count_on(database_url, "SELECT count(*) FROM pgqueue_message_queue") == 2
 
 
 def test_a_hosts_async_engine_keeps_no_connection(database_url: URL) -> None:

@@ -10,21 +10,12 @@ its parent's working.
 from __future__ import annotations
 
 import os
-import time
 
-from sqlalchemy import Engine, create_engine, text
+from server_databases import count_on, wait_until_backend_gone
+from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
 from pgqueue import PgQueue
-
-
-def _count(url: URL, sql: str, **params: object) -> int:
-    engine = create_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as connection:
-            return int(connection.execute(text(sql), params).scalar_one())
-    finally:
-        engine.dispose()
 
 
 def _backend_of_kept(pgq: PgQueue) -> int:
@@ -34,13 +25,6 @@ def _backend_of_kept(pgq: PgQueue) -> int:
     connection = kept._idle.driver_connection
     assert connection is not None
     return int(connection.info.backend_pid)
-
-
-def _wait_until_gone(url: URL, pid: int) -> None:
-    deadline = time.monotonic() + 10
-    while _count(url, "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid", pid=pid):
-        assert time.monotonic() < deadline, f"backend {pid} is still there"
-        time.sleep(0.02)
 
 
 def test_back_to_back_enqueues_run_on_one_kept_connection(pgq: PgQueue, database_url: URL) -> None:
@@ -59,8 +43,8 @@ def test_back_to_back_enqueues_run_on_one_kept_connection(pgq: PgQueue, database
 
     pgq.dispose()
     assert pool.checkedout() == 0  # type: ignore[attr-defined]
-    _wait_until_gone(database_url, pid)
-    assert _count(database_url, "SELECT count(*) FROM pgqueue_jobs") == 20
+    wait_until_backend_gone(database_url, pid)
+    assert count_on(database_url, "SELECT count(*) FROM pgqueue_jobs") == 20
 
 
 def test_a_kept_connection_the_server_ended_is_replaced(pgq: PgQueue, database_url: URL) -> None:
@@ -70,12 +54,12 @@ def test_a_kept_connection_the_server_ended_is_replaced(pgq: PgQueue, database_u
 
     noop.enqueue(n=0)
     old = _backend_of_kept(pgq)
-    assert _count(database_url, "SELECT count(pg_terminate_backend(:pid))", pid=old) == 1
-    _wait_until_gone(database_url, old)
+    assert count_on(database_url, "SELECT count(pg_terminate_backend(:pid))", pid=old) == 1
+    wait_until_backend_gone(database_url, old)
 
     noop.enqueue(n=1)
     assert _backend_of_kept(pgq) != old
-    assert _count(database_url, "SELECT count(*) FROM pgqueue_jobs") == 2
+    assert count_on(database_url, "SELECT count(*) FROM pgqueue_jobs") == 2
 
 
 def test_a_hosts_engine_keeps_no_connection(engine: Engine) -> None:
@@ -110,4 +94,4 @@ def test_a_forked_child_enqueues_on_its_own_connection(pgq: PgQueue, database_ur
 
     noop.enqueue(n=2)
     assert _backend_of_kept(pgq) == parent_backend
-    assert _count(database_url, "SELECT count(*) FROM pgqueue_jobs") == 3
+    assert count_on(database_url, "SELECT count(*) FROM pgqueue_jobs") == 3
