@@ -174,13 +174,18 @@ class DriverExecutor:
 
 
 def _all_rows(cursor: Any) -> Sequence[Any]:
-    """The rows of an executed cursor; none for a statement that returns none. (Read from the
-    result's status: ``cursor.description`` would build a column object per column.)"""
-    result = cursor.pgresult
-    if result is None or result.status != TUPLES_OK:
+    """The rows of an executed cursor; none for a statement that returns none."""
+    if not _returned_rows(cursor):
         return ()
     rows: Sequence[Any] = cursor.fetchall()
     return rows
+
+
+def _returned_rows(cursor: Any) -> bool:
+    """Whether the statement just executed on ``cursor`` returned rows (read from the result's
+    status: ``cursor.description`` would build a column object per column)."""
+    result = cursor.pgresult
+    return result is not None and result.status == TUPLES_OK
 
 
 def translated(exc: psycopg.Error, *, lost: bool = False) -> StatementError:
@@ -468,8 +473,7 @@ async def _awaited_rows(
         async with connection.transaction():
             await cursor.execute(local.sql, local.params)
             await cursor.execute(sql, values)
-    result = cursor.pgresult
-    if result is None or result.status != TUPLES_OK:
+    if not _returned_rows(cursor):
         return ()
     return await cursor.fetchall()
 

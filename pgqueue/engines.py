@@ -188,10 +188,7 @@ class Engines:
         with self._lock:
             if "database" in self.__dict__:
                 self.database.close()
-            # The asyncio databases of loops that have ended: nothing else would end their kept
-            # connections (a running loop's are ``adispose``'s).
-            for closed in [known for known in self._async_databases if known.is_closed()]:
-                self._async_databases.pop(closed).close()
+            self._forget_ended_loops()
             for engine in {self._engine, self._handler_engine}:
                 if engine is not None and self._url is not None:
                     engine.dispose()
@@ -211,8 +208,7 @@ class Engines:
         database = self._async_databases.get(loop)
         if database is None:
             with self._lock:
-                for closed in [known for known in self._async_databases if known.is_closed()]:
-                    self._async_databases.pop(closed).close()
+                self._forget_ended_loops()
                 given = self._given_async_engine
                 engine = given or connections.create_async_queue_engine(
                     self.url, self._settings(), pool_size=5, max_overflow=10
@@ -221,6 +217,12 @@ class Engines:
                     engine, keeps_a_connection=given is None
                 )
         return database
+
+    def _forget_ended_loops(self) -> None:
+        """Drop the asyncio databases of loops that have ended, ending their kept connections:
+        nothing else would (a running loop's are ``adispose``'s). Called under ``_lock``."""
+        for ended in [loop for loop in self._async_databases if loop.is_closed()]:
+            self._async_databases.pop(ended).close()
 
     async def running_async_database(self) -> AsyncDatabase:
         """``async_database``; the URL looked up off the loop first when that may start the

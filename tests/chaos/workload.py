@@ -210,7 +210,11 @@ class Workload:
 
     def _enqueue(self, kind: str, task: Any, options: dict[str, Any], **kwargs: Any) -> int | None:
         target = task.configure(**options) if options else task
-        job_id = self._call("enqueue", lambda: target.enqueue(kind=kind, **kwargs))
+        return self._counted(kind, "enqueue", lambda: target.enqueue(kind=kind, **kwargs))
+
+    def _counted(self, kind: str, what: str, enqueue: Callable[[], int]) -> int | None:
+        """``enqueue()`` through ``_call``; the job it returned counted as one of ``kind``."""
+        job_id: int | None = self._call(what, enqueue)
         if job_id is not None:
             self.enqueued[kind] += 1
             self.jobs.append(job_id)
@@ -222,12 +226,9 @@ class Workload:
     def _async(self, kind: str, **kw: Any) -> None:
         """A job of the async handler, enqueued from asyncio code (``aenqueue``)."""
         enqueue = self.app.leased_async.aenqueue
-        job_id = self._call(
-            "aenqueue", lambda: self.loop.run_until_complete(enqueue(kind=kind, **kw))
+        self._counted(
+            kind, "aenqueue", lambda: self.loop.run_until_complete(enqueue(kind=kind, **kw))
         )
-        if job_id is not None:
-            self.enqueued[kind] += 1
-            self.jobs.append(job_id)
 
     def _atomic(self, kind: str, **kw: Any) -> None:
         self._enqueue(kind, self.app.atomic, {}, **kw)
@@ -317,10 +318,7 @@ class Workload:
                     ).scalar_one()
                 )
 
-        job_id = self._call("sql enqueue", enqueue)
-        if job_id is not None:
-            self.enqueued["sql_enqueued"] += 1
-            self.jobs.append(job_id)
+        self._counted("sql_enqueued", "sql enqueue", enqueue)
 
     def _workflow(self) -> None:
         """A chord of a few leased members (some failing for good, some slow) and a gather
