@@ -4,7 +4,8 @@ the server dropped, and a connection whose statements vanished anyway is dropped
 pgqueue's connections drop the plans of their prepared statements every few seconds, so a plan
 made for a tiny table does not outlive the table's growth. psycopg keeps its own list of the
 statements it prepared; the two must agree through any number of refreshes, however long the
-connection sat idle between them (an idle worker's claim connection sees one every poll).
+connection sat idle between them (an idle worker's claim connection sees one every poll, the
+connection kept for single asyncio enqueues one after each quiet spell).
 """
 
 from __future__ import annotations
@@ -132,6 +133,39 @@ def test_async_connection_keeps_its_statements_through_idle_plan_refreshes(
                 await driver.rollback()
             return known, {row[0] for row in rows}
         finally:
+            await engine.dispose()
+
+    known, server = asyncio.run(main())
+    assert known, "nothing was prepared: the test would show nothing"
+    assert known <= server
+
+
+def test_kept_async_connection_keeps_its_statements_through_idle_plan_refreshes(
+    database_url: URL,
+) -> None:
+    async def main() -> tuple[set[str], set[str]]:
+        engine = connections.create_async_queue_engine(
+            database_url, Settings(), pool_size=1, max_overflow=0
+        )
+        database = AsyncDatabase(engine, keeps_a_connection=True)
+        try:
+            await database.run_single(lean_claim)
+            kept = database._kept
+            assert kept is not None and kept.connection is not None
+            kept._plan_max_age = PLAN_AGE
+            backend = kept.connection.info.backend_pid
+            for _ in range(ROUNDS):
+                for _ in range(RUNS):
+                    await database.run_single(lean_claim)
+                await asyncio.sleep(PLAN_AGE * 1.5)  # idle past the plans' age
+            await database.run_single(lean_claim)
+            assert kept.connection is not None
+            known = psycopg_names(kept.connection)
+            rows = await database.run_single(lambda executor: executor.rows(SERVER_NAMES))
+            assert kept.connection.info.backend_pid == backend  # the one connection throughout
+            return known, {row[0] for row in rows}
+        finally:
+            database.close()
             await engine.dispose()
 
     known, server = asyncio.run(main())
