@@ -345,3 +345,29 @@ def test_members_of_a_running_workflow_stay_until_it_ends(
     assert (done.state, done.result) == ("succeeded", [0, 1, 2])
     with Session(engine) as session, session.begin():
         assert history_data.move_to_history(session, age=0.0, limit=100) >= 4
+
+
+def test_an_ended_workflow_keeps_its_result_once_its_jobs_are_moved(
+    history_pgq: PgQueue, engine: Engine
+) -> None:
+    """Once a workflow has ended its jobs are moved like any other finished job, and
+    ``get_workflow`` still gives the result of its final job from the history."""
+    pgq = history_pgq
+    pgq.maintain_history(days_ahead=1, retention_days=7)
+
+    @pgq.task(name="history.piece", queue="pieces")
+    def piece(n: int) -> int:
+        return n * 10
+
+    @pgq.task(name="history.collect", queue="pieces")
+    def collect(results: list[int]) -> list[int]:
+        return sorted(results)
+
+    wf = chord([piece.s(n) for n in range(3)], collect.s()).enqueue()
+    pgq.run_worker(drain=True, queues=["pieces"])
+    assert pgq.wait_for_workflow(wf.id, timeout=30).result == [0, 10, 20]
+    with Session(engine) as session, session.begin():
+        moved = history_data.move_to_history(session, age=0.0, limit=100)
+    assert moved >= 4
+    ended = pgq.get_workflow(wf.id)
+    assert (ended.state, ended.result) == ("succeeded", [0, 10, 20])
