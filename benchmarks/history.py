@@ -147,8 +147,8 @@ def time_enqueue_many(pgq: PgQueue, n: int) -> float:
     task = pgq.registry.get(app.NOOP)
     items = [{"n": i} for i in range(n)]
     # A full collection first, on both databases' side alike: otherwise a collection of
-    # everything this process holds (60-80 ms here) lands inside some of these calls and not
-    # others, and that decides the ratio, which is meant to measure the server's history.
+    # everything this process holds lands inside some of these calls and not others, and that
+    # decides the ratio, which is meant to measure the server's history.
     gc.collect()
     start = time.perf_counter()
     task.enqueue_many(items)

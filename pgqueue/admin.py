@@ -159,7 +159,7 @@ class Admin:
 
     def workflow_in(self, session: Session, workflow_id: int) -> WorkflowStatus:
         """``get_workflow`` in ``session``."""
-        row = workflow_data.read_workflow(session, check_job_id(workflow_id))
+        row = workflow_data.read_workflow(session, check_job_id(workflow_id), self._tables())
         if row is None:
             raise WorkflowNotFound(f"no workflow with id {workflow_id}")
         return status_of(row)
@@ -168,8 +168,10 @@ class Admin:
         """Cancel workflow ``workflow_id`` (see ``PgQueue.cancel_workflow``)."""
         workflow_id = check_job_id(workflow_id)
 
+        tables = self._tables()
+
         def cancel(s: Session) -> bool:
-            if workflow_data.read_workflow(s, workflow_id) is None:
+            if workflow_data.read_workflow(s, workflow_id, tables) is None:
                 raise WorkflowNotFound(f"no workflow with id {workflow_id}")
             return workflow_data.cancel_workflow(s, workflow_id)
 

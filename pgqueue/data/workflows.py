@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgqueue.data import copy_rows, dependencies, enqueue, queue_bounds
+from pgqueue.data.history import JobTables
 from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen
 from pgqueue.db import Executor, SessionOrExecutor, executor_for
 from pgqueue.errors import QueueFull, UniqueKeyHeld, ValidationError
@@ -272,8 +273,11 @@ def _insert_keyed_jobs(
     raise RuntimeError("workflow enqueue did not settle after 10 tries")  # pragma: no cover
 
 
-def read_workflow(db: SessionOrExecutor, workflow_id: int) -> WorkflowRow | None:
-    """Workflow ``workflow_id`` with its jobs and the results of its final jobs, or None."""
+def read_workflow(db: SessionOrExecutor, workflow_id: int, tables: JobTables) -> WorkflowRow | None:
+    """Workflow ``workflow_id`` with its jobs and the results of its final jobs, or None.
+    Its final jobs are read from every table of ``tables``: once the workflow has ended they
+    are moved like any other finished job, and its result is still theirs. Its jobs are listed
+    from ``pgqueue_jobs`` alone (the history has no index on their workflow)."""
     ex = executor_for(db)
     rows = ex.rows(workflows.workflow_row(), {"workflow": workflow_id})
     if not rows:
@@ -283,7 +287,13 @@ def read_workflow(db: SessionOrExecutor, workflow_id: int) -> WorkflowRow | None
         (row[0], row[1], JobState(row[2]), row[3], row[4])
         for row in ex.rows(workflows.workflow_jobs(), {"workflow": workflow_id})
     ]
-    by_id = {row[0]: row for row in ex.rows(workflows.results_of(), {"ids": list(final)})}
+    by_id: dict[int, Any] = {}
+    for moved in tables.reads:  # the live table first: a job moved in between is not missed
+        missing = [job_id for job_id in final if job_id not in by_id]
+        if missing:
+            by_id.update(
+                (row[0], row) for row in ex.rows(workflows.results_of(moved), {"ids": missing})
+            )
     results = [
         (job_id, JobState(by_id[job_id][1]), by_id[job_id][2])
         for job_id in final

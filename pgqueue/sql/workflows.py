@@ -29,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.orm import aliased
 
-from pgqueue.models import Job, JobHistory, MessageQueue, Workflow
+from pgqueue.models import Job, MessageQueue, Workflow
 from pgqueue.sql.common import (
     OUTCOME_AT,
     announced,
@@ -39,6 +39,7 @@ from pgqueue.sql.common import (
     tickets_for,
     woken,
 )
+from pgqueue.sql.job_lists import job_model
 from pgqueue.states import ABANDON, CANCEL, CLOSE, CLOSE_FAILED, UNBLOCK, JobState, WorkflowRole
 
 _CLOSING = WorkflowRole.CLOSING.value
@@ -189,18 +190,13 @@ def workflow_jobs() -> Select[int, str, JobState, int | None, list[int] | None]:
 
 
 @cache
-def results_of() -> CompoundSelect[Any]:
-    """``(id, state, result)`` of jobs ``ids`` (array), in ``pgqueue_jobs`` or moved to
-    ``pgqueue_job_history``: once a workflow has ended, its jobs are moved like any other
-    finished job, and its result is still theirs. A move takes a job out of one table and
-    into the other in one statement, so a snapshot sees it in exactly one of them; each
-    history partition's primary key is probed by id."""
-    ids = array_param("ids", BigInteger)
-    live = select(Job.id, Job.state, Job.result).where(Job.id == func.any(ids))
-    moved = select(JobHistory.id, JobHistory.state, JobHistory.result).where(
-        JobHistory.id == func.any(ids)
+def results_of(history: bool = False) -> Select[Any]:
+    """``(id, state, result)`` of jobs ``ids`` (array); of the moved jobs with ``history``
+    (each history partition's primary key probed by id)."""
+    Job = job_model(history)
+    return select(Job.id, Job.state, Job.result).where(
+        Job.id == func.any(array_param("ids", BigInteger))
     )
-    return live.union_all(moved)
 
 
 @cache
