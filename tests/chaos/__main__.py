@@ -38,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         help="start with N idle concurrency-key rows, as months of keys made of customer ids "
         "leave them",
     )
+    parser.add_argument(
+        "--partitioned-history",
+        action="store_true",
+        help='workers with history="partitioned", moving jobs seconds after they end',
+    )
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
     options = parser.parse_args(argv)
     result = run(
@@ -49,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         keep=options.keep,
         server_dir=options.server_dir,
         key_history=options.key_history,
+        history=options.partitioned_history,
     )
     print(result.text)
     return 1 if result.violations else 0

@@ -54,6 +54,9 @@ DRAIN_SECONDS = 90.0
 DRAIN_CAP = 1200.0
 # Jobs due within this many seconds still count as work the drain waits for.
 DRAIN_HORIZON = 5.0
+# Under ``history=True``: seconds after finishing at which a job is moved to the partitioned
+# history, short enough that most jobs move while the faults go on.
+HISTORY_MOVE_AFTER = 1.0
 
 
 @dataclass
@@ -65,14 +68,19 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
-def load_app(directory: Path, url: URL) -> ModuleType:
-    """Import ``chaosapp.py`` in this process under a unique name (one per run)."""
+def load_app(directory: Path, url: URL, settings: dict[str, str]) -> ModuleType:
+    """Import ``chaosapp.py`` in this process under a unique name (one per run), with the
+    workers' ``PGQUEUE_*`` ``settings``."""
     name = f"chaosapp_{directory.name}"
     spec = importlib.util.spec_from_file_location(name, directory / "chaosapp.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     # The harness enqueues every task, chaos.newer included.
-    values = {"DB_URL": url.render_as_string(hide_password=False), "CHAOS_NEWER": "1"}
+    values = {
+        "DB_URL": url.render_as_string(hide_password=False),
+        "CHAOS_NEWER": "1",
+        **settings,
+    }
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:
@@ -153,12 +161,15 @@ def run(
     verbose: bool = True,
     server_dir: str | None = None,
     key_history: int = 0,
+    history: bool = False,
 ) -> Result:
     """``server_dir``: the directory of a ``tests/debian_postgres.py`` server at
     ``database_url``, which the faults may then restart; an embedded server the run starts
     itself is always restartable. Without either, the run makes no server restarts.
     ``key_history``: idle concurrency-key rows present from the start (no job has their keys),
-    as a long history of keys made of customer ids leaves them."""
+    as a long history of keys made of customer ids leaves them. ``history``: workers and the
+    harness run with ``history="partitioned"``, moving jobs ``HISTORY_MOVE_AFTER`` seconds after
+    they finished."""
     say = _say if verbose else (lambda message: None)
     root = Path(tempfile.mkdtemp(prefix=f"pgqueue-chaos-{seed}-"))
     root.chmod(0o755)
@@ -182,8 +193,23 @@ def run(
         if not keep:
             stack.callback(drop_database, server, name)
         say(f"seed {seed}: database {name}, directory {root}")
+        settings = {"PGQUEUE_RESCUE_INTERVAL": str(RESCUE_INTERVAL)}
+        if history:
+            settings.update(
+                PGQUEUE_HISTORY="partitioned", PGQUEUE_HISTORY_MOVE_AFTER=str(HISTORY_MOVE_AFTER)
+            )
         return _run(
-            seed, minutes, url, root, bouncer, lock_tickets, restart_server, stack, say, key_history
+            seed,
+            minutes,
+            url,
+            root,
+            bouncer,
+            lock_tickets,
+            restart_server,
+            stack,
+            say,
+            key_history,
+            settings,
         )
     finally:
         stack.close()
@@ -201,7 +227,8 @@ def _run(
     restart_server: Callable[[], None] | None,
     stack: contextlib.ExitStack,
     say: object,
-    key_history: int = 0,
+    key_history: int,
+    settings: dict[str, str],
 ) -> Result:
     assert callable(say)
     app_dir = root / "app"
@@ -209,7 +236,7 @@ def _run(
     write_app(app_dir)
     direct = url.render_as_string(hide_password=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-    env.update(DB_URL=direct, PYTHONUNBUFFERED="1", PGQUEUE_RESCUE_INTERVAL=str(RESCUE_INTERVAL))
+    env.update(DB_URL=direct, PYTHONUNBUFFERED="1", **settings)
     bouncer = None
     if use_bouncer:
         bouncer = Bouncer(url, str(url.database))
@@ -225,7 +252,7 @@ def _run(
         url, pool_pre_ping=True, connect_args={"application_name": "chaos-harness"}
     )
     stack.callback(engine.dispose)
-    app = load_app(app_dir, url)
+    app = load_app(app_dir, url, settings)
     stack.callback(app.pgq.dispose)
     workers = Workers(app_dir, env)
     stack.callback(workers.reap)
@@ -247,6 +274,8 @@ def _run(
         events=faults.events,
         workflow_cancels=workload.workflow_cancels,
         refused_workflows=workload.refused_workflows,
+        pgq=app.pgq,
+        history="PGQUEUE_HISTORY" in settings,
     )
     checker = Checker(engine, facts)
     notes: list[str] = []
@@ -291,6 +320,12 @@ def _run(
         )
     facts.stale_after = 3 * RESCUE_INTERVAL + 1
     final = checker.check(final=True)
+    if facts.history:
+        moved = sum(1 for job in final.jobs.values() if job.moved)
+        notes.append(
+            f"partitioned history: {moved} of {len(final.jobs)} jobs moved at the final check "
+            f"({HISTORY_MOVE_AFTER:g} s after finishing)"
+        )
     say("stopping the workers")
     killed = workers.stop_all()
     if killed:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import workflow_checks
+from . import history_checks, workflow_checks
 from .app import KEY_LIMIT, NEWER_TASK, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_MAIN
 from .snapshot import ACTIVE, FINAL, Run, Snapshot, clock, interrupted
 from .workflow_checks import CLOSING_ROLE
@@ -55,6 +55,10 @@ class Facts:
     # The tag of each workflow refused for a held unique key -> (the key, the holder's id)
     # (a live dict of the workload's).
     refused_workflows: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # The harness's own PgQueue (the workers' settings), for the final check's reads through
+    # pgqueue's API; None leaves those reads out.
+    pgq: Any = None
+    history: bool = False  # the run moves finished jobs to the partitioned history
 
 
 @dataclass
@@ -642,4 +646,6 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (workflow_checks.callback_once, True),
     (workflow_checks.nothing_starts_after_a_cancel, True),
     (workflow_checks.refused_left_nothing, True),
+    (history_checks.moved_once, True),
+    (history_checks.moved_jobs_read_back, False),
 ]

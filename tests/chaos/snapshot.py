@@ -1,5 +1,8 @@
 """One consistent read of the jobs and the ledger, and what the checks derive from it.
 
+The jobs are those of ``pgqueue_jobs`` and those moved to the partitioned history (a run with
+``history="partitioned"``), each marked ``moved`` or not.
+
 Read in one REPEATABLE READ transaction, so an atomic job's state and its in-transaction ledger
 row (which commit together) are seen together. Runs are the ledger's ``run`` rows (one per
 handler run, committed when the run began); ``tx`` rows are the runs that completed their work;
@@ -24,13 +27,18 @@ ACTIVE = {"queued", "retrying", "running"}
 LEASE_EXPIRED = "lease expired"
 TRANSACTION_LOST = ("AtomicTransactionLost",)
 
-JOBS = text(
-    "SELECT id, task_name, queue, kwargs::jsonb ->> 'kind' AS kind, state, attempts,"
+# The jobs of both tables: ``pgqueue_jobs`` and, under ``history="partitioned"``, the finished
+# jobs moved to ``pgqueue_job_history`` (``moved``), read in the same snapshot.
+_JOB_COLUMNS = (
+    "id, task_name, queue, kwargs::jsonb ->> 'kind' AS kind, state, attempts,"
     " max_attempts, run_at, created_at, started_at, finished_at, errors, last_error,"
     " unique_key, concurrency_key, depends_on, lease_expires_at, snoozes, atomic,"
     " cancel_requested, workflow_id, workflow_role, kwargs::jsonb ->> 'wf_tag' AS wf_tag,"
-    " CASE WHEN task_name = 'chaos.waiter' THEN result END AS result"
-    " FROM pgqueue_jobs ORDER BY id"
+    " CASE WHEN task_name IN ('chaos.waiter', 'chaos.gather') THEN result END AS result"
+)
+JOBS = text(
+    f"SELECT {_JOB_COLUMNS}, false AS moved FROM pgqueue_jobs"
+    f" UNION ALL SELECT {_JOB_COLUMNS}, true AS moved FROM pgqueue_job_history ORDER BY id"
 )
 # When each durable sleep of the waiter jobs ends (its step's saved time, database clock).
 SLEEPS = text(
@@ -70,6 +78,8 @@ class Snapshot:
     paused: set[str] = field(default_factory=set)
     sleeps_until: dict[int, float] = field(default_factory=dict)
     workflows: dict[int, str] = field(default_factory=dict)  # workflow id -> state
+    # Ids read from both tables at once (a move must take a job out as it puts it in).
+    in_both: list[int] = field(default_factory=list)
 
     def errors_for(self, job_id: int, attempt: int) -> list[str]:
         """The recorded errors of ``job_id``'s attempt ``attempt`` (its last ten attempts')."""
@@ -116,7 +126,12 @@ def read(engine: Engine) -> Snapshot:
     with engine.connect() as connection:
         connection.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
         now = connection.execute(text("SELECT clock_timestamp()")).scalar_one().timestamp()
-        jobs = {row.id: row for row in connection.execute(JOBS)}
+        jobs: dict[int, Any] = {}
+        in_both = []
+        for row in connection.execute(JOBS):
+            if row.id in jobs:
+                in_both.append(row.id)
+            jobs[row.id] = row
         ledger = connection.execute(LEDGER).all()
         paused = set(
             connection.execute(text("SELECT name FROM pgqueue_queues WHERE paused")).scalars()
@@ -124,7 +139,9 @@ def read(engine: Engine) -> Snapshot:
         sleeps = {row[0]: row[1] for row in connection.execute(SLEEPS)}
         workflows = dict(connection.execute(text("SELECT id, state FROM pgqueue_workflows")).all())
         connection.rollback()
-    snapshot = Snapshot(now, jobs, paused=paused, sleeps_until=sleeps, workflows=workflows)
+    snapshot = Snapshot(
+        now, jobs, paused=paused, sleeps_until=sleeps, workflows=workflows, in_both=in_both
+    )
     by_tag = {"run": snapshot.runs, "tx": snapshot.txs, "step": snapshot.steps}
     for row in ledger:
         run = Run(

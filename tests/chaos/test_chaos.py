@@ -17,6 +17,8 @@ from sqlalchemy.engine import URL
 from .harness import run
 
 FIXED_SEEDS = [23]
+# Seeds run with the partitioned history: jobs moved out of pgqueue_jobs seconds after they end.
+HISTORY_SEEDS = [31]
 MINUTES = 1.0
 
 # (seed, harness options, the open issue it found, or None once fixed)
@@ -47,6 +49,10 @@ REGRESSION_SEEDS: list[tuple[int, dict[str, Any], str | None]] = [
 
 def _cases() -> list[Any]:
     cases = [pytest.param(seed, {}, id=f"seed{seed}") for seed in FIXED_SEEDS]
+    cases += [
+        pytest.param(seed, {"history": True}, id=f"seed{seed}-partitioned")
+        for seed in HISTORY_SEEDS
+    ]
     for seed, options, issue in REGRESSION_SEEDS:
         marks = [pytest.mark.xfail(reason=issue, strict=False)] if issue else []
         cases.append(pytest.param(seed, options, id=f"regression{seed}", marks=marks))
