@@ -242,8 +242,11 @@ class PgQueue:
         The job's row stays locked until the transaction ends, as for ``cancel_job``.
         """
         job_id, name, encoded = checked_signal(job_id, name, payload, self.settings)
+        tables = history_data.JobTables.of(self.settings)
         return uow.in_caller_or_own_transaction(
-            session, self.sessions, lambda s: signals_data.signal_job(s, job_id, name, encoded)
+            session,
+            self.sessions,
+            lambda s: signals_data.signal_job(s, job_id, name, encoded, tables),
         )
 
     async def asignal(
@@ -253,8 +256,9 @@ class PgQueue:
         job_id, name, encoded = checked_signal(job_id, name, payload, self.settings)
         session = check_async_session(session)
         database = await self._engines.running_async_database()
+        tables = history_data.JobTables.of(self.settings)
         return await database.in_caller_or_own_session(
-            session, lambda s: signals_data.signal_job(s, job_id, name, encoded)
+            session, lambda s: signals_data.signal_job(s, job_id, name, encoded, tables)
         )
 
     # -- waiting for a job to finish (``pgqueue.waiting``) -----------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pgqueue.data.history import JobTables
 from pgqueue.db import SessionOrExecutor, executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.sql import signals as signals_sql
@@ -49,14 +50,26 @@ def suspension(db: SessionOrExecutor, job_id: int) -> Any | None:
     return rows[0] if rows else None
 
 
-def signal_job(db: SessionOrExecutor, job_id: int, name: str, payload: str) -> bool:
+def signal_job(
+    db: SessionOrExecutor, job_id: int, name: str, payload: str, tables: JobTables
+) -> bool:
     """``pgq.signal``: store signal ``name`` of job ``job_id`` (``payload``: JSON text) and
     wake the job if it waits for it. True when stored, False when a signal of that name was
-    stored already (the first is kept). JobNotFound when there is no such job (nor any in
-    ``pgqueue_jobs``: a job moved to the partitioned history is not found either),
-    InvalidStateTransition when it has finished; nothing is written then."""
+    stored already (the first is kept). JobNotFound when there is no such job in ``tables``,
+    InvalidStateTransition when it has finished (moved to the history or not); nothing is
+    written then."""
     state = lock_state(db, job_id)
     if state is None:
+        moved = (
+            executor_for(db).rows(signals_sql.moved_state(), {"job_id": job_id})
+            if tables.partitioned
+            else []
+        )
+        if moved:
+            raise InvalidStateTransition(
+                f"cannot signal job {job_id}: it finished ({moved[0][0]}) and was moved to the "
+                f"history (history=partitioned), so nothing will wait for the signal {name!r}"
+            )
         raise JobNotFound(f"cannot signal job {job_id}: no job with id {job_id}")
     if state in FINAL_STATES:
         raise InvalidStateTransition(

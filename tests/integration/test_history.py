@@ -9,6 +9,7 @@ maintain``) as the schema owner; what a DML-only role may and may not do is in
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import threading
 import time
@@ -27,7 +28,7 @@ from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.cli import pgqueue_group
 from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
-from pgqueue.errors import InvalidStateTransition
+from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.models import JOB_COLUMN_NAMES
 from pgqueue.states import JobState
 from pgqueue.worker import Worker
@@ -101,6 +102,22 @@ def test_a_finished_job_is_moved_by_maintenance_and_read_back_unchanged(
     # Read-only: a re-run says why instead of "no such job".
     with pytest.raises(InvalidStateTransition, match="moved to the history"):
         pgq.retry_job(job_id)
+    # A signal to it is refused as to any finished job, not as to a job that never existed.
+    with pytest.raises(InvalidStateTransition, match="moved to the history"):
+        pgq.signal(job_id, "go")
+
+    async def signal_async() -> None:
+        try:
+            with pytest.raises(InvalidStateTransition, match="moved to the history"):
+                await pgq.asignal(job_id, "go")
+        finally:
+            await pgq.adispose()
+
+    asyncio.run(signal_async())
+    with pytest.raises(JobNotFound):
+        pgq.signal(job_id + 1_000_000, "go")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM pgqueue_job_signals")).scalar() == 0
     result = CliRunner().invoke(
         cli_main,
         [
