@@ -256,7 +256,7 @@ def _run(
     stack.callback(app.pgq.dispose)
     workers = Workers(app_dir, env)
     stack.callback(workers.reap)
-    workload = Workload(app, seed)
+    workload = Workload(app, seed, history="PGQUEUE_HISTORY" in settings)
     workload.setup()
     if key_history:
         _insert_key_history(engine, key_history)
@@ -326,6 +326,9 @@ def _run(
             f"partitioned history: {moved} of {len(final.jobs)} jobs moved at the final check "
             f"({HISTORY_MOVE_AFTER:g} s after finishing)"
         )
+        notes += [
+            f"maintain_history: {e.detail}" for e in workload.events if e.kind == "maintain_history"
+        ]
     say("stopping the workers")
     killed = workers.stop_all()
     if killed:

@@ -43,6 +43,10 @@ POISONS = ["set", "nan", "object", "deep"]
 # ``k3`` gets a run-time override below the task's key_limit of 2.
 KEY_OVERRIDES = {"k3": 1}
 INITIAL_QUEUE_LIMIT = 2
+# Under the partitioned history: seconds into the run of the first ``maintain_history``, and
+# between the later ones.
+HISTORY_MAINTENANCE_FIRST = 15.0
+HISTORY_MAINTENANCE_EVERY = 20.0
 
 
 @dataclass
@@ -75,6 +79,9 @@ class Workload:
     app: ModuleType
     seed: int
     speed: float = 1.0
+    # The run moves finished jobs to the partitioned history: the workload also keeps its
+    # partitions, as an operator's daily ``pgqueue history maintain`` does, while workers move.
+    history: bool = False
     events: list[Event] = field(default_factory=list)
     limits: list[LimitChange] = field(default_factory=list)
     enqueued: Counter[str] = field(default_factory=Counter)
@@ -98,6 +105,9 @@ class Workload:
         # run: the connection pgqueue keeps between single asyncio enqueues meets every fault.
         self.loop = asyncio.new_event_loop()
         self.workflow_count = 0
+        # When the next ``maintain_history`` runs (on the clock, not the seed's choices, which
+        # stay those of a run without it).
+        self.next_maintenance = float("inf")
         self.thread = threading.Thread(target=self._loop, name="chaos-workload", daemon=True)
         self.kinds: list[tuple[float, Callable[[], None]]] = [
             (10, lambda: self._leased("leased", seconds=self.rng.uniform(0, 0.3))),
@@ -144,6 +154,10 @@ class Workload:
             pgq.set_key_limit(key, limit)
 
     def start(self) -> None:
+        if self.history:
+            # The first pass finds the jobs moved so far in the DEFAULT partition (no day had
+            # a partition yet) and adopts them into today's, while the workers go on moving.
+            self.next_maintenance = time.time() + HISTORY_MAINTENANCE_FIRST
         self.thread.start()
 
     def stop(self) -> None:
@@ -183,6 +197,9 @@ class Workload:
             for due, workflow_id in [c for c in self.workflow_cancels_due if c[0] <= now]:
                 self.workflow_cancels_due.remove((due, workflow_id))
                 self._cancel_workflow(workflow_id)
+            if now >= self.next_maintenance:
+                self.next_maintenance = now + HISTORY_MAINTENANCE_EVERY
+                self._maintain_history()
             roll = self.rng.random()
             if roll < 0.04:
                 self._admin_move()
@@ -423,6 +440,11 @@ class Workload:
             # Recorded even when the call failed: its commit may have happened anyway. The
             # check then allows either limit from that call on.
             self.limits.append(LimitChange(before, time.time(), limit, took_effect))
+
+    def _maintain_history(self) -> None:
+        done = self._call("maintain_history", lambda: self.app.pgq.maintain_history(days_ahead=1))
+        if done is not None:
+            self._event("maintain_history", done.summary())
 
     def _admin_move(self) -> None:
         move = self.rng.choice(["pause", "limit", "bulk_retry"])
