@@ -39,13 +39,8 @@ def moved_once(s: Snapshot, facts: Facts) -> list[Violation]:
         if job.state not in FINAL:
             found.append(Violation("17 moved once", job.id, f"moved while {job.state}"))
         elif job.workflow_id is not None and s.workflows.get(job.workflow_id) == "running":
-            found.append(
-                Violation(
-                    "17 moved once",
-                    job.id,
-                    f"moved while its workflow {job.workflow_id} was running",
-                )
-            )
+            running = f"moved while its workflow {job.workflow_id} was running"
+            found.append(Violation("17 moved once", job.id, running))
     return found
 
 
