@@ -326,9 +326,8 @@ def _run(
             f"partitioned history: {moved} of {len(final.jobs)} jobs moved at the final check "
             f"({HISTORY_MOVE_AFTER:g} s after finishing)"
         )
-        notes += [
-            f"maintain_history: {e.detail}" for e in workload.events if e.kind == "maintain_history"
-        ]
+        maintained = Counter(e.detail for e in workload.events if e.kind == "maintain_history")
+        notes += [f"maintain_history x{n}: {detail}" for detail, n in maintained.items()]
     say("stopping the workers")
     killed = workers.stop_all()
     if killed:
