@@ -12,6 +12,10 @@ one-off ``enqueue()``, and from asyncio (``aenqueue``), each on connections that
 their pools as long as the workers did. After each quiet period a job that waited through it
 in ``ctx.wait_for_signal`` is signalled, and a two-step chain is enqueued: the signalled job
 and the chain's second step (released by the first's end) must start at once too.
+
+It runs twice: with the finished jobs kept in place, and with the partitioned history, where
+the workers' maintenance also moves each finished job out of ``pgqueue_jobs`` 2 s after it ended
+(the test's reads cover both tables).
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ SECONDS_BETWEEN_JOBS = 2.0
 # A listening worker starts a job within milliseconds of its commit; the poll (1 s) is the
 # fallback. Anything past it means a claim failed or the wake-up was lost.
 PICKUP_LIMIT = 1.0
+# Seconds after finishing at which the partitioned run moves a job to the history.
+MOVE_AFTER = 2.0
+# The jobs wherever they are: in pgqueue_jobs, or moved to the partitioned history.
+JOBS = (
+    "(SELECT id, state, created_at, started_at, finished_at FROM pgqueue_jobs"
+    " UNION ALL SELECT id, state, created_at, started_at, finished_at FROM pgqueue_job_history)"
+)
 
 
 def _declare_record(pgq: PgQueue) -> Any:
@@ -81,7 +92,7 @@ def _pickup_seconds(app: App, job_id: int) -> list[float]:
     is claimed, else ``[]``."""
     [row] = app.rows(
         "SELECT extract(epoch FROM started_at - created_at) AS waited, started_at "
-        "FROM pgqueue_jobs WHERE id = :id",
+        f"FROM {JOBS} AS j WHERE id = :id",
         id=job_id,
     )
     return [] if row.started_at is None else [float(row.waited)]
@@ -102,7 +113,7 @@ def _resumed_seconds(app: App, job_id: int) -> list[float]:
     """``[seconds from the job's signal to its resumed run's claim]`` once it succeeded."""
     [row] = app.rows(
         "SELECT j.state, extract(epoch FROM j.started_at - s.sent_at) AS waited"
-        " FROM pgqueue_jobs j JOIN pgqueue_job_signals s ON s.job_id = j.id WHERE j.id = :id",
+        f" FROM {JOBS} AS j JOIN pgqueue_job_signals s ON s.job_id = j.id WHERE j.id = :id",
         id=job_id,
     )
     return [float(row.waited)] if row.state == "succeeded" else []
@@ -112,11 +123,20 @@ def _released_seconds(app: App, first: int, second: int) -> list[float]:
     """``[seconds from a chain's first step's end to its second step's claim]``, once claimed."""
     [row] = app.rows(
         "SELECT extract(epoch FROM b.started_at - a.finished_at) AS waited, b.started_at"
-        " FROM pgqueue_jobs a, pgqueue_jobs b WHERE a.id = :first AND b.id = :second",
+        f" FROM {JOBS} AS a, {JOBS} AS b WHERE a.id = :first AND b.id = :second",
         first=first,
         second=second,
     )
     return [] if row.started_at is None else [float(row.waited)]
+
+
+def _all_final(app: App, ids: list[int]) -> bool:
+    [(done,)] = app.rows(
+        f"SELECT count(*) FROM {JOBS} AS j"
+        " WHERE id = ANY(:ids) AND state IN ('succeeded', 'failed', 'cancelled')",
+        ids=ids,
+    )
+    return int(done) == len(set(ids))
 
 
 def _claim_failures(port: int) -> float:
@@ -137,11 +157,18 @@ def _assert_quiet(worker: WorkerProcess) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("history", ["in_place", "partitioned"])
 def test_idle_workers_pick_up_each_job_at_once_after_long_quiet_periods(
-    app: App, bouncer: URL
+    app: App, bouncer: URL, history: str
 ) -> None:
-    # Every periodic duty comes round during the shortest idle period, pruning included.
-    duties = {"prune_interval": 20, "metrics_interval": 15}
+    # Every periodic duty comes round during the shortest idle period, pruning included (and
+    # the history move, every rescue pass).
+    duties: dict[str, Any] = {
+        "prune_interval": 20,
+        "metrics_interval": 15,
+        "history": history,
+        "history_move_after": MOVE_AFTER,
+    }
     direct_port, bounced_port = free_port(), free_port()
     direct = app.start_worker(
         "--queues", "direct", "--concurrency", "4", metrics_port=direct_port, **duties
@@ -157,9 +184,10 @@ def test_idle_workers_pick_up_each_job_at_once_after_long_quiet_periods(
     app.wait_listening(count=2)
 
     loop = asyncio.new_event_loop()
-    direct_pgq = PgQueue(app.url_string, settings=Settings())
+    direct_pgq = PgQueue(app.url_string, settings=Settings(history=history))
     bounced_pgq = PgQueue(
-        bouncer.render_as_string(hide_password=False), settings=Settings(pooler="transaction")
+        bouncer.render_as_string(hide_password=False),
+        settings=Settings(pooler="transaction", history=history),
     )
     enqueuers = {
         "direct": Enqueuer(direct_pgq, "direct", loop),
@@ -210,9 +238,22 @@ def test_idle_workers_pick_up_each_job_at_once_after_long_quiet_periods(
                     )
                     waits[name].append((idle, job_id, waited))
                 time.sleep(SECONDS_BETWEEN_JOBS)
-        app.wait_final([job_id for name in waits for _, job_id, _ in waits[name]], timeout=30)
+        ids = [job_id for name in waits for _, job_id, _ in waits[name]]
+        app.wait_until(lambda: _all_final(app, ids), timeout=30, what=f"{len(ids)} jobs to end")
         for name, job_id in waiting.items():
             assert pgqs[name].get_job(job_id).result == {"after": IDLE_PERIODS[-1]}
+        if history == "partitioned":
+            # The first quiet period's jobs ended minutes ago: the idle workers moved them all.
+            first = {
+                job_id
+                for name in waits
+                for idle, job_id, _ in waits[name]
+                if idle == IDLE_PERIODS[0]
+            }
+            [(moved,)] = app.rows(
+                "SELECT count(*) FROM pgqueue_job_history WHERE id = ANY(:ids)", ids=list(first)
+            )
+            assert moved == len(first)
         claim_failures = {
             "direct": _claim_failures(direct_port),
             "bounced": _claim_failures(bounced_port),
