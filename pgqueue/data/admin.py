@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from pgqueue.admin_values import ListArguments
 from pgqueue.data import dependencies
-from pgqueue.data.history import JobTables
+from pgqueue.data.history import JobTables, moved_state
 from pgqueue.db import SessionOrExecutor, executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
@@ -276,10 +276,10 @@ def _raise_for_state(
 ) -> None:
     job = get_job(session, job_id)
     if job is None:
-        moved = get_moved_job(session, job_id) if tables.partitioned else None
+        moved = moved_state(session, job_id, tables)
         if moved is not None:
             raise InvalidStateTransition(
-                f"cannot {action} job {job_id}: it finished ({moved.state.value}) and was moved "
+                f"cannot {action} job {job_id}: it finished ({moved.value}) and was moved "
                 "to the history (history=partitioned), where jobs are read-only; enqueue a new "
                 "job with its arguments instead"
             )

@@ -25,9 +25,10 @@ from pgqueue.db import Executor, SessionOrExecutor, executor_for
 from pgqueue.errors import NotSchemaOwner
 from pgqueue.sql import history as history_sql
 from pgqueue.sqlstates import is_insufficient_privilege
+from pgqueue.states import JobState
 from pgqueue.validation import limit_count
 
-__all__ = ["HistoryMaintenance", "JobTables", "maintain", "move_to_history"]
+__all__ = ["HistoryMaintenance", "JobTables", "maintain", "move_to_history", "moved_state"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,15 @@ class JobTables:
         table comes first: a job moved between two reads is then seen twice (and kept once)
         rather than missed."""
         return (False, True) if self.partitioned else (False,)
+
+
+def moved_state(db: SessionOrExecutor, job_id: int, tables: JobTables) -> JobState | None:
+    """The state job ``job_id`` was moved to the history in, when ``tables`` include the history
+    and it is there; else None (nothing reads the history then)."""
+    if not tables.partitioned:
+        return None
+    rows = executor_for(db).rows(history_sql.moved_state(), {"job_id": job_id})
+    return JobState(rows[0][0]) if rows else None
 
 
 def move_to_history(db: SessionOrExecutor, *, age: float, limit: int) -> int:

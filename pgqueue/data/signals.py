@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgqueue.data.history import JobTables
+from pgqueue.data.history import JobTables, moved_state
 from pgqueue.db import SessionOrExecutor, executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.sql import signals as signals_sql
@@ -60,14 +60,10 @@ def signal_job(
     written then."""
     state = lock_state(db, job_id)
     if state is None:
-        moved = (
-            executor_for(db).rows(signals_sql.moved_state(), {"job_id": job_id})
-            if tables.partitioned
-            else []
-        )
-        if moved:
+        moved = moved_state(db, job_id, tables)
+        if moved is not None:
             raise InvalidStateTransition(
-                f"cannot signal job {job_id}: it finished ({moved[0][0]}) and was moved to the "
+                f"cannot signal job {job_id}: it finished ({moved.value}) and was moved to the "
                 f"history (history=partitioned), so nothing will wait for the signal {name!r}"
             )
         raise JobNotFound(f"cannot signal job {job_id}: no job with id {job_id}")

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    BigInteger,
     DateTime,
     Float,
     Integer,
@@ -139,6 +140,13 @@ def _counted_by_minute(moved: CTE) -> CTE:
         index_elements=[FinishedMinute.minute, FinishedMinute.queue, FinishedMinute.state],
         set_={"jobs": FinishedMinute.jobs + upsert.excluded.jobs},
     ).cte("counted")
+
+
+@cache
+def moved_state() -> Select[str]:
+    """The state of job ``job_id`` in ``pgqueue_job_history`` (each partition's primary key
+    probed by id)."""
+    return select(JobHistory.state).where(JobHistory.id == bindparam("job_id", type_=BigInteger))
 
 
 @cache

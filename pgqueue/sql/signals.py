@@ -30,7 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert
 
-from pgqueue.models import Job, JobHistory, JobSignal, JobSuspension, MessageQueue
+from pgqueue.models import Job, JobSignal, JobSuspension, MessageQueue
 from pgqueue.sql.common import array_param, woken
 from pgqueue.states import JobState
 
@@ -57,13 +57,6 @@ def lock_for_signal() -> Select[JobState]:
         .where(Job.id == bindparam("job_id", type_=BigInteger))
         .with_for_update(key_share=True)
     )
-
-
-@cache
-def moved_state() -> Select[JobState]:
-    """The state of job ``job_id`` in the partitioned history (each partition's primary key
-    probed by id): a signal's target that is no longer in ``pgqueue_jobs``."""
-    return select(JobHistory.state).where(JobHistory.id == bindparam("job_id", type_=BigInteger))
 
 
 @cache
