@@ -273,23 +273,51 @@ def _overlap(s: Snapshot, facts: Facts, what: str, name: str, runs: list[Run]) -
 def no_stale_running(s: Snapshot, facts: Facts) -> list[Violation]:
     """6. No RUNNING job whose lease expired more than ``stale_after`` seconds ago, unless its
     own queue's or key's control row was held meanwhile: its outcome and its rescue both update
-    that row, so they wait for whoever holds it (an operator's ``SELECT ... FOR UPDATE``). The
+    that row, so they wait for whoever holds it (an operator's ``SELECT ... FOR UPDATE``).
+
+    An atomic job's row is held by its run's transaction until the run ends, and the rescue
+    skips it until then: a SIGSTOP of the process running it keeps that transaction open, so
+    the seconds its process was stopped since the run began are added to its allowance. The
     message gives the lease's expiry and the claim's start as times, not only as an age that
     belongs to one check."""
-    return [
-        Violation(
-            "6 no stale running",
-            j.id,
-            f"running, lease expired {s.now - j.lease_expires_at.timestamp():.1f} s ago "
-            f"(at {clock(j.lease_expires_at.timestamp())}; attempt {j.attempts} claimed at "
-            f"{clock(j.started_at.timestamp() if j.started_at else None)})",
+    found = []
+    for j in s.jobs.values():
+        if j.state != "running" or j.lease_expires_at is None:
+            continue
+        expired = j.lease_expires_at.timestamp()
+        stopped = _atomic_run_stopped(s, j, facts)
+        if expired >= s.now - facts.stale_after - stopped:
+            continue
+        if _own_row_held(j, facts, expired, s.now):
+            continue
+        found.append(
+            Violation(
+                "6 no stale running",
+                j.id,
+                f"running, lease expired {s.now - expired:.1f} s ago "
+                f"(at {clock(expired)}; attempt {j.attempts} claimed at "
+                f"{clock(j.started_at.timestamp() if j.started_at else None)}"
+                + (f"; its process stopped {stopped:.1f} s meanwhile" if stopped else "")
+                + ")",
+            )
         )
-        for j in s.jobs.values()
-        if j.state == "running"
-        and j.lease_expires_at is not None
-        and j.lease_expires_at.timestamp() < s.now - facts.stale_after
-        and not _own_row_held(j, facts, j.lease_expires_at.timestamp(), s.now)
-    ]
+    return found
+
+
+def _atomic_run_stopped(s: Snapshot, job: Any, facts: Facts) -> float:
+    """Seconds, up to the check, that the process running atomic ``job``'s current attempt
+    spent SIGSTOPped since the attempt's claim (that process claimed it too); 0 for a leased
+    job (its rescue needs nothing of its process) or a run not in the ledger yet."""
+    if not job.atomic or job.started_at is None:
+        return 0.0
+    pids = {r.pid for r in s.runs.get(job.id, ()) if r.attempt == job.attempts}
+    claimed = job.started_at.timestamp()
+    stopped = 0.0
+    for event in list(facts.events):
+        if event.kind != "sigstop" or event.pid not in pids or event.until is None:
+            continue
+        stopped += max(0.0, min(event.until, s.now) - max(event.at, claimed))
+    return stopped
 
 
 def _own_row_held(job: object, facts: Facts, since: float, now: float) -> bool:

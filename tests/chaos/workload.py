@@ -271,7 +271,8 @@ class Workload:
         # of the queue that end while it runs must not wait for it (a claim or a transaction
         # of an atomic job that held the queue's control row would keep their outcomes
         # waiting to its end). Short enough that its own lease, which nothing extends while
-        # its transaction runs, is not stale before it commits (invariant 6).
+        # its transaction runs, is not stale before it commits (invariant 6, which adds the
+        # seconds a SIGSTOP froze its process).
         seconds = self.rng.uniform(10.5, 11.5)
         self._enqueue(
             "atomic_limited_slow", self.app.atomic, {"queue": QUEUE_LIMITED}, seconds=seconds

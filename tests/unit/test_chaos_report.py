@@ -29,6 +29,7 @@ def _stale_job() -> SimpleNamespace:
         state="running",
         attempts=1,
         max_attempts=3,
+        atomic=False,
         snoozes=0,
         concurrency_key=None,
         unique_key=None,
