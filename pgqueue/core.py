@@ -88,7 +88,12 @@ class PgQueue:
         # their checked insert, corrected by the database on every enqueue into them, and told
         # of the bounds ``admin`` sets.
         bounded_queues = BoundedQueuesSeen()
-        self._enqueuer = Enqueuer(self._engines, self.tracing, bounded_queues)
+        self._enqueuer = Enqueuer(
+            self._engines,
+            self.tracing,
+            bounded_queues,
+            lambda: history_data.JobTables.of(self.settings),
+        )
         self.admin = Admin(
             lambda: self.sessions,
             stale_seconds=lambda: self.settings.worker_stale_seconds,

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from pgqueue import uow
 from pgqueue.data import enqueue as enqueue_data
 from pgqueue.data import workflows as workflow_data
+from pgqueue.data.history import JobTables
 from pgqueue.data.insert_choice import BoundedQueuesSeen, InsertPath, insert_path
 from pgqueue.db import Executor
 from pgqueue.engines import Engines
@@ -42,6 +43,7 @@ class InsertPlan:
     trace_context: str | None
     path: InsertPath
     bounded: BoundedQueuesSeen
+    tables: JobTables
 
     @property
     def tries_plain(self) -> bool:
@@ -70,7 +72,9 @@ class InsertPlan:
 
     def checked_insert(self, session: Session) -> list[int]:
         """The insert that takes the bounded queues' locks and raises ``QueueFull``."""
-        return enqueue_data.insert_jobs(session, self.jobs, self.trace_context, self.bounded)
+        return enqueue_data.insert_jobs(
+            session, self.jobs, self.trace_context, self.bounded, self.tables
+        )
 
 
 def plan_insert(
@@ -79,20 +83,27 @@ def plan_insert(
     may_copy: Callable[[], bool],
     bounded: BoundedQueuesSeen,
     trace_context: str | None,
+    tables: JobTables,
 ) -> InsertPlan:
     """The plan of one enqueue (see the module)."""
     path = insert_path(in_callers_transaction, jobs, may_copy, bounded)
-    return InsertPlan(jobs, trace_context, path, bounded)
+    return InsertPlan(jobs, trace_context, path, bounded, tables)
 
 
 class Enqueuer:
     """Runs the enqueues of one ``PgQueue`` on its ``Engines``; ``bounded_queues`` is the
-    belief its plans share (``data.insert_choice.BoundedQueuesSeen``)."""
+    belief its plans share (``data.insert_choice.BoundedQueuesSeen``); ``tables`` says, at each
+    enqueue, where its jobs' dependencies may be (``data.history.JobTables``)."""
 
     def __init__(
-        self, engines: Engines, tracing: Tracing | None, bounded_queues: BoundedQueuesSeen
+        self,
+        engines: Engines,
+        tracing: Tracing | None,
+        bounded_queues: BoundedQueuesSeen,
+        tables: Callable[[], JobTables],
     ) -> None:
         self._engines = engines
+        self._tables = tables
         # None when tracing is off: each enqueue then tests this once and nothing more.
         self._tracing = tracing
         self.bounded_queues = bounded_queues
@@ -114,6 +125,7 @@ class Enqueuer:
             lambda: database.uses_driver,
             self.bounded_queues,
             trace_context,
+            self._tables(),
         )
         if plan.tries_plain:
             if plan.autocommit:
@@ -146,6 +158,7 @@ class Enqueuer:
             lambda: database.may_copy,
             self.bounded_queues,
             trace_context,
+            self._tables(),
         )
         if plan.tries_plain:
             if plan.autocommit:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pgqueue.data import copy_rows, dependencies, queue_bounds
+from pgqueue.data.history import IN_PLACE, JobTables, moved_states
 from pgqueue.data.insert_choice import BoundedQueuesSeen
 from pgqueue.db import Executor, SessionOrExecutor, executor_for
 from pgqueue.errors import JobNotFound, ValidationError
@@ -25,9 +26,12 @@ def insert_jobs(
     jobs: Sequence[NewJob],
     trace_context: str | None = None,
     bounded: BoundedQueuesSeen | None = None,
+    tables: JobTables = IN_PLACE,
 ) -> list[int]:
     """Insert jobs and their tickets; return ids in input order. ``trace_context`` (JSON
-    text, see ``pgqueue.tracing``) is stored with every job.
+    text, see ``pgqueue.tracing``) is stored with every job. A dependency (``depends_on``) is
+    looked for in ``pgqueue_jobs``, then, when ``tables`` include it, in the history: a moved
+    job counts by the final state it was moved in.
 
     A job whose unique key is already held by an active job is not inserted; the existing job's
     id is returned in its place (if that job ended meanwhile, that job alone is inserted again:
@@ -52,7 +56,9 @@ def insert_jobs(
     pending = list(range(len(jobs)))  # the jobs not yet inserted or matched to a holder
     for _ in range(10):
         batch = [jobs[i] for i in pending]
-        rows = _insert_rows(ex, batch, trace_context, locked, with_keys, with_dependencies)
+        rows = _insert_rows(
+            ex, batch, trace_context, locked, with_keys, tables if with_dependencies else None
+        )
         if queue_bounds.stopped_by_bound(ex, batch, rows, locked):
             locked = queue_bounds.lock(ex, batch, seen)
             continue
@@ -74,23 +80,24 @@ def _insert_rows(
     trace_context: str | None,
     locked: list[str] | None,
     with_keys: bool,
-    with_dependencies: bool,
+    dependencies_in: JobTables | None,
 ) -> Sequence[Any]:
     """One run of ``sql.enqueue.insert_jobs``: plain, or checked against the bounds of the
-    ``locked`` queues; its rows (none when a bound stopped it)."""
+    ``locked`` queues; its rows (none when a bound stopped it). ``dependencies_in``: where the
+    jobs' dependencies are looked for, None when no job has any."""
     params = _insert_params(jobs, trace_context)
     if locked is not None:
         params["locked_queues"] = locked
     keyed = _add_concurrency_keys(jobs, params)
     statement = enqueue.insert_jobs(
         with_keys,
-        with_dependencies=with_dependencies,
+        with_dependencies=dependencies_in is not None,
         traced=trace_context is not None,
         bounded=locked is not None,
         with_concurrency_keys=keyed,
     )
-    if with_dependencies:
-        return _insert_dependent_jobs(ex, jobs, params, statement)
+    if dependencies_in is not None:
+        return _insert_dependent_jobs(ex, jobs, params, statement, dependencies_in)
     return ex.rows(statement, params)
 
 
@@ -212,7 +219,11 @@ def _match_unique(ex: Executor, jobs: Sequence[NewJob], rows: Sequence[Any]) -> 
 
 
 def _insert_dependent_jobs(
-    ex: Executor, jobs: Sequence[NewJob], params: dict[str, Any], statement: Any
+    ex: Executor,
+    jobs: Sequence[NewJob],
+    params: dict[str, Any],
+    statement: Any,
+    tables: JobTables,
 ) -> Sequence[Any]:
     """Insert jobs some of which depend on others (``NewJob.depends_on``) with ``statement``
     (``sql.enqueue.insert_jobs`` with dependencies) and the jobs' ``params``; the insert's rows
@@ -220,8 +231,10 @@ def _insert_dependent_jobs(
 
     The dependencies are locked first (see ``sql.enqueue.lock_dependencies``) and their states
     read after the lock; each job's state follows ``dependencies.initial_state``, and the
-    waiting ones are appended to their unfinished dependencies' ``dependents``. Unique keys are
-    not combined with dependencies (the waiting job would hold no key).
+    waiting ones are appended to their unfinished dependencies' ``dependents``. Those not in
+    ``pgqueue_jobs`` are looked for in the history (under ``tables``): a moved job has ended
+    and never changes, so it needs no lock and takes no dependents. Unique keys are not
+    combined with dependencies (the waiting job would hold no key).
     """
     wanted = sorted({d for j in jobs for d in j.depends_on})
     found = {
@@ -229,6 +242,9 @@ def _insert_dependent_jobs(
         for job_id, state in ex.rows(enqueue.lock_dependencies(), {"ids": wanted})
     }
     missing = [d for d in wanted if d not in found]
+    if missing:
+        found.update(moved_states(ex, missing, tables))
+        missing = [d for d in missing if d not in found]
     if missing:
         raise JobNotFound(f"depends_on names jobs that do not exist: {missing}")
     states: list[str] = []

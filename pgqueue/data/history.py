@@ -16,6 +16,7 @@ many it found.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
@@ -28,7 +29,15 @@ from pgqueue.sqlstates import is_insufficient_privilege
 from pgqueue.states import JobState
 from pgqueue.validation import limit_count
 
-__all__ = ["HistoryMaintenance", "JobTables", "maintain", "move_to_history", "moved_state"]
+__all__ = [
+    "IN_PLACE",
+    "HistoryMaintenance",
+    "JobTables",
+    "maintain",
+    "move_to_history",
+    "moved_state",
+    "moved_states",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +60,10 @@ class JobTables:
         return (False, True) if self.partitioned else (False,)
 
 
+# ``pgqueue_jobs`` alone: the tables of the default layout.
+IN_PLACE = JobTables()
+
+
 def moved_state(db: SessionOrExecutor, job_id: int, tables: JobTables) -> JobState | None:
     """The state job ``job_id`` was moved to the history in, when ``tables`` include the history
     and it is there; else None (nothing reads the history then)."""
@@ -58,6 +71,17 @@ def moved_state(db: SessionOrExecutor, job_id: int, tables: JobTables) -> JobSta
         return None
     rows = executor_for(db).rows(history_sql.moved_state(), {"job_id": job_id})
     return JobState(rows[0][0]) if rows else None
+
+
+def moved_states(
+    db: SessionOrExecutor, job_ids: Sequence[int], tables: JobTables
+) -> dict[int, JobState]:
+    """``{id: state}`` of those of ``job_ids`` moved to the history, when ``tables`` include it
+    (else empty: nothing reads the history then)."""
+    if not tables.partitioned or not job_ids:
+        return {}
+    rows = executor_for(db).rows(history_sql.moved_states(), {"ids": list(job_ids)})
+    return {job_id: JobState(state) for job_id, state in rows}
 
 
 def move_to_history(db: SessionOrExecutor, *, age: float, limit: int) -> int:

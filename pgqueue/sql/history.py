@@ -49,7 +49,14 @@ from pgqueue.models import (
     JobHistory,
     MessageQueue,
 )
-from pgqueue.sql.common import among, in_states, minute_of, outside_running_workflows, seconds
+from pgqueue.sql.common import (
+    among,
+    array_param,
+    in_states,
+    minute_of,
+    outside_running_workflows,
+    seconds,
+)
 from pgqueue.states import FINAL_STATES
 
 HISTORY_TABLE = JobHistory.__tablename__
@@ -147,6 +154,15 @@ def moved_state() -> Select[str]:
     """The state of job ``job_id`` in ``pgqueue_job_history`` (each partition's primary key
     probed by id)."""
     return select(JobHistory.state).where(JobHistory.id == bindparam("job_id", type_=BigInteger))
+
+
+@cache
+def moved_states() -> Select[int, str]:
+    """``(id, state)`` of those of the jobs ``ids`` (array) in ``pgqueue_job_history``. No lock:
+    a moved job never changes."""
+    return select(JobHistory.id, JobHistory.state).where(
+        JobHistory.id == func.any(array_param("ids", BigInteger))
+    )
 
 
 @cache

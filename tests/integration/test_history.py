@@ -388,3 +388,65 @@ def test_an_ended_workflow_keeps_its_result_once_its_jobs_are_moved(
     assert moved >= 4
     ended = pgq.get_workflow(wf.id)
     assert (ended.state, ended.result) == ("succeeded", [0, 10, 20])
+
+
+def test_a_new_job_may_depend_on_jobs_moved_to_the_history(
+    history_pgq: PgQueue, engine: Engine
+) -> None:
+    pgq = history_pgq
+    pgq.maintain_history(days_ahead=1)
+    ran: list[str] = []
+
+    @pgq.task(name="history.step", queue="hist", max_attempts=1)
+    def step(name: str, fail: bool = False) -> str:
+        if fail:
+            raise RuntimeError(f"{name} fails")
+        ran.append(name)
+        return name
+
+    succeeded = step.enqueue("parent")
+    failed = step.enqueue("bad parent", fail=True)
+    worker = Worker(pgq, queues=["hist"], concurrency=2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (where_is(engine, succeeded), where_is(engine, failed)) != ((0, 1), (0, 1)):
+            assert time.monotonic() < deadline, (
+                where_is(engine, succeeded),
+                where_is(engine, failed),
+            )
+            time.sleep(0.1)
+
+        # A moved parent counts by the state it ended in: the dependent of the one that
+        # succeeded runs, the dependent of the one that failed is cancelled at its enqueue.
+        runs = step.configure(depends_on=[succeeded]).enqueue("after the parent")
+        assert pgq.wait_for(runs, timeout=30).state is JobState.SUCCEEDED
+        cancelled = pgq.get_job(step.configure(depends_on=[succeeded, failed]).enqueue("never"))
+        assert cancelled.state is JobState.CANCELLED
+        assert cancelled.last_error == f"dependency {failed} ended failed; not run"
+
+        # With a parent still in pgqueue_jobs beside it, the job waits for that one alone.
+        later = step.configure(delay=3600).enqueue("later parent")
+        waiting = step.configure(depends_on=[succeeded, later]).enqueue("after both")
+        assert pgq.get_job(waiting).state is JobState.WAITING
+        assert pgq.get_job(later).dependents == [waiting]
+
+        async def enqueue_async() -> int:
+            try:
+                return await step.configure(depends_on=[succeeded]).aenqueue("async dependent")
+            finally:
+                await pgq.adispose()
+
+        assert pgq.wait_for(asyncio.run(enqueue_async()), timeout=30).state is JobState.SUCCEEDED
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert ran == ["parent", "after the parent", "async dependent"]
+    # An id in neither table is still refused, and nothing of the batch is written.
+    with engine.connect() as connection:
+        before = connection.execute(text("SELECT count(*) FROM pgqueue_jobs")).scalar()
+    with pytest.raises(JobNotFound, match=str(succeeded + 1_000_000)):
+        step.configure(depends_on=[succeeded, succeeded + 1_000_000]).enqueue("orphan")
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM pgqueue_jobs")).scalar() == before
