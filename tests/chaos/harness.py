@@ -276,6 +276,8 @@ def _run(
         refused_workflows=workload.refused_workflows,
         pgq=app.pgq,
         history="PGQUEUE_HISTORY" in settings,
+        late_dependents_of_moved=workload.late_dependents_of_moved,
+        late_dependents_refused=workload.late_dependents_refused,
     )
     checker = Checker(engine, facts)
     notes: list[str] = []
@@ -419,6 +421,12 @@ def _log_notes(logs: dict[str, str], workload: Workload, faults: Faults) -> list
         notes.append(
             f"workflows: {workload.enqueued['workflow']} enqueued, "
             f"{workload.enqueued['workflow_refused']} refused for a held unique key"
+        )
+    late = workload.enqueued["late_dependent"] + workload.enqueued["late_dependent_of_moved"]
+    if late:
+        notes.append(
+            f"late dependents: {late} enqueued, "
+            f"{workload.enqueued['late_dependent_of_moved']} of them on parents all moved"
         )
     if workload.errors:
         notes.append(

@@ -46,8 +46,9 @@ def moved_once(s: Snapshot, facts: Facts) -> list[Violation]:
 
 def moved_jobs_read_back(s: Snapshot, facts: Facts) -> list[Violation]:
     """18. Moved jobs read through pgqueue's API as the snapshot has them: ``get_job`` gives a
-    moved job's state and attempts, and ``get_workflow`` of every succeeded workflow gives its
-    callback's result, wherever its jobs are by then (moves go on while this reads)."""
+    moved job's state and attempts, ``get_workflow`` of every succeeded workflow gives its
+    callback's result, wherever its jobs are by then (moves go on while this reads), and a
+    new job may depend on moved jobs (invariant 8 checks that it goes by their states)."""
     from .invariants import Violation
 
     pgq: Any = facts.pgq
@@ -57,6 +58,15 @@ def moved_jobs_read_back(s: Snapshot, facts: Facts) -> list[Violation]:
     moved = sorted(job.id for job in s.jobs.values() if job.moved)
     if facts.history and not moved:
         found.append(Violation("18 moved jobs read back", None, "no job was moved"))
+    # A new job may depend on moved jobs: its enqueue finds them in the history.
+    found += [
+        Violation("18 moved jobs read back", None, f"a dependent was refused: {refusal}")
+        for refusal in list(facts.late_dependents_refused)
+    ]
+    if facts.history and not facts.late_dependents_of_moved:
+        found.append(
+            Violation("18 moved jobs read back", None, "no dependent was enqueued on moved jobs")
+        )
     moved = moved[:READ_BACK]
     for job_id in moved:
         job = s.jobs[job_id]

@@ -59,6 +59,10 @@ class Facts:
     # pgqueue's API; None leaves those reads out.
     pgq: Any = None
     history: bool = False  # the run moves finished jobs to the partitioned history
+    # Dependents enqueued on parents all moved by then, and the enqueues of dependents refused
+    # with JobNotFound though their parents exist (live lists of the workload's).
+    late_dependents_of_moved: list[int] = field(default_factory=list)
+    late_dependents_refused: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from pgqueue import InvalidStateTransition, UniqueKeyHeld, chord
+from pgqueue import InvalidStateTransition, JobNotFound, UniqueKeyHeld, chord
 from pgqueue.admin import JobFilter
 
 from .app import (
@@ -47,6 +47,10 @@ INITIAL_QUEUE_LIMIT = 2
 # between the later ones.
 HISTORY_MAINTENANCE_FIRST = 15.0
 HISTORY_MAINTENANCE_EVERY = 20.0
+# Under the partitioned history: seconds between enqueues of a dependent of parents that were
+# enqueued at least ``LATE_PARENT_AGE`` seconds before (most of them ended and moved by then).
+LATE_DEPENDENT_EVERY = 2.0
+LATE_PARENT_AGE = 5.0
 
 
 @dataclass
@@ -108,6 +112,13 @@ class Workload:
         # When the next ``maintain_history`` runs (on the clock, not the seed's choices, which
         # stay those of a run without it).
         self.next_maintenance = float("inf")
+        # Under the partitioned history, dependents of earlier parents, on the clock and drawn
+        # from their own stream like the maintenance (``_late_dependent``).
+        self.next_late_dependent = float("inf")
+        self.late_rng = random.Random(f"{self.seed}-late-dependents")
+        self.parents: list[tuple[float, int]] = []  # (when enqueued, id) of ``_dependent``'s
+        self.late_dependents_of_moved: list[int] = []  # enqueued on parents all moved
+        self.late_dependents_refused: list[str] = []  # JobNotFound for parents that exist
         self.thread = threading.Thread(target=self._loop, name="chaos-workload", daemon=True)
         self.kinds: list[tuple[float, Callable[[], None]]] = [
             (10, lambda: self._leased("leased", seconds=self.rng.uniform(0, 0.3))),
@@ -158,6 +169,7 @@ class Workload:
             # The first pass finds the jobs moved so far in the DEFAULT partition (no day had
             # a partition yet) and adopts them into today's, while the workers go on moving.
             self.next_maintenance = time.time() + HISTORY_MAINTENANCE_FIRST
+            self.next_late_dependent = time.time() + LATE_PARENT_AGE
         self.thread.start()
 
     def stop(self) -> None:
@@ -200,6 +212,9 @@ class Workload:
             if now >= self.next_maintenance:
                 self.next_maintenance = now + HISTORY_MAINTENANCE_EVERY
                 self._maintain_history()
+            if now >= self.next_late_dependent:
+                self.next_late_dependent = now + LATE_DEPENDENT_EVERY
+                self._late_dependent(now)
             roll = self.rng.random()
             if roll < 0.04:
                 self._admin_move()
@@ -298,6 +313,7 @@ class Workload:
             parent = self._leased("parent", options, seconds=seconds, fail_until=fail)
             if parent is not None:
                 parents.append(parent)
+                self.parents.append((time.time(), parent))
                 if self.rng.random() < 0.1:
                     self.cancels.append((time.time() + self.rng.uniform(0, 1.5), parent))
         if not parents:
@@ -305,6 +321,42 @@ class Workload:
         child = self._leased("dependent", {"depends_on": parents}, seconds=0.05)
         if child is not None and self.rng.random() < 0.3:
             self._leased("dependent", {"depends_on": [child]}, seconds=0.05)
+
+    def _late_dependent(self, now: float) -> None:
+        """A dependent of one or two parents enqueued ``LATE_PARENT_AGE`` seconds ago or more:
+        under the partitioned history most have ended and been moved, and the new job must go
+        by the state each was moved in (invariant 8)."""
+        earlier = [job_id for at, job_id in self.parents[-200:] if at <= now - LATE_PARENT_AGE]
+        if not earlier:
+            return
+        picked = self.late_rng.sample(earlier, min(len(earlier), self.late_rng.randint(1, 2)))
+        # Counted apart when every parent had been moved before the enqueue (a move is for
+        # good), so the report shows that the path through the history was taken.
+        moved = self._call("late parents", lambda: self._moved_count(picked))
+        kind = "late_dependent_of_moved" if moved == len(picked) else "late_dependent"
+        target = self.app.leased.configure(depends_on=picked)
+        try:
+            job_id = target.enqueue(kind=kind, seconds=0.05)
+        except JobNotFound as exc:
+            # A parent in either table is no missing job: a violation (invariant 18).
+            self.late_dependents_refused.append(f"depends_on {picked}: {exc}")
+            return
+        except Exception as exc:
+            self.errors[f"enqueue: {type(exc).__name__}"] += 1
+            return
+        self.enqueued[kind] += 1
+        self.jobs.append(job_id)
+        if kind == "late_dependent_of_moved":
+            self.late_dependents_of_moved.append(job_id)
+
+    def _moved_count(self, job_ids: list[int]) -> int:
+        with self.app.pgq.engine.connect() as connection:
+            return int(
+                connection.execute(
+                    text("SELECT count(*) FROM pgqueue_job_history WHERE id = ANY(:ids)"),
+                    {"ids": job_ids},
+                ).scalar_one()
+            )
 
     def _durable_wait(self) -> None:
         sleep = self.rng.uniform(0.3, 4) if self.rng.random() < 0.7 else 0.0
