@@ -43,7 +43,7 @@ class InsertPlan:
     trace_context: str | None
     path: InsertPath
     bounded: BoundedQueuesSeen
-    tables: JobTables
+    tables: Callable[[], JobTables]
 
     @property
     def tries_plain(self) -> bool:
@@ -73,7 +73,7 @@ class InsertPlan:
     def checked_insert(self, session: Session) -> list[int]:
         """The insert that takes the bounded queues' locks and raises ``QueueFull``."""
         return enqueue_data.insert_jobs(
-            session, self.jobs, self.trace_context, self.bounded, self.tables
+            session, self.jobs, self.trace_context, self.bounded, self.tables()
         )
 
 
@@ -83,7 +83,7 @@ def plan_insert(
     may_copy: Callable[[], bool],
     bounded: BoundedQueuesSeen,
     trace_context: str | None,
-    tables: JobTables,
+    tables: Callable[[], JobTables],
 ) -> InsertPlan:
     """The plan of one enqueue (see the module)."""
     path = insert_path(in_callers_transaction, jobs, may_copy, bounded)
@@ -125,7 +125,7 @@ class Enqueuer:
             lambda: database.uses_driver,
             self.bounded_queues,
             trace_context,
-            self._tables(),
+            self._tables,
         )
         if plan.tries_plain:
             if plan.autocommit:
@@ -158,7 +158,7 @@ class Enqueuer:
             lambda: database.may_copy,
             self.bounded_queues,
             trace_context,
-            self._tables(),
+            self._tables,
         )
         if plan.tries_plain:
             if plan.autocommit:
