@@ -67,10 +67,7 @@ IN_PLACE = JobTables()
 def moved_state(db: SessionOrExecutor, job_id: int, tables: JobTables) -> JobState | None:
     """The state job ``job_id`` was moved to the history in, when ``tables`` include the history
     and it is there; else None (nothing reads the history then)."""
-    if not tables.partitioned:
-        return None
-    rows = executor_for(db).rows(history_sql.moved_state(), {"job_id": job_id})
-    return JobState(rows[0][0]) if rows else None
+    return moved_states(db, [job_id], tables).get(job_id)
 
 
 def moved_states(

@@ -150,16 +150,9 @@ def _counted_by_minute(moved: CTE) -> CTE:
 
 
 @cache
-def moved_state() -> Select[str]:
-    """The state of job ``job_id`` in ``pgqueue_job_history`` (each partition's primary key
-    probed by id)."""
-    return select(JobHistory.state).where(JobHistory.id == bindparam("job_id", type_=BigInteger))
-
-
-@cache
 def moved_states() -> Select[int, str]:
-    """``(id, state)`` of those of the jobs ``ids`` (array) in ``pgqueue_job_history``. No lock:
-    a moved job never changes."""
+    """``(id, state)`` of those of the jobs ``ids`` (array) in ``pgqueue_job_history`` (each
+    partition's primary key probed by id). No lock: a moved job never changes."""
     return select(JobHistory.id, JobHistory.state).where(
         JobHistory.id == func.any(array_param("ids", BigInteger))
     )

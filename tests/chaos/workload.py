@@ -335,18 +335,17 @@ class Workload:
         moved = self._call("late parents", lambda: self._moved_count(picked))
         kind = "late_dependent_of_moved" if moved == len(picked) else "late_dependent"
         target = self.app.leased.configure(depends_on=picked)
-        try:
-            job_id = target.enqueue(kind=kind, seconds=0.05)
-        except JobNotFound as exc:
-            # A parent in either table is no missing job: a violation (invariant 18).
-            self.late_dependents_refused.append(f"depends_on {picked}: {exc}")
-            return
-        except Exception as exc:
-            self.errors[f"enqueue: {type(exc).__name__}"] += 1
-            return
-        self.enqueued[kind] += 1
-        self.jobs.append(job_id)
-        if kind == "late_dependent_of_moved":
+
+        def enqueue() -> int:
+            try:
+                return int(target.enqueue(kind=kind, seconds=0.05))
+            except JobNotFound as exc:
+                # A parent in either table is no missing job: a violation (invariant 18).
+                self.late_dependents_refused.append(f"depends_on {picked}: {exc}")
+                raise
+
+        job_id = self._counted(kind, "enqueue", enqueue)
+        if job_id is not None and kind == "late_dependent_of_moved":
             self.late_dependents_of_moved.append(job_id)
 
     def _moved_count(self, job_ids: list[int]) -> int:
