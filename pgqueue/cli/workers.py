@@ -4,6 +4,7 @@ with one metrics endpoint) after checking the schema, and list the worker regist
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import sys
@@ -174,9 +175,26 @@ def run_worker_command(
         from pgqueue.worker.supervisor import watch_supervisor
 
         watch_supervisor(supervisor_pid, w.stop)
+    freeze_startup_heap()
     w.run(drain=drain)
     if drain:
         report_left_waiting(pgq, names)
+
+
+def freeze_startup_heap() -> None:
+    """Keep the objects alive now (modules, the app and its tasks, SQLAlchemy's and pgqueue's
+    own state) out of every later scan of the garbage collector, after collecting what is
+    already garbage.
+
+    A worker allocates a few container objects per job (the claimed job, its arguments, its
+    outcome), so the collector's oldest generation is scanned often, and each scan walked the
+    whole startup heap: in a drain of no-op jobs that was about a third of the worker's CPU.
+    Objects made after this are collected as usual. Only in a worker process of this command:
+    in a host's own process the host decides (``gc.freeze()`` once its app is loaded does the
+    same for ``pgq.run_worker()``).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def report_left_waiting(pgq: PgQueue, queues: list[str] | None) -> None:

@@ -33,6 +33,7 @@ APP_SOURCE = '''
 """Tasks run by the e2e worker subprocesses. Every handler leaves rows in ``ledger``."""
 
 import asyncio
+import gc
 import os
 import random
 import threading
@@ -164,6 +165,12 @@ def flaky(ctx, seconds=0.0, fail_ratio=0.5):
         INSERT,
         {"job": ctx.job_id, "attempt": ctx.attempt, "tag": "done", "pid": os.getpid(), "info": ""},
     )
+
+
+@pgq.task(name="heap_state", pass_context=True)
+def heap_state(ctx):
+    """The garbage collector as the handler finds it in its worker process."""
+    return {"pid": os.getpid(), "frozen": gc.get_freeze_count(), "enabled": gc.isenabled()}
 
 
 @pgq.task(name="async_info", pass_context=True)

@@ -180,6 +180,22 @@ def test_the_supervisor_of_processes_holds_no_database_connection(app: App) -> N
     assert supervisor.wait(30) == 0
 
 
+def test_worker_processes_keep_their_startup_heap_out_of_garbage_collections(app: App) -> None:
+    # Each worker process freezes what it loaded before its first claim (its collections then
+    # skip the app, SQLAlchemy and pgqueue), and still collects what it allocates later.
+    supervisor = app.start_worker("--processes", "2", "--concurrency", "2")
+    app.wait_listening(count=2)
+    ids = app.module.heap_state.enqueue_many([{}] * 20)
+    jobs = app.wait_final(ids, timeout=30)
+    assert {job.state for job in jobs.values()} == {"succeeded"}
+    results = [job.result for job in jobs.values()]
+    assert {result["pid"] for result in results} <= set(app.children_of(supervisor.pid))
+    assert all(result["enabled"] for result in results), results
+    assert min(result["frozen"] for result in results) > 10_000, results
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(30) == 0
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` is a live (not zombie) pgqueue process; an orphan is reaped by init, not
     by this test, so a zombie counts as gone."""
