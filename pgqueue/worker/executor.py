@@ -64,6 +64,7 @@ async def _started_by(coroutine: Coroutine[Any, Any, Any], start_by: float) -> A
 
 # The error of a cancelled attempt (short and ASCII: storable as it is).
 CANCELLED_WHILE_RUNNING = "cancelled while running"
+CANCELLED_BEFORE_START = "cancelled before its handler started"
 
 
 class JobTimeout(Exception):
@@ -106,6 +107,10 @@ class Executor:
         job = execution.job
         if execution.past_start_by():
             return self._not_started(job)
+        # Claimed ahead, or taken back after a lost claim answer, and cancelled since: the job
+        # is RUNNING to the database, but its handler has not started, so it never does.
+        if execution.cancelled:
+            return Outcome.cancelled(job, CANCELLED_BEFORE_START)
         if self.unregistered is not None and self.unregistered.gives_back(job):
             return Outcome.release(job)
         try:

@@ -87,3 +87,45 @@ def test_a_stop_gives_back_the_claimed_jobs_it_did_not_start(pgq: PgQueue) -> No
     again = Worker(pgq, concurrency=2, listen=False).run(drain=True)
     assert again.succeeded == jobs - quick - 2
     assert _attempts(pgq) == {str(JobState.SUCCEEDED): [1] * jobs}
+
+
+def test_a_job_claimed_ahead_and_cancelled_before_its_start_never_runs(pgq: PgQueue) -> None:
+    quick, jobs = 200, 260
+    gate = threading.Event()
+    blocked = threading.Semaphore(0)
+    ran: list[int] = []
+
+    @pgq.task(name="prefetch.cancelled_ahead", max_attempts=3)
+    def gated(n: int) -> None:
+        ran.append(n)
+        if n in (quick, quick + 1):  # the quick ones build up the worker's pace
+            blocked.release()
+            gate.wait(30)
+
+    ids = gated.enqueue_many([{"n": i} for i in range(jobs)])
+    worker = Worker(pgq, concurrency=2, prefetch=100, listen=False, lease_seconds=0.9)
+    thread = threading.Thread(target=lambda: worker.run(drain=True), daemon=True)
+    thread.start()
+    try:
+        for _ in range(2):
+            assert blocked.acquire(timeout=30)
+        time.sleep(0.2)  # a claim under way registers its jobs
+        started = set(ids[: quick + 2])
+        ahead = [job_id for job_id in worker.running_job_ids if job_id not in started]
+        assert ahead, "the worker claimed nothing ahead"
+        assert {pgq.cancel_job(job_id) for job_id in ahead} == {JobState.RUNNING}
+        time.sleep(1.0)  # three heartbeats (every 0.3 s) bring the cancel requests
+        gate.set()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        gate.set()
+        worker.stop()
+    index = {job_id: n for n, job_id in enumerate(ids)}
+    assert not {index[job_id] for job_id in ahead} & set(ran)
+    for job_id in ahead:
+        job = pgq.get_job(job_id)
+        assert job is not None
+        assert (job.state, job.attempts) == (JobState.CANCELLED, 1)
+        assert job.last_error == "cancelled before its handler started"
+    assert worker.stats.cancelled == len(ahead)
