@@ -36,6 +36,10 @@ FROM pg_get_wal_stats(%s, %s, true) WHERE count > 0 ORDER BY combined_size DESC"
 # Where the next WAL record goes: unlike ``pg_current_wal_lsn`` (what was written out), it
 # counts a drain's records at once on a server without synchronous commits (the test server's).
 WAL_INSERTED = "SELECT pg_current_wal_insert_lsn()"
+FLUSH_WAL = (
+    "SELECT set_config('synchronous_commit', 'on', true),"
+    " pg_logical_emit_message(true, 'pgqueue.page_room', '')"
+)
 SIZE = "SELECT pg_relation_size('pgqueue_jobs'), current_setting('block_size')::int"
 # PostgreSQL 14 has no pg_walinspect: there the kinds are left empty (the bytes are core).
 AVAILABLE = "SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_walinspect'"
@@ -52,9 +56,11 @@ def _wal_read(
     ``pg_walinspect`` is there) records and bytes per job."""
     end = conn.execute(WAL_INSERTED).fetchone()[0]
     # pg_walinspect reads WAL from disk, and on a server without synchronous commits the
-    # drain's last records may not be flushed yet: a checkpoint flushes them (its own record
-    # comes after ``end``).
-    conn.execute("CHECKPOINT")
+    # drain's last records may not be flushed yet. A transaction that writes WAL and commits
+    # synchronously flushes them (its own records come after ``end``). Not a checkpoint: that
+    # lets a busy server remove the segment where ``start`` is.
+    with conn.transaction():
+        conn.execute(FLUSH_WAL)
     written = conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (end, start)).fetchone()[0]
     kinds = conn.execute(WAL_KINDS, (start, end)).fetchall() if walinspect else []
     by_kind = {kind: {"per_job": n / jobs, "bytes_per_job": size / jobs} for kind, n, size in kinds}
