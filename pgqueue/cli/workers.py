@@ -187,9 +187,8 @@ def freeze_startup_heap() -> None:
     already garbage.
 
     A worker allocates a few container objects per job (the claimed job, its arguments, its
-    outcome), so the collector's oldest generation is scanned often, and each scan walked the
-    whole startup heap: in a drain of no-op jobs that was about a third of the worker's CPU.
-    Objects made after this are collected as usual. Only in a worker process of this command:
+    outcome), so the collector's oldest generation is scanned often; frozen, the startup heap
+    is no longer walked by each of those scans. Objects made after this are collected as usual. Only in a worker process of this command:
     in a host's own process the host decides (``gc.freeze()`` once its app is loaded does the
     same for ``pgq.run_worker()``).
     """
