@@ -1,12 +1,14 @@
 """Start and stop a real PostgreSQL server with its default settings, for the test matrix.
 
-``python tests/debian_postgres.py start DIR [BIN_DIR]`` runs ``initdb`` into ``DIR/data`` (as the
-``postgres`` user when run as root: PostgreSQL refuses root) and starts the server on a free
-port of 127.0.0.1 with password authentication, changing nothing else: JIT stays on, as on a
-server installed with ``apt-get install postgresql``. ``BIN_DIR`` defaults to the newest Debian
-package's ``/usr/lib/postgresql/<major>/bin``; another build's bin dir (the PostgreSQL wheels
-``tests/run`` installs for the other major versions) runs the same way. It prints a
-``postgresql+psycopg://`` URL of the maintenance database.
+``python tests/debian_postgres.py start DIR [BIN_DIR] [--locale NAME]`` runs ``initdb`` into
+``DIR/data`` (as the ``postgres`` user when run as root: PostgreSQL refuses root) and starts the
+server on a free port of 127.0.0.1 with password authentication, changing nothing else: JIT
+stays on, as on a server installed with ``apt-get install postgresql``. ``BIN_DIR`` defaults to
+the newest Debian package's ``/usr/lib/postgresql/<major>/bin``; another build's bin dir (the
+PostgreSQL wheels ``tests/run`` installs for the other major versions) runs the same way.
+``--locale`` gives the cluster that locale (its collation orders text), as a machine whose
+system locale it is gives a packaged server; without it ``initdb`` takes the environment's. It
+prints a ``postgresql+psycopg://`` URL of the maintenance database.
 ``python tests/debian_postgres.py restart DIR`` restarts it (fast: open transactions aborted)
 on the same port; ``python tests/debian_postgres.py stop DIR`` stops it and removes ``DIR``.
 """
@@ -86,7 +88,7 @@ def _run(command: list[Any], user: dict[str, Any], log: Path | None = None) -> N
         raise SystemExit(f"{command[0]} failed ({result.returncode}):\n{detail}")
 
 
-def start(root: Path, binaries: Path | None = None) -> str:
+def start(root: Path, binaries: Path | None = None, locale: str | None = None) -> str:
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
     binaries = _reachable_bin_dir((binaries or bin_dir()).resolve(), root)
@@ -97,6 +99,8 @@ def start(root: Path, binaries: Path | None = None) -> str:
     user = as_postgres(root)
     data = root / "data"
     initdb = [binaries / "initdb", "-D", data, "-U", "postgres", "-A", "scram-sha-256"]
+    if locale is not None:
+        initdb.append(f"--locale={locale}")
     _run([*initdb, "--pwfile", root / "pw"], user)
     port = free_port()
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
@@ -133,15 +137,20 @@ def restart(root: Path) -> None:
 
 if __name__ == "__main__":
     arguments = sys.argv[1:]
+    locale = None
+    if len(arguments) >= 2 and arguments[-2] == "--locale":
+        locale, arguments = arguments[-1], arguments[:-2]
     if not (
         (len(arguments) in {2, 3} and arguments[0] == "start")
-        or (len(arguments) == 2 and arguments[0] in {"stop", "restart"})
+        or (len(arguments) == 2 and arguments[0] in {"stop", "restart"} and locale is None)
     ):
         raise SystemExit(
-            "usage: python tests/debian_postgres.py start DIR [BIN_DIR] | restart DIR | stop DIR"
+            "usage: python tests/debian_postgres.py start DIR [BIN_DIR] [--locale NAME]"
+            " | restart DIR | stop DIR"
         )
     if arguments[0] == "start":
-        print(start(Path(arguments[1]), Path(arguments[2]) if len(arguments) == 3 else None))
+        binaries = Path(arguments[2]) if len(arguments) == 3 else None
+        print(start(Path(arguments[1]), binaries, locale))
     elif arguments[0] == "restart":
         restart(Path(arguments[1]))
     else:

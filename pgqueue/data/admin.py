@@ -118,8 +118,8 @@ def list_jobs(session: Session, listing: ListArguments, *, history: bool = False
 
 
 def job_queues(db: SessionOrExecutor, *, history: bool = False) -> list[str]:
-    """Names of the queues that have jobs, sorted (one index probe per queue); of the moved
-    jobs with ``history``."""
+    """Names of the queues that have jobs, sorted by code point (one index probe per queue);
+    of the moved jobs with ``history``."""
     return [row[0] for row in executor_for(db).rows(job_lists.job_queues(history))]
 
 

@@ -89,10 +89,13 @@ def _distinct_queues(history: bool = False) -> Any:  # a CTE
 
 @cache
 def job_queues(history: bool = False) -> Select[str]:
-    """Names of the queues that have jobs, sorted (the dashboard's queue filter); of the
-    moved jobs with ``history``."""
+    """Names of the queues that have jobs, sorted by code point (the dashboard's queue filter);
+    of the moved jobs with ``history``."""
     queues = _distinct_queues(history)
-    return select(queues.c.queue).where(queues.c.queue.is_not(None)).order_by(queues.c.queue)
+    # By code point, as Python sorts the names the dashboard merges with these, whatever the
+    # database's collation: under en_US.UTF-8, "[/x]" would sort after "bulk".
+    by_code_point = queues.c.queue.collate("C")
+    return select(queues.c.queue).where(queues.c.queue.is_not(None)).order_by(by_code_point)
 
 
 @cache
