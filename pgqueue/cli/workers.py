@@ -188,9 +188,9 @@ def freeze_startup_heap() -> None:
 
     A worker allocates a few container objects per job (the claimed job, its arguments, its
     outcome), so the collector's oldest generation is scanned often; frozen, the startup heap
-    is no longer walked by each of those scans. Objects made after this are collected as usual. Only in a worker process of this command:
-    in a host's own process the host decides (``gc.freeze()`` once its app is loaded does the
-    same for ``pgq.run_worker()``).
+    is no longer walked by each of those scans. Objects made after this are collected as
+    usual. Only in a worker process of this command: in a host's own process the host
+    decides (``gc.freeze()`` once its app is loaded does the same for ``pgq.run_worker()``).
     """
     gc.collect()
     gc.freeze()
