@@ -112,7 +112,13 @@ class ImmediateMode:
         self.retries = retries
         self.runs: list[JobRun] = []
         self._worker_id = f"pgqueue-immediate:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._executor = Executor(pgq.registry, pgq.settings, pgq.handler_session, self._event_loop)
+        self._executor = Executor(
+            pgq.registry,
+            pgq.settings,
+            pgq.handler_session,
+            self._event_loop,
+            interrupts_propagate=True,
+        )
         # Each running thread's event loop for ``async def`` handlers, and the queue of jobs
         # of the thread waiting on it: a job enqueued by an async handler joins that queue.
         self._loops: list[AsyncLoop] = []
@@ -276,7 +282,18 @@ class ImmediateMode:
         task = self.pgq.registry.find(job.task_name)
         timeout = None if task is None else task.timeout
         execution = Execution(job, self._lease_seconds, timeout, 0.0)
-        outcome = self._executor.run_leased(execution)
+        try:
+            outcome = self._executor.run_leased(execution)
+        except BaseException:
+            # Interrupted (a Ctrl-C, the test's failure or timeout): the job goes back to its
+            # queue with the attempt not counted. Should that write fail too, the interrupt
+            # still propagates, and the job is rescued when its lease expires.
+            with contextlib.suppress(Exception):
+                uow.run(
+                    self.pgq.database,
+                    lambda db: outcomes_data.record_outcomes(db, [Outcome.release(job)]),
+                )
+            raise
         lost = uow.run(self.pgq.database, lambda db: outcomes_data.record_outcomes(db, [outcome]))
         if lost:
             raise RuntimeError(f"job {job_id}'s lease was taken while it ran in immediate mode")

@@ -127,7 +127,7 @@ class AsyncLoop:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                start_daemon(loop.run_forever, "pgqueue-asyncio")
+                start_daemon(lambda: _run_until_stopped(loop), "pgqueue-asyncio")
                 self._loop = loop
             return self._loop
 
@@ -135,6 +135,20 @@ class AsyncLoop:
         with self._lock:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _run_until_stopped(loop: asyncio.AbstractEventLoop) -> None:
+    """Run ``loop`` until ``AsyncLoop.stop``. A handler (or a task it started) that raises
+    ``KeyboardInterrupt`` or ``SystemExit`` makes asyncio re-raise it out of the loop, after
+    setting it as that task's exception: the loop runs on, so the pool thread waiting on the
+    task gets it and fails the attempt, as it does raised by a synchronous handler, and the
+    other handlers on the loop carry on."""
+    while True:
+        try:
+            loop.run_forever()
+            return
+        except (KeyboardInterrupt, SystemExit) as exc:
+            log.debug("an async handler raised %s out of the event loop", type(exc).__name__)
 
 
 class Dispatcher:

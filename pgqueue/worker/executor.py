@@ -71,6 +71,13 @@ class JobTimeout(Exception):
     """The handler ran past its task's ``timeout``."""
 
 
+def _interrupts_caller(exc: BaseException) -> bool:
+    """Whether ``exc``, raised in a handler run in its caller's thread, is the caller's to
+    handle: an exception that is not an ``Exception``, other than pgqueue's own suspension and
+    an async handler's cancellation."""
+    return not isinstance(exc, Exception | Suspend | asyncio.CancelledError)
+
+
 class Executor:
     """Resolves tasks, calls handlers, and maps results and exceptions to outcomes."""
 
@@ -81,8 +88,16 @@ class Executor:
         session_factory: Callable[[], Session],
         loop: Callable[[], asyncio.AbstractEventLoop],
         unregistered: UnregisteredTasks | None = None,
+        *,
+        interrupts_propagate: bool = False,
     ) -> None:
         self.registry = registry
+        # Immediate mode runs handlers in its caller's thread, where a KeyboardInterrupt may be
+        # a real Ctrl-C, and the other exceptions that are not ``Exception``s (pytest's fail or
+        # skip, a test's timeout) are the caller's: there they propagate instead of failing the
+        # attempt. A worker's pool threads receive no signals: whatever a handler raises there
+        # is its attempt's failure.
+        self.interrupts_propagate = interrupts_propagate
         # A worker's: jobs of tasks not registered here go back to their queue. Without it (one
         # process runs everything, as in immediate mode) such a job fails, as nobody else would
         # run it.
@@ -130,6 +145,8 @@ class Executor:
                 span.failed(exc)
             if context is not None and context.session_opened:
                 _discard(context.session.rollback, job.id)
+            if self.interrupts_propagate and _interrupts_caller(exc):
+                raise
             outcome = self._failure(job, task, exc, execution)
         finally:
             if context is not None and context.session_opened:
@@ -200,6 +217,8 @@ class Executor:
         except BaseException as exc:
             if span is not None:
                 span.failed(exc)
+            if self.interrupts_propagate and _interrupts_caller(exc):
+                raise  # the caller's transaction rolls back the claim with the handler's writes
             if is_transaction_ended(exc):
                 # The attempt's transaction is gone: nothing written from here on would be
                 # part of it. The caller rolls back and records the failed attempt apart.
