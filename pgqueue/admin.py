@@ -25,7 +25,6 @@ from pgqueue.admin_values import (
     DEFAULT_COUNT_CAP,
     DEFAULT_PAGE_SIZE,
     DEFAULT_THROUGHPUT_CAP,
-    MAX_JOB_ID,
     MAX_QUEUE_DEPTH,
     BulkResult,
     JobHolder,
@@ -51,7 +50,7 @@ from pgqueue.data import workers as workers_data
 from pgqueue.data import workflows as workflow_data
 from pgqueue.data.history import JobTables
 from pgqueue.data.insert_choice import BoundedQueuesSeen
-from pgqueue.errors import JobNotFound, ValidationError, WorkflowNotFound
+from pgqueue.errors import ValidationError, WorkflowNotFound
 from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.models import Job
 from pgqueue.states import JobState
@@ -95,8 +94,6 @@ class Admin:
         """Why job ``job_id`` is not running (or is): its blockers in the order the claim
         applies them (see ``pgqueue.explain``). Raises JobNotFound."""
         job_id = check_job_id(job_id)
-        if job_id > MAX_JOB_ID:  # beyond bigint: no such job, and not a database error
-            raise JobNotFound(f"no job with id {job_id}")
         stale_seconds = self._stale_seconds()
         return self._read(
             lambda session: explain.explain_job(session, job_id, stale_seconds=stale_seconds)
@@ -329,6 +326,8 @@ class Admin:
             not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
         ):
             raise ValidationError(f"queue limit must be a positive int or None, got {limit!r}")
+        if limit is not None and limit > MAX_QUEUE_DEPTH:  # the same integer column's range
+            raise ValidationError(f"queue limit must be at most {MAX_QUEUE_DEPTH}, got {limit}")
         name = validation.queue_name(queue)
         self._write(
             None, lambda s: control_data.set_queue_control(s, name, concurrency_limit=limit)

@@ -201,9 +201,11 @@ class ListArguments:
 
 
 def check_job_id(value: object) -> int:
-    """``value`` as a job id; ValidationError unless it is a positive int."""
+    """``value`` as a job id; ValidationError unless it is a positive int within ``bigint``."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValidationError(f"job id must be a positive int, got {value!r}")
+    if value > MAX_JOB_ID:
+        raise ValidationError(f"job id must be at most {MAX_JOB_ID} (a bigint), got {value}")
     return value
 
 

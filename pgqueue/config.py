@@ -303,7 +303,7 @@ class Settings:
             "worker_stale_seconds",
             "history_move_after",
         ):
-            _positive(name, getattr(self, name))
+            positive_seconds(name, getattr(self, name))
         if self.metrics_port is not None and (
             not isinstance(self.metrics_port, int)
             or isinstance(self.metrics_port, bool)
@@ -313,9 +313,9 @@ class Settings:
                 f"metrics_port must be a TCP port (1-65535), got {self.metrics_port!r}"
             )
         metrics_address(self.metrics_address)
-        _non_negative("shutdown_timeout", self.shutdown_timeout)
-        _non_negative("migration_lock_timeout", self.migration_lock_timeout)
-        _non_negative("log_summary_interval", self.log_summary_interval)
+        non_negative_seconds("shutdown_timeout", self.shutdown_timeout)
+        non_negative_seconds("migration_lock_timeout", self.migration_lock_timeout)
+        non_negative_seconds("log_summary_interval", self.log_summary_interval)
         if (
             not isinstance(self.prefetch, int)
             or isinstance(self.prefetch, bool)
@@ -325,7 +325,7 @@ class Settings:
                 f"prefetch must be a non-negative integer, got {self.prefetch!r}"
             )
         if self.heartbeat_interval is not None:
-            _positive("heartbeat_interval", self.heartbeat_interval)
+            positive_seconds("heartbeat_interval", self.heartbeat_interval)
             if self.heartbeat_interval >= self.lease_seconds:
                 raise ConfigurationError(
                     f"heartbeat_interval ({self.heartbeat_interval}) must be shorter than "
@@ -419,14 +419,39 @@ def _coerce(name: str, annotation: Any, raw: str) -> Any:
     return raw
 
 
-def _positive(name: str, value: float) -> None:
+# A worker's most slots (threads that run handlers) and a ``--processes`` supervisor's most
+# children: bounds that keep a mistyped value from starting threads or processes until the
+# host runs out of memory. One process on one core gains nothing past a few hundred slots, and
+# processes past the host's cores cost more than they give (docs/how-to/scaling.md).
+MAX_CONCURRENCY: Final = 1000
+MAX_PROCESSES: Final = 256
+
+# The longest duration a setting of seconds takes: ten years. Longer ones (or infinity) would
+# overflow the timers and timestamps they become, far from where they were set.
+MAX_SECONDS: Final = 10 * 365 * 24 * 3600
+
+
+def positive_seconds(name: str, value: float) -> None:
+    """Raise ``ConfigurationError`` unless ``value`` is a number of seconds above 0 and at
+    most ``MAX_SECONDS``."""
     if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
         raise ConfigurationError(f"{name} must be a positive number, got {value!r}")
+    _at_most_max_seconds(name, value)
 
 
-def _non_negative(name: str, value: float) -> None:
+def non_negative_seconds(name: str, value: float) -> None:
+    """Raise ``ConfigurationError`` unless ``value`` is a number of seconds from 0 to
+    ``MAX_SECONDS``."""
     if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
         raise ConfigurationError(f"{name} must be a non-negative number, got {value!r}")
+    _at_most_max_seconds(name, value)
+
+
+def _at_most_max_seconds(name: str, value: float) -> None:
+    if not value <= MAX_SECONDS:
+        raise ConfigurationError(
+            f"{name} must be at most {MAX_SECONDS} seconds (ten years), got {value!r}"
+        )
 
 
 def test_database_url(environ: Mapping[str, str] | None = None) -> str | None:

@@ -370,6 +370,8 @@ def checked_name(context: click.Context, parameter: click.Parameter, value: Any)
         if parameter.name == "queues"
         else [value]
     )
+    if not names:  # ``--queues ''`` names none; all queues is what leaving it out means
+        raise CommandError("--queues must name at least one queue (leave it out for all queues)")
     try:
         for name in names:
             check(name)

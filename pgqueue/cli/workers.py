@@ -26,6 +26,7 @@ from pgqueue.cli.shared import (
     problem_line,
     queue_for,
 )
+from pgqueue.config import MAX_CONCURRENCY, MAX_PROCESSES
 from pgqueue.errors import pgqueue_logger
 from pgqueue.sqlstates import is_bad_credentials, is_connection_error
 
@@ -45,8 +46,16 @@ def worker_options(function: Any) -> Any:
             callback=checked_name,
             help="Comma-separated queues (default: all).",
         ),
-        click.option("--concurrency", "-c", default=10, show_default=True, type=click.IntRange(1)),
-        click.option("--processes", "-p", default=1, show_default=True, type=click.IntRange(1)),
+        click.option(
+            "--concurrency",
+            "-c",
+            default=10,
+            show_default=True,
+            type=click.IntRange(1, MAX_CONCURRENCY),
+        ),
+        click.option(
+            "--processes", "-p", default=1, show_default=True, type=click.IntRange(1, MAX_PROCESSES)
+        ),
         click.option("--no-listen", is_flag=True, help="Poll only, never LISTEN."),
         click.option("--poll-interval", type=click.FloatRange(min=0.01), default=None),
         click.option("--lease-seconds", type=click.FloatRange(min=0.1), default=None),

@@ -18,12 +18,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.config import Settings
 from pgqueue.db import Executor, SessionOrExecutor, executor_for
-from pgqueue.errors import NotSchemaOwner
+from pgqueue.errors import NotSchemaOwner, ValidationError
 from pgqueue.sql import history as history_sql
 from pgqueue.sqlstates import is_insufficient_privilege
 from pgqueue.states import JobState
@@ -123,10 +124,20 @@ class HistoryMaintenance:
         return ", ".join(parts)
 
 
+# How many days of partitions one maintenance creates ahead at most: each is a table, and one
+# transaction creating thousands of them runs out of the server's lock table.
+MAX_DAYS_AHEAD: Final = 366
+
+
 def maintain(ex: Executor, *, days_ahead: int, retention_days: int) -> HistoryMaintenance:
     """Create, drop and adopt partitions in ``ex``'s transaction (the caller commits).
     Raises ``NotSchemaOwner`` when this role may not change the tables."""
     days_ahead = limit_count(days_ahead, what="days_ahead")
+    if days_ahead > MAX_DAYS_AHEAD:
+        raise ValidationError(
+            f"days_ahead must be at most {MAX_DAYS_AHEAD} (a year of daily partitions), "
+            f"got {days_ahead}"
+        )
     retention_days = limit_count(retention_days, what="retention_days")
     try:
         return _maintain(ex, days_ahead=days_ahead, retention_days=retention_days)

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from pgqueue import config, metrics, validation
-from pgqueue.errors import ConfigurationError, ValidationError, pgqueue_logger
+from pgqueue.errors import ValidationError, pgqueue_logger
 from pgqueue.jobs import Outcome
 from pgqueue.worker.atomic import AtomicClaims
 from pgqueue.worker.claim_health import ClaimHealth
@@ -88,8 +88,14 @@ class Worker:
         metrics_address: str | None = None,
         prefetch: int | None = None,
     ) -> None:
-        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
-            raise ValidationError(f"concurrency must be a positive int, got {concurrency!r}")
+        if (
+            not isinstance(concurrency, int)
+            or isinstance(concurrency, bool)
+            or not 1 <= concurrency <= config.MAX_CONCURRENCY
+        ):
+            raise ValidationError(
+                f"concurrency must be an int from 1 to {config.MAX_CONCURRENCY}, got {concurrency!r}"
+            )
         context = self._context = WorkerContext.of(pgq)
         settings = context.settings
         self.queues = None if queues is None else [validation.queue_name(q) for q in queues]
@@ -104,14 +110,15 @@ class Worker:
         self.listen = (settings.listen if listen is None else listen) and context.can_listen
         self.poll_interval = poll_interval or settings.poll_interval
         self.lease_seconds = lease_seconds or settings.lease_seconds
-        if self.lease_seconds <= 0 or self.poll_interval <= 0:
-            raise ConfigurationError("lease_seconds and poll_interval must be positive")
+        config.positive_seconds("lease_seconds", self.lease_seconds)
+        config.positive_seconds("poll_interval", self.poll_interval)
         self.heartbeat_interval = (
             settings.effective_heartbeat_interval if lease_seconds is None else lease_seconds / 3
         )
         self.shutdown_timeout = (
             settings.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
         )
+        config.non_negative_seconds("shutdown_timeout", self.shutdown_timeout)
         self.maintenance = maintenance
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.install_signal_handlers = install_signal_handlers

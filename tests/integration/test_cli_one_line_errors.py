@@ -390,8 +390,11 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
         (["migrate", "upgrade", "--yess"], "no such option '--yess'"),
     ],
     "worker": [
-        (["worker", "shop:pgq", "--concurrency", "0"], "0 is not in the range x>=1"),
+        (["worker", "shop:pgq", "--concurrency", "0"], "0 is not in the range 1<=x<=1000"),
         (["worker", "shop:pgq", "--processes", "two"], "'two' is not a valid integer"),
+        (["worker", "shop:pgq", "--processes", "10000"], "10000 is not in the range 1<=x<=256"),
+        (["worker", "shop:pgq", "--queues", ""], "--queues must name at least one queue"),
+        (["worker", "shop:pgq", "--poll-interval", "1e12"], "poll_interval must be at most"),
     ],
     "workers": [(["workers", "--al"], "no such option '--al'")],
     "jobs": [
@@ -419,6 +422,7 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
     "history": [(["history", "prune"], "no such command 'prune'")],
     "history maintain": [
         (["history", "maintain", "--days-ahead", "0"], "0 is not in the range x>=1"),
+        (["history", "maintain", "--days-ahead", "5000"], "days_ahead must be at most 366"),
     ],
     "schedules": [(["schedules", "shop:pgq", "all"], "unexpected extra argument (all)")],
     "pause": [
@@ -429,6 +433,7 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
     "limit": [
         (["limit", "nosuchqueue", "3"], "queue 'nosuchqueue' has no jobs and no settings"),
         (["limit", "default", "lots"], "'lots' is not a whole number or 'none'"),
+        (["limit", "default", "2147483648"], "queue limit must be at most 2147483647"),
     ],
     "max-depth": [(["max-depth", "default", "deep"], "'deep' is not a whole number")],
     "key-limit": [
