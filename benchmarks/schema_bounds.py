@@ -13,6 +13,9 @@ the raw-SQL ceiling of the same round:
 - ``no dashboard indexes``: without ``(queue, state, id)`` and ``(task_name, state, id)``;
 - ``state indexes holding running jobs``: those two without their predicate (``state <>
   'running'``), as before migration ``pgqueue_0025``, so a claim writes into them;
+- ``claim-batch lease rows``: without the lease index, each claim statement recording its jobs
+  in one row of a lease table instead, so a claim's update of a job row writes only the
+  primary key's entry;
 - ``primary key only``: without any secondary index on ``pgqueue_jobs`` (the tickets keep
   theirs: the claim needs them);
 - ``primary key only, HOT``: the same with ``fillfactor = 40``, so the claim's and the
@@ -120,6 +123,29 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         *_DASHBOARD,
         "CREATE INDEX ix_pgqueue_jobs_queue_state_id ON pgqueue_jobs (queue, state, id)",
         "CREATE INDEX ix_pgqueue_jobs_task_name_state_id ON pgqueue_jobs (task_name, state, id)",
+    ),
+    # The first step of a schema whose state changes write no index: the lease index gone from
+    # the job row, each claim statement recording its jobs in one lease row (its ids as an
+    # array, indexed by expiry) for the rescue to start from. The row is written here by a
+    # statement-level trigger over the claim's transition table: one insert per claim, as a
+    # CTE of the claim would write it. The trigger also fills a transition table for every
+    # outcome and heartbeat statement, which a CTE would not: a bound from below.
+    "claim-batch lease rows": (
+        "DROP INDEX ix_pgqueue_jobs_lease_expires_at",
+        "CREATE TABLE bounds_claims (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        " owner text NOT NULL, due_at timestamptz NOT NULL, job_ids bigint[] NOT NULL)",
+        "CREATE INDEX ix_bounds_claims_due_at ON bounds_claims (due_at)",
+        """CREATE FUNCTION bounds_claims_written() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO bounds_claims (owner, due_at, job_ids)
+            SELECT min(n.lease_owner), min(n.lease_expires_at), array_agg(n.id)
+            FROM changed_new n WHERE n.state = 'running' AND n.started_at = now()
+            HAVING count(*) > 0;
+            RETURN NULL;
+        END $$""",
+        "CREATE TRIGGER bounds_claims_written AFTER UPDATE ON pgqueue_jobs"
+        " REFERENCING NEW TABLE AS changed_new"
+        " FOR EACH STATEMENT EXECUTE FUNCTION bounds_claims_written()",
     ),
     "primary key only": _DASHBOARD + _SECONDARY,
     "primary key only, HOT": (
