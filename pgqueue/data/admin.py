@@ -24,7 +24,7 @@ from pgqueue.db import SessionOrExecutor, executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
 from pgqueue.sql import admin, job_lists
-from pgqueue.states import JobState
+from pgqueue.states import JobState, WorkflowRole
 
 RERUNNABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
 CANCELLABLE: Final = frozenset({JobState.QUEUED, JobState.RETRYING, JobState.RUNNING})
@@ -284,6 +284,13 @@ def _raise_for_state(
                 "job with its arguments instead"
             )
         raise JobNotFound(f"no job with id {job_id}")
+    if job.workflow_role == WorkflowRole.CLOSING:
+        workflow = job.workflow_id
+        raise InvalidStateTransition(
+            f"cannot {action} job {job_id}: it is the closing marker of workflow {workflow}, "
+            "which ends when the workflow's jobs end; to stop the workflow, cancel it "
+            f"(`pgqueue workflow {workflow} --cancel`)"
+        )
     names = ", ".join(sorted(s.value for s in allowed))
     raise InvalidStateTransition(
         f"cannot {action} job {job_id}: it {job.state.phrase} (allowed from: {names})"

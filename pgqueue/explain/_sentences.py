@@ -10,7 +10,7 @@ from typing import Any
 
 from pgqueue.errors import error_summary
 from pgqueue.explain._values import AHEAD_CAP, LIST_CAP, Blocker, BlockerKind
-from pgqueue.states import JobState
+from pgqueue.states import JobState, WorkflowRole
 
 
 def no_ticket(state: JobState) -> Blocker:
@@ -309,7 +309,8 @@ def finished(job: Any, state: JobState) -> Blocker:
         )
     else:
         message = f"cancelled{at}" + (f": {last_error}" if last_error else "")
-    if state is not JobState.SUCCEEDED:
+    # A workflow's closing marker is its workflow's to end, never retried on its own.
+    if state is not JobState.SUCCEEDED and job.workflow_role != WorkflowRole.CLOSING:
         message += f" (`pgqueue retry {job.id}` runs it again)"
     return Blocker(
         BlockerKind.FINISHED,

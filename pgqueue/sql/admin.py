@@ -41,6 +41,7 @@ from pgqueue.sql.common import (
     ids_with_new_tickets,
     in_states,
     minute_of,
+    not_a_closing_marker,
     seconds,
     source_states,
 )
@@ -125,7 +126,11 @@ def rerun() -> Select[int]:
     """
     updated = (
         update(Job)
-        .where(Job.id == bindparam("job_id", type_=BigInteger), source_states(RERUN))
+        .where(
+            Job.id == bindparam("job_id", type_=BigInteger),
+            source_states(RERUN),
+            not_a_closing_marker(),
+        )
         .values(**RERUN_VALUES)
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
         .cte("rerun")
@@ -164,7 +169,9 @@ def cancel_waiting() -> Select[int, list[int] | None]:
     )
     updated = (
         update(Job)
-        .where(Job.id == job_id, has_ticket_or_blocked, source_states(CANCEL))
+        .where(
+            Job.id == job_id, has_ticket_or_blocked, source_states(CANCEL), not_a_closing_marker()
+        )
         .values(**CANCEL_VALUES)
         .returning(Job.id, Job.dependents, Job.awaited)
         .cte("cancelled")
@@ -345,7 +352,9 @@ def delete_job() -> Any:  # a ReturningDelete
     ticket_first = select(func.count()).select_from(ticket).scalar_subquery() >= 0
     return (
         delete(Job)
-        .where(Job.id == job_id, Job.state != JobState.RUNNING, ticket_first)
+        .where(
+            Job.id == job_id, Job.state != JobState.RUNNING, ticket_first, not_a_closing_marker()
+        )
         .returning(Job.id, ORPHANED)
     )
 

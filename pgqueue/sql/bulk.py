@@ -46,6 +46,7 @@ from pgqueue.sql.common import (
     array_param,
     cancel_flags,
     listed_by_state,
+    not_a_closing_marker,
     running,
     source_states,
     tickets_for,
@@ -67,9 +68,11 @@ class Shape(NamedTuple):
 
 
 def matching(shape: Shape) -> ColumnElement[bool]:
-    """The filter: the job is in one of ``states`` and matches every given field."""
+    """The filter: the job is in one of ``states`` and matches every given field; a
+    workflow's closing marker never matches (it is its workflow's to end)."""
     conditions: list[ColumnElement[bool]] = [
-        Job.state == func.any(array_param("filter_states", Text))
+        Job.state == func.any(array_param("filter_states", Text)),
+        not_a_closing_marker(),
     ]
     if shape.by_queue:
         conditions.append(Job.queue == bindparam("filter_queue", type_=Text))

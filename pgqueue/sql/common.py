@@ -36,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, BIT
 
 from pgqueue.models import ConcurrencyKey, Job, MessageQueue, QueueControl, Workflow
-from pgqueue.states import JobState, Transition
+from pgqueue.states import JobState, Transition, WorkflowRole
 
 NOTIFY_CHANNEL: Final = "pgqueue"
 # Where the statements that end jobs announce them, for ``pgq.wait_for``; apart from
@@ -54,6 +54,13 @@ _ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
 def seconds(value: ColumnElement[Any]) -> ColumnElement[Any]:
     """``value`` seconds as an interval."""
     return value * _ONE_SECOND
+
+
+def not_a_closing_marker() -> ColumnElement[bool]:
+    """The job is not a workflow's closing marker (``WorkflowRole.CLOSING``): a row that never
+    runs and ends its workflow when the workflow's jobs end, so an operator's cancel, retry or
+    delete of one job, or of the jobs a filter chooses, leaves it to its workflow."""
+    return Job.workflow_role.is_distinct_from(literal(int(WorkflowRole.CLOSING)))
 
 
 # The moment an outcome is written (``finished_at``, ``updated_at``, a retry's ``run_at``): the

@@ -55,6 +55,7 @@ def job_facts() -> Select[*tuple[Any, ...]]:
             Job.depends_on,
             Job.pending_dependencies,
             Job.workflow_id,
+            Job.workflow_role,
             Job.atomic,
             Job.snoozes,
             Job.concurrency_key,

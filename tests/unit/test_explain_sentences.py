@@ -29,6 +29,7 @@ def job_row(**changes: Any) -> SimpleNamespace:
         "lease_owner": None,
         "lease_expires_at": None,
         "depends_on": None,
+        "workflow_role": None,
         "atomic": False,
         "snoozes": 0,
         "has_ticket": True,
