@@ -65,7 +65,7 @@ def test_a_worker_fails_only_the_attempts_that_raised_an_interrupt(pgq: PgQueue)
 
 
 # A program in immediate mode whose handler sleeps until the test presses Ctrl-C: a process of
-# its own, so the signal meets Python's own handler and nothing another test left behind.
+# its own, whose main thread runs the handler, as a terminal's Ctrl-C reaches it.
 CTRL_C_PROGRAM = """
 import sys, time
 from pgqueue import PgQueue
@@ -76,7 +76,9 @@ pgq = PgQueue(sys.argv[1])
 @pgq.task(name="slow")
 def slow() -> None:
     print("started", flush=True)
-    time.sleep(30)
+    # Short sleeps: a signal that arrives before a sleep starts is only acted on after it.
+    for _ in range(300):
+        time.sleep(0.1)
 
 began = time.monotonic()
 try:
