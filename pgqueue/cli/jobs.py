@@ -21,6 +21,7 @@ from pgqueue.cli.shared import (
     load_app,
     print_json,
     queue_for,
+    with_current_schema,
 )
 from pgqueue.states import JobState
 
@@ -107,7 +108,7 @@ def enqueue_options(function: Any) -> Any:
 @enqueue_options
 def enqueue(app: str, task_name: str, **options: Any) -> None:
     """Enqueue TASK_NAME of the PgQueue at APP with JSON arguments."""
-    enqueue_from_cli(load_app(app), task_name, **options)
+    enqueue_from_cli(with_current_schema(load_app(app)), task_name, **options)
 
 
 def enqueue_from_cli(

@@ -30,7 +30,7 @@ yes_option = click.option(
 @database_option
 def migrate(action: str, revision: str | None, yes: bool, database_url: str | None) -> None:
     """Upgrade (default), downgrade, or show pgqueue's schema revision."""
-    run_migrate_command(queue_for(database_url), action, revision, yes=yes)
+    run_migrate_command(queue_for(database_url, schema_checked=False), action, revision, yes=yes)
 
 
 def run_migrate_command(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> None:

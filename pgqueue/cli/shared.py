@@ -169,12 +169,26 @@ def remember_queue(pgq: PgQueue) -> PgQueue:
 _QUEUE_KEY = "pgqueue.queue"
 
 
-def queue_for(database_url: str | None) -> PgQueue:
+def queue_for(database_url: str | None, *, schema_checked: bool = True) -> PgQueue:
     """The queue of a command that only touches tables: on ``--database-url`` when given, else
-    on ``$PGQUEUE_DATABASE_URL`` or the embedded server."""
+    on ``$PGQUEUE_DATABASE_URL`` or the embedded server. Its schema is checked
+    (``with_current_schema``) unless ``schema_checked`` is False (``migrate`` fixes it)."""
     from pgqueue.core import PgQueue
 
-    return remember_queue(PgQueue(database_url) if database_url else PgQueue())
+    pgq = remember_queue(PgQueue(database_url) if database_url else PgQueue())
+    return with_current_schema(pgq) if schema_checked else pgq
+
+
+def with_current_schema(pgq: PgQueue) -> PgQueue:
+    """``pgq`` once its database's schema is at this pgqueue's head revision, else
+    ``SchemaNotCurrent`` naming the fix: a command's statements are built for that revision,
+    and on an older or newer schema they fail half-way or write what the schema does not
+    mean."""
+    from pgqueue import migrations
+
+    with pgq.engine.connect() as connection:
+        migrations.check_schema(connection)
+    return pgq
 
 
 database_option = click.option(

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Set
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,6 +55,7 @@ INVOCATIONS: dict[str, list[list[str]]] = {
     "bulk": [
         ["bulk", "retry", "--state", "failed", "--dry-run"],
         ["bulk", "delete", "--queue", "q", "--yes", "--json"],
+        ["bulk", "cancel", "--all-jobs", "--yes"],
     ],
 }
 # Commands that never open a connection (they read the app's code only).
@@ -171,10 +173,10 @@ def _assert_one_line(result: subprocess.CompletedProcess[str], *expected: str) -
     return error
 
 
-def _both_clis(shop: Path, url: URL | str, *expected: str, schema_exists: bool = True) -> None:
-    """Every database command of both CLIs; ``schema_exists`` False: the database is there and
-    only pgqueue's tables are missing, which the commands that create them fix."""
-    skip = NO_DATABASE | (set() if schema_exists else CREATE_THE_SCHEMA)
+def _both_clis(shop: Path, url: URL | str, *expected: str, skip: Set[str] = frozenset()) -> None:
+    """Every database command of both CLIs but those in ``skip``, each failing with one line
+    holding ``expected``."""
+    skip = NO_DATABASE | skip
     for cli, run in (("pgqueue", pgqueue), ("flask", flask)):
         for command in _commands(cli, skip=skip):
             _assert_one_line(run(command, shop, url), *expected)
@@ -193,7 +195,7 @@ def test_unmigrated_database(shop: Path, empty_database_url: URL) -> None:
         empty_database_url,
         f"pgqueue's tables are missing in database {name}",
         "pgqueue migrate`",  # `flask pgqueue migrate` in the Flask CLI
-        schema_exists=False,
+        skip=CREATE_THE_SCHEMA,
     )
 
 
@@ -204,21 +206,65 @@ def test_debug_shows_the_traceback(shop: Path, empty_database_url: URL) -> None:
     ):
         assert result.returncode != 0
         assert "Traceback" in result.stderr
-        assert "UndefinedTable" in result.stderr
+        assert "SchemaNotCurrent" in result.stderr
 
 
-def test_worker_refuses_a_schema_older_than_its_head(shop: Path, empty_database_url: URL) -> None:
+def _a_queued_job(url: URL) -> None:
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO pgqueue_jobs (task_name, queue) VALUES ('shop.noop', 'q')")
+        )
+    engine.dispose()
+
+
+def _jobs_untouched(url: URL) -> None:
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT state, queue FROM pgqueue_jobs")).all()
+    engine.dispose()
+    assert [tuple(row) for row in rows] == [("queued", "q")]
+
+
+def test_every_command_refuses_a_schema_older_than_its_head(
+    shop: Path, empty_database_url: URL
+) -> None:
     head = migrations.head()
     engine = create_engine(empty_database_url)
     with engine.begin() as connection:
         migrations.upgrade(connection, "pgqueue_0005")
     engine.dispose()
-    for result in (
-        pgqueue(["worker", "shop:pgq", "--drain"], shop, empty_database_url),
-        flask(["worker", "--drain"], shop, empty_database_url),
-    ):
-        line = _assert_one_line(result, "is at pgqueue_0005", f"needs {head}", "pgqueue migrate")
-        assert "started" not in result.stderr, line
+    _a_queued_job(empty_database_url)
+    _both_clis(
+        shop,
+        empty_database_url,
+        "is at pgqueue_0005",
+        f"needs {head}",
+        "pgqueue migrate",
+        skip=CREATE_THE_SCHEMA,
+    )
+    _jobs_untouched(empty_database_url)
+
+
+def test_every_command_refuses_a_schema_newer_than_it_knows(
+    shop: Path, empty_database_url: URL
+) -> None:
+    engine = create_engine(empty_database_url)
+    with engine.begin() as connection:
+        migrations.upgrade(connection)
+        connection.execute(
+            text(f"UPDATE {migrations.VERSION_TABLE} SET version_num = 'pgqueue_9999_later'")
+        )
+    engine.dispose()
+    _a_queued_job(empty_database_url)
+    _both_clis(
+        shop,
+        empty_database_url,
+        "is at pgqueue_9999_later, newer than this pgqueue knows",
+        "upgrade pgqueue",
+        skip={"migrate"},
+    )
+    _jobs_untouched(empty_database_url)
 
 
 def test_stopped_server(shop: Path) -> None:

@@ -43,14 +43,17 @@ def pgqueue_group(verbose: int, debug: bool) -> None:
     shared.configure_logging(verbose)
 
 
-def _queue() -> CoreQueue:
+def _queue(*, schema_checked: bool = True) -> CoreQueue:
+    """The app's queue, its schema checked unless ``schema_checked`` is False (``migrate``
+    fixes the schema, ``worker`` checks it itself, ``schedules`` reads only the code)."""
     try:
         queue = get_state().queue
     except RuntimeError:
         raise shared.CommandError(
             f"the app {current_app.name!r} has no pgqueue extension: call pgq.init_app(app)"
         ) from None
-    return shared.remember_queue(queue)
+    shared.remember_queue(queue)
+    return shared.with_current_schema(queue) if schema_checked else queue
 
 
 @pgqueue_group.command()
@@ -59,7 +62,7 @@ def _queue() -> CoreQueue:
 @migrate_commands.yes_option
 def migrate(action: str, revision: str | None, yes: bool) -> None:
     """Upgrade (default), downgrade, or show pgqueue's schema revision."""
-    migrate_commands.run_migrate_command(_queue(), action, revision, yes=yes)
+    migrate_commands.run_migrate_command(_queue(schema_checked=False), action, revision, yes=yes)
 
 
 @pgqueue_group.command()
@@ -71,7 +74,10 @@ def worker(**options: Any) -> None:
     # Child processes (--processes N) re-run this very command for the same app.
     prefix = [sys.executable, "-m", "flask", *(["--app", app_path] if app_path else [])]
     worker_commands.run_worker_command(
-        _queue(), app_argv=[], command_prefix=[*prefix, "pgqueue", "worker"], **options
+        _queue(schema_checked=False),
+        app_argv=[],
+        command_prefix=[*prefix, "pgqueue", "worker"],
+        **options,
     )
 
 
@@ -152,7 +158,7 @@ def history_maintain(days_ahead: int, retention_days: int | None) -> None:
 @pgqueue_group.command()
 def schedules() -> None:
     """List this app's periodic schedules with their next run."""
-    queue_commands.print_schedules(_queue())
+    queue_commands.print_schedules(_queue(schema_checked=False))
 
 
 @pgqueue_group.command()
