@@ -156,14 +156,16 @@ class Admin:
 
     def workflow_in(self, session: Session, workflow_id: int) -> WorkflowStatus:
         """``get_workflow`` in ``session``."""
-        row = workflow_data.read_workflow(session, check_job_id(workflow_id), self._tables())
+        row = workflow_data.read_workflow(
+            session, check_job_id(workflow_id, what="workflow id"), self._tables()
+        )
         if row is None:
             raise WorkflowNotFound(f"no workflow with id {workflow_id}")
         return status_of(row)
 
     def cancel_workflow(self, workflow_id: int, *, session: Session | None = None) -> bool:
         """Cancel workflow ``workflow_id`` (see ``PgQueue.cancel_workflow``)."""
-        workflow_id = check_job_id(workflow_id)
+        workflow_id = check_job_id(workflow_id, what="workflow id")
 
         tables = self._tables()
 

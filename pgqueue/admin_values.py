@@ -200,12 +200,13 @@ class ListArguments:
     limit: int = DEFAULT_PAGE_SIZE
 
 
-def check_job_id(value: object) -> int:
-    """``value`` as a job id; ValidationError unless it is a positive int within ``bigint``."""
+def check_job_id(value: object, *, what: str = "job id") -> int:
+    """``value`` as a job id (or, ``what`` naming it, a workflow id: both are ``bigint``
+    identities); ValidationError unless it is a positive int within ``bigint``."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValidationError(f"job id must be a positive int, got {value!r}")
+        raise ValidationError(f"{what} must be a positive int, got {value!r}")
     if value > MAX_JOB_ID:
-        raise ValidationError(f"job id must be at most {MAX_JOB_ID} (a bigint), got {value}")
+        raise ValidationError(f"{what} must be at most {MAX_JOB_ID} (a bigint), got {value}")
     return value
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from pgqueue.cli.reports import note_names_no_job_has
 from pgqueue.cli.shared import (
     CommandError,
     checked_name,
@@ -181,7 +182,8 @@ def run_bulk(
     """One bulk command: check the filter, count, confirm, act, print."""
     job_filter = job_filter_from_options(**filter_options)
     job_filter.states_for(action)  # an empty or unfitting filter is refused before connecting
-    admin = open_queue().admin
+    pgq = open_queue()
+    admin = pgq.admin
     act = {
         BulkAction.RETRY: admin.bulk_retry,
         BulkAction.CANCEL: admin.bulk_cancel,
@@ -191,7 +193,9 @@ def run_bulk(
 
     who = default_actor() if actor is None else actor
     if dry_run:
-        _print(act(job_filter, dry_run=True, actor=who, source="cli"), job_filter, as_json)
+        preview = act(job_filter, dry_run=True, actor=who, source="cli")
+        _print(preview, job_filter, as_json)
+        _note_if_none(pgq, preview, job_filter)
         return
     expected: int | None = None
     if not yes:
@@ -205,6 +209,12 @@ def run_bulk(
         expected = preview.count
     result = act(job_filter, actor=who, source="cli", expected_count=expected)
     _print(result, job_filter, as_json)
+    _note_if_none(pgq, result, job_filter)
+
+
+def _note_if_none(pgq: PgQueue, result: BulkResult, job_filter: JobFilter) -> None:
+    if result.count == 0:
+        note_names_no_job_has(pgq, queue=job_filter.queue, task_name=job_filter.task_name)
 
 
 def _print(result: BulkResult, job_filter: JobFilter, as_json: bool) -> None:

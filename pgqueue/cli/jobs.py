@@ -15,6 +15,7 @@ from pgqueue.cli.shared import (
     CommandError,
     checked_name,
     database_option,
+    did_you_mean,
     echo,
     in_this_cli,
     json_option,
@@ -111,6 +112,10 @@ def enqueue(app: str, task_name: str, **options: Any) -> None:
     enqueue_from_cli(with_current_schema(load_app(app)), task_name, **options)
 
 
+# How many registered task names an unknown task's error lists.
+_TASKS_SHOWN = 10
+
+
 def enqueue_from_cli(
     pgq: PgQueue,
     task_name: str,
@@ -129,7 +134,14 @@ def enqueue_from_cli(
         raise CommandError(f"--args and --kwargs must be JSON: {exc}") from None
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise CommandError("--args must be a JSON array and --kwargs a JSON object")
-    task = pgq.registry.get(task_name)
+    task = pgq.registry.find(task_name)
+    if task is None:
+        names = sorted(t.name for t in pgq.registry)
+        shown = ", ".join(names[:_TASKS_SHOWN]) + (", ..." if len(names) > _TASKS_SHOWN else "")
+        hint = did_you_mean(task_name, names) or (
+            f": the registered ones are {shown}" if names else ": none is registered"
+        )
+        raise CommandError(f"no task named {task_name!r} is registered{hint}")
     job_id = task.configure(queue=queue, delay=delay, priority=priority).enqueue(*args, **kwargs)
     echo(str(job_id))
 

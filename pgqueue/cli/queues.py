@@ -13,6 +13,7 @@ from pgqueue.cli.shared import (
     CommandError,
     console,
     database_option,
+    did_you_mean,
     echo,
     load_app,
     number_or_none,
@@ -36,11 +37,13 @@ def known_queue(pgq: PgQueue, queue: str, *, new: bool, doing: str) -> str:
     from pgqueue import validation
 
     name = validation.queue_name(queue)
-    if new or name in pgq.admin.queue_settings() or name in pgq.admin.queue_names():
+    known = set(pgq.admin.queue_settings()) | set(pgq.admin.queue_names())
+    if new or name in known:
         return name
     hint = "" if doing == "resume" else f", or add --new to {doing} it before its first job"
     raise CommandError(
-        f"queue {name!r} has no jobs and no settings; nothing changed: check its name{hint}"
+        f"queue {name!r} has no jobs and no settings; nothing changed: check its name"
+        f"{did_you_mean(name, sorted(known)) or hint}"
     )
 
 

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from pgqueue.cli.shared import CommandError, console, echo, json_option, print_json, this_cli
+from pgqueue.cli.shared import (
+    CommandError,
+    console,
+    did_you_mean,
+    echo,
+    json_option,
+    print_json,
+    this_cli,
+)
 from pgqueue.errors import PgQueueError
 from pgqueue.states import JobState
 
@@ -32,21 +40,23 @@ def _refuse_bad_names(*, queue: str | None, task_name: str | None) -> None:
         raise CommandError(str(exc)) from None
 
 
-def _note_names_no_job_has(pgq: PgQueue, *, queue: str | None, task_name: str | None) -> None:
-    """Under an empty listing, one ``note:`` line on stderr naming the queue or task name that
-    no job has (a likely typo), whatever the other filters; the exit code stays 0, as for any
-    listing that finds nothing."""
+def note_names_no_job_has(pgq: PgQueue, *, queue: str | None, task_name: str | None) -> None:
+    """Under an empty listing or a bulk action that matched nothing, one ``note:`` line on
+    stderr naming the queue or task name that no job has (a likely typo), with the name meant
+    when one is close, whatever the other filters; the exit code stays 0, as for any listing
+    that finds nothing."""
     unknown = []
+    hint = ""
     if queue is not None and not pgq.admin.list_jobs(queue=queue, limit=1).jobs:
         unknown.append(f"queue {queue!r}")
+        known = sorted(set(pgq.admin.queue_names()) | set(pgq.admin.queue_settings()))
+        hint = did_you_mean(queue, known) or f" (`{this_cli()} stats` lists the queues)"
     if task_name is not None and not pgq.admin.list_jobs(task_name=task_name, limit=1).jobs:
         unknown.append(f"task {task_name!r}")
+        if not hint:
+            hint = " (a task's name is as registered, module.function unless named)"
     if unknown:
-        echo(
-            f"note: no job has {' or '.join(unknown)}: check the name "
-            f"(`{this_cli()} stats` lists the queues that have jobs)",
-            err=True,
-        )
+        echo(f"note: no job has {' or '.join(unknown)}: check the name{hint}", err=True)
 
 
 def job_filter_options(function: Any) -> Any:
@@ -101,7 +111,7 @@ def print_jobs(
     )
     if not page.jobs and before is None:
         _refuse_bad_names(queue=queue, task_name=task_name)
-        _note_names_no_job_has(pgq, queue=queue, task_name=task_name)
+        note_names_no_job_has(pgq, queue=queue, task_name=task_name)
     if as_json:
         print_json(
             {

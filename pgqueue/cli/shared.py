@@ -11,6 +11,7 @@ Kept apart from the command modules so that each of them holds only its commands
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import logging
@@ -130,6 +131,15 @@ def number_or_none(text: str) -> int | None:
 _FIX_APP = "name the PgQueue object, e.g. myapp.jobs:pgq"
 
 
+def did_you_mean(name: str, known: list[str]) -> str:
+    """``": did you mean 'x'?"`` for the known names ``name`` most likely meant (those whose
+    last dotted part is ``name``, as a task's function name is of its registered
+    ``module.function``, else the closest spellings), or ``""`` when none is close."""
+    ends = [k for k in known if k.rpartition(".")[2] == name]
+    close = ends or difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f": did you mean {' or '.join(repr(c) for c in sorted(close))}?" if close else ""
+
+
 def load_app(path: str) -> PgQueue:
     """Import ``module:attribute`` and return the PgQueue it names.
 
@@ -146,6 +156,10 @@ def load_app(path: str) -> PgQueue:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise CommandError(f"APP {path!r}: cannot import {module_name!r}: {exc}") from exc
+    except PgQueueError as exc:
+        # A task or setting the module declares that pgqueue refuses (a bad queue name...):
+        # said with the import it came from, which the refusal alone does not name.
+        raise CommandError(f"APP {path!r}: importing {module_name!r} failed: {exc}") from exc
     obj: Any = module
     for part in attribute.split("."):
         obj = getattr(obj, part, None)

@@ -457,6 +457,7 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
     "workflow": [
         (["workflow", "abc"], "'abc' is not a valid integer"),
         (["workflow", "99"], "no workflow with id 99"),
+        (["workflow", "0"], "workflow id must be a positive int, got 0"),
     ],
     "retry": [(["retry", "abc"], "'abc' is not a valid integer")],
     "cancel": [(["cancel", "1", "2"], "unexpected extra argument (2)")],

@@ -18,6 +18,9 @@ __all__ = ["shop"]  # the fixture, used by name
 
 
 APP = {pgqueue: ["shop:pgq"], flask: []}
+# How a note under an empty listing ends for a queue name and for a task name no job has.
+QUEUES = "pgqueue stats` lists the queues)"
+TASKS = "(a task's name is as registered, module.function unless named)"
 
 
 def _first_and_head() -> tuple[str, str]:
@@ -94,24 +97,90 @@ def test_a_queue_without_jobs_or_settings_is_refused(shop: Path, database_url: U
 def test_listing_a_queue_or_task_no_job_has_says_so(shop: Path, database_url: URL) -> None:
     _enqueue(database_url, "mail")
     for cli in (pgqueue, flask):
-        for options, note in (
-            (["--queue", "nosuch"], "note: no job has queue 'nosuch': check the name"),
-            (["--task", "shop.nop"], "note: no job has task 'shop.nop': check the name"),
+        for options, note, hint in (
+            (["--queue", "nosuch"], "note: no job has queue 'nosuch': check the name", QUEUES),
+            (["--queue", "mial"], "no job has queue 'mial'", ": did you mean 'mail'?"),
+            (["--task", "shop.nop"], "note: no job has task 'shop.nop': check the name", TASKS),
             (
                 ["--queue", "mail", "--task", "shop.nop", "--json"],
                 "note: no job has task 'shop.nop': check the name",
+                TASKS,
             ),
-            (["--queue", "nosuch", "--task", "shop.nop"], "queue 'nosuch' or task 'shop.nop'"),
+            (
+                ["--queue", "nosuch", "--task", "shop.nop"],
+                "queue 'nosuch' or task 'shop.nop'",
+                QUEUES,
+            ),
         ):
             result = cli(["jobs", *options], shop, database_url)
             assert result.returncode == 0, result.stderr
             [line] = result.stderr.strip().splitlines()
-            assert note in line, line
-            assert "stats` lists the queues" in line, line
+            assert note in line and line.endswith(hint), line
             assert "nosuch" not in result.stdout and "shop.nop" not in result.stdout
         # Names that jobs have, matching nothing with the other filters: no note.
         result = cli(["jobs", "--queue", "mail", "--state", "failed"], shop, database_url)
         assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_a_bulk_action_that_matched_no_job_names_the_queue_no_job_has(
+    shop: Path, database_url: URL
+) -> None:
+    _enqueue(database_url, "mail")
+    for cli in (pgqueue, flask):
+        for command in (
+            ["bulk", "cancel", "--queue", "mial", "--dry-run"],
+            ["bulk", "cancel", "--queue", "mial", "--yes"],
+        ):
+            result = cli(command, shop, database_url)
+            assert result.returncode == 0, result.stderr
+            assert "0 jobs" in result.stdout, result.stdout
+            [line] = result.stderr.strip().splitlines()
+            assert line == "note: no job has queue 'mial': check the name: did you mean 'mail'?"
+        # A queue that has jobs, none of them matching the other filters: no note.
+        result = cli(["bulk", "retry", "--queue", "mail", "--dry-run"], shop, database_url)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_a_typo_of_a_known_name_is_answered_with_the_name(shop: Path, database_url: URL) -> None:
+    _enqueue(database_url, "mail")
+    for cli in (pgqueue, flask):
+        _assert_one_line(
+            cli(["pause", "mial"], shop, database_url),
+            "queue 'mial' has no jobs and no settings; nothing changed: check its name: "
+            "did you mean 'mail'?",
+        )
+        _assert_one_line(
+            cli(["enqueue", *APP[cli], "noop"], shop, database_url),
+            "no task named 'noop' is registered: did you mean 'shop.noop'?",
+        )
+        _assert_one_line(
+            cli(["enqueue", *APP[cli], "shop.nop"], shop, database_url),
+            "no task named 'shop.nop' is registered: did you mean 'shop.noop'?",
+        )
+        error = _assert_one_line(
+            cli(["enqueue", *APP[cli], "zzz"], shop, database_url),
+            "no task named 'zzz' is registered: the registered ones are ",
+        )
+        assert "shop.noop" in error, error
+
+
+def test_an_app_module_pgqueue_refuses_is_named_with_its_import(
+    shop: Path, database_url: URL
+) -> None:
+    (shop / "badqueue.py").write_text(
+        "import os\n"
+        "from pgqueue import PgQueue\n"
+        "pgq = PgQueue(os.environ['SHOP_URL'])\n"
+        "@pgq.task(queue='bad queue')\n"
+        "def noop():\n"
+        "    return None\n"
+    )
+    for command in (["enqueue", "badqueue:pgq", "badqueue.noop"], ["worker", "badqueue:pgq"]):
+        error = _assert_one_line(
+            pgqueue(command, shop, database_url),
+            "APP 'badqueue:pgq': importing 'badqueue' failed: ",
+        )
+        assert "'bad queue'" in error, error
 
 
 def test_migrate_current_takes_no_revision(shop: Path, database_url: URL) -> None:
