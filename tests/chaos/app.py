@@ -209,13 +209,17 @@ def keyed(ctx, kind, key, seconds=0.0, fail_until=0):
 
 @pgq.task(name="chaos.async", queue="chaos_async", pass_context=True, max_attempts=3,
           retry=backoff.constant(0.3))
-async def leased_async(ctx, kind, seconds=0.0, fail_until=0):
+async def leased_async(ctx, kind, seconds=0.0, fail_until=0, interrupt_until=0, interrupt=None):
     token = await asyncio.to_thread(begin_run, ctx, kind)
     outcome = "raised"
     try:
         await asyncio.sleep(seconds)
         if ctx.attempt <= fail_until:
             raise RuntimeError("chaos: fails on purpose")
+        if ctx.attempt <= interrupt_until:
+            # What a handler's own Ctrl-C handling or sys.exit() raises inside the event loop.
+            outcome = "interrupt"
+            raise INTERRUPTS[interrupt]("chaos: interrupts on purpose")
         await asyncio.to_thread(own, TX, {"job": ctx.job_id, "attempt": ctx.attempt, "kind": kind, "pid": os.getpid()})
         outcome = "ok"
         return {"pid": os.getpid()}
@@ -224,6 +228,10 @@ async def leased_async(ctx, kind, seconds=0.0, fail_until=0):
         raise
     finally:
         await asyncio.to_thread(end_run, token, outcome)
+
+
+# The exceptions asyncio lets out of its event loop (``BaseException``s a handler may raise).
+INTERRUPTS = {"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}
 
 
 MISUSES = {

@@ -16,13 +16,22 @@ from typing import Any
 
 from . import history_checks, workflow_checks
 from .app import KEY_LIMIT, NEWER_TASK, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_MAIN
-from .snapshot import ACTIVE, FINAL, Run, Snapshot, clock, interrupted
+from .snapshot import ACTIVE, FINAL, LEASE_EXPIRED, Run, Snapshot, clock, interrupted
 from .workflow_checks import CLOSING_ROLE
 from .workload import KEY_OVERRIDES, Event, LimitChange
 
 ATOMIC_TASKS = {"chaos.atomic", "chaos.atomic_solo"}
 # A run that ended without these needs a reason to be followed by another run of its job.
-SELF_ENDED = {"snooze", "raised", "saw_cancel", "cancelled", "misuse", "poison", "suspended"}
+SELF_ENDED = {
+    "snooze",
+    "raised",
+    "saw_cancel",
+    "cancelled",
+    "misuse",
+    "poison",
+    "suspended",
+    "interrupt",
+}
 # Seconds a returned run's outcome may take to be written with no fault to explain it (the
 # completer writes within a batch's time; a queue whose rows are held retries within 2 s).
 OUTCOME_DELAY = 10.0
@@ -605,6 +614,57 @@ def poison_refused(s: Snapshot, facts: Facts) -> list[Violation]:
     return found
 
 
+# Errors an attempt of an interrupting job may end with: its own interrupt, or a fault's.
+INTERRUPT_ENDS = ("KeyboardInterrupt", "SystemExit", LEASE_EXPIRED, NOT_RECORDED)
+
+
+def interrupts_fail_their_attempt(s: Snapshot, facts: Facts) -> list[Violation]:
+    """14. An async handler raising ``KeyboardInterrupt`` or ``SystemExit`` (kind
+    ``async_interrupt``, on its first one or two of three attempts) fails that attempt only:
+    the attempt's error names the interrupt (or a fault that cut it short), and the job goes
+    on to succeed unless a fault used up its attempts; its worker is not wedged, which checks
+    1 and 6 see."""
+    found = []
+    for job in s.jobs.values():
+        if job.kind != "async_interrupt":
+            continue
+        for run in s.runs.get(job.id, []):
+            if run.outcome != "interrupt" or interrupted(run, facts.killed):
+                continue
+            errors = s.errors_for(job.id, run.attempt)
+            if job.state in ACTIVE and not errors:
+                continue  # its outcome may still be on its way
+            if not any(e.startswith(INTERRUPT_ENDS) for e in errors) and not _history_cut(
+                s, job.id, run.attempt
+            ):
+                found.append(
+                    Violation(
+                        "14 interrupts fail their attempt",
+                        job.id,
+                        f"attempt {run.attempt} raised an interrupt; its errors: {errors}",
+                        [run.id],
+                    )
+                )
+        if facts.final and job.state == "failed":
+            faults = [
+                a
+                for a in range(1, job.attempts + 1)
+                if not any(
+                    e.startswith(("KeyboardInterrupt", "SystemExit"))
+                    for e in s.errors_for(job.id, a)
+                )
+            ]
+            if not faults:
+                found.append(
+                    Violation(
+                        "14 interrupts fail their attempt",
+                        job.id,
+                        f"failed after {job.attempts} attempts, every one an interrupt",
+                    )
+                )
+    return found
+
+
 def durable_waits_kept(s: Snapshot, facts: Facts) -> list[Violation]:
     """13. Durable steps, sleeps and signals (``chaos.waiter``): the step before the sleep ran
     again only after a run that did not save it (one that died or raised, never one that
@@ -675,6 +735,7 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (outcomes_not_held_up, True),
     (poison_refused, True),
     (durable_waits_kept, True),
+    (interrupts_fail_their_attempt, True),
     (workflow_checks.callback_once, True),
     (workflow_checks.nothing_starts_after_a_cancel, True),
     (workflow_checks.refused_left_nothing, True),

@@ -40,6 +40,8 @@ KEYS = ["k0", "k1", "k2", "k3"]
 UNIQUE_KEYS = [f"u{i}" for i in range(5)]
 # The results no JSON column can hold that the app's handlers return on request (app.POISONS).
 POISONS = ["set", "nan", "object", "deep"]
+# The interrupts an async handler raises on request (app.INTERRUPTS).
+INTERRUPTS = ["KeyboardInterrupt", "SystemExit"]
 # ``k3`` gets a run-time override below the task's key_limit of 2.
 KEY_OVERRIDES = {"k3": 1}
 INITIAL_QUEUE_LIMIT = 2
@@ -123,6 +125,14 @@ class Workload:
         self.kinds: list[tuple[float, Callable[[], None]]] = [
             (10, lambda: self._leased("leased", seconds=self.rng.uniform(0, 0.3))),
             (6, lambda: self._async("async", seconds=self.rng.uniform(0, 0.3))),
+            (
+                2,
+                lambda: self._async(
+                    "async_interrupt",
+                    interrupt_until=self.rng.randint(1, 2),
+                    interrupt=self.rng.choice(INTERRUPTS),
+                ),
+            ),
             (8, lambda: self._atomic("atomic", seconds=self.rng.uniform(0, 0.2))),
             (5, lambda: self._atomic("atomic_retrying", fail_until=self.rng.randint(1, 2))),
             (6, self._keyed),
