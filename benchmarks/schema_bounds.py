@@ -1,9 +1,10 @@
-"""How far a leaner ``pgqueue_jobs`` could take the drain and the bulk enqueue: an upper bound.
+"""How far a leaner ``pgqueue_jobs`` could take the drain, the bulk and the single enqueue: an
+upper bound.
 
-``python -m benchmarks.schema_bounds [--rounds 3] [--jobs 60000] [--bulk 50000]
+``python -m benchmarks.schema_bounds [--rounds 3] [--jobs 60000] [--bulk 50000] [--single 1000]
 [--concurrency 10] [--processes 1] [--threads 4] [--batch 200] [--variant NAME ...]`` on
-``$PGQUEUE_DATABASE_URL`` (or a durable embedded server) runs pgqueue's drain and its bulk
-enqueue on scratch databases whose jobs table is cut down step by step (``VARIANTS``), beside
+``$PGQUEUE_DATABASE_URL`` (or a durable embedded server) runs pgqueue's drain, its bulk
+enqueue and its single enqueue on scratch databases whose jobs table is cut down step by step (``VARIANTS``), beside
 the raw-SQL ceiling of the same round:
 
 - ``as shipped``: pgqueue's schema;
@@ -33,7 +34,9 @@ worker --drain --concurrency C --processes P``, success lines off) and once with
 (``benchmarks.scaling``), per job net of the same command run first on the empty database
 (start-up and stop), then enqueues ``--bulk`` jobs with ``enqueue_many`` per variant, each
 against a raw ``COPY`` of as many rows, as the suite's bulk workload does
-(``benchmarks.workloads.enqueue_batch``). Ratios are medians of the per-round ratios. Prints a
+(``benchmarks.workloads.enqueue_batch``), then makes ``--single`` single enqueues per variant
+(``task.enqueue``, a transaction each; ``--single 0`` leaves them out) against as many
+single-row inserts, as the suite's enqueue1 does (``benchmarks.workloads.enqueue1``). Ratios are medians of the per-round ratios. Prints a
 Markdown table and writes the JSON to ``benchmarks/results/<timestamp>-schema-bounds.json``.
 """
 
@@ -58,6 +61,7 @@ from benchmarks.run import RESULTS_DIR, arguments, machine
 from benchmarks.scaling import SAMPLE_INTERVAL, command_cost
 from benchmarks.server import Server, libpq
 from benchmarks.workloads import (
+    enqueue1,
     enqueue_batch,
     fill_pgqueue,
     steady_throughput,
@@ -316,17 +320,34 @@ def bulk_variant(server: Server, variant: str, jobs: int) -> Result:
     }
 
 
+def single_variant(server: Server, variant: str, jobs: int) -> Result:
+    """``jobs`` single ``task.enqueue`` calls (one transaction each) on the variant's schema
+    against as many single-row inserts, as the suite's enqueue1 workload times them."""
+    paired = enqueue1(server, jobs, 1, shape=lambda url: cut_down(url, variant))
+    return {
+        "variant": variant,
+        "jobs_per_s": paired["pgqueue"],
+        "raw_jobs_per_s": paired["baseline"],
+        "ratio": paired["ratio"],
+    }
+
+
 def summarize(
-    drains: list[Result], bulks: list[Result], variants: list[str] | None = None
+    drains: list[Result],
+    bulks: list[Result],
+    variants: list[str] | None = None,
+    singles: list[Result] | None = None,
 ) -> list[Result]:
     """Per variant (``variants``, default all): median drain rate, its per-round ratio to the
-    ceiling, CPU per job, HOT share, and the bulk ratio to COPY."""
+    ceiling, CPU per job, HOT share, the bulk ratio to COPY and the single enqueue's to a
+    single-row insert."""
     rounds = sorted({d["round"] for d in drains})
     ceiling = {d["round"]: d for d in drains if d["variant"] == CEILING}
     rows = []
     for variant in [*(VARIANTS if variants is None else variants), CEILING]:
         mine = [d for d in drains if d["variant"] == variant]
         bulk = [b for b in bulks if b["variant"] == variant]
+        single = [e for e in singles or [] if e["variant"] == variant]
         row: Result = {
             "variant": variant,
             "drain_jobs_per_s": statistics.median(d["jobs_per_s"] for d in mine),
@@ -339,9 +360,11 @@ def summarize(
                 else None
             ),
             "bulk_ratios": [b["ratio"] for b in bulk],
+            "single_ratios": [e["ratio"] for e in single],
         }
         row["drain_ratio"] = statistics.median(row["drain_ratios"])
         row["bulk_ratio"] = statistics.median(row["bulk_ratios"]) if bulk else None
+        row["single_ratio"] = statistics.median(row["single_ratios"]) if single else None
         row["rounds"] = len(rounds)
         rows.append(row)
     return rows
@@ -353,8 +376,8 @@ def markdown_table(rows: list[Result]) -> str:
 
     lines = [
         "| pgqueue_jobs | drain jobs/s | drain / ceiling (rounds) | server us/job | drain's"
-        " own us/job | HOT updates | bulk / COPY (rounds) |",
-        "|---|---:|---|---:|---:|---:|---|",
+        " own us/job | HOT updates | bulk / COPY (rounds) | single enqueue / insert (rounds) |",
+        "|---|---:|---|---:|---:|---:|---|---|",
     ]
     for row in rows:
         hot = "" if row["hot_share"] is None else f"{row['hot_share']:.0%}"
@@ -362,10 +385,15 @@ def markdown_table(rows: list[Result]) -> str:
             "" if row["bulk_ratio"] is None
             else f"{row['bulk_ratio']:.2f}x ({ratios(row['bulk_ratios'])})"
         )  # fmt: skip
+        single = (
+            "" if not row.get("single_ratio")
+            else f"{row['single_ratio']:.2f}x ({ratios(row['single_ratios'])})"
+        )  # fmt: skip
         lines.append(
             f"| {row['variant']} | {row['drain_jobs_per_s']:,.0f}"
             f" | {row['drain_ratio']:.2f}x ({ratios(row['drain_ratios'])})"
-            f" | {row['server_us_per_job']:.1f} | {row['client_us_per_job']:.1f} | {hot} | {bulk} |"
+            f" | {row['server_us_per_job']:.1f} | {row['client_us_per_job']:.1f} | {hot} | {bulk}"
+            f" | {single} |"
         )
     return "\n".join(lines)
 
@@ -375,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=60_000)
     parser.add_argument("--bulk", type=int, default=50_000)
+    parser.add_argument("--single", type=int, default=1_000, help="single enqueues per round")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--threads", type=int, default=4)
@@ -397,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown variants {unknown}; known: {'; '.join(VARIANTS)}")
     drains: list[Result] = []
     bulks: list[Result] = []
+    singles: list[Result] = []
     with server_module.start(args.database_url) as server:
         settings = server.settings()
         for round_number in range(1, args.rounds + 1):
@@ -410,13 +440,17 @@ def main(argv: list[str] | None = None) -> int:
             for variant in chosen:
                 bulks.append({**bulk_variant(server, variant, args.bulk), "round": round_number})
                 print(json.dumps(bulks[-1]), flush=True)
-    rows = summarize(drains, bulks, chosen)
+            for variant in chosen if args.single else ():
+                single = single_variant(server, variant, args.single)
+                singles.append({**single, "round": round_number})
+                print(json.dumps(singles[-1]), flush=True)
+    rows = summarize(drains, bulks, chosen, singles)
     print(markdown_table(rows))
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{stamp}-schema-bounds.json"
     report = {"machine": machine(), "server": settings, "args": arguments(args), "rows": rows,
-              "drains": drains, "bulks": bulks}  # fmt: skip
+              "drains": drains, "bulks": bulks, "singles": singles}  # fmt: skip
     path.write_text(json.dumps(report, indent=2, default=str))
     print(f"JSON: {path}")
     return 0

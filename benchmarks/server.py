@@ -10,7 +10,7 @@ import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,9 +86,12 @@ class Server:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     @contextmanager
-    def app_beside_baseline(self, label: str) -> Iterator[tuple[PgQueue, str]]:
+    def app_beside_baseline(
+        self, label: str, shape: Callable[[URL], None] | None = None
+    ) -> Iterator[tuple[PgQueue, str]]:
         """The benchmark app on a fresh pgqueue database, and the libpq URI of a fresh database
         beside it holding the raw-SQL baseline's schema: the pair a paired workload compares.
+        ``shape`` changes pgqueue's freshly migrated database first (``benchmarks.schema_bounds``).
         The app's connections are closed and both databases dropped on exit."""
         from benchmarks import app, baseline
 
@@ -96,6 +99,8 @@ class Server:
             self.fresh_database(label) as url,
             self.fresh_database(f"{label}_raw", migrate=False) as raw_url,
         ):
+            if shape is not None:
+                shape(url)
             raw = libpq(raw_url)
             baseline.create_schema(raw)
             pgq = app.build(sqlalchemy_url(url))

@@ -183,10 +183,13 @@ def _paired(rounds: list[tuple[float, float]], jobs: int) -> Result:
     }
 
 
-def enqueue1(server: Server, n: int, rounds: int) -> Result:
+def enqueue1(
+    server: Server, n: int, rounds: int, shape: Callable[[URL], None] | None = None
+) -> Result:
     """``n`` jobs per round through ``task.enqueue`` (one transaction each) vs. single-row
-    autocommit INSERTs, ``rounds`` alternating rounds."""
-    with server.app_beside_baseline("enq1") as (pgq, raw):
+    autocommit INSERTs, ``rounds`` alternating rounds; ``shape`` changes pgqueue's freshly
+    migrated database first (``benchmarks.schema_bounds``)."""
+    with server.app_beside_baseline("enq1", shape) as (pgq, raw):
         task = pgq.registry.get(app.NOOP)
         with psycopg.connect(raw, autocommit=True) as conn:
             for i in range(20):  # warm-up: pool connections, statement caches, prepares

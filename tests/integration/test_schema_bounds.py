@@ -20,10 +20,11 @@ from benchmarks.schema_bounds import (
     cut_down,
     drain_ceiling,
     drain_variant,
+    single_variant,
     summarize,
 )
 from benchmarks.server import Server, libpq
-from benchmarks.workloads import enqueue_batch
+from benchmarks.workloads import enqueue1, enqueue_batch
 
 JOBS = 300
 
@@ -88,6 +89,44 @@ def test_the_bulk_workload_enqueues_into_the_shaped_database(server_url: URL) ->
 
     assert indexes == ["pk_pgqueue_jobs"]
     assert result["pgqueue"] > 0
+
+
+def test_the_single_enqueue_of_a_variant_is_timed_against_a_single_row_insert(
+    server_url: URL,
+) -> None:
+    server = Server(server_url, embedded=False)
+    result = single_variant(server, "primary key only", 200)
+
+    assert result["jobs_per_s"] > 0
+    assert result["raw_jobs_per_s"] > 0
+    assert result["ratio"] == pytest.approx(result["jobs_per_s"] / result["raw_jobs_per_s"])
+    rows = summarize([{**drain, "round": 1} for drain in _one_drain_each(server)], [],
+                     ["primary key only"], [{**result, "round": 1}])  # fmt: skip
+    assert rows[0]["single_ratio"] == result["ratio"]
+
+
+def _one_drain_each(server: Server) -> list[dict[str, object]]:
+    return [
+        drain_variant(server, "primary key only", 50, concurrency=2),
+        drain_ceiling(server, 50, threads=1, batch=50),
+    ]
+
+
+def test_the_single_enqueue_workload_enqueues_into_the_shaped_database(server_url: URL) -> None:
+    counted: list[int] = []
+
+    def shape(url: URL) -> None:
+        cut_down(url, "primary key only")
+
+    server = Server(server_url, embedded=False)
+    with server.app_beside_baseline("enq1", shape) as (pgq, _raw):
+        with psycopg.connect(libpq(pgq.engine.url)) as conn:
+            rows = conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'pgqueue_jobs'"
+            ).fetchall()
+        counted.append(len(rows))
+    assert counted == [1]
+    assert enqueue1(server, 50, 1, shape=shape)["pgqueue"] > 0
 
 
 def test_the_live_table_design_keeps_a_lease_row_per_running_job(server_url: URL) -> None:
