@@ -614,12 +614,20 @@ def poison_refused(s: Snapshot, facts: Facts) -> list[Violation]:
     return found
 
 
-# Errors an attempt of an interrupting job may end with: its own interrupt, or a fault's.
-INTERRUPT_ENDS = ("KeyboardInterrupt", "SystemExit", LEASE_EXPIRED, NOT_RECORDED)
+# The exceptions of kind ``async_interrupt`` (``app.INTERRUPTS``), and the errors a fault may
+# record for its attempt instead.
+INTERRUPTS = ("KeyboardInterrupt", "SystemExit")
+FAULT_ENDS = (LEASE_EXPIRED, NOT_RECORDED)
+
+
+def _interrupt_recorded(error: str) -> bool:
+    """Whether a recorded error is an interrupt's: its traceback's last line names one."""
+    lines = error.strip().splitlines()
+    return bool(lines) and lines[-1].startswith(INTERRUPTS)
 
 
 def interrupts_fail_their_attempt(s: Snapshot, facts: Facts) -> list[Violation]:
-    """14. An async handler raising ``KeyboardInterrupt`` or ``SystemExit`` (kind
+    """19. An async handler raising ``KeyboardInterrupt`` or ``SystemExit`` (kind
     ``async_interrupt``, on its first one or two of three attempts) fails that attempt only:
     the attempt's error names the interrupt (or a fault that cut it short), and the job goes
     on to succeed unless a fault used up its attempts; its worker is not wedged, which checks
@@ -634,12 +642,11 @@ def interrupts_fail_their_attempt(s: Snapshot, facts: Facts) -> list[Violation]:
             errors = s.errors_for(job.id, run.attempt)
             if job.state in ACTIVE and not errors:
                 continue  # its outcome may still be on its way
-            if not any(e.startswith(INTERRUPT_ENDS) for e in errors) and not _history_cut(
-                s, job.id, run.attempt
-            ):
+            explained = any(_interrupt_recorded(e) or e.startswith(FAULT_ENDS) for e in errors)
+            if not explained and not _history_cut(s, job.id, run.attempt):
                 found.append(
                     Violation(
-                        "14 interrupts fail their attempt",
+                        "19 interrupts fail their attempt",
                         job.id,
                         f"attempt {run.attempt} raised an interrupt; its errors: {errors}",
                         [run.id],
@@ -649,15 +656,12 @@ def interrupts_fail_their_attempt(s: Snapshot, facts: Facts) -> list[Violation]:
             faults = [
                 a
                 for a in range(1, job.attempts + 1)
-                if not any(
-                    e.startswith(("KeyboardInterrupt", "SystemExit"))
-                    for e in s.errors_for(job.id, a)
-                )
+                if not any(_interrupt_recorded(e) for e in s.errors_for(job.id, a))
             ]
             if not faults:
                 found.append(
                     Violation(
-                        "14 interrupts fail their attempt",
+                        "19 interrupts fail their attempt",
                         job.id,
                         f"failed after {job.attempts} attempts, every one an interrupt",
                     )
