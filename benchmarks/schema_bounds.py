@@ -1,11 +1,11 @@
-"""How far a leaner ``pgqueue_jobs`` could take the drain, the bulk and the single enqueue: an
-upper bound.
+"""How far a leaner ``pgqueue_jobs`` could take the drain, the bulk and the single enqueue and
+the pick-up: an upper bound.
 
-``python -m benchmarks.schema_bounds [--rounds 3] [--jobs 60000] [--bulk 50000] [--single 1000]
-[--concurrency 10] [--processes 1] [--threads 4] [--batch 200] [--variant NAME ...]`` on
-``$PGQUEUE_DATABASE_URL`` (or a durable embedded server) runs pgqueue's drain, its bulk
-enqueue and its single enqueue on scratch databases whose jobs table is cut down step by step (``VARIANTS``), beside
-the raw-SQL ceiling of the same round:
+``python -m benchmarks.schema_bounds [--rounds 3] [--jobs 60000] [--bulk 50000]
+[--single 1000] [--pickup 300] [--concurrency 10] [--processes 1] [--threads 4] [--batch 200]
+[--variant NAME ...]`` on ``$PGQUEUE_DATABASE_URL`` (or a durable embedded server) runs
+pgqueue's drain, its bulk and single enqueues and its pick-up on scratch databases whose jobs
+table is cut down step by step (``VARIANTS``), beside the raw-SQL ceiling of the same round:
 
 - ``as shipped``: pgqueue's schema;
 - ``as shipped, fillfactor 70`` and ``50``: the same with room left on each page, so the claim's
@@ -36,7 +36,10 @@ worker --drain --concurrency C --processes P``, success lines off) and once with
 against a raw ``COPY`` of as many rows, as the suite's bulk workload does
 (``benchmarks.workloads.enqueue_batch``), then makes ``--single`` single enqueues per variant
 (``task.enqueue``, a transaction each; ``--single 0`` leaves them out) against as many
-single-row inserts, as the suite's enqueue1 does (``benchmarks.workloads.enqueue1``). Ratios are medians of the per-round ratios. Prints a
+single-row inserts, as the suite's enqueue1 does (``benchmarks.workloads.enqueue1``), and
+times ``--pickup`` pick-ups per variant on an idle listening worker against the faster of the
+two bare ``LISTEN`` loops of the same round, as the suite's latency workload does
+(``--pickup 0`` leaves them out). Ratios are medians of the per-round ratios. Prints a
 Markdown table and writes the JSON to ``benchmarks/results/<timestamp>-schema-bounds.json``.
 """
 
@@ -64,6 +67,8 @@ from benchmarks.workloads import (
     enqueue1,
     enqueue_batch,
     fill_pgqueue,
+    latency_baseline,
+    latency_pgqueue,
     steady_throughput,
     succeeded_after,
     worker_command,
@@ -332,15 +337,35 @@ def single_variant(server: Server, variant: str, jobs: int) -> Result:
     }
 
 
+# Enqueues per second while a pick-up is timed (the suite's latency workload's pace).
+PICKUP_RATE = 100.0
+
+
+def pickup_variant(server: Server, variant: str, jobs: int) -> Result:
+    """The p50 delay from ``jobs`` enqueues' commits to their handlers' first line on an idle
+    listening worker, on the variant's schema, as the suite's latency workload times it."""
+    measured = latency_pgqueue(server, jobs, PICKUP_RATE, shape=lambda url: cut_down(url, variant))
+    return {"variant": variant, "p50_ms": measured["p50"]}
+
+
+def pickup_ceiling(server: Server, jobs: int) -> Result:
+    """The faster p50 of the two bare LISTEN loops (claims committed durably, and not), as the
+    suite's latency workload takes its baseline."""
+    durable = latency_baseline(server, jobs, PICKUP_RATE)["p50"]
+    fast = latency_baseline(server, jobs, PICKUP_RATE, async_claims=True)["p50"]
+    return {"variant": CEILING, "p50_ms": min(durable, fast), "durable_p50_ms": durable}
+
+
 def summarize(
     drains: list[Result],
     bulks: list[Result],
     variants: list[str] | None = None,
     singles: list[Result] | None = None,
+    pickups: list[Result] | None = None,
 ) -> list[Result]:
     """Per variant (``variants``, default all): median drain rate, its per-round ratio to the
-    ceiling, CPU per job, HOT share, the bulk ratio to COPY and the single enqueue's to a
-    single-row insert."""
+    ceiling, CPU per job, HOT share, the bulk ratio to COPY, the single enqueue's to a
+    single-row insert, and the pick-up's p50 to the faster bare loop's of the same round."""
     rounds = sorted({d["round"] for d in drains})
     ceiling = {d["round"]: d for d in drains if d["variant"] == CEILING}
     rows = []
@@ -348,6 +373,8 @@ def summarize(
         mine = [d for d in drains if d["variant"] == variant]
         bulk = [b for b in bulks if b["variant"] == variant]
         single = [e for e in singles or [] if e["variant"] == variant]
+        bare = {p["round"]: p["p50_ms"] for p in pickups or [] if p["variant"] == CEILING}
+        pickup = [p for p in pickups or [] if p["variant"] == variant]
         row: Result = {
             "variant": variant,
             "drain_jobs_per_s": statistics.median(d["jobs_per_s"] for d in mine),
@@ -361,10 +388,12 @@ def summarize(
             ),
             "bulk_ratios": [b["ratio"] for b in bulk],
             "single_ratios": [e["ratio"] for e in single],
+            "pickup_ratios": [p["p50_ms"] / bare[p["round"]] for p in pickup],
         }
         row["drain_ratio"] = statistics.median(row["drain_ratios"])
         row["bulk_ratio"] = statistics.median(row["bulk_ratios"]) if bulk else None
         row["single_ratio"] = statistics.median(row["single_ratios"]) if single else None
+        row["pickup_ratio"] = statistics.median(row["pickup_ratios"]) if pickup else None
         row["rounds"] = len(rounds)
         rows.append(row)
     return rows
@@ -376,8 +405,9 @@ def markdown_table(rows: list[Result]) -> str:
 
     lines = [
         "| pgqueue_jobs | drain jobs/s | drain / ceiling (rounds) | server us/job | drain's"
-        " own us/job | HOT updates | bulk / COPY (rounds) | single enqueue / insert (rounds) |",
-        "|---|---:|---|---:|---:|---:|---|---|",
+        " own us/job | HOT updates | bulk / COPY (rounds) | single enqueue / insert (rounds)"
+        " | pick-up p50 / bare loop (rounds) |",
+        "|---|---:|---|---:|---:|---:|---|---|---|",
     ]
     for row in rows:
         hot = "" if row["hot_share"] is None else f"{row['hot_share']:.0%}"
@@ -389,11 +419,15 @@ def markdown_table(rows: list[Result]) -> str:
             "" if not row.get("single_ratio")
             else f"{row['single_ratio']:.2f}x ({ratios(row['single_ratios'])})"
         )  # fmt: skip
+        pickup = (
+            "" if not row.get("pickup_ratio")
+            else f"{row['pickup_ratio']:.2f}x ({ratios(row['pickup_ratios'])})"
+        )  # fmt: skip
         lines.append(
             f"| {row['variant']} | {row['drain_jobs_per_s']:,.0f}"
             f" | {row['drain_ratio']:.2f}x ({ratios(row['drain_ratios'])})"
             f" | {row['server_us_per_job']:.1f} | {row['client_us_per_job']:.1f} | {hot} | {bulk}"
-            f" | {single} |"
+            f" | {single} | {pickup} |"
         )
     return "\n".join(lines)
 
@@ -404,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=60_000)
     parser.add_argument("--bulk", type=int, default=50_000)
     parser.add_argument("--single", type=int, default=1_000, help="single enqueues per round")
+    parser.add_argument("--pickup", type=int, default=300, help="pick-ups timed per round")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--threads", type=int, default=4)
@@ -427,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     drains: list[Result] = []
     bulks: list[Result] = []
     singles: list[Result] = []
+    pickups: list[Result] = []
     with server_module.start(args.database_url) as server:
         settings = server.settings()
         for round_number in range(1, args.rounds + 1):
@@ -444,13 +480,21 @@ def main(argv: list[str] | None = None) -> int:
                 single = single_variant(server, variant, args.single)
                 singles.append({**single, "round": round_number})
                 print(json.dumps(singles[-1]), flush=True)
-    rows = summarize(drains, bulks, chosen, singles)
+            if args.pickup:
+                for result in (
+                    pickup_ceiling(server, args.pickup),
+                    *(pickup_variant(server, variant, args.pickup) for variant in chosen),
+                ):
+                    pickups.append({**result, "round": round_number})
+                    print(json.dumps(pickups[-1]), flush=True)
+    rows = summarize(drains, bulks, chosen, singles, pickups)
     print(markdown_table(rows))
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{stamp}-schema-bounds.json"
     report = {"machine": machine(), "server": settings, "args": arguments(args), "rows": rows,
-              "drains": drains, "bulks": bulks, "singles": singles}  # fmt: skip
+              "drains": drains, "bulks": bulks, "singles": singles,
+              "pickups": pickups}  # fmt: skip
     path.write_text(json.dumps(report, indent=2, default=str))
     print(f"JSON: {path}")
     return 0

@@ -361,8 +361,15 @@ def _paced(n: int, rate: float) -> Iterator[int]:
         yield i
 
 
-def latency_pgqueue(server: Server, n: int, rate: float) -> Result:
+def latency_pgqueue(
+    server: Server, n: int, rate: float, shape: Callable[[URL], None] | None = None
+) -> Result:
+    """Delays from ``n`` enqueues' commits (``rate`` per second) to their handlers' first line
+    on an idle listening worker; ``shape`` changes the freshly migrated database first
+    (``benchmarks.schema_bounds``)."""
     with server.fresh_database("lat") as url:
+        if shape is not None:
+            shape(url)
         pgq = app.build(sqlalchemy_url(url))
         try:
             task = pgq.registry.get(app.PROBE)

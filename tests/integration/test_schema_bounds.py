@@ -20,6 +20,8 @@ from benchmarks.schema_bounds import (
     cut_down,
     drain_ceiling,
     drain_variant,
+    pickup_ceiling,
+    pickup_variant,
     single_variant,
     summarize,
 )
@@ -110,6 +112,23 @@ def _one_drain_each(server: Server) -> list[dict[str, object]]:
         drain_variant(server, "primary key only", 50, concurrency=2),
         drain_ceiling(server, 50, threads=1, batch=50),
     ]
+
+
+def test_the_pick_up_of_a_variant_is_set_against_the_faster_bare_loop(server_url: URL) -> None:
+    server = Server(server_url, embedded=False)
+    bare = pickup_ceiling(server, 20)
+    mine = pickup_variant(server, "primary key only", 20)
+
+    assert 0 < bare["p50_ms"] <= bare["durable_p50_ms"]
+    assert mine["p50_ms"] > 0
+    rows = summarize(
+        [{**drain, "round": 1} for drain in _one_drain_each(server)],
+        [],
+        ["primary key only"],
+        [],
+        [{**bare, "round": 1}, {**mine, "round": 1}],
+    )
+    assert rows[0]["pickup_ratio"] == mine["p50_ms"] / bare["p50_ms"]
 
 
 def test_the_single_enqueue_workload_enqueues_into_the_shaped_database(server_url: URL) -> None:
