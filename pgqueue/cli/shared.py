@@ -289,6 +289,9 @@ class OneLineErrors(click.Group):
             ctx.exit(2)
 
 
+_NEGATIVE_NUMBER: Final = re.compile(r"-\d+(\.\d*)?")
+
+
 class OneLineUsageError(click.UsageError):
     """click's usage error (``Invalid value for '--state'...``, ``No such command``, ``Missing
     argument``) as one ``error: ...`` line naming the command, the problem and where its usage
@@ -300,6 +303,12 @@ class OneLineUsageError(click.UsageError):
         problem = exc.format_message().strip().rstrip(".")
         if problem[:1].isupper() and problem[1:2].islower():
             problem = problem[0].lower() + problem[1:]
+        if isinstance(exc, click.NoSuchOption) and _NEGATIVE_NUMBER.fullmatch(exc.option_name):
+            # click reads a leading dash as an option; every number an argument takes here is
+            # an id, a count or a limit, none of which may be negative.
+            problem = (
+                f"{exc.option_name} is read as an option: a negative number is never valid here"
+            )
         super().__init__(f"{path}: {problem} (see `{path} --help`)", ctx=exc.ctx)
 
     def show(self, file: Any = None) -> None:

@@ -452,6 +452,7 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
     "show": [
         (["show", "abc"], "'abc' is not a valid integer"),
         (["show"], "missing argument 'JOB_ID'"),
+        (["show", "-5"], "-5 is read as an option: a negative number is never valid here"),
     ],
     "explain": [(["explain", "abc"], "'abc' is not a valid integer")],
     "workflow": [
@@ -481,6 +482,7 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
         (["limit", "nosuchqueue", "3"], "queue 'nosuchqueue' has no jobs and no settings"),
         (["limit", "default", "lots"], "'lots' is not a whole number or 'none'"),
         (["limit", "default", "2147483648"], "queue limit must be at most 2147483647"),
+        (["limit", "q", "-3"], "-3 is read as an option: a negative number"),
     ],
     "max-depth": [(["max-depth", "default", "deep"], "'deep' is not a whole number")],
     "key-limit": [
