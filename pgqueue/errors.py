@@ -138,16 +138,21 @@ class QueueFull(PgQueueError):
 
 class UniqueKeyHeld(PgQueueError):
     """A workflow was not enqueued because the ``unique_key`` of one of its members is held by
-    a job that has not ended; nothing of the workflow was written, and the caller's
-    transaction is still usable.
+    a job that has not ended, or a job was not retried because its own is (``refused`` says
+    which job); nothing was written, and the caller's transaction is still usable.
 
     ``key`` is the key, ``job_id`` the holder's id and ``workflow_id`` the holder's workflow
     (None when it is not a workflow member), so the caller can use the holder instead."""
 
-    def __init__(self, key: str, job_id: int, workflow_id: int | None) -> None:
+    def __init__(
+        self, key: str, job_id: int, workflow_id: int | None, *, refused: str | None = None
+    ) -> None:
         holder = f"job {job_id}" + ("" if workflow_id is None else f" of workflow {workflow_id}")
         super().__init__(
             f"workflow not enqueued: unique_key {key!r} of one of its members is held by {holder}"
+            if refused is None
+            else f"{refused}: its unique_key {key!r} is held by {holder}, which has not ended; "
+            "retry it once that job has ended"
         )
         self.key = key
         self.job_id = job_id

@@ -23,6 +23,7 @@ __all__ = [
     "QUERY_CANCELED",
     "SERIALIZATION_FAILURE",
     "UNDEFINED_TABLE",
+    "UNIQUE_VIOLATION",
     "ended_before_commit",
     "is_bad_credentials",
     "is_connection_error",
@@ -33,6 +34,7 @@ __all__ = [
     "is_transaction_ended",
     "is_transient_conflict",
     "is_undefined_table",
+    "is_unique_violation",
     "sqlstate_of",
 ]
 
@@ -51,6 +53,7 @@ INVALID_AUTHORIZATION: Final = "28000"  # no such role, or pg_hba.conf refused i
 INVALID_STATEMENT_NAME: Final = "26000"  # "prepared statement ... does not exist"
 INVALID_SAVEPOINT: Final = "3B001"  # "savepoint ... does not exist"
 DUPLICATE_PREPARED_STATEMENT: Final = "42P05"
+UNIQUE_VIOLATION: Final = "23505"
 
 _TRANSIENT_CONFLICTS: Final = frozenset({SERIALIZATION_FAILURE, DEADLOCK_DETECTED})
 _CONNECTION_STATES: Final = frozenset(
@@ -115,6 +118,12 @@ def is_undefined_table(exc: BaseException) -> bool:
     """True when a statement named a table that does not exist (for pgqueue's own statements:
     the schema was never migrated)."""
     return sqlstate_of(exc) == UNDEFINED_TABLE
+
+
+def is_unique_violation(exc: BaseException) -> bool:
+    """True when a statement would have written a second row under a unique index (for
+    pgqueue's statements: a second job holding one ``unique_key``)."""
+    return sqlstate_of(exc) == UNIQUE_VIOLATION
 
 
 def is_bad_credentials(exc: BaseException) -> bool:

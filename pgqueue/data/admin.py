@@ -19,9 +19,10 @@ from sqlalchemy.orm import Session
 
 from pgqueue.admin_values import ListArguments
 from pgqueue.data import dependencies
+from pgqueue.data.enqueue import unique_key_holders
 from pgqueue.data.history import JobTables, moved_state
 from pgqueue.db import SessionOrExecutor, executor_for
-from pgqueue.errors import InvalidStateTransition, JobNotFound
+from pgqueue.errors import InvalidStateTransition, JobNotFound, UniqueKeyHeld
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
 from pgqueue.sql import admin, job_lists
 from pgqueue.states import JobState, WorkflowRole
@@ -255,7 +256,15 @@ def jobs_page(session: Session, tables: JobTables, listing: ListArguments) -> li
 
 
 def rerun_job(session: Session, job_id: int, tables: JobTables) -> None:
-    """``rerun``, or the reason it changed nothing: InvalidStateTransition or JobNotFound."""
+    """``rerun``, or the reason it changed nothing: InvalidStateTransition, JobNotFound, or
+    UniqueKeyHeld when another job holds its unique key (it would hold it twice)."""
+    ex = executor_for(session)
+    keys = ex.rows(admin.rerun_key(), {"job_id": job_id})
+    key = keys[0][0] if keys else None
+    if key is not None:
+        holder = unique_key_holders(ex, [key]).get(key)
+        if holder is not None:
+            raise UniqueKeyHeld(key, *holder, refused=f"cannot retry job {job_id}")
     if not rerun(session, job_id):
         _raise_for_state(session, job_id, "retry", RERUNNABLE, tables)
 

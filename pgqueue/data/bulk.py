@@ -11,11 +11,14 @@ import json
 from collections.abc import Collection
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
+
 from pgqueue.data import dependencies
 from pgqueue.db import SessionOrExecutor, executor_for
-from pgqueue.errors import BulkCountChanged
+from pgqueue.errors import BulkCountChanged, InvalidStateTransition
 from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.sql import bulk
+from pgqueue.sqlstates import is_unique_violation
 from pgqueue.states import JobState
 
 __all__ = [
@@ -72,9 +75,19 @@ def count_matching(
 def retry_matching(
     db: SessionOrExecutor, job_filter: JobFilter, states: Collection[JobState]
 ) -> int:
-    """Queue the matching FAILED/CANCELLED jobs (of ``states``) again; how many."""
+    """Queue the matching FAILED/CANCELLED jobs (of ``states``) again; how many. Refused with
+    InvalidStateTransition, nothing changed, when that would give one unique key two holders."""
     shape, params = _statement_input(job_filter, states)
-    return int(executor_for(db).rows(bulk.retry(shape), params)[0][0])
+    try:
+        return int(executor_for(db).rows(bulk.retry(shape), params)[0][0])
+    except DBAPIError as exc:
+        if not is_unique_violation(exc):
+            raise
+        raise InvalidStateTransition(
+            "retry changed nothing: a matched job's unique_key is held by a job that has not "
+            "ended, or two matched jobs share one; retry those jobs one at a time (a job's "
+            "retry names the holder) or narrow the filter"
+        ) from None
 
 
 def cancel_matching(

@@ -138,6 +138,17 @@ def rerun() -> Select[int]:
     return ids_with_new_tickets(updated)
 
 
+@cache
+def rerun_key() -> Select[str | None]:
+    """The ``unique_key`` of job ``job_id`` when ``rerun`` would move it (FAILED/CANCELLED, not
+    a closing marker); no row otherwise. Binds ``job_id``."""
+    return select(Job.unique_key).where(
+        Job.id == bindparam("job_id", type_=BigInteger),
+        source_states(RERUN),
+        not_a_closing_marker(),
+    )
+
+
 def _ticket_deleted(job_id: Any, name: str) -> Any:
     """CTE named ``name``: delete the ticket of job ``job_id`` (if any), returning its job id."""
     return (

@@ -184,3 +184,34 @@ def test_a_holder_ending_between_insert_and_lookup_reinserts_only_that_job(
     assert sorted(args) == ["[0]", "[1]", "[2]"]  # no unkeyed job twice
     assert len(set(ids)) == 3 and holder not in ids
     assert [pgq.get_job(job_id).state for job_id in ids] == [JobState.QUEUED] * 3
+
+
+def test_a_retry_that_would_give_a_key_two_holders_is_refused(pgq: PgQueue) -> None:
+    from pgqueue.errors import InvalidStateTransition, UniqueKeyHeld
+    from pgqueue.job_filter import JobFilter
+
+    @pgq.task(name="refund", max_attempts=1)
+    def refund(n: int) -> None:
+        if n == 1:
+            raise ValueError("declined")
+
+    first = refund.configure(unique_key="refund-7").enqueue(1)
+    run_until_final(pgq, [first])
+    holder = refund.configure(unique_key="refund-7").enqueue(2)
+    assert holder != first
+
+    with pytest.raises(UniqueKeyHeld) as refused:
+        pgq.admin.retry_job(first)
+    assert str(refused.value) == (
+        f"cannot retry job {first}: its unique_key 'refund-7' is held by job {holder}, "
+        "which has not ended; retry it once that job has ended"
+    )
+    assert (refused.value.key, refused.value.job_id) == ("refund-7", holder)
+    with pytest.raises(InvalidStateTransition, match="retry changed nothing: a matched job"):
+        pgq.admin.bulk_retry(JobFilter(task_name="refund"), actor="test")
+    assert states_of(pgq, [first, holder]) == {first: JobState.FAILED, holder: JobState.QUEUED}
+
+    # Once the holder has ended, the key is free for the retried job.
+    run_until_final(pgq, [holder])
+    pgq.admin.retry_job(first)
+    assert states_of(pgq, [first]) == {first: JobState.QUEUED}
