@@ -131,6 +131,37 @@ def test_a_count_changed_since_the_preview_is_refused_and_shown(app: Flask) -> N
     assert states_of(queue, ids + more) == {}
 
 
+def test_a_retry_that_would_give_a_unique_key_two_holders_is_refused_and_shown(
+    app: Flask,
+) -> None:
+    queue = pgq.state(app).queue
+    with app.app_context():
+        failed = flaky.configure(unique_key="order-9").enqueue(1)
+    queue.run_worker(drain=True)
+    with app.app_context():
+        holder = flaky.configure(unique_key="order-9").enqueue(2)
+    client = app.test_client()
+    preview = client.post(
+        "/pgqueue/jobs/bulk",
+        data={"queue": "dash", "state": "failed", "action": "retry", "csrf_token": _token(client)},
+    )
+    assert "This will retry 1 jobs." in preview.text or "This will retry 1 job." in preview.text
+
+    refused = client.post("/pgqueue/jobs/bulk", data=_confirm_form(preview.text))
+    assert refused.status_code == 409
+    assert "retry changed nothing: a matched job&#39;s unique_key is held" in refused.text
+    assert states_of(queue, [failed, holder]) == {failed: JobState.FAILED, holder: JobState.QUEUED}
+    assert _audit(app) == []
+
+    page = client.post(f"/pgqueue/jobs/{failed}/retry", data={"csrf_token": _token(client)},
+                       follow_redirects=True)  # fmt: skip
+    assert (
+        f"cannot retry job {failed}: its unique_key &#39;order-9&#39; is held by job {holder}"
+        in page.text
+    )
+    assert states_of(queue, [failed]) == {failed: JobState.FAILED}
+
+
 def test_bad_or_empty_filters_are_a_clear_400_and_write_nothing(app: Flask) -> None:
     ids = _failed_jobs(app, 2)
     client = app.test_client()

@@ -19,7 +19,7 @@ from werkzeug.wrappers import Response
 
 from pgqueue.admin import Admin, BulkAction, BulkResult, JobFilter
 from pgqueue.contrib.flask import get_state
-from pgqueue.errors import BulkCountChanged, ValidationError
+from pgqueue.errors import BulkCountChanged, InvalidStateTransition, ValidationError
 from pgqueue.job_filter import TIME_COLUMNS, parse_states, parse_time
 
 __all__ = ["register"]
@@ -102,6 +102,8 @@ def _bulk_action(actor: Callable[[], str]) -> Response | tuple[str, int]:
             return _page(form, back, action=action, count=now, error=message), 409
     except ValidationError as exc:
         return _page(form, back, error=str(exc)), 400
+    except InvalidStateTransition as exc:  # a retry that would give a unique key two holders
+        return _page(form, back, error=str(exc)), 409
     running = (
         f" ({result.flagged_running:,} running, asked to stop)" if result.flagged_running else ""
     )
