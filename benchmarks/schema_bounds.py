@@ -316,19 +316,22 @@ def drain_ceiling(server: Server, jobs: int, threads: int, batch: int) -> Result
 def bulk_variant(server: Server, variant: str, jobs: int) -> Result:
     """One ``enqueue_many`` of ``jobs`` on the variant's schema against a raw ``COPY`` of as many
     rows, as the suite's bulk workload times them."""
-    paired = enqueue_batch(server, jobs, 1, shape=lambda url: cut_down(url, variant))
-    return {
-        "variant": variant,
-        "jobs_per_s": paired["pgqueue"],
-        "raw_jobs_per_s": paired["baseline"],
-        "ratio": paired["ratio"],
-    }
+    return _variant_row(variant, enqueue_batch(server, jobs, 1, shape=_shape(variant)))
 
 
 def single_variant(server: Server, variant: str, jobs: int) -> Result:
     """``jobs`` single ``task.enqueue`` calls (one transaction each) on the variant's schema
     against as many single-row inserts, as the suite's enqueue1 workload times them."""
-    paired = enqueue1(server, jobs, 1, shape=lambda url: cut_down(url, variant))
+    return _variant_row(variant, enqueue1(server, jobs, 1, shape=_shape(variant)))
+
+
+def _shape(variant: str) -> Callable[[URL], None]:
+    """What turns a freshly migrated database into ``variant`` (a paired workload's shape)."""
+    return lambda url: cut_down(url, variant)
+
+
+def _variant_row(variant: str, paired: Result) -> Result:
+    """A paired workload's result as the variant's row: its rate, the raw pair's, the ratio."""
     return {
         "variant": variant,
         "jobs_per_s": paired["pgqueue"],
@@ -344,7 +347,7 @@ PICKUP_RATE = 100.0
 def pickup_variant(server: Server, variant: str, jobs: int) -> Result:
     """The p50 delay from ``jobs`` enqueues' commits to their handlers' first line on an idle
     listening worker, on the variant's schema, as the suite's latency workload times it."""
-    measured = latency_pgqueue(server, jobs, PICKUP_RATE, shape=lambda url: cut_down(url, variant))
+    measured = latency_pgqueue(server, jobs, PICKUP_RATE, shape=_shape(variant))
     return {"variant": variant, "p50_ms": measured["p50"]}
 
 
