@@ -109,7 +109,7 @@ def enqueue_options(function: Any) -> Any:
 @enqueue_options
 def enqueue(app: str, task_name: str, **options: Any) -> None:
     """Enqueue TASK_NAME of the PgQueue at APP with JSON arguments."""
-    enqueue_from_cli(with_current_schema(load_app(app)), task_name, **options)
+    enqueue_from_cli(load_app(app), task_name, **options)
 
 
 # How many registered task names an unknown task's error lists.
@@ -126,7 +126,8 @@ def enqueue_from_cli(
     delay: float | None,
     priority: int | None,
 ) -> None:
-    """Shared by ``pgqueue enqueue`` and ``flask pgqueue enqueue``: enqueue, print the job id."""
+    """Shared by ``pgqueue enqueue`` and ``flask pgqueue enqueue``: enqueue, print the job id.
+    The arguments and the task are checked before the database's schema is."""
     try:
         args = json.loads(args_json)
         kwargs = json.loads(kwargs_json)
@@ -138,10 +139,10 @@ def enqueue_from_cli(
     if task is None:
         names = sorted(t.name for t in pgq.registry)
         shown = ", ".join(names[:_TASKS_SHOWN]) + (", ..." if len(names) > _TASKS_SHOWN else "")
-        hint = did_you_mean(task_name, names) or (
-            f": the registered ones are {shown}" if names else ": none is registered"
-        )
-        raise CommandError(f"no task named {task_name!r} is registered{hint}")
+        meant = did_you_mean(task_name, names)
+        hint = meant or (f"the registered ones are {shown}" if names else "none is registered")
+        raise CommandError(f"no task named {task_name!r} is registered: {hint}")
+    with_current_schema(pgq)  # once the command line holds: a typo is answered offline
     job_id = task.configure(queue=queue, delay=delay, priority=priority).enqueue(*args, **kwargs)
     echo(str(job_id))
 

@@ -41,9 +41,10 @@ def known_queue(pgq: PgQueue, queue: str, *, new: bool, doing: str) -> str:
     if new or name in known:
         return name
     hint = "" if doing == "resume" else f", or add --new to {doing} it before its first job"
+    meant = did_you_mean(name, sorted(known))
     raise CommandError(
         f"queue {name!r} has no jobs and no settings; nothing changed: check its name"
-        f"{did_you_mean(name, sorted(known)) or hint}"
+        f"{f' ({meant})' if meant else ''}{hint}"
     )
 
 

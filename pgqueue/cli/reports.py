@@ -50,7 +50,8 @@ def note_names_no_job_has(pgq: PgQueue, *, queue: str | None, task_name: str | N
     if queue is not None and not pgq.admin.list_jobs(queue=queue, limit=1).jobs:
         unknown.append(f"queue {queue!r}")
         known = sorted(set(pgq.admin.queue_names()) | set(pgq.admin.queue_settings()))
-        hint = did_you_mean(queue, known) or f" (`{this_cli()} stats` lists the queues)"
+        meant = did_you_mean(queue, known)
+        hint = f": {meant}" if meant else f" (`{this_cli()} stats` lists the queues)"
     if task_name is not None and not pgq.admin.list_jobs(task_name=task_name, limit=1).jobs:
         unknown.append(f"task {task_name!r}")
         if not hint:

@@ -132,12 +132,18 @@ _FIX_APP = "name the PgQueue object, e.g. myapp.jobs:pgq"
 
 
 def did_you_mean(name: str, known: list[str]) -> str:
-    """``": did you mean 'x'?"`` for the known names ``name`` most likely meant (those whose
+    """``"did you mean 'x'?"`` for the known names ``name`` most likely meant (those whose
     last dotted part is ``name``, as a task's function name is of its registered
-    ``module.function``, else the closest spellings), or ``""`` when none is close."""
-    ends = [k for k in known if k.rpartition(".")[2] == name]
-    close = ends or difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    return f": did you mean {' or '.join(repr(c) for c in sorted(close))}?" if close else ""
+    ``module.function``, at most ``_MEANT`` of them, else the closest spelling), or ``""``
+    when none is close."""
+    ends = sorted(k for k in known if k.rpartition(".")[2] == name)
+    close = ends[:_MEANT] or difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    more = " (or another of that name)" if len(ends) > _MEANT else ""
+    return f"did you mean {' or '.join(repr(c) for c in close)}{more}?" if close else ""
+
+
+# How many names ``did_you_mean`` offers at most.
+_MEANT: Final = 3
 
 
 def load_app(path: str) -> PgQueue:
@@ -289,7 +295,7 @@ class OneLineErrors(click.Group):
             ctx.exit(2)
 
 
-_NEGATIVE_NUMBER: Final = re.compile(r"-\d+(\.\d*)?")
+_DASH_DIGIT: Final = re.compile(r"-\d")
 
 
 class OneLineUsageError(click.UsageError):
@@ -303,12 +309,11 @@ class OneLineUsageError(click.UsageError):
         problem = exc.format_message().strip().rstrip(".")
         if problem[:1].isupper() and problem[1:2].islower():
             problem = problem[0].lower() + problem[1:]
-        if isinstance(exc, click.NoSuchOption) and _NEGATIVE_NUMBER.fullmatch(exc.option_name):
-            # click reads a leading dash as an option; every number an argument takes here is
-            # an id, a count or a limit, none of which may be negative.
-            problem = (
-                f"{exc.option_name} is read as an option: a negative number is never valid here"
-            )
+        if isinstance(exc, click.NoSuchOption) and _DASH_DIGIT.fullmatch(exc.option_name):
+            # click reads a leading dash as an option, and names only its first two characters
+            # (``-1`` of ``-12``); every number an argument takes here is an id, a count or a
+            # limit, none of which may be negative.
+            problem = "a negative number is read as an option; no argument here takes one"
         super().__init__(f"{path}: {problem} (see `{path} --help`)", ctx=exc.ctx)
 
     def show(self, file: Any = None) -> None:

@@ -15,16 +15,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from pgqueue.admin_values import ListArguments
 from pgqueue.data import dependencies
 from pgqueue.data.enqueue import unique_key_holders
 from pgqueue.data.history import JobTables, moved_state
-from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.db import Executor, SessionOrExecutor, executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound, UniqueKeyHeld
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
 from pgqueue.sql import admin, job_lists
+from pgqueue.sqlstates import is_unique_violation
 from pgqueue.states import JobState, WorkflowRole
 
 RERUNNABLE: Final = frozenset({JobState.FAILED, JobState.CANCELLED})
@@ -257,16 +259,40 @@ def jobs_page(session: Session, tables: JobTables, listing: ListArguments) -> li
 
 def rerun_job(session: Session, job_id: int, tables: JobTables) -> None:
     """``rerun``, or the reason it changed nothing: InvalidStateTransition, JobNotFound, or
-    UniqueKeyHeld when another job holds its unique key (it would hold it twice)."""
+    UniqueKeyHeld when another job holds its unique key (it would hold it twice).
+
+    The key's holder is looked for first, for the refusal to name it; a holder that takes the
+    key between that look and the update makes the update fail, inside a savepoint, so the
+    same refusal follows and the caller's transaction stays usable."""
     ex = executor_for(session)
+    for attempt in range(_RERUN_TRIES):
+        _refuse_held_key(ex, job_id)
+        try:
+            with session.begin_nested():
+                moved = rerun(session, job_id)
+            break
+        except DBAPIError as exc:
+            # A holder committed after the look above: the next look names it, or finds that
+            # it ended and the key is free.
+            if not is_unique_violation(exc) or attempt == _RERUN_TRIES - 1:
+                raise
+    if not moved:
+        _raise_for_state(session, job_id, "retry", RERUNNABLE, tables)
+
+
+# How many times a retry meets a unique key's holder that ends before it can be named.
+_RERUN_TRIES: Final = 3
+
+
+def _refuse_held_key(ex: Executor, job_id: int) -> None:
+    """UniqueKeyHeld when a retry of job ``job_id`` would give its unique key a second holder."""
     keys = ex.rows(admin.rerun_key(), {"job_id": job_id})
     key = keys[0][0] if keys else None
-    if key is not None:
-        holder = unique_key_holders(ex, [key]).get(key)
-        if holder is not None:
-            raise UniqueKeyHeld(key, *holder, refused=f"cannot retry job {job_id}")
-    if not rerun(session, job_id):
-        _raise_for_state(session, job_id, "retry", RERUNNABLE, tables)
+    if key is None:
+        return
+    holder = unique_key_holders(ex, [key]).get(key)
+    if holder is not None:
+        raise UniqueKeyHeld(key, *holder, refused=f"cannot retry job {job_id}")
 
 
 def cancel_job(session: Session, job_id: int, reason: str, tables: JobTables) -> JobState:

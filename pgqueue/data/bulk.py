@@ -87,7 +87,7 @@ def retry_matching(
             "retry changed nothing: a matched job's unique_key is held by a job that has not "
             "ended, or two matched jobs share one; retry those jobs one at a time (a job's "
             "retry names the holder) or narrow the filter"
-        ) from None
+        ) from exc
 
 
 def cancel_matching(

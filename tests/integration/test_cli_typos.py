@@ -146,8 +146,8 @@ def test_a_typo_of_a_known_name_is_answered_with_the_name(shop: Path, database_u
     for cli in (pgqueue, flask):
         _assert_one_line(
             cli(["pause", "mial"], shop, database_url),
-            "queue 'mial' has no jobs and no settings; nothing changed: check its name: "
-            "did you mean 'mail'?",
+            "queue 'mial' has no jobs and no settings; nothing changed: check its name "
+            "(did you mean 'mail'?), or add --new to pause it before its first job",
         )
         _assert_one_line(
             cli(["enqueue", *APP[cli], "noop"], shop, database_url),
@@ -162,6 +162,20 @@ def test_a_typo_of_a_known_name_is_answered_with_the_name(shop: Path, database_u
             "no task named 'zzz' is registered: the registered ones are ",
         )
         assert "shop.noop" in error, error
+
+
+def test_an_enqueue_typo_is_answered_before_the_schema_is_checked(
+    shop: Path, empty_database_url: URL
+) -> None:
+    for cli in (pgqueue, flask):
+        _assert_one_line(
+            cli(["enqueue", *APP[cli], "noop"], shop, empty_database_url),
+            "no task named 'noop' is registered: did you mean 'shop.noop'?",
+        )
+        _assert_one_line(
+            cli(["enqueue", *APP[cli], "shop.noop", "--args", "[1,"], shop, empty_database_url),
+            "--args and --kwargs must be JSON",
+        )
 
 
 def test_an_app_module_pgqueue_refuses_is_named_with_its_import(

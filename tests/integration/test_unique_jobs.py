@@ -215,3 +215,41 @@ def test_a_retry_that_would_give_a_key_two_holders_is_refused(pgq: PgQueue) -> N
     run_until_final(pgq, [holder])
     pgq.admin.retry_job(first)
     assert states_of(pgq, [first]) == {first: JobState.QUEUED}
+
+
+def test_a_holder_committed_during_the_retry_is_named_and_the_callers_session_survives(
+    pgq: PgQueue,
+) -> None:
+    from sqlalchemy.orm import Session
+
+    from pgqueue.errors import UniqueKeyHeld
+
+    @pgq.task(name="refund_late", max_attempts=1)
+    def refund_late(n: int) -> None:
+        raise ValueError("declined")
+
+    failed = refund_late.configure(unique_key="refund-8").enqueue(1)
+    run_until_final(pgq, [failed])
+    # Another transaction takes the key without committing: the retry's look for a holder
+    # cannot see it, and its update waits on the unique index until that transaction commits.
+    other = pgq.engine.connect()
+    holder = other.execute(
+        text(
+            "INSERT INTO pgqueue_jobs (task_name, unique_key) VALUES ('refund_late', 'refund-8')"
+            " RETURNING id"
+        )
+    ).scalar_one()
+    committer = threading.Timer(1.0, other.commit)
+    committer.start()
+    try:
+        with Session(pgq.engine) as session:
+            with pytest.raises(UniqueKeyHeld) as refused:
+                pgq.admin.retry_job(failed, session=session)
+            assert refused.value.job_id == holder
+            # The refusal left the caller's transaction usable.
+            assert session.execute(text("SELECT 1")).scalar_one() == 1
+            session.commit()
+    finally:
+        committer.join()
+        other.close()
+    assert states_of(pgq, [failed, holder]) == {failed: JobState.FAILED, holder: JobState.QUEUED}

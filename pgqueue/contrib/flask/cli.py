@@ -45,7 +45,8 @@ def pgqueue_group(verbose: int, debug: bool) -> None:
 
 def _queue(*, schema_checked: bool = True) -> CoreQueue:
     """The app's queue, its schema checked unless ``schema_checked`` is False (``migrate``
-    fixes the schema, ``worker`` checks it itself, ``schedules`` reads only the code)."""
+    fixes the schema, ``worker`` and ``enqueue`` check it themselves, ``schedules`` reads only
+    the code)."""
     try:
         queue = get_state().queue
     except RuntimeError:
@@ -86,7 +87,7 @@ def worker(**options: Any) -> None:
 @job_commands.enqueue_options
 def enqueue(task_name: str, **options: Any) -> None:
     """Enqueue TASK_NAME with JSON arguments (in its own transaction); prints the job id."""
-    job_commands.enqueue_from_cli(_queue(), task_name, **options)
+    job_commands.enqueue_from_cli(_queue(schema_checked=False), task_name, **options)
 
 
 @pgqueue_group.command()
