@@ -189,9 +189,10 @@ def test_unknown_id_is_one_line_and_exit_code_2(database_url: URL) -> None:
     beyond_bigint = str(2**63)
     for command in ("explain", "show", "retry", "cancel", "workflow"):
         result = _pgqueue(command, beyond_bigint, url=database_url)
+        what = "workflow id" if command == "workflow" else "job id"
         assert (result.returncode, result.stderr) == (
             2,
-            f"error: job id must be at most {2**63 - 1} (a bigint), got {beyond_bigint}\n",
+            f"error: {what} must be at most {2**63 - 1} (a bigint), got {beyond_bigint}\n",
         ), command
     result = _pgqueue("explain", "--", "0", url=database_url)
     assert (result.returncode, result.stderr) == (
