@@ -261,20 +261,20 @@ def rerun_job(session: Session, job_id: int, tables: JobTables) -> None:
     """``rerun``, or the reason it changed nothing: InvalidStateTransition, JobNotFound, or
     UniqueKeyHeld when another job holds its unique key (it would hold it twice).
 
-    The key's holder is looked for first, for the refusal to name it; a holder that takes the
-    key between that look and the update makes the update fail, inside a savepoint, so the
-    same refusal follows and the caller's transaction stays usable."""
+    The update runs in a savepoint: when the unique index refuses it, the key's holder is
+    looked up and named, and the caller's transaction stays usable."""
     ex = executor_for(session)
     for attempt in range(_RERUN_TRIES):
-        _refuse_held_key(ex, job_id)
         try:
             with session.begin_nested():
                 moved = rerun(session, job_id)
             break
         except DBAPIError as exc:
-            # A holder committed after the look above: the next look names it, or finds that
-            # it ended and the key is free.
-            if not is_unique_violation(exc) or attempt == _RERUN_TRIES - 1:
+            if not is_unique_violation(exc):
+                raise
+            _refuse_held_key(ex, job_id)
+            # The holder ended before the look found it: the key is free for the next try.
+            if attempt == _RERUN_TRIES - 1:
                 raise
     if not moved:
         _raise_for_state(session, job_id, "retry", RERUNNABLE, tables)
