@@ -15,6 +15,7 @@ from pgqueue.cli.shared import (
     database_option,
     did_you_mean,
     echo,
+    known_queues,
     load_app,
     number_or_none,
     queue_for,
@@ -37,11 +38,11 @@ def known_queue(pgq: PgQueue, queue: str, *, new: bool, doing: str) -> str:
     from pgqueue import validation
 
     name = validation.queue_name(queue)
-    known = set(pgq.admin.queue_settings()) | set(pgq.admin.queue_names())
+    known = known_queues(pgq)
     if new or name in known:
         return name
     hint = "" if doing == "resume" else f", or add --new to {doing} it before its first job"
-    meant = did_you_mean(name, sorted(known))
+    meant = did_you_mean(name, known)
     raise CommandError(
         f"queue {name!r} has no jobs and no settings; nothing changed: check its name"
         f"{f' ({meant})' if meant else ''}{hint}"

@@ -17,6 +17,7 @@ from pgqueue.cli.shared import (
     did_you_mean,
     echo,
     json_option,
+    known_queues,
     print_json,
     this_cli,
 )
@@ -49,8 +50,7 @@ def note_names_no_job_has(pgq: PgQueue, *, queue: str | None, task_name: str | N
     hint = ""
     if queue is not None and not pgq.admin.list_jobs(queue=queue, limit=1).jobs:
         unknown.append(f"queue {queue!r}")
-        known = sorted(set(pgq.admin.queue_names()) | set(pgq.admin.queue_settings()))
-        meant = did_you_mean(queue, known)
+        meant = did_you_mean(queue, known_queues(pgq))
         hint = f": {meant}" if meant else f" (`{this_cli()} stats` lists the queues)"
     if task_name is not None and not pgq.admin.list_jobs(task_name=task_name, limit=1).jobs:
         unknown.append(f"task {task_name!r}")

@@ -142,6 +142,11 @@ def did_you_mean(name: str, known: list[str]) -> str:
     return f"did you mean {' or '.join(repr(c) for c in close)}{more}?" if close else ""
 
 
+def known_queues(pgq: PgQueue) -> list[str]:
+    """The queues that have jobs or settings, sorted: the names a queue argument may mean."""
+    return sorted(set(pgq.admin.queue_names()) | set(pgq.admin.queue_settings()))
+
+
 # How many names ``did_you_mean`` offers at most.
 _MEANT: Final = 3
 
