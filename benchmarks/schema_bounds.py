@@ -23,7 +23,10 @@ table is cut down step by step (``VARIANTS``), beside the raw-SQL ceiling of the
   outcome's updates of a job row can stay on its page (heap-only tuples, no index entry);
 - ``unchanging-column indexes, HOT``: that, plus indexes only on columns no state change
   touches (``(queue, id)``, ``(task_name, id)``, the concurrency key), as a schema that keeps
-  the dashboard's walks could.
+  the dashboard's walks could;
+- ``live-table design ...``: a design that keeps every feature's index (lease rows in a table
+  of their own, a unique key index whose predicate names no state), with the finished-at index
+  dropped, kept, or replaced by a log of ended jobs, or with finished jobs moved out at once.
 
 The variants drop indexes that pgqueue's features read (the dashboard's filters and a bounded
 queue's depth, the rescuer's lease scan, unique keys, the idle key cleanup), so none is a configuration to run: they
@@ -117,6 +120,36 @@ _LIVE_TABLE = (
     " REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new"
     " FOR EACH STATEMENT EXECUTE FUNCTION bounds_leases_written()",
 )
+# What serves the finished-at order once the job row's index on it is gone: an insert-only log
+# of ended jobs, one row per job written by the statement that ends it (here by a
+# statement-level trigger, so a bound from below), with block-range indexes, which an update
+# of a job row never writes: on the log's finish time for the pruning and the history's moves,
+# and on the job's unchanging ``created_at`` for a prune's walk of the oldest jobs.
+_ENDED_LOG = (
+    "CREATE TABLE bounds_ended (job_id bigint NOT NULL, finished_at timestamptz NOT NULL)",
+    "CREATE INDEX ix_bounds_ended_finished_at ON bounds_ended USING brin (finished_at)",
+    "CREATE INDEX ix_bounds_jobs_created_at ON pgqueue_jobs USING brin (created_at)",
+    """CREATE FUNCTION bounds_ended_written() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO bounds_ended (job_id, finished_at)
+        SELECT n.id, n.finished_at FROM changed_new n JOIN changed_old o ON o.id = n.id
+        WHERE n.finished_at IS NOT NULL AND o.finished_at IS NULL;
+        RETURN NULL;
+    END $$""",
+    "CREATE TRIGGER bounds_ended_written AFTER UPDATE ON pgqueue_jobs"
+    " REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new"
+    " FOR EACH STATEMENT EXECUTE FUNCTION bounds_ended_written()",
+)
+# The rest of what the live-table design needs for the dashboard's state filters and a bounded
+# queue's depth, none of it written by a claim's or a success's update: waiting tickets listed
+# per queue, and the rare outcomes (failed, cancelled) flagged in a column that a success never
+# changes, with partial indexes on the queue's and the task's jobs so flagged.
+_LIVE_LISTS = (
+    "CREATE INDEX ix_bounds_tickets_queue ON pgqueue_message_queue (queue, job_id)",
+    "ALTER TABLE pgqueue_jobs ADD COLUMN bounds_rare boolean NOT NULL DEFAULT false",
+    "CREATE INDEX ix_bounds_rare_queue ON pgqueue_jobs (queue, id) WHERE bounds_rare",
+    "CREATE INDEX ix_bounds_rare_task ON pgqueue_jobs (task_name, id) WHERE bounds_rare",
+)
 # Name -> the statements that turn a migrated database into the variant.
 VARIANTS: dict[str, tuple[str, ...]] = {
     "as shipped": (),
@@ -182,6 +215,23 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # CTE of those statements would write them, plus the trigger's own cost (so a bound from
     # below for the design).
     "live-table design (lease rows)": _LIVE_TABLE,
+    # The live-table design with the finished-at index kept on the job row: the outcome's
+    # update then writes it (and so every index), only the claim's stays heap-only.
+    "live-table design, finished-at index kept": tuple(
+        statement for statement in _LIVE_TABLE if "ix_pgqueue_jobs_finished_at" not in statement
+    ),
+    # The live-table design with the finished-at order served by a log of ended jobs.
+    "live-table design, ended log": (*_LIVE_TABLE, *_ENDED_LOG),
+    # Every structure the design needs to keep each feature's proof, at two fill factors: the
+    # lower one leaves room for both updates of every row on its page, the higher one costs
+    # a history less space.
+    "live-table design, every structure": (*_LIVE_TABLE, *_ENDED_LOG, *_LIVE_LISTS),
+    "live-table design, every structure, fillfactor 70": (
+        *_LIVE_TABLE,
+        *_ENDED_LOG,
+        *_LIVE_LISTS,
+        "ALTER TABLE pgqueue_jobs SET (fillfactor = 70)",
+    ),
     # The same, with each finished job moved at once (by the statement that ends it) to a
     # history table that carries the dashboard's state indexes: what keeping only live jobs
     # in pgqueue_jobs costs when the move is paid per job, not deferred.
