@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from server_databases import admin_engine, create_database, drop_database
+from server_matrix import in_matrix
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
 
@@ -24,6 +25,17 @@ from pgqueue.config import normalize_database_url, test_database_url
 
 if TYPE_CHECKING:
     from pgqueue.embedded import EmbeddedPostgres
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of ``server_matrix.SERVER_MATRIX``'s files ``server_matrix``."""
+    for item in items:
+        relative = item.path.resolve().relative_to(TESTS).as_posix()
+        if in_matrix(relative):
+            item.add_marker(pytest.mark.server_matrix)
 
 
 @pytest.fixture(scope="session")

