@@ -3,8 +3,7 @@
 ``pgqueue key-limit`` and ``pgqueue rate-limit`` (and ``flask pgqueue ...``) set, show and
 remove per-key limits and queue or per-key rate limits; bad input is one line, exit code 2,
 and writes nothing. ``QueueSettings`` carries a queue's rate limit and ``key_overrides()``
-reads the per-key overrides; the dashboard's Queues page shows both. The commands run
-in-process as a fresh process runs them (``cli_invoke``).
+reads the per-key overrides; the dashboard's Queues page shows both. Real subprocesses.
 """
 
 from __future__ import annotations
@@ -12,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from cli_invoke import invoke
 from flask import Flask
 from sqlalchemy.engine import URL
 
@@ -32,7 +31,9 @@ def _run(argv: list[str], url: URL, cwd: Path | None = None) -> subprocess.Compl
     env.update(PGQUEUE_DATABASE_URL=rendered, SHOP_URL=rendered, COLUMNS="200")
     if cwd is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH")) if p)
-    return invoke(argv, cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def pgqueue(*args: str, url: URL) -> str:
