@@ -14,12 +14,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
-
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from typing import TYPE_CHECKING, Any, Final
 
 from pgqueue.errors import ConfigurationError
+
+# SQLAlchemy is imported by the two functions that parse URLs, not here: the ``pgqueue``
+# command reads this module's limits for its options, and ``pgqueue --help`` must not pay for
+# SQLAlchemy.
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 ENV_PREFIX: Final = "PGQUEUE_"
 
@@ -53,6 +56,9 @@ _HOST_NAME: Final = re.compile(
 
 def normalize_database_url(url: str | URL) -> URL:
     """Parse a PostgreSQL URL and select the psycopg 3 driver; raise ConfigurationError if bad."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         parsed = make_url(url) if isinstance(url, str) else url
     except (ArgumentError, ValueError):
@@ -129,6 +135,9 @@ def redact_url(url: str | URL) -> str:
     the ``password``/``sslpassword`` query parameters are hidden; a string that does not parse
     as a URL is masked the same way by pattern.
     """
+    from sqlalchemy.engine import URL, make_url
+    from sqlalchemy.exc import ArgumentError
+
     if isinstance(url, URL):
         parsed = url
     else:

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import uow
@@ -77,6 +76,11 @@ class Schedule:
         missed: str = "latest",
     ) -> Schedule:
         """Validate everything before anything is registered."""
+        # croniter is imported where a cron expression is read (here and below), not with
+        # this module: ``PgQueue`` imports it, and an application without schedules, or a
+        # command such as ``pgqueue stats``, never needs croniter.
+        from croniter import croniter
+
         if not isinstance(cron, str) or not croniter.is_valid(cron):
             raise ValidationError(f"invalid cron expression {cron!r}")
         if missed not in MISSED_POLICIES:
@@ -99,6 +103,8 @@ class Schedule:
 
     def ticks_between(self, after: dt.datetime, until: dt.datetime) -> list[dt.datetime]:
         """Cron instants in ``(after, until]``, in UTC, oldest first."""
+        from croniter import croniter
+
         local_after = after.astimezone(self.tz)
         iterator = croniter(self.cron, local_after)
         hourly = self.cron.split()[1] == "*"
@@ -122,6 +128,8 @@ class Schedule:
     def latest_between(self, after: dt.datetime, until: dt.datetime) -> dt.datetime | None:
         """The latest cron instant in ``(after, until]`` (UTC), or None, without walking the
         instants before it: a month of per-second ticks costs a few steps."""
+        from croniter import croniter
+
         iterator = croniter(self.cron, (until + dt.timedelta(seconds=1)).astimezone(self.tz))
         start = after
         behind = 0

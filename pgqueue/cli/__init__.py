@@ -13,22 +13,35 @@ the job reports both print.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgqueue.cli import demo, history, jobs, migrate, queues, workers, workflows
+from pgqueue.cli import demo, history, jobs, migrate, queues, shared, workers, workflows
 from pgqueue.cli.bulk import bulk
 from pgqueue.cli.flow import key_limit, rate_limit
 from pgqueue.cli.shared import (
     OneLineErrors,
     configure_logging,
-    console,
     debug_option,
     load_app,
     verbose_option,
 )
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    console: Console
+
 __all__ = ["console", "load_app", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    # ``console``, the commands' output console, is made on first use (``shared.console()``):
+    # making it imports Rich, which ``pgqueue --help`` does without.
+    if name == "console":
+        return shared.console()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @click.group(cls=OneLineErrors)

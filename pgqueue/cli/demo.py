@@ -15,4 +15,4 @@ def demo(job_count: int, concurrency: int, database_url: str | None) -> None:
     """Migrate, enqueue JOBS jobs (some fail and retry), run a worker, print a summary."""
     from pgqueue.demo import run_demo
 
-    run_demo(database_url, job_count=job_count, concurrency=concurrency, console=console)
+    run_demo(database_url, job_count=job_count, concurrency=concurrency, console=console())

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
 from pgqueue.cli.queues import known_queue, new_option
 from pgqueue.cli.shared import (
@@ -21,6 +20,7 @@ from pgqueue.cli.shared import (
     database_option,
     echo,
     json_option,
+    new_table,
     number_or_none,
     print_json,
     queue_for,
@@ -167,14 +167,14 @@ def _print_key_overrides(overrides: list[KeyOverride], *, as_json: bool) -> None
             ]
         )
         return
-    table = Table(title="pgqueue key limits (longest matching prefix wins)")
+    table = new_table("pgqueue key limits (longest matching prefix wins)")
     table.add_column("prefix")
     table.add_column("key limit", justify="right")
     table.add_column("rate limit", justify="right")
     for o in overrides:
         limit = "task's" if o.key_limit is None else str(o.key_limit)
         table.add_row(o.prefix, limit, _rate(o.rate_limit, o.rate_per))
-    console.print(table)
+    console().print(table)
 
 
 def _print_rates(pgq: PgQueue, *, as_json: bool) -> None:
@@ -188,7 +188,7 @@ def _print_rates(pgq: PgQueue, *, as_json: bool) -> None:
             }
         )
         return
-    table = Table(title="pgqueue rate limits")
+    table = new_table("pgqueue rate limits")
     table.add_column("applies to")
     table.add_column("limit", justify="right")
     table.add_column("per", justify="right")
@@ -196,7 +196,7 @@ def _print_rates(pgq: PgQueue, *, as_json: bool) -> None:
         table.add_row(f"queue {q.name}", str(q.rate_limit), f"{q.rate_per:g}s")
     for o in keys:
         table.add_row(f"keys {o.prefix}*", str(o.rate_limit), f"{o.rate_per:g}s")
-    console.print(table)
+    console().print(table)
 
 
 def _rate_record(limit: int | None, per: float | None) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
 from pgqueue.cli.shared import (
     CommandError,
@@ -17,6 +16,7 @@ from pgqueue.cli.shared import (
     echo,
     known_queues,
     load_app,
+    new_table,
     number_or_none,
     queue_for,
 )
@@ -62,7 +62,7 @@ def print_schedules(pgq: PgQueue) -> None:
 
     from pgqueue.scheduler import describe
 
-    table = Table(title="pgqueue schedules")
+    table = new_table("pgqueue schedules")
     for column in ("name", "cron", "time zone", "task", "missed", "next run (local)", "UTC"):
         table.add_column(column)
     for row in describe(list(pgq.schedules.values()), dt.datetime.now(dt.UTC)):
@@ -75,7 +75,7 @@ def print_schedules(pgq: PgQueue) -> None:
             row["next_run_local"].strftime("%Y-%m-%d %H:%M:%S %Z"),
             row["next_run_utc"].strftime("%Y-%m-%d %H:%M:%S"),
         )
-    console.print(table)
+    console().print(table)
 
 
 @click.command()

@@ -9,7 +9,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
 from pgqueue.cli.shared import (
     CommandError,
@@ -18,6 +17,7 @@ from pgqueue.cli.shared import (
     echo,
     json_option,
     known_queues,
+    new_table,
     print_json,
     this_cli,
 )
@@ -122,7 +122,7 @@ def print_jobs(
             }
         )
         return
-    table = Table(title="pgqueue jobs")
+    table = new_table("pgqueue jobs")
     for column in ("id", "queue", "task", "state", "attempts", "created", "finished"):
         table.add_column(column)
     for job in page.jobs:
@@ -135,7 +135,7 @@ def print_jobs(
             f"{job.created_at:%Y-%m-%d %H:%M:%S}",
             f"{job.finished_at:%Y-%m-%d %H:%M:%S}" if job.finished_at else "",
         )
-    console.print(table)
+    console().print(table)
 
 
 def print_stats(pgq: PgQueue, *, as_json: bool) -> None:
@@ -149,13 +149,13 @@ def print_stats(pgq: PgQueue, *, as_json: bool) -> None:
             }
         )
         return
-    table = Table(title="jobs per queue and state")
+    table = new_table("jobs per queue and state")
     table.add_column("queue")
     for state in JobState:
         table.add_column(state.value, justify="right")
     for queue, by_state in sorted(counts.items()):
         table.add_row(queue, *(str(by_state.get(s, 0)) for s in JobState))
-    console.print(table)
+    console().print(table)
 
 
 def print_job(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:

@@ -2,7 +2,7 @@
 commands: the output consoles, loading ``APP``, one-line errors with exit code 2 (and
 ``--debug``), the logging setup, and JSON output (the job reports' tables are in ``reports``).
 
-Everything the commands print goes through this module (``console``, ``echo``,
+Everything the commands print goes through this module (``console()``, ``echo``,
 ``print_error``, ``print_json``, the log formatter), which shows control characters in it as
 ``\x1b``-style text (``visible``): names, keys and errors are job data, written by any client.
 
@@ -12,6 +12,7 @@ Kept apart from the command modules so that each of them holds only its commands
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import json
 import logging
@@ -22,15 +23,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import click
-from rich.console import Console
-from rich.text import Text
 
 from pgqueue.errors import PgQueueError, connection_failure, error_line
 from pgqueue.sqlstates import is_bad_credentials, is_connection_error, is_undefined_table
 
-# SQLAlchemy, psycopg and pgqueue's core are imported where a command uses them, never by
+# SQLAlchemy, psycopg, Rich and pgqueue's core are imported where a command uses them, never by
 # ``pgqueue --help`` (they are most of a command's start-up time).
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
     from pgqueue.core import PgQueue
 
 # Wide enough for any row: a table printed to a file or a pipe is never cut or wrapped.
@@ -47,25 +49,46 @@ def visible(text: str) -> str:
     return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
-class _VisibleConsole(Console):
-    """A Rich console that shows control characters in the strings it prints (table cells and
-    titles included: Rich turns each into text here)."""
-
-    def render_str(self, text: str, **options: Any) -> Text:
-        return super().render_str(visible(text), **options)
-
-
-def _output_console() -> Console:
-    # No markup or highlighting: what is printed (queue and task names, error messages) comes
-    # from users and the database, and ``[...]`` in it must print as itself, not as style tags.
-    terminal = _VisibleConsole(markup=False, highlight=False)
-    if terminal.is_terminal or os.environ.get("COLUMNS"):
-        return terminal
-    return _VisibleConsole(markup=False, highlight=False, width=UNBOUNDED_WIDTH)
+def console() -> Console:
+    """The Rich console the commands print their tables on (standard output), made for the
+    output of this moment: a terminal's width, else ``COLUMNS``, else unbounded (a pipe or a
+    file gets every row whole)."""
+    output = _visible_console_class()(markup=False, highlight=False)
+    if output.is_terminal or os.environ.get("COLUMNS"):
+        return output
+    return _visible_console_class()(markup=False, highlight=False, width=UNBOUNDED_WIDTH)
 
 
-console = _output_console()
-error_console = _VisibleConsole(stderr=True, markup=False, highlight=False, soft_wrap=True)
+def error_console() -> Console:
+    """The Rich console of the one-line errors (standard error)."""
+    return _visible_console_class()(stderr=True, markup=False, highlight=False, soft_wrap=True)
+
+
+def new_table(title: str) -> Table:
+    """An empty Rich table titled ``title``, for ``console().print``."""
+    from rich.table import Table
+
+    return Table(title=title)
+
+
+@functools.cache
+def _visible_console_class() -> type[Console]:
+    # Defined on first use, with Rich imported then: a command that prints neither a table nor
+    # an error (``--help``, ``migrate``, ``worker``) never imports it. The consoles themselves
+    # are made per use (each command prints once), so none outlives the stream it was made for.
+    from rich.console import Console
+    from rich.text import Text
+
+    class VisibleConsole(Console):
+        """A Rich console that shows control characters in the strings it prints (table cells
+        and titles included: Rich turns each into text here), with no markup or highlighting:
+        what is printed (queue and task names, error messages) comes from users and the
+        database, and ``[...]`` in it must print as itself, not as style tags."""
+
+        def render_str(self, text: str, **options: Any) -> Text:
+            return super().render_str(visible(text), **options)
+
+    return VisibleConsole
 
 
 def echo(message: str = "", *, err: bool = False) -> None:
@@ -114,7 +137,10 @@ class CommandError(click.ClickException):
 
 def print_error(message: str) -> None:
     """``error: message`` on stderr, on one line whatever the message holds."""
-    error_console.print(Text.assemble(("error:", "red"), " ", visible(" ".join(message.split()))))
+    from rich.text import Text
+
+    line = Text.assemble(("error:", "red"), " ", visible(" ".join(message.split())))
+    error_console().print(line)
 
 
 def number_or_none(text: str) -> int | None:

@@ -12,7 +12,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
 from pgqueue.cli.shared import (
     checked_name,
@@ -21,6 +20,7 @@ from pgqueue.cli.shared import (
     in_this_cli,
     json_option,
     load_app,
+    new_table,
     plural,
     print_json,
     problem_line,
@@ -344,7 +344,7 @@ def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
             ]
         )
         return
-    table = Table(title=f"pgqueue workers ({pgq.settings.worker_stale_seconds:g}s to stale)")
+    table = new_table(f"pgqueue workers ({pgq.settings.worker_stale_seconds:g}s to stale)")
     columns = ("id", "host", "pid", "queues", "concurrency", "running", "version", "started")
     for column in (*columns, "last seen", "health"):
         table.add_column(column, justify="right" if column in ("pid", "running") else "left")
@@ -366,4 +366,4 @@ def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
             f"{w.seconds_since_seen:.0f}s ago" + ("" if w.live else " (stale)"),
             health,
         )
-    console.print(table)
+    console().print(table)

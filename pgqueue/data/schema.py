@@ -1,6 +1,7 @@
 """The migrations' own reads and settings (``sql.schema``): a transaction's timeouts, the lock
-of migration runs, the sessions that block a migration, and whether what a downgrade would
-destroy holds data; over ``db.Executor``, never committing.
+of migration runs, the sessions that block a migration, whether what a downgrade would destroy
+holds data, and the revisions the version tables record; over ``db.Executor``, never
+committing.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ def blocking_sessions(db: SessionOrExecutor, pid: int) -> Sequence[Any]:
 def table_exists(db: SessionOrExecutor, table: str) -> bool:
     """Whether a table named ``table`` exists (in the search path)."""
     return bool(executor_for(db).rows(schema_sql.table_exists(), {"name": table})[0][0])
+
+
+def recorded_revisions(db: SessionOrExecutor, version_table: str) -> list[str]:
+    """The revision ids Alembic's version table ``version_table`` holds, none when there is no
+    such table (as Alembic reads them, without Alembic)."""
+    executor = executor_for(db)
+    if not table_exists(executor, version_table):
+        return []
+    return [str(row[0]) for row in executor.rows(schema_sql.recorded_revisions(version_table))]
 
 
 def table_has_rows(db: SessionOrExecutor, table: str) -> bool:

@@ -51,13 +51,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from alembic.config import Config
-from alembic.operations import Operations
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import DBAPIError
 
@@ -72,10 +67,18 @@ from pgqueue.errors import (
     UnknownRevision,
     ValidationError,
 )
-from pgqueue.migrations import losses
+from pgqueue.migrations import losses, shipped
 from pgqueue.migrations.host import REVISION_PREFIX, keep_host_revisions
 from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY
 from pgqueue.sqlstates import is_insufficient_privilege
+
+# Alembic is imported by the functions that run revisions or read its script directory: the
+# schema check every command makes at its start (``check_schema``) reads the version tables with
+# plain SELECTs and the shipped revisions from their files (``shipped``), without Alembic.
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
 
 VERSION_TABLE: Final = "pgqueue_alembic_version"
 # Where a host's own Alembic records pgqueue's revisions when it runs them (third way above).
@@ -110,6 +113,8 @@ __all__ = [
 
 def alembic_config(connection: Connection | None = None) -> Config:
     """An Alembic Config for pgqueue's lineage, optionally bound to an open connection."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", SCRIPT_LOCATION)
     config.set_main_option("version_locations", VERSION_LOCATION)
@@ -132,7 +137,7 @@ def upgrade(
     Statements run without ``statement_timeout`` and wait at most ``lock_timeout`` seconds
     for a lock (0: without limit). With ``own_transaction``, ``connection`` must have no
     transaction open and pgqueue commits on it, building indexes online (see the module)."""
-    script = ScriptDirectory.from_config(alembic_config())
+    script = _script()
     target = _qualified(revision)
     _refuse_open_transaction(connection, own_transaction)
     with _known_revision(script, revision):
@@ -154,7 +159,7 @@ def downgrade(
     ``refuse_data_loss``, raise :class:`DowngradeLosesData` before any step when a step would
     drop rows or values (:mod:`pgqueue.migrations.losses`). ``own_transaction`` as for
     :func:`upgrade`."""
-    script = ScriptDirectory.from_config(alembic_config())
+    script = _script()
     _refuse_open_transaction(connection, own_transaction)
     found = recorded(connection)
     if found is not None and found.table != VERSION_TABLE:
@@ -183,6 +188,8 @@ def _known_revision(script: ScriptDirectory, revision: str) -> Iterator[None]:
     as a one-line :class:`UnknownRevision` naming the lineage's revisions; Alembic resolves
     the target only once the migration runs, so this wraps the run (whose transaction is the
     caller's to roll back)."""
+    from alembic.util import CommandError as AlembicCommandError
+
     try:
         yield
     except AlembicCommandError as exc:
@@ -193,7 +200,16 @@ def _known_revision(script: ScriptDirectory, revision: str) -> Iterator[None]:
         ) from None
 
 
+def _script() -> ScriptDirectory:
+    """Alembic's view of pgqueue's lineage (it imports every revision)."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config())
+
+
 def _run(connection: Connection, step: Any, lock_timeout: float) -> None:
+    from alembic.runtime.migration import MigrationContext
+
     previous = schema_data.current_timeouts(ConnectionExecutor(connection))
     _set_timeouts(connection, "0", _milliseconds(lock_timeout))
     context = MigrationContext.configure(
@@ -212,6 +228,8 @@ def _operations(context: MigrationContext) -> Iterator[None]:
     alembic.command: a command would load an env.py and install Alembic's module-level
     ``op``/``context`` proxies, clobbering those of a host migration that called it. The host's
     ``op`` proxy, if any, is put back afterwards."""
+    from alembic.operations import Operations
+
     from alembic import op as op_module
 
     outer = getattr(op_module, "_proxy", None)
@@ -268,6 +286,8 @@ def _one_run_at_a_time(engine: Engine) -> Iterator[None]:
 
 
 def _run_alembic_owned(connection: Connection, step: Any, lock_timeout: float) -> None:
+    from alembic.runtime.migration import MigrationContext
+
     milliseconds = _milliseconds(lock_timeout)
     commits: list[bool] = []
     context = MigrationContext.configure(
@@ -335,10 +355,18 @@ def recorded(connection: Connection) -> Recorded | None:
     ``PgQueue.migrate()``, ``upgrade()`` from a host's revision), else the host's
     ``alembic_version`` when the host's own Alembic ran pgqueue's revisions (its rows whose ids
     start with ``pgqueue_``); None before the first upgrade."""
-    own = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-    revision = own.get_current_revision()
-    if revision is not None:
-        return Recorded(revision, VERSION_TABLE)
+    # Read as Alembic reads them (the table if it exists, then its rows), without Alembic.
+    own = schema_data.recorded_revisions(ConnectionExecutor(connection), VERSION_TABLE)
+    if len(own) > 1:
+        from alembic.util import CommandError
+
+        # Alembic's own refusal (``get_current_revision``), which this read replaces.
+        raise CommandError(
+            f"Version table '{VERSION_TABLE}' has more than one head present; please use "
+            "get_current_heads()"
+        )
+    if own:
+        return Recorded(own[0], VERSION_TABLE)
     by_host = _recorded_by_host(connection)
     return None if by_host is None else Recorded(by_host, HOST_VERSION_TABLE)
 
@@ -352,7 +380,10 @@ def current(connection: Connection) -> str | None:
 
 def head() -> str:
     """The newest revision shipped with this version of pgqueue."""
-    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    found = shipped.lineage()
+    if found is not None:
+        return found.head
+    heads = _script().get_heads()
     assert len(heads) == 1, heads
     return heads[0]
 
@@ -381,8 +412,9 @@ def check_schema(connection: Connection) -> None:
         raise SchemaNotCurrent(
             f"pgqueue's tables are missing in database {database}: run `pgqueue migrate`"
         )
-    script = ScriptDirectory.from_config(alembic_config())
-    if revision in _known(script):
+    found = shipped.lineage()
+    known = found.revisions if found is not None else _known(_script())
+    if revision in known:
         raise SchemaNotCurrent(
             f"pgqueue's schema in database {database} is at {revision}, this pgqueue needs "
             f"{expected}: run `pgqueue migrate`"
@@ -394,8 +426,8 @@ def check_schema(connection: Connection) -> None:
 
 
 def _recorded_by_host(connection: Connection) -> str | None:
-    context = MigrationContext.configure(connection, opts={"version_table": HOST_VERSION_TABLE})
-    ours = sorted(rev for rev in context.get_current_heads() if rev.startswith(REVISION_PREFIX))
+    recorded = schema_data.recorded_revisions(ConnectionExecutor(connection), HOST_VERSION_TABLE)
+    ours = sorted(rev for rev in recorded if rev.startswith(REVISION_PREFIX))
     return ours[-1] if ours else None
 
 

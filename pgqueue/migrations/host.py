@@ -19,17 +19,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from alembic.operations.ops import MigrationScript
-from alembic.runtime.migration import MigrationContext
-from alembic.script import Script, ScriptDirectory
-from alembic.util import CommandError
+# Alembic is imported where it is used: ``pgqueue.migrations`` imports this module, and a
+# schema check (every command's start) must not cost Alembic's import.
+if TYPE_CHECKING:
+    from alembic.operations.ops import MigrationScript
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import Script, ScriptDirectory
+
+    RevisionHook = Callable[[MigrationContext, Any, list[MigrationScript]], None]
 
 REVISION_PREFIX: Final = "pgqueue_"
 PGQUEUE_VERSIONS: Final = Path(__file__).resolve().parent / "versions"
-
-RevisionHook = Callable[[MigrationContext, Any, list[MigrationScript]], None]
 
 
 def keep_host_revisions(branch_label: str | None = None) -> RevisionHook:
@@ -70,7 +72,7 @@ def _check_revision_environment() -> None:
         for location in locations
     )
     if listed and not config.get_alembic_boolean_option("revision_environment"):
-        raise CommandError(
+        raise _refused(
             "alembic.ini lists pgqueue's revisions in version_locations but not "
             "`revision_environment = true`: without it a plain `alembic revision` is written into "
             "pgqueue's package; add it under [alembic]"
@@ -81,7 +83,7 @@ def _place(script: ScriptDirectory, directive: MigrationScript, branch_label: st
     if directive.version_path is None:
         directive.version_path = str(_host_directory(script))
     elif Path(directive.version_path).resolve() == PGQUEUE_VERSIONS:
-        raise CommandError(
+        raise _refused(
             f"--version-path {directive.version_path} is pgqueue's own directory (inside its "
             "package): your revisions belong in yours"
         )
@@ -90,7 +92,7 @@ def _place(script: ScriptDirectory, directive: MigrationScript, branch_label: st
     if directive.head in {None, "head"}:
         heads = [rev for rev in _scripts(script, "heads") if not _is_pgqueue(rev)]
         if len(heads) > 1:
-            raise CommandError(
+            raise _refused(
                 "your revisions have several heads ("
                 + ", ".join(rev.revision for rev in heads)
                 + "): pass --head, or merge them (`alembic merge`)"
@@ -104,7 +106,7 @@ def _place(script: ScriptDirectory, directive: MigrationScript, branch_label: st
         return
     pgqueue_heads = [rev for rev in _scripts(script, directive.head) if _is_pgqueue(rev)]
     if pgqueue_heads:
-        raise CommandError(
+        raise _refused(
             f"--head {directive.head} is pgqueue's revision {pgqueue_heads[0].revision}: a "
             "revision of yours chained after it would join pgqueue's branch; base it on your "
             "own head, and add --depends-on pgqueue@head if it needs pgqueue's tables first"
@@ -116,7 +118,7 @@ def _host_directory(script: ScriptDirectory) -> Path:
     for location in locations:
         if location.resolve() != PGQUEUE_VERSIONS:
             return location
-    raise CommandError(
+    raise _refused(
         "version_locations lists only pgqueue's directory: list your own first, e.g. "
         "`version_locations = %(here)s/migrations/versions pgqueue:migrations/versions`"
     )
@@ -129,3 +131,10 @@ def _scripts(script: ScriptDirectory, revision: Any) -> list[Script]:
 def _is_pgqueue(revision: Script) -> bool:
     in_package = Path(revision.path).resolve().parent == PGQUEUE_VERSIONS
     return in_package or revision.revision.startswith(REVISION_PREFIX)
+
+
+def _refused(message: str) -> Exception:
+    """Alembic's own error for a refused command (Alembic prints it as one line)."""
+    from alembic.util import CommandError
+
+    return CommandError(message)

@@ -1,6 +1,6 @@
 """Statements the migrations run around the revisions themselves: their timeouts, the sessions
-that block them, and the checks of what a downgrade would destroy. Pure builders, like the rest
-of ``pgqueue.sql``.
+that block them, the checks of what a downgrade would destroy, and the read of the revisions a
+version table records. Pure builders, like the rest of ``pgqueue.sql``.
 
 A table or column name reaches these statements as an identifier construct (``table()``,
 ``column()``), quoted by the dialect, never pasted into text.
@@ -116,6 +116,13 @@ def blocking_sessions() -> Select[Any]:
 def table_exists() -> Select[Any]:
     """Whether a table named ``name`` (bind, text) exists in the search path."""
     return select(func.to_regclass(bindparam("name", type_=Text)).is_not(None))
+
+
+@cache
+def recorded_revisions(name: str) -> Select[Any]:
+    """The revision ids in Alembic's version table ``name`` (its ``version_num`` column), the
+    statement Alembic reads them with."""
+    return select(table(name, column("version_num", Text)).c.version_num)
 
 
 @cache
