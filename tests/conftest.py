@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 TESTS = Path(__file__).resolve().parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker starts with ``COLUMNS=80`` and ``LINES=24`` in its environment,
+    which a plain run does not have: the commands the tests run in-process would print tables
+    cut to 80 columns. Each worker's environment is made the plain run's again."""
+    if hasattr(config, "workerinput"):
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests of ``server_matrix.SERVER_MATRIX``'s files ``server_matrix``."""
     for item in items:

@@ -20,11 +20,12 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from support.network import free_port
 
 
 def bin_dir() -> Path:
@@ -46,12 +47,6 @@ def as_postgres(root: Path) -> dict[str, Any]:
     for path in [root, *root.rglob("*")]:
         os.lchown(path, account.pw_uid, account.pw_gid)
     return {"user": "postgres", "group": "postgres"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _reachable_bin_dir(binaries: Path, root: Path) -> Path:

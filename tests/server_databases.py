@@ -8,11 +8,11 @@ import itertools
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
+from support.polling import wait_until
 
 _counter = itertools.count()
 
@@ -34,10 +34,14 @@ def count_on(url: URL, sql: str, **params: object) -> int:
 
 def wait_until_backend_gone(url: URL, pid: int) -> None:
     """Wait up to 10 s for the server of ``url`` to have no backend ``pid``."""
-    deadline = time.monotonic() + 10
-    while count_on(url, "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid", pid=pid):
-        assert time.monotonic() < deadline, f"backend {pid} is still there"
-        time.sleep(0.02)
+    wait_until(
+        lambda: (
+            not count_on(url, "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid", pid=pid)
+        ),
+        10,
+        f"backend {pid} to end",
+        interval=0.02,
+    )
 
 
 def run_example_tests(example: Path, server_url: str) -> subprocess.CompletedProcess[str]:

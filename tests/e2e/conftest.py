@@ -15,9 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +23,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from debian_postgres import free_port
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
+from support.network import free_port
+from support.polling import wait_until
+from support.processes import pgqueue_command, pgqueue_env
 
 APP_SOURCE = '''
 """Tasks run by the e2e worker subprocesses. Every handler leaves rows in ``ledger``."""
@@ -201,24 +201,6 @@ CREATE TABLE ledger (
 """
 
 
-def _now() -> float:
-    return time.monotonic()
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = _now() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if _now() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 @dataclass
 class WorkerProcess:
     """One ``pgqueue worker`` subprocess and where its output goes."""
@@ -255,12 +237,8 @@ class App:
         return self.url.render_as_string(hide_password=False)
 
     def env(self, **settings: Any) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-        env["DB_URL"] = self.url_string
-        env["PYTHONUNBUFFERED"] = "1"
-        for key, value in settings.items():
-            env[f"PGQUEUE_{key.upper()}"] = str(value)
-        return env
+        """The workers' environment: ``DB_URL`` for the module, ``PGQUEUE_<SETTING>``s."""
+        return {**pgqueue_env(**settings), "DB_URL": self.url_string, "PYTHONUNBUFFERED": "1"}
 
     def start_worker(self, *args: str, **settings: Any) -> WorkerProcess:
         """``python -m pgqueue worker e2eapp:pgq ARGS`` with ``PGQUEUE_<SETTING>`` variables."""
@@ -271,7 +249,7 @@ class App:
         log_path = self.directory / f"worker-{len(self.processes)}.log"
         with log_path.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "pgqueue", "worker", "e2eapp:pgq", *args],
+                pgqueue_command("worker", "e2eapp:pgq", *args),
                 cwd=self.directory,
                 env=env,
                 stdout=out,
@@ -280,6 +258,41 @@ class App:
         process = WorkerProcess(popen, log_path)
         self.processes.append(process)
         return process
+
+    def enqueue_stand_in(self, task: str, source: str) -> int:
+        """Enqueue ``task`` by name: ``source``, which defines it, is added once to the workers'
+        module, and the test process registers a stand-in under that name (only the worker
+        processes run the real one)."""
+        module = self.directory / "e2eapp.py"
+        if source not in module.read_text():
+            with module.open("a") as out:
+                out.write(source)
+
+        @self.module.pgq.task(name=task, pass_context=True)
+        def stand_in(ctx: object) -> None:
+            raise AssertionError("runs in the worker processes only")
+
+        return int(stand_in.enqueue())
+
+    def drain_through_bouncer(self, bouncer: URL) -> tuple[int, str]:
+        """Two worker processes of eight threads each, through the PgBouncer at ``bouncer``
+        (transaction mode, polling), run until nothing is ready: their exit code and output."""
+        env = self.env(pooler="transaction")
+        env["DB_URL"] = bouncer.render_as_string(hide_password=False)
+        log = self.directory / "bouncer-worker.log"
+        with log.open("wb") as out:
+            finished = subprocess.run(
+                pgqueue_command(
+                    *("worker", "e2eapp:pgq", "--processes", "2", "--no-listen"),
+                    *("--concurrency", "8", "--drain", "--poll-interval", "0.2"),
+                ),
+                cwd=self.directory,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=240,
+            )
+        return finished.returncode, log.read_text()
 
     def wait_listening(self, count: int = 1, timeout: float = 30.0) -> list[int]:
         """Wait until ``count`` listener connections have run LISTEN; return their backend pids."""
@@ -463,15 +476,17 @@ default_pool_size = 10
         **as_nobody,  # type: ignore[arg-type]
     )
     url = app.url.set(host="127.0.0.1", port=port, password=None, query={})
-    deadline = time.monotonic() + 10
-    while True:
+
+    def accepting() -> bool:
+        if process.poll() is not None:
+            raise AssertionError((directory / "log").read_text())
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
+                return True
         except OSError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise AssertionError((directory / "log").read_text()) from None
-            time.sleep(0.05)
+            return False
+
+    wait_until(accepting, 10, f"PgBouncer to accept connections on port {port}")
     try:
         yield url
     finally:

@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from dashboard_app import dashboard_app
 from flask import Flask
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
-from test_flask_dashboard import CHROMIUM_ARGS, serving
+from support.dashboard import chromium_page, served_dashboard
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import JobState, backoff
 from pgqueue.contrib.flask import PgQueue
@@ -68,36 +69,19 @@ def noop(n: int) -> None:
 
 @pytest.fixture
 def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
-    with dashboard_app(pgq, database_url, "dashboard_controls") as app, serving(app) as base:
-        yield app, f"{base}/pgqueue"
+    with served_dashboard(pgq, database_url, "dashboard_controls") as app_and_base:
+        yield app_and_base
 
 
 @pytest.fixture
 def page() -> Iterator[Page]:
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            yield browser.new_page(viewport={"width": 1400, "height": 900})
-        finally:
-            browser.close()
+    with chromium_page(viewport={"width": 1400, "height": 900}) as opened:
+        yield opened
 
 
-class RunningWorker:
-    """A worker thread on ``queues``, stopped on exit."""
-
-    def __init__(self, app: Flask, queues: list[str], concurrency: int) -> None:
-        self.worker = Worker(
-            pgq.state(app).queue, queues=queues, concurrency=concurrency, poll_interval=0.2
-        )
-        self.thread = threading.Thread(target=self.worker.run, daemon=True)
-
-    def __enter__(self) -> RunningWorker:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.worker.stop()
-        self.thread.join(timeout=30)
+def _worker(app: Flask, queues: list[str], concurrency: int) -> Worker:
+    """A worker on ``queues`` of the app's queue, polling every 0.2 s."""
+    return Worker(pgq.state(app).queue, queues=queues, concurrency=concurrency, poll_interval=0.2)
 
 
 def _control(engine: Engine, queue: str) -> Any:
@@ -136,7 +120,7 @@ def test_pause_resume_and_limit_from_the_queues_page(
     expect(page.locator(".flash-ok")).to_contain_text("Queue controlled paused")
     expect(row.locator("td.status")).to_have_text("paused")
     assert tuple(_control(engine, "controlled")) == (True, None)
-    with RunningWorker(app, ["controlled"], concurrency=3):
+    with in_thread(_worker(app, ["controlled"], concurrency=3)):
         time.sleep(2)  # ten poll intervals
         assert _states(app, [first]) == [JobState.QUEUED]
 
@@ -208,7 +192,7 @@ def test_job_list_shows_durations_and_errors(served: tuple[Flask, str], page: Pa
     run_until_final(pgq.state(app).queue, [napped, failed], concurrency=2, poll_interval=0.2)
     with app.app_context():
         running = hold.enqueue(9)
-    with RunningWorker(app, ["controlled"], concurrency=1):
+    with in_thread(_worker(app, ["controlled"], concurrency=1)):
         wait_for_states(pgq.state(app).queue, [running], {JobState.RUNNING}, timeout=10)
         time.sleep(2.2)
         page.goto(base + "/jobs")
@@ -302,11 +286,13 @@ def test_chart_of_a_burst_of_twenty_thousand_jobs(served: tuple[Flask, str], pag
     queue = pgq.state(app).queue
     with app.app_context():
         noop.enqueue_many([[n] for n in range(20_000)])
-    started = time.monotonic()
-    with RunningWorker(app, ["burst"], concurrency=8):
-        while queue.admin.counts().get("burst", {}).get(JobState.SUCCEEDED, 0) < 20_000:
-            assert time.monotonic() - started < 240, "the worker did not drain the burst"
-            time.sleep(0.5)
+    with in_thread(_worker(app, ["burst"], concurrency=8)):
+        wait_until(
+            lambda: queue.admin.counts().get("burst", {}).get(JobState.SUCCEEDED, 0) >= 20_000,
+            240,
+            "the worker to drain the burst",
+            interval=0.5,
+        )
     page.goto(base + "/")
     summary = page.locator("#throughput-summary")
     expect(summary).to_contain_text("20,000 finished in the last hour")

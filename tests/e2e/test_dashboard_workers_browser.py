@@ -11,14 +11,15 @@ import shutil
 import socket
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from dashboard_app import dashboard_app
 from flask import Flask
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 from sqlalchemy.engine import URL
-from test_flask_dashboard import CHROMIUM_ARGS, serving
+from support.dashboard import chromium_page, served_dashboard
+from support.workers import in_thread
 
 from pgqueue import JobState
 from pgqueue.contrib.flask import PgQueue
@@ -37,8 +38,8 @@ def send() -> None:
 @pytest.fixture
 def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
     release.clear()
-    with dashboard_app(pgq, database_url, "dashboard_workers_browser") as app, serving(app) as base:
-        yield app, f"{base}/pgqueue"
+    with served_dashboard(pgq, database_url, "dashboard_workers_browser") as app_and_base:
+        yield app_and_base
     release.set()
 
 
@@ -51,45 +52,33 @@ def test_workers_page_in_a_browser(served: tuple[Flask, str], tmp_path: Path) ->
         Worker(queue, queues=["mail"], concurrency=4, lease_seconds=60, maintenance=False),
         Worker(queue, queues=["reports", "exports"], concurrency=8, maintenance=False),
     ]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
-    for thread in threads:
-        thread.start()
-    try:
-        wait_for_states(queue, [job_id], {JobState.RUNNING}, timeout=30)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 420})
-                page.goto(base + "/")
-                page.click("header nav >> text=Workers")
-                expect(page.locator("tr[data-worker-id]")).to_have_count(2)
-                mail = page.locator(f'tr[data-worker-id="{workers[0].worker_id}"]')
-                reports = page.locator(f'tr[data-worker-id="{workers[1].worker_id}"]')
-                expect(mail).to_contain_text(socket.gethostname())
-                expect(mail.locator("td").nth(2)).to_have_text(str(os.getpid()))
-                expect(mail.locator("td").nth(3)).to_have_text("mail")
-                expect(mail.locator("td").nth(5)).to_have_text("1")
-                expect(reports.locator("td").nth(3)).to_have_text("reports, exports")
-                expect(reports.locator("td").nth(4)).to_have_text("8")
-                expect(reports.locator("td").nth(5)).to_have_text("0")
-                screenshot = tmp_path / "dashboard-workers.png"
-                page.screenshot(path=str(screenshot), full_page=True)
-                target = os.environ.get("PGQUEUE_WORKERS_SCREENSHOT")
-                if target:
-                    shutil.copyfile(screenshot, target)
-
-                # The running count leads to the running jobs, and the job names its worker.
-                mail.locator("td").nth(5).locator("a").click()
-                page.click(f'tr[data-job-id="{job_id}"] a')
-                expect(page.locator("#job-holder")).to_contain_text(workers[0].worker_id)
-                expect(page.locator("#job-holder")).to_contain_text(
-                    f"host {socket.gethostname()}, pid {os.getpid()}, last seen"
-                )
-            finally:
-                browser.close()
-    finally:
-        release.set()
+    with ExitStack() as running_workers:
         for worker in workers:
-            worker.stop()
-        for thread in threads:
-            thread.join(30)
+            running_workers.enter_context(in_thread(worker, before_stop=release.set))
+        wait_for_states(queue, [job_id], {JobState.RUNNING}, timeout=30)
+        with chromium_page(viewport={"width": 1280, "height": 420}) as page:
+            page.goto(base + "/")
+            page.click("header nav >> text=Workers")
+            expect(page.locator("tr[data-worker-id]")).to_have_count(2)
+            mail = page.locator(f'tr[data-worker-id="{workers[0].worker_id}"]')
+            reports = page.locator(f'tr[data-worker-id="{workers[1].worker_id}"]')
+            expect(mail).to_contain_text(socket.gethostname())
+            expect(mail.locator("td").nth(2)).to_have_text(str(os.getpid()))
+            expect(mail.locator("td").nth(3)).to_have_text("mail")
+            expect(mail.locator("td").nth(5)).to_have_text("1")
+            expect(reports.locator("td").nth(3)).to_have_text("reports, exports")
+            expect(reports.locator("td").nth(4)).to_have_text("8")
+            expect(reports.locator("td").nth(5)).to_have_text("0")
+            screenshot = tmp_path / "dashboard-workers.png"
+            page.screenshot(path=str(screenshot), full_page=True)
+            target = os.environ.get("PGQUEUE_WORKERS_SCREENSHOT")
+            if target:
+                shutil.copyfile(screenshot, target)
+
+            # The running count leads to the running jobs, and the job names its worker.
+            mail.locator("td").nth(5).locator("a").click()
+            page.click(f'tr[data-job-id="{job_id}"] a')
+            expect(page.locator("#job-holder")).to_contain_text(workers[0].worker_id)
+            expect(page.locator("#job-holder")).to_contain_text(
+                f"host {socket.gethostname()}, pid {os.getpid()}, last seen"
+            )

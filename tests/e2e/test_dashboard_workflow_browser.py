@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dashboard_app import dashboard_app
 from flask import Flask
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 from sqlalchemy.engine import URL
-from test_flask_dashboard import CHROMIUM_ARGS, serving
+from support.dashboard import chromium_page, served_dashboard
+from support.workers import in_thread
 
 from pgqueue import JobState, chord
 from pgqueue.contrib.flask import PgQueue
@@ -41,11 +41,8 @@ def merge(results: list[int]) -> int:
 @pytest.fixture
 def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
     release.clear()
-    with (
-        dashboard_app(pgq, database_url, "dashboard_workflow_browser") as app,
-        serving(app) as base,
-    ):
-        yield app, f"{base}/pgqueue"
+    with served_dashboard(pgq, database_url, "dashboard_workflow_browser") as app_and_base:
+        yield app_and_base
     release.set()
 
 
@@ -58,43 +55,30 @@ def test_workflow_page_in_a_browser(served: tuple[Flask, str], tmp_path: Path) -
     status = queue.get_workflow(workflow.id)
     first = min(job.id for job in status.jobs)
     worker = Worker(queue, queues=["parts"], concurrency=4, maintenance=False)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker, before_stop=release.set):
         callback = max(job.id for job in status.jobs)
         wait_for_states(queue, [first], {JobState.RUNNING}, timeout=30)
         others = [job.id for job in status.jobs if job.id not in (first, callback)]
         wait_for_states(queue, others, {JobState.SUCCEEDED}, timeout=60)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 600})
-                page.goto(f"{base}/jobs/{first}")
-                page.click("#job-workflow")
-                expect(page.locator("#workflow-state")).to_have_text("running")
-                stages = page.locator(".workflow-stage")
-                expect(stages).to_have_count(2)
-                expect(stages.nth(0).locator(".workflow-member")).to_have_count(STAGE_SHOWN)
-                expect(stages.nth(0).locator(".workflow-hidden")).to_have_text(
-                    f"and {members - STAGE_SHOWN} more"
-                )
-                expect(page.locator(f'[data-job="{first}"]')).to_have_attribute(
-                    "data-state", "running"
-                )
-                waiting = page.locator(f'[data-job="{callback}"]')
-                expect(waiting).to_have_attribute("data-state", "waiting")
-                expect(waiting.locator(".waits-on")).to_have_text(f"waits on #{first}")
-                expect(page.locator("#workflow-counts")).to_contain_text(f"{members - 1} succeeded")
-                page.screenshot(path=str(tmp_path / "dashboard-workflow.png"), full_page=True)
+        with chromium_page(viewport={"width": 1280, "height": 600}) as page:
+            page.goto(f"{base}/jobs/{first}")
+            page.click("#job-workflow")
+            expect(page.locator("#workflow-state")).to_have_text("running")
+            stages = page.locator(".workflow-stage")
+            expect(stages).to_have_count(2)
+            expect(stages.nth(0).locator(".workflow-member")).to_have_count(STAGE_SHOWN)
+            expect(stages.nth(0).locator(".workflow-hidden")).to_have_text(
+                f"and {members - STAGE_SHOWN} more"
+            )
+            expect(page.locator(f'[data-job="{first}"]')).to_have_attribute("data-state", "running")
+            waiting = page.locator(f'[data-job="{callback}"]')
+            expect(waiting).to_have_attribute("data-state", "waiting")
+            expect(waiting.locator(".waits-on")).to_have_text(f"waits on #{first}")
+            expect(page.locator("#workflow-counts")).to_contain_text(f"{members - 1} succeeded")
+            page.screenshot(path=str(tmp_path / "dashboard-workflow.png"), full_page=True)
 
-                release.set()
-                queue.wait_for_workflow(workflow.id, timeout=60)
-                page.reload()
-                expect(page.locator("#workflow-state")).to_have_text("succeeded")
-                expect(page.locator("#workflow-result")).to_have_text(str(sum(range(members)) - 0))
-            finally:
-                browser.close()
-    finally:
-        release.set()
-        worker.stop()
-        thread.join(30)
+            release.set()
+            queue.wait_for_workflow(workflow.id, timeout=60)
+            page.reload()
+            expect(page.locator("#workflow-state")).to_have_text("succeeded")
+            expect(page.locator("#workflow-result")).to_have_text(str(sum(range(members)) - 0))

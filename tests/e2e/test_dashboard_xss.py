@@ -16,15 +16,12 @@ from collections.abc import Iterator
 from urllib.parse import urlencode
 
 import pytest
-from dashboard_app import serving
 from flask import Flask
-from playwright.sync_api import sync_playwright
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
-from test_flask_dashboard import CHROMIUM_ARGS
+from support.dashboard import chromium_page, served_dashboard
 
 from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 
 MARK = "window.__pgqueue_xss = (window.__pgqueue_xss || 0) + 1"
 PAYLOADS = [
@@ -42,16 +39,8 @@ pgq = PgQueue()
 
 @pytest.fixture
 def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
-    app = Flask("dashboard_xss")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    pgq.init_app(app)
-    init_dashboard(app, public=True)
-    with serving(app) as base:
-        yield app, f"{base}/pgqueue"
-    pgq.state(app).queue.dispose()
+    with served_dashboard(pgq, database_url, "dashboard_xss", public=True) as app_and_base:
+        yield app_and_base
 
 
 def _insert_hostile_jobs(engine: Engine) -> list[int]:
@@ -106,37 +95,32 @@ def test_script_payloads_in_jobs_never_run(served: tuple[Flask, str], engine: En
     pages += [f"{base}/jobs/{i}" for i in ids]
     pages.append(base + "/queues")
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            dialogs: list[str] = []
-            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
-            # The policy must not block the dashboard's own resources either (its stylesheet).
-            console: list[str] = []
-            page.on("console", lambda message: console.append(message.text))
-            seen: dict[str, str] = {}
-            for url in pages:
-                response = page.goto(url)
-                assert response is not None and response.status == 200, url
-                assert page.evaluate("window.__pgqueue_xss") is None, url
-                assert page.locator(INJECTED).count() == 0, url
-                seen[url] = page.locator("main").inner_text()
-                # Styled by its stylesheet: the header is laid out as a flex row.
-                assert page.locator("header").evaluate("e => getComputedStyle(e).display") == (
-                    "flex"
-                ), url
-                # Links built from names stay on the dashboard (no javascript: targets).
-                hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
-                assert all(h.startswith(base) for h in hrefs), (url, hrefs)
-            # Hovering and clicking what the payloads' handlers would hang on runs nothing.
-            page.goto(f"{base}/jobs/{ids[0]}")
-            page.locator("pre").first.hover()
-            page.goto(base + "/")
-            page.locator("main a").first.click()
-            assert page.evaluate("window.__pgqueue_xss") is None
-        finally:
-            browser.close()
+    with chromium_page() as page:
+        dialogs: list[str] = []
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        # The policy must not block the dashboard's own resources either (its stylesheet).
+        console: list[str] = []
+        page.on("console", lambda message: console.append(message.text))
+        seen: dict[str, str] = {}
+        for url in pages:
+            response = page.goto(url)
+            assert response is not None and response.status == 200, url
+            assert page.evaluate("window.__pgqueue_xss") is None, url
+            assert page.locator(INJECTED).count() == 0, url
+            seen[url] = page.locator("main").inner_text()
+            # Styled by its stylesheet: the header is laid out as a flex row.
+            assert page.locator("header").evaluate("e => getComputedStyle(e).display") == (
+                "flex"
+            ), url
+            # Links built from names stay on the dashboard (no javascript: targets).
+            hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
+            assert all(h.startswith(base) for h in hrefs), (url, hrefs)
+        # Hovering and clicking what the payloads' handlers would hang on runs nothing.
+        page.goto(f"{base}/jobs/{ids[0]}")
+        page.locator("pre").first.hover()
+        page.goto(base + "/")
+        page.locator("main a").first.click()
+        assert page.evaluate("window.__pgqueue_xss") is None
 
     assert dialogs == []
     assert [m for m in console if "Content Security Policy" in m] == []

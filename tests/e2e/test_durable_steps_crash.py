@@ -61,18 +61,8 @@ def start(app: App) -> WorkerProcess:
 
 
 def enqueue(app: App, task: str) -> int:
-    """Add the tasks to the workers' module, and enqueue ``task`` by name: the test process
-    registers a stand-in under that name (only the worker processes run the real one)."""
-    module = app.directory / "e2eapp.py"
-    if "durable steps crash tests" not in module.read_text():
-        with module.open("a") as source:
-            source.write(STEPS_APP)
-
-    @app.module.pgq.task(name=task, pass_context=True)
-    def stand_in(ctx: object) -> None:
-        raise AssertionError("runs in the worker processes only")
-
-    return int(stand_in.enqueue())
+    """``task`` of the tasks above, enqueued for the worker processes."""
+    return app.enqueue_stand_in(task, STEPS_APP)
 
 
 def tags(app: App, job_id: int) -> list[tuple[str, int, int]]:

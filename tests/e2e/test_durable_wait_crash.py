@@ -43,18 +43,8 @@ def start(app: App) -> WorkerProcess:
 
 
 def enqueue(app: App, task: str) -> int:
-    """Add the tasks to the workers' module, and enqueue ``task`` by name: the test process
-    registers a stand-in under that name (only the worker processes run the real one)."""
-    module = app.directory / "e2eapp.py"
-    if "durable wait crash tests" not in module.read_text():
-        with module.open("a") as source:
-            source.write(SUSPEND_APP)
-
-    @app.module.pgq.task(name=task, pass_context=True)
-    def stand_in(ctx: object) -> None:
-        raise AssertionError("runs in the worker processes only")
-
-    return int(stand_in.enqueue())
+    """``task`` of the tasks above, enqueued for the worker processes."""
+    return app.enqueue_stand_in(task, SUSPEND_APP)
 
 
 def test_a_worker_killed_while_its_jobs_are_suspended_loses_nothing(app: App) -> None:

@@ -10,13 +10,12 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from dashboard_app import dashboard_app
 from flask import Flask
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 from sqlalchemy.engine import URL
+from support.dashboard import chromium_page, served_dashboard
 from test_flask_cli import _env as example_env
 from test_flask_cli import flask
-from test_flask_dashboard import CHROMIUM_ARGS, serving
 
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.testing import run_until_final
@@ -31,8 +30,8 @@ def send_invoice(number: int) -> int:
 
 @pytest.fixture
 def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
-    with dashboard_app(pgq, database_url, "explain_dashboard") as app, serving(app) as base:
-        yield app, f"{base}/pgqueue"
+    with served_dashboard(pgq, database_url, "explain_dashboard") as app_and_base:
+        yield app_and_base
 
 
 def test_job_page_names_the_blockers(served: tuple[Flask, str]) -> None:
@@ -45,29 +44,24 @@ def test_job_page_names_the_blockers(served: tuple[Flask, str]) -> None:
     queue.pause_queue("invoices")
     run_at = queue.get_job(later).run_at.astimezone(dt.UTC)
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.goto(f"{base}/jobs/{later}")
-            box = page.locator("#job-explain")
-            expect(box.locator("h2")).to_have_text("Why isn't this job running?")
-            items = box.locator("li.blocker")
-            expect(items.nth(0)).to_have_attribute("data-kind", "scheduled")
-            expect(items.nth(0)).to_contain_text(f"{run_at:%Y-%m-%d %H:%M:%S} UTC")
-            expect(items.nth(1)).to_have_attribute("data-kind", "paused")
-            expect(items.nth(1)).to_contain_text("queue invoices is paused")
+    with chromium_page() as page:
+        page.goto(f"{base}/jobs/{later}")
+        box = page.locator("#job-explain")
+        expect(box.locator("h2")).to_have_text("Why isn't this job running?")
+        items = box.locator("li.blocker")
+        expect(items.nth(0)).to_have_attribute("data-kind", "scheduled")
+        expect(items.nth(0)).to_contain_text(f"{run_at:%Y-%m-%d %H:%M:%S} UTC")
+        expect(items.nth(1)).to_have_attribute("data-kind", "paused")
+        expect(items.nth(1)).to_contain_text("queue invoices is paused")
 
-            queue.resume_queue("invoices")
-            # The page refreshes itself every 2 s while the job is not finished.
-            expect(box.locator('li[data-kind="paused"]')).to_have_count(0, timeout=10_000)
-            expect(box.locator('li[data-kind="scheduled"]')).to_have_count(1)
+        queue.resume_queue("invoices")
+        # The page refreshes itself every 2 s while the job is not finished.
+        expect(box.locator('li[data-kind="paused"]')).to_have_count(0, timeout=10_000)
+        expect(box.locator('li[data-kind="scheduled"]')).to_have_count(1)
 
-            page.goto(f"{base}/jobs/{done}")
-            expect(page.locator("#job-state")).to_have_text("succeeded")
-            expect(page.locator("#job-explain")).to_have_count(0)
-        finally:
-            browser.close()
+        page.goto(f"{base}/jobs/{done}")
+        expect(page.locator("#job-state")).to_have_text("succeeded")
+        expect(page.locator("#job-explain")).to_have_count(0)
 
 
 def test_flask_pgqueue_explain_names_the_paused_queue(database_url: URL) -> None:

@@ -9,9 +9,9 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 from typing import TYPE_CHECKING, Any
+
+from support.processes import run_pgqueue
 
 if TYPE_CHECKING:
     from conftest import App
@@ -26,13 +26,7 @@ def explain(app: App, job_id: int) -> tuple[dict[str, Any], list[str]]:
     env = app.env(database_url=app.url_string, **FAST)
     answers = []
     for extra in (["--json"], []):
-        result = subprocess.run(
-            [sys.executable, "-m", "pgqueue", "explain", str(job_id), *extra],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        result = run_pgqueue("explain", str(job_id), *extra, env=env, process=True)
         assert result.returncode == 0, result.stderr[-2000:]
         answers.append(result.stdout)
     return json.loads(answers[0]), answers[1].splitlines()

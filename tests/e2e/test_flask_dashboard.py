@@ -15,28 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dashboard_app import serving
 from flask import Flask
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 from sqlalchemy.engine import URL
+from support.dashboard import chromium_page, served_dashboard
+from support.workers import in_thread
 
 from pgqueue import JobState
 from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.testing import run_until_final, wait_for_states
 from pgqueue.worker import Worker
-
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
 
 pgq = PgQueue()
 allow_flaky = threading.Event()
@@ -61,17 +49,10 @@ def flaky(to: str) -> str:
 
 @pytest.fixture
 def served(database_url: URL) -> Iterator[tuple[Flask, str]]:
-    app = Flask("dashboard_test")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-        PGQUEUE_POLL_INTERVAL=0.2,
-    )
-    pgq.init_app(app)
-    init_dashboard(app, access=lambda: True)
-    with serving(app) as base:
-        yield app, f"{base}/pgqueue"
-    pgq.state(app).queue.dispose()
+    with served_dashboard(
+        pgq, database_url, "dashboard_test", PGQUEUE_POLL_INTERVAL=0.2
+    ) as app_and_base:
+        yield app_and_base
 
 
 def test_dashboard_in_chromium(served: tuple[Flask, str], tmp_path: Path) -> None:
@@ -87,63 +68,53 @@ def test_dashboard_in_chromium(served: tuple[Flask, str], tmp_path: Path) -> Non
     with app.app_context():
         waiting_ids = [build_report.enqueue(i) for i in range(4)]
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 560})
-            page.goto(base + "/")
+    with chromium_page(viewport={"width": 1280, "height": 560}) as page:
+        page.goto(base + "/")
 
-            def cell(queue_name: str, state: str) -> Any:
-                return page.locator(f'tr[data-queue="{queue_name}"] td[data-state="{state}"]')
+        def cell(queue_name: str, state: str) -> Any:
+            return page.locator(f'tr[data-queue="{queue_name}"] td[data-state="{state}"]')
 
-            expect(cell("default", "succeeded")).to_have_text("3")
-            expect(cell("default", "failed")).to_have_text("2")
-            expect(cell("default", "queued")).to_have_text("0")
-            expect(cell("reports", "queued")).to_have_text("4")
-            expect(cell("reports", "succeeded")).to_have_text("0")
-            expect(page.locator('tr[data-queue="reports"] td.oldest')).to_contain_text(
-                f"#{waiting_ids[0]}"
-            )
-            expect(page.locator('tr[data-queue="default"] svg')).to_have_attribute(
-                "aria-label", "5 jobs finished in the last hour"
-            )
-            screenshot = tmp_path / "dashboard.png"
-            page.screenshot(path=str(screenshot), full_page=True)
-            target = os.environ.get("PGQUEUE_DASHBOARD_SCREENSHOT")
-            if target:
-                shutil.copyfile(screenshot, target)
+        expect(cell("default", "succeeded")).to_have_text("3")
+        expect(cell("default", "failed")).to_have_text("2")
+        expect(cell("default", "queued")).to_have_text("0")
+        expect(cell("reports", "queued")).to_have_text("4")
+        expect(cell("reports", "succeeded")).to_have_text("0")
+        expect(page.locator('tr[data-queue="reports"] td.oldest')).to_contain_text(
+            f"#{waiting_ids[0]}"
+        )
+        expect(page.locator('tr[data-queue="default"] svg')).to_have_attribute(
+            "aria-label", "5 jobs finished in the last hour"
+        )
+        screenshot = tmp_path / "dashboard.png"
+        page.screenshot(path=str(screenshot), full_page=True)
+        target = os.environ.get("PGQUEUE_DASHBOARD_SCREENSHOT")
+        if target:
+            shutil.copyfile(screenshot, target)
 
-            # Filter the job list down to the failed jobs and open one.
-            page.click('tr[data-queue="default"] td[data-state="failed"] a')
-            expect(page.locator("tr[data-job-id]")).to_have_count(2)
-            page.click(f'tr[data-job-id="{failed_ids[0]}"] a')
-            expect(page.locator("#job-state")).to_have_text("failed")
-            expect(page.locator("pre.traceback")).to_contain_text(
-                "ConnectionError: SMTP server refused bounce0@example.com"
-            )
+        # Filter the job list down to the failed jobs and open one.
+        page.click('tr[data-queue="default"] td[data-state="failed"] a')
+        expect(page.locator("tr[data-job-id]")).to_have_count(2)
+        page.click(f'tr[data-job-id="{failed_ids[0]}"] a')
+        expect(page.locator("#job-state")).to_have_text("failed")
+        expect(page.locator("pre.traceback")).to_contain_text(
+            "ConnectionError: SMTP server refused bounce0@example.com"
+        )
 
-            # A POST without the CSRF token (same browser session) is rejected; nothing changes.
-            rejected = page.request.post(f"{base}/jobs/{waiting_ids[0]}/cancel", form={})
-            assert rejected.status == 400
-            assert queue.get_job(waiting_ids[0]).state is JobState.QUEUED
+        # A POST without the CSRF token (same browser session) is rejected; nothing changes.
+        rejected = page.request.post(f"{base}/jobs/{waiting_ids[0]}/cancel", form={})
+        assert rejected.status == 400
+        assert queue.get_job(waiting_ids[0]).state is JobState.QUEUED
 
-            # Retry from the page while a worker runs: the page (refreshing itself) shows success.
-            allow_flaky.set()
-            worker = Worker(queue, queues=["default"], concurrency=2)
-            thread = threading.Thread(target=worker.run, daemon=True)
-            thread.start()
-            try:
-                page.click("button.retry")
-                expect(page.locator(".flash-ok")).to_contain_text("queued again")
-                expect(page.locator("#job-state")).to_have_text("succeeded", timeout=30_000)
-                expect(page.locator("#job-result")).to_contain_text("at last")
-                wait_for_states(queue, [failed_ids[0]], {JobState.SUCCEEDED}, timeout=5)
-            finally:
-                worker.stop()
-                thread.join(timeout=30)
+        # Retry from the page while a worker runs: the page (refreshing itself) shows success.
+        allow_flaky.set()
+        worker = Worker(queue, queues=["default"], concurrency=2)
+        with in_thread(worker):
+            page.click("button.retry")
+            expect(page.locator(".flash-ok")).to_contain_text("queued again")
+            expect(page.locator("#job-state")).to_have_text("succeeded", timeout=30_000)
+            expect(page.locator("#job-result")).to_contain_text("at last")
+            wait_for_states(queue, [failed_ids[0]], {JobState.SUCCEEDED}, timeout=5)
 
-            page.goto(base + "/")
-            expect(cell("default", "succeeded")).to_have_text("4")
-            expect(cell("default", "failed")).to_have_text("1")
-        finally:
-            browser.close()
+        page.goto(base + "/")
+        expect(cell("default", "succeeded")).to_have_text("4")
+        expect(cell("default", "failed")).to_have_text("1")

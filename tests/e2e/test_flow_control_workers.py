@@ -18,9 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from flow_checks import most_in_window
 from sqlalchemy import text
 from sqlalchemy.engine import URL
+from support.flow_checks import most_in_window
+from support.polling import wait_until
+from support.processes import pgqueue_command, pgqueue_env
 
 from pgqueue import JobState, PgQueue
 from pgqueue.testing import states_of, wait_for_states
@@ -102,7 +104,7 @@ def workers(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def _start_workers(tmp_path: Path, database_url: URL, into: list[subprocess.Popen[bytes]]) -> None:
     env = {
-        **os.environ,
+        **pgqueue_env(),
         "DB_URL": database_url.render_as_string(hide_password=False),
         "LEDGER_DIR": str(tmp_path / "ledger"),
     }
@@ -110,15 +112,7 @@ def _start_workers(tmp_path: Path, database_url: URL, into: list[subprocess.Pope
         with (tmp_path / f"worker{n}.err").open("wb") as log:
             into.append(
                 subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "pgqueue",
-                        "worker",
-                        "flowapp:pgq",
-                        "--concurrency",
-                        "8",
-                    ],
+                    pgqueue_command("worker", "flowapp:pgq", "--concurrency", "8"),
                     cwd=tmp_path,
                     env=env,
                     stdout=subprocess.DEVNULL,
@@ -146,10 +140,22 @@ def busy_host() -> Iterator[None]:
 
 
 def _wait_until_registered(pgq: PgQueue, count: int) -> None:
-    deadline = time.monotonic() + 60
-    while len(pgq.admin.list_workers()) < count:
-        assert time.monotonic() < deadline, "the worker processes did not start"
-        time.sleep(0.1)
+    wait_until(
+        lambda: len(pgq.admin.list_workers()) >= count,
+        60,
+        f"{count} worker processes to register",
+        interval=0.1,
+    )
+
+
+def _running(pgq: PgQueue, queue: str) -> int:
+    with pgq.engine.connect() as c:
+        return int(
+            c.execute(
+                text("SELECT count(*) FROM pgqueue_jobs WHERE queue = :q AND state = 'running'"),
+                {"q": queue},
+            ).scalar_one()
+        )
 
 
 def test_key_limit_two_over_twenty_keys_across_four_processes(
@@ -170,7 +176,8 @@ def test_key_limit_two_over_twenty_keys_across_four_processes(
     _start_workers(tmp_path, database_url, workers)
     _wait_until_registered(pgq, 4)
     busy = per_account.enqueue_many([[n % 20, n] for n in range(2000)])
-    time.sleep(0.5)  # the keys are busy, hundreds of tickets wait behind them
+    # The keys are busy, hundreds of tickets wait behind them.
+    wait_until(lambda: _running(pgq, "accounts"), 30, "the busy keys' jobs to run")
     lone_enqueued = time.time()
     lone = per_account.enqueue_many([[99, 2000]])
     wait_for_states(pgq, [*busy, *lone], {JobState.SUCCEEDED}, timeout=180)

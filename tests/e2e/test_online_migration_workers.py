@@ -6,13 +6,15 @@ new jobs are enqueued, claimed and completed; at the end every job ran exactly o
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 
-from conftest import App, wait_until
-from migration_runs import revision_of
+from conftest import App
 from sqlalchemy import create_engine
+from support.locks import lock_waiters
+from support.migration_runs import revision_of
+from support.polling import wait_until
+from support.processes import pgqueue_command
 
 from pgqueue import migrations
 
@@ -21,9 +23,9 @@ BATCH = 50
 
 def _migrate(app: App, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "pgqueue", "migrate", *args],
+        pgqueue_command("migrate", *args),
         cwd=app.directory,
-        env={**app.env(), "PGQUEUE_DATABASE_URL": app.url_string},
+        env=app.env(database_url=app.url_string),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -31,12 +33,7 @@ def _migrate(app: App, *args: str) -> subprocess.Popen[str]:
 
 
 def _build_waiting(app: App) -> bool:
-    return bool(
-        app.scalars(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND query LIKE 'CREATE INDEX CONCURRENTLY%'"
-        )[0]
-    )
+    return bool(lock_waiters(app.engine, "CREATE INDEX CONCURRENTLY"))
 
 
 def _older_transaction(app: App, started: threading.Event, release: threading.Event) -> None:

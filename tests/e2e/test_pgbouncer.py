@@ -10,9 +10,7 @@ the pool's other clients never see pgqueue's settings.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -22,6 +20,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from support.locks import lock_waiters
+from support.processes import pgqueue_command, pgqueue_env, run_pgqueue
 
 from pgqueue import JobContext, JobState, PgQueue, QueueFull, Settings, Snooze
 from pgqueue.testing import ConcurrencyProbe, states_of
@@ -39,11 +39,7 @@ def test_without_the_pooler_setting_pgbouncer_refuses_pgqueue_naming_the_setting
         pass
     assert "set PGQUEUE_POOLER=transaction" in str(refused.value)
     pgq.dispose()
-    env = {**os.environ, "PGQUEUE_DATABASE_URL": bouncer.render_as_string(hide_password=False)}
-    env.pop("PGQUEUE_POOLER", None)
-    cli = subprocess.run(
-        [sys.executable, "-m", "pgqueue", "stats"], env=env, capture_output=True, text=True
-    )
+    cli = run_pgqueue("stats", url=bouncer, process=True)
     assert cli.returncode != 0
     [line] = cli.stderr.strip().splitlines()
     assert "unsupported startup parameter" in line and "PGQUEUE_POOLER=transaction" in line
@@ -61,23 +57,8 @@ def test_enqueue_and_drain_through_pgbouncer_in_transaction_mode(app: App, bounc
     ids += record.enqueue_many([{} for _ in range(5000)])
     assert len(set(ids)) == 5200
 
-    env = app.env(pooler="transaction")
-    env["DB_URL"] = bouncer.render_as_string(hide_password=False)
-    log = app.directory / "bouncer-worker.log"
-    with log.open("wb") as out:
-        finished = subprocess.run(
-            [
-                *(sys.executable, "-m", "pgqueue", "worker", "e2eapp:pgq", "--processes", "2"),
-                *("--no-listen", "--concurrency", "8", "--drain", "--poll-interval", "0.2"),
-            ],
-            cwd=app.directory,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=240,
-        )
-    output = log.read_text()
-    assert finished.returncode == 0, output
+    returncode, output = app.drain_through_bouncer(bouncer)
+    assert returncode == 0, output
     for marker in ("WARNING", "ERROR", "Traceback"):
         assert marker not in output, output
     jobs = app.jobs(ids)
@@ -328,20 +309,10 @@ def test_durable_sleep_and_signals_through_pgbouncer_in_transaction_mode(bouncer
 
 
 def test_pgqueue_migrate_swaps_indexes_online_through_pgbouncer(app: App, bouncer: URL) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-    env.update(
-        PGQUEUE_DATABASE_URL=bouncer.render_as_string(hide_password=False),
-        PGQUEUE_POOLER="transaction",
-    )
+    env = pgqueue_env(bouncer, pooler="transaction")
 
     def migrate(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "pgqueue", "migrate", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = run_pgqueue("migrate", *args, env=env, process=True)
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
@@ -366,7 +337,7 @@ def test_pgqueue_migrate_swaps_indexes_online_through_pgbouncer(app: App, bounce
         with holder.connect() as older:
             older.execute(text("INSERT INTO pgqueue_jobs (task_name, queue) VALUES ('t', 'q')"))
             upgrade = subprocess.Popen(
-                [sys.executable, "-m", "pgqueue", "migrate"],
+                pgqueue_command("migrate"),
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -375,10 +346,7 @@ def test_pgqueue_migrate_swaps_indexes_online_through_pgbouncer(app: App, bounce
             app.wait_until(
                 lambda: (
                     upgrade.poll() is not None
-                    or app.scalars(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE 'CREATE INDEX CONCURRENTLY%'"
-                    )[0]
+                    or lock_waiters(app.engine, "CREATE INDEX CONCURRENTLY")
                 ),
                 60,
                 "a concurrent build waiting",

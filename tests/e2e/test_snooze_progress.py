@@ -5,8 +5,9 @@ and after it ended."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
+
+from support.workers import wait_for_heartbeats
 
 if TYPE_CHECKING:
     from conftest import App
@@ -75,7 +76,7 @@ def test_snoozes_and_progress_in_a_worker_process(app: App) -> None:
     )
     running = pgq.get_job(reporter)
     assert (running.state.value, running.progress_message) == ("running", "step 100 of 100")
-    time.sleep(2.5)  # more heartbeats, with nothing new to write
+    wait_for_heartbeats(pgq, reporter, 2, 10)  # more heartbeats, with nothing new to write
     assert app.scalars("SELECT progress FROM progress_writes WHERE job_id = :id", id=reporter) == [
         1.0
     ]

@@ -10,20 +10,20 @@ failed, to which server, and why.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from debian_postgres import as_postgres, bin_dir, free_port
+from debian_postgres import as_postgres, bin_dir
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
+from support.network import free_port
+from support.polling import wait_until
+from support.processes import pgqueue_command, pgqueue_env
 
 from pgqueue import JobState, PgQueue, Settings
 from pgqueue.testing import wait_for_states
@@ -201,7 +201,7 @@ def test_migrate_enqueue_and_a_listening_worker_over_verified_tls(
     app_url = _new_database(url, ca, "tls_app")
     admin = create_engine(_verified(url, ca, "postgres"), isolation_level="AUTOCOMMIT")
     (tmp_path / "tlsapp.py").write_text(APP)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env = pgqueue_env()
     env["DB_URL"] = app_url.render_as_string(hide_password=False)
     pgq = PgQueue(app_url, settings=Settings())
     pgq.migrate()
@@ -211,7 +211,7 @@ def test_migrate_enqueue_and_a_listening_worker_over_verified_tls(
         return i
 
     worker = subprocess.Popen(
-        [sys.executable, "-m", "pgqueue", "worker", "tlsapp:pgq", "--poll-interval", "30"],
+        pgqueue_command("worker", "tlsapp:pgq", "--poll-interval", "30"),
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -223,11 +223,10 @@ def test_migrate_enqueue_and_a_listening_worker_over_verified_tls(
             "WHERE a.datname = 'tls_app' AND a.application_name = 'pgqueue-listener' "
             "AND a.query ILIKE 'LISTEN%'"
         )
-        deadline = time.monotonic() + 30
         with admin.connect() as watcher:
-            while not (rows := watcher.execute(listening).all()):
-                assert time.monotonic() < deadline, "the worker never listened"
-                time.sleep(0.1)
+            rows = wait_until(
+                lambda: watcher.execute(listening).all(), 30, "the worker to listen", 0.1
+            )
         assert rows == [(True,)]
         ids = [noop.enqueue(i) for i in range(20)]
         # A poll interval of 30 s: only LISTEN over TLS can wake the worker this soon.
@@ -269,16 +268,14 @@ def test_the_cli_with_a_wrong_ca_prints_one_line_naming_the_connection(
     tls_server: tuple[URL, Path, Path],
 ) -> None:
     url, _, wrong = tls_server
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env = pgqueue_env()
     env["PGQUEUE_DATABASE_URL"] = _verified(url, wrong, "postgres").render_as_string(
         hide_password=False
     )
     # migrate connects through the handlers' engine (no statement_timeout of pgqueue's on its
     # online index builds), stats through pgqueue's own.
     for command, engine in ((["migrate"], "handler engine"), (["stats"], "engine")):
-        done = subprocess.run(
-            [sys.executable, "-m", "pgqueue", *command], env=env, capture_output=True, timeout=60
-        )
+        done = subprocess.run(pgqueue_command(*command), env=env, capture_output=True, timeout=60)
         assert done.returncode == 2, done
         assert done.stdout == b""
         [line] = done.stderr.decode().splitlines()
@@ -295,7 +292,7 @@ def test_a_listen_url_with_a_wrong_ca_is_logged_as_the_listeners_failure(
     url, ca, wrong = tls_server
     app_url = _new_database(url, ca, "tls_listen")
     (tmp_path / "tlsapp.py").write_text(APP)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env = pgqueue_env()
     env["DB_URL"] = app_url.render_as_string(hide_password=False)
     env["PGQUEUE_LISTEN_DATABASE_URL"] = _verified(url, wrong, "tls_listen").render_as_string(
         hide_password=False
@@ -310,7 +307,7 @@ def test_a_listen_url_with_a_wrong_ca_is_logged_as_the_listeners_failure(
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "pgqueue", "worker", "tlsapp:pgq", "--poll-interval", "0.2"],
+            pgqueue_command("worker", "tlsapp:pgq", "--poll-interval", "0.2"),
             cwd=tmp_path,
             env=env,
             stdout=out,
@@ -359,10 +356,10 @@ def test_a_worker_with_a_wrong_ca_names_its_engine_and_its_listener(
     # is opened by the engine, yet its failure is the listener's.
     url, _, wrong = tls_server
     (tmp_path / "tlsapp.py").write_text(APP)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    env = pgqueue_env()
     env["DB_URL"] = _verified(url, wrong, "postgres").render_as_string(hide_password=False)
     engine = f"pgqueue engine connection to localhost:{url.port}/postgres failed: "
-    command = [sys.executable, "-m", "pgqueue", "worker", "tlsapp:pgq", "--poll-interval", "0.2"]
+    command = pgqueue_command("worker", "tlsapp:pgq", "--poll-interval", "0.2")
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, timeout=60)
     assert done.returncode == 2, done
     [line] = done.stderr.decode().splitlines()
@@ -378,10 +375,12 @@ def test_a_worker_with_a_wrong_ca_names_its_engine_and_its_listener(
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 30
-        while len([e for e in log.read_text().splitlines() if engine in e]) < 2:
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        wait_until(
+            lambda: len([e for e in log.read_text().splitlines() if engine in e]) >= 2,
+            30,
+            "two lines naming the engine's connection in the worker's log",
+            0.1,
+        )
     finally:
         worker.terminate()
         worker.wait(timeout=30)
@@ -399,10 +398,9 @@ def test_a_worker_with_a_wrong_ca_names_its_engine_and_its_listener(
         notifier = Notifier(pgq.listen_connection, None, lambda _: None, stopping)
         notifier.start()
         try:
-            deadline = time.monotonic() + 30
-            while not (listens := [r.getMessage() for r in caplog.records]):
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+            listens = wait_until(
+                lambda: [r.getMessage() for r in caplog.records], 30, "the listener's warning", 0.1
+            )
         finally:
             stopping.set()
             notifier.join(timeout=10)

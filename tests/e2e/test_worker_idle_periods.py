@@ -27,8 +27,8 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from debian_postgres import free_port
 from sqlalchemy.engine import URL
+from support.network import free_port
 
 from pgqueue import PgQueue, Settings, chain
 

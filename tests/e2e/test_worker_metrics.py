@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.network import free_port
 
 from pgqueue import chain, group
 from pgqueue.jobs import NewJob
@@ -26,12 +27,6 @@ if TYPE_CHECKING:
     from conftest import App
 
 FAST_GAUGES = {"metrics_interval": 0.3}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def scrape_text(port: int, host: str = "127.0.0.1") -> str:

@@ -6,12 +6,10 @@ wait for the server beyond a few seconds."""
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.polling import wait_until
+from support.processes import pgqueue_command, pgqueue_env
 
 from pgqueue import JobState, PgQueue
 from pgqueue.config import normalize_database_url
@@ -40,7 +40,7 @@ def slow():
 """
 
 
-WORKER = [sys.executable, "-m", "pgqueue", "worker", "down_app:pgq", "--shutdown-timeout", "1"]
+WORKER = pgqueue_command("worker", "down_app:pgq", "--shutdown-timeout", "1")
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]
     (tmp_path / "down_app.py").write_text(APP)
 
     def start(url: str, *options: str, **env_vars: str) -> subprocess.Popen[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+        env = pgqueue_env()
         env.update(DB_URL=url, PYTHONPATH=str(tmp_path), **env_vars)
         with (tmp_path / "worker.log").open("w") as out:
             worker = subprocess.Popen(
@@ -98,10 +98,13 @@ def test_sigterm_while_the_server_is_down_logs_no_traceback(
     worker = start_worker(url, PGQUEUE_RESCUE_INTERVAL="0.2")
     log = tmp_path / "worker.log"
     # Started (a worker that cannot reach its database as it starts exits instead).
-    deadline = time.monotonic() + 30
-    while " started: " not in log.read_text():
-        assert time.monotonic() < deadline and worker.poll() is None, log.read_text()
-        time.sleep(0.1)
+    wait_until(
+        lambda: " started: " in log.read_text() or worker.poll() is not None,
+        30,
+        "the worker to start",
+        0.1,
+    )
+    assert worker.poll() is None, log.read_text()
     server.stop()
     time.sleep(4)
     worker.send_signal(signal.SIGTERM)
@@ -119,12 +122,15 @@ def test_sigterm_with_a_job_running_while_the_server_is_down_logs_one_line(
     owner = PgQueue(url)
     job_id = owner.task(name="slow")(lambda: None).enqueue()
     worker = start_worker(url, "--lease-seconds", "20")
-    deadline = time.monotonic() + 30
     # Running in the worker, not only claimed: a claim whose answer the server's stop cuts off
     # leaves its job to its lease, which is not what this test is about.
-    while not (tmp_path / "slow.started").exists():
-        assert time.monotonic() < deadline and worker.poll() is None
-        time.sleep(0.1)
+    wait_until(
+        lambda: (tmp_path / "slow.started").exists() or worker.poll() is not None,
+        30,
+        "the job to run in the worker",
+        0.1,
+    )
+    assert worker.poll() is None
     assert owner.get_job(job_id).state is JobState.RUNNING
     owner.dispose()
     server.stop()

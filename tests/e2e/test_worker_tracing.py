@@ -6,8 +6,6 @@ ERROR with its exception, and a job whose stored trace context is nonsense still
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,8 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlalchemy import text
 from sqlalchemy.engine import URL
-from tracing_spans import memory_exporter
+from support.processes import run_pgqueue
+from support.tracing_spans import memory_exporter
 
 from pgqueue import PgQueue, Settings
 
@@ -93,13 +92,8 @@ def run_worker(tmp_path: Path, url: URL, tracing: bool = True) -> list[dict[str,
         "PGQUEUE_TRACING": "1" if tracing else "0",
         "PATH": "/usr/bin:/bin",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "pgqueue", "worker", "traceapp:pgq", "--drain", "-c", "2"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_pgqueue(
+        "worker", "traceapp:pgq", "--drain", "-c", "2", env=env, cwd=tmp_path, process=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
     if not spans_path.exists():

@@ -4,8 +4,6 @@ order, while workers are SIGKILLed and restarted, and through PgBouncer in trans
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -86,23 +84,8 @@ def test_a_chord_through_pgbouncer_in_transaction_mode(app: App, bouncer: URL) -
         [member.s(i) for i in range(members)],  # type: ignore[attr-defined]
         gather.s(),  # type: ignore[attr-defined]
     ).enqueue()
-    env = app.env(pooler="transaction")
-    env["DB_URL"] = bouncer.render_as_string(hide_password=False)
-    log = app.directory / "bouncer-worker.log"
-    with log.open("wb") as out:
-        finished = subprocess.run(
-            [
-                *(sys.executable, "-m", "pgqueue", "worker", "e2eapp:pgq", "--processes", "2"),
-                *("--no-listen", "--concurrency", "8", "--drain", "--poll-interval", "0.2"),
-            ],
-            cwd=app.directory,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=240,
-        )
-    output = log.read_text()
-    assert finished.returncode == 0, output
+    returncode, output = app.drain_through_bouncer(bouncer)
+    assert returncode == 0, output
     for marker in ("ERROR", "Traceback"):
         assert marker not in output, output
     status = pgq.get_workflow(wf.id)

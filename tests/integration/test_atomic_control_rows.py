@@ -7,10 +7,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from sqlalchemy import text
 from sqlalchemy.engine import URL
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue, Settings
 from pgqueue.testing import states_of, wait_for_states
@@ -47,12 +48,6 @@ class Ledger:
         return peak
 
 
-def _started(worker: Worker) -> threading.Thread:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_a_long_atomic_job_leaves_its_queue_limit_to_the_leased_jobs(pgq: PgQueue) -> None:
     ledger = Ledger()
     atomic_began = threading.Event()
@@ -70,9 +65,7 @@ def test_a_long_atomic_job_leaves_its_queue_limit_to_the_leased_jobs(pgq: PgQueu
 
     pgq.set_queue_limit("limited", 5)
     atomic_id = long_atomic.enqueue()
-    worker = Worker(pgq, concurrency=10)
-    thread = _started(worker)
-    try:
+    with in_thread(Worker(pgq, concurrency=10)):
         assert atomic_began.wait(15)
         enqueued = time.monotonic()
         ids = short_leased.enqueue_many([[] for _ in range(8)])
@@ -80,9 +73,6 @@ def test_a_long_atomic_job_leaves_its_queue_limit_to_the_leased_jobs(pgq: PgQueu
         recorded_after = time.monotonic() - enqueued
         atomic_state = states_of(pgq, [atomic_id])[atomic_id]
         wait_for_states(pgq, [atomic_id], {JobState.SUCCEEDED}, timeout=30)
-    finally:
-        worker.stop()
-        thread.join(30)
     # Eight half-second jobs, four at a time beside the atomic one: about a second, recorded
     # while the atomic job still runs.
     assert atomic_state is JobState.RUNNING, atomic_state
@@ -119,15 +109,12 @@ def test_mixed_atomic_and_leased_jobs_fill_the_limit_and_never_exceed_it(
     atomic_task, leased_task = tasks[0]
     ids = atomic_task.enqueue_many([[] for _ in range(12)])
     ids += leased_task.enqueue_many([[] for _ in range(24)])
-    workers = [Worker(pgq, concurrency=4) for pgq in queues]
-    threads = [_started(worker) for worker in workers]
     try:
-        wait_for_states(first, ids, {JobState.SUCCEEDED}, timeout=90)
+        with ExitStack() as workers:
+            for pgq in queues:
+                workers.enter_context(in_thread(Worker(pgq, concurrency=4)))
+            wait_for_states(first, ids, {JobState.SUCCEEDED}, timeout=90)
     finally:
-        for worker in workers:
-            worker.stop()
-        for thread in threads:
-            thread.join(30)
         for pgq in queues:
             pgq.dispose()
     runs = sorted(ledger.runs, key=lambda run: run[1])
@@ -152,11 +139,8 @@ def test_short_atomic_jobs_of_a_limited_queue_run_one_after_another_without_a_po
 
     pgq.set_queue_limit("limited_short", 2)
     ids = short_atomic.enqueue_many([[] for _ in range(40)])
-    worker = Worker(pgq, concurrency=4)
-    thread = _started(worker)
     try:
-        wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=20)
+        with in_thread(Worker(pgq, concurrency=4)):
+            wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=20)
     finally:
-        worker.stop()
-        thread.join(30)
         pgq.dispose()

@@ -15,11 +15,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import JobContext, JobState, PgQueue, backoff
 from pgqueue.data import atomic_runs as atomic_runs_data
@@ -72,20 +75,13 @@ EXPECTED_ERRORS = {
 
 @pytest.fixture
 def running_worker(pgq: PgQueue) -> Iterator[Callable[..., Worker]]:
-    started: list[tuple[Worker, threading.Thread]] = []
+    """Starts a worker of ``concurrency`` slots that runs until the test ends."""
+    with ExitStack() as workers:
 
-    def start(concurrency: int = 2) -> Worker:
-        worker = Worker(pgq, concurrency=concurrency)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        started.append((worker, thread))
-        return worker
+        def start(concurrency: int = 2) -> Worker:
+            return workers.enter_context(in_thread(Worker(pgq, concurrency=concurrency)))
 
-    yield start
-    for worker, thread in started:
-        worker.stop()
-        thread.join(30)
-        assert not thread.is_alive()
+        yield start
 
 
 def _claim_atomic(session: Session, worker_id: str, lease_seconds: float) -> list[ClaimedJob]:
@@ -102,13 +98,13 @@ def _claim_atomic(session: Session, worker_id: str, lease_seconds: float) -> lis
 
 
 def _wait_final(pgq: PgQueue, job_id: int, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """The job, once it is in a final state."""
+
+    def final() -> Any:
         job = pgq.get_job(job_id)
-        if job.state.is_final:
-            return job
-        time.sleep(0.05)
-    return pgq.get_job(job_id)
+        return job if job.state.is_final else None
+
+    return wait_until(final, timeout, f"job {job_id} to end")
 
 
 @pytest.mark.parametrize("misuse", list(MISUSES))

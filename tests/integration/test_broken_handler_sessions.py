@@ -6,10 +6,10 @@ job, not escape as a worker thread error."""
 from __future__ import annotations
 
 import logging
-import threading
 
 import pytest
 from sqlalchemy import text
+from support.workers import in_thread
 
 from pgqueue import JobContext, JobState, PgQueue, backoff
 from pgqueue.worker import Worker
@@ -36,15 +36,11 @@ def test_a_handler_whose_session_connection_broke_fails_its_attempt_and_frees_it
 
     first = breaks_its_session.enqueue()
     second = after.enqueue()
-    worker = Worker(pgq, concurrency=1)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    with caplog.at_level(logging.WARNING, logger="pgqueue"):
-        thread.start()
-        try:
-            done = {i: pgq.wait_for(i, timeout=30) for i in (first, second)}
-        finally:
-            worker.stop()
-            thread.join(30)
+    with (
+        caplog.at_level(logging.WARNING, logger="pgqueue"),
+        in_thread(Worker(pgq, concurrency=1)),
+    ):
+        done = {i: pgq.wait_for(i, timeout=30) for i in (first, second)}
     assert (done[first].state, done[first].attempts, done[first].result) == (
         JobState.SUCCEEDED,
         2,

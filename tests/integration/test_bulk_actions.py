@@ -11,10 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -24,6 +21,8 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
+from support.processes import run_pgqueue
+from support.workers import in_thread
 
 # Imported for its fixture: a login role holding only the documented grants (docs/explanation/security.md).
 from test_least_privilege import app_role, as_role  # noqa: F401
@@ -36,17 +35,6 @@ from pgqueue.models import AuditRecord, Job, MessageQueue, QueueControl
 from pgqueue.states import JobState
 from pgqueue.testing import states_of, wait_for_states
 from pgqueue.worker import Worker
-
-
-def _cli(url: URL, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PGQUEUE_DATABASE_URL": url.render_as_string(hide_password=False)}
-    return subprocess.run(
-        [sys.executable, "-m", "pgqueue", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def _audit_rows(engine: Engine) -> list[AuditRecord]:
@@ -92,15 +80,17 @@ def test_bulk_retry_of_3000_failed_jobs_dry_run_action_and_one_audit_row(
     pgq.run_worker(drain=True, concurrency=16)
     assert set(states_of(pgq, ids + others).values()) == {JobState.FAILED}
 
-    dry = _cli(database_url, "bulk", "retry", "--state", "failed", "--queue", "sync", "--dry-run")
+    dry = run_pgqueue(
+        "bulk", "retry", "--state", "failed", "--queue", "sync", "--dry-run", url=database_url
+    )
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.strip() == "dry run: retry would change 3,000 jobs"
-    dry_json = _cli(
-        database_url, "bulk", "retry", "--state", "failed", "-q", "sync", "--dry-run", "--json"
+    dry_json = run_pgqueue(
+        "bulk", "retry", "--state", "failed", "-q", "sync", "--dry-run", "--json", url=database_url
     )
     assert json.loads(dry_json.stdout)["count"] == 3000
     # Without --yes, off a terminal: refused in one line, nothing written.
-    refused = _cli(database_url, "bulk", "retry", "--state", "failed", "--queue", "sync")
+    refused = run_pgqueue("bulk", "retry", "--state", "failed", "--queue", "sync", url=database_url)
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
         "error: refusing to retry 3,000 jobs without confirmation: pass --yes (or --dry-run to "
@@ -110,8 +100,8 @@ def test_bulk_retry_of_3000_failed_jobs_dry_run_action_and_one_audit_row(
     assert set(states_of(pgq, ids).values()) == {JobState.FAILED}
     assert _tickets(engine) == set()
 
-    done = _cli(
-        database_url, "bulk", "retry", "--state", "failed", "--queue", "sync", "--yes", "--json"
+    done = run_pgqueue(
+        "bulk", "retry", "--state", "failed", "--queue", "sync", "--yes", "--json", url=database_url
     )
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
@@ -298,9 +288,7 @@ def test_bulk_cancel_and_delete_keep_limit_counters_tickets_and_dependents(
     pgq.set_queue_limit("lim", 1)
     held = hold.enqueue(0)
     worker = Worker(pgq, queues=["lim"], concurrency=2, lease_seconds=1.5)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker):
         assert started.wait(20)
         waiting = [hold.enqueue(n) for n in range(1, 6)]
         parent = step.configure(queue="parents").enqueue("A")
@@ -337,9 +325,6 @@ def test_bulk_cancel_and_delete_keep_limit_counters_tickets_and_dependents(
         assert admin.bulk_delete(JobFilter(queue="lim")).count == 6
         assert _running_counter(engine, "lim") == 0
         assert [r.action for r in _audit_rows(engine)] == ["cancel", "cancel", "delete", "delete"]
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
 
 
 def test_a_role_with_dml_rights_only_runs_a_bulk_action(

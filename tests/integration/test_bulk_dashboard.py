@@ -15,11 +15,11 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
+from support.dashboard import dashboard_app
 
 from pgqueue import JobState
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.cli import pgqueue_group
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.models import AuditRecord
 from pgqueue.testing import states_of
 
@@ -33,15 +33,8 @@ def flaky(n: int) -> None:
 
 @pytest.fixture
 def app(database_url: URL) -> Iterator[Flask]:
-    app = Flask("bulk_dashboard")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    pgq.init_app(app)
-    init_dashboard(app, access=lambda: True, actor=lambda: "alice")
-    yield app
-    pgq.state(app).queue.dispose()
+    with dashboard_app(pgq, database_url, "bulk_dashboard", actor=lambda: "alice") as app:
+        yield app
 
 
 def _failed_jobs(app: Flask, count: int) -> list[int]:

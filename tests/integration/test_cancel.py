@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from support.workers import in_thread
 
 from pgqueue import InvalidStateTransition, JobContext, JobNotFound, JobState, PgQueue
 from pgqueue.testing import states_of, table_counts, wait_for_states
@@ -56,18 +57,13 @@ def test_running_job_checking_flag_ends_cancelled_within_two_heartbeats(pgq: PgQ
     # lease 1.5 s -> heartbeat every 0.5 s
     worker = Worker(pgq, concurrency=1, lease_seconds=1.5)
     assert worker.heartbeat_interval == pytest.approx(0.5)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker):
         assert started.wait(30)
         wait_for_states(pgq, [job_id], {JobState.RUNNING}, timeout=30)
         requested = time.monotonic()
         assert pgq.cancel_job(job_id) is JobState.RUNNING
         wait_for_states(pgq, [job_id], {JobState.CANCELLED}, timeout=30, interval=0.01)
         elapsed = time.monotonic() - requested
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
     assert saw_flag.is_set()
     # Two heartbeat intervals (1.0 s) plus scheduling slack on a shared 2-core machine.
     assert elapsed < 2 * worker.heartbeat_interval + 0.5, elapsed
@@ -90,14 +86,9 @@ def test_running_job_that_raises_after_cancel_is_not_retried(pgq: PgQueue) -> No
 
     job_id = raiser.enqueue()
     worker = Worker(pgq, concurrency=1, lease_seconds=1.5)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker):
         wait_for_states(pgq, [job_id], {JobState.RUNNING}, timeout=30)
         pgq.cancel_job(job_id)
         wait_for_states(pgq, [job_id], {JobState.CANCELLED}, timeout=30)
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
     assert pgq.get_job(job_id).attempts == 1
     assert worker.stats.retried == 0

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
-from polling import wait_until
 from sqlalchemy import Engine, text
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import PgQueue, metrics
 from pgqueue.cli import main as cli_main
@@ -47,15 +47,8 @@ def _claim_failures() -> float:
 def worker(pgq: PgQueue) -> Iterator[Worker]:
     metrics.enable()  # the worker records into this process's registry
     # lease_seconds / 3 is the heartbeat's interval.
-    worker = Worker(pgq, concurrency=2, lease_seconds=HEARTBEAT_SECONDS * 3)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(Worker(pgq, concurrency=2, lease_seconds=HEARTBEAT_SECONDS * 3)) as worker:
         yield worker
-    finally:
-        worker.stop()
-        thread.join(30)
-        assert not thread.is_alive()
 
 
 def _cli(pgq: PgQueue, *args: str) -> str:

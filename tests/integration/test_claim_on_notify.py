@@ -10,6 +10,9 @@ import threading
 import time
 from typing import Any
 
+from support.polling import wait_until
+from support.workers import in_thread
+
 from pgqueue import JobState, PgQueue
 from pgqueue.testing import ConcurrencyProbe, states_of, wait_for_states
 from pgqueue.worker import Worker
@@ -34,12 +37,9 @@ def test_notifications_are_claimed_on_the_listener_within_the_free_slots(pgq: Pg
         return jobs
 
     worker.store.claim = recording_claim  # type: ignore[method-assign]
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        assert _wait(lambda: worker.notifier is not None)
-        assert worker.notifier is not None
-        assert worker.notifier.connected.wait(10)
+    with in_thread(worker):
+        notifier = wait_until(lambda: worker.notifier, 10, "the worker's listener")
+        assert notifier.connected.wait(10)
         # Warm up (first connections, statements prepared), then let the worker go idle.
         warm = slow.enqueue()
         wait_for_states(pgq, [warm], timeout=30)
@@ -49,10 +49,6 @@ def test_notifications_are_claimed_on_the_listener_within_the_free_slots(pgq: Pg
             ids.append(slow.enqueue())
             time.sleep(0.01)
         wait_for_states(pgq, ids, timeout=30)
-    finally:
-        worker.stop()
-        thread.join(30)
-    assert not thread.is_alive()
     assert set(states_of(pgq, ids).values()) == {JobState.SUCCEEDED}
     assert worker.stats.claimed == 13
     assert worker.stats.succeeded == 13
@@ -60,12 +56,3 @@ def test_notifications_are_claimed_on_the_listener_within_the_free_slots(pgq: Pg
     # what waited for a freed slot. Never more than the two slots ran at once.
     assert "pgqueue-listener" in claimers
     assert probe.peak == 2
-
-
-def _wait(predicate: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True

@@ -3,22 +3,24 @@
 Queue and task names, keys, error texts and worker rows are written by other clients too, and
 an ESC, CSI, BEL or C1 character printed raw would retitle the terminal, clear it or recolour
 what follows. Every command's output (tables, lines, errors, logs) shows such a character as
-``\\x1b``-style text; ``--json`` output escapes it as JSON does (``\\u001b``).
+``\\x1b``-style text; ``--json`` output escapes it as JSON does (``\\u001b``). The commands run
+in-process as a fresh process runs them (``cli_invoke``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import subprocess
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from support.cli_invoke import invoke
 
-from pgqueue.cli import main
 from pgqueue.cli.shared import VisibleFormatter, visible
 
 # Every C0 control but newline and tab, DEL, and every C1 control.
@@ -79,19 +81,18 @@ def hostile(engine: Engine) -> dict[str, int]:
     return {"failed": failed, "queued": queued}
 
 
-def _run(database_url: URL, *args: str) -> Result:
-    result = CliRunner().invoke(
-        main,
-        list(args),
-        env={"PGQUEUE_DATABASE_URL": database_url.render_as_string(hide_password=False)},
-        catch_exceptions=False,
-    )
-    return result
+def _run(database_url: URL, *args: str) -> subprocess.CompletedProcess[str]:
+    url = database_url.render_as_string(hide_password=False)
+    return invoke(["-m", "pgqueue", *args], env={**os.environ, "PGQUEUE_DATABASE_URL": url})
 
 
-def _assert_no_raw_control(result: Result) -> None:
+def _output(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+def _assert_no_raw_control(result: subprocess.CompletedProcess[str]) -> None:
     found = sorted({hex(ord(c)) for c in RAW_CONTROL.findall(result.stdout + result.stderr)})
-    assert found == [], (found, result.output[-3000:])
+    assert found == [], (found, _output(result)[-3000:])
 
 
 @pytest.mark.parametrize(
@@ -115,7 +116,7 @@ def test_tables_and_lines_show_control_characters_escaped(
 ) -> None:
     args = [part.format(**hostile) for part in command]
     result = _run(database_url, *args)
-    assert result.exit_code == 0, result.output[-3000:]
+    assert result.returncode == 0, _output(result)[-3000:]
     _assert_no_raw_control(result)
     # Shown, not dropped: the data is there, its control characters as visible text (``show``
     # prints JSON, which escapes them its own way).
@@ -131,7 +132,7 @@ def test_json_output_escapes_control_characters(
     database_url: URL, hostile: dict[str, int], command: list[str]
 ) -> None:
     result = _run(database_url, *[part.format(**hostile) for part in command], "--json")
-    assert result.exit_code == 0, result.output[-3000:]
+    assert result.returncode == 0, _output(result)[-3000:]
     _assert_no_raw_control(result)
     document: Any = json.loads(result.stdout)
     # The values are the data itself: JSON's escapes decode to the original characters.
@@ -159,7 +160,7 @@ def test_errors_show_control_characters_escaped(database_url: URL, hostile: dict
         ["stats", "--database-url", missing],
     ):
         result = _run(database_url, *args)
-        assert result.exit_code == 2, result.output[-3000:]
+        assert result.returncode == 2, _output(result)[-3000:]
         assert result.stderr.startswith("error: ")
         _assert_no_raw_control(result)
 

@@ -3,7 +3,8 @@
 ``pgqueue key-limit`` and ``pgqueue rate-limit`` (and ``flask pgqueue ...``) set, show and
 remove per-key limits and queue or per-key rate limits; bad input is one line, exit code 2,
 and writes nothing. ``QueueSettings`` carries a queue's rate limit and ``key_overrides()``
-reads the per-key overrides; the dashboard's Queues page shows both. Real subprocesses.
+reads the per-key overrides; the dashboard's Queues page shows both. The commands run
+in-process as a fresh process runs them (``cli_invoke``).
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from flask import Flask
 from sqlalchemy.engine import URL
+from support.cli_invoke import invoke
 
 from pgqueue import PgQueue
 from pgqueue.admin import KeyOverride, QueueSettings
@@ -31,9 +32,7 @@ def _run(argv: list[str], url: URL, cwd: Path | None = None) -> subprocess.Compl
     env.update(PGQUEUE_DATABASE_URL=rendered, SHOP_URL=rendered, COLUMNS="200")
     if cwd is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
+    return invoke(argv, cwd=cwd, env=env)
 
 
 def pgqueue(*args: str, url: URL) -> str:

@@ -1,7 +1,8 @@
 """Both CLIs (``pgqueue ...`` and ``flask pgqueue ...``) against what a user gets wrong: an
 unmigrated or too-old schema, a stopped server, a wrong password, a malformed URL, an APP that
 is not a ``PgQueue``. Each prints at most two lines naming the problem and its fix, exits 2,
-and shows no traceback unless ``--debug`` asks for it. Real servers, real subprocesses."""
+and shows no traceback unless ``--debug`` asks for it. Real servers; each failure once in a real
+process of each CLI, and every command in-process as a fresh process runs it (``cli_invoke``)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Set
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
+from support.cli_invoke import invoke
 
 from pgqueue import PgQueue, migrations
 from pgqueue import cli as core_cli
@@ -138,7 +139,9 @@ def shop(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _run(argv: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProcess[str]:
+def _environment(cwd: Path, url: URL | str) -> dict[str, str]:
+    """The environment of a command run in ``cwd`` on ``url``: this one's, but pgqueue's and
+    Flask's settings, with ``url`` as the database and ``cwd`` on the path."""
     rendered = url if isinstance(url, str) else url.render_as_string(hide_password=False)
     # No COLUMNS: output goes to a pipe, as in a script.
     env = {
@@ -153,16 +156,39 @@ def _run(argv: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProc
         PYTHONPATH=os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH", "")) if p),
         PGCONNECT_TIMEOUT="5",
     )
+    return env
+
+
+def _run(argv: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` as a real process."""
     return subprocess.run(
-        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, *argv],
+        cwd=cwd,
+        env=_environment(cwd, url),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
+def _invoke(argv: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` run in this process as a fresh process runs it."""
+    return invoke(argv, cwd=cwd, env=_environment(cwd, url))
+
+
 def pgqueue(args: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProcess[str]:
-    return _run(["-m", "pgqueue", *args], cwd, url)
+    return _invoke(["-m", "pgqueue", *args], cwd, url)
 
 
 def flask(args: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProcess[str]:
+    return _invoke(["-m", "flask", "--app", "shop:app", "pgqueue", *args], cwd, url)
+
+
+def pgqueue_process(args: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProcess[str]:
+    return _run(["-m", "pgqueue", *args], cwd, url)
+
+
+def flask_process(args: list[str], cwd: Path, url: URL | str) -> subprocess.CompletedProcess[str]:
     return _run(["-m", "flask", "--app", "shop:app", "pgqueue", *args], cwd, url)
 
 
@@ -179,9 +205,14 @@ def _assert_one_line(result: subprocess.CompletedProcess[str], *expected: str) -
 
 def _both_clis(shop: Path, url: URL | str, *expected: str, skip: Set[str] = frozenset()) -> None:
     """Every database command of both CLIs but those in ``skip``, each failing with one line
-    holding ``expected``."""
+    holding ``expected``: ``stats`` in a real process of each CLI, and every command
+    in-process."""
     skip = NO_DATABASE | skip
-    for cli, run in (("pgqueue", pgqueue), ("flask", flask)):
+    for cli, run, process in (
+        ("pgqueue", pgqueue, pgqueue_process),
+        ("flask", flask, flask_process),
+    ):
+        _assert_one_line(process(["stats"], shop, url), *expected)
         for command in _commands(cli, skip=skip):
             _assert_one_line(run(command, shop, url), *expected)
 
@@ -205,8 +236,8 @@ def test_unmigrated_database(shop: Path, empty_database_url: URL) -> None:
 
 def test_debug_shows_the_traceback(shop: Path, empty_database_url: URL) -> None:
     for result in (
-        pgqueue(["--debug", "stats"], shop, empty_database_url),
-        flask(["--debug", "stats"], shop, empty_database_url),
+        pgqueue_process(["--debug", "stats"], shop, empty_database_url),
+        flask_process(["--debug", "stats"], shop, empty_database_url),
     ):
         assert result.returncode != 0
         assert "Traceback" in result.stderr
@@ -294,8 +325,10 @@ def test_wrong_password(shop: Path, server_tcp_url: URL, database_url: URL) -> N
 
 
 def test_malformed_url(shop: Path) -> None:
+    url = "postgresql://host:port-is-not-a-number/db"
+    _assert_one_line(pgqueue_process(["stats"], shop, url))
     for command in _commands("pgqueue", skip=NO_DATABASE):
-        _assert_one_line(pgqueue(command, shop, "postgresql://host:port-is-not-a-number/db"))
+        _assert_one_line(pgqueue(command, shop, url))
 
 
 @pytest.mark.parametrize("target", ["shop:send_receipt", "shop:make_queue", "shop:Order"])
@@ -320,9 +353,10 @@ def _enqueue(
 
 def test_flask_worker_logs_like_the_core_worker(shop: Path, database_url: URL) -> None:
     _enqueue(database_url, "default", "default", task="shop.fail", max_attempts=1)
-    core = pgqueue(["worker", "shop:pgq", "--drain"], shop, database_url)
+    # Real processes: a worker's log lines are the logging each CLI sets up in its process.
+    core = pgqueue_process(["worker", "shop:pgq", "--drain"], shop, database_url)
     _enqueue(database_url, "default", "default", task="shop.fail", max_attempts=1)
-    hosted = flask(["worker", "--drain"], shop, database_url)
+    hosted = flask_process(["worker", "--drain"], shop, database_url)
     for result in (core, hosted):
         assert result.returncode == 0, result.stderr
         assert " started: queues=*" in result.stderr, result.stderr
@@ -388,7 +422,8 @@ def test_json_output_and_parity(shop: Path, database_url: URL) -> None:
 def test_tables_are_full_width_when_not_a_terminal(shop: Path, database_url: URL) -> None:
     long_queue, long_task = "q" * 63, "t" * 63  # a row far wider than 80 columns
     _enqueue(database_url, long_queue, task=long_task)
-    for cli in (pgqueue, flask):
+    # Real processes: what is not a terminal is the process's standard output, a pipe.
+    for cli in (pgqueue_process, flask_process):
         for command in (["jobs"], ["stats"]):
             result = cli(command, shop, database_url)
             assert result.returncode == 0, result.stderr
@@ -534,9 +569,7 @@ def test_every_command_given_bad_input_prints_one_line(
         for path in _command_paths(GROUPS[cli])
         for argv, problem in BAD_INPUTS[path]
     ]
-    # Two at a time: each case is a process start, and nothing they do collides.
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda case: run(case[0], shop, database_url), cases))
+    results = [run(argv, shop, database_url) for argv, _ in cases]
     failures = []
     for (argv, problem), result in zip(cases, results, strict=True):
         lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]

@@ -1,27 +1,25 @@
 """The ``pgqueue`` command prints names and error messages as they are: square brackets in
-them are text, not Rich markup (which would crash on ``[/x]`` or restyle ``[bold]``)."""
+them are text, not Rich markup (which would crash on ``[/x]`` or restyle ``[bold]``). The
+command runs in-process as a fresh process runs it (``cli_invoke``)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from support.cli_invoke import invoke
 
 
 def _pgqueue(*args: str, url: URL) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgqueue", *args],
+    return invoke(
+        ["-m", "pgqueue", *args],
         env={
             **os.environ,
             "COLUMNS": "200",
             "PGQUEUE_DATABASE_URL": url.render_as_string(hide_password=False),
         },
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
 
 

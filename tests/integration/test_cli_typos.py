@@ -1,7 +1,8 @@
 """Both CLIs given what a user mistypes or misreads: a revision that does not exist, a queue
 that has no jobs, a name no job can have, a drain that leaves retries behind, a job's
 tracebacks. A mistake prints one ``error:`` line and exits 2; what a command reports reads as
-text. Real servers, real subprocesses (the helpers of ``test_cli_one_line_errors``)."""
+text. Real servers; each command in-process as a fresh process runs it (the helpers of
+``test_cli_one_line_errors``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
-from test_cli_one_line_errors import _assert_one_line, _enqueue, _run, flask, pgqueue, shop
+from test_cli_one_line_errors import _assert_one_line, _enqueue, _invoke, flask, pgqueue, shop
 
 from pgqueue import PgQueue, migrations
 
@@ -259,14 +260,14 @@ def test_a_drain_names_the_retries_it_leaves(shop: Path, database_url: URL) -> N
     }
     for argv in runs.values():
         [job_id] = _enqueue(database_url, "default", task="shop.later", max_attempts=3)
-        result = _run(argv, shop, database_url)
+        result = _invoke(argv, shop, database_url)
         assert result.returncode == 0, result.stderr
         [line] = [line for line in result.stderr.splitlines() if "drained" in line]
         assert "leaving 1 job waiting (1 retrying, 0 queued)" in line, line
         assert f"the next, job {job_id}, is due in 600 s" in line, line
         pgq.admin.cancel_job(job_id)
     pgq.dispose()
-    done = _run(runs["pgqueue"], shop, database_url)
+    done = _invoke(runs["pgqueue"], shop, database_url)
     assert done.returncode == 0, done.stderr
     assert "drained" not in done.stderr, done.stderr
 

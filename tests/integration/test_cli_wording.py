@@ -1,17 +1,17 @@
 """What both CLIs say, read as a user reads it: tables titled for what they show, counts in
 plain English, states in sentences, the Flask CLI's suggestions in its own commands, a
-database URL given once for the whole command line. Real server, real subprocesses."""
+database URL given once for the whole command line. Real server; each command in-process as a
+fresh process runs it (``cli_invoke``)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import click
 from sqlalchemy.engine import URL
+from support.cli_invoke import invoke
 from test_cli_one_line_errors import _assert_one_line, _enqueue, flask, pgqueue, shop
 
 __all__ = ["shop"]  # the fixture, used by name
@@ -74,14 +74,7 @@ def test_the_database_url_as_a_group_option(shop: Path, database_url: URL) -> No
 def test_a_bad_setting_names_what_it_must_hold(shop: Path, database_url: URL) -> None:
     rendered = database_url.render_as_string(hide_password=False)
     env = {**os.environ, "PGQUEUE_DATABASE_URL": rendered, "PGQUEUE_METRICS_PORT": "eighty"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pgqueue", "stats"],
-        cwd=shop,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = invoke(["-m", "pgqueue", "stats"], cwd=shop, env=env)
     error = _assert_one_line(result, "PGQUEUE_METRICS_PORT='eighty' is not a whole number")
     assert "None" not in error
 

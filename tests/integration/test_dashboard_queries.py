@@ -15,10 +15,10 @@ from typing import Any
 
 import psycopg.sql
 import pytest
-from dashboard_app import dashboard_app
 from flask import Flask
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
 
 from pgqueue import JobState
 from pgqueue.admin import ListArguments

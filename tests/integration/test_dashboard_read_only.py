@@ -12,11 +12,11 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from dashboard_app import dashboard_app
 from flask import Flask
 from server_databases import admin_engine
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
 
 from pgqueue import JobState
 from pgqueue.contrib.flask import PgQueue

@@ -13,10 +13,10 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
 
 from pgqueue import JobState
 from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 
 pgq = PgQueue()
 allowed = {"yes": True}
@@ -29,15 +29,10 @@ def noop(value: str) -> str:
 
 @pytest.fixture
 def app(database_url: URL) -> Iterator[Flask]:
-    app = Flask("dashboard_security")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    pgq.init_app(app)
-    init_dashboard(app, access=lambda: allowed["yes"])
-    yield app
-    pgq.state(app).queue.dispose()
+    with dashboard_app(
+        pgq, database_url, "dashboard_security", access=lambda: allowed["yes"]
+    ) as app:
+        yield app
 
 
 def _assert_headers(response: object, what: str) -> None:

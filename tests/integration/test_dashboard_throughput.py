@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from dashboard_app import dashboard_app
 from flask import Flask
 from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
 from test_dashboard_queries import plan_problems
 
 import pgqueue

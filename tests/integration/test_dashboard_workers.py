@@ -6,15 +6,15 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from dashboard_app import dashboard_app
 from flask import Flask
 from sqlalchemy import text
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.worker import Worker
@@ -36,14 +36,6 @@ def app(database_url: URL) -> Iterator[Flask]:
     release.set()
 
 
-def _wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_workers_page_lists_the_registry_and_the_job_page_names_the_holder(app: Flask) -> None:
     queue = pgq.state(app).queue
     with app.app_context():
@@ -51,10 +43,8 @@ def test_workers_page_lists_the_registry_and_the_job_page_names_the_holder(app: 
     worker = Worker(
         queue, queues=["held", "other"], concurrency=4, lease_seconds=60, maintenance=False
     )
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        _wait_until(lambda: queue.get_job(job_id).state == "running", 20, "the job to run")
+    with in_thread(worker, before_stop=release.set):
+        wait_until(lambda: queue.get_job(job_id).state == "running", 20, "the job to run")
         with queue.engine.begin() as connection:
             connection.execute(
                 text(
@@ -96,10 +86,6 @@ def test_workers_page_lists_the_registry_and_the_job_page_names_the_holder(app: 
             connection.execute(text("DELETE FROM pgqueue_workers"))
         gone = client.get(f"/pgqueue/jobs/{job_id}").text
         assert "not registered: the worker is gone" in gone.split('id="job-holder">')[1]
-    finally:
-        release.set()
-        worker.stop()
-        thread.join(30)
     assert "No worker is running." in app.test_client().get("/pgqueue/workers").text
 
 

@@ -13,12 +13,12 @@ import pytest
 from click.testing import CliRunner
 from flask import Flask
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
 
 from pgqueue import JobState, PgQueue
 from pgqueue.admin import JobFilter
 from pgqueue.cli import main as cli_main
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.testing import run_until_final, states_of, table_counts
 
 flask_pgq = FlaskPgQueue()
@@ -113,15 +113,8 @@ def test_pgqueue_bulk_delete_cancels_what_waits_on_the_deleted_jobs(
 
 @pytest.fixture
 def app(database_url: URL) -> Iterator[Flask]:
-    app = Flask("delete_dependents")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    flask_pgq.init_app(app)
-    init_dashboard(app, access=lambda: True)
-    yield app
-    flask_pgq.state(app).queue.dispose()
+    with dashboard_app(flask_pgq, database_url, "delete_dependents") as app:
+        yield app
 
 
 def test_the_dashboards_delete_cancels_what_waits_on_the_job(app: Flask) -> None:

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from docs_pages import DOCS, ROOT, RUN_PAGES, python_blocks
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
+from support.docs_pages import DOCS, ROOT, RUN_PAGES, python_blocks
 
 from pgqueue import PgQueue
 

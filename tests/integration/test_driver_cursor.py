@@ -7,11 +7,11 @@ the statements that follow go through a cursor of the new connection.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, func, select, text
+from server_databases import count_on, wait_until_backend_gone
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import URL
 
 from pgqueue import PgQueue, uow
@@ -57,18 +57,8 @@ def test_a_connection_the_server_ended_is_replaced_with_a_cursor_of_its_own(
     pgq: PgQueue, database_url: URL, autocommit: bool
 ) -> None:
     old_pid, old_cursor, old_connection = _backend_and_cursor(pgq, autocommit)
-    admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": old_pid})
-            deadline = time.monotonic() + 10
-            while connection.execute(
-                text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"), {"pid": old_pid}
-            ).scalar_one():
-                assert time.monotonic() < deadline, "the terminated backend did not end"
-                time.sleep(0.02)
-    finally:
-        admin.dispose()
+    count_on(database_url, "SELECT count(pg_terminate_backend(:pid))", pid=old_pid)
+    wait_until_backend_gone(database_url, old_pid)
 
     new_pid, new_cursor, new_connection = _backend_and_cursor(pgq, autocommit)
 

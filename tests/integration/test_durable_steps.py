@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from dashboard_app import dashboard_app
 from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
 
 from pgqueue import JobContext, JobState, PgQueue, Settings, backoff, steps
 from pgqueue.cli import main as cli_main

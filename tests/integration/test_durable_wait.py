@@ -12,14 +12,14 @@ import datetime as dt
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import URL
+from support.polling import wait_until
+from support.workers import in_thread
 from test_explain import explain_lines
 from test_least_privilege import app_role, as_role  # noqa: F401  (app_role: a fixture)
 
@@ -44,25 +44,6 @@ from pgqueue.jobs import Outcome
 from pgqueue.testing import immediate, table_counts
 
 WAIT = 30.0
-
-
-@contextmanager
-def running_worker(pgq: PgQueue, concurrency: int = 1) -> Iterator[Worker]:
-    worker = Worker(pgq, concurrency=concurrency)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=WAIT)
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.02)
 
 
 def suspended(pgq: PgQueue, job_id: int) -> bool:
@@ -129,8 +110,8 @@ def test_sleep_frees_the_slot_resumes_later_and_uses_no_attempt(pgq: PgQueue) ->
     pgq.set_queue_limit("default", 1)
     started = time.monotonic()
     job_id = sleeper.enqueue()
-    with running_worker(pgq, concurrency=1) as worker:
-        wait_until(lambda: suspended(pgq, job_id), "the sleeper is suspended")
+    with in_thread(Worker(pgq, concurrency=1)) as worker:
+        wait_until(lambda: suspended(pgq, job_id), WAIT, "the sleeper is suspended")
         job = pgq.get_job(job_id)
         assert (job.state, job.attempts, job.lease_token) == (JobState.QUEUED, 0, None)
         # The only slot is free: another job runs while the first sleeps.
@@ -161,8 +142,8 @@ def test_signal_wakes_a_waiting_job_with_its_payload(pgq: PgQueue, database_url:
     def quick() -> None: ...
 
     job_id = approval.enqueue(7)
-    with running_worker(pgq, concurrency=1):
-        wait_until(lambda: suspended(pgq, job_id), "the job waits for its signal")
+    with in_thread(Worker(pgq, concurrency=1)):
+        wait_until(lambda: suspended(pgq, job_id), WAIT, "the job waits for its signal")
         delay = ticket_delay(pgq.engine, job_id)
         assert delay is not None and 86000 < delay <= 86400
         # No slot held while it waits.
@@ -190,8 +171,8 @@ def test_an_async_handler_waits_and_resumes_with_asignal(pgq: PgQueue) -> None:
         return ctx.wait_for_signal("go", timeout=3600)
 
     job_id = async_waits.enqueue()
-    with running_worker(pgq):
-        wait_until(lambda: suspended(pgq, job_id), "the async handler waits for its signal")
+    with in_thread(Worker(pgq, concurrency=1)):
+        wait_until(lambda: suspended(pgq, job_id), WAIT, "the async handler waits for its signal")
         assert asyncio.run(pgq.asignal(job_id, "go", [1, 2])) is True
         done = pgq.wait_for(job_id, timeout=WAIT)
     assert (done.state, done.result, done.attempts) == (JobState.SUCCEEDED, [1, 2], 1)
@@ -206,9 +187,10 @@ def test_async_handlers_sleep_and_wait_with_asleep_and_await_signal(pgq: PgQueue
         return [runs, payload]
 
     job_id = async_sleeps_then_waits.enqueue()
-    with running_worker(pgq):
+    with in_thread(Worker(pgq, concurrency=1)):
         wait_until(
             lambda: suspended(pgq, job_id) and (ticket_delay(pgq.engine, job_id) or 0) > 60,
+            WAIT,
             "the async handler slept, then waits for its signal",
         )
         assert pgq.signal(job_id, "go", {"by": "ana"}) is True
@@ -227,7 +209,7 @@ def test_async_waits_refuse_an_atomic_task(pgq: PgQueue) -> None:
         await ctx.asleep(1)
 
     job_id = atomic_async_sleeps.enqueue()
-    with running_worker(pgq):
+    with in_thread(Worker(pgq, concurrency=1)):
         done = pgq.wait_for(job_id, timeout=WAIT)
     assert done.state is JobState.FAILED
     assert "ctx.asleep in atomic task 'atomic_async_sleeps'" in (done.last_error or "")
@@ -284,8 +266,8 @@ def test_a_signal_in_a_rolled_back_session_does_nothing(pgq: PgQueue) -> None:
         return ctx.wait_for_signal("approved", timeout=3600)
 
     job_id = held.enqueue()
-    with running_worker(pgq):
-        wait_until(lambda: suspended(pgq, job_id), "the job waits for its signal")
+    with in_thread(Worker(pgq, concurrency=1)):
+        wait_until(lambda: suspended(pgq, job_id), WAIT, "the job waits for its signal")
         with pgq.sessions() as session:
             assert pgq.signal(job_id, "approved", "yes", session=session) is True
             session.rollback()
@@ -314,7 +296,7 @@ def test_a_wait_past_its_timeout_raises_signal_timeout(pgq: PgQueue) -> None:
         ctx.wait_for_signal("approved", timeout=dt.timedelta(seconds=0.5))
 
     caught, uncaught = patient.enqueue(), impatient.enqueue()
-    with running_worker(pgq, concurrency=2):
+    with in_thread(Worker(pgq, concurrency=2)):
         first = pgq.wait_for(caught, timeout=WAIT)
         second = pgq.wait_for(uncaught, timeout=WAIT)
     assert first.state is JobState.SUCCEEDED
@@ -339,9 +321,9 @@ def test_a_suspended_job_can_be_cancelled(pgq: PgQueue) -> None:
         ctx.sleep(3600)
 
     ids = [waiting.enqueue(), sleeping.enqueue()]
-    with running_worker(pgq, concurrency=2):
+    with in_thread(Worker(pgq, concurrency=2)):
         for job_id in ids:
-            wait_until(lambda job_id=job_id: suspended(pgq, job_id), "the job is suspended")
+            wait_until(lambda job_id=job_id: suspended(pgq, job_id), WAIT, "the job is suspended")
         [sleeping_blocker] = [
             b for b in pgq.explain_job(ids[1]).blockers if b.kind.value == "suspended"
         ]
@@ -371,12 +353,12 @@ def test_a_worker_restart_while_jobs_are_suspended_loses_nothing(pgq: PgQueue) -
         return "rested"
 
     waiting, sleeping = restart_wait.enqueue(), restart_sleep.enqueue()
-    with running_worker(pgq, concurrency=2):
+    with in_thread(Worker(pgq, concurrency=2)):
         for job_id in (waiting, sleeping):
-            wait_until(lambda job_id=job_id: suspended(pgq, job_id), "the job is suspended")
+            wait_until(lambda job_id=job_id: suspended(pgq, job_id), WAIT, "the job is suspended")
     # No worker runs now: the signal is stored and waits with the job.
     assert pgq.signal(waiting, "go", {"n": 1}) is True
-    with running_worker(pgq, concurrency=2):
+    with in_thread(Worker(pgq, concurrency=2)):
         first = pgq.wait_for(waiting, timeout=WAIT)
         second = pgq.wait_for(sleeping, timeout=WAIT)
     assert (first.state, first.result, first.attempts) == (JobState.SUCCEEDED, {"n": 1}, 1)
@@ -458,9 +440,10 @@ def test_sleep_and_signal_with_dml_rights_only(
 
     try:
         job_id = suspends.enqueue()
-        with running_worker(pgq):
+        with in_thread(Worker(pgq, concurrency=1)):
             wait_until(
                 lambda: pgq.explain_job(job_id).blockers[0].data.get("signal") == "go",
+                WAIT,
                 "the job waits for its signal",
             )
             assert pgq.signal(job_id, "go", "ok") is True
@@ -494,8 +477,8 @@ def test_migration_0021_goes_both_ways_with_jobs_and_signals_present(
         with engine.begin() as connection:
             migrations.upgrade(connection, "pgqueue_0021")
         waiting = waits.enqueue()
-        with running_worker(pgq):
-            wait_until(lambda: suspended(pgq, waiting), "the job waits for its signal")
+        with in_thread(Worker(pgq, concurrency=1)):
+            wait_until(lambda: suspended(pgq, waiting), WAIT, "the job waits for its signal")
         assert pgq.signal(waiting, "go", 1) is True
         # The signal and the suspension are data a downgrade would drop: refused unless asked.
         with (
@@ -512,7 +495,7 @@ def test_migration_0021_goes_both_ways_with_jobs_and_signals_present(
         assert [pgq.get_job(i).result for i in before] == [0, 1, 2]
         # Its signal went with the downgrade; sent again, it still resumes the job.
         assert pgq.signal(waiting, "go", 2) is True
-        with running_worker(pgq):
+        with in_thread(Worker(pgq, concurrency=1)):
             assert pgq.wait_for(waiting, timeout=WAIT).result == 2
     finally:
         pgq.dispose()
@@ -539,7 +522,7 @@ def test_immediate_mode_leaves_a_suspended_job_for_a_worker(pgq: PgQueue) -> Non
     assert (run_record.state, run_record.attempt) == (JobState.QUEUED, 1)
     assert suspended(pgq, run_record.job_id)
     assert pgq.signal(run_record.job_id, "go", "later") is True
-    with running_worker(pgq):
+    with in_thread(Worker(pgq, concurrency=1)):
         assert pgq.wait_for(run_record.job_id, timeout=WAIT).result == "later"
 
 
@@ -553,8 +536,8 @@ def test_a_signal_never_waits_for_a_ticket_another_transaction_holds(pgq: PgQueu
         return ctx.wait_for_signal("go", timeout=3)
 
     job_id = held_ticket.enqueue()
-    with running_worker(pgq):
-        wait_until(lambda: suspended(pgq, job_id), "the job waits for its signal")
+    with in_thread(Worker(pgq, concurrency=1)):
+        wait_until(lambda: suspended(pgq, job_id), WAIT, "the job waits for its signal")
         with pgq.engine.connect() as holder, holder.begin():
             holder.execute(
                 text("SELECT 1 FROM pgqueue_message_queue WHERE job_id = :id FOR UPDATE"),

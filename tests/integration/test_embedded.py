@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+from support.polling import wait_until
 
 from pgqueue import embedded
 from pgqueue.config import normalize_database_url
@@ -115,13 +116,8 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = [pid for pid in pids if _alive(pid)]
-        if not remaining or time.monotonic() >= deadline:
-            return remaining
-        time.sleep(0.05)
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    wait_until(lambda: not any(_alive(pid) for pid in pids), timeout, f"processes {pids} to end")
 
 
 def _kill_if_alive(pid: int) -> None:
@@ -171,7 +167,7 @@ def test_start_query_stop(pg_dir: Path, durable: bool) -> None:
     finally:
         server.stop()
 
-    assert _wait_gone([postmaster, *backends], timeout=2) == []
+    _wait_gone([postmaster, *backends], timeout=2)
     assert not (data_dir / "postmaster.pid").exists()
     with pytest.raises(psycopg.OperationalError):
         _connect(server.url())
@@ -241,7 +237,7 @@ def test_server_dies_with_parent(pg_dir: Path) -> None:
             assert conn.execute("SELECT 1").fetchone() == (1,)
         parent.kill()  # SIGKILL: no atexit, only PR_SET_PDEATHSIG can stop the server
         parent.wait()
-        assert _wait_gone([postmaster], timeout=10) == []
+        _wait_gone([postmaster], timeout=10)
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -304,7 +300,7 @@ def test_shared_server_reused_across_processes(pg_dir: Path) -> None:
         # ...the owner does (atexit).
         owner.communicate(timeout=10)
         assert owner.returncode == 0
-        assert _wait_gone([postmaster], timeout=5) == []
+        _wait_gone([postmaster], timeout=5)
     finally:
         for process in (first, second):
             if process.poll() is None:

@@ -11,9 +11,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from support.processes import pgqueue_env, run_pgqueue
 
 import pgqueue
 from pgqueue import PgQueue, Settings
@@ -108,13 +106,14 @@ def test_cli_worker_at_debug_does_not_print_args(database_url: URL, tmp_path: Pa
     try:
         store = pgq.task(name="hygiene.store", max_attempts=1)(lambda card, email: None)
         ids = [store.enqueue(SECRETS[0], SECRETS[1]), store.enqueue("other", SECRETS[1])]
-        result = subprocess.run(
-            [sys.executable, "-m", "pgqueue", "-vv", "worker", "hygiene_app:pgq", "--drain"],
+        result = run_pgqueue(
+            "-vv",
+            "worker",
+            "hygiene_app:pgq",
+            "--drain",
+            env={**pgqueue_env(), "DB_URL": url},
             cwd=tmp_path,
-            env={**os.environ, "DB_URL": url},
-            capture_output=True,
-            text=True,
-            timeout=120,
+            process=True,
         )
         assert result.returncode == 0, result.stderr[-2000:]
         states = {i: pgq.get_job(i).state for i in ids}

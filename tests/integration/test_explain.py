@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
-import subprocess
-import sys
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import URL
+from support.processes import run_pgqueue
 
 from pgqueue import JobState, PgQueue, backoff
 from pgqueue.data import claim as claim_data
@@ -23,25 +21,15 @@ from pgqueue.explain import BlockerKind
 from pgqueue.testing import run_until_final
 
 
-def _pgqueue(*args: str, url: URL) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgqueue", *args],
-        env={**os.environ, "PGQUEUE_DATABASE_URL": url.render_as_string(hide_password=False)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def explain_lines(job_id: int, url: URL) -> list[str]:
     """The output of ``pgqueue explain JOB_ID``: the headline, then one line per blocker."""
-    result = _pgqueue("explain", str(job_id), url=url)
+    result = run_pgqueue("explain", str(job_id), url=url)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout.splitlines()
 
 
 def explain_json(job_id: int, url: URL) -> dict[str, Any]:
-    result = _pgqueue("explain", str(job_id), "--json", url=url)
+    result = run_pgqueue("explain", str(job_id), "--json", url=url)
     assert result.returncode == 0, result.stderr[-2000:]
     data: dict[str, Any] = json.loads(result.stdout)
     return data
@@ -182,19 +170,19 @@ def test_finished_jobs_say_how_they_ended(pgq: PgQueue, database_url: URL) -> No
 
 
 def test_unknown_id_is_one_line_and_exit_code_2(database_url: URL) -> None:
-    result = _pgqueue("explain", "987654", url=database_url)
+    result = run_pgqueue("explain", "987654", url=database_url)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: no job with id 987654"
     assert result.stdout == ""
     beyond_bigint = str(2**63)
     for command in ("explain", "show", "retry", "cancel", "workflow"):
-        result = _pgqueue(command, beyond_bigint, url=database_url)
+        result = run_pgqueue(command, beyond_bigint, url=database_url)
         what = "workflow id" if command == "workflow" else "job id"
         assert (result.returncode, result.stderr) == (
             2,
             f"error: {what} must be at most {2**63 - 1} (a bigint), got {beyond_bigint}\n",
         ), command
-    result = _pgqueue("explain", "--", "0", url=database_url)
+    result = run_pgqueue("explain", "--", "0", url=database_url)
     assert (result.returncode, result.stderr) == (
         2,
         "error: job id must be a positive int, got 0\n",

@@ -24,6 +24,7 @@ from server_databases import create_database, drop_database, run_example_tests
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession
+from support.processes import pgqueue_env, run_pgqueue
 
 from pgqueue import Job, JobState, MessageQueue
 
@@ -91,18 +92,13 @@ def count(url: URL, model: Any) -> int:
 
 def run_worker(url: URL) -> subprocess.CompletedProcess[str]:
     """The README's worker command, with ``--drain`` to exit once no job is ready."""
-    env = dict(os.environ)
+    env = pgqueue_env()
     env.update(
         DATABASE_URL=url.render_as_string(hide_password=False),
         PYTHONPATH=os.pathsep.join(p for p in (str(EXAMPLE), env.get("PYTHONPATH", "")) if p),
     )
-    return subprocess.run(
-        [sys.executable, "-m", "pgqueue", "worker", "orders_api.tasks:pgq", "--drain"],
-        cwd=EXAMPLE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    return run_pgqueue(
+        "worker", "orders_api.tasks:pgq", "--drain", env=env, cwd=EXAMPLE, process=True
     )
 
 

@@ -8,13 +8,13 @@ forged earlier epoch wakes the worker once more, and it still wakes at the real 
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any
 
 import psycopg
 import pytest
 from sqlalchemy import Engine
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue
 from pgqueue.testing import states_of, wait_for_states
@@ -58,28 +58,21 @@ def test_forged_notifications_do_not_stop_delayed_wakeups(pgq: PgQueue, engine: 
         return None
 
     # Polls never come in time: the delayed job can only start through its notification.
-    worker = Worker(pgq, concurrency=1, poll_interval=60, maintenance=False)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        assert _wait(lambda: worker.notifier is not None)
-        assert worker.notifier is not None
-        assert worker.notifier.connected.wait(10)
+    with in_thread(Worker(pgq, concurrency=1, poll_interval=60, maintenance=False)) as worker:
+        notifier = wait_until(lambda: worker.notifier, 10, "the worker's listener")
+        assert notifier.connected.wait(10)
         warm = later.enqueue()
         wait_for_states(pgq, [warm], timeout=30)
         conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
         with psycopg.connect(conninfo, autocommit=True) as other:
             for payload in FORGED:
                 other.execute("SELECT pg_notify('pgqueue', %s)", (payload,))
-        time.sleep(0.5)  # the listener has read them all
+        # Notifications arrive in the order their transactions committed: the listener reads
+        # all of these before the delayed jobs' own.
         enqueued = time.monotonic()
         delayed = [later.configure(delay=1.0).enqueue(), later.configure(delay=2.0).enqueue()]
         wait_for_states(pgq, delayed, timeout=15)
         waited = time.monotonic() - enqueued
-    finally:
-        worker.stop()
-        thread.join(30)
-    assert not thread.is_alive()
     assert set(states_of(pgq, delayed).values()) == {JobState.SUCCEEDED}
     assert waited < 10, waited
     assert worker.stats.succeeded == 3
@@ -90,13 +83,9 @@ def test_a_forged_earlier_epoch_does_not_replace_a_real_one(pgq: PgQueue, engine
     def later() -> None:
         return None
 
-    worker = Worker(pgq, concurrency=1, poll_interval=60, maintenance=False)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        assert _wait(lambda: worker.notifier is not None)
-        assert worker.notifier is not None
-        assert worker.notifier.connected.wait(10)
+    with in_thread(Worker(pgq, concurrency=1, poll_interval=60, maintenance=False)) as worker:
+        notifier = wait_until(lambda: worker.notifier, 10, "the worker's listener")
+        assert notifier.connected.wait(10)
         enqueued = time.monotonic()
         delayed = later.configure(delay=2.0).enqueue()
         conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -104,18 +93,5 @@ def test_a_forged_earlier_epoch_does_not_replace_a_real_one(pgq: PgQueue, engine
             other.execute("SELECT pg_notify('pgqueue', %s)", (f"default {time.time() + 0.3}",))
         wait_for_states(pgq, [delayed], timeout=15)
         waited = time.monotonic() - enqueued
-    finally:
-        worker.stop()
-        thread.join(30)
-    assert not thread.is_alive()
     assert states_of(pgq, [delayed]) == {delayed: JobState.SUCCEEDED}
     assert 1.5 < waited < 10, waited
-
-
-def _wait(predicate: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True

@@ -67,9 +67,13 @@ def test_a_worker_fails_only_the_attempts_that_raised_an_interrupt(pgq: PgQueue)
 # A program in immediate mode whose handler sleeps until the test presses Ctrl-C: a process of
 # its own, whose main thread runs the handler, as a terminal's Ctrl-C reaches it.
 CTRL_C_PROGRAM = """
-import sys, time
+import signal, sys, time
 from pgqueue import PgQueue
 from pgqueue.testing import immediate
+
+# Ctrl-C as at a terminal: a test run started in the background by a non-interactive shell
+# hands its processes SIGINT ignored, which Python then leaves ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pgq = PgQueue(sys.argv[1])
 

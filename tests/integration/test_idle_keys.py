@@ -4,6 +4,7 @@ enqueue racing that deletion never leaves a job whose key row is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -13,6 +14,8 @@ from typing import Any
 
 from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import PgQueue
 from pgqueue.data import claim as claim_data
@@ -207,22 +210,19 @@ def test_enqueues_racing_the_key_cleanup_leave_every_job_claimable(pgq: PgQueue)
                 # A host transaction that stays open a while after its enqueue.
                 time.sleep(rng.uniform(0.0, 0.04))
 
-    worker = Worker(pgq, concurrency=4)
-    workers = [threading.Thread(target=worker.run, daemon=True)]
     cleaner = threading.Thread(target=clean, daemon=True)
     enqueuers = [threading.Thread(target=enqueue, args=(t,)) for t in range(threads)]
-    for thread in [*workers, cleaner, *enqueuers]:
-        thread.start()
-    for thread in enqueuers:
-        thread.join()
     total = threads * per_thread
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(ran) < total:
-        time.sleep(0.1)
-    stop.set()
-    cleaner.join()
-    worker.stop()
-    workers[0].join(timeout=30)
+    with in_thread(Worker(pgq, concurrency=4)):
+        for thread in [cleaner, *enqueuers]:
+            thread.start()
+        for thread in enqueuers:
+            thread.join()
+        # Past the deadline the checks below name the jobs left unclaimed.
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: len(ran) >= total, 60, f"all {total} jobs to run", interval=0.1)
+        stop.set()
+        cleaner.join()
     with pgq.engine.connect() as c:
         left = c.execute(
             text(

@@ -10,10 +10,10 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from dashboard_app import dashboard_app
 from flask import Flask
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
 
 from pgqueue import JobContext, JobState, PgQueue, Retry
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue

@@ -9,9 +9,10 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from flow_checks import waiting_keys
 from sqlalchemy import text
 from sqlalchemy.orm import Session
+from support.flow_checks import waiting_keys
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue, backoff
 from pgqueue.data import claim as claim_data
@@ -260,19 +261,15 @@ def test_a_first_keyed_job_starts_at_once_on_a_worker_that_saw_no_keys(pgq: PgQu
     @pgq.task(name="warmup")
     def warmup() -> None: ...
 
-    worker = Worker(pgq, concurrency=2)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(Worker(pgq, concurrency=2)):
         wait_for_states(pgq, [warmup.enqueue()], {JobState.SUCCEEDED}, timeout=30)
-        time.sleep(0.3)
+        time.sleep(0.3)  # the worker idles: its lean claims find nothing
         enqueued = time.monotonic()
         job = first.enqueue()
         wait_for_states(pgq, [job], {JobState.SUCCEEDED}, timeout=30)
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-    assert started["at"] - enqueued < 1.0
+    # Well under the 5 s the worker would wait without the wake-up, with room for a loaded
+    # machine's scheduling.
+    assert started["at"] - enqueued < 2.5
 
 
 def test_a_claim_over_a_thousand_keys_stays_fast(pgq: PgQueue) -> None:

@@ -34,7 +34,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import types
 from collections.abc import Iterator
@@ -43,14 +42,16 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from flask import Flask
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
+from support.polling import wait_until
+from support.processes import pgqueue_env, run_pgqueue
+from support.workers import in_thread
 
 from pgqueue import JobContext, PgQueue, QueueFull, Retry, Settings, Snooze
 from pgqueue.cli import main as cli_main
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.data import enqueue as enqueue_data
 from pgqueue.errors import JobNotFound, NotSchemaOwner
 from pgqueue.models import Job, MessageQueue, PeriodicTick, metadata
@@ -222,19 +223,8 @@ def _write_app(tmp_path: Path) -> None:
 
 
 def _cli(tmp_path: Path, url: URL, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "DB_URL": url.render_as_string(hide_password=False),
-        "PGQUEUE_DATABASE_URL": url.render_as_string(hide_password=False),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "pgqueue", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    env = {**pgqueue_env(url), "DB_URL": url.render_as_string(hide_password=False)}
+    return run_pgqueue(*args, env=env, cwd=tmp_path)
 
 
 def test_full_job_cycle_with_dml_rights_only(
@@ -306,9 +296,7 @@ def test_full_job_cycle_with_dml_rights_only(
             )
 
         worker = Worker(pgq, concurrency=2, listen=True)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
+        with in_thread(worker, join_timeout=60):
             wait_for_states(pgq, [first, in_session], {JobState.SUCCEEDED}, timeout=30)
             # The worker is idle now; LISTEN must be up before the next enqueue counts as proof.
             _wait_for_listener(admin, app_role)
@@ -325,16 +313,12 @@ def test_full_job_cycle_with_dml_rights_only(
             woke_after = time.monotonic() - started
             # Rescue (advisory lock + guarded update + ticket insert) and prune, as the role.
             wait_for_states(pgq, [orphan], {JobState.SUCCEEDED}, timeout=30)
-            _wait_until_gone(pgq, old_done, timeout=30)
+            wait_until(lambda: _gone(pgq, old_done), 30, f"job {old_done} to be pruned")
             cancel_me = greet.configure(delay=3600).enqueue("cancel me")
             assert pgq.cancel_job(cancel_me) is JobState.CANCELLED
             failed_id = later[2]
             pgq.retry_job(failed_id)
             wait_for_states(pgq, [failed_id], {JobState.FAILED}, timeout=30)
-        finally:
-            worker.stop()
-            thread.join(timeout=60)
-        assert not thread.is_alive()
         assert pgq.admin.list_workers(include_stale=True) == []  # deleted at the clean stop
 
         assert woke_after < 15  # far below the 30 s poll: the NOTIFY woke the worker
@@ -374,31 +358,27 @@ def test_full_job_cycle_with_dml_rights_only(
 
 
 def _wait_for_listener(admin: Engine, role: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    with admin.connect() as connection:
-        while True:
-            found = connection.execute(
-                text(
-                    """SELECT count(*) FROM pg_stat_activity
-                       WHERE usename = :r AND application_name = 'pgqueue-listener'"""
-                ),
-                {"r": role},
-            ).scalar_one()
-            if found:
-                return
-            assert time.monotonic() < deadline, "the worker's LISTEN connection never came up"
-            time.sleep(0.05)
+    def listening() -> int:
+        with admin.connect() as connection:
+            return int(
+                connection.execute(
+                    text(
+                        """SELECT count(*) FROM pg_stat_activity
+                           WHERE usename = :r AND application_name = 'pgqueue-listener'"""
+                    ),
+                    {"r": role},
+                ).scalar_one()
+            )
+
+    wait_until(listening, timeout, "the worker's LISTEN connection")
 
 
-def _wait_until_gone(pgq: PgQueue, job_id: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            pgq.get_job(job_id)
-        except JobNotFound:
-            return
-        assert time.monotonic() < deadline, f"job {job_id} was never pruned"
-        time.sleep(0.1)
+def _gone(pgq: PgQueue, job_id: int) -> bool:
+    try:
+        pgq.get_job(job_id)
+    except JobNotFound:
+        return True
+    return False
 
 
 def _invoke(*args: str) -> str:
@@ -406,20 +386,6 @@ def _invoke(*args: str) -> str:
     result = CliRunner().invoke(cli_main, list(args), catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return result.output
-
-
-def _dashboard(url: URL) -> tuple[Flask, FlaskPgQueue]:
-    """A Flask app with the pgqueue extension on ``url`` and the dashboard mounted."""
-    extension = FlaskPgQueue()
-    app = Flask("least_privilege_dashboard")
-    app.config.update(
-        TESTING=True,  # errors (a permission denied) propagate instead of becoming a 500 page
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=url.render_as_string(hide_password=False),
-    )
-    extension.init_app(app)
-    init_dashboard(app, access=lambda: True)
-    return app, extension
 
 
 def test_every_runtime_path_with_dml_rights_only(
@@ -535,10 +501,7 @@ def test_every_runtime_path_with_dml_rights_only(
 
         assert "lp.every_second" in _invoke("schedules", f"{module.__name__}:pgq")
 
-        worker = Worker(pgq, concurrency=8)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
+        with in_thread(Worker(pgq, concurrency=8), join_timeout=60):
             _wait_for_queue(pgq, "bulk", JobState.SUCCEEDED, 5000, timeout=120)
             wait_for_states(pgq, limited_ids, {JobState.SUCCEEDED}, timeout=60)
             wait_for_states(pgq, [first, then, unique], {JobState.SUCCEEDED}, timeout=30)
@@ -549,10 +512,6 @@ def test_every_runtime_path_with_dml_rights_only(
             assert set(states_of(pgq, held_ids).values()) == {JobState.QUEUED}
             assert "resumed" in _invoke("resume", "paused")
             wait_for_states(pgq, held_ids, {JobState.SUCCEEDED}, timeout=30)
-        finally:
-            worker.stop()
-            thread.join(timeout=60)
-        assert not thread.is_alive()
 
         assert probe.peak == 1  # the limit held with 8 free slots and 6 ready jobs
         assert "removed" in _invoke("limit", "limited", "none")
@@ -575,8 +534,10 @@ def test_every_runtime_path_with_dml_rights_only(
 
         # The dashboard's pages and actions, as the role.
         waiting = step.configure(delay=3600).enqueue("to cancel")
-        app, extension = _dashboard(app_url)
-        try:
+        # TESTING: errors (a permission denied) propagate instead of becoming a 500 page.
+        with dashboard_app(
+            FlaskPgQueue(), app_url, "least_privilege_dashboard", TESTING=True
+        ) as app:
             client = app.test_client()
             overview = client.get("/pgqueue/")
             assert overview.status_code == 200
@@ -595,8 +556,6 @@ def test_every_runtime_path_with_dml_rights_only(
             ]:
                 response = client.post(f"/pgqueue/jobs/{job_id}/{action}", data=form)
                 assert response.status_code == 302, (action, response.text)
-        finally:
-            extension.state(app).queue.dispose()
         assert states_of(pgq, [doomed_parent, waiting, bulk_ids[0]]) == {
             doomed_parent: JobState.QUEUED,
             waiting: JobState.CANCELLED,
@@ -670,23 +629,21 @@ def test_flow_control_and_job_lifecycle_with_dml_rights_only(
         # behind pgqueue's back is set right.
         with admin.begin() as c:
             c.execute(text("UPDATE pgqueue_concurrency_keys SET running = 5"))
-        worker = Worker(pgq, concurrency=1)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                with admin.connect() as c:
-                    counters = c.execute(
-                        text("SELECT key, running FROM pgqueue_concurrency_keys ORDER BY key")
-                    ).all()
-                if [tuple(row) for row in counters] == [("account:1", 0), ("account:2", 0)]:
-                    break
-                assert time.monotonic() < deadline, counters
-                time.sleep(0.2)
-        finally:
-            worker.stop()
-            thread.join(timeout=30)
+
+        def counters() -> list[tuple[Any, ...]]:
+            with admin.connect() as c:
+                rows = c.execute(
+                    text("SELECT key, running FROM pgqueue_concurrency_keys ORDER BY key")
+                ).all()
+            return [tuple(row) for row in rows]
+
+        with in_thread(Worker(pgq, concurrency=1)):
+            wait_until(
+                lambda: counters() == [("account:1", 0), ("account:2", 0)],
+                30,
+                "the maintenance recount to set both key counters to 0",
+                interval=0.2,
+            )
     finally:
         pgq.dispose()
         admin.dispose()
@@ -697,30 +654,28 @@ def test_flow_control_and_job_lifecycle_with_dml_rights_only(
 def _wait_for_queue(pgq: PgQueue, queue: str, state: JobState, count: int, timeout: float) -> None:
     """Wait until ``count`` jobs of ``queue`` are in ``state`` (one count per poll: a state
     query over thousands of ids would compete with the worker for the server)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def counted() -> bool:
         with pgq.sessions() as session:
             found = session.scalar(
                 select(func.count()).where(Job.queue == queue, Job.state == state)
             )
-        if found == count:
-            return
-        assert time.monotonic() < deadline, f"{found} of {count} {queue} jobs {state.value}"
-        time.sleep(0.1)
+        return found == count
+
+    wait_until(counted, timeout, f"{count} {queue} jobs {state.value}", interval=0.1)
 
 
 def _wait_for_beats(pgq: PgQueue, timeout: float) -> list[int]:
     """Ids of the periodic task's jobs once one of them SUCCEEDED."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def succeeded() -> list[int]:
         with pgq.sessions() as session:
             rows = session.execute(
                 select(Job.id, Job.state).where(Job.task_name == "lp.beat").order_by(Job.id)
             ).all()
-        if any(state == JobState.SUCCEEDED for _, state in rows):
-            return [job_id for job_id, state in rows if state == JobState.SUCCEEDED]
-        assert time.monotonic() < deadline, f"no periodic job succeeded: {rows}"
-        time.sleep(0.05)
+        return [job_id for job_id, state in rows if state == JobState.SUCCEEDED]
+
+    return wait_until(succeeded, timeout, "a periodic job to succeed")
 
 
 def test_migrate_needs_ddl_rights(
@@ -783,23 +738,19 @@ def test_partitioned_history_moves_with_dml_rights_but_partitions_need_the_owner
         assert "(SQLSTATE 42501)" in line and "pgqueue history maintain" in line, line
         assert _cli(tmp_path, database_url, "history", "maintain").returncode == 0
         staged = _stage_finished(admin, 3, 120.0)
-        worker = Worker(pgq, queues=["lp-history-idle"], concurrency=1)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                with admin.connect() as connection:
-                    moved = connection.execute(
+
+        def moved() -> int:
+            with admin.connect() as connection:
+                return int(
+                    connection.execute(
                         text("SELECT count(*) FROM pgqueue_job_history")
                     ).scalar_one()
-                if moved == len(staged):
-                    break
-                assert time.monotonic() < deadline, moved
-                time.sleep(0.1)
-        finally:
-            worker.stop()
-            thread.join(timeout=30)
+                )
+
+        with in_thread(Worker(pgq, queues=["lp-history-idle"], concurrency=1)):
+            wait_until(
+                lambda: moved() == len(staged), 30, "the staged jobs moved to the history table"
+            )
         assert pgq.get_job(staged[0]).state is JobState.SUCCEEDED
         assert {j.id for j in pgq.admin.list_jobs().jobs} == set(staged)
     finally:

@@ -10,7 +10,6 @@ connection does.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import Engine, event, text
+from support.polling import wait_until
 
 from pgqueue import PgQueue
 from pgqueue.jobs import ClaimRequest
@@ -164,10 +164,9 @@ def test_a_claim_keeps_its_jobs_when_the_connection_dies_in_the_look_after_it(
         waiting = text(
             "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :pid"
         ).bindparams(pid=claim_pid)
-        deadline = time.monotonic() + 10
-        while not watcher.execute(waiting).scalar_one():
-            assert time.monotonic() < deadline, "the look never waited for the lock"
-            time.sleep(0.01)
+        wait_until(
+            lambda: watcher.execute(waiting).scalar_one(), 10, "the look to wait for the lock", 0.01
+        )
         watcher.commit()
         stopping.set()
         watcher.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": claim_pid})

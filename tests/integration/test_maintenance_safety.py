@@ -15,12 +15,13 @@ Failures are injected with real PostgreSQL triggers, not mocks.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue, Settings
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
@@ -125,17 +126,13 @@ def test_a_failing_scheduler_pass_does_not_stop_rescue(
     _execute(engine, "ALTER TABLE pgqueue_periodic_ticks RENAME TO moved_away")
     # A worker on another queue: only its maintenance loop can touch the lost job.
     worker = Worker(pgq, queues=["elsewhere"], concurrency=1)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while states_of(pgq, [lost])[lost] != JobState.RETRYING:
-            assert time.monotonic() < deadline, "the expired lease was never rescued"
-            time.sleep(0.1)
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
+    with in_thread(worker):
+        wait_until(
+            lambda: states_of(pgq, [lost])[lost] == JobState.RETRYING,
+            30,
+            "the expired lease to be rescued",
+            0.1,
+        )
     messages = [r.getMessage() for r in caplog.records]
     failures = [i for i, m in enumerate(messages) if "schedule pass failed" in m]
     rescues = [i for i, m in enumerate(messages) if m.startswith("rescued 1 jobs")]
@@ -168,17 +165,13 @@ def test_a_drifted_queue_limit_counter_is_repaired(
         assert store.claim(ClaimRequest(worker_id="probe", **claim)) == []
 
         worker = Worker(pgq, queues=["reports"], concurrency=2)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
-            deadline = time.monotonic() + 30
-            while set(states_of(pgq, ids).values()) != {JobState.SUCCEEDED}:
-                assert time.monotonic() < deadline, states_of(pgq, ids)
-                time.sleep(0.1)
-        finally:
-            worker.stop()
-            thread.join(timeout=30)
-        assert not thread.is_alive()
+        with in_thread(worker):
+            wait_until(
+                lambda: set(states_of(pgq, ids).values()) == {JobState.SUCCEEDED},
+                30,
+                "every report to succeed",
+                0.1,
+            )
         assert "queue reports: running count corrected to 0" in caplog.text
         assert pgq.queue_controls()["reports"]["running"] == 0
         # A correct counter is left alone.

@@ -4,10 +4,10 @@ atomic jobs and retries included, and leaves the registry alone when they are of
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import JobContext, PgQueue, backoff, metrics
 from pgqueue.worker import Worker
@@ -73,23 +73,8 @@ def test_running_gauge_counts_atomic_jobs_while_they_run(
         release.wait(30)
 
     atomic_wait.enqueue()
-    worker = Worker(pgq, concurrency=2)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        running = "pgqueue_jobs_running"
-        wait_until(lambda: value(recorded, running, queue="books") == 1, "the atomic job counted")
+    with in_thread(Worker(pgq, concurrency=2), before_stop=release.set):
+        gauge = "pgqueue_jobs_running"
+        wait_until(lambda: value(recorded, gauge, queue="books") == 1, 15, "the atomic job counted")
         release.set()
-        wait_until(lambda: value(recorded, running, queue="books") == 0, "its end counted")
-    finally:
-        release.set()
-        worker.stop()
-        thread.join(30)
-    assert not thread.is_alive()
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+        wait_until(lambda: value(recorded, gauge, queue="books") == 0, 15, "its end counted")

@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from migration_runs import lock_held, migrate, revision_of
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import URL
+from support.migration_runs import lock_held, migrate, revision_of
 
 from pgqueue import migrations
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -13,7 +10,6 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from host_alembic import owned_transaction_config
 from sqlalchemy import (
     Column,
     Integer,
@@ -26,6 +22,8 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import URL
+from support.host_alembic import owned_transaction_config
+from support.processes import run_pgqueue
 
 from alembic import command
 from pgqueue import migrations
@@ -208,17 +206,7 @@ def test_a_lineage_the_host_records_is_left_to_the_host(
         with pytest.raises(SchemaRecordedElsewhere, match=r"alembic downgrade pgqueue@base"):
             migrations.downgrade(connection, "base")
         assert not inspect(connection).has_table(migrations.VERSION_TABLE)
-    env = {
-        **os.environ,
-        "PGQUEUE_DATABASE_URL": empty_database_url.render_as_string(hide_password=False),
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "pgqueue", "migrate"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_pgqueue("migrate", url=empty_database_url)
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1, done.stderr
     assert "is at pgqueue_0017, recorded in alembic_version" in done.stderr

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 from alembic.runtime.migration import MigrationContext
-from migration_runs import lock_held, migrate, migrated_to, revision_of, rows_of
 from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.engine import URL
+from support.migration_runs import lock_held, migrate, migrated_to, revision_of, rows_of
+from support.polling import wait_until
 
 from pgqueue import migrations
 from pgqueue.cli.migrate import run_migrate_command
@@ -86,10 +87,12 @@ def test_migrate_builds_the_state_indexes_concurrently_while_jobs_are_written(
             # every later writer of pgqueue_jobs would queue behind the build.
             older.execute(text(INSERT_JOB))
             migration.start()
-            deadline = time.monotonic() + 30
-            while (waiting := _waiting_build(watcher)) is None:
-                assert migration.is_alive() and time.monotonic() < deadline, failures
-                time.sleep(0.05)
+
+            def build_waiting() -> str | None:
+                assert migration.is_alive(), failures
+                return _waiting_build(watcher)
+
+            waiting = wait_until(build_waiting, 30, "a concurrent build waiting")
             assert waiting.startswith("CREATE INDEX CONCURRENTLY"), waiting
             with writer.begin():
                 writer.execute(text("SET LOCAL lock_timeout = '3s'"))
@@ -256,10 +259,13 @@ def test_a_long_wait_for_an_older_transaction_is_reported_while_it_lasts(
     # waits for it, with no lock_timeout to end the wait.
     with lock_held(empty_database_url, "LOCK TABLE pgqueue_jobs IN ROW EXCLUSIVE MODE", 30) as pid:
         migration.start()
-        deadline = time.monotonic() + 30
-        while "waiting" not in (seen := capsys.readouterr().err):
-            assert migration.is_alive() and time.monotonic() < deadline, failures
-            time.sleep(0.1)
+
+        def waiting_notice() -> str:
+            assert migration.is_alive(), failures
+            err = capsys.readouterr().err
+            return err if "waiting" in err else ""
+
+        seen = wait_until(waiting_notice, 30, "the notice that the migration waits", 0.1)
         assert revision_of(empty_database_url) == "pgqueue_0024"
     migration.join(timeout=60)
     pgq.dispose()

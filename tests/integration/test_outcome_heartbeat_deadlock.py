@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 import pytest
 from sqlalchemy import event, text
 from sqlalchemy.orm import Session
+from support.locks import wait_for_lock_waiters
 
 from pgqueue import PgQueue
 from pgqueue.data import outcomes as outcomes_data
@@ -78,7 +78,7 @@ def test_outcome_batch_and_heartbeat_of_the_same_jobs_do_not_deadlock(
         assert paused.wait(10)
         beat = threading.Thread(target=heartbeat, name="heartbeat")
         beat.start()
-        time.sleep(0.3)  # the heartbeat now waits for a row the batch holds
+        wait_for_lock_waiters(pgq.engine)  # the heartbeat waits for a row the batch holds
         resume.set()
         outcomes.join(30)
         beat.join(30)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import threading
 import time
 
-from polling import wait_until
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue, Settings
 from pgqueue.worker import Worker
@@ -37,25 +38,20 @@ def test_an_outcome_write_that_times_out_on_a_held_row_is_retried(
         return "done"
 
     job_id = held_job.enqueue()
-    worker = Worker(pgq, concurrency=1)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
     try:
-        wait_until(lambda: pgq.get_job(job_id).state is JobState.RUNNING, 10, "the job to run")
-        with engine.connect() as holder:
-            holder.execute(
-                text("SELECT id FROM pgqueue_jobs WHERE id = :id FOR UPDATE"), {"id": job_id}
-            )
-            release.set()
-            # Several statement timeouts of the outcome write while the row is held.
-            time.sleep(2.5)
-            assert pgq.get_job(job_id).state is JobState.RUNNING
-            holder.commit()
-        wait_until(lambda: pgq.get_job(job_id).state.is_final, 10, "the outcome to be written")
+        with in_thread(Worker(pgq, concurrency=1), before_stop=release.set):
+            wait_until(lambda: pgq.get_job(job_id).state is JobState.RUNNING, 10, "the job to run")
+            with engine.connect() as holder:
+                holder.execute(
+                    text("SELECT id FROM pgqueue_jobs WHERE id = :id FOR UPDATE"), {"id": job_id}
+                )
+                release.set()
+                # Several statement timeouts of the outcome write while the row is held.
+                time.sleep(2.5)
+                assert pgq.get_job(job_id).state is JobState.RUNNING
+                holder.commit()
+            wait_until(lambda: pgq.get_job(job_id).state.is_final, 10, "the outcome to be written")
     finally:
-        release.set()
-        worker.stop()
-        thread.join(30)
         pgq.dispose()
     with engine.connect() as connection:
         job = connection.execute(

@@ -7,6 +7,7 @@ import threading
 import time
 
 from sqlalchemy import Engine, text
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue
 from pgqueue.testing import states_of, wait_for_states
@@ -30,9 +31,7 @@ def test_outcomes_of_other_queues_are_written_while_a_control_row_is_held(
     pgq.set_queue_limit("held", 10)
     held_ids = held_job.enqueue_many([[] for _ in range(3)])
     worker = Worker(pgq, concurrency=8)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker, before_stop=release.set):
         wait_for_states(pgq, held_ids, {JobState.RUNNING}, timeout=15)
         with engine.connect() as holder:
             holder.execute(
@@ -51,10 +50,6 @@ def test_outcomes_of_other_queues_are_written_while_a_control_row_is_held(
             held_meanwhile = set(states_of(pgq, held_ids).values())
             holder.commit()
         wait_for_states(pgq, held_ids, {JobState.SUCCEEDED}, timeout=15)
-    finally:
-        release.set()
-        worker.stop()
-        thread.join(30)
     assert free_took < 2.0, free_took
     assert more_took < 1.0, more_took
     assert held_meanwhile == {JobState.RUNNING}

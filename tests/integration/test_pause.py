@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 import time
+
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue
 from pgqueue.testing import states_of, wait_for_states
@@ -24,18 +25,13 @@ def test_paused_queue_gets_no_claims_while_others_do(pgq: PgQueue) -> None:
     mails = [send.enqueue(i) for i in range(5)]
     reports = [report.enqueue(i) for i in range(5)]
     worker = Worker(pgq, concurrency=4)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker):
         wait_for_states(pgq, reports, {JobState.SUCCEEDED}, timeout=30)
         # Several poll intervals (0.2 s) later the paused queue is still untouched.
         time.sleep(1.0)
         assert set(states_of(pgq, mails).values()) == {JobState.QUEUED}
         pgq.resume_queue("emails")
         wait_for_states(pgq, mails, {JobState.SUCCEEDED}, timeout=30)
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
     assert worker.stats.succeeded == 10
 
 
@@ -45,9 +41,7 @@ def test_pause_takes_effect_within_one_poll_interval(pgq: PgQueue) -> None:
         return n
 
     worker = Worker(pgq, concurrency=2, listen=False, poll_interval=0.2)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker):
         first = tick.enqueue(0)
         wait_for_states(pgq, [first], {JobState.SUCCEEDED}, timeout=30)
         pgq.pause_queue("slowq")
@@ -57,9 +51,6 @@ def test_pause_takes_effect_within_one_poll_interval(pgq: PgQueue) -> None:
         held = [tick.enqueue(i) for i in range(3)]
         time.sleep(1.0)
         assert set(states_of(pgq, held).values()) == {JobState.QUEUED}
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
 
 
 def test_drain_treats_paused_jobs_as_not_ready(pgq: PgQueue) -> None:

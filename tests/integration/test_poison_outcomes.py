@@ -19,8 +19,8 @@ import threading
 from typing import Any
 
 import pytest
-from json_rows import nest_args
 from sqlalchemy import Engine, text
+from support.json_rows import nest_args
 
 from pgqueue import JobContext, JobState, PgQueue, Retry, backoff
 from pgqueue.testing import run_until_final

@@ -14,10 +14,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cli_runs import shown_as_json
-from dashboard_app import dashboard_app
 from sqlalchemy import text
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
+from support.polling import wait_until
+from support.processes import shown_as_json
+from support.workers import in_thread, wait_for_heartbeats
 
 from pgqueue import JobContext, JobState, PgQueue, Snooze, ValidationError
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
@@ -57,14 +59,6 @@ def writes(pgq: PgQueue, job_id: int) -> list[Any]:
         )
 
 
-def _wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
 def test_hundred_reports_in_one_heartbeat_interval_are_one_write(counted: PgQueue) -> None:
     pgq = counted
     reported = threading.Event()
@@ -79,24 +73,18 @@ def test_hundred_reports_in_one_heartbeat_interval_are_one_write(counted: PgQueu
 
     job_id = import_rows.enqueue()
     worker = Worker(pgq, concurrency=1, lease_seconds=3.0)  # a heartbeat every second
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker, before_stop=finish.set):
         assert reported.wait(30)
         # Visible while the job runs, after at most one heartbeat interval (plus slack).
-        _wait_until(lambda: pgq.get_job(job_id).progress == 1.0, 5, "the heartbeat's write")
-        running = pgq.get_job(job_id)
-        assert running.state is JobState.RUNNING
-        assert running.progress_message == "row 100 of 100"
-        assert running.progress_at is not None
-        time.sleep(2.5 * worker.heartbeat_interval)  # more heartbeats: nothing new to write
+        wait_until(lambda: pgq.get_job(job_id).progress == 1.0, 5, "the heartbeat's write")
+        current = pgq.get_job(job_id)
+        assert current.state is JobState.RUNNING
+        assert current.progress_message == "row 100 of 100"
+        assert current.progress_at is not None
+        wait_for_heartbeats(pgq, job_id, 2, 10)  # more heartbeats: nothing new to write
         assert [(w.progress, w.message) for w in writes(pgq, job_id)] == [(1.0, "row 100 of 100")]
         finish.set()
         wait_for_states(pgq, [job_id], {JobState.SUCCEEDED}, timeout=30)
-    finally:
-        finish.set()
-        worker.stop()
-        thread.join(timeout=30)
     done = pgq.get_job(job_id)
     assert (done.progress, done.progress_message) == (1.0, "row 100 of 100")
     assert len(writes(pgq, job_id)) == 1  # the outcome had nothing new to write
@@ -258,20 +246,14 @@ def test_dashboard_job_page_shows_progress_and_snoozes(dashboard: Any) -> None:
     with dashboard.app_context():
         job_id = dashboard_progress.enqueue()
     worker = Worker(queue, queues=["shown"], concurrency=1, lease_seconds=1.5, maintenance=False)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker, before_stop=finish_in_app.set):
         assert reported_in_app.wait(30)
-        _wait_until(lambda: queue.get_job(job_id).progress == 0.42, 5, "the heartbeat's write")
+        wait_until(lambda: queue.get_job(job_id).progress == 0.42, 5, "the heartbeat's write")
         with queue.engine.begin() as connection:
             connection.execute(
                 text("UPDATE pgqueue_jobs SET snoozes = 3 WHERE id = :id"), {"id": job_id}
             )
         page = dashboard.test_client().get(f"/pgqueue/jobs/{job_id}")
-    finally:
-        finish_in_app.set()
-        worker.stop()
-        thread.join(timeout=30)
     assert page.status_code == 200
     html = page.get_data(as_text=True)
     assert '<progress max="1" value="0.42"></progress>' in html

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -13,6 +11,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import URL
+from support.locks import wait_for_lock_waiters
+from support.processes import pgqueue_command, pgqueue_env
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue
 from pgqueue.data import claim as claim_data
@@ -71,14 +72,14 @@ def test_limit_two_across_four_worker_processes(
 
     pgq.set_queue_limit("reports", 2)
     ids = report.enqueue_many([[i] for i in range(40)])
-    env = {**os.environ, "DB_URL": url}
+    env = {**pgqueue_env(), "DB_URL": url}
     workers = [
         subprocess.Popen(
             # One job at a time per process: any overlap is across processes, which is what
             # this test is about (the in-process limit has its own test below). With four
             # threads each, the process that finishes a job reclaims first and, on a busy
             # machine, could end up doing all the work alone.
-            [sys.executable, "-m", "pgqueue", "worker", "limitapp:pgq", "--concurrency", "1"],
+            pgqueue_command("worker", "limitapp:pgq", "--concurrency", "1"),
             cwd=tmp_path,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -142,10 +143,7 @@ def test_limit_set_while_a_worker_runs_holds_at_once(
     def busy() -> None:
         probe.run(0.1)
 
-    worker = Worker(pgq, concurrency=4)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(Worker(pgq, concurrency=4)):
         first = busy.enqueue()
         wait_for_states(pgq, [first], {JobState.SUCCEEDED}, timeout=30)
         time.sleep(0.6)  # past the claimer's limits check: it has seen "no limits"
@@ -153,31 +151,7 @@ def test_limit_set_while_a_worker_runs_holds_at_once(
         pgq.set_queue_limit("q2", 1)
         ids = [busy.enqueue() for _ in range(6)]
         wait_for_states(pgq, ids, {JobState.SUCCEEDED}, timeout=60)
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
     assert probe.peak == 1
-
-
-def _wait_for_lock_waiter(pgq: PgQueue, statement: str, timeout: float = 10.0) -> None:
-    """Until another session of this database waits for a lock in a statement that starts
-    with ``statement``."""
-    deadline = time.monotonic() + timeout
-    with pgq.engine.connect() as connection:
-        while True:
-            waiting = connection.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
-                    " AND ltrim(query) LIKE :statement"
-                ),
-                {"statement": f"{statement}%"},
-            ).scalar_one()
-            connection.rollback()
-            if waiting:
-                return
-            assert time.monotonic() < deadline, f"no {statement} waits for a lock"
-            time.sleep(0.02)
 
 
 def test_a_limit_set_while_a_claim_waits_keeps_that_claim_counted(pgq: PgQueue) -> None:
@@ -216,9 +190,9 @@ def test_a_limit_set_while_a_claim_waits_keeps_that_claim_counted(pgq: PgQueue) 
     with pgq.engine.begin() as locker:
         locker.execute(text("SELECT 1 FROM pgqueue_jobs WHERE id = :id FOR UPDATE"), {"id": first})
         claimer.start()
-        _wait_for_lock_waiter(pgq, "WITH")  # the claim, holding the queue's row
+        wait_for_lock_waiters(pgq.engine, statement="WITH")  # the claim, holding the queue's row
         setter.start()
-        _wait_for_lock_waiter(pgq, "INSERT INTO pgqueue_queues")
+        wait_for_lock_waiters(pgq.engine, statement="INSERT INTO pgqueue_queues")
     for thread in (claimer, setter):
         thread.join(30)
         assert not thread.is_alive()

@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 import pytest
-from flow_checks import most_in_window, waiting_keys
 from sqlalchemy import select, text
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.functions import FunctionElement
+from support.flow_checks import most_in_window, waiting_keys
 
 from pgqueue import JobState, PgQueue, Settings
 from pgqueue.data import claim as claim_data

@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 import time
 
-from polling import wait_until
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Engine, text
+from support.locks import wait_for_lock_waiters
+from support.polling import wait_until
 
 from pgqueue import JobState, PgQueue
 from pgqueue.jobs import ClaimRequest, Outcome
@@ -108,7 +109,6 @@ def test_an_outcome_write_that_keeps_trying_lets_go_of_its_job_between_tries(
         ClaimRequest(worker_id="test", limit=10, queues=None, lease_seconds=30.0, task_leases={})
     )
     done = Outcome(job_id=parent, lease_token=claimed.lease_token, kind="complete")
-    free_seen = 0
     with engine.connect() as holder:
         holder.execute(
             text("SELECT 1 FROM pgqueue_jobs WHERE id = :id FOR UPDATE"), {"id": dependent}
@@ -116,31 +116,23 @@ def test_an_outcome_write_that_keeps_trying_lets_go_of_its_job_between_tries(
         writer = threading.Thread(target=store.record_outcomes, args=([done],), daemon=True)
         writer.start()
         with engine.connect() as poller:
-            wait_until(lambda: _waiting_for_locks(poller) > 0, 10, "the write to wait for the row")
-            deadline = time.monotonic() + 6.0
-            while time.monotonic() < deadline:
+            wait_for_lock_waiters(engine)  # the write waits for the row
+
+            def parent_free() -> bool:
                 got = poller.execute(
                     text("SELECT id FROM pgqueue_jobs WHERE id = :id FOR UPDATE SKIP LOCKED"),
                     {"id": parent},
                 ).all()
                 poller.rollback()
-                free_seen += len(got)
-                time.sleep(0.005)
+                return bool(got)
+
+            wait_until(parent_free, 6.0, "the job's row free between the write's tries", 0.005)
         state_meanwhile = states_of(pgq, [parent])[parent]
         holder.commit()
     writer.join(30)
     assert not writer.is_alive()
-    assert free_seen > 0
     assert state_meanwhile is JobState.RUNNING
     assert states_of(pgq, [parent, dependent]) == {
         parent: JobState.SUCCEEDED,
         dependent: JobState.QUEUED,
     }
-
-
-def _waiting_for_locks(connection: Connection) -> int:
-    count = connection.execute(
-        text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-    ).scalar_one()
-    connection.rollback()
-    return int(count)

@@ -10,17 +10,16 @@ running job, however old (even one whose ``finished_at`` was set by hand).
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import URL
+from support.polling import wait_until
+from support.processes import pgqueue_env, run_pgqueue
+from support.workers import in_thread
 
 from pgqueue import PgQueue, Settings
 from pgqueue.worker import Worker
@@ -178,19 +177,16 @@ def test_worker_maintenance_prunes_in_batches(
     active = stage_active(engine)
     caplog.set_level(logging.INFO, logger="pgqueue")
     # The worker listens to a queue with no jobs: only its maintenance loop touches the table.
-    worker = Worker(pgq, queues=["retention-idle"], concurrency=1)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 60
-        while len(remaining(engine)) > len(kept) + len(active):
-            assert time.monotonic() < deadline, f"{len(remaining(engine))} jobs left"
-            time.sleep(0.2)
+        with in_thread(Worker(pgq, queues=["retention-idle"], concurrency=1), join_timeout=60):
+            wait_until(
+                lambda: len(remaining(engine)) <= len(kept) + len(active),
+                60,
+                "the old jobs to be pruned",
+                interval=0.2,
+            )
     finally:
-        worker.stop()
-        thread.join(timeout=60)
         pgq.dispose()
-    assert not thread.is_alive()
     assert remaining(engine) == set(kept) | set(active)
     pruned = [
         int(r.getMessage().split()[1])
@@ -203,14 +199,7 @@ def test_worker_maintenance_prunes_in_batches(
 
 def _cli_prune(database_url: URL, **env: str) -> subprocess.CompletedProcess[str]:
     url = database_url.render_as_string(hide_password=False)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pgqueue", "prune", "--database-url", url],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_pgqueue("prune", "--database-url", url, env={**pgqueue_env(), **env})
 
 
 def test_cli_prune_uses_the_defaults_and_the_environment(database_url: URL, engine: Engine) -> None:

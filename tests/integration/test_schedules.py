@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
+from contextlib import ExitStack
 from zoneinfo import ZoneInfo
 
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue, ValidationError
 from pgqueue.models import Job, PeriodicTick
@@ -270,20 +272,15 @@ def test_workers_run_the_scheduler_in_their_maintenance_loop(pgq: PgQueue) -> No
     def pulse() -> None:
         return None
 
-    workers = [Worker(pgq, concurrency=1) for _ in range(3)]
-    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
-    for thread in threads:
-        thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while _count(pgq, PeriodicTick, schedule_name="every_second") < 3:
-            assert time.monotonic() < deadline, "no ticks from the workers' maintenance loops"
-            time.sleep(0.1)
-    finally:
-        for worker in workers:
-            worker.stop()
-        for thread in threads:
-            thread.join(timeout=30)
+    with ExitStack() as workers:
+        for _ in range(3):
+            workers.enter_context(in_thread(Worker(pgq, concurrency=1)))
+        wait_until(
+            lambda: _count(pgq, PeriodicTick, schedule_name="every_second") >= 3,
+            30,
+            "three ticks from the workers' maintenance loops",
+            interval=0.1,
+        )
     with pgq.sessions() as session:
         ticks = session.scalars(select(PeriodicTick.scheduled_at)).all()
         jobs = session.scalar(select(func.count()).select_from(Job).where(Job.task_name == "pulse"))

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cli_runs import shown_as_json
 from sqlalchemy import event, select, text
 from sqlalchemy.engine import URL
+from support.processes import shown_as_json
 from test_explain import explain_lines
 
 from pgqueue import JobContext, JobState, PgQueue, Settings, Snooze, ValidationError

@@ -20,7 +20,6 @@ import datetime as dt
 import json
 import select
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -31,6 +30,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
+from support.locks import wait_for_lock_waiters
 from test_least_privilege import app_role, as_role  # noqa: F401
 
 from pgqueue import PgQueue, QueueFull, Settings, migrations, validation
@@ -699,7 +699,7 @@ def test_a_bounded_queue_counts_the_enqueue_it_waited_for(pgq: PgQueue, engine: 
         threads = [threading.Thread(target=f) for f in (from_sql, from_python)]
         for thread in threads:
             thread.start()
-        time.sleep(0.5)
+        wait_for_lock_waiters(engine, count=2)
         assert all(thread.is_alive() for thread in threads)  # waiting for the queue's lock
         first.commit()
         for thread in threads:

@@ -6,7 +6,6 @@ cancelled and timed-out runs say so."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,7 +19,9 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
-from tracing_spans import memory_exporter
+from support.polling import wait_until
+from support.tracing_spans import memory_exporter
+from support.workers import in_thread
 
 from pgqueue import JobContext, JobState, PgQueue, Settings, chain, chord, core, group
 from pgqueue.data import enqueue as enqueue_data
@@ -244,20 +245,13 @@ def test_cancelled_and_timed_out_runs_say_so(traced: PgQueue, spans: InMemorySpa
 
     cancelled_id = stoppable.enqueue()
     overrun_id = overrun.enqueue()
-    worker = Worker(traced, concurrency=2, lease_seconds=1.5)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(Worker(traced, concurrency=2, lease_seconds=1.5)):
         wait_for_states(traced, [cancelled_id], {JobState.RUNNING}, timeout=30)
         traced.cancel_job(cancelled_id)
         wait_for_states(traced, [cancelled_id], {JobState.CANCELLED}, timeout=30)
         wait_for_states(traced, [overrun_id], {JobState.FAILED}, timeout=30)
-        deadline = time.monotonic() + 30  # the overrun's span ends when its handler returns
-        while not named(spans, "pgqueue run overrun") and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
+        # The overrun's span ends when its handler returns.
+        wait_until(lambda: named(spans, "pgqueue run overrun"), 30, "the overrun's span")
     [cancelled] = named(spans, "pgqueue run stoppable")
     assert dict(cancelled.attributes or {})["pgqueue.job.outcome"] == "cancelled"
     assert cancelled.status.status_code is StatusCode.UNSET

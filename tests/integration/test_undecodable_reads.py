@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from json_rows import nest_args
 from sqlalchemy import Engine, create_engine, text, update
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
+from support.json_rows import nest_args
 
 from pgqueue import Job, PgQueue
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.validation import UndecodableJSON
 
 GOOD_ARGS: list[Any] = [1, "two", {"three": [3.5, None, True]}, 12345678901234567890]
@@ -101,15 +101,8 @@ def test_returning_reads_undecodable_json_as_a_marker_and_binds_as_before(
 @pytest.fixture
 def dashboard(database_url: URL) -> Iterator[tuple[Flask, FlaskPgQueue]]:
     flask_pgq = FlaskPgQueue()
-    app = Flask("undecodable_reads")
-    app.config.update(
-        SECRET_KEY="test-secret",
-        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
-    )
-    flask_pgq.init_app(app)
-    init_dashboard(app, access=lambda: True)
-    yield app, flask_pgq
-    flask_pgq.state(app).queue.dispose()
+    with dashboard_app(flask_pgq, database_url, "undecodable_reads") as app:
+        yield app, flask_pgq
 
 
 def test_dashboard_shows_a_job_python_cannot_decode_and_the_others(

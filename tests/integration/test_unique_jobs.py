@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import URL, create_engine, func, select, text
+from support.workers import in_thread
 
 from pgqueue import Job, JobState, PgQueue
 from pgqueue.data import enqueue as enqueue_data
@@ -88,16 +89,11 @@ def test_key_held_while_running_and_retrying(pgq: PgQueue) -> None:
 
     first = flaky.configure(unique_key="k").enqueue()
     worker = Worker(pgq, concurrency=1)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker):
         wait_for_states(pgq, [first], {JobState.RUNNING}, timeout=30)
         assert flaky.configure(unique_key="k").enqueue() == first
         gate.set()
         wait_for_states(pgq, [first], {JobState.SUCCEEDED}, timeout=30)
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
     assert len(attempts) == 2
     assert flaky.configure(unique_key="k").enqueue() != first
 

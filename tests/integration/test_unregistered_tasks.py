@@ -5,20 +5,17 @@ and new workers share the tables. ``pgqueue explain`` names the wait and the met
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
-import threading
-import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from sqlalchemy.engine import URL
+from support.network import free_port
+from support.polling import wait_until
+from support.processes import run_pgqueue
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue, Settings, metrics
 from pgqueue.worker import Worker
@@ -97,34 +94,6 @@ def test_a_worker_leaves_jobs_of_tasks_it_does_not_register(
         assert (job.state, job.attempts, job.last_error) == (JobState.SUCCEEDED, 1, None)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@contextmanager
-def _running(worker: Worker) -> Iterator[None]:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        worker.stop()
-        thread.join(30)
-        assert not thread.is_alive()
-
-
-def _until(check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
-
-
 def _sample(port: int, name: str) -> float | None:
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     found = re.search(rf'^{name}\{{queue="default"\}} (\S+)$', body, re.MULTILINE)
@@ -152,24 +121,25 @@ def test_explain_and_metrics_name_jobs_no_live_worker_registers(
         report.enqueue(0)
         # The process's metrics outlive a test: count this test's give-backs from here.
         given_back_before = _given_back_so_far()
-        port = _free_port()
+        port = free_port()
         worker = Worker(old, concurrency=2, metrics_port=port, worker_id="old-worker")
-        with _running(worker):
-            assert _until(lambda: ran == [("old", "report 0")])
+        with in_thread(worker):
+            wait_until(lambda: ran == [("old", "report 0")], 20, "the old worker's run", 0.1)
             assert [w.tasks for w in old.admin.list_workers()] == [("report",)]
-            assert _until(lambda: _sample(port, "pgqueue_queue_jobs_unregistered") == 3.0)
-            given_back = _until(lambda: _sample(port, "pgqueue_jobs_given_back_total"))
-            assert given_back is not None and 1 <= given_back - given_back_before <= 3
-            result = subprocess.run(
-                [sys.executable, "-m", "pgqueue", "explain", str(v2_ids[0])],
-                env={
-                    **os.environ,
-                    "PGQUEUE_DATABASE_URL": database_url.render_as_string(hide_password=False),
-                },
-                capture_output=True,
-                text=True,
-                timeout=120,
+            wait_until(
+                lambda: _sample(port, "pgqueue_queue_jobs_unregistered") == 3.0,
+                20,
+                "3 unregistered jobs in the metrics",
+                0.1,
             )
+            given_back = wait_until(
+                lambda: _sample(port, "pgqueue_jobs_given_back_total"),
+                20,
+                "a give-back in the metrics",
+                0.1,
+            )
+            assert given_back is not None and 1 <= given_back - given_back_before <= 3
+            result = run_pgqueue("explain", str(v2_ids[0]), url=database_url)
             assert result.returncode == 0, result.stderr[-2000:]
             assert "no live worker registers task report_v2" in result.stdout, result.stdout
             assert "old-worker" in result.stdout

@@ -21,6 +21,8 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import Job, JobState, JobWaitTimeout, PgQueue, Settings, ValidationError, waiting
 from pgqueue.errors import JobNotFound
@@ -59,10 +61,7 @@ class ReadCounter:
         monkeypatch.setattr(pgq, "get_job", counted)
 
     def wait_read(self, job_id: int) -> None:
-        deadline = time.monotonic() + WAIT
-        while self.reads.get(job_id, 0) == 0:
-            assert time.monotonic() < deadline, f"job {job_id} never read"
-            time.sleep(0.005)
+        wait_until(lambda: self.reads.get(job_id, 0), WAIT, f"a read of job {job_id}", 0.005)
 
 
 def listeners(engine: Engine) -> int:
@@ -79,22 +78,7 @@ def listeners(engine: Engine) -> int:
 
 
 def wait_listening(engine: Engine) -> None:
-    deadline = time.monotonic() + WAIT
-    while listeners(engine) == 0:
-        assert time.monotonic() < deadline, "the wait listener never listened"
-        time.sleep(0.01)
-
-
-@contextmanager
-def running_worker(pgq: PgQueue, concurrency: int = 4) -> Iterator[Worker]:
-    worker = Worker(pgq, concurrency=concurrency)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
+    wait_until(lambda: listeners(engine), WAIT, "the wait listener to listen", 0.01)
 
 
 @contextmanager
@@ -125,7 +109,7 @@ def finished_when_let_go(
     """With a worker running job ``job_id``, whose handler waits for ``go``: a waiter past its
     first read, then ``go`` set; the job the waiter returns."""
     counter = ReadCounter(pgq, monkeypatch)
-    with running_worker(pgq), waiter_on(pgq, engine, counter, job_id) as future:
+    with in_thread(Worker(pgq, concurrency=4)), waiter_on(pgq, engine, counter, job_id) as future:
         assert not future.done()
         go.set()
         return future.result(timeout=WOKEN_WITHIN)
@@ -326,7 +310,7 @@ def test_a_hundred_waiters_share_one_listener(
             counter.wait_read(job_id)
         wait_listening(engine)
         assert listeners(engine) == 1
-        with running_worker(pgq, concurrency=10):
+        with in_thread(Worker(pgq, concurrency=10)):
             go.set()
             jobs = [future.result(timeout=WOKEN_WITHIN) for future in futures]
         assert listeners(engine) == 1
@@ -334,10 +318,7 @@ def test_a_hundred_waiters_share_one_listener(
         (job_id, JobState.SUCCEEDED, n * n) for n, job_id in enumerate(ids)
     ]
     pgq.dispose()
-    deadline = time.monotonic() + WAIT
-    while listeners(engine):
-        assert time.monotonic() < deadline, "dispose() left the wait listener connected"
-        time.sleep(0.01)
+    wait_until(lambda: not listeners(engine), WAIT, "dispose() to close the wait listener", 0.01)
 
 
 def test_await_job_waits_without_blocking_the_event_loop(
@@ -380,7 +361,7 @@ def test_await_job_waits_without_blocking_the_event_loop(
         return jobs, ticks - before
 
     caplog.set_level(logging.WARNING, logger="asyncio")
-    with running_worker(pgq, concurrency=20):
+    with in_thread(Worker(pgq, concurrency=20)):
         jobs, ticks = asyncio.run(main(), debug=True)
     assert [(job.id, job.state, job.result) for job in jobs] == [
         (job_id, JobState.SUCCEEDED, n) for n, job_id in enumerate(ids)
@@ -488,12 +469,14 @@ def test_only_jobs_someone_waits_for_are_announced(
         assert heard == []
 
         awaited, other = work.enqueue(3), work.enqueue(4)
-        with running_worker(pgq), ThreadPoolExecutor(1) as pool:
+        with in_thread(Worker(pgq, concurrency=4)), ThreadPoolExecutor(1) as pool:
             job = pool.submit(pgq.wait_for, awaited, timeout=WAIT).result(timeout=WAIT)
             assert job.result == 3
-            deadline = time.monotonic() + WAIT
-            while pgq.get_job(other).state is not JobState.SUCCEEDED:
-                assert time.monotonic() < deadline, "the other job never ran"
-                time.sleep(0.01)
+            wait_until(
+                lambda: pgq.get_job(other).state is JobState.SUCCEEDED,
+                WAIT,
+                "the other job to run",
+                0.01,
+            )
         heard.extend(note.payload for note in listener.notifies(timeout=0.5))
     assert heard == [str(awaited)]

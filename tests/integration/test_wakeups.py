@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import Engine, text
+from support.polling import wait_until
 
 from pgqueue import JobState, PgQueue, core
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
@@ -186,9 +187,7 @@ def test_periodic_tick_wakes(pgq: PgQueue, engine: Engine) -> None:
         return None
 
     with listening(engine) as received:
-        deadline = time.monotonic() + 5
-        while not pgq.run_schedules() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(pgq.run_schedules, 5, "a schedule pass to enqueue a tick", 0.1)
         assert received() == ["cron"]
 
 

@@ -16,6 +16,8 @@ import time
 
 import pytest
 from sqlalchemy import Engine, text
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue, backoff
 from pgqueue.sql.common import ERROR_HISTORY
@@ -26,13 +28,6 @@ from pgqueue.worker.slots import MIN_HUNG_THREADS
 
 def _pool_threads() -> int:
     return sum(1 for t in threading.enumerate() if t.name.startswith("pgqueue-slot"))
-
-
-def _wait(predicate: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_threads_of_hung_handlers_are_bounded(
@@ -50,9 +45,7 @@ def test_threads_of_hung_handlers_are_bounded(
     # No prefetch: the jobs the hung handlers keep from starting stay queued.
     worker = Worker(pgq, concurrency=1, prefetch=0)
     before = _pool_threads()
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker, before_stop=release.set, join_timeout=60):
         # ``bound`` handlers time out and hand their slot on; the next one keeps it.
         wait_for_states(pgq, ids[: bound + 1], {JobState.FAILED}, timeout=30)
         time.sleep(1.0)  # many timeouts' worth: nothing more starts, no thread is added
@@ -65,13 +58,9 @@ def test_threads_of_hung_handlers_are_bounded(
         release.set()
         final = wait_for_states(pgq, ids, timeout=30)
         assert [final[i] for i in ids] == [JobState.FAILED] * (bound + 1) + [JobState.SUCCEEDED] * 3
-        _wait(lambda: _pool_threads() - before == 1 + 2, timeout=10)
+        wait_until(lambda: _pool_threads() - before == 1 + 2, 10, "the replaced threads' end")
         # Replacement threads are not remembered once started: the worker's list stays short.
         assert not [t for t in worker._threads if t.name.startswith("pgqueue-slot-replacement")]
-    finally:
-        release.set()
-        worker.stop()
-        thread.join(timeout=60)
     for job_id in ids[: bound + 1]:
         assert "JobTimeout" in (pgq.get_job(job_id).last_error or "")
 

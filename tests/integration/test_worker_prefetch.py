@@ -7,6 +7,8 @@ import threading
 import time
 
 from sqlalchemy import text
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue
 from pgqueue.worker import Worker
@@ -58,22 +60,19 @@ def test_a_stop_gives_back_the_claimed_jobs_it_did_not_start(pgq: PgQueue) -> No
 
     gated.enqueue_many([{"n": i} for i in range(jobs)])
     worker = Worker(pgq, concurrency=2, prefetch=100, listen=False, shutdown_timeout=30)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker, before_stop=gate.set):
         for _ in range(2):
             assert blocked.acquire(timeout=30)
         time.sleep(0.2)  # a claim under way registers its jobs
         waiting = len(worker.running_job_ids) - 2
         worker.stop()
-        time.sleep(0.5)  # the unstarted ones are given back at once, not after the timeout
-        by_state = _attempts(pgq)
-        assert by_state[str(JobState.RUNNING)] == [1, 1]
+        # The unstarted ones are given back at once, not after the shutdown timeout.
+        wait_until(
+            lambda: _attempts(pgq).get(str(JobState.RUNNING)) == [1, 1],
+            0.5,
+            "only the two blocked jobs left running",
+        )
         gate.set()
-        thread.join(30)
-    finally:
-        gate.set()
-        worker.stop()
     stats = worker.stats
     assert waiting > 0 and stats.released == waiting
     assert stats.claimed == quick + 2 + stats.released
@@ -104,9 +103,7 @@ def test_a_job_claimed_ahead_and_cancelled_before_its_start_never_runs(pgq: PgQu
 
     ids = gated.enqueue_many([{"n": i} for i in range(jobs)])
     worker = Worker(pgq, concurrency=2, prefetch=100, listen=False, lease_seconds=0.9)
-    thread = threading.Thread(target=lambda: worker.run(drain=True), daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker, drain=True, before_stop=gate.set):
         for _ in range(2):
             assert blocked.acquire(timeout=30)
         time.sleep(0.2)  # a claim under way registers its jobs
@@ -116,11 +113,7 @@ def test_a_job_claimed_ahead_and_cancelled_before_its_start_never_runs(pgq: PgQu
         assert {pgq.cancel_job(job_id) for job_id in ahead} == {JobState.RUNNING}
         time.sleep(1.0)  # three heartbeats (every 0.3 s) bring the cancel requests
         gate.set()
-        thread.join(30)
-        assert not thread.is_alive()
-    finally:
-        gate.set()
-        worker.stop()
+        wait_until(lambda: worker.stats.finished is not None, 30, "the drain to end")
     index = {job_id: n for n, job_id in enumerate(ids)}
     assert not {index[job_id] for job_id in ahead} & set(ran)
     for job_id in ahead:

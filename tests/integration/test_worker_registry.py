@@ -8,12 +8,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from sqlalchemy import text
+from support.polling import wait_until
+from support.workers import in_thread
 
 from pgqueue import PgQueue
 from pgqueue.data import workers as workers_data
@@ -22,33 +22,6 @@ from pgqueue.errors import ValidationError
 from pgqueue.jobs import WorkerEntry
 from pgqueue.worker import Worker
 from pgqueue.worker.registry import pgqueue_version
-
-
-def _wait_until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-
-
-@contextmanager
-def running(worker: Worker, release: threading.Event | None = None) -> Iterator[Worker]:
-    """``worker`` runs on a thread; at the end (even after a failed assertion) held jobs are
-    let go and the worker stops."""
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        if release is not None:
-            release.set()
-        worker.stop()
-        thread.join(30)
-        assert not thread.is_alive()
 
 
 def _last_seen(pgq: PgQueue, worker_id: str) -> Any:
@@ -76,9 +49,9 @@ def test_a_worker_registers_before_claiming_and_removes_its_row_at_a_clean_stop(
 ) -> None:
     release, [job_id] = _hold_jobs(pgq, 1)
     worker = Worker(pgq, queues=["default", "mail"], concurrency=3)
-    with running(worker, release):
+    with in_thread(worker, before_stop=release.set):
         # Whoever sees the job RUNNING sees its holder registered.
-        _wait_until(lambda: pgq.get_job(job_id).state == "running", 20, "the job to run")
+        wait_until(lambda: pgq.get_job(job_id).state == "running", 20, "the job to run")
         [info] = pgq.admin.list_workers()
         assert info.id == worker.worker_id == pgq.get_job(job_id).lease_owner
         assert (info.host, info.pid) == (socket.gethostname(), os.getpid())
@@ -96,8 +69,8 @@ def test_an_idle_worker_and_a_busy_one_refresh_their_rows(pgq: PgQueue) -> None:
     idle = Worker(pgq, queues=["nothing-here"], concurrency=1, maintenance=False)
     release, _ = _hold_jobs(pgq, 2)
     busy = Worker(pgq, queues=["default"], concurrency=2, maintenance=False, lease_seconds=60)
-    with running(idle), running(busy, release):
-        _wait_until(
+    with in_thread(idle), in_thread(busy, before_stop=release.set):
+        wait_until(
             lambda: (
                 {w.id: w.running for w in pgq.admin.list_workers()}
                 == {idle.worker_id: 0, busy.worker_id: 2}
@@ -131,8 +104,8 @@ def test_stale_rows_are_hidden_and_deleted_by_maintenance(pgq: PgQueue) -> None:
     assert (stale.id, stale.live, stale.running) == ("gone", False, 0)
     assert stale.seconds_since_seen > 3500
     worker = Worker(pgq, concurrency=1)  # maintenance every rescue_interval (0.5 s)
-    with running(worker):
-        _wait_until(
+    with in_thread(worker):
+        wait_until(
             lambda: (
                 [w.id for w in pgq.admin.list_workers(include_stale=True)] == [worker.worker_id]
             ),
@@ -145,8 +118,8 @@ def test_job_holder_names_the_registered_worker_or_says_it_is_gone(pgq: PgQueue)
     release, [job_id] = _hold_jobs(pgq, 1)
     assert pgq.admin.job_holder(job_id) is None  # queued: nobody holds it
     worker = Worker(pgq, concurrency=1, maintenance=False, lease_seconds=60)
-    with running(worker, release):
-        _wait_until(lambda: pgq.get_job(job_id).state == "running", 20, "the job to run")
+    with in_thread(worker, before_stop=release.set):
+        wait_until(lambda: pgq.get_job(job_id).state == "running", 20, "the job to run")
         holder = pgq.admin.job_holder(job_id)
         assert holder is not None
         assert (holder.worker_id, holder.host, holder.pid) == (
@@ -166,7 +139,7 @@ def test_job_holder_names_the_registered_worker_or_says_it_is_gone(pgq: PgQueue)
             None,
         )
         release.set()
-        _wait_until(lambda: pgq.get_job(job_id).state == "succeeded", 20, "the job to end")
+        wait_until(lambda: pgq.get_job(job_id).state == "succeeded", 20, "the job to end")
     assert pgq.admin.job_holder(job_id) is None
 
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from host_alembic import owned_transaction_config
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support.host_alembic import owned_transaction_config
+from support.locks import wait_for_lock_waiters
 from test_workflows import run_workflow
 
 from alembic import command
@@ -155,7 +155,7 @@ def test_a_workflow_waiting_for_a_holders_commit_is_refused_when_it_commits(pgq:
         held = chain(first.s(1), then.s(2).set(unique_key="race")).enqueue(session=session)
         thread = threading.Thread(target=second)
         thread.start()
-        time.sleep(0.5)
+        wait_for_lock_waiters(pgq.engine)
         assert thread.is_alive()  # waiting for this transaction
         session.commit()
     thread.join(timeout=30)
@@ -222,7 +222,7 @@ def test_a_workflow_takes_its_keys_in_key_order_so_it_never_deadlocks(pgq: PgQue
         a = then.configure(session=session, unique_key="a").enqueue(0, 0)
         thread = threading.Thread(target=enqueue_workflow)
         thread.start()
-        time.sleep(0.5)
+        wait_for_lock_waiters(pgq.engine)
         assert thread.is_alive()  # waiting for key a
         b = then.configure(session=session, unique_key="b").enqueue(0, 0)
         session.commit()

@@ -15,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from support.workers import in_thread
 
 from pgqueue import (
     JobState,
@@ -36,13 +37,8 @@ def run_workflow(pgq: PgQueue, workflow_id: int, timeout: float = 30.0, **option
     test modules)."""
     options.setdefault("concurrency", 4)
     worker = Worker(pgq, **options)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker, join_timeout=60):
         return pgq.wait_for_workflow(workflow_id, timeout=timeout)
-    finally:
-        worker.stop()
-        thread.join(timeout=60)
 
 
 def test_a_chain_passes_each_result_to_the_next_step(pgq: PgQueue) -> None:
@@ -372,13 +368,8 @@ def test_aenqueue_in_an_async_session_and_await_workflow(pgq: PgQueue, database_
     workflow_id = asyncio.run(enqueue())
     assert table_counts(pgq.engine)["pgqueue_jobs"] == 3  # two steps and the closing marker
     worker = Worker(pgq, concurrency=2)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with in_thread(worker, join_timeout=60):
         status = asyncio.run(wait(workflow_id))
-    finally:
-        worker.stop()
-        thread.join(timeout=60)
     assert (status.state, status.result) == ("succeeded", 6)
 
 

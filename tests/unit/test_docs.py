@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from docs_pages import ROOT, code_blocks
 from markdown.extensions.toc import slugify
+from support.docs_pages import ROOT, code_blocks
 
 README = ROOT / "README.md"
 _LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from same_values import same
+from support.same_values import same
 
 from pgqueue import validation
 

@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
+from support.polling import wait_until
 
 from pgqueue import Retry, backoff
 from pgqueue.config import Settings
@@ -178,9 +179,7 @@ def _finish(slots: Slots, completer: Completer, execution: Execution) -> None:
 
 
 def _wait_for_writes(store: _RecordingOutcomeStore, count: int) -> None:
-    deadline = time.monotonic() + 10
-    while len(store.batches) < count and time.monotonic() < deadline:
-        time.sleep(0.001)
+    wait_until(lambda: len(store.batches) >= count, 10, f"{count} batch writes", interval=0.001)
 
 
 def test_outcomes_that_come_in_right_after_a_write_wait_and_go_in_one_batch(
@@ -241,9 +240,7 @@ def test_the_completer_locks_rows_first_only_while_a_heartbeat_is_in_flight() ->
     thread.start()
     slots.handler_returned(first)
     completer.buffer.put((first, Outcome.complete(first.job)))
-    deadline = time.monotonic() + 10
-    while not store.lock_rows and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: store.lock_rows, 10, "the first batch write", interval=0.01)
     slots.leases()  # a heartbeat takes its leases: the second attempt's among them
     slots.handler_returned(second)
     completer.buffer.put((second, Outcome.complete(second.job)))

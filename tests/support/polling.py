@@ -1,5 +1,6 @@
 """Waiting in tests for something a worker or another process does: poll a condition until it
-holds, or fail naming what was awaited."""
+holds, or fail naming what was awaited. A test waits for the event it needs (a row, a log line,
+a worker registered), never a fixed time, unless the time itself is what it tests."""
 
 from __future__ import annotations
 

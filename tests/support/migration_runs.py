@@ -3,9 +3,7 @@ another session holding a lock meanwhile: shared by the tests of migrations on a
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,21 +14,14 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 
 from pgqueue import migrations
+from support.processes import pgqueue_env, run_pgqueue
 
 
 def migrate(
     args: list[str], url: URL, tmp_path: Path, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-    environment.update(PGQUEUE_DATABASE_URL=url.render_as_string(hide_password=False), **env)
-    return subprocess.run(
-        [sys.executable, "-m", "pgqueue", "migrate", *args],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """``pgqueue migrate ARGS`` on the database at ``url``, with ``env`` added."""
+    return run_pgqueue("migrate", *args, env={**pgqueue_env(url), **env}, cwd=tmp_path)
 
 
 def migrated_to(url: URL, revision: str) -> None:

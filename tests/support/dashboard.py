@@ -1,0 +1,106 @@
+"""The pgqueue dashboard as the tests read it: a Flask app serving it on a test database, a real
+HTTP server for that app, and the headless Chromium (Debian's, driven by Playwright) that
+browses it. For the tests that read its pages through Flask's test client or a browser (and the
+docs' screenshot script)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask
+from sqlalchemy.engine import URL
+from werkzeug.serving import make_server
+
+from pgqueue.contrib.flask import PgQueue
+from pgqueue.contrib.flask.dashboard import init_dashboard
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@contextmanager
+def dashboard_app(
+    queue: PgQueue,
+    database_url: URL,
+    name: str,
+    *,
+    access: Callable[[], Any] | None = None,
+    public: bool = False,
+    actor: Callable[[], str] | None = None,
+    **config: object,
+) -> Iterator[Flask]:
+    """An app named ``name`` with ``queue`` on ``database_url`` and the dashboard at
+    ``/pgqueue``, open to all unless ``access`` says otherwise (with ``public``, mounted with no
+    check at all; ``actor`` as ``init_dashboard``'s), with ``config`` added to its settings; the
+    queue's engines are disposed of on exit."""
+    app = Flask(name)
+    app.config.update(
+        SECRET_KEY="test-secret",
+        PGQUEUE_DATABASE_URL=database_url.render_as_string(hide_password=False),
+        **config,
+    )
+    queue.init_app(app)
+    if access is None and not public:
+        access = _everyone
+    init_dashboard(app, access=access, public=public, actor=actor)
+    try:
+        yield app
+    finally:
+        queue.state(app).queue.dispose()
+
+
+def _everyone() -> bool:
+    return True
+
+
+@contextmanager
+def serving(app: Flask) -> Iterator[str]:
+    """Serve ``app`` on a free port of 127.0.0.1 in a thread; yields its base URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
+@contextmanager
+def served_dashboard(
+    queue: PgQueue, database_url: URL, name: str, **options: Any
+) -> Iterator[tuple[Flask, str]]:
+    """``dashboard_app`` (``options`` as there) served over HTTP; yields the app and the
+    dashboard's URL."""
+    with dashboard_app(queue, database_url, name, **options) as app, serving(app) as base:
+        yield app, f"{base}/pgqueue"
+
+
+@contextmanager
+def chromium_page(**options: Any) -> Iterator[Page]:
+    """A new page (``options`` as Playwright's ``new_page``) in a headless Chromium, closed
+    with its browser at the end."""
+    # Imported here: the tests that read pages through Flask's test client need no browser.
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser.new_page(**options)
+        finally:
+            browser.close()
