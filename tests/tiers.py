@@ -3,9 +3,9 @@ and one table of their counts and wall times at the end.
 
 Each proof is paid for once. The whole suite runs once: the unit and e2e tiers on the embedded
 PostgreSQL, the integration tier on Debian's packaged PostgreSQL with its default settings (in
-two runs, each on a server of its own). Only the tests marked ``server_matrix`` (what they
-prove can differ from one server to another: ``tests/server_matrix.py``) run on every server of
-the matrix. The fault harness and the idle-worker test run beside them on servers of their own.
+two runs of about the same length, each on a server of its own). Only the tests marked
+``server_matrix`` (what they prove can differ from one server to another:
+``tests/server_matrix.py``) run on every server of the matrix. The fault harness and the idle-worker test run beside them on servers of their own.
 At most three runs go at once on the machine's two cores (the idle-worker runs, which mostly
 sleep, beside them).
 
@@ -110,24 +110,30 @@ class Tier:
 def matrix() -> list[Tier]:
     """The full run, in the order the runs start: the longest first."""
     matrix_only = ["-m", "server_matrix", "tests/integration"]
-    # The integration tier in two runs that take about as long as each other: the command-line
-    # tests (which start the commands as processes) and the rest.
-    cli_tests = sorted(
-        path.relative_to(ROOT).as_posix()
-        for path in (ROOT / "tests" / "integration").glob("test_*cli*.py")
-    )
-    not_cli = [argument for path in cli_tests for argument in ("--ignore", path)]
     tiers = [
         Tier("idle workers", EMBEDDED, [IDLE_TEST], background=True),
         Tier("idle workers", debian(), [IDLE_TEST], background=True),
         Tier("unit, e2e", EMBEDDED, ["tests/unit", "tests/e2e", "--ignore", IDLE_TEST]),
-        Tier("integration", debian(), ["tests/integration", *not_cli, *CONNECTION_TESTS]),
+        *(
+            Tier(f"integration {half + 1}/2", debian(), paths)
+            for half, paths in enumerate(integration_halves())
+        ),
         Tier("fault harness", debian(), ["tests/chaos"], restartable=True),
-        Tier("integration, commands", debian(), cli_tests),
         Tier("server matrix", EMBEDDED, matrix_only),
     ]
     tiers += [Tier("server matrix", wheel(version), matrix_only) for version in WHEEL_VERSIONS]
     return tiers
+
+
+def integration_halves() -> tuple[list[str], list[str]]:
+    """The integration tier (and the connection tests) in two runs of about the same length,
+    each on a Debian server of its own: every other file, in name order."""
+    files = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "tests" / "integration").glob("test_*.py")
+    )
+    files += CONNECTION_TESTS
+    return files[0::2], files[1::2]
 
 
 def quick() -> list[Tier]:
