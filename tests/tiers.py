@@ -10,8 +10,8 @@ At most three runs go at once on the machine's two cores (the idle-worker runs, 
 sleep, beside them).
 
 ``python tests/tiers.py [--quick] [PYTEST ARGS...]``: ``--quick`` runs the unit and
-integration tiers on the embedded server only (the loop while working). Other arguments go to
-every pytest run (``-x``, ``-k claim``).
+integration tiers on the embedded server only, without the tests marked ``slow`` (the loop
+while working). Other arguments go to every pytest run (``-x``, ``-k claim``).
 """
 
 from __future__ import annotations
@@ -137,9 +137,10 @@ def integration_halves() -> tuple[list[str], list[str]]:
 
 
 def quick() -> list[Tier]:
-    """The loop while working: unit and integration tiers on the embedded server, in several
-    pytest-xdist processes (each starts its own server)."""
-    return [Tier("unit, integration", EMBEDDED, ["-n", "4", "tests/unit", "tests/integration"])]
+    """The loop while working: unit and integration tiers on the embedded server without the
+    tests marked ``slow``, in several pytest-xdist processes (each starts its own server)."""
+    paths = ["-n", "4", "-m", "not slow", "tests/unit", "tests/integration"]
+    return [Tier("unit, integration (not slow)", EMBEDDED, paths)]
 
 
 def run_tier(tier: Tier, pytest_args: list[str]) -> None:

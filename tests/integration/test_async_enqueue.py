@@ -404,6 +404,7 @@ def run_concurrently(
     return ids, reports.reports
 
 
+@pytest.mark.slow
 def test_a_thousand_concurrent_aenqueues_never_hold_the_event_loop(
     pgq: PgQueue, database_url: URL, locked_jobs_table: Callable[[], None]
 ) -> None:

@@ -320,6 +320,7 @@ def _register_anything(pgq: PgQueue) -> Any:
 # --- refusals: no SQL, nothing changed ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_non_json_arguments_are_refused_before_any_sql(small_pgq: PgQueue, engine: Engine) -> None:
     task = _register_anything(small_pgq)
     task.enqueue("warm-up")  # the engine exists and has connected: SQL *could* be sent
@@ -347,6 +348,7 @@ def test_non_json_arguments_are_refused_before_any_sql(small_pgq: PgQueue, engin
     assert len(seen_kinds) > 5  # many different refusals were exercised, not one
 
 
+@pytest.mark.slow
 def test_nesting_past_the_limit_is_refused_before_any_sql(
     small_pgq: PgQueue, engine: Engine
 ) -> None:
@@ -404,6 +406,7 @@ def oversized(draw: st.DrawFn) -> tuple[list[Any], dict[str, Any]]:
     return args, kwargs
 
 
+@pytest.mark.slow
 def test_oversized_arguments_are_refused_before_any_sql(small_pgq: PgQueue, engine: Engine) -> None:
     task = _register_anything(small_pgq)
     before = snapshot(engine)

@@ -137,6 +137,7 @@ def test_twenty_threads_fill_a_bounded_queue_exactly_and_lose_no_other_write(
     )
 
 
+@pytest.mark.slow
 def test_coroutines_of_one_event_loop_fill_a_bounded_queue_exactly(
     pgq: PgQueue, host: Engine, database_url: URL, report: Task[[int], None]
 ) -> None:

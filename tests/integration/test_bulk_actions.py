@@ -56,6 +56,7 @@ def _tickets(engine: Engine) -> set[int]:
         return set(session.scalars(select(MessageQueue.job_id)))
 
 
+@pytest.mark.slow
 def test_bulk_retry_of_3000_failed_jobs_dry_run_action_and_one_audit_row(
     pgq: PgQueue, engine: Engine, database_url: URL
 ) -> None:

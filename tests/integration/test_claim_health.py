@@ -58,6 +58,7 @@ def _cli(pgq: PgQueue, *args: str) -> str:
     return result.output
 
 
+@pytest.mark.slow
 def test_a_worker_whose_claims_are_refused_shows_unhealthy_within_one_heartbeat(
     pgq: PgQueue, engine: Engine, worker: Worker, caplog: pytest.LogCaptureFixture
 ) -> None:

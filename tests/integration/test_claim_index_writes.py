@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from sqlalchemy import Engine, text
 
 from pgqueue import PgQueue
@@ -35,6 +36,7 @@ def _pages(engine: Engine) -> dict[str, int]:
     return {name: int(pages) for name, pages in rows}
 
 
+@pytest.mark.slow
 def test_a_claim_writes_no_entry_into_the_state_indexes(pgq: PgQueue, engine: Engine) -> None:
     @pgq.task(name="noop")
     def noop() -> None: ...

@@ -265,6 +265,7 @@ def assert_good_plan(plan: dict[str, Any], label: str) -> None:
     assert not any(n["Node Type"] == "Sort" for n in all_nodes), f"{label}: {describe(plan)}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_claim_uses_the_ticket_index_without_sequential_scans(
     admin: Engine, database_url: URL, scenario: str
@@ -326,6 +327,7 @@ def test_generic_claim_plan_avoids_sequential_scans(admin: Engine) -> None:
             assert_good_plan(generic_plan(connection, sql), f"generic, {filter_queues=}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limits", [False, True], ids=["lean", "full"])
 def test_claim_of_200_probes_primary_keys_instead_of_scanning(admin: Engine, limits: bool) -> None:
     # A worker with --concurrency 200 claims 200 at a time: with joins on the CTEs the planner
@@ -432,6 +434,7 @@ def check_tiny_tables_plan(
         assert sequential_scans(final), "the kept plan should still scan: see the other case"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("refresh", [True, False], ids=["refreshed", "kept"])
 def test_claim_plan_made_on_tiny_tables_is_replaced_once_they_grow(
     admin: Engine, database_url: URL, refresh: bool
@@ -476,6 +479,7 @@ def pooled_claim_plan(engine: Engine, *, generic: bool | None) -> dict[str, Any]
     return plan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("refresh", [True, False], ids=["refreshed", "kept"])
 def test_pooled_connections_replace_plans_made_on_tiny_tables(
     admin: Engine, database_url: URL, refresh: bool, monkeypatch: pytest.MonkeyPatch

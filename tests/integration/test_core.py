@@ -44,6 +44,7 @@ def app_tables(engine: object) -> None:
     ledger_metadata.create_all(engine)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_transactional_enqueue_rollback_and_commit(pgq: PgQueue, engine, app_tables) -> None:
     runs: list[int] = []
     lock = threading.Lock()

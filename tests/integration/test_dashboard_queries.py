@@ -197,6 +197,7 @@ def _plans(
     connection.rollback()
 
 
+@pytest.mark.slow
 def test_no_page_reads_the_history(app: Flask) -> None:
     queue = pgq.state(app).queue
     sent, _ = _statements_of_pages(app, PAGES)

@@ -63,6 +63,7 @@ def app(request: pytest.FixtureRequest, database_url: URL, engine: Engine) -> It
         yield app
 
 
+@pytest.mark.slow
 def test_busy_hour_reads_at_most_the_cap(app: Flask) -> None:
     queue = pgq.state(app).queue
     sent: list[tuple[str, dict[str, Any]]] = []

@@ -129,6 +129,7 @@ def test_sleep_frees_the_slot_resumes_later_and_uses_no_attempt(pgq: PgQueue) ->
     assert table_counts(pgq.engine)["pgqueue_message_queue"] == 0
 
 
+@pytest.mark.slow
 def test_signal_wakes_a_waiting_job_with_its_payload(pgq: PgQueue, database_url: URL) -> None:
     runs: list[int] = []
 

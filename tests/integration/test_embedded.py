@@ -217,6 +217,7 @@ def test_explicit_port(pg_dir: Path) -> None:
             assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+@pytest.mark.slow
 def test_server_dies_with_parent(pg_dir: Path) -> None:
     data_dir = pg_dir / "data"
     script = (
@@ -368,6 +369,7 @@ def test_data_dir_unreachable_by_the_servers_user_is_a_clear_error(tmp_path: Pat
         EmbeddedPostgres(tmp_path / "data").start()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not IS_ROOT, reason="the server's own user only exists under root")
 def test_binaries_unreachable_by_the_servers_user_are_relocated(
     tmp_path: Path, pg_dir: Path, monkeypatch: pytest.MonkeyPatch
@@ -415,6 +417,7 @@ def test_default_data_dir() -> None:
 # --- who may connect ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_listens_on_its_unix_socket_only(pg_dir: Path) -> None:
     with EmbeddedPostgres(pg_dir / "data", durable=False) as server:
         with _connect(server.url()) as conn:

@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import URL
 from support.processes import run_pgqueue
@@ -71,6 +72,7 @@ def test_future_run_at_is_named_with_its_time(pgq: PgQueue, database_url: URL) -
     assert 3500 < data["blockers"][0]["data"]["seconds"] <= 3600
 
 
+@pytest.mark.slow
 def test_paused_queue_is_named_and_listed_with_a_future_run_at(
     pgq: PgQueue, database_url: URL
 ) -> None:
@@ -89,6 +91,7 @@ def test_paused_queue_is_named_and_listed_with_a_future_run_at(
     assert "paused" not in kinds(explain_json(now_job, database_url))
 
 
+@pytest.mark.slow
 def test_queue_at_its_limit_lists_the_running_job_ids(pgq: PgQueue, database_url: URL) -> None:
     @pgq.task(name="report", queue="reports")
     def report(n: int) -> None: ...
@@ -169,6 +172,7 @@ def test_finished_jobs_say_how_they_ended(pgq: PgQueue, database_url: URL) -> No
     assert explain_lines(succeeded, database_url)[1].startswith("  finished: succeeded at ")
 
 
+@pytest.mark.slow
 def test_unknown_id_is_one_line_and_exit_code_2(database_url: URL) -> None:
     result = run_pgqueue("explain", "987654", url=database_url)
     assert result.returncode == 2

@@ -169,6 +169,7 @@ async def test_a_request_that_fails_after_enqueuing_leaves_neither_order_nor_job
     assert [count(example_url, model) for model in (Order, Job, MessageQueue)] == before
 
 
+@pytest.mark.slow
 def test_the_examples_own_tests_pass_on_the_pytest_plugin(server_url: URL) -> None:
     """``pytest`` in examples/fastapi_app: the plugin makes the session's database before the
     example's conftest imports the app, as its pytest.ini asks."""

@@ -93,6 +93,7 @@ except KeyboardInterrupt:
 """
 
 
+@pytest.mark.slow
 def test_immediate_mode_lets_a_ctrl_c_reach_its_caller_and_gives_the_job_back(
     pgq: PgQueue, database_url: URL
 ) -> None:

@@ -227,6 +227,7 @@ def _cli(tmp_path: Path, url: URL, *args: str) -> subprocess.CompletedProcess[st
     return run_pgqueue(*args, env=env, cwd=tmp_path)
 
 
+@pytest.mark.slow
 def test_full_job_cycle_with_dml_rights_only(
     database_url: URL, app_role: str, tmp_path: Path
 ) -> None:
@@ -678,6 +679,7 @@ def _wait_for_beats(pgq: PgQueue, timeout: float) -> list[int]:
     return wait_until(succeeded, timeout, "a periodic job to succeed")
 
 
+@pytest.mark.slow
 def test_migrate_needs_ddl_rights(
     database_url: URL, empty_database_url: URL, app_role: str, tmp_path: Path
 ) -> None:

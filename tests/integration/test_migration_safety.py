@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import URL
 from support.migration_runs import lock_held, migrate, revision_of
@@ -86,6 +87,7 @@ def _history_rows(url: URL) -> int:
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_downgrade_that_drops_history_rows_needs_yes(database_url: URL, tmp_path: Path) -> None:
     # Losing nothing needs no --yes: 0015's columns of the (empty) worker registry.
     result = migrate(["downgrade", "pgqueue_0014"], database_url, tmp_path)

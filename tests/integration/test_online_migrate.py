@@ -119,6 +119,7 @@ def test_migrate_builds_the_state_indexes_concurrently_while_jobs_are_written(
     assert _state_predicates(empty_database_url) == dict.fromkeys(STATE_INDEXES, wanted)
 
 
+@pytest.mark.slow
 def test_a_lock_timeout_after_an_online_build_names_the_revision_reached(
     empty_database_url: URL, tmp_path: Path
 ) -> None:
@@ -278,6 +279,7 @@ def test_a_long_wait_for_an_older_transaction_is_reported_while_it_lasts(
     assert revision_of(empty_database_url) == migrations.head()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start", [None, "pgqueue_0024"])
 def test_app_instances_that_each_migrate_as_they_start_all_succeed(
     empty_database_url: URL, tmp_path: Path, start: str | None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from sqlalchemy import Engine, text
 from support.workers import in_thread
 
@@ -14,6 +15,7 @@ from pgqueue.testing import states_of, wait_for_states
 from pgqueue.worker import Worker
 
 
+@pytest.mark.slow
 def test_outcomes_of_other_queues_are_written_while_a_control_row_is_held(
     pgq: PgQueue, engine: Engine
 ) -> None:

@@ -10,6 +10,7 @@ half-full pages make more full-page images after the checkpoint). PostgreSQL 14 
 from __future__ import annotations
 
 import psycopg
+import pytest
 from sqlalchemy.engine import URL
 
 from benchmarks.page_room import AVAILABLE, markdown_table, measure
@@ -18,6 +19,7 @@ from benchmarks.server import Server, libpq
 JOBS = 400
 
 
+@pytest.mark.slow
 def test_room_on_each_page_leaves_fewer_lock_records_per_job(server_url: URL) -> None:
     server = Server(server_url, embedded=False)
     full, half = (measure(server, fillfactor, JOBS, cycles=2) for fillfactor in (100, 50))

@@ -29,6 +29,7 @@ NUL_ERROR = "bad\x00byte"
 SURROGATE_ERROR = "lone \udc80 surrogate"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad_text", [NUL_ERROR, SURROGATE_ERROR], ids=["nul", "surrogate"])
 def test_unstorable_error_and_huge_retry_delay_spoil_nothing_in_their_batch(
     pgq: PgQueue, bad_text: str

@@ -160,6 +160,7 @@ def server_env(server_url: URL, monkeypatch: pytest.MonkeyPatch) -> str:
     return url
 
 
+@pytest.mark.slow
 def test_a_host_suite_uses_the_plugins_fixtures_and_assertions(
     pytester: pytest.Pytester, server_env: str, server_url: URL
 ) -> None:
@@ -183,6 +184,7 @@ def test_a_host_suite_uses_the_plugins_fixtures_and_assertions(
     assert '>       assert_enqueued(greet, name="bob")' in failure
 
 
+@pytest.mark.slow
 def test_the_plugin_loads_by_itself_and_touches_no_database_unless_asked(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -202,6 +204,7 @@ def test_the_plugin_loads_by_itself_and_touches_no_database_unless_asked(
     listing.stdout.fnmatch_lines(["pgqueue_database_url*", "pgqueue_run_jobs*"])
 
 
+@pytest.mark.slow
 def test_the_flask_examples_own_tests_pass_on_the_plugin(server_env: str) -> None:
     assert "4 passed" in run_example_tests(EXAMPLE, server_env).stdout
 
@@ -283,6 +286,7 @@ def test_per_test_databases_still_get_the_prepared_tables(pgqueue_database_url):
 """
 
 
+@pytest.mark.slow
 def test_an_app_bound_at_import_gets_a_session_database_before_its_conftest_runs(
     pytester: pytest.Pytester, server_env: str, server_url: URL
 ) -> None:

@@ -58,6 +58,7 @@ def _max_overlap(events: list[tuple[object, str]]) -> int:
     return peak
 
 
+@pytest.mark.slow
 def test_limit_two_across_four_worker_processes(
     database_url: URL, pgq: PgQueue, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ from benchmarks.server import Server
 JOBS = 2000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 2])
 def test_the_measure_sees_server_cpu_and_every_process_connections(
     server_url: URL, processes: int

@@ -49,6 +49,7 @@ def _count(pgq: PgQueue, model: type, **where: object) -> int:
         return int(session.scalar(stmt) or 0)
 
 
+@pytest.mark.slow
 def test_four_schedulers_for_a_simulated_hour_enqueue_one_job_per_tick(pgq: PgQueue) -> None:
     @pgq.periodic("* * * * * */10", name="every_10s")  # croniter's 6th field: seconds
     @pgq.task(name="beat")

@@ -31,6 +31,7 @@ from benchmarks.workloads import enqueue1, enqueue_batch
 JOBS = 300
 
 
+@pytest.mark.slow
 def test_each_variant_drains_every_job_and_only_the_hot_one_updates_in_place(
     server_url: URL,
 ) -> None:
@@ -93,6 +94,7 @@ def test_the_bulk_workload_enqueues_into_the_shaped_database(server_url: URL) ->
     assert result["pgqueue"] > 0
 
 
+@pytest.mark.slow
 def test_the_single_enqueue_of_a_variant_is_timed_against_a_single_row_insert(
     server_url: URL,
 ) -> None:
@@ -114,6 +116,7 @@ def _one_drain_each(server: Server) -> list[dict[str, object]]:
     ]
 
 
+@pytest.mark.slow
 def test_the_pick_up_of_a_variant_is_set_against_the_faster_bare_loop(server_url: URL) -> None:
     server = Server(server_url, embedded=False)
     bare = pickup_ceiling(server, 20)
