@@ -31,10 +31,6 @@ from pgqueue.errors import SchemaNotCurrent
 # test's directory (``app_module``); ``enqueue``, ``worker`` and ``schedules`` import it.
 # ``test_every_command_is_checked`` fails for a command missing here: a new command gets its
 # invocations here, and so is checked against each failure below.
-# Each test below starts some fifty command processes; on a loaded machine that outlasts the
-# suite's default timeout.
-pytestmark = pytest.mark.timeout(900)
-
 INVOCATIONS: dict[str, list[list[str]]] = {
     "migrate": [["migrate"], ["migrate", "current"]],
     "stats": [["stats"], ["stats", "--json"]],
