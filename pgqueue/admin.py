@@ -122,16 +122,20 @@ class Admin:
 
     def delete_job(self, job_id: int, *, session: Session | None = None) -> bool:
         """Delete a job that is not running (with its ticket); False when nothing was
-        deleted (it is running, or gone)."""
+        deleted (it is running, or gone). A job of a running workflow is refused with
+        InvalidStateTransition naming the workflow (its callback counts on every member's
+        row)."""
         job_id = check_job_id(job_id)
-        return self._write(session, lambda s: admin_data.delete_job(s, job_id))
+        return self._write(session, lambda s: admin_data.remove_job(s, job_id))
 
     def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
         """Make a FAILED or CANCELLED job run again now, whatever its attempt count.
 
         The attempts it used stay counted; when none are left, ``max_attempts`` is raised to
         ``attempts + 1``, so the job gets one more attempt (retried no further if it fails) and
-        its attempt count never exceeds its maximum."""
+        its attempt count never exceeds its maximum. A workflow's job (but the ``on_failure``
+        job of an ended workflow) is refused with InvalidStateTransition naming the workflow:
+        its workflow settles it."""
         job_id = check_job_id(job_id)
         tables = self._tables()
         self._write(session, lambda s: admin_data.rerun_job(s, job_id, tables))
@@ -140,7 +144,8 @@ class Admin:
         """Cancel a waiting job (it never runs) or ask a running one to stop.
 
         Returns CANCELLED for a waiting job, RUNNING when the running job was flagged (its
-        handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried).
+        handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried). A workflow's
+        job is refused as ``retry_job`` refuses it (``cancel_workflow`` stops the workflow).
         """
         job_id = check_job_id(job_id)
         tables = self._tables()
@@ -245,7 +250,10 @@ class Admin:
         ):
             raise ValidationError(f"expected_count must be an int, got {expected_count!r}")
         if dry_run:
-            count = self._read(lambda s: bulk_data.count_matching(s, job_filter, states))
+            deleting = action is BulkAction.DELETE
+            count = self._read(
+                lambda s: bulk_data.count_matching(s, job_filter, states, deleting=deleting)
+            )
             return BulkResult(action, count, dry_run=True)
         count, flagged, audit_id = self._write(
             None,

@@ -26,6 +26,7 @@ from pgqueue.db import Executor, SessionOrExecutor, executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound, UniqueKeyHeld
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
 from pgqueue.sql import admin, job_lists
+from pgqueue.sql import workflows as workflows_sql
 from pgqueue.sqlstates import is_unique_violation
 from pgqueue.states import JobState, WorkflowRole
 
@@ -257,6 +258,18 @@ def jobs_page(session: Session, tables: JobTables, listing: ListArguments) -> li
     return [by_id[i] for i in reversed(nearest)]
 
 
+def remove_job(session: Session, job_id: int) -> bool:
+    """``delete_job``, or InvalidStateTransition when its workflow refuses it (a job of a
+    running workflow, a closing marker); False when it is running or gone."""
+    if delete_job(session, job_id):
+        return True
+    job = get_job(session, job_id)
+    refusal = None if job is None else workflow_refusal(session, job, "delete")
+    if refusal is not None:
+        raise InvalidStateTransition(refusal)
+    return False
+
+
 def rerun_job(session: Session, job_id: int, tables: JobTables) -> None:
     """``rerun``, or the reason it changed nothing: InvalidStateTransition, JobNotFound, or
     UniqueKeyHeld when another job holds its unique key (it would hold it twice).
@@ -319,16 +332,44 @@ def _raise_for_state(
                 "job with its arguments instead"
             )
         raise JobNotFound(f"no job with id {job_id}")
-    if job.workflow_role == WorkflowRole.CLOSING:
-        workflow = job.workflow_id
-        raise InvalidStateTransition(
-            f"cannot {action} job {job_id}: it is the closing marker of workflow {workflow}, "
-            "which ends when the workflow's jobs end; to stop the workflow, cancel it "
-            f"(`pgqueue workflow {workflow} --cancel`)"
-        )
+    refusal = workflow_refusal(session, job, action)
+    if refusal is not None:
+        raise InvalidStateTransition(refusal)
     names = ", ".join(sorted(s.value for s in allowed))
     raise InvalidStateTransition(
         f"cannot {action} job {job_id}: it {job.state.phrase} (allowed from: {names})"
+    )
+
+
+def workflow_refusal(session: Session, job: Job, action: str) -> str | None:
+    """Why ``action`` (retry, cancel, delete) of ``job`` by hand is refused because of its
+    workflow (``sql.common.retried_or_cancelled_by_hand``, ``deleted_by_hand``); None when its
+    workflow does not refuse it."""
+    workflow = job.workflow_id
+    if workflow is None:
+        return None
+    prefix = f"cannot {action} job {job.id}"
+    if job.workflow_role == WorkflowRole.CLOSING:
+        return (
+            f"{prefix}: it is the closing marker of workflow {workflow}, which ends when the "
+            "workflow's jobs end; to stop the workflow, cancel it "
+            f"(`pgqueue workflow {workflow} --cancel`)"
+        )
+    state = executor_for(session).rows(workflows_sql.workflow_row(), {"workflow": workflow})
+    running = bool(state) and state[0][0] == "running"
+    if running:
+        return (
+            f"{prefix}: it belongs to workflow {workflow}, which is running; its jobs are "
+            "settled by the workflow (a callback gets one result per member), so act on the "
+            f"whole workflow (`pgqueue workflow {workflow} --cancel`)"
+        )
+    if action == "delete" or job.workflow_role == WorkflowRole.ON_FAILURE:
+        return None
+    ended = state[0][0] if state else "ended"
+    return (
+        f"{prefix}: it belongs to workflow {workflow}, which {ended}; a workflow's jobs are "
+        "not run again one by one (its callbacks were settled by this outcome): enqueue the "
+        "workflow again"
     )
 
 

@@ -40,7 +40,7 @@ def like_pattern(text: str) -> str:
 
 
 def _statement_input(
-    job_filter: JobFilter, states: Collection[JobState]
+    job_filter: JobFilter, states: Collection[JobState], *, deleting: bool = False
 ) -> tuple[bulk.Shape, dict[str, Any]]:
     shape = bulk.Shape(
         by_queue=job_filter.queue is not None,
@@ -49,6 +49,7 @@ def _statement_input(
         until=job_filter.until is not None,
         time_column=job_filter.time_column,
         by_error=job_filter.error_contains is not None,
+        deleting=deleting,
     )
     params: dict[str, Any] = {"filter_states": sorted(s.value for s in states)}
     if job_filter.queue is not None:
@@ -65,10 +66,15 @@ def _statement_input(
 
 
 def count_matching(
-    db: SessionOrExecutor, job_filter: JobFilter, states: Collection[JobState]
+    db: SessionOrExecutor,
+    job_filter: JobFilter,
+    states: Collection[JobState],
+    *,
+    deleting: bool = False,
 ) -> int:
-    """How many jobs in ``states`` the filter matches."""
-    shape, params = _statement_input(job_filter, states)
+    """How many jobs in ``states`` the filter matches for a retry or cancel, or with
+    ``deleting`` for a delete."""
+    shape, params = _statement_input(job_filter, states, deleting=deleting)
     return int(executor_for(db).rows(bulk.count(shape), params)[0][0])
 
 
@@ -116,7 +122,7 @@ def delete_matching(
     """Delete the matching jobs of ``states`` that are not running, and their tickets,
     cancelling the jobs that waited on them (``dependencies.abandon_orphans``); how many jobs."""
     ex = executor_for(db)
-    shape, params = _statement_input(job_filter, states)
+    shape, params = _statement_input(job_filter, states, deleting=True)
     count, parents, orphans = ex.rows(bulk.delete_jobs(shape), params)[0]
     dependencies.abandon_orphans(ex, parents, orphans)
     return int(count)

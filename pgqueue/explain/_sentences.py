@@ -309,8 +309,12 @@ def finished(job: Any, state: JobState) -> Blocker:
         )
     else:
         message = f"cancelled{at}" + (f": {last_error}" if last_error else "")
-    # A workflow's closing marker is its workflow's to end, never retried on its own.
-    if state is not JobState.SUCCEEDED and job.workflow_role != WorkflowRole.CLOSING:
+    # A workflow's jobs are settled by their workflow, never retried on their own (its
+    # on_failure job aside).
+    by_hand = (
+        getattr(job, "workflow_id", None) is None or job.workflow_role == WorkflowRole.ON_FAILURE
+    )
+    if state is not JobState.SUCCEEDED and by_hand:
         message += f" (`pgqueue retry {job.id}` runs it again)"
     return Blocker(
         BlockerKind.FINISHED,

@@ -38,10 +38,11 @@ from pgqueue.models import FinishedMinute, Job, JobHistory, MessageQueue
 from pgqueue.sql.common import (
     CLEAR_LEASE,
     announced,
+    deleted_by_hand,
     ids_with_new_tickets,
     in_states,
     minute_of,
-    not_a_closing_marker,
+    retried_or_cancelled_by_hand,
     seconds,
     source_states,
 )
@@ -129,7 +130,7 @@ def rerun() -> Select[int]:
         .where(
             Job.id == bindparam("job_id", type_=BigInteger),
             source_states(RERUN),
-            not_a_closing_marker(),
+            retried_or_cancelled_by_hand(),
         )
         .values(**RERUN_VALUES)
         .returning(Job.id, Job.queue, Job.priority, Job.run_at, Job.atomic, Job.concurrency_key)
@@ -140,12 +141,12 @@ def rerun() -> Select[int]:
 
 @cache
 def rerun_key() -> Select[str | None]:
-    """The ``unique_key`` of job ``job_id`` when ``rerun`` would move it (FAILED/CANCELLED, not
-    a closing marker); no row otherwise. Binds ``job_id``."""
+    """The ``unique_key`` of job ``job_id`` when ``rerun`` would move it (FAILED/CANCELLED, of
+    no workflow or its ``on_failure`` job); no row otherwise. Binds ``job_id``."""
     return select(Job.unique_key).where(
         Job.id == bindparam("job_id", type_=BigInteger),
         source_states(RERUN),
-        not_a_closing_marker(),
+        retried_or_cancelled_by_hand(),
     )
 
 
@@ -181,7 +182,10 @@ def cancel_waiting() -> Select[int, list[int] | None]:
     updated = (
         update(Job)
         .where(
-            Job.id == job_id, has_ticket_or_blocked, source_states(CANCEL), not_a_closing_marker()
+            Job.id == job_id,
+            has_ticket_or_blocked,
+            source_states(CANCEL),
+            retried_or_cancelled_by_hand(),
         )
         .values(**CANCEL_VALUES)
         .returning(Job.id, Job.dependents, Job.awaited)
@@ -195,7 +199,11 @@ def request_cancel_running() -> ReturningUpdate[int]:
     """Flag a RUNNING job for cancellation; its worker sees it at the next heartbeat."""
     return (
         update(Job)
-        .where(Job.id == bindparam("job_id", type_=BigInteger), Job.state == JobState.RUNNING)
+        .where(
+            Job.id == bindparam("job_id", type_=BigInteger),
+            Job.state == JobState.RUNNING,
+            retried_or_cancelled_by_hand(),
+        )
         .values(cancel_requested=True, updated_at=func.now())
         .returning(Job.id)
     )
@@ -363,9 +371,7 @@ def delete_job() -> Any:  # a ReturningDelete
     ticket_first = select(func.count()).select_from(ticket).scalar_subquery() >= 0
     return (
         delete(Job)
-        .where(
-            Job.id == job_id, Job.state != JobState.RUNNING, ticket_first, not_a_closing_marker()
-        )
+        .where(Job.id == job_id, Job.state != JobState.RUNNING, ticket_first, deleted_by_hand())
         .returning(Job.id, ORPHANED)
     )
 

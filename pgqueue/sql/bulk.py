@@ -45,8 +45,9 @@ from pgqueue.sql.common import (
     announced,
     array_param,
     cancel_flags,
+    deleted_by_hand,
     listed_by_state,
-    not_a_closing_marker,
+    retried_or_cancelled_by_hand,
     running,
     source_states,
     tickets_for,
@@ -57,7 +58,9 @@ from pgqueue.states import CANCEL, RERUN, JobState
 
 class Shape(NamedTuple):
     """Which fields of a filter are given (the values are binds); ``time_column`` is the column
-    ``since``/``until`` bound."""
+    ``since``/``until`` bound; ``deleting``: the filter chooses jobs to delete (the jobs of ended
+    workflows may be), not to retry or cancel (of no workflow, or an ended workflow's
+    ``on_failure`` job), as the single-job statements choose."""
 
     by_queue: bool
     by_task: bool
@@ -65,14 +68,16 @@ class Shape(NamedTuple):
     until: bool
     time_column: str
     by_error: bool
+    deleting: bool
 
 
 def matching(shape: Shape) -> ColumnElement[bool]:
-    """The filter: the job is in one of ``states`` and matches every given field; a
-    workflow's closing marker never matches (it is its workflow's to end)."""
+    """The filter: the job is in one of ``states`` and matches every given field; a job its
+    workflow settles never matches (``sql.common.deleted_by_hand``,
+    ``retried_or_cancelled_by_hand``)."""
     conditions: list[ColumnElement[bool]] = [
         Job.state == func.any(array_param("filter_states", Text)),
-        not_a_closing_marker(),
+        deleted_by_hand() if shape.deleting else retried_or_cancelled_by_hand(),
     ]
     if shape.by_queue:
         conditions.append(Job.queue == bindparam("filter_queue", type_=Text))

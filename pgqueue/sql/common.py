@@ -21,6 +21,7 @@ from sqlalchemy import (
     Integer,
     Select,
     Text,
+    and_,
     bindparam,
     case,
     cast,
@@ -61,6 +62,23 @@ def not_a_closing_marker() -> ColumnElement[bool]:
     runs and ends its workflow when the workflow's jobs end, so an operator's cancel, retry or
     delete of one job, or of the jobs a filter chooses, leaves it to its workflow."""
     return Job.workflow_role.is_distinct_from(literal(int(WorkflowRole.CLOSING)))
+
+
+def retried_or_cancelled_by_hand() -> ColumnElement[bool]:
+    """The job is one an operator may retry or cancel on its own: of no workflow, or the
+    ``on_failure`` job of a workflow that ended. A workflow's members, callbacks and closing
+    marker are settled by the workflow's countdown: one retried or cancelled by hand would
+    close the workflow early or late, or leave its callback a result list without that
+    member's, so the workflow is acted on whole instead (``cancel_workflow``)."""
+    on_failure = Job.workflow_role == literal(int(WorkflowRole.ON_FAILURE))
+    return or_(Job.workflow_id.is_(None), and_(on_failure, outside_running_workflows()))
+
+
+def deleted_by_hand() -> ColumnElement[bool]:
+    """The job is one an operator may delete on its own: not a closing marker, and of no
+    workflow that still runs (its callback reads every member's result from the member's row
+    when it is released; a member deleted before that could never be counted down)."""
+    return and_(not_a_closing_marker(), outside_running_workflows())
 
 
 # The moment an outcome is written (``finished_at``, ``updated_at``, a retry's ``run_at``): the

@@ -45,7 +45,9 @@ def test_one_job_actions_on_a_closing_marker_are_refused_and_the_workflow_ends(
     with pytest.raises(InvalidStateTransition) as retried:
         pgq.admin.retry_job(marker)
     assert str(retried.value) == f"cannot retry job {marker}: {hint}"
-    assert pgq.admin.delete_job(marker) is False
+    with pytest.raises(InvalidStateTransition) as deleted:
+        pgq.admin.delete_job(marker)
+    assert str(deleted.value) == f"cannot delete job {marker}: {hint}"
     assert pgq.get_job(marker).state is JobState.WAITING
 
     assert run_workflow(pgq, workflow.id).state == "succeeded"
@@ -60,15 +62,18 @@ def test_bulk_actions_never_choose_a_closing_marker(pgq: PgQueue) -> None:
     workflows = [chain(noop.s(), noop.s()).enqueue() for _ in range(3)]
     markers = {closing_marker(pgq, w.id) for w in workflows}
     waiting = JobFilter(queue="reports", states=frozenset({JobState.QUEUED, JobState.WAITING}))
-    assert pgq.admin.bulk_cancel(waiting, dry_run=True).count == 6  # the steps only
-    assert pgq.admin.bulk_delete(waiting, dry_run=True).count == 6
-    assert pgq.admin.bulk_cancel(waiting).count == 6
+    # A running workflow's jobs are its own to settle: a filter chooses none of them.
+    assert pgq.admin.bulk_cancel(waiting, dry_run=True).count == 0
+    assert pgq.admin.bulk_delete(waiting, dry_run=True).count == 0
+    assert pgq.admin.bulk_cancel(waiting).count == 0
+    for w in workflows:
+        assert pgq.cancel_workflow(w.id)
     # Each workflow ended with its steps, its marker settled by them, not by the filter.
-    assert {pgq.get_workflow(w.id).state for w in workflows} == {"failed"}
+    assert {pgq.get_workflow(w.id).state for w in workflows} == {"cancelled"}
     assert {pgq.get_job(m).state for m in markers} == {JobState.FAILED}
     ended = JobFilter(queue="reports", states=frozenset({JobState.CANCELLED, JobState.FAILED}))
-    assert pgq.admin.bulk_retry(ended, dry_run=True).count == 6
-    assert pgq.admin.bulk_delete(ended, dry_run=True).count == 6
+    assert pgq.admin.bulk_retry(ended, dry_run=True).count == 0
+    assert pgq.admin.bulk_delete(ended, dry_run=True).count == 6  # the steps only
     # Neither explain nor a retry offers to run a marker again.
     marker = min(markers)
     finished = pgq.admin.explain_job(marker).blockers[0]

@@ -54,7 +54,7 @@ from pgqueue.contrib.flask.job_display import (
 )
 from pgqueue.contrib.flask.throughput_chart import chart, coarsened, total_series
 from pgqueue.errors import ConfigurationError, PgQueueError, ValidationError
-from pgqueue.states import FINAL_STATES, JobState
+from pgqueue.states import FINAL_STATES, JobState, WorkflowRole
 
 __all__ = ["init_dashboard"]
 
@@ -323,15 +323,19 @@ def job_detail(job_id: int) -> str:
         explanation = None if final else _admin().explain_job(job_id)
     except PgQueueError:  # deleted between the two reads
         abort(404, description=f"no job with id {job_id}")
+    # A workflow's jobs (but its on_failure job) are acted on through their workflow's page.
+    by_workflow = job.workflow_id is not None and job.workflow_role != WorkflowRole.ON_FAILURE
     return render_template(
         "pgqueue/job.html",
         job=job,
         holder=holder,
         explanation=explanation,
         final=final,
-        can_retry=job.state in {JobState.FAILED, JobState.CANCELLED},
-        can_cancel=job.state in {JobState.QUEUED, JobState.RETRYING, JobState.RUNNING},
-        can_delete=job.state is not JobState.RUNNING,
+        by_workflow=by_workflow,
+        can_retry=not by_workflow and job.state in {JobState.FAILED, JobState.CANCELLED},
+        can_cancel=not by_workflow
+        and job.state in {JobState.QUEUED, JobState.RETRYING, JobState.RUNNING},
+        can_delete=not by_workflow and job.state is not JobState.RUNNING,
         error_runs=folded_errors(job.errors or []),
     )
 
