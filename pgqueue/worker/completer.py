@@ -8,8 +8,10 @@ A batch waits at most ``LOCK_WAIT`` for each row lock. A row held longer by anot
 (an operator's ``SELECT ... FOR UPDATE`` of a queue's control row or of a job, a bulk action)
 blocks the outcomes that update it, and only those: the batch is written again queue by queue,
 and the outcomes of a queue that is still blocked are kept aside and tried again with backoff
-(waiting ``RETRY_LOCK_WAIT`` each time), so other queues' outcomes are written at once. Fresh
-outcomes of a blocked queue join its kept ones. Blocked outcomes are right: they are written
+(waiting ``RETRY_LOCK_WAIT`` each time), so other queues' outcomes are written at once; a
+queue's few outcomes are then tried one by one, so that only those that need a held row (its
+concurrency key's, its dependents') are kept aside, and a fresh outcome is written as any other.
+Blocked outcomes are right: they are written
 once the rows are free, never turned into failed attempts, and their slots stay held (so their
 leases are heartbeated) until then. When the database refuses a batch, the outcomes are written one by one, and an outcome refused on its
 own is replaced by a failed attempt that says why, so one bad outcome never costs the others
@@ -49,6 +51,11 @@ WRITE_SPACING = 0.005
 # writers hold the rows outcomes update for one short statement or transaction (claims, other
 # outcomes, heartbeats): a wait this long means a transaction that holds them far longer.
 LOCK_WAIT = 0.5
+# A queue's outcomes that wait for a row lock are tried one by one when there are at most this
+# many, so that those that need no held row (another concurrency key's, another job's
+# dependents) are written at once. A hold keeps the claims that need the row waiting too, so
+# few outcomes ever wait on one; more are kept together rather than each waiting in turn.
+SPLIT_AT_MOST = 16
 # The wait of each later try of a blocked queue's outcomes, and the backoff between tries.
 RETRY_LOCK_WAIT = 0.1
 RETRY_FIRST = 0.2
@@ -201,26 +208,17 @@ class Completer:
                 return
 
     def _write_fresh(self, batch: list[tuple[Execution, Outcome]]) -> None:
-        """Write a batch, its outcomes of blocked queues kept aside with the others of their
-        queue; when a row lock keeps the batch waiting, queue by queue."""
-        free: list[tuple[Execution, Outcome]] = []
-        for item in batch:
-            kept = self._blocked.get(item[0].job.queue)
-            if kept is None:
-                free.append(item)
-            else:
-                self._slots.kept_waiting([item[0]])
-                kept.append(item)
-        if not free:
-            return
+        """Write a batch; when a row lock keeps it waiting, queue by queue, and the outcomes of
+        a queue that still waits one by one (a few of them; more are kept together), so that
+        only the outcomes that need a held row are kept aside."""
         try:
-            self._write(free, lock_wait=LOCK_WAIT)
+            self._write(batch, lock_wait=LOCK_WAIT)
             return
         except Exception as exc:
             if not is_timeout(exc):  # pragma: no cover - ``_write`` raises timeouts only
                 raise
         by_queue: dict[str, list[tuple[Execution, Outcome]]] = {}
-        for item in free:
+        for item in batch:
             by_queue.setdefault(item[0].job.queue, []).append(item)
         for queue, items in by_queue.items():
             try:
@@ -228,7 +226,19 @@ class Completer:
             except Exception as exc:
                 if not is_timeout(exc):  # pragma: no cover
                     raise
-                self._block(queue, items, exc)
+                if len(items) == 1 or len(items) > SPLIT_AT_MOST:
+                    self._block(queue, items, exc)
+                    continue
+                held: list[tuple[Execution, Outcome]] = []
+                for item in items:
+                    try:
+                        self._write([item], lock_wait=RETRY_LOCK_WAIT)
+                    except Exception as single:
+                        if not is_timeout(single):  # pragma: no cover
+                            raise
+                        held.append(item)
+                if held:
+                    self._block(queue, held, exc)
 
     def _block(
         self, queue: str, items: list[tuple[Execution, Outcome]], error: BaseException

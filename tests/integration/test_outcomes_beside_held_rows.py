@@ -64,3 +64,33 @@ def test_outcomes_of_other_queues_are_written_while_a_control_row_is_held(
         ).scalar_one()
     assert [(row.state, row.attempts, row.errors) for row in rows] == [("succeeded", 1, [])] * 3
     assert running == 0
+
+
+def test_a_held_key_row_holds_up_only_its_own_keys_outcomes(pgq: PgQueue, engine: Engine) -> None:
+    release = {key: threading.Event() for key in ("k0", "k1")}
+
+    @pgq.task(queue="keyed", name="keyed_job", concurrency_key=lambda key: key, key_limit=5)
+    def keyed_job(key: str) -> str:
+        release[key].wait(30)
+        return key
+
+    held_id, free_id = keyed_job.enqueue("k1"), keyed_job.enqueue("k0")
+    worker = Worker(pgq, concurrency=4)
+    with in_thread(worker, before_stop=lambda: [event.set() for event in release.values()]):
+        wait_for_states(pgq, [held_id, free_id], {JobState.RUNNING}, timeout=15)
+        with engine.connect() as holder:
+            holder.execute(
+                text("SELECT running FROM pgqueue_concurrency_keys WHERE key = 'k1' FOR UPDATE")
+            )
+            release["k1"].set()  # k1's outcome now waits for its key's row
+            time.sleep(1.0)
+            began = time.monotonic()
+            release["k0"].set()
+            wait_for_states(pgq, [free_id], {JobState.SUCCEEDED}, timeout=10)
+            free_took = time.monotonic() - began
+            held_meanwhile = states_of(pgq, [held_id])[held_id]
+            holder.commit()
+        wait_for_states(pgq, [held_id], {JobState.SUCCEEDED}, timeout=15)
+    assert held_meanwhile is JobState.RUNNING
+    # A fresh outcome is written at once: no lock wait, no backoff of the held key's outcome.
+    assert free_took < 0.5, free_took
