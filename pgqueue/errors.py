@@ -43,6 +43,7 @@ __all__ = [
     "WorkflowNotFound",
     "connection_failure",
     "error_line",
+    "error_summary",
     "error_text",
     "handler_error_text",
     "hide_row_values",
@@ -322,17 +323,58 @@ def handler_error_text(exc: BaseException) -> str:
     return hide_row_values("".join(summary.format()), exc)
 
 
-def error_summary(recorded: str, limit: int = 200) -> str:
-    """The line of a recorded traceback worth a log line: the last one naming the error.
+# The header of a traceback, and of an exception group's (whose block is drawn in a margin of
+# ``|``); the last one at the left edge starts the error the text records (its causes come
+# before it).
+_TRACEBACK_HEADER: Final = re.compile(
+    r"(?:Traceback|  \+ Exception Group Traceback) \(most recent call last\):$"
+)
+_GROUP_MARGIN: Final = re.compile(r"^  \| ?")
+# Lines that never name an error: a caret (PostgreSQL's under its ``LINE n:`` excerpt of the
+# statement), SQLAlchemy's and the server's additions after the message, and a traceback's own
+# headers and separators (its frames are told apart by their indent).
+_NOT_A_NAME: Final = re.compile(
+    r"[\^~]+$|LINE \d+: |Traceback \(most recent call last\)"
+    r"|The above exception was|During handling of the above exception|\.\.\. \[traceback truncated"
+    r"|" + "|".join(re.escape(prefix) for prefix in _DECORATION_PREFIXES)
+)
 
-    The last line of a SQLAlchemy error's text is a documentation link, not the failure, so
-    trailing statement, parameter, link, DETAIL and HINT lines are skipped.
+
+def error_summary(recorded: str | None, limit: int = 200) -> str:
+    """The line naming a recorded error (a job's ``last_error``, an ``errors`` entry): what the
+    worker's log line, the CLI and the dashboard show of it, cut to ``limit`` characters.
+
+    In a traceback that is the line after the frames of its last exception, the first of that
+    exception's message: ``sqlalchemy.exc.ProgrammingError: (psycopg.errors.UndefinedTable)
+    relation "nope" does not exist``, not the ``LINE 1:`` excerpt, caret, ``[SQL: ...]`` and
+    documentation link that follow it. In any other text (a ``Retry`` reason, a timeout) it is
+    the first line that names something.
     """
-    shown = hide_row_values(recorded)
-    lines = [line.strip() for line in shown.strip().splitlines() if line.strip()]
-    while len(lines) > 1 and lines[-1].startswith(_DECORATION_PREFIXES):
-        lines.pop()
-    return lines[-1][:limit] if lines else ""
+    if not recorded:
+        return ""
+    lines = hide_row_values(recorded).splitlines()
+    start, in_traceback = 0, False
+    for index, line in enumerate(lines):
+        if _TRACEBACK_HEADER.match(line):
+            start, in_traceback = index + 1, True
+        elif line == _CUT_MARKER.strip():
+            # A cut text resumes inside a line: the one after the marker is a fragment.
+            start, in_traceback = index + 2, True
+    candidates = lines[start:]
+    if in_traceback:
+        # A traceback's frames are indented; the exception's line is not.
+        candidates = [_GROUP_MARGIN.sub("", line) for line in candidates]
+        candidates = [line for line in candidates if not line[:1].isspace()]
+    named = next((line.strip() for line in candidates if _names_an_error(line)), None)
+    if named is None:  # a traceback cut where its last error was: the first one it has
+        unindented = (line for line in lines if not line[:1].isspace())
+        named = next((line.strip() for line in unindented if _names_an_error(line)), "")
+    return named if len(named) <= limit else named[: limit - 1] + "…"
+
+
+def _names_an_error(line: str) -> bool:
+    stripped = line.strip()
+    return bool(stripped) and not _NOT_A_NAME.match(stripped)
 
 
 class _HideRowValues(logging.Filter):

@@ -6,6 +6,8 @@
 - Errors keep their traceback but are cut to ``Settings.max_error_bytes`` (UTF-8 bytes), for
   ``last_error`` and every ``errors[*].error`` entry, whatever the failure: a huge exception
   message (leased or atomic, ASCII or multi-byte), an unstorable result, a hand-edited row.
+- A failed query's error is named by the same line in the worker's log, ``pgqueue explain``
+  and the dashboard: its exception and message, not PostgreSQL's caret under the statement.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from markupsafe import escape
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
 from support.processes import pgqueue_env, run_pgqueue
 
 import pgqueue
 from pgqueue import PgQueue, Settings
+from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.errors import ConfigurationError
 from pgqueue.states import JobState
 from pgqueue.testing import run_until_final
@@ -268,3 +273,35 @@ def test_a_recorded_traceback_starts_at_the_handler_not_in_pgqueue(pgq: PgQueue)
     # Frames of pgqueue between the handler and the error (a durable step's runner) stay.
     step_error = pgq.get_job(ids[1]).last_error
     assert package in step_error and "_failing_helper" in step_error
+
+
+def test_a_failed_query_is_named_alike_in_the_log_the_cli_and_the_dashboard(
+    pgq: PgQueue, database_url: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    @pgq.task(name="hygiene.missing_table", max_attempts=1, pass_context=True)
+    def missing_table(ctx: Any) -> None:
+        ctx.session.execute(text("SELECT * FROM no_such_table"))
+
+    caplog.set_level(logging.INFO, logger="pgqueue.worker")
+    job_id = missing_table.enqueue()
+    assert run_until_final(pgq, [job_id]) == {job_id: JobState.FAILED}
+    recorded = pgq.get_job(job_id).last_error or ""
+    # PostgreSQL's excerpt of the statement ends the message, its caret last.
+    assert "LINE 1: SELECT * FROM no_such_table" in recorded, recorded
+    named = (
+        'sqlalchemy.exc.ProgrammingError: (psycopg.errors.UndefinedTable) relation "no_such_table"'
+        " does not exist"
+    )
+    logged = [r.getMessage() for r in caplog.records if f"job {job_id} " in r.getMessage()]
+    assert [line.split(" error=", 1)[1] for line in logged if "outcome=fail" in line] == [named]
+
+    explained = run_pgqueue("explain", str(job_id), url=database_url)
+    assert explained.returncode == 0, explained.stderr[-2000:]
+    assert f", last error: {named} (`pgqueue retry {job_id}`" in explained.stdout
+
+    with dashboard_app(FlaskPgQueue(), database_url, "summaries") as app:
+        client = app.test_client()
+        listed = client.get("/pgqueue/jobs?state=failed").get_data(as_text=True)
+        detail = client.get(f"/pgqueue/jobs/{job_id}").get_data(as_text=True)
+    assert f'">{escape(named)}</span></td>' in listed
+    assert f'<span class="headline">{escape(named)}</span>' in detail

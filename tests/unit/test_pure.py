@@ -8,8 +8,9 @@ import math
 import traceback
 from pathlib import Path
 
+import psycopg
 import pytest
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from pgqueue import backoff, validation
 from pgqueue.config import Settings, embedded_database_name, normalize_database_url
@@ -21,6 +22,7 @@ from pgqueue.errors import (
     connection_failure,
     error_summary,
     name_connection_failure,
+    storable_text,
 )
 from pgqueue.sqlstates import is_connection_error, is_transient_conflict, sqlstate_of
 from pgqueue.states import FINAL_STATES, TRANSITIONS, JobState, allowed
@@ -172,21 +174,73 @@ def test_sqlstate_classification() -> None:
     assert not is_transient_conflict(ValueError())
 
 
-def test_error_summary_names_the_error_not_sqlalchemys_link() -> None:
+def _recorded(exc: BaseException) -> str:
+    """``exc`` raised, then formatted as a worker records a handler's error: its traceback."""
     try:
-        raise OperationalError("SELECT 1", {"x": 1}, Exception("server closed the connection"))
-    except OperationalError as exc:
-        recorded = "".join(traceback.format_exception(exc))
-    assert recorded.strip().splitlines()[-1].startswith("(Background on this error at")
-    assert error_summary(recorded) == (
-        "sqlalchemy.exc.OperationalError: (builtins.Exception) server closed the connection"
+        raise exc
+    except BaseException as raised:
+        return "".join(traceback.format_exception(raised))
+
+
+def _undefined_table() -> psycopg.errors.UndefinedTable:
+    # The server's message, then its excerpt of the statement with a caret under the error.
+    return psycopg.errors.UndefinedTable(
+        'relation "nope" does not exist\nLINE 1: SELECT * FROM nope\n                      ^'
     )
+
+
+def _wrapped_by_sqlalchemy() -> str:
+    """A failed query run through a session: the driver's error, then SQLAlchemy's around it
+    (its statement, its parameters and its documentation link after the server's message)."""
     try:
-        raise ValueError("bad value " + "x" * 300)
-    except ValueError as exc:
-        recorded = "".join(traceback.format_exception(exc))
-    assert error_summary(recorded) == ("ValueError: bad value " + "x" * 300)[:200]
-    assert error_summary("") == ""
+        try:
+            raise _undefined_table()
+        except psycopg.Error as orig:
+            raise ProgrammingError("SELECT * FROM nope", {"id": 1}, orig) from orig
+    except ProgrammingError as exc:
+        return "".join(traceback.format_exception(exc))
+
+
+def test_error_summary_is_the_line_naming_the_error() -> None:
+    undefined = 'relation "nope" does not exist'
+    driver = _recorded(_undefined_table())
+    assert driver.rstrip().endswith("^")
+    assert error_summary(driver) == f"psycopg.errors.UndefinedTable: {undefined}"
+    wrapped = _wrapped_by_sqlalchemy()
+    assert "[SQL: SELECT * FROM nope]" in wrapped and "sqlalche.me" in wrapped
+    assert error_summary(wrapped) == (
+        f"sqlalchemy.exc.ProgrammingError: (psycopg.errors.UndefinedTable) {undefined}"
+    )
+    # Recorded without a traceback (as pgqueue's own errors about a job are), named alike.
+    without_frames = wrapped[wrapped.rindex("sqlalchemy.exc.ProgrammingError") :]
+    assert error_summary(without_frames) == error_summary(wrapped)
+    assert error_summary(f"psycopg.errors.UndefinedTable: {_undefined_table()}") == (
+        f"psycopg.errors.UndefinedTable: {undefined}"
+    )
+    assert error_summary(_recorded(OperationalError("SELECT 1", {}, Exception("closed")))) == (
+        "sqlalchemy.exc.OperationalError: (builtins.Exception) closed"
+    )
+    assert error_summary(_recorded(ValueError("first line\nsecond line"))) == (
+        "ValueError: first line"
+    )
+    assert error_summary("Retry: rate limited\nmore") == "Retry: rate limited"
+    assert error_summary("\n\n   \n  lease expired (worker lost)\n") == (
+        "lease expired (worker lost)"
+    )
+    group = _recorded(ExceptionGroup("two failed", [ValueError("a"), KeyError("b")]))
+    assert error_summary(group) == "ExceptionGroup: two failed (2 sub-exceptions)"
+    # Cut to fit its column, a traceback keeps its head and its end (the error), resuming
+    # inside a line, maybe past its last exception's header.
+    marker = "\n... [traceback truncated] ...\n"
+    assert marker in storable_text(wrapped, 256)
+    resume = wrapped.rindex('File "') + len('File "')
+    cut = wrapped[:120] + marker + wrapped[resume:]
+    assert cut.count("Traceback (most recent call last)") == 1
+    assert error_summary(cut) == error_summary(wrapped)
+    long = error_summary(_recorded(ValueError("bad value " + "x" * 300)))
+    assert long == ("ValueError: bad value " + "x" * 300)[:199] + "…"
+    assert len(error_summary("ValueError: " + "x" * 300, limit=90)) == 90
+    assert error_summary("") == error_summary(None) == error_summary("\n \n") == ""
 
 
 @pytest.mark.parametrize(

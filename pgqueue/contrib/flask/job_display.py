@@ -1,10 +1,11 @@
 """How the dashboard shows a job's error and timing: a one-line error summary for the job list,
 a readable duration, and an error history with repeated failures folded together.
 
-A traceback's telling line is its last one (``ConnectionError: refused``), not its first
-(``Traceback (most recent call last):``), so the summary takes that. Two errors count as the
-same failure when they differ only in memory addresses (``<object at 0x7f3a...>``), which
-change from run to run; line numbers and messages still tell failures apart.
+The summary is ``pgqueue.errors.error_summary``'s, the line the worker logs and the CLI prints,
+so that the three name a failure alike (the job list's cell ends it with an ellipsis where its
+width runs out). Two errors count as the same failure when they differ
+only in memory addresses (``<object at 0x7f3a...>``), which change from run to run; line numbers
+and messages still tell failures apart.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pgqueue.errors import error_summary
+
 __all__ = ["ErrorRun", "duration", "error_summary", "error_tooltip", "folded_errors"]
 
-SUMMARY_LENGTH: Final = 90
 # The tooltip holds the full text, up to this much (a traceback of a deep stack is long).
 TOOLTIP_LENGTH: Final = 4000
 ADDRESS: Final = re.compile(r"0x[0-9a-fA-F]+")
@@ -54,17 +56,6 @@ class ErrorRun:
         if self.count == 1:
             return f"attempt {self.first_attempt}"
         return f"attempts {self.first_attempt}-{self.last_attempt}"
-
-
-def error_summary(error: str | None) -> str:
-    """The line of ``error`` that names the failure, cut to ``SUMMARY_LENGTH`` characters."""
-    if not error:
-        return ""
-    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-    if not lines:
-        return ""
-    line = lines[-1] if lines[0].startswith("Traceback") else lines[0]
-    return line if len(line) <= SUMMARY_LENGTH else line[: SUMMARY_LENGTH - 1] + "…"
 
 
 def error_tooltip(error: str | None) -> str:
