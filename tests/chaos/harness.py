@@ -278,6 +278,7 @@ def _run(
         history="PGQUEUE_HISTORY" in settings,
         late_dependents_of_moved=workload.late_dependents_of_moved,
         late_dependents_refused=workload.late_dependents_refused,
+        hand_actions_accepted=workload.hand_actions_accepted,
     )
     checker = Checker(engine, facts)
     notes: list[str] = []

@@ -72,6 +72,8 @@ class Facts:
     # with JobNotFound though their parents exist (live lists of the workload's).
     late_dependents_of_moved: list[int] = field(default_factory=list)
     late_dependents_refused: list[str] = field(default_factory=list)
+    # Hand retries and cancels of a workflow's jobs that were not refused (a live list).
+    hand_actions_accepted: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -743,6 +745,8 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (workflow_checks.callback_once, True),
     (workflow_checks.nothing_starts_after_a_cancel, True),
     (workflow_checks.refused_left_nothing, True),
+    (workflow_checks.acted_on_whole, True),
+    (workflow_checks.state_agrees_with_jobs, True),
     (history_checks.moved_once, True),
     (history_checks.moved_jobs_read_back, False),
 ]

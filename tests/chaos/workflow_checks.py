@@ -1,6 +1,7 @@
 """The chaos run's invariants of workflows (chords of leased members and a gather callback):
-each callback runs once, nothing of a cancelled workflow starts after the cancel, and a
-workflow refused for a held unique key wrote nothing."""
+each callback runs once, nothing of a cancelled workflow starts after the cancel, a
+workflow refused for a held unique key wrote nothing, an operator's hand retry or cancel of a
+workflow's job is refused, and a workflow's state agrees with its jobs'."""
 
 from __future__ import annotations
 
@@ -127,6 +128,63 @@ def refused_left_nothing(s: Snapshot, facts: Facts) -> list[Violation]:
                     holder,
                     f"workflow {tag} was refused as key {key!r} was held by job {holder}, "
                     f"which {'does not exist' if job is None else 'has another key'}",
+                )
+            )
+    return found
+
+
+def acted_on_whole(s: Snapshot, facts: Facts) -> list[Violation]:
+    """20. An operator's hand retry or cancel of a workflow's job (a member, the callback, the
+    closing marker) is refused: the workflow settles its jobs."""
+    from .invariants import Violation
+
+    return [
+        Violation("20 workflows acted on whole", None, f"{accepted} was accepted")
+        for accepted in list(facts.hand_actions_accepted)
+    ]
+
+
+def state_agrees_with_jobs(s: Snapshot, facts: Facts) -> list[Violation]:
+    """21. A workflow's state agrees with its jobs': none ended while one of its members is
+    still to run (its closing marker ended last), a succeeded one has only succeeded members,
+    and, once the workers drained, none is still running with every job ended."""
+    from .invariants import Violation
+
+    jobs_of: dict[int, list[object]] = {}
+    for job in s.jobs.values():
+        if job.workflow_id is not None:
+            jobs_of.setdefault(job.workflow_id, []).append(job)
+    found = []
+    for workflow_id, state in s.workflows.items():
+        jobs = jobs_of.get(workflow_id, [])
+        if not jobs:
+            continue
+        members = [j for j in jobs if getattr(j, "workflow_role", None) != CLOSING_ROLE]
+        unended = [j for j in members if getattr(j, "state", None) not in FINAL]
+        first = getattr(jobs[0], "id", None)
+        if state in ("succeeded", "failed") and unended:
+            found.append(
+                Violation(
+                    "21 workflow state agrees",
+                    getattr(unended[0], "id", first),
+                    f"workflow {workflow_id} is {state} while {len(unended)} of its jobs have "
+                    "not ended",
+                )
+            )
+        if state == "succeeded" and any(getattr(j, "state", None) != "succeeded" for j in members):
+            found.append(
+                Violation(
+                    "21 workflow state agrees",
+                    first,
+                    f"workflow {workflow_id} succeeded with a member that did not",
+                )
+            )
+        if facts.final and state == "running" and not unended:
+            found.append(
+                Violation(
+                    "21 workflow state agrees",
+                    first,
+                    f"workflow {workflow_id} is still running though every job of it ended",
                 )
             )
     return found

@@ -53,6 +53,8 @@ HISTORY_MAINTENANCE_EVERY = 20.0
 # enqueued at least ``LATE_PARENT_AGE`` seconds before (most of them ended and moved by then).
 LATE_DEPENDENT_EVERY = 2.0
 LATE_PARENT_AGE = 5.0
+# Seconds between two hand retries or cancels of a workflow's job (``_hand_action``).
+OPERATOR_EVERY = (1.0, 3.0)
 
 
 @dataclass
@@ -121,6 +123,13 @@ class Workload:
         self.parents: list[tuple[float, int]] = []  # (when enqueued, id) of ``_dependent``'s
         self.late_dependents_of_moved: list[int] = []  # enqueued on parents all moved
         self.late_dependents_refused: list[str] = []  # JobNotFound for parents that exist
+        # An operator's hand retries and cancels of a workflow's jobs, on the clock and drawn
+        # from their own stream (the main stream's choices stay a seed's); each is refused, and
+        # the ones that were not are kept for the checks.
+        self.operator_rng = random.Random(f"{self.seed}-operator")
+        self.next_operator_move = float("inf")
+        self.workflow_jobs: list[int] = []
+        self.hand_actions_accepted: list[str] = []
         self.thread = threading.Thread(target=self._loop, name="chaos-workload", daemon=True)
         self.kinds: list[tuple[float, Callable[[], None]]] = [
             (10, lambda: self._leased("leased", seconds=self.rng.uniform(0, 0.3))),
@@ -175,6 +184,7 @@ class Workload:
             pgq.set_key_limit(key, limit)
 
     def start(self) -> None:
+        self.next_operator_move = time.time() + self.operator_rng.uniform(*OPERATOR_EVERY)
         if self.history:
             # The first pass finds the jobs moved so far in the DEFAULT partition (no day had
             # a partition yet) and adopts them into today's, while the workers go on moving.
@@ -222,6 +232,9 @@ class Workload:
             if now >= self.next_maintenance:
                 self.next_maintenance = now + HISTORY_MAINTENANCE_EVERY
                 self._maintain_history()
+            if now >= self.next_operator_move:
+                self.next_operator_move = now + self.operator_rng.uniform(*OPERATOR_EVERY)
+                self._hand_action()
             if now >= self.next_late_dependent:
                 self.next_late_dependent = now + LATE_DEPENDENT_EVERY
                 self._late_dependent(now)
@@ -454,6 +467,7 @@ class Workload:
             return
         self.enqueued["workflow"] += 1
         self.jobs.extend(enqueued.job_ids)
+        self.workflow_jobs.extend([*enqueued.job_ids, enqueued.closing_job_id])
         if self.rng.random() < 0.2:
             self.workflow_cancels_due.append((time.time() + self.rng.uniform(0, 2), enqueued.id))
 
@@ -491,6 +505,27 @@ class Workload:
         self._event("cancel", f"job {job_id}: {result}")
 
     # -- admin moves ---------------------------------------------------------------------
+
+    def _hand_action(self) -> None:
+        """Retry or cancel one of a recent workflow's jobs (a member, the callback, the closing
+        marker) by hand, as an operator pressing the button on it would: refused, since the
+        workflow settles its jobs; one accepted is kept for the checks."""
+        if not self.workflow_jobs:
+            return
+        job_id = self.operator_rng.choice(self.workflow_jobs[-60:])
+        action = self.operator_rng.choice(["retry", "cancel"])
+        pgq = self.app.pgq
+        act = pgq.retry_job if action == "retry" else pgq.cancel_job
+        try:
+            act(job_id)
+            result = "accepted"
+            self.hand_actions_accepted.append(f"{action} of workflow job {job_id}")
+        except InvalidStateTransition:
+            result = "refused"
+        except Exception as exc:
+            self.errors[f"hand {action}: {type(exc).__name__}"] += 1
+            result = type(exc).__name__
+        self._event(f"hand_{action}", f"workflow job {job_id}: {result}")
 
     def _set_limit(self, limit: int) -> None:
         before = time.time()
