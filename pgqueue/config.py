@@ -351,6 +351,11 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
+        if self.history_retention_days > MAX_SECONDS // 86_400:
+            raise ConfigurationError(
+                f"history_retention_days must be at most {MAX_SECONDS // 86_400} (ten years), "
+                f"got {self.history_retention_days}"
+            )
         if self.max_error_bytes < MIN_ERROR_BYTES:
             # The worker keeps the head and tail of a long traceback around a marker; below this
             # size nothing useful fits, and the cut could not stay within the limit.

@@ -178,8 +178,10 @@ class JobContext:
         sleep), so a handler must reach them in the same order every run. Leased tasks only
         (``ValidationError`` in an atomic one, or outside a worker). Writes made in
         ``ctx.session`` before it are rolled back, as for any run that does not return.
+        ``seconds`` is at most ``validation.MAX_DELAY_SECONDS`` (3650 days): a longer, negative
+        or non-finite one raises ``ValidationError`` here, before anything is stored.
         """
-        checked = validation.seconds(seconds, "sleep")
+        checked = validation.bounded_seconds(seconds, "sleep")
         self._sleeps += 1
         suspension.sleep(self._suspendable("sleep"), self._sleeps, checked)
 
@@ -191,12 +193,13 @@ class JobContext:
         payload back (each signal name is delivered once per job: wait for it once).
 
         Raises ``pgqueue.SignalTimeout`` when no signal ``name`` was stored within ``timeout``
-        seconds (a number or a ``timedelta``, required) of the wait's start, database clock;
-        the handler may catch it, and uncaught it fails the attempt like any exception.
+        seconds (a number or a ``timedelta``, required, at most ``validation.MAX_DELAY_SECONDS``
+        like ``sleep``'s) of the wait's start, database clock; the handler may catch it, and
+        uncaught it fails the attempt like any exception.
         Leased tasks only (``ValidationError`` in an atomic one, or outside a worker).
         """
         checked_name = suspension.signal_name(name)
-        checked = validation.seconds(timeout, "wait_for_signal timeout")
+        checked = validation.bounded_seconds(timeout, "wait_for_signal timeout")
         return suspension.wait_for_signal(
             self._suspendable("wait_for_signal"), checked_name, checked
         )
@@ -204,7 +207,7 @@ class JobContext:
     async def asleep(self, seconds: float | dt.timedelta) -> None:
         """``sleep`` for ``async def`` handlers: its database work runs in a thread, off the
         event loop, so other coroutines of the worker's loop go on meanwhile."""
-        checked = validation.seconds(seconds, "sleep")
+        checked = validation.bounded_seconds(seconds, "sleep")
         self._sleeps += 1
         attempt_steps = self._suspendable("asleep")
         await asyncio.to_thread(suspension.sleep, attempt_steps, self._sleeps, checked)
@@ -213,7 +216,7 @@ class JobContext:
         """``wait_for_signal`` for ``async def`` handlers: its database work runs in a thread,
         off the event loop."""
         checked_name = suspension.signal_name(name)
-        checked = validation.seconds(timeout, "await_signal timeout")
+        checked = validation.bounded_seconds(timeout, "await_signal timeout")
         attempt_steps = self._suspendable("await_signal")
         return await asyncio.to_thread(
             suspension.wait_for_signal, attempt_steps, checked_name, checked

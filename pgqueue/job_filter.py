@@ -8,7 +8,8 @@ states means all of them. An empty filter would choose every job the action can 
 refused unless it says ``all_jobs=True``.
 
 ``parse_time`` reads the times the CLI and the dashboard are given: ISO 8601 (UTC when no offset
-is written) or an age such as ``90m``, ``12h`` or ``2d`` (that long before now).
+is written) or an age such as ``90m``, ``12h`` or ``2d`` (that long before now, at most
+``durations.MAX_DELAY_SECONDS``: 3650 days).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pgqueue.durations import MAX_DELAY_SECONDS
 from pgqueue.errors import ValidationError
 from pgqueue.states import CANCEL, RERUN, JobState
 
@@ -188,11 +190,19 @@ _AGE_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 
 def parse_time(label: str, text: str, now: dt.datetime) -> dt.datetime:
     """``text`` as a moment: ISO 8601 (UTC when it has no offset) or an age before ``now``
-    (``30s``, ``90m``, ``12h``, ``2d``); ValidationError naming ``label`` otherwise."""
+    (``30s``, ``90m``, ``12h``, ``2d``) of at most ``MAX_DELAY_SECONDS``; ValidationError naming
+    ``label`` otherwise."""
     stripped = text.strip()
     age = _AGE.fullmatch(stripped)
     if age is not None:
-        return now - dt.timedelta(seconds=int(age.group(1)) * _AGE_UNITS[age.group(2)])
+        seconds = int(age.group(1)) * _AGE_UNITS[age.group(2)]
+        if seconds > MAX_DELAY_SECONDS:
+            # Far longer ones would leave the range of datetime.
+            raise ValidationError(
+                f"{label} {text!r:.80} is an age over {MAX_DELAY_SECONDS // 86_400} days; give "
+                "an earlier time as ISO 8601"
+            )
+        return now - dt.timedelta(seconds=seconds)
     try:
         moment = dt.datetime.fromisoformat(stripped)
     except ValueError:

@@ -34,7 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue import uow
+from pgqueue import uow, validation
 from pgqueue.data import control as control_data
 from pgqueue.errors import QueueFull, ValidationError, pgqueue_logger
 
@@ -158,7 +158,8 @@ class Scheduler:
     ``sessions`` opens sessions on the jobs database; ``schedules`` (by name) is read on every
     pass, so schedules registered later are picked up. ``clock`` returns an aware datetime
     (default: the database's ``now()``). ``grace`` is how late a tick may be and still count as
-    on time rather than missed.
+    on time rather than missed: seconds (or a ``timedelta``) from 0 to
+    ``validation.MAX_DELAY_SECONDS``; ``ValidationError`` otherwise.
     """
 
     def __init__(
@@ -167,12 +168,12 @@ class Scheduler:
         schedules: Mapping[str, Schedule],
         *,
         clock: Callable[[], dt.datetime] | None = None,
-        grace: float = 60.0,
+        grace: float | dt.timedelta = 60.0,
     ) -> None:
         self.sessions = sessions
         self.schedules = schedules
         self.clock = clock
-        self.grace = dt.timedelta(seconds=grace)
+        self.grace = dt.timedelta(seconds=validation.bounded_seconds(grace, "grace"))
         # Where a schedule never ticked before starts: the first time this scheduler saw it, so a
         # new schedule does not replay its whole past.
         self._first_seen: dict[str, dt.datetime] = {}

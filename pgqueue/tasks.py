@@ -138,13 +138,11 @@ class Task(Generic[P, R]):
         self.retry_policy: backoff.BackoffPolicy = retry or backoff.default()
         self.atomic = bool(atomic)
         self.pass_context = bool(pass_context)
-        if lease_seconds is not None and not (
-            isinstance(lease_seconds, int | float) and lease_seconds > 0
-        ):
-            raise ValidationError(f"lease_seconds must be a positive number, got {lease_seconds!r}")
+        if lease_seconds is not None:
+            validation.positive_seconds(lease_seconds, "lease_seconds")
         self.lease_seconds = lease_seconds
-        if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
-            raise ValidationError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if timeout is not None:
+            validation.positive_seconds(timeout, "timeout")
         self.timeout = timeout
         self.unique_key_fn = unique_key
         if concurrency_key is not None and not callable(concurrency_key):

@@ -1,5 +1,5 @@
 """Checks on user input that run before any SQL: names, delays, priorities, JSON payloads and
-progress reports.
+progress reports (durations and moments from ``pgqueue.durations``, re-exported here).
 
 Arguments are stored as PostgreSQL ``json`` (text kept verbatim), so anything accepted here comes
 back from the worker exactly as given. Only JSON's own types are accepted: ``dict`` with ``str``
@@ -15,7 +15,6 @@ string key, say) cannot blow up the message that ends in a job's recorded error.
 
 from __future__ import annotations
 
-import datetime as dt
 import inspect
 import json
 import math
@@ -26,16 +25,19 @@ from typing import Any, Final
 import orjson
 
 from pgqueue.config import NAME_PATTERN, TASK_NAME_PATTERN
+
+# Durations and moments are checked in their own module; callers reach them here too.
+from pgqueue.durations import MAX_DELAY_SECONDS as MAX_DELAY_SECONDS
+from pgqueue.durations import bounded_seconds as bounded_seconds
+from pgqueue.durations import delay as delay
+from pgqueue.durations import positive_seconds as positive_seconds
+from pgqueue.durations import run_at as run_at
+from pgqueue.durations import seconds as seconds
 from pgqueue.errors import PayloadTooLarge, SerializationError, ValidationError, storable_text
 
 PRIORITY_MIN = -32768
 PRIORITY_MAX = 32767
 MAX_ATTEMPTS_LIMIT = 1_000_000
-# The longest delay (enqueue ``delay``, ``Retry(delay=...)``; backoff schedules are capped to
-# it): ten years of 365 days. The database adds delays to ``now()`` as intervals, which
-# overflow near 1e14 seconds (and timestamps long before); no queue needs to wait this long,
-# and ``run_at`` takes any later moment.
-MAX_DELAY_SECONDS = 3650 * 86_400
 
 
 def queue_name(value: object) -> str:
@@ -80,46 +82,6 @@ def max_attempts(value: object) -> int:
         raise ValidationError(
             f"max_attempts must be an int from 1 to {MAX_ATTEMPTS_LIMIT}, got {value!r}"
         )
-    return value
-
-
-def seconds(value: object, what: str, *, none_allowed: bool = False) -> float:
-    """``value`` (a number or a ``timedelta``) as finite, non-negative seconds; ValidationError
-    naming ``what`` otherwise (``none_allowed``: the message says None is accepted too)."""
-    if isinstance(value, dt.timedelta):
-        value = value.total_seconds()
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        also = " or None" if none_allowed else ""
-        raise ValidationError(
-            f"{what} must be seconds (a number or timedelta){also}, got {value!r}"
-        )
-    if not math.isfinite(value) or value < 0:
-        raise ValidationError(
-            f"{what} must be a finite, non-negative number of seconds, got {value!r}"
-        )
-    return float(value)
-
-
-def delay(value: object) -> float | None:
-    """Seconds from now (database clock); ``None`` means now."""
-    if value is None:
-        return None
-    checked = seconds(value, "delay")
-    if checked > MAX_DELAY_SECONDS:
-        raise ValidationError(
-            f"delay must be at most {MAX_DELAY_SECONDS} seconds "
-            f"({MAX_DELAY_SECONDS // 86_400} days), got {checked!r}"
-        )
-    return checked
-
-
-def run_at(value: object) -> dt.datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, dt.datetime):
-        raise ValidationError(f"run_at must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValidationError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
     return value
 
 

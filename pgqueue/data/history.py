@@ -28,7 +28,7 @@ from pgqueue.errors import NotSchemaOwner, ValidationError
 from pgqueue.sql import history as history_sql
 from pgqueue.sqlstates import is_insufficient_privilege
 from pgqueue.states import JobState
-from pgqueue.validation import limit_count
+from pgqueue.validation import MAX_DELAY_SECONDS, limit_count
 
 __all__ = [
     "IN_PLACE",
@@ -127,6 +127,9 @@ class HistoryMaintenance:
 # How many days of partitions one maintenance creates ahead at most: each is a table, and one
 # transaction creating thousands of them runs out of the server's lock table.
 MAX_DAYS_AHEAD: Final = 366
+# How many days of history are kept at most: ten years, the bound of every duration pgqueue
+# takes (far longer ones reach before the first date there is).
+MAX_RETENTION_DAYS: Final = MAX_DELAY_SECONDS // 86_400
 
 
 def maintain(ex: Executor, *, days_ahead: int, retention_days: int) -> HistoryMaintenance:
@@ -139,6 +142,10 @@ def maintain(ex: Executor, *, days_ahead: int, retention_days: int) -> HistoryMa
             f"got {days_ahead}"
         )
     retention_days = limit_count(retention_days, what="retention_days")
+    if retention_days > MAX_RETENTION_DAYS:
+        raise ValidationError(
+            f"retention_days must be at most {MAX_RETENTION_DAYS} (ten years), got {retention_days}"
+        )
     try:
         return _maintain(ex, days_ahead=days_ahead, retention_days=retention_days)
     except DBAPIError as exc:

@@ -319,7 +319,7 @@ def test_run_at_in_the_past_runs_now(pgq: PgQueue) -> None:
     def past() -> int:
         return 7
 
-    job_id = past.configure(run_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC)).enqueue()
+    job_id = past.configure(run_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=3649)).enqueue()
     run_until_final(pgq, [job_id])
     assert pgq.get_job(job_id).result == 7
 

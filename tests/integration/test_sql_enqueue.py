@@ -1,17 +1,20 @@
-"""``pgqueue_enqueue(...)``, the SQL function of migration pgqueue_0020, held to Python's enqueue.
+"""``pgqueue_enqueue(...)``, the SQL function of migration pgqueue_0020 (replaced by 0023 and
+0026), held to Python's enqueue.
 
 - As the role with only the documented grants (EXECUTE through the documented grant alone), it
   writes the job row, the ticket, the key row and the wake-up Python's enqueue writes for the
   same inputs, shares unique keys with it both ways, and a worker runs its jobs.
 - From a trigger on an application table: the job commits with the row, or not at all.
 - Every refused input raises its SQLSTATE with a message naming the parameter and writes
-  nothing; and what it accepts is what Python accepts (names, numbers, nesting, as properties).
+  nothing; and what it accepts is what Python accepts (names, numbers, nesting, as properties;
+  times within 3650 days of now, measured between moments; argument numbers Python reads as
+  given, to the edge where a fraction becomes 0.0).
 - A bounded queue refuses it as it refuses Python, with the same message, and counts the
   enqueues (SQL or Python) that held its lock before; concurrent calls with one unique key make
   one job.
 - What SQL cannot check is left to the worker: a task no worker registers waits, arguments that
   do not fit the function fail the first attempt for good.
-- The migration adds and removes the function on a database holding jobs.
+- The migrations add, replace and remove the function on a database holding jobs.
 """
 
 from __future__ import annotations
@@ -397,9 +400,21 @@ REFUSED: list[tuple[dict[str, Any], str, str]] = [
 ]
 # Values psycopg cannot bind as they are: written into the statement as SQL.
 REFUSED_SQL: list[tuple[str, str, str]] = [
-    ("run_at => 'infinity'", "22023", "run_at must be a finite time within years 1 to 9999"),
+    ("run_at => 'infinity'", "22023", "run_at must be a finite time within 3650 days of now"),
     ("run_at => '-infinity'", "22023", "run_at must be a finite time"),
     ("run_at => '10000-01-01 00:00:00+00'", "22023", "run_at must be a finite time"),
+    ("run_at => now() + interval '3651 days'", "22023", "within 3650 days of now, got"),
+    ("run_at => now() - interval '3651 days'", "22023", "within 3650 days of now, got"),
+    # Compared as intervals, 121 months are 3630 days; from now they are more than 3650.
+    ("delay => '121 months'", "22023", "delay must be a non-negative interval of at most 3650"),
+    ("delay => '1 month -32 days'", "22023", "delay must be a non-negative interval"),
+    ("delay => '200000 years'", "22023", "delay must be a non-negative interval"),
+    # Compared as an interval 0 days long; added to now, beyond the range of timestamps.
+    ("delay => '1000000 years -360000000 days'", "22023", "delay must be a non-negative"),
+    # Python reads these as 0.0: an enqueue from Python never stores them.
+    ("args => '[1e-400]'", "22023", "args[0] holds a number Python cannot read as given"),
+    ("args => '[1, [2, -2.4703282292062327e-324]]'", "22023", "args[1] holds a number"),
+    ('kwargs => \'{"a": 1, "b": {"c": [1e-330]}}\'', "22023", 'kwargs["b"] holds a number'),
     ("args => ('[1' || repeat('0', 4300) || ']')::jsonb", "22023", "a number Python cannot read"),
     (
         "kwargs => ('{\"f\": 2' || repeat('0', 308) || '.5}')::jsonb",
@@ -448,7 +463,10 @@ def test_the_edges_of_each_rule_are_accepted(engine: Engine) -> None:
             {"task_name": "t", "priority": -32768, "max_attempts": 1},
             {"task_name": "t", "priority": 32767, "max_attempts": 1_000_000},
             {"task_name": "t", "delay": dt.timedelta(days=3650)},
-            {"task_name": "t", "run_at": dt.datetime(1, 1, 2, tzinfo=dt.UTC)},
+            {"task_name": "t", "run_at": dt.datetime.now(dt.UTC) - dt.timedelta(days=3649)},
+            {"task_name": "t", "run_at": dt.datetime.now(dt.UTC) + dt.timedelta(days=3649)},
+            {"task_name": "t", "delay": "119 months"},
+            {"task_name": "t", "args": [5e-324, 0.0, -0.0], "kwargs": {"z": [-5e-324]}},
             {
                 "task_name": "t",
                 "unique_key": "k" * 512,
@@ -464,6 +482,39 @@ def test_the_edges_of_each_rule_are_accepted(engine: Engine) -> None:
     validation.encode_args(["x" * 999_994], {}, max_bytes=1_000_000, max_depth=64)
     with pytest.raises(PgQueueError, match="1000001 bytes"):
         validation.encode_args(["x" * 999_995], {}, max_bytes=1_000_000, max_depth=64)
+
+
+# 2**-1075 (5**1075 / 10**1075), half the smallest float above 0: Python rounds it (a tie, to
+# even) and anything smaller to 0.0, anything larger to 5e-324. Written out whole, as jsonb
+# writes numbers.
+HALF_TINY = 5**1075
+# (the number as jsonb writes it, whether Python reads it as 0.0)
+EDGES = {
+    "2**-1075": (f"0.{HALF_TINY:0>1075}", True),
+    "beyond -2**-1075": (f"-0.{HALF_TINY:0>1075}1", False),
+    "within -2**-1075": (f"-0.{HALF_TINY - 1:0>1075}9", True),
+}
+
+
+@pytest.mark.parametrize(("written", "python_reads_zero"), EDGES.values(), ids=EDGES.keys())
+def test_a_fraction_is_refused_exactly_where_python_reads_it_as_zero(
+    held_connection: Connection, written: str, python_reads_zero: bool
+) -> None:
+    assert (json.loads(written) == 0.0) == python_reads_zero
+    savepoint = held_connection.begin_nested()
+    try:
+        held_connection.execute(
+            text("SELECT pgqueue_enqueue(task_name => 't', kwargs => CAST(:kwargs AS jsonb))"),
+            {"kwargs": f'{{"n": [{written}]}}'},
+        )
+    except DBAPIError as exc:
+        assert sqlstate_of(exc) == "22023", exc
+        assert 'kwargs["n"] holds a number Python cannot read as given' in str(exc.orig)
+        refused = True
+    else:
+        refused = False
+    savepoint.rollback()
+    assert refused == python_reads_zero
 
 
 # Text PostgreSQL can hold (no NUL), weighted to the characters the name rules are about.
@@ -619,6 +670,27 @@ def test_the_migration_adds_and_removes_the_function_with_jobs_present(
     finally:
         pgq.dispose()
         engine.dispose()
+
+
+def test_the_time_and_number_bounds_go_both_ways_with_the_migration(engine: Engine) -> None:
+    def accepts(connection: Connection, call: str) -> bool:
+        savepoint = connection.begin_nested()
+        try:
+            connection.execute(text(f"SELECT pgqueue_enqueue(task_name => 't', {call})"))
+        except DBAPIError as exc:
+            assert sqlstate_of(exc) == "22023", exc
+            return False
+        finally:
+            savepoint.rollback()
+        return True
+
+    calls = ("delay => '121 months'", "args => '[1e-400]'")
+    with engine.begin() as connection:
+        migrations.downgrade(connection, "pgqueue_0025")
+        assert [accepts(connection, call) for call in calls] == [True, True]
+        migrations.upgrade(connection)
+        assert migrations.current(connection) == migrations.head()
+        assert [accepts(connection, call) for call in calls] == [False, False]
 
 
 def test_what_sql_cannot_check_is_handled_by_the_worker(pgq: PgQueue, engine: Engine) -> None:

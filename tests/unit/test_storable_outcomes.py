@@ -2,7 +2,8 @@
 
 Error texts lose NUL and lone surrogates (which PostgreSQL's ``text`` and ``jsonb`` refuse) and
 stay within ``max_error_bytes``; delays are checked where they are made (``delay=``,
-``Retry(delay=...)``, backoff parameters) and whatever a retry policy returns is capped; stored
+``run_at=``, ``Retry(delay=...)``, backoff parameters, a task's lease and timeout, a scheduler's
+grace, ages and retention) and whatever a retry policy returns is capped; stored
 arguments Python cannot decode are reported, not raised; the executor maps all of these to one
 outcome each.
 """
@@ -17,11 +18,20 @@ import uuid
 from typing import Any
 
 import pytest
+from sqlalchemy.orm import sessionmaker
 
 from pgqueue import Retry, backoff, validation
 from pgqueue.config import Settings
-from pgqueue.errors import SerializationError, ValidationError, storable_text
+from pgqueue.data import history as history_data
+from pgqueue.errors import (
+    ConfigurationError,
+    SerializationError,
+    ValidationError,
+    storable_text,
+)
+from pgqueue.job_filter import parse_time
 from pgqueue.jobs import ClaimedJob
+from pgqueue.scheduler import Scheduler
 from pgqueue.tasks import Task, TaskRegistry
 from pgqueue.validation import MAX_DELAY_SECONDS
 from pgqueue.worker.execution import Execution
@@ -70,6 +80,64 @@ def test_delay_has_a_documented_maximum() -> None:
     for too_long in (MAX_DELAY_SECONDS + 1, 1e300, dt.timedelta.max):
         with pytest.raises(ValidationError, match="at most 315360000 seconds \\(3650 days\\)"):
             validation.delay(too_long)
+
+
+def _aware(year: int, hours: int) -> dt.datetime:
+    """A moment at the very start (``year`` 1) or end (9999) of ``datetime``'s range."""
+    zone = dt.timezone(dt.timedelta(hours=hours))
+    if year == 1:
+        return dt.datetime(1, 1, 1, tzinfo=zone)
+    return dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=zone)
+
+
+def test_run_at_is_within_the_delay_bound_of_now() -> None:
+    now = dt.datetime.now(dt.UTC)
+    for near in (now, now + dt.timedelta(days=3649), now - dt.timedelta(days=3649)):
+        assert validation.run_at(near) == near
+    for far in (
+        now + dt.timedelta(days=3651),
+        now - dt.timedelta(days=3651),
+        _aware(9999, 0),
+        _aware(9999, -5),
+        _aware(1, 0),
+        _aware(1, 5),
+    ):
+        with pytest.raises(ValidationError, match="run_at must be within 3650 days") as refused:
+            validation.run_at(far)
+        assert f"got {far.isoformat()}" in str(refused.value)
+
+
+def test_durations_a_task_or_a_schedule_takes_are_bounded() -> None:
+    def job() -> None:
+        """Never run."""
+
+    for name in ("lease_seconds", "timeout"):
+        assert getattr(_task(job, "t", **{name: MAX_DELAY_SECONDS}), name) == MAX_DELAY_SECONDS
+        for too_long in (MAX_DELAY_SECONDS + 1, math.inf):
+            with pytest.raises(ValidationError, match=f"{name} must be at most 315360000"):
+                _task(job, "t", **{name: too_long})
+        for bad in (0, -1, math.nan, True, "5"):
+            with pytest.raises(ValidationError, match=f"{name} must be a positive number"):
+                _task(job, "t", **{name: bad})
+    sessions = sessionmaker()
+    assert Scheduler(sessions, {}, grace=0).grace == dt.timedelta(0)
+    assert Scheduler(sessions, {}, grace=dt.timedelta(days=3650)).grace.days == 3650
+    for bad_grace in (MAX_DELAY_SECONDS + 1, 1e12, math.inf, math.nan, -1):
+        with pytest.raises(ValidationError, match="grace must be"):
+            Scheduler(sessions, {}, grace=bad_grace)
+
+
+def test_ages_and_retention_days_are_bounded() -> None:
+    now = dt.datetime.now(dt.UTC)
+    assert parse_time("--since", "3650d", now) == now - dt.timedelta(days=3650)
+    for too_old in ("3651d", "9999999d", "9999999h"):
+        with pytest.raises(ValidationError, match="is an age over 3650 days"):
+            parse_time("--since", too_old, now)
+    assert Settings(history_retention_days=3650).history_retention_days == 3650
+    with pytest.raises(ConfigurationError, match="history_retention_days must be at most 3650"):
+        Settings(history_retention_days=3651)
+    with pytest.raises(ValidationError, match="retention_days must be at most 3650"):
+        history_data.maintain(None, days_ahead=1, retention_days=10**6)  # type: ignore[arg-type]
 
 
 def test_retry_delay_is_checked_where_it_is_raised() -> None:
