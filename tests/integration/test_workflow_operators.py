@@ -7,14 +7,18 @@ its callback still gets one result per member, in order.
 
 from __future__ import annotations
 
+import html
+import re
 from typing import Any
 
 import pytest
 from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
 from support.processes import run_pgqueue
 
 from pgqueue import InvalidStateTransition, JobState, PgQueue, chord
 from pgqueue.admin import JobFilter
+from pgqueue.contrib.flask import PgQueue as DashboardQueue
 from pgqueue.testing import run_until_final
 
 
@@ -75,6 +79,21 @@ def test_a_running_workflows_members_are_not_retried_cancelled_or_deleted_one_by
     assert pgq.admin.bulk_cancel(queued, dry_run=True).count == 0
     assert pgq.admin.bulk_cancel(queued).count == 0
     assert pgq.admin.bulk_delete(queued).count == 0
+    # The dashboard offers no button on the workflow's jobs, and a forged press is refused.
+    with dashboard_app(DashboardQueue(), database_url, "workflow_operators") as app:
+        client = app.test_client()
+        page = client.get(f"/pgqueue/jobs/{failed}").text
+        assert "Settled by" in page and f"workflow #{wf.id}" in page
+        assert 'class="retry"' not in page and 'class="delete"' not in page
+        listing = client.get("/pgqueue/jobs").text
+        token = re.search(r'name="csrf_token" value="([^"]+)"', listing)
+        assert token is not None
+        pressed = client.post(
+            f"/pgqueue/jobs/{failed}/retry",
+            data={"csrf_token": token.group(1)},
+            follow_redirects=True,
+        )
+        assert f"workflow {wf.id}, which is running" in html.unescape(pressed.text)
     states = {job.id: job.state for job in pgq.get_workflow(wf.id).jobs}
     assert [states[i] for i in (one, failed, three, callback)] == [
         JobState.QUEUED,
