@@ -247,9 +247,9 @@ def test_idle_workers_pick_up_each_job_at_once_after_long_quiet_periods(
         return waiting
 
     try:
-        # Each path's first use in a worker process builds and compiles its statements (tens
-        # of milliseconds; a second on the loaded machine of the whole matrix): one round
-        # without a quiet period first, so the rounds measured show what the quiet costs.
+        # Each path's first use in a worker process builds and compiles its statements, which
+        # a loaded machine can stretch past the pickup limit: one round without a quiet period
+        # first, so the rounds measured show what the quiet costs.
         one_round(0.0, {name: [] for name in enqueuers})
         for idle in IDLE_PERIODS:
             waiting = one_round(idle, waits)
