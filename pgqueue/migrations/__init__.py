@@ -48,7 +48,7 @@ indexes are built in that transaction (writes to ``pgqueue_jobs`` wait for them)
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -140,11 +140,23 @@ def upgrade(
     script = _script()
     target = _qualified(revision)
     _refuse_open_transaction(connection, own_transaction)
+
+    def steps(rev: Any, _ctx: Any) -> Any:
+        return script._upgrade_revs(target, rev)
+
     with _known_revision(script, revision):
-        if _applied_by_host(connection, script, target):
+        if not own_transaction:
+            if not _applied_by_host(connection, script, target):
+                _run(connection, steps, lock_timeout)
             return
-        run = _run_owned if own_transaction else _run
-        run(connection, lambda rev, _ctx: script._upgrade_revs(target, rev), lock_timeout)
+        # Asked under the lock of migration runs: a run elsewhere commits its tables in parts
+        # (around its online builds) before it records their revision.
+        _run_owned(
+            connection,
+            steps,
+            lock_timeout,
+            unless=lambda: _applied_by_host(connection, script, target),
+        )
 
 
 def downgrade(
@@ -251,11 +263,24 @@ def _refuse_open_transaction(connection: Connection, own_transaction: bool) -> N
         )
 
 
-def _run_owned(connection: Connection, step: Any, lock_timeout: float) -> None:
+def _run_owned(
+    connection: Connection,
+    step: Any,
+    lock_timeout: float,
+    *,
+    unless: Callable[[], bool] | None = None,
+) -> None:
+    """Run ``step`` in transactions of pgqueue's own, one run at a time, unless ``unless``
+    (asked once the run's turn came) says there is nothing to do."""
     # pgqueue's reads so far end here, so that Alembic begins (and owns) the migration's
     # transaction: the revisions may then commit it to build indexes CONCURRENTLY.
     connection.commit()
     with _one_run_at_a_time(connection.engine):
+        if unless is not None:
+            done = unless()
+            connection.commit()
+            if done:
+                return
         _run_alembic_owned(connection, step, lock_timeout)
 
 

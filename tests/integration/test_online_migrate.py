@@ -26,6 +26,7 @@ from pgqueue.core import PgQueue
 from pgqueue.errors import ValidationError
 from pgqueue.migrations import blockers
 from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY, outside_transaction
+from pgqueue.sql.schema import MIGRATION_LOCK_KEYS
 
 STATE_INDEXES = ("ix_pgqueue_jobs_queue_state_id", "ix_pgqueue_jobs_task_name_state_id")
 INSERT_JOB = "INSERT INTO pgqueue_jobs (task_name, queue) VALUES ('t', 'q')"
@@ -276,6 +277,55 @@ def test_a_long_wait_for_an_older_transaction_is_reported_while_it_lasts(
     assert lines[0].startswith("pgqueue migrate: waiting "), lines
     assert f"pid {pid}, 'report-job', idle in transaction" in lines[0], lines
     assert lines[0].endswith("to end its transaction; the migration goes on when it does")
+    assert revision_of(empty_database_url) == migrations.head()
+
+
+def test_a_migrate_waiting_for_another_run_asks_what_is_applied_once_its_turn_comes(
+    empty_database_url: URL,
+) -> None:
+    engine = create_engine(empty_database_url)
+    url = empty_database_url.render_as_string(hide_password=False)
+    pgq = PgQueue(url, settings=Settings())
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            pgq.migrate()
+        except BaseException as exc:  # reported by the test below
+            failures.append(exc)
+
+    def tried_the_lock() -> bool:
+        with engine.connect() as connection:
+            return bool(
+                connection.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid <> :holder"
+                        " AND query LIKE '%pg_try_advisory_xact_lock%'"
+                    ),
+                    {"holder": holder_pid},
+                ).scalar_one()
+            )
+
+    # Another run, midway: it holds the lock of migration runs and has committed a table whose
+    # revision it has not recorded yet (as around its online index builds).
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE pgqueue_jobs (id bigint)"))
+    with engine.connect() as elsewhere:
+        holder_pid = elsewhere.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        first, second = MIGRATION_LOCK_KEYS
+        elsewhere.execute(text(f"SELECT pg_advisory_xact_lock({first}, {second})"))
+        waiting = threading.Thread(target=start)
+        waiting.start()
+        wait_until(lambda: failures or tried_the_lock(), 30, "the second run to try the lock")
+        assert failures == []
+        with engine.begin() as connection:  # the other run ends, its revisions recorded
+            connection.execute(text("DROP TABLE pgqueue_jobs"))
+            migrations.upgrade(connection)
+        elsewhere.rollback()
+    waiting.join(60)
+    pgq.dispose()
+    engine.dispose()
+    assert failures == []
     assert revision_of(empty_database_url) == migrations.head()
 
 
