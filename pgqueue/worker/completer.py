@@ -210,35 +210,61 @@ class Completer:
     def _write_fresh(self, batch: list[tuple[Execution, Outcome]]) -> None:
         """Write a batch; when a row lock keeps it waiting, queue by queue, and the outcomes of
         a queue that still waits one by one (a few of them; more are kept together), so that
-        only the outcomes that need a held row are kept aside."""
-        try:
-            self._write(batch, lock_wait=LOCK_WAIT)
-            return
-        except Exception as exc:
-            if not is_timeout(exc):  # pragma: no cover - ``_write`` raises timeouts only
-                raise
+        only the outcomes that need a held row are kept aside. Outcomes of a queue that has
+        some kept aside already are tried apart with a short wait: a hold is known there."""
         by_queue: dict[str, list[tuple[Execution, Outcome]]] = {}
         for item in batch:
             by_queue.setdefault(item[0].job.queue, []).append(item)
-        for queue, items in by_queue.items():
-            try:
-                self._write(items, lock_wait=LOCK_WAIT)
-            except Exception as exc:
-                if not is_timeout(exc):  # pragma: no cover
-                    raise
-                if len(items) == 1 or len(items) > SPLIT_AT_MOST:
-                    self._block(queue, items, exc)
-                    continue
-                held: list[tuple[Execution, Outcome]] = []
-                for item in items:
-                    try:
-                        self._write([item], lock_wait=RETRY_LOCK_WAIT)
-                    except Exception as single:
-                        if not is_timeout(single):  # pragma: no cover
-                            raise
-                        held.append(item)
-                if held:
-                    self._block(queue, held, exc)
+        beside_kept = {queue: items for queue, items in by_queue.items() if queue in self._blocked}
+        others = {queue: items for queue, items in by_queue.items() if queue not in beside_kept}
+        first_wait = self._try_write([item for items in others.values() for item in items])
+        if first_wait is not None:
+            for queue, items in others.items():
+                # A batch of one queue's outcomes alone has just waited for these rows: the
+                # same write again would wait as long, and keep the next outcomes waiting.
+                waited = self._try_write(items, LOCK_WAIT) if len(others) > 1 else first_wait
+                if waited is not None:
+                    self._keep_those_that_wait(queue, items, waited)
+        for queue, items in beside_kept.items():
+            self._keep_those_that_wait(queue, items, None)
+
+    def _keep_those_that_wait(
+        self,
+        queue: str,
+        items: list[tuple[Execution, Outcome]],
+        waited: BaseException | None,
+    ) -> None:
+        """Write ``items`` of ``queue``, which may need a held row (``waited``: the lock
+        timeout they met together, if they did), each on its own when they are few, and keep
+        aside those that still wait."""
+        if len(items) > SPLIT_AT_MOST or (len(items) == 1 and waited is not None):
+            waited = waited or self._try_write(items, RETRY_LOCK_WAIT)
+            if waited is not None:
+                self._block(queue, items, waited)
+            return
+        held: list[tuple[Execution, Outcome]] = []
+        for item in items:
+            error = self._try_write([item], RETRY_LOCK_WAIT)
+            if error is not None:
+                held.append(item)
+                waited = error
+        if held and waited is not None:
+            self._block(queue, held, waited)
+
+    def _try_write(
+        self, items: list[tuple[Execution, Outcome]], lock_wait: float = LOCK_WAIT
+    ) -> BaseException | None:
+        """Write ``items`` waiting at most ``lock_wait`` for row locks: the lock timeout when
+        it came first (nothing written), else None."""
+        if not items:
+            return None
+        try:
+            self._write(items, lock_wait=lock_wait)
+        except Exception as exc:
+            if not is_timeout(exc):  # pragma: no cover - ``_write`` raises timeouts only
+                raise
+            return exc
+        return None
 
     def _block(
         self, queue: str, items: list[tuple[Execution, Outcome]], error: BaseException

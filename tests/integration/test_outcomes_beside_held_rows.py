@@ -52,7 +52,8 @@ def test_outcomes_of_other_queues_are_written_while_a_control_row_is_held(
             held_meanwhile = set(states_of(pgq, held_ids).values())
             holder.commit()
         wait_for_states(pgq, held_ids, {JobState.SUCCEEDED}, timeout=15)
-    assert free_took < 2.0, free_took
+    # The held queue's outcomes wait for the row once; later ones are tried with a short wait.
+    assert free_took < 1.2, free_took
     assert more_took < 1.0, more_took
     assert held_meanwhile == {JobState.RUNNING}
     with engine.connect() as connection:
