@@ -6,7 +6,8 @@ server on a free port of 127.0.0.1 with password authentication, changing nothin
 stays on, as on a server installed with ``apt-get install postgresql``. ``BIN_DIR`` defaults to
 the newest Debian package's ``/usr/lib/postgresql/<major>/bin``; another build's bin dir (the
 PostgreSQL wheels ``tests/run`` installs for the other major versions) runs the same way.
-``--locale`` gives the cluster that locale (its collation orders text), as a machine whose
+``start()`` may also give the server settings of its own (``tests/tiers.py`` turns flushing off
+for the matrix's other versions). ``--locale`` gives the cluster that locale (its collation orders text), as a machine whose
 system locale it is gives a packaged server; without it ``initdb`` takes the environment's. It
 prints a ``postgresql+psycopg://`` URL of the maintenance database.
 ``python tests/debian_postgres.py restart DIR`` restarts it (fast: open transactions aborted)
@@ -83,7 +84,14 @@ def _run(command: list[Any], user: dict[str, Any], log: Path | None = None) -> N
         raise SystemExit(f"{command[0]} failed ({result.returncode}):\n{detail}")
 
 
-def start(root: Path, binaries: Path | None = None, locale: str | None = None) -> str:
+def start(
+    root: Path,
+    binaries: Path | None = None,
+    locale: str | None = None,
+    settings: dict[str, str] | None = None,
+) -> str:
+    """Start a server in ``root`` (see the module), with ``settings`` (name -> value) given
+    on its command line; its URL."""
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
     binaries = _reachable_bin_dir((binaries or bin_dir()).resolve(), root)
@@ -99,6 +107,7 @@ def start(root: Path, binaries: Path | None = None, locale: str | None = None) -
     _run([*initdb, "--pwfile", root / "pw"], user)
     port = free_port()
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
+    options += "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
     _run(
         [binaries / "pg_ctl", "-D", data, "-w", "-l", root / "log", "-o", options, "start"],
         user,
