@@ -40,10 +40,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests of ``server_matrix.SERVER_MATRIX``'s files ``server_matrix``."""
+    """Mark the tests of ``server_matrix.SERVER_MATRIX``'s files ``server_matrix``, but for
+    those of ``server_matrix.ONE_SERVER``."""
     for item in items:
         relative = item.path.resolve().relative_to(TESTS).as_posix()
-        if in_matrix(relative):
+        name = getattr(item, "originalname", None) or item.name
+        if in_matrix(relative, name):
             item.add_marker(pytest.mark.server_matrix)
 
 

@@ -54,6 +54,60 @@ SERVER_MATRIX: dict[str, str] = {
 }
 
 
-def in_matrix(relative_path: str) -> bool:
-    """Whether the test file at ``relative_path`` (from ``tests/``, with ``/``) is in it."""
-    return relative_path in SERVER_MATRIX
+# Tests of those files that run on one server all the same (Debian's, with the integration
+# tier): what they prove is pgqueue's Python, or a scale of what a smaller test of the matrix
+# proves of the server. Each says which test keeps the server's part proven everywhere.
+ONE_SERVER: dict[str, str] = {
+    "integration/test_core.py::test_bad_input_is_refused_before_any_sql": "no statement is sent",
+    "integration/test_core.py::test_task_names_must_be_unique_and_valid": "the task registry",
+    "integration/test_core.py::test_two_apps_on_the_embedded_server_never_see_each_others_tables": (
+        "starts an embedded server of its own, whatever the tier's server"
+    ),
+    "integration/test_core.py::test_no_configuration_warns_once_and_its_server_refuses_tcp": (
+        "starts an embedded server of its own, whatever the tier's server"
+    ),
+    "integration/test_core.py::test_a_configured_database_gives_no_warning": "a warning's logic",
+    "integration/test_workflows.py::test_bad_signatures_are_refused_before_any_sql": (
+        "no statement is sent"
+    ),
+    "integration/test_workflows.py::test_a_group_of_10000_runs_every_member": (
+        "the size of a group: the same statements as the chord and group tests of this file, "
+        "COPY's text format in test_workflow_copy.py"
+    ),
+    "integration/test_workflows.py::test_a_chord_of_10000_calls_back_once_with_every_result_in_order": (
+        "the size of a chord: as above"
+    ),
+    "integration/test_workflows.py::test_a_chain_of_100_steps_passes_every_value_on": (
+        "the length of a chain: each step's release is test_a_chain_passes_each_result_to_the_next_step's"
+    ),
+    "integration/test_workflows.py::test_a_limited_and_rate_limited_queue_holds_its_members_to_its_limits": (
+        "the limits' statements run on every server in test_queue_limit.py and test_rate_limits.py"
+    ),
+    "integration/test_key_concurrency.py::test_bad_settings_are_refused_before_any_sql": (
+        "no statement is sent"
+    ),
+    "integration/test_rate_limits.py::test_bad_rate_limits_are_refused_before_any_sql": (
+        "no statement is sent"
+    ),
+    "integration/test_queue_limit.py::test_limit_two_across_four_worker_processes": (
+        "worker processes: the limit's row locks across sessions run on every server in the "
+        "other tests of the file"
+    ),
+    "integration/test_online_migrate.py::test_app_instances_that_each_migrate_as_they_start_all_succeed": (
+        "app processes: the lock of migration runs is "
+        "test_a_migrate_waiting_for_another_run_asks_what_is_applied_once_its_turn_comes's, the "
+        "builds beside writers test_migrate_builds_the_state_indexes_concurrently_while_jobs_are_written's"
+    ),
+    "integration/test_durable_wait.py::test_bad_signals_are_refused_before_anything_is_written": (
+        "no statement is sent"
+    ),
+    "integration/test_durable_wait.py::test_a_worker_restart_while_jobs_are_suspended_loses_nothing": (
+        "a worker's restart: suspend and resume run on every server in the other tests of the file"
+    ),
+}
+
+
+def in_matrix(relative_path: str, test_name: str = "") -> bool:
+    """Whether the test ``test_name`` (without its parameters) of the file at
+    ``relative_path`` (from ``tests/``, with ``/``) runs on every server."""
+    return relative_path in SERVER_MATRIX and f"{relative_path}::{test_name}" not in ONE_SERVER
