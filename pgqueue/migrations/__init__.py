@@ -68,6 +68,7 @@ from pgqueue.errors import (
     ValidationError,
 )
 from pgqueue.migrations import losses, shipped
+from pgqueue.migrations.autogenerate import include_object, is_history_partition, only_pgqueue
 from pgqueue.migrations.host import REVISION_PREFIX, keep_host_revisions
 from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY
 from pgqueue.sqlstates import is_insufficient_privilege
@@ -87,8 +88,6 @@ JOBS_TABLE: Final = "pgqueue_jobs"
 BRANCH_LABEL: Final = "pgqueue"
 SCRIPT_LOCATION: Final = "pgqueue:migrations"
 VERSION_LOCATION: Final = "pgqueue:migrations/versions"
-TABLE_PREFIX: Final = "pgqueue_"
-HISTORY_PARTITIONS_PREFIX: Final = "pgqueue_job_history_"
 # Seconds between two tries of a migration run waiting for another run to end.
 MIGRATION_LOCK_RETRY: Final = 0.5
 
@@ -495,18 +494,6 @@ def _qualified(revision: str) -> str:
     return revision
 
 
-def include_object(
-    obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
-) -> bool:
-    """Pass as ``include_object=`` in a host's ``context.configure`` so its autogenerate never
-    proposes to create, alter or drop pgqueue's tables (or their indexes and version table)."""
-    if type_ == "table":
-        return not (name or "").startswith(TABLE_PREFIX)
-    table = getattr(obj, "table", None)
-    table_name = getattr(table, "name", "") or ""
-    return not table_name.startswith(TABLE_PREFIX)
-
-
 def run_environment(context: Any) -> None:
     """Body of Alembic's ``env.py`` for pgqueue's lineage (shared by the shipped env and the
     authoring env at the repository top)."""
@@ -519,7 +506,7 @@ def run_environment(context: Any) -> None:
             connection=connection,
             target_metadata=metadata,
             version_table=VERSION_TABLE,
-            include_object=_only_pgqueue,
+            include_object=only_pgqueue,
             compare_type=True,
             transactional_ddl=True,
             # The migration's lock_timeout, given again after an online step (online.py).
@@ -554,17 +541,3 @@ def run_environment(context: Any) -> None:
     # Not engine.begin(): Alembic begins the transaction, so revisions may build online.
     with engine.connect() as conn:
         configure_and_run(conn)
-
-
-def is_history_partition(name: str | None) -> bool:
-    """Whether ``name`` is a partition of ``pgqueue_job_history`` (a day's, or the DEFAULT
-    one): created and dropped by ``pgqueue history maintain`` and the migration, not declared
-    by the models, so autogenerate must not propose to drop them."""
-    return (name or "").startswith(HISTORY_PARTITIONS_PREFIX)
-
-
-def _only_pgqueue(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
-    # When pgqueue autogenerates its own revisions, the host's tables are none of its business.
-    if type_ == "table" and is_history_partition(name):
-        return False
-    return not include_object(obj, name, type_, reflected, compare_to)
