@@ -279,6 +279,7 @@ def _run(
         late_dependents_of_moved=workload.late_dependents_of_moved,
         late_dependents_refused=workload.late_dependents_refused,
         hand_actions_accepted=workload.hand_actions_accepted,
+        jobs_deleted=workload.jobs_deleted,
     )
     checker = Checker(engine, facts)
     notes: list[str] = []

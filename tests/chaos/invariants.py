@@ -74,6 +74,8 @@ class Facts:
     late_dependents_refused: list[str] = field(default_factory=list)
     # Hand retries and cancels of a workflow's jobs that were not refused (a live list).
     hand_actions_accepted: list[str] = field(default_factory=list)
+    # When each operator's delete or prune of ended jobs returned (a live list).
+    jobs_deleted: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -240,8 +242,8 @@ def _end(s: Snapshot, facts: Facts, run: Run) -> float:
         bounds.append(max(outcome, run.started))
     if bounds:
         return min(bounds)
-    job = s.jobs[run.job_id]
-    if job.state == "running":
+    job = s.jobs.get(run.job_id)  # None: deleted or pruned once it ended
+    if job is not None and job.state == "running":
         return s.now  # still running
     return run.started  # end unknown (its end mark was lost): counted as an instant
 

@@ -83,7 +83,8 @@ class Snapshot:
 
     def errors_for(self, job_id: int, attempt: int) -> list[str]:
         """The recorded errors of ``job_id``'s attempt ``attempt`` (its last ten attempts')."""
-        entries = self.jobs[job_id].errors or []
+        job = self.jobs.get(job_id)  # None: deleted or pruned by the operator once it ended
+        entries = (job.errors or []) if job is not None else []
         return [str(e.get("error", "")) for e in entries if e.get("attempt") == attempt]
 
     def transaction_lost(self, run: Run) -> bool:
@@ -96,7 +97,9 @@ class Snapshot:
         back its job's slots): its recorded error's time, or the job's ``finished_at`` when the
         job ended with that attempt; None while it is unknown (the attempt is running, or ended
         without a record: a snooze, a release)."""
-        job = self.jobs[run.job_id]
+        job = self.jobs.get(run.job_id)
+        if job is None:
+            return None  # deleted or pruned by the operator once it ended
         times = [
             dt.datetime.fromisoformat(e["at"]).timestamp()
             for e in job.errors or []

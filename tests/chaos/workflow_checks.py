@@ -117,10 +117,12 @@ def refused_left_nothing(s: Snapshot, facts: Facts) -> list[Violation]:
             )
     if not facts.final:
         # A refusal recorded while this snapshot was read may name a holder the snapshot does
-        # not have yet; nothing deletes jobs, so the final check sees every holder.
+        # not have yet; the final check sees every holder that no operator deleted since.
         return found
     for tag, (key, holder) in list(facts.refused_workflows.items()):
         job = s.jobs.get(holder)
+        if job is None and facts.jobs_deleted:
+            continue  # ended, then deleted or pruned by the operator
         if job is None or job.unique_key != key:
             found.append(
                 Violation(

@@ -9,6 +9,7 @@ the sequence of choices; the interleaving with workers and faults is up to the m
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import random
@@ -23,7 +24,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from pgqueue import InvalidStateTransition, JobNotFound, UniqueKeyHeld, chord
+from pgqueue import InvalidStateTransition, JobNotFound, PgQueue, UniqueKeyHeld, chord
 from pgqueue.admin import JobFilter
 
 from .app import (
@@ -54,12 +55,15 @@ HISTORY_MAINTENANCE_EVERY = 20.0
 # enqueued at least ``LATE_PARENT_AGE`` seconds before (most of them ended and moved by then).
 LATE_DEPENDENT_EVERY = 2.0
 LATE_PARENT_AGE = 5.0
-# Seconds between two hand retries or cancels of a workflow's job (``_hand_action``).
+# Seconds between two of the operator's moves (``_hand_action``).
 OPERATOR_EVERY = (1.0, 3.0)
 # The share of those moves that are a bulk delete of succeeded jobs instead, and the seconds
 # since their end from which it takes them.
 BULK_DELETE_SHARE = 0.15
 BULK_DELETE_AGE = 5.0
+# The share of those moves that are a prune instead, of the succeeded jobs (every task's) that
+# ended that long ago: a running workflow's members stay.
+PRUNE_SHARE = 0.10
 
 
 @dataclass
@@ -135,6 +139,8 @@ class Workload:
         self.next_operator_move = float("inf")
         self.workflow_jobs: list[int] = []
         self.hand_actions_accepted: list[str] = []
+        # When each bulk delete or prune of ended jobs returned.
+        self.jobs_deleted: list[float] = []
         self.thread = threading.Thread(target=self._loop, name="chaos-workload", daemon=True)
         self.kinds: list[tuple[float, Callable[[], None]]] = [
             (10, lambda: self._leased("leased", seconds=self.rng.uniform(0, 0.3))),
@@ -512,14 +518,30 @@ class Workload:
     # -- admin moves ---------------------------------------------------------------------
 
     def _hand_action(self) -> None:
-        """Retry or cancel one of a recent workflow's jobs (a member, the callback, the closing
-        marker) by hand, as an operator pressing the button on it would: refused, since the
-        workflow settles its jobs; one accepted is kept for the checks. Now and then instead
+        """Retry, cancel or delete one of a recent workflow's jobs (a member, the callback, the
+        closing marker) by hand, as an operator pressing the button on it would: a retry or
+        cancel is refused, since the workflow settles its jobs (one accepted is kept for the
+        checks); a delete is refused while the workflow runs. Now and then instead
         (not under the partitioned history, whose checks read moved parents back), a routine
         bulk delete of the succeeded leased jobs that ended seconds ago: plain jobs and the
         members of ended workflows go, a running workflow's members stay (a callback short of
         one fails, which invariant 14 reports)."""
-        if not self.history and self.operator_rng.random() < BULK_DELETE_SHARE:
+        draw = self.operator_rng.random()
+        if not self.history and draw < PRUNE_SHARE:
+            pruner = PgQueue(
+                self.app.pgq.engine.url.render_as_string(hide_password=False),
+                settings=dataclasses.replace(
+                    self.app.pgq.settings, succeeded_retention=BULK_DELETE_AGE
+                ),
+            )
+            try:
+                pruned = self._call("prune", pruner.prune)
+            finally:
+                pruner.dispose()
+            self.jobs_deleted.append(time.time())
+            self._event("prune", f"{pruned} succeeded jobs")
+            return
+        if not self.history and draw < PRUNE_SHARE + BULK_DELETE_SHARE:
             ended_before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=BULK_DELETE_AGE)
             job_filter = JobFilter(
                 task_name="chaos.leased",
@@ -528,20 +550,31 @@ class Workload:
                 time_column="finished_at",
             )
             result = self._call("bulk_delete", lambda: self.app.pgq.admin.bulk_delete(job_filter))
+            self.jobs_deleted.append(time.time())
             self._event("bulk_delete", f"{getattr(result, 'count', None)} succeeded jobs")
             return
         if not self.workflow_jobs:
             return
         job_id = self.operator_rng.choice(self.workflow_jobs[-60:])
-        action = self.operator_rng.choice(["retry", "cancel"])
+        # Not under the partitioned history either: a member moved there is not deleted here.
+        action = self.operator_rng.choice(
+            ["retry", "cancel"] + ([] if self.history else ["delete"])
+        )
         pgq = self.app.pgq
-        act = pgq.retry_job if action == "retry" else pgq.cancel_job
         try:
-            act(job_id)
-            result = "accepted"
-            self.hand_actions_accepted.append(f"{action} of workflow job {job_id}")
+            if action == "delete":
+                # Refused while the workflow runs; once it ended its jobs may go (invariants 14
+                # and 21 see a workflow that lost a job it still needed).
+                result = "deleted" if pgq.admin.delete_job(job_id) else "not found"
+                self.jobs_deleted.append(time.time())
+            else:
+                (pgq.retry_job if action == "retry" else pgq.cancel_job)(job_id)
+                result = "accepted"
+                self.hand_actions_accepted.append(f"{action} of workflow job {job_id}")
         except InvalidStateTransition:
             result = "refused"
+        except JobNotFound:
+            result = "gone"  # deleted or pruned by an earlier move, once its workflow ended
         except Exception as exc:
             self.errors[f"hand {action}: {type(exc).__name__}"] += 1
             result = type(exc).__name__
