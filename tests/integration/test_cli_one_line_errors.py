@@ -219,6 +219,7 @@ def test_every_command_is_checked() -> None:
         assert not unchecked, f"{group.name}: add the invocations of {unchecked} to INVOCATIONS"
 
 
+@pytest.mark.slow
 def test_unmigrated_database(shop: Path, empty_database_url: URL) -> None:
     name = str(empty_database_url.database)
     _both_clis(
@@ -257,6 +258,7 @@ def _jobs_untouched(url: URL) -> None:
     assert [tuple(row) for row in rows] == [("queued", "q")]
 
 
+@pytest.mark.slow
 def test_every_command_refuses_a_schema_older_than_its_head(
     shop: Path, empty_database_url: URL
 ) -> None:
@@ -277,6 +279,7 @@ def test_every_command_refuses_a_schema_older_than_its_head(
     _jobs_untouched(empty_database_url)
 
 
+@pytest.mark.slow
 def test_every_command_refuses_a_schema_newer_than_it_knows(
     shop: Path, empty_database_url: URL
 ) -> None:
@@ -298,6 +301,7 @@ def test_every_command_refuses_a_schema_newer_than_it_knows(
     _jobs_untouched(empty_database_url)
 
 
+@pytest.mark.slow
 def test_stopped_server(shop: Path) -> None:
     with socket.socket() as probe:  # a free port: nothing listens there once closed
         probe.bind(("127.0.0.1", 0))
@@ -313,6 +317,7 @@ def test_stopped_server(shop: Path) -> None:
         _assert_one_line(result, f"pgqueue engine connection to 127.0.0.1:{port}/shop failed")
 
 
+@pytest.mark.slow
 def test_wrong_password(shop: Path, server_tcp_url: URL, database_url: URL) -> None:
     if not server_tcp_url.password:
         pytest.skip("the test server takes no password")
@@ -347,6 +352,7 @@ def _enqueue(
     return ids
 
 
+@pytest.mark.slow
 def test_flask_worker_logs_like_the_core_worker(shop: Path, database_url: URL) -> None:
     _enqueue(database_url, "default", "default", task="shop.fail", max_attempts=1)
     # Real processes: a worker's log lines are the logging each CLI sets up in its process.
@@ -415,6 +421,7 @@ def test_json_output_and_parity(shop: Path, database_url: URL) -> None:
         assert scheduled.returncode == 0, scheduled.stderr
 
 
+@pytest.mark.slow
 def test_tables_are_full_width_when_not_a_terminal(shop: Path, database_url: URL) -> None:
     long_queue, long_task = "q" * 63, "t" * 63  # a row far wider than 80 columns
     _enqueue(database_url, long_queue, task=long_task)

@@ -271,6 +271,7 @@ def test_start_from_short_lived_thread(pg_dir: Path) -> None:
         server.stop()
 
 
+@pytest.mark.slow
 def test_shared_server_reused_across_processes(pg_dir: Path) -> None:
     data_dir = pg_dir / "shared"
     script = (

@@ -194,6 +194,7 @@ class Host:
             engine.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("way", WAYS)
 def test_host_alembic_command_line_beside_pgqueue(
     way: str, empty_database_url: URL, tmp_path: Path, pgqueue_versions_untouched: None

@@ -22,6 +22,7 @@ README = ROOT / "README.md"
 _LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 
 
+@pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
