@@ -1,4 +1,4 @@
-"""``flask pgqueue ...`` and ``flask db migrate`` in subprocesses against the example app."""
+"""``flask pgqueue ...`` and ``flask db migrate`` in subprocesses: the example app, an app factory."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 
@@ -80,9 +81,9 @@ def test_flask_pgqueue_migrate_enqueue_worker_against_the_example(
         engine.dispose()
 
 
-def _autogenerate(database_url: URL, tmp_path: Path, app: str, name: str) -> str:
+def _autogenerate(database_url: URL, tmp_path: Path, app: str, name: str, **extra_env: str) -> str:
     """``flask db init`` + ``flask db migrate`` into a temp migrations dir; the revision text."""
-    env = _env(database_url, tmp_path)
+    env = _env(database_url, tmp_path) | extra_env
     directory = tmp_path / name
     flask(["db", "init", "-d", str(directory)], env, app=app)
     result = flask(["db", "migrate", "-d", str(directory), "-m", "initial"], env, app=app)
@@ -113,3 +114,53 @@ def test_flask_db_migrate_proposes_nothing_for_pgqueue_tables(
     flask(["db", "upgrade", "-d", str(tmp_path / "migrations")], env)
     again = flask(["db", "migrate", "-d", str(tmp_path / "migrations")], env)
     assert "No changes in schema detected" in again.stdout + again.stderr
+
+
+FACTORY_HOST = '''
+"""An app factory whose Flask-Migrate setup comes before or after pgq.init_app ($MIGRATE_ORDER)."""
+
+import os
+
+from flask import Flask
+from flask_migrate import Migrate
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy.orm import Mapped, mapped_column
+
+from pgqueue.contrib.flask import PgQueue
+
+db = SQLAlchemy()
+migrate = Migrate()
+pgq = PgQueue(db=db)
+
+
+class Widget(db.Model):
+    __tablename__ = "widgets"
+    id: Mapped[int] = mapped_column(primary_key=True)
+
+
+def create_app():
+    app = Flask(__name__)
+    app.config["SQLALCHEMY_DATABASE_URI"] = os.environ["DATABASE_URL"]
+    db.init_app(app)
+    if os.environ["MIGRATE_ORDER"] == "after":
+        pgq.init_app(app)
+        migrate.init_app(app, db)
+    else:
+        migrate.init_app(app, db)
+        pgq.init_app(app)
+    return app
+'''
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_flask_db_migrate_skips_pgqueue_tables_whichever_comes_first(
+    database_url: URL, tmp_path: Path, order: str
+) -> None:
+    # "after" is an app factory calling Migrate(app, db) once pgq.init_app(app) has run: the
+    # filter must still reach the configure_args Flask-Migrate built last.
+    (tmp_path / "factory_host.py").write_text(FACTORY_HOST)
+    revision = _autogenerate(
+        database_url, tmp_path, "factory_host:create_app", "migrations", MIGRATE_ORDER=order
+    )
+    assert "op.create_table('widgets'" in revision
+    assert "pgqueue" not in revision

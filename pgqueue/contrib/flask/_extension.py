@@ -8,6 +8,11 @@ wrapped so the job runs inside ``app.app_context()``, and keeps that state in
 ``app.extensions["pgqueue"]``. The task objects users hold are proxies: ``enqueue`` finds the
 current app's task and, when the extension knows ``db``, joins ``db.session`` so the job commits
 or rolls back with the request's own writes.
+
+With ``PGQUEUE_CONFIGURE_MIGRATE`` (the default), ``flask db migrate`` never proposes to drop
+pgqueue's tables, whichever of ``Migrate(app, db)`` and ``init_app(app)`` runs first: the filter
+is (re)installed on Flask-Migrate's configuration each time an app context of that app is pushed,
+see :func:`_configure_flask_migrate`.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, Unpack, overload
 
-from flask import Flask, current_app, has_app_context
+from flask import Flask, appcontext_pushed, current_app, has_app_context
 from sqlalchemy.orm import Session
 
 from pgqueue import migrations
@@ -190,6 +195,12 @@ class PgQueue:
         self._apps.add(app)
         if app.config["PGQUEUE_CONFIGURE_MIGRATE"]:
             _configure_flask_migrate(app)
+            # Migrate(app, db) may come after this call (an app factory's natural order) and
+            # replaces app.extensions["migrate"] with fresh configure_args; every `flask db`
+            # command runs in an app context, so installing the filter again at each push
+            # covers both orders. Connected for this app only; the receiver is a module
+            # function, so blinker's weak reference to it never dies.
+            appcontext_pushed.connect(_on_app_context_pushed, sender=app)
 
     def _register(self, app: Flask, state: AppState, declaration: _Declaration) -> None:
         wrapped = _in_app_context(app, state.db, declaration.fn)
@@ -342,11 +353,22 @@ def _in_app_context(app: Flask, db: SQLAlchemy | None, fn: Callable[..., Any]) -
     return run
 
 
+def _on_app_context_pushed(app: Flask, **_: Any) -> None:
+    """Receiver of Flask's ``appcontext_pushed`` for an app set up with Flask-Migrate."""
+    _configure_flask_migrate(app)
+
+
 def _configure_flask_migrate(app: Flask) -> None:
     """Make Flask-Migrate's autogenerate skip pgqueue's tables (chaining any host filter).
 
-    Flask-Migrate's ``env.py`` passes ``app.extensions["migrate"].configure_args`` to Alembic's
-    ``context.configure``, so an ``include_object`` set there applies to ``flask db migrate``.
+    Flask-Migrate's ``env.py`` reads ``current_app.extensions["migrate"].configure_args`` inside
+    the command's app context and passes it to Alembic's ``context.configure``, so an
+    ``include_object`` set there applies to ``flask db migrate``. ``Migrate.init_app`` builds a
+    new ``configure_args`` each time, so this runs at ``init_app`` and again at every app
+    context push (see ``init_app``) rather than patching Flask-Migrate. Idempotent and cheap
+    (a few dict lookups when the filter is already in place), as it runs for every request: a
+    filter marked ``_pgqueue_filter`` is left alone, any other (the host's) is wrapped and still
+    consulted for the objects pgqueue does not own.
     """
     migrate_state = app.extensions.get("migrate")
     configure_args = getattr(migrate_state, "configure_args", None)
