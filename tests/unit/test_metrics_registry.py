@@ -38,7 +38,10 @@ def test_pgqueue_imports_without_prometheus_client_and_asking_names_the_extra() 
     done = subprocess.run(
         [sys.executable, "-c", WITHOUT_CLIENT], capture_output=True, text=True, check=True
     )
-    assert done.stdout.strip() == 'metrics need prometheus-client: pip install "pgqueue[metrics]"'
+    assert (
+        done.stdout.strip()
+        == 'metrics need prometheus-client: pip install "sqlalchemy-pgqueue[metrics]"'
+    )
 
 
 def test_metrics_port_and_interval_come_from_the_environment() -> None:

@@ -49,7 +49,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         app.config["SQLALCHEMY_DATABASE_URI"] = database_url()
 
     db.init_app(app)
-    migrate.init_app(app, db)  # before pgq.init_app, so pgqueue can hide its tables from it
+    migrate.init_app(app, db)  # before or after pgq.init_app: pgqueue hides its tables either way
     pgq.init_app(app)
     app.register_blueprint(bp)
     init_dashboard(app, url_prefix="/pgqueue", access=dashboard_access)
