@@ -203,6 +203,14 @@ def load_app(path: str) -> PgQueue:
         if obj is None:
             raise CommandError(f"APP {path!r}: {module_name!r} has no attribute {attribute!r}")
     if not isinstance(obj, PgQueue):
+        if type(obj).__module__.startswith("pgqueue.contrib.flask"):
+            # The Flask extension's object holds a queue per Flask app, made by init_app: only
+            # the app knows its database and settings.
+            raise CommandError(
+                f"APP {path!r} is the Flask extension (pgqueue.contrib.flask.PgQueue), which "
+                f"needs its Flask app: run `flask --app {module_name} pgqueue ...` "
+                "(e.g. `flask pgqueue worker`)"
+            )
         kind = obj.__name__ if isinstance(obj, type) else type(obj).__name__
         what = "the class" if isinstance(obj, type) else "a"
         raise CommandError(f"APP {path!r} is {what} {kind}, not a PgQueue: {_FIX_APP}")

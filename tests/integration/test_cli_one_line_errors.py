@@ -342,6 +342,15 @@ def test_a_target_that_is_not_a_queue_is_never_called(
         assert not (shop / "called").exists(), f"{target} was called"
 
 
+def test_the_flask_extension_given_to_the_plain_cli_is_told_to_use_flask(
+    shop: Path, database_url: URL
+) -> None:
+    for command in (["worker", "shop:flask_pgq", "--drain"], ["enqueue", "shop:flask_pgq", "t"]):
+        error = _assert_one_line(pgqueue(command, shop, database_url), "is the Flask extension")
+        assert "`flask --app shop pgqueue ...`" in error, error
+        assert "not a PgQueue" not in error
+
+
 def _enqueue(
     url: URL, *queues: str, task: str = "shop.noop", max_attempts: int | None = None
 ) -> list[int]:
