@@ -55,7 +55,8 @@ _HOST_NAME: Final = re.compile(
 
 
 def normalize_database_url(url: str | URL) -> URL:
-    """Parse a PostgreSQL URL and select the psycopg 3 driver; raise ConfigurationError if bad."""
+    """Parse a PostgreSQL URL and select the psycopg 3 driver for pgqueue's own engines;
+    raise ConfigurationError if bad."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
@@ -77,8 +78,11 @@ def normalize_database_url(url: str | URL) -> URL:
     # Read from the name itself: SQLAlchemy's driver lookup loads a dialect, and it has none
     # named "postgres" (the scheme Heroku and many platforms hand out).
     _, _, driver = parsed.drivername.partition("+")
-    # psycopg's asyncio driver is the same library: an asyncio app's URL serves as it is.
-    if driver in {"", "psycopg", "psycopg_async"}:
+    # psycopg's asyncio driver is the same library: an asyncio app's URL serves as it is. A
+    # psycopg2 URL is what most Flask apps configure: libpq takes the same parameters from
+    # either, so the same URL names the server for psycopg 3, which pgqueue's engines need
+    # (its driver fast path, COPY, LISTEN); the app's own engine stays on psycopg2.
+    if driver in {"", "psycopg", "psycopg_async", "psycopg2"}:
         return parsed.set(drivername="postgresql+psycopg")
     raise ConfigurationError(
         f"pgqueue uses the psycopg 3 driver (postgresql+psycopg://); got driver {driver!r}"

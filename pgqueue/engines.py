@@ -63,11 +63,17 @@ class Engines:
         if async_engine is not None:
             connections.adapt_given_engine(check_async_engine(async_engine).sync_engine, settings())
             self._given_async_engine = async_engine
+        if isinstance(database, Engine) and database.dialect.name != "postgresql":
+            raise ConfigurationError(
+                f"pgqueue needs a PostgreSQL engine, got dialect {database.dialect.name!r}"
+            )
+        if isinstance(database, Engine) and database.dialect.driver != "psycopg":
+            # An application's engine on another driver (psycopg2, most Flask apps): its
+            # sessions still take enqueues (pgqueue's statements through SQLAlchemy), but
+            # pgqueue's own connections need psycopg 3, so they are made on its URL.
+            _note_own_engines(database)
+            database = database.url
         if isinstance(database, Engine):
-            if database.dialect.name != "postgresql":
-                raise ConfigurationError(
-                    f"pgqueue needs a PostgreSQL engine, got dialect {database.dialect.name!r}"
-                )
             connections.adapt_given_engine(database, settings())
             self._engine = database
             self._handler_engine = database
@@ -242,6 +248,18 @@ class Engines:
             database.close()
             if database.engine is not self._given_async_engine:
                 await database.engine.dispose()
+
+
+def _note_own_engines(given: Engine) -> None:
+    # Only the URL carries over: what the application gave its engine besides (connect_args,
+    # a creator) is not seen by pgqueue's connections, which this line tells.
+    logger.info(
+        "the engine given to pgqueue uses driver %s: pgqueue's own connections use psycopg 3 "
+        "on the same URL (postgresql+psycopg://), and enqueues in the application's sessions "
+        "go through SQLAlchemy on %s",
+        given.dialect.driver,
+        given.dialect.driver,
+    )
 
 
 # Marks the log record of the fallback, for the CLI: it shows the WARNING where a process runs
