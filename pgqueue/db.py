@@ -22,12 +22,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
+import psycopg
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
 from pgqueue import driver
 from pgqueue.connections import is_dead, local_settings
+from pgqueue.errors import ConfigurationError
 
 T = TypeVar("T")
 
@@ -74,8 +76,14 @@ class ConnectionExecutor:
 
     def copy(self, statement: Any, chunks: Iterable[str]) -> None:
         # COPY has no SQLAlchemy construct: it runs on the psycopg connection underneath, in
-        # the same transaction.
+        # the same transaction. Enqueues choose it only on psycopg 3 (``Database.uses_driver``),
+        # so another driver here is a caller's mistake, told in one line.
         raw: Any = self.connection.connection.driver_connection
+        if not isinstance(raw, psycopg.Connection):
+            raise ConfigurationError(
+                "pgqueue's COPY needs the psycopg 3 driver, got driver "
+                f"{self.connection.dialect.driver!r}: use a postgresql+psycopg:// URL"
+            )
         with raw.cursor() as cursor, cursor.copy(statement) as copy:
             for chunk in chunks:
                 copy.write(chunk)
