@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypedDict, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -100,10 +102,31 @@ def task_name_for(function: Callable[..., Any], name: str | None) -> str:
     """``name``, or by default the function's module-qualified name (if it fits 63 bytes)."""
     if name is not None:
         return name
-    default = f"{function.__module__}.{function.__qualname__}"
+    default = f"{_importable_module(function)}.{function.__qualname__}"
     if len(default.encode()) > 63:
         raise ValidationError(f"default task name {default!r} is longer than 63 bytes; pass name=")
     return default
+
+
+def _importable_module(function: Callable[..., Any]) -> str:
+    """The name under which a worker imports ``function``'s module. A script run as
+    ``python jobs.py`` or ``python -m jobs`` is ``__main__`` to itself but ``jobs`` to a worker
+    given ``jobs:pgq``: a task named ``__main__.send`` would be enqueued under a name no worker
+    has."""
+    module = function.__module__
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return str(spec.name)
+    path = getattr(main, "__file__", None)
+    if path:
+        return Path(path).stem
+    raise ValidationError(
+        f"task {function.__qualname__!r} is defined in __main__ with no module a worker could "
+        "import it from; pass name= (and define it where the worker imports it)"
+    )
 
 
 class Task(Generic[P, R]):
