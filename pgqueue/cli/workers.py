@@ -17,8 +17,10 @@ from pgqueue.cli.shared import (
     checked_name,
     console,
     database_option,
+    did_you_mean,
     in_this_cli,
     json_option,
+    known_queues,
     load_app,
     new_table,
     plural,
@@ -130,6 +132,8 @@ def run_worker_command(
         else config.metrics_address(metrics_address)
     )
     check_schema(pgq, wait_for_database=wait_for_database)
+    names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
+    warn_of_unknown_queues(pgq, names or [])
     if processes > 1:
         from pgqueue import metrics
         from pgqueue.worker.supervisor import Supervisor
@@ -167,7 +171,6 @@ def run_worker_command(
     from pgqueue.worker import Worker
 
     logging.getLogger("pgqueue").setLevel(min(logging.getLogger().level, logging.INFO))
-    names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     w = Worker(
         pgq,
         queues=names,
@@ -188,6 +191,27 @@ def run_worker_command(
     w.run(drain=drain)
     if drain:
         report_left_waiting(pgq, names)
+
+
+def warn_of_unknown_queues(pgq: PgQueue, queues: list[str]) -> None:
+    """One WARNING line per queue of ``--queues`` that no task of the app is declared in and
+    that has no jobs and no settings: likely a typo, which would leave the worker idle while
+    the jobs it was meant for wait. Not refused: a queue chosen at enqueue time
+    (``configure(queue=...)``) may get its first job after the worker starts."""
+    if not queues:
+        return
+    declared = {task.queue for task in pgq.registry}
+    known = sorted(declared | set(known_queues(pgq)))
+    for queue in queues:
+        if queue in known:
+            continue
+        meant = did_you_mean(queue, known)
+        log.warning(
+            "queue %r of --queues has no task declared in it, no jobs and no settings: "
+            "check its name%s",
+            queue,
+            f" ({meant})" if meant else "",
+        )
 
 
 def freeze_startup_heap() -> None:

@@ -296,3 +296,16 @@ def test_enqueue_arguments_that_are_not_json(shop: Path, database_url: URL) -> N
         ):
             command = ["enqueue", *APP[cli], "shop.noop", *options]
             _assert_one_line(cli(command, shop, database_url), expected)
+
+
+def test_a_worker_s_queue_that_nothing_knows_is_answered_with_a_warning(
+    shop: Path, database_url: URL
+) -> None:
+    _enqueue(database_url, "mail")
+    for cli in (pgqueue, flask):
+        done = cli(["worker", *APP[cli], "--queues", "mial,default", "--drain"], shop, database_url)
+        assert done.returncode == 0, done.stderr
+        warned = [line for line in done.stderr.splitlines() if "of --queues" in line]
+        assert len(warned) == 1, done.stderr
+        assert "queue 'mial' of --queues has no task declared in it" in warned[0]
+        assert "(did you mean 'mail'?)" in warned[0]
