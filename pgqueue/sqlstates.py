@@ -62,12 +62,13 @@ _CONNECTION_STATES: Final = frozenset(
 
 
 def sqlstate_of(exc: BaseException) -> str | None:
-    """The SQLSTATE carried by a psycopg error, possibly wrapped by SQLAlchemy."""
+    """The SQLSTATE carried by a psycopg error (psycopg 3's ``sqlstate``, or psycopg2's
+    ``pgcode``: an app's own session may use psycopg2), possibly wrapped by SQLAlchemy."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        state = getattr(current, "sqlstate", None)
+        state = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
         if isinstance(state, str):
             return state
         orig = getattr(current, "orig", None)

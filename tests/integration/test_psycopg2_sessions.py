@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from support.cli_invoke import invoke
 
@@ -24,6 +25,7 @@ from pgqueue import ConfigurationError, Job, JobState, PgQueue
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.data.insert_choice import COPY_THRESHOLD
 from pgqueue.db import ConnectionExecutor
+from pgqueue.sqlstates import UNIQUE_VIOLATION, is_unique_violation, sqlstate_of
 from pgqueue.workflows import chain
 
 
@@ -201,3 +203,15 @@ def test_pgqueue_stats_on_a_psycopg2_url(pgq: PgQueue, database_url: URL, tmp_pa
     result = invoke(["-m", "pgqueue", "stats"], cwd=tmp_path, env=env)
     assert result.returncode == 0, (result.stdout, result.stderr)
     assert _stats_row(result.stdout)[:2] == ["default", "1"], result.stdout
+
+
+def test_the_errors_of_a_psycopg2_session_are_read_by_their_sqlstate(
+    psycopg2_engine: Engine,
+) -> None:
+    with psycopg2_engine.connect() as connection:
+        connection.execute(text("CREATE TEMPORARY TABLE once (id int PRIMARY KEY)"))
+        connection.execute(text("INSERT INTO once VALUES (1)"))
+        with pytest.raises(IntegrityError) as raised:
+            connection.execute(text("INSERT INTO once VALUES (1)"))
+    assert sqlstate_of(raised.value) == UNIQUE_VIOLATION
+    assert is_unique_violation(raised.value)
