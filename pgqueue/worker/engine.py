@@ -335,6 +335,11 @@ class Worker:
         self._claimer.close()
         self._completer.give_back(self._slots.take_waiting())
         deadline = time.monotonic() + self.shutdown_timeout
+        running = self._slots.running_ids()
+        if running:
+            log.info(
+                "waiting up to %.0fs for %s to finish", self.shutdown_timeout, _jobs_named(running)
+            )
         while time.monotonic() < deadline and self._slots.busy():
             time.sleep(0.02)
         self._completer.release(self._slots.give_up_unfinished(), self.shutdown_timeout)
@@ -356,10 +361,39 @@ class Worker:
         def handle(signum: int, frame: FrameType | None) -> None:
             self._signals_seen += 1
             if self._signals_seen > 1:
-                log.warning("second signal: exiting now")
+                left = self._slots.running_ids_from_a_signal()
+                if left:
+                    log.warning(
+                        "second signal: exiting now; %s left to %s: another worker takes "
+                        "each back once its lease expires (within %.0fs)",
+                        _jobs_named(left),
+                        "their leases" if len(left) > 1 else "its lease",
+                        self.lease_seconds,
+                    )
+                else:
+                    log.warning("second signal: exiting now")
                 os._exit(1)
-            log.info("signal %d: stopping (running jobs get %.0fs)", signum, self.shutdown_timeout)
+            log.info(
+                "signal %d: stopping; running jobs get %.0fs to finish (a second signal exits "
+                "at once, leaving them to their leases)",
+                signum,
+                self.shutdown_timeout,
+            )
             self.stop()
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
+
+
+# Job ids a shutdown line names at most; the rest are counted.
+NAMED_AT_MOST = 10
+
+
+def _jobs_named(ids: list[int]) -> str:
+    """``job 7`` or ``3 jobs (7, 9, 12)``, at most ``NAMED_AT_MOST`` ids and a count of the rest."""
+    ids = sorted(ids)
+    if len(ids) == 1:
+        return f"job {ids[0]}"
+    shown = ", ".join(str(i) for i in ids[:NAMED_AT_MOST])
+    more = f" and {len(ids) - NAMED_AT_MOST} more" if len(ids) > NAMED_AT_MOST else ""
+    return f"{len(ids)} jobs ({shown}{more})"

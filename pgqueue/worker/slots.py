@@ -180,6 +180,22 @@ class Slots:
         with self._lock:
             return list(self._running)
 
+    def running_ids_from_a_signal(self) -> list[int]:
+        """``running_ids`` for a signal handler, which runs in the main thread between two of
+        its statements: that thread may hold the lock, so it is not waited for. A copy made
+        while another thread changes the dict is taken again."""
+        if self._lock.acquire(timeout=0.05):
+            try:
+                return list(self._running)
+            finally:
+                self._lock.release()
+        for _ in range(10):
+            try:
+                return list(self._running)
+            except RuntimeError:  # changed size during the copy
+                continue
+        return []
+
     def leases(self) -> list[Lease]:
         """``(job id, lease token, lease seconds)`` of the held attempts to extend: not those
         whose outcome is being written (the write may commit first, which would look like a

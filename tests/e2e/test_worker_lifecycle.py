@@ -58,15 +58,25 @@ def test_sigterm_releases_a_job_longer_than_the_timeout(app: App) -> None:
     assert (job.state, job.attempts, job.result["pid"]) == ("succeeded", 1, other.pid)
 
 
-def test_second_signal_exits_at_once(app: App) -> None:
-    worker = app.start_worker("--concurrency", "2", "--shutdown-timeout", "60")
-    app.module.sleep.enqueue_many([{"seconds": 120}])
+def test_second_signal_exits_at_once_naming_the_jobs_left_to_their_leases(app: App) -> None:
+    worker = app.start_worker(
+        "--concurrency", "2", "--shutdown-timeout", "60", "--lease-seconds", "45"
+    )
+    [job_id] = app.module.sleep.enqueue_many([{"seconds": 120}])
     app.wait_until(lambda: app.ledger("start"), 30, "the job to start")
     worker.signal(signal.SIGTERM)
-    time.sleep(0.5)
+    app.wait_until(
+        lambda: f"waiting up to 60s for job {job_id} to finish" in worker.log(),
+        10,
+        "the worker to name the job it waits for",
+    )
     assert worker.popen.poll() is None  # waiting for the running job
     worker.signal(signal.SIGINT)
     assert worker.wait(10) != 0
+    assert (
+        f"second signal: exiting now; job {job_id} left to its lease: another worker takes "
+        "each back once its lease expires (within 45s)"
+    ) in worker.log()
 
 
 def test_terminated_connections_reconnect_and_listen_again(app: App) -> None:
