@@ -290,11 +290,12 @@ class Worker:
             self.metrics.untrack_tasks(tasks)
             raise
         log.info(
-            "worker %s started: queues=%s concurrency=%d listen=%s",
+            "worker %s started: queues=%s concurrency=%d listen=%s%s",
             self.worker_id,
             ",".join(self.queues) if self.queues else "*",
             self.concurrency,
             self.listen,
+            _successes_note(self._context.settings),
         )
         try:
             self._claimer.run(drain, idle=self._idle)
@@ -397,3 +398,16 @@ def _jobs_named(ids: list[int]) -> str:
     shown = ", ".join(str(i) for i in ids[:NAMED_AT_MOST])
     more = f" and {len(ids) - NAMED_AT_MOST} more" if len(ids) > NAMED_AT_MOST else ""
     return f"{len(ids)} jobs ({shown}{more})"
+
+
+def _successes_note(settings: config.Settings) -> str:
+    """What the start line says of successes when they are not logged one by one: a newcomer
+    watching the first jobs run would otherwise see no line for a job that succeeded."""
+    if settings.log_successes:
+        return ""
+    counted = (
+        f"counted in one line every {settings.log_summary_interval:g}s"
+        if settings.log_summary_interval
+        else "logged at DEBUG"
+    )
+    return f"; successes are {counted} (PGQUEUE_LOG_SUCCESSES=true logs each)"

@@ -384,6 +384,9 @@ def test_flask_worker_logs_like_the_core_worker(shop: Path, database_url: URL) -
     assert core_lines == hosted_lines, (core.stderr, hosted.stderr)
     assert core_lines[0].startswith("INFO pgqueue.worker: worker "), core_lines
     assert " started: queues=* concurrency=N listen=True" in core_lines[0], core_lines
+    assert core_lines[0].endswith(
+        "; successes are counted in one line every Ns (PGQUEUE_LOG_SUCCESSES=true logs each)"
+    ), core_lines
     job_lines = [line for line in core_lines if "task=shop.fail" in line]
     assert len(job_lines) == 2, core_lines
     assert all(
