@@ -14,9 +14,11 @@ other with ``aio.AsyncDatabase``, each inside an enqueue span when tracing is on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -28,6 +30,7 @@ from pgqueue.data.insert_choice import BoundedQueuesSeen, InsertPath, insert_pat
 from pgqueue.db import Executor
 from pgqueue.engines import Engines
 from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
+from pgqueue.sqlstates import is_undefined_table
 from pgqueue.tracing import Tracing
 
 __all__ = ["Enqueuer", "InsertPlan", "plan_insert"]
@@ -111,9 +114,10 @@ class Enqueuer:
     def insert(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]:
         """Insert ``jobs`` in ``session``'s transaction, or in an own one; their ids."""
         tracing = self._tracing
-        if tracing is not None and jobs:
-            return tracing.enqueue(jobs, lambda context: self._insert(session, jobs, context))
-        return self._insert(session, jobs, None)
+        with _unmigrated_noted():
+            if tracing is not None and jobs:
+                return tracing.enqueue(jobs, lambda context: self._insert(session, jobs, context))
+            return self._insert(session, jobs, None)
 
     def _insert(
         self, session: Session | None, jobs: Sequence[NewJob], trace_context: str | None
@@ -143,10 +147,11 @@ class Enqueuer:
         """``insert`` for asyncio: in ``session``'s transaction (an ``AsyncSession``), or in an
         own one on the running loop's AsyncEngine; the same statements, each wait awaited."""
         tracing = self._tracing
-        if tracing is not None and jobs:
-            with tracing.enqueue_span(jobs) as span:
-                return span.inserted(await self._ainsert(session, jobs, span.trace_context))
-        return await self._ainsert(session, jobs, None)
+        with _unmigrated_noted():
+            if tracing is not None and jobs:
+                with tracing.enqueue_span(jobs) as span:
+                    return span.inserted(await self._ainsert(session, jobs, span.trace_context))
+            return await self._ainsert(session, jobs, None)
 
     async def _ainsert(
         self, session: AsyncSession | None, jobs: Sequence[NewJob], trace_context: str | None
@@ -175,12 +180,13 @@ class Enqueuer:
         large one may go by ``COPY``, as ``enqueue_many``'s batches do); in one PRODUCER span
         when tracing is on."""
         tracing = self._tracing
-        if tracing is None:
-            return self._insert_workflow(session, plan, None)
-        with tracing.enqueue_span(plan.jobs, workflow=True) as span:
-            inserted = self._insert_workflow(session, plan, span.trace_context)
-            span.workflow_inserted(inserted.id)
-            return inserted
+        with _unmigrated_noted():
+            if tracing is None:
+                return self._insert_workflow(session, plan, None)
+            with tracing.enqueue_span(plan.jobs, workflow=True) as span:
+                inserted = self._insert_workflow(session, plan, span.trace_context)
+                span.workflow_inserted(inserted.id)
+                return inserted
 
     def _insert_workflow(
         self, session: Session | None, plan: WorkflowPlan, trace_context: str | None
@@ -206,14 +212,33 @@ class Enqueuer:
         """``insert_workflow`` for asyncio: in ``session``'s transaction or an own one."""
         database = await self._engines.running_async_database()
         tracing = self._tracing
-        if tracing is None:
-            return await database.in_caller_or_own_session(
-                session, lambda s: workflow_data.insert_workflow(s, plan)
+        with _unmigrated_noted():
+            if tracing is None:
+                return await database.in_caller_or_own_session(
+                    session, lambda s: workflow_data.insert_workflow(s, plan)
+                )
+            with tracing.enqueue_span(plan.jobs, workflow=True) as span:
+                context = span.trace_context
+                inserted = await database.in_caller_or_own_session(
+                    session,
+                    lambda s: workflow_data.insert_workflow(s, plan, trace_context=context),
+                )
+                span.workflow_inserted(inserted.id)
+                return inserted
+
+
+@contextmanager
+def _unmigrated_noted() -> Iterator[None]:
+    """An enqueue on a database whose pgqueue tables were never made fails as any statement
+    does (an SQLAlchemy error, for the caller's transaction handling), with one more line at
+    the end of its traceback saying what to do: the server's "relation does not exist" alone
+    does not."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if is_undefined_table(exc) and "pgqueue_" in str(exc.orig):
+            exc.add_note(
+                "pgqueue's tables are missing from this database: migrate it first "
+                "(`pgqueue migrate`, `flask pgqueue migrate` or `pgq.migrate()`)"
             )
-        with tracing.enqueue_span(plan.jobs, workflow=True) as span:
-            context = span.trace_context
-            inserted = await database.in_caller_or_own_session(
-                session, lambda s: workflow_data.insert_workflow(s, plan, trace_context=context)
-            )
-            span.workflow_inserted(inserted.id)
-            return inserted
+        raise
