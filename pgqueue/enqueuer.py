@@ -14,8 +14,7 @@ other with ``aio.AsyncDatabase``, each inside an enqueue span when tracing is on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
@@ -114,10 +113,13 @@ class Enqueuer:
     def insert(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]:
         """Insert ``jobs`` in ``session``'s transaction, or in an own one; their ids."""
         tracing = self._tracing
-        with _unmigrated_noted():
+        try:
             if tracing is not None and jobs:
                 return tracing.enqueue(jobs, lambda context: self._insert(session, jobs, context))
             return self._insert(session, jobs, None)
+        except DBAPIError as exc:
+            _note_if_unmigrated(exc)
+            raise
 
     def _insert(
         self, session: Session | None, jobs: Sequence[NewJob], trace_context: str | None
@@ -147,11 +149,14 @@ class Enqueuer:
         """``insert`` for asyncio: in ``session``'s transaction (an ``AsyncSession``), or in an
         own one on the running loop's AsyncEngine; the same statements, each wait awaited."""
         tracing = self._tracing
-        with _unmigrated_noted():
+        try:
             if tracing is not None and jobs:
                 with tracing.enqueue_span(jobs) as span:
                     return span.inserted(await self._ainsert(session, jobs, span.trace_context))
             return await self._ainsert(session, jobs, None)
+        except DBAPIError as exc:
+            _note_if_unmigrated(exc)
+            raise
 
     async def _ainsert(
         self, session: AsyncSession | None, jobs: Sequence[NewJob], trace_context: str | None
@@ -180,13 +185,16 @@ class Enqueuer:
         large one may go by ``COPY``, as ``enqueue_many``'s batches do); in one PRODUCER span
         when tracing is on."""
         tracing = self._tracing
-        with _unmigrated_noted():
+        try:
             if tracing is None:
                 return self._insert_workflow(session, plan, None)
             with tracing.enqueue_span(plan.jobs, workflow=True) as span:
                 inserted = self._insert_workflow(session, plan, span.trace_context)
                 span.workflow_inserted(inserted.id)
                 return inserted
+        except DBAPIError as exc:
+            _note_if_unmigrated(exc)
+            raise
 
     def _insert_workflow(
         self, session: Session | None, plan: WorkflowPlan, trace_context: str | None
@@ -212,7 +220,7 @@ class Enqueuer:
         """``insert_workflow`` for asyncio: in ``session``'s transaction or an own one."""
         database = await self._engines.running_async_database()
         tracing = self._tracing
-        with _unmigrated_noted():
+        try:
             if tracing is None:
                 return await database.in_caller_or_own_session(
                     session, lambda s: workflow_data.insert_workflow(s, plan)
@@ -225,20 +233,18 @@ class Enqueuer:
                 )
                 span.workflow_inserted(inserted.id)
                 return inserted
+        except DBAPIError as exc:
+            _note_if_unmigrated(exc)
+            raise
 
 
-@contextmanager
-def _unmigrated_noted() -> Iterator[None]:
+def _note_if_unmigrated(exc: DBAPIError) -> None:
     """An enqueue on a database whose pgqueue tables were never made fails as any statement
     does (an SQLAlchemy error, for the caller's transaction handling), with one more line at
     the end of its traceback saying what to do: the server's "relation does not exist" alone
     does not."""
-    try:
-        yield
-    except DBAPIError as exc:
-        if is_undefined_table(exc) and "pgqueue_" in str(exc.orig):
-            exc.add_note(
-                "pgqueue's tables are missing from this database: migrate it first "
-                "(`pgqueue migrate`, `flask pgqueue migrate` or `pgq.migrate()`)"
-            )
-        raise
+    if is_undefined_table(exc) and "pgqueue_" in str(exc.orig):
+        exc.add_note(
+            "pgqueue's tables are missing from this database: migrate it first "
+            "(`pgqueue migrate`, `flask pgqueue migrate` or `pgq.migrate()`)"
+        )
