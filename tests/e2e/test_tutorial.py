@@ -4,9 +4,11 @@ Every fenced block of the page runs in order, exactly as written: a Python block
 to save ("Save this as `shop.py`") is written to that file, and every bash block runs through
 ``bash -c`` with this test's venv first on ``PATH``, the variables one block exports kept for
 the next (one terminal). A command that runs until Ctrl-C (the app's server, the worker) is
-started in the background and stopped as Ctrl-C stops it: SIGINT to its process group. The one
-line not run is the install line (``python -m venv ... && pip install ...``): this test's venv,
-which has pgqueue installed, stands in for it.
+started in the background and stopped as Ctrl-C stops it: SIGINT to its process group. A
+block marked ``<!-- not run: ... -->`` for the in-process docs test runs here too. The lines not
+run are the install lines (``python -m venv .venv && . .venv/bin/activate`` and ``pip install
+"sqlalchemy-pgqueue[flask,embedded]"``): this test's venv, which has pgqueue installed, stands
+in for them. The page's app listens on port 5000, so that port must be free.
 
 Two readers, each checked against what the page says happens (the order's id, the job
 succeeded after one attempt, the receipt written, the dashboard served):
