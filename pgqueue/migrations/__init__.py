@@ -69,7 +69,7 @@ from pgqueue.errors import (
 )
 from pgqueue.migrations import losses, shipped
 from pgqueue.migrations.autogenerate import include_object, is_history_partition, only_pgqueue
-from pgqueue.migrations.host import REVISION_PREFIX, keep_host_revisions
+from pgqueue.migrations.host import REVISION_PREFIX, configure_args, keep_host_revisions
 from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY
 from pgqueue.sqlstates import is_insufficient_privilege
 
@@ -98,6 +98,7 @@ __all__ = [
     "Recorded",
     "alembic_config",
     "check_schema",
+    "configure_args",
     "current",
     "downgrade",
     "head",

@@ -13,6 +13,10 @@ its branch label, when the host has no revision yet). Alembic runs the hook for
 ``--autogenerate``, and for a plain ``alembic revision`` only when ``revision_environment =
 true``; so when pgqueue's revisions are listed without that setting, the hook's factory (run by
 every command that loads ``env.py``) refuses with a line saying so.
+
+:func:`configure_args` is what a host's ``env.py`` passes to ``context.configure``: the host's
+own ``include_object`` and ``process_revision_directives`` (Flask-Migrate's env.py has one that
+drops an empty autogenerate) chained after pgqueue's, so both run and neither is passed twice.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
     from alembic.script import Script, ScriptDirectory
 
     RevisionHook = Callable[[MigrationContext, Any, list[MigrationScript]], None]
+
+IncludeObject = Callable[[Any, "str | None", str, bool, Any], bool]
 
 REVISION_PREFIX: Final = "pgqueue_"
 PGQUEUE_VERSIONS: Final = Path(__file__).resolve().parent / "versions"
@@ -56,6 +62,40 @@ def keep_host_revisions(branch_label: str | None = None) -> RevisionHook:
     return hook
 
 
+def configure_args(
+    include_object: IncludeObject | None = None,
+    process_revision_directives: RevisionHook | None = None,
+    *,
+    branch_label: str = "app",
+    **other: Any,
+) -> dict[str, Any]:
+    """The keyword arguments for ``context.configure(...)`` in a host's ``env.py``: ``other``
+    as given, with ``include_object`` and ``process_revision_directives`` that run pgqueue's
+    (:func:`~pgqueue.migrations.include_object`, :func:`keep_host_revisions`) and then the
+    host's own, when given. Flask-Migrate's env.py passes its ``configure_args`` through it:
+    ``conf_args = configure_args(**conf_args)``.
+    """
+    from pgqueue.migrations.autogenerate import include_object as pgqueue_include
+
+    keep = keep_host_revisions(branch_label=branch_label)
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        if not pgqueue_include(obj, name, type_, reflected, compare_to):
+            return False
+        return include_object is None or include_object(obj, name, type_, reflected, compare_to)
+
+    def directives_hook(
+        context: MigrationContext, revision: Any, directives: list[MigrationScript]
+    ) -> None:
+        # pgqueue's placement first, so the host's hook sees (and may still drop) the revision
+        # as it will be written.
+        keep(context, revision, directives)
+        if process_revision_directives is not None:
+            process_revision_directives(context, revision, directives)
+
+    return {**other, "include_object": include, "process_revision_directives": directives_hook}
+
+
 def _check_revision_environment() -> None:
     # Called from env.py, so the first `alembic upgrade` already says what is missing: without
     # revision_environment a plain `alembic revision` never runs this hook, and writes into
@@ -67,6 +107,18 @@ def _check_revision_environment() -> None:
     except (AttributeError, NameError):  # not inside an Alembic command
         return
     locations = config.get_version_locations_list() or []
+    separator = config.get_main_option("path_separator")
+    if "pgqueue:" in (config.get_main_option("version_locations") or "") and separator not in {
+        None,
+        "space",
+    }:
+        # `path_separator = os` (what `alembic init` writes) cut "pgqueue:migrations/versions"
+        # at its ":".
+        raise _refused(
+            "alembic.ini's version_locations names pgqueue:migrations/versions, which the "
+            "path_separator splits at its ':'; set `path_separator = space` under [alembic] "
+            "(replacing the `path_separator = os` line)"
+        )
     listed = any(
         location.startswith("pgqueue:") or Path(location).resolve() == PGQUEUE_VERSIONS
         for location in locations

@@ -78,9 +78,9 @@ WAYS = ["pgqueue-command", "host-revision", "host-lineage"]
 @pytest.fixture
 def pgqueue_versions_untouched() -> Iterator[None]:
     """Whatever a failing run wrote into pgqueue's own versions directory is removed again."""
-    before = set(PGQUEUE_VERSIONS.iterdir())
+    before = set(PGQUEUE_VERSIONS.glob("*.py"))
     yield
-    stray = set(PGQUEUE_VERSIONS.iterdir()) - before
+    stray = set(PGQUEUE_VERSIONS.glob("*.py")) - before
     for path in stray:
         if path.is_file():
             path.unlink()
