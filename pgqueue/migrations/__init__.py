@@ -21,7 +21,9 @@ the host's ``alembic_version`` whose ids start with ``pgqueue_``), and :func:`up
 upgrade to a revision already applied there does nothing, anything else is refused in one line
 (:class:`~pgqueue.errors.SchemaRecordedElsewhere`) instead of failing on tables that exist.
 
-For hosts' autogenerate, :func:`include_object` keeps pgqueue's tables out of the comparison.
+For hosts' autogenerate, :func:`include_object` keeps pgqueue's tables out of the comparison;
+:func:`configure_args` gives a host's ``env.py`` the arguments for ``context.configure`` with
+both hooks chained to the host's own (docs/how-to/alembic.md has one recipe per layout).
 
 Every way in runs the revisions with ``statement_timeout`` off for the migration's transaction
 (building an index on a long history takes as long as it takes, whatever the engine's timeout
