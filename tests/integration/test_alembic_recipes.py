@@ -158,6 +158,13 @@ class Project:
         assert done.returncode == 0, f"{shlex.join(argv)}: exit {done.returncode}\n{output}"
         return output
 
+    def fails(self, argv: list[str]) -> str:
+        done = subprocess.run(
+            argv, cwd=self.root, env=self.env, capture_output=True, text=True, timeout=180
+        )
+        assert done.returncode != 0, done.stdout + done.stderr
+        return done.stdout + done.stderr
+
     def edit(self, relative: str, settings: str = "", diffs: Sequence[str] = ()) -> None:
         path = self.root / relative
         text_ = with_settings(path.read_text(), settings)
@@ -226,6 +233,11 @@ def test_recipe_for_an_alembic_of_its_own(
         project.run(argv)
     (orders,) = project.revisions() - before
     assert_both_heads_applied(project, orders)
+
+    # `head` alone names two heads, as the page says; `heads` is the recipe's.
+    refused = project.fails(["alembic", "upgrade", "head"])
+    assert "Multiple head revisions are present" in refused, refused
+    assert "Multiple head revisions are present" in PAGE.read_text()
 
     # Autogenerate again: an empty revision, nothing of pgqueue's.
     project.run(["alembic", "revision", "--autogenerate", "-m", "check"])
