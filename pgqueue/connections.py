@@ -17,9 +17,9 @@ A checkout also drops the plans of the connection's prepared statements once the
 seconds old, so a plan PostgreSQL made for a tiny table is not kept while the table grows.
 
 A connection that cannot be opened (a wrong CA, a refused password, a server that is down) says
-which of pgqueue's connections it was and where it went (``pgqueue engine connection to
-db.example:5432/app failed: ...``): a worker has several (the engine's, the handler engine's,
-the listener's), and the driver's message names only the server.
+that it was pgqueue's and where it went (``pgqueue connection to db.example:5432/app failed:
+...``), the worker's LISTEN connection as the listener's: the driver's message names only the
+server, and no database name.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _own_settings(settings: Settings) -> dict[str, str]:
 def create_queue_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
     """The engine for pgqueue's own short statements on ``url``."""
     engine = create_engine(url, **_queue_engine_arguments(settings), **pool)
-    _prepare_queue_engine(engine, settings, "engine")
+    _prepare_queue_engine(engine, settings)
     return engine
 
 
@@ -86,7 +86,7 @@ def create_async_queue_engine(url: URL, settings: Settings, **pool: Any) -> Asyn
     engine = create_async_engine(
         url.set(drivername=ASYNC_DRIVERNAME), **_queue_engine_arguments(settings), **pool
     )
-    _prepare_queue_engine(engine.sync_engine, settings, "async engine")
+    _prepare_queue_engine(engine.sync_engine, settings)
     return engine
 
 
@@ -115,13 +115,13 @@ def _queue_engine_arguments(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _prepare_queue_engine(engine: Engine, settings: Settings, name: str) -> None:
+def _prepare_queue_engine(engine: Engine, settings: Settings) -> None:
     install_dead_connection_check(engine)
     if settings.behind_pooler:
         _set_locals_on_begin(engine)
     else:
         event.listen(engine, "checkout", _drop_old_plans)
-    name_connect_failures(engine, name)
+    name_connect_failures(engine)
 
 
 # ``record.info`` key: when the pooled connection's prepared statements were last dropped.
@@ -174,12 +174,13 @@ def create_handler_engine(url: URL, settings: Settings, **pool: Any) -> Engine:
     engine = create_engine(
         url, hide_parameters=True, pool_pre_ping=True, connect_args=connect_args, **pool
     )
-    name_connect_failures(engine, "handler engine")
+    name_connect_failures(engine)
     return engine
 
 
-def name_connect_failures(engine: Engine, name: str) -> None:
-    """Make a failure to open a connection of ``engine`` (one pgqueue created) name it.
+def name_connect_failures(engine: Engine) -> None:
+    """Make a failure to open a connection of ``engine`` (one pgqueue created) say it was
+    pgqueue's, and where it went.
 
     Only on pgqueue's own engines: the hook opens the connection itself, which ends the
     ``do_connect`` chain, so on an application's engine it would skip hooks added after it.
@@ -191,7 +192,7 @@ def name_connect_failures(engine: Engine, name: str) -> None:
             return dialect.connect(*cargs, **cparams)
         except dialect.loaded_dbapi.Error as exc:
             name_connection_failure(
-                exc, name, target(cparams.get("host"), cparams.get("port"), cparams.get("dbname"))
+                exc, None, target(cparams.get("host"), cparams.get("port"), cparams.get("dbname"))
             )
             raise
 

@@ -413,9 +413,12 @@ POOLER_HINT = (
 )
 
 
-def name_connection_failure(exc: BaseException, name: str, target: str | None = None) -> None:
+def name_connection_failure(
+    exc: BaseException, name: str | None, target: str | None = None
+) -> None:
     """Rewrite, in place, the message of ``exc`` (raised while opening a connection) as one line
-    naming the connection: ``pgqueue <name> connection to <target> failed: <reason>``.
+    naming the connection: ``pgqueue connection to <target> failed: <reason>``, or ``pgqueue
+    <name> connection ...`` for one with a role of its own (the worker's ``listener``).
 
     In place, so its type, SQLSTATE and cause stay as they were and it is classified (and
     retried) exactly as before.
@@ -432,7 +435,8 @@ def name_connection_failure(exc: BaseException, name: str, target: str | None = 
     target = target or known_target
     setattr(exc, _CONNECT_FAILURE, (reason, target))
     where = f" to {target}" if target else ""
-    exc.args = (f"pgqueue {name} connection{where} failed: {reason}",)
+    label = f"pgqueue {name} connection" if name else "pgqueue connection"
+    exc.args = (f"{label}{where} failed: {reason}",)
 
 
 def connection_failure(exc: BaseException) -> str | None:

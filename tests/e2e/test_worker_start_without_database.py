@@ -95,7 +95,7 @@ def test_by_default_a_worker_exits_2_with_one_line(
         worker.kill()
     assert worker.returncode == 2, stderr
     [line] = stderr.strip().splitlines()
-    assert line.startswith("error: pgqueue engine connection to "), line
+    assert line.startswith("error: pgqueue connection to "), line
     assert "/postgres failed: " in line, line
 
 
@@ -118,7 +118,7 @@ def test_a_waiting_worker_starts_once_the_server_is_up_and_checks_the_schema(
     assert worker.returncode == 2, stderr
     waiting = _waiting_lines(stderr)
     assert 3 <= len(waiting) <= 6, stderr
-    assert all("pgqueue engine connection to " in line for line in waiting), waiting
+    assert all("pgqueue connection to " in line for line in waiting), waiting
     refusal = stderr.strip().splitlines()[-1]
     assert refusal.startswith("error: pgqueue's tables are missing"), refusal
     assert "run `pgqueue migrate`" in refusal
@@ -163,5 +163,5 @@ def test_a_worker_waits_at_most_the_seconds_given(
     assert 3 <= time.monotonic() - began < 15, stderr
     assert _waiting_lines(stderr), stderr
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("error: pgqueue engine connection to "), last
+    assert last.startswith("error: pgqueue connection to "), last
     assert "Traceback" not in stderr, stderr

@@ -314,7 +314,7 @@ def test_stopped_server(shop: Path) -> None:
         pgqueue(["worker", "shop:pgq"], shop, url),
         flask(["worker"], shop, url),
     ):
-        _assert_one_line(result, f"pgqueue engine connection to 127.0.0.1:{port}/shop failed")
+        _assert_one_line(result, f"pgqueue connection to 127.0.0.1:{port}/shop failed")
 
 
 @pytest.mark.slow

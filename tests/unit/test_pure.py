@@ -307,8 +307,8 @@ def test_a_named_connection_failure_is_one_line_and_classified_as_before() -> No
     )
     wrapped = OperationalError(None, None, refused)
     assert connection_failure(wrapped) is None  # not named yet: nothing to say
-    name_connection_failure(refused, "engine", "db.example:5432/app")
-    named = "pgqueue engine connection to db.example:5432/app failed: "
+    name_connection_failure(refused, None, "db.example:5432/app")
+    named = "pgqueue connection to db.example:5432/app failed: "
     assert connection_failure(wrapped) == named + "the database system is starting up; HINT: wait"
     assert type(refused) is psycopg.errors.CannotConnectNow
     assert sqlstate_of(wrapped) == "57P03" and is_connection_error(wrapped)
