@@ -80,8 +80,12 @@ def test_path_separator_that_cuts_pgqueues_location_is_refused(
     )
     ini.write_text(text)
     env = tmp_path / "migrations" / "env.py"
+    generated = env.read_text()
+    # Run in this process: the ini's logging setup would replace the test process's own
+    # (fileConfig disables every logger configured before it).
+    assert "    fileConfig(config.config_file_name)\n" in generated
     env.write_text(
-        env.read_text().replace(
+        generated.replace("    fileConfig(config.config_file_name)\n", "    pass\n").replace(
             "connection=connection, target_metadata=target_metadata\n",
             "connection=connection, target_metadata=target_metadata,"
             " **__import__('pgqueue.migrations').migrations.configure_args()\n",
