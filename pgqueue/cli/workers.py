@@ -133,8 +133,8 @@ def run_worker_command(
     )
     check_schema(pgq, wait_for_database=wait_for_database)
     names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
-    warn_of_unknown_queues(pgq, names or [])
     if processes > 1:
+        warn_of_unknown_queues(pgq, names or [])  # once, not by each of its processes
         from pgqueue import metrics
         from pgqueue.worker.supervisor import Supervisor
 
@@ -171,6 +171,8 @@ def run_worker_command(
     from pgqueue.worker import Worker
 
     logging.getLogger("pgqueue").setLevel(min(logging.getLogger().level, logging.INFO))
+    if supervisor_pid is None:
+        warn_of_unknown_queues(pgq, names or [])
     w = Worker(
         pgq,
         queues=names,
@@ -194,10 +196,11 @@ def run_worker_command(
 
 
 def warn_of_unknown_queues(pgq: PgQueue, queues: list[str]) -> None:
-    """One WARNING line per queue of ``--queues`` that no task of the app is declared in and
-    that has no jobs and no settings: likely a typo, which would leave the worker idle while
-    the jobs it was meant for wait. Not refused: a queue chosen at enqueue time
-    (``configure(queue=...)``) may get its first job after the worker starts."""
+    """One line per queue of ``--queues`` that no task of the app is declared in and that has
+    no jobs and no settings: a WARNING when its name is close to a known queue's (a typo would
+    leave the worker idle while the jobs it was meant for wait), else an INFO line. Not
+    refused: a queue chosen at enqueue time (``configure(queue=...)``) may get its first job
+    after the worker starts."""
     if not queues:
         return
     declared = {task.queue for task in pgq.registry}
@@ -206,11 +209,11 @@ def warn_of_unknown_queues(pgq: PgQueue, queues: list[str]) -> None:
         if queue in known:
             continue
         meant = did_you_mean(queue, known)
-        log.warning(
-            "queue %r of --queues has no task declared in it, no jobs and no settings: "
-            "check its name%s",
+        log.log(
+            logging.WARNING if meant else logging.INFO,
+            "queue %r of --queues has no task declared in it, no jobs and no settings%s",
             queue,
-            f" ({meant})" if meant else "",
+            f": check its name ({meant})" if meant else " yet",
         )
 
 

@@ -307,5 +307,10 @@ def test_a_worker_s_queue_that_nothing_knows_is_answered_with_a_warning(
         assert done.returncode == 0, done.stderr
         warned = [line for line in done.stderr.splitlines() if "of --queues" in line]
         assert len(warned) == 1, done.stderr
+        assert " WARNING " in warned[0], warned
         assert "queue 'mial' of --queues has no task declared in it" in warned[0]
         assert "(did you mean 'mail'?)" in warned[0]
+        # A queue no name is close to is one a job may be enqueued into later: said at INFO.
+        done = cli(["worker", *APP[cli], "--queues", "reports", "--drain"], shop, database_url)
+        [said] = [line for line in done.stderr.splitlines() if "of --queues" in line]
+        assert " INFO " in said and said.endswith("no jobs and no settings yet"), said
