@@ -47,7 +47,7 @@ def test_wheel_in_fresh_venv_migrates(empty_database_url: URL, tmp_path: Path) -
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(source)],
         check=True,
     )
-    wheel = next(dist.glob("pgqueue-*.whl"))
+    wheel = next(dist.glob("sqlalchemy_pgqueue-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("pgqueue/migrations/versions/pgqueue_0001") for n in names)
     assert "pgqueue/py.typed" in names

@@ -152,8 +152,9 @@ def test_sigterm_with_a_job_running_while_the_server_is_down_logs_one_line(
     signal_line = next(i for i, line in enumerate(lines) if "signal 15: stopping" in line)
     after = lines[signal_line + 1 :]
     assert " stopped: " in after[-1], stderr
-    assert len(after) == 2, stderr
-    line = after[0]
+    assert len(after) == 3, stderr
+    assert after[0].endswith(f" INFO pgqueue.worker: waiting up to 1s for job {job_id} to finish")
+    line = after[1]
     assert " WARNING " in line, line
     assert "shutdown: database unavailable (" in line, line
     assert f"could not write the outcome of 1 job: {job_id} (slow, still running)" in line, line
