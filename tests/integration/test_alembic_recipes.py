@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import URL
+from test_host_alembic_cli import MODELS
 
 from pgqueue import migrations
 
@@ -30,21 +31,6 @@ PGQUEUE_VERSIONS = Path(migrations.__file__).parent / "versions"
 # The venv's console scripts (alembic, flask, pgqueue), found as a reader's shell finds them.
 SCRIPTS = Path(sys.executable).parent
 
-MODELS = '''
-"""The application's models."""
-from sqlalchemy import Integer, String
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Order(Base):
-    __tablename__ = "orders"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    item: Mapped[str] = mapped_column(String(50))
-'''
 
 FLASK_APP = '''
 """A Flask-SQLAlchemy application with Flask-Migrate and pgqueue's extension."""
