@@ -11,7 +11,9 @@ sleep, beside them).
 
 ``python tests/tiers.py [--quick] [PYTEST ARGS...]``: ``--quick`` runs the unit and
 integration tiers on the embedded server only, without the tests marked ``slow`` (the loop
-while working). Other arguments go to every pytest run (``-x``, ``-k claim``).
+while working). Other arguments go to every pytest run (``-x``, ``-k claim``). The full run
+ends with its slowest test files and the table; ``PGQUEUE_TEST_REPORTS=DIR`` keeps each run's
+JUnit report (every test's time) in ``DIR``.
 """
 
 from __future__ import annotations
@@ -258,6 +260,36 @@ def table(tiers: list[Tier], wall: float) -> str:
     return "\n".join(lines)
 
 
+def slowest_files(tiers: list[Tier], count: int = 15) -> str:
+    """The ``count`` test files that took longest in one tier (the sum of their tests' times,
+    setup and teardown included, from the tiers' JUnit reports): where a tier's minutes go."""
+    seconds: dict[tuple[str, str], float] = {}
+    for tier in tiers:
+        try:
+            root = ElementTree.parse(tier.report).getroot()
+        except (ElementTree.ParseError, OSError):
+            continue
+        for case in root.iter("testcase"):
+            test_file = _file_of(case.get("classname", ""))
+            key = (f"{tier.name} on {tier.server.name}", test_file)
+            seconds[key] = seconds.get(key, 0.0) + float(case.get("time", 0) or 0)
+    rows = [("tier", "file", "seconds")]
+    ranked = sorted(seconds.items(), key=lambda item: item[1], reverse=True)[:count]
+    rows += [(tier, test_file, f"{total:.0f}") for (tier, test_file), total in ranked]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def _file_of(classname: str) -> str:
+    """``tests/e2e/test_x.py`` of a JUnit class name (``tests.e2e.test_x``, or with a test
+    class's name after it)."""
+    parts = classname.split(".")
+    ends = [i for i, part in enumerate(parts) if part.startswith("test_")]
+    return "/".join(parts[: ends[-1] + 1]) + ".py" if ends else classname
+
+
 def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
@@ -269,9 +301,16 @@ def main(arguments: list[str]) -> int:
     started = time.monotonic()
     run_all(tiers, pytest_args, slots=3, show=show_log)
     wall = time.monotonic() - started
+    if not is_quick:
+        print("\n== the slowest test files\n" + slowest_files(tiers), flush=True)
     print("\n== time budget of tests/run\n" + table(tiers, wall), flush=True)
-    for tier in tiers:
+    # PGQUEUE_TEST_REPORTS=DIR keeps each tier's JUnit report there (its tests' times).
+    kept = os.environ.get("PGQUEUE_TEST_REPORTS")
+    for number, tier in enumerate(tiers):
         tier.log.unlink(missing_ok=True)
+        if kept and tier.report.exists():
+            name = f"{number:02d} {tier.name} on {tier.server.name}.xml".replace("/", "of")
+            tier.report.replace(Path(kept) / name)
         tier.report.unlink(missing_ok=True)
     return 0 if all(tier.result == "passed" for tier in tiers) else 1
 
