@@ -4,10 +4,12 @@ The revisions live in ``pgqueue/migrations/versions`` (shipped in the wheel) und
 label ``pgqueue`` with ids prefixed ``pgqueue_``, and are recorded in their own version table,
 ``pgqueue_alembic_version``, so they never collide with the host application's history.
 
-Three ways to run them:
+Four ways to run them:
 
 * ``pgqueue migrate`` (CLI) or ``PgQueue.migrate()``, which call :func:`upgrade` and
   :func:`downgrade` with ``own_transaction=True``;
+* :func:`upgrade_with_host` in a host's ``env.py``, which does the same on the host's
+  ``alembic upgrade`` / ``flask db upgrade`` (and nothing on its other commands);
 * ``pgqueue.migrations.upgrade(op.get_bind(), "pgqueue_0001")`` from one of the host's own
   revisions, pinning pgqueue's schema version in the host's history;
 * adding ``pgqueue:migrations/versions`` to the host's ``version_locations`` and upgrading
@@ -70,8 +72,14 @@ from pgqueue.errors import (
     ValidationError,
 )
 from pgqueue.migrations import losses, shipped
-from pgqueue.migrations.autogenerate import include_object, is_history_partition, only_pgqueue
-from pgqueue.migrations.host import REVISION_PREFIX, configure_args, keep_host_revisions
+from pgqueue.migrations.autogenerate import include_object, is_history_partition
+from pgqueue.migrations.host import (
+    REVISION_PREFIX,
+    configure_args,
+    keep_host_revisions,
+    lists_pgqueue_revisions,
+    running_alembic_upgrade,
+)
 from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY
 from pgqueue.sqlstates import is_insufficient_privilege
 
@@ -110,6 +118,7 @@ __all__ = [
     "migration_settings",
     "recorded",
     "upgrade",
+    "upgrade_with_host",
 ]
 
 
@@ -159,6 +168,22 @@ def upgrade(
             lock_timeout,
             unless=lambda: _applied_by_host(connection, script, target),
         )
+
+
+def upgrade_with_host(
+    connection: Connection, *, lock_timeout: float = DEFAULT_MIGRATION_LOCK_TIMEOUT
+) -> bool:
+    """For a host's ``env.py``, on the connection its revisions run on, before
+    ``context.configure``: when the command is an upgrade (``alembic upgrade``, ``flask db
+    upgrade``, online), upgrade pgqueue's tables to this pgqueue's head first, recorded in
+    pgqueue's own version table and committed (as ``pgqueue migrate`` does: online index builds,
+    one run at a time). Every other command (``revision``, ``current``, ``downgrade``, ``stamp``,
+    ``check``) changes nothing here, nor does a host whose ``version_locations`` list pgqueue's
+    revisions (its own Alembic runs them). True when it ran."""
+    if not running_alembic_upgrade() or lists_pgqueue_revisions():
+        return False
+    upgrade(connection, lock_timeout=lock_timeout, own_transaction=True)
+    return True
 
 
 def downgrade(
@@ -225,7 +250,7 @@ def _run(connection: Connection, step: Any, lock_timeout: float) -> None:
     from alembic.runtime.migration import MigrationContext
 
     previous = schema_data.current_timeouts(ConnectionExecutor(connection))
-    _set_timeouts(connection, "0", _milliseconds(lock_timeout))
+    _set_timeouts(connection, "0", milliseconds(lock_timeout))
     context = MigrationContext.configure(
         connection, opts={"version_table": VERSION_TABLE, "fn": step}
     )
@@ -315,20 +340,20 @@ def _one_run_at_a_time(engine: Engine) -> Iterator[None]:
 def _run_alembic_owned(connection: Connection, step: Any, lock_timeout: float) -> None:
     from alembic.runtime.migration import MigrationContext
 
-    milliseconds = _milliseconds(lock_timeout)
+    lock_timeout_ms = milliseconds(lock_timeout)
     commits: list[bool] = []
     context = MigrationContext.configure(
         connection,
         opts={
             "version_table": VERSION_TABLE,
             "fn": step,
-            LOCK_TIMEOUT_KEY: milliseconds,
+            LOCK_TIMEOUT_KEY: lock_timeout_ms,
             COMMITS_KEY: commits,
         },
     )
     try:
         with _operations(context), context.begin_transaction():
-            _set_timeouts(connection, "0", milliseconds)
+            _set_timeouts(connection, "0", lock_timeout_ms)
             context.run_migrations()
     except Exception as exc:
         if not commits:
@@ -358,14 +383,15 @@ def _recorded_after_failure(connection: Connection) -> str | None:
 def migration_settings(connection: Connection, lock_timeout: float) -> None:
     """Give the rest of ``connection``'s transaction a migration's timeouts: no
     ``statement_timeout``, ``lock_timeout`` seconds of waiting for a lock (0: no limit)."""
-    _set_timeouts(connection, "0", _milliseconds(lock_timeout))
+    _set_timeouts(connection, "0", milliseconds(lock_timeout))
 
 
 def _set_timeouts(connection: Connection, statement_timeout: str, lock_timeout: str) -> None:
     schema_data.set_timeouts(ConnectionExecutor(connection), statement_timeout, lock_timeout)
 
 
-def _milliseconds(seconds: float) -> str:
+def milliseconds(seconds: float) -> str:
+    """``seconds`` as whole milliseconds, the unit of the timeout settings (never negative)."""
     return str(max(0, round(seconds * 1000)))
 
 
@@ -495,52 +521,3 @@ def _qualified(revision: str) -> str:
     if revision in {"head", "heads"}:
         return f"{BRANCH_LABEL}@head"
     return revision
-
-
-def run_environment(context: Any) -> None:
-    """Body of Alembic's ``env.py`` for pgqueue's lineage (shared by the shipped env and the
-    authoring env at the repository top)."""
-    from sqlalchemy import create_engine, pool
-
-    from pgqueue.models import metadata
-
-    def configure_and_run(connection: Connection) -> None:
-        context.configure(
-            connection=connection,
-            target_metadata=metadata,
-            version_table=VERSION_TABLE,
-            include_object=only_pgqueue,
-            compare_type=True,
-            transactional_ddl=True,
-            # The migration's lock_timeout, given again after an online step (online.py).
-            **{LOCK_TIMEOUT_KEY: _milliseconds(DEFAULT_MIGRATION_LOCK_TIMEOUT)},
-        )
-        with context.begin_transaction():
-            migration_settings(connection, DEFAULT_MIGRATION_LOCK_TIMEOUT)
-            context.run_migrations()
-
-    connection = context.config.attributes.get("connection")
-    if connection is not None:
-        configure_and_run(connection)
-        return
-    if context.is_offline_mode():
-        context.configure(
-            url=context.config.get_main_option("sqlalchemy.url"),
-            target_metadata=metadata,
-            version_table=VERSION_TABLE,
-            literal_binds=True,
-        )
-        with context.begin_transaction():
-            context.run_migrations()
-        return
-    url = context.config.get_main_option("sqlalchemy.url")
-    if not url:
-        from pgqueue.config import Settings
-
-        url = Settings.from_env().database_url
-    if not url:
-        raise RuntimeError("set sqlalchemy.url in alembic.ini or PGQUEUE_DATABASE_URL")
-    engine = create_engine(url, poolclass=pool.NullPool)
-    # Not engine.begin(): Alembic begins the transaction, so revisions may build online.
-    with engine.connect() as conn:
-        configure_and_run(conn)

@@ -17,6 +17,11 @@ every command that loads ``env.py``) refuses with a line saying so.
 :func:`configure_args` is what a host's ``env.py`` passes to ``context.configure``: the host's
 own ``include_object`` and ``process_revision_directives`` (Flask-Migrate's env.py has one that
 drops an empty autogenerate) chained after pgqueue's, so both run and neither is passed twice.
+
+:func:`running_alembic_upgrade` and :func:`lists_pgqueue_revisions` tell
+:func:`pgqueue.migrations.upgrade_with_host` when a host's ``env.py`` should take pgqueue's
+tables to their head first: on an upgrade, unless the host's own Alembic runs pgqueue's
+revisions.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ def keep_host_revisions(branch_label: str | None = None) -> RevisionHook:
         script = context.script
         if script is None:  # only while Alembic writes a revision is there a script directory
             return
+        if not lists_pgqueue_revisions():
+            return  # pgqueue's lineage is not in this history: Alembic's own choice stands
         for directive in directives:
             _place(script, directive, branch_label)
 
@@ -106,7 +113,6 @@ def _check_revision_environment() -> None:
         config = context.config
     except (AttributeError, NameError):  # not inside an Alembic command
         return
-    locations = config.get_version_locations_list() or []
     separator = config.get_main_option("path_separator")
     if "pgqueue:" in (config.get_main_option("version_locations") or "") and separator not in {
         None,
@@ -119,16 +125,44 @@ def _check_revision_environment() -> None:
             "path_separator splits at its ':'; set `path_separator = space` under [alembic] "
             "(replacing the `path_separator = os` line)"
         )
-    listed = any(
-        location.startswith("pgqueue:") or Path(location).resolve() == PGQUEUE_VERSIONS
-        for location in locations
-    )
-    if listed and not config.get_alembic_boolean_option("revision_environment"):
+    if lists_pgqueue_revisions() and not config.get_alembic_boolean_option("revision_environment"):
         raise _refused(
             "alembic.ini lists pgqueue's revisions in version_locations but not "
             "`revision_environment = true`: without it a plain `alembic revision` is written into "
             "pgqueue's package; add it under [alembic]"
         )
+
+
+def lists_pgqueue_revisions() -> bool:
+    """Whether the running Alembic command's ``version_locations`` list pgqueue's revisions
+    (False outside an Alembic command)."""
+    from alembic import context
+
+    try:
+        config = context.config
+    except (AttributeError, NameError):  # not inside an Alembic command
+        return False
+    return any(
+        location.startswith("pgqueue:") or Path(location).resolve() == PGQUEUE_VERSIONS
+        for location in config.get_version_locations_list() or []
+    )
+
+
+def running_alembic_upgrade() -> bool:
+    """Whether ``env.py`` runs for Alembic's ``upgrade`` command, online (``alembic upgrade``,
+    and ``flask db upgrade``, which calls it)."""
+    from alembic import context
+
+    # The environment of the running command, and the step function the command gave it:
+    # Alembic's public API says what the destination revision is, not which way it lies.
+    environment = getattr(context, "_proxy", None)
+    options: dict[str, Any] = getattr(environment, "context_opts", None) or {}
+    step = options.get("fn")
+    return (
+        getattr(step, "__module__", None) == "alembic.command"
+        and getattr(step, "__qualname__", None) == "upgrade.<locals>.upgrade"
+        and not options.get("as_sql")
+    )
 
 
 def _place(script: ScriptDirectory, directive: MigrationScript, branch_label: str | None) -> None:
