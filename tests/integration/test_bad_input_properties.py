@@ -10,8 +10,9 @@ snapshot of the schema are compared with those taken before.
 Acceptance: valid JSON arguments round-trip exactly (type included: floats stay floats, ``-0.0``
 keeps its sign, big ints stay ints), read back with the ORM and as received by a handler.
 
-Each property runs 1,000 examples. Hypothesis's ``@given`` is applied to an inner function so the
-per-test database fixtures are set up once per test, not once per example.
+Each property runs 1,000 examples (100 in the quick loop). Hypothesis's ``@given`` is applied to
+an inner function so the per-test database fixtures are set up once per test, not once per
+example.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, event, select, text
 from sqlalchemy.engine import URL
+from support.examples import examples
 
 from pgqueue import PgQueue, Settings
 from pgqueue.context import JobContext
@@ -40,7 +42,7 @@ from pgqueue.errors import PayloadTooLarge, SerializationError, ValidationError
 from pgqueue.models import Job
 from pgqueue.testing import table_counts
 
-EXAMPLES = 1000
+EXAMPLES = examples(1000)
 runs: list[int] = []  # one entry per example run by the current property
 PROPERTY = hyp_settings(
     max_examples=EXAMPLES,
@@ -343,7 +345,7 @@ def test_non_json_arguments_are_refused_before_any_sql(small_pgq: PgQueue, engin
 
     runs.clear()
     prop()
-    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
+    assert len(runs) >= EXAMPLES  # Hypothesis ran every example asked for
     assert snapshot(engine) == before
     assert len(seen_kinds) > 5  # many different refusals were exercised, not one
 
@@ -367,7 +369,7 @@ def test_nesting_past_the_limit_is_refused_before_any_sql(
 
     runs.clear()
     prop()
-    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
+    assert len(runs) >= EXAMPLES  # Hypothesis ran every example asked for
     assert snapshot(engine) == before
 
 
@@ -421,7 +423,7 @@ def test_oversized_arguments_are_refused_before_any_sql(small_pgq: PgQueue, engi
 
     runs.clear()
     prop()
-    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
+    assert len(runs) >= EXAMPLES  # Hypothesis ran every example asked for
     assert snapshot(engine) == before
 
 
@@ -479,7 +481,7 @@ def test_hostile_names_are_refused_before_any_sql(pgq: PgQueue, engine: Engine) 
 
     runs.clear()
     prop()
-    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
+    assert len(runs) >= EXAMPLES  # Hypothesis ran every example asked for
     assert snapshot(engine) == before
     assert pgq.registry.names() == ["props.anything"]  # nothing half-registered
 
@@ -502,7 +504,7 @@ def test_valid_names_are_accepted_without_sql(pgq: PgQueue) -> None:
 
     runs.clear()
     prop()
-    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
+    assert len(runs) >= EXAMPLES  # Hypothesis ran every example asked for
 
 
 # --- acceptance: exact round trip ----------------------------------------------------------------
@@ -551,7 +553,7 @@ def test_valid_arguments_round_trip_exactly(pgq: PgQueue) -> None:
 
     runs.clear()
     prop()
-    assert len(runs) >= EXAMPLES  # Hypothesis ran the full 1,000 examples
+    assert len(runs) >= EXAMPLES  # Hypothesis ran every example asked for
     assert len(expected) >= 2 * EXAMPLES
     # get_job, the public read path, agrees (on a sample: each call is a round trip).
     for job_id in list(expected)[::20]:

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
+from support.examples import examples
 from support.locks import wait_for_lock_waiters
 from test_least_privilege import app_role, as_role  # noqa: F401
 
@@ -555,7 +556,9 @@ def held_connection(engine: Engine) -> Iterator[Connection]:
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(name=NAMES)
 def test_names_are_refused_exactly_where_python_refuses_them(
@@ -570,7 +573,9 @@ def test_names_are_refused_exactly_where_python_refuses_them(
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(number=st.integers(min_value=-(2**40), max_value=2**40) | st.integers(-3, 3))
 def test_numbers_are_refused_exactly_where_python_refuses_them(
@@ -585,7 +590,9 @@ def test_numbers_are_refused_exactly_where_python_refuses_them(
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(depth=st.integers(min_value=0, max_value=70), keyword=st.booleans(), empty=st.booleans())
 def test_nesting_is_refused_exactly_where_python_refuses_it(

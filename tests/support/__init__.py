@@ -15,6 +15,7 @@
 - ``dashboard``: the Flask dashboard on a test database, served over real HTTP, and the headless
   Chromium that reads it;
 - ``migration_runs``: ``pgqueue migrate`` as a user runs it, and a lock held beside it;
+- ``examples``: how many examples a Hypothesis property runs (fewer in the quick loop);
 - ``docs_pages``, ``flow_checks``, ``host_alembic``, ``json_rows``, ``same_values``,
   ``tracing_spans``: the checks and fixtures of one topic each, used by several files.
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.examples import examples
 from support.same_values import same
 
 from pgqueue import validation
@@ -42,7 +43,7 @@ def _reference(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_values, st.dictionaries(_text, _values, max_size=3))
 def test_encoded_arguments_read_back_as_exactly_what_was_given(
     value: Any, kwargs: dict[str, Any]
@@ -155,7 +156,7 @@ def _binds(signature: inspect.Signature, context_first: bool, n: int, keys: list
     return True
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(
     _signatures(),
     st.booleans(),

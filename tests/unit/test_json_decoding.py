@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.examples import examples
 from support.same_values import same
 
 from pgqueue import validation
@@ -79,20 +80,20 @@ def _reads_as_json_loads(text: str) -> None:
                 assert got == expected[1], (data, got, expected)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_values, _dump_options)
 def test_dumped_values_read_as_json_loads_reads_them(value: Any, options: dict[str, Any]) -> None:
     _reads_as_json_loads(json.dumps(value, **options))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(_number, min_size=1, max_size=3), st.booleans())
 def test_number_literals_read_as_json_loads_reads_them(numbers: list[str], alone: bool) -> None:
     # Long mantissas, exponents that underflow or overflow, integers either side of 64 bits.
     _reads_as_json_loads(numbers[0] if alone else "[" + ", ".join(numbers) + "]")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(_tokens, max_size=12).map("".join))
 def test_arbitrary_text_reads_or_fails_as_json_loads(text: str) -> None:
     _reads_as_json_loads(text)
