@@ -698,12 +698,13 @@ def durable_waits_kept(s: Snapshot, facts: Facts) -> list[Violation]:
             )
         until = s.sleeps_until.get(job.id)
         for run in runs:
-            if run.outcome == "ok" and until is not None and run.started < until - 0.01:
+            if run.outcome == "ok" and until is not None and _past_sleep_at(s, run) < until - 0.01:
                 found.append(
                     Violation(
                         "13 durable waits",
                         job.id,
-                        f"run {run.id} got past its sleep at {clock(run.started)}, before the "
+                        f"run {run.id} got past its sleep at {clock(_past_sleep_at(s, run))}, "
+                        "before the "
                         f"sleep's end {clock(until)}",
                         [run.id],
                     )
@@ -727,6 +728,22 @@ def durable_waits_kept(s: Snapshot, facts: Facts) -> list[Violation]:
                 )
             )
     return found
+
+
+def _past_sleep_at(s: Snapshot, run: Run) -> float:
+    """The latest moment ``run`` (one that returned) can have got past its sleep: it began after
+    the sleep's end, or else the row it wrote after the sleep and the wait says when. A run that
+    began before the end (one stopped and then resumed after its lease was lost, while the next
+    attempt slept) got past it only when it wrote that row."""
+    written = [
+        tx.started
+        for tx in s.txs.get(run.job_id, [])
+        if tx.attempt == run.attempt
+        and tx.pid == run.pid
+        and tx.started >= run.started
+        and (run.ended is None or tx.started <= run.ended)
+    ]
+    return max(run.started, min(written, default=run.started))
 
 
 INVARIANTS: list[tuple[Check, bool]] = [
