@@ -5,6 +5,7 @@ Its own embedded server, stopped and started by the test; real worker subprocess
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import signal
@@ -159,9 +160,15 @@ def test_a_worker_waits_at_most_the_seconds_given(
         _, stderr = worker.communicate(timeout=60)
     finally:
         worker.kill()
+    ended = time.time()
     assert worker.returncode == 2, stderr
-    assert 3 <= time.monotonic() - began < 15, stderr
-    assert _waiting_lines(stderr), stderr
+    assert time.monotonic() - began >= 3, stderr
+    # The bound counts from the first failed connection, as the wait does: the interpreter's
+    # start before it takes seconds on a loaded machine.
+    first_warning = dt.datetime.strptime(
+        _waiting_lines(stderr)[0][:23], "%Y-%m-%d %H:%M:%S,%f"
+    ).timestamp()
+    assert ended - first_warning < 10, stderr
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("error: pgqueue connection to "), last
     assert "Traceback" not in stderr, stderr
