@@ -34,7 +34,7 @@ import psycopg
 
 from benchmarks import app, baseline
 from benchmarks.server import Server, libpq, sqlalchemy_url, start
-from pgqueue import uow, validation
+from pgqueue import codec, uow
 from pgqueue.data import copy_rows
 from pgqueue.data import enqueue as enqueue_data
 from pgqueue.sql import enqueue
@@ -99,7 +99,7 @@ def client_steps(pgq: Any, n: int, rounds: int) -> dict[str, list[float]]:
 
     def encode(items: list[dict[str, int]]) -> object:
         limit, depth = settings.max_payload_bytes, settings.max_json_depth
-        return [validation.encode_args((), i, max_bytes=limit, max_depth=depth) for i in items]
+        return [codec.encode_args((), i, max_bytes=limit, max_depth=depth) for i in items]
 
     out: dict[str, list[float]] = {}
     for _ in range(rounds):

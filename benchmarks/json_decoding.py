@@ -1,4 +1,4 @@
-"""What decoding a claimed job's JSON costs: ``validation.load_json`` against the stdlib
+"""What decoding a claimed job's JSON costs: ``codec.load_json`` against the stdlib
 decoder it reads like, per value, on typical arguments.
 
 ``python -m benchmarks.json_decoding [--rounds 15] [--seconds 0.1]`` (no database) times both
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pgqueue import validation
+from pgqueue import codec
 
 _STDLIB = json.JSONDecoder().decode
 
@@ -77,11 +77,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--seconds", type=float, default=0.1, help="per measurement")
     options = parser.parse_args()
-    loaders = {"stdlib": stdlib_load, "load_json": validation.load_json}
+    loaders = {"stdlib": stdlib_load, "load_json": codec.load_json}
     rows = []
     for name, text in PAYLOADS.items():
         for kind, data in (("str", text), ("bytes", text.encode())):
-            assert stdlib_load(data) == validation.load_json(data)
+            assert stdlib_load(data) == codec.load_json(data)
             times: dict[str, list[float]] = {label: [] for label in loaders}
             for round_ in range(options.rounds):
                 order = list(loaders) if round_ % 2 == 0 else list(reversed(loaders))

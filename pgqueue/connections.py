@@ -92,7 +92,7 @@ def create_async_queue_engine(url: URL, settings: Settings, **pool: Any) -> Asyn
 
 def _queue_engine_arguments(settings: Settings) -> dict[str, Any]:
     """What both of pgqueue's queue engines are created with."""
-    from pgqueue import validation
+    from pgqueue import codec
 
     connect_args: dict[str, Any] = {"application_name": "pgqueue"}
     execution_options: dict[str, Any] = {}
@@ -109,7 +109,7 @@ def _queue_engine_arguments(settings: Settings) -> dict[str, Any]:
         # Bound values are job arguments, results and error texts: a database error's message
         # (logged, or stored as a job's last_error) must not carry them.
         "hide_parameters": True,
-        "json_deserializer": validation.load_json,
+        "json_deserializer": codec.load_json,
         "connect_args": connect_args,
         "execution_options": execution_options,
     }

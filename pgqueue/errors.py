@@ -49,6 +49,7 @@ __all__ = [
     "hide_row_values",
     "name_connection_failure",
     "pgqueue_logger",
+    "short_repr",
     "storable_text",
 ]
 
@@ -460,6 +461,15 @@ def error_line(exc: BaseException) -> str:
     error = getattr(exc, "orig", None) or exc
     lines = hide_row_values(str(error), exc).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+_REPR_LIMIT: Final = 60
+
+
+def short_repr(value: object) -> str:
+    """``repr`` of a value for an error message, cut to a few dozen characters."""
+    text = repr(value)
+    return text if len(text) <= _REPR_LIMIT else text[: _REPR_LIMIT - 5] + "...'" + text[-1:]
 
 
 _CUT_MARKER = "\n... [traceback truncated] ...\n"

@@ -27,7 +27,7 @@ from typing import Any, Final, TypeVar
 
 from sqlalchemy.orm import Session, SessionTransaction
 
-from pgqueue import uow, validation
+from pgqueue import codec, uow
 from pgqueue.data import steps as steps_data
 from pgqueue.db import Executor
 from pgqueue.errors import ValidationError
@@ -143,7 +143,7 @@ class AttemptSteps:
                 saved = self._saved = self._load()
             if name in saved:
                 self._done(name)
-                return True, validation.load_json(saved[name])
+                return True, codec.load_json(saved[name])
             if self._atomic:
                 self._savepoint = self._session().begin_nested()
         except BaseException:
@@ -156,7 +156,7 @@ class AttemptSteps:
         value later attempts get (read back from its JSON, so every attempt gets a copy)."""
         try:
             try:
-                encoded = validation.encode_result(
+                encoded = codec.encode_result(
                     value, max_bytes=self._max_bytes, max_depth=self._max_depth
                 )
             except ValidationError as exc:
@@ -169,7 +169,7 @@ class AttemptSteps:
             self.abandon()
             raise
         self._done(name)
-        return validation.load_json(encoded)
+        return codec.load_json(encoded)
 
     def abandon(self) -> None:
         """The running step raised (or its result was refused): nothing is saved, and an atomic

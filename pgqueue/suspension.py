@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pgqueue import validation
+from pgqueue import codec
 from pgqueue.admin_values import check_job_id
 from pgqueue.config import Settings
 from pgqueue.data import signals as signals_data
@@ -70,7 +70,7 @@ def checked_signal(
     anything is written; ValidationError names what is wrong."""
     checked_id = check_job_id(job_id)
     checked_name = signal_name(name)
-    encoded = validation.encode_result(
+    encoded = codec.encode_result(
         payload,
         max_bytes=settings.max_payload_bytes,
         max_depth=settings.max_json_depth,
@@ -116,7 +116,7 @@ def wait_for_signal(steps: AttemptSteps, name: str, timeout: float) -> Any:
         if payload is not None:
             # Sent before the wait began: nothing to save, the signal itself is durable.
             steps.abandon()
-            return validation.load_json(payload)
+            return codec.load_json(payload)
         deadline = round(now + timeout, 6)
         steps.finish(step, {"deadline": deadline, "timeout": timeout})
         raise Suspend(deadline, name)
@@ -124,7 +124,7 @@ def wait_for_signal(steps: AttemptSteps, name: str, timeout: float) -> Any:
     # A signal stored after the deadline does not count, so every later run of the handler
     # (a retry after a failure further on) decides as this one did.
     if payload is not None and sent_at is not None and sent_at <= deadline:
-        return validation.load_json(payload)
+        return codec.load_json(payload)
     if now >= deadline:
         waited = saved.get("timeout") if isinstance(saved, dict) else None
         raise SignalTimeout(job_id, name, float(waited) if waited is not None else timeout)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypedDict, 
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from pgqueue import backoff, validation
+from pgqueue import backoff, codec, validation
 from pgqueue.aio import check_async_session
 from pgqueue.errors import UnknownTask, ValidationError
 from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
@@ -377,7 +377,7 @@ class ConfiguredTask(Generic[P, R]):
         task, opts = self.task, self.options
         settings = task.sink.settings
         max_bytes, max_depth = settings.max_payload_bytes, settings.max_json_depth
-        check_arguments, encode_args = task.check_arguments, validation.encode_args
+        check_arguments, encode_args = task.check_arguments, codec.encode_args
         name, queue, atomic, key_limit = (
             task.name,
             opts.queue or task.queue,

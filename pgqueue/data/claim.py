@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pgqueue import validation
+from pgqueue import codec
 from pgqueue.db import Executor, SessionOrExecutor, claimer_key, executor_for
 from pgqueue.errors import SerializationError
 from pgqueue.jobs import ClaimedJob
@@ -215,7 +215,7 @@ def _claimed_jobs(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
     """Rows of ``sql.common.CLAIMED_COLUMNS`` as jobs, each job's arguments decoded on its own.
     The claim has committed: a row that cannot be decoded must not take the others' answer
     with it, so it becomes a job whose ``problem`` says why (the executor fails it at once)."""
-    load = validation.load_arguments
+    load = codec.load_arguments
     jobs = []
     for row in rows:
         job = ClaimedJob(*row)

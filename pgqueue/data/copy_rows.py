@@ -27,7 +27,7 @@ _COPY_ESCAPES: Final[dict[int, str]] = {
 
 def copy_text(value: str) -> str:
     """``value`` as a field of COPY's text format: backslash, tab, newline and carriage return
-    escaped (``\\N`` in a value thus stays text, never NULL). JSON text from ``validation``
+    escaped (``\\N`` in a value thus stays text, never NULL). JSON text from ``codec``
     holds no raw control characters, so usually only a backslash needs it, or nothing."""
     if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
         return value.translate(_COPY_ESCAPES)

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.sql.elements import ColumnElement
 
-from pgqueue import validation
+from pgqueue import codec
 from pgqueue.states import JobState
 
 NAMING_CONVENTION = {
@@ -52,7 +52,7 @@ class StoredJSON(TypeDecorator[Any]):
     """``json`` that reading a job never fails on: selected as its text and decoded here, one
     value at a time, so a value Python cannot decode (nesting deeper than the recursion limit,
     an integer longer than ``sys.get_int_max_str_digits()``, written by another client or by
-    hand) reads as a ``validation.UndecodableJSON`` instead of raising. The driver would
+    hand) reads as a ``codec.UndecodableJSON`` instead of raising. The driver would
     otherwise decode it during the fetch, with the engine's loader (a host's own engine's, under
     Flask), and fail every row of the answer with it. Binds, and the column type the migrations
     see, are plain ``JSON``'s."""
@@ -67,7 +67,7 @@ class StoredJSON(TypeDecorator[Any]):
         return type_coerce(cast(column, Text), self)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
-        return None if value is None else validation.load_stored_json(value)
+        return None if value is None else codec.load_stored_json(value)
 
 
 class Base(DeclarativeBase):

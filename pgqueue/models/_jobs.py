@@ -81,7 +81,7 @@ class Job(Base):
     """Queue the job's tickets go to; workers subscribe to queues."""
     args: Mapped[list[Any]] = mapped_column(StoredJSON, server_default=text("'[]'::json"))
     """Positional arguments, stored as ``json`` so the text round-trips exactly. Read as a
-    ``validation.UndecodableJSON`` when Python cannot decode them (see ``StoredJSON``)."""
+    ``codec.UndecodableJSON`` when Python cannot decode them (see ``StoredJSON``)."""
     kwargs: Mapped[dict[str, Any]] = mapped_column(StoredJSON, server_default=text("'{}'::json"))
     """Keyword arguments."""
     state: Mapped[JobState] = mapped_column(job_state_type, server_default=JobState.QUEUED.value)

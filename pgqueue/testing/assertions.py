@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pgqueue import validation
+from pgqueue import codec
 from pgqueue.admin import MAX_PAGE_SIZE
 from pgqueue.core import PgQueue
 from pgqueue.errors import ValidationError
@@ -111,10 +111,10 @@ def _as_stored(
 ) -> tuple[Any, Any]:
     """The arguments as an enqueue stores them and a worker reads them back (JSON)."""
     settings = task.sink.settings
-    args_json, kwargs_json = validation.encode_args(
+    args_json, kwargs_json = codec.encode_args(
         args, kwargs, max_bytes=settings.max_payload_bytes, max_depth=settings.max_json_depth
     )
-    return validation.load_arguments(args_json, kwargs_json)
+    return codec.load_arguments(args_json, kwargs_json)
 
 
 def _bound(

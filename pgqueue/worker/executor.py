@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from sqlalchemy.orm import Session
 
-from pgqueue import backoff, validation
+from pgqueue import backoff, codec
 from pgqueue.config import Settings
 from pgqueue.context import JobContext, Retry, Snooze
 from pgqueue.data import outcomes as outcomes_data
@@ -338,7 +338,7 @@ class Executor:
         if result is None:  # most handlers return nothing: skip the JSON checks
             return Outcome.complete(job)
         try:
-            encoded = validation.encode_result(
+            encoded = codec.encode_result(
                 result,
                 max_bytes=self.settings.max_payload_bytes,
                 max_depth=self.settings.max_json_depth,

@@ -37,7 +37,7 @@ from support.examples import examples
 from support.locks import wait_for_lock_waiters
 from test_least_privilege import app_role, as_role  # noqa: F401
 
-from pgqueue import PgQueue, QueueFull, Settings, migrations, validation
+from pgqueue import PgQueue, QueueFull, Settings, codec, migrations, validation
 from pgqueue.errors import PgQueueError
 from pgqueue.sqlstates import sqlstate_of
 
@@ -480,9 +480,9 @@ def test_the_edges_of_each_rule_are_accepted(engine: Engine) -> None:
         ):
             enqueue_sql(connection, **params)
     # The size limit's edge is Python's too.
-    validation.encode_args(["x" * 999_994], {}, max_bytes=1_000_000, max_depth=64)
+    codec.encode_args(["x" * 999_994], {}, max_bytes=1_000_000, max_depth=64)
     with pytest.raises(PgQueueError, match="1000001 bytes"):
-        validation.encode_args(["x" * 999_995], {}, max_bytes=1_000_000, max_depth=64)
+        codec.encode_args(["x" * 999_995], {}, max_bytes=1_000_000, max_depth=64)
 
 
 # 2**-1075 (5**1075 / 10**1075), half the smallest float above 0: Python rounds it (a tie, to
@@ -604,7 +604,7 @@ def test_nesting_is_refused_exactly_where_python_refuses_it(
     args, kwargs = ([], {"v": value}) if keyword else ([value], {})
 
     def python(_: object) -> None:
-        validation.encode_args(args, kwargs, max_bytes=1_000_000, max_depth=64)
+        codec.encode_args(args, kwargs, max_bytes=1_000_000, max_depth=64)
 
     assert _sql_accepts(held_connection, task_name="t", args=args, kwargs=kwargs) == (
         _python_accepts(python, None)

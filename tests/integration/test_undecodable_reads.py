@@ -2,7 +2,7 @@
 
 A row whose ``args`` or ``result`` hold JSON that PostgreSQL accepts and Python cannot decode
 (nesting deeper than the recursion limit, an integer longer than
-``sys.get_int_max_str_digits()``) reads with that value as a ``validation.UndecodableJSON``
+``sys.get_int_max_str_digits()``) reads with that value as a ``codec.UndecodableJSON``
 marker, on pgqueue's engine and on a plain one with the driver's default loader: ``get_job``,
 ``RETURNING`` of those columns, and the dashboard's job list and job pages, where the other jobs
 stay visible.
@@ -22,8 +22,8 @@ from support.dashboard import dashboard_app
 from support.json_rows import nest_args
 
 from pgqueue import Job, PgQueue
+from pgqueue.codec import UndecodableJSON
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
-from pgqueue.validation import UndecodableJSON
 
 GOOD_ARGS: list[Any] = [1, "two", {"three": [3.5, None, True]}, 12345678901234567890]
 GOOD_KWARGS: dict[str, Any] = {"key": "value", "nested": {"list": []}}

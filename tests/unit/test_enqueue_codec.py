@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from support.examples import examples
 from support.same_values import same
 
-from pgqueue import validation
+from pgqueue import codec, validation
 from pgqueue.errors import PayloadTooLarge, SerializationError
 
-# What ``validation`` accepts: JSON's own types, exact, floats finite, text valid Unicode.
+# What ``codec`` accepts: JSON's own types, exact, floats finite, text valid Unicode.
 _text = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
 _scalars = (
     st.none()
@@ -48,17 +48,17 @@ def _reference(value: Any) -> str:
 def test_encoded_arguments_read_back_as_exactly_what_was_given(
     value: Any, kwargs: dict[str, Any]
 ) -> None:
-    args_text, kwargs_text = validation.encode_args([value], kwargs, max_bytes=10**7, max_depth=50)
+    args_text, kwargs_text = codec.encode_args([value], kwargs, max_bytes=10**7, max_depth=50)
     assert same(json.loads(args_text), [value])
     assert same(json.loads(kwargs_text), kwargs)
     # Python's own text reads back the same: the two differ in float spelling at most.
     assert _reference(json.loads(args_text)) == _reference([value])
-    result = validation.encode_result(value, max_bytes=10**7, max_depth=50)
+    result = codec.encode_result(value, max_bytes=10**7, max_depth=50)
     assert same(json.loads(result), value)
     # The size limit counts the text's UTF-8 bytes, as stored.
     size = len(args_text.encode()) + len(kwargs_text.encode())
     with pytest.raises(PayloadTooLarge):
-        validation.encode_args([value], kwargs, max_bytes=size - 1, max_depth=50)
+        codec.encode_args([value], kwargs, max_bytes=size - 1, max_depth=50)
 
 
 @pytest.mark.parametrize(
@@ -66,9 +66,7 @@ def test_encoded_arguments_read_back_as_exactly_what_was_given(
     [1e16, 1e-07, 5e-324, -0.0, 0.1, 1.7976931348623157e308, 2**63, 2**64, -(2**64) - 1, 10**400],
 )
 def test_edge_numbers_read_back_exactly(value: Any) -> None:
-    args_text, kwargs_text = validation.encode_args(
-        [value], {"v": value}, max_bytes=10**6, max_depth=5
-    )
+    args_text, kwargs_text = codec.encode_args([value], {"v": value}, max_bytes=10**6, max_depth=5)
     assert same(json.loads(args_text), [value])
     assert same(json.loads(kwargs_text), {"v": value})
 
@@ -105,14 +103,14 @@ class _Int(enum.IntEnum):
 def test_what_json_cannot_carry_exactly_is_refused_flat_and_nested(bad: Any) -> None:
     for args, kwargs in (([bad], {}), ([], {"k": bad}), ([[bad]], {}), ([], {"k": {"n": bad}})):
         with pytest.raises(SerializationError):
-            validation.encode_args(args, kwargs, max_bytes=10**6, max_depth=10)
+            codec.encode_args(args, kwargs, max_bytes=10**6, max_depth=10)
     with pytest.raises(SerializationError):
-        validation.encode_result([bad], max_bytes=10**6, max_depth=10)
+        codec.encode_result([bad], max_bytes=10**6, max_depth=10)
 
 
 def test_non_str_keyword_names_are_refused() -> None:
     with pytest.raises(SerializationError):
-        validation.encode_args([], {1: "x"}, max_bytes=10**6, max_depth=10)  # type: ignore[dict-item]
+        codec.encode_args([], {1: "x"}, max_bytes=10**6, max_depth=10)  # type: ignore[dict-item]
 
 
 # -- the argument check ----------------------------------------------------------------------

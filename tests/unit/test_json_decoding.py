@@ -1,4 +1,4 @@
-"""``validation.load_json`` against the reference it stands in for, ``json.loads``: the same
+"""``codec.load_json`` against the reference it stands in for, ``json.loads``: the same
 value of the same types for every text ``json.loads`` reads, and a ``ValueError`` (the same
 one) for every text it refuses, from ``str`` and from UTF-8 ``bytes`` alike. orjson does most
 of the reading, so the explicit cases are the texts where orjson alone would answer otherwise:
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from support.examples import examples
 from support.same_values import same
 
-from pgqueue import validation
+from pgqueue import codec
 
 _surrogate = st.integers(min_value=0xD800, max_value=0xDFFF).map(chr)
 _text = st.text(max_size=12) | st.text(st.characters() | _surrogate, max_size=12)
@@ -69,7 +69,7 @@ def _reads_as_json_loads(text: str) -> None:
     with contextlib.suppress(UnicodeEncodeError):  # a lone surrogate has no UTF-8 form
         inputs.append(text.encode())
     for data in inputs:
-        kind, got = _outcome(validation.load_json, data)
+        kind, got = _outcome(codec.load_json, data)
         if expected[0] == "value":
             assert kind == "value" and same(got, expected[1]), (data, got, expected)
         else:
@@ -139,7 +139,7 @@ def test_texts_orjson_reads_differently_read_as_json_loads_reads_them(text: str)
 def test_integers_beyond_pythons_digit_limit_are_refused_as_json_loads_refuses_them() -> None:
     _reads_as_json_loads('{"n": ' + "9" * 5000 + "}")
     with pytest.raises(ValueError, match="digits"):
-        validation.load_json("[" + "9" * 5000 + "]")
+        codec.load_json("[" + "9" * 5000 + "]")
 
 
 @pytest.mark.parametrize("depth", [256, 257, 300, 1000, 1024, 1025, 100_000])
@@ -150,7 +150,7 @@ def test_nesting_reads_or_fails_as_json_loads(depth: int) -> None:
         _reads_as_json_loads(text)
     if depth >= 1000:
         with pytest.raises(RecursionError):
-            validation.load_json("[" * depth + "]" * depth)
+            codec.load_json("[" * depth + "]" * depth)
 
 
 def test_many_shallow_brackets_read_as_json_loads_reads_them() -> None:
@@ -160,4 +160,4 @@ def test_many_shallow_brackets_read_as_json_loads_reads_them() -> None:
 def test_bytes_that_are_not_utf8_are_refused() -> None:
     for data in (b"\xff", b'"\xed\xa0\x80"', b'["a long enough value", "\xff"]'):
         with pytest.raises(UnicodeDecodeError):
-            validation.load_json(data)
+            codec.load_json(data)

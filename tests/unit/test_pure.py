@@ -1,4 +1,4 @@
-"""Unit tests of the pure modules: backoff, validation, states, config, errors. No database."""
+"""Unit tests of the pure modules: backoff, validation, codec, states, config, errors. No database."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from pgqueue import backoff, validation
+from pgqueue import backoff, codec, validation
 from pgqueue.config import Settings, embedded_database_name, normalize_database_url
 from pgqueue.errors import (
     ConfigurationError,
@@ -79,7 +79,7 @@ def test_good_queue_names_pass(name: str) -> None:
 )
 def test_non_json_arguments_are_refused(value: object, error: type[Exception]) -> None:
     with pytest.raises(error):
-        validation.encode_args([value], {}, max_bytes=10_000, max_depth=10)
+        codec.encode_args([value], {}, max_bytes=10_000, max_depth=10)
 
 
 def test_depth_and_size_limits() -> None:
@@ -90,13 +90,13 @@ def test_depth_and_size_limits() -> None:
         cursor.append(nxt)
         cursor = nxt
     with pytest.raises(SerializationError, match="deeper than 10"):
-        validation.encode_args([deep], {}, max_bytes=10_000, max_depth=10)
+        codec.encode_args([deep], {}, max_bytes=10_000, max_depth=10)
     with pytest.raises(PayloadTooLarge, match="limit is 100"):
-        validation.encode_args(["x" * 200], {}, max_bytes=100, max_depth=10)
+        codec.encode_args(["x" * 200], {}, max_bytes=100, max_depth=10)
 
 
 def test_valid_arguments_encode_exactly() -> None:
-    args_text, kwargs_text = validation.encode_args(
+    args_text, kwargs_text = codec.encode_args(
         [1, 1.5, "é\x00", None, True, [1, {"k": "v"}]], {"n": -0.0}, max_bytes=10_000, max_depth=10
     )
     assert args_text == '[1,1.5,"é\\u0000",null,true,[1,{"k":"v"}]]'
@@ -250,7 +250,7 @@ def test_error_summary_is_the_line_naming_the_error() -> None:
 )
 def test_load_json_reads_what_json_loads_reads(text: str) -> None:
     for data in (text.encode(), text):
-        loaded = validation.load_json(data)
+        loaded = codec.load_json(data)
         assert loaded == json.loads(text)
         assert type(loaded) is type(json.loads(text))
 
@@ -258,7 +258,7 @@ def test_load_json_reads_what_json_loads_reads(text: str) -> None:
 def test_load_json_refuses_what_json_loads_refuses() -> None:
     for bad in (b"[", b"{]", b"", "[1,]"):
         with pytest.raises(json.JSONDecodeError):
-            validation.load_json(bad)
+            codec.load_json(bad)
 
 
 def test_checked_argument_shapes_do_not_let_other_shapes_through() -> None:

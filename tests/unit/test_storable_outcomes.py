@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import sessionmaker
 
-from pgqueue import Retry, backoff, validation
+from pgqueue import Retry, backoff, codec, validation
 from pgqueue.config import Settings
 from pgqueue.data import history as history_data
 from pgqueue.errors import (
@@ -173,15 +173,15 @@ def test_what_a_policy_returns_is_capped_or_refused() -> None:
 
 
 def test_arguments_python_cannot_decode_are_reported() -> None:
-    assert validation.load_arguments("[]", "{}") == ([], {})
-    assert validation.load_arguments('[1, "a"]', '{"k": [null]}') == ([1, "a"], {"k": [None]})
+    assert codec.load_arguments("[]", "{}") == ([], {})
+    assert codec.load_arguments('[1, "a"]', '{"k": [null]}') == ([1, "a"], {"k": [None]})
     deep = "[" * 100_000 + "]" * 100_000
     with pytest.raises(SerializationError, match=r"^RecursionError: maximum recursion depth"):
-        validation.load_arguments(deep, "{}")
+        codec.load_arguments(deep, "{}")
     with pytest.raises(SerializationError, match=r"^ValueError: Exceeds the limit"):
-        validation.load_arguments("[" + "9" * 5000 + "]", "{}")
+        codec.load_arguments("[" + "9" * 5000 + "]", "{}")
     with pytest.raises(SerializationError, match=r"^JSONDecodeError"):
-        validation.load_arguments("[", "{}")
+        codec.load_arguments("[", "{}")
 
 
 # --- the executor's outcomes -------------------------------------------------------------------
