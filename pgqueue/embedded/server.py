@@ -38,6 +38,7 @@ from pgqueue.embedded.cluster import (
 )
 from pgqueue.embedded.identity import RunAs, run_as
 from pgqueue.errors import EmbeddedPostgresError
+from pgqueue.sql.server import data_directory
 
 _LOG_ROTATE_BYTES: Final = 10 * 1024 * 1024
 _BIND_FAILURE_MARKERS: Final = ("could not bind", "could not create any TCP/IP sockets")
@@ -311,7 +312,7 @@ def serves_data_dir(socket_dir: Path, port: int, data_dir: Path, *, connect_time
         connect_timeout=connect_timeout,
         autocommit=True,
     ) as connection:
-        row = connection.execute("SELECT current_setting('data_directory')").fetchone()
+        row = connection.execute(data_directory()).fetchone()
     return row is not None and os.path.realpath(str(row[0])) == os.path.realpath(data_dir)
 
 

@@ -1,8 +1,10 @@
 """Statements about the server and its sessions rather than jobs: creating, marking and dropping
-a database (the demo, and the test databases of ``pgqueue.testing``), the listeners' ``LISTEN``
-and session name (and what the finished-jobs listener hears), the settings each transaction
-begins with behind a pooler, and dropping the plans of prepared statements. Whoever owns a
-connection runs these, not the data layer. Pure builders, like the rest of ``pgqueue.sql``.
+a database (the demo, the embedded server's application databases, and the test databases of
+``pgqueue.testing``), which data directory a server runs on (the embedded server's), the
+listeners' ``LISTEN`` and session name (and what the finished-jobs listener hears), the
+settings each transaction begins with behind a pooler, and dropping the plans of prepared
+statements. Whoever owns a connection runs these, not the data layer. Pure, like the rest of
+``pgqueue.sql``: builders, and the reading of an announcement's payload.
 
 ``CREATE``/``DROP DATABASE`` and ``COMMENT ON DATABASE`` take a name, so they are constructs
 compiled with the dialect's identifier preparer (quoted as the dialect quotes it, never pasted
@@ -136,6 +138,13 @@ def announced_job_ids(payload: str) -> list[int] | None:
         return [int(part) for part in payload.split(",")]
     except ValueError:
         return None
+
+
+@cache
+def data_directory() -> sql.SQL:
+    """The data directory of the server the session is on: whether the cluster answering on a
+    socket is the one an embedded server started."""
+    return sql.SQL("SELECT current_setting('data_directory')")
 
 
 @cache

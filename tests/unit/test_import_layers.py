@@ -187,8 +187,9 @@ def cycle_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 # -- the data layer and module size -------------------------------------------------------------
 
 # The statements every module may import: connection management (LISTEN and what its listener
-# hears, DISCARD, CREATE DATABASE, the settings a transaction begins with behind a pooler), which
-# belongs to whoever owns the connection rather than to the data layer.
+# hears, DISCARD, CREATE DATABASE, the settings a transaction begins with behind a pooler, the
+# embedded server's check of its data directory), which belongs to whoever owns the connection
+# rather than to the data layer.
 SERVER_STATEMENTS = "pgqueue.sql.server"
 
 # Modules outside ``pgqueue.data`` that still import ``pgqueue.sql``; each should move its data
