@@ -32,8 +32,6 @@ from pgqueue.uow import DEFAULT_ATTEMPTS, aretrying
 
 T = TypeVar("T")
 
-__all__ = ["AsyncDatabase", "BridgedExecutor", "check_async_engine", "check_async_session"]
-
 
 def check_async_session(session: object) -> AsyncSession | None:
     """``session`` when it is an ``AsyncSession`` (or None); else a ValidationError."""

@@ -23,17 +23,6 @@ from pgqueue.validation import MAX_DELAY_SECONDS
 
 BackoffPolicy = Callable[[int], float]
 
-__all__ = [
-    "AfterFailure",
-    "BackoffPolicy",
-    "after_failure",
-    "constant",
-    "default",
-    "delay_after",
-    "exponential",
-    "linear",
-]
-
 
 def _non_negative(name: str, value: float) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:

@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 
-__all__ = ["JobContext", "Retry", "Snooze"]
-
 
 class Retry(Exception):
     """Raise from a handler to ask for another attempt after ``delay`` seconds.

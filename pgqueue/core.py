@@ -29,7 +29,8 @@ from pgqueue.data import admin as admin_data
 from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
 from pgqueue.data import signals as signals_data
-from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen
+from pgqueue.data.insert_choice import COPY_THRESHOLD as COPY_THRESHOLD
+from pgqueue.data.insert_choice import BoundedQueuesSeen
 from pgqueue.db import ConnectionExecutor, Database
 from pgqueue.engines import Engines
 from pgqueue.enqueuer import Enqueuer
@@ -47,8 +48,6 @@ from pgqueue.workflows.status import WorkflowStatus
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-__all__ = ["COPY_THRESHOLD", "PgQueue"]
 
 
 class PgQueue:

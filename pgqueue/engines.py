@@ -30,8 +30,6 @@ from pgqueue.db import Database
 from pgqueue.errors import ConfigurationError, pgqueue_logger
 from pgqueue.sql.server import name_listener_session
 
-__all__ = ["Engines"]
-
 logger = pgqueue_logger(__name__)
 
 

@@ -32,8 +32,6 @@ from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
 from pgqueue.sqlstates import is_undefined_table
 from pgqueue.tracing import Tracing
 
-__all__ = ["Enqueuer", "InsertPlan", "plan_insert"]
-
 
 @dataclass(frozen=True, slots=True)
 class InsertPlan:

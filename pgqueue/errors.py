@@ -15,44 +15,6 @@ import traceback
 from pathlib import Path
 from typing import Final
 
-__all__ = [
-    "AtomicSessionMisuse",
-    "AtomicTransactionLost",
-    "BulkCountChanged",
-    "ConfigurationError",
-    "DowngradeLosesData",
-    "EmbeddedPostgresError",
-    "InvalidStateTransition",
-    "JobNotFound",
-    "JobWaitTimeout",
-    "LeaseLost",
-    "MigrationInterrupted",
-    "MigrationRefused",
-    "NotSchemaOwner",
-    "PayloadTooLarge",
-    "PgQueueError",
-    "QueueFull",
-    "SchemaNotCurrent",
-    "SchemaRecordedElsewhere",
-    "SerializationError",
-    "SignalTimeout",
-    "UniqueKeyHeld",
-    "UnknownRevision",
-    "UnknownTask",
-    "ValidationError",
-    "WorkflowNotFound",
-    "connection_failure",
-    "error_line",
-    "error_summary",
-    "error_text",
-    "handler_error_text",
-    "hide_row_values",
-    "name_connection_failure",
-    "pgqueue_logger",
-    "short_repr",
-    "storable_text",
-]
-
 
 class PgQueueError(Exception):
     """Base class of every error pgqueue raises on purpose."""

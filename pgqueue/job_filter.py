@@ -24,16 +24,6 @@ from pgqueue.durations import MAX_DELAY_SECONDS
 from pgqueue.errors import ValidationError
 from pgqueue.states import CANCEL, RERUN, JobState
 
-__all__ = [
-    "ACTION_STATES",
-    "MAX_ERROR_TEXT",
-    "TIME_COLUMNS",
-    "BulkAction",
-    "JobFilter",
-    "parse_states",
-    "parse_time",
-]
-
 
 class BulkAction(enum.StrEnum):
     """What a bulk action does to each job it matches."""

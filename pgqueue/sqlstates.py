@@ -7,37 +7,6 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = [
-    "ADMIN_SHUTDOWN",
-    "CANNOT_CONNECT_NOW",
-    "CRASH_SHUTDOWN",
-    "DEADLOCK_DETECTED",
-    "DUPLICATE_PREPARED_STATEMENT",
-    "IDLE_SESSION_TIMEOUT",
-    "INSUFFICIENT_PRIVILEGE",
-    "INVALID_AUTHORIZATION",
-    "INVALID_SAVEPOINT",
-    "INVALID_STATEMENT_NAME",
-    "LOCK_NOT_AVAILABLE",
-    "LOGIN_REFUSED",
-    "QUERY_CANCELED",
-    "SERIALIZATION_FAILURE",
-    "UNDEFINED_TABLE",
-    "UNIQUE_VIOLATION",
-    "ended_before_commit",
-    "is_bad_credentials",
-    "is_connection_error",
-    "is_insufficient_privilege",
-    "is_lock_timeout",
-    "is_lost_session_state",
-    "is_timeout",
-    "is_transaction_ended",
-    "is_transient_conflict",
-    "is_undefined_table",
-    "is_unique_violation",
-    "sqlstate_of",
-]
-
 SERIALIZATION_FAILURE: Final = "40001"
 DEADLOCK_DETECTED: Final = "40P01"
 LOCK_NOT_AVAILABLE: Final = "55P03"

@@ -32,16 +32,6 @@ from pgqueue.data import steps as steps_data
 from pgqueue.db import Executor
 from pgqueue.errors import ValidationError
 
-__all__ = [
-    "RESERVED_PREFIX",
-    "STEP_NAME_MAX",
-    "AttemptSteps",
-    "arun_step",
-    "run_step",
-    "step_key",
-    "step_name",
-]
-
 STEP_NAME_MAX: Final = 200
 # The names of the steps pgqueue saves itself (``pgqueue.suspension``) begin with it; a
 # handler's own step names may not.

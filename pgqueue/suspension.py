@@ -26,15 +26,6 @@ from pgqueue.data import signals as signals_data
 from pgqueue.errors import SignalTimeout, ValidationError
 from pgqueue.steps import RESERVED_PREFIX, AttemptSteps, checked_name
 
-__all__ = [
-    "SIGNAL_NAME_MAX",
-    "Suspend",
-    "checked_signal",
-    "signal_name",
-    "sleep",
-    "wait_for_signal",
-]
-
 SIGNAL_NAME_MAX: Final = 200
 
 

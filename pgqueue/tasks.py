@@ -34,8 +34,6 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
-__all__ = ["ConfiguredTask", "Task", "TaskRegistry"]
-
 
 class JobSink(Protocol):
     """What a task needs from its queue object to enqueue (implemented by ``PgQueue``)."""

@@ -20,20 +20,13 @@ import click
 from pgqueue.cli import demo, history, jobs, migrate, queues, shared, workers, workflows
 from pgqueue.cli.bulk import bulk
 from pgqueue.cli.flow import key_limit, rate_limit
-from pgqueue.cli.shared import (
-    OneLineErrors,
-    configure_logging,
-    debug_option,
-    load_app,
-    verbose_option,
-)
+from pgqueue.cli.shared import OneLineErrors, configure_logging, debug_option, verbose_option
+from pgqueue.cli.shared import load_app as load_app
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     console: Console
-
-__all__ = ["console", "load_app", "main"]
 
 
 def __getattr__(name: str) -> Any:

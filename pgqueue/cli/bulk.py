@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from pgqueue.admin import BulkResult
     from pgqueue.core import PgQueue
 
-__all__ = ["add_bulk_commands", "bulk", "job_filter_from_options"]
-
 _DONE = {BulkAction.RETRY: "retried", BulkAction.CANCEL: "cancelled", BulkAction.DELETE: "deleted"}
 
 

@@ -30,14 +30,6 @@ if TYPE_CHECKING:
     from pgqueue.admin import KeyOverride
     from pgqueue.core import PgQueue
 
-__all__ = [
-    "FLOW_COMMAND_SETTINGS",
-    "key_limit",
-    "key_limit_command",
-    "rate_limit",
-    "rate_limit_command",
-]
-
 # A limit of ``-3`` is a bad value to name in the error, not an unknown option; a mistyped
 # option (``--jsn``) then arrives as an argument, and ``_refuse_unknown_options`` names it.
 FLOW_COMMAND_SETTINGS: dict[str, Any] = {"ignore_unknown_options": True}

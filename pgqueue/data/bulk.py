@@ -21,16 +21,6 @@ from pgqueue.sql import bulk
 from pgqueue.sqlstates import is_unique_violation
 from pgqueue.states import JobState
 
-__all__ = [
-    "act_and_record",
-    "cancel_matching",
-    "count_matching",
-    "delete_matching",
-    "like_pattern",
-    "record_action",
-    "retry_matching",
-]
-
 
 def like_pattern(text: str) -> str:
     """An ``ILIKE`` pattern (escape character ``\\``) matching ``text`` anywhere, its ``%``,

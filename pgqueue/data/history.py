@@ -30,16 +30,6 @@ from pgqueue.sqlstates import is_insufficient_privilege
 from pgqueue.states import JobState
 from pgqueue.validation import MAX_DELAY_SECONDS, limit_count
 
-__all__ = [
-    "IN_PLACE",
-    "HistoryMaintenance",
-    "JobTables",
-    "maintain",
-    "move_to_history",
-    "moved_state",
-    "moved_states",
-]
-
 
 @dataclass(frozen=True, slots=True)
 class JobTables:

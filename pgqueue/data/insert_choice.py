@@ -8,8 +8,6 @@ from typing import Literal
 
 from pgqueue.jobs import NewJob
 
-__all__ = ["COPY_THRESHOLD", "BoundedQueuesSeen", "InsertPath", "insert_path", "uniform"]
-
 # From this many jobs on, an own-transaction ``enqueue_many`` inserts with COPY: it costs about
 # what the unnest INSERT does for a few hundred jobs and much less per job for large batches
 # (BENCHMARKS.md, enqueueB).

@@ -16,8 +16,6 @@ from pgqueue.errors import ConfigurationError, QueueFull
 from pgqueue.jobs import NewJob
 from pgqueue.sql import enqueue
 
-__all__ = ["depths", "lock", "stopped_by_bound"]
-
 
 def lock(ex: Executor, jobs: Sequence[NewJob], seen: BoundedQueuesSeen) -> list[str]:
     """Take the locks of the bounded queues of ``jobs`` (held to the end of the transaction);

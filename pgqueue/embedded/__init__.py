@@ -33,8 +33,8 @@ configuration), ``server`` (:class:`EmbeddedPostgres`, the server process) and `
 (:func:`shared_server`, and :func:`app_database`, an application's own database on it).
 """
 
-from pgqueue.embedded.binaries import find_bin_dir
-from pgqueue.embedded.server import EmbeddedPostgres
-from pgqueue.embedded.shared import app_database, default_data_dir, shared_server
-
-__all__ = ["EmbeddedPostgres", "app_database", "default_data_dir", "find_bin_dir", "shared_server"]
+from pgqueue.embedded.binaries import find_bin_dir as find_bin_dir
+from pgqueue.embedded.server import EmbeddedPostgres as EmbeddedPostgres
+from pgqueue.embedded.shared import app_database as app_database
+from pgqueue.embedded.shared import default_data_dir as default_data_dir
+from pgqueue.embedded.shared import shared_server as shared_server

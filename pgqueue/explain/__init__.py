@@ -24,28 +24,14 @@ from pgqueue.data import workers as workers_data
 from pgqueue.db import Executor, executor_for
 from pgqueue.errors import JobNotFound
 from pgqueue.explain import _sentences as sentences
-from pgqueue.explain._values import (
-    AHEAD_CAP,
-    DEPENDENCY_CAP,
-    LIST_CAP,
-    Blocker,
-    BlockerKind,
-    JobExplanation,
-    JobFacts,
-)
+from pgqueue.explain._values import AHEAD_CAP as AHEAD_CAP
+from pgqueue.explain._values import DEPENDENCY_CAP as DEPENDENCY_CAP
+from pgqueue.explain._values import LIST_CAP as LIST_CAP
+from pgqueue.explain._values import Blocker as Blocker
+from pgqueue.explain._values import BlockerKind as BlockerKind
+from pgqueue.explain._values import JobExplanation as JobExplanation
+from pgqueue.explain._values import JobFacts as JobFacts
 from pgqueue.states import FINAL_STATES, JobState
-
-__all__ = [
-    "AHEAD_CAP",
-    "DEPENDENCY_CAP",
-    "LIST_CAP",
-    "Blocker",
-    "BlockerKind",
-    "JobExplanation",
-    "JobFacts",
-    "explain_job",
-    "explanation",
-]
 
 
 def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobExplanation:

@@ -72,14 +72,15 @@ from pgqueue.errors import (
     ValidationError,
 )
 from pgqueue.migrations import losses, shipped
-from pgqueue.migrations.autogenerate import include_object, is_history_partition
+from pgqueue.migrations.autogenerate import include_object as include_object
+from pgqueue.migrations.autogenerate import is_history_partition as is_history_partition
 from pgqueue.migrations.host import (
     REVISION_PREFIX,
-    configure_args,
-    keep_host_revisions,
     lists_pgqueue_revisions,
     running_alembic_upgrade,
 )
+from pgqueue.migrations.host import configure_args as configure_args
+from pgqueue.migrations.host import keep_host_revisions as keep_host_revisions
 from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY
 from pgqueue.sqlstates import is_insufficient_privilege
 
@@ -100,26 +101,6 @@ SCRIPT_LOCATION: Final = "pgqueue:migrations"
 VERSION_LOCATION: Final = "pgqueue:migrations/versions"
 # Seconds between two tries of a migration run waiting for another run to end.
 MIGRATION_LOCK_RETRY: Final = 0.5
-
-__all__ = [
-    "BRANCH_LABEL",
-    "HOST_VERSION_TABLE",
-    "VERSION_TABLE",
-    "Recorded",
-    "alembic_config",
-    "check_schema",
-    "configure_args",
-    "current",
-    "downgrade",
-    "head",
-    "include_object",
-    "is_history_partition",
-    "keep_host_revisions",
-    "migration_settings",
-    "recorded",
-    "upgrade",
-    "upgrade_with_host",
-]
 
 
 def alembic_config(connection: Connection | None = None) -> Config:

@@ -12,69 +12,31 @@ shipped migrations match the models exactly (a test compares them).
 
 from __future__ import annotations
 
-from pgqueue.models._base import (
-    NAMING_CONVENTION,
-    STATE_CHECK,
-    TABLE_PREFIX,
-    Base,
-    StoredJSON,
-    job_state_type,
-    metadata,
-)
-from pgqueue.models._control import (
-    KEY_HASH_OF_KEY,
-    ConcurrencyKey,
-    KeyLimit,
-    PeriodicTick,
-    QueueControl,
-)
-from pgqueue.models._jobs import (
-    LISTED_BY_STATE,
-    UNIQUE_KEY_HELD,
-    Job,
-    JobSignal,
-    JobStep,
-    JobSuspension,
-    MessageQueue,
-)
-from pgqueue.models._records import (
-    HISTORY_DEFAULT_PARTITION,
-    HISTORY_PARTITION_PREFIX,
-    JOB_COLUMN_NAMES,
-    AuditRecord,
-    FinishedMinute,
-    JobHistory,
-    WorkerRecord,
-)
-from pgqueue.models._workflows import WORKFLOW_STATE_CHECK, Workflow
-
-__all__ = [
-    "HISTORY_DEFAULT_PARTITION",
-    "HISTORY_PARTITION_PREFIX",
-    "JOB_COLUMN_NAMES",
-    "KEY_HASH_OF_KEY",
-    "LISTED_BY_STATE",
-    "NAMING_CONVENTION",
-    "STATE_CHECK",
-    "TABLE_PREFIX",
-    "UNIQUE_KEY_HELD",
-    "WORKFLOW_STATE_CHECK",
-    "AuditRecord",
-    "Base",
-    "ConcurrencyKey",
-    "FinishedMinute",
-    "Job",
-    "JobHistory",
-    "JobSignal",
-    "JobStep",
-    "JobSuspension",
-    "KeyLimit",
-    "MessageQueue",
-    "PeriodicTick",
-    "QueueControl",
-    "StoredJSON",
-    "WorkerRecord",
-    "Workflow",
-    "job_state_type",
-    "metadata",
-]
+from pgqueue.models._base import NAMING_CONVENTION as NAMING_CONVENTION
+from pgqueue.models._base import STATE_CHECK as STATE_CHECK
+from pgqueue.models._base import TABLE_PREFIX as TABLE_PREFIX
+from pgqueue.models._base import Base as Base
+from pgqueue.models._base import StoredJSON as StoredJSON
+from pgqueue.models._base import job_state_type as job_state_type
+from pgqueue.models._base import metadata as metadata
+from pgqueue.models._control import KEY_HASH_OF_KEY as KEY_HASH_OF_KEY
+from pgqueue.models._control import ConcurrencyKey as ConcurrencyKey
+from pgqueue.models._control import KeyLimit as KeyLimit
+from pgqueue.models._control import PeriodicTick as PeriodicTick
+from pgqueue.models._control import QueueControl as QueueControl
+from pgqueue.models._jobs import LISTED_BY_STATE as LISTED_BY_STATE
+from pgqueue.models._jobs import UNIQUE_KEY_HELD as UNIQUE_KEY_HELD
+from pgqueue.models._jobs import Job as Job
+from pgqueue.models._jobs import JobSignal as JobSignal
+from pgqueue.models._jobs import JobStep as JobStep
+from pgqueue.models._jobs import JobSuspension as JobSuspension
+from pgqueue.models._jobs import MessageQueue as MessageQueue
+from pgqueue.models._records import HISTORY_DEFAULT_PARTITION as HISTORY_DEFAULT_PARTITION
+from pgqueue.models._records import HISTORY_PARTITION_PREFIX as HISTORY_PARTITION_PREFIX
+from pgqueue.models._records import JOB_COLUMN_NAMES as JOB_COLUMN_NAMES
+from pgqueue.models._records import AuditRecord as AuditRecord
+from pgqueue.models._records import FinishedMinute as FinishedMinute
+from pgqueue.models._records import JobHistory as JobHistory
+from pgqueue.models._records import WorkerRecord as WorkerRecord
+from pgqueue.models._workflows import WORKFLOW_STATE_CHECK as WORKFLOW_STATE_CHECK
+from pgqueue.models._workflows import Workflow as Workflow

@@ -493,28 +493,3 @@ def bump_keys(keys: Any, deleted: Any) -> Any:
         )
         .cte("bump_keys")
     )
-
-
-__all__ = [
-    "RATE_MARGIN_SECONDS",
-    "RATE_MARGIN_SHARE",
-    "bump_keys",
-    "bump_queues",
-    "key_facts",
-    "key_limit_of",
-    "key_rate_of",
-    "key_rows",
-    "keyed_tickets",
-    "keys_with_room",
-    "queue_rate_facts",
-    "rate_margin",
-    "rate_room",
-    "rate_window",
-    "rated_and_limited",
-    "room_at",
-    "running_with_key",
-    "start_within",
-    "starts_after",
-    "starts_in_window",
-    "ticket_key_hashes",
-]

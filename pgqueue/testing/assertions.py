@@ -25,8 +25,6 @@ from pgqueue.tasks import Task
 from pgqueue.testing.immediate_mode import queue_of
 from pgqueue.testing.records import EnqueuedJob, call_text
 
-__all__ = ["assert_enqueued", "assert_not_enqueued", "enqueued_jobs"]
-
 # How many of the enqueued jobs a failure message lists.
 LISTED_IN_FAILURES = 20
 

@@ -29,8 +29,6 @@ from pgqueue.sql.server import create_database, drop_database
 if TYPE_CHECKING:
     from pgqueue.embedded import EmbeddedPostgres
 
-__all__ = ["TestDatabases"]
-
 
 class TestDatabases:
     """A server and the databases a test session makes on it.

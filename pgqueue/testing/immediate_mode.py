@@ -70,8 +70,6 @@ from pgqueue.worker.dispatch import AsyncLoop
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import Executor
 
-__all__ = ["ImmediateMode", "immediate", "queue_of"]
-
 # A job to run: its id and whether its task is atomic (which claim form takes it).
 Entry = tuple[int, bool]
 

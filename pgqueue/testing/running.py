@@ -19,8 +19,6 @@ from pgqueue.testing.immediate_mode import queue_of
 from pgqueue.testing.records import JobRun
 from pgqueue.worker import Worker
 
-__all__ = ["run_jobs"]
-
 
 def run_jobs(
     queue: Any, *, queues: Sequence[str] | None = None, concurrency: int = 1

@@ -8,27 +8,13 @@ inserts and reads them; the settling of their jobs is ``pgqueue.data.dependencie
 
 from __future__ import annotations
 
-from pgqueue.workflows.canvas import (
-    Chain,
-    Chord,
-    EnqueuedWorkflow,
-    Group,
-    Signature,
-    chain,
-    chord,
-    group,
-)
-from pgqueue.workflows.status import WorkflowJob, WorkflowStatus
-
-__all__ = [
-    "Chain",
-    "Chord",
-    "EnqueuedWorkflow",
-    "Group",
-    "Signature",
-    "WorkflowJob",
-    "WorkflowStatus",
-    "chain",
-    "chord",
-    "group",
-]
+from pgqueue.workflows.canvas import Chain as Chain
+from pgqueue.workflows.canvas import Chord as Chord
+from pgqueue.workflows.canvas import EnqueuedWorkflow as EnqueuedWorkflow
+from pgqueue.workflows.canvas import Group as Group
+from pgqueue.workflows.canvas import Signature as Signature
+from pgqueue.workflows.canvas import chain as chain
+from pgqueue.workflows.canvas import chord as chord
+from pgqueue.workflows.canvas import group as group
+from pgqueue.workflows.status import WorkflowJob as WorkflowJob
+from pgqueue.workflows.status import WorkflowStatus as WorkflowStatus

@@ -22,8 +22,6 @@ from pgqueue.contrib.flask import get_state
 from pgqueue.errors import BulkCountChanged, InvalidStateTransition, ValidationError
 from pgqueue.job_filter import TIME_COLUMNS, parse_states, parse_time
 
-__all__ = ["register"]
-
 FIELDS: Final = ("queue", "state", "task", "since", "until", "time_column", "error_contains")
 _DONE: Final = {
     BulkAction.RETRY: "Retried",

@@ -18,8 +18,6 @@ from pgqueue.errors import PgQueueError
 from pgqueue.states import FINAL_STATES, JobState
 from pgqueue.workflows.status import WorkflowJob
 
-__all__ = ["register", "stages"]
-
 STAGE_SHOWN: Final = 200
 
 

@@ -56,8 +56,6 @@ from pgqueue.contrib.flask.throughput_chart import chart, coarsened, total_serie
 from pgqueue.errors import ConfigurationError, PgQueueError, ValidationError
 from pgqueue.states import FINAL_STATES, JobState, WorkflowRole
 
-__all__ = ["init_dashboard"]
-
 BLUEPRINT_NAME: Final = "pgqueue_dashboard"
 CSRF_SESSION_KEY: Final = "_pgqueue_csrf"
 CSRF_FIELD: Final = "csrf_token"

@@ -15,9 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pgqueue.errors import error_summary
-
-__all__ = ["ErrorRun", "duration", "error_summary", "error_tooltip", "folded_errors"]
+from pgqueue.errors import error_summary as error_summary
 
 # The tooltip holds the full text, up to this much (a traceback of a deep stack is long).
 TOOLTIP_LENGTH: Final = 4000

@@ -15,8 +15,6 @@ from typing import Any, Final
 from pgqueue.admin import Throughput
 from pgqueue.states import JobState
 
-__all__ = ["chart", "coarsened", "nice_ceiling", "rate_unit", "short_number", "total_series"]
-
 # A full hour with at most this many finished jobs is drawn in 5-minute buckets: one-minute
 # buckets would be single jobs among empty minutes.
 SPARSE_HOUR: Final = 60
