@@ -302,9 +302,10 @@ def check_schema(pgq: PgQueue, *, wait_for_database: float | None = None) -> Non
     from sqlalchemy.exc import DBAPIError
 
     from pgqueue import migrations
+    from pgqueue.worker.patience import Pauses
 
     deadline = None if wait_for_database is None else time.monotonic() + wait_for_database
-    delay = FIRST_DATABASE_WAIT
+    pauses = Pauses(first=FIRST_DATABASE_WAIT, longest=LONGEST_DATABASE_WAIT)
     while True:
         try:
             with pgq.engine.connect() as connection:
@@ -316,11 +317,10 @@ def check_schema(pgq: PgQueue, *, wait_for_database: float | None = None) -> Non
             left = deadline - time.monotonic()
             if left <= 0:
                 raise
-            pause = min(delay, left)
+            pause = min(pauses.next(), left)
             problem = problem_line(exc, lambda: pgq.engine.url.database) or str(exc)
             log.warning("waiting for the database: %s; next try in %.1fs", problem, pause)
             time.sleep(pause)
-            delay = min(delay * 2, LONGEST_DATABASE_WAIT)
 
 
 include_stale_option = click.option(

@@ -38,6 +38,7 @@ from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.notifier import wall_to_monotonic
+from pgqueue.worker.patience import Pauses
 from pgqueue.worker.prefetch import Pace
 from pgqueue.worker.stats import WorkerStats
 
@@ -185,7 +186,7 @@ class Claimer:
 
     def run(self, drain: bool, *, idle: Callable[[], bool]) -> None:
         """Claim until stopped (or, with ``drain``, until ``idle()`` and nothing is ready)."""
-        failures = 0
+        pauses = Pauses(first=0.1, longest=5.0)
         while not self._stopping.is_set():
             self._wake.clear()
             try:
@@ -204,12 +205,11 @@ class Claimer:
                 # retries itself) must not end the worker: report, back off, try again.
                 if self._stopping.is_set():
                     return
-                failures += 1
-                delay = min(0.1 * 2 ** min(failures - 1, 6), 5.0)
+                delay = pauses.next()
                 self._health.failed(exc, delay)
                 self._stopping.wait(delay)
                 continue
-            failures = 0
+            pauses.reset()
             if full_batch:
                 continue  # a full batch: more may be waiting
             woken = self._wake.wait(self._wait_timeout())

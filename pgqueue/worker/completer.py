@@ -32,6 +32,7 @@ from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.metrics import LEASE_LOST
 from pgqueue.sqlstates import is_connection_error, is_timeout
 from pgqueue.worker.execution import Execution
+from pgqueue.worker.patience import Pauses
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
 
@@ -149,10 +150,10 @@ class Completer:
         self._unwritten: list[Execution] = []
         self._unwritten_because: BaseException | None = None
         # Queue -> its outcomes a held row lock kept from being written, the next try's
-        # monotonic time, and the backoff after it.
+        # monotonic time, and the pauses between its tries.
         self._blocked: dict[str, list[tuple[Execution, Outcome]]] = {}
         self._retry_at: dict[str, float] = {}
-        self._backoff: dict[str, float] = {}
+        self._backoff: dict[str, Pauses] = {}
 
     def stop(self) -> None:
         """End ``run`` once everything put before is written."""
@@ -270,7 +271,7 @@ class Completer:
         self, queue: str, items: list[tuple[Execution, Outcome]], error: BaseException
     ) -> None:
         """Keep ``items`` of ``queue`` aside until a later try gets the row locks."""
-        delay = self._backoff.get(queue, RETRY_FIRST)
+        pauses = self._backoff.setdefault(queue, Pauses(first=RETRY_FIRST, longest=RETRY_MAX))
         if queue not in self._blocked:
             log.warning(
                 "outcomes of queue %r wait for rows another transaction holds (%s); "
@@ -280,8 +281,7 @@ class Completer:
             )
         self._slots.kept_waiting(execution for execution, _ in items)
         self._blocked.setdefault(queue, []).extend(items)
-        self._retry_at[queue] = time.monotonic() + delay
-        self._backoff[queue] = min(delay * 2, RETRY_MAX)
+        self._retry_at[queue] = time.monotonic() + pauses.next()
 
     def _retry_blocked(self, *, final: bool) -> None:
         """Try the kept outcomes of each queue whose time came (all of them, waiting as long
@@ -300,8 +300,7 @@ class Completer:
                     raise
                 self._slots.kept_waiting(execution for execution, _ in items)
                 self._blocked[queue] = items
-                self._retry_at[queue] = time.monotonic() + self._backoff[queue]
-                self._backoff[queue] = min(self._backoff[queue] * 2, RETRY_MAX)
+                self._retry_at[queue] = time.monotonic() + self._backoff[queue].next()
                 continue
             self._backoff.pop(queue, None)
             log.info("outcomes of queue %r written after its rows were freed", queue)

@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from pgqueue import connections
 from pgqueue.errors import name_connection_failure, pgqueue_logger
 from pgqueue.sql.server import listen
+from pgqueue.worker.patience import Pauses
 
 log = pgqueue_logger("pgqueue.worker")
 
@@ -48,7 +49,7 @@ class Notifier(threading.Thread):
         self.connection_pid: int | None = None
 
     def run(self) -> None:
-        delay = 0.05
+        pauses = Pauses(first=0.05, longest=2.0)
         while not self._stopping.is_set():
             opened = False
             try:
@@ -57,19 +58,19 @@ class Notifier(threading.Thread):
                     connection.execute(listen())
                     self.connection_pid = connection.info.backend_pid
                     self.connected.set()
-                    delay = 0.05
+                    pauses.reset()
                     self._on_ready(None)  # anything sent while we were away: look once
                     self._listen(connection)
             except (psycopg.Error, DBAPIError) as exc:
                 self.connected.clear()
                 if self._stopping.is_set():
                     return
+                delay = pauses.next()
                 if opened:
                     log.warning("listener connection lost (%s); reconnecting in %.2fs", exc, delay)
                 else:
                     log.warning("%s; retrying in %.2fs", _named_failure(exc), delay)
                 self._stopping.wait(delay)
-                delay = min(delay * 2, 2.0)
 
     def _listen(self, connection: psycopg.Connection[Any]) -> None:
         while not self._stopping.is_set():

@@ -37,6 +37,7 @@ from pgqueue.db import Database, Executor
 from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Lease, Outcome, Progress, WorkerEntry
 from pgqueue.sqlstates import is_connection_error, is_timeout, is_transient_conflict
+from pgqueue.worker.patience import Pauses
 
 T = TypeVar("T")
 # The gauges' reading (``queue_figures``).
@@ -114,7 +115,7 @@ class WorkerStore:
         the worker is stopping, work that does not give up at once is tried for
         ``SHUTDOWN_WRITE_PATIENCE`` seconds at most, without a line per failure: the shutdown
         reports what it could not write, once."""
-        delay = 0.05
+        pauses = Pauses(first=0.05, longest=2.0)
         while True:
             try:
                 return once()
@@ -124,9 +125,9 @@ class WorkerStore:
                 if self._stopping.is_set():
                     if give_up_when_stopping or self._shutdown_patience_spent():
                         raise
-                    time.sleep(delay)
-                    delay = min(delay * 2, 2.0)
+                    time.sleep(pauses.next())
                     continue
+                delay = pauses.next()
                 if failed is not None:
                     failed(exc, delay)
                 else:
@@ -138,7 +139,6 @@ class WorkerStore:
                         delay,
                     )
                 time.sleep(delay)
-                delay = min(delay * 2, 2.0)
 
     def _shutdown_patience_spent(self) -> bool:
         now = time.monotonic()

@@ -1,5 +1,6 @@
-"""The worker's pure logic, without a database: slot accounting, dispatch, the decision of what
-follows a failed attempt, and the transition each outcome kind names."""
+"""The worker's pure logic, without a database: slot accounting, dispatch, the pauses between
+its own tries, the decision of what follows a failed attempt, and the transition each outcome
+kind names."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pgqueue.worker.completer import Completer
 from pgqueue.worker.dispatch import Dispatcher, WorkQueue
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import Executor
+from pgqueue.worker.patience import Pauses
 from pgqueue.worker.slots import MIN_HUNG_THREADS, Slots
 from pgqueue.worker.stats import OutcomeReport, WorkerStats
 
@@ -337,7 +339,17 @@ def test_a_retiring_thread_leaves_the_others_running() -> None:
         dispatcher.stop()
 
 
-# --- what follows a failed attempt ------------------------------------------------------------
+# --- the pauses between the worker's own tries -----------------------------------------------
+
+
+def test_pauses_double_up_to_the_longest_and_start_again_after_a_reset() -> None:
+    pauses = Pauses(first=0.1, longest=5.0)
+    assert [pauses.next() for _ in range(9)] == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
+    pauses.reset()
+    assert [pauses.next() for _ in range(2)] == [0.1, 0.2]
+
+
+# --- what follows a failed attempt -----------------------------------------------------------
 
 
 def test_a_failure_with_attempts_left_is_retried_after_the_schedule() -> None:
