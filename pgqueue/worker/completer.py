@@ -32,7 +32,7 @@ from pgqueue.jobs import ClaimedJob, Outcome
 from pgqueue.metrics import LEASE_LOST
 from pgqueue.sqlstates import is_connection_error, is_timeout
 from pgqueue.worker.execution import Execution
-from pgqueue.worker.patience import Pauses
+from pgqueue.worker.patience import Pauses, lock_timeout, write_apart
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
 
@@ -243,29 +243,21 @@ class Completer:
             if waited is not None:
                 self._block(queue, items, waited)
             return
-        held: list[tuple[Execution, Outcome]] = []
-        for item in items:
-            error = self._try_write([item], RETRY_LOCK_WAIT)
-            if error is not None:
-                held.append(item)
-                waited = error
-        if held and waited is not None:
-            self._block(queue, held, waited)
+        held, error = write_apart(
+            items, lambda item: self._write([item], lock_wait=RETRY_LOCK_WAIT)
+        )
+        if held and error is not None:
+            self._block(queue, held, error)
 
     def _try_write(
-        self, items: list[tuple[Execution, Outcome]], lock_wait: float = LOCK_WAIT
+        self, items: list[tuple[Execution, Outcome]], lock_wait: float | None = LOCK_WAIT
     ) -> BaseException | None:
-        """Write ``items`` waiting at most ``lock_wait`` for row locks: the lock timeout when
-        it came first (nothing written), else None."""
+        """Write ``items`` waiting at most ``lock_wait`` for row locks (None: as long as the
+        store's patience allows): the lock timeout when it came first (nothing written), else
+        None."""
         if not items:
             return None
-        try:
-            self._write(items, lock_wait=lock_wait)
-        except Exception as exc:
-            if not is_timeout(exc):  # pragma: no cover - ``_write`` raises timeouts only
-                raise
-            return exc
-        return None
+        return lock_timeout(lambda: self._write(items, lock_wait=lock_wait))
 
     def _block(
         self, queue: str, items: list[tuple[Execution, Outcome]], error: BaseException
@@ -293,11 +285,7 @@ class Completer:
             items = self._blocked.pop(queue)
             del self._retry_at[queue]
             self._slots.start_writing(execution for execution, _ in items)
-            try:
-                self._write(items, lock_wait=None if final else RETRY_LOCK_WAIT)
-            except Exception as exc:
-                if not is_timeout(exc):  # pragma: no cover
-                    raise
+            if self._try_write(items, None if final else RETRY_LOCK_WAIT) is not None:
                 self._slots.kept_waiting(execution for execution, _ in items)
                 self._blocked[queue] = items
                 self._retry_at[queue] = time.monotonic() + self._backoff[queue].next()

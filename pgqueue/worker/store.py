@@ -37,7 +37,7 @@ from pgqueue.db import Database, Executor
 from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Lease, Outcome, Progress, WorkerEntry
 from pgqueue.sqlstates import is_connection_error, is_timeout, is_transient_conflict
-from pgqueue.worker.patience import Pauses
+from pgqueue.worker.patience import Pauses, lock_timeout, write_apart
 
 T = TypeVar("T")
 # The gauges' reading (``queue_figures``).
@@ -320,11 +320,13 @@ class WorkerStore:
             "rescue check", maintenance_data.expired_lease_exists, give_up_when_stopping=True
         ):
             return []
-        try:
-            return self._rescue(limit=limit, error=error, ids=None, lock_wait=RESCUE_LOCK_WAIT)
-        except (DBAPIError, OperationalError) as exc:
-            if not is_timeout(exc):
-                raise
+        rescued: list[tuple[int, str]] = []
+
+        def rescue(ids: list[int] | None, *, most: int, lock_wait: float) -> None:
+            rescued.extend(self._rescue(limit=most, error=error, ids=ids, lock_wait=lock_wait))
+
+        if lock_timeout(lambda: rescue(None, most=limit, lock_wait=RESCUE_LOCK_WAIT)) is None:
+            return rescued
         expired = self._run(
             "rescue candidates",
             lambda db: maintenance_data.expired_leases(db, limit=limit),
@@ -333,27 +335,14 @@ class WorkerStore:
         by_queue: dict[str, list[int]] = {}
         for job_id, queue in expired:
             by_queue.setdefault(queue, []).append(job_id)
-        rescued: list[tuple[int, str]] = []
-        blocked: list[int] = []
-        for ids in by_queue.values():
-            try:
-                rescued += self._rescue(
-                    limit=limit, error=error, ids=ids, lock_wait=RESCUE_LOCK_WAIT
-                )
-            except (DBAPIError, OperationalError) as exc:
-                if not is_timeout(exc):
-                    raise
-                blocked += ids
-        left: list[int] = []
-        for job_id in blocked[:RESCUE_ONE_BY_ONE]:
-            try:
-                rescued += self._rescue(
-                    limit=1, error=error, ids=[job_id], lock_wait=RESCUE_RETRY_LOCK_WAIT
-                )
-            except (DBAPIError, OperationalError) as exc:
-                if not is_timeout(exc):
-                    raise
-                left.append(job_id)
+        held_queues, _ = write_apart(
+            by_queue.values(), lambda ids: rescue(ids, most=limit, lock_wait=RESCUE_LOCK_WAIT)
+        )
+        blocked = [job_id for ids in held_queues for job_id in ids]
+        left, _ = write_apart(
+            blocked[:RESCUE_ONE_BY_ONE],
+            lambda job_id: rescue([job_id], most=1, lock_wait=RESCUE_RETRY_LOCK_WAIT),
+        )
         left += blocked[RESCUE_ONE_BY_ONE:]
         if left:
             log.info(

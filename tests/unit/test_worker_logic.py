@@ -1,5 +1,5 @@
 """The worker's pure logic, without a database: slot accounting, dispatch, the pauses between
-its own tries, the decision of what follows a failed attempt, and the transition each outcome
+its own tries and its writes apart, the decision of what follows a failed attempt, and the transition each outcome
 kind names."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 from support.polling import wait_until
 
@@ -24,7 +25,7 @@ from pgqueue.worker.completer import Completer
 from pgqueue.worker.dispatch import Dispatcher, WorkQueue
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import Executor
-from pgqueue.worker.patience import Pauses
+from pgqueue.worker.patience import Pauses, write_apart
 from pgqueue.worker.slots import MIN_HUNG_THREADS, Slots
 from pgqueue.worker.stats import OutcomeReport, WorkerStats
 
@@ -347,6 +348,24 @@ def test_pauses_double_up_to_the_longest_and_start_again_after_a_reset() -> None
     assert [pauses.next() for _ in range(9)] == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
     pauses.reset()
     assert [pauses.next() for _ in range(2)] == [0.1, 0.2]
+
+
+def test_writes_apart_keep_back_the_parts_a_lock_timeout_stopped_and_raise_other_errors() -> None:
+    written: list[str] = []
+
+    def write(part: str) -> None:
+        if part.startswith("held"):
+            raise psycopg.errors.LockNotAvailable(part)
+        if part == "refused":
+            raise psycopg.errors.CheckViolation(part)
+        written.append(part)
+
+    held, error = write_apart(["a", "held 1", "b", "held 2"], write)
+    assert (written, held) == (["a", "b"], ["held 1", "held 2"])
+    assert str(error) == "held 2"
+    assert write_apart(["c"], write) == ([], None)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        write_apart(["refused"], write)
 
 
 # --- what follows a failed attempt -----------------------------------------------------------
