@@ -196,6 +196,9 @@ class Settings:
     """The embedded server's database an application uses (created when missing); default:
     named after the current directory (``embedded_database_name``), so two apps on one machine
     never share tables."""
+    concurrency: int = 10
+    """How many jobs a worker process runs at once (its slots: handler threads), 1 to
+    ``MAX_CONCURRENCY``."""
     poll_interval: float = 1.0
     """How often an idle worker looks for work when no notification arrives."""
     listen: bool = True
@@ -326,6 +329,15 @@ class Settings:
                 f"metrics_port must be a TCP port (1-65535), got {self.metrics_port!r}"
             )
         metrics_address(self.metrics_address)
+        if (
+            not isinstance(self.concurrency, int)
+            or isinstance(self.concurrency, bool)
+            or not 1 <= self.concurrency <= MAX_CONCURRENCY
+        ):
+            raise ConfigurationError(
+                f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, "
+                f"got {self.concurrency!r}"
+            )
         non_negative_seconds("shutdown_timeout", self.shutdown_timeout)
         non_negative_seconds("migration_lock_timeout", self.migration_lock_timeout)
         non_negative_seconds("log_summary_interval", self.log_summary_interval)
@@ -391,6 +403,16 @@ class Settings:
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
+
+    def overridden(self, **given: Any) -> Settings:
+        """These settings with each value of ``given`` that is not None (None: keep the
+        setting): how a ``Worker``'s keywords and ``pgqueue worker``'s flags apply. A lease
+        given without a heartbeat interval is heartbeated every third of it, whatever these
+        settings' interval (it may not fit in the lease given)."""
+        changes = {name: value for name, value in given.items() if value is not None}
+        if "lease_seconds" in changes and "heartbeat_interval" not in changes:
+            changes["heartbeat_interval"] = None
+        return dataclasses.replace(self, **changes) if changes else self
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -362,13 +362,14 @@ class PgQueue:
     def run_worker(
         self,
         queues: Sequence[str] | None = None,
-        concurrency: int = 10,
+        concurrency: int | None = None,
         drain: bool = False,
         **options: Any,
     ) -> Any:
         """Run a worker in this thread until stopped (or, with ``drain``, until idle).
 
-        Returns the worker's stats. Other options: see ``pgqueue.worker.Worker``.
+        Returns the worker's stats. ``concurrency`` and the other options: see
+        ``pgqueue.worker.Worker`` (None: the setting).
         """
         from pgqueue.worker import Worker
 

@@ -29,6 +29,7 @@ service that reaches the database names the few calls it makes in a protocol of 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -68,14 +69,20 @@ HEARTBEAT_JOIN_TIMEOUT = 10
 
 class Worker:
     """Runs jobs from some queues with ``concurrency`` slots. Use ``run()``; ``stop()`` from
-    another thread or a signal ends it gracefully."""
+    another thread or a signal ends it gracefully.
+
+    ``concurrency``, ``listen``, ``poll_interval``, ``lease_seconds``, ``shutdown_timeout``,
+    ``metrics_port``, ``metrics_address`` and ``prefetch`` override the queue's settings of the
+    same name (None: the setting; ``Settings.overridden``). ``metrics_port=0`` records metrics
+    without serving them (a supervisor's child, or a host app that mounted
+    ``pgqueue.metrics.registry()``, which also enables recording)."""
 
     def __init__(
         self,
         pgq: QueueHost,
         *,
         queues: Sequence[str] | None = None,
-        concurrency: int = 10,
+        concurrency: int | None = None,
         listen: bool | None = None,
         poll_interval: float | None = None,
         lease_seconds: float | None = None,
@@ -88,50 +95,36 @@ class Worker:
         metrics_address: str | None = None,
         prefetch: int | None = None,
     ) -> None:
-        if (
-            not isinstance(concurrency, int)
-            or isinstance(concurrency, bool)
-            or not 1 <= concurrency <= config.MAX_CONCURRENCY
-        ):
-            raise ValidationError(
-                f"concurrency must be an int from 1 to {config.MAX_CONCURRENCY}, got {concurrency!r}"
-            )
-        context = self._context = WorkerContext.of(pgq)
-        settings = context.settings
+        given = WorkerContext.of(pgq)
+        settings = given.settings.overridden(
+            concurrency=concurrency,
+            listen=listen,
+            poll_interval=poll_interval,
+            lease_seconds=lease_seconds,
+            shutdown_timeout=shutdown_timeout,
+            metrics_port=metrics_port or None,
+            metrics_address=metrics_address,
+            prefetch=prefetch,
+        )
+        context = self._context = dataclasses.replace(given, settings=settings)
         self.queues = None if queues is None else [validation.queue_name(q) for q in queues]
         if self.queues is not None and not self.queues:
             raise ValidationError("queues must name at least one queue (or be None for all)")
-        self.concurrency = concurrency
-        if prefetch is None:
-            prefetch = settings.prefetch
-        elif not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
-            raise ValidationError(f"prefetch must be a non-negative int, got {prefetch!r}")
-        self.prefetch = prefetch
-        self.listen = (settings.listen if listen is None else listen) and context.can_listen
-        self.poll_interval = poll_interval or settings.poll_interval
-        self.lease_seconds = lease_seconds or settings.lease_seconds
-        config.positive_seconds("lease_seconds", self.lease_seconds)
-        config.positive_seconds("poll_interval", self.poll_interval)
-        self.heartbeat_interval = (
-            settings.effective_heartbeat_interval if lease_seconds is None else lease_seconds / 3
-        )
-        self.shutdown_timeout = (
-            settings.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
-        )
-        config.non_negative_seconds("shutdown_timeout", self.shutdown_timeout)
+        self.concurrency = settings.concurrency
+        self.prefetch = settings.prefetch
+        self.listen = settings.listen and context.can_listen
+        self.poll_interval = settings.poll_interval
+        self.lease_seconds = settings.lease_seconds
+        self.heartbeat_interval = settings.effective_heartbeat_interval
+        self.shutdown_timeout = settings.shutdown_timeout
         self.maintenance = maintenance
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.install_signal_handlers = install_signal_handlers
         self.on_outcome = on_outcome
-        # A port serves /metrics; 0 records without serving (a supervisor's child, or a host
-        # app that mounted ``pgqueue.metrics.registry()``, which also enables recording).
-        self.metrics_port = settings.metrics_port if metrics_port is None else metrics_port
+        # A port serves /metrics; 0 records without serving.
+        self.metrics_port = 0 if metrics_port == 0 else settings.metrics_port
         self.metrics = metrics.enable() if self.metrics_port else metrics.active()
-        self.metrics_address = (
-            settings.metrics_address
-            if metrics_address is None
-            else config.metrics_address(metrics_address)
-        )
+        self.metrics_address = settings.metrics_address
         self._metrics_server: metrics.MetricsServer | None = None
         self.stats = WorkerStats()
         self._stopping = threading.Event()  # no more claims

@@ -162,6 +162,20 @@ def test_settings_from_env_and_validation() -> None:
         Settings(lease_seconds=5, heartbeat_interval=10)
 
 
+def test_overrides_replace_the_settings_given_and_keep_the_others() -> None:
+    settings = Settings.from_env({"PGQUEUE_CONCURRENCY": "4", "PGQUEUE_HEARTBEAT_INTERVAL": "20"})
+    assert settings.concurrency == 4 and Settings().concurrency == 10
+    assert settings.overridden(concurrency=None, poll_interval=None) is settings
+    mine = settings.overridden(concurrency=2, listen=False, prefetch=0, lease_seconds=6.0)
+    assert (mine.concurrency, mine.listen, mine.prefetch) == (2, False, 0)
+    # The lease given is heartbeated every third of it, not every 20 s (longer than the lease).
+    assert mine.effective_heartbeat_interval == 2.0
+    assert mine.poll_interval == settings.poll_interval
+    for wrong in (0, 1001, True, 2.5):
+        with pytest.raises(ConfigurationError, match="concurrency must be an integer from 1"):
+            settings.overridden(concurrency=wrong)
+
+
 def test_sqlstate_classification() -> None:
     class Fake(Exception):
         sqlstate = "40P01"
