@@ -4,6 +4,7 @@ with one metrics endpoint) after checking the schema, and list the worker regist
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import math
@@ -28,7 +29,7 @@ from pgqueue.cli.shared import (
     problem_line,
     queue_for,
 )
-from pgqueue.config import MAX_CONCURRENCY, MAX_PROCESSES
+from pgqueue.config import ENV_PREFIX, MAX_CONCURRENCY, MAX_PROCESSES, Settings
 from pgqueue.errors import pgqueue_logger
 from pgqueue.sqlstates import is_bad_credentials, is_connection_error
 
@@ -36,6 +37,58 @@ if TYPE_CHECKING:
     from pgqueue.core import PgQueue
 
 log = pgqueue_logger("pgqueue.worker")
+
+
+# The settings ``pgqueue worker`` takes as flags (``--no-listen`` aside): each flag's type and
+# help line. A flag given overrides the app's setting of the same name
+# (``Settings.overridden``); its help names that setting's variable and default.
+SETTING_FLAGS: dict[str, tuple[click.ParamType[Any, Any], str]] = {
+    "concurrency": (click.IntRange(1, MAX_CONCURRENCY), "Jobs this process runs at once"),
+    "poll_interval": (
+        click.FloatRange(min=0.01),
+        "Seconds between an idle worker's looks for work when no notification arrives",
+    ),
+    "lease_seconds": (
+        click.FloatRange(min=0.1),
+        "Seconds a claimed job's lease lasts without a heartbeat, sent every third of it",
+    ),
+    "shutdown_timeout": (
+        click.FloatRange(min=0),
+        "Seconds a stopping worker waits for running jobs before releasing them",
+    ),
+    "metrics_port": (click.IntRange(1, 65535), "Serve Prometheus /metrics on this port"),
+    "metrics_address": (
+        click.STRING,
+        "Address /metrics listens on: an IP address (0.0.0.0 or :: for every interface) or a "
+        "host name",
+    ),
+}
+# The settings a supervisor's children are not given: the supervisor serves the group's metrics.
+SUPERVISOR_ONLY = frozenset({"metrics_port", "metrics_address"})
+
+
+def _setting_default(name: str) -> str:
+    """``$PGQUEUE_<NAME>, else <default>``: where a flag not given takes its value from."""
+    default = {f.name: f.default for f in dataclasses.fields(Settings)}[name]
+    variable = f"${ENV_PREFIX}{name.upper()}"
+    if default is None:
+        return variable
+    shown = f"{default:g}" if isinstance(default, float) else str(default)
+    return f"{variable}, else {shown}"
+
+
+def setting_option(name: str, *short: str, metavar: str | None = None) -> Any:
+    """The ``--name`` flag of setting ``name`` (``SETTING_FLAGS``): None when not given."""
+    kind, text = SETTING_FLAGS[name]
+    return click.option(
+        f"--{name.replace('_', '-')}",
+        *short,
+        name,
+        type=kind,
+        default=None,
+        metavar=metavar,
+        help=f"{text} (default: {_setting_default(name)}).",
+    )
 
 
 def worker_options(function: Any) -> Any:
@@ -48,20 +101,18 @@ def worker_options(function: Any) -> Any:
             callback=checked_name,
             help="Comma-separated queues (default: all).",
         ),
-        click.option(
-            "--concurrency",
-            "-c",
-            default=10,
-            show_default=True,
-            type=click.IntRange(1, MAX_CONCURRENCY),
-        ),
+        setting_option("concurrency", "-c"),
         click.option(
             "--processes", "-p", default=1, show_default=True, type=click.IntRange(1, MAX_PROCESSES)
         ),
-        click.option("--no-listen", is_flag=True, help="Poll only, never LISTEN."),
-        click.option("--poll-interval", type=click.FloatRange(min=0.01), default=None),
-        click.option("--lease-seconds", type=click.FloatRange(min=0.1), default=None),
-        click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=None),
+        click.option(
+            "--no-listen",
+            is_flag=True,
+            help=f"Poll only, never LISTEN (as {ENV_PREFIX}LISTEN=false does).",
+        ),
+        setting_option("poll_interval"),
+        setting_option("lease_seconds"),
+        setting_option("shutdown_timeout"),
         click.option("--drain", is_flag=True, help="Exit when no job is ready."),
         click.option(
             "--wait-for-database",
@@ -75,19 +126,8 @@ def worker_options(function: Any) -> Any:
             "without a value for ever) instead of exiting with code 2 "
             "(default: $PGQUEUE_WAIT_FOR_DATABASE).",
         ),
-        click.option(
-            "--metrics-port",
-            type=click.IntRange(1, 65535),
-            default=None,
-            help="Serve Prometheus /metrics on this port (default: $PGQUEUE_METRICS_PORT).",
-        ),
-        click.option(
-            "--metrics-address",
-            default=None,
-            metavar="ADDRESS",
-            help="Address /metrics listens on: an IP address (0.0.0.0 or :: for every "
-            "interface) or a host name (default: $PGQUEUE_METRICS_ADDRESS, else 127.0.0.1).",
-        ),
+        setting_option("metrics_port"),
+        setting_option("metrics_address", metavar="ADDRESS"),
         # Given by the supervisor to its children: they stop when it is gone.
         click.option("--supervisor-pid", type=int, default=None, hidden=True),
     ]
@@ -105,32 +145,41 @@ def worker(app: str, **options: Any) -> None:
     run_worker_command(pgq, app_argv=[app], **options)
 
 
+def setting_overrides(flags: dict[str, Any]) -> dict[str, Any]:
+    """The settings the setting flags among ``flags`` (click's values) override: those given."""
+    overrides = {name: flags[name] for name in SETTING_FLAGS if flags.get(name) is not None}
+    if flags.get("no_listen"):
+        overrides["listen"] = False
+    return overrides
+
+
+def setting_argv(overrides: dict[str, Any]) -> list[str]:
+    """The flags that give a supervisor's child the ``overrides`` the supervisor was given."""
+    argv: list[str] = []
+    for name, value in overrides.items():
+        if name == "listen":
+            argv.append("--no-listen")
+        elif name not in SUPERVISOR_ONLY:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
 def run_worker_command(
     pgq: PgQueue,
     *,
     app_argv: list[str],
     queues: str | None,
-    concurrency: int,
     processes: int,
-    no_listen: bool,
-    poll_interval: float | None,
-    lease_seconds: float | None,
-    shutdown_timeout: float | None,
     drain: bool,
     wait_for_database: float | None = None,
     command_prefix: list[str] | None = None,
     supervisor_pid: int | None = None,
-    metrics_port: int | None = None,
-    metrics_address: str | None = None,
+    **flags: Any,
 ) -> None:
-    """Shared by ``pgqueue worker`` and ``flask pgqueue worker``."""
-    from pgqueue import config
-
-    address = (
-        pgq.settings.metrics_address
-        if metrics_address is None
-        else config.metrics_address(metrics_address)
-    )
+    """Shared by ``pgqueue worker`` and ``flask pgqueue worker``; ``flags``: the setting flags
+    (``SETTING_FLAGS``, ``no_listen``), None (or False) when not given."""
+    overrides = setting_overrides(flags)
+    settings = pgq.settings.overridden(**overrides)
     check_schema(pgq, wait_for_database=wait_for_database)
     names = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     if processes > 1:
@@ -139,17 +188,8 @@ def run_worker_command(
         from pgqueue.worker.supervisor import Supervisor
 
         argv = [
-            "--concurrency",
-            str(concurrency),
+            *setting_argv(overrides),
             *(["--queues", queues] if queues else []),
-            *(["--no-listen"] if no_listen else []),
-            *(["--poll-interval", str(poll_interval)] if poll_interval else []),
-            *(["--lease-seconds", str(lease_seconds)] if lease_seconds else []),
-            *(
-                ["--shutdown-timeout", str(shutdown_timeout)]
-                if shutdown_timeout is not None
-                else []
-            ),
             *(["--drain"] if drain else []),
             # Restarted while the server is down, a child waits for it: the group already
             # started, and rides out an outage as a running worker does.
@@ -161,11 +201,10 @@ def run_worker_command(
         pgq.dispose()
         prefix = command_prefix or [sys.executable, "-m", "pgqueue", "worker"]
         command = [*prefix, *app_argv, *argv]
-        group_port = metrics_port or pgq.settings.metrics_port
-        if not group_port:
+        if not settings.metrics_port:
             sys.exit(Supervisor(command, processes).run())
         # One endpoint for the group: the children write to a shared directory it serves.
-        with metrics.serve_group(group_port, address) as child_exited:
+        with metrics.serve_group(settings.metrics_port, settings.metrics_address) as child_exited:
             code = Supervisor(command, processes, on_exit=child_exited).run()
         sys.exit(code)
     from pgqueue.worker import Worker
@@ -173,18 +212,9 @@ def run_worker_command(
     logging.getLogger("pgqueue").setLevel(min(logging.getLogger().level, logging.INFO))
     if supervisor_pid is None:
         warn_of_unknown_queues(pgq, names or [])
-    w = Worker(
-        pgq,
-        queues=names,
-        concurrency=concurrency,
-        listen=False if no_listen else None,
-        poll_interval=poll_interval,
-        lease_seconds=lease_seconds,
-        shutdown_timeout=shutdown_timeout,
-        install_signal_handlers=True,
-        metrics_port=metrics_port if supervisor_pid is None else _child_metrics(),
-        metrics_address=address,
-    )
+    else:
+        overrides["metrics_port"] = _child_metrics()
+    w = Worker(pgq, queues=names, install_signal_handlers=True, **overrides)
     if supervisor_pid is not None:
         from pgqueue.worker.supervisor import watch_supervisor
 
