@@ -232,23 +232,33 @@ def assert_each_upgrade_takes_pgqueue_to_its_head(project: Project, host_head: s
     assert {"orders", "pgqueue_jobs"} <= project.tables()
 
 
+def followed_with_alembic_init(
+    recipe: str, root: Path, url: URL
+) -> tuple[Project, set[Path], Path]:
+    """An application made by ``alembic init``, ``recipe``'s ini settings and env.py edits
+    applied and its command lines run: the project, its revisions before them, and the one
+    revision they wrote (the application's ``orders``)."""
+    project = Project(root, url)
+    (root / "myapp" / "models.py").write_text(MODELS)
+    project.run(["alembic", "init", "migrations"])
+    project.edit("alembic.ini", f"sqlalchemy.url = {project.url.replace('%', '%%')}")
+    for settings in blocks(recipe, "ini"):
+        project.edit("alembic.ini", settings)
+    project.edit("migrations/env.py", diffs=blocks(recipe, "diff"))
+    before = project.revisions()
+    for argv in commands(recipe):
+        project.run(argv)
+    (orders,) = project.revisions() - before
+    return project, before, orders
+
+
 @pytest.mark.slow
 def test_recipe_for_an_alembic_of_its_own(
     empty_database_url: URL, tmp_path: Path, pgqueue_versions_untouched: None
 ) -> None:
     recipe = section(1)
-    project = Project(tmp_path, empty_database_url)
-    (tmp_path / "myapp" / "models.py").write_text(MODELS)
-    project.run(["alembic", "init", "migrations"])
-    url = project.url.replace("%", "%%")
-    project.edit("alembic.ini", f"sqlalchemy.url = {url}")
     assert not blocks(recipe, "ini")  # alembic.ini stays as alembic init wrote it
-    project.edit("migrations/env.py", diffs=blocks(recipe, "diff"))
-
-    before = project.revisions()
-    for argv in commands(recipe):
-        project.run(argv)
-    (orders,) = project.revisions() - before
+    project, before, orders = followed_with_alembic_init(recipe, tmp_path, empty_database_url)
     host_head = host_head_of(orders)
     assert_each_upgrade_takes_pgqueue_to_its_head(project, host_head)
 
@@ -303,20 +313,7 @@ def test_recipe_for_flask_migrate(
 def test_branch_layout_for_an_alembic_of_its_own(
     empty_database_url: URL, tmp_path: Path, pgqueue_versions_untouched: None
 ) -> None:
-    recipe = section(4)
-    project = Project(tmp_path, empty_database_url)
-    (tmp_path / "myapp" / "models.py").write_text(MODELS)
-    project.run(["alembic", "init", "migrations"])
-    url = project.url.replace("%", "%%")
-    project.edit("alembic.ini", f"sqlalchemy.url = {url}")
-    (settings,) = blocks(recipe, "ini")
-    project.edit("alembic.ini", settings)
-    project.edit("migrations/env.py", diffs=blocks(recipe, "diff"))
-
-    before = project.revisions()
-    for argv in commands(recipe):
-        project.run(argv)
-    (orders,) = project.revisions() - before
+    project, before, orders = followed_with_alembic_init(section(4), tmp_path, empty_database_url)
     host_head = host_head_of(orders)
     # Both lineages in the application's alembic_version.
     assert project.version_rows() == {migrations.head(), host_head}
