@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 from sqlalchemy import create_engine, text
 
-from pgqueue import PgQueue, Settings
+from pgqueue import PgQueue, Settings, backoff
 
 if TYPE_CHECKING:
     from conftest import App
@@ -51,7 +51,9 @@ def test_web_loop_enqueues_while_worker_connections_are_terminated_every_500ms(a
     web_engine = create_engine(app.url, connect_args={"application_name": "web"})
     web = PgQueue(web_engine, settings=Settings())
 
-    @web.task(name="work", pass_context=True)
+    # Declared as the worker's app declares it: the enqueuing side's declaration writes the
+    # job's max_attempts and backoff, and three attempts can all meet a kill round.
+    @web.task(name="work", pass_context=True, max_attempts=25, retry=backoff.constant(0.2))
     def work(ctx: object, seconds: float = 0.0, start_mark: bool = False) -> None:
         """Declared to enqueue the worker's ``work`` from the web side."""
 
