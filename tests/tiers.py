@@ -258,6 +258,12 @@ def table(tiers: list[Tier], wall: float) -> str:
             _minutes(wall),
         )
     )
+    return _aligned(rows)
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> str:
+    """``rows`` as a plain-text table: columns padded to their widest cell, a rule under the
+    first row (the header)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
@@ -280,10 +286,7 @@ def slowest_files(tiers: list[Tier], count: int = 15) -> str:
     rows = [("tier", "file", "seconds")]
     ranked = sorted(seconds.items(), key=lambda item: item[1], reverse=True)[:count]
     rows += [(tier, test_file, f"{total:.0f}") for (tier, test_file), total in ranked]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+    return _aligned(rows)
 
 
 def _file_of(classname: str) -> str:

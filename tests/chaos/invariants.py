@@ -698,13 +698,15 @@ def durable_waits_kept(s: Snapshot, facts: Facts) -> list[Violation]:
             )
         until = s.sleeps_until.get(job.id)
         for run in runs:
-            if run.outcome == "ok" and until is not None and _past_sleep_at(s, run) < until - 0.01:
+            if run.outcome != "ok" or until is None:
+                continue
+            past = _past_sleep_at(s, run)
+            if past < until - 0.01:
                 found.append(
                     Violation(
                         "13 durable waits",
                         job.id,
-                        f"run {run.id} got past its sleep at {clock(_past_sleep_at(s, run))}, "
-                        "before the "
+                        f"run {run.id} got past its sleep at {clock(past)}, before the "
                         f"sleep's end {clock(until)}",
                         [run.id],
                     )
