@@ -488,11 +488,17 @@ def _server_log(app: App) -> Path | None:
     return log if log.is_file() else None
 
 
+# How many freezes, and of every other kind of conflict, the conflicting workload runs to.
+FREEZES = 8
+CONFLICTS = 50
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_conflicting_workload_no_deadlock_and_short_transactions(app: App) -> None:
-    """60 s of cancels, reruns, rescues and claims on the same jobs: 0 deadlocks (40P01), and
-    no pgqueue transaction open longer than 2 s (pg_stat_activity sampled every 100 ms)."""
+    """Cancels, reruns, rescues, freezes and claims on the same jobs until each kind has happened
+    often enough (at most 60 s): 0 deadlocks (40P01), and no pgqueue transaction open longer
+    than 2 s (pg_stat_activity sampled every 100 ms)."""
     began = time.monotonic()
     pgq = app.module.pgq
     flaky = app.module.flaky
@@ -606,7 +612,14 @@ def test_conflicting_workload_no_deadlock_and_short_transactions(app: App) -> No
     ]
     for thread in threads:
         thread.start()
-    stop.wait(60)
+    # Until every kind of conflict has happened often enough (FREEZES freezes take the longest,
+    # about 2.3 s each), at most 60 s.
+    deadline = time.monotonic() + 60
+    while not stop.is_set() and time.monotonic() < deadline:
+        others = [n for kind, n in counts.items() if kind != "freeze"]
+        if counts["freeze"] >= FREEZES and min(others) >= CONFLICTS:
+            break
+        stop.wait(0.2)
     stop.set()
     for thread in threads:
         thread.join(30)
