@@ -50,13 +50,13 @@ def key_limit_command(
     ``none`` removes it)."""
     _refuse_unknown_options(key_or_prefix, limit)
     if key_or_prefix is None:
-        _print_key_overrides(pgq.key_overrides(), as_json=as_json)
+        _print_key_overrides(pgq.admin.key_overrides(), as_json=as_json)
         return
     from pgqueue import validation
 
     prefix = validation.concurrency_key(key_or_prefix, what="KEY_OR_PREFIX")
     if limit is None:
-        found = {o.prefix: o for o in pgq.key_overrides()}.get(prefix)
+        found = {o.prefix: o for o in pgq.admin.key_overrides()}.get(prefix)
         key_limit = found.key_limit if found else None
         if as_json:
             print_json({"prefix": prefix, "key_limit": key_limit})
@@ -65,11 +65,11 @@ def key_limit_command(
         return
     _refuse_json_with_a_value(as_json)
     value = number_or_none(limit)
-    if value is None and prefix not in {o.prefix for o in pgq.key_overrides() if o.key_limit}:
+    if value is None and prefix not in {o.prefix for o in pgq.admin.key_overrides() if o.key_limit}:
         # Removing what is not there changes nothing; saying "removed" would hide a typo.
         echo(f"keys {prefix}*: no limit override to remove (key-limit lists them)")
         return
-    pgq.set_key_limit(prefix, value)
+    pgq.admin.set_key_limit(prefix, value)
     echo(f"keys {prefix}*: limit {'removed' if value is None else value}")
 
 
@@ -121,7 +121,7 @@ def rate_limit_command(
             validation.limit_count(value, what="rate limit")
             validation.rate_period(window)
         queue = known_queue(pgq, queue, new=new, doing="rate-limit")
-    pgq.set_rate_limit(queue, value, per=window, key=key)
+    pgq.admin.set_rate_limit(queue, value, per=window, key=key)
     shown = "removed" if value is None else _rate(value, window)
     echo(f"{target}: rate limit {shown}")
 
@@ -171,7 +171,7 @@ def _print_key_overrides(overrides: list[KeyOverride], *, as_json: bool) -> None
 
 def _print_rates(pgq: PgQueue, *, as_json: bool) -> None:
     queues = [q for q in pgq.admin.queue_settings().values() if q.rate_limit is not None]
-    keys = [o for o in pgq.key_overrides() if o.rate_limit is not None]
+    keys = [o for o in pgq.admin.key_overrides() if o.rate_limit is not None]
     if as_json:
         print_json(
             {
@@ -201,7 +201,7 @@ def _print_one_rate(
     from pgqueue.admin import QueueSettings
 
     if key is not None:
-        override = {o.prefix: o for o in pgq.key_overrides()}.get(key)
+        override = {o.prefix: o for o in pgq.admin.key_overrides()}.get(key)
         limit, per = (override.rate_limit, override.rate_per) if override else (None, None)
         name = {"prefix": key}
     else:

@@ -138,5 +138,5 @@ def max_depth(queue: str, max_depth: str, new: bool, database_url: str | None) -
 def bound_queue(pgq: PgQueue, queue: str, max_depth: str, *, new: bool = False) -> None:
     """Shared by ``pgqueue max-depth`` and ``flask pgqueue max-depth``."""
     value = number_or_none(max_depth)
-    pgq.set_queue_max_depth(known_queue(pgq, queue, new=new, doing="bound"), value)
+    pgq.admin.set_queue_max_depth(known_queue(pgq, queue, new=new, doing="bound"), value)
     echo(f"queue {queue}: max depth {'removed' if value is None else value}")

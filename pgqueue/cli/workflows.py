@@ -19,10 +19,10 @@ def workflow(workflow_id: int, cancel: bool, as_json: bool, database_url: str | 
     """Show workflow WORKFLOW_ID: its state and its jobs, each with what it waits for."""
     pgq = queue_for(database_url)
     if cancel:
-        changed = pgq.cancel_workflow(workflow_id)
+        changed = pgq.admin.cancel_workflow(workflow_id)
         echo(f"workflow {workflow_id}: {'cancelled' if changed else 'had already ended'}")
         return
-    status = pgq.get_workflow(workflow_id)
+    status = pgq.admin.get_workflow(workflow_id)
     record: dict[str, Any] = {
         "id": status.id,
         "state": status.state,
