@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,47 @@ CONNECTION_TESTS = (
     "tests/e2e/test_pgbouncer.py",
     "tests/e2e/test_tls.py",
 )
+
+
+# The integration files of 20 s or more in a CI run on Debian's server (its JUnit report: see
+# PGQUEUE_TEST_REPORTS), to split that tier into halves of about the same length. A file not
+# listed counts as DEFAULT_FILE_SECONDS. Refresh these when a file's time changes much.
+FILE_SECONDS: dict[str, float] = {
+    "integration/test_schema_bounds.py": 195,
+    "integration/test_cli_one_line_errors.py": 172,
+    "integration/test_embedded.py": 125,
+    "integration/test_bad_input_properties.py": 121,
+    "integration/test_claim_plan.py": 113,
+    "integration/test_host_alembic_cli.py": 91,
+    "integration/test_sql_enqueue.py": 68,
+    "integration/test_alembic_recipes.py": 66,
+    "e2e/test_tls.py": 59,
+    "integration/test_dashboard_throughput.py": 58,
+    "integration/test_claim_commit.py": 54,
+    "integration/test_online_migrate.py": 51,
+    "integration/test_pytest_plugin.py": 46,
+    "e2e/test_pgbouncer.py": 46,
+    "integration/test_durable_wait.py": 43,
+    "integration/test_dashboard_queries.py": 40,
+    "integration/test_core.py": 38,
+    "integration/test_workflows.py": 35,
+    "integration/test_poison_outcomes.py": 34,
+    "integration/test_schedules.py": 34,
+    "integration/test_key_concurrency.py": 33,
+    "integration/test_cli_flow_limits.py": 31,
+    "integration/test_error_and_log_hygiene.py": 31,
+    "integration/test_async_enqueue.py": 29,
+    "integration/test_cli_typos.py": 29,
+    "integration/test_wait_for.py": 28,
+    "integration/test_least_privilege.py": 28,
+    "integration/test_fastapi_example.py": 25,
+    "e2e/test_killed_connections.py": 24,
+    "integration/test_bounded_queues.py": 23,
+    "integration/test_wakeups.py": 23,
+    "integration/test_workflow_unique_keys.py": 22,
+    "integration/test_migrations.py": 21,
+}
+DEFAULT_FILE_SECONDS = 8.0
 
 
 @dataclass(frozen=True)
@@ -143,13 +184,25 @@ def matrix() -> list[Tier]:
 
 def integration_halves() -> tuple[list[str], list[str]]:
     """The integration tier (and the connection tests) in two runs of about the same length,
-    each on a Debian server of its own: every other file, in name order."""
+    each on a Debian server of its own: the files from the longest down, each to the half with
+    the fewer seconds so far (``FILE_SECONDS``), each half then in name order."""
     files = sorted(
         path.relative_to(ROOT).as_posix()
         for path in (ROOT / "tests" / "integration").glob("test_*.py")
     )
     files += CONNECTION_TESTS
-    return files[0::2], files[1::2]
+    halves: tuple[list[str], list[str]] = ([], [])
+    seconds = [0.0, 0.0]
+    for name in sorted(files, key=lambda name: -file_seconds(name)):
+        lighter = 0 if seconds[0] <= seconds[1] else 1
+        halves[lighter].append(name)
+        seconds[lighter] += file_seconds(name)
+    return sorted(halves[0]), sorted(halves[1])
+
+
+def file_seconds(name: str) -> float:
+    """What the test file ``name`` (from the checkout's root) takes in an integration run."""
+    return FILE_SECONDS.get(name.removeprefix("tests/"), DEFAULT_FILE_SECONDS)
 
 
 def quick() -> list[Tier]:
@@ -261,7 +314,7 @@ def table(tiers: list[Tier], wall: float) -> str:
     return _aligned(rows)
 
 
-def _aligned(rows: list[tuple[str, ...]]) -> str:
+def _aligned(rows: Sequence[Sequence[str]]) -> str:
     """``rows`` as a plain-text table: columns padded to their widest cell, a rule under the
     first row (the header)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
