@@ -12,6 +12,11 @@ Each case is planned twice: as a one-off statement with its parameter values (cu
 as a generic plan, which is what PostgreSQL may switch to once psycopg has prepared the
 statement after a few executions, as a long-running worker does.
 Autovacuum is switched off on both tables so that "stale" stays stale while the test runs.
+
+The finished jobs, and the fresh scenario's tickets and statistics, are written once per module
+into template databases; a test that writes starts from a copy of one (``CREATE DATABASE ...
+TEMPLATE``), which has the same pages, ``pg_class`` sizes and statistics (or none), so the same
+plans, for a fraction of the writing's time.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from server_databases import create_database, drop_database
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
@@ -73,19 +79,17 @@ def insert_ready(
     )
 
 
+def switch_autovacuum_off(connection: Connection) -> None:
+    for table in sorted(BIG_TABLES):
+        connection.execute(text(f"ALTER TABLE {table} SET (autovacuum_enabled = false)"))
+
+
 def analyze(connection: Connection) -> None:
     connection.execute(text("ANALYZE pgqueue_jobs"))
     connection.execute(text("ANALYZE pgqueue_message_queue"))
 
 
-def scenario_fresh(connection: Connection) -> None:
-    insert_finished(connection, FINISHED)
-    insert_ready(connection, READY)
-    analyze(connection)
-
-
 def scenario_never_analyzed(connection: Connection) -> None:
-    insert_finished(connection, FINISHED)
     insert_ready(connection, READY)
 
 
@@ -97,7 +101,6 @@ def scenario_analyzed_empty(connection: Connection) -> None:
 
 def scenario_tickets_replaced(connection: Connection) -> None:
     """Statistics describe 1,000 tickets in 5 queues; now there are 50,000, all in one queue."""
-    insert_finished(connection, FINISHED)
     insert_ready(connection, 1_000)
     analyze(connection)
     connection.execute(text("DELETE FROM pgqueue_message_queue"))
@@ -107,27 +110,109 @@ def scenario_tickets_replaced(connection: Connection) -> None:
 
 def scenario_analyzed_in_the_future(connection: Connection) -> None:
     """Statistics say every ticket is an hour ahead (none ready); then they all come due."""
-    insert_finished(connection, FINISHED)
     insert_ready(connection, READY, future=True)
     analyze(connection)
     connection.execute(text("UPDATE pgqueue_message_queue SET run_at = now() - interval '1 s'"))
 
 
-SCENARIOS: dict[str, Callable[[Connection], None]] = {
-    "fresh": scenario_fresh,
-    "never_analyzed": scenario_never_analyzed,
-    "analyzed_empty": scenario_analyzed_empty,
-    "tickets_replaced": scenario_tickets_replaced,
-    "analyzed_in_the_future": scenario_analyzed_in_the_future,
+# Each scenario: the database it starts from (see Databases), then what it writes there.
+SCENARIOS: dict[str, tuple[str, Callable[[Connection], None] | None]] = {
+    "fresh": ("fresh", None),
+    "never_analyzed": ("finished", scenario_never_analyzed),
+    "analyzed_empty": ("empty", scenario_analyzed_empty),
+    "tickets_replaced": ("finished", scenario_tickets_replaced),
+    "analyzed_in_the_future": ("finished", scenario_analyzed_in_the_future),
 }
+
+
+class Databases:
+    """New databases for this module's tests, each from a template: ``"empty"`` (the session's,
+    pgqueue's tables empty), ``"finished"`` (``FINISHED`` finished jobs, never analyzed) or
+    ``"fresh"`` (those, ``READY`` ready tickets, then both tables analyzed). Autovacuum is off
+    on the big tables in the last two; a template is built on first use and kept for the
+    module."""
+
+    def __init__(self, server_url: URL, template_name: str) -> None:
+        self.server_url = server_url
+        self.templates: dict[str, URL] = {"empty": server_url.set(database=template_name)}
+        self.made: list[URL] = []
+
+    def url(self, base: str) -> URL:
+        """A new database, a copy of the template ``base``."""
+        url = create_database(self.server_url, self.template(base).database)
+        self.made.append(url)
+        return url
+
+    def template(self, base: str) -> URL:
+        """The template ``base`` itself (for reading only: a template is copied whole)."""
+        if base not in self.templates:
+            steps = {"finished": ("empty", self._finish), "fresh": ("finished", self._refresh)}
+            start, write = steps[base]
+            url = self.url(start)
+            engine = create_engine(url, isolation_level="AUTOCOMMIT")
+            with engine.connect() as connection:
+                write(connection)
+            # No connection may stay open on a database being copied.
+            engine.dispose()
+            self.templates[base] = url
+        return self.templates[base]
+
+    @staticmethod
+    def _finish(connection: Connection) -> None:
+        switch_autovacuum_off(connection)
+        insert_finished(connection, FINISHED)
+
+    @staticmethod
+    def _refresh(connection: Connection) -> None:
+        insert_ready(connection, READY)
+        analyze(connection)
+
+    def drop(self) -> None:
+        for url in reversed(self.made):
+            drop_database(self.server_url, url)
+
+
+@pytest.fixture(scope="module")
+def databases(server_url: URL, template_name: str) -> Iterator[Databases]:
+    made = Databases(server_url, template_name)
+    yield made
+    made.drop()
+
+
+@pytest.fixture
+def engine_on(databases: Databases) -> Iterator[Callable[[str], Engine]]:
+    """``engine_on(base)``: an autocommit engine on a new copy of the template ``base``."""
+    made: list[tuple[URL, Engine]] = []
+
+    def make(base: str) -> Engine:
+        url = databases.url(base)
+        engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        made.append((url, engine))
+        if base == "empty":
+            with engine.connect() as connection:
+                switch_autovacuum_off(connection)
+        return engine
+
+    yield make
+    for url, engine in made:
+        engine.dispose()
+        drop_database(databases.server_url, url)
+        databases.made.remove(url)
+
+
+@pytest.fixture(scope="module")
+def fresh_reader(databases: Databases) -> Iterator[Engine]:
+    """An autocommit engine on the ``"fresh"`` template itself, for tests that only EXPLAIN."""
+    engine = create_engine(databases.template("fresh"), isolation_level="AUTOCOMMIT")
+    yield engine
+    engine.dispose()
 
 
 @pytest.fixture
 def admin(database_url: URL) -> Iterator[Engine]:
     engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
     with engine.connect() as connection:
-        for table in sorted(BIG_TABLES):
-            connection.execute(text(f"ALTER TABLE {table} SET (autovacuum_enabled = false)"))
+        switch_autovacuum_off(connection)
     yield engine
     engine.dispose()
 
@@ -268,10 +353,13 @@ def assert_good_plan(plan: dict[str, Any], label: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_claim_uses_the_ticket_index_without_sequential_scans(
-    admin: Engine, database_url: URL, scenario: str
+    engine_on: Callable[[str], Engine], scenario: str
 ) -> None:
+    base, write = SCENARIOS[scenario]
+    admin = engine_on(base)
     with admin.connect() as connection:
-        SCENARIOS[scenario](connection)
+        if write is not None:
+            write(connection)
         counts = connection.execute(
             text(
                 """SELECT (SELECT count(*) FROM pgqueue_jobs WHERE finished_at IS NOT NULL),
@@ -297,7 +385,7 @@ def test_claim_uses_the_ticket_index_without_sequential_scans(
             # A long-running worker executes the claim as a prepared statement; after five runs
             # PostgreSQL's plan cache may switch to the generic plan (it does when statistics
             # say no ticket is ready). Whichever plan it settles on must be a good one.
-            generic, custom = plan_cache_choice(database_url, sql, params)
+            generic, custom = plan_cache_choice(admin.url, sql, params)
             assert generic + custom == 20
             if generic:
                 plan = generic_plan(connection, sql)
@@ -316,12 +404,11 @@ def check_plan(plan: dict[str, Any], label: str, *, bounded: bool) -> None:
     assert plan["Total Cost"] < 10_000, describe(plan)
 
 
-def test_generic_claim_plan_avoids_sequential_scans(admin: Engine) -> None:
+def test_generic_claim_plan_avoids_sequential_scans(fresh_reader: Engine) -> None:
     # In a generic plan LIMIT $n is costed as 10 % of the tickets; the claim matches the picked
     # tickets and their jobs with = ANY(ARRAY(SELECT ...)), so that estimate cannot turn the
     # DELETE and the UPDATE into hash joins over sequential scans (as joins on the CTEs would).
-    with admin.connect() as connection:
-        scenario_fresh(connection)
+    with fresh_reader.connect() as connection:
         for filter_queues in (False, True):
             sql, _ = captured_claim(connection, filter_queues=filter_queues)
             assert_good_plan(generic_plan(connection, sql), f"generic, {filter_queues=}")
@@ -329,12 +416,13 @@ def test_generic_claim_plan_avoids_sequential_scans(admin: Engine) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("limits", [False, True], ids=["lean", "full"])
-def test_claim_of_200_probes_primary_keys_instead_of_scanning(admin: Engine, limits: bool) -> None:
+def test_claim_of_200_probes_primary_keys_instead_of_scanning(
+    fresh_reader: Engine, limits: bool
+) -> None:
     # A worker with --concurrency 200 claims 200 at a time: with joins on the CTEs the planner
     # chooses hash joins over sequential scans of both tables for that LIMIT even in the custom
     # plan, an order of magnitude slower than probing the primary keys.
-    with admin.connect() as connection:
-        scenario_fresh(connection)
+    with fresh_reader.connect() as connection:
         claim_data.limits_seen_by(connection).record(limits, until=float("inf"))
         try:
             sql, params = captured_claim(connection, filter_queues=False)
@@ -516,13 +604,14 @@ def test_worker_claim_connection_changes_no_session_setting(database_url: URL) -
 
 
 @pytest.mark.parametrize("tickets", [0, 10_000])
-def test_claim_plans_stay_below_the_jit_threshold(admin: Engine, tickets: int) -> None:
+def test_claim_plans_stay_below_the_jit_threshold(
+    engine_on: Callable[[str], Engine], tickets: int
+) -> None:
     # On a server with JIT on (the default since PostgreSQL 12), a plan whose estimated cost
     # passes jit_above_cost is compiled on every run. pgqueue's connections turn JIT off,
     # but a claim must also be cheap as planned on a connection with every default, custom and
     # generic: that is what runs behind a pooler or on an application's own engine.
-    with admin.connect() as connection:
-        insert_finished(connection, FINISHED)
+    with engine_on("finished").connect() as connection:
         insert_ready(connection, tickets)
         analyze(connection)
         threshold = float(connection.exec_driver_sql("SHOW jit_above_cost").scalar_one())
