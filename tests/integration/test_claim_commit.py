@@ -2,8 +2,9 @@
 for its transaction, so a claim acknowledged to a worker survives a crash of the server and a
 restarted server never gives a job that runs to a second worker (docs/explanation/guarantees.md).
 
-The test server runs with ``synchronous_commit = off``; each test sets its database's default
-to ``on`` first, so that a claim's own setting would be what the test sees.
+The test server runs with ``synchronous_commit = off``; the module's database has its default
+set to ``on`` first, so that a claim's own setting would be what the test sees. Its tests share
+that database (each on new connections, with the jobs and tickets a new database would have).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from server_databases import create_database, drop_database
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.sql.dml import ReturningUpdate
@@ -50,15 +52,29 @@ LEASED = _claims(atomic=False)
 ATOMIC = _claims(atomic=True)
 
 
-@pytest.fixture
-def durable_engine(database_url: URL) -> Iterator[Engine]:
-    """An engine on the test's database, whose default is ``synchronous_commit = on`` (for
-    connections opened after it was set, as all of this engine's are), with 3 leased and 3
-    atomic jobs ready."""
-    setup = create_engine(database_url, isolation_level="AUTOCOMMIT")
+@pytest.fixture(scope="module")
+def durable_url(server_url: URL, template_name: str) -> Iterator[URL]:
+    """A new database whose default is ``synchronous_commit = on`` (for connections opened after
+    it was set)."""
+    url = create_database(server_url, template_name)
+    setup = create_engine(url, isolation_level="AUTOCOMMIT")
     with setup.connect() as connection:
-        name = connection.dialect.identifier_preparer.quote(database_url.database or "")
+        name = connection.dialect.identifier_preparer.quote(url.database or "")
         connection.execute(text(f"ALTER DATABASE {name} SET synchronous_commit = on"))
+    setup.dispose()
+    yield url
+    drop_database(server_url, url)
+
+
+@pytest.fixture
+def durable_engine(durable_url: URL) -> Iterator[Engine]:
+    """A new engine on ``durable_url`` (so its connections are new ones), with 3 leased and 3
+    atomic jobs ready and no other job or ticket: a claim writes only those two tables, so the
+    claims of earlier tests leave nothing else behind."""
+    setup = create_engine(durable_url, isolation_level="AUTOCOMMIT")
+    with setup.connect() as connection:
+        connection.execute(text("DELETE FROM pgqueue_message_queue"))
+        connection.execute(text("DELETE FROM pgqueue_jobs"))
         connection.execute(
             text(
                 """WITH jobs AS (
@@ -72,7 +88,7 @@ def durable_engine(database_url: URL) -> Iterator[Engine]:
             {"task": TASK},
         )
     setup.dispose()
-    engine = create_engine(database_url)
+    engine = create_engine(durable_url)
     yield engine
     engine.dispose()
 
