@@ -30,6 +30,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from server_databases import create_database, drop_database
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
@@ -425,16 +426,27 @@ REFUSED_SQL: list[tuple[str, str, str]] = [
 ]
 
 
+@pytest.fixture(scope="module")
+def refusals_engine(server_url: URL, template_name: str) -> Iterator[Engine]:
+    """An engine on a database the refusal tests share (each rolls back what it sent), which
+    holds a keyed job and its key, so a refusal could show in every counted table."""
+    url = create_database(server_url, template_name)
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        enqueue_sql(connection, task_name="t", concurrency_key="c", unique_key="held")
+    yield engine
+    engine.dispose()
+    drop_database(server_url, url)
+
+
 @pytest.mark.parametrize(("params", "sqlstate", "says"), REFUSED, ids=lambda v: str(v)[:40])
 def test_every_refused_input_names_the_problem_and_writes_nothing(
-    engine: Engine, params: dict[str, Any], sqlstate: str, says: str
+    refusals_engine: Engine, params: dict[str, Any], sqlstate: str, says: str
 ) -> None:
     call = {"task_name": "t", **params}
-    with engine.connect() as connection:
-        # A keyed job and a held key exist, so a refusal could show in every counted table.
-        enqueue_sql(connection, task_name="t", concurrency_key="c", unique_key="held")
-        connection.commit()
+    with refusals_engine.connect() as connection:
         before = counts(connection)
+        assert before == dict.fromkeys(COUNTED, 1)
         with pytest.raises(DBAPIError) as refused:
             enqueue_sql(connection, **call)
         connection.rollback()
@@ -446,8 +458,10 @@ def test_every_refused_input_names_the_problem_and_writes_nothing(
 
 
 @pytest.mark.parametrize(("call", "sqlstate", "says"), REFUSED_SQL)
-def test_refused_values_written_in_sql(engine: Engine, call: str, sqlstate: str, says: str) -> None:
-    with engine.connect() as connection:
+def test_refused_values_written_in_sql(
+    refusals_engine: Engine, call: str, sqlstate: str, says: str
+) -> None:
+    with refusals_engine.connect() as connection:
         before = counts(connection)
         with pytest.raises(DBAPIError) as refused:
             connection.execute(text(f"SELECT pgqueue_enqueue(task_name => 't', {call})"))
