@@ -4,7 +4,8 @@ With 200,000 finished jobs (and a few waiting, failed, cancelled and hand-named 
 statement the overview, the job list under every kind of filter and paging, and a job's page
 send is run under ``EXPLAIN ANALYZE`` on pgqueue's own engine: none scans ``pgqueue_jobs``
 sequentially, and none reads more than a fraction of its rows (a full pass would read them
-all). A second test checks the filtered, paged lists return exactly the right jobs.
+all). A second test checks the filtered, paged lists return exactly the right jobs. Both only
+read, so they share one database with that history.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import psycopg.sql
 import pytest
 from flask import Flask
+from server_databases import create_database, drop_database
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from support.dashboard import dashboard_app
@@ -90,15 +92,23 @@ def _prepare(database_url: URL, fill: Callable[[Connection], None]) -> None:
         setup.dispose()
 
 
-@pytest.fixture
-def app(database_url: URL) -> Iterator[Flask]:
-    _prepare(database_url, _insert_history)
+@pytest.fixture(scope="module")
+def history_url(server_url: URL, template_name: str) -> Iterator[URL]:
+    """A new database with the long history (``_insert_history``), analysed."""
+    url = create_database(server_url, template_name)
+    _prepare(url, _insert_history)
+    yield url
+    drop_database(server_url, url)
+
+
+@pytest.fixture(scope="module")
+def app(history_url: URL) -> Iterator[Flask]:
     # The throughput chart reads the newest finished jobs up to its cap, however long ago they
     # finished (test_dashboard_throughput.py); a cap under this test's bound keeps that read a
     # fraction of the history here, as the default's 50,000 is of a real one.
     cap = MOST_ROWS_A_PAGE_STATEMENT_MAY_READ // 2
     with dashboard_app(
-        pgq, database_url, "dashboard_queries", PGQUEUE_DASHBOARD_THROUGHPUT_CAP=cap
+        pgq, history_url, "dashboard_queries", PGQUEUE_DASHBOARD_THROUGHPUT_CAP=cap
     ) as app:
         yield app
 
@@ -230,7 +240,15 @@ def plan_problems(
     return problems
 
 
-def test_filtered_pages_hold_exactly_the_matching_jobs(app: Flask, engine: Engine) -> None:
+@pytest.fixture
+def history_engine(history_url: URL) -> Iterator[Engine]:
+    engine = create_engine(history_url)
+    yield engine
+    engine.dispose()
+
+
+def test_filtered_pages_hold_exactly_the_matching_jobs(app: Flask, history_engine: Engine) -> None:
+    engine = history_engine
     with engine.connect() as connection:
         rows = connection.execute(
             text("SELECT id, queue, state, task_name FROM pgqueue_jobs WHERE id > :low"),
