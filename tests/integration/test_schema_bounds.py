@@ -2,12 +2,15 @@
 
 Its variants are pgqueue's migrated schema with indexes dropped by name, and the last one must
 make a job row's two updates heap-only: a renamed index would fail the variant's statements, and
-a variant that still updates through the indexes would report a bound it does not measure. A
-few hundred jobs per drain, on the test server; the ceiling's and the drains' CPU is read as the
-scale-out benchmark reads it.
+a variant that still updates through the indexes would report a bound it does not measure. One
+drain of a hundred jobs per variant and one of the ceiling, on the test server, read by every
+test that needs drains; the ceiling's and the drains' CPU is read as the scale-out benchmark
+reads it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import psycopg
 import pytest
@@ -28,24 +31,30 @@ from benchmarks.schema_bounds import (
 from benchmarks.server import Server, libpq
 from benchmarks.workloads import enqueue1, enqueue_batch
 
-JOBS = 300
+JOBS = 100
+
+
+@pytest.fixture(scope="module")
+def drains(server_url: URL) -> list[dict[str, Any]]:
+    """One drain of every variant and one of the ceiling, as a round of the benchmark runs
+    them: the tests below read the same drains, which are the costly part."""
+    server = Server(server_url, embedded=False)
+    found = [
+        {**drain_variant(server, variant, JOBS, concurrency=10), "round": 1} for variant in VARIANTS
+    ]
+    found.append({**drain_ceiling(server, JOBS, threads=2, batch=50), "round": 1})
+    return found
 
 
 @pytest.mark.slow
 def test_each_variant_drains_every_job_and_only_the_hot_one_updates_in_place(
-    server_url: URL,
+    drains: list[dict[str, Any]],
 ) -> None:
-    server = Server(server_url, embedded=False)
-    drains = [
-        {**drain_variant(server, variant, JOBS, concurrency=10), "round": 1} for variant in VARIANTS
-    ]
-    drains.append({**drain_ceiling(server, JOBS, threads=2, batch=50), "round": 1})
-
     for drain in drains:
         assert drain["ok"], drain
-        # Gross: a few hundred jobs cost less than the commands' start-up varies by, so the
+        # Gross: a hundred jobs cost less than the commands' start-up varies by, so the
         # per-job figures (net of a run on the empty database) are for real sizes only. The
-        # server's CPU is read in clock ticks (10 ms): the ceiling's in-process drain of a few
+        # server's CPU is read in clock ticks (10 ms): the ceiling's in-process drain of a
         # hundred jobs can take less than one, so only the whole set must show some.
         assert drain["server_cpu_s"] >= 0, drain
         assert drain["client_cpu_s"] > 0, drain
@@ -70,7 +79,7 @@ def test_each_variant_drains_every_job_and_only_the_hot_one_updates_in_place(
 
 def test_the_bulk_enqueue_of_a_variant_is_timed_against_a_raw_copy(server_url: URL) -> None:
     server = Server(server_url, embedded=False)
-    result = bulk_variant(server, "primary key only", 2000)
+    result = bulk_variant(server, "primary key only", 200)
 
     assert result["jobs_per_s"] > 0
     assert result["raw_jobs_per_s"] > 0
@@ -88,7 +97,7 @@ def test_the_bulk_workload_enqueues_into_the_shaped_database(server_url: URL) ->
             ).fetchall()
         indexes.extend(name for (name,) in rows)
 
-    result = enqueue_batch(Server(server_url, embedded=False), 2000, 1, shape=shape)
+    result = enqueue_batch(Server(server_url, embedded=False), 200, 1, shape=shape)
 
     assert indexes == ["pk_pgqueue_jobs"]
     assert result["pgqueue"] > 0
@@ -96,40 +105,30 @@ def test_the_bulk_workload_enqueues_into_the_shaped_database(server_url: URL) ->
 
 @pytest.mark.slow
 def test_the_single_enqueue_of_a_variant_is_timed_against_a_single_row_insert(
-    server_url: URL,
+    server_url: URL, drains: list[dict[str, Any]]
 ) -> None:
     server = Server(server_url, embedded=False)
-    result = single_variant(server, "primary key only", 200)
+    result = single_variant(server, "primary key only", 50)
 
     assert result["jobs_per_s"] > 0
     assert result["raw_jobs_per_s"] > 0
     assert result["ratio"] == pytest.approx(result["jobs_per_s"] / result["raw_jobs_per_s"])
-    rows = summarize([{**drain, "round": 1} for drain in _one_drain_each(server)], [],
-                     ["primary key only"], [{**result, "round": 1}])  # fmt: skip
+    rows = summarize(drains, [], ["primary key only"], [{**result, "round": 1}])
     assert rows[0]["single_ratio"] == result["ratio"]
 
 
-def _one_drain_each(server: Server) -> list[dict[str, object]]:
-    return [
-        drain_variant(server, "primary key only", 50, concurrency=2),
-        drain_ceiling(server, 50, threads=1, batch=50),
-    ]
-
-
 @pytest.mark.slow
-def test_the_pick_up_of_a_variant_is_set_against_the_faster_bare_loop(server_url: URL) -> None:
+def test_the_pick_up_of_a_variant_is_set_against_the_faster_bare_loop(
+    server_url: URL, drains: list[dict[str, Any]]
+) -> None:
     server = Server(server_url, embedded=False)
-    bare = pickup_ceiling(server, 20)
-    mine = pickup_variant(server, "primary key only", 20)
+    bare = pickup_ceiling(server, 10)
+    mine = pickup_variant(server, "primary key only", 10)
 
     assert 0 < bare["p50_ms"] <= bare["durable_p50_ms"]
     assert mine["p50_ms"] > 0
     rows = summarize(
-        [{**drain, "round": 1} for drain in _one_drain_each(server)],
-        [],
-        ["primary key only"],
-        [],
-        [{**bare, "round": 1}, {**mine, "round": 1}],
+        drains, [], ["primary key only"], [], [{**bare, "round": 1}, {**mine, "round": 1}]
     )
     assert rows[0]["pickup_ratio"] == mine["p50_ms"] / bare["p50_ms"]
 
