@@ -1,8 +1,9 @@
 """Both CLIs (``pgqueue ...`` and ``flask pgqueue ...``) against what a user gets wrong: an
 unmigrated or too-old schema, a stopped server, a wrong password, a malformed URL, an APP that
 is not a ``PgQueue``. Each prints at most two lines naming the problem and its fix, exits 2,
-and shows no traceback unless ``--debug`` asks for it. Real servers; each failure once in a real
-process of each CLI, and every command in-process as a fresh process runs it (``cli_invoke``)."""
+and shows no traceback unless ``--debug`` asks for it. Real servers; a schema failure (an
+unmigrated database) and a connection failure (a stopped server) in a real process of each CLI,
+and every command for each failure in-process as a fresh process runs it (``cli_invoke``)."""
 
 from __future__ import annotations
 
@@ -199,16 +200,24 @@ def _assert_one_line(result: subprocess.CompletedProcess[str], *expected: str) -
     return error
 
 
-def _both_clis(shop: Path, url: URL | str, *expected: str, skip: Set[str] = frozenset()) -> None:
+def _both_clis(
+    shop: Path,
+    url: URL | str,
+    *expected: str,
+    skip: Set[str] = frozenset(),
+    in_a_process: bool = False,
+) -> None:
     """Every database command of both CLIs but those in ``skip``, each failing with one line
-    holding ``expected``: ``stats`` in a real process of each CLI, and every command
-    in-process."""
+    holding ``expected``, in-process; ``in_a_process``: ``stats`` in a real process of each CLI
+    too (for one failure of each kind: a real process adds its start-up and exit, the same for
+    every failure of a kind)."""
     skip = NO_DATABASE | skip
     for cli, run, process in (
         ("pgqueue", pgqueue, pgqueue_process),
         ("flask", flask, flask_process),
     ):
-        _assert_one_line(process(["stats"], shop, url), *expected)
+        if in_a_process:
+            _assert_one_line(process(["stats"], shop, url), *expected)
         for command in _commands(cli, skip=skip):
             _assert_one_line(run(command, shop, url), *expected)
 
@@ -228,6 +237,7 @@ def test_unmigrated_database(shop: Path, empty_database_url: URL) -> None:
         f"pgqueue's tables are missing in database {name}",
         "pgqueue migrate`",  # `flask pgqueue migrate` in the Flask CLI
         skip=CREATE_THE_SCHEMA,
+        in_a_process=True,
     )
 
 
@@ -308,7 +318,7 @@ def test_stopped_server(shop: Path) -> None:
         port = probe.getsockname()[1]
     url = f"postgresql+psycopg://postgres:x@127.0.0.1:{port}/shop"
     # The worker too: it waits for its database only when told to (--wait-for-database).
-    _both_clis(shop, url, f'"127.0.0.1", port {port} failed: Connection refused')
+    _both_clis(shop, url, f'"127.0.0.1", port {port} failed: Connection refused', in_a_process=True)
     # A worker names the connection that failed and its database.
     for result in (
         pgqueue(["worker", "shop:pgq"], shop, url),
@@ -437,14 +447,20 @@ def test_json_output_and_parity(shop: Path, database_url: URL) -> None:
 def test_tables_are_full_width_when_not_a_terminal(shop: Path, database_url: URL) -> None:
     long_queue, long_task = "q" * 63, "t" * 63  # a row far wider than 80 columns
     _enqueue(database_url, long_queue, task=long_task)
-    # Real processes: what is not a terminal is the process's standard output, a pipe.
-    for cli in (pgqueue_process, flask_process):
-        for command in (["jobs"], ["stats"]):
-            result = cli(command, shop, database_url)
-            assert result.returncode == 0, result.stderr
-            assert long_queue in result.stdout, result.stdout
-            if command == ["jobs"]:
-                assert long_task in result.stdout, result.stdout
+    # A real process of each CLI: what is not a terminal is the process's standard output, a
+    # pipe. The other table in-process (its standard output is no terminal either): every
+    # table is printed on the same console.
+    for cli, command in (
+        (pgqueue_process, ["jobs"]),
+        (flask_process, ["jobs"]),
+        (pgqueue, ["stats"]),
+        (flask, ["stats"]),
+    ):
+        result = cli(command, shop, database_url)
+        assert result.returncode == 0, result.stderr
+        assert long_queue in result.stdout, result.stdout
+        if command == ["jobs"]:
+            assert long_task in result.stdout, result.stdout
 
 
 def test_schema_check_reads_a_hosts_alembic_version(database_url: URL) -> None:
