@@ -1,6 +1,7 @@
-"""pgqueue's pytest plugin as a host application uses it: a host test suite run by pytest in a
-subprocess (``pytester``), where the plugin loads through its entry point, and the Flask
-example's own tests."""
+"""pgqueue's pytest plugin as a host application uses it: host test suites run by pytest
+(``pytester``), where the plugin loads through its entry point (in a new interpreter where that
+or the environment at import is the point, else in a new pytest session in this process), and
+the Flask example's own tests."""
 
 from __future__ import annotations
 
@@ -167,7 +168,9 @@ def test_a_host_suite_uses_the_plugins_fixtures_and_assertions(
     pytester.makeconftest(HOST_CONFTEST)
     pytester.makepyfile(test_host=HOST_TESTS)
     before = database_names(server_url)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    # In this process: a new pytest session all the same, which loads the plugin through its
+    # entry point (the suite below shows it loads in a new interpreter).
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-v")
     result.assert_outcomes(passed=5, failed=1)
     assert database_names(server_url) == before  # each test's copy and the template dropped
     result.stdout.fnmatch_lines(
@@ -200,7 +203,8 @@ def test_the_plugin_loads_by_itself_and_touches_no_database_unless_asked(
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    listing = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fixtures")
+    # The listing in this process: what it shows is the plugin's fixtures, loaded above.
+    listing = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--fixtures")
     listing.stdout.fnmatch_lines(["pgqueue_database_url*", "pgqueue_run_jobs*"])
 
 
