@@ -145,5 +145,9 @@ def _forget_app_modules(directory: Path) -> None:
     names = {p.stem for p in directory.glob("*.py")}
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if name in names or (file is not None and Path(file).parent == directory):
+        # A file in ``directory`` has its last part's name in its path: the test of the name
+        # spares a Path of each of the thousand-odd modules loaded, per command run.
+        if name in names or (
+            file is not None and directory.name in file and Path(file).parent == directory
+        ):
             del sys.modules[name]
