@@ -1,7 +1,7 @@
 """pgqueue's pytest plugin as a host application uses it: host test suites run by pytest
-(``pytester``), where the plugin loads through its entry point (in a new interpreter where that
-or the environment at import is the point, else in a new pytest session in this process), and
-the Flask example's own tests."""
+(``pytester``), where the plugin loads through its entry point (in a new interpreter where its
+loading by itself is the point, else in a new pytest session in this process), and the Flask
+example's own tests."""
 
 from __future__ import annotations
 
@@ -298,6 +298,8 @@ def test_an_app_bound_at_import_gets_a_session_database_before_its_conftest_runs
     pytester.makeconftest(IMPORT_BOUND_CONFTEST)
     pytester.makepyfile(test_bound=IMPORT_BOUND_TESTS)
     before = database_names(server_url)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # In this process: the new session imports this suite's conftest.py anew, after the
+    # plugin's first hook, as a new interpreter would.
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     assert database_names(server_url) == before
