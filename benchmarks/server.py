@@ -1,7 +1,8 @@
 """Where the benchmarks run: a durable embedded PostgreSQL, or ``$PGQUEUE_DATABASE_URL``.
 
-Every workload gets a fresh database (``CREATE DATABASE`` + pgqueue's migrations) so no run sees
-another's dead tuples, sequences or cached plans; it is dropped afterwards to keep the disk small.
+Every workload gets a fresh database (``CREATE DATABASE`` + pgqueue's migrations, or a copy of a
+database already migrated to pgqueue's head) so no run sees another's dead tuples, sequences or
+cached plans; it is dropped afterwards to keep the disk small.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class Server:
 
     admin_url: URL
     embedded: bool
+    # A database migrated to pgqueue's head (and otherwise unused while a workload runs): each
+    # fresh migrated database is created as a copy of it, the same schema without running
+    # every migration again.
+    template: str | None = None
 
     def settings(self) -> dict[str, str]:
         """The server settings that decide durability and memory, as the report shows them."""
@@ -67,13 +72,17 @@ class Server:
 
     @contextmanager
     def fresh_database(self, label: str, *, migrate: bool = True) -> Iterator[URL]:
-        """A new database migrated to pgqueue's head; dropped (with force) on exit."""
+        """A new database migrated to pgqueue's head (a copy of ``template`` when given), or
+        an empty one (``migrate=False``); dropped (with force) on exit."""
         name = f"bench_{label}_{os.getpid()}_{next(_counter)}"
+        copy = migrate and self.template is not None
         with psycopg.connect(libpq(self.admin_url), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')  # name built from a fixed pattern
+            # Names built from a fixed pattern, or given by the caller.
+            clause = f' TEMPLATE "{self.template}"' if copy else ""
+            conn.execute(f'CREATE DATABASE "{name}"{clause}')
         url = self.admin_url.set(database=name)
         try:
-            if migrate:
+            if migrate and not copy:
                 engine = create_engine(sqlalchemy_url(url))
                 try:
                     with engine.begin() as connection:

@@ -3,9 +3,9 @@
 Its variants are pgqueue's migrated schema with indexes dropped by name, and the last one must
 make a job row's two updates heap-only: a renamed index would fail the variant's statements, and
 a variant that still updates through the indexes would report a bound it does not measure. One
-drain of a hundred jobs per variant and one of the ceiling, on the test server, read by every
-test that needs drains; the ceiling's and the drains' CPU is read as the scale-out benchmark
-reads it.
+drain of a hundred jobs per variant and one of the ceiling, on the test server (its fresh
+migrated databases copied from the session's migrated template), read by every test that needs
+drains; the ceiling's and the drains' CPU is read as the scale-out benchmark reads it.
 """
 
 from __future__ import annotations
@@ -35,10 +35,16 @@ JOBS = 100
 
 
 @pytest.fixture(scope="module")
-def drains(server_url: URL) -> list[dict[str, Any]]:
+def server(server_url: URL, template_name: str) -> Server:
+    """The test server, as the benchmark sees one: fresh migrated databases are copies of the
+    session's migrated template."""
+    return Server(server_url, embedded=False, template=template_name)
+
+
+@pytest.fixture(scope="module")
+def drains(server: Server) -> list[dict[str, Any]]:
     """One drain of every variant and one of the ceiling, as a round of the benchmark runs
     them: the tests below read the same drains, which are the costly part."""
-    server = Server(server_url, embedded=False)
     found = [
         {**drain_variant(server, variant, JOBS, concurrency=10), "round": 1} for variant in VARIANTS
     ]
@@ -77,8 +83,7 @@ def test_each_variant_drains_every_job_and_only_the_hot_one_updates_in_place(
     assert next(row for row in rows if row["variant"] == CEILING)["drain_ratio"] == 1.0
 
 
-def test_the_bulk_enqueue_of_a_variant_is_timed_against_a_raw_copy(server_url: URL) -> None:
-    server = Server(server_url, embedded=False)
+def test_the_bulk_enqueue_of_a_variant_is_timed_against_a_raw_copy(server: Server) -> None:
     result = bulk_variant(server, "primary key only", 200)
 
     assert result["jobs_per_s"] > 0
@@ -86,7 +91,7 @@ def test_the_bulk_enqueue_of_a_variant_is_timed_against_a_raw_copy(server_url: U
     assert result["ratio"] == pytest.approx(result["jobs_per_s"] / result["raw_jobs_per_s"])
 
 
-def test_the_bulk_workload_enqueues_into_the_shaped_database(server_url: URL) -> None:
+def test_the_bulk_workload_enqueues_into_the_shaped_database(server: Server) -> None:
     indexes: list[str] = []
 
     def shape(url: URL) -> None:
@@ -97,7 +102,7 @@ def test_the_bulk_workload_enqueues_into_the_shaped_database(server_url: URL) ->
             ).fetchall()
         indexes.extend(name for (name,) in rows)
 
-    result = enqueue_batch(Server(server_url, embedded=False), 200, 1, shape=shape)
+    result = enqueue_batch(server, 200, 1, shape=shape)
 
     assert indexes == ["pk_pgqueue_jobs"]
     assert result["pgqueue"] > 0
@@ -105,9 +110,8 @@ def test_the_bulk_workload_enqueues_into_the_shaped_database(server_url: URL) ->
 
 @pytest.mark.slow
 def test_the_single_enqueue_of_a_variant_is_timed_against_a_single_row_insert(
-    server_url: URL, drains: list[dict[str, Any]]
+    server: Server, drains: list[dict[str, Any]]
 ) -> None:
-    server = Server(server_url, embedded=False)
     result = single_variant(server, "primary key only", 50)
 
     assert result["jobs_per_s"] > 0
@@ -119,9 +123,8 @@ def test_the_single_enqueue_of_a_variant_is_timed_against_a_single_row_insert(
 
 @pytest.mark.slow
 def test_the_pick_up_of_a_variant_is_set_against_the_faster_bare_loop(
-    server_url: URL, drains: list[dict[str, Any]]
+    server: Server, drains: list[dict[str, Any]]
 ) -> None:
-    server = Server(server_url, embedded=False)
     bare = pickup_ceiling(server, 10)
     mine = pickup_variant(server, "primary key only", 10)
 
@@ -133,13 +136,12 @@ def test_the_pick_up_of_a_variant_is_set_against_the_faster_bare_loop(
     assert rows[0]["pickup_ratio"] == mine["p50_ms"] / bare["p50_ms"]
 
 
-def test_the_single_enqueue_workload_enqueues_into_the_shaped_database(server_url: URL) -> None:
+def test_the_single_enqueue_workload_enqueues_into_the_shaped_database(server: Server) -> None:
     counted: list[int] = []
 
     def shape(url: URL) -> None:
         cut_down(url, "primary key only")
 
-    server = Server(server_url, embedded=False)
     with server.app_beside_baseline("enq1", shape) as (pgq, _raw):
         with psycopg.connect(libpq(pgq.engine.url)) as conn:
             rows = conn.execute(
@@ -150,8 +152,7 @@ def test_the_single_enqueue_workload_enqueues_into_the_shaped_database(server_ur
     assert enqueue1(server, 50, 1, shape=shape)["pgqueue"] > 0
 
 
-def test_the_live_table_design_keeps_a_lease_row_per_running_job(server_url: URL) -> None:
-    server = Server(server_url, embedded=False)
+def test_the_live_table_design_keeps_a_lease_row_per_running_job(server: Server) -> None:
     with server.fresh_database("bounds") as url, psycopg.connect(libpq(url)) as conn:
         cut_down(url, "live-table design (lease rows)")
         conn.execute(
@@ -169,8 +170,7 @@ def test_the_live_table_design_keeps_a_lease_row_per_running_job(server_url: URL
         assert [row[0] for row in conn.execute(leases)] == [1]
 
 
-def test_the_moving_design_keeps_only_live_jobs_in_the_jobs_table(server_url: URL) -> None:
-    server = Server(server_url, embedded=False)
+def test_the_moving_design_keeps_only_live_jobs_in_the_jobs_table(server: Server) -> None:
     with server.fresh_database("bounds") as url, psycopg.connect(libpq(url)) as conn:
         cut_down(url, "live-table design, finished rows moved")
         conn.execute(
