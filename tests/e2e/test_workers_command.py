@@ -12,6 +12,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from support.cli_invoke import invoke
+
 from pgqueue import PgQueue, Settings
 
 if TYPE_CHECKING:
@@ -34,8 +36,13 @@ def pgqueue_cli(app: App, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def listed(app: App, *extra: str) -> dict[int, dict[str, Any]]:
-    """``pgqueue workers --json``: the workers listed, by pid."""
-    done = pgqueue_cli(app, "workers", "--json", *extra)
+    """``pgqueue workers --json``: the workers listed, by pid (run in this process: the waits
+    below ask again and again, and the table above runs the real command)."""
+    done = invoke(
+        ["-m", "pgqueue", "workers", "--json", *extra, "--database-url", app.url_string],
+        env=app.env(**STALE),
+        cwd=app.directory,
+    )
     assert done.returncode == 0, done.stderr
     return {worker["pid"]: worker for worker in json.loads(done.stdout)}
 
