@@ -22,11 +22,12 @@ FAST = {"lease_seconds": 1.5, "worker_stale_seconds": 3, "poll_interval": 0.1}
 
 
 def explain(app: App, job_id: int) -> tuple[dict[str, Any], list[str]]:
-    """``pgqueue explain JOB_ID`` as JSON and as text, run as a subprocess."""
+    """``pgqueue explain JOB_ID`` as JSON and as text (run in this process, as it is asked
+    again and again)."""
     env = app.env(database_url=app.url_string, **FAST)
     answers = []
     for extra in (["--json"], []):
-        result = run_pgqueue("explain", str(job_id), *extra, env=env, process=True)
+        result = run_pgqueue("explain", str(job_id), *extra, env=env)
         assert result.returncode == 0, result.stderr[-2000:]
         answers.append(result.stdout)
     return json.loads(answers[0]), answers[1].splitlines()
