@@ -1,4 +1,6 @@
-"""``flask pgqueue ...`` and ``flask db migrate`` in subprocesses: the example app, an app factory."""
+"""``flask pgqueue ...`` and ``flask db migrate``, run as a fresh process runs them (in this
+process: ``support.cli_invoke``; the first command in a real one): the example app, an app
+factory."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
+from support.cli_invoke import invoke
 
 from pgqueue import migrations
 
@@ -31,16 +34,21 @@ def _env(database_url: URL, *extra_paths: Path) -> dict[str, str]:
 
 
 def flask(
-    args: list[str], env: dict[str, str], cwd: Path = EXAMPLE, app: str = "orders"
+    args: list[str],
+    env: dict[str, str],
+    cwd: Path = EXAMPLE,
+    app: str = "orders",
+    *,
+    process: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "flask", "--app", app, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """``python -m flask --app APP ARGS``, in this process (or, with ``process``, in a real one)."""
+    argv = ["-m", "flask", "--app", app, *args]
+    if process:
+        result = subprocess.run(
+            [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        )
+    else:
+        result = invoke(argv, env=env, cwd=cwd)
     assert result.returncode == 0, f"flask {args} failed:\n{result.stdout}\n{result.stderr}"
     return result
 
@@ -49,7 +57,8 @@ def test_flask_pgqueue_migrate_enqueue_worker_against_the_example(
     empty_database_url: URL,
 ) -> None:
     env = _env(empty_database_url)
-    out = flask(["pgqueue", "migrate"], env).stdout
+    # The first command starts a real interpreter: the extension's commands as a shell runs them.
+    out = flask(["pgqueue", "migrate"], env, process=True).stdout
     assert f"pgqueue schema at {migrations.head()}" in out
     assert "(head)" in flask(["pgqueue", "migrate", "current"], env).stdout
     flask(["create-tables"], env)
