@@ -80,7 +80,7 @@ def _as_a_fresh_process(cwd: Path | None, env: Mapping[str, str]) -> Iterator[No
     working_directory = os.getcwd()
     root = logging.getLogger()
     root_handlers, root_level = root.handlers[:], root.level
-    pgqueue_level = logging.getLogger("pgqueue").level
+    loggers = _loggers_as_they_are()
     handlers = {number: signal.getsignal(number) for number in _SIGNALS}
     frozen = gc.get_freeze_count()
     threads = set(threading.enumerate())
@@ -116,7 +116,7 @@ def _as_a_fresh_process(cwd: Path | None, env: Mapping[str, str]) -> Iterator[No
                     handler.close()
             root.handlers[:] = root_handlers
             root.setLevel(root_level)
-            logging.getLogger("pgqueue").setLevel(pgqueue_level)
+            _put_loggers_back(loggers)
             for number, handler in handlers.items():
                 signal.signal(number, handler)
             if frozen == 0 and gc.get_freeze_count():
@@ -127,6 +127,31 @@ def _as_a_fresh_process(cwd: Path | None, env: Mapping[str, str]) -> Iterator[No
             os.environ.update(environ)
             if cwd is not None:
                 _forget_app_modules(cwd)
+
+
+# A logger's state: disabled, level, propagate, handlers.
+_LoggerState = tuple[bool, int, bool, list[logging.Handler]]
+
+
+def _loggers_as_they_are() -> dict[str, _LoggerState]:
+    """Every existing logger's state: a command may change any of them (Alembic's env.py runs
+    ``logging.config.fileConfig``, which disables every logger that exists)."""
+    return {
+        name: (logger.disabled, logger.level, logger.propagate, logger.handlers[:])
+        for name, logger in logging.root.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
+
+
+def _put_loggers_back(loggers: dict[str, _LoggerState]) -> None:
+    for name, (disabled, level, propagate, handlers) in loggers.items():
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.handlers[:] = handlers
+        logger.disabled, logger.propagate = disabled, propagate
+        logger.setLevel(level)
 
 
 def _wait_for_threads(started: set[threading.Thread]) -> None:
