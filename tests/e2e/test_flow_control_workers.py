@@ -242,9 +242,10 @@ def test_rate_fifty_per_second_over_five_hundred_jobs(
         f"given back unstarted: {_given_back(tmp_path)}"
     )
     # Ten windows of 50: no sooner than 10 s. A limiter that wastes its windows loses about a
-    # second per window's worth of unused starts; 2 s of room leaves a loaded host's claim and
-    # start delays (under 100 ms each here) out of the verdict and still catches that.
-    assert 10.0 <= finished <= 12.0
+    # second per window's worth of unused starts; 3 s of room leaves a loaded host's claim and
+    # start delays (under 100 ms each, on each of the ten windows) out of the verdict and still
+    # catches a limiter that wastes three windows of ten.
+    assert 10.0 <= finished <= 13.0
 
 
 def test_rate_holds_on_an_overloaded_host(
