@@ -81,8 +81,8 @@ TX = text(
 )
 RUNS = text("SELECT count(*) FROM ledger WHERE job_id = :job AND tag = 'run'")
 STEP = text(
-    "INSERT INTO ledger (job_id, attempt, kind, tag, pid)"
-    " VALUES (:job, :attempt, :kind, 'step', :pid)"
+    "INSERT INTO ledger (run_token, job_id, attempt, kind, tag, pid)"
+    " VALUES (:token, :job, :attempt, :kind, 'step', :pid) ON CONFLICT (run_token) DO NOTHING"
 )
 
 
@@ -277,7 +277,10 @@ def atomic_solo(ctx, kind, seconds=0.0, fail_until=0, misuse=None, misuse_until=
 
 
 def step_mark(ctx, kind):
-    own(STEP, {"job": ctx.job_id, "attempt": ctx.attempt, "kind": kind, "pid": os.getpid()})
+    # A token of its own: the step's body runs once here, however often ``own`` has to send
+    # its row because a fault took the answer of a commit that happened.
+    token = str(uuid.uuid4())
+    own(STEP, {"token": token, "job": ctx.job_id, "attempt": ctx.attempt, "kind": kind, "pid": os.getpid()})
     return 1
 
 
