@@ -175,6 +175,7 @@ def test_aenqueue_many_in_a_session_and_copy_outside_one(
     assert run_until_final(pgq, small) == dict.fromkeys(small, JobState.SUCCEEDED)
 
 
+@pytest.mark.slow
 def test_unique_keys_and_dependencies_as_on_the_sync_path(pgq: PgQueue) -> None:
     @pgq.task(name="step")
     def step(n: int) -> int:
@@ -438,6 +439,7 @@ def test_the_slow_callback_check_catches_an_enqueue_that_blocks(
     assert "took" in reports[0]
 
 
+@pytest.mark.slow
 def test_the_embedded_servers_start_stays_off_the_event_loop() -> None:
     """With no database configured, the first asyncio call starts the embedded development
     server in a thread: the loop keeps running meanwhile."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 from test_cli_one_line_errors import _assert_one_line, _enqueue, _invoke, flask, pgqueue, shop
@@ -251,6 +252,7 @@ flask_pgq.init_app(app)
 """
 
 
+@pytest.mark.slow
 def test_a_drain_names_the_retries_it_leaves(shop: Path, database_url: URL) -> None:
     (shop / "slow.py").write_text(SLOW_RETRIES)
     pgq = PgQueue(database_url)
@@ -298,6 +300,7 @@ def test_enqueue_arguments_that_are_not_json(shop: Path, database_url: URL) -> N
             _assert_one_line(cli(command, shop, database_url), expected)
 
 
+@pytest.mark.slow
 def test_a_worker_s_queue_that_nothing_knows_is_answered_with_a_warning(
     shop: Path, database_url: URL
 ) -> None:

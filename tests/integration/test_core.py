@@ -533,6 +533,7 @@ def test_enqueue_errors_are_sqlalchemy_errors_on_every_path(pgq: PgQueue, engine
     assert table_counts(engine) == before
 
 
+@pytest.mark.slow
 def test_two_apps_on_the_embedded_server_never_see_each_others_tables(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -578,6 +579,7 @@ def test_two_apps_on_the_embedded_server_never_see_each_others_tables(
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_no_configuration_warns_once_and_its_server_refuses_tcp(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -247,6 +247,7 @@ def history_engine(history_url: URL) -> Iterator[Engine]:
     engine.dispose()
 
 
+@pytest.mark.slow
 def test_filtered_pages_hold_exactly_the_matching_jobs(app: Flask, history_engine: Engine) -> None:
     engine = history_engine
     with engine.connect() as connection:
@@ -321,6 +322,7 @@ def test_filtered_pages_hold_exactly_the_matching_jobs(app: Flask, history_engin
     assert counts["[/x]"][JobState.WAITING] == 1
 
 
+@pytest.mark.slow
 def test_a_busy_queue_without_running_jobs_is_listed_off_the_lease_index(
     database_url: URL,
 ) -> None:

@@ -231,6 +231,7 @@ def test_start_query_stop(pg_dir: Path, durable: bool) -> None:
     assert (pg_dir / "data.log").read_text()  # server output went to the log beside data_dir
 
 
+@pytest.mark.slow
 def test_restart_existing_data_dir(pg_dir: Path, existing_cluster: Callable[[Path], Path]) -> None:
     data_dir = existing_cluster(pg_dir / "data")
     with EmbeddedPostgres(data_dir) as server, _connect(server.url()) as conn:
@@ -267,6 +268,7 @@ def test_start_after_stop_comes_back_on_the_same_port(
         server.stop()
 
 
+@pytest.mark.slow
 def test_explicit_port(tcp_server: tuple[EmbeddedPostgres, int]) -> None:
     server, port = tcp_server
     assert server.port == port

@@ -8,12 +8,14 @@ names each. No speed is asserted.
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy.engine import URL
 
 from benchmarks.enqueue_layers import BASELINE_OF, LAYERS, markdown_table, measure
 from benchmarks.server import Server
 
 
+@pytest.mark.slow
 def test_each_layer_writes_every_job_it_is_asked_for(server_url: URL) -> None:
     result = measure(Server(server_url, embedded=False), calls=50, rounds=3)
 

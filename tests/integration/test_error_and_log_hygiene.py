@@ -89,6 +89,7 @@ def test_args_are_logged_when_asked(database_url: URL, caplog: pytest.LogCapture
     assert all(secret in logged for secret in SECRETS)
 
 
+@pytest.mark.slow
 def test_cli_worker_at_debug_does_not_print_args(database_url: URL, tmp_path: Path) -> None:
     url = database_url.render_as_string(hide_password=False)
     (tmp_path / "hygiene_app.py").write_text(

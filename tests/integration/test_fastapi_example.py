@@ -103,6 +103,7 @@ def run_worker(url: URL) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_an_order_and_its_job_commit_together_and_a_worker_sends_the_receipt(
     client: httpx.AsyncClient, example: SimpleNamespace, example_url: URL
 ) -> None:

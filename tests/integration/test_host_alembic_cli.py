@@ -254,6 +254,7 @@ def test_host_alembic_command_line_beside_pgqueue(
     assert first.exists()
 
 
+@pytest.mark.slow
 def test_pgqueue_lineage_without_revision_environment_is_refused(
     empty_database_url: URL, tmp_path: Path, pgqueue_versions_untouched: None
 ) -> None:

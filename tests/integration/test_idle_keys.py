@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
 from support.polling import wait_until
@@ -176,6 +177,7 @@ def test_maintenance_deletes_idle_key_rows_and_keeps_the_needed_ones(pgq: PgQueu
     assert sorted(job.id for job in claimed if job.kwargs["key"] == "deleted") == again[:3]
 
 
+@pytest.mark.slow
 def test_enqueues_racing_the_key_cleanup_leave_every_job_claimable(pgq: PgQueue) -> None:
     ran: Counter[int] = Counter()
     ran_lock = threading.Lock()

@@ -389,6 +389,7 @@ def _invoke(*args: str) -> str:
     return result.output
 
 
+@pytest.mark.slow
 def test_every_runtime_path_with_dml_rights_only(
     database_url: URL,
     app_role: str,

@@ -19,6 +19,7 @@ from pgqueue import migrations
 BEFORE_INDEXES = "pgqueue_0005"
 
 
+@pytest.mark.slow
 def test_a_migration_statement_longer_than_statement_timeout_completes(
     empty_database_url: URL, tmp_path: Path
 ) -> None:

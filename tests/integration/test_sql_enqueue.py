@@ -127,6 +127,7 @@ def received(listener: psycopg.Connection[Any]) -> list[str]:
     return [n.payload for n in listener.notifies(timeout=0.5)]
 
 
+@pytest.mark.slow
 def test_the_dml_role_enqueues_from_sql_what_python_enqueues_and_a_worker_runs_it(
     database_url: URL,
     app_role: str,  # noqa: F811

@@ -30,6 +30,7 @@ def _pool_threads() -> int:
     return sum(1 for t in threading.enumerate() if t.name.startswith("pgqueue-slot"))
 
 
+@pytest.mark.slow
 def test_threads_of_hung_handlers_are_bounded(
     pgq: PgQueue, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -296,6 +296,7 @@ def test_set_options_reach_the_jobs(pgq: PgQueue) -> None:
     assert second.max_attempts == 7
 
 
+@pytest.mark.slow
 def test_a_group_of_10000_runs_every_member(pgq: PgQueue) -> None:
     @pgq.task(name="ident")
     def ident(x: int) -> int:
@@ -308,6 +309,7 @@ def test_a_group_of_10000_runs_every_member(pgq: PgQueue) -> None:
     assert status.result == list(range(10_000))
 
 
+@pytest.mark.slow
 def test_a_chord_of_10000_calls_back_once_with_every_result_in_order(pgq: PgQueue) -> None:
     pgq.engine.dispose()
     with pgq.engine.begin() as c:

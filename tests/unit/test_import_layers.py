@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "pgqueue"
 
 
@@ -335,6 +337,7 @@ def breaches(root: Path = PACKAGE_ROOT) -> Breaches:
     )
 
 
+@pytest.mark.slow
 def test_no_import_cycle_among_pgqueue_modules() -> None:
     found = breaches()
     assert found.cycles == [], "import cycles: " + "; ".join(

@@ -31,6 +31,7 @@ def _walked(schedule: Schedule, after: dt.datetime, until: dt.datetime) -> dt.da
     "cron", ["30 1 * * *", "30 2 * * *", "0 * * * *", "*/7 * * * *", "* * * * * */20"]
 )
 @pytest.mark.parametrize("zone", ["America/New_York", "Europe/Oslo", "UTC"])
+@pytest.mark.slow
 def test_latest_between_matches_the_walk(cron: str, zone: str) -> None:
     schedule = Schedule.create(cron, noop, tz=zone, name="s")
     base = dt.datetime(2025, 11, 2, 0, 0, 17, tzinfo=UTC)  # the New York fall-back night
