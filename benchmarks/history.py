@@ -60,6 +60,7 @@ from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.data import claim as claim_data
 from pgqueue.data import history as history_data
+from pgqueue.db import executor_for
 from pgqueue.sql import history as history_sql
 
 DAYS = 10
@@ -121,7 +122,7 @@ def time_claims(pgq: PgQueue, calls: int) -> float:
             session.connection()  # the transaction's BEGIN, outside the timing
             start = time.perf_counter()
             claimed = claim_data.claim(
-                session,
+                executor_for(session),
                 worker_id="bench-claimer",
                 limit=10,
                 queues=["default"],
@@ -372,7 +373,7 @@ def move_all_finished(url: URL) -> int:
     try:
         while True:
             with pgq.sessions() as session, session.begin():
-                batch = history_data.move_to_history(session, age=0.0, limit=50_000)
+                batch = history_data.move_to_history(executor_for(session), age=0.0, limit=50_000)
             moved += batch
             if batch < 50_000:
                 return moved

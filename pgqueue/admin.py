@@ -50,6 +50,7 @@ from pgqueue.data import workers as workers_data
 from pgqueue.data import workflows as workflow_data
 from pgqueue.data.history import JobTables
 from pgqueue.data.insert_choice import BoundedQueuesSeen
+from pgqueue.db import Executor, executor_for
 from pgqueue.errors import ValidationError, WorkflowNotFound
 from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.models import Job
@@ -88,16 +89,14 @@ class Admin:
         """A snapshot of one job (detached from any session). Raises JobNotFound."""
         job_id = check_job_id(job_id)
         tables = self._tables()
-        return self._read(lambda s: admin_data.job_snapshot(s, job_id, tables))
+        return self._read_session(lambda s: admin_data.job_snapshot(s, job_id, tables))
 
     def explain_job(self, job_id: int) -> explain.JobExplanation:
         """Why job ``job_id`` is not running (or is): its blockers in the order the claim
         applies them (see ``pgqueue.explain``). Raises JobNotFound."""
         job_id = check_job_id(job_id)
         stale_seconds = self._stale_seconds()
-        return self._read(
-            lambda session: explain.explain_job(session, job_id, stale_seconds=stale_seconds)
-        )
+        return self._read(lambda ex: explain.explain_job(ex, job_id, stale_seconds=stale_seconds))
 
     def list_jobs(
         self,
@@ -117,7 +116,7 @@ class Admin:
         tables = self._tables()
         # One more than the page: whether there is a next page.
         ahead = dataclasses.replace(checked, limit=checked.limit + 1)
-        rows = self._read(lambda s: admin_data.jobs_page(s, tables, ahead))
+        rows = self._read_session(lambda s: admin_data.jobs_page(s, tables, ahead))
         return page_of(rows, limit=checked.limit, before=checked.before, after=checked.after)
 
     def delete_job(self, job_id: int, *, session: Session | None = None) -> bool:
@@ -126,7 +125,7 @@ class Admin:
         InvalidStateTransition naming the workflow (its callback counts on every member's
         row)."""
         job_id = check_job_id(job_id)
-        return self._write(session, lambda s: admin_data.remove_job(s, job_id))
+        return self._write_session(session, lambda s: admin_data.remove_job(s, job_id))
 
     def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
         """Make a FAILED or CANCELLED job run again now, whatever its attempt count.
@@ -138,7 +137,7 @@ class Admin:
         its workflow settles it."""
         job_id = check_job_id(job_id)
         tables = self._tables()
-        self._write(session, lambda s: admin_data.rerun_job(s, job_id, tables))
+        self._write_session(session, lambda s: admin_data.rerun_job(s, job_id, tables))
 
     def cancel_job(self, job_id: int, *, session: Session | None = None) -> JobState:
         """Cancel a waiting job (it never runs) or ask a running one to stop.
@@ -149,7 +148,7 @@ class Admin:
         """
         job_id = check_job_id(job_id)
         tables = self._tables()
-        return self._write(
+        return self._write_session(
             session, lambda s: admin_data.cancel_job(s, job_id, "cancelled by request", tables)
         )
 
@@ -157,12 +156,15 @@ class Admin:
 
     def get_workflow(self, workflow_id: int) -> WorkflowStatus:
         """Workflow ``workflow_id`` as read in one snapshot. Raises WorkflowNotFound."""
-        return self._read(lambda s: self.workflow_in(s, workflow_id))
+        return self._read(lambda ex: self._workflow(ex, workflow_id))
 
     def workflow_in(self, session: Session, workflow_id: int) -> WorkflowStatus:
         """``get_workflow`` in ``session``."""
+        return self._workflow(executor_for(session), workflow_id)
+
+    def _workflow(self, ex: Executor, workflow_id: int) -> WorkflowStatus:
         row = workflow_data.read_workflow(
-            session, check_job_id(workflow_id, what="workflow id"), self._tables()
+            ex, check_job_id(workflow_id, what="workflow id"), self._tables()
         )
         if row is None:
             raise WorkflowNotFound(f"no workflow with id {workflow_id}")
@@ -174,10 +176,10 @@ class Admin:
 
         tables = self._tables()
 
-        def cancel(s: Session) -> bool:
-            if workflow_data.read_workflow(s, workflow_id, tables) is None:
+        def cancel(ex: Executor) -> bool:
+            if workflow_data.read_workflow(ex, workflow_id, tables) is None:
                 raise WorkflowNotFound(f"no workflow with id {workflow_id}")
-            return workflow_data.cancel_workflow(s, workflow_id)
+            return workflow_data.cancel_workflow(ex, workflow_id)
 
         return self._write(session, cancel)
 
@@ -404,7 +406,7 @@ class Admin:
 
     def queue_settings(self) -> dict[str, QueueSettings]:
         """The switches of every queue that has any, by queue name."""
-        rows = self._read(control_data.queue_controls)
+        rows = self._read_session(control_data.queue_controls)
         return {
             row.name: QueueSettings(
                 row.name,
@@ -469,9 +471,17 @@ class Admin:
     def _tables(self) -> JobTables:
         return JobTables(partitioned=self._partitioned_history())
 
-    def _read(self, work: Callable[[Session], T]) -> T:
+    def _read(self, work: Callable[[Executor], T]) -> T:
+        return self._read_session(lambda session: work(executor_for(session)))
+
+    def _write(self, session: Session | None, work: Callable[[Executor], T]) -> T:
+        return self._write_session(session, lambda s: work(executor_for(s)))
+
+    # Sessions only where the operation reads ORM objects or takes a savepoint.
+
+    def _read_session(self, work: Callable[[Session], T]) -> T:
         with self._sessions()() as session:
             return work(session)
 
-    def _write(self, session: Session | None, work: Callable[[Session], T]) -> T:
+    def _write_session(self, session: Session | None, work: Callable[[Session], T]) -> T:
         return uow.in_caller_or_own_transaction(session, self._sessions(), work)

@@ -31,7 +31,7 @@ from pgqueue.data import maintenance as maintenance_data
 from pgqueue.data import signals as signals_data
 from pgqueue.data.insert_choice import COPY_THRESHOLD as COPY_THRESHOLD
 from pgqueue.data.insert_choice import BoundedQueuesSeen
-from pgqueue.db import ConnectionExecutor, Database
+from pgqueue.db import ConnectionExecutor, Database, executor_for
 from pgqueue.engines import Engines
 from pgqueue.enqueuer import Enqueuer
 from pgqueue.errors import ValidationError
@@ -250,7 +250,7 @@ class PgQueue:
         return uow.in_caller_or_own_transaction(
             session,
             self.sessions,
-            lambda s: signals_data.signal_job(s, job_id, name, encoded, tables),
+            lambda s: signals_data.signal_job(executor_for(s), job_id, name, encoded, tables),
         )
 
     async def asignal(
@@ -262,7 +262,8 @@ class PgQueue:
         database = await self._engines.running_async_database()
         tables = history_data.JobTables.of(self.settings)
         return await database.in_caller_or_own_session(
-            session, lambda s: signals_data.signal_job(s, job_id, name, encoded, tables)
+            session,
+            lambda s: signals_data.signal_job(executor_for(s), job_id, name, encoded, tables),
         )
 
     # -- waiting for a job to finish (``pgqueue.waiting``) -----------------------------------
@@ -331,7 +332,7 @@ class PgQueue:
             deleted = uow.run_in_transaction(
                 self.sessions,
                 lambda s: maintenance_data.prune_finished(
-                    s,
+                    executor_for(s),
                     succeeded_before=self.settings.succeeded_retention,
                     failed_before=self.settings.failed_retention,
                     limit=batch_size,

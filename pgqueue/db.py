@@ -109,13 +109,6 @@ def executor_for(db: Session | Executor) -> Executor:
     return ConnectionExecutor(cast(Session, db).connection())
 
 
-def claimer_key(db: Session | Executor) -> object:
-    """What identifies a claimer: the engine or connection behind a session, or the executor."""
-    if isinstance(db, _EXECUTORS):
-        return db
-    return cast(Session, db).get_bind()
-
-
 def watches_statements(engine: Engine) -> bool:
     """Whether something watches ``engine``'s statements (``echo``, cursor or execute event
     listeners, error handlers): they would miss what bypasses SQLAlchemy's execution layer."""

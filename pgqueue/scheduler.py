@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import uow, validation
 from pgqueue.data import control as control_data
+from pgqueue.db import executor_for
 from pgqueue.errors import QueueFull, ValidationError, pgqueue_logger
 
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ class Scheduler:
             return []
         now = self.now()
         names = [s.name for s in schedules]
-        last = uow.read(self.sessions, lambda session: control_data.last_ticks(session, names))
+        last = uow.read(self.sessions, lambda ex: control_data.last_ticks(ex, names))
         created: list[int] = []
         for schedule in schedules:
             since = last.get(schedule.name) or self._first_seen.setdefault(schedule.name, now)
@@ -228,17 +229,18 @@ class Scheduler:
 
     def _record_dropped(self, name: str, instant: dt.datetime) -> None:
         uow.run_in_transaction(
-            self.sessions, lambda session: control_data.record_tick(session, name, instant)
+            self.sessions,
+            lambda session: control_data.record_tick(executor_for(session), name, instant),
         )
 
     def _enqueue_tick(self, schedule: Schedule, instant: dt.datetime) -> int | None:
-        def work(session: Any) -> int | None:
-            if not control_data.record_tick(session, schedule.name, instant):
+        def work(session: Session) -> int | None:
+            if not control_data.record_tick(executor_for(session), schedule.name, instant):
                 return None  # another scheduler enqueued this tick
             job_id = schedule.task.configure(session=session).enqueue(
                 *schedule.args, **schedule.kwargs
             )
-            control_data.set_tick_job(session, schedule.name, instant, job_id)
+            control_data.set_tick_job(executor_for(session), schedule.name, instant, job_id)
             return job_id
 
         try:

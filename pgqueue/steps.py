@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from pgqueue import codec, uow
 from pgqueue.data import steps as steps_data
-from pgqueue.db import Executor
+from pgqueue.db import Executor, executor_for
 from pgqueue.errors import ValidationError
 
 STEP_NAME_MAX: Final = 200
@@ -182,12 +182,12 @@ class AttemptSteps:
 
     def _load(self) -> dict[str, str]:
         if self._atomic:
-            return steps_data.load_saved(self._session(), self.job_id)
+            return steps_data.load_saved(executor_for(self._session()), self.job_id)
         return uow.apart_from(self._session(), lambda db: steps_data.load_saved(db, self.job_id))
 
     def _save(self, name: str, encoded: str) -> None:
         if self._atomic:
-            steps_data.save(self._session(), self.job_id, self._token, name, encoded)
+            steps_data.save(executor_for(self._session()), self.job_id, self._token, name, encoded)
             savepoint, self._savepoint = self._savepoint, None
             if savepoint is not None:
                 savepoint.commit()

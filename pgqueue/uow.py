@@ -29,7 +29,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from pgqueue.db import ConnectionExecutor, Database, Executor
+from pgqueue.db import ConnectionExecutor, Database, Executor, executor_for
 from pgqueue.errors import pgqueue_logger
 from pgqueue.sqlstates import ended_before_commit, is_transient_conflict
 
@@ -139,10 +139,10 @@ def in_caller_or_own_transaction(
     return run_in_transaction(sessions, work)
 
 
-def read(sessions: sessionmaker[Session], work: Callable[[Session], T]) -> T:
-    """``work(session)`` in a session of its own, ended without a commit (reads)."""
+def read(sessions: sessionmaker[Session], work: Callable[[Executor], T]) -> T:
+    """``work(executor)`` in a session of its own, ended without a commit (reads)."""
     with sessions() as session:
-        return work(session)
+        return work(executor_for(session))
 
 
 def apart_from(session: Session, work: Callable[[Executor], T]) -> T:

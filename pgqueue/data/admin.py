@@ -22,7 +22,7 @@ from pgqueue.admin_values import ListArguments
 from pgqueue.data import dependencies
 from pgqueue.data.enqueue import unique_key_holders
 from pgqueue.data.history import JobTables, moved_state
-from pgqueue.db import Executor, SessionOrExecutor, executor_for
+from pgqueue.db import Executor, executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound, UniqueKeyHeld
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
 from pgqueue.sql import admin, job_lists
@@ -58,38 +58,38 @@ def moved_job(row: JobHistory) -> Job:
     return Job(**{name: getattr(row, name) for name in JOB_COLUMN_NAMES})
 
 
-def mark_awaited(db: SessionOrExecutor, job_id: int) -> bool:
+def mark_awaited(db: Executor, job_id: int) -> bool:
     """Mark job ``job_id`` as waited for (its end is then announced); False when it is
     finished, missing or already marked."""
-    return bool(executor_for(db).rows(admin.mark_awaited(), {"job_id": job_id}))
+    return bool(db.rows(admin.mark_awaited(), {"job_id": job_id}))
 
 
-def state_counts(db: SessionOrExecutor) -> dict[str, dict[JobState, int]]:
+def state_counts(db: Executor) -> dict[str, dict[JobState, int]]:
     """``{queue: {state: count}}`` over all jobs."""
     counts: dict[str, dict[JobState, int]] = {}
-    for queue, state, count in executor_for(db).rows(admin.job_state_counts()):
+    for queue, state, count in db.rows(admin.job_state_counts()):
         counts.setdefault(queue, {})[JobState(state)] = count
     return counts
 
 
-def rerun(db: SessionOrExecutor, job_id: int) -> bool:
+def rerun(db: Executor, job_id: int) -> bool:
     """Queue a FAILED or CANCELLED job again; False when it is in no such state."""
-    return bool(executor_for(db).rows(admin.rerun(), {"job_id": job_id}))
+    return bool(db.rows(admin.rerun(), {"job_id": job_id}))
 
 
-def cancel_waiting(db: SessionOrExecutor, job_id: int, reason: str) -> bool:
+def cancel_waiting(db: Executor, job_id: int, reason: str) -> bool:
     """Cancel a job that waits (queued, retrying, or waiting on dependencies) and settle its
     dependents; False when it does not wait."""
-    ex = executor_for(db)
+    ex = db
     rows = ex.rows(admin.cancel_waiting(), {"job_id": job_id, "reason": reason})
     if rows and rows[0][1]:
         dependencies.settle(ex, rows[0][1])
     return bool(rows)
 
 
-def request_cancel_running(db: SessionOrExecutor, job_id: int) -> bool:
+def request_cancel_running(db: Executor, job_id: int) -> bool:
     """Flag a RUNNING job for cancellation; False when it is not running."""
-    return bool(executor_for(db).rows(admin.request_cancel_running(), {"job_id": job_id}))
+    return bool(db.rows(admin.request_cancel_running(), {"job_id": job_id}))
 
 
 def list_jobs(session: Session, listing: ListArguments, *, history: bool = False) -> list[Job]:
@@ -105,7 +105,7 @@ def list_jobs(session: Session, listing: ListArguments, *, history: bool = False
         params["queue"] = queue
         params["queues"] = [queue]
     elif state is not None and task_name is None:
-        params["queues"] = job_queues(session, history=history)
+        params["queues"] = job_queues(executor_for(session), history=history)
     if task_name is not None:
         params["task_name"] = task_name
     if cursor is not None:
@@ -121,30 +121,28 @@ def list_jobs(session: Session, listing: ListArguments, *, history: bool = False
     return jobs[::-1] if cursor == "after" else jobs
 
 
-def job_queues(db: SessionOrExecutor, *, history: bool = False) -> list[str]:
+def job_queues(db: Executor, *, history: bool = False) -> list[str]:
     """Names of the queues that have jobs, sorted by code point (one index probe per queue);
     of the moved jobs with ``history``."""
-    return [row[0] for row in executor_for(db).rows(job_lists.job_queues(history))]
+    return [row[0] for row in db.rows(job_lists.job_queues(history))]
 
 
 def capped_state_counts(
-    db: SessionOrExecutor, cap: int, *, history: bool = False
+    db: Executor, cap: int, *, history: bool = False
 ) -> dict[str, dict[JobState, int]]:
     """``{queue: {state: count}}`` for every queue with jobs, each count stopping at ``cap``
     (``cap`` means "``cap`` or more"); states without jobs count 0. Of the moved jobs with
     ``history``."""
     counts: dict[str, dict[JobState, int]] = {}
     params = {"states": [s.value for s in JobState], "cap": cap}
-    for queue, state, count in executor_for(db).rows(
-        job_lists.capped_state_counts(history), params
-    ):
+    for queue, state, count in db.rows(job_lists.capped_state_counts(history), params):
         counts.setdefault(queue, {})[JobState(state)] = int(count)
     return counts
 
 
-def oldest_waiting(db: SessionOrExecutor) -> dict[str, tuple[int, dt.datetime, float]]:
+def oldest_waiting(db: Executor) -> dict[str, tuple[int, dt.datetime, float]]:
     """``{queue: (job_id, run_at, seconds waiting)}`` for the earliest ticket of each queue."""
-    rows = executor_for(db).rows(admin.oldest_waiting_per_queue())
+    rows = db.rows(admin.oldest_waiting_per_queue())
     return {row[0]: (row[1], row[2], float(row[3])) for row in rows}
 
 
@@ -160,20 +158,18 @@ def _series(rows: Iterable[Any], buckets: int) -> dict[str, dict[JobState, list[
     return series
 
 
-def finished_per_minute(db: SessionOrExecutor) -> dict[str, dict[JobState, list[int]]]:
+def finished_per_minute(db: Executor) -> dict[str, dict[JobState, list[int]]]:
     """``{queue: {state: [count per minute]}}`` over the last hour; index 0 is the current
     minute, index 59 an hour ago. Only queues with finished jobs in that hour appear."""
-    return _series(executor_for(db).rows(admin.finished_per_minute()), 60)
+    return _series(db.rows(admin.finished_per_minute()), 60)
 
 
-def finished_per_clock_minute(
-    db: SessionOrExecutor, cap: int
-) -> dict[str, dict[JobState, list[int]]]:
+def finished_per_clock_minute(db: Executor, cap: int) -> dict[str, dict[JobState, list[int]]]:
     """``{queue: {state: [count per minute]}}`` over the last 60 clock minutes, index 0 the
     current one, under the partitioned history: moved jobs from their per-minute counts, the
     live table's finished jobs among its ``cap`` most recent. Only queues with finished jobs
     appear."""
-    return _series(executor_for(db).rows(admin.finished_per_clock_minute(), {"cap": cap}), 60)
+    return _series(db.rows(admin.finished_per_clock_minute(), {"cap": cap}), 60)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,17 +187,17 @@ class WindowEdge:
 
 
 def finished_window_edge(
-    db: SessionOrExecutor, window: float, cap: int, *, history: bool = False
+    db: Executor, window: float, cap: int, *, history: bool = False
 ) -> WindowEdge:
     """How many of the ``cap`` most recently finished jobs finished within the last ``window``
     seconds, and when the oldest of them did. Of the moved jobs with ``history``."""
     params = {"window": float(window), "cap": cap}
-    count, seconds_ago = executor_for(db).rows(admin.finished_window_edge(history), params)[0]
+    count, seconds_ago = db.rows(admin.finished_window_edge(history), params)[0]
     return WindowEdge(int(count), None if seconds_ago is None else float(seconds_ago))
 
 
 def finished_per_bucket(
-    db: SessionOrExecutor, width: float, buckets: int, cap: int, *, history: bool = False
+    db: Executor, width: float, buckets: int, cap: int, *, history: bool = False
 ) -> dict[str, dict[JobState, list[int]]]:
     """``{queue: {state: [count per bucket]}}`` over the last ``buckets`` x ``width`` seconds,
     of the ``cap`` most recently finished jobs; index 0 is the newest bucket. Only queues with
@@ -209,13 +205,13 @@ def finished_per_bucket(
     if cap < 1:
         return {}
     params = {"window": float(width * buckets), "width": float(width), "cap": cap}
-    return _series(executor_for(db).rows(admin.finished_per_bucket(history), params), buckets)
+    return _series(db.rows(admin.finished_per_bucket(history), params), buckets)
 
 
-def delete_job(db: SessionOrExecutor, job_id: int) -> bool:
+def delete_job(db: Executor, job_id: int) -> bool:
     """Delete a job that is not running (and its ticket), cancelling the jobs that waited on it
     (``dependencies.abandon_orphans``); False when nothing was deleted."""
-    ex = executor_for(db)
+    ex = db
     rows = ex.rows(admin.delete_job(), {"job_id": job_id})
     if not rows:
         return False
@@ -261,7 +257,7 @@ def jobs_page(session: Session, tables: JobTables, listing: ListArguments) -> li
 def remove_job(session: Session, job_id: int) -> bool:
     """``delete_job``, or InvalidStateTransition when its workflow refuses it (a job of a
     running workflow, a closing marker); False when it is running or gone."""
-    if delete_job(session, job_id):
+    if delete_job(executor_for(session), job_id):
         return True
     job = get_job(session, job_id)
     refusal = None if job is None else workflow_refusal(session, job, "delete")
@@ -280,7 +276,8 @@ def rerun_job(session: Session, job_id: int, tables: JobTables) -> None:
     for attempt in range(_RERUN_TRIES):
         try:
             with session.begin_nested():
-                moved = rerun(session, job_id)
+                # Through the session, inside its savepoint (which begins on first use).
+                moved = rerun(executor_for(session), job_id)
             break
         except DBAPIError as exc:
             if not is_unique_violation(exc):
@@ -311,9 +308,10 @@ def _refuse_held_key(ex: Executor, job_id: int) -> None:
 def cancel_job(session: Session, job_id: int, reason: str, tables: JobTables) -> JobState:
     """Cancel a waiting job (CANCELLED) or flag a running one (RUNNING); otherwise the reason
     nothing changed: InvalidStateTransition or JobNotFound."""
-    if cancel_waiting(session, job_id, reason):
+    ex = executor_for(session)
+    if cancel_waiting(ex, job_id, reason):
         return JobState.CANCELLED
-    if request_cancel_running(session, job_id):
+    if request_cancel_running(ex, job_id):
         return JobState.RUNNING
     _raise_for_state(session, job_id, "cancel", CANCELLABLE, tables)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -324,7 +322,7 @@ def _raise_for_state(
 ) -> None:
     job = get_job(session, job_id)
     if job is None:
-        moved = moved_state(session, job_id, tables)
+        moved = moved_state(executor_for(session), job_id, tables)
         if moved is not None:
             raise InvalidStateTransition(
                 f"cannot {action} job {job_id}: it finished ({moved.value}) and was moved "
@@ -373,17 +371,15 @@ def workflow_refusal(session: Session, job: Job, action: str) -> str | None:
     )
 
 
-def queue_names(db: SessionOrExecutor, tables: JobTables) -> list[str]:
+def queue_names(db: Executor, tables: JobTables) -> list[str]:
     """The queues that have jobs in any table of ``tables``, sorted."""
-    ex = executor_for(db)
+    ex = db
     return sorted({name for moved in tables.reads for name in job_queues(ex, history=moved)})
 
 
-def capped_counts(
-    db: SessionOrExecutor, cap: int, tables: JobTables
-) -> dict[str, dict[JobState, int]]:
+def capped_counts(db: Executor, cap: int, tables: JobTables) -> dict[str, dict[JobState, int]]:
     """``capped_state_counts`` over every table of ``tables``, each sum capped too."""
-    ex = executor_for(db)
+    ex = db
     counts = capped_state_counts(ex, cap)
     for moved in tables.reads[1:]:
         for queue, more in capped_state_counts(ex, cap, history=moved).items():
@@ -393,7 +389,7 @@ def capped_counts(
     return counts
 
 
-def throughput(db: SessionOrExecutor, tables: JobTables) -> dict[str, dict[JobState, list[int]]]:
+def throughput(db: Executor, tables: JobTables) -> dict[str, dict[JobState, list[int]]]:
     """Jobs finished per minute over the last hour (``finished_per_minute``); under the
     partitioned history per clock minute, the moved jobs from their per-minute counts."""
     if tables.partitioned:
@@ -402,14 +398,14 @@ def throughput(db: SessionOrExecutor, tables: JobTables) -> dict[str, dict[JobSt
 
 
 def recent_throughput(
-    db: SessionOrExecutor, cap: int, tables: JobTables
+    db: Executor, cap: int, tables: JobTables
 ) -> tuple[int, int, dict[str, dict[JobState, list[int]]], bool]:
     """``(window, width, series, shortened)``: jobs finished per bucket of ``width`` seconds
     over the last hour, or, when more than ``cap`` finished in that hour, over the shorter
     ``window`` holding the ``cap`` most recent ones (``shortened``), in 1 to 60 second
     buckets (at most 60). Reads at most about ``cap`` index entries per table twice. Under the
     partitioned history the moved jobs of a whole hour come from their per-minute counts."""
-    ex = executor_for(db)
+    ex = db
     # The bucket reads take as many of the newest jobs as each table's window was seen to
     # hold (at most ``cap``): in a quiet hour, only the hour's few.
     live = finished_window_edge(ex, THROUGHPUT_WINDOW, cap)
@@ -446,16 +442,16 @@ def recent_throughput(
     return window, width, series, edge is not None
 
 
-def table_counts(db: SessionOrExecutor) -> dict[str, int]:
+def table_counts(db: Executor) -> dict[str, int]:
     """Row counts of ``pgqueue_jobs`` and of ``pgqueue_message_queue`` (its tickets)."""
-    ex = executor_for(db)
+    ex = db
     return {
         "pgqueue_jobs": int(ex.rows(admin.job_count())[0][0]),
         "pgqueue_message_queue": int(ex.rows(admin.ticket_count())[0][0]),
     }
 
 
-def states_of_jobs(db: SessionOrExecutor, job_ids: list[int]) -> dict[int, JobState]:
+def states_of_jobs(db: Executor, job_ids: list[int]) -> dict[int, JobState]:
     """The current state of each of ``job_ids`` that exists."""
-    rows = executor_for(db).rows(admin.states_of_jobs(), {"job_ids": job_ids})
+    rows = db.rows(admin.states_of_jobs(), {"job_ids": job_ids})
     return {job_id: JobState(state) for job_id, state in rows}

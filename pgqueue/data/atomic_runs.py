@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.db import Executor
 from pgqueue.jobs import ClaimedJob
 from pgqueue.sql import atomic_runs
 
 
-def lock_claimed(db: SessionOrExecutor, job: ClaimedJob) -> bool:
+def lock_claimed(db: Executor, job: ClaimedJob) -> bool:
     """Lock the row of atomic job ``job``, claimed by a committed ``data.claim.claim``, in the
     caller's transaction; False when its lease was lost (the job was rescued meanwhile)."""
     params = {"job_id": job.id, "token": job.lease_token}
-    return bool(executor_for(db).rows(atomic_runs.lock_claimed(), params))
+    return bool(db.rows(atomic_runs.lock_claimed(), params))

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.data import dependencies
-from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.db import Executor
 from pgqueue.errors import BulkCountChanged, InvalidStateTransition
 from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.sql import bulk
@@ -56,7 +56,7 @@ def _statement_input(
 
 
 def count_matching(
-    db: SessionOrExecutor,
+    db: Executor,
     job_filter: JobFilter,
     states: Collection[JobState],
     *,
@@ -65,17 +65,15 @@ def count_matching(
     """How many jobs in ``states`` the filter matches for a retry or cancel, or with
     ``deleting`` for a delete."""
     shape, params = _statement_input(job_filter, states, deleting=deleting)
-    return int(executor_for(db).rows(bulk.count(shape), params)[0][0])
+    return int(db.rows(bulk.count(shape), params)[0][0])
 
 
-def retry_matching(
-    db: SessionOrExecutor, job_filter: JobFilter, states: Collection[JobState]
-) -> int:
+def retry_matching(db: Executor, job_filter: JobFilter, states: Collection[JobState]) -> int:
     """Queue the matching FAILED/CANCELLED jobs (of ``states``) again; how many. Refused with
     InvalidStateTransition, nothing changed, when that would give one unique key two holders."""
     shape, params = _statement_input(job_filter, states)
     try:
-        return int(executor_for(db).rows(bulk.retry(shape), params)[0][0])
+        return int(db.rows(bulk.retry(shape), params)[0][0])
     except DBAPIError as exc:
         if not is_unique_violation(exc):
             raise
@@ -87,11 +85,11 @@ def retry_matching(
 
 
 def cancel_matching(
-    db: SessionOrExecutor, job_filter: JobFilter, states: Collection[JobState], reason: str
+    db: Executor, job_filter: JobFilter, states: Collection[JobState], reason: str
 ) -> tuple[int, int]:
     """Cancel the matching waiting jobs (settling their dependents) and flag the matching
     running ones, among ``states``: ``(cancelled, flagged)``."""
-    ex = executor_for(db)
+    ex = db
     waiting = [s for s in states if s is not JobState.RUNNING]
     cancelled = flagged = 0
     if waiting:
@@ -106,12 +104,10 @@ def cancel_matching(
     return int(cancelled), int(flagged)
 
 
-def delete_matching(
-    db: SessionOrExecutor, job_filter: JobFilter, states: Collection[JobState]
-) -> int:
+def delete_matching(db: Executor, job_filter: JobFilter, states: Collection[JobState]) -> int:
     """Delete the matching jobs of ``states`` that are not running, and their tickets,
     cancelling the jobs that waited on them (``dependencies.abandon_orphans``); how many jobs."""
-    ex = executor_for(db)
+    ex = db
     shape, params = _statement_input(job_filter, states, deleting=True)
     count, parents, orphans = ex.rows(bulk.delete_jobs(shape), params)[0]
     dependencies.abandon_orphans(ex, parents, orphans)
@@ -119,7 +115,7 @@ def delete_matching(
 
 
 def record_action(
-    db: SessionOrExecutor,
+    db: Executor,
     *,
     actor: str,
     source: str,
@@ -135,11 +131,11 @@ def record_action(
         "filter": json.dumps(job_filter.as_record(), sort_keys=True),
         "count": count,
     }
-    return int(executor_for(db).rows(bulk.insert_audit(), params)[0][0])
+    return int(db.rows(bulk.insert_audit(), params)[0][0])
 
 
 def act_and_record(
-    db: SessionOrExecutor,
+    db: Executor,
     action: BulkAction,
     job_filter: JobFilter,
     states: Collection[JobState],
@@ -153,7 +149,7 @@ def act_and_record(
     ``(count changed, running jobs flagged, audit record id)``. With ``expected_count``, an
     action that changes another number of jobs raises ``BulkCountChanged``, so that the
     caller's transaction rolls back and nothing was changed."""
-    ex = executor_for(db)
+    ex = db
     flagged = 0
     if action is BulkAction.RETRY:
         count = retry_matching(ex, job_filter, states)

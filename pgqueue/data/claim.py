@@ -6,18 +6,17 @@ skips limited queues, rate-limited queues and keyed tickets, so a claimer must k
 queue has a concurrency limit and whether any flow control (concurrency key, key override, rate
 limit) exists. It looks now and then (``LIMITS_CHECK_SECONDS``), and at once when a notified
 claim came back empty, and keeps the answers in its ``LimitsSeen``: the worker's store owns
-one; a claim through a session uses the one of the session's engine or connection.
+one; a claim given none starts from a new one.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pgqueue import codec
-from pgqueue.db import Executor, SessionOrExecutor, claimer_key, executor_for
+from pgqueue.db import Executor
 from pgqueue.errors import SerializationError
 from pgqueue.jobs import ClaimedJob
 from pgqueue.sql import claim as claim_sql
@@ -57,20 +56,6 @@ class LimitsSeen:
         self.until = until
 
 
-# Per claimer: the engine or connection behind a claiming session, or the executor the worker
-# claims on. Weak keys: an entry goes with its claimer, and never passes to a new object that
-# happens to get the same ``id``.
-_limits_seen: weakref.WeakKeyDictionary[Any, LimitsSeen] = weakref.WeakKeyDictionary()
-
-
-def limits_seen_by(claimer: Any) -> LimitsSeen:
-    """The ``LimitsSeen`` of ``claimer`` (a session's bind, or an executor), made on first use."""
-    seen = _limits_seen.get(claimer)
-    if seen is None:
-        seen = _limits_seen[claimer] = LimitsSeen()
-    return seen
-
-
 def claim_variant(
     *,
     atomic: bool,
@@ -93,7 +78,7 @@ def claim_variant(
 
 
 def claim(
-    db: SessionOrExecutor,
+    db: Executor,
     *,
     worker_id: str,
     limit: int,
@@ -109,8 +94,8 @@ def claim(
     """Claim up to ``limit`` ready jobs (see ``sql.claim.claim``), none of a task named in
     ``excluded`` (tasks the claimer met and does not register; usually none); ``atomic``: atomic
     jobs instead of leased ones, each then run in a transaction that first takes its row
-    (``data.atomic_runs.lock_claimed``). ``limits`` is the claimer's ``LimitsSeen`` (by default
-    the one of the session's bind, or of the executor).
+    (``data.atomic_runs.lock_claimed``). ``limits`` is the claimer's ``LimitsSeen`` (by default a new one:
+    a first claim, which assumes queue limits and looks afterwards).
 
     ``notified``: the claim follows a wake-up for new work. If the lean form comes back empty
     the claimer looks at once whether controls exist (a first keyed job, say) and, if they do,
@@ -123,8 +108,8 @@ def claim(
     ``autocommit``: each statement commits by itself (the worker's claims). Then a lost
     connection after a claim that got jobs returns those jobs instead of raising."""
     if limits is None:
-        limits = limits_seen_by(claimer_key(db))
-    ex = executor_for(db)
+        limits = LimitsSeen()
+    ex = db
     params: dict[str, Any] = {"limit": limit, "worker": worker_id, "lease_seconds": lease_seconds}
     if task_leases:
         params["task_leases"] = dict(task_leases)
@@ -189,7 +174,7 @@ def _look_at_controls(ex: Executor, limits: LimitsSeen) -> None:
 
 
 def claim_listed(
-    db: SessionOrExecutor,
+    db: Executor,
     job_ids: Sequence[int],
     *,
     worker_id: str,
@@ -199,16 +184,16 @@ def claim_listed(
     """Claim the listed jobs whose ticket is there to take, due or not
     (``sql.claim.claim_listed``); for running chosen jobs at once, as test helpers do."""
     params = {"job_ids": list(job_ids), "worker": worker_id, "lease_seconds": lease_seconds}
-    return _claimed_jobs(executor_for(db).rows(claim_sql.claim_listed(atomic), params))
+    return _claimed_jobs(db.rows(claim_sql.claim_listed(atomic), params))
 
 
 def claimed_by(
-    db: SessionOrExecutor, *, worker_id: str, held: Iterable[int], within: float
+    db: Executor, *, worker_id: str, held: Iterable[int], within: float
 ) -> list[ClaimedJob]:
     """Jobs RUNNING under ``worker_id``, claimed in the last ``within`` seconds, that it does not
     hold (``sql.claim.claimed_by``)."""
     params = {"worker": worker_id, "held": sorted(held), "within": within}
-    return _claimed_jobs(executor_for(db).rows(claim_sql.claimed_by(), params))
+    return _claimed_jobs(db.rows(claim_sql.claimed_by(), params))
 
 
 def _claimed_jobs(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
@@ -229,7 +214,7 @@ def _claimed_jobs(rows: Iterable[Sequence[Any]]) -> list[ClaimedJob]:
 
 
 def ready_ticket_exists(
-    db: SessionOrExecutor, queues: Sequence[str] | None, excluded: Sequence[str] = ()
+    db: Executor, queues: Sequence[str] | None, excluded: Sequence[str] = ()
 ) -> bool:
     """Whether any ticket of ``queues`` (None: all) is claimable now, other than those of the
     tasks in ``excluded``."""
@@ -237,9 +222,9 @@ def ready_ticket_exists(
     if excluded:
         params["excluded"] = list(excluded)
     statement = claim_sql.ready_ticket_exists(queues is not None, bool(excluded))
-    return bool(executor_for(db).rows(statement, params)[0][0])
+    return bool(db.rows(statement, params)[0][0])
 
 
-def any_queue_limit(db: SessionOrExecutor) -> bool:
+def any_queue_limit(db: Executor) -> bool:
     """Whether any queue has a concurrency limit."""
-    return bool(executor_for(db).rows(claim_sql.any_queue_limit())[0][0])
+    return bool(db.rows(claim_sql.any_queue_limit())[0][0])

@@ -10,12 +10,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.db import Executor
 from pgqueue.sql import control
 
 
 def set_queue_control(
-    db: SessionOrExecutor,
+    db: Executor,
     name: str,
     *,
     paused: bool | None = None,
@@ -31,7 +31,7 @@ def set_queue_control(
     if set_limit:
         params["concurrency_limit"] = concurrency_limit
     statement = control.set_queue_control(paused=paused is not None, limit=set_limit)
-    ex = executor_for(db)
+    ex = db
     ex.rows(statement, params)
     if set_limit:
         ex.rows(control.recount_queue(), {"names": [name]})
@@ -42,32 +42,30 @@ def queue_controls(session: Session) -> list[Any]:
     return list(session.scalars(control.queue_controls()))
 
 
-def record_tick(db: SessionOrExecutor, schedule_name: str, scheduled_at: dt.datetime) -> bool:
+def record_tick(db: Executor, schedule_name: str, scheduled_at: dt.datetime) -> bool:
     """True when this caller recorded the tick first (and so must enqueue its job); false too
     when a newer tick of the schedule is recorded already. Call inside a transaction: the
     schedule's lock is held until it ends."""
     params = {"tick_name": schedule_name, "tick_at": scheduled_at}
-    ex = executor_for(db)
+    ex = db
     ex.rows(control.lock_schedule(), {"tick_name": schedule_name})
     return bool(ex.rows(control.record_tick(), params))
 
 
-def set_tick_job(
-    db: SessionOrExecutor, schedule_name: str, scheduled_at: dt.datetime, job_id: int
-) -> None:
+def set_tick_job(db: Executor, schedule_name: str, scheduled_at: dt.datetime, job_id: int) -> None:
     """Record the job enqueued for a tick."""
     params = {"tick_name": schedule_name, "tick_at": scheduled_at, "tick_job": job_id}
-    executor_for(db).rows(control.set_tick_job(), params)
+    db.rows(control.set_tick_job(), params)
 
 
-def last_ticks(db: SessionOrExecutor, names: Sequence[str]) -> dict[str, dt.datetime]:
+def last_ticks(db: Executor, names: Sequence[str]) -> dict[str, dt.datetime]:
     """Latest recorded tick per schedule name (schedules never ticked are absent)."""
-    rows = executor_for(db).rows(control.last_ticks(), {"names": list(names)})
+    rows = db.rows(control.last_ticks(), {"names": list(names)})
     return {name: at for name, at in rows}
 
 
-def database_now(db: SessionOrExecutor) -> dt.datetime:
+def database_now(db: Executor) -> dt.datetime:
     """The database clock."""
-    value = executor_for(db).rows(control.database_now())[0][0]
+    value = db.rows(control.database_now())[0][0]
     assert isinstance(value, dt.datetime)
     return value

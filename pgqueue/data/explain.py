@@ -7,32 +7,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.db import Executor
 from pgqueue.sql import explain as explain_sql
 from pgqueue.sql import flow as flow_sql
 from pgqueue.states import JobState
 
 
-def job_facts(db: SessionOrExecutor, job_id: int) -> Any | None:
+def job_facts(db: Executor, job_id: int) -> Any | None:
     """The ``sql.explain.job_facts`` row of job ``job_id`` (its ticket, its queue's control
     row, the database's ``now``), or None when there is no such job."""
-    rows = executor_for(db).rows(explain_sql.job_facts(), {"job_id": job_id})
+    rows = db.rows(explain_sql.job_facts(), {"job_id": job_id})
     return rows[0] if rows else None
 
 
-def running_in_queue(db: SessionOrExecutor, queue: str, cap: int) -> list[int]:
+def running_in_queue(db: Executor, queue: str, cap: int) -> list[int]:
     """Ids of the RUNNING jobs of ``queue``, lowest first, at most ``cap``."""
-    rows = executor_for(db).rows(explain_sql.running_in_queue(), {"queue": queue, "cap": cap})
+    rows = db.rows(explain_sql.running_in_queue(), {"queue": queue, "cap": cap})
     return [row[0] for row in rows]
 
 
-def dependency_states(db: SessionOrExecutor, job_ids: list[int]) -> dict[int, JobState]:
+def dependency_states(db: Executor, job_ids: list[int]) -> dict[int, JobState]:
     """The state of each of ``job_ids`` that exists (the caller caps how many it asks for)."""
-    rows = executor_for(db).rows(explain_sql.dependency_states(), {"ids": job_ids})
+    rows = db.rows(explain_sql.dependency_states(), {"ids": job_ids})
     return {job_id: JobState(state) for job_id, state in rows}
 
 
-def tickets_ahead(db: SessionOrExecutor, job: Any, cap: int) -> int:
+def tickets_ahead(db: Executor, job: Any, cap: int) -> int:
     """How many tickets of its queue a claim would take before the ticket of ``job`` (a
     ``job_facts`` row that has a ticket), counted up to ``cap``."""
     params = {
@@ -43,55 +43,55 @@ def tickets_ahead(db: SessionOrExecutor, job: Any, cap: int) -> int:
         "queue": job.queue,
         "cap": cap,
     }
-    return int(executor_for(db).rows(explain_sql.tickets_ahead(), params)[0][0])
+    return int(db.rows(explain_sql.tickets_ahead(), params)[0][0])
 
 
 def serving_workers(
-    db: SessionOrExecutor, queue: str, stale_seconds: float, cap: int
+    db: Executor, queue: str, stale_seconds: float, cap: int
 ) -> list[tuple[str, str | None, float | None]]:
     """``(worker id, claim error, seconds failing)`` of the live workers claiming from
     ``queue``, at most ``cap``."""
     params = {"stale_seconds": stale_seconds, "cap": cap, "queue": queue}
-    rows = executor_for(db).rows(explain_sql.live_workers(serving_queue=True), params)
+    rows = db.rows(explain_sql.live_workers(serving_queue=True), params)
     return [
         (worker_id, error, None if failing_for is None else float(failing_for))
         for worker_id, error, failing_for in rows
     ]
 
 
-def live_worker_count(db: SessionOrExecutor, stale_seconds: float, cap: int) -> int:
+def live_worker_count(db: Executor, stale_seconds: float, cap: int) -> int:
     """How many workers are live, counted up to ``cap``."""
     params = {"stale_seconds": stale_seconds, "cap": cap}
-    return len(executor_for(db).rows(explain_sql.live_workers(serving_queue=False), params))
+    return len(db.rows(explain_sql.live_workers(serving_queue=False), params))
 
 
-def task_registered(db: SessionOrExecutor, queue: str, task: str, stale_seconds: float) -> bool:
+def task_registered(db: Executor, queue: str, task: str, stale_seconds: float) -> bool:
     """Whether a live worker claiming from ``queue`` registers task ``task``."""
     params = {"stale_seconds": stale_seconds, "queue": queue, "task": task}
-    return bool(executor_for(db).rows(explain_sql.task_registered(), params)[0][0])
+    return bool(db.rows(explain_sql.task_registered(), params)[0][0])
 
 
-def queue_depth(db: SessionOrExecutor, queue: str, cap: int) -> int:
+def queue_depth(db: Executor, queue: str, cap: int) -> int:
     """How many jobs of ``queue`` wait, counted up to ``cap``."""
-    rows = executor_for(db).rows(explain_sql.queue_depth(), {"queue": queue, "cap": cap})
+    rows = db.rows(explain_sql.queue_depth(), {"queue": queue, "cap": cap})
     return int(rows[0][0])
 
 
-def key_facts(db: SessionOrExecutor, key: str) -> Any | None:
+def key_facts(db: Executor, key: str) -> Any | None:
     """Concurrency key ``key``'s ``sql.flow.key_facts`` row (running, limit, rate limit, rate
     period, starts in the window, seconds until the window has room), or None without a row."""
-    rows = executor_for(db).rows(flow_sql.key_facts(), {"key": key})
+    rows = db.rows(flow_sql.key_facts(), {"key": key})
     return rows[0] if rows else None
 
 
-def running_with_key(db: SessionOrExecutor, key: str, cap: int) -> list[int]:
+def running_with_key(db: Executor, key: str, cap: int) -> list[int]:
     """Ids of the RUNNING jobs with concurrency key ``key``, at most ``cap``."""
-    rows = executor_for(db).rows(flow_sql.running_with_key(), {"key": key, "cap": cap})
+    rows = db.rows(flow_sql.running_with_key(), {"key": key, "cap": cap})
     return [row[0] for row in rows]
 
 
-def queue_rate_facts(db: SessionOrExecutor, queue: str) -> Any | None:
+def queue_rate_facts(db: Executor, queue: str) -> Any | None:
     """``queue``'s ``sql.flow.queue_rate_facts`` row (rate limit, rate period, starts in the
     window, seconds until the window has room), or None without a row."""
-    rows = executor_for(db).rows(flow_sql.queue_rate_facts(), {"queue": queue})
+    rows = db.rows(flow_sql.queue_rate_facts(), {"queue": queue})
     return rows[0] if rows else None

@@ -23,7 +23,7 @@ from typing import Final
 from sqlalchemy.exc import DBAPIError
 
 from pgqueue.config import Settings
-from pgqueue.db import Executor, SessionOrExecutor, executor_for
+from pgqueue.db import Executor
 from pgqueue.errors import NotSchemaOwner, ValidationError
 from pgqueue.sql import history as history_sql
 from pgqueue.sqlstates import is_insufficient_privilege
@@ -55,28 +55,26 @@ class JobTables:
 IN_PLACE = JobTables()
 
 
-def moved_state(db: SessionOrExecutor, job_id: int, tables: JobTables) -> JobState | None:
+def moved_state(db: Executor, job_id: int, tables: JobTables) -> JobState | None:
     """The state job ``job_id`` was moved to the history in, when ``tables`` include the history
     and it is there; else None (nothing reads the history then)."""
     return moved_states(db, [job_id], tables).get(job_id)
 
 
-def moved_states(
-    db: SessionOrExecutor, job_ids: Sequence[int], tables: JobTables
-) -> dict[int, JobState]:
+def moved_states(db: Executor, job_ids: Sequence[int], tables: JobTables) -> dict[int, JobState]:
     """``{id: state}`` of those of ``job_ids`` moved to the history, when ``tables`` include it
     (else empty: nothing reads the history then)."""
     if not tables.partitioned or not job_ids:
         return {}
-    rows = executor_for(db).rows(history_sql.moved_states(), {"ids": list(job_ids)})
+    rows = db.rows(history_sql.moved_states(), {"ids": list(job_ids)})
     return {job_id: JobState(state) for job_id, state in rows}
 
 
-def move_to_history(db: SessionOrExecutor, *, age: float, limit: int) -> int:
+def move_to_history(db: Executor, *, age: float, limit: int) -> int:
     """Move up to ``limit`` jobs finished more than ``age`` seconds ago into the partitioned
     history; how many were moved."""
     params = {"age": age, "limit": limit}
-    return int(executor_for(db).rows(history_sql.move_finished(), params)[0][0])
+    return int(db.rows(history_sql.move_finished(), params)[0][0])
 
 
 @dataclass(frozen=True, slots=True)

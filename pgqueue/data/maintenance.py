@@ -8,18 +8,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pgqueue.data import dependencies
-from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.db import Executor
 from pgqueue.sql import maintenance
 from pgqueue.states import JobState
 
 
-def expired_lease_exists(db: SessionOrExecutor) -> bool:
+def expired_lease_exists(db: Executor) -> bool:
     """Whether any RUNNING job's lease has expired."""
-    return bool(executor_for(db).rows(maintenance.expired_lease_exists())[0][0])
+    return bool(db.rows(maintenance.expired_lease_exists())[0][0])
 
 
 def rescue_expired(
-    db: SessionOrExecutor,
+    db: Executor,
     *,
     lock_key: int,
     limit: int,
@@ -31,7 +31,7 @@ def rescue_expired(
     dependents of those that ended; ``(id, new state)`` of each. ``lock_wait_ms``: the
     transaction waits at most this long for each row lock (``lock_timeout``, this transaction
     only)."""
-    ex = executor_for(db)
+    ex = db
     if lock_wait_ms is not None:
         ex.rows(maintenance.set_lock_timeout(), {"ms": str(lock_wait_ms)})
     params: dict[str, object] = {"lock_key": lock_key, "limit": limit, "error": error}
@@ -44,31 +44,28 @@ def rescue_expired(
     return [(row[0], row[1]) for row in rows]
 
 
-def expired_leases(db: SessionOrExecutor, *, limit: int) -> list[tuple[int, str]]:
+def expired_leases(db: Executor, *, limit: int) -> list[tuple[int, str]]:
     """``(id, queue)`` of up to ``limit`` RUNNING jobs whose lease expired, longest first."""
-    return [
-        (row[0], row[1])
-        for row in executor_for(db).rows(maintenance.expired_leases(), {"limit": limit})
-    ]
+    return [(row[0], row[1]) for row in db.rows(maintenance.expired_leases(), {"limit": limit})]
 
 
 def prune_finished(
-    db: SessionOrExecutor, *, succeeded_before: float, failed_before: float, limit: int
+    db: Executor, *, succeeded_before: float, failed_before: float, limit: int
 ) -> int:
     """Delete up to ``limit`` finished jobs past their retention; how many were deleted."""
     params = {"succeeded_before": succeeded_before, "failed_before": failed_before, "limit": limit}
-    return int(executor_for(db).rows(maintenance.prune_finished(), params)[0][0])
+    return int(db.rows(maintenance.prune_finished(), params)[0][0])
 
 
-def try_maintenance_lock(db: SessionOrExecutor, key: int) -> bool:
+def try_maintenance_lock(db: Executor, key: int) -> bool:
     """Take the transaction's advisory lock ``key`` if free."""
-    return bool(executor_for(db).rows(maintenance.try_maintenance_lock(), {"key": key})[0][0])
+    return bool(db.rows(maintenance.try_maintenance_lock(), {"key": key})[0][0])
 
 
-def recount_running(db: SessionOrExecutor) -> dict[str, int]:
+def recount_running(db: Executor) -> dict[str, int]:
     """Correct drifted ``running`` counters of limited queues (call inside a transaction);
     returns ``{queue: corrected count}``. Queues a claim is using right now are skipped."""
-    ex = executor_for(db)
+    ex = db
     names = [row[0] for row in ex.rows(maintenance.lock_limited_queues())]
     if not names:
         return {}
@@ -77,10 +74,10 @@ def recount_running(db: SessionOrExecutor) -> dict[str, int]:
     }
 
 
-def delete_idle_keys(db: SessionOrExecutor, *, after: str, limit: int) -> tuple[str | None, int]:
+def delete_idle_keys(db: Executor, *, after: str, limit: int) -> tuple[str | None, int]:
     """Delete the idle rows among up to ``limit`` key rows after key ``after`` (call inside a
     transaction); ``(last key read, None when none was left; rows deleted)``."""
-    ex = executor_for(db)
+    ex = db
     last, keys = ex.rows(maintenance.lock_idle_keys(), {"after": after, "limit": limit})[0]
     if not keys:
         return last, 0

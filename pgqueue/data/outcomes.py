@@ -11,7 +11,7 @@ from typing import Any
 from pgqueue.data import dependencies
 from pgqueue.data import signals as signals_data
 from pgqueue.data.workers import worker_params
-from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.db import Executor
 from pgqueue.jobs import Lease, Outcome, Progress, WorkerEntry
 from pgqueue.sql import maintenance
 from pgqueue.sql import outcomes as outcome_sql
@@ -37,7 +37,7 @@ _ENDING_KINDS = frozenset(
 
 
 def record_outcomes(
-    db: SessionOrExecutor,
+    db: Executor,
     outcomes: Iterable[Outcome],
     *,
     lock_wait_ms: int | None = None,
@@ -54,7 +54,7 @@ def record_outcomes(
     jobs. A worker passes ``lock_rows=False`` when it knows no heartbeat of these jobs is
     under way (``worker.slots.Slots.heartbeat_in_flight``): the locking statement writes a row
     lock per job, a visible share of the server's work per job."""
-    ex = executor_for(db)
+    ex = db
     if lock_wait_ms is not None:
         ex.rows(maintenance.set_lock_timeout(), {"ms": str(lock_wait_ms)})
     by_kind: dict[OutcomeKind, list[Outcome]] = {}
@@ -89,9 +89,9 @@ def record_outcomes(
     return lost
 
 
-def check_deferred_constraints(db: SessionOrExecutor) -> None:
+def check_deferred_constraints(db: Executor) -> None:
     """Check the transaction's deferred constraints now (a violation raises here)."""
-    executor_for(db).rows(outcome_sql.check_deferred_constraints())
+    db.rows(outcome_sql.check_deferred_constraints())
 
 
 def _outcome_params(kind: OutcomeKind, batch: Sequence[Outcome]) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def _add_progress(params: dict[str, Any], batch: Sequence[Outcome]) -> bool:
 
 
 def heartbeat(
-    db: SessionOrExecutor,
+    db: Executor,
     leases: Sequence[Lease],
     worker: WorkerEntry | None = None,
     progress: Mapping[int, Progress] | None = None,
@@ -154,4 +154,4 @@ def heartbeat(
     if worker is not None:
         params.update(worker_params(worker))
         statement = workers_sql.heartbeat_and_seen(with_progress)
-    return {job_id: bool(flag) for job_id, flag in executor_for(db).rows(statement, params)}
+    return {job_id: bool(flag) for job_id, flag in db.rows(statement, params)}

@@ -9,67 +9,67 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.db import Executor
 from pgqueue.sql import schema as schema_sql
 
 
-def current_timeouts(db: SessionOrExecutor) -> tuple[str, str]:
+def current_timeouts(db: Executor) -> tuple[str, str]:
     """``(statement_timeout, lock_timeout)`` of the current transaction, as text."""
-    statement_timeout, lock_timeout = executor_for(db).rows(schema_sql.current_timeouts())[0]
+    statement_timeout, lock_timeout = db.rows(schema_sql.current_timeouts())[0]
     return str(statement_timeout), str(lock_timeout)
 
 
-def set_timeouts(db: SessionOrExecutor, statement_timeout: str, lock_timeout: str) -> None:
+def set_timeouts(db: Executor, statement_timeout: str, lock_timeout: str) -> None:
     """Set ``statement_timeout`` and ``lock_timeout`` (text, as ``current_timeouts`` gives
     them or milliseconds) for the rest of the current transaction only."""
     params = {"statement_timeout": statement_timeout, "lock_timeout": lock_timeout}
-    executor_for(db).rows(schema_sql.set_timeouts(), params)
+    db.rows(schema_sql.set_timeouts(), params)
 
 
-def try_migration_lock(db: SessionOrExecutor) -> bool:
+def try_migration_lock(db: Executor) -> bool:
     """Take the lock of pgqueue's migration runs until the current transaction ends, if no
     other run holds it; whether it was taken."""
-    return bool(executor_for(db).rows(schema_sql.try_migration_lock())[0][0])
+    return bool(db.rows(schema_sql.try_migration_lock())[0][0])
 
 
-def backend_pid(db: SessionOrExecutor) -> int:
+def backend_pid(db: Executor) -> int:
     """The server process id of the session."""
-    return int(executor_for(db).rows(schema_sql.backend_pid())[0][0])
+    return int(db.rows(schema_sql.backend_pid())[0][0])
 
 
-def blocking_sessions(db: SessionOrExecutor, pid: int) -> Sequence[Any]:
+def blocking_sessions(db: Executor, pid: int) -> Sequence[Any]:
     """``(pid, application_name, state, seconds in transaction, seconds in state, query)`` of
     each session that blocks session ``pid`` from the lock it waits for, by pid."""
-    return executor_for(db).rows(schema_sql.blocking_sessions(), {"pid": pid})
+    return db.rows(schema_sql.blocking_sessions(), {"pid": pid})
 
 
-def table_exists(db: SessionOrExecutor, table: str) -> bool:
+def table_exists(db: Executor, table: str) -> bool:
     """Whether a table named ``table`` exists (in the search path)."""
-    return bool(executor_for(db).rows(schema_sql.table_exists(), {"name": table})[0][0])
+    return bool(db.rows(schema_sql.table_exists(), {"name": table})[0][0])
 
 
-def recorded_revisions(db: SessionOrExecutor, version_table: str) -> list[str]:
+def recorded_revisions(db: Executor, version_table: str) -> list[str]:
     """The revision ids Alembic's version table ``version_table`` holds, none when there is no
     such table (as Alembic reads them, without Alembic)."""
-    executor = executor_for(db)
+    executor = db
     if not table_exists(executor, version_table):
         return []
     return [str(row[0]) for row in executor.rows(schema_sql.recorded_revisions(version_table))]
 
 
-def table_has_rows(db: SessionOrExecutor, table: str) -> bool:
+def table_has_rows(db: Executor, table: str) -> bool:
     """Whether ``table`` (a partitioned one: any of its partitions) holds a row."""
-    return bool(executor_for(db).rows(schema_sql.table_has_rows(table))[0][0])
+    return bool(db.rows(schema_sql.table_has_rows(table))[0][0])
 
 
-def column_holds_values(db: SessionOrExecutor, table: str, column: str, default: Any) -> bool:
+def column_holds_values(db: Executor, table: str, column: str, default: Any) -> bool:
     """Whether some row of ``table`` holds a value in ``column`` other than NULL and
     ``default`` (None: no default to discount)."""
     statement = schema_sql.column_holds_values(table, column, default)
-    return bool(executor_for(db).rows(statement)[0][0])
+    return bool(db.rows(statement)[0][0])
 
 
-def rows_where_equal(db: SessionOrExecutor, table: str, column: str, value: Any) -> bool:
+def rows_where_equal(db: Executor, table: str, column: str, value: Any) -> bool:
     """Whether some row of ``table`` has ``column`` equal to ``value``."""
     statement = schema_sql.rows_where_equal(table, column, value)
-    return bool(executor_for(db).rows(statement)[0][0])
+    return bool(db.rows(statement)[0][0])

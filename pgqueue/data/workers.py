@@ -8,7 +8,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from pgqueue.db import SessionOrExecutor, executor_for
+from pgqueue.db import Executor
 from pgqueue.jobs import WorkerEntry
 from pgqueue.sql import workers as workers_sql
 
@@ -27,50 +27,47 @@ def worker_params(worker: WorkerEntry) -> dict[str, Any]:
     }
 
 
-def worker_seen(db: SessionOrExecutor, worker: WorkerEntry) -> dt.datetime:
+def worker_seen(db: Executor, worker: WorkerEntry) -> dt.datetime:
     """Write or refresh ``worker``'s registry row; its ``started_at``."""
-    started_at = executor_for(db).rows(workers_sql.register(), worker_params(worker))[0][0]
+    started_at = db.rows(workers_sql.register(), worker_params(worker))[0][0]
     assert isinstance(started_at, dt.datetime)
     return started_at
 
 
-def unregister_worker(db: SessionOrExecutor, worker_id: str) -> None:
+def unregister_worker(db: Executor, worker_id: str) -> None:
     """Delete ``worker_id``'s registry row."""
-    executor_for(db).rows(workers_sql.unregister(), {"worker_id": worker_id})
+    db.rows(workers_sql.unregister(), {"worker_id": worker_id})
 
 
-def unregistered_ready(db: SessionOrExecutor, stale_seconds: float, cap: int) -> dict[str, int]:
+def unregistered_ready(db: Executor, stale_seconds: float, cap: int) -> dict[str, int]:
     """Per queue, the ready jobs whose task no live worker serving the queue registers
     (``sql.workers.unregistered_ready``: at most ``cap`` tickets read)."""
     params = {"stale_seconds": stale_seconds, "cap": cap}
-    return {
-        queue: int(n)
-        for queue, n in executor_for(db).rows(workers_sql.unregistered_ready(), params)
-    }
+    return {queue: int(n) for queue, n in db.rows(workers_sql.unregistered_ready(), params)}
 
 
-def delete_stale_workers(db: SessionOrExecutor, stale_seconds: float) -> list[str]:
+def delete_stale_workers(db: Executor, stale_seconds: float) -> list[str]:
     """Delete the registry rows of workers not seen within ``stale_seconds``; their ids."""
-    rows = executor_for(db).rows(workers_sql.delete_stale(), {"stale_seconds": stale_seconds})
+    rows = db.rows(workers_sql.delete_stale(), {"stale_seconds": stale_seconds})
     return [row[0] for row in rows]
 
 
 def list_workers(
-    db: SessionOrExecutor, stale_seconds: float, *, include_stale: bool = False
+    db: Executor, stale_seconds: float, *, include_stale: bool = False
 ) -> Sequence[Any]:
     """Registry rows (``sql.workers.list_workers``), live ones first."""
     params = {"stale_seconds": stale_seconds, "include_stale": include_stale}
-    return executor_for(db).rows(workers_sql.list_workers(), params)
+    return db.rows(workers_sql.list_workers(), params)
 
 
-def job_holder(db: SessionOrExecutor, job_id: int, stale_seconds: float) -> Any | None:
+def job_holder(db: Executor, job_id: int, stale_seconds: float) -> Any | None:
     """The worker holding RUNNING job ``job_id`` (``sql.workers.job_holder``), or None."""
     params = {"job_id": job_id, "stale_seconds": stale_seconds}
-    rows = executor_for(db).rows(workers_sql.job_holder(), params)
+    rows = db.rows(workers_sql.job_holder(), params)
     return rows[0] if rows else None
 
 
-def elected_worker(db: SessionOrExecutor, worker_id: str, stale_seconds: float) -> bool:
+def elected_worker(db: Executor, worker_id: str, stale_seconds: float) -> bool:
     """Whether no live worker has an id below ``worker_id`` (the cluster's elected worker)."""
     params = {"worker_id": worker_id, "stale_seconds": stale_seconds}
-    return bool(executor_for(db).rows(workers_sql.no_live_worker_before(), params)[0][0])
+    return bool(db.rows(workers_sql.no_live_worker_before(), params)[0][0])

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy.orm import Session
-
 from pgqueue.data import explain as explain_data
 from pgqueue.data import signals as signals_data
 from pgqueue.data import workers as workers_data
-from pgqueue.db import Executor, executor_for
+from pgqueue.db import Executor
 from pgqueue.errors import JobNotFound
 from pgqueue.explain import _sentences as sentences
 from pgqueue.explain._values import AHEAD_CAP as AHEAD_CAP
@@ -34,10 +32,9 @@ from pgqueue.explain._values import JobFacts as JobFacts
 from pgqueue.states import FINAL_STATES, JobState
 
 
-def explain_job(session: Session, job_id: int, *, stale_seconds: float) -> JobExplanation:
-    """Read the facts about job ``job_id`` in ``session`` and explain them; a worker is live
+def explain_job(db: Executor, job_id: int, *, stale_seconds: float) -> JobExplanation:
+    """Read the facts about job ``job_id`` through ``db`` and explain them; a worker is live
     when the registry saw it within ``stale_seconds``. Raises JobNotFound."""
-    db = executor_for(session)
     job = explain_data.job_facts(db, job_id)
     if job is None:
         raise JobNotFound(f"no job with id {job_id}")

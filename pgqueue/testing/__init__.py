@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from pgqueue.core import PgQueue
 from pgqueue.data import admin as admin_data
+from pgqueue.db import executor_for
 from pgqueue.states import FINAL_STATES, JobState
 from pgqueue.testing.assertions import assert_enqueued, assert_not_enqueued, enqueued_jobs
 from pgqueue.testing.databases import TestDatabases
@@ -74,14 +75,14 @@ class ConcurrencyProbe:
 def table_counts(engine: Engine) -> dict[str, int]:
     """Row counts of pgqueue's two tables."""
     with Session(engine) as session:
-        return admin_data.table_counts(session)
+        return admin_data.table_counts(executor_for(session))
 
 
 def states_of(pgq: PgQueue, job_ids: Iterable[int]) -> dict[int, JobState]:
     """The current state of each of the jobs that exist."""
     ids = list(job_ids)
     with pgq.sessions() as session:
-        return admin_data.states_of_jobs(session, ids)
+        return admin_data.states_of_jobs(executor_for(session), ids)
 
 
 def wait_for_states(

@@ -62,6 +62,7 @@ from pgqueue import uow
 from pgqueue.core import PgQueue
 from pgqueue.data import claim as claim_data
 from pgqueue.data import outcomes as outcomes_data
+from pgqueue.db import executor_for
 from pgqueue.errors import ValidationError
 from pgqueue.jobs import ClaimedJob, NewJob, Outcome
 from pgqueue.states import JobState, OutcomeKind
@@ -302,7 +303,7 @@ class ImmediateMode:
         try:
             with session.begin():
                 claimed = claim_data.claim_listed(
-                    session,
+                    executor_for(session),
                     [job_id],
                     worker_id=self._worker_id,
                     lease_seconds=self._lease_seconds,

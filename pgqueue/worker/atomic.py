@@ -32,6 +32,7 @@ from typing import Protocol
 from sqlalchemy.orm import Session
 
 from pgqueue.data import atomic_runs as atomic_runs_data
+from pgqueue.db import executor_for
 from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
 from pgqueue.worker.executor import Executor
@@ -169,7 +170,7 @@ class AtomicClaims:
         session = self._session_factory()
         try:
             with session.begin():
-                locked = atomic_runs_data.lock_claimed(session, job)
+                locked = atomic_runs_data.lock_claimed(executor_for(session), job)
                 if not locked:
                     return  # its lease was lost: the job was rescued, another worker owns it
                 self._slots.atomic_running(job.queue, +1)

@@ -27,6 +27,7 @@ from pgqueue import backoff, codec
 from pgqueue.config import Settings
 from pgqueue.context import JobContext, Retry, Snooze
 from pgqueue.data import outcomes as outcomes_data
+from pgqueue.db import executor_for
 from pgqueue.errors import (
     AtomicSessionMisuse,
     AtomicTransactionLost,
@@ -202,7 +203,7 @@ class Executor:
             session.flush()  # the handler's pending writes: their errors are the handler's
             # Deferred constraints are checked now, in the handler's savepoint, not at the
             # commit, where a violation would undo the claim along with the handler's writes.
-            outcomes_data.check_deferred_constraints(session)
+            outcomes_data.check_deferred_constraints(executor_for(session))
             outcome = self._success(job, result, execution)
             if context is not None:
                 outcome.progress = execution.unwritten_progress()
@@ -211,7 +212,7 @@ class Executor:
                 # handler's writes commit with a completion only, never beside a failure.
                 savepoint.rollback()
                 return self._record_atomic(session, job, outcome)
-            outcomes_data.record_outcomes(session, [outcome])
+            outcomes_data.record_outcomes(executor_for(session), [outcome])
             savepoint.commit()
             return outcome
         except BaseException as exc:
@@ -243,14 +244,14 @@ class Executor:
         ``unrecorded``'s failed attempt instead."""
         savepoint = session.begin_nested()
         try:
-            outcomes_data.record_outcomes(session, [outcome])
+            outcomes_data.record_outcomes(executor_for(session), [outcome])
             savepoint.commit()
             return outcome
         except Exception as exc:
             if savepoint.is_active:
                 savepoint.rollback()
             substitute = self.unrecorded(job, outcome, exc)
-        outcomes_data.record_outcomes(session, [substitute])
+        outcomes_data.record_outcomes(executor_for(session), [substitute])
         return substitute
 
     # -- shared ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from support.workers import in_thread
 from pgqueue import JobContext, JobState, PgQueue, backoff
 from pgqueue.data import atomic_runs as atomic_runs_data
 from pgqueue.data import claim as claim_data
+from pgqueue.db import executor_for
 from pgqueue.jobs import ClaimedJob
 from pgqueue.worker import Worker
 
@@ -87,7 +88,7 @@ def running_worker(pgq: PgQueue) -> Iterator[Callable[..., Worker]]:
 def _claim_atomic(session: Session, worker_id: str, lease_seconds: float) -> list[ClaimedJob]:
     """An atomic claim of one job, as a worker's probe makes it (committed with ``session``)."""
     return claim_data.claim(
-        session,
+        executor_for(session),
         worker_id=worker_id,
         limit=1,
         queues=None,
@@ -267,11 +268,11 @@ def test_a_claim_whose_lease_was_lost_never_takes_the_jobs_row(
         [fresh] = _claim_atomic(session, "live", 30)
         assert fresh.id == live_id
     with pgq.handler_session() as session, session.begin():
-        assert atomic_runs_data.lock_claimed(session, fresh)
+        assert atomic_runs_data.lock_claimed(executor_for(session), fresh)
 
     running_worker(1)
     finished = _wait_final(pgq, job_id, timeout=20)
     assert (finished.state, finished.attempts) == (JobState.SUCCEEDED, 2)
     assert runs == [2]
     with pgq.handler_session() as session, session.begin():
-        assert not atomic_runs_data.lock_claimed(session, claimed)
+        assert not atomic_runs_data.lock_claimed(executor_for(session), claimed)

@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 from pgqueue import connections
 from pgqueue.config import Settings
 from pgqueue.data import claim as claim_data
-from pgqueue.db import Database
+from pgqueue.db import Database, executor_for
 from pgqueue.jobs import ClaimRequest
 from pgqueue.worker.store import WorkerStore
 
@@ -224,8 +224,11 @@ class _Captured(Exception):
         self.parameters = parameters
 
 
-def captured_claim(connection: Connection, *, filter_queues: bool) -> tuple[str, dict[str, Any]]:
-    """The SQL text and parameters pgqueue's worker sends to claim (captured, not run)."""
+def captured_claim(
+    connection: Connection, *, filter_queues: bool, limits: claim_data.LimitsSeen | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The SQL text and parameters pgqueue's worker sends to claim (captured, not run), by a
+    claimer that saw ``limits`` (by default none yet)."""
 
     def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
         raise _Captured(statement, parameters)
@@ -234,12 +237,13 @@ def captured_claim(connection: Connection, *, filter_queues: bool) -> tuple[str,
     try:
         with Session(connection) as session:
             claim_data.claim(
-                session,
+                executor_for(session),
                 worker_id="plan-test",
                 limit=10,
                 queues=["q0", "q3"] if filter_queues else None,
                 lease_seconds=30.0,
                 task_leases={},
+                limits=limits,
             )
     except _Captured as captured:
         assert "FOR UPDATE SKIP LOCKED" in captured.statement
@@ -425,11 +429,9 @@ def test_claim_of_200_probes_primary_keys_instead_of_scanning(
     # chooses hash joins over sequential scans of both tables for that LIMIT even in the custom
     # plan, an order of magnitude slower than probing the primary keys.
     with fresh_reader.connect() as connection:
-        claim_data.limits_seen_by(connection).record(limits, until=float("inf"))
-        try:
-            sql, params = captured_claim(connection, filter_queues=False)
-        finally:
-            claim_data._limits_seen.pop(connection, None)
+        seen = claim_data.LimitsSeen()
+        seen.record(limits, until=float("inf"))
+        sql, params = captured_claim(connection, filter_queues=False, limits=seen)
         params["limit"] = 200
         plan = custom_plan(connection, sql, params)
         assert_good_plan(plan, f"limit 200, {limits=}")

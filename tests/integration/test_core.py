@@ -31,6 +31,7 @@ from pgqueue import (
     backoff,
     embedded,
 )
+from pgqueue.db import executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.testing import run_until_final, table_counts
 
@@ -268,7 +269,7 @@ def test_atomic_crash_rolls_back_the_claim(pgq: PgQueue, engine, database_url: U
     session = pgq.handler_session()
     session.begin()
     claimed = claim_data.claim(
-        session,
+        executor_for(session),
         worker_id="doomed",
         limit=1,
         queues=None,
@@ -281,7 +282,7 @@ def test_atomic_crash_rolls_back_the_claim(pgq: PgQueue, engine, database_url: U
     with Session(engine) as other, other.begin():
         assert (
             claim_data.claim(
-                other,
+                executor_for(other),
                 worker_id="other",
                 limit=1,
                 queues=None,

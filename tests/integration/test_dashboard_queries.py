@@ -26,6 +26,7 @@ from pgqueue import JobState
 from pgqueue.admin import ListArguments
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.data import admin as admin_data
+from pgqueue.db import executor_for
 
 HISTORY = 200_000
 MOST_ROWS_A_PAGE_STATEMENT_MAY_READ = HISTORY // 8
@@ -297,9 +298,15 @@ def test_filtered_pages_hold_exactly_the_matching_jobs(app: Flask, history_engin
                 )
                 assert [j.id for j in back] == expected[6:9], case
     with queue.sessions() as session:
-        assert admin_data.job_queues(session) == ["[/x]", "bulk", "live", "mail", "rare"]
-        counts = admin_data.capped_state_counts(session, 1000)
-        few = admin_data.capped_state_counts(session, 5)
+        assert admin_data.job_queues(executor_for(session)) == [
+            "[/x]",
+            "bulk",
+            "live",
+            "mail",
+            "rare",
+        ]
+        counts = admin_data.capped_state_counts(executor_for(session), 1000)
+        few = admin_data.capped_state_counts(executor_for(session), 5)
     with engine.connect() as connection:
         running_per_queue = dict(
             connection.execute(

@@ -10,6 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from pgqueue import JobNotFound, JobState, PgQueue, ValidationError
+from pgqueue.db import executor_for
 from pgqueue.testing import run_until_final, states_of, table_counts
 
 
@@ -196,7 +197,7 @@ def test_parents_ending_in_concurrent_transactions_release_their_shared_dependen
         return [Outcome(job_id, claimed[job_id].lease_token, "complete")]
 
     with Session(pgq.engine) as held:
-        outcomes_data.record_outcomes(held, outcome(first))
+        outcomes_data.record_outcomes(executor_for(held), outcome(first))
         other = threading.Thread(
             target=lambda: store.record_outcomes(outcome(second)), name="second-parent"
         )

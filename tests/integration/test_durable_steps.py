@@ -23,6 +23,7 @@ from pgqueue.cli import main as cli_main
 from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.data import claim as claim_data
 from pgqueue.data import steps as steps_data
+from pgqueue.db import executor_for
 from pgqueue.errors import LeaseLost, ValidationError
 from pgqueue.job_filter import JobFilter
 from pgqueue.testing import immediate, table_counts
@@ -348,19 +349,24 @@ def test_a_save_under_a_lost_lease_is_refused_and_saves_nothing(pgq: PgQueue) ->
     job_id = held.enqueue()
     with pgq.sessions() as session, session.begin():
         [claimed] = claim_data.claim(
-            session, worker_id="w", limit=1, queues=None, lease_seconds=30, task_leases={}
+            executor_for(session),
+            worker_id="w",
+            limit=1,
+            queues=None,
+            lease_seconds=30,
+            task_leases={},
         )
     with pgq.sessions() as session, session.begin():
-        steps_data.save(session, job_id, claimed.lease_token, "mine", '"kept"')
+        steps_data.save(executor_for(session), job_id, claimed.lease_token, "mine", '"kept"')
         with pytest.raises(LeaseLost, match=f"step 'stale' of job {job_id} was not saved"):
-            steps_data.save(session, job_id, uuid.uuid4(), "stale", '"lost"')
+            steps_data.save(executor_for(session), job_id, uuid.uuid4(), "stale", '"lost"')
     # The lease's holder saved; after the job ended nobody can, its token included.
     with pgq.engine.begin() as connection:
         connection.execute(
             text("UPDATE pgqueue_jobs SET state = 'succeeded' WHERE id = :id"), {"id": job_id}
         )
     with pgq.sessions() as session, session.begin(), pytest.raises(LeaseLost):
-        steps_data.save(session, job_id, claimed.lease_token, "late", '"late"')
+        steps_data.save(executor_for(session), job_id, claimed.lease_token, "late", '"late"')
     assert saved_steps(pgq.engine, job_id) == {"mine": "kept"}
 
 

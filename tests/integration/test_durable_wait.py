@@ -39,6 +39,7 @@ from pgqueue import (
 from pgqueue.data import claim as claim_data
 from pgqueue.data import outcomes as outcomes_data
 from pgqueue.data.claim import LimitsSeen
+from pgqueue.db import executor_for
 from pgqueue.errors import DowngradeLosesData
 from pgqueue.jobs import Outcome
 from pgqueue.testing import immediate, table_counts
@@ -241,7 +242,7 @@ def test_a_signal_sent_while_the_job_is_being_suspended_still_wakes_it(pgq: PgQu
     job_id = raced.enqueue()
     with pgq.sessions() as session, session.begin():
         [claimed] = claim_data.claim(
-            session,
+            executor_for(session),
             worker_id="test-claimer",
             limit=1,
             queues=None,
@@ -253,7 +254,9 @@ def test_a_signal_sent_while_the_job_is_being_suspended_still_wakes_it(pgq: PgQu
     with pgq.engine.connect() as connection:
         now = connection.execute(text("SELECT extract(epoch FROM now())::float")).scalar_one()
     with pgq.sessions() as session, session.begin():
-        lost = outcomes_data.record_outcomes(session, [Outcome.suspend(claimed, now + 3600, "go")])
+        lost = outcomes_data.record_outcomes(
+            executor_for(session), [Outcome.suspend(claimed, now + 3600, "go")]
+        )
     assert lost == set()
     delay = ticket_delay(pgq.engine, job_id)
     assert delay is not None and delay <= 0

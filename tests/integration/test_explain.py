@@ -18,6 +18,7 @@ from support.processes import run_pgqueue
 from pgqueue import JobState, PgQueue, backoff
 from pgqueue.data import claim as claim_data
 from pgqueue.data.claim import LimitsSeen
+from pgqueue.db import executor_for
 from pgqueue.explain import BlockerKind
 from pgqueue.testing import run_until_final
 
@@ -44,7 +45,7 @@ def claim(pgq: PgQueue, queue: str, count: int) -> list[int]:
     """Take ``count`` jobs of ``queue`` RUNNING with a real claim, as a worker would."""
     with pgq.sessions() as session, session.begin():
         claimed = claim_data.claim(
-            session,
+            executor_for(session),
             worker_id="test-claimer",
             limit=count,
             queues=[queue],

@@ -29,6 +29,7 @@ from pgqueue.contrib.flask import PgQueue as FlaskPgQueue
 from pgqueue.contrib.flask.cli import pgqueue_group
 from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
+from pgqueue.db import executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.models import JOB_COLUMN_NAMES
 from pgqueue.states import JobState
@@ -158,7 +159,7 @@ def test_the_chart_counts_moved_jobs_once_from_the_moves_minute_counts(
         assert chart_counts(pgq, "chart") == expected
 
         with Session(engine) as session, session.begin():
-            assert history_data.move_to_history(session, age=0.0, limit=100) == 7
+            assert history_data.move_to_history(executor_for(session), age=0.0, limit=100) == 7
         assert history_ids(engine) and where_is(engine, min(history_ids(engine))) == (0, 1)
         assert chart_counts(pgq, "chart") == expected
         assert pgq.admin.throughput()["chart"][JobState.SUCCEEDED][0] in (0, 5)
@@ -345,9 +346,9 @@ def test_members_of_a_running_workflow_stay_until_it_ends(
     assert pgq.run_worker(drain=True, queues=["parts"]).succeeded == 3
     time.sleep(0.6)  # past history_move_after
     with Session(engine) as session, session.begin():
-        moved = history_data.move_to_history(session, age=0.0, limit=100)
+        moved = history_data.move_to_history(executor_for(session), age=0.0, limit=100)
         pruned = maintenance_data.prune_finished(
-            session, succeeded_before=0.0, failed_before=0.0, limit=100
+            executor_for(session), succeeded_before=0.0, failed_before=0.0, limit=100
         )
     assert (moved, pruned) == (0, 0)
     assert len(pgq.get_workflow(wf.id).jobs) == 4
@@ -357,7 +358,7 @@ def test_members_of_a_running_workflow_stay_until_it_ends(
     assert (done.state, done.result) == ("succeeded", [0, 1, 2])
     # Now they move: by this call, or already by the worker's own history duty.
     with Session(engine) as session, session.begin():
-        history_data.move_to_history(session, age=0.0, limit=100)
+        history_data.move_to_history(executor_for(session), age=0.0, limit=100)
     with engine.connect() as connection:
         left, moved = connection.execute(
             text(
@@ -389,7 +390,7 @@ def test_an_ended_workflow_keeps_its_result_once_its_jobs_are_moved(
     pgq.run_worker(drain=True, queues=["pieces"])
     assert pgq.wait_for_workflow(wf.id, timeout=30).result == [0, 10, 20]
     with Session(engine) as session, session.begin():
-        moved = history_data.move_to_history(session, age=0.0, limit=100)
+        moved = history_data.move_to_history(executor_for(session), age=0.0, limit=100)
     assert moved >= 4
     ended = pgq.get_workflow(wf.id)
     assert (ended.state, ended.result) == ("succeeded", [0, 10, 20])

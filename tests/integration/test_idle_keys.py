@@ -20,6 +20,7 @@ from support.workers import in_thread
 
 from pgqueue import PgQueue
 from pgqueue.data import claim as claim_data
+from pgqueue.db import executor_for
 from pgqueue.worker import Worker
 from pgqueue.worker.maintenance import Maintenance
 from pgqueue.worker.stats import WorkerStats
@@ -84,7 +85,7 @@ def test_a_claim_reads_only_the_key_rows_of_keys_with_waiting_tickets(pgq: PgQue
         event.listen(pgq.engine, "before_cursor_execute", record)
         try:
             with session.begin():
-                claimed = claim_data.claim(session, limit=20, **CLAIM)  # type: ignore[arg-type]
+                claimed = claim_data.claim(executor_for(session), limit=20, **CLAIM)
                 session.rollback()
         finally:
             event.remove(pgq.engine, "before_cursor_execute", record)
@@ -122,7 +123,7 @@ def test_maintenance_deletes_idle_key_rows_and_keeps_the_needed_ones(pgq: PgQueu
     _insert_idle_keys(pgq.engine, 7_000)  # more than one batch of the cleanup
     keyed.enqueue_many([{"key": "claimed"}])
     with Session(pgq.engine) as session, session.begin():
-        claimed = claim_data.claim(session, limit=1, **CLAIM)  # type: ignore[arg-type]
+        claimed = claim_data.claim(executor_for(session), limit=1, **CLAIM)
     assert [job.kwargs["key"] for job in claimed] == ["claimed"]
     keyed.enqueue_many([{"key": "queued"}])  # a ticket
     keyed.enqueue_many([{"key": "delayed"}])
@@ -173,7 +174,7 @@ def test_maintenance_deletes_idle_key_rows_and_keeps_the_needed_ones(pgq: PgQueu
     again = keyed.enqueue_many([{"key": "deleted", "n": n} for n in range(5)])
     assert _key_rows(pgq.engine)["deleted"] == (3, 0)
     with Session(pgq.engine) as session, session.begin():
-        claimed = claim_data.claim(session, limit=10, **CLAIM)  # type: ignore[arg-type]
+        claimed = claim_data.claim(executor_for(session), limit=10, **CLAIM)
     assert sorted(job.id for job in claimed if job.kwargs["key"] == "deleted") == again[:3]
 
 

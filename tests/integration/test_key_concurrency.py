@@ -19,6 +19,7 @@ from pgqueue.data import claim as claim_data
 from pgqueue.data import flow as flow_data
 from pgqueue.data import maintenance as maintenance_data
 from pgqueue.data import outcomes as outcomes_data
+from pgqueue.db import executor_for
 from pgqueue.errors import ValidationError
 from pgqueue.jobs import Outcome
 from pgqueue.testing import states_of, table_counts, wait_for_states
@@ -51,7 +52,7 @@ def _noop() -> None: ...
 
 def _claim(pgq: PgQueue, limit: int) -> list[Any]:
     with Session(pgq.engine) as session, session.begin():
-        return claim_data.claim(session, limit=limit, **CLAIM)  # type: ignore[arg-type]
+        return claim_data.claim(executor_for(session), limit=limit, **CLAIM)
 
 
 def _key_rows(pgq: PgQueue) -> dict[str, tuple[int | None, int]]:
@@ -135,7 +136,7 @@ def test_counter_falls_back_through_success_failure_retry_cancel_and_rescue(
     with pgq.engine.begin() as c:
         c.execute(text("UPDATE pgqueue_jobs SET lease_expires_at = now() - interval '1 second'"))
     with Session(pgq.engine) as session, session.begin():
-        maintenance_data.rescue_expired(session, lock_key=1, limit=10, error="lost")
+        maintenance_data.rescue_expired(executor_for(session), lock_key=1, limit=10, error="lost")
     assert _key_rows(pgq) == {"shared": (1, 0)}
     pgq.run_worker(drain=True, concurrency=1)
     assert states_of(pgq, [stuck]) == {stuck: JobState.SUCCEEDED}
@@ -298,7 +299,7 @@ def test_cancel_and_release_give_the_key_back(pgq: PgQueue) -> None:
     assert _key_rows(pgq) == {"cr": (2, 2)}
     outcomes = [Outcome.cancelled(cancelled, "stop"), Outcome.release(released)]
     with Session(pgq.engine) as session, session.begin():
-        assert outcomes_data.record_outcomes(session, outcomes) == set()
+        assert outcomes_data.record_outcomes(executor_for(session), outcomes) == set()
     assert _key_rows(pgq) == {"cr": (2, 0)}
     again = {job.id for job in _claim(pgq, 3)}
     assert released.id in again and len(again) == 2  # the released job and the third one
@@ -329,7 +330,7 @@ def test_the_recount_repairs_a_counter_changed_by_hand(pgq: PgQueue) -> None:
     with pgq.engine.begin() as c:
         c.execute(text("UPDATE pgqueue_concurrency_keys SET running = 7"))
     with Session(pgq.engine) as session, session.begin():
-        assert flow_data.recount_keys(session) == {"rc": 1}
+        assert flow_data.recount_keys(executor_for(session)) == {"rc": 1}
     assert _key_rows(pgq) == {"rc": (2, 1)}
     assert running.id in states_of(pgq, [running.id])
 
@@ -355,8 +356,8 @@ def test_the_claim_marks_keyed_jobs_and_each_outcome_batch_frees_only_real_keys(
     plain_only = [Outcome.complete(job) for job in by_task["unkeyed"]]
     mixed = [Outcome.complete(by_task["mk"][0]), Outcome.fail(by_task["mk"][1], "boom")]
     with Session(pgq.engine) as session, session.begin():
-        assert outcomes_data.record_outcomes(session, plain_only) == set()
+        assert outcomes_data.record_outcomes(executor_for(session), plain_only) == set()
     assert _key_rows(pgq) == {"mk": (5, 2)}
     with Session(pgq.engine) as session, session.begin():
-        assert outcomes_data.record_outcomes(session, mixed) == set()
+        assert outcomes_data.record_outcomes(executor_for(session), mixed) == set()
     assert _key_rows(pgq) == {"mk": (5, 0)}

@@ -21,6 +21,7 @@ from support.locks import wait_for_lock_waiters
 
 from pgqueue import PgQueue
 from pgqueue.data import outcomes as outcomes_data
+from pgqueue.db import executor_for
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
 from pgqueue.worker.store import WorkerStore
 
@@ -115,16 +116,20 @@ def test_outcomes_lock_their_rows_first_unless_told_no_heartbeat_of_them_is_unde
 ) -> None:
     _, jobs = _claimed(pgq, 6)
     done = [Outcome(job.id, job.lease_token, "complete") for job in jobs]
-    locked = _locking_statements(pgq, lambda s: outcomes_data.record_outcomes(s, done[:2]))
+    locked = _locking_statements(
+        pgq, lambda s: outcomes_data.record_outcomes(executor_for(s), done[:2])
+    )
     assert locked == 1
     unlocked = _locking_statements(
-        pgq, lambda s: outcomes_data.record_outcomes(s, done[2:4], lock_rows=False)
+        pgq, lambda s: outcomes_data.record_outcomes(executor_for(s), done[2:4], lock_rows=False)
     )
     assert unlocked == 0
     # Several kinds always lock first: their statements would take the rows in kind order.
     mixed = [done[4], Outcome(jobs[5].id, jobs[5].lease_token, "retry", error="x", delay=60.0)]
     assert (
-        _locking_statements(pgq, lambda s: outcomes_data.record_outcomes(s, mixed, lock_rows=False))
+        _locking_statements(
+            pgq, lambda s: outcomes_data.record_outcomes(executor_for(s), mixed, lock_rows=False)
+        )
         == 1
     )
     with pgq.engine.connect() as connection:

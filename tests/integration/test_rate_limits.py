@@ -18,7 +18,7 @@ from support.flow_checks import most_in_window, waiting_keys
 from pgqueue import JobState, PgQueue, Settings
 from pgqueue.data import claim as claim_data
 from pgqueue.data import outcomes as outcomes_data
-from pgqueue.db import Database
+from pgqueue.db import Database, executor_for
 from pgqueue.errors import ValidationError
 from pgqueue.sql import claim as claim_sql
 from pgqueue.states import OutcomeKind
@@ -31,7 +31,7 @@ CLAIM = {"worker_id": "w", "queues": None, "lease_seconds": 30.0, "task_leases":
 
 def _claim(pgq: PgQueue, limit: int) -> list[Any]:
     with Session(pgq.engine) as session, session.begin():
-        return claim_data.claim(session, limit=limit, **CLAIM)  # type: ignore[arg-type]
+        return claim_data.claim(executor_for(session), limit=limit, **CLAIM)
 
 
 @pytest.fixture
@@ -139,7 +139,7 @@ def test_a_rate_limited_job_not_started_within_its_margin_goes_back_unstarted(
     assert (given_back.kind, started.kind) == (OutcomeKind.RELEASE, OutcomeKind.COMPLETE)
     assert ran == [2]
     with Session(pgq.engine) as session, session.begin():
-        assert outcomes_data.record_outcomes(session, [given_back, started]) == set()
+        assert outcomes_data.record_outcomes(executor_for(session), [given_back, started]) == set()
     with pgq.engine.connect() as c:
         rows = dict(
             c.execute(

@@ -18,6 +18,7 @@ from support.polling import wait_until
 from support.workers import in_thread
 
 from pgqueue import JobState, PgQueue, ValidationError
+from pgqueue.db import executor_for
 from pgqueue.models import Job, PeriodicTick
 from pgqueue.scheduler import Schedule, Scheduler
 from pgqueue.worker import Worker
@@ -371,7 +372,8 @@ def test_a_tick_older_than_the_schedules_latest_is_never_recorded(pgq: PgQueue) 
 
     def record(at: dt.datetime) -> bool:
         return uow.run_in_transaction(
-            pgq.sessions, lambda session: control_data.record_tick(session, "stale", at)
+            pgq.sessions,
+            lambda session: control_data.record_tick(executor_for(session), "stale", at),
         )
 
     # A scheduler that read the latest tick before another one caught up must not add an older

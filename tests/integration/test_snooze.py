@@ -21,6 +21,7 @@ from pgqueue import JobContext, JobState, PgQueue, Settings, Snooze, ValidationE
 from pgqueue.data import claim as claim_data
 from pgqueue.data import outcomes as outcomes_data
 from pgqueue.data.claim import LimitsSeen
+from pgqueue.db import executor_for
 from pgqueue.jobs import Outcome
 from pgqueue.models import MessageQueue, QueueControl
 from pgqueue.testing import run_until_final, table_counts
@@ -197,7 +198,7 @@ def test_bad_snooze_delay_in_a_handler_is_an_ordinary_failed_attempt(pgq: PgQueu
 def _claim(pgq: PgQueue, count: int) -> list[Any]:
     with pgq.sessions() as session, session.begin():
         return claim_data.claim(
-            session,
+            executor_for(session),
             worker_id="test-claimer",
             limit=count,
             queues=None,
@@ -231,7 +232,7 @@ def test_snoozes_are_batched_with_other_outcomes_and_fenced_by_the_lease(pgq: Pg
     event.listen(pgq.engine, "before_cursor_execute", count)
     try:
         with pgq.sessions() as session, session.begin():
-            lost = outcomes_data.record_outcomes(session, outcomes)
+            lost = outcomes_data.record_outcomes(executor_for(session), outcomes)
     finally:
         event.remove(pgq.engine, "before_cursor_execute", count)
     assert lost == {stale.id}

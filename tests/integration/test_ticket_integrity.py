@@ -13,6 +13,7 @@ from sqlalchemy import Engine, text
 
 from pgqueue import JobState, PgQueue
 from pgqueue.data import admin as admin_data
+from pgqueue.db import executor_for
 from pgqueue.sql.claim import ClaimVariant, claim
 
 
@@ -44,13 +45,15 @@ def test_delete_job_deletes_its_ticket(pgq: PgQueue, engine: Engine) -> None:
 
     queued, delayed, kept = t.enqueue(1), t.configure(delay=3600).enqueue(2), t.enqueue(3)
     with pgq.sessions() as session, session.begin():
-        assert admin_data.delete_job(session, queued)
-        assert admin_data.delete_job(session, delayed)
-        assert not admin_data.delete_job(session, queued)  # already gone
+        assert admin_data.delete_job(executor_for(session), queued)
+        assert admin_data.delete_job(executor_for(session), delayed)
+        assert not admin_data.delete_job(executor_for(session), queued)  # already gone
     assert _tickets(engine) == [kept]
     [running] = _claim(pgq, limits=False)
     with pgq.sessions() as session, session.begin():
-        assert not admin_data.delete_job(session, running)  # its worker still holds it
+        assert not admin_data.delete_job(
+            executor_for(session), running
+        )  # its worker still holds it
     assert pgq.get_job(running).state is JobState.RUNNING
 
 

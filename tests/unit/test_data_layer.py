@@ -108,16 +108,6 @@ def test_limits_are_assumed_until_looked_at_and_trusted_until_stale() -> None:
     assert seen.stale(10.0)
 
 
-def test_limits_seen_is_kept_per_claimer() -> None:
-    class Claimer:
-        pass
-
-    one, other = Claimer(), Claimer()
-    claim_data.limits_seen_by(one).record(False, until=1e18)
-    assert claim_data.limits_seen_by(one).exist is False
-    assert claim_data.limits_seen_by(other).exist is True
-
-
 def test_new_job_state_follows_its_dependencies() -> None:
     s, f, c, r = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.RUNNING
     assert dependencies.initial_state({1: s, 2: s}) == (JobState.QUEUED, None)
