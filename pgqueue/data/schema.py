@@ -37,6 +37,11 @@ def backend_pid(db: Executor) -> int:
     return int(db.rows(schema_sql.backend_pid())[0][0])
 
 
+def end_backend(db: Executor, pid: int) -> bool:
+    """End server process ``pid``, rolling back its transaction; whether it was signalled."""
+    return bool(db.rows(schema_sql.end_backend(), {"pid": pid})[0][0])
+
+
 def blocking_sessions(db: Executor, pid: int) -> Sequence[Any]:
     """``(pid, application_name, state, seconds in transaction, seconds in state, query)`` of
     each session that blocks session ``pid`` from the lock it waits for, by pid."""

@@ -91,6 +91,13 @@ def backend_pid() -> Select[Any]:
 
 
 @cache
+def end_backend() -> Select[Any]:
+    """End the server process ``pid`` (``pg_terminate_backend``: its open transaction rolls
+    back); whether it was signalled. A role may end its own sessions."""
+    return select(func.pg_terminate_backend(bindparam("pid", type_=Integer)))
+
+
+@cache
 def blocking_sessions() -> Select[Any]:
     """``(pid, application_name, state, seconds in transaction, seconds in state, query)`` of
     each session that blocks session ``pid`` from the lock it waits for, by pid."""

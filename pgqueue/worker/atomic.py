@@ -32,9 +32,11 @@ from typing import Protocol
 from sqlalchemy.orm import Session
 
 from pgqueue.data import atomic_runs as atomic_runs_data
+from pgqueue.data import schema as schema_data
 from pgqueue.db import executor_for
 from pgqueue.errors import error_line, pgqueue_logger
 from pgqueue.jobs import ClaimedJob, ClaimRequest, Outcome
+from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import Executor
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport
@@ -55,6 +57,49 @@ class AtomicStore(Protocol):
     ) -> set[int]:
         """Write ``outcomes``; the ids whose lease was lost."""
         ...
+
+    def end_session(self, pid: int) -> bool:
+        """End server session ``pid``, rolling back its transaction."""
+        ...
+
+
+class Deadline:
+    """An atomic attempt's timeout: ``expire`` runs once, on a timer thread, at the deadline,
+    unless ``finish`` (the handler returned first, its transaction about to commit) came
+    before. Exactly one of the two wins."""
+
+    def __init__(self, seconds: float, expire: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._state = "running"
+        self._expire = expire
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._state != "running":
+                return
+            self._state = "expired"
+        self._expire()
+
+    def finish(self) -> bool:
+        """Whether the attempt is still the handler's to commit (False: its deadline passed
+        and ``expire`` ran or runs)."""
+        self._timer.cancel()
+        with self._lock:
+            if self._state == "expired":
+                return False
+            self._state = "finished"
+            return True
+
+    @property
+    def expired(self) -> bool:
+        return self._state == "expired"
+
+
+class AtomicTimeout(Exception):
+    """The attempt's deadline passed before its transaction could commit."""
 
 
 class AtomicClaims:
@@ -167,21 +212,35 @@ class AtomicClaims:
         outcome: Outcome | None = None
         failure: Exception | None = None
         locked = False
+        deadline: Deadline | None = None
+        task = self._executor.registry.find(job.task_name)
+        timeout = None if task is None else task.timeout
         session = self._session_factory()
         try:
             with session.begin():
-                locked = atomic_runs_data.lock_claimed(executor_for(session), job)
+                ex = executor_for(session)
+                locked = atomic_runs_data.lock_claimed(ex, job)
                 if not locked:
                     return  # its lease was lost: the job was rescued, another worker owns it
+                if timeout is not None:
+                    pid = schema_data.backend_pid(ex)
+                    deadline = Deadline(
+                        max(timeout - (time.monotonic() - started), 0.0),
+                        functools.partial(self._time_out, job, timeout, pid),
+                    )
                 self._slots.atomic_running(job.queue, +1)
                 try:
                     outcome = self._executor.run_atomic(session, job, threading.Event())
                 finally:
                     self._slots.atomic_running(job.queue, -1)
+                if deadline is not None and not deadline.finish():
+                    raise AtomicTimeout(f"job {job.id}: past its timeout of {timeout}s")
         except Exception as exc:
             failure = exc
         finally:
             session.close()
+        if deadline is not None and deadline.expired:
+            return  # ``_time_out`` ended the transaction and wrote the failed attempt
         if not locked:
             if failure is not None:
                 # The handler never started: the job goes back to its queue unrun.
@@ -194,6 +253,29 @@ class AtomicClaims:
                 self._give_back(job)
             return
         self._settle(job, outcome, failure, time.monotonic() - started)
+
+    def _time_out(self, job: ClaimedJob, timeout: float, pid: int) -> None:
+        """At an atomic attempt's deadline (on the timer's thread): end its transaction on the
+        server, which rolls back the handler's writes whatever the handler does next, and write
+        the failed attempt, retried or failed for good like any other. The handler's thread
+        runs on until it returns, holding its slot, with a session that can no longer write."""
+        outcome = self._executor.timed_out(Execution(job, 0.0, timeout, 0.0))
+        try:
+            self._store.end_session(pid)
+            # Waits for the row lock the ended transaction held: it is gone within moments.
+            lost = self._store.record_outcomes([outcome])
+        except Exception as exc:
+            log.error(
+                "job %s (%s): past its timeout of %ss, the attempt could not be ended (%s); "
+                "it is rescued when its lease expires",
+                job.id,
+                job.task_name,
+                timeout,
+                error_line(exc),
+            )
+            return
+        if job.id not in lost:
+            self._report.written(outcome, timeout, job)
 
     def _give_back(self, job: ClaimedJob) -> None:
         """Release a claimed job that did not run, so it is claimed again now rather than

@@ -141,8 +141,11 @@ class Claimer:
         atomic: AtomicClaims,
         health: ClaimHealth,
         metrics: NoMetrics = NO_METRICS,
+        deadline_at: Callable[[float], None] = lambda deadline: None,
     ) -> None:
         self._metrics = metrics
+        # The heartbeat's: an attempt with a timeout started, whose deadline it must not miss.
+        self._deadline_at = deadline_at
         self._health = health
         self._store = store
         self._slots = slots
@@ -352,6 +355,8 @@ class Claimer:
         put_outcome = self._put_outcome
         wake = self._wake
         while True:
+            if execution.timeout:
+                self._deadline_at(execution.started + execution.timeout)
             outcome = run(execution)
             first, room, following = slots.handler_returned(execution)
             if first:

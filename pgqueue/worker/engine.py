@@ -152,14 +152,15 @@ class Worker:
             claim_health=self.claim_health,
             task_names=context.registry.names,
         )
+        self._slots = Slots(self.concurrency, self.prefetch)
         self.executor = Executor(
             context.registry,
             context.settings,
             context.session_factory,
             self._async_loop.get,
             UnregisteredTasks(context.registry, self.metrics),
+            settle_by_handler=self._slots.settle_by_handler,
         )
-        self._slots = Slots(self.concurrency, self.prefetch)
         report = OutcomeReport(
             self.stats,
             log_successes=context.settings.log_successes,
@@ -207,6 +208,7 @@ class Worker:
             atomic=atomic,
             health=self.claim_health,
             metrics=self.metrics,
+            deadline_at=lambda deadline: self._heartbeat.deadline_at(deadline),
         )
         self._dispatcher = Dispatcher(self.concurrency, work, self._claimer.run_leased)
         self._heartbeat = Heartbeat(

@@ -32,6 +32,9 @@ class Execution:
     # ``Slots``, so exactly one outcome is written per attempt.
     decided: bool = False
     timed_out: bool = False  # decided by the timeout check while its thread still runs
+    # Decided by its handler's thread before it committed the context session's writes
+    # (``Slots.settle_by_handler``): the timeout check then leaves it alone.
+    settled: bool = False
     # Its slot went to a replacement thread while the handler ran on past its timeout; the
     # thread retires when the handler returns.
     replaced: bool = False

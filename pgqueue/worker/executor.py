@@ -91,8 +91,12 @@ class Executor:
         unregistered: UnregisteredTasks | None = None,
         *,
         interrupts_propagate: bool = False,
+        settle_by_handler: Callable[[Execution], bool] | None = None,
     ) -> None:
         self.registry = registry
+        # A worker's ``Slots.settle_by_handler``: whether a returned handler still owns its
+        # attempt (its timeout did not end it first). Without it (immediate mode) it always does.
+        self._settle_by_handler = settle_by_handler
         # Immediate mode runs handlers in its caller's thread, where a KeyboardInterrupt may be
         # a real Ctrl-C, and the other exceptions that are not ``Exception``s (pytest's fail or
         # skip, a test's timeout) are the caller's: there they propagate instead of failing the
@@ -137,7 +141,13 @@ class Executor:
         try:
             result = self._call(task, job, context, execution)
             if context is not None and context.session_opened:
-                context.session.commit()
+                settle = self._settle_by_handler
+                if settle is None or settle(execution):
+                    context.session.commit()
+                else:
+                    # The attempt ended at its timeout while the handler ran on: its writes
+                    # must not outlive it (its outcome was written then; this one is dropped).
+                    context.session.rollback()
             outcome = self._success(job, result, execution)
         except _StartTooLate:
             outcome = self._not_started(job)

@@ -1,11 +1,14 @@
 """The heartbeat: extends the leases of held attempts, and enforces timeouts and cancels.
 
-Every ``interval`` (sooner while an attempt with a short timeout runs) it
-
-- gives up attempts past their task's timeout: their outcome is a failed attempt (retried or
+At each attempt's deadline (its start plus its task's timeout: a started attempt with a
+timeout wakes the heartbeat when that comes before its next beat) it gives up the attempts past
+their timeout: their outcome is a failed attempt (retried or
   failed for good, as ``backoff.after_failure`` decides), an async handler's future is
   cancelled, and a sync handler, which cannot be stopped, hands its slot to a replacement
-  thread within the bound ``Slots`` keeps;
+  thread within the bound ``Slots`` keeps.
+
+Every ``interval`` it
+
 - extends the leases of held attempts in one statement, which also answers which of them have a
   cancel request (the handler's ``JobContext`` sees it; an async handler is cancelled) and
   which leases are gone (rescued after this process was frozen or cut off: the handler runs on,
@@ -19,6 +22,7 @@ Every ``interval`` (sooner while an attempt with a short timeout runs) it
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -73,27 +77,40 @@ class Heartbeat:
         self._put_outcome = put_outcome
         self._start_replacement = start_replacement  # a pool thread for a replaced slot
         self._wake = wake  # the claim loop: a replaced slot is free
-        self._nudged = threading.Event()
+        self._woken = threading.Event()
+        self._beat_asked = False  # ``nudge``: beat at this wake-up, not at the next interval
+        # The monotonic time the loop sleeps until: a new deadline before it wakes the loop.
+        self._sleeps_until = 0.0
 
     def run(self) -> None:
-        nudged = self._nudged
+        woken = self._woken
+        next_beat = time.monotonic() + self.interval
         while not self._halt.is_set():
-            nudged.wait(self._wait())
-            nudged.clear()
+            # Any deadline set while the sleep is being computed wakes it at once.
+            self._sleeps_until = math.inf
+            until = min(next_beat, self._slots.next_deadline() or next_beat)
+            self._sleeps_until = until
+            woken.wait(max(until - time.monotonic(), 0.0))
+            woken.clear()
             if self._halt.is_set():
                 return
             self._check_timeouts()
-            self._extend_leases()
+            if self._beat_asked or time.monotonic() >= next_beat:
+                self._beat_asked = False
+                self._extend_leases()
+                next_beat = time.monotonic() + self.interval
 
     def nudge(self) -> None:
         """Beat now rather than at the next interval (the worker's health changed, or it
         stops: set ``halt`` first)."""
-        self._nudged.set()
+        self._beat_asked = True
+        self._woken.set()
 
-    def _wait(self) -> float:
-        # Timeouts are checked at heartbeat time; check more often when a short timeout exists.
-        timeouts = self._slots.timeouts()
-        return min([self.interval, *(max(t / 4, 0.05) for t in timeouts)])
+    def deadline_at(self, deadline: float) -> None:
+        """An attempt started whose timeout passes at monotonic time ``deadline``: wake the
+        loop if it sleeps past that (most starts cost only this comparison)."""
+        if deadline < self._sleeps_until:
+            self._woken.set()
 
     def _check_timeouts(self) -> None:
         overdue, hung = self._slots.take_overdue(time.monotonic())

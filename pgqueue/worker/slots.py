@@ -140,7 +140,8 @@ class Slots:
         and the waiting attempt now started in this slot (to run on the calling thread)."""
         following: Execution | None = None
         with self._lock:
-            decided, execution.decided = execution.decided, True
+            decided = execution.decided and not execution.settled
+            execution.decided = True
             if execution.holds_slot:
                 execution.holds_slot = False
                 waiting = self._waiting
@@ -232,9 +233,26 @@ class Slots:
             running = self._running
             return {job_id: running.get(job_id) for job_id in job_ids}
 
-    def timeouts(self) -> list[float]:
+    def next_deadline(self) -> float | None:
+        """The earliest monotonic time at which a started attempt's timeout passes (None: no
+        started attempt has a timeout)."""
         with self._lock:
-            return [e.timeout for e in self._running.values() if e.timeout]
+            deadlines = [
+                e.started + e.timeout
+                for e in self._running.values()
+                if e.timeout and not e.decided and not e.waiting
+            ]
+        return min(deadlines, default=None)
+
+    def settle_by_handler(self, execution: Execution) -> bool:
+        """Decide ``execution``'s outcome for its handler, which returned and is about to
+        commit its context session's writes; False when its timeout or a shutdown release
+        decided it first (those writes must then be rolled back, never committed)."""
+        with self._lock:
+            if execution.decided:
+                return False
+            execution.decided = execution.settled = True
+            return True
 
     def take_overdue(self, now: float) -> tuple[list[Execution], int]:
         """Decide (once) the attempts past their timeout at monotonic time ``now``, handing the
@@ -244,7 +262,7 @@ class Slots:
             overdue = [
                 e
                 for e in self._running.values()
-                if e.timeout and not e.decided and not e.waiting and now - e.started > e.timeout
+                if e.timeout and not e.decided and not e.waiting and now - e.started >= e.timeout
             ]
             for execution in overdue:
                 execution.decided = True

@@ -30,6 +30,7 @@ from pgqueue.data import flow as flow_data
 from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
 from pgqueue.data import outcomes as outcomes_data
+from pgqueue.data import schema as schema_data
 from pgqueue.data import workers as workers_data
 from pgqueue.data import workflows as workflows_data
 from pgqueue.data.claim import LimitsSeen
@@ -275,6 +276,15 @@ class WorkerStore:
             give_up_when_stopping=False,
             autocommit=False,
             through_timeouts=lock_wait is None,
+        )
+
+    def end_session(self, pid: int) -> bool:
+        """End the server session ``pid`` (an atomic attempt's, at its timeout): its open
+        transaction rolls back; whether the server signalled it."""
+        return self._run(
+            "atomic timeout",
+            lambda db: schema_data.end_backend(db, pid),
+            give_up_when_stopping=True,
         )
 
     def heartbeat(
