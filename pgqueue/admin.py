@@ -1,37 +1,39 @@
 """The public admin API: read and control jobs and queues, as the dashboard and both CLIs do.
 
 ``pgq.admin`` (an :class:`Admin`) answers the questions an operator asks (which jobs, how many,
-how late, how fast) and carries out their actions (rerun, cancel, delete, pause, limit, and the
-same three actions in bulk by filter, each with a dry run and an audit record). Each
-method is one data-layer operation in one transaction: reads in a session of their own,
-actions in the caller's session when one is given, else in an own transaction retried on
-transient conflicts. Arguments are checked before any SQL runs; rows come back as the public
-``Job`` model (detached snapshots) or as the small frozen data classes of
-``pgqueue.admin_values``, imported from here.
+how late, how fast) and carries out their actions (rerun, cancel, signal, delete, pause, limit,
+prune, and the same three actions in bulk by filter, each with a dry run and an audit record).
+It is the one door to these operations: ``PgQueue``'s job-control methods (``pgq.get_job``,
+``pgq.retry_job`` ...) are aliases of its methods. Each method is one data-layer operation in
+one transaction (``admin_runner``): reads in a session of their own, actions in the caller's
+session when one is given, else in an own transaction retried on transient conflicts; the
+``a``-prefixed methods run the same bodies in an event loop. Arguments are checked before any
+SQL runs; rows come back as the public ``Job`` model (detached snapshots) or as the small
+frozen data classes of ``pgqueue.admin_values``, imported from here. The queue switches are
+``admin_queues``'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TypeVar
+from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
-from pgqueue import admin_values, explain, uow, validation
+from pgqueue import admin_values, explain
+from pgqueue.admin_queues import QueueControls
+from pgqueue.admin_runner import SessionWork, Work
 from pgqueue.admin_values import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_values import (
     BULK_CANCEL_REASON,
     DEFAULT_COUNT_CAP,
     DEFAULT_PAGE_SIZE,
     DEFAULT_THROUGHPUT_CAP,
-    MAX_QUEUE_DEPTH,
     BulkResult,
     JobHolder,
     JobPage,
-    KeyOverride,
     OldestWaiting,
-    QueueSettings,
     Throughput,
     WorkerInfo,
     check_actor,
@@ -40,63 +42,53 @@ from pgqueue.admin_values import (
     list_arguments,
     page_of,
 )
-from pgqueue.config import Settings
 from pgqueue.data import admin as admin_data
 from pgqueue.data import bulk as bulk_data
-from pgqueue.data import control as control_data
-from pgqueue.data import enqueue as enqueue_data
-from pgqueue.data import flow as flow_data
+from pgqueue.data import history as history_data
+from pgqueue.data import maintenance as maintenance_data
+from pgqueue.data import signals as signals_data
 from pgqueue.data import workers as workers_data
 from pgqueue.data import workflows as workflow_data
-from pgqueue.data.history import JobTables
-from pgqueue.data.insert_choice import BoundedQueuesSeen
-from pgqueue.db import Executor, executor_for
+from pgqueue.db import ConnectionExecutor, Executor
 from pgqueue.errors import ValidationError, WorkflowNotFound
 from pgqueue.job_filter import BulkAction, JobFilter
 from pgqueue.models import Job
 from pgqueue.states import JobState
+from pgqueue.suspension import checked_signal
 from pgqueue.workflows.status import WorkflowStatus, status_of
 
 __all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__]
 
-T = TypeVar("T")
 
-
-class Admin:
+class Admin(QueueControls):
     """Reads and actions for operators; reach it as ``pgq.admin``.
 
-    ``sessions`` returns the session factory of pgqueue's own engine (called per operation, so
-    an engine recreated after ``dispose`` is used). ``bounded_queues`` is the belief of the
-    enqueues of the same queue object, told of each bound set here.
+    Made by ``PgQueue`` over its engines and settings (see ``admin_runner.AdminRunner``).
     """
-
-    def __init__(
-        self,
-        sessions: Callable[[], sessionmaker[Session]],
-        *,
-        stale_seconds: Callable[[], float] = lambda: Settings().worker_stale_seconds,
-        partitioned_history: Callable[[], bool] = lambda: False,
-        bounded_queues: BoundedQueuesSeen | None = None,
-    ) -> None:
-        self._sessions = sessions
-        self._stale_seconds = stale_seconds
-        self._partitioned_history = partitioned_history
-        self._bounded_queues = bounded_queues if bounded_queues is not None else BoundedQueuesSeen()
 
     # -- jobs --------------------------------------------------------------------------------
 
     def get_job(self, job_id: int) -> Job:
         """A snapshot of one job (detached from any session). Raises JobNotFound."""
+        return self._read_session(self._job(job_id))
+
+    async def aget_job(self, job_id: int) -> Job:
+        """``get_job`` for asyncio. Raises JobNotFound."""
+        return await self._aread_session(self._job(job_id))
+
+    def _job(self, job_id: int) -> SessionWork[Job]:
         job_id = check_job_id(job_id)
         tables = self._tables()
-        return self._read_session(lambda s: admin_data.job_snapshot(s, job_id, tables))
+        return lambda s: admin_data.job_snapshot(s, job_id, tables)
 
     def explain_job(self, job_id: int) -> explain.JobExplanation:
         """Why job ``job_id`` is not running (or is): its blockers in the order the claim
         applies them (see ``pgqueue.explain``). Raises JobNotFound."""
         job_id = check_job_id(job_id)
         stale_seconds = self._stale_seconds()
-        return self._read(lambda ex: explain.explain_job(ex, job_id, stale_seconds=stale_seconds))
+        return self._read(
+            lambda session: explain.explain_job(session, job_id, stale_seconds=stale_seconds)
+        )
 
     def list_jobs(
         self,
@@ -135,9 +127,16 @@ class Admin:
         its attempt count never exceeds its maximum. A workflow's job (but the ``on_failure``
         job of an ended workflow) is refused with InvalidStateTransition naming the workflow:
         its workflow settles it."""
+        self._write_session(session, self._retry(job_id))
+
+    async def aretry_job(self, job_id: int, *, session: AsyncSession | None = None) -> None:
+        """``retry_job`` for asyncio (in ``session``'s transaction when given)."""
+        await self._awrite_session(session, self._retry(job_id))
+
+    def _retry(self, job_id: int) -> SessionWork[None]:
         job_id = check_job_id(job_id)
         tables = self._tables()
-        self._write_session(session, lambda s: admin_data.rerun_job(s, job_id, tables))
+        return lambda s: admin_data.rerun_job(s, job_id, tables)
 
     def cancel_job(self, job_id: int, *, session: Session | None = None) -> JobState:
         """Cancel a waiting job (it never runs) or ask a running one to stop.
@@ -146,32 +145,73 @@ class Admin:
         handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried). A workflow's
         job is refused as ``retry_job`` refuses it (``cancel_workflow`` stops the workflow).
         """
+        return self._write_session(session, self._cancel(job_id))
+
+    async def acancel_job(self, job_id: int, *, session: AsyncSession | None = None) -> JobState:
+        """``cancel_job`` for asyncio (in ``session``'s transaction when given)."""
+        return await self._awrite_session(session, self._cancel(job_id))
+
+    def _cancel(self, job_id: int) -> SessionWork[JobState]:
         job_id = check_job_id(job_id)
         tables = self._tables()
-        return self._write_session(
-            session, lambda s: admin_data.cancel_job(s, job_id, "cancelled by request", tables)
-        )
+        return lambda s: admin_data.cancel_job(s, job_id, "cancelled by request", tables)
+
+    def signal(
+        self, job_id: int, name: str, payload: Any = None, *, session: Session | None = None
+    ) -> bool:
+        """Send signal ``name`` with ``payload`` (JSON; None by default) to job ``job_id``: it
+        is stored durably, and the job, if suspended in ``ctx.wait_for_signal(name)``, is woken
+        (an idle worker picks it up at once). A signal sent before the job reaches that wait is
+        kept, and the wait returns it at once.
+
+        In ``session``'s transaction when given (a rollback sends nothing), else in one of its
+        own. Returns True when stored, False when a signal of that name was stored for the
+        job already: the first one is kept and the later one ignored. Raises JobNotFound when
+        there is no such job, InvalidStateTransition when it has finished, and
+        ValidationError (a ``ValueError``) for a bad job id or name or a payload that is not
+        JSON or is larger than the ``max_payload_bytes`` setting, before anything is written.
+        The job's row stays locked until the transaction ends, as for ``cancel_job``.
+        """
+        return self._write(session, self._signal(job_id, name, payload))
+
+    async def asignal(
+        self, job_id: int, name: str, payload: Any = None, *, session: AsyncSession | None = None
+    ) -> bool:
+        """``signal`` for asyncio (in ``session``'s transaction when given)."""
+        return await self._awrite(session, self._signal(job_id, name, payload))
+
+    def _signal(self, job_id: int, name: str, payload: Any) -> Work[bool]:
+        job_id, name, encoded = checked_signal(job_id, name, payload, self._settings())
+        tables = self._tables()
+        return lambda s: signals_data.signal_job(s, job_id, name, encoded, tables)
 
     # -- workflows ---------------------------------------------------------------------------
 
     def get_workflow(self, workflow_id: int) -> WorkflowStatus:
-        """Workflow ``workflow_id`` as read in one snapshot. Raises WorkflowNotFound."""
-        return self._read(lambda ex: self._workflow(ex, workflow_id))
+        """Workflow ``workflow_id``: its state, member jobs and result, as read in one
+        snapshot. Raises WorkflowNotFound."""
+        return self._read(self._workflow(workflow_id))
 
-    def workflow_in(self, session: Session, workflow_id: int) -> WorkflowStatus:
-        """``get_workflow`` in ``session``."""
-        return self._workflow(executor_for(session), workflow_id)
+    async def aget_workflow(self, workflow_id: int) -> WorkflowStatus:
+        """``get_workflow`` for asyncio. Raises WorkflowNotFound."""
+        return await self._aread(self._workflow(workflow_id))
 
-    def _workflow(self, ex: Executor, workflow_id: int) -> WorkflowStatus:
-        row = workflow_data.read_workflow(
-            ex, check_job_id(workflow_id, what="workflow id"), self._tables()
-        )
-        if row is None:
-            raise WorkflowNotFound(f"no workflow with id {workflow_id}")
-        return status_of(row)
+    def _workflow(self, workflow_id: int) -> Work[WorkflowStatus]:
+        workflow_id = check_job_id(workflow_id, what="workflow id")
+        tables = self._tables()
+
+        def read(ex: Executor) -> WorkflowStatus:
+            row = workflow_data.read_workflow(ex, workflow_id, tables)
+            if row is None:
+                raise WorkflowNotFound(f"no workflow with id {workflow_id}")
+            return status_of(row)
+
+        return read
 
     def cancel_workflow(self, workflow_id: int, *, session: Session | None = None) -> bool:
-        """Cancel workflow ``workflow_id`` (see ``PgQueue.cancel_workflow``)."""
+        """Cancel workflow ``workflow_id``: its jobs that have not started are cancelled (its
+        ``on_failure`` job too), its running ones are asked to stop (``ctx.cancel_requested``).
+        False when it had already ended. Raises WorkflowNotFound."""
         workflow_id = check_job_id(workflow_id, what="workflow id")
 
         tables = self._tables()
@@ -318,113 +358,6 @@ class Admin:
         tables = self._tables()
         return self._read(lambda s: admin_data.queue_names(s, tables))
 
-    # -- queues ------------------------------------------------------------------------------
-
-    def pause_queue(self, queue: str) -> None:
-        """Stop all workers from claiming ``queue``'s jobs (within one poll interval); running
-        jobs finish. Tickets stay, so ``resume_queue`` picks up where it left off."""
-        name = validation.queue_name(queue)
-        self._write(None, lambda s: control_data.set_queue_control(s, name, paused=True))
-
-    def resume_queue(self, queue: str) -> None:
-        """Let workers claim ``queue``'s jobs again."""
-        name = validation.queue_name(queue)
-        self._write(None, lambda s: control_data.set_queue_control(s, name, paused=False))
-
-    def set_queue_limit(self, queue: str, limit: int | None) -> None:
-        """At most ``limit`` jobs of ``queue`` RUNNING at once across all workers and hosts
-        (enforced in the claim); ``None`` removes the limit."""
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
-        ):
-            raise ValidationError(f"queue limit must be a positive int or None, got {limit!r}")
-        if limit is not None and limit > MAX_QUEUE_DEPTH:  # the same integer column's range
-            raise ValidationError(f"queue limit must be at most {MAX_QUEUE_DEPTH}, got {limit}")
-        name = validation.queue_name(queue)
-        self._write(
-            None, lambda s: control_data.set_queue_control(s, name, concurrency_limit=limit)
-        )
-
-    def set_queue_max_depth(
-        self, queue: str, max_depth: int | None, *, on_full: str = "reject"
-    ) -> None:
-        """Bound ``queue``: an enqueue that would take it above ``max_depth`` waiting jobs
-        (queued, retrying, or waiting on dependencies; scheduled ones included) raises
-        ``QueueFull`` in the enqueuing caller, and writes none of its jobs. ``None`` removes the
-        bound. ``on_full`` says what a full queue does to an enqueue; ``"reject"`` is the only
-        mode. A bound never holds back a job already waiting."""
-        if max_depth is not None and (
-            not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 1
-        ):
-            raise ValidationError(f"max_depth must be a positive int or None, got {max_depth!r}")
-        if max_depth is not None and max_depth > MAX_QUEUE_DEPTH:
-            raise ValidationError(f"max_depth must be at most {MAX_QUEUE_DEPTH}, got {max_depth}")
-        if on_full != "reject":
-            raise ValidationError(f"on_full must be 'reject' (the only mode), got {on_full!r}")
-        name = validation.queue_name(queue)
-        self._write(None, lambda s: enqueue_data.set_queue_max_depth(s, name, max_depth))
-        # This queue object's enqueues go straight to the checked insert of a bounded queue.
-        self._bounded_queues.record([name], [] if max_depth is None else [name])
-
-    def set_key_limit(self, key_or_prefix: str, limit: int | None) -> None:
-        """At most ``limit`` jobs RUNNING at once for each concurrency key starting with
-        ``key_or_prefix`` (an exact key is its own longest prefix), across all workers;
-        the longest matching prefix wins over the task's ``key_limit``. ``None`` removes it."""
-        prefix = validation.concurrency_key(key_or_prefix, what="key_or_prefix")
-        if limit is not None:
-            limit = validation.limit_count(limit, what="key limit")
-        self._write(None, lambda s: flow_data.set_key_limit(s, prefix, limit))
-
-    def set_rate_limit(
-        self,
-        queue: str | None = None,
-        limit: int | None = None,
-        *,
-        per: float | None = None,
-        key: str | None = None,
-    ) -> None:
-        """At most ``limit`` jobs of ``queue`` (or, with ``key=``, of each concurrency key
-        starting with ``key``) start in any window of ``per`` seconds, across all workers;
-        jobs over the rate wait. ``limit=None`` removes the rate limit."""
-        if (queue is None) == (key is None):
-            raise ValidationError("set_rate_limit needs either a queue or key=, not both")
-        if limit is None:
-            if per is not None:
-                raise ValidationError("per without a limit: pass limit=None alone to remove")
-            rate, window = None, None
-        else:
-            rate = validation.limit_count(limit, what="rate limit")
-            if per is None:
-                raise ValidationError("a rate limit needs per= (its window in seconds)")
-            window = validation.rate_period(per)
-        if key is not None:
-            prefix = validation.concurrency_key(key, what="key")
-            self._write(None, lambda s: flow_data.set_key_rate(s, prefix, rate, window))
-            return
-        name = validation.queue_name(queue)
-        self._write(None, lambda s: flow_data.set_queue_rate(s, name, rate, window))
-
-    def queue_settings(self) -> dict[str, QueueSettings]:
-        """The switches of every queue that has any, by queue name."""
-        rows = self._read_session(control_data.queue_controls)
-        return {
-            row.name: QueueSettings(
-                row.name,
-                row.paused,
-                row.concurrency_limit,
-                row.running,
-                row.max_depth,
-                row.rate_limit,
-                row.rate_per,
-            )
-            for row in rows
-        }
-
-    def key_overrides(self) -> list[KeyOverride]:
-        """Every run-time override of the concurrency keys' limits, by prefix."""
-        rows = self._read(flow_data.key_overrides)
-        return [KeyOverride(*row) for row in rows]
-
     # -- workers -----------------------------------------------------------------------------
 
     def list_workers(self, *, include_stale: bool = False) -> list[WorkerInfo]:
@@ -466,22 +399,39 @@ class Admin:
         seen = None if row[4] is None else float(row[4])
         return JobHolder(row[0], row[1], row[2], row[3], seen, bool(row[5]))
 
-    # -- transactions ------------------------------------------------------------------------
+    # -- retention ---------------------------------------------------------------------------
 
-    def _tables(self) -> JobTables:
-        return JobTables(partitioned=self._partitioned_history())
+    def prune(self, *, batch_size: int = 10_000) -> int:
+        """Delete finished jobs past their retention (``succeeded_retention`` and
+        ``failed_retention`` of the settings), ``batch_size`` at a time, each batch in a
+        transaction of its own; returns how many."""
+        settings = self._settings()
+        total = 0
+        while True:
+            deleted = self._write(
+                None,
+                lambda s: maintenance_data.prune_finished(
+                    s,
+                    succeeded_before=settings.succeeded_retention,
+                    failed_before=settings.failed_retention,
+                    limit=batch_size,
+                ),
+            )
+            total += deleted
+            if deleted < batch_size:
+                return total
 
-    def _read(self, work: Callable[[Executor], T]) -> T:
-        return self._read_session(lambda session: work(executor_for(session)))
-
-    def _write(self, session: Session | None, work: Callable[[Executor], T]) -> T:
-        return self._write_session(session, lambda s: work(executor_for(s)))
-
-    # Sessions only where the operation reads ORM objects or takes a savepoint.
-
-    def _read_session(self, work: Callable[[Session], T]) -> T:
-        with self._sessions()() as session:
-            return work(session)
-
-    def _write_session(self, session: Session | None, work: Callable[[Session], T]) -> T:
-        return uow.in_caller_or_own_transaction(session, self._sessions(), work)
+    def maintain_history(
+        self, *, days_ahead: int = 7, retention_days: int | None = None
+    ) -> history_data.HistoryMaintenance:
+        """Keep the partitioned history's partitions (``history="partitioned"``): create the
+        partitions of today and the next ``days_ahead`` days, drop the days older than
+        ``retention_days`` (default ``Settings.history_retention_days``), and move the rows
+        the DEFAULT partition caught into their day's partition. DDL: run it as the owner of
+        pgqueue's tables (daily, e.g. from cron); raises ``NotSchemaOwner`` otherwise."""
+        if retention_days is None:
+            retention_days = self._settings().history_retention_days
+        with self._engines.engine.begin() as connection:
+            return history_data.maintain(
+                ConnectionExecutor(connection), days_ahead=days_ahead, retention_days=retention_days
+            )

@@ -12,7 +12,7 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from pgqueue.errors import ValidationError
 from pgqueue.job_filter import BulkAction
@@ -278,16 +278,3 @@ def page_of(rows: Sequence[Job], *, limit: int, before: int | None, after: int |
         newer=jobs[0].id if has_newer and jobs else None,
         older=jobs[-1].id if has_older and jobs else None,
     )
-
-
-def queue_controls_of(settings: dict[str, QueueSettings]) -> dict[str, dict[str, Any]]:
-    """``{queue: {"paused", "concurrency_limit", "running"}}``: the switches of
-    ``Admin.queue_settings`` as plain dicts (what ``PgQueue.queue_controls`` returns)."""
-    return {
-        name: {
-            "paused": queue.paused,
-            "concurrency_limit": queue.concurrency_limit,
-            "running": queue.running,
-        }
-        for name, queue in settings.items()
-    }

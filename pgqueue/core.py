@@ -3,44 +3,37 @@ the work.
 
 It holds the settings, the task registry and the schedules, and wires: ``engines.Engines``
 (where the database is, the engines and sessions, one AsyncEngine per event loop),
-``enqueuer.Enqueuer`` (how ``task.enqueue`` and ``aenqueue`` insert their jobs), ``pgq.admin``
-(``admin.Admin``, the job and queue control API; the job-control methods here, ``get_job``,
-``retry_job``, ``cancel_job`` ..., are shortcuts to it), ``waiting.JobWaiter`` (``wait_for``)
-and the worker (``run_worker``).
+``pgq.enqueuer`` (``enqueuer.Enqueuer``, to which tasks hand their jobs), ``pgq.admin``
+(``admin.Admin``, the job and queue control API; the ``AdminAlias`` attributes of
+``PgQueue``, ``pgq.get_job``, ``pgq.retry_job`` ..., are its methods under the same names),
+``waiting.JobWaiter`` (``wait_for``) and the worker (``run_worker``).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar, Unpack, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, Unpack, overload
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import uow
-from pgqueue.admin import Admin, KeyOverride, check_job_id
-from pgqueue.admin_values import queue_controls_of
-from pgqueue.aio import AsyncDatabase, check_async_session
+from pgqueue.admin import Admin
+from pgqueue.aio import AsyncDatabase
 from pgqueue.config import Settings
 from pgqueue.data import admin as admin_data
 from pgqueue.data import history as history_data
-from pgqueue.data import maintenance as maintenance_data
-from pgqueue.data import signals as signals_data
 from pgqueue.data.insert_choice import COPY_THRESHOLD as COPY_THRESHOLD
 from pgqueue.data.insert_choice import BoundedQueuesSeen
-from pgqueue.db import ConnectionExecutor, Database, executor_for
+from pgqueue.db import Database
 from pgqueue.engines import Engines
 from pgqueue.enqueuer import Enqueuer
 from pgqueue.errors import ValidationError
-from pgqueue.explain import JobExplanation
-from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
 from pgqueue.models import Job
 from pgqueue.scheduler import Schedule, Scheduler
-from pgqueue.states import JobState
-from pgqueue.suspension import checked_signal
 from pgqueue.tasks import Task, TaskOptions, TaskRegistry, task_name_for
 from pgqueue.tracing import Tracing, tracing_for
 from pgqueue.waiting import JobWaiter
@@ -48,6 +41,27 @@ from pgqueue.workflows.status import WorkflowStatus
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class AdminAlias(Generic[P, R]):
+    """A ``PgQueue`` attribute that is ``pgq.admin``'s method of the same name: read on each
+    access (a wrapper set on ``pgq.admin`` is seen), with that method's signature."""
+
+    def __init__(self, method: Callable[Concatenate[Admin, P], R]) -> None:
+        self.name = method.__name__
+        self.__doc__ = f"Alias of ``pgq.admin.{self.name}`` (``Admin.{self.name}``)."
+
+    @overload
+    def __get__(self, queue: None, owner: type[Any]) -> Self: ...
+
+    @overload
+    def __get__(self, queue: PgQueue, owner: type[Any]) -> Callable[P, R]: ...
+
+    def __get__(self, queue: PgQueue | None, owner: type[Any]) -> Self | Callable[P, R]:
+        if queue is None:
+            return self
+        method: Callable[P, R] = getattr(queue.admin, self.name)
+        return method
 
 
 class PgQueue:
@@ -61,7 +75,37 @@ class PgQueue:
     one made on first use from the same URL with psycopg's asyncio driver and the settings of
     ``engine``. ``database`` may also be an ``AsyncEngine``: the asyncio calls use it, and the
     synchronous ones (and workers) engines made from its URL.
+
+    Jobs and queues are read and controlled through ``pgq.admin`` (``pgqueue.admin.Admin``).
+    These attributes are aliases of its methods of the same name (``pgq.retry_job`` is
+    ``pgq.admin.retry_job``): ``get_job``, ``aget_job``, ``explain_job``, ``retry_job``,
+    ``aretry_job``, ``cancel_job``, ``acancel_job``, ``signal``, ``asignal``,
+    ``get_workflow``, ``cancel_workflow``, ``counts``, ``prune``, ``maintain_history``,
+    ``pause_queue``, ``resume_queue``, ``set_queue_limit``, ``set_queue_max_depth``,
+    ``set_key_limit``, ``set_rate_limit``, ``key_overrides``.
     """
+
+    get_job = AdminAlias(Admin.get_job)
+    aget_job = AdminAlias(Admin.aget_job)
+    explain_job = AdminAlias(Admin.explain_job)
+    retry_job = AdminAlias(Admin.retry_job)
+    aretry_job = AdminAlias(Admin.aretry_job)
+    cancel_job = AdminAlias(Admin.cancel_job)
+    acancel_job = AdminAlias(Admin.acancel_job)
+    signal = AdminAlias(Admin.signal)
+    asignal = AdminAlias(Admin.asignal)
+    get_workflow = AdminAlias(Admin.get_workflow)
+    cancel_workflow = AdminAlias(Admin.cancel_workflow)
+    counts = AdminAlias(Admin.counts)
+    prune = AdminAlias(Admin.prune)
+    maintain_history = AdminAlias(Admin.maintain_history)
+    pause_queue = AdminAlias(Admin.pause_queue)
+    resume_queue = AdminAlias(Admin.resume_queue)
+    set_queue_limit = AdminAlias(Admin.set_queue_limit)
+    set_queue_max_depth = AdminAlias(Admin.set_queue_max_depth)
+    set_key_limit = AdminAlias(Admin.set_key_limit)
+    set_rate_limit = AdminAlias(Admin.set_rate_limit)
+    key_overrides = AdminAlias(Admin.key_overrides)
 
     def __init__(
         self,
@@ -87,18 +131,15 @@ class PgQueue:
         # their checked insert, corrected by the database on every enqueue into them, and told
         # of the bounds ``admin`` sets.
         bounded_queues = BoundedQueuesSeen()
-        self._enqueuer = Enqueuer(
+        # Where tasks and workflows hand their validated jobs (``Task``, ``Signature``).
+        self.enqueuer = Enqueuer(
             self._engines,
             self.tracing,
             bounded_queues,
             lambda: history_data.JobTables.of(self.settings),
         )
-        self.admin = Admin(
-            lambda: self.sessions,
-            stale_seconds=lambda: self.settings.worker_stale_seconds,
-            partitioned_history=lambda: self.settings.partitioned_history,
-            bounded_queues=bounded_queues,
-        )
+        # The job and queue control API: the work of every ``AdminAlias`` above.
+        self.admin = Admin(self._engines, lambda: self.settings, bounded_queues=bounded_queues)
         # ``get_job`` looked up on each read, so that a wrapper set on the instance sees them.
         self._job_waiter = JobWaiter(
             lambda job_id: self.get_job(job_id),
@@ -202,70 +243,6 @@ class PgQueue:
 
         return register(fn) if fn is not None else register
 
-    def insert_jobs(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]:
-        """Insert validated jobs in ``session``'s transaction, or in an own one (in an enqueue
-        span that they carry the context of, when tracing is on)."""
-        return self._enqueuer.insert(session, jobs)
-
-    # -- job control (shortcuts to ``self.admin``) ------------------------------------------
-
-    def get_job(self, job_id: int) -> Job:
-        """A snapshot of one job (detached from any session). Raises JobNotFound."""
-        return self.admin.get_job(job_id)
-
-    def explain_job(self, job_id: int) -> JobExplanation:
-        """Why job ``job_id`` is not running: see ``Admin.explain_job``."""
-        return self.admin.explain_job(job_id)
-
-    def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
-        """Make a FAILED or CANCELLED job run again now, whatever its attempt count."""
-        self.admin.retry_job(job_id, session=session)
-
-    def cancel_job(self, job_id: int, *, session: Session | None = None) -> JobState:
-        """Cancel a waiting job (it never runs) or ask a running one to stop.
-
-        Returns CANCELLED for a waiting job, RUNNING when the running job was flagged (its
-        handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried).
-        """
-        return self.admin.cancel_job(job_id, session=session)
-
-    def signal(
-        self, job_id: int, name: str, payload: Any = None, *, session: Session | None = None
-    ) -> bool:
-        """Send signal ``name`` with ``payload`` (JSON; None by default) to job ``job_id``: it
-        is stored durably, and the job, if suspended in ``ctx.wait_for_signal(name)``, is woken
-        (an idle worker picks it up at once). A signal sent before the job reaches that wait is
-        kept, and the wait returns it at once.
-
-        In ``session``'s transaction when given (a rollback sends nothing), else in one of its
-        own. Returns True when stored, False when a signal of that name was stored for the
-        job already: the first one is kept and the later one ignored. Raises JobNotFound when
-        there is no such job, InvalidStateTransition when it has finished, and
-        ValidationError (a ``ValueError``) for a bad job id or name or a payload that is not
-        JSON or is larger than the ``max_payload_bytes`` setting, before anything is written.
-        The job's row stays locked until the transaction ends, as for ``cancel_job``.
-        """
-        job_id, name, encoded = checked_signal(job_id, name, payload, self.settings)
-        tables = history_data.JobTables.of(self.settings)
-        return uow.in_caller_or_own_transaction(
-            session,
-            self.sessions,
-            lambda s: signals_data.signal_job(executor_for(s), job_id, name, encoded, tables),
-        )
-
-    async def asignal(
-        self, job_id: int, name: str, payload: Any = None, *, session: AsyncSession | None = None
-    ) -> bool:
-        """``signal`` for asyncio (in ``session``'s transaction when given)."""
-        job_id, name, encoded = checked_signal(job_id, name, payload, self.settings)
-        session = check_async_session(session)
-        database = await self._engines.running_async_database()
-        tables = history_data.JobTables.of(self.settings)
-        return await database.in_caller_or_own_session(
-            session,
-            lambda s: signals_data.signal_job(executor_for(s), job_id, name, encoded, tables),
-        )
-
     # -- waiting for a job to finish (``pgqueue.waiting``) -----------------------------------
 
     def wait_for(self, job_id: int, *, timeout: float | None = None) -> Job:
@@ -281,82 +258,23 @@ class PgQueue:
 
     # -- workflows (``pgqueue.workflows``) ----------------------------------------------------
 
-    def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow:
-        """Insert a laid-out workflow (``Enqueuer.insert_workflow``)."""
-        return self._enqueuer.insert_workflow(session, plan)
-
-    async def ainsert_workflow(
-        self, session: AsyncSession | None, plan: WorkflowPlan
-    ) -> InsertedWorkflow:
-        """``insert_workflow`` for asyncio."""
-        return await self._enqueuer.ainsert_workflow(session, plan)
-
-    def get_workflow(self, workflow_id: int) -> WorkflowStatus:
-        """Workflow ``workflow_id``: its state, member jobs and result. Raises
-        WorkflowNotFound."""
-        return self.admin.get_workflow(workflow_id)
-
     def wait_for_workflow(
         self, workflow_id: int, *, timeout: float | None = None
     ) -> WorkflowStatus:
         """Block until workflow ``workflow_id`` ended (the last of its members ended, or it
         was cancelled and its running members stopped) and return it as ``get_workflow`` does.
         Its ``on_failure`` job may still be running. JobWaitTimeout after ``timeout`` seconds."""
-        status = self.get_workflow(workflow_id)
+        status = self.admin.get_workflow(workflow_id)
         self.wait_for(status.closing_job_id, timeout=timeout)
-        return self.get_workflow(workflow_id)
+        return self.admin.get_workflow(workflow_id)
 
     async def await_workflow(
         self, workflow_id: int, *, timeout: float | None = None
     ) -> WorkflowStatus:
         """``wait_for_workflow`` in an event loop, without blocking it."""
-        database = await self._engines.running_async_database()
-        status = await database.read(lambda s: self.admin.workflow_in(s, workflow_id))
+        status = await self.admin.aget_workflow(workflow_id)
         await self.await_job(status.closing_job_id, timeout=timeout)
-        return await database.read(lambda s: self.admin.workflow_in(s, workflow_id))
-
-    def cancel_workflow(self, workflow_id: int, *, session: Session | None = None) -> bool:
-        """Cancel workflow ``workflow_id``: its jobs that have not started are cancelled (its
-        ``on_failure`` job too), its running ones are asked to stop (``ctx.cancel_requested``).
-        False when it had already ended. Raises WorkflowNotFound."""
-        return self.admin.cancel_workflow(workflow_id, session=session)
-
-    def counts(self) -> dict[str, dict[JobState, int]]:
-        """``{queue: {state: count}}`` over all jobs."""
-        return self.admin.counts()
-
-    def prune(self, *, batch_size: int = 10_000) -> int:
-        """Delete finished jobs past their retention (see Settings); returns how many."""
-        total = 0
-        while True:
-            deleted = uow.run_in_transaction(
-                self.sessions,
-                lambda s: maintenance_data.prune_finished(
-                    executor_for(s),
-                    succeeded_before=self.settings.succeeded_retention,
-                    failed_before=self.settings.failed_retention,
-                    limit=batch_size,
-                ),
-            )
-            total += deleted
-            if deleted < batch_size:
-                return total
-
-    def maintain_history(
-        self, *, days_ahead: int = 7, retention_days: int | None = None
-    ) -> history_data.HistoryMaintenance:
-        """Keep the partitioned history's partitions (``history="partitioned"``): create the
-        partitions of today and the next ``days_ahead`` days, drop the days older than
-        ``retention_days`` (default ``Settings.history_retention_days``), and move the rows
-        the DEFAULT partition caught into their day's partition. DDL: run it as the owner of
-        pgqueue's tables (daily, e.g. from cron); raises ``NotSchemaOwner`` otherwise."""
-        retention = (
-            self.settings.history_retention_days if retention_days is None else retention_days
-        )
-        with self.engine.begin() as connection:
-            return history_data.maintain(
-                ConnectionExecutor(connection), days_ahead=days_ahead, retention_days=retention
-            )
+        return await self.admin.aget_workflow(workflow_id)
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -398,37 +316,7 @@ class PgQueue:
         await self._engines.adispose()
         self.dispose()
 
-    async def ainsert_jobs(self, session: AsyncSession | None, jobs: Sequence[NewJob]) -> list[int]:
-        """``insert_jobs`` for asyncio: in ``session``'s transaction (an ``AsyncSession``), or
-        in an own one on ``async_engine``; the same statements, each wait awaited."""
-        return await self._enqueuer.ainsert(session, jobs)
-
-    async def aget_job(self, job_id: int) -> Job:
-        """``get_job`` for asyncio. Raises JobNotFound."""
-        job_id = check_job_id(job_id)
-        database = await self._engines.running_async_database()
-        tables = history_data.JobTables.of(self.settings)
-        return await database.read(lambda s: admin_data.job_snapshot(s, job_id, tables))
-
-    async def aretry_job(self, job_id: int, *, session: AsyncSession | None = None) -> None:
-        """``retry_job`` for asyncio (in ``session``'s transaction when given)."""
-        job_id = check_job_id(job_id)
-        session = check_async_session(session)
-        database = await self._engines.running_async_database()
-        await database.in_caller_or_own_session(
-            session, lambda s: self.admin.retry_job(job_id, session=s)
-        )
-
-    async def acancel_job(self, job_id: int, *, session: AsyncSession | None = None) -> JobState:
-        """``cancel_job`` for asyncio (in ``session``'s transaction when given)."""
-        job_id = check_job_id(job_id)
-        session = check_async_session(session)
-        database = await self._engines.running_async_database()
-        return await database.in_caller_or_own_session(
-            session, lambda s: self.admin.cancel_job(job_id, session=s)
-        )
-
-    # -- schedules and queue control ---------------------------------------------------------
+    # -- schedules -------------------------------------------------------------------------
 
     def periodic(
         self,
@@ -470,49 +358,3 @@ class PgQueue:
         if self._scheduler is None:
             self._scheduler = Scheduler(self.sessions, self.schedules)
         return self._scheduler.run_pending()
-
-    def pause_queue(self, queue: str) -> None:
-        """Stop all workers from claiming ``queue``'s jobs (see ``Admin.pause_queue``)."""
-        self.admin.pause_queue(queue)
-
-    def resume_queue(self, queue: str) -> None:
-        """Let workers claim ``queue``'s jobs again."""
-        self.admin.resume_queue(queue)
-
-    def set_queue_limit(self, queue: str, limit: int | None) -> None:
-        """At most ``limit`` jobs of ``queue`` RUNNING at once (see ``Admin.set_queue_limit``)."""
-        self.admin.set_queue_limit(queue, limit)
-
-    def set_queue_max_depth(
-        self, queue: str, max_depth: int | None, on_full: str = "reject"
-    ) -> None:
-        """Bound ``queue``: an enqueue that would take it above ``max_depth`` waiting jobs
-        raises ``QueueFull`` (see ``Admin.set_queue_max_depth``); ``None`` removes the bound."""
-        self.admin.set_queue_max_depth(queue, max_depth, on_full=on_full)
-
-    def set_key_limit(self, key_or_prefix: str, limit: int | None) -> None:
-        """At most ``limit`` jobs RUNNING per concurrency key starting with ``key_or_prefix``
-        (see ``Admin.set_key_limit``); ``None`` removes the override."""
-        self.admin.set_key_limit(key_or_prefix, limit)
-
-    def set_rate_limit(
-        self,
-        queue: str | None = None,
-        limit: int | None = None,
-        *,
-        per: float | None = None,
-        key: str | None = None,
-    ) -> None:
-        """At most ``limit`` starts of ``queue`` (or of each key starting with ``key=``) in any
-        window of ``per`` seconds (see ``Admin.set_rate_limit``); ``None`` removes it."""
-        self.admin.set_rate_limit(queue, limit, per=per, key=key)
-
-    def key_overrides(self) -> list[KeyOverride]:
-        """The run-time limits of concurrency keys, one per prefix (see
-        ``Admin.key_overrides``); queues' limits and rates: ``admin.queue_settings()``."""
-        return self.admin.key_overrides()
-
-    def queue_controls(self) -> dict[str, dict[str, Any]]:
-        """``{queue: {"paused", "concurrency_limit", "running"}}`` for queues with settings
-        (bounds: ``admin.queue_settings()``)."""
-        return queue_controls_of(self.admin.queue_settings())

@@ -25,33 +25,26 @@ from sqlalchemy.orm import Session
 from pgqueue import backoff, codec, validation
 from pgqueue.aio import check_async_session
 from pgqueue.errors import UnknownTask, ValidationError
-from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
+from pgqueue.jobs import NewJob
 from pgqueue.workflows.canvas import Signature
 
 if TYPE_CHECKING:
     from pgqueue.config import Settings
+    from pgqueue.enqueuer import Enqueuer
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
 class JobSink(Protocol):
-    """What a task needs from its queue object to enqueue (implemented by ``PgQueue``)."""
+    """What a task needs of its queue object (``PgQueue``): the settings its jobs are checked
+    against, and the enqueuer it hands them to."""
 
     @property
     def settings(self) -> Settings: ...
 
-    def insert_jobs(self, session: Session | None, jobs: Sequence[NewJob]) -> list[int]: ...
-
-    async def ainsert_jobs(
-        self, session: AsyncSession | None, jobs: Sequence[NewJob]
-    ) -> list[int]: ...
-
-    def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow: ...
-
-    async def ainsert_workflow(
-        self, session: AsyncSession | None, plan: WorkflowPlan
-    ) -> InsertedWorkflow: ...
+    @property
+    def enqueuer(self) -> Enqueuer: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,22 +303,22 @@ class ConfiguredTask(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
         session = self._session()
         job = self._build(args, kwargs)
-        return self.task.sink.insert_jobs(session, [job])[0]
+        return self.task.sink.enqueuer.insert(session, [job])[0]
 
     def enqueue_many(self, items: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[int]:
         session = self._session()
         jobs = self._build_many(items)
-        return self.task.sink.insert_jobs(session, jobs) if jobs else []
+        return self.task.sink.enqueuer.insert(session, jobs) if jobs else []
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> int:
         session = check_async_session(self.options.session)
         job = self._build(args, kwargs)
-        return (await self.task.sink.ainsert_jobs(session, [job]))[0]
+        return (await self.task.sink.enqueuer.ainsert(session, [job]))[0]
 
     async def aenqueue_many(self, items: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[int]:
         session = check_async_session(self.options.session)
         jobs = self._build_many(items)
-        return await self.task.sink.ainsert_jobs(session, jobs) if jobs else []
+        return await self.task.sink.enqueuer.ainsert(session, jobs) if jobs else []
 
     def _session(self) -> Session | None:
         session = self.options.session

@@ -20,7 +20,7 @@ from pgqueue.errors import NotSchemaOwner
 @database_option
 def prune(database_url: str | None) -> None:
     """Delete finished jobs past their retention (PGQUEUE_SUCCEEDED_RETENTION, ...)."""
-    deleted = queue_for(database_url).prune()
+    deleted = queue_for(database_url).admin.prune()
     echo(f"pruned {plural(deleted, 'job')}")
 
 
@@ -50,7 +50,7 @@ def history_maintain_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def run_history_maintain(pgq: PgQueue, days_ahead: int, retention_days: int | None) -> None:
     """Shared by ``pgqueue history maintain`` and ``flask pgqueue history maintain``."""
     try:
-        report = pgq.maintain_history(days_ahead=days_ahead, retention_days=retention_days)
+        report = pgq.admin.maintain_history(days_ahead=days_ahead, retention_days=retention_days)
     except NotSchemaOwner as exc:
         # As ``migrate``'s: exit 1, the expected refusal for a DML-only role, nothing changed.
         raise click.ClickException(in_this_cli(f"{this_cli()} history maintain: {exc}")) from None

@@ -133,22 +133,23 @@ class ImmediateMode:
         )
         self._watched: weakref.WeakSet[Session] = weakref.WeakSet()
         self._thread = threading.local()
-        self._insert_jobs = pgq.insert_jobs
-        self._ainsert_jobs = pgq.ainsert_jobs
+        self._insert_jobs = pgq.enqueuer.insert
+        self._ainsert_jobs = pgq.enqueuer.ainsert
 
     # -- the block -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if "insert_jobs" in vars(self.pgq):
+        enqueuer = self.pgq.enqueuer
+        if "insert" in vars(enqueuer):
             raise RuntimeError("immediate mode is already on for this queue")
-        # Instance attributes shadow the methods for this queue only, and only inside the
-        # block: enqueues elsewhere pay nothing for immediate mode existing.
-        self.pgq.insert_jobs = self._inserted  # type: ignore[method-assign]
-        self.pgq.ainsert_jobs = self._ainserted  # type: ignore[method-assign]
+        # Instance attributes shadow the methods for this queue's enqueuer only, and only
+        # inside the block: enqueues elsewhere pay nothing for immediate mode existing.
+        enqueuer.insert = self._inserted  # type: ignore[method-assign]
+        enqueuer.ainsert = self._ainserted  # type: ignore[method-assign]
 
     def stop(self) -> None:
-        del self.pgq.insert_jobs
-        del self.pgq.ainsert_jobs
+        del self.pgq.enqueuer.insert
+        del self.pgq.enqueuer.ainsert
         for session in list(self._watched):
             event.remove(session, "after_commit", self._committed)
             event.remove(session, "after_soft_rollback", self._rolled_back)

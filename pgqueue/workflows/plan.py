@@ -24,13 +24,20 @@ Outlet = tuple[tuple[int, ...], bool]
 
 
 class WorkflowSink(Protocol):
-    """Where a workflow is inserted (implemented by ``PgQueue``)."""
+    """Where a workflow is inserted (``enqueuer.Enqueuer``)."""
 
     def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow: ...
 
     async def ainsert_workflow(
         self, session: AsyncSession | None, plan: WorkflowPlan
     ) -> InsertedWorkflow: ...
+
+
+class QueueObject(Protocol):
+    """What a workflow needs of its tasks' queue object (``PgQueue``): its enqueuer."""
+
+    @property
+    def enqueuer(self) -> WorkflowSink: ...
 
 
 class JobBuilder(Protocol):
@@ -48,7 +55,7 @@ class SignedTask(Protocol):
     def name(self) -> str: ...
 
     @property
-    def sink(self) -> WorkflowSink: ...
+    def sink(self) -> QueueObject: ...
 
     def with_options(self, options: Mapping[str, Any]) -> JobBuilder: ...
 
@@ -121,7 +128,7 @@ class Layout:
         last = self._last
         if last is not None and last[0] is task and last[1] is options and last[2] is role:
             return last[3]
-        sink = task.sink
+        sink = task.sink.enqueuer
         if self.sink is None:
             self.sink = sink
         elif sink is not self.sink:

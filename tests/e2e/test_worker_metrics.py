@@ -283,7 +283,7 @@ def test_label_values_stay_bounded_with_300_queues_and_300_unknown_tasks(app: Ap
         )
         for i in range(300)
     ]
-    ids = app.module.pgq.insert_jobs(None, jobs)
+    ids = app.module.pgq.enqueuer.insert(None, jobs)
     port = free_port()
     app.start_worker("--concurrency", "8", "--metrics-port", str(port), **FAST_GAUGES)
 

@@ -463,8 +463,8 @@ def test_every_runtime_path_with_dml_rights_only(
         # Queue control through the CLI.
         assert "paused" in _invoke("pause", "paused", "--new")
         assert "limit 1" in _invoke("limit", "limited", "1", "--new")
-        assert pgq.queue_controls()["paused"]["paused"] is True
-        assert pgq.queue_controls()["limited"]["concurrency_limit"] == 1
+        assert pgq.admin.queue_settings()["paused"].paused is True
+        assert pgq.admin.queue_settings()["limited"].concurrency_limit == 1
         held_ids = [held.enqueue(i) for i in range(3)]
         limited_ids = [limited.enqueue(i) for i in range(6)]
 
@@ -517,11 +517,8 @@ def test_every_runtime_path_with_dml_rights_only(
 
         assert probe.peak == 1  # the limit held with 8 free slots and 6 ready jobs
         assert "removed" in _invoke("limit", "limited", "none")
-        assert pgq.queue_controls()["limited"] == {
-            "paused": False,
-            "concurrency_limit": None,
-            "running": 0,
-        }
+        limited = pgq.admin.queue_settings()["limited"]
+        assert (limited.paused, limited.concurrency_limit, limited.running) == (False, None, 0)
         first_job, then_job = pgq.get_job(first), pgq.get_job(then)
         assert then_job.started_at is not None and first_job.finished_at is not None
         assert then_job.started_at >= first_job.finished_at

@@ -173,7 +173,7 @@ def test_a_drifted_queue_limit_counter_is_repaired(
                 0.1,
             )
         assert "queue reports: running count corrected to 0" in caplog.text
-        assert pgq.queue_controls()["reports"]["running"] == 0
+        assert pgq.admin.queue_settings()["reports"].running == 0
         # A correct counter is left alone.
         assert store.recount_running() == {}
     finally:

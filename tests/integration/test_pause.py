@@ -21,7 +21,7 @@ def test_paused_queue_gets_no_claims_while_others_do(pgq: PgQueue) -> None:
         return n
 
     pgq.pause_queue("emails")
-    assert pgq.queue_controls()["emails"]["paused"] is True
+    assert pgq.admin.queue_settings()["emails"].paused is True
     mails = [send.enqueue(i) for i in range(5)]
     reports = [report.enqueue(i) for i in range(5)]
     worker = Worker(pgq, concurrency=4)

@@ -105,11 +105,8 @@ def test_limit_two_across_four_worker_processes(
     assert len(events) == 80
     assert _max_overlap(events) == 2
     assert processes is not None and processes >= 2  # overlaps were across processes
-    assert pgq.queue_controls()["reports"] == {
-        "paused": False,
-        "concurrency_limit": 2,
-        "running": 0,
-    }
+    reports = pgq.admin.queue_settings()["reports"]
+    assert (reports.paused, reports.concurrency_limit, reports.running) == (False, 2, 0)
 
 
 def test_limit_applies_within_one_worker_and_can_be_lifted(pgq: PgQueue) -> None:

@@ -102,7 +102,7 @@ def test_orphan_tickets_do_not_count_against_a_queue_limit(pgq: PgQueue, engine:
     _execute(engine, "DELETE FROM pgqueue_jobs WHERE id = :id", id=gone)
     _execute(engine, "UPDATE pgqueue_jobs SET state = 'succeeded' WHERE id = :id", id=finished)
     assert _claim(pgq, limits=True) == [real]
-    assert pgq.queue_controls()["limited"]["running"] == 1
+    assert pgq.admin.queue_settings()["limited"].running == 1
     # The limit's room is what it should be: two more jobs run, the third waits.
     more = [t.enqueue(n) for n in range(4, 7)]
     assert _claim(pgq, limits=True) == more[:2]

@@ -141,7 +141,7 @@ def cancel(job_id: int) -> None:
 @pgqueue_group.command()
 def prune() -> None:
     """Delete finished jobs past their retention."""
-    shared.echo(f"pruned {shared.plural(_queue().prune(), 'job')}")
+    shared.echo(f"pruned {shared.plural(_queue().admin.prune(), 'job')}")
 
 
 @pgqueue_group.group(name="history", cls=FlaskCommandGroup)

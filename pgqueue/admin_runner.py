@@ -1,0 +1,99 @@
+"""How an admin operation runs: one body, run synchronously or in an event loop.
+
+Every operation of ``pgq.admin`` checks its arguments and builds its work once: a function of
+an executor that makes the data-layer call (``Work``), or, where the operation reads ORM
+objects or takes a savepoint, of the session itself (``SessionWork``, run by the ``_session``
+runners). The base class here runs that work. A read runs
+in a session of its own, ended without a commit; an action runs in the caller's session when
+one is given (never committed or retried here: only the caller knows whether its other work may
+repeat), else in a transaction of its own, retried on transient conflicts (``uow``'s policy).
+The asyncio runners (``_aread``, ``_awrite``) run the same work on the running loop's
+``aio.AsyncDatabase`` through SQLAlchemy's greenlet bridge, so an async method is its sync
+twin's body handed to another runner, not a second implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session, sessionmaker
+
+from pgqueue import uow
+from pgqueue.aio import check_async_session
+from pgqueue.config import Settings
+from pgqueue.data.history import JobTables
+from pgqueue.data.insert_choice import BoundedQueuesSeen
+from pgqueue.db import Executor, executor_for
+from pgqueue.engines import Engines
+
+T = TypeVar("T")
+
+Work = Callable[[Executor], T]
+"""An operation's body: the data-layer call to make through an executor."""
+
+SessionWork = Callable[[Session], T]
+"""An operation's body that needs the session: ORM objects, or a savepoint."""
+
+
+class AdminRunner:
+    """The connections, settings and runners the admin operations share (see the module).
+
+    ``engines`` are the queue object's (read per operation, so an engine recreated after
+    ``dispose`` is used); ``settings`` is called per operation too. ``bounded_queues`` is the
+    belief of the enqueues of the same queue object, told of each bound set through here.
+    """
+
+    def __init__(
+        self,
+        engines: Engines,
+        settings: Callable[[], Settings],
+        *,
+        bounded_queues: BoundedQueuesSeen | None = None,
+    ) -> None:
+        self._engines = engines
+        self._settings = settings
+        self._sessions: Callable[[], sessionmaker[Session]] = lambda: engines.sessions
+        self._stale_seconds: Callable[[], float] = lambda: settings().worker_stale_seconds
+        self._partitioned_history: Callable[[], bool] = lambda: settings().partitioned_history
+        self._bounded_queues = bounded_queues if bounded_queues is not None else BoundedQueuesSeen()
+
+    def _tables(self) -> JobTables:
+        return JobTables(partitioned=self._partitioned_history())
+
+    def _read(self, work: Work[T]) -> T:
+        return self._read_session(_on_executor(work))
+
+    def _write(self, session: Session | None, work: Work[T]) -> T:
+        return self._write_session(session, _on_executor(work))
+
+    def _read_session(self, work: SessionWork[T]) -> T:
+        with self._sessions()() as session:
+            return work(session)
+
+    def _write_session(self, session: Session | None, work: SessionWork[T]) -> T:
+        return uow.in_caller_or_own_transaction(session, self._sessions(), work)
+
+    async def _aread(self, work: Work[T]) -> T:
+        """``_read`` on the running event loop."""
+        return await self._aread_session(_on_executor(work))
+
+    async def _awrite(self, session: AsyncSession | None, work: Work[T]) -> T:
+        """``_write`` on the running event loop: in ``session``'s transaction (an
+        ``AsyncSession``) when given, else in one of its own."""
+        return await self._awrite_session(session, _on_executor(work))
+
+    async def _aread_session(self, work: SessionWork[T]) -> T:
+        database = await self._engines.running_async_database()
+        return await database.read(work)
+
+    async def _awrite_session(self, session: AsyncSession | None, work: SessionWork[T]) -> T:
+        session = check_async_session(session)
+        database = await self._engines.running_async_database()
+        return await database.in_caller_or_own_session(session, work)
+
+
+def _on_executor(work: Work[T]) -> SessionWork[T]:
+    """``work`` run through the executor of the session it is given."""
+    return lambda session: work(executor_for(session))
