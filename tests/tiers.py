@@ -54,14 +54,14 @@ CONNECTION_TESTS = (
 # PGQUEUE_TEST_REPORTS; scaled where a file was made faster since), to split that tier into halves of about the same length. A file not
 # listed counts as DEFAULT_FILE_SECONDS. Refresh these when a file's time changes much.
 FILE_SECONDS: dict[str, float] = {
-    "integration/test_schema_bounds.py": 140,
-    "integration/test_bad_input_properties.py": 121,
+    "integration/test_schema_bounds.py": 84,
+    "integration/test_bad_input_properties.py": 102,
     "integration/test_host_alembic_cli.py": 91,
     "integration/test_embedded.py": 84,
     "integration/test_cli_one_line_errors.py": 81,
     "integration/test_alembic_recipes.py": 66,
     "e2e/test_tls.py": 59,
-    "integration/test_dashboard_throughput.py": 58,
+    "integration/test_dashboard_throughput.py": 35,
     "integration/test_claim_plan.py": 57,
     "integration/test_online_migrate.py": 51,
     "e2e/test_pgbouncer.py": 46,

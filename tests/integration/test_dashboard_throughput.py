@@ -5,6 +5,7 @@ as the statements' plans are what is tested). The overview's throughput statemen
 ``EXPLAIN ANALYZE``, as first sent and as generic plans: none scans ``pgqueue_jobs``
 sequentially and none reads more index entries than the cap allows. The figures are right for
 the shortened window, and with a cap above the hour's jobs the whole hour is counted exactly.
+The busy hour is written once per module, into a database each case's own database copies.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import Engine, event, text
+from server_databases import create_database, drop_database
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from support.dashboard import dashboard_app
 from test_dashboard_queries import plan_problems
@@ -47,20 +49,40 @@ REWRITE = text("UPDATE pgqueue_jobs SET updated_at = updated_at")
 pgq = PgQueue()
 
 
+@pytest.fixture(scope="module")
+def busy_hour(server_url: URL, template_name: str) -> Iterator[str]:
+    """A migrated database holding the busy hour, never analysed: the template of each case's
+    database (a copy keeps the table's pages, its index entries and its unset statistics)."""
+    url = create_database(server_url, template_name)
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("ALTER TABLE pgqueue_jobs SET (autovacuum_enabled = false)"))
+            connection.execute(BUSY_HOUR, {"n": BUSY})
+    finally:
+        engine.dispose()
+    yield str(url.database)
+    drop_database(server_url, url)
+
+
 @pytest.fixture(params=["analysed", "not analysed yet"])
-def app(request: pytest.FixtureRequest, database_url: URL, engine: Engine) -> Iterator[Flask]:
+def app(request: pytest.FixtureRequest, server_url: URL, busy_hour: str) -> Iterator[Flask]:
     # "not analysed yet": the busy hour as workers leave it, before autovacuum first analyses
     # the table, so the planner guesses from the table's pages how many jobs a window holds.
-    with engine.begin() as connection:
-        connection.execute(text("ALTER TABLE pgqueue_jobs SET (autovacuum_enabled = false)"))
-        connection.execute(BUSY_HOUR, {"n": BUSY})
-        if request.param == "analysed":
-            connection.execute(text("ANALYZE pgqueue_jobs"))
-        else:
-            connection.execute(REWRITE)
-            connection.execute(REWRITE)
-    with dashboard_app(pgq, database_url, "dashboard_throughput") as app:
-        yield app
+    database_url = create_database(server_url, busy_hour)
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as connection:
+            if request.param == "analysed":
+                connection.execute(text("ANALYZE pgqueue_jobs"))
+            else:
+                connection.execute(REWRITE)
+                connection.execute(REWRITE)
+        with dashboard_app(pgq, database_url, "dashboard_throughput") as app:
+            yield app
+    finally:
+        engine.dispose()
+        drop_database(server_url, database_url)
 
 
 @pytest.mark.slow
