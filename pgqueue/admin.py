@@ -362,7 +362,7 @@ class Admin:
         if on_full != "reject":
             raise ValidationError(f"on_full must be 'reject' (the only mode), got {on_full!r}")
         name = validation.queue_name(queue)
-        self._write(None, lambda s: enqueue_data.set_queue_max_depth(s, name, max_depth))
+        self._write(None, lambda ex: enqueue_data.set_queue_max_depth(ex, name, max_depth))
         # This queue object's enqueues go straight to the checked insert of a bounded queue.
         self._bounded_queues.record([name], [] if max_depth is None else [name])
 
