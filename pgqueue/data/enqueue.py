@@ -2,7 +2,14 @@
 ``db.Executor``; never commits. The statements are ``sql.enqueue``'s.
 
 Every enqueue of more than one row, with a dependency, with a key or into a bounded queue, and
-every workflow, is a ``jobs.Plan``, written in the caller's transaction by the same steps:
+every workflow, is a ``jobs.Plan``, written in the caller's transaction.
+
+A plan with no parents, roles or dependencies on existing jobs (``enqueue_many``'s) is written
+by one statement (``_write_plain``): the unnest ``INSERT`` of its rows and tickets, drawing the
+ids; or, before its ``COPY``, the insert of its tickets, drawing the ids. That
+statement writes nothing when a queue of the plan has a bound (its guard); the plan then takes
+the steps below, as does a plan into a queue the ``BoundedQueuesSeen`` believe bounded. Every
+other plan takes them at once:
 
 1. ``allocate``: the plan's ids (and its workflow's), and whether a queue of it has a bound;
 2. the bounded queues' room reserved (``_reserve``): their locks, then their depths, or
@@ -75,6 +82,12 @@ def write(
     parents = plan.parents
     roots = [i for i, p in enumerate(parents) if not p] if parents is not None else None
     copy = may_copy and copyable(jobs, roots)
+    depends = any(j.depends_on for j in jobs)
+    plain = parents is None and plan.roles is None and not depends
+    if plain and (bounded is None or not bounded.covers(jobs)):
+        written = _write_plain(ex, plan, copy, trace_context, refuse_held)
+        if written is not None:
+            return Written(written, None)
     queues = sorted({j.queue for j in jobs})
     first = jobs[0]
     allocation = {
@@ -91,7 +104,7 @@ def write(
         _reserve(ex, jobs, queues, bounded)
     elif bounded is not None and bounded.covers(jobs):
         bounded.record(queues, ())
-    found = _dependency_states(ex, jobs, tables) if any(j.depends_on for j in jobs) else None
+    found = _dependency_states(ex, jobs, tables) if depends else None
     edges = _edges(ids, plan, found)
     if copy:
         root_ids = ids if roots is None else [ids[i] for i in roots]
@@ -101,9 +114,36 @@ def write(
         ex.rows(enqueue.insert_tickets(), {"ids": root_ids, "run_at": run_at, **shared})
         return Written(ids, workflow_id)
     written = _insert(ex, ids, plan, edges, workflow_id, trace_context, refuse_held)
+    assert written is not None  # the ids were drawn: no guard in the statement
     if found is not None:
         _add_dependents(ex, ids, jobs, edges, found)
     return Written(written, workflow_id)
+
+
+def _write_plain(
+    ex: Executor, plan: Plan, copy: bool, trace_context: str | None, refuse_held: bool
+) -> list[int] | None:
+    """Write a plan with no parents, roles or dependencies in one statement (and its ``COPY``
+    when ``copy``), its ids drawn there; the ids. None when a queue of it has a bound: that
+    statement's guard wrote nothing, and the plan goes the way of ``allocate``."""
+    if not copy:
+        return _insert(ex, None, plan, None, None, trace_context, refuse_held)
+    jobs = plan.jobs
+    first = jobs[0]
+    allocation = {
+        "n": len(jobs),
+        "queue": first.queue,
+        "priority": first.priority,
+        "atomic": first.atomic,
+        "run_at": first.run_at,
+        "delay": first.delay,
+    }
+    ids, _, any_bounded, run_at = ex.rows(enqueue.allocate_with_tickets(), allocation)[0]
+    if any_bounded:
+        return None
+    ids.sort()  # drawn ascending already: a linear check, unless the server reordered them
+    copy_jobs(ex, ids, jobs, None, None, None, run_at, trace_context)
+    return list(ids)
 
 
 def copy_jobs(
@@ -125,17 +165,20 @@ def copy_jobs(
 
 def _insert(
     ex: Executor,
-    ids: list[int],
+    ids: list[int] | None,
     plan: Plan,
     edges: dict[str, list[Any]] | None,
     workflow_id: int | None,
     trace_context: str | None,
     refuse_held: bool,
-) -> list[int]:
-    """Write the plan's rows and its roots' tickets by ``sql.enqueue.insert_rows``; the ids."""
+) -> list[int] | None:
+    """Write the plan's rows and its roots' tickets by ``sql.enqueue.insert_rows``; the ids.
+    ``ids`` None (a plan with no parents, roles or dependencies): the statement draws them
+    (``drawn``), and None comes back when its guard found a bounded queue (nothing written)."""
     jobs = plan.jobs
     params: dict[str, Any] = {column: list(map(get, jobs)) for column, get in _FIELDS.items()}
-    params["id"] = ids
+    if ids is not None:
+        params["id"] = ids
     params["delay"] = [j.delay for j in jobs]
     params["run_at"] = [None if j.run_at is None else j.run_at.isoformat() for j in jobs]
     unique = any(j.unique_key is not None for j in jobs)
@@ -152,14 +195,22 @@ def _insert(
     if keyed:
         params["concurrency_keys"] = [j.concurrency_key for j in jobs]
         params["key_limits"] = [j.key_limit for j in jobs]
+    traced, workflow = trace_context is not None, plan.roles is not None
     columns = tuple(c for c in _ROW_COLUMNS if c in params)
-    statement = enqueue.insert_rows(
-        columns, trace_context is not None, plan.roles is not None, keyed
-    )
-    if not unique:
+    statement = enqueue.insert_rows(columns, traced, workflow, keyed, drawn=ids is None)
+    if unique:
+        # A retry of held keys whose holders ended reuses the ids drawn the first time.
+        with_ids = tuple(c for c in _ROW_COLUMNS if c in params or c == "id")
+        then = enqueue.insert_rows(with_ids, traced, workflow, keyed)
+        return _insert_keyed(ex, statement, then, params, jobs, ids, refuse_held)
+    if ids is not None:
         ex.rows(statement, params)
         return ids
-    return _insert_keyed(ex, statement, params, jobs, ids, refuse_held)
+    drawn: list[int] = ex.rows(statement, params)[0][0]
+    if not drawn:
+        return None
+    drawn.sort()  # drawn ascending, in the plan's order: a linear check
+    return drawn
 
 
 _ROW_COLUMNS = (*enqueue.JOB_COLUMNS, *enqueue.PLAN_COLUMNS)
@@ -168,22 +219,38 @@ _ROW_COLUMNS = (*enqueue.JOB_COLUMNS, *enqueue.PLAN_COLUMNS)
 def _insert_keyed(
     ex: Executor,
     statement: Any,
+    then: Any,
     params: dict[str, Any],
     jobs: Sequence[NewJob],
-    ids: list[int],
+    ids: list[int] | None,
     refuse_held: bool,
-) -> list[int]:
+) -> list[int] | None:
     """Run the insert ``statement`` of rows some of which have a unique key; the ids, a held
     key's holder in place of its job. ``refuse_held``: inside a savepoint, rolled back when a
     key was held, and ``UniqueKeyHeld`` names the holder. A holder that ended between the
-    insert and its lookup is no holder: its jobs are inserted again (the others went in once)."""
-    result = list(ids)
-    pending = list(range(len(ids)))
+    insert and its lookup is no holder: its jobs are inserted again (the others went in once)
+    by ``then``, which binds ``id``. ``ids`` None: ``statement`` draws them (``drawn``), and
+    None comes back when its guard found a bounded queue (nothing written)."""
+    result = [] if ids is None else list(ids)
+    pending = list(range(len(jobs)))
     batch = params
     for _ in range(10):
         if refuse_held:
             ex.rows(enqueue.savepoint())
-        inserted = {row[0] for row in ex.rows(statement, batch)}
+        rows = ex.rows(statement, batch)
+        if ids is None:
+            drawn, new = rows[0]
+            if not drawn:
+                if refuse_held:
+                    ex.rows(enqueue.release_savepoint())
+                return None
+            ids = sorted(drawn)  # drawn ascending, in the plan's order
+            result = list(ids)
+            params = batch = {**params, "id": ids}
+            statement = then
+            inserted = set(new)
+        else:
+            inserted = {row[0] for row in rows}
         skipped = [i for i in pending if ids[i] not in inserted]
         if refuse_held:
             if skipped:

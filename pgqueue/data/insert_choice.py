@@ -16,10 +16,10 @@ COPY_THRESHOLD = 1000
 
 
 class BoundedQueuesSeen:
-    """The queues an enqueuer believes bounded: their single jobs go straight to a plan (lock,
-    count, then insert) instead of first trying the one-row insert, whose guard would insert
-    nothing. Only a shortcut: that guard catches a bound set since, and each plan's answer
-    corrects the belief both ways. Thread-safe: the set is replaced, never changed in place."""
+    """The queues an enqueuer believes bounded: their jobs go straight to a plan's checked
+    steps (lock, count, then insert) instead of first trying a guarded statement (the one-row
+    insert, a plain plan's), whose guard would write nothing. Only a shortcut: those guards
+    catch a bound set since, and each checked plan's answer corrects the belief both ways. Thread-safe: the set is replaced, never changed in place."""
 
     def __init__(self) -> None:
         self.queues: frozenset[str] = frozenset()

@@ -1,7 +1,10 @@
 """Statements that add jobs: the plan's (ids drawn first, rows by one ``INSERT`` over unnested
 arrays or by ``COPY`` and then the tickets of its roots, a workflow's row), the one-row insert,
 the savepoint of a plan that refuses held unique keys and the lookup of the keys' holders, the
-bookkeeping of jobs that depend on existing ones, and the bounded queues' locks and depths.
+bookkeeping of jobs that depend on existing ones, and the bounded queues' locks and depths. A
+plan with no parents, roles or dependencies draws its ids in the statement that inserts its
+rows (``insert_rows`` ``drawn``), or, by ``COPY``, in the one that inserts its tickets
+(``allocate_with_tickets``).
 
 Every insert gives each new runnable job its ticket and wakes idle workers in the statement
 that writes the ticket (``common.tickets_for`` and ``common.woken``).
@@ -10,8 +13,9 @@ Bounded queues (``pgqueue_queues.max_depth``): ``allocate`` says whether a queue
 a bound; then ``lock_bounded_queues`` takes each bounded queue's lock (held to the end of the
 transaction) and ``queue_depths`` counts its waiting jobs in a snapshot taken after the lock,
 before the rows go in. In one statement the count would be stale: a statement that waits for a
-lock still reads the database as of its start. The one-row insert, which runs in autocommit,
-carries a guard instead: it inserts nothing into a bounded queue.
+lock still reads the database as of its start. The one-row insert and the plain plan's
+statements carry a guard instead (``_no_bound``): they write nothing into a bounded queue, and
+those jobs then go the way of ``allocate``.
 """
 
 from __future__ import annotations
@@ -47,12 +51,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from pgqueue.models import UNIQUE_KEY_HELD, Job, MessageQueue, QueueControl, Workflow
 from pgqueue.sql.common import (
     COPY_TICKET_COLUMNS,
+    NOTIFY_CHANNEL,
     array_param,
     in_states,
     listed_by_state,
     seconds,
     tickets_for,
     trace_context_param,
+    wake_payload,
     woken,
 )
 from pgqueue.sql.flow import key_rows, new_job_keys
@@ -136,6 +142,62 @@ _AS_COLUMN: Final[dict[str, Any]] = {
 
 
 @cache
+def allocate_with_tickets() -> Select[Any]:
+    """``allocate``'s row for a plan with no parents, roles or dependencies that goes by
+    ``COPY``, whose jobs all share queue ``queue``, ``priority`` and ``atomic``; the same
+    statement inserts their tickets and sends the wake-up, so the plan costs this statement
+    and its ``COPY``. A ticket is an id and those shared values, so it needs no second COPY
+    stream; it precedes its job's row by a statement of the same transaction, and nothing
+    outside that sees either before the commit. When ``queue`` has a bound nothing is drawn
+    or inserted (the ids are an empty array), and the plan goes the way of ``allocate``.
+    Binds ``n``, ``queue``, ``priority``, ``atomic``, ``run_at``, ``delay``."""
+    series = (
+        func.generate_series(1, bindparam("n", type_=Integer))
+        .table_valued("i")
+        .render_derived(name="series")
+    )
+    queue = bindparam("queue", type_=Text)
+    unbounded = _no_bound(QueueControl.name == queue)
+    run_at = _requested_run_at()
+    # Read twice and volatile, hence materialised: each id is drawn once.
+    ids = (
+        select(func.nextval(_sequence(Job)).label("id"))
+        .select_from(series)
+        .where(unbounded)
+        .order_by(series.c.i)
+        .cte("new_ids")
+    )
+    shared = (
+        queue,
+        bindparam("priority", type_=SmallInteger),
+        run_at,
+        bindparam("atomic", type_=Boolean),
+    )
+    tickets = (
+        insert(MessageQueue)
+        .from_select(list(COPY_TICKET_COLUMNS), select(ids.c.id, *shared))
+        .cte("new_tickets")
+    )
+    # One NOTIFY of the plan's queue and run_at, not ``woken``'s aggregate over the tickets:
+    # they all share both. Nothing reads the insert: it runs anyway.
+    woken_once = (
+        select(func.count(func.pg_notify(NOTIFY_CHANNEL, wake_payload(queue, run_at))))
+        .where(unbounded)
+        .scalar_subquery()
+    )
+    return (
+        select(
+            func.array(select(ids.c.id).scalar_subquery()),
+            null(),
+            ~unbounded,
+            run_at,
+        )
+        .add_cte(tickets)
+        .where(woken_once >= 0)
+    )
+
+
+@cache
 def allocate(workflow: bool = False) -> Select[Any]:
     """One row: ``n`` new job ids from the jobs' identity sequence (an array, ascending), a new
     workflow id when ``workflow`` (else null), whether a queue among ``queues`` (array) has a
@@ -176,9 +238,18 @@ def insert_rows(
     traced: bool = False,
     workflow: bool = False,
     with_concurrency_keys: bool = False,
-) -> Select[int]:
+    drawn: bool = False,
+) -> Select[Any]:
     """Insert a plan's rows, with the ids ``allocate`` drew, and the tickets of those QUEUED
     (their wake-up sent); returns the inserted ids.
+
+    ``drawn``, for a plan with no parents, roles or dependencies (``columns`` without ``id``):
+    the statement draws the ids itself, one per row in the rows' order, and carries the bound
+    queues' guard (``_no_bound``): when a queue of the plan has a bound it draws and inserts
+    nothing. One row then comes back: the drawn ids (an array, empty when the guard stopped
+    it), and with ``unique_key`` the inserted ones (an array). The plan thus costs one
+    statement, and a bounded queue is still never written past its bound: its plan goes the
+    way of ``allocate``.
 
     Binds one array per name of ``columns`` (``JOB_COLUMNS``, then those of ``PLAN_COLUMNS``
     the plan fills), one entry per row. With ``state``, a CANCELLED row is finished now. With
@@ -190,13 +261,25 @@ def insert_rows(
     ``with_concurrency_keys`` binds ``concurrency_keys`` and ``key_limits`` (the task's limit,
     may be null): keyed rows and their tickets carry the key, and each new key gets its row
     (``sql.flow.key_rows``)."""
-    rows = (
-        func.unnest(*(array_param(c, _BOUND[c]) for c in columns))
+    arrays = {c: array_param(c, _BOUND[c]) for c in columns}
+    rows: Any = (
+        func.unnest(*arrays.values())
         .table_valued(*columns, with_ordinality="ord")
         .render_derived(name="r")
     )
     names: list[str] = []
     values: list[Any] = []
+    if drawn:
+        # A CTE (volatile, so materialised): each row's id is drawn once, as the unnest yields
+        # the rows, so the ids ascend in the plan's order whatever order the rows go in.
+        unbounded = _no_bound(QueueControl.name == func.any(arrays["queue"]))
+        rows = (
+            select(*rows.c, func.nextval(_sequence(Job)).label("id"))
+            .where(unbounded)
+            .cte("plan_rows")
+        )
+        names.append("id")
+        values.append(rows.c.id)
     for name in columns:
         if name == "delay":
             continue
@@ -244,7 +327,12 @@ def insert_rows(
     if keys is not None:
         also.extend(key_rows(select(keys.c.concurrency_key, keys.c.key_limit).subquery("keyed")))
     # Data-modifying CTEs run whether read or not; ``woken`` reads the tickets' (see there).
-    return select(jobs.c.id).add_cte(*also).where(woken(tickets))
+    if not drawn:
+        return select(jobs.c.id).add_cte(*also).where(woken(tickets))
+    answer = [func.array(select(rows.c.id).scalar_subquery())]
+    if "unique_key" in columns:
+        answer.append(func.array(select(jobs.c.id).scalar_subquery()))
+    return select(*answer).add_cte(*also).where(woken(tickets))
 
 
 _BOUND: Final[dict[str, Any]] = {**JOB_COLUMNS, **PLAN_COLUMNS}
