@@ -37,6 +37,7 @@ from benchmarks.server import Server, libpq, sqlalchemy_url, start
 from pgqueue import codec, uow
 from pgqueue.data import copy_rows
 from pgqueue.data import enqueue as enqueue_data
+from pgqueue.jobs import Plan
 from pgqueue.sql import enqueue
 from pgqueue.tasks import ConfiguredTask, EnqueueOptions
 
@@ -69,6 +70,8 @@ class TimedExecutor:
 _STATEMENTS = {
     "allocate_job_ids": "allocate ids",
     "allocate_jobs_with_tickets": "allocate ids + tickets INSERT + wake-up",
+    "allocate": "allocate ids",
+    "insert_tickets": "tickets INSERT + wake-up",
     "notify_tickets": "wake-up (NOTIFY)",
 }
 
@@ -107,7 +110,7 @@ def client_steps(pgq: Any, n: int, rounds: int) -> dict[str, list[float]]:
         _timed(out, "validate arguments (signature)", validate, items)
         _timed(out, "JSON encode (args, kwargs)", encode, items)
         jobs = _timed(out, "build jobs (validate + encode + record)", configured._build_many, items)
-        lines = copy_rows.job_lines(ids, jobs, stamp)
+        _, lines = copy_rows.lines(ids, jobs, None, None, None, stamp)
         _timed(out, "build COPY text (jobs)", lambda lines: list(copy_rows.chunks(lines)), lines)
     return out
 
@@ -149,7 +152,7 @@ def statement_steps(pgq: Any, n: int, rounds: int) -> tuple[dict[str, list[float
 def _timed_copy(timer: list[TimedExecutor], jobs: Any, db: Any) -> Any:
     executor = TimedExecutor(db)
     timer.append(executor)
-    return enqueue_data.copy_jobs(executor, jobs)
+    return enqueue_data.write(executor, Plan(jobs), may_copy=True).ids
 
 
 def server_tables(conninfo: str, pgq: Any, n: int, rounds: int) -> dict[str, list[float]]:
@@ -159,14 +162,15 @@ def server_tables(conninfo: str, pgq: Any, n: int, rounds: int) -> dict[str, lis
     jobs = ConfiguredTask(task, EnqueueOptions())._build_many([{"n": i} for i in range(n)])
     ids = list(range(1, n + 1))
     stamp = "2026-01-01T00:00:00+00:00"
+    job_columns, lines = copy_rows.lines(ids, jobs, None, None, None, stamp)
     texts = {
-        "pgqueue_jobs": "".join(copy_rows.job_lines(ids, jobs, stamp)),
+        "pgqueue_jobs": "".join(lines),
         # The tickets as COPY text whichever way the enqueue inserts them: the per-index
         # costs are the table's either way.
         "pgqueue_message_queue": "".join(f"{i}\tdefault\t0\t{stamp}\tf\n" for i in ids),
     }
     columns = {
-        "pgqueue_jobs": enqueue.COPY_JOB_COLUMNS,
+        "pgqueue_jobs": job_columns,
         "pgqueue_message_queue": ("job_id", "queue", "priority", "run_at", "atomic"),
     }
     out: dict[str, list[float]] = {}

@@ -89,9 +89,6 @@ class ConnectionExecutor:
                 copy.write(chunk)
 
 
-SessionOrExecutor = Session | Executor
-"""What a data operation runs on: a caller's ``Session`` (its transaction) or an executor."""
-
 _EXECUTORS = (
     ConnectionExecutor,
     driver.DriverExecutor,

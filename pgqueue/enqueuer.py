@@ -1,21 +1,17 @@
-"""How a ``PgQueue`` inserts a batch of validated ``NewJob``s, decided in one place for the
-synchronous and the asyncio enqueue alike.
+"""How a ``PgQueue`` inserts validated ``NewJob``s and laid-out workflows, decided in one place
+for the synchronous and the asyncio enqueue alike.
 
-``plan_insert`` decides (``data.insert_choice.insert_path``): outside a caller's transaction a
-single plain job, or a large uniform batch where ``COPY`` may carry it, is first tried with a
-plain insert in a unit of work of pgqueue's own. That insert's guard writes nothing when a
-queue of the jobs has a bound; the plan then marks those queues as possibly bounded and the
-jobs go to the checked insert (the queues' locks, then count and insert, or ``QueueFull``), in
-the caller's transaction or an own one. Every other enqueue goes to the checked insert at
-once. ``Enqueuer.insert`` and ``Enqueuer.ainsert`` run the plan, the one with ``uow``, the
-other with ``aio.AsyncDatabase``, each inside an enqueue span when tracing is on. A workflow
-(``insert_workflow``) is inserted whole in the caller's transaction or an own one.
+A single plain job goes in by the one-row insert (``data.insert_choice.one_row``): outside a
+caller's transaction as one autocommit statement. Its guard writes nothing into a bounded
+queue; the queue is then noted as possibly bounded and the job goes in as a plan. Everything
+else is a plan of the one writer (``data.enqueue.write``), in the caller's transaction or an
+own one, where ``COPY`` may carry a large plan. ``Enqueuer.insert`` and ``Enqueuer.ainsert``
+run on ``uow`` and on ``aio.AsyncDatabase``, each inside an enqueue span when tracing is on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -25,69 +21,12 @@ from pgqueue import uow
 from pgqueue.data import enqueue as enqueue_data
 from pgqueue.data import workflows as workflow_data
 from pgqueue.data.history import JobTables
-from pgqueue.data.insert_choice import BoundedQueuesSeen, InsertPath, insert_path
-from pgqueue.db import Executor
+from pgqueue.data.insert_choice import BoundedQueuesSeen, one_row
+from pgqueue.db import Executor, executor_for
 from pgqueue.engines import Engines
-from pgqueue.jobs import InsertedWorkflow, NewJob, WorkflowPlan
+from pgqueue.jobs import InsertedWorkflow, NewJob, Plan, WorkflowPlan
 from pgqueue.sqlstates import is_undefined_table
 from pgqueue.tracing import Tracing
-
-
-@dataclass(frozen=True, slots=True)
-class InsertPlan:
-    """How one enqueue inserts ``jobs``: ``first_try`` (when ``tries_plain``) in a unit of
-    work of pgqueue's own, in autocommit mode when ``autocommit``; and, unless that inserted
-    them, ``checked_insert`` in the caller's transaction or an own one."""
-
-    jobs: Sequence[NewJob]
-    trace_context: str | None
-    path: InsertPath
-    bounded: BoundedQueuesSeen
-    tables: Callable[[], JobTables]
-
-    @property
-    def tries_plain(self) -> bool:
-        return self.path != "batch"
-
-    @property
-    def autocommit(self) -> bool:
-        """A single job's insert is one statement: no transaction round trips around it."""
-        return self.path == "one"
-
-    def first_try(self, db: Executor) -> list[int] | None:
-        """The plain insert: the ids, or None when a bound stopped it (nothing written)."""
-        if self.path == "one":
-            job_id = enqueue_data.insert_one_job(db, self.jobs[0], self.trace_context)
-            return None if job_id is None else [job_id]
-        if self.trace_context is None:
-            # The untraced call keeps the two-argument form that wrappers of ``copy_jobs``
-            # (tests' spies among them) have always been given.
-            return enqueue_data.copy_jobs(db, self.jobs)
-        return enqueue_data.copy_jobs(db, self.jobs, self.trace_context)
-
-    def stopped_by_bound(self) -> None:
-        """The plain insert wrote nothing: the jobs' queues are noted as possibly bounded, so
-        the next enqueues into them go to the checked insert at once."""
-        self.bounded.suspect({job.queue for job in self.jobs})
-
-    def checked_insert(self, session: Session) -> list[int]:
-        """The insert that takes the bounded queues' locks and raises ``QueueFull``."""
-        return enqueue_data.insert_jobs(
-            session, self.jobs, self.trace_context, self.bounded, self.tables()
-        )
-
-
-def plan_insert(
-    in_callers_transaction: bool,
-    jobs: Sequence[NewJob],
-    may_copy: Callable[[], bool],
-    bounded: BoundedQueuesSeen,
-    trace_context: str | None,
-    tables: Callable[[], JobTables],
-) -> InsertPlan:
-    """The plan of one enqueue (see the module)."""
-    path = insert_path(in_callers_transaction, jobs, may_copy, bounded)
-    return InsertPlan(jobs, trace_context, path, bounded, tables)
 
 
 class Enqueuer:
@@ -123,25 +62,34 @@ class Enqueuer:
         self, session: Session | None, jobs: Sequence[NewJob], trace_context: str | None
     ) -> list[int]:
         database = self._engines.database
-        plan = plan_insert(
-            session is not None,
-            jobs,
-            lambda: database.uses_driver,
-            self.bounded_queues,
-            trace_context,
-            self._tables,
-        )
-        if plan.tries_plain:
-            if plan.autocommit:
-                ids = uow.run_single(database, plan.first_try)
+        if one_row(jobs, self.bounded_queues):
+            job = jobs[0]
+            if session is None:
+                job_id = uow.run_single(
+                    database, lambda ex: enqueue_data.insert_one_job(ex, job, trace_context)
+                )
             else:
-                ids = uow.run(database, plan.first_try)
-            if ids is not None:
-                return ids
-            plan.stopped_by_bound()
-        return uow.in_caller_or_own_transaction(
-            session, self._engines.sessions, plan.checked_insert
-        )
+                job_id = enqueue_data.insert_one_job(executor_for(session), job, trace_context)
+            if job_id is not None:
+                return [job_id]
+            self.bounded_queues.suspect([job.queue])
+        if session is None:
+            may_copy = database.uses_driver
+            return uow.run(database, lambda ex: self._write(ex, jobs, trace_context, may_copy))
+        return self._write(executor_for(session), jobs, trace_context, False)
+
+    def _write(
+        self, ex: Executor, jobs: Sequence[NewJob], trace_context: str | None, may_copy: bool
+    ) -> list[int]:
+        """``jobs`` as a plan of the one writer; their ids."""
+        return enqueue_data.write(
+            ex,
+            Plan(jobs),
+            trace_context=trace_context,
+            may_copy=may_copy,
+            bounded=self.bounded_queues,
+            tables=self._tables(),
+        ).ids
 
     async def ainsert(self, session: AsyncSession | None, jobs: Sequence[NewJob]) -> list[int]:
         """``insert`` for asyncio: in ``session``'s transaction (an ``AsyncSession``), or in an
@@ -160,23 +108,25 @@ class Enqueuer:
         self, session: AsyncSession | None, jobs: Sequence[NewJob], trace_context: str | None
     ) -> list[int]:
         database = await self._engines.running_async_database()
-        plan = plan_insert(
-            session is not None,
-            jobs,
-            lambda: database.may_copy,
-            self.bounded_queues,
-            trace_context,
-            self._tables,
-        )
-        if plan.tries_plain:
-            if plan.autocommit:
-                ids = await database.run_single(plan.first_try)
+        if one_row(jobs, self.bounded_queues):
+            job = jobs[0]
+
+            def one(ex: Executor) -> int | None:
+                return enqueue_data.insert_one_job(ex, job, trace_context)
+
+            if session is None:
+                job_id = await database.run_single(one)
             else:
-                ids = await database.run(plan.first_try)
-            if ids is not None:
-                return ids
-            plan.stopped_by_bound()
-        return await database.in_caller_or_own_session(session, plan.checked_insert)
+                job_id = await session.run_sync(lambda s: one(executor_for(s)))
+            if job_id is not None:
+                return [job_id]
+            self.bounded_queues.suspect([job.queue])
+        if session is None:
+            may_copy = database.may_copy
+            return await database.run(lambda ex: self._write(ex, jobs, trace_context, may_copy))
+        return await session.run_sync(
+            lambda s: self._write(executor_for(s), jobs, trace_context, False)
+        )
 
     def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow:
         """Insert a laid-out workflow in ``session``'s transaction, or in an own one (where a
@@ -206,10 +156,8 @@ class Enqueuer:
                     ex, plan, may_copy=may_copy, trace_context=trace_context
                 ),
             )
-        return uow.in_caller_or_own_transaction(
-            session,
-            self._engines.sessions,
-            lambda s: workflow_data.insert_workflow(s, plan, trace_context=trace_context),
+        return workflow_data.insert_workflow(
+            executor_for(session), plan, trace_context=trace_context
         )
 
     async def ainsert_workflow(
@@ -221,13 +169,15 @@ class Enqueuer:
         try:
             if tracing is None:
                 return await database.in_caller_or_own_session(
-                    session, lambda s: workflow_data.insert_workflow(s, plan)
+                    session, lambda s: workflow_data.insert_workflow(executor_for(s), plan)
                 )
             with tracing.enqueue_span(plan.jobs, workflow=True) as span:
                 context = span.trace_context
                 inserted = await database.in_caller_or_own_session(
                     session,
-                    lambda s: workflow_data.insert_workflow(s, plan, trace_context=context),
+                    lambda s: workflow_data.insert_workflow(
+                        executor_for(s), plan, trace_context=context
+                    ),
                 )
                 span.workflow_inserted(inserted.id)
                 return inserted

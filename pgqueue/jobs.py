@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from pgqueue.states import OutcomeKind
 
@@ -49,6 +49,32 @@ class NewJob:
     depends_on: tuple[int, ...] = ()
     concurrency_key: str | None = None
     key_limit: int | None = None  # the task's limit for its key (null: none declared)
+
+
+# The ``pgqueue_jobs`` column each ``NewJob`` field is written to as it is, by every insert
+# (``sql.enqueue.JOB_COLUMNS`` gives each its bound type); the writer adds the id, run_at, state
+# and edges of each row.
+NEW_JOB_COLUMNS: Final = {
+    "task_name": "task_name",
+    "queue": "queue",
+    "args": "args_json",
+    "kwargs": "kwargs_json",
+    "priority": "priority",
+    "max_attempts": "max_attempts",
+    "atomic": "atomic",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Jobs written together by one writer (``data.enqueue.write``): ``jobs``, each one's
+    ``parents`` among them (indexes into ``jobs``; None when none has any) and the
+    ``WorkflowRole`` values of a workflow's jobs (None for a plan that is no workflow). A job's
+    dependencies on existing jobs are its ``depends_on``."""
+
+    jobs: Sequence[NewJob]
+    parents: Sequence[tuple[int, ...]] | None = None
+    roles: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

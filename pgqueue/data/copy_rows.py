@@ -1,19 +1,20 @@
-"""Jobs as COPY text, for the bulk enqueue (``data.enqueue.copy_jobs``); pure.
+"""A plan's rows as COPY text, the one format of the writer's ``COPY``
+(``data.enqueue.copy_jobs``); pure.
 
 psycopg's ``write_row`` adapts every value on its own, several times slower than an f-string
 per row, so the rows are formatted here. Text columns are escaped (``copy_text``); the others
-are ints, one timestamp and booleans, whose text needs no escaping. Lines are joined into
+are ints, id arrays, one timestamp and booleans, whose text needs no escaping. Lines are joined into
 chunks of ``CHUNK_ROWS``: one write per line costs more Python than the line, one write for the
 whole batch holds it all in memory twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Final
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import attrgetter
+from typing import Any, Final
 
-from pgqueue.jobs import NewJob
-from pgqueue.states import JobState
+from pgqueue.jobs import NEW_JOB_COLUMNS, NewJob
 
 CHUNK_ROWS: Final = 5000
 
@@ -34,27 +35,6 @@ def copy_text(value: str) -> str:
     return value
 
 
-def job_lines(
-    ids: Sequence[int], jobs: Sequence[NewJob], run_at: str, trace_context: str | None = None
-) -> Iterator[str]:
-    """Lines of ``sql.enqueue.COPY_JOB_COLUMNS`` for ``jobs`` with their ``ids``, all due at
-    ``run_at`` (ISO text); with a ``trace_context`` (JSON text), that as one more column of
-    every line (``sql.enqueue.copy_jobs(traced=True)``).
-
-    ``jobs`` share their task, queue, priority, attempts and atomic flag (a copy batch, see
-    ``insert_choice.uniform``): those columns are formatted once, and each line adds only its
-    id and arguments."""
-    text = copy_text
-    first = jobs[0]
-    middle = f"\t{text(first.task_name)}\t{text(first.queue)}\t"
-    end = "\n" if trace_context is None else f"\t{text(trace_context)}\n"
-    tail = (
-        f"\t{first.priority}\t{first.max_attempts}\t{run_at}\t{'t' if first.atomic else 'f'}{end}"
-    )
-    for job_id, job in zip(ids, jobs, strict=True):
-        yield f"{job_id}{middle}{text(job.args_json)}\t{text(job.kwargs_json)}{tail}"
-
-
 def chunks(lines: Iterable[str]) -> Iterator[str]:
     """``lines`` joined ``CHUNK_ROWS`` at a time (the last chunk may be shorter, or empty)."""
     rows: list[str] = []
@@ -66,61 +46,89 @@ def chunks(lines: Iterable[str]) -> Iterator[str]:
     yield "".join(rows)
 
 
-def workflow_lines(
+def lines(
     ids: Sequence[int],
     jobs: Sequence[NewJob],
-    parents: Sequence[tuple[int, ...]],
-    dependents: Sequence[str | None],
-    roles: Sequence[int],
+    edges: Mapping[str, Sequence[Any]] | None,
+    roles: Sequence[int] | None,
+    workflow_id: int | None,
     run_at: str,
-    workflow_id: int,
     trace_context: str | None = None,
-) -> Iterator[str]:
-    """Lines of ``sql.workflow_inserts.COPY_JOB_COLUMNS`` for a workflow's ``jobs`` with their
-    ``ids``, all due at ``run_at`` (ISO text): a job with ``parents`` (indexes into ``jobs``)
-    waits for them (its ``depends_on`` their ids, as many pending), one without is queued;
-    ``dependents`` are array literals (or None), ``roles`` the ``WorkflowRole`` values; with a
-    ``trace_context`` (JSON text), that as one more column of every line."""
+) -> tuple[tuple[str, ...], Iterator[str]]:
+    """The columns and the lines of a plan's rows with their ``ids``, all due at ``run_at``
+    (ISO text): ``edges`` (``data.enqueue._edges``: states, ``depends_on`` and ``dependents``
+    array literals, countdowns) when the plan has parents; with ``roles``, those and the
+    ``workflow_id``; with a ``trace_context`` (JSON text), that on every line.
+
+    The columns that differ from job to job come first; the rest of a line is a tail that the
+    plan's jobs mostly share (a batch's all of them, a group's members theirs), formatted once
+    per distinct tail."""
+    head: tuple[str, ...] = ("id", "args", "kwargs")
+    if edges is not None:
+        head += ("depends_on", "pending_dependencies", "dependents")
+    fields = [column for column in NEW_JOB_COLUMNS if column not in head]
+    columns = (*head, *fields, "run_at")
+    end = f"\t{run_at}"
+    if edges is not None:
+        columns += ("state",)
+    if roles is not None:
+        columns += ("workflow_role", "workflow_id")
+    after = f"\t{workflow_id}" if roles is not None else ""
+    if trace_context is not None:
+        columns += ("trace_context",)
+        after += f"\t{copy_text(trace_context)}"
+    shape_of = attrgetter(*(NEW_JOB_COLUMNS[column] for column in fields))
     text = copy_text
-    end = (
-        f"\t{workflow_id}\n"
-        if trace_context is None
-        else f"\t{workflow_id}\t{text(trace_context)}\n"
+    tails: dict[Any, str] = {}
+    if edges is None:
+        plain = (
+            f"{job_id}\t{text(job.args_json)}\t{text(job.kwargs_json)}\t"
+            f"{tails.get(shape) or tails.setdefault(shape, _tail(shape, None, None, end, after))}\n"
+            for job_id, job in zip(ids, jobs, strict=True)
+            for shape in (shape_of(job),)
+        )
+        return columns, plain
+    nothing: list[Any] = [None] * len(ids)
+    rows = zip(
+        ids,
+        jobs,
+        edges["depends_on"],
+        edges.get("pending_dependencies") or nothing,
+        edges["dependents"],
+        edges["state"],
+        nothing if roles is None else roles,
+        strict=True,
     )
-    waiting, queued = JobState.WAITING.value, JobState.QUEUED.value
-    # A line's tail (task, queue, priority, attempts, run_at, atomic, state, role, workflow) is
-    # formatted once per distinct tail: a group's members share one.
-    tails: dict[tuple[str, str, int, int, bool, bool, int], str] = {}
-    for job_id, job, its_parents, its_dependents, role in zip(
-        ids, jobs, parents, dependents, roles, strict=True
-    ):
-        shape = (
-            job.task_name,
-            job.queue,
-            job.priority,
-            job.max_attempts,
-            job.atomic,
-            not its_parents,
-            role,
-        )
-        tail = tails.get(shape)
-        if tail is None:
-            tail = tails[shape] = (
-                f"{text(job.task_name)}\t{text(job.queue)}\t{job.priority}\t{job.max_attempts}"
-                f"\t{run_at}\t{'t' if job.atomic else 'f'}\t{waiting if its_parents else queued}"
-                f"\t{role}{end}"
-            )
-        edges = (
-            f"{{{','.join([str(ids[i]) for i in its_parents])}}}\t{len(its_parents)}"
-            if its_parents
-            else _NO_EDGES
-        )
-        yield (
-            f"{job_id}\t{text(job.args_json)}\t{text(job.kwargs_json)}\t{edges}"
-            f"\t{its_dependents or _NULL}\t{tail}"
-        )
+    with_edges = (
+        f"{job_id}\t{text(job.args_json)}\t{text(job.kwargs_json)}\t{_field(depends_on)}"
+        f"\t{_field(pending)}\t{_field(dependents)}\t"
+        f"{tails.get(key) or tails.setdefault(key, _tail(*key, end, after))}\n"
+        for job_id, job, depends_on, pending, dependents, state, role in rows
+        for key in ((shape_of(job), state, role),)
+    )
+    return columns, with_edges
+
+
+def _tail(shape: tuple[Any, ...], state: Any, role: Any, end: str, after: str) -> str:
+    """A line's tail: the job's ``shape`` (its fields after the head), ``end`` (its run_at),
+    its state and role when the plan writes them, and ``after`` (workflow and trace)."""
+    text = "\t".join(map(_field, shape)) + end
+    if state is not None:
+        text += f"\t{state}"
+    if role is not None:
+        text += f"\t{role}"
+    return text + after
+
+
+def _field(value: Any) -> str:
+    """``value`` as a field of COPY's text format (None as NULL)."""
+    if value is None:
+        return _NULL
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, str):
+        return copy_text(value)
+    return str(value)
 
 
 _NULL: Final = "\\N"
-# A job with no parents: no ``depends_on``, nothing pending.
-_NO_EDGES: Final = "\\N\t\\N"

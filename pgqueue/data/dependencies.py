@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pgqueue.db import Executor, SessionOrExecutor, executor_for
+from pgqueue.db import Executor
 from pgqueue.sql import dependencies as dependency_sql
 from pgqueue.sql import workflows as workflow_sql
 from pgqueue.states import JobState, WorkflowRole
@@ -102,8 +102,3 @@ def abandon_orphans(db: Executor, deleted: Iterable[int], orphans: Iterable[int]
     cancelled_dependents = ended_dependents(rows, 1)
     if cancelled_dependents:
         settle(db, cancelled_dependents)
-
-
-def settle_dependents(db: SessionOrExecutor, job_ids: Iterable[int]) -> dict[int, JobState]:
-    """Queue or cancel WAITING jobs whose dependencies ended (``settle``)."""
-    return settle(executor_for(db), job_ids)

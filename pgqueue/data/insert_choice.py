@@ -1,27 +1,25 @@
-"""Which insert an enqueue runs (``insert_path``), on the synchronous and the asyncio path
-alike, and the queues a ``PgQueue`` knows to be bounded (``BoundedQueuesSeen``); pure."""
+"""Which insert an enqueue runs, on the synchronous and the asyncio path alike: the one-row
+insert or a plan (``one_row``), and whether ``COPY`` may carry a plan's rows (``copyable``);
+and the queues a ``PgQueue`` believes bounded (``BoundedQueuesSeen``); pure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Literal
+from collections.abc import Collection, Iterable, Sequence
+from operator import attrgetter
 
 from pgqueue.jobs import NewJob
 
-# From this many jobs on, an own-transaction ``enqueue_many`` inserts with COPY: it costs about
+# From this many jobs on, a plan written in an own transaction goes by COPY: it costs about
 # what the unnest INSERT does for a few hundred jobs and much less per job for large batches
 # (BENCHMARKS.md, enqueueB).
 COPY_THRESHOLD = 1000
 
-InsertPath = Literal["one", "copy", "batch"]
-
 
 class BoundedQueuesSeen:
-    """The queues an enqueuer believes bounded: their jobs go straight to the checked insert
-    (lock, then count and insert) instead of first trying the plain one, whose guard would
-    insert nothing. Only a shortcut: the plain inserts' guard catches a bound set since, and
-    the lock statement's answer corrects the belief both ways. Thread-safe: the set is
-    replaced, never changed in place."""
+    """The queues an enqueuer believes bounded: their jobs go straight to a plan's checked
+    steps (lock, count, then insert) instead of first trying a guarded statement (the one-row
+    insert, a plain plan's), whose guard would write nothing. Only a shortcut: those guards
+    catch a bound set since, and each checked plan's answer corrects the belief both ways. Thread-safe: the set is replaced, never changed in place."""
 
     def __init__(self) -> None:
         self.queues: frozenset[str] = frozenset()
@@ -36,76 +34,48 @@ class BoundedQueuesSeen:
         return not known.isdisjoint({job.queue for job in jobs})
 
     def suspect(self, queues: Iterable[str]) -> None:
-        """``queues`` may be bounded (a plain insert's guard stopped it)."""
+        """``queues`` may be bounded (the one-row insert's guard stopped it)."""
         self.queues = self.queues | frozenset(queues)
 
     def record(self, looked_at: Collection[str], bounded: Collection[str]) -> None:
-        """Of ``looked_at``, exactly ``bounded`` have a bound (the lock statement's answer)."""
+        """Of ``looked_at``, exactly ``bounded`` have a bound (a plan's answer)."""
         self.queues = (self.queues - frozenset(looked_at)) | frozenset(bounded)
 
 
-def insert_path(
-    in_callers_transaction: bool,
-    jobs: Sequence[NewJob],
-    may_copy: Callable[[], bool],
-    bounded: BoundedQueuesSeen | None = None,
-) -> InsertPath:
-    """How an enqueue inserts ``jobs`` (on the synchronous and the asyncio path alike).
-
-    ``"one"``: a single plain job outside a caller's transaction, one autocommit statement
-    (one round trip, no Session). ``"copy"``: a large ``uniform`` batch outside a caller's
-    transaction, ``COPY`` instead of one INSERT over ten unnested arrays, where ``may_copy()``
-    (COPY's rows bypass statement listeners: only where nothing watches statements).
-    ``"batch"``: everything else, one INSERT in the caller's transaction or an own one; and
-    every enqueue into a queue ``bounded`` believes bounded, which needs a transaction (its
-    lock, then its checked insert).
+def one_row(jobs: Sequence[NewJob], bounded: BoundedQueuesSeen) -> bool:
+    """Whether ``jobs`` go in by the one-row insert (``data.enqueue.insert_one_job``, one
+    statement, no ids drawn first): a single job with no key and no dependency, whose queue
+    ``bounded`` does not believe bounded. Every other enqueue is a plan (``data.enqueue.write``).
     """
-    if in_callers_transaction or (bounded is not None and bounded.covers(jobs)):
-        return "batch"
-    if len(jobs) == 1:
-        job = jobs[0]
-        plain = job.unique_key is None and not job.depends_on and job.concurrency_key is None
-        return "one" if plain else "batch"
-    if len(jobs) >= COPY_THRESHOLD and may_copy() and uniform(jobs):
-        return "copy"
-    return "batch"
-
-
-def uniform(jobs: Sequence[NewJob]) -> bool:
-    """Whether ``jobs`` form a copy batch: plain jobs (no unique key, dependency or concurrency
-    key) that share their task, queue, priority, attempts, atomic flag and ``delay``/``run_at``,
-    as one ``enqueue_many`` call builds them. Their tickets are then the ids plus one set of
-    values (``sql.enqueue.allocate_jobs_with_tickets``), and their COPY lines share every column
-    but the id and the arguments (``copy_rows.job_lines``)."""
-    first = jobs[0]
-    if first.unique_key is not None or first.depends_on or first.concurrency_key is not None:
+    if len(jobs) != 1:
         return False
-    shared = (
-        first.task_name,
-        first.queue,
-        first.priority,
-        first.max_attempts,
-        first.atomic,
-        first.delay,
-        first.run_at,
-        None,
-        (),
-        None,
+    job = jobs[0]
+    return (
+        job.unique_key is None
+        and not job.depends_on
+        and job.concurrency_key is None
+        and not bounded.covers(jobs)
     )
-    # One pass; the shared values are usually the very same objects, so equality is quick.
-    return all(
-        (
-            j.task_name,
-            j.queue,
-            j.priority,
-            j.max_attempts,
-            j.atomic,
-            j.delay,
-            j.run_at,
-            j.unique_key,
-            j.depends_on,
-            j.concurrency_key,
-        )
-        == shared
-        for j in jobs
-    )
+
+
+# What COPY cannot write, a job at a time: no ``ON CONFLICT`` for a unique key, no key rows for
+# a concurrency key, no states of existing jobs read for a dependency; the ones below are shared.
+_UNCOPYABLE = attrgetter("unique_key", "concurrency_key", "depends_on", "delay", "run_at")
+_ROOT = attrgetter("queue", "priority", "atomic")
+
+
+def copyable(jobs: Sequence[NewJob], roots: Sequence[int] | None) -> bool:
+    """Whether one ``COPY`` may carry ``jobs`` (whose jobs without parents are ``roots``; None:
+    all of them): from ``COPY_THRESHOLD`` jobs on, none with a unique key, a concurrency key or
+    a dependency on an existing job, all due at one ``delay``/``run_at`` (written as one
+    timestamp), and the roots sharing their queue, priority and atomic flag (their tickets are
+    their ids and one set of values: ``sql.enqueue.insert_tickets``)."""
+    if len(jobs) < COPY_THRESHOLD:
+        return False
+    first = jobs[0]
+    plain = (None, None, (), first.delay, first.run_at)
+    if not all(map(plain.__eq__, map(_UNCOPYABLE, jobs))):
+        return False
+    root_jobs = jobs if roots is None else [jobs[i] for i in roots]
+    shared = _ROOT(root_jobs[0])
+    return all(map(shared.__eq__, map(_ROOT, root_jobs)))

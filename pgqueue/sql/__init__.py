@@ -5,8 +5,8 @@ Statements are SQLAlchemy constructs. Those that run on a raw psycopg connection
 by psycopg. Values are binds and names are quoted by the dialect or by psycopg: no SQL text is
 formatted from input (``tests/unit/test_no_pickle_no_fstring_sql.py``). One module per topic:
 
-- adding jobs: ``enqueue`` (the batched insert, the one-row insert, ``COPY``, unique keys, the
-  bounded queues' locks) and ``workflow_inserts`` (a workflow's jobs and row);
+- adding jobs: ``enqueue`` (a plan's ids, rows by ``unnest`` or ``COPY``, tickets and workflow
+  row, the one-row insert, unique keys, the bounded queues' locks);
 - running them: ``claim`` (with ``flow``, per-key limits and rate limits), ``atomic_runs`` (an
   atomic job's row lock), ``outcomes`` (what became of running jobs, and the heartbeat),
   ``dependencies`` (settling the jobs that wait on others), ``signals`` (durable sleep and

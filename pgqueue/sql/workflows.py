@@ -1,6 +1,6 @@
 """Statements of workflows (``chain``/``group``/``chord``) once inserted: closing one when its
 last member ended, settling its ``on_failure`` job, reading it, cancelling it, and counting
-workflows by state. Inserting one: ``sql.workflow_inserts``.
+workflows by state. Inserting one: ``sql.enqueue``.
 """
 
 from __future__ import annotations

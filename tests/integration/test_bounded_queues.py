@@ -221,14 +221,13 @@ def test_a_large_batch_on_the_copy_path_is_checked_too(
 
 
 def test_the_plain_inserts_write_nothing_into_a_bounded_queue(pgq: PgQueue, host: Engine) -> None:
-    """The guard every unchecked insert carries: it is what catches a bound set after an
-    enqueuer last looked."""
+    """The guard of the one-row insert, the one insert that does not read the bounds first: it
+    is what catches a bound set after an enqueuer last looked."""
     pgq.set_queue_max_depth("reports", 5)
     job = NewJob("t", "reports", "[]", "{}", 0, 3, None, None, None, False)
     with pgq.engine.begin() as connection:
         executor = ConnectionExecutor(connection)
         assert enqueue_data.insert_one_job(executor, job) is None
-        assert enqueue_data.copy_jobs(executor, [job] * 3) is None
     assert counts(host, "reports")[:2] == (0, 0)
 
 

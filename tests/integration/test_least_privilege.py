@@ -447,7 +447,7 @@ def test_every_runtime_path_with_dml_rights_only(
     copy_jobs = enqueue_data.copy_jobs
 
     def counting_copy_jobs(*args: Any) -> list[int]:
-        copies.append(len(args[-1]))
+        copies.append(len(args[2]))
         return copy_jobs(*args)
 
     monkeypatch.setattr(enqueue_data, "copy_jobs", counting_copy_jobs)

@@ -149,10 +149,10 @@ def test_a_holder_ending_between_insert_and_lookup_reinserts_only_that_job(
         pass
 
     holder = mixed.enqueue(1)
-    real_match = enqueue_data._match_unique
+    real_holders = enqueue_data.unique_key_holders
     ended: list[int] = []
 
-    def holder_ends_first(ex: Any, jobs: Any, rows: Any) -> Any:
+    def holder_ends_first(ex: Any, keys: Any) -> Any:
         if not ended:
             with pgq.engine.begin() as connection:
                 connection.execute(
@@ -163,9 +163,9 @@ def test_a_holder_ending_between_insert_and_lookup_reinserts_only_that_job(
                     {"id": holder},
                 )
             ended.append(holder)
-        return real_match(ex, jobs, rows)
+        return real_holders(ex, keys)
 
-    monkeypatch.setattr(enqueue_data, "_match_unique", holder_ends_first)
+    monkeypatch.setattr(enqueue_data, "unique_key_holders", holder_ends_first)
     ids = mixed.enqueue_many([[0], [1], [2]])
     assert ended == [holder]
     with pgq.engine.connect() as connection:

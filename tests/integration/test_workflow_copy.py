@@ -13,6 +13,7 @@ from test_workflows import run_workflow
 from pgqueue import PgQueue, chain, chord
 from pgqueue.data import workflows
 from pgqueue.data.insert_choice import COPY_THRESHOLD
+from pgqueue.db import executor_for
 
 # Text COPY's format would read as syntax (backslash, tab, newline, carriage return, \N) or
 # that JSON escapes, in arguments, kwargs and a task name.
@@ -66,7 +67,7 @@ def test_a_workflow_written_by_copy_has_the_rows_an_insert_writes(pgq: PgQueue) 
     written: dict[bool, list[tuple[Any, ...]]] = {}
     for may_copy in (True, False):
         with Session(pgq.engine) as session, session.begin():
-            inserted = workflows.insert_workflow(session, plan, may_copy=may_copy)
+            inserted = workflows.insert_workflow(executor_for(session), plan, may_copy=may_copy)
         written[may_copy] = _rows(pgq, inserted.id, inserted.job_ids)
         with pgq.engine.connect() as c:
             tickets = c.execute(

@@ -137,10 +137,28 @@ def _job(queue: str = "q", task: str = "t", args: str = "[]") -> NewJob:
 def test_copy_rows_escape_text_and_share_the_run_at() -> None:
     stamp = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC).isoformat()
     jobs = [_job(queue="b\\q", args='["tab\\there"]'), _job(queue="b\\q")]
-    lines = list(copy_rows.job_lines([10, 11], jobs, stamp))
-    assert lines == [
-        f'10\tt\tb\\\\q\t["tab\\\\there"]\t{{}}\t0\t3\t{stamp}\tf\n',
-        f"11\tt\tb\\\\q\t[]\t{{}}\t0\t3\t{stamp}\tf\n",
+    columns, lines = copy_rows.lines([10, 11], jobs, None, None, None, stamp)
+    assert columns[:3] == ("id", "args", "kwargs") and columns[-1] == "run_at"
+    assert list(lines) == [
+        f'10\t["tab\\\\there"]\t{{}}\tt\tb\\\\q\t0\t3\tf\t{stamp}\n',
+        f"11\t[]\t{{}}\tt\tb\\\\q\t0\t3\tf\t{stamp}\n",
+    ]
+
+
+def test_copy_rows_of_a_workflow_carry_edges_states_and_roles() -> None:
+    stamp = "2026-01-01T00:00:00+00:00"
+    edges = {
+        "state": ["queued", "waiting"],
+        "depends_on": [None, "{10}"],
+        "dependents": ["{11}", None],
+        "pending_dependencies": [None, 1],
+    }
+    columns, lines = copy_rows.lines([10, 11], [_job(), _job()], edges, [0, 1], 7, stamp, "{}")
+    assert columns[3:6] == ("depends_on", "pending_dependencies", "dependents")
+    assert columns[-5:] == ("run_at", "state", "workflow_role", "workflow_id", "trace_context")
+    assert list(lines) == [
+        f"10\t[]\t{{}}\t\\N\t\\N\t{{11}}\tt\tq\t0\t3\tf\t{stamp}\tqueued\t0\t7\t{{}}\n",
+        f"11\t[]\t{{}}\t{{10}}\t1\t\\N\tt\tq\t0\t3\tf\t{stamp}\twaiting\t1\t7\t{{}}\n",
     ]
 
 

@@ -94,7 +94,11 @@ def test_a_valid_stored_context_gives_its_span_context() -> None:
 
 def test_copy_lines_carry_the_trace_context_as_a_last_escaped_column() -> None:
     job = NewJob("t", "q", "[]", "{}", 0, 3, None, None, None, False)
-    [plain] = copy_rows.job_lines([7], [job], "2026-01-01T00:00:00+00:00")
-    [traced] = copy_rows.job_lines([7], [job], "2026-01-01T00:00:00+00:00", '{"a":"b\\\\c"}')
-    assert plain.endswith("\tf\n")
+    stamp = "2026-01-01T00:00:00+00:00"
+    _, lines = copy_rows.lines([7], [job], None, None, None, stamp)
+    [plain] = lines
+    columns, lines = copy_rows.lines([7], [job], None, None, None, stamp, '{"a":"b\\\\c"}')
+    [traced] = lines
+    assert columns[-1] == "trace_context"
+    assert plain.endswith(f"\t{stamp}\n")
     assert traced == plain[:-1] + '\t{"a":"b\\\\\\\\c"}\n'
