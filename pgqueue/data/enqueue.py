@@ -43,7 +43,7 @@ from pgqueue.errors import (
     ValidationError,
 )
 from pgqueue.jobs import NEW_JOB_COLUMNS, NewJob, Plan
-from pgqueue.sql import enqueue
+from pgqueue.sql import enqueue, queue_bounds
 from pgqueue.states import JobState
 
 _QUEUED, _WAITING = JobState.QUEUED.value, JobState.WAITING.value
@@ -292,7 +292,7 @@ def _reserve(
     then count their waiting jobs: ``QueueFull`` when one has no room for the plan's jobs of it
     (nothing written yet). Refuses REPEATABLE READ, whose snapshot would hide the jobs that the
     lock's previous holders committed."""
-    rows = ex.rows(enqueue.lock_bounded_queues(), {"queues": queues})
+    rows = ex.rows(queue_bounds.lock_bounded_queues(), {"queues": queues})
     locked = [row[0] for row in rows]
     if seen is not None:
         seen.record(queues, locked)
@@ -304,7 +304,7 @@ def _reserve(
             "SERIALIZABLE transaction (under REPEATABLE READ its depth cannot be counted exactly)"
         )
     asked = Counter(job.queue for job in jobs)
-    for name, max_depth, depth in ex.rows(enqueue.queue_depths(), {"queues": locked}):
+    for name, max_depth, depth in ex.rows(queue_bounds.queue_depths(), {"queues": locked}):
         if depth + asked[name] > max_depth:
             raise QueueFull(name, max_depth, depth, asked[name])
 
@@ -446,4 +446,4 @@ def insert_one_job(db: Executor, job: NewJob, trace_context: str | None = None) 
 
 def set_queue_max_depth(db: Executor, name: str, max_depth: int | None) -> None:
     """Set (or, with None, remove) queue ``name``'s bound."""
-    db.rows(enqueue.set_max_depth(), {"name": name, "max_depth": max_depth})
+    db.rows(queue_bounds.set_max_depth(), {"name": name, "max_depth": max_depth})

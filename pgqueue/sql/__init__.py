@@ -6,7 +6,8 @@ by psycopg. Values are binds and names are quoted by the dialect or by psycopg: 
 formatted from input (``tests/unit/test_no_pickle_no_fstring_sql.py``). One module per topic:
 
 - adding jobs: ``enqueue`` (a plan's ids, rows by ``unnest`` or ``COPY``, tickets and workflow
-  row, the one-row insert, unique keys, the bounded queues' locks);
+  row, the one-row insert, unique keys), ``queue_bounds`` (a bounded queue's depth, its
+  enqueuers' locks, the bound);
 - running them: ``claim`` (with ``flow``, per-key limits and rate limits), ``atomic_runs`` (an
   atomic job's row lock), ``outcomes`` (what became of running jobs, and the heartbeat),
   ``dependencies`` (settling the jobs that wait on others), ``signals`` (durable sleep and

@@ -2,7 +2,7 @@
 bounded by a key or an index and a ``LIMIT``, so explaining a job costs the same however long
 the history or deep the queue. The lease holder of a running job is read with
 ``sql.workers.job_holder``, and liveness is the registry's rule (``sql.workers.is_live``); a
-bounded queue's depth is the one its enqueues check (``sql.enqueue.waiting_depth``).
+bounded queue's depth is the one its enqueues check (``sql.queue_bounds.waiting_depth``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP
 
 from pgqueue.models import Job, MessageQueue, QueueControl, WorkerRecord
 from pgqueue.sql.common import array_param, running
-from pgqueue.sql.enqueue import waiting_depth
+from pgqueue.sql.queue_bounds import waiting_depth
 from pgqueue.sql.workers import is_live, registers, serves
 from pgqueue.states import JobState
 
@@ -92,7 +92,7 @@ def running_in_queue() -> Select[int]:
 @cache
 def queue_depth() -> Select[int]:
     """How many jobs of ``queue`` wait, counted up to ``cap``: the depth its bound checks
-    (``sql.enqueue.waiting_depth``)."""
+    (``sql.queue_bounds.waiting_depth``)."""
     return select(waiting_depth(bindparam("queue", type_=Text), bindparam("cap", type_=Integer)))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pgqueue.data.insert_choice import COPY_THRESHOLD, BoundedQueuesSeen, copyable, one_row
 from pgqueue.jobs import NewJob
-from pgqueue.sql.enqueue import WAITING_STATES
+from pgqueue.sql.queue_bounds import WAITING_STATES
 from pgqueue.states import FINAL_STATES, JobState
 
 
