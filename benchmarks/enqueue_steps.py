@@ -50,6 +50,10 @@ class TimedExecutor:
         self.inner = inner
         self.times: list[tuple[str, float]] = []
 
+    @property
+    def tables(self) -> Any:
+        return self.inner.tables
+
     def rows(self, statement: Any, params: Any = None) -> Sequence[Any]:
         start = time.perf_counter()
         rows = self.inner.rows(statement, params)

@@ -78,8 +78,7 @@ class Admin(QueueControls):
 
     def _job(self, job_id: int) -> SessionWork[Job]:
         job_id = check_job_id(job_id)
-        tables = self._tables()
-        return lambda s: admin_data.job_snapshot(s, job_id, tables)
+        return lambda s, ex: admin_data.job_snapshot(s, ex, job_id)
 
     def explain_job(self, job_id: int) -> explain.JobExplanation:
         """Why job ``job_id`` is not running (or is): its blockers in the order the claim
@@ -105,10 +104,9 @@ class Admin(QueueControls):
         checked = list_arguments(
             queue=queue, state=state, task_name=task_name, before=before, after=after, limit=limit
         )
-        tables = self._tables()
         # One more than the page: whether there is a next page.
         ahead = dataclasses.replace(checked, limit=checked.limit + 1)
-        rows = self._read_session(lambda s: admin_data.jobs_page(s, tables, ahead))
+        rows = self._read_session(lambda s, ex: admin_data.jobs_page(s, ex, ahead))
         return page_of(rows, limit=checked.limit, before=checked.before, after=checked.after)
 
     def delete_job(self, job_id: int, *, session: Session | None = None) -> bool:
@@ -117,7 +115,7 @@ class Admin(QueueControls):
         InvalidStateTransition naming the workflow (its callback counts on every member's
         row)."""
         job_id = check_job_id(job_id)
-        return self._write_session(session, lambda s: admin_data.remove_job(s, job_id))
+        return self._write_session(session, lambda s, ex: admin_data.remove_job(s, ex, job_id))
 
     def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
         """Make a FAILED or CANCELLED job run again now, whatever its attempt count.
@@ -135,8 +133,7 @@ class Admin(QueueControls):
 
     def _retry(self, job_id: int) -> SessionWork[None]:
         job_id = check_job_id(job_id)
-        tables = self._tables()
-        return lambda s: admin_data.rerun_job(s, job_id, tables)
+        return lambda s, ex: admin_data.rerun_job(s, ex, job_id)
 
     def cancel_job(self, job_id: int, *, session: Session | None = None) -> JobState:
         """Cancel a waiting job (it never runs) or ask a running one to stop.
@@ -153,8 +150,7 @@ class Admin(QueueControls):
 
     def _cancel(self, job_id: int) -> SessionWork[JobState]:
         job_id = check_job_id(job_id)
-        tables = self._tables()
-        return lambda s: admin_data.cancel_job(s, job_id, "cancelled by request", tables)
+        return lambda s, ex: admin_data.cancel_job(s, ex, job_id, "cancelled by request")
 
     def signal(
         self, job_id: int, name: str, payload: Any = None, *, session: Session | None = None
@@ -182,8 +178,7 @@ class Admin(QueueControls):
 
     def _signal(self, job_id: int, name: str, payload: Any) -> Work[bool]:
         job_id, name, encoded = checked_signal(job_id, name, payload, self._settings())
-        tables = self._tables()
-        return lambda s: signals_data.signal_job(s, job_id, name, encoded, tables)
+        return lambda ex: signals_data.signal_job(ex, job_id, name, encoded)
 
     # -- workflows ---------------------------------------------------------------------------
 
@@ -198,10 +193,9 @@ class Admin(QueueControls):
 
     def _workflow(self, workflow_id: int) -> Work[WorkflowStatus]:
         workflow_id = check_job_id(workflow_id, what="workflow id")
-        tables = self._tables()
 
         def read(ex: Executor) -> WorkflowStatus:
-            row = workflow_data.read_workflow(ex, workflow_id, tables)
+            row = workflow_data.read_workflow(ex, workflow_id)
             if row is None:
                 raise WorkflowNotFound(f"no workflow with id {workflow_id}")
             return status_of(row)
@@ -214,10 +208,8 @@ class Admin(QueueControls):
         False when it had already ended. Raises WorkflowNotFound."""
         workflow_id = check_job_id(workflow_id, what="workflow id")
 
-        tables = self._tables()
-
         def cancel(ex: Executor) -> bool:
-            if workflow_data.read_workflow(ex, workflow_id, tables) is None:
+            if workflow_data.read_workflow(ex, workflow_id) is None:
                 raise WorkflowNotFound(f"no workflow with id {workflow_id}")
             return workflow_data.cancel_workflow(ex, workflow_id)
 
@@ -324,8 +316,7 @@ class Admin(QueueControls):
         partitioned history, moved jobs count too (each table's count capped, the sum too)."""
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ValidationError(f"cap must be a positive int, got {cap!r}")
-        tables = self._tables()
-        return self._read(lambda s: admin_data.capped_counts(s, cap, tables))
+        return self._read(lambda ex: admin_data.capped_counts(ex, cap))
 
     def oldest_waiting(self) -> dict[str, OldestWaiting]:
         """The earliest ticket of each queue that has one."""
@@ -337,8 +328,7 @@ class Admin(QueueControls):
         index 0 the current minute, index 59 an hour ago; only queues with finished jobs in
         that hour appear. Under the partitioned history the minutes are clock minutes, and moved
         jobs are counted from the per-minute counts their move wrote."""
-        tables = self._tables()
-        return self._read(lambda s: admin_data.throughput(s, tables))
+        return self._read(admin_data.throughput)
 
     def recent_throughput(self, cap: int = DEFAULT_THROUGHPUT_CAP) -> Throughput:
         """Jobs finished per minute over the last hour, or, when more than ``cap`` finished in
@@ -350,13 +340,11 @@ class Admin(QueueControls):
         still in ``pgqueue_jobs`` finished within the hour."""
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ValidationError(f"cap must be a positive int, got {cap!r}")
-        tables = self._tables()
-        return Throughput(*self._read(lambda s: admin_data.recent_throughput(s, cap, tables)))
+        return Throughput(*self._read(lambda ex: admin_data.recent_throughput(ex, cap)))
 
     def queue_names(self) -> list[str]:
         """The queues that have jobs, sorted (moved jobs' too under the partitioned history)."""
-        tables = self._tables()
-        return self._read(lambda s: admin_data.queue_names(s, tables))
+        return self._read(admin_data.queue_names)
 
     # -- workers -----------------------------------------------------------------------------
 

@@ -107,7 +107,7 @@ class QueueControls(AdminRunner):
 
     def queue_settings(self) -> dict[str, QueueSettings]:
         """The switches of every queue that has any, by queue name."""
-        rows = self._read_session(control_data.queue_controls)
+        rows = self._read_session(lambda s, _: control_data.queue_controls(s))
         return {
             row.name: QueueSettings(
                 row.name,

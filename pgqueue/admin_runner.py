@@ -2,8 +2,9 @@
 
 Every operation of ``pgq.admin`` checks its arguments and builds its work once: a function of
 an executor that makes the data-layer call (``Work``), or, where the operation reads ORM
-objects or takes a savepoint, of the session itself (``SessionWork``, run by the ``_session``
-runners). The base class here runs that work. A read runs
+objects or takes a savepoint, of the session and its executor (``SessionWork``, run by the
+``_session`` runners). The base class here runs that work, on an executor that reads jobs where
+the settings of that moment put them (``Engines.tables``). A read runs
 in a session of its own, ended without a commit; an action runs in the caller's session when
 one is given (never committed or retried here: only the caller knows whether its other work may
 repeat), else in a transaction of its own, retried on transient conflicts (``uow``'s policy).
@@ -23,7 +24,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from pgqueue import uow
 from pgqueue.aio import check_async_session
 from pgqueue.config import Settings
-from pgqueue.data.history import JobTables
 from pgqueue.data.insert_choice import BoundedQueuesSeen
 from pgqueue.db import Executor, executor_for
 from pgqueue.engines import Engines
@@ -33,8 +33,9 @@ T = TypeVar("T")
 Work = Callable[[Executor], T]
 """An operation's body: the data-layer call to make through an executor."""
 
-SessionWork = Callable[[Session], T]
-"""An operation's body that needs the session: ORM objects, or a savepoint."""
+SessionWork = Callable[[Session, Executor], T]
+"""An operation's body that needs the session (ORM objects, or a savepoint), given the
+session's executor too."""
 
 
 class AdminRunner:
@@ -56,44 +57,42 @@ class AdminRunner:
         self._settings = settings
         self._sessions: Callable[[], sessionmaker[Session]] = lambda: engines.sessions
         self._stale_seconds: Callable[[], float] = lambda: settings().worker_stale_seconds
-        self._partitioned_history: Callable[[], bool] = lambda: settings().partitioned_history
         self._bounded_queues = bounded_queues if bounded_queues is not None else BoundedQueuesSeen()
 
-    def _tables(self) -> JobTables:
-        return JobTables(partitioned=self._partitioned_history())
-
     def _read(self, work: Work[T]) -> T:
-        return self._read_session(_on_executor(work))
+        return self._read_session(lambda _, ex: work(ex))
 
     def _write(self, session: Session | None, work: Work[T]) -> T:
-        return self._write_session(session, _on_executor(work))
+        return self._write_session(session, lambda _, ex: work(ex))
 
     def _read_session(self, work: SessionWork[T]) -> T:
+        run = self._on_session(work)
         with self._sessions()() as session:
-            return work(session)
+            return run(session)
 
     def _write_session(self, session: Session | None, work: SessionWork[T]) -> T:
-        return uow.in_caller_or_own_transaction(session, self._sessions(), work)
+        return uow.in_caller_or_own_transaction(session, self._sessions(), self._on_session(work))
 
     async def _aread(self, work: Work[T]) -> T:
         """``_read`` on the running event loop."""
-        return await self._aread_session(_on_executor(work))
+        return await self._aread_session(lambda _, ex: work(ex))
 
     async def _awrite(self, session: AsyncSession | None, work: Work[T]) -> T:
         """``_write`` on the running event loop: in ``session``'s transaction (an
         ``AsyncSession``) when given, else in one of its own."""
-        return await self._awrite_session(session, _on_executor(work))
+        return await self._awrite_session(session, lambda _, ex: work(ex))
 
     async def _aread_session(self, work: SessionWork[T]) -> T:
         database = await self._engines.running_async_database()
-        return await database.read(work)
+        return await database.read(self._on_session(work))
 
     async def _awrite_session(self, session: AsyncSession | None, work: SessionWork[T]) -> T:
         session = check_async_session(session)
         database = await self._engines.running_async_database()
-        return await database.in_caller_or_own_session(session, work)
+        return await database.in_caller_or_own_session(session, self._on_session(work))
 
-
-def _on_executor(work: Work[T]) -> SessionWork[T]:
-    """``work`` run through the executor of the session it is given."""
-    return lambda session: work(executor_for(session))
+    def _on_session(self, work: SessionWork[T]) -> Callable[[Session], T]:
+        """``work`` given the session it runs in and that session's executor, which reads jobs
+        where the settings of this operation put them."""
+        tables = self._engines.tables()
+        return lambda session: work(session, executor_for(session, tables))

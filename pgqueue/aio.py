@@ -28,6 +28,7 @@ from pgqueue.connections import is_dead, local_settings
 from pgqueue.db import ConnectionExecutor, Executor, watches_statements
 from pgqueue.driver import AwaitedConnection, CompiledStatements, awaited_copy
 from pgqueue.errors import ConfigurationError, ValidationError
+from pgqueue.jobs import IN_PLACE, JobTables
 from pgqueue.uow import DEFAULT_ATTEMPTS, aretrying
 
 T = TypeVar("T")
@@ -78,10 +79,18 @@ class AsyncDatabase:
     their checkout, return and execution cost more than the statement's round trip. At most one
     is kept; a unit that finds it in use by another task runs on a pooled connection. Before
     each reuse its socket is looked at, as a pool checkout does (``connections.is_dead``);
-    ``close`` ends it."""
+    ``close`` ends it. ``tables`` says where jobs are, asked once per unit of work, as
+    ``db.Database`` does."""
 
-    def __init__(self, engine: AsyncEngine, *, keeps_a_connection: bool = False) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        keeps_a_connection: bool = False,
+        tables: Callable[[], JobTables] = lambda: IN_PLACE,
+    ) -> None:
         self.engine = engine
+        self.tables = tables
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._keeps_a_connection = keeps_a_connection
         self._statements = CompiledStatements(engine.dialect)
@@ -107,12 +116,13 @@ class AsyncDatabase:
         return await aretrying(lambda: self._once(work, autocommit=autocommit), attempts)
 
     async def _once(self, work: Callable[[Executor], T], *, autocommit: bool) -> T:
+        tables = self.tables()
         async with self.engine.connect() as connection:
             if autocommit:
                 await connection.execution_options(isolation_level="AUTOCOMMIT")
-                return await connection.run_sync(lambda sync: work(BridgedExecutor(sync)))
+                return await connection.run_sync(lambda sync: work(BridgedExecutor(sync, tables)))
             async with connection.begin():
-                return await connection.run_sync(lambda sync: work(BridgedExecutor(sync)))
+                return await connection.run_sync(lambda sync: work(BridgedExecutor(sync, tables)))
 
     async def run_single(self, work: Callable[[Executor], T]) -> T:
         """``work(executor)`` in autocommit mode on the connection kept for single statements
@@ -134,6 +144,7 @@ class AsyncDatabase:
         try:
             if kept.connection is not None and is_dead(kept.connection):
                 kept.close()
+            kept.tables = self.tables()
             return await greenlet_spawn(work, kept)
         except BaseException:
             kept.close()

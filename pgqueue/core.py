@@ -25,7 +25,6 @@ from pgqueue.admin import Admin
 from pgqueue.aio import AsyncDatabase
 from pgqueue.config import Settings
 from pgqueue.data import admin as admin_data
-from pgqueue.data import history as history_data
 from pgqueue.data.insert_choice import COPY_THRESHOLD as COPY_THRESHOLD
 from pgqueue.data.insert_choice import BoundedQueuesSeen
 from pgqueue.db import Database
@@ -132,12 +131,7 @@ class PgQueue:
         # of the bounds ``admin`` sets.
         bounded_queues = BoundedQueuesSeen()
         # Where tasks and workflows hand their validated jobs (``Task``, ``Signature``).
-        self.enqueuer = Enqueuer(
-            self._engines,
-            self.tracing,
-            bounded_queues,
-            lambda: history_data.JobTables.of(self.settings),
-        )
+        self.enqueuer = Enqueuer(self._engines, self.tracing, bounded_queues)
         # The job and queue control API: the work of every ``AdminAlias`` above.
         self.admin = Admin(self._engines, lambda: self.settings, bounded_queues=bounded_queues)
         # ``get_job`` looked up on each read, so that a wrapper set on the instance sees them.

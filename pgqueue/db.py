@@ -4,14 +4,18 @@ An ``Executor`` runs a statement of ``pgqueue.sql`` and gives its rows, or copie
 into a table. There are two implementations: ``ConnectionExecutor`` on a SQLAlchemy
 ``Connection`` (a caller's ``Session``, or a connection of pgqueue's own), and
 ``driver.DriverExecutor`` on the psycopg connection under it, which sends statements compiled
-once. The data layer's operations (``pgqueue.data``) are written once, over ``Executor``.
+once. The data layer's operations (``pgqueue.data``) are written once, over ``Executor``. Each
+executor also carries where jobs are (``tables``, a ``jobs.JobTables``: whether reads of jobs
+cover the partitioned history), set by its maker from the settings of the queue or worker it
+serves, so no data call takes it as an argument.
 
 ``Database`` is pgqueue's access to one engine: it opens a connection for one unit of work
-(autocommit or one transaction) and hands the work the executor for it, keeps the compiled
-statements, and holds the claimer's connection. Which executor a unit gets is decided here
-and nowhere else (``uses_driver``): the driver's when the engine is psycopg and nothing
-watches its statements. That is looked at when a unit begins, not once: tracing, logging and
-tests may add listeners to an engine at any time, and must then see every statement.
+(autocommit or one transaction) and hands the work the executor for it, with the tables its
+owner's ``tables`` gives at that unit's start, keeps the compiled statements, and holds the
+claimer's connection. Which executor a unit gets is decided here and nowhere else
+(``uses_driver``): the driver's when the engine is psycopg and nothing watches its statements.
+That is looked at when a unit begins, not once: tracing, logging and tests may add listeners to
+an engine at any time, and must then see every statement.
 """
 
 from __future__ import annotations
@@ -30,12 +34,16 @@ from sqlalchemy.sql import Executable
 from pgqueue import driver
 from pgqueue.connections import is_dead, local_settings
 from pgqueue.errors import ConfigurationError
+from pgqueue.jobs import IN_PLACE, JobTables
 
 T = TypeVar("T")
 
 
 class Executor(Protocol):
     """Runs pgqueue's statements in the transaction its owner opened; never commits."""
+
+    tables: JobTables
+    """Where the data layer's reads of jobs look, as its maker's settings say."""
 
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
         """All rows of ``statement`` with ``params`` (positional rows; none for a statement
@@ -59,8 +67,9 @@ class ConnectionExecutor:
     """``Executor`` on a SQLAlchemy ``Connection``: every statement goes through SQLAlchemy's
     execution layer (events, echo, error handlers, its statement cache)."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, tables: JobTables = IN_PLACE) -> None:
         self.connection = connection
+        self.tables = tables
 
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
         result = self.connection.execute(statement, dict(params or {}))
@@ -97,13 +106,13 @@ _EXECUTORS = (
 )
 
 
-def executor_for(db: Session | Executor) -> Executor:
+def executor_for(db: Session | Executor, tables: JobTables = IN_PLACE) -> Executor:
     """The executor of a caller's session (its connection, its transaction; any object with
-    the ``Session`` interface, such as a ``scoped_session``), or ``db`` itself when it is an
-    executor already."""
+    the ``Session`` interface, such as a ``scoped_session``) reading jobs in ``tables``, or
+    ``db`` itself (with its own tables) when it is an executor already."""
     if isinstance(db, _EXECUTORS):
         return db
-    return ConnectionExecutor(cast(Session, db).connection())
+    return ConnectionExecutor(cast(Session, db).connection(), tables)
 
 
 def watches_statements(engine: Engine) -> bool:
@@ -123,10 +132,19 @@ def watches_statements(engine: Engine) -> bool:
 
 class Database:
     """pgqueue's access to ``engine``: units of work on the right executor, compiled statements,
-    and the claimer's held connection. One per engine owner (``PgQueue``, ``WorkerStore``)."""
+    and the claimer's held connection. One per engine owner (``PgQueue``, ``WorkerStore``),
+    whose ``tables`` says where jobs are: asked once per unit of work, so an owner whose
+    settings are replaced is followed from its next unit on."""
 
-    def __init__(self, engine: Engine, *, keeps_a_connection: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        keeps_a_connection: bool = False,
+        tables: Callable[[], JobTables] = lambda: IN_PLACE,
+    ) -> None:
         self.engine = engine
+        self.tables = tables
         self.statements = driver.CompiledStatements(engine.dialect)
         self.local = local_settings(engine)
         self._kept = KeptConnection(self) if keeps_a_connection else None
@@ -143,14 +161,17 @@ class Database:
         """``work(executor)`` once, on a pooled connection: in autocommit mode (each statement
         its own transaction), or in one transaction committed when ``work`` returns. Errors
         are SQLAlchemy's ``DBAPIError`` subclasses on either path; retries are ``uow``'s."""
+        tables = self.tables()
         if self.uses_driver:
-            return driver.run(self.engine, self.statements, self.local, work, autocommit=autocommit)
+            return driver.run(
+                self.engine, self.statements, self.local, work, autocommit=autocommit, tables=tables
+            )
         if autocommit:
             with self.engine.connect() as connection:
                 connection.execution_options(isolation_level="AUTOCOMMIT")
-                return work(ConnectionExecutor(connection))
+                return work(ConnectionExecutor(connection, tables))
         with self.engine.begin() as connection:
-            return work(ConnectionExecutor(connection))
+            return work(ConnectionExecutor(connection, tables))
 
     def run_single(self, work: Callable[[Executor], T]) -> T:
         """``work(executor)`` once in autocommit mode, on the connection kept for single
@@ -159,7 +180,7 @@ class Database:
         kept = self._kept
         if kept is None or not self.uses_driver:
             return self.run(work, autocommit=True)
-        return kept.run(work)
+        return kept.run(work, self.tables())
 
     def close(self) -> None:
         """Give the kept connection back to the pool (a later ``run_single`` keeps another)."""
@@ -168,7 +189,8 @@ class Database:
 
     def held_connection(self) -> HeldConnection:
         """An executor for autocommit statements of a single user (the claimer) that keeps its
-        connection checked out between calls where the driver is used."""
+        connection checked out between calls where the driver is used; its tables are those of
+        the moment it is made."""
         return HeldConnection(self)
 
 
@@ -180,6 +202,7 @@ class HeldConnection(driver.HeldConnection):
     def __init__(self, database: Database) -> None:
         super().__init__(database.engine, database.statements, database.local)
         self._database = database
+        self.tables = database.tables()
 
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
         if self._database.uses_driver:
@@ -216,7 +239,7 @@ class KeptConnection:
         # as would the pool's clean-up of an object collected), so it is held unused.
         self._parents: list[driver.HeldConnection] = []
 
-    def run(self, work: Callable[[Executor], T]) -> T:
+    def run(self, work: Callable[[Executor], T], tables: JobTables) -> T:
         if self._pid != os.getpid():
             if self._idle is not None:
                 self._parents.append(self._idle)
@@ -231,6 +254,7 @@ class KeptConnection:
             connection = held.driver_connection
             if connection is not None and is_dead(connection):
                 held.drop()
+        held.tables = tables
         try:
             result = work(held)
         except BaseException:

@@ -25,6 +25,7 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.types import ARRAY, BigInteger, Text, Uuid
 from sqlalchemy.util import await_only
 
+from pgqueue.jobs import IN_PLACE, JobTables
 from pgqueue.sql.server import discard_plans
 
 T = TypeVar("T")
@@ -149,10 +150,12 @@ class DriverExecutor:
         connection: psycopg.Connection[Any],
         statements: CompiledStatements,
         cursor: psycopg.Cursor[Any],
+        tables: JobTables = IN_PLACE,
     ):
         self.connection = connection
         self.statements = statements
         self.cursor = cursor
+        self.tables = tables
 
     def rows(self, statement: Executable, params: Mapping[str, Any] | None = None) -> Sequence[Any]:
         return self.timed_rows(statement, params)[0]
@@ -242,13 +245,14 @@ def run(
     work: Callable[[DriverExecutor], T],
     *,
     autocommit: bool,
+    tables: JobTables = IN_PLACE,
 ) -> T:
     """``work`` on a pooled connection of ``engine``, once: in autocommit mode, or in one
-    transaction (opened with ``local`` settings behind a pooler) committed at the end. A lost
-    connection is dropped from the pool."""
+    transaction (opened with ``local`` settings behind a pooler) committed at the end; its
+    executor reads jobs in ``tables``. A lost connection is dropped from the pool."""
     raw = checkout(engine)
     driver: Any = raw.driver_connection
-    executor = DriverExecutor(driver, statements, reused_cursor(raw))
+    executor = DriverExecutor(driver, statements, reused_cursor(raw), tables)
     try:
         if autocommit:
             driver.autocommit = True
@@ -273,8 +277,11 @@ def run(
 
 class _OneUsersConnection:
     """What ``HeldConnection`` and ``AwaitedConnection`` share: the engine their connection
-    comes from, the statements and settings they send, and when the plans of the connection's
-    prepared statements were last dropped (see ``HeldConnection``)."""
+    comes from, the statements and settings they send, where jobs are (``tables``, set by their
+    owner), and when the plans of the connection's prepared statements were last dropped (see
+    ``HeldConnection``)."""
+
+    tables: JobTables = IN_PLACE
 
     def __init__(
         self,

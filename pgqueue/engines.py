@@ -2,11 +2,12 @@
 resolves (a URL, an Engine, an AsyncEngine, ``$PGQUEUE_DATABASE_URL``, or, with a WARNING, the
 embedded PostgreSQL server, started on first use), pgqueue's own engine and the handlers'
 engine, the session factory and ``db.Database`` over them, one ``aio.AsyncDatabase`` per event
-loop, the LISTEN connections, and disposing of them all.
+loop, the LISTEN connections, where jobs are (``tables``), and disposing of them all.
 
 The engines are made on first use with the settings of that moment (``settings`` is read each
 time), and made again after ``dispose``; an engine or AsyncEngine the application gave is
-adapted once, used as it is, and never disposed here.
+adapted once, used as it is, and never disposed here. Where jobs are (``tables``) is read from
+the settings at each unit of work instead, so replaced settings move every read of jobs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pgqueue.aio import AsyncDatabase, check_async_engine
 from pgqueue.config import Settings, embedded_database_name, normalize_database_url
 from pgqueue.db import Database
 from pgqueue.errors import ConfigurationError, pgqueue_logger
+from pgqueue.jobs import JobTables
 from pgqueue.sql.server import name_listener_session
 
 logger = pgqueue_logger(__name__)
@@ -139,7 +141,12 @@ class Engines:
         engine = self.engine
         # A connection is kept for single enqueues only on an engine of pgqueue's own (5 + 10
         # overflow): a host's engine may be sized to its threads with none to spare.
-        return Database(engine, keeps_a_connection=self._url is not None)
+        return Database(engine, keeps_a_connection=self._url is not None, tables=self.tables)
+
+    def tables(self) -> JobTables:
+        """Where jobs are (``jobs.JobTables``) under the settings of this moment: the tables
+        every executor made for this queue reads jobs in."""
+        return JobTables.of(self._settings())
 
     def handler_session(self) -> Session:
         """A new session for a handler (the host's factory when one was given)."""
@@ -218,7 +225,7 @@ class Engines:
                     self.url, self._settings(), pool_size=5, max_overflow=10
                 )
                 database = self._async_databases[loop] = AsyncDatabase(
-                    engine, keeps_a_connection=given is None
+                    engine, keeps_a_connection=given is None, tables=self.tables
                 )
         return database
 

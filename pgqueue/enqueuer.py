@@ -11,7 +11,7 @@ run on ``uow`` and on ``aio.AsyncDatabase``, each inside an enqueue span when tr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session
 from pgqueue import uow
 from pgqueue.data import enqueue as enqueue_data
 from pgqueue.data import workflows as workflow_data
-from pgqueue.data.history import JobTables
 from pgqueue.data.insert_choice import BoundedQueuesSeen, one_row
 from pgqueue.db import Executor, executor_for
 from pgqueue.engines import Engines
@@ -31,18 +30,12 @@ from pgqueue.tracing import Tracing
 
 class Enqueuer:
     """Runs the enqueues of one ``PgQueue`` on its ``Engines``; ``bounded_queues`` is the
-    belief its plans share (``data.insert_choice.BoundedQueuesSeen``); ``tables`` says, at each
-    enqueue, where its jobs' dependencies may be (``data.history.JobTables``)."""
+    belief its plans share (``data.insert_choice.BoundedQueuesSeen``)."""
 
     def __init__(
-        self,
-        engines: Engines,
-        tracing: Tracing | None,
-        bounded_queues: BoundedQueuesSeen,
-        tables: Callable[[], JobTables],
+        self, engines: Engines, tracing: Tracing | None, bounded_queues: BoundedQueuesSeen
     ) -> None:
         self._engines = engines
-        self._tables = tables
         # None when tracing is off: each enqueue then tests this once and nothing more.
         self._tracing = tracing
         self.bounded_queues = bounded_queues
@@ -69,14 +62,15 @@ class Enqueuer:
                     database, lambda ex: enqueue_data.insert_one_job(ex, job, trace_context)
                 )
             else:
-                job_id = enqueue_data.insert_one_job(executor_for(session), job, trace_context)
+                ex = self._executor(session)
+                job_id = enqueue_data.insert_one_job(ex, job, trace_context)
             if job_id is not None:
                 return [job_id]
             self.bounded_queues.suspect([job.queue])
         if session is None:
             may_copy = database.uses_driver
             return uow.run(database, lambda ex: self._write(ex, jobs, trace_context, may_copy))
-        return self._write(executor_for(session), jobs, trace_context, False)
+        return self._write(self._executor(session), jobs, trace_context, False)
 
     def _write(
         self, ex: Executor, jobs: Sequence[NewJob], trace_context: str | None, may_copy: bool
@@ -88,8 +82,12 @@ class Enqueuer:
             trace_context=trace_context,
             may_copy=may_copy,
             bounded=self.bounded_queues,
-            tables=self._tables(),
         ).ids
+
+    def _executor(self, session: Session) -> Executor:
+        """The executor of a caller's ``session``, reading jobs (a plan's dependencies) where the
+        settings of this moment put them."""
+        return executor_for(session, self._engines.tables())
 
     async def ainsert(self, session: AsyncSession | None, jobs: Sequence[NewJob]) -> list[int]:
         """``insert`` for asyncio: in ``session``'s transaction (an ``AsyncSession``), or in an
@@ -117,7 +115,7 @@ class Enqueuer:
             if session is None:
                 job_id = await database.run_single(one)
             else:
-                job_id = await session.run_sync(lambda s: one(executor_for(s)))
+                job_id = await session.run_sync(lambda s: one(self._executor(s)))
             if job_id is not None:
                 return [job_id]
             self.bounded_queues.suspect([job.queue])
@@ -125,7 +123,7 @@ class Enqueuer:
             may_copy = database.may_copy
             return await database.run(lambda ex: self._write(ex, jobs, trace_context, may_copy))
         return await session.run_sync(
-            lambda s: self._write(executor_for(s), jobs, trace_context, False)
+            lambda s: self._write(self._executor(s), jobs, trace_context, False)
         )
 
     def insert_workflow(self, session: Session | None, plan: WorkflowPlan) -> InsertedWorkflow:
@@ -157,7 +155,7 @@ class Enqueuer:
                 ),
             )
         return workflow_data.insert_workflow(
-            executor_for(session), plan, trace_context=trace_context
+            self._executor(session), plan, trace_context=trace_context
         )
 
     async def ainsert_workflow(
@@ -169,14 +167,14 @@ class Enqueuer:
         try:
             if tracing is None:
                 return await database.in_caller_or_own_session(
-                    session, lambda s: workflow_data.insert_workflow(executor_for(s), plan)
+                    session, lambda s: workflow_data.insert_workflow(self._executor(s), plan)
                 )
             with tracing.enqueue_span(plan.jobs, workflow=True) as span:
                 context = span.trace_context
                 inserted = await database.in_caller_or_own_session(
                     session,
                     lambda s: workflow_data.insert_workflow(
-                        executor_for(s), plan, trace_context=context
+                        self._executor(s), plan, trace_context=context
                     ),
                 )
                 span.workflow_inserted(inserted.id)

@@ -1,8 +1,9 @@
 """The values that cross between layers: a job to insert, a worker's claim and the attempts it
-claimed, an attempt's outcome, a worker's entry in the worker registry.
+claimed, an attempt's outcome, a worker's entry in the worker registry, and which tables hold
+jobs (``JobTables``, carried by every ``db.Executor``).
 
-Plain data classes with no behaviour and no database access, so the task API, the data layer
-and the worker can all name them without importing each other.
+Plain data classes with no behaviour and no database access, so the task API, the data layer,
+the executors and the worker can all name them without importing each other.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pgqueue.states import OutcomeKind
+
+if TYPE_CHECKING:
+    from pgqueue.config import Settings
 
 # Bound once: the constructors below run once per job, and an enum member looked up on its
 # class costs a lookup each time.
@@ -246,3 +250,32 @@ class InsertedWorkflow:
 
     id: int
     job_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobTables:
+    """Where jobs are: ``pgqueue_jobs`` alone, or, under the partitioned history, also
+    ``pgqueue_job_history`` (finished jobs moved there). Without it nothing touches the history
+    table, since a role may hold no rights on it. Every ``db.Executor`` carries one, set by
+    whoever made it from its settings; the data layer's reads of jobs ask it."""
+
+    partitioned: bool = False
+
+    @classmethod
+    def of(cls, settings: Settings) -> JobTables:
+        """The tables ``settings`` put jobs in (one of two shared values: it is asked once per
+        unit of work)."""
+        return _PARTITIONED if settings.partitioned_history else IN_PLACE
+
+    @property
+    def reads(self) -> tuple[bool, ...]:
+        """The tables a read of jobs covers, as the statements' ``history`` flag. The live
+        table comes first: a job moved between two reads is then seen twice (and kept once)
+        rather than missed."""
+        return (False, True) if self.partitioned else (False,)
+
+
+# ``pgqueue_jobs`` alone: the tables of the default layout, and of an executor made with no
+# settings at hand (migrations, steps), whose work reads no moved job.
+IN_PLACE: Final = JobTables()
+_PARTITIONED: Final = JobTables(partitioned=True)

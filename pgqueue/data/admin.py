@@ -1,10 +1,10 @@
 """The admin surface's reads and manual actions (``sql.admin``, ``sql.job_lists``): one job,
-counts, lists, time series, re-run, cancel and delete; over ``db.Executor`` (a ``Session`` where
-ORM objects are returned), never committing.
+counts, lists, time series, re-run, cancel and delete; over ``db.Executor`` (with the
+``Session`` it was made of where ORM objects are returned), never committing.
 
 Each operation ``pgq.admin`` runs is one function here, composed of the statements it needs:
-the reads of jobs cover the tables ``history.JobTables`` names (the partitioned history's
-moved jobs too), and an action that changes nothing says why by raising.
+the reads of jobs cover the tables the executor's ``tables`` name (``jobs.JobTables``: the
+partitioned history's moved jobs too), and an action that changes nothing says why by raising.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from pgqueue.admin_values import ListArguments
 from pgqueue.data import dependencies
 from pgqueue.data.enqueue import unique_key_holders
-from pgqueue.data.history import JobTables, moved_state
+from pgqueue.data.history import moved_state
 from pgqueue.db import Executor, executor_for
 from pgqueue.errors import InvalidStateTransition, JobNotFound, UniqueKeyHeld
 from pgqueue.models import JOB_COLUMN_NAMES, Job, JobHistory
@@ -77,10 +77,9 @@ def rerun(db: Executor, job_id: int) -> bool:
     return bool(db.rows(admin.rerun(), {"job_id": job_id}))
 
 
-def cancel_waiting(db: Executor, job_id: int, reason: str) -> bool:
+def cancel_waiting(ex: Executor, job_id: int, reason: str) -> bool:
     """Cancel a job that waits (queued, retrying, or waiting on dependencies) and settle its
     dependents; False when it does not wait."""
-    ex = db
     rows = ex.rows(admin.cancel_waiting(), {"job_id": job_id, "reason": reason})
     if rows and rows[0][1]:
         dependencies.settle(ex, rows[0][1])
@@ -208,10 +207,9 @@ def finished_per_bucket(
     return _series(db.rows(admin.finished_per_bucket(history), params), buckets)
 
 
-def delete_job(db: Executor, job_id: int) -> bool:
+def delete_job(ex: Executor, job_id: int) -> bool:
     """Delete a job that is not running (and its ticket), cancelling the jobs that waited on it
     (``dependencies.abandon_orphans``); False when nothing was deleted."""
-    ex = db
     rows = ex.rows(admin.delete_job(), {"job_id": job_id})
     if not rows:
         return False
@@ -222,14 +220,14 @@ def delete_job(db: Executor, job_id: int) -> bool:
 # -- the operations of ``pgq.admin`` that compose the statements above --------------------------
 
 
-def job_snapshot(session: Session, job_id: int, tables: JobTables) -> Job:
-    """Job ``job_id`` read in ``session`` and detached from it; under the partitioned history,
-    found there when it is no longer in ``pgqueue_jobs`` (a ``Job`` of no session, without
-    steps). Raises JobNotFound."""
+def job_snapshot(session: Session, ex: Executor, job_id: int) -> Job:
+    """Job ``job_id`` read in ``session`` (``ex`` its executor) and detached from it; under the
+    partitioned history, found there when it is no longer in ``pgqueue_jobs`` (a ``Job`` of no
+    session, without steps). Raises JobNotFound."""
     job = get_job(session, job_id)
     if job is None:
         # Read after the live table: a job moved in between is found here, never missed.
-        moved = get_moved_job(session, job_id) if tables.partitioned else None
+        moved = get_moved_job(session, job_id) if ex.tables.partitioned else None
         if moved is None:
             raise JobNotFound(f"no job with id {job_id}")
         return moved
@@ -237,10 +235,11 @@ def job_snapshot(session: Session, job_id: int, tables: JobTables) -> Job:
     return job
 
 
-def jobs_page(session: Session, tables: JobTables, listing: ListArguments) -> list[Job]:
-    """``list_jobs`` over every table of ``tables``: up to ``listing.limit`` jobs nearest the
-    cursor, newest first, each once, detached from ``session``."""
-    pages = [list_jobs(session, listing, history=moved) for moved in tables.reads]
+def jobs_page(session: Session, ex: Executor, listing: ListArguments) -> list[Job]:
+    """``list_jobs`` over every table of ``ex.tables`` (``ex``: the executor of ``session``):
+    up to ``listing.limit`` jobs nearest the cursor, newest first, each once, detached from
+    ``session``."""
+    pages = [list_jobs(session, listing, history=moved) for moved in ex.tables.reads]
     session.expunge_all()
     if len(pages) == 1:
         return pages[0]
@@ -254,10 +253,10 @@ def jobs_page(session: Session, tables: JobTables, listing: ListArguments) -> li
     return [by_id[i] for i in reversed(nearest)]
 
 
-def remove_job(session: Session, job_id: int) -> bool:
+def remove_job(session: Session, ex: Executor, job_id: int) -> bool:
     """``delete_job``, or InvalidStateTransition when its workflow refuses it (a job of a
     running workflow, a closing marker); False when it is running or gone."""
-    if delete_job(executor_for(session), job_id):
+    if delete_job(ex, job_id):
         return True
     job = get_job(session, job_id)
     refusal = None if job is None else workflow_refusal(session, job, "delete")
@@ -266,13 +265,12 @@ def remove_job(session: Session, job_id: int) -> bool:
     return False
 
 
-def rerun_job(session: Session, job_id: int, tables: JobTables) -> None:
+def rerun_job(session: Session, ex: Executor, job_id: int) -> None:
     """``rerun``, or the reason it changed nothing: InvalidStateTransition, JobNotFound, or
     UniqueKeyHeld when another job holds its unique key (it would hold it twice).
 
     The update runs in a savepoint: when the unique index refuses it, the key's holder is
     looked up and named, and the caller's transaction stays usable."""
-    ex = executor_for(session)
     for attempt in range(_RERUN_TRIES):
         try:
             with session.begin_nested():
@@ -287,7 +285,7 @@ def rerun_job(session: Session, job_id: int, tables: JobTables) -> None:
             if attempt == _RERUN_TRIES - 1:
                 raise
     if not moved:
-        _raise_for_state(session, job_id, "retry", RERUNNABLE, tables)
+        _raise_for_state(session, ex, job_id, "retry", RERUNNABLE)
 
 
 # How many times a retry meets a unique key's holder that ends before it can be named.
@@ -305,24 +303,23 @@ def _refuse_held_key(ex: Executor, job_id: int) -> None:
         raise UniqueKeyHeld(key, *holder, refused=f"cannot retry job {job_id}")
 
 
-def cancel_job(session: Session, job_id: int, reason: str, tables: JobTables) -> JobState:
+def cancel_job(session: Session, ex: Executor, job_id: int, reason: str) -> JobState:
     """Cancel a waiting job (CANCELLED) or flag a running one (RUNNING); otherwise the reason
     nothing changed: InvalidStateTransition or JobNotFound."""
-    ex = executor_for(session)
     if cancel_waiting(ex, job_id, reason):
         return JobState.CANCELLED
     if request_cancel_running(ex, job_id):
         return JobState.RUNNING
-    _raise_for_state(session, job_id, "cancel", CANCELLABLE, tables)
+    _raise_for_state(session, ex, job_id, "cancel", CANCELLABLE)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _raise_for_state(
-    session: Session, job_id: int, action: str, allowed: frozenset[JobState], tables: JobTables
+    session: Session, ex: Executor, job_id: int, action: str, allowed: frozenset[JobState]
 ) -> None:
     job = get_job(session, job_id)
     if job is None:
-        moved = moved_state(executor_for(session), job_id, tables)
+        moved = moved_state(ex, job_id)
         if moved is not None:
             raise InvalidStateTransition(
                 f"cannot {action} job {job_id}: it finished ({moved.value}) and was moved "
@@ -371,41 +368,39 @@ def workflow_refusal(session: Session, job: Job, action: str) -> str | None:
     )
 
 
-def queue_names(db: Executor, tables: JobTables) -> list[str]:
-    """The queues that have jobs in any table of ``tables``, sorted."""
-    ex = db
-    return sorted({name for moved in tables.reads for name in job_queues(ex, history=moved)})
+def queue_names(db: Executor) -> list[str]:
+    """The queues that have jobs in any table of ``db.tables``, sorted."""
+    return sorted({name for moved in db.tables.reads for name in job_queues(db, history=moved)})
 
 
-def capped_counts(db: Executor, cap: int, tables: JobTables) -> dict[str, dict[JobState, int]]:
-    """``capped_state_counts`` over every table of ``tables``, each sum capped too."""
-    ex = db
-    counts = capped_state_counts(ex, cap)
-    for moved in tables.reads[1:]:
-        for queue, more in capped_state_counts(ex, cap, history=moved).items():
+def capped_counts(db: Executor, cap: int) -> dict[str, dict[JobState, int]]:
+    """``capped_state_counts`` over every table of ``db.tables``, each sum capped too."""
+    counts = capped_state_counts(db, cap)
+    for moved in db.tables.reads[1:]:
+        for queue, more in capped_state_counts(db, cap, history=moved).items():
             live = counts.setdefault(queue, dict.fromkeys(JobState, 0))
             for state, count in more.items():
                 live[state] = min(cap, live.get(state, 0) + count)
     return counts
 
 
-def throughput(db: Executor, tables: JobTables) -> dict[str, dict[JobState, list[int]]]:
+def throughput(db: Executor) -> dict[str, dict[JobState, list[int]]]:
     """Jobs finished per minute over the last hour (``finished_per_minute``); under the
     partitioned history per clock minute, the moved jobs from their per-minute counts."""
-    if tables.partitioned:
+    if db.tables.partitioned:
         return finished_per_clock_minute(db, UNCAPPED)
     return finished_per_minute(db)
 
 
 def recent_throughput(
-    db: Executor, cap: int, tables: JobTables
+    ex: Executor, cap: int
 ) -> tuple[int, int, dict[str, dict[JobState, list[int]]], bool]:
     """``(window, width, series, shortened)``: jobs finished per bucket of ``width`` seconds
     over the last hour, or, when more than ``cap`` finished in that hour, over the shorter
     ``window`` holding the ``cap`` most recent ones (``shortened``), in 1 to 60 second
     buckets (at most 60). Reads at most about ``cap`` index entries per table twice. Under the
     partitioned history the moved jobs of a whole hour come from their per-minute counts."""
-    ex = db
+    tables = ex.tables
     # The bucket reads take as many of the newest jobs as each table's window was seen to
     # hold (at most ``cap``): in a quiet hour, only the hour's few.
     live = finished_window_edge(ex, THROUGHPUT_WINDOW, cap)
@@ -442,9 +437,8 @@ def recent_throughput(
     return window, width, series, edge is not None
 
 
-def table_counts(db: Executor) -> dict[str, int]:
+def table_counts(ex: Executor) -> dict[str, int]:
     """Row counts of ``pgqueue_jobs`` and of ``pgqueue_message_queue`` (its tickets)."""
-    ex = db
     return {
         "pgqueue_jobs": int(ex.rows(admin.job_count())[0][0]),
         "pgqueue_message_queue": int(ex.rows(admin.ticket_count())[0][0]),

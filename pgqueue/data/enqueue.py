@@ -32,7 +32,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from pgqueue.data import copy_rows, dependencies
-from pgqueue.data.history import IN_PLACE, JobTables, moved_states
+from pgqueue.data.history import moved_states
 from pgqueue.data.insert_choice import BoundedQueuesSeen, copyable
 from pgqueue.db import Executor
 from pgqueue.errors import (
@@ -66,13 +66,12 @@ def write(
     refuse_held: bool = False,
     may_copy: bool = False,
     bounded: BoundedQueuesSeen | None = None,
-    tables: JobTables = IN_PLACE,
 ) -> Written:
     """Write ``plan`` (see the module). ``trace_context`` (JSON text, ``pgqueue.tracing``) is
     stored with every job. ``refuse_held``: raise ``UniqueKeyHeld`` when a job's key is held
     (nothing written), instead of returning the holder's id. ``may_copy``: nothing watches the
     statements, so COPY may carry a large plan. ``bounded`` learns which queues are bounded.
-    A dependency (``depends_on``) is looked for in ``pgqueue_jobs``, then, when ``tables``
+    A dependency (``depends_on``) is looked for in ``pgqueue_jobs``, then, when ``ex.tables``
     include it, in the history: a moved job counts by the final state it was moved in."""
     jobs = plan.jobs
     if not jobs:
@@ -104,7 +103,7 @@ def write(
         _reserve(ex, jobs, queues, bounded)
     elif bounded is not None and bounded.covers(jobs):
         bounded.record(queues, ())
-    found = _dependency_states(ex, jobs, tables) if depends else None
+    found = _dependency_states(ex, jobs) if depends else None
     edges = _edges(ids, plan, found)
     if copy:
         root_ids = ids if roots is None else [ids[i] for i in roots]
@@ -309,12 +308,10 @@ def _reserve(
             raise QueueFull(name, max_depth, depth, asked[name])
 
 
-def _dependency_states(
-    ex: Executor, jobs: Sequence[NewJob], tables: JobTables
-) -> dict[int, JobState]:
+def _dependency_states(ex: Executor, jobs: Sequence[NewJob]) -> dict[int, JobState]:
     """The states of the existing jobs that ``jobs`` depend on, locked first (see
     ``sql.enqueue.lock_dependencies``). Those not in ``pgqueue_jobs`` are looked for in the
-    history (under ``tables``): a moved job has ended and never changes, so it needs no lock
+    history (under ``ex.tables``): a moved job has ended and never changes, so it needs no lock
     and takes no dependents."""
     wanted = sorted({d for j in jobs for d in j.depends_on})
     found = {
@@ -323,7 +320,7 @@ def _dependency_states(
     }
     missing = [d for d in wanted if d not in found]
     if missing:
-        found.update(moved_states(ex, missing, tables))
+        found.update(moved_states(ex, missing))
         missing = [d for d in missing if d not in found]
     if missing:
         raise JobNotFound(f"depends_on names jobs that do not exist: {missing}")

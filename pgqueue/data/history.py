@@ -1,7 +1,7 @@
-"""The partitioned history (``history="partitioned"``), owned here: which tables hold jobs
-(``JobTables``, the one answer every read of jobs asks), the maintenance move of finished
-jobs into ``pgqueue_job_history``, and the upkeep of its partitions (``maintain``). The
-statements are ``sql.history``'s; over ``db.Executor``, never committing.
+"""The partitioned history (``history="partitioned"``), owned here: the states of jobs moved
+there (read only when the executor's ``tables``, a ``jobs.JobTables``, include the history), the
+maintenance move of finished jobs into ``pgqueue_job_history``, and the upkeep of its partitions
+(``maintain``). The statements are ``sql.history``'s; over ``db.Executor``, never committing.
 
 ``maintain`` creates the coming days' partitions, drops the days past retention (and their
 per-minute counts), and gives the rows the DEFAULT partition caught a day partition of their
@@ -22,7 +22,6 @@ from typing import Final
 
 from sqlalchemy.exc import DBAPIError
 
-from pgqueue.config import Settings
 from pgqueue.db import Executor
 from pgqueue.errors import NotSchemaOwner, ValidationError
 from pgqueue.sql import history as history_sql
@@ -31,40 +30,16 @@ from pgqueue.states import JobState
 from pgqueue.validation import MAX_DELAY_SECONDS, limit_count
 
 
-@dataclass(frozen=True, slots=True)
-class JobTables:
-    """Where jobs are: ``pgqueue_jobs`` alone, or, under the partitioned history, also
-    ``pgqueue_job_history`` (finished jobs moved there). Without it nothing touches the history
-    table, since a role may hold no rights on it."""
-
-    partitioned: bool = False
-
-    @classmethod
-    def of(cls, settings: Settings) -> JobTables:
-        return cls(partitioned=settings.partitioned_history)
-
-    @property
-    def reads(self) -> tuple[bool, ...]:
-        """The tables a read of jobs covers, as the statements' ``history`` flag. The live
-        table comes first: a job moved between two reads is then seen twice (and kept once)
-        rather than missed."""
-        return (False, True) if self.partitioned else (False,)
+def moved_state(db: Executor, job_id: int) -> JobState | None:
+    """The state job ``job_id`` was moved to the history in, when ``db.tables`` include the
+    history and it is there; else None (nothing reads the history then)."""
+    return moved_states(db, [job_id]).get(job_id)
 
 
-# ``pgqueue_jobs`` alone: the tables of the default layout.
-IN_PLACE = JobTables()
-
-
-def moved_state(db: Executor, job_id: int, tables: JobTables) -> JobState | None:
-    """The state job ``job_id`` was moved to the history in, when ``tables`` include the history
-    and it is there; else None (nothing reads the history then)."""
-    return moved_states(db, [job_id], tables).get(job_id)
-
-
-def moved_states(db: Executor, job_ids: Sequence[int], tables: JobTables) -> dict[int, JobState]:
-    """``{id: state}`` of those of ``job_ids`` moved to the history, when ``tables`` include it
-    (else empty: nothing reads the history then)."""
-    if not tables.partitioned or not job_ids:
+def moved_states(db: Executor, job_ids: Sequence[int]) -> dict[int, JobState]:
+    """``{id: state}`` of those of ``job_ids`` moved to the history, when ``db.tables`` include
+    it (else empty: nothing reads the history then)."""
+    if not db.tables.partitioned or not job_ids:
         return {}
     rows = db.rows(history_sql.moved_states(), {"ids": list(job_ids)})
     return {job_id: JobState(state) for job_id, state in rows}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgqueue.data.history import JobTables, moved_state
+from pgqueue.data.history import moved_state
 from pgqueue.db import Executor
 from pgqueue.errors import InvalidStateTransition, JobNotFound
 from pgqueue.sql import signals as signals_sql
@@ -48,15 +48,15 @@ def suspension(db: Executor, job_id: int) -> Any | None:
     return rows[0] if rows else None
 
 
-def signal_job(db: Executor, job_id: int, name: str, payload: str, tables: JobTables) -> bool:
+def signal_job(db: Executor, job_id: int, name: str, payload: str) -> bool:
     """``pgq.signal``: store signal ``name`` of job ``job_id`` (``payload``: JSON text) and
     wake the job if it waits for it. True when stored, False when a signal of that name was
-    stored already (the first is kept). JobNotFound when there is no such job in ``tables``,
+    stored already (the first is kept). JobNotFound when there is no such job in ``db.tables``,
     InvalidStateTransition when it has finished (moved to the history or not); nothing is
     written then."""
     state = lock_state(db, job_id)
     if state is None:
-        moved = moved_state(db, job_id, tables)
+        moved = moved_state(db, job_id)
         if moved is not None:
             raise InvalidStateTransition(
                 f"cannot signal job {job_id}: it finished ({moved.value}) and was moved to the "

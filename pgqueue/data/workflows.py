@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgqueue.data import dependencies, enqueue
-from pgqueue.data.history import JobTables
 from pgqueue.db import Executor
 from pgqueue.jobs import InsertedWorkflow, NewJob, Plan, WorkflowPlan
 from pgqueue.sql import enqueue as enqueue_sql
@@ -88,9 +87,9 @@ def insert_workflow(
     return InsertedWorkflow(workflow_id, tuple(ids))
 
 
-def read_workflow(ex: Executor, workflow_id: int, tables: JobTables) -> WorkflowRow | None:
+def read_workflow(ex: Executor, workflow_id: int) -> WorkflowRow | None:
     """Workflow ``workflow_id`` with its jobs and the results of its final jobs, or None.
-    Its final jobs are read from every table of ``tables``: once the workflow has ended they
+    Its final jobs are read from every table of ``ex.tables``: once the workflow has ended they
     are moved like any other finished job, and its result is still theirs. Its jobs are listed
     from ``pgqueue_jobs`` alone (the history has no index on their workflow)."""
     rows = ex.rows(workflows.workflow_row(), {"workflow": workflow_id})
@@ -102,7 +101,7 @@ def read_workflow(ex: Executor, workflow_id: int, tables: JobTables) -> Workflow
         for row in ex.rows(workflows.workflow_jobs(), {"workflow": workflow_id})
     ]
     by_id: dict[int, Any] = {}
-    for moved in tables.reads:  # the live table first: a job moved in between is not missed
+    for moved in ex.tables.reads:  # the live table first: a job moved in between is not missed
         missing = [job_id for job_id in final if job_id not in by_id]
         if missing:
             by_id.update(

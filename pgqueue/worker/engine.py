@@ -41,7 +41,7 @@ from types import FrameType
 
 from pgqueue import config, metrics, validation
 from pgqueue.errors import ValidationError, pgqueue_logger
-from pgqueue.jobs import Outcome
+from pgqueue.jobs import JobTables, Outcome
 from pgqueue.worker.atomic import AtomicClaims
 from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.claimer import Claimer, ClaimSettings
@@ -138,7 +138,9 @@ class Worker:
         wake = threading.Event()  # the claim loop's wake-up
         work = WorkQueue()
         self._async_loop = AsyncLoop()
-        self.store = WorkerStore(context.engine, stopping=self._stopping)
+        self.store = WorkerStore(
+            context.engine, stopping=self._stopping, tables=JobTables.of(context.settings)
+        )
         # The registry row shows the change at once: the heartbeat beats when it happens.
         self.claim_health = ClaimHealth(
             metrics=self.metrics, on_change=lambda: self._heartbeat.nudge()

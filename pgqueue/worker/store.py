@@ -36,7 +36,16 @@ from pgqueue.data import workflows as workflows_data
 from pgqueue.data.claim import LimitsSeen
 from pgqueue.db import Database, Executor
 from pgqueue.errors import error_line, pgqueue_logger
-from pgqueue.jobs import ClaimedJob, ClaimRequest, Lease, Outcome, Progress, WorkerEntry
+from pgqueue.jobs import (
+    IN_PLACE,
+    ClaimedJob,
+    ClaimRequest,
+    JobTables,
+    Lease,
+    Outcome,
+    Progress,
+    WorkerEntry,
+)
 from pgqueue.sqlstates import is_connection_error, is_timeout, is_transient_conflict
 from pgqueue.worker.patience import Pauses, lock_timeout, write_apart
 
@@ -65,10 +74,13 @@ SHUTDOWN_WRITE_PATIENCE = 5.0
 
 
 class WorkerStore:
-    """Database operations used by a worker, safe to call from several threads."""
+    """Database operations used by a worker, safe to call from several threads; ``tables`` is
+    where the worker's settings put jobs."""
 
-    def __init__(self, engine: Engine, *, stopping: threading.Event) -> None:
-        self._database = Database(engine)
+    def __init__(
+        self, engine: Engine, *, stopping: threading.Event, tables: JobTables = IN_PLACE
+    ) -> None:
+        self._database = Database(engine, tables=lambda: tables)
         self._stopping = stopping
         # The claimer's own connection (claims are serialized by the worker, see ``claim``).
         self._claim_connection = self._database.held_connection()
