@@ -5,15 +5,11 @@ make a job row's two updates heap-only: a renamed index would fail the variant's
 a variant that still updates through the indexes would report a bound it does not measure. One
 drain of a hundred jobs per variant and one of the ceiling, on the test server (its fresh
 migrated databases copied from the session's migrated template), read by every test that needs
-drains; the ceiling's and the drains' CPU is read as the scale-out benchmark reads it. The drains
-run two at a time, each in a process of its own, so the worker commands whose CPU a drain reads
-are its own children.
+drains; the ceiling's and the drains' CPU is read as the scale-out benchmark reads it.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import psycopg
@@ -49,16 +45,11 @@ def server(server_url: URL, template_name: str) -> Server:
 def drains(server: Server) -> list[dict[str, Any]]:
     """One drain of every variant and one of the ceiling, as a round of the benchmark runs
     them: the tests below read the same drains, which are the costly part."""
-    names: list[str | None] = [*VARIANTS, None]
-    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return [{**drain, "round": 1} for drain in pool.map(_drain, [server] * len(names), names)]
-
-
-def _drain(server: Server, variant: str | None) -> dict[str, Any]:
-    """The drain of ``variant``, or of the ceiling for None (run in a pool's process)."""
-    if variant is None:
-        return drain_ceiling(server, JOBS, threads=2, batch=50)
-    return drain_variant(server, variant, JOBS, concurrency=10)
+    found = [
+        {**drain_variant(server, variant, JOBS, concurrency=10), "round": 1} for variant in VARIANTS
+    ]
+    found.append({**drain_ceiling(server, JOBS, threads=2, batch=50), "round": 1})
+    return found
 
 
 @pytest.mark.slow
