@@ -184,6 +184,8 @@ def test_a_burst_that_ended_seconds_ago_is_inside_the_shortened_window(
     finally:
         queue.dispose()
     assert throughput.shortened
-    assert (throughput.width, throughput.window) == (1, 6)
+    # 6 s when read at once; 7 s when the read came more than half a second after the insert
+    # (a loaded machine): the shortest whole number of seconds that holds the 5,000 newest.
+    assert throughput.width == 1 and throughput.window in (6, 7), throughput
     counted = sum(sum(c) for by_state in throughput.series.values() for c in by_state.values())
     assert counted == 5_000
