@@ -357,16 +357,7 @@ def test_members_of_a_running_workflow_stay_until_it_ends(
     done = pgq.wait_for_workflow(wf.id, timeout=30)
     assert (done.state, done.result) == ("succeeded", [0, 1, 2])
     # Now they move: by this call, or already by the worker's own history duty.
-    with Session(engine) as session, session.begin():
-        history_data.move_to_history(executor_for(session), age=0.0, limit=100)
-    with engine.connect() as connection:
-        left, moved = connection.execute(
-            text(
-                "SELECT (SELECT count(*) FROM pgqueue_jobs WHERE workflow_id = :w),"
-                " (SELECT count(*) FROM pgqueue_job_history WHERE workflow_id = :w)"
-            ),
-            {"w": wf.id},
-        ).one()
+    left, moved = _move_workflow(engine, wf.id)
     assert (left, moved >= 4) == (0, True)
 
 
@@ -390,16 +381,7 @@ def test_an_ended_workflow_keeps_its_result_once_its_jobs_are_moved(
     pgq.run_worker(drain=True, queues=["pieces"])
     assert pgq.wait_for_workflow(wf.id, timeout=30).result == [0, 10, 20]
     # They move by this call, or already by the drain's own history duty.
-    with Session(engine) as session, session.begin():
-        history_data.move_to_history(executor_for(session), age=0.0, limit=100)
-    with engine.connect() as connection:
-        left, moved = connection.execute(
-            text(
-                "SELECT (SELECT count(*) FROM pgqueue_jobs WHERE workflow_id = :w),"
-                " (SELECT count(*) FROM pgqueue_job_history WHERE workflow_id = :w)"
-            ),
-            {"w": wf.id},
-        ).one()
+    left, moved = _move_workflow(engine, wf.id)
     assert (left, moved) == (0, 5)  # three pieces, the callback and the closing marker
     ended = pgq.get_workflow(wf.id)
     assert (ended.state, ended.result) == ("succeeded", [0, 10, 20])
@@ -499,3 +481,19 @@ def test_reads_of_jobs_follow_the_settings_the_queue_uses(
         assert pgq.get_job(joined).state is JobState.QUEUED
     finally:
         pgq.dispose()
+
+
+def _move_workflow(engine: Engine, workflow_id: int) -> tuple[int, int]:
+    """Move every finished job to the history now; then (jobs of the workflow left in
+    ``pgqueue_jobs``, jobs of it in the history), whoever moved them."""
+    with Session(engine) as session, session.begin():
+        history_data.move_to_history(executor_for(session), age=0.0, limit=100)
+    with engine.connect() as connection:
+        left, moved = connection.execute(
+            text(
+                "SELECT (SELECT count(*) FROM pgqueue_jobs WHERE workflow_id = :w),"
+                " (SELECT count(*) FROM pgqueue_job_history WHERE workflow_id = :w)"
+            ),
+            {"w": workflow_id},
+        ).one()
+    return int(left), int(moved)
