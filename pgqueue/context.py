@@ -120,7 +120,8 @@ class JobContext:
 
     @property
     def cancel_requested(self) -> bool:
-        """True once ``cancel_job`` was called for this job (seen within one heartbeat)."""
+        """True once ``cancel_job`` was called for this job (seen within one heartbeat), or once
+        the task's ``timeout`` passed (the attempt has failed: return, nothing more counts)."""
         return self._cancel_event.is_set()
 
     # -- progress ------------------------------------------------------------------------------

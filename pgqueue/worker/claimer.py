@@ -101,9 +101,12 @@ class ClaimSlots(Protocol):
         """Hold newly claimed attempts; those to start now (the rest wait for a slot)."""
         ...
 
-    def handler_returned(self, execution: Execution) -> tuple[bool, bool, Execution | None]:
-        """Free or pass on a returned handler's slot: ``(this decided the outcome, the claimer
-        has room, the waiting attempt now started in this slot)``."""
+    def handler_returned(
+        self, execution: Execution
+    ) -> tuple[bool | Outcome, bool, Execution | None]:
+        """Free or pass on a returned handler's slot: ``(True to write the handler's outcome, or
+        the timeout's outcome to write instead, or False; the claimer has room; the waiting
+        attempt now started in this slot)``."""
         ...
 
     def running_ids(self) -> list[int]:
@@ -358,8 +361,10 @@ class Claimer:
             if execution.timeout:
                 self._deadline_at(execution.started + execution.timeout)
             outcome = run(execution)
-            first, room, following = slots.handler_returned(execution)
-            if first:
+            write, room, following = slots.handler_returned(execution)
+            if isinstance(write, Outcome):
+                put_outcome((execution, write))
+            elif write:
                 put_outcome((execution, outcome))
             # Wake the claim loop only if it may find work and can claim now: while the
             # unwritten outcomes are at their bound, the completer wakes it after the next write

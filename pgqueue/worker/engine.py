@@ -341,6 +341,9 @@ class Worker:
         while time.monotonic() < deadline and self._slots.busy():
             time.sleep(0.02)
         self._completer.release(self._slots.give_up_unfinished(), self.shutdown_timeout)
+        # Handlers still running past their timeout end with the process: their retries may run.
+        for timed_out in self._slots.take_timeout_outcomes():
+            self._completer.buffer.put(timed_out)
         self._completer.stop()
         for thread in self._threads:
             if thread.name == "pgqueue-completer":

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pgqueue.jobs import ClaimedJob, Progress
+from pgqueue.jobs import ClaimedJob, Outcome, Progress
 
 
 @dataclass(slots=True)
@@ -32,6 +32,10 @@ class Execution:
     # ``Slots``, so exactly one outcome is written per attempt.
     decided: bool = False
     timed_out: bool = False  # decided by the timeout check while its thread still runs
+    # A sync handler's: the failed attempt its timeout decided, written once its thread returns
+    # (or the worker exits). Until then the job stays held, leased and heartbeated by this
+    # worker, so its retry cannot start beside the thread and its key and queue limits count it.
+    timeout_outcome: Outcome | None = None
     # Decided by its handler's thread before it committed the context session's writes
     # (``Slots.settle_by_handler``): the timeout check then leaves it alone.
     settled: bool = False

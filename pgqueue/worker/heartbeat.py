@@ -2,10 +2,12 @@
 
 At each attempt's deadline (its start plus its task's timeout: a started attempt with a
 timeout wakes the heartbeat when that comes before its next beat) it gives up the attempts past
-their timeout: their outcome is a failed attempt (retried or
-  failed for good, as ``backoff.after_failure`` decides), an async handler's future is
-  cancelled, and a sync handler, which cannot be stopped, hands its slot to a replacement
-  thread within the bound ``Slots`` keeps.
+their timeout: their outcome is a failed attempt (retried or failed for good, as
+``backoff.after_failure`` decides). An async handler's future is cancelled and its outcome
+written at once. A sync handler cannot be stopped: its ``ctx.cancel_requested`` turns true, its
+slot goes to a replacement thread within the bound ``Slots`` keeps, and its outcome waits for
+the thread to return (or the worker to exit), the job held and leased by this worker meanwhile:
+its retry never runs beside it, and its key and queue limits count it.
 
 Every ``interval`` it
 
@@ -113,10 +115,10 @@ class Heartbeat:
             self._woken.set()
 
     def _check_timeouts(self) -> None:
-        overdue, hung = self._slots.take_overdue(time.monotonic())
-        if any(execution.replaced for execution in overdue):
+        overdue, hung = self._slots.take_overdue(time.monotonic(), self._timed_out)
+        if any(execution.replaced for execution, _ in overdue):
             self._wake.set()
-        for execution in overdue:
+        for execution, outcome in overdue:
             if execution.replaced:
                 self._start_replacement()
             elif execution.async_future is None:
@@ -128,9 +130,13 @@ class Heartbeat:
                     execution.timeout,
                     hung,
                 )
-            if execution.async_future is not None:
+            if outcome is None:
+                # The handler may watch ``ctx.cancel_requested`` and stop early.
+                execution.cancel_event().set()
+            else:
+                assert execution.async_future is not None
                 execution.async_future.cancel()
-            self._put_outcome((execution, self._timed_out(execution)))
+                self._put_outcome((execution, outcome))
 
     def _extend_leases(self) -> None:
         leases = self._slots.leases()

@@ -31,9 +31,9 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from pgqueue.jobs import Lease
+from pgqueue.jobs import Lease, Outcome
 from pgqueue.worker.execution import Execution
 
 MIN_HUNG_THREADS = 10
@@ -76,8 +76,13 @@ class Slots:
         atomic = self._atomic
         return min(
             self.concurrency - self._busy - atomic + ahead - len(self._waiting),
-            self._max_held - len(self._running) - atomic,
+            self._max_held - self._held() - atomic,
         )
+
+    def _held(self) -> int:
+        """The attempts held toward the bound: not those whose timed-out handler runs on in a
+        replaced slot (they have their own bound, and no outcome write will free them soon)."""
+        return len(self._running) - self._hung
 
     def add(self, executions: Sequence[Execution]) -> list[Execution]:
         """Hold newly claimed attempts: those that fit in the free slots take one and are
@@ -132,15 +137,21 @@ class Slots:
                 per_queue[queue] = per_queue.get(queue, 0) + count
         return per_queue
 
-    def handler_returned(self, execution: Execution) -> tuple[bool, bool, Execution | None]:
+    def handler_returned(
+        self, execution: Execution
+    ) -> tuple[bool | Outcome, bool, Execution | None]:
         """Give back the slot of a handler that returned, or pass it to the next waiting
-        attempt. Returns whether this decided the attempt's outcome (a timeout or a shutdown
-        release may have decided it first), whether the claimer has room to claim (more
-        attempts may be held, and at most half of those it means to keep waiting still wait),
-        and the waiting attempt now started in this slot (to run on the calling thread)."""
+        attempt. Returns what the caller writes: True for the handler's own outcome, the failed
+        attempt its timeout decided while it ran on, or False when another path put the
+        attempt's outcome already (a shutdown release, an async handler's timeout); whether the
+        claimer has room to claim (more attempts may be held, and at most half of those it
+        means to keep waiting still wait); and the waiting attempt now started in this slot (to
+        run on the calling thread)."""
         following: Execution | None = None
         with self._lock:
-            decided = execution.decided and not execution.settled
+            write: bool | Outcome = not execution.decided or execution.settled
+            if execution.timeout_outcome is not None:
+                write, execution.timeout_outcome = execution.timeout_outcome, None
             execution.decided = True
             if execution.holds_slot:
                 execution.holds_slot = False
@@ -155,8 +166,8 @@ class Slots:
             if execution.replaced:
                 self._hung -= 1
             self.returned += 1
-            room = len(self._running) < self._max_held and 2 * len(self._waiting) <= self._ahead
-            return not decided, room, following
+            room = self._held() < self._max_held and 2 * len(self._waiting) <= self._ahead
+            return write, room, following
 
     def atomic_started(self) -> None:
         with self._lock:
@@ -226,7 +237,7 @@ class Slots:
         """Whether half or more of the attempts this worker may hold are held: the claims
         may soon wait for the outcome writes that free room."""
         with self._lock:
-            return 2 * len(self._running) >= self._max_held
+            return 2 * self._held() >= self._max_held
 
     def lookup(self, job_ids: Iterable[int]) -> dict[int, Execution | None]:
         with self._lock:
@@ -254,19 +265,31 @@ class Slots:
             execution.decided = execution.settled = True
             return True
 
-    def take_overdue(self, now: float) -> tuple[list[Execution], int]:
+    def take_overdue(
+        self, now: float, timed_out: Callable[[Execution], Outcome]
+    ) -> tuple[list[tuple[Execution, Outcome | None]], int]:
         """Decide (once) the attempts past their timeout at monotonic time ``now``, handing the
         slot of each sync one to a replacement thread while the bound allows (``replaced``).
-        Returns them and how many threads now run handlers past their timeout."""
+        Returns them, each with its outcome (``timed_out``'s) to write now: an async handler's
+        (its future is cancelled, so it runs no more); None for a sync handler, which runs on,
+        and whose outcome is kept (``timeout_outcome``) for when its thread returns. Also how
+        many threads now run handlers past their timeout."""
         with self._lock:
             overdue = [
                 e
                 for e in self._running.values()
                 if e.timeout and not e.decided and not e.waiting and now - e.started >= e.timeout
             ]
+            decided: list[tuple[Execution, Outcome | None]] = []
             for execution in overdue:
                 execution.decided = True
                 execution.timed_out = True
+                outcome = timed_out(execution)
+                if execution.async_future is None:
+                    execution.timeout_outcome = outcome
+                    decided.append((execution, None))
+                else:
+                    decided.append((execution, outcome))
                 # An async handler's thread returns as soon as its future is cancelled.
                 if (
                     execution.holds_slot
@@ -277,7 +300,7 @@ class Slots:
                     execution.replaced = True
                     self._busy -= 1
                     self._hung += 1
-            return overdue, self._hung
+            return decided, self._hung
 
     def start_writing(self, executions: Iterable[Execution]) -> None:
         with self._lock:
@@ -317,6 +340,17 @@ class Slots:
             for execution in waiting:
                 execution.decided = True
             return waiting
+
+    def take_timeout_outcomes(self) -> list[tuple[Execution, Outcome]]:
+        """The failed attempts decided at a timeout whose handler still runs (the worker
+        stops: their threads end with it), each taken once."""
+        with self._lock:
+            taken = []
+            for execution in self._running.values():
+                if execution.timeout_outcome is not None:
+                    taken.append((execution, execution.timeout_outcome))
+                    execution.timeout_outcome = None
+            return taken
 
     def give_up_unfinished(self) -> list[Execution]:
         """Decide every held attempt whose outcome is not decided yet (for a shutdown release)."""

@@ -1,8 +1,10 @@
 """A task's ``timeout=`` ends its attempt on time, in each mode, and leaves no write behind.
 
-- Leased: the attempt is failed at its deadline whatever the heartbeat's interval (a worker
-  idle since long before the job, with a 20 s heartbeat), and the writes of the handler's
-  ``ctx.session`` are rolled back when the handler returns after it, never committed.
+- Leased, in the thread pool: at its deadline, whatever the heartbeat's interval (a worker
+  idle since long before the job, with a 20 s heartbeat), the attempt is over: the handler's
+  ``ctx.cancel_requested`` turns true, and the writes of its ``ctx.session`` are rolled back
+  when it returns, never committed. The job stays held until its thread returns, so neither
+  its retry nor another job of its key (``key_limit=1``) runs beside the thread.
 - Atomic: at the deadline the attempt's transaction is ended on the server, so its writes roll
   back while the handler still runs, and the failed attempt is written at once.
 """
@@ -10,14 +12,17 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine, event, text
+from support.polling import wait_until
 from support.workers import in_thread
 
-from pgqueue import JobContext, JobState, PgQueue
+from pgqueue import JobContext, JobState, PgQueue, backoff
 from pgqueue.config import Settings
 from pgqueue.testing import wait_for_states
 from pgqueue.worker import Worker
@@ -82,22 +87,36 @@ def test_a_timed_out_attempt_ends_on_time_and_its_writes_never_commit(
         pass_context=True,
     )
     def hangs(ctx: JobContext) -> str:
+        started.set()
         _write_effect(ctx)
         if not atomic:
             # How the worker ends this session after the handler returns: commit or rollback.
             for name in ("after_commit", "after_rollback"):
                 event.listen(ctx.session, name, functools.partial(_ended, name))
+            while not ctx.cancel_requested and not release.is_set():
+                time.sleep(0.01)
+            told.append(time.monotonic())
         release.wait(30)
         return "returned after its deadline"
 
+    started = threading.Event()
+    told: list[float] = []
     with in_thread(Worker(pgq, concurrency=2), before_stop=release.set):
         job_id = hangs.enqueue()
-        assert wait_for_states(pgq, [job_id], timeout=30) == {job_id: JobState.FAILED}
-        # Failed while its handler still runs, in time.
-        assert not release.is_set()
-        assert _seconds_past_deadline(pgq, job_id) < LATE_BY_AT_MOST
-        job = pgq.get_job(job_id)
-        assert "JobTimeout" in (job.last_error or "")
+        if atomic:
+            assert wait_for_states(pgq, [job_id], timeout=30) == {job_id: JobState.FAILED}
+            # Failed while its handler still runs, in time.
+            assert not release.is_set()
+            assert _seconds_past_deadline(pgq, job_id) < LATE_BY_AT_MOST
+            job = pgq.get_job(job_id)
+            assert "JobTimeout" in (job.last_error or "")
+        else:
+            assert started.wait(30)
+            began = time.monotonic()
+            wait_until(lambda: told, 30, "the handler told of its timeout")
+            # Told at its deadline, while its job stays held for the thread.
+            assert told[0] - began < TIMEOUT + LATE_BY_AT_MOST
+            assert pgq.get_job(job_id).state is JobState.RUNNING
         assert _effects(engine) == 0
         release.set()
         if not atomic:
@@ -108,3 +127,55 @@ def test_a_timed_out_attempt_ends_on_time_and_its_writes_never_commit(
         assert ends == ["after_rollback"]
     job = pgq.get_job(job_id)
     assert (job.state, job.attempts, len(job.errors)) == (JobState.FAILED, 1, 1)
+    assert "JobTimeout" in (job.last_error or "")
+
+
+def test_neither_the_retry_nor_another_job_of_its_key_runs_beside_a_timed_out_thread(
+    pgq: PgQueue, engine: Engine, side_table: None
+) -> None:
+    runs: list[tuple[str, float, float]] = []
+    first_told = threading.Event()
+    release = threading.Event()
+
+    @pgq.task(
+        name="timeouts.keyed",
+        timeout=TIMEOUT,
+        max_attempts=2,
+        retry=backoff.constant(0),
+        concurrency_key=lambda name: "K",
+        key_limit=1,
+        pass_context=True,
+    )
+    def keyed(ctx: JobContext, name: str) -> None:
+        began = time.monotonic()
+        _write_effect(ctx)
+        if name == "hangs" and ctx.attempt == 1:
+            while not ctx.cancel_requested:
+                time.sleep(0.01)
+            first_told.set()
+            # Runs on past its deadline, as a handler deaf to it would.
+            release.wait(30)
+        runs.append((f"{name}#{ctx.attempt}", began, time.monotonic()))
+
+    with in_thread(Worker(pgq, concurrency=4), before_stop=release.set):
+        hung = keyed.enqueue("hangs")
+        wait_until(lambda: pgq.get_job(hung).state is JobState.RUNNING, 30, "the first run")
+        other = keyed.enqueue("quick")
+        assert first_told.wait(30)
+        # Long enough for a retry or the other job to start if the key let them.
+        time.sleep(1.0)
+        assert [name for name, _, _ in runs] == []
+        release.set()
+        states = wait_for_states(pgq, [hung, other], timeout=30)
+    assert states == {hung: JobState.SUCCEEDED, other: JobState.SUCCEEDED}
+    assert sorted(name for name, _, _ in runs) == ["hangs#1", "hangs#2", "quick#1"]
+    spans = sorted((began, ended) for _, began, ended in runs)
+    assert all(a_end <= b_began for (_, a_end), (b_began, _) in itertools.pairwise(spans)), runs
+    # Only the two attempts that returned in time committed their writes.
+    with engine.connect() as connection:
+        written = connection.execute(
+            text("SELECT job_id, attempt FROM timeout_effect ORDER BY 1, 2")
+        ).all()
+    assert sorted(written) == sorted([(hung, 2), (other, 1)])
+    job = pgq.get_job(hung)
+    assert job.attempts == 2 and "JobTimeout" in job.errors[0]["error"]

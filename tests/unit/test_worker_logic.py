@@ -93,14 +93,20 @@ def test_written_forgets_only_the_attempt_it_wrote() -> None:
     assert slots.lookup([7]) == {7: again}
 
 
+def _timed_out(execution: Execution) -> Outcome:
+    return Outcome.retry(execution.job, "JobTimeout", 0.0)
+
+
 def test_a_timeout_decides_the_attempt_once_and_hands_its_slot_on_within_the_bound() -> None:
     slots = Slots(concurrency=1, prefetch=1)
     hanging = [_execution(i, timeout=1.0) for i in range(MIN_HUNG_THREADS + 2)]
     overdue: list[Execution] = []
     for execution in hanging[:-1]:
         assert slots.add([execution]) == [execution]  # its slot is free: it starts at once
-        found, hung = slots.take_overdue(now=10.0)
-        overdue += found
+        found, hung = slots.take_overdue(now=10.0, timed_out=_timed_out)
+        # A sync handler runs on: its outcome waits for its thread, nothing is written now.
+        assert [outcome for _, outcome in found] == [None]
+        overdue += [execution for execution, _ in found]
     assert overdue == hanging[:-1]
     assert hung == MIN_HUNG_THREADS
     assert [e.replaced for e in hanging] == [True] * MIN_HUNG_THREADS + [False] * 2
@@ -108,14 +114,21 @@ def test_a_timeout_decides_the_attempt_once_and_hands_its_slot_on_within_the_bou
     # No slot is free (the last timed-out handler keeps its own): a claimed attempt waits, and
     # its timeout does not run before it starts.
     assert slots.add([hanging[-1]]) == []
-    assert slots.take_overdue(now=20.0) == ([], MIN_HUNG_THREADS)  # decided once
-    # The handler that returned later does not decide the outcome again; its thread retires.
-    assert slots.handler_returned(hanging[0])[0] is False
-    assert slots.take_overdue(now=30.0)[1] == MIN_HUNG_THREADS - 1
+    assert slots.take_overdue(now=20.0, timed_out=_timed_out) == ([], MIN_HUNG_THREADS)
+    # The handler that returned later hands over the timeout's outcome, not its own; its
+    # thread retires.
+    kept = hanging[0].timeout_outcome
+    assert kept is not None and kept.error == "JobTimeout"
+    assert slots.handler_returned(hanging[0])[0] is kept
+    assert slots.take_overdue(now=30.0, timed_out=_timed_out)[1] == MIN_HUNG_THREADS - 1
     # The one that kept its slot passes it to the waiting attempt, timed from now.
-    first, _, following = slots.handler_returned(hanging[-2])
-    assert (first, following) == (False, hanging[-1])
+    write, _, following = slots.handler_returned(hanging[-2])
+    assert isinstance(write, Outcome) and following is hanging[-1]
     assert hanging[-1].started > 30.0 and not hanging[-1].decided
+    # A stopping worker writes the outcomes of the threads still running, once.
+    assert [e for e, _ in slots.take_timeout_outcomes()] == hanging[1:-2]
+    assert slots.take_timeout_outcomes() == []
+    assert slots.handler_returned(hanging[1])[0] is False
 
 
 def test_an_async_handler_past_its_timeout_keeps_its_slot_until_its_future_ends() -> None:
@@ -123,9 +136,12 @@ def test_an_async_handler_past_its_timeout_keeps_its_slot_until_its_future_ends(
     execution = _execution(1, timeout=1.0)
     execution.async_future = concurrent.futures.Future()
     slots.add([execution])
-    overdue, hung = slots.take_overdue(now=5.0)
-    assert overdue == [execution] and hung == 0 and not execution.replaced
+    overdue, hung = slots.take_overdue(now=5.0, timed_out=_timed_out)
+    # Its future is cancelled: the outcome is written at once.
+    assert [(e, o is not None) for e, o in overdue] == [(execution, True)]
+    assert hung == 0 and not execution.replaced
     assert slots.free() == 0
+    assert slots.handler_returned(execution)[0] is False
 
 
 def test_heartbeats_skip_attempts_being_written_or_known_lost() -> None:
