@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pgqueue.context import JobContext as JobContext
     from pgqueue.context import Retry as Retry
     from pgqueue.context import Snooze as Snooze
+    from pgqueue.context import SoftTimeout as SoftTimeout
     from pgqueue.core import PgQueue as PgQueue
     from pgqueue.errors import ConfigurationError as ConfigurationError
     from pgqueue.errors import InvalidStateTransition as InvalidStateTransition
@@ -71,6 +72,7 @@ _MODULE_OF = {
     "Signature": "pgqueue.workflows",
     "SignalTimeout": "pgqueue.errors",
     "Snooze": "pgqueue.context",
+    "SoftTimeout": "pgqueue.context",
     "Task": "pgqueue.tasks",
     "UniqueKeyHeld": "pgqueue.errors",
     "UnknownTask": "pgqueue.errors",

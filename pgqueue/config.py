@@ -37,6 +37,9 @@ POOLER_MODES: Final = ("none", "transaction", "session")
 # Where finished jobs are kept (see ``Settings.history``).
 HISTORY_LAYOUTS: Final = ("in_place", "partitioned")
 
+# Where a worker runs sync handlers (see ``Settings.pool``).
+POOLS: Final = ("thread", "process")
+
 # Default ``Settings.migration_lock_timeout`` (seconds), also that of
 # ``pgqueue.migrations.upgrade`` called without one.
 DEFAULT_MIGRATION_LOCK_TIMEOUT: Final = 5.0
@@ -253,6 +256,16 @@ class Settings:
     ahead); they are leased and heartbeated like running ones, and given back unstarted
     (attempt not counted) when the worker stops. 0: claim only for free slots. Not used while queue concurrency
     limits, concurrency keys, rate limits or atomic tasks exist."""
+    pool: str = "thread"
+    """Where a worker runs sync leased handlers: ``"thread"`` (its slots' threads) or
+    ``"process"`` (each slot's own child process: a hard ``timeout`` that stops it, crashes
+    contained, ``max_tasks_per_child`` and ``max_memory_per_child``; see
+    ``pgqueue.worker.processes``). Async handlers and atomic tasks run in the worker either way."""
+    max_tasks_per_child: int | None = None
+    """Under ``pool="process"``: a child is replaced after this many attempts (None: never)."""
+    max_memory_per_child: int | None = None
+    """Under ``pool="process"``: a child is replaced after the attempt that brought its resident
+    memory to this many MB (None: never)."""
     history: str = "in_place"
     """Where finished jobs are kept: ``"in_place"`` (in ``pgqueue_jobs`` until pruned) or
     ``"partitioned"``: the maintenance leader moves them, ``history_move_after`` seconds after
@@ -304,6 +317,16 @@ class Settings:
             raise ConfigurationError(
                 f"history must be one of {', '.join(HISTORY_LAYOUTS)}, got {self.history!r}"
             )
+        if self.pool not in POOLS:
+            raise ConfigurationError(f"pool must be one of {', '.join(POOLS)}, got {self.pool!r}")
+        for name in ("max_tasks_per_child", "max_memory_per_child"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value <= 0
+            ):
+                raise ConfigurationError(
+                    f"{name} must be a positive integer (or unset), got {value!r}"
+                )
         if self.pooler not in POOLER_MODES:
             raise ConfigurationError(
                 f"pooler must be one of {', '.join(POOLER_MODES)}, got {self.pooler!r}"

@@ -42,6 +42,12 @@ class Retry(Exception):
         self.reason = reason
 
 
+class SoftTimeout(Exception):
+    """Raised inside a handler run by the process pool when its task's ``soft_timeout`` passes:
+    the handler may catch it to clean up before its hard ``timeout`` stops its process. Not
+    caught, it fails the attempt like any other exception (retried by the task's policy)."""
+
+
 class Snooze(Exception):
     """Raise from a handler to run the job again ``delay`` seconds (or a ``timedelta``) from now
     without using an attempt: "come back later", not a failure.

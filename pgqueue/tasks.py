@@ -70,7 +70,9 @@ class TaskOptions(TypedDict, total=False):
     backoff policy; exponential with jitter by default), ``atomic`` (run inside the claim
     transaction), ``pass_context`` (first argument is a ``JobContext``), ``lease_seconds``
     (this task's lease instead of the worker's), ``timeout`` (seconds; the attempt fails as
-    retryable when exceeded), ``unique_key`` (a function of the job's arguments returning the
+    retryable when exceeded; in the process pool its process is stopped), ``soft_timeout``
+    (seconds, process pool only: ``SoftTimeout`` is raised inside the handler, before
+    ``timeout``), ``unique_key`` (a function of the job's arguments returning the
     job's unique key, or None), ``concurrency_key`` (a function of the job's arguments
     returning its concurrency key, or a fixed key) and ``key_limit`` (at most this many jobs
     with one key run at once, across all workers).
@@ -84,6 +86,7 @@ class TaskOptions(TypedDict, total=False):
     pass_context: bool
     lease_seconds: float | None
     timeout: float | None
+    soft_timeout: float | None
     unique_key: Callable[..., str | None] | None
     concurrency_key: Callable[..., str] | str | None
     key_limit: int | None
@@ -137,6 +140,7 @@ class Task(Generic[P, R]):
         pass_context: bool = False,
         lease_seconds: float | None = None,
         timeout: float | None = None,
+        soft_timeout: float | None = None,
         unique_key: Callable[..., str | None] | None = None,
         concurrency_key: Callable[..., str] | str | None = None,
         key_limit: int | None = None,
@@ -158,6 +162,14 @@ class Task(Generic[P, R]):
         if timeout is not None:
             validation.positive_seconds(timeout, "timeout")
         self.timeout = timeout
+        if soft_timeout is not None:
+            validation.positive_seconds(soft_timeout, "soft_timeout")
+            if timeout is not None and soft_timeout >= timeout:
+                raise ValidationError(
+                    f"soft_timeout ({soft_timeout}) must be shorter than timeout ({timeout}): "
+                    "it warns the handler before its process is stopped"
+                )
+        self.soft_timeout = soft_timeout
         self.unique_key_fn = unique_key
         if concurrency_key is not None and not callable(concurrency_key):
             concurrency_key = validation.concurrency_key(concurrency_key)

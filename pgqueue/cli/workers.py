@@ -56,6 +56,19 @@ SETTING_FLAGS: dict[str, tuple[click.ParamType[Any, Any], str]] = {
         click.FloatRange(min=0),
         "Seconds a stopping worker waits for running jobs before releasing them",
     ),
+    "pool": (
+        click.Choice(["thread", "process"]),
+        "Where sync handlers run: the slots' threads, or a child process per slot (hard "
+        "timeouts, crashes contained, children recycled)",
+    ),
+    "max_tasks_per_child": (
+        click.IntRange(min=1),
+        "With --pool process: replace a child after this many jobs",
+    ),
+    "max_memory_per_child": (
+        click.IntRange(min=1),
+        "With --pool process: replace a child after the job that brought it to this many MB",
+    ),
     "metrics_port": (click.IntRange(1, 65535), "Serve Prometheus /metrics on this port"),
     "metrics_address": (
         click.STRING,
@@ -113,6 +126,9 @@ def worker_options(function: Any) -> Any:
         setting_option("poll_interval"),
         setting_option("lease_seconds"),
         setting_option("shutdown_timeout"),
+        setting_option("pool"),
+        setting_option("max_tasks_per_child", metavar="N"),
+        setting_option("max_memory_per_child", metavar="MB"),
         click.option("--drain", is_flag=True, help="Exit when no job is ready."),
         click.option(
             "--wait-for-database",

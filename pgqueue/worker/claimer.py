@@ -154,6 +154,9 @@ class Claimer:
         self._slots = slots
         self._registry = registry
         self._executor = executor
+        # What runs a leased attempt's handler on a pool thread: the executor, or the process
+        # pool's (``worker.processes``), which hands sync handlers to the thread's child.
+        self.run_handler: Callable[[Execution], Outcome] = executor.run_leased
         self._stats = stats
         self._worker_id = settings.worker_id
         self._queues = settings.queues
@@ -354,7 +357,7 @@ class Claimer:
         """Run a claimed leased attempt on a pool thread, then each waiting attempt its slot
         passes to; True when the thread must retire."""
         slots = self._slots
-        run = self._executor.run_leased
+        run = self.run_handler
         put_outcome = self._put_outcome
         wake = self._wake
         while True:

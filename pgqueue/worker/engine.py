@@ -29,6 +29,7 @@ service that reaches the database names the few calls it makes in a protocol of 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import signal
@@ -38,6 +39,9 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
 from pgqueue import config, metrics, validation
 from pgqueue.errors import ValidationError, pgqueue_logger
@@ -53,6 +57,7 @@ from pgqueue.worker.gauges import Gauges
 from pgqueue.worker.heartbeat import Heartbeat
 from pgqueue.worker.maintenance import Maintenance
 from pgqueue.worker.notifier import Notifier
+from pgqueue.worker.processes import ChildSetup, ProcessPool
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport, WorkerStats
@@ -72,7 +77,8 @@ class Worker:
     another thread or a signal ends it gracefully.
 
     ``concurrency``, ``listen``, ``poll_interval``, ``lease_seconds``, ``shutdown_timeout``,
-    ``metrics_port``, ``metrics_address`` and ``prefetch`` override the queue's settings of the
+    ``metrics_port``, ``metrics_address``, ``prefetch``, ``pool``, ``max_tasks_per_child`` and
+    ``max_memory_per_child`` override the queue's settings of the
     same name (None: the setting; ``Settings.overridden``). ``metrics_port=0`` records metrics
     without serving them (a supervisor's child, or a host app that mounted
     ``pgqueue.metrics.registry()``, which also enables recording)."""
@@ -94,6 +100,9 @@ class Worker:
         metrics_port: int | None = None,
         metrics_address: str | None = None,
         prefetch: int | None = None,
+        pool: str | None = None,
+        max_tasks_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
     ) -> None:
         given = WorkerContext.of(pgq)
         settings = given.settings.overridden(
@@ -105,6 +114,9 @@ class Worker:
             metrics_port=metrics_port or None,
             metrics_address=metrics_address,
             prefetch=prefetch,
+            pool=pool,
+            max_tasks_per_child=max_tasks_per_child,
+            max_memory_per_child=max_memory_per_child,
         )
         context = self._context = dataclasses.replace(given, settings=settings)
         self.queues = None if queues is None else [validation.queue_name(q) for q in queues]
@@ -212,6 +224,26 @@ class Worker:
             metrics=self.metrics,
             deadline_at=lambda deadline: self._heartbeat.deadline_at(deadline),
         )
+        self.processes: ProcessPool | None = None
+        if context.settings.pool == "process":
+            self.processes = ProcessPool(
+                setup=ChildSetup(
+                    registry=context.registry,
+                    make_executor=lambda settle: Executor(
+                        context.registry,
+                        context.settings,
+                        context.session_factory,
+                        _no_event_loop,
+                        settle_by_handler=settle,
+                    ),
+                    engines=lambda: [context.engine, _bind_of(context.session_factory)],
+                ),
+                executor=self.executor,
+                settle_by_handler=self._slots.settle_by_handler,
+                max_tasks_per_child=context.settings.max_tasks_per_child,
+                max_memory_per_child=context.settings.max_memory_per_child,
+            )
+            self._claimer.run_handler = self.processes.run_leased
         self._dispatcher = Dispatcher(self.concurrency, work, self._claimer.run_leased)
         self._heartbeat = Heartbeat(
             store=self.store,
@@ -311,6 +343,8 @@ class Worker:
         return not self._slots.busy() and not self._completer.pending()
 
     def _start_threads(self) -> None:
+        if self.processes is not None:
+            self.processes.start()  # forked while this process has no thread of the worker's
         threads = self._threads
         threads.extend(self._dispatcher.start())
         threads.append(start_daemon(self._completer.run, "pgqueue-completer"))
@@ -357,6 +391,8 @@ class Worker:
         self.registry.unregister()
         self._dispatcher.stop()
         self._async_loop.stop()
+        if self.processes is not None:
+            self.processes.close()
 
     def _install_signal_handlers(self) -> None:
         def handle(signum: int, frame: FrameType | None) -> None:
@@ -411,3 +447,18 @@ def _successes_note(settings: config.Settings) -> str:
         else "logged at DEBUG"
     )
     return f"; successes are {counted} (PGQUEUE_LOG_SUCCESSES=true logs each)"
+
+
+def _no_event_loop() -> asyncio.AbstractEventLoop:
+    raise RuntimeError("async handlers run on the worker's event loop, never in a child process")
+
+
+def _bind_of(session_factory: Callable[[], Session]) -> Engine:
+    """The engine behind the handlers' sessions (a child drops its inherited connections)."""
+    session = session_factory()
+    try:
+        bind = session.get_bind()
+    finally:
+        session.close()
+    assert isinstance(bind, Engine)
+    return bind

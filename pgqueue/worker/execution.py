@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,9 @@ class Execution:
     # (or the worker exits). Until then the job stays held, leased and heartbeated by this
     # worker, so its retry cannot start beside the thread and its key and queue limits count it.
     timeout_outcome: Outcome | None = None
+    # Set when its handler runs in a child process (``worker.processes``): stops that child
+    # (the heartbeat calls it at the timeout), and the pool thread then writes the failure.
+    stop_process: Callable[[], None] | None = None
     # Decided by its handler's thread before it committed the context session's writes
     # (``Slots.settle_by_handler``): the timeout check then leaves it alone.
     settled: bool = False

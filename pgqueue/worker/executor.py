@@ -388,6 +388,10 @@ class Executor:
         outcome.progress = execution.unwritten_progress()
         return outcome
 
+    def failed_attempt(self, job: ClaimedJob, error: str) -> Outcome:
+        """A failed attempt with ``error``, retried or failed for good by the task's policy."""
+        return self._after_failure(job, error)
+
     def lost_attempt(self, job: ClaimedJob, exc: BaseException) -> Outcome:
         """The failed attempt that replaces an atomic attempt whose transaction was lost
         (``exc``: the error that ended it, ``AtomicTransactionLost`` when the handler's session

@@ -130,7 +130,9 @@ class Heartbeat:
                     execution.timeout,
                     hung,
                 )
-            if outcome is None:
+            if outcome is None and execution.stop_process is not None:
+                execution.stop_process()
+            elif outcome is None:
                 # The handler may watch ``ctx.cancel_requested`` and stop early.
                 execution.cancel_event().set()
             else:

@@ -149,7 +149,11 @@ class Slots:
         run on the calling thread)."""
         following: Execution | None = None
         with self._lock:
-            write: bool | Outcome = not execution.decided or execution.settled
+            write: bool | Outcome = (
+                not execution.decided
+                or execution.settled
+                or (execution.timed_out and execution.stop_process is not None)
+            )
             if execution.timeout_outcome is not None:
                 write, execution.timeout_outcome = execution.timeout_outcome, None
             execution.decided = True
@@ -284,6 +288,10 @@ class Slots:
             for execution in overdue:
                 execution.decided = True
                 execution.timed_out = True
+                if execution.stop_process is not None:
+                    # Its child is stopped: its pool thread writes the failure once it is gone.
+                    decided.append((execution, None))
+                    continue
                 outcome = timed_out(execution)
                 if execution.async_future is None:
                     execution.timeout_outcome = outcome
