@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -22,9 +23,11 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from support.locks import lock_waiters
 from support.processes import pgqueue_command, pgqueue_env, run_pgqueue
+from support.workers import in_thread
 
 from pgqueue import JobContext, JobState, PgQueue, QueueFull, Settings, Snooze, migrations
-from pgqueue.testing import ConcurrencyProbe, states_of
+from pgqueue.testing import ConcurrencyProbe, states_of, wait_for_states
+from pgqueue.worker import Worker
 
 if TYPE_CHECKING:
     from conftest import App
@@ -364,3 +367,37 @@ def test_pgqueue_migrate_swaps_indexes_online_through_pgbouncer(app: App, bounce
             "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
         ).fetchone()
     assert row == ("0", "0")
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_timeouts_end_attempts_through_pgbouncer_in_transaction_mode(
+    bouncer: URL, pool: str
+) -> None:
+    """Through the pooler an atomic task's timeout ends its transaction on the server (the
+    session behind the pooler is the one terminated), and a leased one's attempt ends at its
+    deadline, its writes rolled back; in the process pool its child is stopped."""
+    pgq = PgQueue(bouncer, settings=Settings(pooler="transaction", poll_interval=0.1))
+    release = threading.Event()
+
+    @pgq.task(name=f"pooltimeout.atomic_{pool}", atomic=True, timeout=1.0, max_attempts=1)
+    def atomic_sleeps() -> None:
+        release.wait(10)
+
+    @pgq.task(name=f"pooltimeout.leased_{pool}", timeout=1.0, max_attempts=1, pass_context=True)
+    def leased_sleeps(ctx: JobContext) -> None:
+        ctx.session.execute(text("SELECT 1"))
+        while not ctx.cancel_requested and not release.is_set():
+            time.sleep(0.01)
+
+    ids = [atomic_sleeps.enqueue(), leased_sleeps.enqueue()]
+    try:
+        with in_thread(Worker(pgq, concurrency=2, pool=pool), before_stop=release.set):
+            final = wait_for_states(pgq, ids, timeout=30)
+        assert final == dict.fromkeys(ids, JobState.FAILED)
+        for job_id in ids:
+            job = pgq.get_job(job_id)
+            assert job.started_at is not None and job.finished_at is not None
+            assert (job.finished_at - job.started_at).total_seconds() < 2.5
+            assert "JobTimeout" in (job.last_error or ""), job.last_error
+    finally:
+        pgq.dispose()

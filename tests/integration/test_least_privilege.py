@@ -34,6 +34,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import types
 from collections.abc import Iterator
@@ -797,3 +798,29 @@ def test_the_default_layout_never_reads_the_history_table(database_url: URL, app
     finally:
         pgq.dispose()
         admin.dispose()
+
+
+def test_an_atomic_timeout_ends_the_roles_own_session_with_dml_rights_only(
+    database_url: URL, app_role: str
+) -> None:
+    """Ending a timed-out atomic attempt's transaction terminates the role's own backend, which
+    PostgreSQL allows any role: no pg_signal_backend membership needed."""
+    pgq = PgQueue(
+        as_role(database_url, app_role).render_as_string(hide_password=False),
+        settings=Settings(poll_interval=0.1),
+    )
+    release = threading.Event()
+
+    @pgq.task(name="lp.atomic_sleeps", atomic=True, timeout=1.0, max_attempts=1)
+    def atomic_sleeps() -> None:
+        release.wait(10)
+
+    job_id = atomic_sleeps.enqueue()
+    try:
+        with in_thread(Worker(pgq, concurrency=1), before_stop=release.set):
+            assert wait_for_states(pgq, [job_id], timeout=30) == {job_id: JobState.FAILED}
+            assert not release.is_set()  # failed while its handler still ran
+        job = pgq.get_job(job_id)
+        assert "JobTimeout" in (job.last_error or ""), job.last_error
+    finally:
+        pgq.dispose()
