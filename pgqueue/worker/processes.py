@@ -223,13 +223,13 @@ class ChildSetup:
 
 
 class _ChildLink:
-    """The child's end of its connection: answers come back to the main thread; a cancel sets
-    the running attempt's event at once (a reader thread); sends are serialized."""
+    """The child's end of its connection. Only the child's main thread reads it (an attempt,
+    then the answer to its own question, if any); a cancel request comes as SIGUSR1, which
+    sets the running attempt's event between two bytecodes; sends are serialized (a handler
+    may report progress from threads of its own)."""
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
-        self.jobs: queue.Queue[tuple[ClaimedJob, float | None] | None] = queue.Queue()
-        self.answers: queue.Queue[bool] = queue.Queue()
         self.cancel = threading.Event()
         self._send_lock = threading.Lock()
 
@@ -237,21 +237,23 @@ class _ChildLink:
         with self._send_lock:
             self.connection.send(message)
 
-    def read(self) -> None:
-        while True:
-            try:
-                message = self.connection.recv()
-            except (EOFError, OSError):
-                os._exit(0)  # the worker is gone: so is this child's purpose
-            kind = message[0]
-            if kind == "job":
-                self.jobs.put((message[1], message[2]))
-            elif kind == "cancel":
-                self.cancel.set()
-            elif kind == "settled":
-                self.answers.put(message[1])
-            else:  # "exit"
-                self.jobs.put(None)
+    def next_job(self) -> tuple[ClaimedJob, float | None] | None:
+        """The next attempt to run (None: exit)."""
+        try:
+            message = self.connection.recv()
+        except (EOFError, OSError):
+            return None  # the worker is gone: so is this child's purpose
+        if message[0] != "job":
+            return None
+        return message[1], message[2]
+
+    def ask_settled(self) -> bool:
+        self.send(("settle",))
+        try:
+            answer: bool = self.connection.recv()[1]
+        except (EOFError, OSError):
+            return False
+        return answer
 
 
 class _ChildExecution(Execution):
@@ -272,27 +274,19 @@ def _raise_soft_timeout(signum: int, frame: FrameType | None) -> None:
     raise SoftTimeout("the task's soft_timeout passed")
 
 
-def child_main(setup: ChildSetup, end: socket.socket) -> None:
-    """A child's life: run each attempt the worker sends, answer with its outcome and this
-    process's resident memory; end when told, or when the worker's end closes."""
+def child_main(setup: ChildSetup, end: socket.socket, measure_memory: bool) -> None:
+    """A child's life: run each attempt the worker sends, answer with its outcome (and this
+    process's resident memory when a cap applies); end when told, or when the worker's end
+    closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the worker decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGALRM, _raise_soft_timeout)
     for engine in setup.engines():
         engine.dispose(close=False)  # the worker's connections are the worker's
     link = _ChildLink(Connection(end.detach()))
-    threading.Thread(target=link.read, name="pgqueue-child-link", daemon=True).start()
-
-    def settle(execution: Execution) -> bool:
-        # May the returned handler commit its ctx.session? Only if its timeout did not end it.
-        link.send(("settle",))
-        return link.answers.get()
-
-    executor = setup.make_executor(settle)
-    while True:
-        item = link.jobs.get()
-        if item is None:
-            return
+    signal.signal(signal.SIGUSR1, lambda signum, frame: link.cancel.set())
+    executor = setup.make_executor(lambda execution: link.ask_settled())
+    while (item := link.next_job()) is not None:
         job, soft_timeout = item
         link.cancel.clear()
         execution = _ChildExecution(job, link)
@@ -301,8 +295,9 @@ def child_main(setup: ChildSetup, end: socket.socket) -> None:
         try:
             outcome = executor.run_leased(execution)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        link.send(("done", outcome, resident_megabytes()))
+            if soft_timeout is not None:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        link.send(("done", outcome, resident_megabytes() if measure_memory else 0.0))
 
 
 # -- the worker's side -----------------------------------------------------------------------
@@ -346,7 +341,8 @@ class ProcessPool:
     def start(self) -> None:
         """Fork the fork server: call before the worker's threads start."""
         setup = self._setup
-        self._server = ForkServer(lambda end: child_main(setup, end))
+        measure = self._max_megabytes is not None
+        self._server = ForkServer(lambda end: child_main(setup, end, measure))
 
     def close(self) -> None:
         """Stop every child (one still running an attempt has had its job released or its
@@ -432,7 +428,8 @@ class ProcessPool:
             while True:
                 if not connection.poll(CANCEL_LOOK_INTERVAL):
                     if execution.cancelled and not cancel_sent:
-                        connection.send(("cancel",))
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(child.pid, signal.SIGUSR1)
                         cancel_sent = True
                     continue
                 message = connection.recv()
