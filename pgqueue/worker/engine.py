@@ -319,10 +319,11 @@ class Worker:
             self.metrics.untrack_tasks(tasks)
             raise
         log.info(
-            "worker %s started: queues=%s concurrency=%d listen=%s%s",
+            "worker %s started: queues=%s concurrency=%d pool=%s listen=%s%s",
             self.worker_id,
             ",".join(self.queues) if self.queues else "*",
             self.concurrency,
+            self._context.settings.pool,
             self.listen,
             _successes_note(self._context.settings),
         )

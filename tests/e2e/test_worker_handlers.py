@@ -1,8 +1,10 @@
-"""Per-job timeouts, ``async def`` handlers, and the outcome log lines of a worker process."""
+"""Per-job timeouts, ``async def`` handlers, the process pool, and the outcome log lines of a
+worker process."""
 
 from __future__ import annotations
 
 import signal
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,6 +30,39 @@ def test_timeouts_are_retryable_failures_and_the_worker_keeps_going(app: App) ->
     done = app.wait_final(healthy, timeout=10)
     assert {j.state for j in done.values()} == {"succeeded"}
     assert worker.popen.poll() is None
+
+
+def test_a_process_pool_group_stops_timed_out_children_contains_crashes_and_recycles(
+    app: App,
+) -> None:
+    """``pgqueue worker --processes 2 --pool process``: each worker process's slots run sync
+    handlers in children; a timed-out one is stopped before it writes again, one that exits
+    fails only its own attempts, and children are replaced after ``--max-tasks-per-child``."""
+    stuck = app.module.slow_sync.enqueue_many([{}] * 2)
+    [dies] = app.module.die.enqueue_many([{}])
+    healthy = app.module.record.enqueue_many([{}] * 12)
+    started = time.monotonic()
+    group = app.start_worker(
+        "--processes", "2", "--concurrency", "2", "--pool", "process", "--max-tasks-per-child", "3"
+    )
+    jobs = app.wait_final([*stuck, dies, *healthy], timeout=60)
+    for job_id in stuck:
+        assert (jobs[job_id].state, jobs[job_id].attempts) == ("failed", 1)
+        assert "SIGTERM" in jobs[job_id].last_error
+    assert (jobs[dies].state, jobs[dies].attempts) == ("failed", 3)  # max_attempts=3
+    assert "ChildProcessDied" in jobs[dies].last_error
+    assert "exited with code 1" in jobs[dies].last_error
+    assert {jobs[job_id].state for job_id in healthy} == {"succeeded"}
+    workers = set(app.children_of(group.pid))
+    pids = {row.pid for row in app.ledger("done")}
+    # Run in children of the worker processes, never in a worker process itself; at most three
+    # jobs (and a crash's attempts) per child.
+    assert not pids & workers and len(pids) >= 4
+    # Past when the stuck handlers would have marked their return, had they lived on.
+    time.sleep(max(started + 4.5 - time.monotonic(), 0))
+    assert app.ledger("after deadline") == []
+    group.signal(signal.SIGTERM)
+    assert group.wait(30) == 0
 
 
 def test_async_handlers_share_the_workers_event_loop(app: App) -> None:

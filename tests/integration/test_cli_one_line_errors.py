@@ -393,7 +393,7 @@ def test_flask_worker_logs_like_the_core_worker(shop: Path, database_url: URL) -
     core_lines, hosted_lines = lines(core.stderr), lines(hosted.stderr)
     assert core_lines == hosted_lines, (core.stderr, hosted.stderr)
     assert core_lines[0].startswith("INFO pgqueue.worker: worker "), core_lines
-    assert " started: queues=* concurrency=N listen=True" in core_lines[0], core_lines
+    assert " started: queues=* concurrency=N pool=thread listen=True" in core_lines[0], core_lines
     assert core_lines[0].endswith(
         "; successes are counted in one line every Ns (PGQUEUE_LOG_SUCCESSES=true logs each)"
     ), core_lines
