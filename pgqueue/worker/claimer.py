@@ -36,7 +36,7 @@ from pgqueue.tasks import TaskRegistry
 from pgqueue.worker.atomic import AtomicClaims
 from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.execution import Execution
-from pgqueue.worker.executor import Executor
+from pgqueue.worker.executor import CANCELLED_WHILE_RUNNING, Executor
 from pgqueue.worker.notifier import wall_to_monotonic
 from pgqueue.worker.patience import Pauses
 from pgqueue.worker.prefetch import Pace
@@ -366,6 +366,10 @@ class Claimer:
             outcome = run(execution)
             write, room, following = slots.handler_returned(execution)
             if isinstance(write, Outcome):
+                # The failed attempt its timeout decided, written now that its thread returned:
+                # unless a cancel was asked for meanwhile, which ends the job instead.
+                if execution.cancelled:
+                    write = Outcome.cancelled(execution.job, CANCELLED_WHILE_RUNNING)
                 put_outcome((execution, write))
             elif write:
                 put_outcome((execution, outcome))

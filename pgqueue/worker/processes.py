@@ -48,7 +48,7 @@ from pgqueue.errors import pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome, Progress
 from pgqueue.tasks import TaskRegistry
 from pgqueue.worker.execution import Execution
-from pgqueue.worker.executor import Executor
+from pgqueue.worker.executor import CANCELLED_WHILE_RUNNING, Executor
 
 log = pgqueue_logger("pgqueue.worker")
 
@@ -452,6 +452,8 @@ class ProcessPool:
         status = self._server.exit_status(child.pid)
         how = "ended" if status is None else exit_description(status)
         job = execution.job
+        if execution.cancelled:
+            return Outcome.cancelled(job, CANCELLED_WHILE_RUNNING)
         if execution.timed_out:
             error = (
                 f"JobTimeout: still running after the task's timeout of {execution.timeout}s; "

@@ -179,3 +179,28 @@ def test_neither_the_retry_nor_another_job_of_its_key_runs_beside_a_timed_out_th
     assert sorted(written) == sorted([(hung, 2), (other, 1)])
     job = pgq.get_job(hung)
     assert job.attempts == 2 and "JobTimeout" in job.errors[0]["error"]
+
+
+def test_a_cancel_asked_while_a_timed_out_thread_runs_on_ends_the_job_instead_of_its_retry(
+    pgq: PgQueue,
+) -> None:
+    release = threading.Event()
+    told = threading.Event()
+
+    @pgq.task(name="timeouts.cancelled_while_held", timeout=TIMEOUT, max_attempts=3)
+    def deaf() -> None:
+        told.set()
+        release.wait(30)
+
+    # Heartbeats every 0.2 s: the cancel request reaches the worker soon.
+    worker = Worker(pgq, concurrency=1, lease_seconds=0.6)
+    with in_thread(worker, before_stop=release.set):
+        job_id = deaf.enqueue()
+        assert told.wait(30)
+        wait_until(lambda: worker._slots.lookup([job_id])[job_id].timed_out, 30, "its timeout")
+        assert pgq.admin.cancel_job(job_id)
+        wait_until(lambda: worker._slots.lookup([job_id])[job_id].cancelled, 30, "the cancel")
+        release.set()
+        final = wait_for_states(pgq, [job_id], timeout=30)
+    assert final == {job_id: JobState.CANCELLED}
+    assert pgq.get_job(job_id).attempts == 1
