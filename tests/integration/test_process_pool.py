@@ -7,8 +7,8 @@
 - A child that segfaults, calls ``os._exit`` or grows past ``max_memory_per_child`` costs only
   its own job: the worker goes on with a new child.
 - ``max_tasks_per_child`` recycles children.
-- Inside a child a handler has what it has in a thread: its context (progress, steps, session),
-  its result.
+- Inside a child a handler has what it has in a thread: its context (progress, steps, session,
+  snooze, durable sleep), its result, its run's span in the enqueuing trace.
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from sqlalchemy import Engine, text
+from sqlalchemy.engine import URL
 from support.polling import wait_until
+from support.tracing_spans import child_spans, read_child_spans
 from support.workers import in_thread
 
 from pgqueue import JobContext, JobState, PgQueue, Snooze, SoftTimeout, backoff
@@ -236,3 +239,32 @@ def test_snooze_and_a_durable_sleep_suspend_a_job_run_in_a_child(
             text("SELECT name FROM pgqueue_job_steps WHERE job_id = :id"), {"id": job_id}
         ).scalars()
         assert list(steps) == ["pgqueue:sleep:1"]
+
+
+def test_a_run_in_a_child_is_traced_as_a_child_of_its_enqueue(
+    database_url: URL, settings: Settings, tmp_path: Path
+) -> None:
+    pgq = PgQueue(
+        database_url.render_as_string(hide_password=False), settings=settings.replace(tracing=True)
+    )
+    tracer = trace.get_tracer("tests.process_pool")
+
+    @pgq.task(name="pool.traced")
+    def traced() -> None:
+        with tracer.start_as_current_span("inside the handler"):
+            pass
+
+    try:
+        with child_spans(tmp_path / "spans.jsonl") as path:
+            with tracer.start_as_current_span("request") as request:
+                job_id = traced.enqueue()
+            with in_thread(_process_worker(pgq, concurrency=1)):
+                assert wait_for_states(pgq, [job_id], timeout=30) == {job_id: JobState.SUCCEEDED}
+            spans = {span["name"]: span for span in read_child_spans(path)}
+    finally:
+        pgq.dispose()
+    run, inside = spans["pgqueue run pool.traced"], spans["inside the handler"]
+    trace_id = f"0x{request.get_span_context().trace_id:032x}"
+    assert run["context"]["trace_id"] == inside["context"]["trace_id"] == trace_id
+    assert inside["parent_id"] == run["context"]["span_id"]
+    assert run["attributes"]["messaging.message.id"] == str(job_id)
