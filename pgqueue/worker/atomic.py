@@ -27,6 +27,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy.orm import Session
@@ -102,6 +103,72 @@ class AtomicTimeout(Exception):
     """The attempt's deadline passed before its transaction could commit."""
 
 
+@dataclass(frozen=True, slots=True)
+class AtomicRun:
+    """What an atomic attempt's transaction came to (sent back by a process-pool child):
+    whether it locked the job's row, the outcome it wrote, and, when the transaction failed,
+    the failed attempt to write apart and the failure in one line."""
+
+    locked: bool
+    outcome: Outcome | None = None
+    lost: Outcome | None = None
+    failure: str | None = None
+
+
+def run_transaction(
+    session: Session,
+    executor: Executor,
+    job: ClaimedJob,
+    on_locked: Callable[[int], None],
+    may_commit: Callable[[], bool],
+) -> AtomicRun:
+    """Run atomic ``job`` in a transaction of ``session`` that locks its row, runs the
+    handler and writes its outcome, then commits if ``may_commit()`` (its deadline did not
+    pass first). ``on_locked`` gets the transaction's server process id once the row is held."""
+    locked = False
+    outcome: Outcome | None = None
+    try:
+        with session.begin():
+            ex = executor_for(session)
+            locked = atomic_runs_data.lock_claimed(ex, job)
+            if not locked:
+                return AtomicRun(False)  # its lease was lost: another worker owns the job
+            on_locked(schema_data.backend_pid(ex))
+            outcome = executor.run_atomic(session, job, threading.Event())
+            if not may_commit():
+                raise AtomicTimeout(f"job {job.id}: past its timeout")
+    except Exception as exc:
+        lost = executor.lost_attempt(job, exc) if locked else None
+        return AtomicRun(locked, None, lost, error_line(exc))
+    finally:
+        session.close()
+    return AtomicRun(True, outcome)
+
+
+class ChildRunner(Protocol):
+    """Runs an atomic attempt's transaction in this pool thread's child process
+    (``worker.processes.ProcessPool``)."""
+
+    def runs_in_child(self, task_name: str) -> bool:
+        """Whether attempts of ``task_name`` run in a child."""
+        ...
+
+    def ended(self, job: ClaimedJob) -> tuple[Outcome, str]:
+        """The failed attempt of ``job`` whose child ended while running it, and why."""
+        ...
+
+    def run_atomic(
+        self,
+        job: ClaimedJob,
+        on_locked: Callable[[int], None],
+        may_commit: Callable[[], bool],
+        on_start: Callable[[Callable[[], None]], None],
+    ) -> AtomicRun | None:
+        """``run_transaction`` in the child; ``on_start`` gets what stops the child; None when
+        the child ended before answering."""
+        ...
+
+
 class AtomicClaims:
     """Claims atomic jobs for the claim loop and runs each in a slot of its own; keeps whether
     looking is worth a statement (its own lock)."""
@@ -120,6 +187,8 @@ class AtomicClaims:
         queues: Sequence[str] | None,
         lease_seconds: float,
     ) -> None:
+        # The process pool, when the worker has one: sync handlers' transactions run there.
+        self.children: ChildRunner | None = None
         self._slots = slots
         self._executor = executor
         self._store = store
@@ -209,59 +278,70 @@ class AtomicClaims:
 
     def _run(self, job: ClaimedJob) -> None:
         started = time.monotonic()
-        outcome: Outcome | None = None
-        failure: Exception | None = None
-        locked = False
-        deadline: Deadline | None = None
         task = self._executor.registry.find(job.task_name)
         timeout = None if task is None else task.timeout
-        session = self._session_factory()
+        deadline: Deadline | None = None
+        pid: list[int] = []  # the transaction's server process, once its row is locked
+        stop_child: list[Callable[[], None]] = []
+
+        def expire() -> None:
+            for stop in stop_child:
+                stop()
+            self._time_out(job, timeout or 0.0, pid[0] if pid else None)
+
+        def on_locked(backend: int) -> None:
+            nonlocal deadline
+            pid.append(backend)
+            if timeout is not None and not stop_child:
+                deadline = Deadline(max(timeout - (time.monotonic() - started), 0.0), expire)
+
+        def may_commit() -> bool:
+            return deadline is None or deadline.finish()
+
+        self._slots.atomic_running(job.queue, +1)
         try:
-            with session.begin():
-                ex = executor_for(session)
-                locked = atomic_runs_data.lock_claimed(ex, job)
-                if not locked:
-                    return  # its lease was lost: the job was rescued, another worker owns it
-                if timeout is not None:
-                    pid = schema_data.backend_pid(ex)
-                    deadline = Deadline(
-                        max(timeout - (time.monotonic() - started), 0.0),
-                        functools.partial(self._time_out, job, timeout, pid),
-                    )
-                self._slots.atomic_running(job.queue, +1)
-                try:
-                    outcome = self._executor.run_atomic(session, job, threading.Event())
-                finally:
-                    self._slots.atomic_running(job.queue, -1)
-                if deadline is not None and not deadline.finish():
-                    raise AtomicTimeout(f"job {job.id}: past its timeout of {timeout}s")
-        except Exception as exc:
-            failure = exc
+            children = self.children
+            if children is not None and children.runs_in_child(job.task_name):
+
+                def on_start(stop: Callable[[], None]) -> None:
+                    nonlocal deadline
+                    stop_child.append(stop)
+                    if timeout is not None:
+                        left = max(timeout - (time.monotonic() - started), 0.0)
+                        deadline = Deadline(left, expire)
+
+                run = children.run_atomic(job, on_locked, may_commit, on_start)
+                if run is None:  # the child ended first
+                    if deadline is not None and not deadline.finish():
+                        return  # ``expire`` stopped it, ended the transaction, wrote the failure
+                    run = AtomicRun(True, None, *children.ended(job))
+            else:
+                run = run_transaction(
+                    self._session_factory(), self._executor, job, on_locked, may_commit
+                )
         finally:
-            session.close()
+            self._slots.atomic_running(job.queue, -1)
         if deadline is not None and deadline.expired:
-            return  # ``_time_out`` ended the transaction and wrote the failed attempt
-        if not locked:
-            if failure is not None:
+            return  # ``expire`` ended the transaction and wrote the failed attempt
+        if not run.locked:
+            if run.failure is not None:
                 # The handler never started: the job goes back to its queue unrun.
                 log.error(
-                    "job %s (%s): could not be started: %s",
-                    job.id,
-                    job.task_name,
-                    error_line(failure),
+                    "job %s (%s): could not be started: %s", job.id, job.task_name, run.failure
                 )
                 self._give_back(job)
             return
-        self._settle(job, outcome, failure, time.monotonic() - started)
+        self._settle(job, run, time.monotonic() - started)
 
-    def _time_out(self, job: ClaimedJob, timeout: float, pid: int) -> None:
+    def _time_out(self, job: ClaimedJob, timeout: float, pid: int | None) -> None:
         """At an atomic attempt's deadline (on the timer's thread): end its transaction on the
         server, which rolls back the handler's writes whatever the handler does next, and write
         the failed attempt, retried or failed for good like any other. The handler's thread
         runs on until it returns, holding its slot, with a session that can no longer write."""
         outcome = self._executor.timed_out(Execution(job, 0.0, timeout, 0.0))
         try:
-            self._store.end_session(pid)
+            if pid is not None:
+                self._store.end_session(pid)
             # Waits for the row lock the ended transaction held: it is gone within moments.
             lost = self._store.record_outcomes([outcome])
         except Exception as exc:
@@ -290,17 +370,16 @@ class AtomicClaims:
                 error_line(exc),
             )
 
-    def _settle(
-        self, job: ClaimedJob, outcome: Outcome | None, failure: Exception | None, took: float
-    ) -> None:
+    def _settle(self, job: ClaimedJob, run: AtomicRun, took: float) -> None:
         """Report the attempt, or, when its transaction failed or was ended by the handler's
-        session, write it as a failed attempt in a transaction of its own, like a leased
-        outcome: its claim committed, so the job is RUNNING under its lease until then."""
-        if failure is None:
-            if outcome is not None:
-                self._report.written(outcome, took, job)
+        session (or its child died), write it as a failed attempt in a transaction of its own,
+        like a leased outcome: its claim committed, so the job is RUNNING under its lease until
+        then."""
+        lost = run.lost
+        if lost is None:
+            if run.outcome is not None:
+                self._report.written(run.outcome, took, job)
             return
-        lost = self._executor.lost_attempt(job, failure)
         try:
             if job.id in self._store.record_outcomes([lost]):
                 return  # the lease was lost: another worker owns the job
@@ -311,7 +390,7 @@ class AtomicClaims:
                 job.id,
                 job.task_name,
                 job.attempt,
-                error_line(failure),
+                run.failure,
                 error_line(exc),
             )
             return

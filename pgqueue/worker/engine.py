@@ -236,6 +236,7 @@ class Worker:
                         _no_event_loop,
                         settle_by_handler=settle,
                     ),
+                    session_factory=context.session_factory,
                     engines=lambda: [context.engine, _bind_of(context.session_factory)],
                 ),
                 executor=self.executor,
@@ -244,6 +245,7 @@ class Worker:
                 max_memory_per_child=context.settings.max_memory_per_child,
             )
             self._claimer.run_handler = self.processes.run_leased
+            atomic.children = self.processes
         self._dispatcher = Dispatcher(self.concurrency, work, self._claimer.run_leased)
         self._heartbeat = Heartbeat(
             store=self.store,

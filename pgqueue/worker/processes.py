@@ -42,11 +42,13 @@ from types import FrameType
 from typing import Any, Final
 
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
 from pgqueue.context import SoftTimeout
 from pgqueue.errors import pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome, Progress
 from pgqueue.tasks import TaskRegistry
+from pgqueue.worker.atomic import AtomicRun, run_transaction
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import CANCELLED_WHILE_RUNNING, Executor
 
@@ -219,6 +221,7 @@ class ChildSetup:
 
     registry: TaskRegistry
     make_executor: Callable[[Callable[[Execution], bool]], Executor]
+    session_factory: Callable[[], Session]
     engines: Callable[[], list[Engine]]
 
 
@@ -237,15 +240,15 @@ class _ChildLink:
         with self._send_lock:
             self.connection.send(message)
 
-    def next_job(self) -> tuple[ClaimedJob, float | None] | None:
-        """The next attempt to run (None: exit)."""
+    def next_job(self) -> tuple[str, ClaimedJob, float | None] | None:
+        """The next attempt to run: ``("job" | "atomic", job, soft timeout)`` (None: exit)."""
         try:
             message = self.connection.recv()
         except (EOFError, OSError):
             return None  # the worker is gone: so is this child's purpose
-        if message[0] != "job":
+        if message[0] not in ("job", "atomic"):
             return None
-        return message[1], message[2]
+        return message[0], message[1], message[2]
 
     def ask_settled(self) -> bool:
         self.send(("settle",))
@@ -287,17 +290,25 @@ def child_main(setup: ChildSetup, end: socket.socket, measure_memory: bool) -> N
     signal.signal(signal.SIGUSR1, lambda signum, frame: link.cancel.set())
     executor = setup.make_executor(lambda execution: link.ask_settled())
     while (item := link.next_job()) is not None:
-        job, soft_timeout = item
+        kind, job, soft_timeout = item
         link.cancel.clear()
-        execution = _ChildExecution(job, link)
         if soft_timeout is not None:
             signal.setitimer(signal.ITIMER_REAL, soft_timeout)
         try:
-            outcome = executor.run_leased(execution)
+            if kind == "atomic":
+                done: Outcome | AtomicRun = run_transaction(
+                    setup.session_factory(),
+                    executor,
+                    job,
+                    lambda pid: link.send(("locked", pid)),
+                    link.ask_settled,
+                )
+            else:
+                done = executor.run_leased(_ChildExecution(job, link))
         finally:
             if soft_timeout is not None:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-        link.send(("done", outcome, resident_megabytes() if measure_memory else 0.0))
+        link.send(("done", done, resident_megabytes() if measure_memory else 0.0))
 
 
 # -- the worker's side -----------------------------------------------------------------------
@@ -337,6 +348,8 @@ class ProcessPool:
         self._children: set[_Child] = set()
         self._lock = threading.Lock()
         self.children_started = 0
+        # How the last child that ended while running an attempt ended (per pool thread).
+        self._ended = threading.local()
 
     def start(self) -> None:
         """Fork the fork server: call before the worker's threads start."""
@@ -356,6 +369,48 @@ class ProcessPool:
             self._server.close()
             self._server = None
 
+    def runs_in_child(self, task_name: str) -> bool:
+        task = self._setup.registry.find(task_name)
+        return task is not None and not task.is_async and self._server is not None
+
+    def run_atomic(
+        self,
+        job: ClaimedJob,
+        on_locked: Callable[[int], None],
+        may_commit: Callable[[], bool],
+        on_start: Callable[[Callable[[], None]], None],
+    ) -> AtomicRun | None:
+        """Run atomic ``job``'s transaction in this thread's child (``atomic.run_transaction``
+        there): ``on_locked`` hears its server process id, ``may_commit`` answers whether it may
+        commit; ``on_start`` gets what stops the child. None: the child ended first."""
+        child = self._child()
+        task = self._setup.registry.find(job.task_name)
+        on_start(lambda: _stop(child, signal.SIGKILL))
+        child.busy = True
+        try:
+            done = self._serve(
+                child,
+                ("atomic", job, None if task is None else task.soft_timeout),
+                on_progress=lambda progress: None,
+                on_settle=may_commit,
+                on_locked=on_locked,
+                cancelled=lambda: False,
+            )
+        finally:
+            child.busy = False
+        if not isinstance(done, AtomicRun):
+            self._forget(child)
+            return None
+        self._after_attempt(child)
+        return done
+
+    def ended(self, job: ClaimedJob) -> tuple[Outcome, str]:
+        """The failed attempt of atomic ``job``, whose child ended while running it."""
+        status = self._ended.status
+        error = f"ChildProcessDied: the process running the handler {status}"
+        log.error("job %d (%s): %s", job.id, job.task_name, error)
+        return self._executor.failed_attempt(job, error), error
+
     def run_leased(self, execution: Execution) -> Outcome:
         """Run ``execution`` in this thread's child when its task is a sync one this worker
         knows and it may start; else as the thread pool does (its executor decides)."""
@@ -369,7 +424,6 @@ class ProcessPool:
         ):
             return self._executor.run_leased(execution)
         child = self._child()
-        child.busy = True
         server_pid = self._server.pid
         execution.stop_process = lambda: _stop(
             child, signal.SIGTERM, KILL_GRACE_SECONDS, server_pid
@@ -378,22 +432,36 @@ class ProcessPool:
             # Its deadline passed before its thread got to it: the timeout's outcome is kept
             # (``Slots.take_overdue``), and this one is dropped.
             return Outcome.release(execution.job)
+        child.busy = True
         try:
-            outcome = self._run_in(child, execution, task.soft_timeout)
+            done = self._serve(
+                child,
+                ("job", execution.job, task.soft_timeout),
+                on_progress=execution.report_progress,
+                on_settle=lambda: self._settle_by_handler(execution),
+                on_locked=lambda pid: None,
+                cancelled=lambda: execution.cancelled,
+            )
         finally:
             child.busy = False
+        outcome = done if isinstance(done, Outcome) else None
         if outcome is None or execution.timed_out:
             # Ended, or returned as its timeout stopped it: either way the child goes, and the
             # attempt is the timeout's (or the crash's) failure, written once it is gone.
             self._forget(child)
             if outcome is not None:
                 _stop(child, signal.SIGKILL)
-            return self._ended_with(child, execution)
+                self._ended.status = self._how_it_ended(child)
+            return self._ended_with(execution)
+        self._after_attempt(child)
+        return outcome
+
+    def _after_attempt(self, child: _Child) -> None:
+        """Count an attempt the child finished, and retire the child once worn out."""
         child.attempts += 1
         if self._worn_out(child):
             self._forget(child)
             _stop(child, None)
-        return outcome
 
     def _child(self) -> _Child:
         child: _Child | None = getattr(self._local, "child", None)
@@ -416,18 +484,25 @@ class ProcessPool:
             return True
         return self._max_megabytes is not None and child.megabytes >= self._max_megabytes
 
-    def _run_in(
-        self, child: _Child, execution: Execution, soft_timeout: float | None
-    ) -> Outcome | None:
-        """Send the attempt and serve the child's messages until its outcome (None: the child
-        ended first)."""
+    def _serve(
+        self,
+        child: _Child,
+        request: tuple[Any, ...],
+        *,
+        on_progress: Callable[[Progress], None],
+        on_settle: Callable[[], bool],
+        on_locked: Callable[[int], None],
+        cancelled: Callable[[], bool],
+    ) -> Outcome | AtomicRun | None:
+        """Send ``request`` and serve the child's messages until its answer (None: the child
+        ended first; the fork server's word on how is kept for ``ended``)."""
         connection = child.connection
         cancel_sent = False
         try:
-            connection.send(("job", execution.job, soft_timeout))
+            connection.send(request)
             while True:
                 if not connection.poll(CANCEL_LOOK_INTERVAL):
-                    if execution.cancelled and not cancel_sent:
+                    if not cancel_sent and cancelled():
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(child.pid, signal.SIGUSR1)
                         cancel_sent = True
@@ -436,21 +511,27 @@ class ProcessPool:
                 kind = message[0]
                 if kind == "done":
                     child.megabytes = message[2]
-                    outcome: Outcome = message[1]
-                    return outcome
+                    answer: Outcome | AtomicRun = message[1]
+                    return answer
                 if kind == "progress":
-                    execution.report_progress(message[1])
+                    on_progress(message[1])
                 elif kind == "settle":
-                    connection.send(("settled", self._settle_by_handler(execution)))
+                    connection.send(("settled", on_settle()))
+                elif kind == "locked":
+                    on_locked(message[1])
         except (EOFError, OSError):
+            self._ended.status = self._how_it_ended(child)
             return None
 
-    def _ended_with(self, child: _Child, execution: Execution) -> Outcome:
-        """The failed attempt of a child that ended while running it: stopped at its timeout,
-        or died (a crash, ``os._exit``, the OOM killer)."""
+    def _how_it_ended(self, child: _Child) -> str:
         assert self._server is not None
         status = self._server.exit_status(child.pid)
-        how = "ended" if status is None else exit_description(status)
+        return "ended" if status is None else exit_description(status)
+
+    def _ended_with(self, execution: Execution) -> Outcome:
+        """The failed attempt of a child that ended while running it: stopped at its timeout,
+        or died (a crash, ``os._exit``, the OOM killer)."""
+        how = self._ended.status
         job = execution.job
         if execution.cancelled:
             return Outcome.cancelled(job, CANCELLED_WHILE_RUNNING)

@@ -268,3 +268,54 @@ def test_a_run_in_a_child_is_traced_as_a_child_of_its_enqueue(
     assert run["context"]["trace_id"] == inside["context"]["trace_id"] == trace_id
     assert inside["parent_id"] == run["context"]["span_id"]
     assert run["attributes"]["messaging.message.id"] == str(job_id)
+
+
+def test_an_atomic_transaction_lives_in_its_child(
+    pgq: PgQueue, engine: Engine, side_table: None, tmp_path: Path
+) -> None:
+    """An atomic job's transaction is its child's: its writes commit with its outcome; at its
+    timeout it is ended and the child stopped, its writes rolled back and nothing after the
+    deadline done; a child that dies takes only its transaction with it."""
+    after_deadline = tmp_path / "after-deadline"
+
+    def write(ctx: JobContext) -> None:
+        ctx.session.execute(
+            text("INSERT INTO child_effect VALUES (:job, :attempt)"),
+            {"job": ctx.job_id, "attempt": ctx.attempt},
+        )
+
+    @pgq.task(name="pool.atomic_ok", atomic=True, pass_context=True)
+    def atomic_ok(ctx: JobContext) -> int:
+        write(ctx)
+        return os.getpid()
+
+    @pgq.task(
+        name="pool.atomic_hangs", atomic=True, pass_context=True, timeout=TIMEOUT, max_attempts=1
+    )
+    def atomic_hangs(ctx: JobContext) -> None:
+        write(ctx)
+        time.sleep(RUNS_ON_FOR)
+        after_deadline.write_text("ran on")
+
+    @pgq.task(name="pool.atomic_dies", atomic=True, pass_context=True, max_attempts=1)
+    def atomic_dies(ctx: JobContext) -> None:
+        write(ctx)
+        ctx.session.flush()
+        os._exit(4)
+
+    ok, hangs, dies = atomic_ok.enqueue(), atomic_hangs.enqueue(), atomic_dies.enqueue()
+    began = time.monotonic()
+    with in_thread(_process_worker(pgq, concurrency=3)):
+        states = wait_for_states(pgq, [ok, hangs, dies], timeout=30)
+        time.sleep(max(began + RUNS_ON_FOR + 0.5 - time.monotonic(), 0))
+    assert states == {ok: JobState.SUCCEEDED, hangs: JobState.FAILED, dies: JobState.FAILED}
+    assert pgq.get_job(ok).result != os.getpid()
+    hung = pgq.get_job(hangs)
+    assert "JobTimeout" in (hung.last_error or "")
+    assert hung.started_at is not None and hung.finished_at is not None
+    assert (hung.finished_at - hung.started_at).total_seconds() < TIMEOUT + LATE_BY_AT_MOST
+    assert not after_deadline.exists()
+    assert "exited with code 4" in (pgq.get_job(dies).last_error or "")
+    with engine.connect() as connection:
+        written = connection.execute(text("SELECT job_id FROM child_effect")).scalars().all()
+    assert written == [ok]
