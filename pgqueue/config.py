@@ -327,6 +327,11 @@ class Settings:
                 raise ConfigurationError(
                     f"{name} must be a positive integer (or unset), got {value!r}"
                 )
+            if value is not None and self.pool != "process":
+                raise ConfigurationError(
+                    f"{name} applies to the children of the process pool: set pool to "
+                    f"'process' (--pool process, {ENV_PREFIX}POOL=process) or leave it unset"
+                )
         if self.pooler not in POOLER_MODES:
             raise ConfigurationError(
                 f"pooler must be one of {', '.join(POOLER_MODES)}, got {self.pooler!r}"

@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session
 from pgqueue import config, metrics, validation
 from pgqueue.errors import ValidationError, pgqueue_logger
 from pgqueue.jobs import JobTables, Outcome
+from pgqueue.tasks import TaskRegistry
 from pgqueue.worker.atomic import AtomicClaims
 from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.claimer import Claimer, ClaimSettings
@@ -320,6 +321,8 @@ class Worker:
         except BaseException:
             self.metrics.untrack_tasks(tasks)
             raise
+        if self.processes is None:
+            _warn_of_soft_timeouts(tasks)
         log.info(
             "worker %s started: queues=%s concurrency=%d pool=%s listen=%s%s",
             self.worker_id,
@@ -465,3 +468,17 @@ def _bind_of(session_factory: Callable[[], Session]) -> Engine:
         session.close()
     assert isinstance(bind, Engine)
     return bind
+
+
+def _warn_of_soft_timeouts(tasks: TaskRegistry) -> None:
+    """Say once that the thread pool does not raise ``soft_timeout`` (only children can be
+    interrupted that way)."""
+    soft = sorted(task.name for task in tasks if task.soft_timeout is not None)
+    if soft:
+        log.warning(
+            "task%s %s ha%s a soft_timeout, which only the process pool raises (--pool "
+            "process); in this worker's threads they run until their timeout",
+            "s" if len(soft) > 1 else "",
+            ", ".join(soft),
+            "ve" if len(soft) > 1 else "s",
+        )

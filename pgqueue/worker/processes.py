@@ -1,9 +1,11 @@
-"""The process pool (``pool="process"``): sync leased handlers run in child processes.
+"""The process pool (``pool="process"``): sync handlers run in child processes.
 
 Each pool thread of the worker owns one child and hands it its attempts one at a time; the
-heartbeat, the leases, the claims and the fenced outcome writes stay in the worker, so a child
-does nothing but run handlers (its ``ctx.session``, steps, sleeps, signals and progress work as
-in a thread, through its own connections). What a child buys over a thread:
+heartbeat, the leases, the claims and the fenced outcome writes of leased jobs stay in the
+worker, so a child does nothing but run handlers (its ``ctx.session``, steps, sleeps, signals
+and progress work as in a thread, through its own connections), and an atomic job's whole
+transaction (``atomic.run_transaction``: the row lock, the handler, the outcome), which asks the
+worker before it commits whether its deadline passed. What a child buys over a thread:
 
 - a hard ``timeout=``: at the deadline the heartbeat stops the child (SIGTERM, SIGKILL after
   ``KILL_GRACE_SECONDS``); the attempt fails with an error naming the signal, once the child is
@@ -19,8 +21,7 @@ Children come from a fork server forked when the worker starts, before its threa
 app is imported once, and every child is forked from a process with one thread, so no lock
 another thread held at the fork can be found taken in a child. A child drops the connection
 pools it inherited (``Engine.dispose(close=False)``, as SQLAlchemy documents for forks) and
-opens its own. Async handlers stay on the worker's event loop, and atomic tasks run in the
-worker's threads (their timeout ends their transaction on the server, ``worker.atomic``).
+opens its own. Async handlers stay on the worker's event loop.
 """
 
 from __future__ import annotations

@@ -162,6 +162,19 @@ def test_settings_from_env_and_validation() -> None:
         Settings(lease_seconds=5, heartbeat_interval=10)
 
 
+def test_process_pool_settings_are_checked_and_need_the_process_pool() -> None:
+    settings = Settings.from_env({"PGQUEUE_POOL": "process", "PGQUEUE_MAX_TASKS_PER_CHILD": "5"})
+    assert (settings.pool, settings.max_tasks_per_child) == ("process", 5)
+    with pytest.raises(ConfigurationError, match="pool must be one of thread, process"):
+        Settings(pool="fork")
+    with pytest.raises(ConfigurationError, match="max_memory_per_child must be a positive"):
+        Settings(pool="process", max_memory_per_child=0)
+    with pytest.raises(ConfigurationError, match="max_tasks_per_child applies to the children"):
+        Settings(max_tasks_per_child=5)
+    with pytest.raises(ValidationError, match=r"soft_timeout \(2.0\) must be shorter than timeout"):
+        Task(lambda: None, sink=None, name="t", timeout=1.0, soft_timeout=2.0)  # type: ignore[arg-type]
+
+
 def test_overrides_replace_the_settings_given_and_keep_the_others() -> None:
     settings = Settings.from_env({"PGQUEUE_CONCURRENCY": "4", "PGQUEUE_HEARTBEAT_INTERVAL": "20"})
     assert settings.concurrency == 4 and Settings().concurrency == 10
