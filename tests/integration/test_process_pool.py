@@ -8,7 +8,8 @@
   its own job: the worker goes on with a new child.
 - ``max_tasks_per_child`` recycles children.
 - Inside a child a handler has what it has in a thread: its context (progress, steps, session,
-  snooze, durable sleep), its result, its run's span in the enqueuing trace.
+  snooze, durable sleep, signals), its result, its workflow, its run's span in the enqueuing
+  trace; an atomic job's transaction lives in its child.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from support.polling import wait_until
 from support.tracing_spans import child_spans, read_child_spans
 from support.workers import in_thread
 
-from pgqueue import JobContext, JobState, PgQueue, Snooze, SoftTimeout, backoff
+from pgqueue import JobContext, JobState, PgQueue, Snooze, SoftTimeout, backoff, chain
 from pgqueue.config import Settings
 from pgqueue.testing import wait_for_states
 from pgqueue.worker import Worker
@@ -319,3 +320,31 @@ def test_an_atomic_transaction_lives_in_its_child(
     with engine.connect() as connection:
         written = connection.execute(text("SELECT job_id FROM child_effect")).scalars().all()
     assert written == [ok]
+
+
+def test_a_chain_and_a_signal_wait_run_in_children(pgq: PgQueue) -> None:
+    @pgq.task(name="pool.add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @pgq.task(name="pool.approval", pass_context=True)
+    def approval(ctx: JobContext) -> Any:
+        return [ctx.wait_for_signal("approved", timeout=60), os.getpid()]
+
+    wf = chain(add.s(2, 2), add.s(4), add.s(10)).enqueue()
+    waiting = approval.enqueue()
+    with in_thread(_process_worker(pgq, concurrency=2)):
+        status = pgq.wait_for_workflow(wf.id, timeout=30)
+        wait_until(
+            lambda: (
+                pgq.get_job(waiting).state is JobState.QUEUED
+                and pgq.get_job(waiting).started_at is not None
+            ),
+            30,
+            "the handler's wait",
+        )
+        assert pgq.signal(waiting, "approved", {"by": "ana"}) is True
+        done = pgq.wait_for(waiting, timeout=30)
+    assert (status.state, status.result) == ("succeeded", 18)
+    decision, pid = done.result
+    assert decision == {"by": "ana"} and pid != os.getpid()
