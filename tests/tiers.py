@@ -79,6 +79,7 @@ FILE_SECONDS: dict[str, float] = {
     "integration/test_cli_typos.py": 29,
     "integration/test_least_privilege.py": 28,
     "integration/test_sql_enqueue.py": 28,
+    "integration/test_process_pool.py": 28,
     "integration/test_wait_for.py": 28,
     "integration/test_dashboard_queries.py": 27,
     "integration/test_fastapi_example.py": 25,
@@ -87,6 +88,7 @@ FILE_SECONDS: dict[str, float] = {
     "integration/test_wakeups.py": 23,
     "integration/test_workflow_unique_keys.py": 22,
     "integration/test_migrations.py": 21,
+    "integration/test_timeouts.py": 14,
 }
 DEFAULT_FILE_SECONDS = 8.0
 

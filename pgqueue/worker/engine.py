@@ -48,6 +48,7 @@ from pgqueue.errors import ValidationError, pgqueue_logger
 from pgqueue.jobs import JobTables, Outcome
 from pgqueue.tasks import TaskRegistry
 from pgqueue.worker.atomic import AtomicClaims
+from pgqueue.worker.child import ChildSetup
 from pgqueue.worker.claim_health import ClaimHealth
 from pgqueue.worker.claimer import Claimer, ClaimSettings
 from pgqueue.worker.completer import Completer
@@ -58,7 +59,7 @@ from pgqueue.worker.gauges import Gauges
 from pgqueue.worker.heartbeat import Heartbeat
 from pgqueue.worker.maintenance import Maintenance
 from pgqueue.worker.notifier import Notifier
-from pgqueue.worker.processes import ChildSetup, ProcessPool
+from pgqueue.worker.processes import ProcessPool
 from pgqueue.worker.registry import WorkerRegistry
 from pgqueue.worker.slots import Slots
 from pgqueue.worker.stats import OutcomeReport, WorkerStats

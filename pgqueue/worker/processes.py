@@ -17,302 +17,36 @@ worker before it commits whether its deadline passed. What a child buys over a t
   or its resident memory reached ``max_memory_per_child`` MB (the attempt that crossed the line
   finishes normally).
 
-Children come from a fork server forked when the worker starts, before its threads do: the
-app is imported once, and every child is forked from a process with one thread, so no lock
-another thread held at the fork can be found taken in a child. A child drops the connection
-pools it inherited (``Engine.dispose(close=False)``, as SQLAlchemy documents for forks) and
-opens its own. Async handlers stay on the worker's event loop.
+Children come from a fork server (``worker.fork_server``) forked when the worker starts, before
+its threads do: the app is imported once, and every child is forked from a process with one
+thread. What a child does is ``worker.child``'s. Async handlers stay on the worker's event
+loop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import queue
-import resource
-import select
 import signal
-import socket
-import struct
 import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from types import FrameType
 from typing import Any, Final
 
-from sqlalchemy import Engine
-from sqlalchemy.orm import Session
-
-from pgqueue.context import SoftTimeout
 from pgqueue.errors import pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome, Progress
-from pgqueue.tasks import TaskRegistry
-from pgqueue.worker.atomic import AtomicRun, run_transaction
+from pgqueue.worker.atomic import AtomicRun
+from pgqueue.worker.child import ChildSetup, child_main
 from pgqueue.worker.execution import Execution
 from pgqueue.worker.executor import CANCELLED_WHILE_RUNNING, Executor
+from pgqueue.worker.fork_server import ForkServer, exit_description
 
 log = pgqueue_logger("pgqueue.worker")
 
 # How long a child stopped at its timeout gets between SIGTERM and SIGKILL.
 KILL_GRACE_SECONDS: Final = 2.0
-# How long the pool thread waits for the fork server's word on how a dead child ended.
-EXIT_STATUS_WAIT: Final = 5.0
-# How many ended children's wait statuses the fork server's reader keeps.
-STATUSES_KEPT: Final = 1000
 # How often a pool thread waiting on its child looks for a cancel request to pass on.
 CANCEL_LOOK_INTERVAL: Final = 0.2
-
-# The fork server's messages: a kind byte and two integers (the child's pid and, for an exit,
-# its wait status); a fork's reply carries the parent's end of the child's socket.
-_MESSAGE = struct.Struct("=cii")
-_FORKED, _EXITED, _FORK = b"F", b"X", b"f"
-
-
-def exit_description(status: int) -> str:
-    """How a child ended, from its wait status: ``killed by signal SIGSEGV (11)`` or
-    ``exited with code 3``."""
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(number).name
-        except ValueError:
-            name = f"signal {number}"
-        return f"killed by signal {name} ({number})"
-    if os.WIFEXITED(status):
-        return f"exited with code {os.WEXITSTATUS(status)}"
-    return f"ended with wait status {status}"
-
-
-def resident_megabytes() -> float:
-    """This process's resident memory in MB (``/proc``; else its peak, from ``getrusage``)."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            pages = int(statm.read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 1_048_576
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-class ForkServer:
-    """A process forked from the worker before its threads start, which forks the pool's
-    children on request and reports how each one ended (it is their parent)."""
-
-    def __init__(self, child_main: Callable[[socket.socket], None]) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:  # the fork server
-            ours.close()
-            code = 0
-            try:
-                _serve_forks(theirs, child_main)
-            except BaseException:
-                code = 1
-            os._exit(code)
-        theirs.close()
-        self.pid = pid
-        self._socket = ours
-        self._lock = threading.Lock()  # one fork request at a time
-        self._replies: queue.Queue[tuple[int, socket.socket] | None] = queue.Queue()
-        self._ended = threading.Condition()
-        # Wait statuses of ended children until asked for; those of children retired between
-        # attempts are never asked for, so only the latest ``STATUSES_KEPT`` are kept.
-        self._statuses: dict[int, int] = {}
-        self._reader = threading.Thread(target=self._read, name="pgqueue-forks", daemon=True)
-        self._reader.start()
-
-    def fork(self) -> tuple[int, Connection]:
-        """A new child: its pid and the connection to it."""
-        with self._lock:
-            self._socket.send(_MESSAGE.pack(_FORK, 0, 0))
-            reply = self._replies.get()
-        if reply is None:
-            raise RuntimeError("the process pool's fork server is gone")
-        pid, end = reply
-        return pid, Connection(end.detach())
-
-    def exit_status(self, pid: int, timeout: float = EXIT_STATUS_WAIT) -> int | None:
-        """The wait status of child ``pid`` once it ended (None: not known within ``timeout``)."""
-        with self._ended:
-            self._ended.wait_for(lambda: pid in self._statuses, timeout)
-            return self._statuses.pop(pid, None)
-
-    def close(self) -> None:
-        """End the fork server (its children see their worker's end of their socket close)."""
-        with contextlib.suppress(OSError):
-            self._socket.shutdown(socket.SHUT_RDWR)
-        self._socket.close()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message, fds, _, _ = socket.recv_fds(self._socket, _MESSAGE.size, 1)
-            except OSError:
-                message, fds = b"", []
-            if not message:
-                self._replies.put(None)
-                with self._ended:
-                    self._ended.notify_all()
-                return
-            kind, pid, status = _MESSAGE.unpack(message)
-            if kind == _FORKED:
-                self._replies.put((pid, socket.socket(fileno=fds[0])))
-            else:
-                with self._ended:
-                    self._statuses[pid] = status
-                    if len(self._statuses) > STATUSES_KEPT:
-                        del self._statuses[next(iter(self._statuses))]
-                    self._ended.notify_all()
-
-
-def _serve_forks(control: socket.socket, child_main: Callable[[socket.socket], None]) -> None:
-    """The fork server's loop: fork a child per request, report each child's end; return when
-    the worker closes its end."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when the pool ends
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    while True:
-        readable, _, _ = select.select([control], [], [], 0.1)
-        _report_ended_children(control)
-        if not readable:
-            continue
-        try:
-            request = control.recv(_MESSAGE.size)
-        except OSError:
-            return
-        if not request:
-            return
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pid = os.fork()
-        if pid == 0:  # a child
-            control.close()
-            ours.close()
-            code = 0
-            try:
-                child_main(theirs)
-            except BaseException:
-                code = 1
-            os._exit(code)
-        theirs.close()
-        socket.send_fds(control, [_MESSAGE.pack(_FORKED, pid, 0)], [ours.fileno()])
-        ours.close()
-
-
-def _report_ended_children(control: socket.socket) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        with contextlib.suppress(OSError):
-            control.send(_MESSAGE.pack(_EXITED, pid, status))
-
-
-# -- the child's side ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ChildSetup:
-    """What a child needs to run handlers: the worker's registry, settings and sessions, and
-    the engines whose inherited connections it must drop."""
-
-    registry: TaskRegistry
-    make_executor: Callable[[Callable[[Execution], bool]], Executor]
-    session_factory: Callable[[], Session]
-    engines: Callable[[], list[Engine]]
-
-
-class _ChildLink:
-    """The child's end of its connection. Only the child's main thread reads it (an attempt,
-    then the answer to its own question, if any); a cancel request comes as SIGUSR1, which
-    sets the running attempt's event between two bytecodes; sends are serialized (a handler
-    may report progress from threads of its own)."""
-
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self.cancel = threading.Event()
-        self._send_lock = threading.Lock()
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        with self._send_lock:
-            self.connection.send(message)
-
-    def next_job(self) -> tuple[str, ClaimedJob, float | None] | None:
-        """The next attempt to run: ``("job" | "atomic", job, soft timeout)`` (None: exit)."""
-        try:
-            message = self.connection.recv()
-        except (EOFError, OSError):
-            return None  # the worker is gone: so is this child's purpose
-        if message[0] not in ("job", "atomic"):
-            return None
-        return message[0], message[1], message[2]
-
-    def ask_settled(self) -> bool:
-        self.send(("settle",))
-        try:
-            answer: bool = self.connection.recv()[1]
-        except (EOFError, OSError):
-            return False
-        return answer
-
-
-class _ChildExecution(Execution):
-    """A child's view of an attempt: progress goes to the worker as it is reported."""
-
-    __slots__ = ("link",)
-
-    def __init__(self, job: ClaimedJob, link: _ChildLink) -> None:
-        super().__init__(job, 0.0, None, time.monotonic(), _event=link.cancel)
-        self.link = link
-
-    def report_progress(self, progress: Progress) -> None:
-        super().report_progress(progress)
-        self.link.send(("progress", progress))
-
-
-def _raise_soft_timeout(signum: int, frame: FrameType | None) -> None:
-    raise SoftTimeout("the task's soft_timeout passed")
-
-
-def child_main(setup: ChildSetup, end: socket.socket, measure_memory: bool) -> None:
-    """A child's life: run each attempt the worker sends, answer with its outcome (and this
-    process's resident memory when a cap applies); end when told, or when the worker's end
-    closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the worker decides
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGALRM, _raise_soft_timeout)
-    for engine in setup.engines():
-        engine.dispose(close=False)  # the worker's connections are the worker's
-    link = _ChildLink(Connection(end.detach()))
-    signal.signal(signal.SIGUSR1, lambda signum, frame: link.cancel.set())
-    executor = setup.make_executor(lambda execution: link.ask_settled())
-    while (item := link.next_job()) is not None:
-        kind, job, soft_timeout = item
-        link.cancel.clear()
-        if soft_timeout is not None:
-            signal.setitimer(signal.ITIMER_REAL, soft_timeout)
-        try:
-            if kind == "atomic":
-                done: Outcome | AtomicRun = run_transaction(
-                    setup.session_factory(),
-                    executor,
-                    job,
-                    lambda pid: link.send(("locked", pid)),
-                    link.ask_settled,
-                )
-            else:
-                done = executor.run_leased(_ChildExecution(job, link))
-        finally:
-            if soft_timeout is not None:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        link.send(("done", done, resident_megabytes() if measure_memory else 0.0))
-
-
-# -- the worker's side -----------------------------------------------------------------------
 
 
 class _Child:
