@@ -25,6 +25,7 @@ import pytest
 from opentelemetry import trace
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from support.effects import committed_effects, effects_table, write_effect
 from support.polling import wait_until
 from support.tracing_spans import child_spans, read_child_spans
 from support.workers import in_thread
@@ -49,11 +50,8 @@ def settings() -> Settings:
 
 @pytest.fixture
 def side_table(engine: Engine) -> Iterator[None]:
-    with engine.begin() as connection:
-        connection.execute(text("CREATE TABLE child_effect (job_id bigint, attempt int)"))
-    yield
-    with engine.begin() as connection:
-        connection.execute(text("DROP TABLE child_effect"))
+    with effects_table(engine):
+        yield
 
 
 def _process_worker(pgq: PgQueue, **options: Any) -> Worker:
@@ -75,10 +73,7 @@ def test_a_timed_out_child_is_stopped_and_nothing_after_its_deadline_happens(
         pass_context=True,
     )
     def hangs(ctx: JobContext) -> int:
-        ctx.session.execute(
-            text("INSERT INTO child_effect VALUES (:job, :attempt)"),
-            {"job": ctx.job_id, "attempt": ctx.attempt},
-        )
+        write_effect(ctx)
         if ctx.attempt == 1:
             time.sleep(RUNS_ON_FOR)
             after_deadline.write_text("ran on")  # must never happen: the child is gone
@@ -99,9 +94,7 @@ def test_a_timed_out_child_is_stopped_and_nothing_after_its_deadline_happens(
     assert "JobTimeout" in error and "SIGTERM" in error, error
     assert job.result != os.getpid()
     # Only the second attempt's session committed.
-    with engine.connect() as connection:
-        written = connection.execute(text("SELECT job_id, attempt FROM child_effect")).all()
-    assert [tuple(row) for row in written] == [(job_id, 2)]
+    assert committed_effects(engine) == [(job_id, 2)]
 
 
 def test_a_child_stopped_at_its_deadline_fails_its_attempt_on_time(pgq: PgQueue) -> None:
@@ -197,10 +190,7 @@ def test_steps_and_the_session_work_in_a_child(
     @pgq.task(name="pool.stepped", pass_context=True, max_attempts=2, retry=backoff.constant(0))
     def stepped(ctx: JobContext) -> list[int]:
         first = ctx.step("first", lambda: os.getpid())
-        ctx.session.execute(
-            text("INSERT INTO child_effect VALUES (:job, :attempt)"),
-            {"job": ctx.job_id, "attempt": ctx.attempt},
-        )
+        write_effect(ctx)
         if ctx.attempt == 1:
             raise RuntimeError("once")
         return [first, os.getpid()]
@@ -211,9 +201,7 @@ def test_steps_and_the_session_work_in_a_child(
     first, second = pgq.get_job(job_id).result
     # The step's value was saved by the first attempt and read back by the second.
     assert first != os.getpid() and second != os.getpid()
-    with engine.connect() as connection:
-        written = connection.execute(text("SELECT job_id, attempt FROM child_effect")).all()
-    assert [tuple(row) for row in written] == [(job_id, 2)]
+    assert committed_effects(engine) == [(job_id, 2)]
 
 
 def test_snooze_and_a_durable_sleep_suspend_a_job_run_in_a_child(
@@ -279,28 +267,22 @@ def test_an_atomic_transaction_lives_in_its_child(
     deadline done; a child that dies takes only its transaction with it."""
     after_deadline = tmp_path / "after-deadline"
 
-    def write(ctx: JobContext) -> None:
-        ctx.session.execute(
-            text("INSERT INTO child_effect VALUES (:job, :attempt)"),
-            {"job": ctx.job_id, "attempt": ctx.attempt},
-        )
-
     @pgq.task(name="pool.atomic_ok", atomic=True, pass_context=True)
     def atomic_ok(ctx: JobContext) -> int:
-        write(ctx)
+        write_effect(ctx)
         return os.getpid()
 
     @pgq.task(
         name="pool.atomic_hangs", atomic=True, pass_context=True, timeout=TIMEOUT, max_attempts=1
     )
     def atomic_hangs(ctx: JobContext) -> None:
-        write(ctx)
+        write_effect(ctx)
         time.sleep(RUNS_ON_FOR)
         after_deadline.write_text("ran on")
 
     @pgq.task(name="pool.atomic_dies", atomic=True, pass_context=True, max_attempts=1)
     def atomic_dies(ctx: JobContext) -> None:
-        write(ctx)
+        write_effect(ctx)
         ctx.session.flush()
         os._exit(4)
 
@@ -317,9 +299,7 @@ def test_an_atomic_transaction_lives_in_its_child(
     assert (hung.finished_at - hung.started_at).total_seconds() < TIMEOUT + LATE_BY_AT_MOST
     assert not after_deadline.exists()
     assert "exited with code 4" in (pgq.get_job(dies).last_error or "")
-    with engine.connect() as connection:
-        written = connection.execute(text("SELECT job_id FROM child_effect")).scalars().all()
-    assert written == [ok]
+    assert committed_effects(engine) == [(ok, 1)]
 
 
 def test_a_chain_and_a_signal_wait_run_in_children(pgq: PgQueue) -> None:

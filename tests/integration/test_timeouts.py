@@ -18,7 +18,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, event
+from support.effects import committed_effects, effects_table, write_effect
 from support.polling import wait_until
 from support.workers import in_thread
 
@@ -42,23 +43,8 @@ def settings() -> Settings:
 
 @pytest.fixture
 def side_table(engine: Engine) -> Iterator[None]:
-    with engine.begin() as connection:
-        connection.execute(text("CREATE TABLE timeout_effect (job_id bigint, attempt int)"))
-    yield
-    with engine.begin() as connection:
-        connection.execute(text("DROP TABLE timeout_effect"))
-
-
-def _effects(engine: Engine) -> int:
-    with engine.connect() as connection:
-        return int(connection.execute(text("SELECT count(*) FROM timeout_effect")).scalar_one())
-
-
-def _write_effect(ctx: JobContext) -> None:
-    ctx.session.execute(
-        text("INSERT INTO timeout_effect VALUES (:job, :attempt)"),
-        {"job": ctx.job_id, "attempt": ctx.attempt},
-    )
+    with effects_table(engine):
+        yield
 
 
 def _seconds_past_deadline(pgq: PgQueue, job_id: int) -> float:
@@ -88,7 +74,7 @@ def test_a_timed_out_attempt_ends_on_time_and_its_writes_never_commit(
     )
     def hangs(ctx: JobContext) -> str:
         started.set()
-        _write_effect(ctx)
+        write_effect(ctx)
         if not atomic:
             # How the worker ends this session after the handler returns: commit or rollback.
             for name in ("after_commit", "after_rollback"):
@@ -117,12 +103,12 @@ def test_a_timed_out_attempt_ends_on_time_and_its_writes_never_commit(
             # Told at its deadline, while its job stays held for the thread.
             assert told[0] - began < TIMEOUT + LATE_BY_AT_MOST
             assert pgq.get_job(job_id).state is JobState.RUNNING
-        assert _effects(engine) == 0
+        assert committed_effects(engine) == []
         release.set()
         if not atomic:
             assert session_ended.wait(30), "the handler's session never ended"
     # The worker stopped after the handler returned: nothing more was written.
-    assert _effects(engine) == 0
+    assert committed_effects(engine) == []
     if not atomic:
         assert ends == ["after_rollback"]
     job = pgq.get_job(job_id)
@@ -148,7 +134,7 @@ def test_neither_the_retry_nor_another_job_of_its_key_runs_beside_a_timed_out_th
     )
     def keyed(ctx: JobContext, name: str) -> None:
         began = time.monotonic()
-        _write_effect(ctx)
+        write_effect(ctx)
         if name == "hangs" and ctx.attempt == 1:
             while not ctx.cancel_requested:
                 time.sleep(0.01)
@@ -172,11 +158,7 @@ def test_neither_the_retry_nor_another_job_of_its_key_runs_beside_a_timed_out_th
     spans = sorted((began, ended) for _, began, ended in runs)
     assert all(a_end <= b_began for (_, a_end), (b_began, _) in itertools.pairwise(spans)), runs
     # Only the two attempts that returned in time committed their writes.
-    with engine.connect() as connection:
-        written = connection.execute(
-            text("SELECT job_id, attempt FROM timeout_effect ORDER BY 1, 2")
-        ).all()
-    assert sorted(written) == sorted([(hung, 2), (other, 1)])
+    assert committed_effects(engine) == sorted([(hung, 2), (other, 1)])
     job = pgq.get_job(hung)
     assert job.attempts == 2 and "JobTimeout" in job.errors[0]["error"]
 
