@@ -177,6 +177,7 @@ class Worker:
             UnregisteredTasks(context.registry, self.metrics),
             settle_by_handler=self._slots.settle_by_handler,
         )
+        self._slots.timed_out = self.executor.timed_out
         report = OutcomeReport(
             self.stats,
             log_successes=context.settings.log_successes,
@@ -356,6 +357,7 @@ class Worker:
         threads.extend(self._dispatcher.start())
         threads.append(start_daemon(self._completer.run, "pgqueue-completer"))
         threads.append(start_daemon(self._heartbeat.run, "pgqueue-heartbeat"))
+        threads.append(start_daemon(self._heartbeat.run_deadlines, "pgqueue-deadlines"))
         if self.maintenance:
             threads.append(start_daemon(self._maintenance.run, "pgqueue-maintenance"))
         if self.metrics.enabled:

@@ -1,8 +1,8 @@
 """The heartbeat: extends the leases of held attempts, and enforces timeouts and cancels.
 
-At each attempt's deadline (its start plus its task's timeout: a started attempt with a
-timeout wakes the heartbeat when that comes before its next beat) it gives up the attempts past
-their timeout: their outcome is a failed attempt (retried or failed for good, as
+At each attempt's deadline (its start plus its task's timeout), on a thread of its own
+(``run_deadlines``: a beat retrying its statement through a database outage delays no
+timeout), it gives up the attempts past their timeout: their outcome is a failed attempt (retried or failed for good, as
 ``backoff.after_failure`` decides). An async handler's future is cancelled and its outcome
 written at once. A sync handler cannot be stopped: its ``ctx.cancel_requested`` turns true, its
 slot goes to a replacement thread within the bound ``Slots`` keeps, and its outcome waits for
@@ -80,39 +80,54 @@ class Heartbeat:
         self._start_replacement = start_replacement  # a pool thread for a replaced slot
         self._wake = wake  # the claim loop: a replaced slot is free
         self._woken = threading.Event()
+        self._deadline_woken = threading.Event()
         self._beat_asked = False  # ``nudge``: beat at this wake-up, not at the next interval
-        # The monotonic time the loop sleeps until: a new deadline before it wakes the loop.
+        # The monotonic time the deadlines thread sleeps until: a new deadline before it wakes it.
         self._sleeps_until = 0.0
 
     def run(self) -> None:
+        """The heartbeat thread's loop: a beat every ``interval``, or when nudged."""
         woken = self._woken
         next_beat = time.monotonic() + self.interval
         while not self._halt.is_set():
-            # Any deadline set while the sleep is being computed wakes it at once.
-            self._sleeps_until = math.inf
-            until = min(next_beat, self._slots.next_deadline() or next_beat)
-            self._sleeps_until = until
-            woken.wait(max(until - time.monotonic(), 0.0))
+            woken.wait(max(next_beat - time.monotonic(), 0.0))
             woken.clear()
             if self._halt.is_set():
                 return
-            self._check_timeouts()
             if self._beat_asked or time.monotonic() >= next_beat:
                 self._beat_asked = False
                 self._extend_leases()
                 next_beat = time.monotonic() + self.interval
 
+    def run_deadlines(self) -> None:
+        """The deadlines thread's loop: gives up each attempt at its deadline. A thread of its
+        own, so that a beat retrying its statement through a database outage delays no
+        timeout."""
+        woken = self._deadline_woken
+        while not self._halt.is_set():
+            # Any deadline set while the sleep is being computed wakes it at once.
+            self._sleeps_until = math.inf
+            until = self._slots.next_deadline()
+            self._sleeps_until = math.inf if until is None else until
+            woken.wait(None if until is None else max(until - time.monotonic(), 0.0))
+            woken.clear()
+            if self._halt.is_set():
+                return
+            self._check_timeouts()
+
     def nudge(self) -> None:
         """Beat now rather than at the next interval (the worker's health changed, or it
-        stops: set ``halt`` first)."""
+        stops: set ``halt`` first, which this also makes the deadlines thread see)."""
         self._beat_asked = True
         self._woken.set()
+        if self._halt.is_set():
+            self._deadline_woken.set()
 
     def deadline_at(self, deadline: float) -> None:
         """An attempt started whose timeout passes at monotonic time ``deadline``: wake the
-        loop if it sleeps past that (most starts cost only this comparison)."""
+        deadlines thread if it sleeps past that (most starts cost only this comparison)."""
         if deadline < self._sleeps_until:
-            self._woken.set()
+            self._deadline_woken.set()
 
     def _check_timeouts(self) -> None:
         overdue, hung = self._slots.take_overdue(time.monotonic(), self._timed_out)

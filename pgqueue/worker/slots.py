@@ -57,6 +57,9 @@ class Slots:
         self._atomic = 0  # atomic runners probing or running
         self._atomic_running: dict[str, int] = {}  # atomic attempts running, per queue
         self._beats = 0  # heartbeats between ``leases`` and ``beat_done``
+        # The failed attempt of a timed-out execution (``Executor.timed_out``), set by the
+        # worker: ``settle_by_handler`` decides by the clock an attempt nobody decided in time.
+        self.timed_out: Callable[[Execution], Outcome] | None = None
 
     # -- claims --------------------------------------------------------------------------------
 
@@ -262,9 +265,21 @@ class Slots:
     def settle_by_handler(self, execution: Execution) -> bool:
         """Decide ``execution``'s outcome for its handler, which returned and is about to
         commit its context session's writes; False when its timeout or a shutdown release
-        decided it first (those writes must then be rolled back, never committed)."""
+        decided it first, or its deadline passed though nobody decided it yet (those writes
+        must then be rolled back, never committed)."""
         with self._lock:
             if execution.decided:
+                return False
+            timeout = execution.timeout
+            if (
+                timeout
+                and self.timed_out is not None
+                and time.monotonic() - execution.started >= timeout
+            ):
+                # The deadlines' thread is late (a stalled host): the clock decides.
+                execution.decided = execution.timed_out = True
+                if execution.stop_process is None:
+                    execution.timeout_outcome = self.timed_out(execution)
                 return False
             execution.decided = execution.settled = True
             return True

@@ -18,8 +18,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, text
 from support.effects import committed_effects, effects_table, write_effect
+from support.locks import lock_waiters, wait_for_lock_waiters
 from support.polling import wait_until
 from support.workers import in_thread
 
@@ -186,3 +187,52 @@ def test_a_cancel_asked_while_a_timed_out_thread_runs_on_ends_the_job_instead_of
         final = wait_for_states(pgq, [job_id], timeout=30)
     assert final == {job_id: JobState.CANCELLED}
     assert pgq.get_job(job_id).attempts == 1
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_timeout_is_decided_on_time_while_the_heartbeat_waits_for_the_database(
+    pgq: PgQueue, engine: Engine, side_table: None, pool: str
+) -> None:
+    """The heartbeat's statement waits (here for the worker's registry row, which another
+    session holds, as a statement would through a server restart): the deadline ends the
+    attempt on time all the same (a thread's handler is told, a child is stopped), and the
+    handler's session never commits."""
+    release = threading.Event()
+
+    @pgq.task(
+        name=f"timeouts.stalled_beat_{pool}", timeout=TIMEOUT, max_attempts=1, pass_context=True
+    )
+    def told_in_time(ctx: JobContext) -> None:
+        write_effect(ctx)
+        while not ctx.cancel_requested and not release.is_set():
+            time.sleep(0.01)
+
+    # Beats every second: the first one after the row is taken waits for it.
+    worker = Worker(pgq, concurrency=1, lease_seconds=3.0, pool=pool)
+    with in_thread(worker, before_stop=release.set):
+        wait_until(lambda: _registered(engine, worker.worker_id), 30, "the worker's row")
+        with engine.connect() as holder, holder.begin():
+            holder.execute(
+                text("SELECT 1 FROM pgqueue_workers WHERE id = :id FOR UPDATE"),
+                {"id": worker.worker_id},
+            )
+            wait_for_lock_waiters(engine, statement="INSERT INTO pgqueue_workers")
+            job_id = told_in_time.enqueue()
+            final = wait_for_states(pgq, [job_id], timeout=30)
+            # The heartbeat waited throughout.
+            assert lock_waiters(engine, "INSERT INTO pgqueue_workers") == 1
+        release.set()
+    assert final == {job_id: JobState.FAILED}
+    job = pgq.get_job(job_id)
+    assert "JobTimeout" in (job.last_error or "")
+    assert job.started_at is not None and job.finished_at is not None
+    assert (job.finished_at - job.started_at).total_seconds() < TIMEOUT + LATE_BY_AT_MOST
+    assert committed_effects(engine) == []
+
+
+def _registered(engine: Engine, worker_id: str) -> bool:
+    with engine.connect() as connection:
+        found = connection.execute(
+            text("SELECT count(*) FROM pgqueue_workers WHERE id = :id"), {"id": worker_id}
+        )
+        return bool(found.scalar_one())

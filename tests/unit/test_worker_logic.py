@@ -131,6 +131,21 @@ def test_a_timeout_decides_the_attempt_once_and_hands_its_slot_on_within_the_bou
     assert slots.handler_returned(hanging[1])[0] is False
 
 
+def test_a_handler_back_past_its_deadline_never_commits_though_nobody_decided_in_time() -> None:
+    slots = Slots(concurrency=2)
+    slots.timed_out = _timed_out
+    late, early = _execution(1, timeout=1.0), _execution(2, timeout=60.0)
+    slots.add([late, early])
+    late.started = early.started = time.monotonic() - 2.0  # the deadlines' thread stalled
+    assert slots.settle_by_handler(late) is False
+    assert late.decided and late.timed_out
+    kept = late.timeout_outcome
+    assert kept is not None and kept.error == "JobTimeout"
+    assert slots.handler_returned(late)[0] is kept  # written instead of the handler's own
+    assert slots.settle_by_handler(early) is True
+    assert slots.take_overdue(time.monotonic(), _timed_out) == ([], 0)
+
+
 def test_an_async_handler_past_its_timeout_keeps_its_slot_until_its_future_ends() -> None:
     slots = Slots(concurrency=1)
     execution = _execution(1, timeout=1.0)
