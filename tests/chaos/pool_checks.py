@@ -143,15 +143,22 @@ def runs_never_overlap(s: Snapshot, facts: Facts) -> list[Violation]:
     return found
 
 
-def _hang_explained(error: str, in_child: bool) -> bool:
-    if error.startswith(FAULT_ERRORS) or error.startswith(KILLED_CHILD):
+def _fault_ended(error: str, run: Run, facts: Facts) -> bool:
+    """Whether ``error`` (of ``run``'s attempt) is a fault's: a lease the rescue took back, an
+    outcome the database refused, or the SIGKILL the faults sent the run's child."""
+    if error.startswith(FAULT_ERRORS):
+        return True
+    killed = facts.killed.get(run.pid)
+    return error.startswith(KILLED_CHILD) and killed is not None and killed >= run.started - 1
+
+
+def _hang_explained(error: str, run: Run, facts: Facts) -> bool:
+    if _fault_ended(error, run, facts):
         return True
     if not error.startswith("JobTimeout"):
         return False
     # A child is stopped at its deadline: SIGTERM, or SIGKILL when it did not end 2 s later.
-    return (
-        not in_child or "killed by signal SIGTERM" in error or "killed by signal SIGKILL" in error
-    )
+    return not run.in_child or "by signal SIGTERM" in error or "by signal SIGKILL" in error
 
 
 def timeouts_stop_handlers(s: Snapshot, facts: Facts) -> list[Violation]:
@@ -205,7 +212,7 @@ def timeouts_stop_handlers(s: Snapshot, facts: Facts) -> list[Violation]:
             if not _attempt_over(job, run.attempt) or _errors_cut(s, job.id, run.attempt):
                 continue
             errors = s.errors_for(job.id, run.attempt)
-            if not any(_hang_explained(e, run.in_child) for e in errors):
+            if not any(_hang_explained(e, run, facts) for e in errors):
                 found.append(
                     Violation(
                         "23 timeouts stop handlers",
@@ -268,7 +275,8 @@ def crashes_contained(s: Snapshot, facts: Facts) -> list[Violation]:
             errors = s.errors_for(job.id, run.attempt)
             expected = _expected_end(run.outcome or "")
             named = [e for e in errors if e.startswith("ChildProcessDied") and expected in e]
-            if not named and not any(e.startswith(FAULT_ERRORS) for e in errors):
+            # The faults' SIGKILL may reach the child between the crash's mark and its end.
+            if not named and not any(_fault_ended(e, run, facts) for e in errors):
                 found.append(
                     Violation(
                         "24 crashes contained",
