@@ -39,6 +39,10 @@ RSS_SLACK = 8.0
 # Seconds a child over its cap may live on after its run returned: its outcome is written (the
 # handler's session commits), then the pool tells it to exit.
 RETIRE_GRACE = 5.0
+# The faults that cut a worker off the database: its heartbeat's thread, which also decides
+# the timeouts, retries its statement through them, its pauses growing to ``OUTAGE_RETRY`` s.
+OUTAGES = {"server_restart", "bouncer_restart"}
+OUTAGE_RETRY = 2.0
 # How a recorded error names the end of an attempt a fault (not the handler) decided: the
 # rescue of an expired lease, an outcome the database refused, a child the faults killed.
 FAULT_ERRORS = (LEASE_EXPIRED, "OutcomeNotRecorded")
@@ -82,25 +86,30 @@ def _frozen_or_killed(facts: Facts, pids: set[int], since: float, until: float) 
 
 
 def _stop_by(facts: Facts, run: Run) -> tuple[float, list[str]]:
-    """The latest moment a hung process-pool run may still be alive: ``LATE_MARGIN`` s past its
-    deadline (at the latest its start plus its timeout), or past the end of a freeze of its
-    worker (which stops it) that held that moment back, and at the latest ``LATE_MARGIN`` s
-    past its worker's death (a child ends with its worker); and the freezes."""
+    """The latest moment a hung run's timeout may still be undecided (a child still alive):
+    ``LATE_MARGIN`` s past its deadline (at the latest its start plus its timeout), or past the
+    end of what held that moment back: a freeze of its worker (which stops it), or a server or
+    PgBouncer restart (the worker decides timeouts on its heartbeat's thread, which retries its
+    statement through an outage, up to ``OUTAGE_RETRY`` s apart); at the latest ``LATE_MARGIN``
+    s past its worker's death (a child ends with its worker). Also what held it back."""
     stop_by = run.started + HANG_TIMEOUT + LATE_MARGIN
-    faults: list[str] = []
-    events = sorted(
-        (e for e in list(facts.events) if e.kind == "sigstop" and e.pid == run.holder),
-        key=lambda e: e.at,
-    )
+    held: list[str] = []
+    events = sorted(list(facts.events), key=lambda e: e.at)
     for event in events:
         ended = event.until if event.until is not None else event.at
-        if event.at <= stop_by and ended >= run.started:
-            stop_by = max(stop_by, ended + LATE_MARGIN)
-            faults.append(f"sigstop of its worker {clock(event.at)}-{clock(ended)}")
+        if event.kind == "sigstop" and event.pid == run.holder:
+            resumed = ended
+        elif event.kind in OUTAGES:
+            resumed = ended + OUTAGE_RETRY
+        else:
+            continue
+        if event.at <= stop_by and resumed >= run.started:
+            stop_by = max(stop_by, resumed + LATE_MARGIN)
+            held.append(f"{event.kind} {clock(event.at)}-{clock(ended)}")
     killed = facts.killed.get(run.holder) if run.holder is not None else None
     if killed is not None and run.started - 1 <= killed <= stop_by:
         stop_by = min(stop_by, killed + LATE_MARGIN)
-    return stop_by, faults
+    return stop_by, held
 
 
 def runs_never_overlap(s: Snapshot, facts: Facts) -> list[Violation]:
@@ -165,27 +174,35 @@ def timeouts_stop_handlers(s: Snapshot, facts: Facts) -> list[Violation]:
     """23. An attempt that hung past its timeout (``chaos.hang``) or crashed its process
     (``chaos.crash``) commits nothing it wrote through ``ctx.session``; a process-pool child
     running a hung attempt is stopped at the deadline (no beat of it later than
-    ``LATE_MARGIN`` s past its timeout, unless its worker, which stops it, was frozen or killed
-    meanwhile); each hung attempt failed with a ``JobTimeout`` (naming the signal that stopped a
-    child) or a fault's error; and a job that hung on every attempt never succeeds."""
+    ``LATE_MARGIN`` s past its timeout); each hung attempt failed with a ``JobTimeout`` (naming
+    the signal that stopped a child) or a fault's error; and a job never succeeds at an attempt
+    that hangs. What pgqueue's worker cannot do is excused (``timeout_excuses`` lists it for the
+    report): stop anything while it is frozen, or decide a timeout while its heartbeat retries
+    through a database outage; nor does it stop the run of an attempt whose lease expired
+    (the rescuer took the job back, as after any lost lease)."""
     from .invariants import Violation
 
     found = []
+    for job, run, problem, excuse in _timeout_problems(s, facts):
+        if excuse is None:
+            found.append(Violation("23 timeouts stop handlers", job.id, problem, [run.id]))
     for job in s.jobs.values():
         if job.kind not in HANG_KINDS and job.kind != "crash":
             continue
         runs = s.runs.get(job.id, [])
         for row in s.sessions.get(job.id, []):
             wrote = [r for r in runs if r.attempt == row.attempt and r.pid == row.pid]
-            if all(r.outcome == "ok" for r in wrote) and wrote:
-                continue
+            if (wrote and all(r.outcome == "ok" for r in wrote)) or any(
+                r.outcome == "hung" for r in wrote
+            ):
+                continue  # a hung run's row: ``_timeout_problems``
             outcome = ", ".join(repr(r.outcome) for r in wrote) or "no run"
             found.append(
                 Violation(
                     "23 timeouts stop handlers",
                     job.id,
                     f"attempt {row.attempt}'s write through ctx.session committed, though its "
-                    f"run did not return in time (outcome {outcome})",
+                    f"run did not return (outcome {outcome})",
                     [row.id, *(r.id for r in wrote)],
                 )
             )
@@ -194,21 +211,6 @@ def timeouts_stop_handlers(s: Snapshot, facts: Facts) -> list[Violation]:
         for run in runs:
             if run.outcome not in ("hung", None) or run.attempt > (job.hang_until or 0):
                 continue
-            stop_by, faults = _stop_by(facts, run)
-            if run.in_child and run.last_alive > stop_by:
-                found.append(
-                    Violation(
-                        "23 timeouts stop handlers",
-                        job.id,
-                        f"attempt {run.attempt} ran on in process-pool child {run.pid} until "
-                        f"{clock(run.last_alive)}, {run.last_alive - run.started:.1f} s after "
-                        f"it began (timeout {HANG_TIMEOUT:g} s), "
-                        f"{run.last_alive - stop_by + LATE_MARGIN:.1f} s after its worker "
-                        f"{run.holder} should have stopped it"
-                        + (f" ({'; '.join(faults)} delayed that)" if faults else ""),
-                        [run.id],
-                    )
-                )
             if not _attempt_over(job, run.attempt) or _errors_cut(s, job.id, run.attempt):
                 continue
             errors = s.errors_for(job.id, run.attempt)
@@ -223,16 +225,71 @@ def timeouts_stop_handlers(s: Snapshot, facts: Facts) -> list[Violation]:
                         [run.id],
                     )
                 )
-        if job.state == "succeeded" and job.attempts <= (job.hang_until or 0):
-            found.append(
-                Violation(
-                    "23 timeouts stop handlers",
-                    job.id,
-                    f"succeeded at attempt {job.attempts}, one that hangs (hang_until "
-                    f"{job.hang_until})",
-                )
-            )
     return found
+
+
+def _timeout_problems(s: Snapshot, facts: Facts) -> list[tuple[Any, Run, str, str | None]]:
+    """Each hung run whose timeout did not hold: a child beating on past it, a write through
+    its session committed, its job succeeding with it; with its excuse (None: none)."""
+    problems = []
+    for job in s.jobs.values():
+        if job.kind not in HANG_KINDS:
+            continue
+        committed = {(row.attempt, row.pid) for row in s.sessions.get(job.id, [])}
+        for run in s.runs.get(job.id, []):
+            if run.outcome not in ("hung", None) or run.attempt > (job.hang_until or 0):
+                continue
+            stop_by, held = _stop_by(facts, run)
+            lost = s.rescued(run)
+            excuse = "its lease expired" if lost else None
+            deadline = run.started + HANG_TIMEOUT + LATE_MARGIN
+            if run.in_child and deadline < run.last_alive <= stop_by:
+                # Within what a freeze or an outage held back: reported, not a violation.
+                late = run.last_alive - deadline + LATE_MARGIN
+                problem = (
+                    f"attempt {run.attempt} ran on in process-pool child {run.pid} {late:.1f} s "
+                    f"past its timeout of {HANG_TIMEOUT:g} s"
+                )
+                problems.append((job, run, problem, f"held back by {'; '.join(held)}"))
+            if run.in_child and run.last_alive > stop_by:
+                problem = (
+                    f"attempt {run.attempt} ran on in process-pool child {run.pid} until "
+                    f"{clock(run.last_alive)}, {run.last_alive - run.started:.1f} s after it "
+                    f"began (timeout {HANG_TIMEOUT:g} s), "
+                    f"{run.last_alive - stop_by + LATE_MARGIN:.1f} s after its worker "
+                    f"{run.holder} should have stopped it"
+                    + (f" (held back by {'; '.join(held)})" if held else "")
+                )
+                problems.append((job, run, problem, excuse))
+            # A thread that returned before its worker could decide its timeout.
+            returned_early = bool(held) and run.ended is not None and run.ended <= stop_by
+            if excuse is None and returned_early:
+                excuse = f"held back by {'; '.join(held)}"
+            if (run.attempt, run.pid) in committed:
+                problem = (
+                    f"attempt {run.attempt}'s write through ctx.session committed, though its "
+                    f"run hung past its timeout (outcome {run.outcome!r})"
+                )
+                problems.append((job, run, problem, excuse))
+            if job.state == "succeeded" and job.attempts == run.attempt:
+                problem = (
+                    f"succeeded at attempt {job.attempts}, one that hangs (hang_until "
+                    f"{job.hang_until})"
+                )
+                problems.append((job, run, problem, excuse))
+    return problems
+
+
+def timeout_excuses(s: Snapshot, facts: Facts) -> list[str]:
+    """The report's lines on the timeouts that did not hold but were excused."""
+    excused = [(run, problem, why) for _, run, problem, why in _timeout_problems(s, facts) if why]
+    if not excused:
+        return []
+    return [
+        f"timeouts not held, excused ({len(excused)}): a worker does not stop the run of an "
+        "attempt whose lease expired, and decides no timeout while frozen or while its "
+        "heartbeat retries through an outage"
+    ] + [f"  job {run.job_id}: {problem}; {why}" for run, problem, why in excused[:8]]
 
 
 def _expected_end(outcome: str) -> str:
@@ -414,7 +471,7 @@ def pool_notes(s: Snapshot, facts: Facts) -> list[str]:
         and (job.id, e.get("attempt")) not in ran
     )
     sampled = max((p.megabytes for p in facts.pool_samples), default=None)
-    return [
+    summary = (
         f"process pool: {sum(len(r) for r in children.values())} runs in {len(children)} "
         f"children, {over} of them brought to the {MEMORY_CAP_MB} MB cap (peak {peak:.0f} MB "
         f"at a run's end"
@@ -422,4 +479,5 @@ def pool_notes(s: Snapshot, facts: Facts) -> list[str]:
         + f"); {timeouts} attempts timed out ({stopped} of them in a child, stopped), "
         f"{died} failed with a dead child "
         f"({unstarted} of them with no handler run: the child died before the attempt)"
-    ]
+    )
+    return [summary, *timeout_excuses(s, facts)]

@@ -18,6 +18,7 @@ from tests.chaos.pool_checks import (
     crashes_contained,
     memory_under_cap,
     runs_never_overlap,
+    timeout_excuses,
     timeouts_stop_handlers,
 )
 from tests.chaos.snapshot import Run, Snapshot
@@ -130,7 +131,7 @@ def test_a_frozen_worker_delays_the_stop_until_it_resumes() -> None:
     assert timeouts_stop_handlers(_snapshot(job, [stopped_on_resume]), facts) == []
     beating_on = _run(1, 5, 0, alive_at=12.0)
     found = timeouts_stop_handlers(_snapshot(job, [beating_on]), facts)
-    assert len(found) == 1 and "sigstop of its worker" in found[0].message
+    assert len(found) == 1 and "held back by sigstop" in found[0].message
 
 
 def test_a_freeze_ended_before_the_run_began_excuses_nothing() -> None:
@@ -139,6 +140,28 @@ def test_a_freeze_ended_before_the_run_began_excuses_nothing() -> None:
     frozen = Event(T0 - 6, "sigstop", f"pid {WORKER} for 5 s", WORKER, T0 - 1)
     hung = _run(1, 5, 0, alive_at=20.0)
     assert len(timeouts_stop_handlers(_snapshot(job, [hung]), Facts(events=[frozen]))) == 1
+
+
+def test_a_child_left_running_after_its_lease_expired_is_excused_and_reported() -> None:
+    # Its worker was cut off past its lease: the rescuer took the job back, and the worker
+    # never stopped the child (its retry ran meanwhile).
+    job = _job("hang", "failed", {1: "lease expired (worker lost)"}, hang_until=3, attempts=1)
+    hung = _run(1, 5, 0, alive_at=20.0)
+    snapshot = _snapshot(job, [hung])
+    assert timeouts_stop_handlers(snapshot, Facts()) == []
+    (headline, line) = timeout_excuses(snapshot, Facts())
+    assert headline.startswith("timeouts not held, excused (1)")
+    assert line.endswith("its lease expired")
+
+
+def test_an_outage_delays_the_stop_until_the_heartbeat_is_back() -> None:
+    job = _job("hang", "failed", {1: TIMEOUT_ERROR}, hang_until=3, attempts=1)
+    outage = Event(T0 + 1, "server_restart", "down 1.0 s", None, T0 + 2)
+    hung = _run(1, 5, 0, alive_at=5.0)
+    assert timeouts_stop_handlers(_snapshot(job, [hung]), Facts(events=[outage])) == []
+    beating_on = _run(1, 5, 0, alive_at=9.0)
+    found = timeouts_stop_handlers(_snapshot(job, [beating_on]), Facts(events=[outage]))
+    assert len(found) == 1 and "held back by server_restart" in found[0].message
 
 
 def test_a_hung_attempts_committed_session_row_is_found() -> None:
@@ -151,8 +174,8 @@ def test_a_hung_attempts_committed_session_row_is_found() -> None:
     ]
     found = timeouts_stop_handlers(_snapshot(job, [thread, done], rows), Facts())
     assert _messages(found) == [
-        "attempt 1's write through ctx.session committed, though its run did not return in "
-        "time (outcome 'hung')"
+        "attempt 1's write through ctx.session committed, though its run hung past its "
+        "timeout (outcome 'hung')"
     ]
 
 
