@@ -8,6 +8,12 @@ A durable step's body writes a ``step`` row when it runs. A run that completed i
 transaction (``ctx.session``), so that row exists exactly when the attempt committed; for a
 leased job in the handler's session, which pgqueue commits when the handler returns.
 
+Each run row also says which worker process held the job's lease (``holder``: the run's own
+``pid`` in a thread, its worker's in a process-pool child), a token of its process, and the
+process's resident memory as the run began and ended; ``chaos.hang`` beats (``alive_at``) while
+it hangs. ``chaos.hang`` and ``chaos.crash`` write a ``session`` row through ``ctx.session`` as
+they begin, which commits only when the attempt returned in time.
+
 ``chaos.newer`` is registered only where ``CHAOS_NEWER=1`` (the harness and one worker), like a
 task a rolling deploy has brought to some workers only.
 
@@ -27,9 +33,20 @@ QUEUE_ATOMIC = "chaos_atomic"
 # Raw ROLLBACK jobs run on one single-slot worker: README ("Leased and atomic tasks") leaves open
 # that a second worker may claim such a job while its handler still runs.
 QUEUE_ATOMIC_SOLO = "chaos_atomic_solo"
+# The handlers that hang past their timeout for good, leak memory or crash their process: only
+# the process-pool worker serves this queue, so each of them runs in a child the worker can stop
+# or lose (in a thread they would hold a thread for good, grow the worker, or end it).
+QUEUE_PROCESS = "chaos_process"
 SHARED_QUEUES = [QUEUE_MAIN, QUEUE_ASYNC, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_ATOMIC]
 
 MAX_ATTEMPTS = 3
+# ``chaos.hang``'s timeout (seconds): short, so its attempts end quickly.
+HANG_TIMEOUT = 2.0
+# The process-pool worker's ``--max-memory-per-child`` (MB) and ``--max-tasks-per-child``. A
+# child starts at about 60 MB (the app imported by the fork server); ``chaos.hog`` leaks 40 to
+# 300 MB, so one leak may or may not cross the cap, and two always do.
+MEMORY_CAP_MB = 200
+TASKS_PER_CHILD = 20
 NEWER_TASK = "chaos.newer"
 KEY_LIMIT = 2
 ALWAYS_FAILS = "chaos: always fails"
@@ -45,7 +62,17 @@ CREATE TABLE ledger (
     pid int NOT NULL,
     started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     ended_at timestamptz,
-    outcome text
+    outcome text,
+    -- The worker process holding the job's lease: ``pid`` itself, or the parent worker of a
+    -- process-pool child (``pid`` then differs).
+    holder int,
+    -- The process's own token: pids are reused within a long run, tokens never.
+    proc text,
+    -- The process's resident memory (MB) as the run began and as it ended.
+    rss_start real,
+    rss_end real,
+    -- The latest moment a hanging handler was seen alive (it beats while it hangs).
+    alive_at timestamptz
 );
 CREATE INDEX ledger_job ON ledger (job_id);
 CREATE TABLE chaos_parent (id int PRIMARY KEY);
@@ -59,26 +86,61 @@ APP_SOURCE = '''
 """Tasks of the chaos harness (tests/chaos/app.py): every run leaves rows in ``ledger``."""
 
 import asyncio
+import contextlib
+import ctypes
 import os
+import resource
 import time
 import uuid
 
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from pgqueue import PgQueue, Settings, SignalTimeout, Snooze, backoff
 
 pgq = PgQueue(os.environ["DB_URL"], settings=Settings.from_env())
 
 BEGIN = text(
-    "INSERT INTO ledger (run_token, job_id, attempt, kind, tag, pid)"
-    " VALUES (:token, :job, :attempt, :kind, 'run', :pid) ON CONFLICT (run_token) DO NOTHING"
+    "INSERT INTO ledger (run_token, job_id, attempt, kind, tag, pid, holder, proc, rss_start)"
+    " VALUES (:token, :job, :attempt, :kind, 'run', :pid, :holder, :proc, :rss)"
+    " ON CONFLICT (run_token) DO NOTHING"
 )
-END = text("UPDATE ledger SET ended_at = clock_timestamp(), outcome = :outcome WHERE run_token = :token")
+END = text(
+    "UPDATE ledger SET ended_at = clock_timestamp(), outcome = :outcome, rss_end = :rss"
+    " WHERE run_token = :token"
+)
+ALIVE = text("UPDATE ledger SET alive_at = clock_timestamp() WHERE run_token = :token")
 TX = text(
     "INSERT INTO ledger (job_id, attempt, kind, tag, pid)"
     " VALUES (:job, :attempt, :kind, 'tx', :pid)"
 )
+# Written through ``ctx.session`` as a run begins: committed only if the attempt returned in
+# time (a hanging or crashing attempt must leave none).
+SESSION = text(
+    "INSERT INTO ledger (job_id, attempt, kind, tag, pid)"
+    " VALUES (:job, :attempt, :kind, 'session', :pid)"
+)
+
+# The worker process that imported this module: a handler running in another process runs in a
+# process-pool child, forked (through the fork server) from this worker after the import.
+WORKER_PID = os.getpid()
+_PROCESS = [0, ""]  # this process's pid and token (a fork's child makes its own)
+
+
+def in_child():
+    return os.getpid() != WORKER_PID
+
+
+def process_token():
+    if _PROCESS[0] != os.getpid():
+        _PROCESS[:] = [os.getpid(), uuid.uuid4().hex[:16]]
+    return _PROCESS[1]
+
+
+def resident_mb():
+    """This process's resident memory (MB), as the pool measures it."""
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1_048_576
 RUNS = text("SELECT count(*) FROM ledger WHERE job_id = :job AND tag = 'run'")
 STEP = text(
     "INSERT INTO ledger (run_token, job_id, attempt, kind, tag, pid)"
@@ -101,12 +163,14 @@ def own(statement, params):
 
 def begin_run(ctx, kind):
     token = str(uuid.uuid4())
-    own(BEGIN, {"token": token, "job": ctx.job_id, "attempt": ctx.attempt, "kind": kind, "pid": os.getpid()})
+    own(BEGIN, {"token": token, "job": ctx.job_id, "attempt": ctx.attempt, "kind": kind,
+                "pid": os.getpid(), "holder": WORKER_PID, "proc": process_token(),
+                "rss": resident_mb()})
     return token
 
 
 def end_run(token, outcome):
-    own(END, {"token": token, "outcome": outcome})
+    own(END, {"token": token, "outcome": outcome, "rss": resident_mb()})
 
 
 def tx_row(session, ctx, kind):
@@ -311,4 +375,93 @@ def waiter(ctx, kind, sleep=0.0, signal=None, timeout=5.0):
         raise
     finally:
         end_run(token, outcome)
-'''
+
+
+def session_row(ctx, kind):
+    ctx.session.execute(SESSION, {"job": ctx.job_id, "attempt": ctx.attempt, "kind": kind, "pid": os.getpid()})
+
+
+def hang_for(token, seconds):
+    """Hang, deaf to the cancel flag (as a call blocked on the network is), saying every 0.2 s
+    that it is still alive (a beat lost to a fault is just skipped)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(DBAPIError):
+            with pgq.handler_engine.begin() as connection:
+                connection.execute(ALIVE, {"token": token})
+        time.sleep(0.2)
+
+
+# Hangs past its timeout on its first ``hang_until`` attempts, after a write through its
+# session that must never commit. In a process-pool child it is stopped at the deadline, so its
+# beats end there; in a thread it hangs ``seconds`` and returns, its job held meanwhile.
+@pgq.task(name="chaos.hang", queue="chaos_process", pass_context=True, max_attempts=3,
+          retry=backoff.constant(0.3), timeout=__HANG_TIMEOUT__)
+def hang(ctx, kind, hang_until=1, seconds=30.0):
+    token = begin_run(ctx, kind)
+    outcome = "raised"
+    try:
+        session_row(ctx, kind)
+        if ctx.attempt <= hang_until:
+            outcome = "hung"
+            hang_for(token, seconds)
+            return "hung"  # only a thread gets here, past its timeout: nothing may commit
+        tx_row(ctx.session, ctx, kind)
+        outcome = "ok"
+        return {"pid": os.getpid(), "attempt": ctx.attempt}
+    finally:
+        end_run(token, outcome)
+
+
+LEAKED = []  # what ``chaos.hog`` leaks: only a new child gives it back
+
+
+@pgq.task(name="chaos.hog", queue="chaos_process", pass_context=True, max_attempts=3,
+          retry=backoff.constant(0.3))
+def hog(ctx, kind, megabytes=100, seconds=0.0):
+    token = begin_run(ctx, kind)
+    outcome = "raised"
+    try:
+        if not in_child():
+            outcome = "not_in_child"
+            raise RuntimeError("chaos: a leak outside a process-pool child would grow its worker")
+        block = bytearray(megabytes * 1_048_576)
+        block[::4096] = b"\x01" * len(range(0, len(block), 4096))  # every page resident
+        LEAKED.append(block)
+        nap(ctx, seconds)
+        tx_row(ctx.session, ctx, kind)
+        outcome = "ok"
+        return {"pid": os.getpid(), "megabytes": round(resident_mb())}
+    finally:
+        end_run(token, outcome)
+
+
+def die(how, code):
+    if how == "segv":
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file of the child
+        ctypes.string_at(0)
+    os._exit(code)
+
+
+# Ends its process on its first ``crash_until`` attempts (``os._exit(code)`` or a segfault),
+# after a write through its session that must never commit; only ever in a process-pool child.
+@pgq.task(name="chaos.crash", queue="chaos_process", pass_context=True, max_attempts=3,
+          retry=backoff.constant(0.3))
+def crash(ctx, kind, crash_until=1, how="exit", code=3):
+    token = begin_run(ctx, kind)
+    outcome = "raised"
+    try:
+        session_row(ctx, kind)
+        if ctx.attempt <= crash_until:
+            if not in_child():
+                outcome = "not_in_child"
+                raise RuntimeError("chaos: a crash outside a process-pool child would end its worker")
+            outcome = f"crash {how} {code}"
+            end_run(token, outcome)  # the mark first: nothing runs after the crash
+            die(how, code)
+        tx_row(ctx.session, ctx, kind)
+        outcome = "ok"
+        return {"pid": os.getpid(), "attempt": ctx.attempt}
+    finally:
+        end_run(token, outcome)
+'''.replace("__HANG_TIMEOUT__", repr(HANG_TIMEOUT))

@@ -2,7 +2,9 @@
 
 Everything here is started by the harness and stopped by PID (never by name): the machine is
 shared. Worker processes are real ``python -m pgqueue worker chaosapp:pgq`` subprocesses, one of
-them a ``--processes 2`` supervisor, whose children the fault injector signals directly.
+them a ``--processes 2`` supervisor, whose children the fault injector signals directly, and one
+a ``--pool process`` worker, whose handlers run in children of its fork server (the injector
+signals those children, or the worker itself, and the harness samples their memory).
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from sqlalchemy.engine import URL
 
 from pgqueue import migrations
 
-from .app import APP_SOURCE, LEDGER_DDL, QUEUE_ATOMIC_SOLO, SHARED_QUEUES
+from .app import (
+    APP_SOURCE,
+    LEDGER_DDL,
+    MEMORY_CAP_MB,
+    QUEUE_ATOMIC_SOLO,
+    QUEUE_PROCESS,
+    SHARED_QUEUES,
+    TASKS_PER_CHILD,
+)
 
 LEASE_SECONDS = 3.0
 RESCUE_INTERVAL = 1.0
@@ -63,20 +73,46 @@ def write_app(directory: Path) -> None:
     (directory / "chaosapp.py").write_text(APP_SOURCE)
 
 
-def children_of(pid: int) -> list[int]:
-    """Live child processes of ``pid`` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+def process_parents() -> dict[int, int]:
+    """Every live process's parent (from /proc, one pass: a pass costs milliseconds)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return sorted(found)
+        if fields[0] != b"Z":
+            found[int(name)] = int(fields[1])
+    return found
+
+
+def children_of(pid: int, parents: dict[int, int] | None = None) -> list[int]:
+    """Live child processes of ``pid`` (from /proc, or from ``parents`` already read)."""
+    parents = process_parents() if parents is None else parents
+    return sorted(child for child, parent in parents.items() if parent == pid)
+
+
+def descendants_of(pid: int, parents: dict[int, int] | None = None) -> list[int]:
+    """Live children of ``pid``, their children, and so on."""
+    parents = process_parents() if parents is None else parents
+    found: list[int] = []
+    generation = children_of(pid, parents)
+    while generation:
+        found += generation
+        generation = [c for p in generation for c in children_of(p, parents)]
+    return found
+
+
+def resident_megabytes(pid: int) -> float | None:
+    """The resident memory of ``pid`` in MB (None: it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1_048_576
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Bouncer:
@@ -157,6 +193,7 @@ class WorkerSpec:
     concurrency: int
     processes: int = 1
     newer: bool = False  # registers ``chaos.newer`` (``CHAOS_NEWER=1``)
+    pool: str = "thread"  # "process": ``--pool process``, children recycled as below
 
 
 @dataclass
@@ -169,18 +206,31 @@ class Worker:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
-    def pids(self) -> list[int]:
-        """The processes that run handlers: the children of a supervisor, else the worker."""
+    def pids(self, parents: dict[int, int] | None = None) -> list[int]:
+        """The processes that run handlers: the children of a supervisor, else the worker, and
+        a process-pool worker's children (those of its fork server) too."""
         if not self.alive or self.popen is None:
             return []
         if self.spec.processes > 1:
-            return children_of(self.popen.pid)
+            return children_of(self.popen.pid, parents)
+        if self.spec.pool == "process":
+            return [self.popen.pid, *self.pool_children(parents)]
         return [self.popen.pid]
+
+    def pool_children(self, parents: dict[int, int] | None = None) -> list[int]:
+        """A process-pool worker's children: those of its fork server (its only child)."""
+        if self.spec.pool != "process" or not self.alive or self.popen is None:
+            return []
+        parents = process_parents() if parents is None else parents
+        servers = children_of(self.popen.pid, parents)
+        return [c for server in servers for c in children_of(server, parents)]
 
 
 SPECS = [
     WorkerSpec("w0-supervisor", SHARED_QUEUES, 4, processes=2),
-    WorkerSpec("w1", SHARED_QUEUES, 4),
+    # The process pool: every sync leased handler it claims runs in a child, those of the
+    # process-only queue (hangs, leaks, crashes) included; atomic and async ones in the worker.
+    WorkerSpec("w1-process", [*SHARED_QUEUES, QUEUE_PROCESS], 4, pool="process"),
     WorkerSpec("w2", SHARED_QUEUES, 3, newer=True),
     WorkerSpec("w3-solo", [QUEUE_ATOMIC_SOLO], 1),
 ]
@@ -209,6 +259,9 @@ class Workers:
         command += ["--queues", ",".join(spec.queues), "--concurrency", str(spec.concurrency)]
         command += ["--processes", str(spec.processes), "--lease-seconds", str(LEASE_SECONDS)]
         command += ["--shutdown-timeout", "5", "--poll-interval", "0.5"]
+        if spec.pool == "process":
+            command += ["--pool", "process", "--max-tasks-per-child", str(TASKS_PER_CHILD)]
+            command += ["--max-memory-per-child", str(MEMORY_CAP_MB)]
         # As a service manager would run it: a worker (re)started while the server restarts
         # waits for it instead of exiting.
         command += ["--wait-for-database"]
@@ -224,7 +277,8 @@ class Workers:
         self.handler_pids()
 
     def handler_pids(self) -> dict[int, Worker]:
-        found = {pid: worker for worker in self.workers for pid in worker.pids()}
+        parents = process_parents()
+        found = {pid: worker for worker in self.workers for pid in worker.pids(parents)}
         self.known_pids.update(found)
         self.newer_pids.update(pid for pid, worker in found.items() if worker.spec.newer)
         return found
@@ -242,7 +296,7 @@ class Workers:
         for worker in self.workers:
             if worker.popen is None:
                 continue
-            for pid in [worker.popen.pid, *children_of(worker.popen.pid)]:
+            for pid in [worker.popen.pid, *descendants_of(worker.popen.pid)]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
 
@@ -267,7 +321,7 @@ class Workers:
     def kill_tree(self, worker: Worker) -> None:
         if worker.popen is None:
             return
-        for pid in [*children_of(worker.popen.pid), worker.popen.pid]:
+        for pid in [*descendants_of(worker.popen.pid), worker.popen.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
                 os.kill(pid, signal.SIGKILL)

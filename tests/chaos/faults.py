@@ -2,7 +2,8 @@
 
 Every second or two (from its own ``random.Random``) the injector does one of: SIGKILL a worker
 process (a standalone worker is restarted by the harness, a supervisor's child by its
-supervisor, a killed supervisor's children stop on their own and the supervisor is restarted);
+supervisor, a killed supervisor's children stop on their own and the supervisor is restarted;
+half the time it kills one of a process pool's children instead of its worker);
 SIGSTOP a worker process for longer than the lease, then SIGCONT it; ``pg_terminate_backend``
 some of pgqueue's backends; hold ``FOR UPDATE`` locks on some waiting jobs (with
 ``lock_tickets``, sometimes on their tickets too) for a few seconds;
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, Engine, text
 
 from .app import QUEUE_LIMITED
-from .cluster import LEASE_SECONDS, Bouncer, Worker, Workers, children_of
+from .cluster import LEASE_SECONDS, Bouncer, Worker, Workers, descendants_of
 from .workload import KEYS, Event
 
 TERMINATE = text(
@@ -182,8 +183,19 @@ class Faults:
             self.killed[pid] = time.time()
             self._record("sigkill", f"{worker.spec.name} child {pid}", pid)
             return
+        if worker.spec.pool == "process" and self.rng.random() < 0.5:
+            # One of its pool's children, as the kernel's OOM killer would: only its attempt
+            # fails, the worker forks another.
+            pids = [p for p in worker.pool_children() if p not in self.stopped]
+            if pids:
+                pid = self.rng.choice(pids)
+                os.kill(pid, signal.SIGKILL)
+                self.killed[pid] = time.time()
+                self._record("sigkill", f"{worker.spec.name} pool child {pid}", pid)
+                return
         pid = worker.popen.pid
-        children = children_of(pid)
+        # A process pool's fork server and children too: they end with their worker.
+        children = descendants_of(pid)
         # Before the kill: the harness's loop restarts a worker that died unless it is here.
         self.restarting.add(worker.spec.name)
         with contextlib.suppress(ProcessLookupError):

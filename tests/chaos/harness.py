@@ -33,7 +33,8 @@ from sqlalchemy.exc import DBAPIError
 from pgqueue.config import normalize_database_url
 from pgqueue.sqlstates import is_connection_error
 
-from . import invariants, report, snapshot
+from . import invariants, pool_checks, report, snapshot
+from .app import MEMORY_CAP_MB
 from .cluster import (
     LEASE_SECONDS,
     RESCUE_INTERVAL,
@@ -41,6 +42,7 @@ from .cluster import (
     Workers,
     create_database,
     drop_database,
+    resident_megabytes,
     write_app,
 )
 from .faults import Faults
@@ -132,6 +134,37 @@ class Checker:
             violation.first_seen = earlier.first_seen if earlier else now
             violation.last_seen = now
             self.violations[key] = violation
+
+
+class PoolMemory:
+    """Samples the resident memory of the process-pool workers' children (from /proc): keeps
+    the samples over the cap (in ``over``, for invariant 25) and the peak."""
+
+    def __init__(self, workers: Workers, over: list[pool_checks.PoolSample]) -> None:
+        self.workers = workers
+        self.over = over
+        self.samples = 0
+        self.peak = 0.0
+
+    def sample(self) -> None:
+        for worker in self.workers.workers:
+            if worker.spec.pool != "process" or worker.popen is None:
+                continue
+            holder = worker.popen.pid
+            for pid in worker.pool_children():
+                megabytes = resident_megabytes(pid)
+                if megabytes is None:
+                    continue  # it ended meanwhile
+                self.samples += 1
+                self.peak = max(self.peak, megabytes)
+                if megabytes >= MEMORY_CAP_MB:
+                    self.over.append(pool_checks.PoolSample(time.time(), pid, holder, megabytes))
+
+    def note(self) -> str:
+        return (
+            f"process pool memory from /proc: {self.samples} samples of its children, peak "
+            f"{self.peak:.0f} MB, {len(self.over)} over the {MEMORY_CAP_MB} MB cap"
+        )
 
 
 def _insert_key_history(engine: Engine, n: int) -> None:
@@ -280,8 +313,10 @@ def _run(
         late_dependents_refused=workload.late_dependents_refused,
         hand_actions_accepted=workload.hand_actions_accepted,
         jobs_deleted=workload.jobs_deleted,
+        pool_workers={w.spec.name for w in workers.workers if w.spec.pool == "process"},
     )
     checker = Checker(engine, facts)
+    sampler = PoolMemory(workers, facts.pool_samples)
     notes: list[str] = []
     if restart_server is None:
         notes.append("no server restarts: no server the run may restart")
@@ -298,6 +333,7 @@ def _run(
                 notes.append(f"worker {worker.spec.name} exited by itself (code {code})")
                 faults.events.append(Event(time.time(), "unexpected_exit", worker.spec.name))
                 workers.start(worker)
+        sampler.sample()
         if time.monotonic() >= next_check:
             try:
                 checker.check(final=False)
@@ -324,6 +360,8 @@ def _run(
         )
     facts.stale_after = 3 * RESCUE_INTERVAL + 1
     final = checker.check(final=True)
+    notes += pool_checks.pool_notes(final, facts)
+    notes.append(sampler.note())
     if facts.history:
         moved = sum(1 for job in final.jobs.values() if job.moved)
         notes.append(

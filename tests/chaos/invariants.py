@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import history_checks, workflow_checks
+from . import history_checks, pool_checks, workflow_checks
 from .app import KEY_LIMIT, NEWER_TASK, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_MAIN
 from .snapshot import ACTIVE, FINAL, LEASE_EXPIRED, Run, Snapshot, clock, interrupted
 from .workflow_checks import CLOSING_ROLE
@@ -76,6 +76,10 @@ class Facts:
     hand_actions_accepted: list[str] = field(default_factory=list)
     # When each operator's delete or prune of ended jobs returned (a live list).
     jobs_deleted: list[float] = field(default_factory=list)
+    # The process-pool workers' names, and their children seen over the memory cap (a live
+    # list the harness fills from /proc).
+    pool_workers: set[str] = field(default_factory=set)
+    pool_samples: list[pool_checks.PoolSample] = field(default_factory=list)
 
 
 @dataclass
@@ -589,7 +593,8 @@ def _delays(event: Event, job: object, run: Run, finished: float) -> bool:
     if event.kind in DELAYING:
         return True
     if event.kind in {"sigstop", "sigkill"}:
-        return event.pid == run.pid
+        # A process-pool child's outcome goes through its worker: either one's freeze delays it.
+        return event.pid in run.pids
     return _holds_row_of(event, job)
 
 
@@ -770,4 +775,8 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (workflow_checks.state_agrees_with_jobs, True),
     (history_checks.moved_once, True),
     (history_checks.moved_jobs_read_back, False),
+    (pool_checks.runs_never_overlap, True),
+    (pool_checks.timeouts_stop_handlers, True),
+    (pool_checks.crashes_contained, True),
+    (pool_checks.memory_under_cap, True),
 ]

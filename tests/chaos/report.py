@@ -94,18 +94,28 @@ def traces(seed: int, snapshot: Snapshot, events: list[Event], violations: list[
         times: list[float] = []
         for job_id in sorted(i for i in job_ids if i is not None):
             job = snapshot.jobs.get(job_id)
+            rows = [
+                *snapshot.runs.get(job_id, []),
+                *snapshot.txs.get(job_id, []),
+                *snapshot.sessions.get(job_id, []),
+            ]
             if job is None:
-                continue
-            errors = [f"{e.get('attempt')}: {str(e.get('error'))[:90]!r}" for e in job.errors or []]
-            lines.append(
-                f"  job {job.id} {job.task_name} kind={job.kind} queue={job.queue} "
-                f"state={job.state} attempts={job.attempts}/{job.max_attempts} "
-                f"snoozes={job.snoozes} key={job.concurrency_key} unique={job.unique_key} "
-                f"depends_on={job.depends_on} created={clock(job.created_at.timestamp())} "
-                f"finished={clock(job.finished_at.timestamp() if job.finished_at else None)}"
-            )
-            lines.extend(f"    error {e}" for e in errors[-6:])
-            rows = [*snapshot.runs.get(job_id, []), *snapshot.txs.get(job_id, [])]
+                if not rows:
+                    continue
+                # Deleted or pruned once it ended: its ledger rows and faults still tell.
+                lines.append(f"  job {job_id} (gone from the tables: deleted or pruned)")
+            else:
+                errors = [
+                    f"{e.get('attempt')}: {str(e.get('error'))[:90]!r}" for e in job.errors or []
+                ]
+                lines.append(
+                    f"  job {job.id} {job.task_name} kind={job.kind} queue={job.queue} "
+                    f"state={job.state} attempts={job.attempts}/{job.max_attempts} "
+                    f"snoozes={job.snoozes} key={job.concurrency_key} unique={job.unique_key} "
+                    f"depends_on={job.depends_on} created={clock(job.created_at.timestamp())} "
+                    f"finished={clock(job.finished_at.timestamp() if job.finished_at else None)}"
+                )
+                lines.extend(f"    error {e}" for e in errors[-6:])
             for run in rows:
                 times += [run.started, run.ended or run.started]
             # The first and the last rows: a job run thousands of times needs no more.
@@ -113,11 +123,14 @@ def traces(seed: int, snapshot: Snapshot, events: list[Event], violations: list[
             for index, run in enumerate(shown):
                 if len(rows) > MAX_ROWS and index == MAX_ROWS - 3:
                     lines.append(f"    ... {len(rows) - MAX_ROWS} more ledger rows")
+                worker = f" worker={run.holder}" if run.in_child else ""
+                alive = f" alive={clock(run.alive_at)}" if run.alive_at else ""
                 lines.append(
-                    f"    ledger {run.id} {run.tag} attempt={run.attempt} pid={run.pid} "
-                    f"{clock(run.started)} -> {clock(run.ended)} outcome={run.outcome}"
+                    f"    ledger {run.id} {run.tag} attempt={run.attempt} pid={run.pid}{worker} "
+                    f"{clock(run.started)} -> {clock(run.ended)}{alive} outcome={run.outcome}"
                 )
-            times.append(job.created_at.timestamp())
+            if job is not None:
+                times.append(job.created_at.timestamp())
         if times:
             lo, hi = min(times) - TRACE_MARGIN, max(times) + TRACE_MARGIN
             near = [e for e in events if lo <= e.at <= hi and e.kind != "cancel"]

@@ -6,7 +6,8 @@ The jobs are those of ``pgqueue_jobs`` and those moved to the partitioned histor
 Read in one REPEATABLE READ transaction, so an atomic job's state and its in-transaction ledger
 row (which commit together) are seen together. Runs are the ledger's ``run`` rows (one per
 handler run, committed when the run began); ``tx`` rows are the runs that completed their work;
-``step`` rows are the runs of a durable step's body.
+``step`` rows are the runs of a durable step's body; ``session`` rows were written through
+``ctx.session`` as a run began (they exist only where that session committed).
 A run's marks are written by its handler, after its claim and before its outcome, so its
 interval lies within the time its job held a key's or a queue's slot (even when a frozen
 process writes a mark late): more overlapping intervals than a limit means the slots were
@@ -34,7 +35,9 @@ _JOB_COLUMNS = (
     " max_attempts, run_at, created_at, started_at, finished_at, errors, last_error,"
     " unique_key, concurrency_key, depends_on, lease_expires_at, snoozes, atomic,"
     " cancel_requested, workflow_id, workflow_role, kwargs::jsonb ->> 'wf_tag' AS wf_tag,"
-    " CASE WHEN task_name IN ('chaos.waiter', 'chaos.gather') THEN result END AS result"
+    " CASE WHEN task_name IN ('chaos.waiter', 'chaos.gather') THEN result END AS result,"
+    " (kwargs::jsonb ->> 'hang_until')::int AS hang_until,"
+    " (kwargs::jsonb ->> 'crash_until')::int AS crash_until"
 )
 JOBS = text(
     f"SELECT {_JOB_COLUMNS}, false AS moved FROM pgqueue_jobs"
@@ -46,8 +49,8 @@ SLEEPS = text(
     " WHERE name = 'pgqueue:sleep:1'"
 )
 LEDGER = text(
-    "SELECT id, job_id, attempt, kind, tag, pid, started_at, ended_at, outcome"
-    " FROM ledger ORDER BY started_at, id"
+    "SELECT id, job_id, attempt, kind, tag, pid, started_at, ended_at, outcome, holder, proc,"
+    " rss_start, rss_end, alive_at FROM ledger ORDER BY started_at, id"
 )
 
 
@@ -64,6 +67,29 @@ class Run:
     started: float
     ended: float | None
     outcome: str | None
+    # The worker process holding the job's lease: ``pid`` itself, or the worker of a
+    # process-pool child (None for rows other than runs).
+    holder: int | None = None
+    proc: str | None = None  # the process's own token (pids are reused in a long run)
+    rss_start: float | None = None  # MB, as the run began
+    rss_end: float | None = None  # MB, as it returned
+    alive_at: float | None = None  # a hanging run's last beat
+
+    @property
+    def in_child(self) -> bool:
+        """Whether the run ran in a process-pool child (not in its worker's own process)."""
+        return self.holder is not None and self.holder != self.pid
+
+    @property
+    def pids(self) -> set[int]:
+        """The processes whose freeze or death stops or cuts off the run: its own and, for a
+        process-pool child, its worker's (which holds its lease and stops it at its timeout)."""
+        return {self.pid} if self.holder is None else {self.pid, self.holder}
+
+    @property
+    def last_alive(self) -> float:
+        """The latest moment the run is known to have been running."""
+        return max(t for t in (self.started, self.ended, self.alive_at) if t is not None)
 
 
 @dataclass
@@ -75,6 +101,9 @@ class Snapshot:
     runs: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
     txs: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
     steps: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
+    # Rows written through ``ctx.session`` as a run began (``chaos.hang``, ``chaos.crash``):
+    # present only for attempts whose session committed.
+    sessions: dict[int, list[Run]] = field(default_factory=lambda: defaultdict(list))
     paused: set[str] = field(default_factory=set)
     sleeps_until: dict[int, float] = field(default_factory=dict)
     workflows: dict[int, str] = field(default_factory=dict)  # workflow id -> state
@@ -145,7 +174,12 @@ def read(engine: Engine) -> Snapshot:
     snapshot = Snapshot(
         now, jobs, paused=paused, sleeps_until=sleeps, workflows=workflows, in_both=in_both
     )
-    by_tag = {"run": snapshot.runs, "tx": snapshot.txs, "step": snapshot.steps}
+    by_tag = {
+        "run": snapshot.runs,
+        "tx": snapshot.txs,
+        "step": snapshot.steps,
+        "session": snapshot.sessions,
+    }
     for row in ledger:
         run = Run(
             row.id,
@@ -157,6 +191,11 @@ def read(engine: Engine) -> Snapshot:
             row.started_at.timestamp(),
             _epoch(row.ended_at),
             row.outcome,
+            row.holder,
+            row.proc,
+            row.rss_start,
+            row.rss_end,
+            _epoch(row.alive_at),
         )
         by_tag[run.tag][run.job_id].append(run)
     for runs in snapshot.runs.values():
@@ -167,8 +206,9 @@ def read(engine: Engine) -> Snapshot:
 
 
 def interrupted(run: Run, killed: dict[int, float]) -> bool:
-    """A run cut short by its process's death: its PID was killed (or its supervisor was)
-    after the run began, and the handler had not returned well before."""
+    """A run cut short by its process's death: its PID was killed (or its supervisor was, or
+    its process pool's worker) after the run began, and the handler had not returned well
+    before."""
     when = killed.get(run.pid)
     if when is None or when < run.started - 1:
         return False

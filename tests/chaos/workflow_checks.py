@@ -73,7 +73,8 @@ def callback_once(s: Snapshot, facts: Facts) -> list[Violation]:
 
 def nothing_starts_after_a_cancel(s: Snapshot, facts: Facts) -> list[Violation]:
     """15. No member of a cancelled workflow that had not started starts after the cancel
-    returned (a running member may see its cancel flag, or be run again if rescued)."""
+    returned (a running member may see its cancel flag, or be run again if rescued; a claimed
+    one whose process was frozen across the cancel starts as it resumes)."""
     from .invariants import Violation
 
     found = []
@@ -87,7 +88,9 @@ def nothing_starts_after_a_cancel(s: Snapshot, facts: Facts) -> list[Violation]:
         late = [
             r
             for r in runs
-            if r.started > cancelled_at + CLAIM_SLACK and not _claimed_before(job, r, cancelled_at)
+            if r.started > cancelled_at + CLAIM_SLACK
+            and not _claimed_before(job, r, cancelled_at)
+            and not _frozen_across(facts, r, cancelled_at)
         ]
         if late:
             found.append(
@@ -100,6 +103,20 @@ def nothing_starts_after_a_cancel(s: Snapshot, facts: Facts) -> list[Violation]:
                 )
             )
     return found
+
+
+def _frozen_across(facts: Facts, run: Run, moment: float) -> bool:
+    """Whether ``run``'s process (or its process pool's worker) was SIGSTOPped across
+    ``moment`` and the run began as it resumed: an attempt claimed before ``moment`` (a later
+    attempt's claim hides when), whose handler the freeze kept from starting."""
+    return any(
+        event.kind == "sigstop"
+        and event.pid in run.pids
+        and event.until is not None
+        and event.at <= moment <= event.until
+        and run.started <= event.until + CLAIM_SLACK
+        for event in list(facts.events)
+    )
 
 
 def _claimed_before(job: Any, run: Run, moment: float) -> bool:

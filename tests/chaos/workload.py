@@ -29,6 +29,7 @@ from pgqueue.admin import JobFilter
 
 from .app import (
     ALWAYS_FAILS,
+    HANG_TIMEOUT,
     QUEUE_ASYNC,
     QUEUE_ATOMIC,
     QUEUE_KEYED,
@@ -182,6 +183,13 @@ class Workload:
                     "newer", self.app.newer, {}, seconds=self.rng.uniform(0, 0.3)
                 ),
             ),
+            # Light weights: each attempt of a hang takes its 2 s timeout, and only the process
+            # pool's four slots serve the process-only queue (a backlog there would lengthen
+            # the drain).
+            (1.5, self._hang),
+            (1, self._hang_shared),
+            (1, self._hog),
+            (1.5, self._crash),
         ]
 
     # -- setup and lifecycle -------------------------------------------------------------
@@ -355,6 +363,38 @@ class Workload:
         child = self._leased("dependent", {"depends_on": parents}, seconds=0.05)
         if child is not None and self.rng.random() < 0.3:
             self._leased("dependent", {"depends_on": [child]}, seconds=0.05)
+
+    def _hang(self) -> None:
+        """A handler that hangs past its timeout on its first one to three attempts (three: it
+        fails for good), on the process-only queue: its child is stopped at the deadline, long
+        before its 20 to 40 s hang ends."""
+        until = self.rng.randint(1, 3)
+        self._enqueue("hang", self.app.hang, {}, hang_until=until, seconds=self.rng.uniform(20, 40))
+
+    def _hang_shared(self) -> None:
+        """The same on the main queue, hanging 1 to 3 s past its timeout: in a thread, its job
+        stays held until the thread returns; in a child (the process pool claims there too),
+        the child is stopped at the deadline."""
+        seconds = HANG_TIMEOUT + self.rng.uniform(1, 3)
+        options = {"queue": QUEUE_MAIN}
+        until = self.rng.randint(1, 2)
+        self._enqueue("hang_shared", self.app.hang, options, hang_until=until, seconds=seconds)
+
+    def _hog(self) -> None:
+        """A handler that leaks 40 to 300 MB in its child: the child is replaced once it
+        reached the pool's memory cap."""
+        megabytes = self.rng.randint(40, 300)
+        seconds = self.rng.uniform(0, 0.5)
+        self._enqueue("hog", self.app.hog, {}, megabytes=megabytes, seconds=seconds)
+
+    def _crash(self) -> None:
+        """A handler that ends its child on its first one to three attempts: ``os._exit`` with
+        a code (0 included: a child gone without an outcome is a crash, whatever its code) or
+        a segfault."""
+        until = self.rng.randint(1, 3)
+        how = self.rng.choice(["exit", "exit", "segv"])
+        code = 11 if how == "segv" else self.rng.choice([0, 1, 3, 70])
+        self._enqueue("crash", self.app.crash, {}, crash_until=until, how=how, code=code)
 
     def _late_dependent(self, now: float) -> None:
         """A dependent of one or two parents enqueued ``LATE_PARENT_AGE`` seconds ago or more:
