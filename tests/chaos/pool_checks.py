@@ -39,10 +39,6 @@ RSS_SLACK = 8.0
 # Seconds a child over its cap may live on after its run returned: its outcome is written (the
 # handler's session commits), then the pool tells it to exit.
 RETIRE_GRACE = 5.0
-# The faults that cut a worker off the database: its heartbeat's thread, which also decides
-# the timeouts, retries its statement through them, its pauses growing to ``OUTAGE_RETRY`` s.
-OUTAGES = {"server_restart", "bouncer_restart"}
-OUTAGE_RETRY = 2.0
 # How a recorded error names the end of an attempt a fault (not the handler) decided: the
 # rescue of an expired lease, an outcome the database refused, a child the faults killed.
 FAULT_ERRORS = (LEASE_EXPIRED, "OutcomeNotRecorded")
@@ -88,10 +84,10 @@ def _frozen_or_killed(facts: Facts, pids: set[int], since: float, until: float) 
 def _stop_by(facts: Facts, run: Run) -> tuple[float, list[str]]:
     """The latest moment a hung run's timeout may still be undecided (a child still alive):
     ``LATE_MARGIN`` s past its deadline (at the latest its start plus its timeout), or past the
-    end of what held that moment back: a freeze of its worker (which stops it), or a server or
-    PgBouncer restart (the worker decides timeouts on its heartbeat's thread, which retries its
-    statement through an outage, up to ``OUTAGE_RETRY`` s apart); at the latest ``LATE_MARGIN``
-    s past its worker's death (a child ends with its worker). Also what held it back."""
+    end of what held that moment back: a freeze of its worker (which stops it; a database
+    outage holds nothing back, the worker's deadlines thread needing no statement); at the
+    latest ``LATE_MARGIN`` s past its worker's death (a child ends with its worker). Also what
+    held it back."""
     stop_by = run.started + HANG_TIMEOUT + LATE_MARGIN
     held: list[str] = []
     events = sorted(list(facts.events), key=lambda e: e.at)
@@ -99,8 +95,6 @@ def _stop_by(facts: Facts, run: Run) -> tuple[float, list[str]]:
         ended = event.until if event.until is not None else event.at
         if event.kind == "sigstop" and event.pid == run.holder:
             resumed = ended
-        elif event.kind in OUTAGES:
-            resumed = ended + OUTAGE_RETRY
         else:
             continue
         if event.at <= stop_by and resumed >= run.started:

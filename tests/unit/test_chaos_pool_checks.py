@@ -154,14 +154,14 @@ def test_a_child_left_running_after_its_lease_expired_is_excused_and_reported() 
     assert line.endswith("its lease expired")
 
 
-def test_an_outage_delays_the_stop_until_the_heartbeat_is_back() -> None:
+def test_an_outage_excuses_no_late_stop() -> None:
+    # The worker decides timeouts on a thread that sends no statement: a server restart during
+    # the attempt holds nothing back.
     job = _job("hang", "failed", {1: TIMEOUT_ERROR}, hang_until=3, attempts=1)
     outage = Event(T0 + 1, "server_restart", "down 1.0 s", None, T0 + 2)
-    hung = _run(1, 5, 0, alive_at=5.0)
-    assert timeouts_stop_handlers(_snapshot(job, [hung]), Facts(events=[outage])) == []
-    beating_on = _run(1, 5, 0, alive_at=9.0)
+    beating_on = _run(1, 5, 0, alive_at=5.0)
     found = timeouts_stop_handlers(_snapshot(job, [beating_on]), Facts(events=[outage]))
-    assert len(found) == 1 and "held back by server_restart" in found[0].message
+    assert len(found) == 1
 
 
 def test_a_hung_attempts_committed_session_row_is_found() -> None:
