@@ -136,7 +136,7 @@ class Heartbeat:
         for execution, outcome in overdue:
             if execution.replaced:
                 self._start_replacement()
-            elif execution.async_future is None:
+            elif execution.async_future is None and execution.stop_process is None:
                 log.error(
                     "job %s (%s) runs on past its timeout of %ss and keeps its slot until it "
                     "returns: %d threads already run handlers past their timeout",

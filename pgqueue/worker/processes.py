@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from pgqueue.errors import pgqueue_logger
 from pgqueue.jobs import ClaimedJob, Outcome, Progress
+from pgqueue.states import OutcomeKind
 from pgqueue.worker.atomic import AtomicRun
 from pgqueue.worker.child import ChildSetup, child_main
 from pgqueue.worker.execution import Execution
@@ -189,6 +190,10 @@ class ProcessPool:
                 self._ended.status = self._how_it_ended(child)
             return self._ended_with(execution)
         self._after_attempt(child)
+        if execution.cancelled and outcome.kind is not OutcomeKind.RELEASE:
+            # As in a thread: a cancel seen while the handler ran decides its outcome, whether
+            # or not the child's handler heard of it in time.
+            return Outcome.cancelled(execution.job, CANCELLED_WHILE_RUNNING)
         return outcome
 
     def _after_attempt(self, child: _Child) -> None:
@@ -199,7 +204,13 @@ class ProcessPool:
             _stop(child, None)
 
     def _child(self) -> _Child:
+        """This thread's child, alive as far as can be told: one that ended while idle (killed
+        by someone, the OOM killer) is replaced before it is given an attempt it cannot run."""
         child: _Child | None = getattr(self._local, "child", None)
+        if child is not None and _ended_while_idle(child):
+            self._forget(child)
+            child.connection.close()
+            child = None
         if child is None:
             assert self._server is not None
             pid, connection = self._server.fork()
@@ -279,6 +290,14 @@ class ProcessPool:
             error = f"ChildProcessDied: the process running the handler {how}"
             log.error("job %d (%s): %s", job.id, job.task_name, error)
         return self._executor.failed_attempt(job, error)
+
+
+def _ended_while_idle(child: _Child) -> bool:
+    """Whether an idle child's end of its socket closed (an idle child sends nothing)."""
+    try:
+        return child.connection.poll(0)
+    except (EOFError, OSError):
+        return True
 
 
 def _stop(

@@ -46,6 +46,9 @@ class Slots:
         self.concurrency = concurrency
         self._lock = threading.Lock()
         self._running: dict[int, Execution] = {}
+        # Attempts whose job this worker claimed again (its lease had expired and the job was
+        # rescued) while their handler still ran: no longer heartbeated, but still timed out.
+        self._superseded: list[Execution] = []
         self._busy = 0  # attempts whose handler has not returned (or was not replaced)
         self._waiting: collections.deque[Execution] = collections.deque()  # claimed, not started
         self._ahead = 0  # how many attempts the claimer means to keep waiting (its last claim)
@@ -82,10 +85,15 @@ class Slots:
             self._max_held - self._held() - atomic,
         )
 
+    def _drop_superseded(self, execution: Execution) -> None:
+        """Forget ``execution`` if it is a superseded attempt (by identity: attempts compare
+        equal by their fields). Under the lock."""
+        self._superseded = [e for e in self._superseded if e is not execution]
+
     def _held(self) -> int:
         """The attempts held toward the bound: not those whose timed-out handler runs on in a
         replaced slot (they have their own bound, and no outcome write will free them soon)."""
-        return len(self._running) - self._hung
+        return len(self._running) + len(self._superseded) - self._hung
 
     def add(self, executions: Sequence[Execution]) -> list[Execution]:
         """Hold newly claimed attempts: those that fit in the free slots take one and are
@@ -93,6 +101,9 @@ class Slots:
         with self._lock:
             running = self._running
             for execution in executions:
+                earlier = running.get(execution.job.id)
+                if earlier is not None and not earlier.decided:
+                    self._superseded.append(earlier)
                 running[execution.job.id] = execution
             waiting = self._waiting
             room = self.concurrency - self._busy - self._atomic
@@ -159,6 +170,8 @@ class Slots:
             )
             if execution.timeout_outcome is not None:
                 write, execution.timeout_outcome = execution.timeout_outcome, None
+            if write is False and self._superseded:
+                self._drop_superseded(execution)  # no outcome write will drop it
             execution.decided = True
             if execution.holds_slot:
                 execution.holds_slot = False
@@ -257,7 +270,7 @@ class Slots:
         with self._lock:
             deadlines = [
                 e.started + e.timeout
-                for e in self._running.values()
+                for e in (*self._running.values(), *self._superseded)
                 if e.timeout and not e.decided and not e.waiting
             ]
         return min(deadlines, default=None)
@@ -296,7 +309,7 @@ class Slots:
         with self._lock:
             overdue = [
                 e
-                for e in self._running.values()
+                for e in (*self._running.values(), *self._superseded)
                 if e.timeout and not e.decided and not e.waiting and now - e.started >= e.timeout
             ]
             decided: list[tuple[Execution, Outcome | None]] = []
@@ -340,11 +353,14 @@ class Slots:
         """Stop holding attempts whose outcome was written (or given up)."""
         with self._lock:
             running = self._running
+            superseded = self._superseded
             for execution in executions:
                 # Only this attempt: a retry written with no delay may have been claimed again
                 # already (by this worker), and that attempt needs its heartbeats.
                 if running.get(execution.job.id) is execution:
                     del running[execution.job.id]
+                elif superseded:
+                    self._drop_superseded(execution)
 
     # -- idle and shutdown ---------------------------------------------------------------------
 

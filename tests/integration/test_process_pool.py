@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -328,3 +329,32 @@ def test_a_chain_and_a_signal_wait_run_in_children(pgq: PgQueue) -> None:
     assert (status.state, status.result) == ("succeeded", 18)
     decision, pid = done.result
     assert decision == {"by": "ana"} and pid != os.getpid()
+
+
+def test_a_child_killed_while_idle_is_replaced_before_the_next_job(pgq: PgQueue) -> None:
+    @pgq.task(name="pool.pid_once", max_attempts=1)
+    def pid_once() -> int:
+        return os.getpid()
+
+    def one_by_one(count: int) -> list[int]:
+        ids = []
+        for _ in range(count):
+            ids.append(pid_once.enqueue())
+            state = wait_for_states(pgq, ids[-1:], timeout=30)[ids[-1]]
+            assert state is JobState.SUCCEEDED, pgq.get_job(ids[-1]).last_error
+        return [pgq.get_job(job_id).result for job_id in ids]
+
+    # One job at a time goes to each pool thread in turn: every thread gets its child.
+    with in_thread(_process_worker(pgq, concurrency=1)):
+        children = set(one_by_one(6))
+        for child in children:
+            os.kill(child, signal.SIGKILL)  # as the OOM killer would, between two jobs
+        wait_until(lambda: all(_ended(child) for child in children), 10, "their end")
+        later = one_by_one(6)
+    assert not children & set(later)
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` ended and was reaped (by the fork server): a dying process
+    loses its command line before it closes its files, so only its reaping says it is gone."""
+    return not Path(f"/proc/{pid}").exists()

@@ -146,6 +146,25 @@ def test_a_handler_back_past_its_deadline_never_commits_though_nobody_decided_in
     assert slots.take_overdue(time.monotonic(), _timed_out) == ([], 0)
 
 
+def test_an_attempt_whose_job_is_claimed_again_is_still_timed_out() -> None:
+    # Its lease expired (the worker was frozen), the job was rescued and this worker claimed
+    # it again while the first attempt's handler still ran: both are timed out.
+    slots = Slots(concurrency=2)
+    first, again = _execution(7, timeout=1.0), _execution(7, timeout=1.0, started=5.0)
+    slots.add([first])
+    slots.add([again])
+    assert slots.lookup([7]) == {7: again}  # heartbeats go to the new attempt
+    assert slots.next_deadline() == 1.0
+    overdue, _ = slots.take_overdue(now=2.0, timed_out=_timed_out)
+    assert [e for e, _ in overdue] == [first] and first.timed_out
+    # Its outcome (refused later: its lease is gone) is written once its thread returns, and
+    # the write forgets it.
+    write, _, _ = slots.handler_returned(first)
+    assert isinstance(write, Outcome)
+    slots.written([first])
+    assert slots.take_overdue(now=10.0, timed_out=_timed_out)[0] == [(again, None)]
+
+
 def test_an_async_handler_past_its_timeout_keeps_its_slot_until_its_future_ends() -> None:
     slots = Slots(concurrency=1)
     execution = _execution(1, timeout=1.0)
