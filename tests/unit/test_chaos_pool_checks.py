@@ -159,7 +159,7 @@ def test_an_outage_excuses_no_late_stop() -> None:
     # the attempt holds nothing back.
     job = _job("hang", "failed", {1: TIMEOUT_ERROR}, hang_until=3, attempts=1)
     outage = Event(T0 + 1, "server_restart", "down 1.0 s", None, T0 + 2)
-    beating_on = _run(1, 5, 0, alive_at=5.0)
+    beating_on = _run(1, 5, 0, alive_at=9.0)
     found = timeouts_stop_handlers(_snapshot(job, [beating_on]), Facts(events=[outage]))
     assert len(found) == 1
 
