@@ -353,13 +353,12 @@ class Slots:
         """Stop holding attempts whose outcome was written (or given up)."""
         with self._lock:
             running = self._running
-            superseded = self._superseded
             for execution in executions:
                 # Only this attempt: a retry written with no delay may have been claimed again
                 # already (by this worker), and that attempt needs its heartbeats.
                 if running.get(execution.job.id) is execution:
                     del running[execution.job.id]
-                elif superseded:
+                elif self._superseded:
                     self._drop_superseded(execution)
 
     # -- idle and shutdown ---------------------------------------------------------------------
