@@ -31,8 +31,8 @@ HANG_KINDS = {"hang", "hang_shared"}
 PROCESS_ONLY_KINDS = {"hang", "hog", "crash"}
 # Seconds a process-pool child may still beat past its timeout: the stop is a SIGTERM sent at
 # the deadline (the run's ledger start comes after the deadline's start, so this is all slack
-# for the deadlines thread's wake-up and the signal's delivery). A CI run on a machine loaded
-# three times over saw a child die 2.6 s late; a child never stopped beats 20-40 s on.
+# for the deadlines thread's wake-up and the signal's delivery, which a machine loaded several
+# times over delays by seconds); a child never stopped beats 20-40 s on.
 LATE_MARGIN = 3.0
 # MB between a child's own measure of its memory (the ledger's) and the pool's, taken a moment
 # later, after the attempt's outcome.
