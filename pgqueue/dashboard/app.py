@@ -4,7 +4,7 @@ standalone server.
 
 Each request is checked in this order: the ``access`` answer (403 when falsy; a
 ``Role.READ_ONLY`` answer or ``read_only=True`` refuses every POST with 403 and hides the
-action forms), then the route (404/405), then, for a POST, the CSRF token: a random value kept
+action forms; only the stylesheet is served before it), then the route (404/405), then, for a POST, the CSRF token: a random value kept
 in the dashboard's own signed session cookie and posted back by every form, compared in
 constant time (400 when missing or wrong). Only then does the page's view run, and it reaches
 the database through ``pgq.admin`` alone.
@@ -24,7 +24,7 @@ from itsdangerous import URLSafeSerializer
 from jinja2 import Environment, PackageLoader, select_autoescape
 from werkzeug.exceptions import Forbidden, HTTPException, NotFound
 from werkzeug.routing import Map, Rule
-from werkzeug.utils import send_from_directory
+from werkzeug.utils import redirect, send_from_directory
 from werkzeug.wrappers import Request, Response
 
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
@@ -128,6 +128,12 @@ class Dashboard:
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         request = Request(environ)
+        if not environ.get("PATH_INFO"):
+            # Mounted at /pgqueue and asked for /pgqueue: the pages' links need the slash.
+            query = environ.get("QUERY_STRING")
+            target = request.script_root + "/" + (f"?{query}" if query else "")
+            moved: Response = redirect(target, 308)
+            return moved(environ, start_response)
         adapter = self.url_map.bind_to_environ(environ)
         page = Page(self.settings, request, adapter, self.read_only)
         try:
@@ -139,7 +145,14 @@ class Dashboard:
         return response(environ, start_response)
 
     def _respond(self, page: Page) -> Response:
-        endpoint, args = page.adapter.match()
+        try:
+            endpoint, args = page.adapter.match()
+        except HTTPException as exc:
+            # Raised after the access check: a stranger learns nothing of what exists.
+            unmatched: HTTPException | None = exc
+            endpoint, args = "", {}
+        else:
+            unmatched = None
         if endpoint == "static":
             # The stylesheet is no secret: a login page shown before any access check uses it.
             return send_from_directory(STATIC_DIR, args["filename"], page.request.environ)
@@ -150,6 +163,8 @@ class Dashboard:
                 raise Forbidden()
             role = granted
         page.read_only = self.read_only or role is Role.READ_ONLY
+        if unmatched is not None:
+            raise unmatched
         if page.request.method == "POST":
             if page.read_only:
                 raise Forbidden(description="this dashboard is read-only")
