@@ -5,7 +5,8 @@ Commands that need tasks take an application path ``module:attribute`` naming a 
 ``$PGQUEUE_DATABASE_URL``, then the embedded server).
 
 This module holds the command group and adds the commands of each group's module to it
-(``migrate``, ``workers``, ``jobs``, ``history``, ``queues``, ``flow``, ``bulk``, ``demo``);
+(``migrate``, ``workers``, ``jobs``, ``history``, ``queues``, ``flow``, ``bulk``, ``demo``,
+``dashboard``);
 ``shared`` holds what they and ``flask pgqueue`` share, output included, and ``reports``
 the job reports both print.
 """
@@ -17,7 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgqueue.cli import demo, history, jobs, migrate, queues, shared, workers, workflows
+from pgqueue.cli import (
+    dashboard,
+    demo,
+    history,
+    jobs,
+    migrate,
+    queues,
+    shared,
+    workers,
+    workflows,
+)
 from pgqueue.cli.bulk import bulk
 from pgqueue.cli.flow import key_limit, rate_limit
 from pgqueue.cli.shared import OneLineErrors, configure_logging, debug_option, verbose_option
@@ -80,6 +91,7 @@ for _command in (
     rate_limit,
     demo.demo,
     bulk,
+    dashboard.dashboard,
 ):
     main.add_command(_command)
 
