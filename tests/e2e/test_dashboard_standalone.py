@@ -7,11 +7,7 @@ authentication (exit 2 before anything is served)."""
 from __future__ import annotations
 
 import re
-import selectors
-import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -19,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 from server_databases import create_database, drop_database
 from sqlalchemy.engine import URL
-from support.processes import pgqueue_command, pgqueue_env, run_pgqueue
+from support.dashboard import StandaloneProcess, start_standalone
+from support.processes import run_pgqueue
 
 from pgqueue import JobState, PgQueue
 from pgqueue.cli import main
@@ -37,44 +34,6 @@ pgq = PgQueue()
 def code_only() -> None:
     pass
 """
-
-
-@dataclass
-class Served:
-    """One ``pgqueue dashboard`` process: its base URL and the first lines it printed."""
-
-    process: subprocess.Popen[str]
-    base: str
-    printed: list[str]
-
-
-def _start(url: URL, directory: Path, *args: str) -> Served:
-    process = subprocess.Popen(
-        pgqueue_command("dashboard", "--bind", "127.0.0.1:0", *args),
-        env={**pgqueue_env(url), "PYTHONUNBUFFERED": "1"},
-        cwd=directory,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert process.stdout is not None
-    printed: list[str] = []
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if selector.select(timeout=deadline - time.monotonic()):
-            line = process.stdout.readline()
-            if not line:
-                break
-            printed.append(line.rstrip("\n"))
-            found = re.match(r"pgqueue dashboard on (http://127\.0\.0\.1:\d+)/$", printed[-1])
-            if found:
-                if "--auth-file" not in args and "--trust-header" not in args:
-                    printed.append(process.stdout.readline().rstrip("\n"))
-                return Served(process, found.group(1), printed)
-    process.kill()
-    raise AssertionError(f"no address printed: {printed}")
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +63,8 @@ def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def serve(url: URL, directory: Path) -> Iterator[list[Served]]:
-    started: list[Served] = []
+def serve(url: URL, directory: Path) -> Iterator[list[StandaloneProcess]]:
+    started: list[StandaloneProcess] = []
     yield started
     for served in started:
         served.process.terminate()
@@ -119,9 +78,9 @@ def _token_of(html: str) -> str:
 
 
 def test_log_in_with_the_printed_token_then_every_page_and_an_action(
-    url: URL, directory: Path, serve: list[Served], job_id: int
+    url: URL, directory: Path, serve: list[StandaloneProcess], job_id: int
 ) -> None:
-    served = _start(url, directory, "standalone_app:pgq")
+    served = start_standalone(url, directory, "standalone_app:pgq")
     serve.append(served)
     token_line = served.printed[-1]
     assert token_line.startswith("log in with this token (shown once): ")
@@ -160,7 +119,7 @@ def test_log_in_with_the_printed_token_then_every_page_and_an_action(
 
 
 def test_auth_file_users_log_in_and_read_only_refuses_actions(
-    url: URL, directory: Path, serve: list[Served], job_id: int
+    url: URL, directory: Path, serve: list[StandaloneProcess], job_id: int
 ) -> None:
     made = CliRunner().invoke(
         main,
@@ -172,7 +131,7 @@ def test_auth_file_users_log_in_and_read_only_refuses_actions(
     assert line.startswith("ada:scrypt$") and matches("s3cret", line.split(":", 1)[1])
     users = directory / "users"
     users.write_text(f"# dashboard users\n{line}\nbob:{hash_password('other')}\n")
-    served = _start(url, directory, "--auth-file", str(users), "--read-only")
+    served = start_standalone(url, directory, "--auth-file", str(users), "--read-only")
     serve.append(served)
     assert not any("token" in printed for printed in served.printed)
     with httpx.Client(base_url=served.base) as client:
@@ -190,9 +149,9 @@ def test_auth_file_users_log_in_and_read_only_refuses_actions(
 
 
 def test_a_trusted_proxy_header_names_the_user(
-    url: URL, directory: Path, serve: list[Served]
+    url: URL, directory: Path, serve: list[StandaloneProcess]
 ) -> None:
-    served = _start(url, directory, "--trust-header", "X-Forwarded-User")
+    served = start_standalone(url, directory, "--trust-header", "X-Forwarded-User")
     serve.append(served)
     with httpx.Client(base_url=served.base) as client:
         missing = client.get("/")
