@@ -49,12 +49,13 @@ def dashboard_app(
     access: Callable[[], Any] | None = None,
     public: bool = False,
     actor: Callable[[], str] | None = None,
+    read_only: bool = False,
     **config: object,
 ) -> Iterator[Flask]:
     """An app named ``name`` with ``queue`` on ``database_url`` and the dashboard at
     ``/pgqueue``, open to all unless ``access`` says otherwise (with ``public``, mounted with no
-    check at all; ``actor`` as ``init_dashboard``'s), with ``config`` added to its settings; the
-    queue's engines are disposed of on exit."""
+    check at all; ``actor`` and ``read_only`` as ``init_dashboard``'s), with ``config`` added
+    to its settings; the queue's engines are disposed of on exit."""
     app = Flask(name)
     app.config.update(
         SECRET_KEY="test-secret",
@@ -64,7 +65,7 @@ def dashboard_app(
     queue.init_app(app)
     if access is None and not public:
         access = _everyone
-    init_dashboard(app, access=access, public=public, actor=actor)
+    init_dashboard(app, access=access, public=public, actor=actor, read_only=read_only)
     try:
         yield app
     finally:

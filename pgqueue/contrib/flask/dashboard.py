@@ -16,6 +16,7 @@ before anything runs.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -87,10 +88,16 @@ def _blueprint(core: Dashboard, access: Callable[[], Any] | None, url_prefix: st
     prefix = url_prefix.rstrip("/")
 
     def serve(path: str) -> Response:
+        # Read before the access check, which may parse the form itself: the core gets the
+        # body from this copy, not from a stream the check already consumed.
+        body = request.get_data(cache=True) if request.method == "POST" else b""
         role = role_of(access() if access is not None else True)
         if role is None:
             abort(403)
         environ = dict(request.environ)
+        if request.method == "POST":
+            environ["wsgi.input"] = io.BytesIO(body)
+            environ["CONTENT_LENGTH"] = str(len(body))
         environ[DECISION_KEY] = role
         environ["SCRIPT_NAME"] = request.script_root + prefix
         path_info = str(environ.get("PATH_INFO", ""))
