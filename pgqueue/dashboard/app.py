@@ -10,8 +10,7 @@ constant time (400 when missing or wrong). Only then does the page's view run, a
 the database through ``pgq.admin`` alone.
 
 Every response carries a strict Content-Security-Policy: nothing but the dashboard's own
-stylesheet (and later its own script file) may load, nothing inline runs, and no page may be
-framed.
+stylesheet may load, nothing inline runs, and no page may be framed.
 """
 
 from __future__ import annotations

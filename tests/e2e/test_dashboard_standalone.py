@@ -14,13 +14,16 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from server_databases import create_database, drop_database
+from sqlalchemy import select
 from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
 from support.dashboard import StandaloneProcess, start_standalone
 from support.processes import run_pgqueue
 
-from pgqueue import JobState, PgQueue
+from pgqueue import PgQueue
 from pgqueue.cli import main
 from pgqueue.dashboard.passwords import hash_password, matches
+from pgqueue.models import AuditRecord
 
 pytestmark = pytest.mark.slow
 
@@ -109,11 +112,20 @@ def test_log_in_with_the_printed_token_then_every_page_and_an_action(
         cancelled = client.post(f"/jobs/{job_id}/cancel", data={"csrf_token": _token_of(page.text)})
         assert cancelled.status_code == 302
         assert "cancelled" in client.get(f"/jobs/{job_id}").text
+        # A bulk action's audit record names who logged in ("token" for the printed token).
+        bulk = {"queue": "plain", "state": "cancelled", "action": "retry"}
+        bulk["csrf_token"] = _token_of(client.get("/jobs").text)
+        preview = client.post("/jobs/bulk", data=bulk)
+        assert "This will retry 1 jobs." in preview.text
+        confirm = {**bulk, "step": "confirm", "expected_count": "1"}
+        assert client.post("/jobs/bulk", data=confirm).status_code == 302
         client.post("/logout")
         assert client.get("/").status_code == 401
     queue = PgQueue(url)
     try:
-        assert queue.admin.get_job(job_id).state is JobState.CANCELLED
+        with Session(queue.engine) as session:
+            audit = session.execute(select(AuditRecord.actor, AuditRecord.action)).all()
+        assert [tuple(row) for row in audit] == [("token", "retry")]
     finally:
         queue.dispose()
 
