@@ -28,7 +28,7 @@ from support.dashboard import CHROMIUM, CHROMIUM_ARGS, serving, start_standalone
 from pgqueue import JobState, PgQueue
 from pgqueue.contrib.flask import PgQueue as FlaskQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
-from pgqueue.dashboard import asgi_app
+from pgqueue.dashboard.asgi import asgi_app
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page

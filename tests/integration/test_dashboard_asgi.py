@@ -17,7 +17,8 @@ from werkzeug.datastructures import WWWAuthenticate
 from werkzeug.exceptions import Unauthorized
 
 from pgqueue import JobState, PgQueue
-from pgqueue.dashboard import DashboardRequest, Role, asgi_app
+from pgqueue.dashboard import DashboardRequest, Role
+from pgqueue.dashboard.asgi import asgi_app
 
 BASE = "http://service.test"
 

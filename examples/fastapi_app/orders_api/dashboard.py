@@ -12,7 +12,8 @@ from werkzeug.datastructures import Authorization, WWWAuthenticate
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 from orders_api.tasks import pgq
-from pgqueue.dashboard import DashboardRequest, asgi_app
+from pgqueue.dashboard import DashboardRequest
+from pgqueue.dashboard.asgi import asgi_app
 
 
 async def dashboard_access(request: DashboardRequest) -> bool:
