@@ -26,6 +26,8 @@ from werkzeug.http import parse_cookie
 DECISION_KEY: Final = "pgqueue.dashboard.access"
 # Environ key holding the name of the user a serving layer authenticated (the default actor).
 USER_KEY: Final = "pgqueue.dashboard.user"
+# Environ key holding the address a serving layer's login is ended at (a POST), when it has one.
+LOGOUT_KEY: Final = "pgqueue.dashboard.logout"
 
 
 class Role(enum.StrEnum):

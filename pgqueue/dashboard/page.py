@@ -17,7 +17,7 @@ from werkzeug.routing import MapAdapter
 from werkzeug.utils import redirect
 from werkzeug.wrappers import Request, Response
 
-from pgqueue.dashboard.access import USER_KEY, DashboardRequest
+from pgqueue.dashboard.access import LOGOUT_KEY, USER_KEY, DashboardRequest
 
 if TYPE_CHECKING:
     from pgqueue.admin import Admin
@@ -149,6 +149,8 @@ class Page:
             csrf_token=self.session.csrf_token,
             get_flashed_messages=self._flashes,
             read_only=self.read_only,
+            user=self.request.environ.get(USER_KEY),
+            logout_url=self.request.environ.get(LOGOUT_KEY),
             **context,
         )
         return Response(html, status=status, mimetype="text/html")

@@ -24,7 +24,7 @@ from itsdangerous import BadSignature, URLSafeTimedSerializer
 from werkzeug.utils import redirect
 from werkzeug.wrappers import Request, Response
 
-from pgqueue.dashboard.access import DECISION_KEY, USER_KEY, Role, decided
+from pgqueue.dashboard.access import DECISION_KEY, LOGOUT_KEY, USER_KEY, Role, decided
 from pgqueue.dashboard.app import SECURITY_HEADERS, Dashboard
 from pgqueue.dashboard.passwords import Users
 from pgqueue.errors import ConfigurationError
@@ -78,6 +78,8 @@ class Standalone:
             return self._refusal(request)(environ, start_response)
         environ[USER_KEY] = user
         environ[DECISION_KEY] = self.role
+        if self.auth.token is not None or self.auth.users is not None:
+            environ[LOGOUT_KEY] = request.script_root + "/logout"
         return self.core(environ, start_response)
 
     def _user(self, request: Request) -> str | None:

@@ -185,4 +185,9 @@ def test_every_page_and_the_job_and_queue_actions(
     page.locator("tr", has_text=f"{mode}-q").locator("button.resume").click()
     expect(page.locator(".flash-ok")).to_have_text(f"Queue {mode}-q resumed.")
     assert not pgq.admin.queue_settings()[f"{mode}-q"].paused
+    if dashboard.token is not None:
+        page.click("header .logout button")
+        expect(page.get_by_role("heading", name="Log in")).to_be_visible()
+        page.goto(dashboard.base + "/queues")
+        expect(page.get_by_role("heading", name="Log in")).to_be_visible()
     assert violations == []

@@ -74,6 +74,11 @@ def serve(url: URL, directory: Path) -> Iterator[list[StandaloneProcess]]:
         served.process.wait(timeout=30)
 
 
+def _post_forms(html: str) -> list[str]:
+    """Where the page's POST forms go, in order."""
+    return re.findall(r'<form[^>]*method="post" action="([^"]+)"', html)
+
+
 def _token_of(html: str) -> str:
     found = re.search(r'name="csrf_token" value="([^"]+)"', html)
     assert found is not None
@@ -107,6 +112,8 @@ def test_log_in_with_the_printed_token_then_every_page_and_an_action(
             assert client.get(path).status_code == 200, path
         page = client.get(f"/jobs/{job_id}")
         assert "&lt;i&gt;x&lt;/i&gt;" in page.text
+        assert '<span class="user">token</span>' in page.text
+        assert _post_forms(page.text)[0] == "/logout"
         assert "from-code" in client.get("/queues").text  # the APP's queue, with no job yet
         assert client.post(f"/jobs/{job_id}/cancel").status_code == 400  # no CSRF token
         cancelled = client.post(f"/jobs/{job_id}/cancel", data={"csrf_token": _token_of(page.text)})
@@ -155,7 +162,9 @@ def test_auth_file_users_log_in_and_read_only_refuses_actions(
         good = client.post("/login", data={"user": "ada", "password": "s3cret"})
         assert good.status_code == 303
         page = client.get(f"/jobs/{job_id}")
-        assert page.status_code == 200 and 'method="post"' not in page.text
+        assert page.status_code == 200
+        assert _post_forms(page.text) == ["/logout"]  # no action, only the way out
+        assert '<span class="user">ada</span>' in page.text
         assert client.post(f"/jobs/{job_id}/delete").status_code == 403
         assert client.post("/queues/pause", data={"queue": "plain"}).status_code == 403
 
@@ -168,7 +177,10 @@ def test_a_trusted_proxy_header_names_the_user(
     with httpx.Client(base_url=served.base) as client:
         missing = client.get("/")
         assert missing.status_code == 401 and "X-Forwarded-User" in missing.text
-        assert client.get("/", headers={"X-Forwarded-User": "ada"}).status_code == 200
+        page = client.get("/", headers={"X-Forwarded-User": "ada"})
+        assert page.status_code == 200
+        # The proxy owns the login: no way out offered here.
+        assert "/logout" not in page.text
         # The header is the login: no form to post a token to.
         assert client.post("/login", data={"password": "x"}).status_code == 401
 
