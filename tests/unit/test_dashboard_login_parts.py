@@ -1,12 +1,15 @@
-"""The standalone dashboard's pure parts: password hashes and auth files, the bind address, and
-where a login may send the browser."""
+"""The standalone dashboard's parts that need no server: password hashes and auth files, the
+bind address, where a login may send the browser, and the refusal to serve without
+authentication off loopback (one line, exit 2, before any database is reached)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from pgqueue.cli import main
 from pgqueue.dashboard.passwords import Users, hash_password, matches
 from pgqueue.dashboard.standalone import is_loopback, local_target, parse_bind
 from pgqueue.errors import ConfigurationError
@@ -79,3 +82,20 @@ def test_bind_addresses() -> None:
 )
 def test_a_login_sends_the_browser_to_this_dashboard_only(target: str, sent_to: str) -> None:
     assert local_target(target, "/") == sent_to
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--bind", "0.0.0.0:8321", "--no-auth"],
+        ["--bind", "[::]:8321", "--no-auth"],
+        ["--no-auth", "--trust-header", "X-User"],
+    ],
+)
+def test_no_unauthenticated_dashboard_off_loopback(args: list[str]) -> None:
+    refused = CliRunner().invoke(
+        main, ["dashboard", *args], env={"PGQUEUE_DATABASE_URL": "postgresql+psycopg://x@nowhere/y"}
+    )
+    assert refused.exit_code == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), refused.stderr
