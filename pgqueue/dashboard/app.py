@@ -109,7 +109,8 @@ class Dashboard:
         rules = [*pages.RULES, *bulk.RULES, *workflow_view.RULES]
         # Copies: a rule binds to one map, and each dashboard has its own.
         self.url_map = Map(
-            [rule.empty() for rule in rules] + [Rule("/static/<path:filename>", endpoint="static")]
+            [rule.empty() for rule in rules]
+            + [Rule("/static/<path:filename>", endpoint="static", methods=["GET"])]
         )
         self.templates = Environment(
             loader=PackageLoader("pgqueue.dashboard", "templates"),

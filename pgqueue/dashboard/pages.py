@@ -264,13 +264,13 @@ def worker_list(page: Page) -> Response:
 
 
 RULES: Final = [
-    Rule("/", endpoint="overview"),
-    Rule("/jobs", endpoint="job_list"),
-    Rule("/jobs/<int:job_id>", endpoint="job_detail"),
+    Rule("/", endpoint="overview", methods=["GET"]),
+    Rule("/jobs", endpoint="job_list", methods=["GET"]),
+    Rule("/jobs/<int:job_id>", endpoint="job_detail", methods=["GET"]),
     Rule("/jobs/<int:job_id>/<action>", endpoint="job_action", methods=["POST"]),
-    Rule("/queues", endpoint="queue_list"),
+    Rule("/queues", endpoint="queue_list", methods=["GET"]),
     Rule("/queues/<action>", endpoint="queue_action", methods=["POST"]),
-    Rule("/workers", endpoint="worker_list"),
+    Rule("/workers", endpoint="worker_list", methods=["GET"]),
 ]
 VIEWS: Final[dict[str, Callable[..., Response]]] = {
     "overview": overview,

@@ -82,5 +82,5 @@ def workflow_detail(page: Page, workflow_id: int) -> Response:
     )
 
 
-RULES: Final = [Rule("/workflows/<int:workflow_id>", endpoint="workflow_detail")]
+RULES: Final = [Rule("/workflows/<int:workflow_id>", endpoint="workflow_detail", methods=["GET"])]
 VIEWS: Final[dict[str, Callable[..., Response]]] = {"workflow_detail": workflow_detail}

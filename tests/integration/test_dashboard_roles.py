@@ -1,7 +1,8 @@
 """The Flask dashboard's roles, through Flask's test client on a real database: an ``access``
 answer of ``Role.READ_ONLY`` or ``init_dashboard(read_only=True)`` shows the pages without any
 action form and refuses every POST with 403; an access check that reads the posted form itself
-leaves the body whole for the dashboard."""
+leaves the body whole for the dashboard; the host links to the dashboard's pages by their
+endpoint names, and a wrong method is refused after the access check."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from flask import Flask, request
+from flask import Flask, request, url_for
 from sqlalchemy.engine import URL
 from support.dashboard import dashboard_app
 
@@ -74,3 +75,20 @@ def test_read_only_mounting_refuses_every_action(database_url: URL) -> None:
         assert page.status_code == 200
         assert "roles" in page.text and 'method="post"' not in page.text
         assert client.post("/pgqueue/queues/pause", data={"queue": "roles"}).status_code == 403
+
+
+def test_the_host_links_by_endpoint_and_the_access_check_comes_first(app: Flask) -> None:
+    with app.test_request_context():
+        assert url_for("pgqueue_dashboard.overview") == "/pgqueue/"
+        assert url_for("pgqueue_dashboard.job_detail", job_id=7) == "/pgqueue/jobs/7"
+        assert url_for("pgqueue_dashboard.job_list", state="failed") == "/pgqueue/jobs?state=failed"
+        assert url_for("pgqueue_dashboard.static", filename="pgqueue.css") == (
+            "/pgqueue/static/pgqueue.css"
+        )
+    client = app.test_client()
+    assert client.post("/pgqueue/jobs").status_code == 405
+    assert client.get("/pgqueue/jobs/x").status_code == 404
+    answer["role"] = False
+    for refused in (client.post("/pgqueue/jobs"), client.get("/pgqueue/nowhere")):
+        assert refused.status_code == 403
+        assert refused.headers["X-Frame-Options"] == "DENY"

@@ -87,7 +87,7 @@ def _blueprint(core: Dashboard, access: Callable[[], Any] | None, url_prefix: st
     bp = Blueprint(BLUEPRINT_NAME, __name__)
     prefix = url_prefix.rstrip("/")
 
-    def serve(path: str) -> Response:
+    def serve(**_values: Any) -> Response:
         # Read before the access check, which may parse the form itself: the core gets the
         # body from this copy, not from a stream the check already consumed.
         body = request.get_data(cache=True) if request.method == "POST" else b""
@@ -112,7 +112,12 @@ def _blueprint(core: Dashboard, access: Callable[[], Any] | None, url_prefix: st
         response.headers.update(SECURITY_HEADERS)
         return response
 
-    bp.add_url_rule("/", endpoint="serve", view_func=serve, defaults={"path": ""}, methods=METHODS)
+    # The core's own rules, under their names: url_for("pgqueue_dashboard.job_detail",
+    # job_id=7) links a host's page to the dashboard's. Each takes every method, so that a
+    # wrong one, like an unknown path (the catch-all), is the core's answer after the access
+    # check, never Flask's before it.
+    for rule in core.url_map.iter_rules():
+        bp.add_url_rule(rule.rule, endpoint=rule.endpoint, view_func=serve, methods=METHODS)
     bp.add_url_rule("/<path:path>", endpoint="serve", view_func=serve, methods=METHODS)
     return bp
 
