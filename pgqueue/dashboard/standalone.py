@@ -154,7 +154,10 @@ def local_target(target: str, home: str) -> str:
     """``target`` when it is a path on this dashboard, else ``home``: a login never sends the
     browser to another site."""
     parts = urlsplit(target)
-    if parts.scheme or parts.netloc or not target.startswith(home) or "\\" in target:
+    # Browsers drop tabs and newlines from a URL and read a backslash as a slash: "/\t/x" and
+    # "/\\x" would leave the site.
+    odd = any(c.isspace() or c == "\\" or not c.isprintable() for c in target)
+    if parts.scheme or parts.netloc or odd or not target.startswith(home):
         return home
     return target
 
