@@ -57,7 +57,8 @@ def main(verbose: int, debug: bool, database_url: str | None) -> None:
         os.environ["PGQUEUE_DATABASE_URL"] = database_url
 
 
-for _command in (
+# Every command but the demo: ``flask pgqueue`` offers these too (``pgqueue.contrib.flask.cli``).
+APP_COMMANDS = (
     migrate.migrate,
     workers.worker,
     workers.workers,
@@ -78,9 +79,9 @@ for _command in (
     queues.max_depth,
     key_limit,
     rate_limit,
-    demo.demo,
     bulk,
-):
+)
+for _command in (*APP_COMMANDS, demo.demo):
     main.add_command(_command)
 
 
