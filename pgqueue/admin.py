@@ -11,8 +11,8 @@ session when one is given, else in an own transaction retried on transient confl
 SQL runs; rows come back as the public ``Job`` model (detached snapshots) or as the small
 frozen data classes of ``pgqueue.admin_values`` and ``pgqueue.admin_records``, imported from
 here. The queue switches are ``admin_queues``'; the job edits (reschedule, run now, priority)
-and the audit log ``admin_edits``'. An action on one job given an ``actor`` writes an audit
-record in its own transaction.
+and the audit log ``admin_edits``'; the schedule switches ``admin_schedules``'. An action on one
+job given an ``actor`` writes an audit record in its own transaction.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pgqueue.admin_edits import JobEdits
 from pgqueue.admin_queues import QueueControls
 from pgqueue.admin_records import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_runner import SessionWork, Work
+from pgqueue.admin_schedules import ScheduleControls
 from pgqueue.admin_values import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_values import (
     BULK_CANCEL_REASON,
@@ -64,7 +65,7 @@ from pgqueue.workflows.status import WorkflowStatus, status_of
 __all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__, *admin_records.__all__]
 
 
-class Admin(JobEdits, QueueControls):
+class Admin(JobEdits, ScheduleControls, QueueControls):
     """Reads and actions for operators; reach it as ``pgq.admin``.
 
     Made by ``PgQueue`` over its engines and settings (see ``admin_runner.AdminRunner``).
