@@ -27,6 +27,7 @@ from pgqueue.admin_records import (
     AuditEntry,
     AuditPage,
     audit_page_arguments,
+    audit_source,
     checked_actor,
     reschedule_time,
 )
@@ -189,7 +190,7 @@ class JobEdits(AdminRunner):
         ``audited`` when an ``actor`` is given, and leaves it as it is otherwise; the
         arguments checked either way."""
         if actor is None:
-            checked_actor("-", source)
+            audit_source(source)
             return lambda work: work
         who, where = checked_actor(actor, source)
         return lambda work: audited(work, actor=who, source=where, action=action, target=target)

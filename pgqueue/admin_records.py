@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from pgqueue import validation
-from pgqueue.admin_values import MAX_JOB_ID, MAX_PAGE_SIZE, check_actor, default_actor
+from pgqueue.admin_values import (
+    AUDIT_SOURCES,
+    MAX_JOB_ID,
+    MAX_PAGE_SIZE,
+    check_actor,
+    default_actor,
+)
 from pgqueue.errors import ValidationError
 
 __all__ = ["DEFAULT_AUDIT_PAGE", "AuditEntry", "AuditPage", "ScheduleInfo"]
@@ -80,6 +86,13 @@ class ScheduleInfo:
 def checked_actor(actor: object, source: object) -> tuple[str, str]:
     """``check_actor`` with ``default_actor()`` for a None actor."""
     return check_actor(default_actor() if actor is None else actor, source)
+
+
+def audit_source(source: object) -> str:
+    """Where an action is taken, as its audit record says: one of ``AUDIT_SOURCES``."""
+    if source not in AUDIT_SOURCES:
+        raise ValidationError(f"source must be one of {', '.join(AUDIT_SOURCES)}, got {source!r}")
+    return str(source)
 
 
 def reschedule_time(value: object) -> dt.datetime:

@@ -51,11 +51,13 @@ def _editable(edit: Edit) -> ColumnElement[bool]:
     return and_(*guard) if edit.suspended else and_(*guard, ~suspended())
 
 
-def _edited(edit: Edit, ticket_values: dict[str, Any], job_values: dict[str, Any]) -> Any:
+def _edited(
+    edit: Edit, ticket_values: dict[str, Any], job_values: dict[str, Any], *, wake: bool
+) -> Any:
     """``edit`` of job ``target``: ``ticket_values`` on its ticket and ``job_values`` on its row,
     when it is in one of the edit's states; returns its ``(id, run_at, priority)`` then, else no
-    row. Wakes idle
-    workers of the ticket's queue (a ticket moved to now is claimable at once)."""
+    row. With ``wake``, tells idle workers of the ticket's queue of its new ``run_at`` (a ticket
+    moved to now is claimable at once)."""
     # Not named ``job_id``: an UPDATE of the tickets would SET the column a bind is named after.
     job_id = bindparam("target", type_=BigInteger)
     holds_ticket = (
@@ -81,7 +83,8 @@ def _edited(edit: Edit, ticket_values: dict[str, Any], job_values: dict[str, Any
         .returning(Job.id, Job.run_at, Job.priority)
         .cte(f"{edit.name}_job")
     )
-    return select(job.c.id, job.c.run_at, job.c.priority).where(woken(ticket))
+    edited = select(job.c.id, job.c.run_at, job.c.priority)
+    return edited.where(woken(ticket)) if wake else edited
 
 
 @cache
@@ -90,7 +93,7 @@ def reschedule(*, now: bool) -> Any:  # a Select of (id, run_at, priority)
     with ``now`` the database's ``now()``, on its row and its ticket. Returns its
     ``(id, run_at, priority)`` when edited."""
     run_at: Any = func.now() if now else bindparam("new_run_at", type_=DateTime(timezone=True))
-    return _edited(RESCHEDULE, {"run_at": run_at}, {"run_at": run_at})
+    return _edited(RESCHEDULE, {"run_at": run_at}, {"run_at": run_at}, wake=True)
 
 
 @cache
@@ -98,7 +101,8 @@ def reprioritize() -> Any:  # a Select of (id, run_at, priority)
     """Give job ``target`` (QUEUED, RETRYING or WAITING) ``new_priority``,
     on its row and its ticket. Returns its ``(id, run_at, priority)`` when edited."""
     priority = bindparam("new_priority", type_=SmallInteger)
-    return _edited(REPRIORITIZE, {"priority": priority}, {"priority": priority})
+    # No wake-up: a ticket ready now was claimable before, and one due later is still due then.
+    return _edited(REPRIORITIZE, {"priority": priority}, {"priority": priority}, wake=False)
 
 
 @cache

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 from support.workers import in_thread
+from test_wakeups import listening
 
 from pgqueue import InvalidStateTransition, JobNotFound, JobState, PgQueue, ValidationError, chord
 from pgqueue.admin import default_actor
@@ -224,3 +225,23 @@ def test_async_edits_run_the_same_bodies(pgq: PgQueue, engine: Engine) -> None:
 
     now = asyncio.run(main())
     assert _ticket(engine, job_id) == (now, 4)
+
+
+def test_a_rescheduled_ticket_wakes_idle_workers_and_a_new_priority_does_not(
+    pgq: PgQueue, engine: Engine
+) -> None:
+    @pgq.task(name="edits.wake", queue="wakes")
+    def wake() -> None:
+        return None
+
+    job_id = wake.configure(delay=3600).enqueue()
+    later = dt.datetime.now(UTC) + dt.timedelta(hours=2)
+    with listening(engine) as received:
+        pgq.admin.set_priority(job_id, 1)
+        assert received() == []
+        pgq.admin.run_now(job_id)
+        assert received() == ["wakes"]
+        pgq.admin.reschedule(job_id, later)
+        (payload,) = received()
+        queue, epoch = payload.split(" ")
+        assert (queue, float(epoch)) == ("wakes", pytest.approx(later.timestamp(), abs=1e-6))
