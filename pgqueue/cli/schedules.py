@@ -68,7 +68,7 @@ def _queue(app: str | None, database_url: str | None) -> PgQueue:
     return with_current_schema(load_app(app))
 
 
-def _switch(pgq: PgQueue, name: str, actor: str | None, *, paused: bool) -> None:
+def _switch(pgq: PgQueue, name: str, actor: str | None, *, paused: bool, app: bool) -> None:
     act = pgq.admin.pause_schedule if paused else pgq.admin.resume_schedule
     done = "paused" if paused else "resumed"
     try:
@@ -76,7 +76,9 @@ def _switch(pgq: PgQueue, name: str, actor: str | None, *, paused: bool) -> None
     except LookupError as exc:
         known = [s.name for s in pgq.admin.schedules()]
         meant = did_you_mean(name, known)
-        raise CommandError(f"{exc}{f'; {meant}' if meant else ''}; nothing changed") from exc
+        # Without the app, only the names the database recorded are known.
+        hint = "" if app else " (pass --app APP for a schedule that has not ticked yet)"
+        raise CommandError(f"{exc}{f'; {meant}' if meant else ''}; nothing changed{hint}") from exc
     echo(f"schedule {name} {done}" if changed else f"schedule {name} was {done} already")
 
 
@@ -87,7 +89,7 @@ def _switch(pgq: PgQueue, name: str, actor: str | None, *, paused: bool) -> None
 @database_option
 def pause(name: str, app: str | None, actor: str | None, database_url: str | None) -> None:
     """Stop schedule NAME from enqueueing its ticks (those that fall meanwhile are dropped)."""
-    _switch(_queue(app, database_url), name, actor, paused=True)
+    _switch(_queue(app, database_url), name, actor, paused=True, app=app is not None)
 
 
 @schedules.command()
@@ -97,7 +99,7 @@ def pause(name: str, app: str | None, actor: str | None, database_url: str | Non
 @database_option
 def resume(name: str, app: str | None, actor: str | None, database_url: str | None) -> None:
     """Let schedule NAME enqueue again, from its next tick on."""
-    _switch(_queue(app, database_url), name, actor, paused=False)
+    _switch(_queue(app, database_url), name, actor, paused=False, app=app is not None)
 
 
 @schedules.command()

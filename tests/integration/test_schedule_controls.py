@@ -224,6 +224,10 @@ def test_the_cli_lists_as_before_and_pauses_resumes_and_runs_a_schedule(
     code, out = invoke("schedules", "pause", "bet", "--app", app_module)
     assert code == 2
     assert "no schedule named 'bet'" in out and "did you mean 'beat'?" in out
+    code, out = invoke("schedules", "resume", "bet")
+    assert code == 2 and out.endswith(
+        "nothing changed (pass --app APP for a schedule that has not ticked yet)"
+    )
     with Session(engine) as session:
         jobs = session.scalar(select(func.count()).select_from(Job))
     assert jobs == 1
