@@ -19,6 +19,7 @@ from pgqueue.cli.shared import (
     database_option,
     did_you_mean,
     echo,
+    host_queue,
     load_app,
     queue_for,
     with_current_schema,
@@ -32,11 +33,12 @@ _LIST = "list"
 
 
 class _ListOrAct(click.Group):
-    """A group whose first argument, when it names none of its commands, is the listing's
-    APP: ``pgqueue schedules APP`` lists, ``pgqueue schedules pause NAME`` acts."""
+    """A group whose arguments, unless the first names one of its commands, are the
+    listing's: ``pgqueue schedules APP`` (and ``flask pgqueue schedules``) lists, ``pgqueue
+    schedules pause NAME`` acts."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and not args[0].startswith("-"):
+        if not args or (args[0] not in self.commands and not args[0].startswith("-")):
             args = [_LIST, *args]
         return super().parse_args(ctx, args)
 
@@ -62,13 +64,16 @@ _app_option = click.option(
 )
 
 
-def _queue(app: str | None, database_url: str | None) -> PgQueue:
-    if app is None:
-        return queue_for(database_url)
-    return with_current_schema(load_app(app))
+def _queue(app: str | None, database_url: str | None) -> tuple[PgQueue, bool]:
+    """The command's queue, and whether its code's schedules are known (``--app``, or the
+    host's app under ``flask pgqueue``)."""
+    if app is None and host_queue() is None:
+        return queue_for(database_url), False
+    return with_current_schema(load_app(app or "")), True
 
 
-def _switch(pgq: PgQueue, name: str, actor: str | None, *, paused: bool, app: bool) -> None:
+def _switch(queue: tuple[PgQueue, bool], name: str, actor: str | None, *, paused: bool) -> None:
+    pgq, app = queue
     act = pgq.admin.pause_schedule if paused else pgq.admin.resume_schedule
     done = "paused" if paused else "resumed"
     try:
@@ -89,7 +94,7 @@ def _switch(pgq: PgQueue, name: str, actor: str | None, *, paused: bool, app: bo
 @database_option
 def pause(name: str, app: str | None, actor: str | None, database_url: str | None) -> None:
     """Stop schedule NAME from enqueueing its ticks (those that fall meanwhile are dropped)."""
-    _switch(_queue(app, database_url), name, actor, paused=True, app=app is not None)
+    _switch(_queue(app, database_url), name, actor, paused=True)
 
 
 @schedules.command()
@@ -99,7 +104,7 @@ def pause(name: str, app: str | None, actor: str | None, database_url: str | Non
 @database_option
 def resume(name: str, app: str | None, actor: str | None, database_url: str | None) -> None:
     """Let schedule NAME enqueue again, from its next tick on."""
-    _switch(_queue(app, database_url), name, actor, paused=False, app=app is not None)
+    _switch(_queue(app, database_url), name, actor, paused=False)
 
 
 @schedules.command()
