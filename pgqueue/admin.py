@@ -9,8 +9,10 @@ one transaction (``admin_runner``): reads in a session of their own, actions in 
 session when one is given, else in an own transaction retried on transient conflicts; the
 ``a``-prefixed methods run the same bodies in an event loop. Arguments are checked before any
 SQL runs; rows come back as the public ``Job`` model (detached snapshots) or as the small
-frozen data classes of ``pgqueue.admin_values``, imported from here. The queue switches are
-``admin_queues``'.
+frozen data classes of ``pgqueue.admin_values`` and ``pgqueue.admin_records``, imported from
+here. The queue switches are ``admin_queues``'; the job edits (reschedule, run now, priority)
+and the audit log ``admin_edits``'; the schedule switches ``admin_schedules``'. An action on one
+job given an ``actor`` writes an audit record in its own transaction.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from pgqueue import admin_values, explain
+from pgqueue import admin_records, admin_values, explain
+from pgqueue.admin_edits import JobEdits
 from pgqueue.admin_queues import QueueControls
+from pgqueue.admin_records import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_runner import SessionWork, Work
+from pgqueue.admin_schedules import ScheduleControls
 from pgqueue.admin_values import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_values import (
     BULK_CANCEL_REASON,
@@ -57,10 +62,10 @@ from pgqueue.states import JobState
 from pgqueue.suspension import checked_signal
 from pgqueue.workflows.status import WorkflowStatus, status_of
 
-__all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__]
+__all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__, *admin_records.__all__]
 
 
-class Admin(QueueControls):
+class Admin(JobEdits, ScheduleControls, QueueControls):
     """Reads and actions for operators; reach it as ``pgq.admin``.
 
     Made by ``PgQueue`` over its engines and settings (see ``admin_runner.AdminRunner``).
@@ -109,51 +114,105 @@ class Admin(QueueControls):
         rows = self._read_session(lambda s, ex: admin_data.jobs_page(s, ex, ahead))
         return page_of(rows, limit=checked.limit, before=checked.before, after=checked.after)
 
-    def delete_job(self, job_id: int, *, session: Session | None = None) -> bool:
+    def delete_job(
+        self,
+        job_id: int,
+        *,
+        session: Session | None = None,
+        actor: str | None = None,
+        source: str = "api",
+    ) -> bool:
         """Delete a job that is not running (with its ticket); False when nothing was
         deleted (it is running, or gone). A job of a running workflow is refused with
         InvalidStateTransition naming the workflow (its callback counts on every member's
-        row)."""
+        row). With ``actor``, a deletion writes an audit record (``source``: ``api``, ``cli``
+        or ``dashboard``) in its transaction; so do ``retry_job``, ``cancel_job`` and
+        ``signal``."""
         job_id = check_job_id(job_id)
-        return self._write_session(session, lambda s, ex: admin_data.remove_job(s, ex, job_id))
+        audit = self._audit_if(
+            actor, source, "delete", lambda done: {"job_id": job_id} if done else None
+        )
+        return self._write_session(
+            session, audit(lambda s, ex: admin_data.remove_job(s, ex, job_id))
+        )
 
-    def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
+    def retry_job(
+        self,
+        job_id: int,
+        *,
+        session: Session | None = None,
+        actor: str | None = None,
+        source: str = "api",
+    ) -> None:
         """Make a FAILED or CANCELLED job run again now, whatever its attempt count.
 
         The attempts it used stay counted; when none are left, ``max_attempts`` is raised to
         ``attempts + 1``, so the job gets one more attempt (retried no further if it fails) and
         its attempt count never exceeds its maximum. A workflow's job (but the ``on_failure``
         job of an ended workflow) is refused with InvalidStateTransition naming the workflow:
-        its workflow settles it."""
-        self._write_session(session, self._retry(job_id))
+        its workflow settles it. Audited with ``actor`` (see ``delete_job``)."""
+        self._write_session(session, self._retry(job_id, actor, source))
 
-    async def aretry_job(self, job_id: int, *, session: AsyncSession | None = None) -> None:
+    async def aretry_job(
+        self,
+        job_id: int,
+        *,
+        session: AsyncSession | None = None,
+        actor: str | None = None,
+        source: str = "api",
+    ) -> None:
         """``retry_job`` for asyncio (in ``session``'s transaction when given)."""
-        await self._awrite_session(session, self._retry(job_id))
+        await self._awrite_session(session, self._retry(job_id, actor, source))
 
-    def _retry(self, job_id: int) -> SessionWork[None]:
+    def _retry(self, job_id: int, actor: str | None, source: str) -> SessionWork[None]:
         job_id = check_job_id(job_id)
-        return lambda s, ex: admin_data.rerun_job(s, ex, job_id)
+        audit = self._audit_if(actor, source, "retry", lambda _: {"job_id": job_id})
+        return audit(lambda s, ex: admin_data.rerun_job(s, ex, job_id))
 
-    def cancel_job(self, job_id: int, *, session: Session | None = None) -> JobState:
+    def cancel_job(
+        self,
+        job_id: int,
+        *,
+        session: Session | None = None,
+        actor: str | None = None,
+        source: str = "api",
+    ) -> JobState:
         """Cancel a waiting job (it never runs) or ask a running one to stop.
 
         Returns CANCELLED for a waiting job, RUNNING when the running job was flagged (its
         handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried). A workflow's
         job is refused as ``retry_job`` refuses it (``cancel_workflow`` stops the workflow).
+        Audited with ``actor`` (see ``delete_job``).
         """
-        return self._write_session(session, self._cancel(job_id))
+        return self._write_session(session, self._cancel(job_id, actor, source))
 
-    async def acancel_job(self, job_id: int, *, session: AsyncSession | None = None) -> JobState:
+    async def acancel_job(
+        self,
+        job_id: int,
+        *,
+        session: AsyncSession | None = None,
+        actor: str | None = None,
+        source: str = "api",
+    ) -> JobState:
         """``cancel_job`` for asyncio (in ``session``'s transaction when given)."""
-        return await self._awrite_session(session, self._cancel(job_id))
+        return await self._awrite_session(session, self._cancel(job_id, actor, source))
 
-    def _cancel(self, job_id: int) -> SessionWork[JobState]:
+    def _cancel(self, job_id: int, actor: str | None, source: str) -> SessionWork[JobState]:
         job_id = check_job_id(job_id)
-        return lambda s, ex: admin_data.cancel_job(s, ex, job_id, "cancelled by request")
+        audit = self._audit_if(
+            actor, source, "cancel", lambda state: {"job_id": job_id, "state": state}
+        )
+        return audit(lambda s, ex: admin_data.cancel_job(s, ex, job_id, "cancelled by request"))
 
     def signal(
-        self, job_id: int, name: str, payload: Any = None, *, session: Session | None = None
+        self,
+        job_id: int,
+        name: str,
+        payload: Any = None,
+        *,
+        session: Session | None = None,
+        actor: str | None = None,
+        source: str = "api",
     ) -> bool:
         """Send signal ``name`` with ``payload`` (JSON; None by default) to job ``job_id``: it
         is stored durably, and the job, if suspended in ``ctx.wait_for_signal(name)``, is woken
@@ -166,19 +225,33 @@ class Admin(QueueControls):
         there is no such job, InvalidStateTransition when it has finished, and
         ValidationError (a ``ValueError``) for a bad job id or name or a payload that is not
         JSON or is larger than the ``max_payload_bytes`` setting, before anything is written.
-        The job's row stays locked until the transaction ends, as for ``cancel_job``.
+        The job's row stays locked until the transaction ends, as for ``cancel_job``. A
+        stored signal is audited with ``actor`` (see ``delete_job``; the record names the
+        signal, not its payload).
         """
-        return self._write(session, self._signal(job_id, name, payload))
+        return self._write_session(session, self._signal(job_id, name, payload, actor, source))
 
     async def asignal(
-        self, job_id: int, name: str, payload: Any = None, *, session: AsyncSession | None = None
+        self,
+        job_id: int,
+        name: str,
+        payload: Any = None,
+        *,
+        session: AsyncSession | None = None,
+        actor: str | None = None,
+        source: str = "api",
     ) -> bool:
         """``signal`` for asyncio (in ``session``'s transaction when given)."""
-        return await self._awrite(session, self._signal(job_id, name, payload))
+        work = self._signal(job_id, name, payload, actor, source)
+        return await self._awrite_session(session, work)
 
-    def _signal(self, job_id: int, name: str, payload: Any) -> Work[bool]:
+    def _signal(
+        self, job_id: int, name: str, payload: Any, actor: str | None, source: str
+    ) -> SessionWork[bool]:
         job_id, name, encoded = checked_signal(job_id, name, payload, self._settings())
-        return lambda ex: signals_data.signal_job(ex, job_id, name, encoded)
+        target = {"job_id": job_id, "signal": name}
+        audit = self._audit_if(actor, source, "signal", lambda stored: target if stored else None)
+        return audit(lambda _, ex: signals_data.signal_job(ex, job_id, name, encoded))
 
     # -- workflows ---------------------------------------------------------------------------
 

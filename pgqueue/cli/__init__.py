@@ -5,9 +5,9 @@ Commands that need tasks take an application path ``module:attribute`` naming a 
 ``$PGQUEUE_DATABASE_URL``, then the embedded server).
 
 This module holds the command group and adds the commands of each group's module to it
-(``migrate``, ``workers``, ``jobs``, ``history``, ``queues``, ``flow``, ``bulk``, ``demo``);
-``shared`` holds what they and ``flask pgqueue`` share, output included, and ``reports``
-the job reports both print.
+(``migrate``, ``workers``, ``jobs``, ``history``, ``queues``, ``schedules``, ``flow``,
+``bulk``, ``demo``); ``shared`` holds what they and ``flask pgqueue`` share, output included,
+and ``reports`` the job reports both print.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgqueue.cli import demo, history, jobs, migrate, queues, shared, workers, workflows
+from pgqueue.cli import demo, history, jobs, migrate, queues, schedules, shared, workers, workflows
 from pgqueue.cli.bulk import bulk
 from pgqueue.cli.flow import key_limit, rate_limit
 from pgqueue.cli.shared import OneLineErrors, configure_logging, debug_option, verbose_option
@@ -72,7 +72,7 @@ APP_COMMANDS = (
     workflows.workflow,
     history.prune,
     history.history_group,
-    queues.schedules,
+    schedules.schedules,
     queues.pause,
     queues.resume,
     queues.limit,
