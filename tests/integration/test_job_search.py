@@ -20,6 +20,8 @@ from sqlalchemy.engine import URL
 
 from pgqueue import PgQueue, Settings
 from pgqueue.admin import JsonMatch
+from pgqueue.data import history as history_data
+from pgqueue.db import executor_for
 from pgqueue.errors import ValidationError
 
 JOBS = 240
@@ -288,3 +290,28 @@ def test_bad_search_input_is_refused_before_any_sql(pgq: PgQueue) -> None:
         pgq.admin.list_jobs(error_contains="boom")
     with pytest.raises(ValidationError, match=r"since .* must be before until"):
         pgq.admin.list_jobs(since=_at(2), until=_at(1))
+
+
+def test_the_partitioned_history_is_searched_with_the_live_table(
+    search_pgq: tuple[PgQueue, list[dict[str, Any]]], database_url: URL
+) -> None:
+    _, rows = search_pgq
+    settings = Settings(history="partitioned")
+    pgq = PgQueue(database_url.render_as_string(hide_password=False), settings=settings)
+    try:
+        pgq.maintain_history(days_ahead=1)
+        # The 120 jobs that finished first move (into the DEFAULT partition: their day has
+        # none); the rest, and the queued ones, stay.
+        with pgq.sessions() as session, session.begin():
+            assert history_data.move_to_history(executor_for(session), age=0.0, limit=120) == 120
+        cases = [CASES[0], CASES[6], CASES[12], CASES[13]]
+        for search, column, keep in cases:
+            expected = _expected(rows, column, lambda r: _in_window(r, search, column) and keep(r))
+            assert _walk_all(pgq, limit=7, **search)[0] == expected, search
+            assert _walk_all(pgq, limit=7, scan=13, **search)[0] == expected, search
+        moved = next(r for r in rows if r["state"] == "failed")
+        assert [j.id for j in pgq.admin.list_jobs(job_id=moved["id"], state="failed").jobs] == [
+            moved["id"]
+        ]
+    finally:
+        pgq.dispose()
