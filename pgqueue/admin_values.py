@@ -313,8 +313,8 @@ def list_arguments(
         raise ValidationError(f"json_match must be a JsonMatch, got {json_match!r:.80}")
     if (error_contains is not None or json_match is not None) and since is None and job_id is None:
         raise ValidationError(
-            "a search of errors or JSON content reads a bounded window of jobs: give since= "
-            "(and until=) on created_at or finished_at"
+            "a search of errors or JSON content needs a window to bound what it reads: give "
+            "since= (and until=; they bound time_column, created_at or finished_at)"
         )
     return ListArguments(
         queue,

@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 
 from pgqueue import PgQueue, Settings
 from pgqueue.admin import JsonMatch
+from pgqueue.cli import main as cli_main
 from pgqueue.data import history as history_data
 from pgqueue.db import executor_for
 from pgqueue.errors import ValidationError
@@ -315,3 +317,31 @@ def test_the_partitioned_history_is_searched_with_the_live_table(
         ]
     finally:
         pgq.dispose()
+
+
+def test_pgqueue_jobs_searches_with_the_same_filters(
+    search_pgq: tuple[PgQueue, list[dict[str, Any]]], database_url: URL
+) -> None:
+    _, rows = search_pgq
+    url = database_url.render_as_string(hide_password=False)
+    expected = _expected(rows, "created_at", lambda r: r["kwargs"]["user"]["id"] == 3)
+    since = ["--since", _at(0).isoformat()]
+    found = CliRunner().invoke(
+        cli_main,
+        ["jobs", "--database-url", url, *since, "--json-equals", "kwargs.user.id=3", "--json"],
+    )
+    assert found.exit_code == 0, found.output
+    listed = json.loads(found.stdout)
+    assert [job["id"] for job in listed["jobs"]] == expected[:20]
+    assert listed["search"] == {"scanned": JOBS, "cut_short": False, "reached": None}
+    cut = CliRunner().invoke(
+        cli_main,
+        ["jobs", "--database-url", url, *since, "--error-contains", "nothing", "--scan", "5"],
+    )
+    assert cut.exit_code == 0, cut.output
+    newest = max(r["id"] for r in rows)
+    assert cut.stderr.strip() == (
+        "note: searched the newest 5 jobs of the window, back to "
+        f"{_at(newest - _first_id - 3).isoformat()}: narrow the window, or continue with the "
+        f"older page (--before {newest - 4})"
+    )
