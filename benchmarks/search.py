@@ -11,6 +11,12 @@ of the last day on ``created_at`` and on ``finished_at``. Prints p50 and p95 in 
 how many jobs each search read and whether its bound cut it short, and the executed plan of
 the walk of the search that is not found (the most it reads). Writes the report to
 ``benchmarks/results/<timestamp>-search.json``.
+
+``--index-cost ROUNDS`` measures instead what the index a content search would need costs the
+enqueue: on a fresh database, in alternating rounds, ``enqueue1`` (500 jobs, one transaction
+each) and ``enqueue_many`` (20,000 jobs in one call) of jobs with a small order's arguments,
+with and without GIN indexes on ``args::jsonb`` and ``kwargs::jsonb`` (what Oban and River keep
+on their args); the median per job of each, and their ratio.
 """
 
 from __future__ import annotations
@@ -116,6 +122,67 @@ def explain_walk(pgq: PgQueue, search: Callable[[], JobPage]) -> list[str]:
     return plans
 
 
+GIN_INDEXES = {
+    "ix_search_args": "USING gin ((args::jsonb))",
+    "ix_search_kwargs": "USING gin ((kwargs::jsonb))",
+}
+
+
+def order(i: int) -> dict[str, Any]:
+    """The keyword arguments of one job: a small order, as a web app enqueues."""
+    return {
+        "order_id": i,
+        "customer": {"id": i % 1000, "email": f"user{i % 1000}@example.com"},
+        "items": [{"sku": f"sku-{i % 50}", "quantity": 1 + i % 3}],
+        "notify": True,
+    }
+
+
+def index_cost(server: Server, rounds: int) -> dict[str, Any]:
+    """Median microseconds per job of enqueue1 and enqueue_many with and without the GIN
+    indexes, in alternating rounds on one fresh database."""
+    samples: dict[str, dict[str, list[float]]] = {
+        "enqueue1_us": {"without": [], "with GIN": []},
+        "enqueue_many_us": {"without": [], "with GIN": []},
+    }
+    with server.fresh_database("search_index_cost") as url:
+        pgq = PgQueue(sqlalchemy_url(url))
+        task = pgq.task(name="bench.order")(lambda **order: None)
+        try:
+            task.enqueue_many([order(i) for i in range(2_000)])  # warm-up: pool, caches
+            for round_number in range(rounds):
+                labels = ["without", "with GIN"]
+                if round_number % 2:
+                    labels.reverse()
+                for label in labels:
+                    with psycopg.connect(libpq(url), autocommit=True) as conn:
+                        for name, how in GIN_INDEXES.items():
+                            conn.execute(f"DROP INDEX IF EXISTS {name}")
+                            if label == "with GIN":
+                                conn.execute(f"CREATE INDEX {name} ON pgqueue_jobs {how}")
+                        conn.execute("TRUNCATE pgqueue_jobs, pgqueue_message_queue")
+                        conn.execute("CHECKPOINT")
+                    start = time.perf_counter()
+                    for i in range(500):
+                        task.enqueue(**order(i))
+                    single = (time.perf_counter() - start) / 500 * 1e6
+                    samples["enqueue1_us"][label].append(single)
+                    items = [order(i) for i in range(20_000)]
+                    start = time.perf_counter()
+                    task.enqueue_many(items)
+                    many = (time.perf_counter() - start) / 20_000 * 1e6
+                    samples["enqueue_many_us"][label].append(many)
+                    print(f"round {round_number} {label}: {single:.0f} / {many:.1f} us", flush=True)
+        finally:
+            pgq.dispose()
+    result: dict[str, Any] = {}
+    for key, by_label in samples.items():
+        medians = {label: round(statistics.median(v), 1) for label, v in by_label.items()}
+        ratio = medians["with GIN"] / medians["without"]
+        result[key] = {**medians, "ratio": round(ratio, 3), "rounds": by_label}
+    return result
+
+
 def run(server: Server, jobs: int, layout: str) -> dict[str, Any]:
     result: dict[str, Any] = {"jobs": jobs, "layout": layout, "server": server.settings()}
     with server.fresh_database("search") as url:
@@ -157,8 +224,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--history", choices=("in_place", "partitioned"), default="in_place")
+    parser.add_argument("--index-cost", type=int, default=0, metavar="ROUNDS")
     args = parser.parse_args()
-    report = standalone(lambda server, a: run(server, a.jobs, a.history), args)
+    if args.index_cost:
+        report = standalone(
+            lambda server, a: {"index_cost": index_cost(server, a.index_cost)}, args
+        )
+    else:
+        report = standalone(lambda server, a: run(server, a.jobs, a.history), args)
     report["mode"] = "search"
     print(json.dumps({k: v for k, v in report.items() if k != "plans"}, indent=1, default=str))
     print(f"wrote {write_json(report, None)}")
