@@ -69,8 +69,11 @@ def _sent(pgq: PgQueue, **search: Any) -> list[tuple[str, dict[str, Any]]]:
 
 def _plans(connection: Connection, statement: str, parameters: dict[str, Any]) -> Iterator[Any]:
     """The executed custom plan of ``statement``, then its executed generic plan."""
-    custom = connection.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters)
-    yield custom.scalar_one()[0]["Plan"]
+    custom = connection.exec_driver_sql(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters
+    ).scalar_one()[0]
+    assert "JIT" not in custom  # pgqueue's connections turn it off, JIT-enabled servers too
+    yield custom["Plan"]
     connection.rollback()
     names: list[str] = []
 
