@@ -160,7 +160,7 @@ def index_cost(server: Server, rounds: int) -> dict[str, Any]:
                             conn.execute(f"DROP INDEX IF EXISTS {name}")
                             if label == "with GIN":
                                 conn.execute(f"CREATE INDEX {name} ON pgqueue_jobs {how}")
-                        conn.execute("TRUNCATE pgqueue_jobs, pgqueue_message_queue")
+                        conn.execute("TRUNCATE pgqueue_jobs, pgqueue_message_queue CASCADE")
                         conn.execute("CHECKPOINT")
                     start = time.perf_counter()
                     for i in range(500):
