@@ -18,6 +18,7 @@ job given an ``actor`` writes an audit record in its own transaction.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -34,10 +35,12 @@ from pgqueue.admin_values import (
     BULK_CANCEL_REASON,
     DEFAULT_COUNT_CAP,
     DEFAULT_PAGE_SIZE,
+    DEFAULT_SEARCH_SCAN,
     DEFAULT_THROUGHPUT_CAP,
     BulkResult,
     JobHolder,
     JobPage,
+    JsonMatch,
     OldestWaiting,
     Throughput,
     WorkerInfo,
@@ -51,6 +54,7 @@ from pgqueue.data import admin as admin_data
 from pgqueue.data import bulk as bulk_data
 from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
+from pgqueue.data import search as search_data
 from pgqueue.data import signals as signals_data
 from pgqueue.data import workers as workers_data
 from pgqueue.data import workflows as workflow_data
@@ -103,12 +107,41 @@ class Admin(JobEdits, ScheduleControls, QueueControls):
         before: int | None = None,
         after: int | None = None,
         limit: int = DEFAULT_PAGE_SIZE,
+        job_id: int | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        time_column: str = "created_at",
+        error_contains: str | None = None,
+        json_match: JsonMatch | None = None,
+        scan: int = DEFAULT_SEARCH_SCAN,
     ) -> JobPage:
         """A page of jobs, newest first, filtered by queue, state and task name; ``before`` /
-        ``after`` (a job id, see ``JobPage``) walk to older / newer pages."""
+        ``after`` (a job id, see ``JobPage``) walk to older / newer pages.
+
+        Searches (``pgqueue.job_search``): ``job_id`` gives that job alone when it matches
+        the other filters; ``since`` (inclusive) and ``until`` (exclusive), timezone-aware,
+        bound ``time_column`` (``created_at`` or ``finished_at``); ``error_contains`` is text
+        found in ``last_error`` ignoring case; ``json_match`` a ``JsonMatch`` on the arguments
+        or the result. Error and JSON searches need ``since``. A search with a window reads
+        at most ``scan`` jobs of it per table, newest first, and says in the page's ``search``
+        whether that bound cut it short (its ``older`` then continues it)."""
         checked = list_arguments(
-            queue=queue, state=state, task_name=task_name, before=before, after=after, limit=limit
+            queue=queue,
+            state=state,
+            task_name=task_name,
+            before=before,
+            after=after,
+            limit=limit,
+            job_id=job_id,
+            since=since,
+            until=until,
+            time_column=time_column,
+            error_contains=error_contains,
+            json_match=json_match,
+            scan=scan,
         )
+        if checked.searching or checked.job_id is not None:
+            return self._read_session(lambda s, ex: search_data.search_page(s, ex, checked))
         # One more than the page: whether there is a next page.
         ahead = dataclasses.replace(checked, limit=checked.limit + 1)
         rows = self._read_session(lambda s, ex: admin_data.jobs_page(s, ex, ahead))
