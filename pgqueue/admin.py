@@ -11,7 +11,8 @@ session when one is given, else in an own transaction retried on transient confl
 SQL runs; rows come back as the public ``Job`` model (detached snapshots) or as the small
 frozen data classes of ``pgqueue.admin_values`` and ``pgqueue.admin_records``, imported from
 here. The queue switches are ``admin_queues``'; the job edits (reschedule, run now, priority)
-and the audit log ``admin_edits``'; the schedule switches ``admin_schedules``'. An action on one
+and the audit log ``admin_edits``'; the schedule switches ``admin_schedules``'; the counts, throughput and
+worker registry ``admin_figures``'. An action on one
 job given an ``actor`` writes an audit record in its own transaction.
 """
 
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from pgqueue import admin_records, admin_values, explain
 from pgqueue.admin_edits import JobEdits
+from pgqueue.admin_figures import Figures
 from pgqueue.admin_queues import QueueControls
 from pgqueue.admin_records import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_runner import SessionWork, Work
@@ -33,17 +35,11 @@ from pgqueue.admin_schedules import ScheduleControls
 from pgqueue.admin_values import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_values import (
     BULK_CANCEL_REASON,
-    DEFAULT_COUNT_CAP,
     DEFAULT_PAGE_SIZE,
     DEFAULT_SEARCH_SCAN,
-    DEFAULT_THROUGHPUT_CAP,
     BulkResult,
-    JobHolder,
     JobPage,
     JsonMatch,
-    OldestWaiting,
-    Throughput,
-    WorkerInfo,
     check_actor,
     check_job_id,
     default_actor,
@@ -56,7 +52,6 @@ from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
 from pgqueue.data import search as search_data
 from pgqueue.data import signals as signals_data
-from pgqueue.data import workers as workers_data
 from pgqueue.data import workflows as workflow_data
 from pgqueue.db import ConnectionExecutor, Executor
 from pgqueue.errors import ValidationError, WorkflowNotFound
@@ -69,7 +64,7 @@ from pgqueue.workflows.status import WorkflowStatus, status_of
 __all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__, *admin_records.__all__]
 
 
-class Admin(JobEdits, ScheduleControls, QueueControls):
+class Admin(JobEdits, ScheduleControls, QueueControls, Figures):
     """Reads and actions for operators; reach it as ``pgq.admin``.
 
     Made by ``PgQueue`` over its engines and settings (see ``admin_runner.AdminRunner``).
@@ -409,89 +404,6 @@ class Admin(JobEdits, ScheduleControls, QueueControls):
             ),
         )
         return BulkResult(action, count, False, flagged, audit_id)
-
-    # -- figures -----------------------------------------------------------------------------
-
-    def counts(self) -> dict[str, dict[JobState, int]]:
-        """``{queue: {state: count}}`` over all jobs (exact: reads every job)."""
-        return self._read(admin_data.state_counts)
-
-    def capped_counts(self, cap: int = DEFAULT_COUNT_CAP) -> dict[str, dict[JobState, int]]:
-        """``{queue: {state: count}}`` for every queue with jobs, each count stopping at
-        ``cap`` (``cap`` means "``cap`` or more"); states without jobs count 0. Under the
-        partitioned history, moved jobs count too (each table's count capped, the sum too)."""
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-            raise ValidationError(f"cap must be a positive int, got {cap!r}")
-        return self._read(lambda ex: admin_data.capped_counts(ex, cap))
-
-    def oldest_waiting(self) -> dict[str, OldestWaiting]:
-        """The earliest ticket of each queue that has one."""
-        rows = self._read(admin_data.oldest_waiting)
-        return {queue: OldestWaiting(*row) for queue, row in rows.items()}
-
-    def throughput(self) -> dict[str, dict[JobState, list[int]]]:
-        """Jobs finished per minute over the last hour: ``{queue: {state: [count, ...]}}``,
-        index 0 the current minute, index 59 an hour ago; only queues with finished jobs in
-        that hour appear. Under the partitioned history the minutes are clock minutes, and moved
-        jobs are counted from the per-minute counts their move wrote."""
-        return self._read(admin_data.throughput)
-
-    def recent_throughput(self, cap: int = DEFAULT_THROUGHPUT_CAP) -> Throughput:
-        """Jobs finished per minute over the last hour, or, when more than ``cap`` finished in
-        that hour, over the shorter window holding the ``cap`` most recent ones, in buckets of
-        1 to 60 seconds (at most 60 of them). Reads at most about ``cap`` index entries twice,
-        so the cost is bounded however busy the queues are. Under the partitioned history the
-        moved jobs of a whole hour come from their per-minute counts (clock minutes), whose
-        rows do not grow with the jobs; the window shrinks only when more than ``cap`` jobs
-        still in ``pgqueue_jobs`` finished within the hour."""
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-            raise ValidationError(f"cap must be a positive int, got {cap!r}")
-        return Throughput(*self._read(lambda ex: admin_data.recent_throughput(ex, cap)))
-
-    def queue_names(self) -> list[str]:
-        """The queues that have jobs, sorted (moved jobs' too under the partitioned history)."""
-        return self._read(admin_data.queue_names)
-
-    # -- workers -----------------------------------------------------------------------------
-
-    def list_workers(self, *, include_stale: bool = False) -> list[WorkerInfo]:
-        """The live workers of the registry by id, each with the RUNNING jobs it holds; with
-        ``include_stale``, also the rows of workers gone stale (``live`` false), after them."""
-        if not isinstance(include_stale, bool):
-            raise ValidationError(f"include_stale must be a bool, got {include_stale!r}")
-        stale_seconds = self._stale_seconds()
-        rows = self._read(
-            lambda s: workers_data.list_workers(s, stale_seconds, include_stale=include_stale)
-        )
-        return [
-            WorkerInfo(
-                id=row[0],
-                host=row[1],
-                pid=row[2],
-                queues=tuple(row[3]),
-                concurrency=row[4],
-                version=row[5],
-                started_at=row[6],
-                last_seen_at=row[7],
-                seconds_since_seen=float(row[8]),
-                live=bool(row[9]),
-                running=int(row[10]),
-                claim_error=row[11],
-                seconds_failing=None if row[12] is None else float(row[12]),
-                tasks=None if row[13] is None else tuple(row[13]),
-            )
-            for row in rows
-        ]
-
-    def job_holder(self, job_id: int) -> JobHolder | None:
-        """The worker holding job ``job_id`` while it is RUNNING, else None."""
-        job_id = check_job_id(job_id)
-        stale_seconds = self._stale_seconds()
-        row = self._read(lambda s: workers_data.job_holder(s, job_id, stale_seconds))
-        if row is None:
-            return None
-        seen = None if row[4] is None else float(row[4])
-        return JobHolder(row[0], row[1], row[2], row[3], seen, bool(row[5]))
 
     # -- retention ---------------------------------------------------------------------------
 
