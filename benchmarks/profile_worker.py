@@ -41,7 +41,7 @@ from benchmarks.workloads import (
     worker_command,
     worker_env,
 )
-from pgqueue.config import redact_url
+from pgqueue.database_urls import redact_url
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

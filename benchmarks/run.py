@@ -30,7 +30,7 @@ from rich.table import Table
 
 from benchmarks import server as server_module
 from benchmarks import workloads as w
-from pgqueue.config import redact_url
+from pgqueue.database_urls import redact_url
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 console = Console()

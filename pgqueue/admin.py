@@ -9,33 +9,37 @@ one transaction (``admin_runner``): reads in a session of their own, actions in 
 session when one is given, else in an own transaction retried on transient conflicts; the
 ``a``-prefixed methods run the same bodies in an event loop. Arguments are checked before any
 SQL runs; rows come back as the public ``Job`` model (detached snapshots) or as the small
-frozen data classes of ``pgqueue.admin_values``, imported from here. The queue switches are
-``admin_queues``'.
+frozen data classes of ``pgqueue.admin_values`` and ``pgqueue.admin_records``, imported from
+here. The queue switches are ``admin_queues``'; the job edits (reschedule, run now, priority)
+and the audit log ``admin_edits``'; the schedule switches ``admin_schedules``'; the counts, throughput and
+worker registry ``admin_figures``'. An action on one
+job given an ``actor`` writes an audit record in its own transaction.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from pgqueue import admin_values, explain
+from pgqueue import admin_records, admin_values, explain
+from pgqueue.admin_edits import JobEdits
+from pgqueue.admin_figures import Figures
 from pgqueue.admin_queues import QueueControls
+from pgqueue.admin_records import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_runner import SessionWork, Work
+from pgqueue.admin_schedules import ScheduleControls
 from pgqueue.admin_values import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_values import (
     BULK_CANCEL_REASON,
-    DEFAULT_COUNT_CAP,
     DEFAULT_PAGE_SIZE,
-    DEFAULT_THROUGHPUT_CAP,
+    DEFAULT_SEARCH_SCAN,
     BulkResult,
-    JobHolder,
     JobPage,
-    OldestWaiting,
-    Throughput,
-    WorkerInfo,
+    JsonMatch,
     check_actor,
     check_job_id,
     default_actor,
@@ -46,8 +50,8 @@ from pgqueue.data import admin as admin_data
 from pgqueue.data import bulk as bulk_data
 from pgqueue.data import history as history_data
 from pgqueue.data import maintenance as maintenance_data
+from pgqueue.data import search as search_data
 from pgqueue.data import signals as signals_data
-from pgqueue.data import workers as workers_data
 from pgqueue.data import workflows as workflow_data
 from pgqueue.db import ConnectionExecutor, Executor
 from pgqueue.errors import ValidationError, WorkflowNotFound
@@ -57,10 +61,10 @@ from pgqueue.states import JobState
 from pgqueue.suspension import checked_signal
 from pgqueue.workflows.status import WorkflowStatus, status_of
 
-__all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__]
+__all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__, *admin_records.__all__]
 
 
-class Admin(QueueControls):
+class Admin(JobEdits, ScheduleControls, QueueControls, Figures):
     """Reads and actions for operators; reach it as ``pgq.admin``.
 
     Made by ``PgQueue`` over its engines and settings (see ``admin_runner.AdminRunner``).
@@ -98,62 +102,145 @@ class Admin(QueueControls):
         before: int | None = None,
         after: int | None = None,
         limit: int = DEFAULT_PAGE_SIZE,
+        job_id: int | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        time_column: str = "created_at",
+        error_contains: str | None = None,
+        json_match: JsonMatch | None = None,
+        scan: int = DEFAULT_SEARCH_SCAN,
     ) -> JobPage:
         """A page of jobs, newest first, filtered by queue, state and task name; ``before`` /
-        ``after`` (a job id, see ``JobPage``) walk to older / newer pages."""
+        ``after`` (a job id, see ``JobPage``) walk to older / newer pages.
+
+        Searches (``pgqueue.job_search``): ``job_id`` gives that job alone when it matches
+        the other filters; ``since`` (inclusive) and ``until`` (exclusive), timezone-aware,
+        bound ``time_column`` (``created_at`` or ``finished_at``); ``error_contains`` is text
+        found in ``last_error`` ignoring case; ``json_match`` a ``JsonMatch`` on the arguments
+        or the result. Error and JSON searches need ``since``. A search with a window reads
+        at most ``scan`` jobs of it per table, newest first, and says in the page's ``search``
+        whether that bound cut it short (its ``older`` then continues it)."""
         checked = list_arguments(
-            queue=queue, state=state, task_name=task_name, before=before, after=after, limit=limit
+            queue=queue,
+            state=state,
+            task_name=task_name,
+            before=before,
+            after=after,
+            limit=limit,
+            job_id=job_id,
+            since=since,
+            until=until,
+            time_column=time_column,
+            error_contains=error_contains,
+            json_match=json_match,
+            scan=scan,
         )
+        if checked.searching or checked.job_id is not None:
+            return self._read_session(lambda s, ex: search_data.search_page(s, ex, checked))
         # One more than the page: whether there is a next page.
         ahead = dataclasses.replace(checked, limit=checked.limit + 1)
         rows = self._read_session(lambda s, ex: admin_data.jobs_page(s, ex, ahead))
         return page_of(rows, limit=checked.limit, before=checked.before, after=checked.after)
 
-    def delete_job(self, job_id: int, *, session: Session | None = None) -> bool:
+    def delete_job(
+        self,
+        job_id: int,
+        *,
+        session: Session | None = None,
+        actor: str | None = None,
+        source: str = "api",
+    ) -> bool:
         """Delete a job that is not running (with its ticket); False when nothing was
         deleted (it is running, or gone). A job of a running workflow is refused with
         InvalidStateTransition naming the workflow (its callback counts on every member's
-        row)."""
+        row). With ``actor``, a deletion writes an audit record (``source``: ``api``, ``cli``
+        or ``dashboard``) in its transaction; so do ``retry_job``, ``cancel_job`` and
+        ``signal``."""
         job_id = check_job_id(job_id)
-        return self._write_session(session, lambda s, ex: admin_data.remove_job(s, ex, job_id))
+        audit = self._audit_if(
+            actor, source, "delete", lambda done: {"job_id": job_id} if done else None
+        )
+        return self._write_session(
+            session, audit(lambda s, ex: admin_data.remove_job(s, ex, job_id))
+        )
 
-    def retry_job(self, job_id: int, *, session: Session | None = None) -> None:
+    def retry_job(
+        self,
+        job_id: int,
+        *,
+        session: Session | None = None,
+        actor: str | None = None,
+        source: str = "api",
+    ) -> None:
         """Make a FAILED or CANCELLED job run again now, whatever its attempt count.
 
         The attempts it used stay counted; when none are left, ``max_attempts`` is raised to
         ``attempts + 1``, so the job gets one more attempt (retried no further if it fails) and
         its attempt count never exceeds its maximum. A workflow's job (but the ``on_failure``
         job of an ended workflow) is refused with InvalidStateTransition naming the workflow:
-        its workflow settles it."""
-        self._write_session(session, self._retry(job_id))
+        its workflow settles it. Audited with ``actor`` (see ``delete_job``)."""
+        self._write_session(session, self._retry(job_id, actor, source))
 
-    async def aretry_job(self, job_id: int, *, session: AsyncSession | None = None) -> None:
+    async def aretry_job(
+        self,
+        job_id: int,
+        *,
+        session: AsyncSession | None = None,
+        actor: str | None = None,
+        source: str = "api",
+    ) -> None:
         """``retry_job`` for asyncio (in ``session``'s transaction when given)."""
-        await self._awrite_session(session, self._retry(job_id))
+        await self._awrite_session(session, self._retry(job_id, actor, source))
 
-    def _retry(self, job_id: int) -> SessionWork[None]:
+    def _retry(self, job_id: int, actor: str | None, source: str) -> SessionWork[None]:
         job_id = check_job_id(job_id)
-        return lambda s, ex: admin_data.rerun_job(s, ex, job_id)
+        audit = self._audit_if(actor, source, "retry", lambda _: {"job_id": job_id})
+        return audit(lambda s, ex: admin_data.rerun_job(s, ex, job_id))
 
-    def cancel_job(self, job_id: int, *, session: Session | None = None) -> JobState:
+    def cancel_job(
+        self,
+        job_id: int,
+        *,
+        session: Session | None = None,
+        actor: str | None = None,
+        source: str = "api",
+    ) -> JobState:
         """Cancel a waiting job (it never runs) or ask a running one to stop.
 
         Returns CANCELLED for a waiting job, RUNNING when the running job was flagged (its
         handler sees ``ctx.cancel_requested``; it ends CANCELLED, not retried). A workflow's
         job is refused as ``retry_job`` refuses it (``cancel_workflow`` stops the workflow).
+        Audited with ``actor`` (see ``delete_job``).
         """
-        return self._write_session(session, self._cancel(job_id))
+        return self._write_session(session, self._cancel(job_id, actor, source))
 
-    async def acancel_job(self, job_id: int, *, session: AsyncSession | None = None) -> JobState:
+    async def acancel_job(
+        self,
+        job_id: int,
+        *,
+        session: AsyncSession | None = None,
+        actor: str | None = None,
+        source: str = "api",
+    ) -> JobState:
         """``cancel_job`` for asyncio (in ``session``'s transaction when given)."""
-        return await self._awrite_session(session, self._cancel(job_id))
+        return await self._awrite_session(session, self._cancel(job_id, actor, source))
 
-    def _cancel(self, job_id: int) -> SessionWork[JobState]:
+    def _cancel(self, job_id: int, actor: str | None, source: str) -> SessionWork[JobState]:
         job_id = check_job_id(job_id)
-        return lambda s, ex: admin_data.cancel_job(s, ex, job_id, "cancelled by request")
+        audit = self._audit_if(
+            actor, source, "cancel", lambda state: {"job_id": job_id, "state": state}
+        )
+        return audit(lambda s, ex: admin_data.cancel_job(s, ex, job_id, "cancelled by request"))
 
     def signal(
-        self, job_id: int, name: str, payload: Any = None, *, session: Session | None = None
+        self,
+        job_id: int,
+        name: str,
+        payload: Any = None,
+        *,
+        session: Session | None = None,
+        actor: str | None = None,
+        source: str = "api",
     ) -> bool:
         """Send signal ``name`` with ``payload`` (JSON; None by default) to job ``job_id``: it
         is stored durably, and the job, if suspended in ``ctx.wait_for_signal(name)``, is woken
@@ -166,19 +253,33 @@ class Admin(QueueControls):
         there is no such job, InvalidStateTransition when it has finished, and
         ValidationError (a ``ValueError``) for a bad job id or name or a payload that is not
         JSON or is larger than the ``max_payload_bytes`` setting, before anything is written.
-        The job's row stays locked until the transaction ends, as for ``cancel_job``.
+        The job's row stays locked until the transaction ends, as for ``cancel_job``. A
+        stored signal is audited with ``actor`` (see ``delete_job``; the record names the
+        signal, not its payload).
         """
-        return self._write(session, self._signal(job_id, name, payload))
+        return self._write_session(session, self._signal(job_id, name, payload, actor, source))
 
     async def asignal(
-        self, job_id: int, name: str, payload: Any = None, *, session: AsyncSession | None = None
+        self,
+        job_id: int,
+        name: str,
+        payload: Any = None,
+        *,
+        session: AsyncSession | None = None,
+        actor: str | None = None,
+        source: str = "api",
     ) -> bool:
         """``signal`` for asyncio (in ``session``'s transaction when given)."""
-        return await self._awrite(session, self._signal(job_id, name, payload))
+        work = self._signal(job_id, name, payload, actor, source)
+        return await self._awrite_session(session, work)
 
-    def _signal(self, job_id: int, name: str, payload: Any) -> Work[bool]:
+    def _signal(
+        self, job_id: int, name: str, payload: Any, actor: str | None, source: str
+    ) -> SessionWork[bool]:
         job_id, name, encoded = checked_signal(job_id, name, payload, self._settings())
-        return lambda ex: signals_data.signal_job(ex, job_id, name, encoded)
+        target = {"job_id": job_id, "signal": name}
+        audit = self._audit_if(actor, source, "signal", lambda stored: target if stored else None)
+        return audit(lambda _, ex: signals_data.signal_job(ex, job_id, name, encoded))
 
     # -- workflows ---------------------------------------------------------------------------
 
@@ -303,89 +404,6 @@ class Admin(QueueControls):
             ),
         )
         return BulkResult(action, count, False, flagged, audit_id)
-
-    # -- figures -----------------------------------------------------------------------------
-
-    def counts(self) -> dict[str, dict[JobState, int]]:
-        """``{queue: {state: count}}`` over all jobs (exact: reads every job)."""
-        return self._read(admin_data.state_counts)
-
-    def capped_counts(self, cap: int = DEFAULT_COUNT_CAP) -> dict[str, dict[JobState, int]]:
-        """``{queue: {state: count}}`` for every queue with jobs, each count stopping at
-        ``cap`` (``cap`` means "``cap`` or more"); states without jobs count 0. Under the
-        partitioned history, moved jobs count too (each table's count capped, the sum too)."""
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-            raise ValidationError(f"cap must be a positive int, got {cap!r}")
-        return self._read(lambda ex: admin_data.capped_counts(ex, cap))
-
-    def oldest_waiting(self) -> dict[str, OldestWaiting]:
-        """The earliest ticket of each queue that has one."""
-        rows = self._read(admin_data.oldest_waiting)
-        return {queue: OldestWaiting(*row) for queue, row in rows.items()}
-
-    def throughput(self) -> dict[str, dict[JobState, list[int]]]:
-        """Jobs finished per minute over the last hour: ``{queue: {state: [count, ...]}}``,
-        index 0 the current minute, index 59 an hour ago; only queues with finished jobs in
-        that hour appear. Under the partitioned history the minutes are clock minutes, and moved
-        jobs are counted from the per-minute counts their move wrote."""
-        return self._read(admin_data.throughput)
-
-    def recent_throughput(self, cap: int = DEFAULT_THROUGHPUT_CAP) -> Throughput:
-        """Jobs finished per minute over the last hour, or, when more than ``cap`` finished in
-        that hour, over the shorter window holding the ``cap`` most recent ones, in buckets of
-        1 to 60 seconds (at most 60 of them). Reads at most about ``cap`` index entries twice,
-        so the cost is bounded however busy the queues are. Under the partitioned history the
-        moved jobs of a whole hour come from their per-minute counts (clock minutes), whose
-        rows do not grow with the jobs; the window shrinks only when more than ``cap`` jobs
-        still in ``pgqueue_jobs`` finished within the hour."""
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-            raise ValidationError(f"cap must be a positive int, got {cap!r}")
-        return Throughput(*self._read(lambda ex: admin_data.recent_throughput(ex, cap)))
-
-    def queue_names(self) -> list[str]:
-        """The queues that have jobs, sorted (moved jobs' too under the partitioned history)."""
-        return self._read(admin_data.queue_names)
-
-    # -- workers -----------------------------------------------------------------------------
-
-    def list_workers(self, *, include_stale: bool = False) -> list[WorkerInfo]:
-        """The live workers of the registry by id, each with the RUNNING jobs it holds; with
-        ``include_stale``, also the rows of workers gone stale (``live`` false), after them."""
-        if not isinstance(include_stale, bool):
-            raise ValidationError(f"include_stale must be a bool, got {include_stale!r}")
-        stale_seconds = self._stale_seconds()
-        rows = self._read(
-            lambda s: workers_data.list_workers(s, stale_seconds, include_stale=include_stale)
-        )
-        return [
-            WorkerInfo(
-                id=row[0],
-                host=row[1],
-                pid=row[2],
-                queues=tuple(row[3]),
-                concurrency=row[4],
-                version=row[5],
-                started_at=row[6],
-                last_seen_at=row[7],
-                seconds_since_seen=float(row[8]),
-                live=bool(row[9]),
-                running=int(row[10]),
-                claim_error=row[11],
-                seconds_failing=None if row[12] is None else float(row[12]),
-                tasks=None if row[13] is None else tuple(row[13]),
-            )
-            for row in rows
-        ]
-
-    def job_holder(self, job_id: int) -> JobHolder | None:
-        """The worker holding job ``job_id`` while it is RUNNING, else None."""
-        job_id = check_job_id(job_id)
-        stale_seconds = self._stale_seconds()
-        row = self._read(lambda s: workers_data.job_holder(s, job_id, stale_seconds))
-        if row is None:
-            return None
-        seen = None if row[4] is None else float(row[4])
-        return JobHolder(row[0], row[1], row[2], row[3], seen, bool(row[5]))
 
     # -- retention ---------------------------------------------------------------------------
 

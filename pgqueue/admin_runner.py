@@ -15,8 +15,8 @@ twin's body handed to another runner, not a second implementation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,6 +27,9 @@ from pgqueue.config import Settings
 from pgqueue.data.insert_choice import BoundedQueuesSeen
 from pgqueue.db import Executor, executor_for
 from pgqueue.engines import Engines
+
+if TYPE_CHECKING:
+    from pgqueue.scheduler import Schedule
 
 T = TypeVar("T")
 
@@ -44,6 +47,7 @@ class AdminRunner:
     ``engines`` are the queue object's (read per operation, so an engine recreated after
     ``dispose`` is used); ``settings`` is called per operation too. ``bounded_queues`` is the
     belief of the enqueues of the same queue object, told of each bound set through here.
+    ``schedules`` gives the periodic schedules the code defines, by name (none by default).
     """
 
     def __init__(
@@ -52,9 +56,11 @@ class AdminRunner:
         settings: Callable[[], Settings],
         *,
         bounded_queues: BoundedQueuesSeen | None = None,
+        schedules: Callable[[], Mapping[str, Schedule]] | None = None,
     ) -> None:
         self._engines = engines
         self._settings = settings
+        self._schedules: Callable[[], Mapping[str, Schedule]] = schedules or dict
         self._sessions: Callable[[], sessionmaker[Session]] = lambda: engines.sessions
         self._stale_seconds: Callable[[], float] = lambda: settings().worker_stale_seconds
         self._bounded_queues = bounded_queues if bounded_queues is not None else BoundedQueuesSeen()

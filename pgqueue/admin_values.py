@@ -16,6 +16,14 @@ from typing import Final
 
 from pgqueue.errors import ValidationError
 from pgqueue.job_filter import BulkAction
+from pgqueue.job_search import (
+    DEFAULT_SEARCH_SCAN,
+    JsonMatch,
+    SearchExtent,
+    check_error_text,
+    check_scan,
+    check_window,
+)
 from pgqueue.jobs import WorkerIdentity
 from pgqueue.models import Job
 from pgqueue.states import JobState
@@ -24,16 +32,19 @@ __all__ = [
     "AUDIT_SOURCES",
     "DEFAULT_COUNT_CAP",
     "DEFAULT_PAGE_SIZE",
+    "DEFAULT_SEARCH_SCAN",
     "DEFAULT_THROUGHPUT_CAP",
     "MAX_JOB_ID",
     "MAX_PAGE_SIZE",
     "BulkResult",
     "JobHolder",
     "JobPage",
+    "JsonMatch",
     "KeyOverride",
     "ListArguments",
     "OldestWaiting",
     "QueueSettings",
+    "SearchExtent",
     "Throughput",
     "WorkerInfo",
     "check_job_id",
@@ -78,12 +89,16 @@ class JobPage:
     """One page of jobs, newest first, with the cursors of the pages beside it.
 
     ``newer`` is the ``after=`` and ``older`` the ``before=`` of the adjacent pages; None when
-    there is no such page.
+    there is no such page. A search (``ListArguments.searching``) orders its page by its
+    window's column (``created_at``: by id; ``finished_at``: newest finished first), and says
+    in ``search`` how much of the window it read; its ``older`` continues where the search
+    stopped, which, when it was cut short, is past the page's last job.
     """
 
     jobs: tuple[Job, ...]
     newer: int | None
     older: int | None
+    search: SearchExtent | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +205,13 @@ class JobHolder:
 class ListArguments:
     """The filters and cursor of a job listing (checked by ``list_arguments``): jobs of
     ``queue``, in ``state``, of task ``task_name`` (None: any), up to ``limit`` of them, older
-    than job ``before`` or newer than job ``after`` (None: from the newest)."""
+    than job ``before`` or newer than job ``after`` (None: from the newest).
+
+    The search filters (``pgqueue.job_search``): job ``job_id`` alone; created (or, with
+    ``time_column="finished_at"``, finished) from ``since`` on and before ``until``;
+    ``error_contains`` found in ``last_error`` ignoring case; ``json_match`` on the arguments
+    or the result. A listing with a window, error text or JSON match is a search: it reads at
+    most ``scan`` jobs of its window."""
 
     queue: str | None = None
     state: JobState | None = None
@@ -198,6 +219,23 @@ class ListArguments:
     before: int | None = None
     after: int | None = None
     limit: int = DEFAULT_PAGE_SIZE
+    job_id: int | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    time_column: str = "created_at"
+    error_contains: str | None = None
+    json_match: JsonMatch | None = None
+    scan: int = DEFAULT_SEARCH_SCAN
+
+    @property
+    def searching(self) -> bool:
+        """A bounded search of a window, not a walk of the listing indexes."""
+        return (
+            self.since is not None
+            or self.until is not None
+            or self.error_contains is not None
+            or self.json_match is not None
+        )
 
 
 def check_job_id(value: object, *, what: str = "job id") -> int:
@@ -237,6 +275,13 @@ def list_arguments(
     before: int | None,
     after: int | None,
     limit: int,
+    job_id: int | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    time_column: str = "created_at",
+    error_contains: str | None = None,
+    json_match: JsonMatch | None = None,
+    scan: int = DEFAULT_SEARCH_SCAN,
 ) -> ListArguments:
     """Check a job listing's arguments (ValidationError on the first bad one)."""
     for label, text in (("queue", queue), ("task_name", task_name)):
@@ -258,7 +303,34 @@ def list_arguments(
         raise ValidationError("give before= or after=, not both")
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE_SIZE:
         raise ValidationError(f"limit must be an int from 1 to {MAX_PAGE_SIZE}, got {limit!r}")
-    return ListArguments(queue, state, task_name, before, after, limit)
+    if job_id is not None:
+        job_id = check_job_id(job_id)
+        if before is not None or after is not None:
+            raise ValidationError("job_id names one job: give no before= or after= with it")
+    since, until, time_column = check_window(since, until, time_column)
+    error_contains = check_error_text(error_contains)
+    if json_match is not None and not isinstance(json_match, JsonMatch):
+        raise ValidationError(f"json_match must be a JsonMatch, got {json_match!r:.80}")
+    if (error_contains is not None or json_match is not None) and since is None and job_id is None:
+        raise ValidationError(
+            "a search of errors or JSON content needs a window to bound what it reads: give "
+            "since= (and until=; they bound time_column, created_at or finished_at)"
+        )
+    return ListArguments(
+        queue,
+        state,
+        task_name,
+        before,
+        after,
+        limit,
+        job_id,
+        since,
+        until,
+        time_column,
+        error_contains,
+        json_match,
+        check_scan(scan),
+    )
 
 
 def page_of(rows: Sequence[Job], *, limit: int, before: int | None, after: int | None) -> JobPage:

@@ -133,7 +133,12 @@ class PgQueue:
         # Where tasks and workflows hand their validated jobs (``Task``, ``Signature``).
         self.enqueuer = Enqueuer(self._engines, self.tracing, bounded_queues)
         # The job and queue control API: the work of every ``AdminAlias`` above.
-        self.admin = Admin(self._engines, lambda: self.settings, bounded_queues=bounded_queues)
+        self.admin = Admin(
+            self._engines,
+            lambda: self.settings,
+            bounded_queues=bounded_queues,
+            schedules=lambda: self.schedules,
+        )
         # ``get_job`` looked up on each read, so that a wrapper set on the instance sees them.
         self._job_waiter = JobWaiter(
             lambda job_id: self.get_job(job_id),

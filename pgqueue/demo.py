@@ -21,8 +21,9 @@ from rich.table import Table
 from sqlalchemy import create_engine
 
 from pgqueue import backoff
-from pgqueue.config import Settings, normalize_database_url, redact_url
+from pgqueue.config import Settings
 from pgqueue.core import PgQueue
+from pgqueue.database_urls import normalize_database_url, redact_url
 from pgqueue.embedded import shared_server
 from pgqueue.errors import ConfigurationError
 from pgqueue.sql.server import (

@@ -26,7 +26,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import connections
 from pgqueue.aio import AsyncDatabase, check_async_engine
-from pgqueue.config import Settings, embedded_database_name, normalize_database_url
+from pgqueue.config import Settings, embedded_database_name
+from pgqueue.database_urls import normalize_database_url
 from pgqueue.db import Database
 from pgqueue.errors import ConfigurationError, pgqueue_logger
 from pgqueue.jobs import JobTables

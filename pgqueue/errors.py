@@ -52,6 +52,10 @@ class WorkflowNotFound(PgQueueError, LookupError):
     """No workflow with the given id."""
 
 
+class ScheduleNotFound(PgQueueError, LookupError):
+    """No periodic schedule of that name, in the code or in the database."""
+
+
 class JobWaitTimeout(PgQueueError, TimeoutError):
     """A job did not finish within the time ``PgQueue.wait_for`` or ``await_job`` waited.
 

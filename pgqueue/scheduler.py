@@ -22,6 +22,13 @@ so one pass settles any outage, however many ticks it spans; only "all" walks th
 tick of its schedule (under a per-schedule lock), so a scheduler that computed its ticks before
 another one caught up can never add an older missed tick beside the newer one. The clock is injectable (``clock=``) so tests can drive hours of schedule in
 milliseconds; by default it is the database's ``now()``.
+
+An operator may pause a schedule by name (``pgq.admin.pause_schedule``, persisted in
+``pgqueue_schedules``): every scheduler sees it at its next pass, and no tick of it is recorded
+once the pause has committed (the tick's insert checks it under the schedule's lock). Ticks that
+fall while it is paused are dropped, not caught up on resume, whatever its ``missed`` policy: a
+resumed schedule's ticks start after the moment it was resumed (database clock, which an
+injected ``clock`` should follow).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from pgqueue import uow, validation
 from pgqueue.data import control as control_data
+from pgqueue.data import schedules as schedules_data
 from pgqueue.db import executor_for
 from pgqueue.errors import QueueFull, ValidationError, pgqueue_logger
 
@@ -194,10 +202,19 @@ class Scheduler:
             return []
         now = self.now()
         names = [s.name for s in schedules]
-        last = uow.read(self.sessions, lambda ex: control_data.last_ticks(ex, names))
+        last, switches = uow.read(
+            self.sessions,
+            lambda ex: (control_data.last_ticks(ex, names), schedules_data.switches(ex)),
+        )
         created: list[int] = []
         for schedule in schedules:
             since = last.get(schedule.name) or self._first_seen.setdefault(schedule.name, now)
+            switch = switches.get(schedule.name)
+            if switch is not None:
+                if switch.paused:
+                    continue
+                # Resumed: the ticks that fell while it was paused are dropped, not caught up.
+                since = max(since, switch.changed_at.astimezone(UTC))
             run, dropped = self._due(schedule, since, now)
             for instant in run:
                 job_id = self._enqueue_tick(schedule, instant)

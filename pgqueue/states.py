@@ -36,6 +36,20 @@ The outcome of an attempt (``OutcomeKind``) names one of the lease-guarded trans
 
 Atomic jobs take the same transitions: their claim commits like a leased one, and their
 outcome is written in the handler's transaction, under the lease's token.
+
+An operator may also change when and in what order a job that has not started runs. These edits
+keep the job's state, and are guarded the same way (``WHERE state IN (<source states>)``)::
+
+    reschedule   QUEUED, RETRYING,  -> (kept)      run_at of the job and of its ticket (a WAITING
+                 WAITING                           job has none yet: its ticket takes the run_at
+                                                   when it is unblocked); not of a suspended job
+                                                   (``ctx.sleep``, ``ctx.wait_for_signal``), whose
+                                                   ticket's run_at is its wake time
+    reprioritize QUEUED, RETRYING,  -> (kept)      priority of the job and of its ticket
+                 WAITING
+
+Neither applies to a workflow's closing marker (it never runs), and neither moves the job's
+``updated_at`` (its last state change, which a suspension is matched against).
 """
 
 from __future__ import annotations
@@ -146,6 +160,21 @@ TRANSITIONS: Final[dict[str, Transition]] = {
         CLOSE_FAILED,
     )
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """A named change of a job's fields, allowed from ``sources``, that keeps its state (and
+    its ``updated_at``, the time of its last state change); ``suspended``: also of a suspended
+    job."""
+
+    name: str
+    sources: frozenset[JobState]
+    suspended: bool
+
+
+RESCHEDULE: Final = Edit("reschedule", WAITING_STATES | BLOCKED_STATES, suspended=False)
+REPRIORITIZE: Final = Edit("reprioritize", WAITING_STATES | BLOCKED_STATES, suspended=True)
 
 
 def allowed(source: JobState, target: JobState) -> bool:

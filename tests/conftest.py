@@ -21,7 +21,8 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
 
 from pgqueue import PgQueue, Settings, migrations
-from pgqueue.config import normalize_database_url, test_database_url
+from pgqueue.config import test_database_url
+from pgqueue.database_urls import normalize_database_url
 
 if TYPE_CHECKING:
     from pgqueue.embedded import EmbeddedPostgres

@@ -18,6 +18,7 @@ SERVER_MATRIX: dict[str, str] = {
     "integration/test_claim_commit.py": "the commit of a claim under the server's durability",
     "integration/test_dashboard_queries.py": "the dashboard's plans with a long history",
     "integration/test_dashboard_throughput.py": "the throughput chart's plans on a busy hour",
+    "integration/test_search_plan.py": "the job search's bounded walks: their plans, no JIT",
     "integration/test_dashboard_read_only.py": "read-only transactions as a standby refuses",
     "integration/test_least_privilege.py": "a DML-only role's grants (PUBLIC's rights differ)",
     "integration/test_sql_enqueue.py": "the SQL function pgqueue_enqueue and its grants",

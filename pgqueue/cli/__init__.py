@@ -5,10 +5,9 @@ Commands that need tasks take an application path ``module:attribute`` naming a 
 ``$PGQUEUE_DATABASE_URL``, then the embedded server).
 
 This module holds the command group and adds the commands of each group's module to it
-(``migrate``, ``workers``, ``jobs``, ``history``, ``queues``, ``flow``, ``bulk``, ``demo``,
-``dashboard``);
-``shared`` holds what they and ``flask pgqueue`` share, output included, and ``reports``
-the job reports both print.
+(``migrate``, ``workers``, ``jobs``, ``history``, ``queues``, ``schedules``, ``flow``,
+``bulk``, ``demo``, ``dashboard``); ``shared`` holds what they and ``flask pgqueue`` share,
+output included, and ``reports`` the job reports both print.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from pgqueue.cli import (
     jobs,
     migrate,
     queues,
+    schedules,
     shared,
     workers,
     workflows,
@@ -68,7 +68,9 @@ def main(verbose: int, debug: bool, database_url: str | None) -> None:
         os.environ["PGQUEUE_DATABASE_URL"] = database_url
 
 
-for _command in (
+# Every command but the demo and the dashboard: ``flask pgqueue`` offers these too
+# (``pgqueue.contrib.flask.cli``).
+APP_COMMANDS = (
     migrate.migrate,
     workers.worker,
     workers.workers,
@@ -82,17 +84,16 @@ for _command in (
     workflows.workflow,
     history.prune,
     history.history_group,
-    queues.schedules,
+    schedules.schedules,
     queues.pause,
     queues.resume,
     queues.limit,
     queues.max_depth,
     key_limit,
     rate_limit,
-    demo.demo,
     bulk,
-    dashboard.dashboard,
-):
+)
+for _command in (*APP_COMMANDS, demo.demo, dashboard.dashboard):
     main.add_command(_command)
 
 

@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgqueue.cli.reports import job_filter_options, print_job, print_jobs, print_stats
+from pgqueue.cli.reports import (
+    job_filter_options,
+    print_job,
+    print_jobs,
+    print_stats,
+    search_filters,
+)
 from pgqueue.cli.shared import (
     CommandError,
     checked_name,
@@ -33,9 +39,11 @@ if TYPE_CHECKING:
 @click.command()
 @job_filter_options
 @database_option
-def jobs(database_url: str | None, **filters: Any) -> None:
-    """List jobs, newest first."""
-    print_jobs(queue_for(database_url), **filters)
+def jobs(database_url: str | None, as_json: bool, **filters: Any) -> None:
+    """List jobs, newest first, or search them: by id, a time window, error text, or JSON
+    content of their arguments or result (which needs a window: --since)."""
+    search_filters(**filters)  # a bad value is refused before connecting
+    print_jobs(queue_for(database_url), as_json=as_json, **filters)
 
 
 @click.command()

@@ -1,5 +1,6 @@
 """The commands about queues: pause and resume them, limit their running jobs, bound their
-depth, and list the periodic schedules that feed them.
+depth; and the listing of the periodic schedules that feed them, which ``pgqueue schedules APP``
+(``cli.schedules``) and ``flask pgqueue schedules`` print.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pgqueue.cli.shared import (
     did_you_mean,
     echo,
     known_queues,
-    load_app,
     new_table,
     number_or_none,
     queue_for,
@@ -49,15 +49,9 @@ def known_queue(pgq: PgQueue, queue: str, *, new: bool, doing: str) -> str:
     )
 
 
-@click.command()
-@click.argument("app")
-def schedules(app: str) -> None:
-    """List the periodic schedules of the PgQueue at APP with their next run."""
-    print_schedules(load_app(app))
-
-
 def print_schedules(pgq: PgQueue) -> None:
-    """Shared by ``pgqueue schedules`` and ``flask pgqueue schedules``."""
+    """Shared by ``pgqueue schedules APP`` (``cli.schedules``) and ``flask pgqueue
+    schedules``."""
     import datetime as dt
 
     from pgqueue.scheduler import describe

@@ -5,6 +5,8 @@ through ``shared``'s outputs (``console``, ``echo``, ``print_json``).
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +23,9 @@ from pgqueue.cli.shared import (
     print_json,
     this_cli,
 )
-from pgqueue.errors import PgQueueError
+from pgqueue.errors import PgQueueError, ValidationError
+from pgqueue.job_filter import TIME_COLUMNS, parse_time
+from pgqueue.job_search import DEFAULT_SEARCH_SCAN, JsonMatch
 from pgqueue.states import JobState
 
 if TYPE_CHECKING:
@@ -68,6 +72,47 @@ def job_filter_options(function: Any) -> Any:
         click.option("--task", "-t", "task_name", default=None, help="Only this task name."),
         click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 1000)),
         click.option("--before", type=int, default=None, help="Only jobs older than this job id."),
+        click.option("--id", "job_id", type=int, default=None, help="Only this job."),
+        click.option(
+            "--since",
+            default=None,
+            help="Search from this time on: ISO 8601 (UTC unless an offset is given) or an age "
+            "such as 12h, 90m, 2d.",
+        ),
+        click.option("--until", default=None, help="Search before this time (as --since)."),
+        click.option(
+            "--time-column",
+            type=click.Choice(TIME_COLUMNS),
+            default="created_at",
+            show_default=True,
+            help="The time --since/--until bound.",
+        ),
+        click.option(
+            "--error-contains",
+            default=None,
+            help="Only jobs whose last error contains this text (any case); needs --since.",
+        ),
+        click.option(
+            "--json-equals",
+            default=None,
+            metavar="PATH=JSON",
+            help="Only jobs whose JSON at PATH equals this value: kwargs.user_id=42, "
+            'args.0="a@b.c", result.total=3; needs --since.',
+        ),
+        click.option(
+            "--json-contains",
+            default=None,
+            metavar="PATH=JSON",
+            help='Only jobs whose JSON at PATH contains this value (kwargs.tags=["vip"]); '
+            "needs --since.",
+        ),
+        click.option(
+            "--scan",
+            type=int,
+            default=DEFAULT_SEARCH_SCAN,
+            show_default=True,
+            help="A search reads at most this many jobs of its window.",
+        ),
         json_option,
     ]
     for option in reversed(options):
@@ -88,28 +133,75 @@ def job_record(job: Any) -> dict[str, Any]:
     return record
 
 
-def print_jobs(
-    pgq: PgQueue,
+# The names ``list_jobs``' messages give its arguments, as this command's options.
+_OPTION_NAMES = {"since=": "--since", "until=": "--until", "time_column": "--time-column"}
+
+
+def search_filters(
     *,
     queue: str | None,
     state: str | None,
     task_name: str | None,
     limit: int,
     before: int | None,
-    as_json: bool,
-) -> None:
-    """Shared by ``pgqueue jobs`` and ``flask pgqueue jobs``: a page of jobs, newest first.
+    job_id: int | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    time_column: str = "created_at",
+    error_contains: str | None = None,
+    json_equals: str | None = None,
+    json_contains: str | None = None,
+    scan: int = DEFAULT_SEARCH_SCAN,
+) -> dict[str, Any]:
+    """The options of ``jobs`` as ``list_jobs``' arguments, checked as it checks them (so a
+    command may refuse them before it connects); a bad value is a ``CommandError`` (one line,
+    exit code 2)."""
+    from pgqueue.admin_values import list_arguments  # SQLAlchemy: not for --help
+
+    now = dt.datetime.now(dt.UTC)
+    try:
+        if json_equals is not None and json_contains is not None:
+            raise ValidationError("give --json-equals or --json-contains, not both")
+        match = None
+        if json_equals is not None:
+            match = JsonMatch.parse(json_equals)
+        elif json_contains is not None:
+            match = JsonMatch.parse(json_contains, contains=True)
+        arguments: dict[str, Any] = {
+            "queue": queue,
+            "state": JobState(state) if state else None,
+            "task_name": task_name,
+            "before": before,
+            "after": None,
+            "limit": limit,
+            "job_id": job_id,
+            "since": None if since is None else parse_time("--since", since, now),
+            "until": None if until is None else parse_time("--until", until, now),
+            "time_column": time_column,
+            "error_contains": error_contains,
+            "json_match": match,
+            "scan": scan,
+        }
+        list_arguments(**arguments)
+    except ValidationError as exc:
+        message = str(exc)
+        for argument, option in _OPTION_NAMES.items():
+            message = message.replace(argument, option)
+        raise CommandError(message) from None
+    return arguments
+
+
+def print_jobs(pgq: PgQueue, *, as_json: bool, **options: Any) -> None:
+    """Shared by ``pgqueue jobs`` and ``flask pgqueue jobs``: a page of jobs, newest first, or
+    the page of a search (``options``: those of ``job_filter_options``, see
+    ``search_filters``), with a note when its bound cut the search short.
 
     A queue or task name that ``checked_name`` refuses is refused here too, unless jobs have
     it: rows written by other clients may hold any name, and listing them is how one finds
     them."""
-    page = pgq.admin.list_jobs(
-        queue=queue,
-        state=JobState(state) if state else None,
-        task_name=task_name,
-        before=before,
-        limit=limit,
-    )
+    arguments = search_filters(**options)
+    page = pgq.admin.list_jobs(**arguments)
+    queue, task_name, before = arguments["queue"], arguments["task_name"], arguments["before"]
     if not page.jobs and before is None:
         _refuse_bad_names(queue=queue, task_name=task_name)
         note_names_no_job_has(pgq, queue=queue, task_name=task_name)
@@ -119,6 +211,7 @@ def print_jobs(
                 "jobs": [job_record(job) for job in page.jobs],
                 "older": page.older,
                 "newer": page.newer,
+                "search": None if page.search is None else dataclasses.asdict(page.search),
             }
         )
         return
@@ -136,6 +229,8 @@ def print_jobs(
             f"{job.finished_at:%Y-%m-%d %H:%M:%S}" if job.finished_at else "",
         )
     console().print(table)
+    if page.search is not None and page.search.cut_short:
+        echo(f"note: {page.search.summary()} (--before {page.older})", err=True)
 
 
 def print_stats(pgq: PgQueue, *, as_json: bool) -> None:

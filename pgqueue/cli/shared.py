@@ -178,12 +178,16 @@ _MEANT: Final = 3
 
 
 def load_app(path: str) -> PgQueue:
-    """Import ``module:attribute`` and return the PgQueue it names.
+    """Import ``module:attribute`` and return the PgQueue it names; under a host's command
+    group (``flask pgqueue``), the host's queue instead (``host_queue``).
 
     Whatever else it names (a task, a function, a class) is refused without being called.
     """
     from pgqueue.core import PgQueue
 
+    hosted = host_queue()
+    if hosted is not None:
+        return remember_queue(hosted)
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise CommandError(f"APP {path!r} is not of the form module:attribute: {_FIX_APP}")
@@ -226,6 +230,18 @@ def remember_queue(pgq: PgQueue) -> PgQueue:
 
 
 _QUEUE_KEY = "pgqueue.queue"
+# Where a host's command group (``flask pgqueue``) puts the function giving its app's queue:
+# the commands it adds from this CLI have no APP or --database-url to find one by.
+HOST_QUEUE_KEY: Final = "pgqueue.host_queue"
+
+
+def host_queue() -> PgQueue | None:
+    """The queue of the host app whose command group runs this command, or None (``pgqueue``)."""
+    context = click.get_current_context(silent=True)
+    provider: Callable[[], PgQueue] | None = (
+        context.meta.get(HOST_QUEUE_KEY) if context is not None else None
+    )
+    return provider() if provider is not None else None
 
 
 def queue_for(database_url: str | None, *, schema_checked: bool = True) -> PgQueue:
@@ -234,7 +250,11 @@ def queue_for(database_url: str | None, *, schema_checked: bool = True) -> PgQue
     (``with_current_schema``) unless ``schema_checked`` is False (``migrate`` fixes it)."""
     from pgqueue.core import PgQueue
 
-    pgq = remember_queue(PgQueue(database_url) if database_url else PgQueue())
+    hosted = host_queue()
+    if hosted is not None:
+        pgq = remember_queue(hosted)
+    else:
+        pgq = remember_queue(PgQueue(database_url) if database_url else PgQueue())
     return with_current_schema(pgq) if schema_checked else pgq
 
 

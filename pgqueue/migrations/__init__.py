@@ -81,7 +81,12 @@ from pgqueue.migrations.host import (
 )
 from pgqueue.migrations.host import configure_args as configure_args
 from pgqueue.migrations.host import keep_host_revisions as keep_host_revisions
-from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY
+from pgqueue.migrations.online import (
+    COMMITS_KEY,
+    LOCK_TIMEOUT_KEY,
+    milliseconds,
+    set_timeouts,
+)
 from pgqueue.sqlstates import is_insufficient_privilege
 
 # Alembic is imported by the functions that run revisions or read its script directory: the
@@ -231,13 +236,13 @@ def _run(connection: Connection, step: Any, lock_timeout: float) -> None:
     from alembic.runtime.migration import MigrationContext
 
     previous = schema_data.current_timeouts(ConnectionExecutor(connection))
-    _set_timeouts(connection, "0", milliseconds(lock_timeout))
+    set_timeouts(connection, "0", milliseconds(lock_timeout))
     context = MigrationContext.configure(
         connection, opts={"version_table": VERSION_TABLE, "fn": step}
     )
     with _operations(context):
         context.run_migrations()
-    _set_timeouts(connection, previous[0], previous[1])
+    set_timeouts(connection, previous[0], previous[1])
 
 
 @contextmanager
@@ -334,7 +339,7 @@ def _run_alembic_owned(connection: Connection, step: Any, lock_timeout: float) -
     )
     try:
         with _operations(context), context.begin_transaction():
-            _set_timeouts(connection, "0", lock_timeout_ms)
+            set_timeouts(connection, "0", lock_timeout_ms)
             context.run_migrations()
     except Exception as exc:
         if not commits:
@@ -359,21 +364,6 @@ def _recorded_after_failure(connection: Connection) -> str | None:
     # On a connection of its own: the failed one may be unusable (its session terminated).
     with connection.engine.connect() as fresh:
         return current(fresh)
-
-
-def migration_settings(connection: Connection, lock_timeout: float) -> None:
-    """Give the rest of ``connection``'s transaction a migration's timeouts: no
-    ``statement_timeout``, ``lock_timeout`` seconds of waiting for a lock (0: no limit)."""
-    _set_timeouts(connection, "0", milliseconds(lock_timeout))
-
-
-def _set_timeouts(connection: Connection, statement_timeout: str, lock_timeout: str) -> None:
-    schema_data.set_timeouts(ConnectionExecutor(connection), statement_timeout, lock_timeout)
-
-
-def milliseconds(seconds: float) -> str:
-    """``seconds`` as whole milliseconds, the unit of the timeout settings (never negative)."""
-    return str(max(0, round(seconds * 1000)))
 
 
 @dataclass(frozen=True)

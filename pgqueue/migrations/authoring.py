@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import Connection
 
 from pgqueue.config import DEFAULT_MIGRATION_LOCK_TIMEOUT
-from pgqueue.migrations import VERSION_TABLE, migration_settings, milliseconds
+from pgqueue.migrations import VERSION_TABLE
 from pgqueue.migrations.autogenerate import only_pgqueue
-from pgqueue.migrations.online import LOCK_TIMEOUT_KEY
+from pgqueue.migrations.online import LOCK_TIMEOUT_KEY, migration_settings, milliseconds
 
 
 def run_environment(context: Any) -> None:

@@ -1,5 +1,6 @@
-"""What the revisions that build indexes ``CONCURRENTLY`` share: whether they may leave the
-migration's transaction to do so, and how they leave it.
+"""The migration's timeouts (``migration_settings``: no ``statement_timeout``, a deliberate
+``lock_timeout``), and what the revisions that build indexes ``CONCURRENTLY`` share: whether
+they may leave the migration's transaction to do so, and how they leave it.
 
 ``CREATE INDEX CONCURRENTLY`` cannot run inside a transaction block. Alembic's
 ``autocommit_block`` commits the migration's transaction, runs its statements in autocommit and
@@ -36,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
+
+from sqlalchemy import Connection
 
 from pgqueue.data import schema as schema_data
 from pgqueue.db import ConnectionExecutor
@@ -76,3 +79,19 @@ def outside_transaction(context: Any) -> Iterator[None]:
     lock_timeout = context.opts.get(LOCK_TIMEOUT_KEY)
     if lock_timeout is not None and not context.as_sql:
         schema_data.set_timeouts(ConnectionExecutor(context.connection), "0", str(lock_timeout))
+
+
+def migration_settings(connection: Connection, lock_timeout: float) -> None:
+    """Give the rest of ``connection``'s transaction a migration's timeouts: no
+    ``statement_timeout``, ``lock_timeout`` seconds of waiting for a lock (0: no limit)."""
+    set_timeouts(connection, "0", milliseconds(lock_timeout))
+
+
+def set_timeouts(connection: Connection, statement_timeout: str, lock_timeout: str) -> None:
+    """Give the rest of ``connection``'s transaction these timeouts (as the settings show them)."""
+    schema_data.set_timeouts(ConnectionExecutor(connection), statement_timeout, lock_timeout)
+
+
+def milliseconds(seconds: float) -> str:
+    """``seconds`` as whole milliseconds, the unit of the timeout settings (never negative)."""
+    return str(max(0, round(seconds * 1000)))

@@ -3,11 +3,11 @@
 The two the queue runs on are ``pgqueue_jobs`` (``Job``, durable history) and
 ``pgqueue_message_queue`` (``MessageQueue``, ready tickets), with the rows that belong to one job
 (``_jobs``). Beside them: the rows that steer the claim (``_control``: queues, concurrency keys,
-key limits, schedule ticks) and the records kept beside the queue (``_records``: the worker
-registry, the audit of bulk actions, the partitioned history) and the workflows
-(``_workflows``). All of them share one
-``MetaData`` with a naming convention (``_base``), so constraint names are deterministic and the
-shipped migrations match the models exactly (a test compares them).
+key limits, schedule ticks and switches), the records kept beside the queue (``_records``: the
+worker registry, the audit of operators' actions, the partitioned history) and the workflows
+(``_workflows``). All of them share one ``MetaData`` with a naming convention (``_base``), so
+constraint names are deterministic and the shipped migrations match the models exactly (a test
+compares them).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pgqueue.models._control import ConcurrencyKey as ConcurrencyKey
 from pgqueue.models._control import KeyLimit as KeyLimit
 from pgqueue.models._control import PeriodicTick as PeriodicTick
 from pgqueue.models._control import QueueControl as QueueControl
+from pgqueue.models._control import ScheduleState as ScheduleState
 from pgqueue.models._jobs import LISTED_BY_STATE as LISTED_BY_STATE
 from pgqueue.models._jobs import UNIQUE_KEY_HELD as UNIQUE_KEY_HELD
 from pgqueue.models._jobs import Job as Job

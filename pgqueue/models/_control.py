@@ -1,7 +1,7 @@
 """The rows operators and schedulers write to steer the claim: per-queue switches and limits
 (``QueueControl``), concurrency keys' counters and rate windows (``ConcurrencyKey``) and their
-overrides by prefix (``KeyLimit``), and the ticks periodic schedules have enqueued
-(``PeriodicTick``).
+overrides by prefix (``KeyLimit``), the ticks periodic schedules have enqueued (``PeriodicTick``) and the
+schedules operators paused (``ScheduleState``).
 """
 
 from __future__ import annotations
@@ -159,3 +159,25 @@ class PeriodicTick(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     """When a scheduler enqueued it (database clock)."""
+
+
+# --- schedules paused by operators (migration pgqueue_0027) ----------------------------------
+
+
+class ScheduleState(Base):
+    """An operator's switch of one periodic schedule, by name (``pause_schedule``,
+    ``resume_schedule``). A schedule without a row runs; while ``paused``, no scheduler records
+    or enqueues any of its ticks (the tick's insert checks the row under the schedule's lock),
+    and on resume the ticks that fell while it was paused are dropped, not caught up."""
+
+    __tablename__ = "pgqueue_schedules"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    """The schedule's name (``PeriodicTick.schedule_name``)."""
+    paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    """While true the schedule enqueues nothing."""
+    changed_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    """When it was last paused or resumed (database clock): a resumed schedule's ticks start
+    after it."""

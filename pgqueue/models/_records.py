@@ -1,5 +1,5 @@
-"""The records kept beside the queue: the worker registry (``WorkerRecord``), the audit of bulk
-actions (``AuditRecord``), and the partitioned history of finished jobs (``JobHistory``, with
+"""The records kept beside the queue: the worker registry (``WorkerRecord``), the audit of
+operators' actions (``AuditRecord``), and the partitioned history of finished jobs (``JobHistory``, with
 the per-minute counts its move keeps, ``FinishedMinute``).
 """
 
@@ -73,8 +73,9 @@ class WorkerRecord(Base):
 
 
 class AuditRecord(Base):
-    """One bulk action (retry, cancel or delete by filter), written in the action's transaction:
-    the record exists exactly when the action took effect."""
+    """One operator's action, written in the action's transaction: the record exists exactly
+    when the action took effect. A bulk action (retry, cancel or delete by filter), or an
+    action on one job or one schedule (``admin_records.AuditEntry`` lists them)."""
 
     __tablename__ = "pgqueue_audit"
 
@@ -88,11 +89,14 @@ class AuditRecord(Base):
     source: Mapped[str] = mapped_column(Text)
     """Where it was taken: ``cli``, ``dashboard`` or ``api``."""
     action: Mapped[str] = mapped_column(Text)
-    """``retry``, ``cancel`` or ``delete``."""
+    """``retry``, ``cancel``, ``delete``, or an action on one job or schedule (``signal``,
+    ``reschedule``, ``run_now``, ``set_priority``, ``pause_schedule``, ``resume_schedule``,
+    ``run_schedule``)."""
     filter: Mapped[dict[str, Any]] = mapped_column(JSONB)
-    """The filter that chose the jobs, as given."""
+    """What the action was taken on: a bulk action's filter, as given; for one job or schedule,
+    ``{"job_id": ...}`` or ``{"schedule": ...}`` with the values the action wrote."""
     count: Mapped[int] = mapped_column(Integer)
-    """How many jobs the action changed."""
+    """How many jobs the action changed (1 for an action on one job or schedule)."""
 
 
 # --- finished jobs' history, partitioned by day (migration pgqueue_0013) -----------------------

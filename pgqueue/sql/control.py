@@ -21,7 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from pgqueue.models import Job, PeriodicTick, QueueControl
+from pgqueue.models import Job, PeriodicTick, QueueControl, ScheduleState
 from pgqueue.sql.common import (
     array_param,
     recounted,
@@ -87,7 +87,9 @@ def record_tick() -> Any:
     """Claim one tick of a schedule; binds ``tick_name``, ``tick_at``. Returns a row only for
     the one caller that inserted it, which then enqueues the job in the same transaction.
     Inserts nothing when the schedule already has a tick at or after ``tick_at``: a scheduler
-    that worked from an older view never adds a tick behind a newer one."""
+    that worked from an older view never adds a tick behind a newer one; nor while the schedule
+    is paused (``ScheduleState``), which this statement, run after ``lock_schedule``, sees as
+    soon as the pause has committed."""
     name = bindparam("tick_name", type_=Text)
     at = bindparam("tick_at", type_=PeriodicTick.scheduled_at.type)
     newer = (
@@ -95,11 +97,14 @@ def record_tick() -> Any:
         .where(PeriodicTick.schedule_name == name, PeriodicTick.scheduled_at >= at)
         .exists()
     )
+    paused = (
+        select(ScheduleState.name).where(ScheduleState.name == name, ScheduleState.paused).exists()
+    )
     return (
         pg_insert(PeriodicTick)
         .from_select(
             [PeriodicTick.schedule_name, PeriodicTick.scheduled_at],
-            select(name, at).where(~newer),
+            select(name, at).where(~newer, ~paused),
         )
         .on_conflict_do_nothing(
             index_elements=[PeriodicTick.schedule_name, PeriodicTick.scheduled_at]

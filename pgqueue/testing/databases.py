@@ -23,7 +23,8 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
 
 from pgqueue import migrations
-from pgqueue.config import normalize_database_url, test_database_url
+from pgqueue.config import test_database_url
+from pgqueue.database_urls import normalize_database_url
 from pgqueue.sql.server import create_database, drop_database
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-from pgqueue.config import normalize_database_url
+from pgqueue.database_urls import normalize_database_url
 from pgqueue.sqlstates import is_connection_error
 
 from . import invariants, pool_checks, report, snapshot

@@ -29,8 +29,8 @@ from sqlalchemy.orm import Session
 from support.locks import wait_for_lock_waiters
 
 from pgqueue import PgQueue
-from pgqueue.config import normalize_database_url
 from pgqueue.connections import conninfo
+from pgqueue.database_urls import normalize_database_url
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.errors import PgQueueError
 from pgqueue.worker.store import WorkerStore

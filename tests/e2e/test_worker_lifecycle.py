@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pgqueue import PgQueue
-from pgqueue.config import normalize_database_url
+from pgqueue.database_urls import normalize_database_url
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.states import JobState
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pgqueue import JobState, PgQueue
-from pgqueue.config import normalize_database_url
+from pgqueue.database_urls import normalize_database_url
 from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.testing import wait_for_states
 

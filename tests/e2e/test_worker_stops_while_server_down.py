@@ -21,7 +21,7 @@ from support.polling import wait_until
 from support.processes import pgqueue_command, pgqueue_env
 
 from pgqueue import JobState, PgQueue
-from pgqueue.config import normalize_database_url
+from pgqueue.database_urls import normalize_database_url
 from pgqueue.embedded import EmbeddedPostgres
 
 APP = """

@@ -543,6 +543,10 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
         (["history", "maintain", "--days-ahead", "5000"], "days_ahead must be at most 366"),
     ],
     "schedules": [(["schedules", "shop:pgq", "all"], "unexpected extra argument (all)")],
+    "schedules list": [(["schedules", "list", "shop:pgq", "x"], "unexpected extra argument (x)")],
+    "schedules pause": [(["schedules", "pause", "nosuch"], "no schedule named 'nosuch'")],
+    "schedules resume": [(["schedules", "resume"], "missing argument 'NAME'")],
+    "schedules run": [(["schedules", "run", "shop:pgq", "nosuch"], "no schedule named 'nosuch'")],
     "pause": [
         (["pause", "nosuchqueue"], "queue 'nosuchqueue' has no jobs and no settings"),
         (["pause"], "missing argument 'QUEUE'"),

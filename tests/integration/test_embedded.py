@@ -27,8 +27,8 @@ import pytest
 from support.polling import wait_until
 
 from pgqueue import embedded
-from pgqueue.config import normalize_database_url
 from pgqueue.connections import conninfo
+from pgqueue.database_urls import normalize_database_url
 from pgqueue.embedded import EmbeddedPostgres, find_bin_dir, shared_server
 from pgqueue.errors import EmbeddedPostgresError
 

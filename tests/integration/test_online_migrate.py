@@ -25,7 +25,12 @@ from pgqueue.config import Settings
 from pgqueue.core import PgQueue
 from pgqueue.errors import ValidationError
 from pgqueue.migrations import blockers
-from pgqueue.migrations.online import COMMITS_KEY, LOCK_TIMEOUT_KEY, outside_transaction
+from pgqueue.migrations.online import (
+    COMMITS_KEY,
+    LOCK_TIMEOUT_KEY,
+    migration_settings,
+    outside_transaction,
+)
 from pgqueue.sql.schema import MIGRATION_LOCK_KEYS
 
 STATE_INDEXES = ("ix_pgqueue_jobs_queue_state_id", "ix_pgqueue_jobs_task_name_state_id")
@@ -165,7 +170,7 @@ def test_outside_transaction_gives_the_migration_timeouts_again(
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts=opts)
             with context.begin_transaction():
-                migrations.migration_settings(connection, 1.234)
+                migration_settings(connection, 1.234)
                 connection.execute(text("SET LOCAL statement_timeout = '7s'"))
                 with outside_transaction(context):
                     outside = context.connection.execute(text(settings)).one()

@@ -26,6 +26,7 @@ EXPORTING = {
     "pgqueue": "``from pgqueue import *`` and ``dir(pgqueue)``",
     "pgqueue.admin": "``from pgqueue.admin import *``",
     "pgqueue.admin_values": "the names ``pgqueue.admin`` re-exports",
+    "pgqueue.admin_records": "the names ``pgqueue.admin`` re-exports",
     "pgqueue.contrib.flask": "the API reference lists its members",
     "pgqueue.testing": "the API reference lists its members",
 }

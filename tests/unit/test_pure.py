@@ -13,7 +13,8 @@ import pytest
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from pgqueue import backoff, codec, validation
-from pgqueue.config import Settings, embedded_database_name, normalize_database_url
+from pgqueue.config import Settings, embedded_database_name
+from pgqueue.database_urls import normalize_database_url
 from pgqueue.errors import (
     ConfigurationError,
     PayloadTooLarge,

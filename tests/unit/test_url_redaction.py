@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.engine import make_url
 
-from pgqueue.config import Settings, normalize_database_url, redact_url
+from pgqueue.config import Settings
+from pgqueue.database_urls import normalize_database_url, redact_url
 from pgqueue.errors import ConfigurationError
 
 SECRET = "Zq7SECRETx"

@@ -7,7 +7,7 @@ import os
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase
 
-from pgqueue.config import normalize_database_url
+from pgqueue.database_urls import normalize_database_url
 
 
 def database_url() -> str:

@@ -17,8 +17,8 @@ from typing import Any
 
 from flask import Flask, Response, abort, current_app, request
 
-from pgqueue.config import normalize_database_url
 from pgqueue.contrib.flask.dashboard import init_dashboard
+from pgqueue.database_urls import normalize_database_url
 
 
 def database_url() -> str:

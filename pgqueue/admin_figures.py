@@ -1,0 +1,111 @@
+"""The figures of ``pgq.admin``: job counts per queue and state, the oldest waiting ticket, jobs
+finished over time, the queues' names, and the worker registry with who holds a running job.
+
+Each is one data-layer read in a session of its own (``admin_runner``), bounded where the
+dashboard reads it on every page; ``admin.Admin`` holds these methods with the rest of the admin
+API.
+"""
+
+from __future__ import annotations
+
+from pgqueue.admin_runner import AdminRunner
+from pgqueue.admin_values import (
+    DEFAULT_COUNT_CAP,
+    DEFAULT_THROUGHPUT_CAP,
+    JobHolder,
+    OldestWaiting,
+    Throughput,
+    WorkerInfo,
+    check_job_id,
+)
+from pgqueue.data import admin as admin_data
+from pgqueue.data import workers as workers_data
+from pgqueue.errors import ValidationError
+from pgqueue.states import JobState
+
+
+class Figures(AdminRunner):
+    """The counts, throughput and worker registry of ``pgq.admin`` (see the module)."""
+
+    # -- figures -----------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, dict[JobState, int]]:
+        """``{queue: {state: count}}`` over all jobs (exact: reads every job)."""
+        return self._read(admin_data.state_counts)
+
+    def capped_counts(self, cap: int = DEFAULT_COUNT_CAP) -> dict[str, dict[JobState, int]]:
+        """``{queue: {state: count}}`` for every queue with jobs, each count stopping at
+        ``cap`` (``cap`` means "``cap`` or more"); states without jobs count 0. Under the
+        partitioned history, moved jobs count too (each table's count capped, the sum too)."""
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValidationError(f"cap must be a positive int, got {cap!r}")
+        return self._read(lambda ex: admin_data.capped_counts(ex, cap))
+
+    def oldest_waiting(self) -> dict[str, OldestWaiting]:
+        """The earliest ticket of each queue that has one."""
+        rows = self._read(admin_data.oldest_waiting)
+        return {queue: OldestWaiting(*row) for queue, row in rows.items()}
+
+    def throughput(self) -> dict[str, dict[JobState, list[int]]]:
+        """Jobs finished per minute over the last hour: ``{queue: {state: [count, ...]}}``,
+        index 0 the current minute, index 59 an hour ago; only queues with finished jobs in
+        that hour appear. Under the partitioned history the minutes are clock minutes, and moved
+        jobs are counted from the per-minute counts their move wrote."""
+        return self._read(admin_data.throughput)
+
+    def recent_throughput(self, cap: int = DEFAULT_THROUGHPUT_CAP) -> Throughput:
+        """Jobs finished per minute over the last hour, or, when more than ``cap`` finished in
+        that hour, over the shorter window holding the ``cap`` most recent ones, in buckets of
+        1 to 60 seconds (at most 60 of them). Reads at most about ``cap`` index entries twice,
+        so the cost is bounded however busy the queues are. Under the partitioned history the
+        moved jobs of a whole hour come from their per-minute counts (clock minutes), whose
+        rows do not grow with the jobs; the window shrinks only when more than ``cap`` jobs
+        still in ``pgqueue_jobs`` finished within the hour."""
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValidationError(f"cap must be a positive int, got {cap!r}")
+        return Throughput(*self._read(lambda ex: admin_data.recent_throughput(ex, cap)))
+
+    def queue_names(self) -> list[str]:
+        """The queues that have jobs, sorted (moved jobs' too under the partitioned history)."""
+        return self._read(admin_data.queue_names)
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def list_workers(self, *, include_stale: bool = False) -> list[WorkerInfo]:
+        """The live workers of the registry by id, each with the RUNNING jobs it holds; with
+        ``include_stale``, also the rows of workers gone stale (``live`` false), after them."""
+        if not isinstance(include_stale, bool):
+            raise ValidationError(f"include_stale must be a bool, got {include_stale!r}")
+        stale_seconds = self._stale_seconds()
+        rows = self._read(
+            lambda s: workers_data.list_workers(s, stale_seconds, include_stale=include_stale)
+        )
+        return [
+            WorkerInfo(
+                id=row[0],
+                host=row[1],
+                pid=row[2],
+                queues=tuple(row[3]),
+                concurrency=row[4],
+                version=row[5],
+                started_at=row[6],
+                last_seen_at=row[7],
+                seconds_since_seen=float(row[8]),
+                live=bool(row[9]),
+                running=int(row[10]),
+                claim_error=row[11],
+                seconds_failing=None if row[12] is None else float(row[12]),
+                tasks=None if row[13] is None else tuple(row[13]),
+            )
+            for row in rows
+        ]
+
+    def job_holder(self, job_id: int) -> JobHolder | None:
+        """The worker holding job ``job_id`` while it is RUNNING, else None."""
+        job_id = check_job_id(job_id)
+        stale_seconds = self._stale_seconds()
+        row = self._read(lambda s: workers_data.job_holder(s, job_id, stale_seconds))
+        if row is None:
+            return None
+        seen = None if row[4] is None else float(row[4])
+        return JobHolder(row[0], row[1], row[2], row[3], seen, bool(row[5]))
