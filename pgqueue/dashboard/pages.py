@@ -169,28 +169,30 @@ def job_detail(page: Page, job_id: int) -> Response:
 def job_action(page: Page, job_id: int, action: str) -> Response:
     admin = page.admin
     back = page.redirect("job_detail", job_id=job_id)
+    if action not in {"retry", "cancel", "delete"}:
+        raise NotFound()
+    # Each action writes its audit record, naming who took it, in its own transaction.
+    actor = page.actor()
     try:
         if action == "retry":
-            admin.retry_job(job_id)
+            admin.retry_job(job_id, actor=actor, source="dashboard")
             page.flash(f"Job {job_id} queued again.", "ok")
         elif action == "cancel":
-            state = admin.cancel_job(job_id)
+            state = admin.cancel_job(job_id, actor=actor, source="dashboard")
             page.flash(
                 f"Job {job_id} cancelled."
                 if state is JobState.CANCELLED
                 else f"Cancellation of running job {job_id} requested.",
                 "ok",
             )
-        elif action == "delete":
-            if not admin.delete_job(job_id):
+        else:
+            if not admin.delete_job(job_id, actor=actor, source="dashboard"):
                 page.flash(
                     f"Job {job_id} was not deleted (it is running, or already gone).", "error"
                 )
                 return back
             page.flash(f"Job {job_id} deleted.", "ok")
             return page.redirect("job_list")
-        else:
-            raise NotFound()
     except PgQueueError as exc:
         page.flash(str(exc), "error")
     return back

@@ -1,6 +1,7 @@
-"""The dashboard mounted in a FastAPI app (``pgqueue.dashboard.asgi_app``), called in-process
-through httpx's ASGI transport on a real database: its pages, the host's access check (sync or
-async; 401 it raises, 403 when it refuses), the CSRF refusal, and the read-only role."""
+"""The dashboard mounted in a FastAPI app (``pgqueue.dashboard.asgi.asgi_app``), called
+in-process through httpx's ASGI transport on a real database: its pages, the host's access check
+(sync or async; 401 it raises, 403 when it refuses), the CSRF refusal, an action's audit record
+naming the actor, and the read-only role."""
 
 from __future__ import annotations
 
@@ -139,8 +140,17 @@ def test_an_action_needs_the_csrf_token_of_its_session(pgq: PgQueue) -> None:
         shown = await client.get(f"/pgqueue/jobs/{job_id}")
         assert f"Job {job_id} cancelled." in shown.text
 
-    _run(_serve(pgq, access=lambda request: True), scenario)
+    _run(_serve(pgq, access=lambda request: True, actor=_actor), scenario)
     assert pgq.admin.get_job(job_id).state is JobState.CANCELLED
+    # Only the action that ran is recorded, with who took it (the actor reads the request).
+    entries = pgq.admin.audit_log().entries
+    assert [(e.actor, e.source, e.action, e.target) for e in entries] == [
+        ("ada@10.1.2.3", "dashboard", "cancel", {"job_id": job_id, "state": "cancelled"})
+    ]
+
+
+def _actor(request: DashboardRequest) -> str:
+    return f"ada@{request.client}"
 
 
 @pytest.mark.parametrize("how", ["role", "read_only"])
