@@ -72,6 +72,7 @@ class Standalone:
         if path == "/logout" and request.method == "POST":
             response = redirect(request.script_root + "/login", 303)
             response.delete_cookie(LOGIN_COOKIE, path=request.script_root + "/")
+            response.headers.update(SECURITY_HEADERS)
             return response(environ, start_response)
         user = self._user(request)
         if user is None and not path.startswith("/static/"):
