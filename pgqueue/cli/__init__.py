@@ -6,8 +6,8 @@ Commands that need tasks take an application path ``module:attribute`` naming a 
 
 This module holds the command group and adds the commands of each group's module to it
 (``migrate``, ``workers``, ``jobs``, ``history``, ``queues``, ``schedules``, ``flow``,
-``bulk``, ``demo``); ``shared`` holds what they and ``flask pgqueue`` share, output included,
-and ``reports`` the job reports both print.
+``bulk``, ``demo``, ``dashboard``); ``shared`` holds what they and ``flask pgqueue`` share,
+output included, and ``reports`` the job reports both print.
 """
 
 from __future__ import annotations
@@ -17,7 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgqueue.cli import demo, history, jobs, migrate, queues, schedules, shared, workers, workflows
+from pgqueue.cli import (
+    dashboard,
+    demo,
+    history,
+    jobs,
+    migrate,
+    queues,
+    schedules,
+    shared,
+    workers,
+    workflows,
+)
 from pgqueue.cli.bulk import bulk
 from pgqueue.cli.flow import key_limit, rate_limit
 from pgqueue.cli.shared import OneLineErrors, configure_logging, debug_option, verbose_option
@@ -57,7 +68,8 @@ def main(verbose: int, debug: bool, database_url: str | None) -> None:
         os.environ["PGQUEUE_DATABASE_URL"] = database_url
 
 
-# Every command but the demo: ``flask pgqueue`` offers these too (``pgqueue.contrib.flask.cli``).
+# Every command but the demo and the dashboard: ``flask pgqueue`` offers these too
+# (``pgqueue.contrib.flask.cli``).
 APP_COMMANDS = (
     migrate.migrate,
     workers.worker,
@@ -81,7 +93,7 @@ APP_COMMANDS = (
     rate_limit,
     bulk,
 )
-for _command in (*APP_COMMANDS, demo.demo):
+for _command in (*APP_COMMANDS, demo.demo, dashboard.dashboard):
     main.add_command(_command)
 
 

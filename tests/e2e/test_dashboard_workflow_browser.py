@@ -18,7 +18,7 @@ from support.workers import in_thread
 
 from pgqueue import JobState, chord
 from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask._workflow_view import STAGE_SHOWN
+from pgqueue.dashboard.workflow_view import STAGE_SHOWN
 from pgqueue.testing import wait_for_states
 from pgqueue.worker import Worker
 

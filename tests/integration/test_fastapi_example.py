@@ -176,3 +176,26 @@ def test_the_examples_own_tests_pass_on_the_pytest_plugin(server_url: URL) -> No
     example's conftest imports the app, as its pytest.ini asks."""
     completed = run_example_tests(EXAMPLE, server_url.render_as_string(hide_password=False))
     assert "4 passed" in completed.stdout, completed.stdout
+
+
+@pytest.mark.anyio
+async def test_the_example_mounts_the_dashboard_behind_its_password(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DASHBOARD_PASSWORD", raising=False)
+    assert (await client.get("/pgqueue/")).status_code == 403  # closed while unset
+    monkeypatch.setenv("DASHBOARD_PASSWORD", "pässwörd")
+    anonymous = await client.get("/pgqueue/")
+    assert anonymous.status_code == 401
+    assert anonymous.headers["WWW-Authenticate"].startswith("Basic ")
+    wrong = await client.get("/pgqueue/", auth=("ada", "nope"))
+    assert wrong.status_code == 401
+    created = await client.post(
+        "/orders", json={"item": "tea", "quantity": 1, "email": "ada@example.com"}
+    )
+    job_id = created.json()["job_id"]
+    page = await client.get(f"/pgqueue/jobs/{job_id}", auth=("ada", "pässwörd"))
+    assert page.status_code == 200
+    assert "send_receipt" in page.text
+    overview = await client.get("/pgqueue/", auth=("ada", "pässwörd"))
+    assert overview.status_code == 200 and "mail" in overview.text

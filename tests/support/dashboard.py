@@ -1,13 +1,19 @@
 """The pgqueue dashboard as the tests read it: a Flask app serving it on a test database, a real
 HTTP server for that app, and the headless Chromium (Debian's, driven by Playwright) that
-browses it. For the tests that read its pages through Flask's test client or a browser (and the
-docs' screenshot script)."""
+browses it; and the standalone ``pgqueue dashboard`` as a process. For the tests that read its
+pages through Flask's test client or a browser (and the docs' screenshot script)."""
 
 from __future__ import annotations
 
+import re
+import selectors
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flask import Flask
@@ -16,6 +22,7 @@ from werkzeug.serving import make_server
 
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
+from support.processes import pgqueue_command, pgqueue_env
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -42,12 +49,13 @@ def dashboard_app(
     access: Callable[[], Any] | None = None,
     public: bool = False,
     actor: Callable[[], str] | None = None,
+    read_only: bool = False,
     **config: object,
 ) -> Iterator[Flask]:
     """An app named ``name`` with ``queue`` on ``database_url`` and the dashboard at
     ``/pgqueue``, open to all unless ``access`` says otherwise (with ``public``, mounted with no
-    check at all; ``actor`` as ``init_dashboard``'s), with ``config`` added to its settings; the
-    queue's engines are disposed of on exit."""
+    check at all; ``actor`` and ``read_only`` as ``init_dashboard``'s), with ``config`` added
+    to its settings; the queue's engines are disposed of on exit."""
     app = Flask(name)
     app.config.update(
         SECRET_KEY="test-secret",
@@ -57,7 +65,7 @@ def dashboard_app(
     queue.init_app(app)
     if access is None and not public:
         access = _everyone
-    init_dashboard(app, access=access, public=public, actor=actor)
+    init_dashboard(app, access=access, public=public, actor=actor, read_only=read_only)
     try:
         yield app
     finally:
@@ -104,3 +112,44 @@ def chromium_page(**options: Any) -> Iterator[Page]:
             yield browser.new_page(**options)
         finally:
             browser.close()
+
+
+@dataclass
+class StandaloneProcess:
+    """One ``pgqueue dashboard`` process: its base URL and the first lines it printed (the
+    last: the token line, unless a login option replaced the token)."""
+
+    process: subprocess.Popen[str]
+    base: str
+    printed: list[str]
+
+
+def start_standalone(url: URL, directory: Path, *args: str) -> StandaloneProcess:
+    """``pgqueue dashboard ARGS`` on a free port of 127.0.0.1, in ``directory``, on ``url``;
+    returned once it printed its address."""
+    process = subprocess.Popen(
+        pgqueue_command("dashboard", "--bind", "127.0.0.1:0", *args),
+        env={**pgqueue_env(url), "PYTHONUNBUFFERED": "1"},
+        cwd=directory,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    printed: list[str] = []
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if selector.select(timeout=deadline - time.monotonic()):
+            line = process.stdout.readline()
+            if not line:
+                break
+            printed.append(line.rstrip("\n"))
+            found = re.match(r"pgqueue dashboard on (http://127\.0\.0\.1:\d+)/$", printed[-1])
+            if found:
+                if "--auth-file" not in args and "--trust-header" not in args:
+                    printed.append(process.stdout.readline().rstrip("\n"))
+                return StandaloneProcess(process, found.group(1), printed)
+    process.kill()
+    raise AssertionError(f"no address printed: {printed}")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import datetime as dt
 
 from pgqueue.admin import Throughput
-from pgqueue.contrib.flask.job_display import duration, error_summary, folded_errors
-from pgqueue.contrib.flask.throughput_chart import (
+from pgqueue.dashboard.job_display import duration, error_summary, folded_errors
+from pgqueue.dashboard.throughput_chart import (
     chart,
     coarsened,
     nice_ceiling,

@@ -1,5 +1,6 @@
-"""``flask pgqueue`` offers each ``pgqueue`` command (the demo aside) with the same parameters,
-less those that find a queue (APP, ``--database-url``): the app gives the queue."""
+"""``flask pgqueue`` offers each ``pgqueue`` command with the same parameters, less those that
+find a queue (APP, ``--database-url``): the app gives the queue. The demo and the dashboard are
+left out: a Flask app serves its dashboard itself (``init_dashboard``)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def _parameters(command: click.Command) -> dict[str, list[str]]:
     return found
 
 
-def test_every_pgqueue_command_but_the_demo_is_a_flask_command() -> None:
-    assert set(pgqueue_group.commands) == set(main.commands) - {"demo"}
+def test_every_pgqueue_command_but_the_demo_and_the_dashboard_is_a_flask_command() -> None:
+    assert set(pgqueue_group.commands) == set(main.commands) - {"demo", "dashboard"}
 
 
 def test_flask_commands_take_the_same_parameters_less_those_finding_a_queue() -> None:

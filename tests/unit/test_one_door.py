@@ -16,7 +16,13 @@ from pgqueue.admin import Admin
 from pgqueue.core import AdminAlias
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pgqueue"
-SURFACES = sorted([*PACKAGE.glob("cli/*.py"), *PACKAGE.glob("contrib/flask/*.py")])
+SURFACES = sorted(
+    [
+        *PACKAGE.glob("cli/*.py"),
+        *PACKAGE.glob("contrib/flask/*.py"),
+        *PACKAGE.glob("dashboard/*.py"),
+    ]
+)
 
 
 def aliases() -> dict[str, AdminAlias[..., object]]:

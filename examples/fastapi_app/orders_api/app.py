@@ -1,4 +1,5 @@
-"""HTTP endpoints: create an order (its receipt job is enqueued in the same transaction)."""
+"""HTTP endpoints: create an order (its receipt job is enqueued in the same transaction); and
+pgqueue's dashboard at ``/pgqueue``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from orders_api.dashboard import dashboard
 from orders_api.database import Session, engine
 from orders_api.models import Order, Receipt
 from orders_api.tasks import pgq, send_receipt
@@ -79,6 +81,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app() -> FastAPI:
     app = FastAPI(title="orders", lifespan=lifespan)
     app.include_router(router)
+    app.mount("/pgqueue", dashboard)
     return app
 
 

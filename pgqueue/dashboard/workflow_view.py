@@ -7,13 +7,16 @@ as quickly as a chain of three. The page refreshes itself until the workflow end
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from flask import Blueprint, abort, render_template
+from werkzeug.exceptions import NotFound
+from werkzeug.routing import Rule
+from werkzeug.wrappers import Response
 
 from pgqueue.admin import MAX_JOB_ID
-from pgqueue.contrib.flask import get_state
+from pgqueue.dashboard.page import Page
 from pgqueue.errors import PgQueueError
 from pgqueue.states import FINAL_STATES, JobState
 from pgqueue.workflows.status import WorkflowJob
@@ -53,19 +56,14 @@ def stages(jobs: tuple[WorkflowJob, ...]) -> list[Stage]:
     return drawn
 
 
-def register(bp: Blueprint) -> None:
-    """Add the workflow page (``.workflow_detail``) to the dashboard's blueprint."""
-    bp.add_url_rule("/workflows/<int:workflow_id>", view_func=workflow_detail)
-
-
-def workflow_detail(workflow_id: int) -> str:
+def workflow_detail(page: Page, workflow_id: int) -> Response:
     if workflow_id > MAX_JOB_ID:
-        abort(404, description=f"no workflow with id {workflow_id}")
-    admin = get_state().queue.admin
+        raise NotFound(description=f"no workflow with id {workflow_id}")
+    admin = page.admin
     try:
         workflow = admin.get_workflow(workflow_id)
     except PgQueueError:
-        abort(404, description=f"no workflow with id {workflow_id}")
+        raise NotFound(description=f"no workflow with id {workflow_id}") from None
     on_failure = None
     if workflow.on_failure_job_id is not None:
         try:
@@ -75,10 +73,14 @@ def workflow_detail(workflow_id: int) -> str:
     counts: dict[str, int] = {}
     for job in workflow.jobs:
         counts[job.state.value] = counts.get(job.state.value, 0) + 1
-    return render_template(
+    return page.render(
         "pgqueue/workflow.html",
         workflow=workflow,
         stages=stages(workflow.jobs),
         counts=[(state.value, counts[state.value]) for state in JobState if state.value in counts],
         on_failure=on_failure,
     )
+
+
+RULES: Final = [Rule("/workflows/<int:workflow_id>", endpoint="workflow_detail", methods=["GET"])]
+VIEWS: Final[dict[str, Callable[..., Response]]] = {"workflow_detail": workflow_detail}

@@ -4,8 +4,8 @@ The job list carries a form (``_bulk.html``) with the list's filters plus a time
 text. "Preview" posts it here and shows how many jobs the action would change; "Confirm" posts
 the same filter with that count, and the action runs only if it still matches exactly that many
 jobs (otherwise nothing changes and the new count is shown for another confirmation). Each
-action is recorded with the actor the dashboard was given (``init_dashboard(actor=...)``) and
-source ``dashboard``. Both steps are POSTs, so the blueprint's CSRF check covers them.
+action is recorded with the dashboard's actor (its ``actor=`` callable, else the authenticated
+user) and source ``dashboard``. Both steps are POSTs, so the core's CSRF check covers them.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any, Final
 
-from flask import Blueprint, flash, redirect, render_template, request, url_for
+from werkzeug.datastructures import MultiDict
+from werkzeug.routing import Rule
 from werkzeug.wrappers import Response
 
 from pgqueue.admin import Admin, BulkAction, BulkResult, JobFilter
-from pgqueue.contrib.flask import get_state
+from pgqueue.dashboard.page import Page
 from pgqueue.errors import BulkCountChanged, InvalidStateTransition, ValidationError
 from pgqueue.job_filter import TIME_COLUMNS, parse_states, parse_time
 
@@ -30,22 +31,9 @@ _DONE: Final = {
 }
 
 
-def register(bp: Blueprint, actor: Callable[[], str]) -> None:
-    """Add the bulk action endpoint (``.bulk_action``) to the dashboard's blueprint."""
-
-    def bulk_action() -> Response | tuple[str, int]:
-        return _bulk_action(actor)
-
-    bp.add_url_rule("/jobs/bulk", endpoint="bulk_action", view_func=bulk_action, methods=["POST"])
-
-    @bp.context_processor
-    def bulk_helpers() -> dict[str, Any]:
-        return {"bulk_actions": [a.value for a in BulkAction], "time_columns": TIME_COLUMNS}
-
-
-def _form() -> dict[str, str]:
+def _form(posted: MultiDict[str, str]) -> dict[str, str]:
     """The filter fields as posted (empty ones left out)."""
-    return {name: value for name in FIELDS if (value := request.form.get(name, "").strip())}
+    return {name: value for name in FIELDS if (value := posted.get(name, "").strip())}
 
 
 def _job_filter(form: dict[str, str]) -> JobFilter:
@@ -71,24 +59,31 @@ def _run(admin: Admin, action: BulkAction, job_filter: JobFilter, **options: Any
     return act(job_filter, source="dashboard", **options)
 
 
-def _bulk_action(actor: Callable[[], str]) -> Response | tuple[str, int]:
-    form = _form()
+def bulk_action(page: Page) -> Response:
+    posted = page.request.form
+    form = _form(posted)
     list_filters: dict[str, Any] = {k: form[k] for k in ("queue", "state", "task") if k in form}
-    back = url_for(".job_list", **list_filters)
+    back = page.url_for("job_list", **list_filters)
     try:
-        action = BulkAction(request.form.get("action", ""))
+        action = BulkAction(posted.get("action", ""))
     except ValueError:
-        return _page(form, back, error="Choose retry, cancel or delete."), 400
-    admin = get_state().queue.admin
-    who = actor()
+        return _page(page, form, back, error="Choose retry, cancel or delete.", status=400)
+    admin = page.admin
+    who = page.actor()
     try:
         job_filter = _job_filter(form)
-        if request.form.get("step") != "confirm":
+        if posted.get("step") != "confirm":
             preview = _run(admin, action, job_filter, dry_run=True, actor=who)
-            return _page(form, back, action=action, count=preview.count), 200
-        expected = request.form.get("expected_count", "")
+            return _page(page, form, back, action=action, count=preview.count, status=200)
+        expected = posted.get("expected_count", "")
         if not expected.isdigit():
-            return _page(form, back, error="The confirmation carries no count: preview again."), 400
+            return _page(
+                page,
+                form,
+                back,
+                error="The confirmation carries no count: preview again.",
+                status=400,
+            )
         try:
             result = _run(admin, action, job_filter, actor=who, expected_count=int(expected))
         except BulkCountChanged:
@@ -97,26 +92,41 @@ def _bulk_action(actor: Callable[[], str]) -> Response | tuple[str, int]:
                 f"The matching jobs changed since the preview ({int(expected):,} then, {now:,} "
                 f"now): nothing was done. Confirm again to {action.value} {now:,} jobs."
             )
-            return _page(form, back, action=action, count=now, error=message), 409
+            return _page(page, form, back, action=action, count=now, error=message, status=409)
     except ValidationError as exc:
-        return _page(form, back, error=str(exc)), 400
+        return _page(page, form, back, error=str(exc), status=400)
     except InvalidStateTransition as exc:  # a retry that would give a unique key two holders
-        return _page(form, back, error=str(exc)), 409
+        return _page(page, form, back, error=str(exc), status=409)
     running = (
         f" ({result.flagged_running:,} running, asked to stop)" if result.flagged_running else ""
     )
-    flash(f"{_DONE[action]} {result.count:,} jobs{running} (audit record {result.audit_id}).", "ok")
-    return redirect(back)
+    page.flash(
+        f"{_DONE[action]} {result.count:,} jobs{running} (audit record {result.audit_id}).", "ok"
+    )
+    return page.redirect_to(back)
 
 
 def _page(
+    page: Page,
     form: dict[str, str],
     back: str,
     *,
     action: BulkAction | None = None,
     count: int | None = None,
     error: str | None = None,
-) -> str:
-    return render_template(
-        "pgqueue/bulk.html", form=form, back=back, action=action, count=count, error=error
+    status: int = 200,
+) -> Response:
+    return page.render(
+        "pgqueue/bulk.html",
+        status=status,
+        form=form,
+        back=back,
+        action=action,
+        count=count,
+        error=error,
     )
+
+
+RULES: Final = [Rule("/jobs/bulk", endpoint="bulk_action", methods=["POST"])]
+VIEWS: Final[dict[str, Callable[..., Response]]] = {"bulk_action": bulk_action}
+HELPERS: Final = {"bulk_actions": [a.value for a in BulkAction], "time_columns": TIME_COLUMNS}

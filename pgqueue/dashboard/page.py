@@ -1,0 +1,168 @@
+"""One dashboard request as its views see it (:class:`Page`): the request, the dashboard's
+signed session cookie (CSRF token, messages for the next page), links, rendering, and the
+queue's admin API."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from itsdangerous import BadSignature, URLSafeSerializer
+from jinja2 import Environment
+from werkzeug.exceptions import BadRequest
+from werkzeug.routing import MapAdapter
+from werkzeug.utils import redirect
+from werkzeug.wrappers import Request, Response
+
+from pgqueue.dashboard.access import LOGOUT_KEY, USER_KEY, DashboardRequest
+
+if TYPE_CHECKING:
+    from pgqueue.admin import Admin
+    from pgqueue.core import PgQueue
+
+CSRF_FIELD: Final = "csrf_token"
+SESSION_COOKIE: Final = "pgqueue_dashboard"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What every page of one dashboard shares."""
+
+    queue: PgQueue
+    templates: Environment
+    serializer: URLSafeSerializer
+    actor: Callable[[DashboardRequest], str] | None
+    throughput_cap: int | Callable[[], int]
+
+
+class Session:
+    """The dashboard's own session, in a signed cookie: the CSRF token and the messages to
+    show on the next page."""
+
+    def __init__(self, serializer: URLSafeSerializer, raw: str | None) -> None:
+        self._serializer = serializer
+        self.data: dict[str, Any] = {}
+        self.modified = False
+        if raw:
+            try:
+                loaded = serializer.loads(raw)
+            except BadSignature:
+                loaded = None
+            if isinstance(loaded, dict):
+                self.data = loaded
+
+    def csrf_token(self) -> str:
+        token = self.data.get("csrf")
+        if not isinstance(token, str) or not token:
+            token = secrets.token_urlsafe(32)
+            self.data["csrf"] = token
+            self.modified = True
+        return token
+
+    def flash(self, message: str, category: str) -> None:
+        self.data.setdefault("flashes", []).append([category, message])
+        self.modified = True
+
+    def take_flashes(self) -> list[tuple[str, str]]:
+        flashes = self.data.pop("flashes", None)
+        if flashes is None:
+            return []
+        self.modified = True
+        return [(str(c), str(m)) for c, m in flashes]
+
+    def save(self, response: Response, request: Request) -> None:
+        if not self.modified:
+            return
+        response.set_cookie(
+            SESSION_COOKIE,
+            self._serializer.dumps(self.data),
+            path=request.script_root + "/",
+            httponly=True,
+            secure=request.scheme == "https",
+            samesite="Lax",
+        )
+
+
+class Page:
+    """One request as the views see it: the dashboard, the request, its session, links."""
+
+    def __init__(
+        self, settings: Settings, request: Request, adapter: MapAdapter, read_only: bool
+    ) -> None:
+        self.settings = settings
+        self.request = request
+        self.adapter = adapter
+        self.session = Session(settings.serializer, request.cookies.get(SESSION_COOKIE))
+        self.read_only = read_only
+        self.view = DashboardRequest.from_environ(request.environ)
+
+    @property
+    def queue(self) -> PgQueue:
+        return self.settings.queue
+
+    def throughput_cap(self) -> int:
+        cap = self.settings.throughput_cap
+        return cap() if callable(cap) else cap
+
+    @property
+    def admin(self) -> Admin:
+        return self.settings.queue.admin
+
+    def actor(self) -> str:
+        """Who takes an action, for its audit record."""
+        if self.settings.actor is not None:
+            return self.settings.actor(self.view)
+        user = self.request.environ.get(USER_KEY)
+        return str(user) if user else "dashboard"
+
+    def check_csrf(self) -> None:
+        expected = self.session.data.get("csrf")
+        given = self.request.form.get(CSRF_FIELD, "")
+        # As bytes: compare_digest refuses str holding non-ASCII characters (TypeError, a
+        # 500), and a forged token may hold anything.
+        if not isinstance(expected, str) or not hmac.compare_digest(
+            expected.encode("utf-8"), given.encode("utf-8", "surrogatepass")
+        ):
+            raise BadRequest(description="CSRF token missing or invalid")
+
+    def url_for(self, endpoint: str, **values: Any) -> str:
+        """The dashboard's URL for ``endpoint``; values the rule does not take become the query
+        string, and None values are left out."""
+        return self.adapter.build(endpoint, {k: v for k, v in values.items() if v is not None})
+
+    def flash(self, message: str, category: str) -> None:
+        self.session.flash(message, category)
+
+    def redirect(self, endpoint: str, **values: Any) -> Response:
+        return self.redirect_to(self.url_for(endpoint, **values))
+
+    def redirect_to(self, url: str) -> Response:
+        response: Response = redirect(url, 302)
+        return response
+
+    def render(self, template: str, status: int = 200, **context: Any) -> Response:
+        html = self.settings.templates.get_template(template).render(
+            url_for=self.url_for,
+            csrf_token=self.session.csrf_token,
+            get_flashed_messages=self._flashes,
+            read_only=self.read_only,
+            user=self.request.environ.get(USER_KEY),
+            logout_url=self.request.environ.get(LOGOUT_KEY),
+            **context,
+        )
+        return Response(html, status=status, mimetype="text/html")
+
+    def _flashes(self, with_categories: bool = False) -> list[Any]:
+        flashes = self.session.take_flashes()
+        return list(flashes) if with_categories else [m for _, m in flashes]
+
+
+def text_arg(args: Mapping[str, str], name: str) -> str | None:
+    """A text filter from the query string; None when absent or empty."""
+    value = args.get(name) or None
+    if value is not None and "\x00" in value:
+        raise BadRequest(description=f"{name} must not contain a NUL character")
+    return value
