@@ -1,0 +1,106 @@
+"""The dashboard's live fragments through Flask's test client on a real database: each live
+page answers ``?fragment=<name>`` with its ``data-live`` element alone, cut from the same
+rendering as the whole page, showing what changed since; an unknown name is a 400; the script
+that polls them is served under the policy that lets it run and nothing else."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy.engine import URL
+from support.dashboard import dashboard_app
+
+from pgqueue.contrib.flask import PgQueue
+
+pgq = PgQueue()
+
+
+@pgq.task(name="live.noop", queue="live-q")
+def noop(value: str) -> str:
+    return value
+
+
+@pytest.fixture
+def app(database_url: URL) -> Iterator[Flask]:
+    with dashboard_app(pgq, database_url, "dashboard_live") as app:
+        yield app
+
+
+def _queued_cell(html: str) -> str:
+    found = re.search(
+        r'<tr data-queue="live-q">.*?<td class="num" data-state="queued">\s*(.*?)\s*</td>',
+        html,
+        re.S,
+    )
+    assert found is not None, html
+    return re.sub(r"<[^>]+>", "", found.group(1)).strip()
+
+
+def test_the_overview_fragment_is_its_live_element_and_shows_a_new_job(app: Flask) -> None:
+    client = app.test_client()
+    with app.app_context():
+        noop.enqueue("a")
+    page = client.get("/pgqueue/")
+    fragment = client.get("/pgqueue/?fragment=overview")
+    assert fragment.status_code == 200
+    assert fragment.mimetype == "text/html"
+    text = fragment.text.strip()
+    assert text.startswith('<div data-live="overview">') and text.endswith("</div>")
+    assert "<html" not in text and "<nav" not in text
+    # One rendering: the fragment is the page's own block, byte for byte.
+    assert fragment.text in page.text
+    assert _queued_cell(text) == "1"
+    with app.app_context():
+        noop.enqueue("b")
+    assert _queued_cell(client.get("/pgqueue/?fragment=overview").text) == "2"
+
+
+def test_the_jobs_and_job_fragments_follow_the_jobs(app: Flask) -> None:
+    client = app.test_client()
+    with app.app_context():
+        first = noop.enqueue("a")
+    jobs = client.get("/pgqueue/jobs?queue=live-q&fragment=jobs").text
+    assert re.findall(r'data-job-id="(\d+)"', jobs) == [str(first)]
+    with app.app_context():
+        second = noop.enqueue("b")
+    jobs = client.get("/pgqueue/jobs?queue=live-q&fragment=jobs").text
+    assert jobs.strip().startswith('<div data-live="jobs">')
+    assert re.findall(r'data-job-id="(\d+)"', jobs) == [str(second), str(first)]
+    job = client.get(f"/pgqueue/jobs/{first}?fragment=job")
+    assert job.status_code == 200
+    assert job.text.strip().startswith('<div data-live="job">')
+    assert re.findall(r'id="job-state">(\w+)<', job.text) == ["queued"]
+    assert job.text in client.get(f"/pgqueue/jobs/{first}").text
+    with app.app_context():
+        pgq.queue.admin.cancel_job(first)
+    job = client.get(f"/pgqueue/jobs/{first}?fragment=job")
+    assert re.findall(r'id="job-state">(\w+)<', job.text) == ["cancelled"]
+
+
+def test_an_unknown_fragment_is_refused(app: Flask) -> None:
+    client = app.test_client()
+    response = client.get("/pgqueue/?fragment=nope")
+    assert response.status_code == 400
+    assert "this page has no live fragment &#39;nope&#39; (it has: overview)" in response.text
+    response = client.get("/pgqueue/queues?fragment=overview")
+    assert response.status_code == 400
+    assert "this page has no live fragment &#39;overview&#39; (it has none)" in response.text
+
+
+def test_every_live_page_loads_the_script_and_marks_its_fragment(app: Flask) -> None:
+    client = app.test_client()
+    with app.app_context():
+        job_id = noop.enqueue("a")
+    for path, name in [("/", "overview"), ("/jobs", "jobs"), (f"/jobs/{job_id}", "job")]:
+        html = client.get("/pgqueue" + path).text
+        assert '<script src="/pgqueue/static/live.js" defer></script>' in html, path
+        assert html.count("data-live=") == 1, path
+        assert f'<div data-live="{name}">' in html, path
+    script = client.get("/pgqueue/static/live.js")
+    assert script.status_code == 200
+    assert script.mimetype in {"text/javascript", "application/javascript"}
+    assert "fragment" in script.text and "visibilitychange" in script.text
