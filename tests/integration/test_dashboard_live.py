@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import pytest
 from flask import Flask
-from flask.testing import FlaskClient
 from sqlalchemy.engine import URL
 from support.dashboard import dashboard_app
 
