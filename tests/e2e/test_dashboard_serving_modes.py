@@ -2,7 +2,9 @@
 (``init_dashboard``), FastAPI (``asgi_app`` mounted, served by uvicorn) and standalone
 (``pgqueue dashboard`` as a real process, logged in through its form with the printed token).
 In each: every page renders under the strict Content-Security-Policy with no violation, a
-failed job is retried with its page's button, and a queue is paused and resumed.
+failed job is retried with its page's button, and a queue is paused and resumed; a job enqueued
+while the overview is open appears in its counts within 2 s without a reload, and the page's
+polling stops while the tab is hidden and resumes at once when it is shown.
 
 One browser for the module, one server per mode (module-scoped), one database for all: each
 mode acts on jobs and a queue of its own.
@@ -58,6 +60,7 @@ def pgq(url: URL) -> Iterator[PgQueue]:
     queue = PgQueue(url)
     for mode in MODES:
         queue.task(name=f"{mode}.fails", queue=f"{mode}-q", max_attempts=1)(_fails)
+        queue.task(name=f"{mode}.live", queue=f"{mode}-live")(_fails)
     yield queue
     queue.dispose()
 
@@ -159,12 +162,7 @@ def test_every_page_and_the_job_and_queue_actions(
         ),
     )
 
-    page.goto(dashboard.base + "/")
-    if dashboard.token is not None:
-        expect(page.get_by_role("heading", name="Log in")).to_be_visible()
-        page.fill('input[name="password"]', dashboard.token)
-        page.click('button[type="submit"]')
-    expect(page.locator("header .brand")).to_have_text("pgqueue")
+    _open_overview(page, dashboard)
     expect(page.locator("main")).to_contain_text(f"{mode}-q")
     for link, heading in (("Jobs", "Jobs"), ("Queues", "Queue controls"), ("Workers", "Workers")):
         page.click(f"header nav >> text={link}")
@@ -191,3 +189,58 @@ def test_every_page_and_the_job_and_queue_actions(
         page.goto(dashboard.base + "/queues")
         expect(page.get_by_role("heading", name="Log in")).to_be_visible()
     assert violations == []
+
+
+def _open_overview(page: Page, dashboard: Mounted) -> None:
+    page.goto(dashboard.base + "/")
+    if dashboard.token is not None:
+        expect(page.get_by_role("heading", name="Log in")).to_be_visible()
+        page.fill('input[name="password"]', dashboard.token)
+        page.click('button[type="submit"]')
+    expect(page.locator("header .brand")).to_have_text("pgqueue")
+
+
+def test_a_job_enqueued_while_the_overview_is_open_appears_within_2_s(
+    served: tuple[str, Mounted], pgq: PgQueue, page: Page
+) -> None:
+    mode, dashboard = served
+    _open_overview(page, dashboard)
+    loaded = page.evaluate("performance.timeOrigin")
+    cell = page.locator(f'tr[data-queue="{mode}-live"] td[data-state="queued"]')
+    expect(cell).to_have_count(0)
+    pgq.registry.get(f"{mode}.live").enqueue()
+    expect(cell).to_have_text("1", timeout=2000)
+    # The same document: the count came in without a reload.
+    assert page.evaluate("performance.timeOrigin") == loaded
+
+
+def _set_visibility(page: Page, state: str) -> None:
+    page.evaluate(
+        """state => {
+            Object.defineProperty(document, "visibilityState", {get: () => state,
+                                                                configurable: true});
+            document.dispatchEvent(new Event("visibilitychange"));
+        }""",
+        state,
+    )
+
+
+def test_polling_stops_while_the_tab_is_hidden_and_resumes_when_shown(
+    served: tuple[str, Mounted], page: Page
+) -> None:
+    _, dashboard = served
+    # The page's timers run on a clock the test moves, so no test time is spent waiting.
+    page.clock.install()
+    _open_overview(page, dashboard)
+    polled: list[str] = []
+    page.on("request", lambda r: polled.append(r.url) if "fragment=overview" in r.url else None)
+    with page.expect_response(lambda r: "fragment=overview" in r.url) as first:
+        page.clock.run_for(1600)
+    assert first.value.status == 200
+    _set_visibility(page, "hidden")
+    seen = len(polled)
+    page.clock.run_for(60_000)
+    assert len(polled) == seen
+    with page.expect_request(lambda r: "fragment=overview" in r.url):
+        _set_visibility(page, "visible")
+    assert len(polled) == seen + 1
