@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from flask import Flask
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 from support.dashboard import dashboard_app
 
@@ -103,3 +104,34 @@ def test_every_live_page_loads_the_script_and_marks_its_fragment(app: Flask) -> 
     assert script.status_code == 200
     assert script.mimetype in {"text/javascript", "application/javascript"}
     assert "fragment" in script.text and "visibilitychange" in script.text
+
+
+FINISHED = text(
+    """INSERT INTO pgqueue_jobs (task_name, queue, state, attempts, run_at, started_at,
+                                 finished_at, updated_at, args)
+       VALUES ('live.noop', 'chart-q', :state, 1, now() - make_interval(secs => 5 + :waited),
+               now() - make_interval(secs => 5), now() - make_interval(secs => 5), now(), '[]')"""
+)
+
+
+def test_the_overview_charts_wait_time_and_failure_rate_per_queue(
+    app: Flask, database_url: URL
+) -> None:
+    engine = create_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(FINISHED, {"state": "succeeded", "waited": 3})
+        connection.execute(FINISHED, {"state": "failed", "waited": 1})
+    engine.dispose()
+    html = app.test_client().get("/pgqueue/?fragment=overview").text
+    row = re.search(r'<tr data-queue="chart-q">(.*?)</tr>', html, re.S)
+    assert row is not None
+    wait = re.search(r'<td class="chart wait">(.*?)</td>', row.group(1), re.S)
+    failures = re.search(r'<td class="chart failures">(.*?)</td>', row.group(1), re.S)
+    assert wait is not None and failures is not None
+    # p95 of waits 1 s and 3 s: 1 + 0.95 * 2; in the newest bucket (five-minute ones: a quiet hour).
+    assert "now 2.9 s · peak 2.9 s" in wait.group(1)
+    assert "300 s to now: 2 jobs, waited p50 2 s, p95 2.9 s" in wait.group(1)
+    assert wait.group(1).count('class="bar-wait"') == 1
+    assert "50.0% failed" in failures.group(1)
+    assert "300 s to now: 1 of 2 failed (50%)" in failures.group(1)
+    assert failures.group(1).count('class="bar-failures"') == 1
