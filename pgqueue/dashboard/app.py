@@ -27,7 +27,7 @@ from werkzeug.utils import redirect, send_from_directory
 from werkzeug.wrappers import Request, Response
 
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
-from pgqueue.dashboard import bulk, ops_pages, pages, workflow_view
+from pgqueue.dashboard import bulk, ops_pages, pages, queue_pages, workflow_view
 from pgqueue.dashboard.access import DashboardRequest, Role, role_of
 from pgqueue.dashboard.page import Page, Settings
 from pgqueue.errors import ConfigurationError
@@ -110,8 +110,15 @@ class Dashboard:
             **bulk.VIEWS,
             **workflow_view.VIEWS,
             **ops_pages.VIEWS,
+            **queue_pages.VIEWS,
         }
-        rules = [*pages.RULES, *bulk.RULES, *workflow_view.RULES, *ops_pages.RULES]
+        rules = [
+            *pages.RULES,
+            *bulk.RULES,
+            *workflow_view.RULES,
+            *ops_pages.RULES,
+            *queue_pages.RULES,
+        ]
         # Copies: a rule binds to one map, and each dashboard has its own.
         self.url_map = Map(
             [rule.empty() for rule in rules]
