@@ -124,3 +124,12 @@ def test_the_workers_page_sums_up_health_and_names_tasks(pgq: PgQueue) -> None:
     assert tasks("ok") == '<span title="t.one, t.two">2 tasks</span>'
     assert tasks("failing") == '<span title="t.one">1 task</span>'
     assert "all</span>" in tasks("gone")
+    health = {
+        w: page.split(f'data-worker-id="{w}"')[1].split('<td class="health">')[1].split("</td>")[0]
+        for w in ("ok", "failing", "gone")
+    }
+    assert health["ok"] == "ok"
+    assert health["failing"].startswith('<span class="badge state-failed">claims failing</span>')
+    assert health["gone"] == (
+        '<span class="badge state-failed" title="no heartbeat for 1m">stale</span>'
+    )
