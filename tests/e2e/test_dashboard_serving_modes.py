@@ -2,7 +2,9 @@
 (``init_dashboard``), FastAPI (``asgi_app`` mounted, served by uvicorn) and standalone
 (``pgqueue dashboard`` as a real process, logged in through its form with the printed token).
 In each: every page renders under the strict Content-Security-Policy with no violation, a
-failed job is retried with its page's button, and a queue is paused and resumed.
+failed job is retried with its page's button, a queue is paused and resumed, and a schedule of
+the served app's code is paused, resumed and run now from its page, with the audit page showing
+those actions.
 
 One browser for the module, one server per mode (module-scoped), one database for all (the
 fixtures of ``tests/e2e/conftest.py``): each mode acts on jobs and a queue of its own.
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 from playwright.sync_api import expect
 from sqlalchemy.engine import URL
-from support.serving_modes import MODES, Mounted
+from support.serving_modes import MODES, Mounted, add_schedule
 
 from pgqueue import JobState, PgQueue
 
@@ -32,6 +34,7 @@ def pgq(url: URL) -> Iterator[PgQueue]:
     queue = PgQueue(url)
     for mode in MODES:
         queue.task(name=f"{mode}.fails", queue=f"{mode}-q", max_attempts=1)(_fails)
+    add_schedule(queue, "fastapi")
     yield queue
     queue.dispose()
 
@@ -62,7 +65,13 @@ def test_every_page_and_the_job_and_queue_actions(
         page.click('button[type="submit"]')
     expect(page.locator("header .brand")).to_have_text("pgqueue")
     expect(page.locator("main")).to_contain_text(f"{mode}-q")
-    for link, heading in (("Jobs", "Jobs"), ("Queues", "Queue controls"), ("Workers", "Workers")):
+    for link, heading in (
+        ("Jobs", "Jobs"),
+        ("Queues", "Queue controls"),
+        ("Workers", "Workers"),
+        ("Schedules", "Schedules"),
+        ("Audit", "Audit log"),
+    ):
         page.click(f"header nav >> text={link}")
         expect(page.locator("h1")).to_contain_text(heading)
 
@@ -87,3 +96,37 @@ def test_every_page_and_the_job_and_queue_actions(
         page.goto(dashboard.base + "/queues")
         expect(page.get_by_role("heading", name="Log in")).to_be_visible()
     assert violations == []
+
+
+def test_a_schedule_paused_resumed_and_run_now_from_its_page_then_the_audit_page(
+    served: tuple[str, Mounted], pgq: PgQueue, page: Page
+) -> None:
+    mode, dashboard = served
+    name = f"{mode}.nightly"
+    actor = "token" if dashboard.token is not None else "dashboard"
+    page.goto(dashboard.base + "/schedules")
+    if dashboard.token is not None:
+        page.fill('input[name="password"]', dashboard.token)
+        page.click('button[type="submit"]')
+    row = page.locator(f'tr[data-schedule="{name}"]')
+    expect(row.locator(".cron")).to_have_text("0 3 * * *")
+
+    row.locator("button.pause").click()
+    expect(page.locator(".flash-ok")).to_contain_text(f"Schedule {name} paused")
+    expect(row.locator(".status")).to_have_text("paused")
+    row.locator("button.resume").click()
+    expect(page.locator(".flash-ok")).to_have_text(f"Schedule {name} resumed from its next tick.")
+    expect(row.locator(".status")).to_have_text("active")
+    row.locator("button.run-now").click()
+    expect(page.locator(".flash-ok")).to_contain_text(f"Schedule {name} run now as job ")
+    job_id = int(page.locator(".flash-ok").inner_text().rsplit(" ", 1)[1].rstrip("."))
+    assert pgq.admin.get_job(job_id).task_name == f"{mode}.tick"
+
+    page.click("header nav >> text=Audit")
+    mine = page.locator("table.audit tbody tr", has_text=name)
+    expect(mine.locator(".action")).to_have_text(
+        ["run_schedule", "resume_schedule", "pause_schedule"]
+    )
+    expect(mine.locator(".actor")).to_have_text([actor] * 3)
+    mine.first.locator(f'a[href$="/jobs/{job_id}"]').click()
+    expect(page.locator("h1")).to_contain_text(str(job_id))

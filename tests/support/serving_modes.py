@@ -41,6 +41,30 @@ def log_in(page: Page, dashboard: Mounted) -> None:
         page.wait_for_selector("header .brand")
 
 
+def _tick() -> None:
+    pass
+
+
+def add_schedule(queue: PgQueue, mode: str) -> None:
+    """A nightly schedule of ``mode``'s own on ``queue``: the modes share one database."""
+    task = queue.task(name=f"{mode}.tick", queue=f"{mode}-ticks")(_tick)
+    queue.periodic("0 3 * * *", name=f"{mode}.nightly")(task)
+
+
+# The app the standalone dashboard is given (APP), for its schedule in code.
+STANDALONE_APP = """
+from pgqueue import PgQueue
+
+pgq = PgQueue()
+
+
+@pgq.periodic("0 3 * * *", name="standalone.nightly")
+@pgq.task(name="standalone.tick", queue="standalone-ticks")
+def tick() -> None:
+    pass
+"""
+
+
 def flask_mode(url: URL) -> Iterator[Mounted]:
     from flask import Flask
 
@@ -54,6 +78,7 @@ def flask_mode(url: URL) -> Iterator[Mounted]:
     )
     extension = FlaskQueue()
     extension.init_app(app)
+    add_schedule(extension.state(app).queue, "flask")
     init_dashboard(app, public=True)
     try:
         with serving(app) as base:
@@ -88,7 +113,8 @@ def fastapi_mode(pgq: PgQueue) -> Iterator[Mounted]:
 def standalone_mode(url: URL, directory: Path) -> Iterator[Mounted]:
     from support.dashboard import start_standalone
 
-    served = start_standalone(url, directory)
+    (directory / "served_app.py").write_text(STANDALONE_APP)
+    served = start_standalone(url, directory, "served_app:pgq")
     token = served.printed[-1].rsplit(" ", 1)[1]
     try:
         yield Mounted(served.base, token)
