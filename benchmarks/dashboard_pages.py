@@ -90,7 +90,7 @@ PAGES = [
     "/pgqueue/jobs?queue=queue1&state=running",
     "/pgqueue/jobs?queue=queue1&before=500000",
     "/pgqueue/jobs/500000",
-    # What live.js polls every 1.5 s on each page that is open.
+    # What live.js polls every second on each page that is open.
     "/pgqueue/?fragment=overview",
     "/pgqueue/jobs?fragment=jobs",
     "/pgqueue/jobs?queue=queue1&state=failed&fragment=jobs",

@@ -174,7 +174,7 @@ def test_polling_stops_while_the_tab_is_hidden_and_resumes_when_shown(
     polled: list[str] = []
     page.on("request", lambda r: polled.append(r.url) if "fragment=overview" in r.url else None)
     with page.expect_response(lambda r: "fragment=overview" in r.url) as first:
-        page.clock.run_for(1600)
+        page.clock.run_for(1100)
     assert first.value.status == 200
     _set_visibility(page, "hidden")
     seen = len(polled)
