@@ -176,7 +176,10 @@ def test_polling_stops_while_the_tab_is_hidden_and_resumes_when_shown(
     with page.expect_response(lambda r: "fragment=overview" in r.url) as first:
         page.clock.run_for(1100)
     assert first.value.status == 200
+    status = page.locator("html")
+    expect(status).to_have_attribute("data-live-status", "waiting")
     _set_visibility(page, "hidden")
+    expect(status).to_have_attribute("data-live-status", "hidden")
     seen = len(polled)
     page.clock.run_for(60_000)
     assert len(polled) == seen

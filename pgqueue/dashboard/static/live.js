@@ -8,7 +8,8 @@
  * is hidden and polls at once when it is shown again. An element holding the focused field, or
  * a field whose value the user changed, is left alone until it is neither. A failed request
  * doubles the interval (up to 30 s) until one succeeds; 401 or 403 (the session ended) stops
- * polling for good. Without JavaScript the pages still work: they reload themselves instead
+ * polling for good. The <html> element's data-live-status says where it is: "waiting" (for the
+ * next poll), "fetching", "hidden", "stopped", or "idle" on a page with no live part. Without JavaScript the pages still work: they reload themselves instead
  * (a <noscript> refresh).
  */
 (function () {
@@ -79,11 +80,20 @@
     });
   }
 
+  function status(value) {
+    document.documentElement.setAttribute("data-live-status", value);
+  }
+
   function schedule() {
     clearTimeout(timer);
     timer = null;
-    if (!stopped && document.visibilityState === "visible") {
+    if (stopped) {
+      status("stopped");
+    } else if (document.visibilityState !== "visible") {
+      status("hidden");
+    } else {
       timer = setTimeout(tick, Math.max(0, started + delay - Date.now()));
+      status("waiting");
     }
   }
 
@@ -91,8 +101,9 @@
     timer = null;
     if (running || stopped || document.visibilityState !== "visible") { return; }
     var elements = document.querySelectorAll("[data-live]");
-    if (!elements.length) { return; }
+    if (!elements.length) { status("idle"); return; }
     running = true;
+    status("fetching");
     started = Date.now();
     var pending = [];
     for (var i = 0; i < elements.length; i++) { pending.push(refresh(elements[i])); }
@@ -110,9 +121,8 @@
     if (document.visibilityState === "visible") {
       clearTimeout(timer);
       tick();
-    } else {
-      clearTimeout(timer);
-      timer = null;
+    } else if (!running) {
+      schedule();
     }
   });
   started = Date.now();
