@@ -15,6 +15,7 @@ from sqlalchemy.engine import URL
 from support.dashboard import dashboard_app
 
 from pgqueue.contrib.flask import PgQueue
+from pgqueue.workflows import chain
 
 pgq = PgQueue()
 
@@ -22,6 +23,11 @@ pgq = PgQueue()
 @pgq.task(name="live.noop", queue="live-q")
 def noop(value: str) -> str:
     return value
+
+
+@pgq.task(name="live.step", queue="live-q")
+def step(*values: object) -> int:
+    return len(values)
 
 
 @pytest.fixture
@@ -135,3 +141,19 @@ def test_the_overview_charts_wait_time_and_failure_rate_per_queue(
     assert "50.0% failed" in failures.group(1)
     assert "300 s to now: 1 of 2 failed (50%)" in failures.group(1)
     assert failures.group(1).count('class="bar-failures"') == 1
+
+
+def test_the_workflow_fragment_follows_its_members(app: Flask) -> None:
+    client = app.test_client()
+    with app.app_context():
+        flow = chain(step.s("a"), step.s("b")).enqueue()
+        first = pgq.queue.admin.get_workflow(flow.id).jobs[0].id
+    url = f"/pgqueue/workflows/{flow.id}?fragment=workflow"
+    html = client.get(url).text
+    assert html.strip().startswith('<div data-live="workflow">')
+    assert html in client.get(f"/pgqueue/workflows/{flow.id}").text
+    assert re.findall(r'data-job="(\d+)" data-state="(\w+)"', html)[0] == (str(first), "queued")
+    with app.app_context():
+        pgq.queue.admin.cancel_workflow(flow.id)
+    states = re.findall(r'data-state="(\w+)"', client.get(url).text)
+    assert states and "queued" not in states
