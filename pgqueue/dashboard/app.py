@@ -27,7 +27,7 @@ from werkzeug.utils import redirect, send_from_directory
 from werkzeug.wrappers import Request, Response
 
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
-from pgqueue.dashboard import bulk, pages, workflow_view
+from pgqueue.dashboard import bulk, job_pages, pages, workflow_view
 from pgqueue.dashboard.access import DashboardRequest, Role, role_of
 from pgqueue.dashboard.page import Page, Settings
 from pgqueue.errors import ConfigurationError
@@ -105,8 +105,13 @@ class Dashboard:
         self.queue = queue
         self.access = access
         self.read_only = read_only
-        self.views: dict[str, View] = {**pages.VIEWS, **bulk.VIEWS, **workflow_view.VIEWS}
-        rules = [*pages.RULES, *bulk.RULES, *workflow_view.RULES]
+        self.views: dict[str, View] = {
+            **pages.VIEWS,
+            **job_pages.VIEWS,
+            **bulk.VIEWS,
+            **workflow_view.VIEWS,
+        }
+        rules = [*pages.RULES, *job_pages.RULES, *bulk.RULES, *workflow_view.RULES]
         # Copies: a rule binds to one map, and each dashboard has its own.
         self.url_map = Map(
             [rule.empty() for rule in rules]
@@ -118,6 +123,7 @@ class Dashboard:
         )
         self.templates.globals.update(pages.HELPERS)
         self.templates.globals.update(bulk.HELPERS)
+        self.templates.globals.update(job_pages.HELPERS)
         self.settings = Settings(
             queue=queue,
             templates=self.templates,
