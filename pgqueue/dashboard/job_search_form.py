@@ -59,8 +59,10 @@ class SearchForm:
         before any SQL runs."""
         values = self.values
         for name, text in values.items():
-            if "\x00" in text or len(text) > MAX_FIELD:
-                raise ValidationError(f"{name} must be at most {MAX_FIELD} characters without NUL")
+            if "\x00" in text:
+                raise ValidationError(f"{name} must not contain a NUL character")
+            if len(text) > MAX_FIELD:
+                raise ValidationError(f"{name} must be at most {MAX_FIELD} characters")
         arguments: dict[str, Any] = {
             "queue": values.get("queue"),
             "task_name": values.get("task"),

@@ -2,7 +2,8 @@
 (``init_dashboard``), FastAPI (``asgi_app`` mounted, served by uvicorn) and standalone
 (``pgqueue dashboard`` as a real process, logged in through its form with the printed token).
 In each: every page renders under the strict Content-Security-Policy with no violation, a
-failed job is retried with its page's button, and a queue is paused and resumed.
+failed job is retried with its page's button, a queue is paused and resumed, and a waiting job
+is run now, rescheduled, given a priority and sent a signal from its page, each audited.
 
 One browser for the module, one server per mode (module-scoped), one database for all: each
 mode acts on jobs and a queue of its own.
@@ -10,6 +11,7 @@ mode acts on jobs and a queue of its own.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import threading
 import time
@@ -58,12 +60,17 @@ def pgq(url: URL) -> Iterator[PgQueue]:
     queue = PgQueue(url)
     for mode in MODES:
         queue.task(name=f"{mode}.fails", queue=f"{mode}-q", max_attempts=1)(_fails)
+        queue.task(name=f"{mode}.later", queue=f"{mode}-later")(_later)
     yield queue
     queue.dispose()
 
 
 def _fails() -> None:
     raise RuntimeError("always fails")
+
+
+def _later(order: int) -> int:
+    return order
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +198,52 @@ def test_every_page_and_the_job_and_queue_actions(
         page.goto(dashboard.base + "/queues")
         expect(page.get_by_role("heading", name="Log in")).to_be_visible()
     assert violations == []
+
+
+def _log_in(page: Page, dashboard: Mounted, path: str) -> None:
+    page.goto(dashboard.base + path)
+    if dashboard.token is not None:
+        expect(page.get_by_role("heading", name="Log in")).to_be_visible()
+        page.fill('input[name="password"]', dashboard.token)
+        page.click('button[type="submit"]')
+
+
+def test_run_now_reschedule_priority_and_signal_from_the_job_page(
+    served: tuple[str, Mounted], pgq: PgQueue, page: Page
+) -> None:
+    mode, dashboard = served
+    later = pgq.registry.get(f"{mode}.later")
+    job_id = later.configure(run_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).enqueue(1)
+    _log_in(page, dashboard, f"/jobs/{job_id}")
+    expect(page.locator("#job-state")).to_have_text("queued")
+
+    page.click("button.run-now")
+    expect(page.locator(".flash-ok")).to_contain_text(f"Job {job_id} may run now")
+    target = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)).replace(microsecond=0)
+    page.fill('#job-reschedule input[name="run_at"]', target.strftime("%Y-%m-%dT%H:%M:%S"))
+    page.click("button.reschedule")
+    shown = target.strftime("%Y-%m-%d %H:%M:%S UTC")
+    expect(page.locator(".flash-ok")).to_have_text(f"Job {job_id} rescheduled to {shown}.")
+    page.fill('#job-priority input[name="priority"]', "-3")
+    page.click("button.priority")
+    expect(page.locator(".flash-ok")).to_have_text(f"Job {job_id} now has priority -3.")
+    page.fill('#job-signal input[name="name"]', "approved")
+    page.fill('#job-signal input[name="payload"]', '{"by": "ops"}')
+    page.click("button.signal")
+    expect(page.locator(".flash-ok")).to_have_text(f"Signal 'approved' sent to job {job_id}.")
+    expect(page.locator("#job-signals .signal-name")).to_have_text("approved")
+
+    job = pgq.admin.get_job(job_id)
+    assert (job.run_at, job.priority) == (target, -3)
+    actor = "token" if dashboard.token is not None else "dashboard"
+    actions = [
+        (entry.action, entry.actor, entry.source)
+        for entry in pgq.admin.audit_log(limit=100).entries
+        if entry.job_id == job_id
+    ]
+    assert actions == [
+        ("signal", actor, "dashboard"),
+        ("set_priority", actor, "dashboard"),
+        ("reschedule", actor, "dashboard"),
+        ("run_now", actor, "dashboard"),
+    ]

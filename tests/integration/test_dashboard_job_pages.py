@@ -316,7 +316,8 @@ def test_bad_search_input_answers_400_with_the_message(tasks: PgQueue) -> None:
         ({"state": "sleeping"}, "unknown state"),
         ({"time": "updated_at"}, "time must be one of created_at, finished_at"),
         ({"error": "x", "scan": "0"}, "scan must be an int from 1"),
-        ({"task": "a\x00b"}, "without NUL"),
+        ({"task": "a\x00b"}, "task must not contain a NUL character"),
+        ({"error": "x" * 10_001}, "error must be at most 10000 characters"),
     ]
     for query, message in cases:
         response = _search(client, **query)
