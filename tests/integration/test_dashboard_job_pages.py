@@ -7,6 +7,7 @@ input)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import re
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from urllib.parse import urlencode
 import pytest
 from werkzeug.test import Client, TestResponse
 
-from pgqueue import JobState, PgQueue
+from pgqueue import JobContext, JobState, PgQueue
 from pgqueue.admin import JsonMatch
 from pgqueue.dashboard import Dashboard
 
@@ -26,7 +27,12 @@ ACTOR = "ada"
 def tasks(pgq: PgQueue) -> Iterator[PgQueue]:
     pgq.task(name="pages.echo", queue="pages-q")(_echo)
     pgq.task(name="pages.boom", queue="pages-q", max_attempts=1)(_boom)
+    pgq.task(name="pages.approval", queue="pages-q", pass_context=True)(_approval)
     yield pgq
+
+
+def _approval(ctx: JobContext) -> object:
+    return ctx.wait_for_signal("approved", timeout=3600)
 
 
 def _echo(user_id: int = 0, tags: list[str] | None = None) -> dict[str, int]:
@@ -243,6 +249,31 @@ def test_the_page_shows_the_timeline_signals_and_the_users_frames_first(
     assert "None received." not in page
     quiet = client.get(f"/jobs/{_later(pgq)}").text
     assert "None received." in quiet
+    assert asyncio.run(pgq.admin.ajob_signals(waiting)) == pgq.admin.job_signals(waiting)
+
+
+def test_a_suspended_job_says_what_it_waits_for_and_offers_its_signal(tasks: PgQueue) -> None:
+    pgq = tasks
+    job_id = pgq.registry.get("pages.approval").enqueue()
+    pgq.run_worker(queues=["pages-q"], drain=True)
+    signals = pgq.admin.job_signals(job_id)
+    assert (signals.suspended, signals.waiting_for, signals.arrived) == (True, "approved", False)
+    client = _client(pgq)
+    html = client.get(f"/jobs/{job_id}").text
+    waiting = re.search(r'id="job-waiting">([^<]*)<', html)
+    assert waiting is not None
+    assert waiting.group(1).startswith("waiting for signal &#39;approved&#39; until ")
+    assert re.search(r'<input name="name" value="approved" required>', html)
+    # A suspended job's time is its wait's deadline: the signal moves it, not a reschedule.
+    assert 'class="run-now"' not in html and 'id="job-reschedule"' not in html
+    assert 'id="job-priority"' in html
+    token = _token(client, job_id)
+    sent = _post(client, job_id, "signal", csrf_token=token, name="approved", payload="true")
+    assert sent.status_code == 302
+    assert pgq.admin.job_signals(job_id).arrived is True
+    pgq.run_worker(queues=["pages-q"], drain=True)
+    done = pgq.admin.get_job(job_id)
+    assert (done.state, done.result) == (JobState.SUCCEEDED, True)
 
 
 def _search(client: Client, **query: str) -> TestResponse:
