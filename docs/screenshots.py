@@ -1,24 +1,30 @@
-"""Screenshots of the Flask dashboard for the docs, from a demo queue with realistic data.
+"""Screenshots of the dashboard for the docs: a demo database on the embedded PostgreSQL, the
+dashboard served standalone (``pgqueue dashboard``), and a PNG of each of its pages.
 
-Run from the repository root (needs Debian's ``postgresql`` and ``chromium`` packages and the
-``test`` extra):
+Run from the repository root (needs the ``dashboard`` and ``test`` extras and Debian's
+``chromium``):
 
     python docs/screenshots.py
 
-It starts a throwaway PostgreSQL (``tests/debian_postgres.py``; or pass ``--database-url`` of an
-empty database), migrates it, runs real jobs through a real worker (mail that succeeds, reports,
-a billing task that times out twice, then fails the same way three times, image jobs still running), spreads the
-finished jobs' timestamps over the last hour so the chart has a history to show (the only
-hand-edited data), pauses one queue, limits another, and writes PNGs of the overview, the job
-list, a failed job's page, a waiting job's "why isn't it running" box, the queue controls, the
-workers page and a bulk retry's preview to ``docs/screenshots/``.
+It starts a throwaway embedded server, runs real jobs through a real worker (mail that
+succeeds, reports, a billing task that times out twice, then fails the same way three times,
+image jobs still running under their queue's limit, a workflow half done), spreads the finished
+jobs' timestamps over the last hour so the chart has a history to show (the only hand-edited
+data), pauses one queue, limits another, then serves it with ``pgqueue dashboard --no-auth`` on
+a loopback port. The pages are those of the dashboard's route map (every GET page, so a page
+added later gets its picture), plus a bulk retry's preview, each written to
+``docs/images/dashboard/`` at a 1280x800 viewport.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import re
 import secrets
+import selectors
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,24 +33,29 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from flask import Flask
-from playwright.sync_api import sync_playwright
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from playwright.sync_api import Page, sync_playwright
+from sqlalchemy import text
 
-from pgqueue import backoff
-from pgqueue.contrib.flask import PgQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
+from pgqueue import PgQueue, backoff
+from pgqueue.dashboard.app import Dashboard
+from pgqueue.embedded import EmbeddedPostgres
 from pgqueue.testing import run_until_final
 from pgqueue.worker import Worker
+from pgqueue.workflows import chain
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from dashboard_app import serving  # noqa: E402  (a test helper, found through the path above)
-
-OUT = ROOT / "docs" / "screenshots"
+OUT = ROOT / "docs" / "images" / "dashboard"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+VIEWPORT = {"width": 1280, "height": 800}
+# File names of the pages the docs show; any other page is named after its endpoint.
+NAMES = {
+    "overview": "overview",
+    "job_list": "jobs",
+    "queue_list": "queues",
+    "worker_list": "workers",
+    "workflow_detail": "workflow",
+}
 SPREAD_SQL = text(
     """UPDATE pgqueue_jobs
        SET finished_at = now() - ((id * 7919) % 3500 || ' seconds')::interval,
@@ -53,23 +64,17 @@ SPREAD_SQL = text(
        WHERE finished_at IS NOT NULL"""
 )
 
-pgq = PgQueue()
+tries: dict[str, int] = {}
 
 
-@pgq.task(name="mail.send")
 def send_mail(to: str) -> str:
     return f"sent to {to}"
 
 
-@pgq.task(name="reports.build", queue="reports")
 def build_report(report_id: int) -> dict[str, int]:
     return {"report": report_id, "rows": report_id * 37}
 
 
-tries: dict[str, int] = {}
-
-
-@pgq.task(name="billing.charge", queue="billing", max_attempts=5, retry=backoff.constant(0))
 def charge(customer: str, cents: int) -> None:
     tries[customer] = tries.get(customer, 0) + 1
     if tries[customer] <= 2:
@@ -77,105 +82,156 @@ def charge(customer: str, cents: int) -> None:
     raise ConnectionError(f"payment gateway refused the connection for {customer}")
 
 
-@pgq.task(name="images.resize", queue="images")
 def resize(path: str) -> str:
     time.sleep(6)
     return path
 
 
-@contextlib.contextmanager
-def database(url: str | None) -> Iterator[str]:
-    """``url``, or a database on a throwaway server stopped on exit."""
-    if url:
-        yield url
-        return
-    root = Path(tempfile.mkdtemp(prefix="pgqueue-screenshots-"))
-    script = str(ROOT / "tests" / "debian_postgres.py")
-    started = subprocess.run(
-        [sys.executable, script, "start", str(root)], check=True, capture_output=True, text=True
+def register(pgq: PgQueue) -> None:
+    pgq.task(name="mail.send")(send_mail)
+    pgq.task(name="reports.build", queue="reports")(build_report)
+    pgq.task(name="billing.charge", queue="billing", max_attempts=5, retry=backoff.constant(0))(
+        charge
     )
+    pgq.task(name="images.resize", queue="images")(resize)
+
+
+@contextlib.contextmanager
+def embedded_database() -> Iterator[str]:
+    """A throwaway embedded server's database URL, stopped and removed on exit."""
+    root = Path(tempfile.mkdtemp(prefix="pgqueue-screenshots-"))
+    # As root the server runs as another user, which must reach its data directory.
+    root.chmod(0o755)
+    server = EmbeddedPostgres(root / "data", durable=False)
+    server.start()
     try:
-        yield started.stdout.strip()
+        yield server.url()
     finally:
-        subprocess.run([sys.executable, script, "stop", str(root)], check=True)
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
-def fill(app: Flask) -> tuple[int, int]:
-    """Run the demo jobs; returns the ids of a billing job that failed five times and of an
-    image job that waits for its queue's limit."""
-    queue = pgq.state(app).queue
-    queue.migrate()
-    with app.app_context():
-        mail = send_mail.enqueue_many([[f"user{i}@example.com"] for i in range(420)])
-        reports = build_report.enqueue_many([[i] for i in range(60)])
-        failing = charge.enqueue_many([[f"cus_{i:04d}", 1999] for i in range(4)])
-    run_until_final(queue, mail + reports + failing, concurrency=8, timeout=120)
-    engine = create_engine(make_url(app.config["PGQUEUE_DATABASE_URL"]))
-    with engine.begin() as connection:
+def fill(pgq: PgQueue) -> dict[str, list[int]]:
+    """Run the demo jobs; returns the ids to show: a billing job that failed five times, an
+    image job that waits for its queue's limit, and a workflow."""
+    pgq.migrate()
+    tasks = pgq.registry
+    mail = tasks.get("mail.send").enqueue_many([[f"user{i}@example.com"] for i in range(420)])
+    reports = tasks.get("reports.build").enqueue_many([[i] for i in range(60)])
+    failing = tasks.get("billing.charge").enqueue_many([[f"cus_{i:04d}", 1999] for i in range(4)])
+    run_until_final(pgq, mail + reports + failing, concurrency=8, timeout=120)
+    with pgq.engine.begin() as connection:
         connection.execute(SPREAD_SQL)
-    engine.dispose()
-    with app.app_context():
-        build_report.enqueue_many([[i] for i in range(60, 85)])
-        send_mail.enqueue_many([[f"late{i}@example.com"] for i in range(12)])
-        images = resize.enqueue_many([[f"/uploads/{i}.jpg"] for i in range(6)])
-    queue.admin.pause_queue("reports")
-    queue.admin.set_queue_limit("images", 2)
-    return failing[0], images[-1]
+    tasks.get("reports.build").enqueue_many([[i] for i in range(60, 85)])
+    tasks.get("mail.send").enqueue_many([[f"late{i}@example.com"] for i in range(12)])
+    images = tasks.get("images.resize").enqueue_many([[f"/uploads/{i}.jpg"] for i in range(6)])
+    flow = chain(
+        tasks.get("mail.send").si("ops@example.com"),
+        tasks.get("reports.build").si(99),
+        tasks.get("mail.send").si("finance@example.com"),
+    ).enqueue()
+    run_until_final(pgq, [flow.job_ids[0]], timeout=60)
+    pgq.admin.pause_queue("reports")
+    pgq.admin.set_queue_limit("images", 2)
+    return {"job_id": [failing[0], images[-1]], "workflow_id": [flow.id]}
 
 
-def shoot(base: str, failed_job: int, waiting_job: int) -> None:
+@contextlib.contextmanager
+def standalone(url: str) -> Iterator[str]:
+    """``pgqueue dashboard --no-auth`` on a free loopback port; yields its address."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pgqueue", "dashboard", "--bind", "127.0.0.1:0", "--no-auth"],
+        env={**os.environ, "PGQUEUE_DATABASE_URL": url, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + 60
+    try:
+        while selector.select(timeout=max(deadline - time.monotonic(), 0)):
+            line = process.stdout.readline()
+            if not line:
+                break
+            found = re.match(r"pgqueue dashboard on (http://127\.0\.0\.1:\d+)/$", line.strip())
+            if found:
+                yield found.group(1)
+                return
+        raise SystemExit("pgqueue dashboard printed no address")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def pages(pgq: PgQueue, ids: dict[str, list[int]]) -> list[tuple[str, str]]:
+    """(file name, path) of every GET page of the dashboard's route map."""
+    url_map = Dashboard(pgq, secret_key=secrets.token_hex(16), public=True).url_map
+    adapter = url_map.bind("dashboard.invalid")
+    shots = []
+    for rule in url_map.iter_rules():
+        if "GET" not in (rule.methods or ()) or rule.endpoint == "static":
+            continue
+        name = NAMES.get(rule.endpoint, rule.endpoint.replace("_", "-"))
+        if not rule.arguments:
+            shots.append((name, adapter.build(rule.endpoint)))
+        elif rule.endpoint == "job_detail":
+            failed, waiting = ids["job_id"]
+            shots += [("job-errors", f"/jobs/{failed}"), ("job-waiting", f"/jobs/{waiting}")]
+        elif set(rule.arguments) <= set(ids):
+            values = {a: ids[a][0] for a in rule.arguments}
+            shots.append((name, adapter.build(rule.endpoint, values)))
+        else:
+            print(f"skipped {rule.rule}: no demo value for {sorted(rule.arguments)}")
+    return shots
+
+
+def shoot(base: str, shots: list[tuple[str, str]]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 720})
-            for name, path in [
-                ("overview", "/"),
-                ("jobs", "/jobs"),
-                ("job-errors", f"/jobs/{failed_job}"),
-                ("job-waiting", f"/jobs/{waiting_job}"),
-                ("queues", "/queues"),
-                ("workers", "/workers"),
-            ]:
+            page = browser.new_page(viewport=VIEWPORT)
+            for name, path in shots:
                 page.goto(base + path)
-                page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
-                print(f"wrote {OUT / f'{name}.png'}")
+                save(page, name)
             page.goto(base + "/jobs?state=failed")
             page.select_option("details.bulk select[name=action]", "retry")
             page.fill("details.bulk input[name=error_contains]", "refused the connection")
-            page.click("details.bulk button[type=submit]")
-            page.screenshot(path=str(OUT / "bulk-preview.png"), full_page=True)
-            print(f"wrote {OUT / 'bulk-preview.png'}")
+            with page.expect_navigation():
+                page.click("details.bulk button[type=submit]")
+            save(page, "bulk-preview")
         finally:
             browser.close()
 
 
+def save(page: Page, name: str) -> None:
+    path = OUT / f"{name}.png"
+    page.screenshot(path=str(path))
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", help="an empty database (default: a throwaway server)")
-    args = parser.parse_args()
-    with database(args.database_url) as url:
-        app = Flask("pgqueue_screenshots")
-        app.config.update(
-            SECRET_KEY=secrets.token_hex(16), PGQUEUE_DATABASE_URL=url, PGQUEUE_POLL_INTERVAL=0.2
-        )
-        pgq.init_app(app)
-        init_dashboard(app, public=True)
-        queue = pgq.state(app).queue
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.parse_args()
+    with embedded_database() as url:
+        pgq = PgQueue(url)
+        register(pgq)
         try:
-            failed_job, waiting_job = fill(app)
-            worker = Worker(queue, queues=["images", "default"], concurrency=4)
+            ids = fill(pgq)
+            worker = Worker(pgq, queues=["images", "default"], concurrency=4)
             thread = threading.Thread(target=worker.run, daemon=True)
             thread.start()
             time.sleep(2)  # the image jobs are running, two at a time (the limit)
             try:
-                with serving(app) as base:
-                    shoot(base + "/pgqueue", failed_job, waiting_job)
+                with standalone(url) as base:
+                    shoot(base, pages(pgq, ids))
             finally:
                 worker.stop()
                 thread.join(timeout=30)
         finally:
-            queue.dispose()
+            pgq.dispose()
 
 
 if __name__ == "__main__":

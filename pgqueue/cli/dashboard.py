@@ -8,7 +8,14 @@ import secrets
 
 import click
 
-from pgqueue.cli.shared import CommandError, database_option, echo, load_app, queue_for
+from pgqueue.cli.shared import (
+    CommandError,
+    database_option,
+    echo,
+    load_app,
+    queue_for,
+    with_current_schema,
+)
 
 EXTRA_HINT = (
     "pgqueue dashboard needs the dashboard extra: pip install 'sqlalchemy-pgqueue[dashboard]'"
@@ -89,7 +96,7 @@ def dashboard(
         )
     token = None if (users or trust_header or no_auth) else secrets.token_urlsafe(24)
     auth = standalone.Auth(token=token, users=users, trust_header=trust_header)
-    pgq = load_app(app) if app else queue_for(database_url)
+    pgq = with_current_schema(load_app(app)) if app else queue_for(database_url)
     wsgi = standalone.application(pgq, auth, read_only=read_only)
     try:
         server = create_server(wsgi, host=host, port=port, threads=threads, ident="pgqueue")

@@ -27,7 +27,7 @@ from werkzeug.utils import redirect, send_from_directory
 from werkzeug.wrappers import Request, Response
 
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
-from pgqueue.dashboard import bulk, job_pages, pages, workflow_view
+from pgqueue.dashboard import bulk, job_pages, ops_pages, pages, queue_pages, workflow_view
 from pgqueue.dashboard.access import DashboardRequest, Role, role_of
 from pgqueue.dashboard.page import Page, Settings
 from pgqueue.errors import ConfigurationError
@@ -110,8 +110,17 @@ class Dashboard:
             **job_pages.VIEWS,
             **bulk.VIEWS,
             **workflow_view.VIEWS,
+            **ops_pages.VIEWS,
+            **queue_pages.VIEWS,
         }
-        rules = [*pages.RULES, *job_pages.RULES, *bulk.RULES, *workflow_view.RULES]
+        rules = [
+            *pages.RULES,
+            *job_pages.RULES,
+            *bulk.RULES,
+            *workflow_view.RULES,
+            *ops_pages.RULES,
+            *queue_pages.RULES,
+        ]
         # Copies: a rule binds to one map, and each dashboard has its own.
         self.url_map = Map(
             [rule.empty() for rule in rules]
@@ -124,6 +133,7 @@ class Dashboard:
         self.templates.globals.update(pages.HELPERS)
         self.templates.globals.update(bulk.HELPERS)
         self.templates.globals.update(job_pages.HELPERS)
+        self.templates.globals.update(ops_pages.HELPERS)
         self.settings = Settings(
             queue=queue,
             templates=self.templates,

@@ -1,5 +1,5 @@
-"""The dashboard's pages: overview, queues and their controls, workers; with the formatting
-helpers every template uses (the job pages are ``job_pages``').
+"""The dashboard's overview page, with the formatting helpers every template uses (the job
+pages are ``job_pages``', queues and workers ``queue_pages``').
 
 Each view takes the request's :class:`~pgqueue.dashboard.page.Page` and returns a response;
 ``RULES`` and ``VIEWS`` are what the core routes to them.
@@ -12,23 +12,19 @@ import json
 from collections.abc import Callable
 from typing import Any, Final
 
-from werkzeug.exceptions import NotFound
 from werkzeug.routing import Rule
 from werkzeug.wrappers import Response
 
-from pgqueue.admin import DEFAULT_COUNT_CAP, QueueSettings
+from pgqueue.admin import DEFAULT_COUNT_CAP
 from pgqueue.dashboard.job_display import duration, error_summary, error_tooltip
 from pgqueue.dashboard.page import Page
 from pgqueue.dashboard.throughput_chart import chart, coarsened, total_series
-from pgqueue.errors import ValidationError
 from pgqueue.states import JobState
 
 # Counts on the overview stop here ("1,000+"): each reads at most this many index entries, so
 # the page costs the same however much history the jobs table holds.
 COUNT_CAP: Final = DEFAULT_COUNT_CAP
 STATES: Final = list(JobState)
-# A queue limit is a Postgres integer; anything above it cannot be stored.
-MAX_QUEUE_LIMIT: Final = 2**31 - 1
 
 
 def overview(page: Page) -> Response:
@@ -78,84 +74,11 @@ def overview(page: Page) -> Response:
     )
 
 
-def queue_list(page: Page, error: str | None = None, status: int = 200) -> Response:
-    admin = page.admin
-    settings = admin.queue_settings()
-    names = set(admin.queue_names()) | set(settings)
-    names |= {task.queue for task in page.queue.registry}
-    queues = [settings.get(name) or QueueSettings(name, False, None, 0) for name in sorted(names)]
-    return page.render(
-        "pgqueue/queues.html",
-        status=status,
-        queues=queues,
-        key_overrides=admin.key_overrides(),
-        error=error,
-        max_limit=MAX_QUEUE_LIMIT,
-    )
-
-
-def queue_action(page: Page, action: str) -> Response:
-    admin = page.admin
-    form = page.request.form
-    name = form.get("queue", "")
-    try:
-        if action == "pause":
-            admin.pause_queue(name)
-            page.flash(f"Queue {name} paused: workers claim none of its jobs until resumed.", "ok")
-        elif action == "resume":
-            admin.resume_queue(name)
-            page.flash(f"Queue {name} resumed.", "ok")
-        elif action == "limit":
-            limit = _queue_limit(form.get("limit", ""))
-            if isinstance(limit, str):
-                return queue_list(page, error=f"Queue {name}: {limit}", status=400)
-            admin.set_queue_limit(name, limit)
-            page.flash(f"Queue {name}: at most {limit:,} of its jobs run at once.", "ok")
-        elif action == "unlimit":
-            admin.set_queue_limit(name, None)
-            page.flash(f"Queue {name}: limit removed.", "ok")
-        else:
-            raise NotFound()
-    except ValidationError as exc:
-        return queue_list(page, error=str(exc), status=400)
-    return page.redirect("queue_list")
-
-
-def _queue_limit(raw: str) -> int | str:
-    """The limit typed into the form, or the one-line problem with it."""
-    text = raw.strip()
-    if not text:
-        return f"limit is empty: give a whole number from 1 to {MAX_QUEUE_LIMIT:,}"
-    try:
-        value = int(text)
-    except ValueError:
-        return f"limit must be a whole number, got {text[:40]!r}"
-    if value < 1:
-        return f"limit must be at least 1, got {value} (use Clear to remove the limit)"
-    if value > MAX_QUEUE_LIMIT:
-        return f"limit must be at most {MAX_QUEUE_LIMIT:,}, got {value:,}"
-    return value
-
-
-def worker_list(page: Page) -> Response:
-    return page.render(
-        "pgqueue/workers.html",
-        workers=page.admin.list_workers(include_stale=True),
-        stale_seconds=page.queue.settings.worker_stale_seconds,
-    )
-
-
 RULES: Final = [
     Rule("/", endpoint="overview", methods=["GET"]),
-    Rule("/queues", endpoint="queue_list", methods=["GET"]),
-    Rule("/queues/<action>", endpoint="queue_action", methods=["POST"]),
-    Rule("/workers", endpoint="worker_list", methods=["GET"]),
 ]
 VIEWS: Final[dict[str, Callable[..., Response]]] = {
     "overview": overview,
-    "queue_list": queue_list,
-    "queue_action": queue_action,
-    "worker_list": worker_list,
 }
 
 

@@ -20,14 +20,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from server_databases import create_database, drop_database
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL
 from support.network import free_port
 from support.polling import wait_until
 from support.processes import pgqueue_command, pgqueue_env
+from support.serving_modes import MODES, Mounted, mounted
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
+
+    from pgqueue import PgQueue
 
 APP_SOURCE = '''
 """Tasks run by the e2e worker subprocesses. Every handler leaves rows in ``ledger``."""
@@ -495,3 +502,45 @@ default_pool_size = 10
         process.terminate()
         process.wait(10)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- the dashboard under each serving mode, for browser tests ----------------------------------
+# A module using ``served`` defines ``pgq`` (module-scoped, on ``url``): its tasks and schedules
+# are what the FastAPI mode's dashboard knows. Each module gets one database, one browser and one
+# server per mode.
+
+
+@pytest.fixture(scope="module")
+def url(server_url: URL, template_name: str) -> Iterator[URL]:
+    database = create_database(server_url, template_name)
+    yield database
+    drop_database(server_url, database)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    from playwright.sync_api import sync_playwright
+    from support.dashboard import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module", params=MODES)
+def served(
+    request: pytest.FixtureRequest, url: URL, pgq: PgQueue, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Mounted]]:
+    mode = request.param
+    for dashboard in mounted(mode, url, pgq, tmp_path_factory.mktemp(mode)):
+        yield mode, dashboard
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context()
+    try:
+        yield context.new_page()
+    finally:
+        context.close()

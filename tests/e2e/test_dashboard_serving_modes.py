@@ -2,57 +2,33 @@
 (``init_dashboard``), FastAPI (``asgi_app`` mounted, served by uvicorn) and standalone
 (``pgqueue dashboard`` as a real process, logged in through its form with the printed token).
 In each: every page renders under the strict Content-Security-Policy with no violation, a
-failed job is retried with its page's button, a queue is paused and resumed, and a waiting job
-is run now, rescheduled, given a priority and sent a signal from its page, each audited.
+failed job is retried with its page's button, a queue is paused and resumed, and a schedule of
+the served app's code is paused, resumed and run now from its page, with the audit page showing
+those actions; and a waiting job is run now, rescheduled, given a priority and sent a signal
+from its page, each audited.
 
-One browser for the module, one server per mode (module-scoped), one database for all: each
-mode acts on jobs and a queue of its own.
+One browser for the module, one server per mode (module-scoped), one database for all (the
+fixtures of ``tests/e2e/conftest.py``): each mode acts on jobs and a queue of its own.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from flask import Flask
 from playwright.sync_api import expect
-from server_databases import create_database, drop_database
 from sqlalchemy.engine import URL
-from support.dashboard import CHROMIUM, CHROMIUM_ARGS, serving, start_standalone
+from support.serving_modes import MODES, Mounted, add_schedule
 
 from pgqueue import JobState, PgQueue
-from pgqueue.contrib.flask import PgQueue as FlaskQueue
-from pgqueue.contrib.flask.dashboard import init_dashboard
-from pgqueue.dashboard.asgi import asgi_app
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Page
 
 pytestmark = pytest.mark.slow
-
-MODES = ["flask", "fastapi", "standalone"]
-
-
-@dataclass
-class Mounted:
-    """A dashboard being served: its URL, and the token to log in with (standalone only)."""
-
-    base: str
-    token: str | None = None
-
-
-@pytest.fixture(scope="module")
-def url(server_url: URL, template_name: str) -> Iterator[URL]:
-    database = create_database(server_url, template_name)
-    yield database
-    drop_database(server_url, database)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +37,7 @@ def pgq(url: URL) -> Iterator[PgQueue]:
     for mode in MODES:
         queue.task(name=f"{mode}.fails", queue=f"{mode}-q", max_attempts=1)(_fails)
         queue.task(name=f"{mode}.later", queue=f"{mode}-later")(_later)
+    add_schedule(queue, "fastapi")
     yield queue
     queue.dispose()
 
@@ -71,84 +48,6 @@ def _fails() -> None:
 
 def _later(order: int) -> int:
     return order
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-
-
-def _flask(url: URL) -> Iterator[Mounted]:
-    app = Flask("serving_modes")
-    app.config.update(
-        SECRET_KEY="test-secret", PGQUEUE_DATABASE_URL=url.render_as_string(hide_password=False)
-    )
-    extension = FlaskQueue()
-    extension.init_app(app)
-    init_dashboard(app, public=True)
-    try:
-        with serving(app) as base:
-            yield Mounted(base + "/pgqueue")
-    finally:
-        extension.state(app).queue.dispose()
-
-
-def _fastapi(pgq: PgQueue) -> Iterator[Mounted]:
-    import uvicorn
-    from fastapi import FastAPI
-
-    app = FastAPI()
-    app.mount("/pgqueue", asgi_app(pgq, public=True, secret_key="test-secret"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield Mounted(f"http://127.0.0.1:{port}/pgqueue")
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
-def _standalone(url: URL, directory: Path) -> Iterator[Mounted]:
-    served = start_standalone(url, directory)
-    token = served.printed[-1].rsplit(" ", 1)[1]
-    try:
-        yield Mounted(served.base, token)
-    finally:
-        served.process.terminate()
-        served.process.wait(timeout=30)
-
-
-@pytest.fixture(scope="module", params=MODES)
-def served(
-    request: pytest.FixtureRequest, url: URL, pgq: PgQueue, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, Mounted]]:
-    mode = request.param
-    if mode == "flask":
-        yield from ((mode, s) for s in _flask(url))
-    elif mode == "fastapi":
-        yield from ((mode, s) for s in _fastapi(pgq))
-    else:
-        yield from ((mode, s) for s in _standalone(url, tmp_path_factory.mktemp("standalone")))
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context()
-    try:
-        yield context.new_page()
-    finally:
-        context.close()
 
 
 def test_every_page_and_the_job_and_queue_actions(
@@ -173,7 +72,13 @@ def test_every_page_and_the_job_and_queue_actions(
         page.click('button[type="submit"]')
     expect(page.locator("header .brand")).to_have_text("pgqueue")
     expect(page.locator("main")).to_contain_text(f"{mode}-q")
-    for link, heading in (("Jobs", "Jobs"), ("Queues", "Queue controls"), ("Workers", "Workers")):
+    for link, heading in (
+        ("Jobs", "Jobs"),
+        ("Queues", "Queue controls"),
+        ("Workers", "Workers"),
+        ("Schedules", "Schedules"),
+        ("Audit", "Audit log"),
+    ):
         page.click(f"header nav >> text={link}")
         expect(page.locator("h1")).to_contain_text(heading)
 
@@ -198,6 +103,40 @@ def test_every_page_and_the_job_and_queue_actions(
         page.goto(dashboard.base + "/queues")
         expect(page.get_by_role("heading", name="Log in")).to_be_visible()
     assert violations == []
+
+
+def test_a_schedule_paused_resumed_and_run_now_from_its_page_then_the_audit_page(
+    served: tuple[str, Mounted], pgq: PgQueue, page: Page
+) -> None:
+    mode, dashboard = served
+    name = f"{mode}.nightly"
+    actor = "token" if dashboard.token is not None else "dashboard"
+    page.goto(dashboard.base + "/schedules")
+    if dashboard.token is not None:
+        page.fill('input[name="password"]', dashboard.token)
+        page.click('button[type="submit"]')
+    row = page.locator(f'tr[data-schedule="{name}"]')
+    expect(row.locator(".cron")).to_have_text("0 3 * * *")
+
+    row.locator("button.pause").click()
+    expect(page.locator(".flash-ok")).to_contain_text(f"Schedule {name} paused")
+    expect(row.locator(".status")).to_have_text("paused")
+    row.locator("button.resume").click()
+    expect(page.locator(".flash-ok")).to_have_text(f"Schedule {name} resumed from its next tick.")
+    expect(row.locator(".status")).to_have_text("active")
+    row.locator("button.run-now").click()
+    expect(page.locator(".flash-ok")).to_contain_text(f"Schedule {name} run now as job ")
+    job_id = int(page.locator(".flash-ok").inner_text().rsplit(" ", 1)[1].rstrip("."))
+    assert pgq.admin.get_job(job_id).task_name == f"{mode}.tick"
+
+    page.click("header nav >> text=Audit")
+    mine = page.locator("table.audit tbody tr", has_text=name)
+    expect(mine.locator(".action")).to_have_text(
+        ["run_schedule", "resume_schedule", "pause_schedule"]
+    )
+    expect(mine.locator(".actor")).to_have_text([actor] * 3)
+    mine.first.locator(f'a[href$="/jobs/{job_id}"]').click()
+    expect(page.locator("h1")).to_contain_text(str(job_id))
 
 
 def _log_in(page: Page, dashboard: Mounted, path: str) -> None:

@@ -53,6 +53,8 @@ INVOCATIONS: dict[str, list[list[str]]] = {
     "enqueue": [["enqueue", "shop:pgq", "shop.noop"]],
     "worker": [["worker", "shop:pgq", "--drain"]],
     "schedules": [["schedules", "shop:pgq"]],
+    # It checks the database and its schema before it serves (a bad one ends the command).
+    "dashboard": [["dashboard", "shop:pgq", "--bind", "127.0.0.1:0"], ["dashboard"]],
     "demo": [["demo", "--jobs", "1"]],
     "bulk": [
         ["bulk", "retry", "--state", "failed", "--dry-run"],
@@ -541,6 +543,10 @@ BAD_INPUTS: dict[str, list[tuple[list[str], str]]] = {
     "history maintain": [
         (["history", "maintain", "--days-ahead", "0"], "0 is not in the range x>=1"),
         (["history", "maintain", "--days-ahead", "5000"], "days_ahead must be at most 366"),
+    ],
+    "dashboard": [
+        (["dashboard", "--bind", "300.1.1.1:99999"], "expected HOST:PORT"),
+        (["dashboard", "--no-auth", "--bind", "0.0.0.0:8321"], "without authentication"),
     ],
     "schedules": [(["schedules", "shop:pgq", "all"], "unexpected extra argument (all)")],
     "schedules list": [(["schedules", "list", "shop:pgq", "x"], "unexpected extra argument (x)")],

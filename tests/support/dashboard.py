@@ -1,7 +1,7 @@
 """The pgqueue dashboard as the tests read it: a Flask app serving it on a test database, a real
 HTTP server for that app, and the headless Chromium (Debian's, driven by Playwright) that
 browses it; and the standalone ``pgqueue dashboard`` as a process. For the tests that read its
-pages through Flask's test client or a browser (and the docs' screenshot script)."""
+pages through Flask's test client or a browser."""
 
 from __future__ import annotations
 
