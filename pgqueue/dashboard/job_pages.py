@@ -112,7 +112,7 @@ def timeline(job: Job) -> list[Moment]:
             Moment(
                 _recorded_time(entry.get("at")),
                 f"attempt {entry.get('attempt')} failed",
-                text.splitlines()[-1] if text else "",
+                text.split("\n")[-1] if text else "",
                 True,
             )
         )

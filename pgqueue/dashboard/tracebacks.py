@@ -42,7 +42,9 @@ def traceback_parts(text: str) -> list[TracePart]:
         if lines:
             parts.append(TracePart("\n".join(lines), internal, frames))
 
-    for line in text.splitlines():
+    # Lines end at "\n" alone: the text holds whatever the error said, control characters
+    # that splitlines() would also break at included.
+    for line in text.split("\n"):
         found = FRAME.match(line)
         if found is not None:
             frame_internal = _internal(found.group(2))
