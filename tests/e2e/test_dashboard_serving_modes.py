@@ -4,7 +4,8 @@
 In each: every page renders under the strict Content-Security-Policy with no violation, a
 failed job is retried with its page's button, a queue is paused and resumed, and a schedule of
 the served app's code is paused, resumed and run now from its page, with the audit page showing
-those actions.
+those actions; and a waiting job is run now, rescheduled, given a priority and sent a signal
+from its page, each audited.
 
 One browser for the module, one server per mode (module-scoped), one database for all (the
 fixtures of ``tests/e2e/conftest.py``): each mode acts on jobs and a queue of its own.
@@ -12,6 +13,7 @@ fixtures of ``tests/e2e/conftest.py``): each mode acts on jobs and a queue of it
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -34,6 +36,7 @@ def pgq(url: URL) -> Iterator[PgQueue]:
     queue = PgQueue(url)
     for mode in MODES:
         queue.task(name=f"{mode}.fails", queue=f"{mode}-q", max_attempts=1)(_fails)
+        queue.task(name=f"{mode}.later", queue=f"{mode}-later")(_later)
     add_schedule(queue, "fastapi")
     yield queue
     queue.dispose()
@@ -41,6 +44,10 @@ def pgq(url: URL) -> Iterator[PgQueue]:
 
 def _fails() -> None:
     raise RuntimeError("always fails")
+
+
+def _later(order: int) -> int:
+    return order
 
 
 def test_every_page_and_the_job_and_queue_actions(
@@ -130,3 +137,52 @@ def test_a_schedule_paused_resumed_and_run_now_from_its_page_then_the_audit_page
     expect(mine.locator(".actor")).to_have_text([actor] * 3)
     mine.first.locator(f'a[href$="/jobs/{job_id}"]').click()
     expect(page.locator("h1")).to_contain_text(str(job_id))
+
+
+def _log_in(page: Page, dashboard: Mounted, path: str) -> None:
+    page.goto(dashboard.base + path)
+    if dashboard.token is not None:
+        expect(page.get_by_role("heading", name="Log in")).to_be_visible()
+        page.fill('input[name="password"]', dashboard.token)
+        page.click('button[type="submit"]')
+
+
+def test_run_now_reschedule_priority_and_signal_from_the_job_page(
+    served: tuple[str, Mounted], pgq: PgQueue, page: Page
+) -> None:
+    mode, dashboard = served
+    later = pgq.registry.get(f"{mode}.later")
+    job_id = later.configure(run_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).enqueue(1)
+    _log_in(page, dashboard, f"/jobs/{job_id}")
+    expect(page.locator("#job-state")).to_have_text("queued")
+
+    page.click("button.run-now")
+    expect(page.locator(".flash-ok")).to_contain_text(f"Job {job_id} may run now")
+    target = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)).replace(microsecond=0)
+    page.fill('#job-reschedule input[name="run_at"]', target.strftime("%Y-%m-%dT%H:%M:%S"))
+    page.click("button.reschedule")
+    shown = target.strftime("%Y-%m-%d %H:%M:%S UTC")
+    expect(page.locator(".flash-ok")).to_have_text(f"Job {job_id} rescheduled to {shown}.")
+    page.fill('#job-priority input[name="priority"]', "-3")
+    page.click("button.priority")
+    expect(page.locator(".flash-ok")).to_have_text(f"Job {job_id} now has priority -3.")
+    page.fill('#job-signal input[name="name"]', "approved")
+    page.fill('#job-signal input[name="payload"]', '{"by": "ops"}')
+    page.click("button.signal")
+    expect(page.locator(".flash-ok")).to_have_text(f"Signal 'approved' sent to job {job_id}.")
+    expect(page.locator("#job-signals .signal-name")).to_have_text("approved")
+
+    job = pgq.admin.get_job(job_id)
+    assert (job.run_at, job.priority) == (target, -3)
+    actor = "token" if dashboard.token is not None else "dashboard"
+    actions = [
+        (entry.action, entry.actor, entry.source)
+        for entry in pgq.admin.audit_log(limit=100).entries
+        if entry.job_id == job_id
+    ]
+    assert actions == [
+        ("signal", actor, "dashboard"),
+        ("set_priority", actor, "dashboard"),
+        ("reschedule", actor, "dashboard"),
+        ("run_now", actor, "dashboard"),
+    ]
