@@ -11,7 +11,7 @@ session when one is given, else in an own transaction retried on transient confl
 SQL runs; rows come back as the public ``Job`` model (detached snapshots) or as the small
 frozen data classes of ``pgqueue.admin_values`` and ``pgqueue.admin_records``, imported from
 here. The queue switches are ``admin_queues``'; the job edits (reschedule, run now, priority)
-and the audit log ``admin_edits``'; the schedule switches ``admin_schedules``'; the counts, throughput and
+and the audit log ``admin_edits``'; the schedule switches ``admin_schedules``'; a job's signals ``admin_job_details``'; the counts, throughput and
 worker registry ``admin_figures``'. An action on one
 job given an ``actor`` writes an audit record in its own transaction.
 """
@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from pgqueue import admin_records, admin_values, explain
 from pgqueue.admin_edits import JobEdits
 from pgqueue.admin_figures import Figures
+from pgqueue.admin_job_details import JobDetails, JobSignals, ReceivedSignal
 from pgqueue.admin_queues import QueueControls
 from pgqueue.admin_records import *  # noqa: F403  (the API's values, re-exported: see __all__)
 from pgqueue.admin_runner import SessionWork, Work
@@ -61,10 +62,18 @@ from pgqueue.states import JobState
 from pgqueue.suspension import checked_signal
 from pgqueue.workflows.status import WorkflowStatus, status_of
 
-__all__ = ["Admin", "BulkAction", "JobFilter", *admin_values.__all__, *admin_records.__all__]
+__all__ = [
+    "Admin",
+    "BulkAction",
+    "JobFilter",
+    "JobSignals",
+    "ReceivedSignal",
+    *admin_values.__all__,
+    *admin_records.__all__,
+]
 
 
-class Admin(JobEdits, ScheduleControls, QueueControls, Figures):
+class Admin(JobEdits, JobDetails, ScheduleControls, QueueControls, Figures):
     """Reads and actions for operators; reach it as ``pgq.admin``.
 
     Made by ``PgQueue`` over its engines and settings (see ``admin_runner.AdminRunner``).

@@ -28,7 +28,7 @@ from werkzeug.utils import redirect, send_from_directory
 from werkzeug.wrappers import Request, Response
 
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
-from pgqueue.dashboard import bulk, ops_pages, pages, queue_pages, workflow_view
+from pgqueue.dashboard import bulk, job_pages, ops_pages, pages, queue_pages, workflow_view
 from pgqueue.dashboard.access import DashboardRequest, Role, role_of
 from pgqueue.dashboard.page import Page, Settings
 from pgqueue.errors import ConfigurationError
@@ -110,6 +110,7 @@ class Dashboard:
         self.read_only = read_only
         self.views: dict[str, View] = {
             **pages.VIEWS,
+            **job_pages.VIEWS,
             **bulk.VIEWS,
             **workflow_view.VIEWS,
             **ops_pages.VIEWS,
@@ -117,6 +118,7 @@ class Dashboard:
         }
         rules = [
             *pages.RULES,
+            *job_pages.RULES,
             *bulk.RULES,
             *workflow_view.RULES,
             *ops_pages.RULES,
@@ -133,6 +135,7 @@ class Dashboard:
         )
         self.templates.globals.update(pages.HELPERS)
         self.templates.globals.update(bulk.HELPERS)
+        self.templates.globals.update(job_pages.HELPERS)
         self.templates.globals.update(ops_pages.HELPERS)
         self.settings = Settings(
             queue=queue,

@@ -4,9 +4,10 @@
 In each: every page renders under the strict Content-Security-Policy with no violation, a
 failed job is retried with its page's button, a queue is paused and resumed, and a schedule of
 the served app's code is paused, resumed and run now from its page, with the audit page showing
-those actions; a job enqueued while the overview is open appears in its counts within 2 s
-without a reload, and the page's polling stops while the tab is hidden and resumes at once when
-it is shown.
+those actions; a waiting job is run now, rescheduled, given a priority and sent a signal from
+its page, each audited; and a job enqueued while the overview is open appears in its counts
+within 2 s without a reload, and the page's polling stops while the tab is hidden and resumes at
+once when it is shown.
 
 One browser for the module, one server per mode (module-scoped), one database for all (the
 fixtures of ``tests/e2e/conftest.py``): each mode acts on jobs and a queue of its own.
@@ -14,6 +15,7 @@ fixtures of ``tests/e2e/conftest.py``): each mode acts on jobs and a queue of it
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -36,6 +38,7 @@ def pgq(url: URL) -> Iterator[PgQueue]:
     queue = PgQueue(url)
     for mode in MODES:
         queue.task(name=f"{mode}.fails", queue=f"{mode}-q", max_attempts=1)(_fails)
+        queue.task(name=f"{mode}.later", queue=f"{mode}-later")(_later)
         queue.task(name=f"{mode}.live", queue=f"{mode}-live")(_fails)
     add_schedule(queue, "fastapi")
     yield queue
@@ -44,6 +47,10 @@ def pgq(url: URL) -> Iterator[PgQueue]:
 
 def _fails() -> None:
     raise RuntimeError("always fails")
+
+
+def _later(order: int) -> int:
+    return order
 
 
 def test_every_page_and_the_job_and_queue_actions(
@@ -61,7 +68,12 @@ def test_every_page_and_the_job_and_queue_actions(
         ),
     )
 
-    _open_overview(page, dashboard)
+    page.goto(dashboard.base + "/")
+    if dashboard.token is not None:
+        expect(page.get_by_role("heading", name="Log in")).to_be_visible()
+        page.fill('input[name="password"]', dashboard.token)
+        page.click('button[type="submit"]')
+    expect(page.locator("header .brand")).to_have_text("pgqueue")
     expect(page.locator("main")).to_contain_text(f"{mode}-q")
     for link, heading in (
         ("Jobs", "Jobs"),
@@ -130,20 +142,61 @@ def test_a_schedule_paused_resumed_and_run_now_from_its_page_then_the_audit_page
     expect(page.locator("h1")).to_contain_text(str(job_id))
 
 
-def _open_overview(page: Page, dashboard: Mounted) -> None:
-    page.goto(dashboard.base + "/")
+def _log_in(page: Page, dashboard: Mounted, path: str) -> None:
+    page.goto(dashboard.base + path)
     if dashboard.token is not None:
         expect(page.get_by_role("heading", name="Log in")).to_be_visible()
         page.fill('input[name="password"]', dashboard.token)
         page.click('button[type="submit"]')
-    expect(page.locator("header .brand")).to_have_text("pgqueue")
+
+
+def test_run_now_reschedule_priority_and_signal_from_the_job_page(
+    served: tuple[str, Mounted], pgq: PgQueue, page: Page
+) -> None:
+    mode, dashboard = served
+    later = pgq.registry.get(f"{mode}.later")
+    job_id = later.configure(run_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).enqueue(1)
+    _log_in(page, dashboard, f"/jobs/{job_id}")
+    expect(page.locator("#job-state")).to_have_text("queued")
+
+    page.click("button.run-now")
+    expect(page.locator(".flash-ok")).to_contain_text(f"Job {job_id} may run now")
+    target = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)).replace(microsecond=0)
+    page.fill('#job-reschedule input[name="run_at"]', target.strftime("%Y-%m-%dT%H:%M:%S"))
+    page.click("button.reschedule")
+    shown = target.strftime("%Y-%m-%d %H:%M:%S UTC")
+    expect(page.locator(".flash-ok")).to_have_text(f"Job {job_id} rescheduled to {shown}.")
+    page.fill('#job-priority input[name="priority"]', "-3")
+    page.click("button.priority")
+    expect(page.locator(".flash-ok")).to_have_text(f"Job {job_id} now has priority -3.")
+    page.fill('#job-signal input[name="name"]', "approved")
+    page.fill('#job-signal input[name="payload"]', '{"by": "ops"}')
+    page.click("button.signal")
+    expect(page.locator(".flash-ok")).to_have_text(f"Signal 'approved' sent to job {job_id}.")
+    expect(page.locator("#job-signals .signal-name")).to_have_text("approved")
+
+    job = pgq.admin.get_job(job_id)
+    assert (job.run_at, job.priority) == (target, -3)
+    actor = "token" if dashboard.token is not None else "dashboard"
+    actions = [
+        (entry.action, entry.actor, entry.source)
+        for entry in pgq.admin.audit_log(limit=100).entries
+        if entry.job_id == job_id
+    ]
+    assert actions == [
+        ("signal", actor, "dashboard"),
+        ("set_priority", actor, "dashboard"),
+        ("reschedule", actor, "dashboard"),
+        ("run_now", actor, "dashboard"),
+    ]
 
 
 def test_a_job_enqueued_while_the_overview_is_open_appears_within_2_s(
     served: tuple[str, Mounted], pgq: PgQueue, page: Page
 ) -> None:
     mode, dashboard = served
-    _open_overview(page, dashboard)
+    _log_in(page, dashboard, "/")
+    expect(page.locator("header .brand")).to_have_text("pgqueue")
     loaded = page.evaluate("performance.timeOrigin")
     cell = page.locator(f'tr[data-queue="{mode}-live"] td[data-state="queued"]')
     expect(cell).to_have_count(0)
@@ -170,7 +223,8 @@ def test_polling_stops_while_the_tab_is_hidden_and_resumes_when_shown(
     _, dashboard = served
     # The page's timers run on a clock the test moves, so no test time is spent waiting.
     page.clock.install()
-    _open_overview(page, dashboard)
+    _log_in(page, dashboard, "/")
+    expect(page.locator("header .brand")).to_have_text("pgqueue")
     polled: list[str] = []
     page.on("request", lambda r: polled.append(r.url) if "fragment=overview" in r.url else None)
     with page.expect_response(lambda r: "fragment=overview" in r.url) as first:
