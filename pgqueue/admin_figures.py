@@ -15,10 +15,12 @@ from pgqueue.admin_values import (
     JobHolder,
     OldestWaiting,
     Throughput,
+    WaitTime,
     WorkerInfo,
     check_job_id,
 )
 from pgqueue.data import admin as admin_data
+from pgqueue.data import wait_times as wait_data
 from pgqueue.data import workers as workers_data
 from pgqueue.errors import ValidationError
 from pgqueue.states import JobState
@@ -64,6 +66,25 @@ class Figures(AdminRunner):
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ValidationError(f"cap must be a positive int, got {cap!r}")
         return Throughput(*self._read(lambda ex: admin_data.recent_throughput(ex, cap)))
+
+    def recent_wait_times(
+        self, window: int, width: int, cap: int = DEFAULT_THROUGHPUT_CAP
+    ) -> dict[str, list[WaitTime | None]]:
+        """How long jobs waited from ``run_at`` to their claim, per queue, in ``window //
+        width`` buckets of ``width`` seconds by finish time: ``{queue: [WaitTime or None]}``,
+        index 0 the newest bucket, None where none of the queue's jobs finished. Give it
+        ``recent_throughput``'s window and width so the charts line up. Reads the ``cap`` most
+        recently finished jobs at most (per table under the partitioned history, whose moved
+        jobs count too): in a window holding more, its older buckets count only the newest."""
+        for name, value in (("window", window), ("width", width), ("cap", cap)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValidationError(f"{name} must be a positive int, got {value!r}")
+        if window % width or window // width > 3600:
+            raise ValidationError(
+                f"window ({window}) must be a whole number of buckets of width ({width}), "
+                "at most 3600 of them"
+            )
+        return self._read(lambda ex: wait_data.recent_wait_times(ex, window, width, cap))
 
     def queue_names(self) -> list[str]:
         """The queues that have jobs, sorted (moved jobs' too under the partitioned history)."""

@@ -46,6 +46,7 @@ __all__ = [
     "QueueSettings",
     "SearchExtent",
     "Throughput",
+    "WaitTime",
     "WorkerInfo",
     "check_job_id",
     "default_actor",
@@ -154,6 +155,16 @@ class Throughput:
     @property
     def buckets(self) -> int:
         return self.window // self.width
+
+
+@dataclass(frozen=True, slots=True)
+class WaitTime:
+    """How long the ``jobs`` that finished in one bucket of time waited from their ``run_at``
+    to their claim, in seconds: the median ``p50`` and the 95th percentile ``p95``."""
+
+    jobs: int
+    p50: float
+    p95: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ constant time (400 when missing or wrong). Only then does the page's view run, a
 the database through ``pgq.admin`` alone.
 
 Every response carries a strict Content-Security-Policy: nothing but the dashboard's own
-stylesheet may load, nothing inline runs, and no page may be framed.
+stylesheet and script (``static/live.js``, which refreshes a page's live fragments from the
+same origin) may load, nothing inline runs, and no page may be framed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ STATIC_DIR: Final = Path(__file__).parent / "static"
 CONTENT_SECURITY_POLICY: Final = "; ".join(
     [
         "default-src 'none'",
+        "script-src 'self'",
+        "connect-src 'self'",
         "style-src 'self'",
         "img-src 'self'",
         "form-action 'self'",

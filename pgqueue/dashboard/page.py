@@ -1,6 +1,13 @@
 """One dashboard request as its views see it (:class:`Page`): the request, the dashboard's
 signed session cookie (CSRF token, messages for the next page), links, rendering, and the
-queue's admin API."""
+queue's admin API.
+
+Live fragments: a template block named ``live_<name>`` is a part of its page that refreshes
+itself. The block wraps one element carrying ``data-live="<name>"``; ``static/live.js`` polls
+the page's own URL with ``?fragment=<name>`` and swaps that element for the answer, which is
+the block alone, rendered from the same template and context as the whole page (one rendering
+for both). An unknown fragment name answers 400.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +31,8 @@ if TYPE_CHECKING:
     from pgqueue.core import PgQueue
 
 CSRF_FIELD: Final = "csrf_token"
+FRAGMENT_ARG: Final = "fragment"
+FRAGMENT_BLOCK_PREFIX: Final = "live_"
 SESSION_COOKIE: Final = "pgqueue_dashboard"
 
 
@@ -144,15 +153,34 @@ class Page:
         return response
 
     def render(self, template: str, status: int = 200, **context: Any) -> Response:
-        html = self.settings.templates.get_template(template).render(
-            url_for=self.url_for,
-            csrf_token=self.session.csrf_token,
-            get_flashed_messages=self._flashes,
-            read_only=self.read_only,
-            user=self.request.environ.get(USER_KEY),
-            logout_url=self.request.environ.get(LOGOUT_KEY),
+        """The page ``template`` renders, or, asked for ``?fragment=<name>``, its block
+        ``live_<name>`` alone (see the module)."""
+        loaded = self.settings.templates.get_template(template)
+        values = {
+            "url_for": self.url_for,
+            "csrf_token": self.session.csrf_token,
+            "get_flashed_messages": self._flashes,
+            "read_only": self.read_only,
+            "user": self.request.environ.get(USER_KEY),
+            "logout_url": self.request.environ.get(LOGOUT_KEY),
             **context,
-        )
+        }
+        fragment = self.request.args.get(FRAGMENT_ARG)
+        if fragment is None:
+            return Response(loaded.render(values), status=status, mimetype="text/html")
+        block = loaded.blocks.get(FRAGMENT_BLOCK_PREFIX + fragment)
+        if block is None:
+            names = sorted(
+                name.removeprefix(FRAGMENT_BLOCK_PREFIX)
+                for name in loaded.blocks
+                if name.startswith(FRAGMENT_BLOCK_PREFIX)
+            )
+            raise BadRequest(
+                description=f"this page has no live fragment {fragment[:60]!r}"
+                + (f" (it has: {', '.join(names)})" if names else " (it has none)")
+            )
+        # Flashed messages stay for the next whole page: a fragment shows none.
+        html = "".join(block(loaded.new_context(values)))
         return Response(html, status=status, mimetype="text/html")
 
     def _flashes(self, with_categories: bool = False) -> list[Any]:

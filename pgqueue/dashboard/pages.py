@@ -18,6 +18,7 @@ from werkzeug.wrappers import Response
 from pgqueue.admin import DEFAULT_COUNT_CAP
 from pgqueue.dashboard.job_display import duration, error_summary, error_tooltip
 from pgqueue.dashboard.page import Page
+from pgqueue.dashboard.queue_charts import failure_chart, wait_chart
 from pgqueue.dashboard.throughput_chart import chart, coarsened, total_series
 from pgqueue.states import JobState
 
@@ -31,21 +32,20 @@ def overview(page: Page) -> Response:
     admin = page.admin
     counts = admin.capped_counts(COUNT_CAP)
     oldest = admin.oldest_waiting()
-    throughput = coarsened(admin.recent_throughput(page.throughput_cap()))
+    cap = page.throughput_cap()
+    throughput = coarsened(admin.recent_throughput(cap))
+    waits = admin.recent_wait_times(throughput.window, throughput.width, cap)
     settings = admin.queue_settings()
     names = sorted(set(counts) | set(oldest) | set(throughput.series))
     empty = [0] * throughput.buckets
+    no_waits: list[Any] = [None] * throughput.buckets
     rows: list[dict[str, Any]] = []
     for name in names:
         by_state = counts.get(name, {})
         series = throughput.series.get(name, {})
-        row_chart = chart(
-            series.get(JobState.SUCCEEDED, empty),
-            series.get(JobState.FAILED, empty),
-            throughput.width,
-            throughput.window,
-            large=False,
-        )
+        succeeded = series.get(JobState.SUCCEEDED, empty)
+        failed = series.get(JobState.FAILED, empty)
+        row_chart = chart(succeeded, failed, throughput.width, throughput.window, large=False)
         rows.append(
             {
                 "name": name,
@@ -53,6 +53,8 @@ def overview(page: Page) -> Response:
                 "oldest": oldest.get(name),
                 "settings": settings.get(name),
                 "chart": row_chart,
+                "wait_chart": wait_chart(waits.get(name, no_waits), throughput.width),
+                "failure_chart": failure_chart(succeeded, failed, throughput.width),
             }
         )
     totals = {s: sum(r["counts"][s] for r in rows) for s in STATES}

@@ -4,8 +4,10 @@
 In each: every page renders under the strict Content-Security-Policy with no violation, a
 failed job is retried with its page's button, a queue is paused and resumed, and a schedule of
 the served app's code is paused, resumed and run now from its page, with the audit page showing
-those actions; and a waiting job is run now, rescheduled, given a priority and sent a signal
-from its page, each audited.
+those actions; a waiting job is run now, rescheduled, given a priority and sent a signal from
+its page, each audited; and a job enqueued while the overview is open appears in its counts
+within 2 s without a reload, and the page's polling stops while the tab is hidden and resumes at
+once when it is shown.
 
 One browser for the module, one server per mode (module-scoped), one database for all (the
 fixtures of ``tests/e2e/conftest.py``): each mode acts on jobs and a queue of its own.
@@ -37,6 +39,7 @@ def pgq(url: URL) -> Iterator[PgQueue]:
     for mode in MODES:
         queue.task(name=f"{mode}.fails", queue=f"{mode}-q", max_attempts=1)(_fails)
         queue.task(name=f"{mode}.later", queue=f"{mode}-later")(_later)
+        queue.task(name=f"{mode}.live", queue=f"{mode}-live")(_fails)
     add_schedule(queue, "fastapi")
     yield queue
     queue.dispose()
@@ -186,3 +189,54 @@ def test_run_now_reschedule_priority_and_signal_from_the_job_page(
         ("reschedule", actor, "dashboard"),
         ("run_now", actor, "dashboard"),
     ]
+
+
+def test_a_job_enqueued_while_the_overview_is_open_appears_within_2_s(
+    served: tuple[str, Mounted], pgq: PgQueue, page: Page
+) -> None:
+    mode, dashboard = served
+    _log_in(page, dashboard, "/")
+    expect(page.locator("header .brand")).to_have_text("pgqueue")
+    loaded = page.evaluate("performance.timeOrigin")
+    cell = page.locator(f'tr[data-queue="{mode}-live"] td[data-state="queued"]')
+    expect(cell).to_have_count(0)
+    pgq.registry.get(f"{mode}.live").enqueue()
+    expect(cell).to_have_text("1", timeout=2000)
+    # The same document: the count came in without a reload.
+    assert page.evaluate("performance.timeOrigin") == loaded
+
+
+def _set_visibility(page: Page, state: str) -> None:
+    page.evaluate(
+        """state => {
+            Object.defineProperty(document, "visibilityState", {get: () => state,
+                                                                configurable: true});
+            document.dispatchEvent(new Event("visibilitychange"));
+        }""",
+        state,
+    )
+
+
+def test_polling_stops_while_the_tab_is_hidden_and_resumes_when_shown(
+    served: tuple[str, Mounted], page: Page
+) -> None:
+    _, dashboard = served
+    # The page's timers run on a clock the test moves, so no test time is spent waiting.
+    page.clock.install()
+    _log_in(page, dashboard, "/")
+    expect(page.locator("header .brand")).to_have_text("pgqueue")
+    polled: list[str] = []
+    page.on("request", lambda r: polled.append(r.url) if "fragment=overview" in r.url else None)
+    with page.expect_response(lambda r: "fragment=overview" in r.url) as first:
+        page.clock.run_for(1100)
+    assert first.value.status == 200
+    status = page.locator("html")
+    expect(status).to_have_attribute("data-live-status", "waiting")
+    _set_visibility(page, "hidden")
+    expect(status).to_have_attribute("data-live-status", "hidden")
+    seen = len(polled)
+    page.clock.run_for(60_000)
+    assert len(polled) == seen
+    with page.expect_request(lambda r: "fragment=overview" in r.url):
+        _set_visibility(page, "visible")
+    assert len(polled) == seen + 1

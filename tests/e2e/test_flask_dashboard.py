@@ -82,7 +82,7 @@ def test_dashboard_in_chromium(served: tuple[Flask, str], tmp_path: Path) -> Non
         expect(page.locator('tr[data-queue="reports"] td.oldest')).to_contain_text(
             f"#{waiting_ids[0]}"
         )
-        expect(page.locator('tr[data-queue="default"] svg')).to_have_attribute(
+        expect(page.locator('tr[data-queue="default"] svg.throughput')).to_have_attribute(
             "aria-label", "5 jobs finished in the last hour"
         )
         screenshot = tmp_path / "dashboard.png"

@@ -44,7 +44,8 @@ def _assert_headers(response: object, what: str) -> None:
     directives = {d.split()[0]: d.split()[1:] for d in policy.split("; ") if d}
     assert directives.get("frame-ancestors") == ["'none'"], what
     assert directives.get("default-src") == ["'none'"], what
-    assert "script-src" not in directives, what  # falls back to default-src 'none'
+    assert directives.get("script-src") == ["'self'"], what  # live.js, nothing inline
+    assert directives.get("connect-src") == ["'self'"], what  # its fragment requests
     assert "unsafe-inline" not in policy and "unsafe-eval" not in policy, what
 
 
