@@ -56,12 +56,21 @@ NAMES = {
     "worker_list": "workers",
     "workflow_detail": "workflow",
 }
+# Each finished job moved back in time whole (its times and its errors' times by one offset, so
+# their order holds), to finish at a spread point of the last hour.
 SPREAD_SQL = text(
-    """UPDATE pgqueue_jobs
-       SET finished_at = now() - ((id * 7919) % 3500 || ' seconds')::interval,
-           started_at = now() - ((id * 7919) % 3500 || ' seconds')::interval
-                        - ((id % 40) * 0.05 + 0.02 || ' seconds')::interval
-       WHERE finished_at IS NOT NULL"""
+    """UPDATE pgqueue_jobs AS j
+       SET created_at = j.created_at - s.d, run_at = j.run_at - s.d,
+           started_at = j.started_at - s.d, finished_at = j.finished_at - s.d,
+           updated_at = j.updated_at - s.d,
+           errors = (SELECT coalesce(jsonb_agg(CASE WHEN e ? 'at' THEN jsonb_set(
+                         e, '{at}', to_jsonb((e->>'at')::timestamptz - s.d)) ELSE e END
+                         ORDER BY n), '[]'::jsonb)
+                     FROM jsonb_array_elements(j.errors) WITH ORDINALITY AS x(e, n))
+       FROM (SELECT id,
+                    finished_at - (now() - ((id * 7919) % 3500 || ' seconds')::interval) AS d
+               FROM pgqueue_jobs WHERE finished_at IS NOT NULL) AS s
+       WHERE j.id = s.id"""
 )
 
 tries: dict[str, int] = {}
