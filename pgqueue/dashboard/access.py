@@ -22,6 +22,8 @@ from werkzeug.datastructures import EnvironHeaders, Headers
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import parse_cookie
 
+from pgqueue.errors import ConfigurationError
+
 # Environ/scope key holding an access decision taken before the core (a Role or an exception).
 DECISION_KEY: Final = "pgqueue.dashboard.access"
 # Environ key holding the name of the user a serving layer authenticated (the default actor).
@@ -115,3 +117,17 @@ def decided(request: DashboardRequest) -> object:
     if isinstance(outcome, HTTPException):
         raise outcome
     return outcome
+
+
+def check_options(access: object, actor: object, *, public: bool, who: str) -> None:
+    """Refuse ``who``'s (the serving function's) ``access`` and ``actor`` when they cannot serve:
+    no ``access`` without ``public=True`` (a dashboard open to anyone is a decision, never a
+    default), and either of them given but not callable."""
+    if access is None and not public:
+        raise ConfigurationError(
+            f"{who} needs access= (a callable deciding per request, e.g. checking the "
+            "logged-in user); pass public=True to serve it without any check"
+        )
+    for name, value in (("access", access), ("actor", actor)):
+        if value is not None and not callable(value):
+            raise ConfigurationError(f"{name} must be a callable, got {value!r}")

@@ -29,7 +29,7 @@ from werkzeug.wrappers import Request, Response
 
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
 from pgqueue.dashboard import bulk, job_pages, ops_pages, pages, queue_pages, workflow_view
-from pgqueue.dashboard.access import DashboardRequest, Role, role_of
+from pgqueue.dashboard.access import DashboardRequest, Role, check_options, role_of
 from pgqueue.dashboard.page import Page, Settings
 from pgqueue.errors import ConfigurationError
 
@@ -86,15 +86,7 @@ class Dashboard:
         read_only: bool = False,
         throughput_cap: int | Callable[[], int] = DEFAULT_THROUGHPUT_CAP,
     ) -> None:
-        if access is None and not public:
-            raise ConfigurationError(
-                "the dashboard needs access= (a callable deciding per request, e.g. checking "
-                "the logged-in user); pass public=True to serve it without any check"
-            )
-        if access is not None and not callable(access):
-            raise ConfigurationError(f"access must be a callable, got {access!r}")
-        if actor is not None and not callable(actor):
-            raise ConfigurationError(f"actor must be a callable, got {actor!r}")
+        check_options(access, actor, public=public, who="the dashboard")
         if not secret_key:
             raise ConfigurationError("the dashboard's CSRF protection needs a secret key")
         if not callable(throughput_cap) and (

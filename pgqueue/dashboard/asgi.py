@@ -18,9 +18,8 @@ from werkzeug.exceptions import HTTPException
 
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
 from pgqueue.core import PgQueue
-from pgqueue.dashboard.access import DECISION_KEY, DashboardRequest, Role, decided
+from pgqueue.dashboard.access import DECISION_KEY, DashboardRequest, Role, check_options, decided
 from pgqueue.dashboard.app import Dashboard
-from pgqueue.errors import ConfigurationError
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -73,13 +72,7 @@ def asgi_app(
     required to serve it without one. ``secret_key`` signs the session cookie holding the CSRF
     token: the same in every process behind one address. ``actor`` names who takes an action
     (called in the core's thread). ``threads`` bounds the pages rendered at once."""
-    if access is not None and not callable(access):
-        raise ConfigurationError(f"access must be a callable, got {access!r}")
-    if access is None and not public:
-        raise ConfigurationError(
-            "the dashboard needs access= (a callable deciding per request, e.g. checking the "
-            "logged-in user); pass public=True to serve it without any check"
-        )
+    check_options(access, actor, public=public, who="asgi_app")
     core = Dashboard(
         pgq,
         secret_key=secret_key,

@@ -26,7 +26,7 @@ from werkzeug.wrappers import Response
 from pgqueue.admin import DEFAULT_THROUGHPUT_CAP
 from pgqueue.contrib.flask import get_state
 from pgqueue.dashboard import Dashboard, DashboardRequest
-from pgqueue.dashboard.access import DECISION_KEY, decided, role_of
+from pgqueue.dashboard.access import DECISION_KEY, check_options, decided, role_of
 from pgqueue.dashboard.app import SECURITY_HEADERS
 from pgqueue.errors import ConfigurationError
 
@@ -49,15 +49,7 @@ def init_dashboard(
     mount it without one. ``actor`` names who takes an action, for its audit record (called
     per action, e.g. returning the logged-in user's name; default: ``"dashboard"``).
     ``read_only=True`` shows every page and refuses every action."""
-    if access is None and not public:
-        raise ConfigurationError(
-            "init_dashboard needs access= (a callable deciding per request, e.g. checking the "
-            "logged-in user); pass public=True to mount the dashboard without any check"
-        )
-    if access is not None and not callable(access):
-        raise ConfigurationError(f"access must be a callable, got {access!r}")
-    if actor is not None and not callable(actor):
-        raise ConfigurationError(f"actor must be a callable, got {actor!r}")
+    check_options(access, actor, public=public, who="init_dashboard")
     try:
         state = get_state(app)
     except RuntimeError:
