@@ -8,7 +8,9 @@ import pytest
 from werkzeug.exceptions import Unauthorized
 from werkzeug.test import EnvironBuilder
 
+from pgqueue import PgQueue
 from pgqueue.dashboard.access import DECISION_KEY, DashboardRequest, Role, decided, role_of
+from pgqueue.errors import ConfigurationError
 
 
 def test_the_request_from_a_wsgi_environ() -> None:
@@ -69,3 +71,39 @@ def test_a_decision_taken_before_the_core_is_read_or_raised_again() -> None:
         decided(DashboardRequest.from_environ(environ))
     # No decision at all is a refusal, never an open door.
     assert role_of(decided(DashboardRequest.from_environ(EnvironBuilder().get_environ()))) is None
+
+
+SERVINGS = ["init_dashboard", "asgi_app", "the dashboard"]
+
+
+def _serve(who: str, **options: object) -> None:
+    """The serving function ``who`` names, given ``options``; refused before it serves."""
+    from flask import Flask
+
+    from pgqueue.contrib.flask.dashboard import init_dashboard
+    from pgqueue.dashboard import Dashboard
+    from pgqueue.dashboard.asgi import asgi_app
+
+    queue = PgQueue("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    try:
+        if who == "init_dashboard":
+            init_dashboard(Flask("refused"), **options)  # type: ignore[arg-type]
+        elif who == "asgi_app":
+            asgi_app(queue, secret_key="k", **options)  # type: ignore[arg-type]
+        else:
+            Dashboard(queue, secret_key="k", **options)  # type: ignore[arg-type]
+    finally:
+        queue.dispose()
+
+
+@pytest.mark.parametrize("who", SERVINGS)
+def test_every_way_of_serving_refuses_a_dashboard_open_to_anyone_unless_public(who: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"^{who} needs access="):
+        _serve(who)
+
+
+@pytest.mark.parametrize("who", SERVINGS)
+@pytest.mark.parametrize("name", ["access", "actor"])
+def test_every_way_of_serving_refuses_an_access_or_actor_not_callable(who: str, name: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"^{name} must be a callable, got 'yes'"):
+        _serve(who, public=True, **{name: "yes"})
