@@ -1,4 +1,4 @@
-"""``pgqueue bulk retry|cancel|delete`` and ``flask pgqueue bulk ...``: act on every job a filter
+"""``pgqueue bulk retry|cancel|delete``: act on every job a filter
 chooses, after a count.
 
 ``--dry-run`` only counts. Without ``--yes`` the command counts, shows the count and asks for
@@ -116,16 +116,6 @@ def job_filter_from_options(
     )
 
 
-def add_bulk_commands(
-    group: click.Group, queue_for: Callable[[dict[str, Any]], PgQueue], *extra: Any
-) -> None:
-    """Add ``retry``, ``cancel`` and ``delete`` to ``group``. ``extra`` are more options (such
-    as ``--database-url``); ``queue_for`` takes their values out of the command's options and
-    returns the queue."""
-    for action in BulkAction:
-        _add_command(group, action, queue_for, extra)
-
-
 _HELP = {
     BulkAction.RETRY: "Retry the failed or cancelled jobs the filter chooses.",
     BulkAction.CANCEL: "Cancel the waiting jobs the filter chooses (running ones are asked to "
@@ -134,37 +124,14 @@ _HELP = {
 }
 
 
-def _add_command(
-    group: click.Group,
-    action: BulkAction,
-    queue_for: Callable[[dict[str, Any]], PgQueue],
-    extra: tuple[Any, ...],
-) -> None:
-    def command(**options: Any) -> None:
-        extra_values = {k: options.pop(k) for k in list(options) if k not in _FILTER_OPTIONS}
-        run_bulk(lambda: queue_for(extra_values), action, **options)
+def _add_command(group: click.Group, action: BulkAction) -> None:
+    """Add ``action``'s command to ``group``: the filter's options and ``--database-url``."""
 
-    for decorate in reversed(extra):
-        command = decorate(command)
+    @database_option
+    def command(database_url: str | None, **options: Any) -> None:
+        run_bulk(lambda: queue_for(database_url), action, **options)
+
     group.command(action.value, help=_HELP[action])(_bulk_options(command))
-
-
-_FILTER_OPTIONS = frozenset(
-    {
-        "queue",
-        "task_name",
-        "states",
-        "since",
-        "until",
-        "time_column",
-        "error_contains",
-        "all_jobs",
-        "dry_run",
-        "yes",
-        "actor",
-        "as_json",
-    }
-)
 
 
 def run_bulk(
@@ -246,4 +213,5 @@ def bulk() -> None:
     """Retry, cancel or delete the jobs a filter chooses (--dry-run counts them first)."""
 
 
-add_bulk_commands(bulk, lambda options: queue_for(options.pop("database_url")), database_option)
+for _action in BulkAction:
+    _add_command(bulk, _action)

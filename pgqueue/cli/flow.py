@@ -1,4 +1,4 @@
-"""``pgqueue key-limit`` and ``pgqueue rate-limit`` (and their ``flask pgqueue`` twins): show,
+"""``pgqueue key-limit`` and ``pgqueue rate-limit`` (``flask pgqueue`` has them too): show,
 set and remove the flow-control limits that operators change at run time.
 
 Each command shows the current settings when given no value, sets one with a value, and
@@ -42,12 +42,17 @@ def _refuse_unknown_options(*arguments: str | None) -> None:
             raise CommandError(f"no such option: {argument}")
 
 
-def key_limit_command(
-    pgq: PgQueue, key_or_prefix: str | None, limit: str | None, *, as_json: bool
+@click.command(name="key-limit", context_settings=FLOW_COMMAND_SETTINGS)
+@click.argument("key_or_prefix", required=False)
+@click.argument("limit", required=False)
+@json_option
+@database_option
+def key_limit(
+    key_or_prefix: str | None, limit: str | None, as_json: bool, database_url: str | None
 ) -> None:
-    """Shared by ``pgqueue key-limit`` and ``flask pgqueue key-limit``: every key override
-    (no arguments), the limit of one prefix (``KEY_OR_PREFIX``), or set it (``... LIMIT``;
-    ``none`` removes it)."""
+    """At most LIMIT running jobs per concurrency key starting with KEY_OR_PREFIX (``none``
+    removes the override); without LIMIT, show it; without arguments, list every override."""
+    pgq = queue_for(database_url)
     _refuse_unknown_options(key_or_prefix, limit)
     if key_or_prefix is None:
         _print_key_overrides(pgq.admin.key_overrides(), as_json=as_json)
@@ -73,19 +78,25 @@ def key_limit_command(
     echo(f"keys {prefix}*: limit {'removed' if value is None else value}")
 
 
-def rate_limit_command(
-    pgq: PgQueue,
+@click.command(name="rate-limit", context_settings=FLOW_COMMAND_SETTINGS)
+@click.argument("values", nargs=-1, metavar="[QUEUE] [LIMIT]")
+@click.option("--key", default=None, metavar="PREFIX", help="Limit each key with this prefix.")
+@click.option("--per", default=None, metavar="SECONDS", help="The window, in seconds.")
+@new_option
+@json_option
+@database_option
+def rate_limit(
     values: tuple[str, ...],
-    *,
     key: str | None,
     per: str | None,
+    new: bool,
     as_json: bool,
-    new: bool = False,
+    database_url: str | None,
 ) -> None:
-    """Shared by ``pgqueue rate-limit`` and ``flask pgqueue rate-limit``: every rate limit
-    (no arguments), the rate of one queue (``QUEUE``) or key prefix (``--key PREFIX``), or set
-    it (``... LIMIT --per SECONDS``; ``none`` removes it). A queue's is set only on a queue
-    that has jobs or settings, unless ``new`` says it is set up before its first job."""
+    """At most LIMIT jobs of QUEUE (or of each key starting with --key PREFIX) start in any
+    window of --per SECONDS (``none`` removes it); without LIMIT, show it; without arguments,
+    list every rate limit."""
+    pgq = queue_for(database_url)
     _refuse_unknown_options(*values)
     most = 1 if key is not None else 2
     if len(values) > most:
@@ -213,37 +224,3 @@ def _print_one_rate(
         print_json({**name, **_rate_record(limit, per)})
         return
     echo(f"{target}: {'no rate limit' if limit is None else _rate(limit, per)}")
-
-
-@click.command(name="key-limit", context_settings=FLOW_COMMAND_SETTINGS)
-@click.argument("key_or_prefix", required=False)
-@click.argument("limit", required=False)
-@json_option
-@database_option
-def key_limit(
-    key_or_prefix: str | None, limit: str | None, as_json: bool, database_url: str | None
-) -> None:
-    """At most LIMIT running jobs per concurrency key starting with KEY_OR_PREFIX (``none``
-    removes the override); without LIMIT, show it; without arguments, list every override."""
-    key_limit_command(queue_for(database_url), key_or_prefix, limit, as_json=as_json)
-
-
-@click.command(name="rate-limit", context_settings=FLOW_COMMAND_SETTINGS)
-@click.argument("values", nargs=-1, metavar="[QUEUE] [LIMIT]")
-@click.option("--key", default=None, metavar="PREFIX", help="Limit each key with this prefix.")
-@click.option("--per", default=None, metavar="SECONDS", help="The window, in seconds.")
-@new_option
-@json_option
-@database_option
-def rate_limit(
-    values: tuple[str, ...],
-    key: str | None,
-    per: str | None,
-    new: bool,
-    as_json: bool,
-    database_url: str | None,
-) -> None:
-    """At most LIMIT jobs of QUEUE (or of each key starting with --key PREFIX) start in any
-    window of --per SECONDS (``none`` removes it); without LIMIT, show it; without arguments,
-    list every rate limit."""
-    rate_limit_command(queue_for(database_url), values, key=key, per=per, as_json=as_json, new=new)

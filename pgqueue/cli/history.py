@@ -4,15 +4,9 @@ retention, and keep the partitioned history's partitions (coming days created, e
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
 import click
 
 from pgqueue.cli.shared import database_option, echo, in_this_cli, plural, queue_for, this_cli
-
-if TYPE_CHECKING:
-    from pgqueue.core import PgQueue
 from pgqueue.errors import NotSchemaOwner
 
 
@@ -29,37 +23,27 @@ def history_group() -> None:
     """The partitioned history of finished jobs (PGQUEUE_HISTORY=partitioned)."""
 
 
-def history_maintain_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--days-ahead`` and ``--retention-days``, shared by ``pgqueue history maintain`` and
-    ``flask pgqueue history maintain``."""
-    command = click.option(
-        "--retention-days",
-        type=click.IntRange(min=1),
-        default=None,
-        help="Drop the days older than this [default: PGQUEUE_HISTORY_RETENTION_DAYS, 7].",
-    )(command)
-    return click.option(
-        "--days-ahead",
-        type=click.IntRange(min=1),
-        default=7,
-        show_default=True,
-        help="Create the partitions of today and this many days after it.",
-    )(command)
-
-
-def run_history_maintain(pgq: PgQueue, days_ahead: int, retention_days: int | None) -> None:
-    """Shared by ``pgqueue history maintain`` and ``flask pgqueue history maintain``."""
+@history_group.command(name="maintain")
+@click.option(
+    "--days-ahead",
+    type=click.IntRange(min=1),
+    default=7,
+    show_default=True,
+    help="Create the partitions of today and this many days after it.",
+)
+@click.option(
+    "--retention-days",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Drop the days older than this [default: PGQUEUE_HISTORY_RETENTION_DAYS, 7].",
+)
+@database_option
+def history_maintain(days_ahead: int, retention_days: int | None, database_url: str | None) -> None:
+    """Create coming days' partitions and drop expired ones (run as the schema owner)."""
+    admin = queue_for(database_url).admin
     try:
-        report = pgq.admin.maintain_history(days_ahead=days_ahead, retention_days=retention_days)
+        report = admin.maintain_history(days_ahead=days_ahead, retention_days=retention_days)
     except NotSchemaOwner as exc:
         # As ``migrate``'s: exit 1, the expected refusal for a DML-only role, nothing changed.
         raise click.ClickException(in_this_cli(f"{this_cli()} history maintain: {exc}")) from None
     echo(report.summary())
-
-
-@history_group.command(name="maintain")
-@history_maintain_options
-@database_option
-def history_maintain(days_ahead: int, retention_days: int | None, database_url: str | None) -> None:
-    """Create coming days' partitions and drop expired ones (run as the schema owner)."""
-    run_history_maintain(queue_for(database_url), days_ahead, retention_days)

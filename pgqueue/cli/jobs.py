@@ -93,49 +93,30 @@ def cancel(job_id: int, database_url: str | None) -> None:
     echo(f"job {job_id}: {'cancelled' if state is JobState.CANCELLED else 'cancel requested'}")
 
 
-def enqueue_options(function: Any) -> Any:
-    """The options of ``pgqueue enqueue`` (shared with ``flask pgqueue enqueue``)."""
-    options = [
-        click.option(
-            "--args", "args_json", default="[]", help="JSON array of positional arguments."
-        ),
-        click.option(
-            "--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments."
-        ),
-        click.option("--queue", default=None, callback=checked_name),
-        click.option("--delay", type=float, default=None),
-        click.option("--priority", type=int, default=None),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
+# How many registered task names an unknown task's error lists.
+_TASKS_SHOWN = 10
 
 
 @click.command()
 @click.argument("app")
 @click.argument("task_name")
-@enqueue_options
-def enqueue(app: str, task_name: str, **options: Any) -> None:
-    """Enqueue TASK_NAME of the PgQueue at APP with JSON arguments."""
-    enqueue_from_cli(load_app(app), task_name, **options)
-
-
-# How many registered task names an unknown task's error lists.
-_TASKS_SHOWN = 10
-
-
-def enqueue_from_cli(
-    pgq: PgQueue,
+@click.option("--args", "args_json", default="[]", help="JSON array of positional arguments.")
+@click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
+@click.option("--queue", default=None, callback=checked_name)
+@click.option("--delay", type=float, default=None)
+@click.option("--priority", type=int, default=None)
+def enqueue(
+    app: str,
     task_name: str,
-    *,
     args_json: str,
     kwargs_json: str,
     queue: str | None,
     delay: float | None,
     priority: int | None,
 ) -> None:
-    """Shared by ``pgqueue enqueue`` and ``flask pgqueue enqueue``: enqueue, print the job id.
-    The arguments and the task are checked before the database's schema is."""
+    """Enqueue TASK_NAME of the PgQueue at APP with JSON arguments; prints the job id. The
+    arguments and the task are checked before the database's schema is."""
+    pgq = load_app(app)
     try:
         args = json.loads(args_json)
         kwargs = json.loads(kwargs_json)
@@ -155,9 +136,9 @@ def enqueue_from_cli(
     echo(str(job_id))
 
 
-def print_explanation(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
-    """Shared by ``pgqueue explain`` and ``flask pgqueue explain``: the job's state, then one
-    line per blocker (``--json``: the whole explanation on one line)."""
+def _print_explanation(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
+    """The job's state, then one line per blocker (``--json``: the whole explanation on one
+    line)."""
     explanation = pgq.admin.explain_job(job_id)
     if as_json:
         print_json(explanation.to_dict())
@@ -168,5 +149,5 @@ def print_explanation(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
 
 
 explain = _job_report(
-    "explain", print_explanation, "Why isn't job JOB_ID running? One line per blocker."
+    "explain", _print_explanation, "Why isn't job JOB_ID running? One line per blocker."
 )

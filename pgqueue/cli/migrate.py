@@ -16,17 +16,15 @@ if TYPE_CHECKING:
     from pgqueue.core import PgQueue
     from pgqueue.migrations.blockers import Blocker, BlockerWatch
 
-yes_option = click.option(
-    "--yes",
-    is_flag=True,
-    help="Downgrade even when it drops tables or columns that hold data (see the README).",
-)
-
 
 @click.command()
 @click.argument("action", type=click.Choice(["upgrade", "downgrade", "current"]), default="upgrade")
 @click.argument("revision", required=False)
-@yes_option
+@click.option(
+    "--yes",
+    is_flag=True,
+    help="Downgrade even when it drops tables or columns that hold data (see the README).",
+)
 @database_option
 def migrate(action: str, revision: str | None, yes: bool, database_url: str | None) -> None:
     """Upgrade (default), downgrade, or show pgqueue's schema revision."""
@@ -34,7 +32,7 @@ def migrate(action: str, revision: str | None, yes: bool, database_url: str | No
 
 
 def run_migrate_command(pgq: PgQueue, action: str, revision: str | None, *, yes: bool) -> None:
-    """Shared by ``pgqueue migrate`` and ``flask pgqueue migrate``."""
+    """Check the command line, then migrate ``pgq``'s database; one-line refusals."""
     from sqlalchemy.exc import DBAPIError
 
     # Checked before connecting: a mistyped command line changes nothing.

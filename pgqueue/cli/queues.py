@@ -50,8 +50,7 @@ def known_queue(pgq: PgQueue, queue: str, *, new: bool, doing: str) -> str:
 
 
 def print_schedules(pgq: PgQueue) -> None:
-    """Shared by ``pgqueue schedules APP`` (``cli.schedules``) and ``flask pgqueue
-    schedules``."""
+    """The table ``pgqueue schedules APP`` (``cli.schedules``) prints: each schedule's next run."""
     import datetime as dt
 
     from pgqueue.scheduler import describe
@@ -82,7 +81,7 @@ def pause(queue: str, new: bool, database_url: str | None) -> None:
 
 
 def pause_queue(pgq: PgQueue, queue: str, *, new: bool = False) -> None:
-    """Shared by ``pgqueue pause`` and ``flask pgqueue pause``."""
+    """Pause ``queue`` (known, unless ``new``) and say so."""
     pgq.admin.pause_queue(known_queue(pgq, queue, new=new, doing="pause"))
     echo(f"queue {queue} paused")
 
@@ -96,7 +95,7 @@ def resume(queue: str, database_url: str | None) -> None:
 
 
 def resume_queue(pgq: PgQueue, queue: str) -> None:
-    """Shared by ``pgqueue resume`` and ``flask pgqueue resume``."""
+    """Resume ``queue`` (known) and say so."""
     pgq.admin.resume_queue(known_queue(pgq, queue, new=False, doing="resume"))
     echo(f"queue {queue} resumed")
 
@@ -108,11 +107,7 @@ def resume_queue(pgq: PgQueue, queue: str) -> None:
 @database_option
 def limit(queue: str, limit: str, new: bool, database_url: str | None) -> None:
     """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
-    limit_queue(queue_for(database_url), queue, limit, new=new)
-
-
-def limit_queue(pgq: PgQueue, queue: str, limit: str, *, new: bool = False) -> None:
-    """Shared by ``pgqueue limit`` and ``flask pgqueue limit``."""
+    pgq = queue_for(database_url)
     value = number_or_none(limit)
     pgq.admin.set_queue_limit(known_queue(pgq, queue, new=new, doing="limit"), value)
     echo(f"queue {queue}: limit {'removed' if value is None else value}")
@@ -126,11 +121,7 @@ def limit_queue(pgq: PgQueue, queue: str, limit: str, *, new: bool = False) -> N
 def max_depth(queue: str, max_depth: str, new: bool, database_url: str | None) -> None:
     """Refuse enqueues that would take QUEUE above MAX_DEPTH waiting jobs (``none`` removes
     the bound)."""
-    bound_queue(queue_for(database_url), queue, max_depth, new=new)
-
-
-def bound_queue(pgq: PgQueue, queue: str, max_depth: str, *, new: bool = False) -> None:
-    """Shared by ``pgqueue max-depth`` and ``flask pgqueue max-depth``."""
+    pgq = queue_for(database_url)
     value = number_or_none(max_depth)
     pgq.admin.set_queue_max_depth(known_queue(pgq, queue, new=new, doing="bound"), value)
     echo(f"queue {queue}: max depth {'removed' if value is None else value}")

@@ -65,7 +65,7 @@ def note_names_no_job_has(pgq: PgQueue, *, queue: str | None, task_name: str | N
 
 
 def job_filter_options(function: Any) -> Any:
-    """The options of ``pgqueue jobs`` (shared with ``flask pgqueue jobs``)."""
+    """The options of ``pgqueue jobs``: its filters and paging."""
     options = [
         click.option("--queue", "-q", default=None, help="Only this queue."),
         click.option("--state", "-s", type=click.Choice([s.value for s in JobState]), default=None),
@@ -192,7 +192,7 @@ def search_filters(
 
 
 def print_jobs(pgq: PgQueue, *, as_json: bool, **options: Any) -> None:
-    """Shared by ``pgqueue jobs`` and ``flask pgqueue jobs``: a page of jobs, newest first, or
+    """What ``pgqueue jobs`` prints: a page of jobs, newest first, or
     the page of a search (``options``: those of ``job_filter_options``, see
     ``search_filters``), with a note when its bound cut the search short.
 
@@ -234,7 +234,7 @@ def print_jobs(pgq: PgQueue, *, as_json: bool, **options: Any) -> None:
 
 
 def print_stats(pgq: PgQueue, *, as_json: bool) -> None:
-    """Shared by ``pgqueue stats`` and ``flask pgqueue stats``: counts per queue and state."""
+    """What ``pgqueue stats`` prints: counts per queue and state."""
     counts = pgq.admin.counts()
     if as_json:
         print_json(
@@ -254,7 +254,7 @@ def print_stats(pgq: PgQueue, *, as_json: bool) -> None:
 
 
 def print_job(pgq: PgQueue, job_id: int, *, as_json: bool) -> None:
-    """Shared by ``pgqueue show`` and ``flask pgqueue show``: one job, a field a line and its
+    """What ``pgqueue show`` prints: one job, a field a line and its
     errors' tracebacks as text (``--json``: one JSON document on one line)."""
     job = pgq.admin.get_job(job_id)
     holder = pgq.admin.job_holder(job_id) if job.state is JobState.RUNNING else None

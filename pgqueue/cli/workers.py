@@ -369,27 +369,20 @@ def check_schema(pgq: PgQueue, *, wait_for_database: float | None = None) -> Non
             time.sleep(pause)
 
 
-include_stale_option = click.option(
+@click.command()
+@click.option(
     "--all",
     "include_stale",
     is_flag=True,
     help="Also list workers gone stale (killed or cut off) whose rows are not deleted yet.",
 )
-
-
-@click.command()
-@include_stale_option
 @json_option
 @database_option
 def workers(include_stale: bool, as_json: bool, database_url: str | None) -> None:
     """List the running worker processes (the worker registry)."""
-    print_workers(queue_for(database_url), include_stale=include_stale, as_json=as_json)
-
-
-def print_workers(pgq: PgQueue, *, include_stale: bool, as_json: bool) -> None:
-    """Shared by ``pgqueue workers`` and ``flask pgqueue workers``."""
     import datetime as dt
 
+    pgq = queue_for(database_url)
     found = pgq.admin.list_workers(include_stale=include_stale)
     if as_json:
         print_json(
