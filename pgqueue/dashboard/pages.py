@@ -16,6 +16,7 @@ from werkzeug.routing import Rule
 from werkzeug.wrappers import Response
 
 from pgqueue.admin import DEFAULT_COUNT_CAP
+from pgqueue.dashboard.chart_svg import bar_chart, level_chart
 from pgqueue.dashboard.job_display import duration, error_summary, error_tooltip
 from pgqueue.dashboard.page import Page
 from pgqueue.dashboard.queue_charts import failure_chart, wait_chart
@@ -125,4 +126,6 @@ HELPERS: Final = {
     "duration": duration,
     "error_summary": error_summary,
     "error_tooltip": error_tooltip,
+    "svg_bar_chart": bar_chart,
+    "svg_level_chart": level_chart,
 }
