@@ -20,7 +20,7 @@ from pgqueue.dashboard.chart_svg import bar_chart, level_chart
 from pgqueue.dashboard.job_display import duration, error_summary, error_tooltip
 from pgqueue.dashboard.page import Page
 from pgqueue.dashboard.queue_charts import failure_chart, wait_chart
-from pgqueue.dashboard.throughput_chart import chart, coarsened, total_series
+from pgqueue.dashboard.throughput_chart import SPARSE_FACTOR, SPARSE_HOUR, chart, total_series
 from pgqueue.states import JobState
 
 # Counts on the overview stop here ("1,000+"): each reads at most this many index entries, so
@@ -34,8 +34,10 @@ def overview(page: Page) -> Response:
     counts = admin.capped_counts(COUNT_CAP)
     oldest = admin.oldest_waiting()
     cap = page.throughput_cap()
-    throughput = coarsened(admin.recent_throughput(cap))
-    waits = admin.recent_wait_times(throughput.window, throughput.width, cap)
+    # One read of the newest finished jobs gives both the counts and the waits; a quiet full
+    # hour comes in 5-minute buckets, where 60 one-minute bars would be mostly empty.
+    activity = admin.recent_activity(cap, quiet_jobs=SPARSE_HOUR, quiet_width=60 * SPARSE_FACTOR)
+    throughput, waits = activity.throughput, activity.waits
     settings = admin.queue_settings()
     names = sorted(set(counts) | set(oldest) | set(throughput.series))
     empty = [0] * throughput.buckets
