@@ -14,6 +14,7 @@ from pgqueue.admin_values import (
     DEFAULT_THROUGHPUT_CAP,
     JobHolder,
     OldestWaiting,
+    RecentActivity,
     Throughput,
     WaitTime,
     WorkerInfo,
@@ -85,6 +86,27 @@ class Figures(AdminRunner):
                 "at most 3600 of them"
             )
         return self._read(lambda ex: wait_data.recent_wait_times(ex, window, width, cap))
+
+    def recent_activity(
+        self, cap: int = DEFAULT_THROUGHPUT_CAP, *, quiet_jobs: int = -1, quiet_width: int = 60
+    ) -> RecentActivity:
+        """``recent_throughput(cap)`` and ``recent_wait_times`` over its window and buckets, read
+        together: in place, one statement over at most ``cap`` recently finished jobs (each
+        read once). A full hour in which at most ``quiet_jobs`` jobs finished is bucketed by
+        ``quiet_width`` seconds (a divisor of 3600 and a multiple of 60) instead of 60."""
+        for name, value in (("cap", cap), ("quiet_width", quiet_width)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValidationError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(quiet_jobs, int) or isinstance(quiet_jobs, bool):
+            raise ValidationError(f"quiet_jobs must be an int, got {quiet_jobs!r}")
+        if quiet_width % 60 or 3600 % quiet_width:
+            raise ValidationError(
+                f"quiet_width must be a multiple of 60 dividing 3600, got {quiet_width!r}"
+            )
+        window, width, series, shortened, waits = self._read(
+            lambda ex: wait_data.recent_activity(ex, cap, quiet_jobs, quiet_width)
+        )
+        return RecentActivity(Throughput(window, width, series, shortened), waits)
 
     def queue_names(self) -> list[str]:
         """The queues that have jobs, sorted (moved jobs' too under the partitioned history)."""

@@ -44,6 +44,7 @@ __all__ = [
     "ListArguments",
     "OldestWaiting",
     "QueueSettings",
+    "RecentActivity",
     "SearchExtent",
     "Throughput",
     "WaitTime",
@@ -165,6 +166,15 @@ class WaitTime:
     jobs: int
     p50: float
     p95: float
+
+
+@dataclass(frozen=True, slots=True)
+class RecentActivity:
+    """The overview's throughput and, over the same buckets, its wait times per queue
+    (``waits[queue][0]`` the newest bucket, None where none of the queue's jobs finished)."""
+
+    throughput: Throughput
+    waits: dict[str, list[WaitTime | None]]
 
 
 @dataclass(frozen=True, slots=True)

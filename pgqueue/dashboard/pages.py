@@ -16,10 +16,11 @@ from werkzeug.routing import Rule
 from werkzeug.wrappers import Response
 
 from pgqueue.admin import DEFAULT_COUNT_CAP
+from pgqueue.dashboard.chart_svg import bar_chart, level_chart
 from pgqueue.dashboard.job_display import duration, error_summary, error_tooltip
 from pgqueue.dashboard.page import Page
 from pgqueue.dashboard.queue_charts import failure_chart, wait_chart
-from pgqueue.dashboard.throughput_chart import chart, coarsened, total_series
+from pgqueue.dashboard.throughput_chart import SPARSE_FACTOR, SPARSE_HOUR, chart, total_series
 from pgqueue.states import JobState
 
 # Counts on the overview stop here ("1,000+"): each reads at most this many index entries, so
@@ -33,8 +34,10 @@ def overview(page: Page) -> Response:
     counts = admin.capped_counts(COUNT_CAP)
     oldest = admin.oldest_waiting()
     cap = page.throughput_cap()
-    throughput = coarsened(admin.recent_throughput(cap))
-    waits = admin.recent_wait_times(throughput.window, throughput.width, cap)
+    # One read of the newest finished jobs gives both the counts and the waits; a quiet full
+    # hour comes in 5-minute buckets, where 60 one-minute bars would be mostly empty.
+    activity = admin.recent_activity(cap, quiet_jobs=SPARSE_HOUR, quiet_width=60 * SPARSE_FACTOR)
+    throughput, waits = activity.throughput, activity.waits
     settings = admin.queue_settings()
     names = sorted(set(counts) | set(oldest) | set(throughput.series))
     empty = [0] * throughput.buckets
@@ -125,4 +128,6 @@ HELPERS: Final = {
     "duration": duration,
     "error_summary": error_summary,
     "error_tooltip": error_tooltip,
+    "svg_bar_chart": bar_chart,
+    "svg_level_chart": level_chart,
 }

@@ -1,5 +1,6 @@
 """Statements of the overview's wait-time chart: how long the most recently finished jobs
-waited to be claimed (``started_at`` minus ``run_at``), per queue and bucket of finish time."""
+waited to be claimed (``started_at`` minus ``run_at``), per queue and bucket of finish time;
+and the overview's one pass that counts the same jobs per state beside those waits."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from sqlalchemy import (
     Integer,
     Select,
     bindparam,
+    case,
     cast,
     func,
     literal_column,
     select,
+    tuple_,
     union_all,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from pgqueue.sql.admin import newest_finished, seconds_ago
 from pgqueue.sql.common import seconds
@@ -62,3 +66,105 @@ def wait_percentiles(partitioned: bool = False) -> Select[str, int, int, float, 
         func.percentile_cont(0.5).within_group(rows.c.waited),
         func.percentile_cont(0.95).within_group(rows.c.waited),
     ).group_by(rows.c.queue, buckets_ago)
+
+
+@cache
+def recent_activity() -> Any:  # a Select
+    """``(queue, state, buckets_ago, jobs, waited, p50, p95, width, window, shortened)``: one
+    walk of ``pgqueue_jobs``' ``finished_at`` index over the ``cap`` most recently finished
+    jobs, those of the last ``hour`` seconds counted per queue, state and bucket, and their
+    waits (``run_at`` to claim) summarised per queue and bucket (rows whose ``state`` is null:
+    ``waited`` jobs with a ``started_at``, their median and 95th percentile).
+
+    The buckets are chosen from the same rows: when the hour holds ``cap`` jobs or more the
+    window shrinks to the ``cap`` newest (``shortened``), rounded up to whole buckets of the
+    first of ``widths`` that makes at most 60 of them (else the last); a full hour holding at
+    most ``quiet_jobs`` jobs has buckets of ``quiet_width`` seconds; any other hour, of 60.
+    Every row repeats ``width``, ``window`` and ``shortened``; rows of a bucket at or past the
+    window's far edge are left to the caller."""
+    recent = newest_finished(
+        Job := job_model(False), Job.queue, Job.state, Job.finished_at, Job.started_at, Job.run_at
+    )
+    # A claim never precedes run_at; the floor keeps a row edited by hand from reading negative.
+    waited = case(
+        (
+            recent.c.started_at.is_not(None),
+            func.greatest(
+                0.0,
+                func.date_part(
+                    literal_column("'epoch'"), recent.c.started_at - recent.c.run_at, type_=Float
+                ),
+            ),
+        ),
+    )
+    hour = (
+        select(
+            recent.c.queue,
+            recent.c.state,
+            seconds_ago(recent.c.finished_at).label("ago"),
+            waited.label("waited"),
+        )
+        .where(recent.c.finished_at >= func.now() - seconds(bindparam("hour", type_=Float)))
+        .cte("hour")
+    )
+    edge = select(func.count().label("n"), func.max(hour.c.ago).label("oldest")).cte("edge")
+    offered = func.unnest(bindparam("widths", type_=ARRAY(Integer))).column_valued("w")
+    fitting = select(func.min(offered)).where(offered * 60 >= edge.c.oldest).scalar_subquery()
+    shortened = edge.c.n >= bindparam("cap", type_=Integer)
+    width = case(
+        (shortened, func.coalesce(fitting, bindparam("widest", type_=Integer))),
+        (
+            edge.c.n <= bindparam("quiet_jobs", type_=Integer),
+            bindparam("quiet_width", type_=Integer),
+        ),
+        else_=60,
+    )
+    shape = select(
+        width.label("width"),
+        shortened.label("shortened"),
+    ).cte("shape")
+    window = case(
+        (
+            shape.c.shortened,
+            cast(func.greatest(1, func.ceil(edge.c.oldest / cast(shape.c.width, Float))), Integer)
+            * shape.c.width,
+        ),
+        else_=cast(bindparam("hour", type_=Float), Integer),
+    ).label("window")
+    framed = (
+        select(
+            hour.c.queue,
+            hour.c.state,
+            hour.c.ago,
+            hour.c.waited,
+            shape.c.width,
+            window,
+            shape.c.shortened,
+        )
+        .select_from(hour.join(edge, literal_column("true")).join(shape, literal_column("true")))
+        .subquery("framed")
+    )
+    buckets_ago = cast(func.floor(framed.c.ago / cast(framed.c.width, Float)), Integer).label(
+        "buckets_ago"
+    )
+    return (
+        select(
+            framed.c.queue,
+            framed.c.state,
+            buckets_ago,
+            func.count(),
+            func.count(framed.c.waited),
+            func.percentile_cont(0.5).within_group(framed.c.waited),
+            func.percentile_cont(0.95).within_group(framed.c.waited),
+            func.min(framed.c.width),
+            func.min(framed.c.window),
+            func.bool_or(framed.c.shortened),
+        )
+        .where(framed.c.ago < framed.c.window)
+        .group_by(
+            func.grouping_sets(
+                tuple_(framed.c.queue, framed.c.state, buckets_ago),
+                tuple_(framed.c.queue, buckets_ago),
+            )
+        )
+    )

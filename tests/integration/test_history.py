@@ -162,6 +162,15 @@ def test_the_chart_counts_moved_jobs_once_from_the_moves_minute_counts(
             assert history_data.move_to_history(executor_for(session), age=0.0, limit=100) == 7
         assert history_ids(engine) and where_is(engine, min(history_ids(engine))) == (0, 1)
         assert chart_counts(pgq, "chart") == expected
+        # The overview's read of a quiet hour: the same counts in 5-minute buckets, and the
+        # moved jobs' waits from the history's rows.
+        activity = pgq.admin.recent_activity(quiet_jobs=60, quiet_width=300)
+        assert (activity.throughput.window, activity.throughput.width) == (3600, 300)
+        assert activity.throughput.series["chart"] == {
+            JobState.SUCCEEDED: [5] + [0] * 11,
+            JobState.FAILED: [2] + [0] * 11,
+        }
+        assert [w and w.jobs for w in activity.waits["chart"]] == [7] + [None] * 11
         assert pgq.admin.throughput()["chart"][JobState.SUCCEEDED][0] in (0, 5)
         assert sum(pgq.admin.throughput()["chart"][JobState.FAILED]) == 2
 

@@ -1,7 +1,8 @@
 """``pgq.admin.recent_wait_times``: per queue, the median and 95th percentile of how long the
 recently finished jobs waited from ``run_at`` to their claim, bucketed by finish time, from rows
 written with known times; bounded by the cap (the newest jobs only), and refusing bad
-arguments before any SQL runs."""
+arguments before any SQL runs; and ``pgq.admin.recent_activity``, which reads the same waits
+beside the throughput counts in one pass."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlalchemy.engine import URL
 from pgqueue import PgQueue
 from pgqueue.admin import WaitTime
 from pgqueue.errors import ValidationError
+from pgqueue.states import JobState
 
 # (queue, seconds ago it finished, seconds it waited); started_at is null for the last: a job
 # cancelled before it ran has no wait.
@@ -70,6 +72,43 @@ def test_the_cap_reads_the_newest_jobs_only(pgq: PgQueue) -> None:
     assert sorted(waits) == ["w"]
     assert waits["w"][1] == WaitTime(3, pytest.approx(2.0), pytest.approx(2.9))  # type: ignore[arg-type]
     assert [i for i, value in enumerate(waits["w"]) if value is not None] == [1]
+
+
+def test_activity_counts_and_waits_in_the_same_buckets(pgq: PgQueue) -> None:
+    activity = pgq.admin.recent_activity()
+    throughput = activity.throughput
+    assert (throughput.window, throughput.width, throughput.shortened) == (3600, 60, False)
+    assert throughput.series == pgq.admin.recent_throughput().series
+    w = throughput.series["w"][JobState.SUCCEEDED]
+    assert (w[0], w[1], sum(w)) == (4, 2, 6)
+    v = throughput.series["v"][JobState.SUCCEEDED]
+    assert (v[0], v[3], sum(v)) == (1, 1, 2)
+    assert activity.waits == pgq.admin.recent_wait_times(3600, 60)
+
+
+def test_activity_of_a_quiet_hour_in_wider_buckets(pgq: PgQueue) -> None:
+    activity = pgq.admin.recent_activity(quiet_jobs=8, quiet_width=300)
+    assert (activity.throughput.window, activity.throughput.width) == (3600, 300)
+    series = activity.throughput.series
+    assert series["w"][JobState.SUCCEEDED] == [6] + [0] * 11
+    assert series["v"][JobState.SUCCEEDED] == [2] + [0] * 11
+    assert activity.waits["w"][0] == WaitTime(6, pytest.approx(3.5), pytest.approx(17.5))  # type: ignore[arg-type]
+    assert activity.waits["v"] == [WaitTime(1, 0.0, 0.0)] + [None] * 11
+    # One job more than ``quiet_jobs``: one-minute buckets.
+    assert pgq.admin.recent_activity(quiet_jobs=7, quiet_width=300).throughput.width == 60
+
+
+def test_activity_past_the_cap_shrinks_its_window(pgq: PgQueue) -> None:
+    activity = pgq.admin.recent_activity(cap=3)
+    throughput = activity.throughput
+    # The third newest job finished 12 s (and the moments the test took) ago: 1 s buckets.
+    assert (throughput.width, throughput.shortened) == (1, True)
+    assert 13 <= throughput.window <= 15
+    assert sorted(throughput.series) == ["w"]
+    counts = throughput.series["w"][JobState.SUCCEEDED]
+    assert [i for i, n in enumerate(counts) if n] == [10, 11, 12]
+    assert [w and w.jobs for w in activity.waits["w"][10:13]] == [1, 1, 1]
+    assert [w and w.p50 for w in activity.waits["w"][10:13]] == [1.0, 2.0, 3.0]
 
 
 @pytest.mark.parametrize(
