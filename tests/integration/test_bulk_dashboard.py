@@ -12,15 +12,13 @@ from collections.abc import Iterator
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
-from sqlalchemy import select
 from sqlalchemy.engine import URL
-from sqlalchemy.orm import Session
+from support.audit import audit_rows
 from support.dashboard import dashboard_app
 
 from pgqueue import JobState
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.cli import pgqueue_group
-from pgqueue.models import AuditRecord
 from pgqueue.testing import states_of
 
 pgq = PgQueue()
@@ -54,14 +52,6 @@ def _token(client: FlaskClient) -> str:
     return found.group(1)
 
 
-def _audit(app: Flask) -> list[tuple[str, str, str, int]]:
-    with Session(pgq.state(app).queue.engine) as session:
-        rows = session.execute(
-            select(AuditRecord.actor, AuditRecord.source, AuditRecord.action, AuditRecord.count)
-        )
-        return [tuple(row) for row in rows]  # type: ignore[misc]
-
-
 def _confirm_form(page: str) -> dict[str, str]:
     """The hidden fields of the preview's confirmation form."""
     marker = page.index('name="step" value="confirm"')
@@ -84,7 +74,7 @@ def test_preview_then_confirm_retries_the_filtered_jobs_once_recorded(app: Flask
     )
     assert preview.status_code == 200
     assert "This will retry 5 jobs." in preview.text
-    assert _audit(app) == []
+    assert audit_rows(pgq.state(app).queue.engine, "actor", "source", "action", "count") == []
     assert set(states_of(queue, ids).values()) == {JobState.FAILED}
 
     confirm = _confirm_form(preview.text)
@@ -96,7 +86,9 @@ def test_preview_then_confirm_retries_the_filtered_jobs_once_recorded(app: Flask
     assert done.status_code == 200
     assert "Retried 5 jobs (audit record 1)." in done.text
     assert set(states_of(queue, ids).values()) == {JobState.QUEUED}
-    assert _audit(app) == [("alice", "dashboard", "retry", 5)]
+    assert audit_rows(pgq.state(app).queue.engine, "actor", "source", "action", "count") == [
+        ("alice", "dashboard", "retry", 5)
+    ]
 
 
 def test_a_count_changed_since_the_preview_is_refused_and_shown(app: Flask) -> None:
@@ -115,7 +107,7 @@ def test_a_count_changed_since_the_preview_is_refused_and_shown(app: Flask) -> N
     assert refused.status_code == 409
     assert "(3 then, 5 now): nothing was done. Confirm again to delete 5 jobs." in refused.text
     assert len(states_of(queue, ids + more)) == 5
-    assert _audit(app) == []
+    assert audit_rows(pgq.state(app).queue.engine, "actor", "source", "action", "count") == []
 
     done = client.post(
         "/pgqueue/jobs/bulk", data=_confirm_form(refused.text), follow_redirects=True
@@ -144,7 +136,7 @@ def test_a_retry_that_would_give_a_unique_key_two_holders_is_refused_and_shown(
     assert refused.status_code == 409
     assert "retry changed nothing: a matched job&#39;s unique_key is held" in refused.text
     assert states_of(queue, [failed, holder]) == {failed: JobState.FAILED, holder: JobState.QUEUED}
-    assert _audit(app) == []
+    assert audit_rows(pgq.state(app).queue.engine, "actor", "source", "action", "count") == []
 
     page = client.post(f"/pgqueue/jobs/{failed}/retry", data={"csrf_token": _token(client)},
                        follow_redirects=True)  # fmt: skip
@@ -176,7 +168,7 @@ def test_bad_or_empty_filters_are_a_clear_400_and_write_nothing(app: Flask) -> N
             assert page.status_code == 400, (data, step)
             assert message in page.text, (data, step)
     assert set(states_of(pgq.state(app).queue, ids).values()) == {JobState.FAILED}
-    assert _audit(app) == []
+    assert audit_rows(pgq.state(app).queue.engine, "actor", "source", "action", "count") == []
 
 
 def test_flask_pgqueue_bulk_counts_then_acts_in_the_app(app: Flask) -> None:
@@ -191,4 +183,6 @@ def test_flask_pgqueue_bulk_counts_then_acts_in_the_app(app: Flask) -> None:
     done = runner.invoke(pgqueue_group, [*args, "--yes", "--actor", "bob"])
     assert done.output.strip() == "retried 4 jobs (audit record 1)"
     assert set(states_of(pgq.state(app).queue, ids).values()) == {JobState.QUEUED}
-    assert _audit(app) == [("bob", "cli", "retry", 4)]
+    assert audit_rows(pgq.state(app).queue.engine, "actor", "source", "action", "count") == [
+        ("bob", "cli", "retry", 4)
+    ]

@@ -12,11 +12,12 @@ import re
 import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
+from support.audit import audit_rows
 from werkzeug.test import Client, TestResponse
 
 from pgqueue import PgQueue
 from pgqueue.dashboard.app import Dashboard
-from pgqueue.models import AuditRecord, Job, PeriodicTick
+from pgqueue.models import Job, PeriodicTick
 
 
 def nightly(region: str) -> str:
@@ -50,16 +51,6 @@ def _post(client: Client, action: str, name: str, token: str | None) -> TestResp
 
 def _row(page: str, name: str) -> str:
     return page.split(f'data-schedule="{html.escape(name)}"')[1].split("</tr>")[0]
-
-
-def _audit(engine: Engine) -> list[tuple[str, str, str, dict[str, object]]]:
-    with Session(engine) as session:
-        rows = session.execute(
-            select(
-                AuditRecord.actor, AuditRecord.source, AuditRecord.action, AuditRecord.filter
-            ).order_by(AuditRecord.id)
-        )
-        return [(a, s, act, f) for a, s, act, f in rows]
 
 
 def test_the_schedules_page_shows_each_schedule_and_the_database_only_names(
@@ -130,7 +121,7 @@ def test_pause_resume_and_run_now_are_audited_with_the_actor(
     assert args == ["eu"]
     assert f"Schedule nightly-&lt;b&gt; run now as job {job_id}." in client.get("/schedules").text
 
-    assert _audit(engine) == [
+    assert audit_rows(engine, "actor", "source", "action", "filter") == [
         ("ada", "dashboard", "pause_schedule", {"schedule": name}),
         ("ada", "dashboard", "resume_schedule", {"schedule": name}),
         ("ada", "dashboard", "run_schedule", {"schedule": name, "job_id": job_id}),
@@ -179,7 +170,7 @@ def test_refusals_write_nothing(scheduled: PgQueue, engine: Engine) -> None:
     assert "nightly-&lt;b&gt;" in shown and "<form" not in shown.split("<main>")[1]
     assert _post(read_only, "pause", "nightly-<b>", _csrf(client)).status_code == 403
 
-    assert _audit(engine) == []
+    assert audit_rows(engine, "actor", "source", "action", "filter") == []
     assert not scheduled.admin.schedules()[0].paused
     with Session(engine) as session:
         assert session.scalar(select(func.count()).select_from(Job)) == 0

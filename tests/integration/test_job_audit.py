@@ -6,29 +6,12 @@ page by page with ``pgq.admin.audit_log``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from sqlalchemy import Engine, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine
+from support.audit import audit_rows
 
 from pgqueue import InvalidStateTransition, JobState, PgQueue
 from pgqueue.admin import AuditEntry
-from pgqueue.models import AuditRecord
-
-
-def _records(engine: Engine) -> list[tuple[str, str, str, dict[str, Any], int]]:
-    with Session(engine) as session:
-        rows = session.execute(
-            select(
-                AuditRecord.actor,
-                AuditRecord.source,
-                AuditRecord.action,
-                AuditRecord.filter,
-                AuditRecord.count,
-            ).order_by(AuditRecord.id)
-        )
-        return [(a, s, act, f, c) for a, s, act, f, c in rows]
 
 
 def test_actions_on_one_job_given_an_actor_are_audited_when_they_take_effect(
@@ -42,14 +25,14 @@ def test_actions_on_one_job_given_an_actor_are_audited_when_they_take_effect(
     assert pgq.cancel_job(job_id) is JobState.CANCELLED  # no actor: no record
     with pytest.raises(InvalidStateTransition):
         pgq.cancel_job(job_id, actor="carol")  # changed nothing: no record
-    assert _records(engine) == []
+    assert audit_rows(engine, "actor", "source", "action", "filter", "count") == []
 
     # Rolled back with the caller's transaction: neither the retry nor its record remain.
     with pgq.sessions() as session:
         pgq.retry_job(job_id, session=session, actor="carol")
         session.rollback()
     assert pgq.get_job(job_id).state is JobState.CANCELLED
-    assert _records(engine) == []
+    assert audit_rows(engine, "actor", "source", "action", "filter", "count") == []
 
     pgq.retry_job(job_id, actor="carol", source="dashboard")
     assert pgq.signal(job_id, "go", {"secret": 1}, actor="dave") is True
@@ -57,7 +40,7 @@ def test_actions_on_one_job_given_an_actor_are_audited_when_they_take_effect(
     assert pgq.cancel_job(job_id, actor="erin", source="cli") is JobState.CANCELLED
     assert pgq.admin.delete_job(job_id, actor="erin") is True
     assert pgq.admin.delete_job(job_id, actor="erin") is False
-    assert _records(engine) == [
+    assert audit_rows(engine, "actor", "source", "action", "filter", "count") == [
         ("carol", "dashboard", "retry", {"job_id": job_id}, 1),
         ("dave", "api", "signal", {"job_id": job_id, "signal": "go"}, 1),
         ("erin", "cli", "cancel", {"job_id": job_id, "state": "cancelled"}, 1),

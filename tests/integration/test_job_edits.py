@@ -9,35 +9,21 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
-from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
+from support.audit import audit_rows
 from support.workers import in_thread
 from test_wakeups import listening
 
 from pgqueue import InvalidStateTransition, JobNotFound, JobState, PgQueue, ValidationError, chord
 from pgqueue.admin import default_actor
-from pgqueue.models import AuditRecord, MessageQueue
+from pgqueue.models import MessageQueue
 from pgqueue.testing import run_until_final, wait_for_states
 from pgqueue.worker import Worker
 
 UTC = dt.UTC
-
-
-def _audit(engine: Engine) -> list[tuple[str, str, str, dict[str, Any], int]]:
-    with Session(engine) as session:
-        rows = session.execute(
-            select(
-                AuditRecord.actor,
-                AuditRecord.source,
-                AuditRecord.action,
-                AuditRecord.filter,
-                AuditRecord.count,
-            ).order_by(AuditRecord.id)
-        )
-        return [tuple(row) for row in rows]  # type: ignore[misc]
 
 
 def _ticket(engine: Engine, job_id: int) -> tuple[dt.datetime, int] | None:
@@ -83,7 +69,7 @@ def test_reschedule_priority_and_run_now_move_row_and_ticket_with_one_audit_row_
     assert pgq.get_job(later).run_at == now
     assert _ticket(engine, later) == (now, -5)
 
-    assert _audit(engine) == [
+    assert audit_rows(engine, "actor", "source", "action", "filter", "count") == [
         ("alice", "dashboard", "reschedule", {"job_id": later, "run_at": target.isoformat()}, 1),
         ("bob", "api", "set_priority", {"job_id": later, "priority": -5}, 1),
         (default_actor(), "api", "run_now", {"job_id": later, "run_at": now.isoformat()}, 1),
@@ -146,7 +132,9 @@ def test_edits_are_refused_for_running_finished_missing_and_suspended_jobs(
     assert _ticket(engine, sleeper) == (wake[0], 7) if wake else False
     explained = pgq.explain_job(sleeper)
     assert [b.kind.value for b in explained.blockers][:1] == ["suspended"]
-    assert [row[2] for row in _audit(engine)] == ["set_priority"]
+    assert [
+        row[2] for row in audit_rows(engine, "actor", "source", "action", "filter", "count")
+    ] == ["set_priority"]
 
 
 def test_bad_arguments_are_refused_before_any_sql(pgq: PgQueue, engine: Engine) -> None:
@@ -170,7 +158,7 @@ def test_bad_arguments_are_refused_before_any_sql(pgq: PgQueue, engine: Engine) 
         with pytest.raises(ValidationError, match=message):
             call()
     assert pgq.get_job(job_id).state is JobState.QUEUED
-    assert _audit(engine) == []
+    assert audit_rows(engine, "actor", "source", "action", "filter", "count") == []
 
 
 def test_waiting_jobs_and_workflow_members_are_edited_and_closing_markers_refused(

@@ -20,13 +20,14 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
+from support.audit import audit_rows
 
 from pgqueue import PgQueue, ValidationError, cli, uow
 from pgqueue.admin import ScheduleInfo, default_actor
 from pgqueue.data import control as control_data
 from pgqueue.db import executor_for
 from pgqueue.errors import ScheduleNotFound
-from pgqueue.models import AuditRecord, Job, PeriodicTick
+from pgqueue.models import Job, PeriodicTick
 from pgqueue.scheduler import Scheduler
 
 UTC = dt.UTC
@@ -56,16 +57,6 @@ def _ticks(engine: Engine, name: str) -> list[tuple[dt.datetime, int | None]]:
             .order_by(PeriodicTick.scheduled_at)
         )
         return [(at.astimezone(UTC), job_id) for at, job_id in rows]
-
-
-def _audit(engine: Engine) -> list[tuple[str, str, str, dict[str, object]]]:
-    with Session(engine) as session:
-        rows = session.execute(
-            select(
-                AuditRecord.actor, AuditRecord.source, AuditRecord.action, AuditRecord.filter
-            ).order_by(AuditRecord.id)
-        )
-        return [(a, s, act, f) for a, s, act, f in rows]
 
 
 def _minute_boundaries(after: dt.datetime, until: dt.datetime) -> list[dt.datetime]:
@@ -111,7 +102,7 @@ def test_a_paused_schedule_enqueues_nothing_and_drops_its_ticks_on_resume(
     after_resume = _minute_boundaries(resumed, clock.now)
     assert [at for at, _ in _ticks(engine, "minutely")[1:]] == after_resume
     assert len(created) == len(after_resume) == 2
-    assert _audit(engine) == [
+    assert audit_rows(engine, "actor", "source", "action", "filter") == [
         ("ops", "api", "pause_schedule", {"schedule": "minutely"}),
         ("ops", "dashboard", "resume_schedule", {"schedule": "minutely"}),
     ]
@@ -178,13 +169,16 @@ def test_run_now_enqueues_one_job_and_no_tick_and_the_listing_names_every_schedu
         ),
     ]
     assert asyncio.run(pgq.admin.aschedules()) == listing
-    assert [row[2:] for row in _audit(engine)] == [
+    assert [row[2:] for row in audit_rows(engine, "actor", "source", "action", "filter")] == [
         ("pause_schedule", {"schedule": "report"}),
         ("run_schedule", {"schedule": "report", "job_id": job_id}),
         ("run_schedule", {"schedule": "report", "job_id": job_id + 1}),
         ("pause_schedule", {"schedule": "retired"}),
     ]
-    assert _audit(engine)[0][:2] == (default_actor(), "api")
+    assert audit_rows(engine, "actor", "source", "action", "filter")[0][:2] == (
+        default_actor(),
+        "api",
+    )
 
 
 @pytest.fixture
@@ -231,7 +225,9 @@ def test_the_cli_lists_as_before_and_pauses_resumes_and_runs_a_schedule(
     with Session(engine) as session:
         jobs = session.scalar(select(func.count()).select_from(Job))
     assert jobs == 1
-    assert [(a, s, act) for a, s, act, _ in _audit(engine)] == [
+    assert [
+        (a, s, act) for a, s, act, _ in audit_rows(engine, "actor", "source", "action", "filter")
+    ] == [
         ("cli-user", "cli", "pause_schedule"),
         (default_actor(), "cli", "resume_schedule"),
         (default_actor(), "cli", "run_schedule"),
