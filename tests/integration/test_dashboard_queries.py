@@ -10,17 +10,16 @@ read, so they share one database with that history.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psycopg.sql
 import pytest
 from flask import Flask
 from server_databases import create_database, drop_database
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from support.dashboard import dashboard_app
+from support.plans import executed_plans
 
 from pgqueue import JobState
 from pgqueue.admin import ListArguments
@@ -178,36 +177,6 @@ def _on_jobs(node: dict[str, Any]) -> bool:
     return str(node.get("Index Name", "")).startswith(("ix_pgqueue_jobs", "pk_pgqueue_jobs"))
 
 
-def _plans(
-    connection: Connection, number: int, statement: str, parameters: dict[str, Any]
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The executed plan of ``statement`` as first sent (a custom plan, for these values), and
-    its generic plan (values unknown), which the server may switch to once psycopg has
-    prepared a statement run several times."""
-    custom = connection.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters)
-    yield "custom plan", custom.scalar_one()[0]["Plan"]
-    connection.rollback()
-    names: list[str] = []
-
-    def placeholder(match: re.Match[str]) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    numbered = re.sub(r"%\((\w+)\)s", placeholder, statement)
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    values = ", ".join(psycopg.sql.Literal(parameters[n]).as_string(driver) for n in names)
-    arguments = f"({values})" if names else ""
-    connection.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
-    connection.exec_driver_sql(f"PREPARE page_statement_{number} AS {numbered}")
-    generic = connection.exec_driver_sql(
-        f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE page_statement_{number}{arguments}"
-    )
-    yield "generic plan", generic.scalar_one()[0]["Plan"]
-    connection.rollback()
-
-
 @pytest.mark.slow
 def test_no_page_reads_the_history(app: Flask) -> None:
     queue = pgq.state(app).queue
@@ -225,8 +194,9 @@ def plan_problems(
     whose custom or generic plan scans ``pgqueue_jobs`` sequentially or reads more than
     ``most_rows`` of its rows (index entries included)."""
     problems = []
-    for number, (label, statement, parameters) in enumerate(sent):
-        for kind, plan in _plans(connection, number, statement, parameters):
+    for label, statement, parameters in sent:
+        for kind, explained in executed_plans(connection, statement, parameters):
+            plan = explained["Plan"]
             read = 0
             for node in _scans(plan):
                 if not _on_jobs(node):

@@ -9,14 +9,12 @@ a prepared statement may switch to, on an analysed table of 20,000 finished jobs
 from __future__ import annotations
 
 import datetime as dt
-import itertools
-import re
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg.sql
 from sqlalchemy import Connection, Engine, event, text
 from sqlalchemy.engine import URL
+from support.plans import executed_plans
 
 from pgqueue import PgQueue, Settings
 from pgqueue.admin import JsonMatch
@@ -24,7 +22,6 @@ from pgqueue.admin import JsonMatch
 JOBS = 20_000
 SCAN = 500
 BASE = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
-_names = itertools.count()
 
 
 def _fill(engine: Engine) -> None:
@@ -69,30 +66,9 @@ def _sent(pgq: PgQueue, **search: Any) -> list[tuple[str, dict[str, Any]]]:
 
 def _plans(connection: Connection, statement: str, parameters: dict[str, Any]) -> Iterator[Any]:
     """The executed custom plan of ``statement``, then its executed generic plan."""
-    custom = connection.exec_driver_sql(
-        "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters
-    ).scalar_one()[0]
-    assert "JIT" not in custom  # pgqueue's connections turn it off, JIT-enabled servers too
-    yield custom["Plan"]
-    connection.rollback()
-    names: list[str] = []
-
-    def placeholder(match: re.Match[str]) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    numbered = re.sub(r"%\((\w+)\)s", placeholder, statement)
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    values = ", ".join(psycopg.sql.Literal(parameters[n]).as_string(driver) for n in names)
-    values = values.replace("%", "%%")  # not placeholders: the driver reads this text too
-    connection.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
-    name = f"search_statement_{next(_names)}"
-    connection.exec_driver_sql(f"PREPARE {name} AS {numbered}")
-    generic = connection.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({values})")
-    yield generic.scalar_one()[0]["Plan"]
-    connection.rollback()
+    for _, explained in executed_plans(connection, statement, parameters):
+        assert "JIT" not in explained  # pgqueue's connections turn it off, JIT-enabled servers too
+        yield explained["Plan"]
 
 
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
