@@ -359,6 +359,7 @@ def _run(
             f"or not all done within {DRAIN_CAP:.0f} s"
         )
     facts.stale_after = 3 * RESCUE_INTERVAL + 1
+    facts.final = True
     final = checker.check(final=True)
     notes += pool_checks.pool_notes(final, facts)
     notes.append(sampler.note())
