@@ -9,13 +9,18 @@ transaction (``ctx.session``), so that row exists exactly when the attempt commi
 leased job in the handler's session, which pgqueue commits when the handler returns.
 
 Each run row also says which worker process held the job's lease (``holder``: the run's own
-``pid`` in a thread, its worker's in a process-pool child), a token of its process, and the
-process's resident memory as the run began and ended; ``chaos.hang`` beats (``alive_at``) while
-it hangs. ``chaos.hang`` and ``chaos.crash`` write a ``session`` row through ``ctx.session`` as
+``pid`` in a thread, its worker's in a process-pool child), a token of its process, the
+process's resident memory as the run began and ended, and when its attempt was claimed (the
+job's ``started_at``, kept here because the operator's prunes and deletes take finished jobs
+away); ``chaos.hang`` beats (``alive_at``) while it hangs. ``chaos.hang`` and ``chaos.crash`` write a ``session`` row through ``ctx.session`` as
 they begin, which commits only when the attempt returned in time.
 
 ``chaos.newer`` is registered only where ``CHAOS_NEWER=1`` (the harness and one worker), like a
 task a rolling deploy has brought to some workers only.
+
+``chaos.tick`` is a periodic schedule of ``chaos.leased`` (kind ``periodic``) every
+``TICK_SECONDS``: every worker runs scheduler passes, and the operator pauses, resumes and runs
+it now (``edits``).
 
 Behaviour is driven by the job's keyword arguments, so the database alone says what every job
 was meant to do (the harness reads ``kind`` back from ``pgqueue_jobs.kwargs``).
@@ -50,6 +55,11 @@ TASKS_PER_CHILD = 20
 NEWER_TASK = "chaos.newer"
 KEY_LIMIT = 2
 ALWAYS_FAILS = "chaos: always fails"
+# The periodic schedule every worker's scheduler passes enqueue, and its period (seconds, a
+# divisor of 60: croniter's sixth field).
+TICK_SCHEDULE = "chaos.tick"
+TICK_SECONDS = 2
+TICK_KIND = "periodic"
 
 LEDGER_DDL = """
 CREATE TABLE ledger (
@@ -72,7 +82,10 @@ CREATE TABLE ledger (
     rss_start real,
     rss_end real,
     -- The latest moment a hanging handler was seen alive (it beats while it hangs).
-    alive_at timestamptz
+    alive_at timestamptz,
+    -- When the run's attempt was claimed: the job's started_at as the run began, null when the
+    -- job's row had moved on to another attempt by then.
+    claimed_at timestamptz
 );
 CREATE INDEX ledger_job ON ledger (job_id);
 CREATE TABLE chaos_parent (id int PRIMARY KEY);
@@ -101,8 +114,9 @@ from pgqueue import PgQueue, Settings, SignalTimeout, Snooze, backoff
 pgq = PgQueue(os.environ["DB_URL"], settings=Settings.from_env())
 
 BEGIN = text(
-    "INSERT INTO ledger (run_token, job_id, attempt, kind, tag, pid, holder, proc, rss_start)"
-    " VALUES (:token, :job, :attempt, :kind, 'run', :pid, :holder, :proc, :rss)"
+    "INSERT INTO ledger (run_token, job_id, attempt, kind, tag, pid, holder, proc, rss_start,"
+    " claimed_at) VALUES (:token, :job, :attempt, :kind, 'run', :pid, :holder, :proc, :rss,"
+    " (SELECT started_at FROM pgqueue_jobs WHERE id = :job AND attempts = :attempt))"
     " ON CONFLICT (run_token) DO NOTHING"
 )
 END = text(
@@ -236,6 +250,11 @@ def leased_body(ctx, kind, seconds, fail_until, snoozes, message, poison=None):
 def leased(ctx, kind, seconds=0.0, fail_until=0, snoozes=0, key=None, poison=None, wf_tag=None):
     message = "chaos: always fails" if fail_until >= 99 else "chaos: fails on purpose"
     return leased_body(ctx, kind, seconds, fail_until, snoozes, message, poison)
+
+
+# Ticks of a schedule every worker's scheduler passes race for: each is enqueued once.
+pgq.periodic("* * * * * */__TICK_SECONDS__", name=__TICK_SCHEDULE__,
+             kwargs={"kind": __TICK_KIND__, "seconds": 0.05})(leased)
 
 
 # A chord's callback: its run rows count its runs (each must happen once), and it checks it
@@ -464,4 +483,11 @@ def crash(ctx, kind, crash_until=1, how="exit", code=3):
         return {"pid": os.getpid(), "attempt": ctx.attempt}
     finally:
         end_run(token, outcome)
-'''.replace("__HANG_TIMEOUT__", repr(HANG_TIMEOUT))
+'''
+for _placeholder, _value in [
+    ("__HANG_TIMEOUT__", HANG_TIMEOUT),
+    ("__TICK_SECONDS__", TICK_SECONDS),
+    ("__TICK_SCHEDULE__", TICK_SCHEDULE),
+    ("__TICK_KIND__", TICK_KIND),
+]:
+    APP_SOURCE = APP_SOURCE.replace(_placeholder, repr(_value))

@@ -7,7 +7,8 @@ Read in one REPEATABLE READ transaction, so an atomic job's state and its in-tra
 row (which commit together) are seen together. Runs are the ledger's ``run`` rows (one per
 handler run, committed when the run began); ``tx`` rows are the runs that completed their work;
 ``step`` rows are the runs of a durable step's body; ``session`` rows were written through
-``ctx.session`` as a run began (they exist only where that session committed).
+``ctx.session`` as a run began (they exist only where that session committed). The same read
+takes the periodic schedule's ticks.
 A run's marks are written by its handler, after its claim and before its outcome, so its
 interval lies within the time its job held a key's or a queue's slot (even when a frozen
 process writes a mark late): more overlapping intervals than a limit means the slots were
@@ -23,6 +24,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from .app import TICK_SCHEDULE
+
 FINAL = {"succeeded", "failed", "cancelled"}
 ACTIVE = {"queued", "retrying", "running"}
 LEASE_EXPIRED = "lease expired"
@@ -32,7 +35,7 @@ TRANSACTION_LOST = ("AtomicTransactionLost",)
 # jobs moved to ``pgqueue_job_history`` (``moved``), read in the same snapshot.
 _JOB_COLUMNS = (
     "id, task_name, queue, kwargs::jsonb ->> 'kind' AS kind, state, attempts,"
-    " max_attempts, run_at, created_at, started_at, finished_at, errors, last_error,"
+    " max_attempts, run_at, priority, created_at, started_at, finished_at, errors, last_error,"
     " unique_key, concurrency_key, depends_on, lease_expires_at, snoozes, atomic,"
     " cancel_requested, workflow_id, workflow_role, kwargs::jsonb ->> 'wf_tag' AS wf_tag,"
     " CASE WHEN task_name IN ('chaos.waiter', 'chaos.gather') THEN result END AS result,"
@@ -50,7 +53,11 @@ SLEEPS = text(
 )
 LEDGER = text(
     "SELECT id, job_id, attempt, kind, tag, pid, started_at, ended_at, outcome, holder, proc,"
-    " rss_start, rss_end, alive_at FROM ledger ORDER BY started_at, id"
+    " rss_start, rss_end, alive_at, claimed_at FROM ledger ORDER BY started_at, id"
+)
+TICKS = text(
+    "SELECT scheduled_at, job_id, created_at FROM pgqueue_periodic_ticks"
+    " WHERE schedule_name = :name ORDER BY scheduled_at"
 )
 
 
@@ -74,6 +81,9 @@ class Run:
     rss_start: float | None = None  # MB, as the run began
     rss_end: float | None = None  # MB, as it returned
     alive_at: float | None = None  # a hanging run's last beat
+    # When its attempt was claimed (the job's ``started_at`` as the run began); None when the
+    # job's row showed another attempt by then.
+    claimed: float | None = None
 
     @property
     def in_child(self) -> bool:
@@ -93,6 +103,16 @@ class Run:
 
 
 @dataclass
+class Tick:
+    """One recorded tick of the periodic schedule: its cron instant, its job (None: dropped
+    as missed) and when the scheduler's transaction began (database clock)."""
+
+    scheduled: float
+    job_id: int | None
+    created: float
+
+
+@dataclass
 class Snapshot:
     """Jobs by id, their runs and tx rows, the paused queues and the database's clock."""
 
@@ -109,6 +129,7 @@ class Snapshot:
     workflows: dict[int, str] = field(default_factory=dict)  # workflow id -> state
     # Ids read from both tables at once (a move must take a job out as it puts it in).
     in_both: list[int] = field(default_factory=list)
+    ticks: list[Tick] = field(default_factory=list)  # the periodic schedule's, oldest first
 
     def errors_for(self, job_id: int, attempt: int) -> list[str]:
         """The recorded errors of ``job_id``'s attempt ``attempt`` (its last ten attempts')."""
@@ -170,9 +191,19 @@ def read(engine: Engine) -> Snapshot:
         )
         sleeps = {row[0]: row[1] for row in connection.execute(SLEEPS)}
         workflows = dict(connection.execute(text("SELECT id, state FROM pgqueue_workflows")).all())
+        ticks = [
+            Tick(row.scheduled_at.timestamp(), row.job_id, row.created_at.timestamp())
+            for row in connection.execute(TICKS, {"name": TICK_SCHEDULE})
+        ]
         connection.rollback()
     snapshot = Snapshot(
-        now, jobs, paused=paused, sleeps_until=sleeps, workflows=workflows, in_both=in_both
+        now,
+        jobs,
+        paused=paused,
+        sleeps_until=sleeps,
+        workflows=workflows,
+        in_both=in_both,
+        ticks=ticks,
     )
     by_tag = {
         "run": snapshot.runs,
@@ -196,6 +227,7 @@ def read(engine: Engine) -> Snapshot:
             row.rss_start,
             row.rss_end,
             _epoch(row.alive_at),
+            _epoch(row.claimed_at),
         )
         by_tag[run.tag][run.job_id].append(run)
     for runs in snapshot.runs.values():
