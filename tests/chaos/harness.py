@@ -33,7 +33,7 @@ from sqlalchemy.exc import DBAPIError
 from pgqueue.database_urls import normalize_database_url
 from pgqueue.sqlstates import is_connection_error
 
-from . import invariants, pool_checks, report, snapshot
+from . import edit_checks, invariants, pool_checks, report, snapshot
 from .app import MEMORY_CAP_MB
 from .cluster import (
     LEASE_SECONDS,
@@ -314,6 +314,8 @@ def _run(
         hand_actions_accepted=workload.hand_actions_accepted,
         jobs_deleted=workload.jobs_deleted,
         pool_workers={w.spec.name for w in workers.workers if w.spec.pool == "process"},
+        edit_calls=workload.edits.calls,
+        edited_jobs=workload.edits.jobs,
     )
     checker = Checker(engine, facts)
     sampler = PoolMemory(workers, facts.pool_samples)
@@ -362,6 +364,7 @@ def _run(
     facts.final = True
     final = checker.check(final=True)
     notes += pool_checks.pool_notes(final, facts)
+    notes.append(edit_checks.edits_note(final, facts))
     notes.append(sampler.note())
     if facts.history:
         moved = sum(1 for job in final.jobs.values() if job.moved)
@@ -469,6 +472,8 @@ def _log_notes(logs: dict[str, str], workload: Workload, faults: Faults) -> list
             f"late dependents: {late} enqueued, "
             f"{workload.enqueued['late_dependent_of_moved']} of them on parents all moved"
         )
+    if workload.edits.calls:
+        notes.append(f"operator's edits: {workload.edits.counts()}")
     if workload.errors:
         notes.append(
             "harness calls that failed: "

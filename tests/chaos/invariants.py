@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import history_checks, pool_checks, workflow_checks
+from . import edit_checks, history_checks, pool_checks, workflow_checks
 from .app import KEY_LIMIT, NEWER_TASK, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_MAIN
+from .edits import Call, EditedJob
 from .snapshot import ACTIVE, FINAL, LEASE_EXPIRED, Run, Snapshot, clock, interrupted
 from .workflow_checks import CLOSING_ROLE
 from .workload import KEY_OVERRIDES, Event, LimitChange
@@ -80,6 +81,9 @@ class Facts:
     # list the harness fills from /proc).
     pool_workers: set[str] = field(default_factory=set)
     pool_samples: list[pool_checks.PoolSample] = field(default_factory=list)
+    # The operator's edit calls, and the jobs enqueued for it to edit, by id (live).
+    edit_calls: list[Call] = field(default_factory=list)
+    edited_jobs: dict[int, EditedJob] = field(default_factory=dict)
 
 
 @dataclass
@@ -779,4 +783,8 @@ INVARIANTS: list[tuple[Check, bool]] = [
     (pool_checks.timeouts_stop_handlers, True),
     (pool_checks.crashes_contained, True),
     (pool_checks.memory_under_cap, True),
+    (edit_checks.edited_jobs_run_once, True),
+    (edit_checks.edits_respected, True),
+    (edit_checks.edits_audited, True),
+    (edit_checks.schedule_controls_kept, True),
 ]

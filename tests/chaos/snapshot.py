@@ -8,7 +8,8 @@ row (which commit together) are seen together. Runs are the ledger's ``run`` row
 handler run, committed when the run began); ``tx`` rows are the runs that completed their work;
 ``step`` rows are the runs of a durable step's body; ``session`` rows were written through
 ``ctx.session`` as a run began (they exist only where that session committed). The same read
-takes the periodic schedule's ticks.
+takes the periodic schedule's ticks and the audit records of the operator's edits
+(``edits.ACTOR_PREFIX``), so an edit and its record are seen together.
 A run's marks are written by its handler, after its claim and before its outcome, so its
 interval lies within the time its job held a key's or a queue's slot (even when a frozen
 process writes a mark late): more overlapping intervals than a limit means the slots were
@@ -25,6 +26,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from .app import TICK_SCHEDULE
+from .edits import ACTOR_PREFIX
 
 FINAL = {"succeeded", "failed", "cancelled"}
 ACTIVE = {"queued", "retrying", "running"}
@@ -58,6 +60,10 @@ LEDGER = text(
 TICKS = text(
     "SELECT scheduled_at, job_id, created_at FROM pgqueue_periodic_ticks"
     " WHERE schedule_name = :name ORDER BY scheduled_at"
+)
+AUDIT = text(
+    "SELECT id, at, actor, source, action, filter, count FROM pgqueue_audit"
+    " WHERE starts_with(actor, :prefix) ORDER BY id"
 )
 
 
@@ -113,6 +119,19 @@ class Tick:
 
 
 @dataclass
+class AuditRow:
+    """One audit record of the operator's edits."""
+
+    id: int
+    at: float  # the action's transaction began (database clock)
+    actor: str
+    source: str
+    action: str
+    target: dict[str, Any]
+    count: int
+
+
+@dataclass
 class Snapshot:
     """Jobs by id, their runs and tx rows, the paused queues and the database's clock."""
 
@@ -130,6 +149,7 @@ class Snapshot:
     # Ids read from both tables at once (a move must take a job out as it puts it in).
     in_both: list[int] = field(default_factory=list)
     ticks: list[Tick] = field(default_factory=list)  # the periodic schedule's, oldest first
+    audit: list[AuditRow] = field(default_factory=list)  # the operator's edits', oldest first
 
     def errors_for(self, job_id: int, attempt: int) -> list[str]:
         """The recorded errors of ``job_id``'s attempt ``attempt`` (its last ten attempts')."""
@@ -195,6 +215,13 @@ def read(engine: Engine) -> Snapshot:
             Tick(row.scheduled_at.timestamp(), row.job_id, row.created_at.timestamp())
             for row in connection.execute(TICKS, {"name": TICK_SCHEDULE})
         ]
+        audit = [
+            # By position: a row's ``count`` is the tuple's method.
+            AuditRow(id_, at.timestamp(), actor, source, action, dict(target or {}), count)
+            for id_, at, actor, source, action, target, count in connection.execute(
+                AUDIT, {"prefix": ACTOR_PREFIX}
+            )
+        ]
         connection.rollback()
     snapshot = Snapshot(
         now,
@@ -204,6 +231,7 @@ def read(engine: Engine) -> Snapshot:
         workflows=workflows,
         in_both=in_both,
         ticks=ticks,
+        audit=audit,
     )
     by_tag = {
         "run": snapshot.runs,

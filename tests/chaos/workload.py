@@ -3,7 +3,10 @@
 One thread draws from its own ``random.Random`` (derived from the run's seed) what to do next:
 enqueue a job of some kind, cancel one, or make an admin move (pause and later resume a queue,
 change the limited queue's concurrency limit, bulk-retry the jobs that always fail). The seed fixes
-the sequence of choices; the interleaving with workers and faults is up to the machine.
+the sequence of choices; the interleaving with workers and faults is up to the machine. The same
+thread makes the operator's moves on streams of their own: hand actions on workflows' jobs,
+and the edits of ``edits`` (jobs rescheduled, run now, reprioritized; the periodic schedule
+paused, resumed, run now).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from .app import (
     QUEUE_LIMITED,
     QUEUE_MAIN,
 )
+from .edits import Edits
 
 PAUSABLE = [QUEUE_MAIN, QUEUE_ASYNC, QUEUE_KEYED, QUEUE_LIMITED, QUEUE_ATOMIC]
 KEYS = ["k0", "k1", "k2", "k3"]
@@ -142,6 +146,7 @@ class Workload:
         self.hand_actions_accepted: list[str] = []
         # When each bulk delete or prune of ended jobs returned.
         self.jobs_deleted: list[float] = []
+        self.edits = Edits(self.app, self.seed, self._event, self.errors)
         self.thread = threading.Thread(target=self._loop, name="chaos-workload", daemon=True)
         self.kinds: list[tuple[float, Callable[[], None]]] = [
             (10, lambda: self._leased("leased", seconds=self.rng.uniform(0, 0.3))),
@@ -204,6 +209,7 @@ class Workload:
 
     def start(self) -> None:
         self.next_operator_move = time.time() + self.operator_rng.uniform(*OPERATOR_EVERY)
+        self.edits.start(time.time())
         if self.history:
             # The first pass finds the jobs moved so far in the DEFAULT partition (no day had
             # a partition yet) and adopts them into today's, while the workers go on moving.
@@ -212,9 +218,11 @@ class Workload:
         self.thread.start()
 
     def stop(self) -> None:
-        """Stop choosing; resume every paused queue so the workers can drain."""
+        """Stop choosing; resume every paused queue so the workers can drain, and end the
+        operator's edits (``Edits.finish``)."""
         self.stop_event.set()
         self.thread.join(60)
+        self.edits.finish()
         for queue in list(self.paused):
             # Tried until it takes: a queue left paused would leave its jobs legitimately
             # waiting, and the final checks would see nothing of them.
@@ -257,6 +265,7 @@ class Workload:
             if now >= self.next_late_dependent:
                 self.next_late_dependent = now + LATE_DEPENDENT_EVERY
                 self._late_dependent(now)
+            self.edits.step(now)
             roll = self.rng.random()
             if roll < 0.04:
                 self._admin_move()
