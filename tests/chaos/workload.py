@@ -244,9 +244,13 @@ class Workload:
             now = time.time()
             for queue, due in list(self.paused.items()):
                 if due <= now:
-                    del self.paused[queue]
-                    self._call("resume", lambda q=queue: self.app.pgq.resume_queue(q))
-                    self._event("resume", queue)
+                    # Kept until a resume takes: one a fault failed is tried again a second
+                    # later (and at the stop), or the queue would stay paused to the end.
+                    if self._call("resume", lambda q=queue: self._resume(q)):
+                        del self.paused[queue]
+                        self._event("resume", queue)
+                    else:
+                        self.paused[queue] = now + 1.0
             for due, job_id in [c for c in self.cancels if c[0] <= now]:
                 self.cancels.remove((due, job_id))
                 self._cancel(job_id)
