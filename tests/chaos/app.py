@@ -83,9 +83,10 @@ CREATE TABLE ledger (
     rss_end real,
     -- The latest moment a hanging handler was seen alive (it beats while it hangs).
     alive_at timestamptz,
-    -- When the run's attempt was claimed: the job's started_at as the run began, null when the
-    -- job's row had moved on to another attempt by then.
-    claimed_at timestamptz
+    -- When the run's attempt was claimed, and when it was due: the job's started_at and run_at
+    -- as the run began, null when the job's row had left that attempt by then (rescued).
+    claimed_at timestamptz,
+    due_at timestamptz
 );
 CREATE INDEX ledger_job ON ledger (job_id);
 CREATE TABLE chaos_parent (id int PRIMARY KEY);
@@ -115,8 +116,10 @@ pgq = PgQueue(os.environ["DB_URL"], settings=Settings.from_env())
 
 BEGIN = text(
     "INSERT INTO ledger (run_token, job_id, attempt, kind, tag, pid, holder, proc, rss_start,"
-    " claimed_at) VALUES (:token, :job, :attempt, :kind, 'run', :pid, :holder, :proc, :rss,"
-    " (SELECT started_at FROM pgqueue_jobs WHERE id = :job AND attempts = :attempt))"
+    " claimed_at, due_at) VALUES (:token, :job, :attempt, :kind, 'run', :pid, :holder, :proc,"
+    " :rss, (SELECT started_at FROM pgqueue_jobs WHERE id = :job AND attempts = :attempt"
+    " AND state = 'running'), (SELECT run_at FROM pgqueue_jobs WHERE id = :job"
+    " AND attempts = :attempt AND state = 'running'))"
     " ON CONFLICT (run_token) DO NOTHING"
 )
 END = text(

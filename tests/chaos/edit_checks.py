@@ -86,21 +86,23 @@ def edited_jobs_run_once(s: Snapshot, facts: Facts) -> list[Violation]:
                 )
             )
         elif len(txs) > 1:
+            # One completed run may be the one whose outcome counted; each other one must
+            # have lost its outcome to a fault (in whatever order they committed).
             unexplained = [
                 run
-                for tx in txs[:-1]
+                for tx in txs
                 for run in s.runs.get(job.id, [])
                 if run.attempt == tx.attempt
                 and run.pid == tx.pid
                 and not _lost_its_outcome(s, facts, job.id, run)
             ]
-            if unexplained:
+            if len(unexplained) > 1:
                 found.append(
                     Violation(
                         "26 edited jobs run once",
                         job.id,
-                        f"completed {len(txs)} runs; attempt {unexplained[0].attempt}'s run "
-                        "completed and no fault explains why the job ran again",
+                        f"completed {len(txs)} runs; those of attempts "
+                        f"{[run.attempt for run in unexplained]} lost their outcome to no fault",
                         [t.id for t in txs],
                     )
                 )
@@ -146,9 +148,17 @@ def _lost_its_outcome(s: Snapshot, facts: Facts, job_id: int, run: Run) -> bool:
 
 def edits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
     """27. An edited job's attempt is claimed no earlier than the run_at written by the latest
-    reschedule or run-now whose transaction began before the claim (the claim's time is the
-    job's ``started_at``, kept in the ledger); a reschedule writes the run_at it was asked for;
-    and the job's priority is the one the latest set_priority wrote (or the enqueue's)."""
+    reschedule or run-now before the claim, nor than its row's run_at then (the claim's time
+    and the row's run_at are the job's ``started_at`` and ``run_at`` as its run began, kept in
+    the ledger); a reschedule writes the run_at it was asked for; and the job's priority is the
+    one the latest set_priority wrote (or the enqueue's).
+
+    The latest edit before the claim is the latest whose transaction began before the run did:
+    an edit is accepted only while the job waits with its ticket, and a claim that took the
+    ticket first leaves it none (the edit is refused), so every accepted edit that began before
+    the run committed before the claim took the ticket. Not the latest that began before the
+    claim's time: that is its transaction's start, and its snapshot comes later (after
+    planning it), so it may see an edit that began after it."""
     from .invariants import Violation
 
     records = _records(s)
@@ -192,17 +202,25 @@ def edits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
         edits.sort(key=lambda edit: edit[0])
         for run in s.runs.get(job.id, []):
             if run.claimed is None:
-                continue
-            latest = [edit for edit in edits if edit[0] <= run.claimed]
+                continue  # rescued before its run began: when it was claimed is not known
+            latest = [edit for edit in edits if edit[0] <= run.started]
+            early = []
             if latest and run.claimed < latest[-1][1] - EPSILON:
-                began, written, call = latest[-1]
+                call = latest[-1][2]
+                early.append(
+                    f"{clock(latest[-1][1])}, the run_at {call.action} {call.number} wrote"
+                )
+            if run.due is not None and run.claimed < run.due - EPSILON:
+                early.append(f"{clock(run.due)}, its row's run_at")
+            if early:
                 found.append(
                     Violation(
                         "27 edits respected",
                         job.id,
                         f"attempt {run.attempt} claimed at {clock(run.claimed)}, before "
-                        f"{clock(written)}, the run_at {call.action} {call.number} "
-                        f"(began {clock(began)}) wrote",
+                        + " and before ".join(early)
+                        + "; its edits: "
+                        + "; ".join(_described(c, records) for c in calls[job.id]),
                         [run.id],
                     )
                 )
@@ -212,10 +230,24 @@ def edits_respected(s: Snapshot, facts: Facts) -> list[Violation]:
                 Violation(
                     "27 edits respected",
                     job.id,
-                    f"priority {row.priority}; its edits wrote {sorted(p for p in priorities if p is not None)}",
+                    f"priority {row.priority}; its edits wrote "
+                    f"{sorted(p for p in priorities if p is not None)}",
                 )
             )
     return found
+
+
+def _described(call: Call, records: dict[str, list[AuditRow]]) -> str:
+    """One edit of a job, for a violation's message: what it asked and wrote, and when."""
+    own = records.get(call.actor, [])
+    asked = call.priority if call.action == "set_priority" else call.requested
+    wrote = clock(call.run_at.timestamp()) if call.run_at is not None else "-"
+    began = clock(own[0].at) if own else "no record"
+    asked_at = clock(asked.timestamp()) if isinstance(asked, dt.datetime) else asked
+    return (
+        f"{call.action} {call.number} {call.outcome} at {clock(call.before)}-"
+        f"{clock(call.after)} asked {asked_at} wrote {wrote} ({began})"
+    )
 
 
 def _written_run_at(call: Call, outcome: str, records: list[AuditRow]) -> float | None:

@@ -55,7 +55,7 @@ SLEEPS = text(
 )
 LEDGER = text(
     "SELECT id, job_id, attempt, kind, tag, pid, started_at, ended_at, outcome, holder, proc,"
-    " rss_start, rss_end, alive_at, claimed_at FROM ledger ORDER BY started_at, id"
+    " rss_start, rss_end, alive_at, claimed_at, due_at FROM ledger ORDER BY started_at, id"
 )
 TICKS = text(
     "SELECT scheduled_at, job_id, created_at FROM pgqueue_periodic_ticks"
@@ -87,9 +87,10 @@ class Run:
     rss_start: float | None = None  # MB, as the run began
     rss_end: float | None = None  # MB, as it returned
     alive_at: float | None = None  # a hanging run's last beat
-    # When its attempt was claimed (the job's ``started_at`` as the run began); None when the
-    # job's row showed another attempt by then.
+    # When its attempt was claimed and when it was due (the job's ``started_at`` and
+    # ``run_at`` as the run began); None when the job's row showed another attempt by then.
     claimed: float | None = None
+    due: float | None = None
 
     @property
     def in_child(self) -> bool:
@@ -256,6 +257,7 @@ def read(engine: Engine) -> Snapshot:
             row.rss_end,
             _epoch(row.alive_at),
             _epoch(row.claimed_at),
+            _epoch(row.due_at),
         )
         by_tag[run.tag][run.job_id].append(run)
     for runs in snapshot.runs.values():
