@@ -160,7 +160,7 @@ def start_standalone(url: URL, directory: Path, *args: str) -> StandaloneProcess
 @dataclass
 class Form:
     """A form of a page as a browser submits it untouched: its method, where it goes, and each
-    field's value (a select's selected option, else its first; a box only when checked)."""
+    field's value (a select's selected option, else its first)."""
 
     method: str
     action: str
@@ -184,14 +184,9 @@ class _FormReader(HTMLParser):
         elif self._open is None or (name is None and tag != "option"):
             return
         elif tag == "input" and name is not None:
-            kind = attributes.get("type", "text").lower()
-            if kind in ("submit", "button", "image", "reset"):
-                return
-            if kind in ("checkbox", "radio") and "checked" not in attributes:
-                return
-            self._open.fields[name] = attributes.get("value", "on" if kind == "checkbox" else "")
-        elif tag == "textarea" and name is not None:
-            self._open.fields[name] = ""
+            # The dashboard's forms have text, hidden, number and time inputs, and no boxes.
+            if attributes.get("type", "text").lower() not in ("submit", "button", "reset"):
+                self._open.fields[name] = attributes.get("value", "")
         elif tag == "select":
             self._select = name
         elif tag == "option" and self._select is not None:
