@@ -1,6 +1,6 @@
 """The dashboard's queue and worker pages: each queue's switches (pause and resume, concurrency
 limit, rate limit; its max depth and the concurrency keys' overrides shown), and the worker
-registry with each worker's health.
+registry with each worker's health and pool.
 
 The queue forms post the queue's name and their numbers as typed; a number the form cannot
 take re-shows the page with a 400 and the one-line problem, and writes nothing. Each switch
@@ -27,6 +27,8 @@ MAX_QUEUE_LIMIT: Final = 2**31 - 1
 # A rate limit's window, as pgq.admin.set_rate_limit takes it.
 MAX_RATE_SECONDS: Final = 86_400
 QUEUE_ACTIONS: Final = frozenset({"pause", "resume", "limit", "unlimit", "rate", "unrate"})
+# A worker's pool (Settings.pool) as its page names it.
+POOL_NAMES: Final = {"thread": "threads", "process": "processes"}
 
 
 def queue_list(page: Page, error: str | None = None, status: int = 200) -> Response:
@@ -118,6 +120,7 @@ def worker_list(page: Page) -> Response:
     return page.render(
         "pgqueue/workers.html",
         workers=page.admin.list_workers(include_stale=True),
+        pool_names=POOL_NAMES,
         stale_seconds=page.queue.settings.worker_stale_seconds,
     )
 

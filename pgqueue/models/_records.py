@@ -70,6 +70,9 @@ class WorkerRecord(Base):
     tasks: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     """Names of the tasks it registers (it claims only jobs of these); null for a worker of a
     pgqueue version that did not record them, taken to register every task."""
+    pool: Mapped[str | None] = mapped_column(Text)
+    """Where it runs sync handlers (``Settings.pool``): ``thread`` or ``process``; null for a
+    worker of a pgqueue version that did not record it."""
 
 
 class AuditRecord(Base):
