@@ -22,10 +22,8 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from support.processes import run_pgqueue
+from support.roles import app_role, as_role  # noqa: F401  (app_role: a fixture)
 from support.workers import in_thread
-
-# Imported for its fixture: a login role holding only the documented grants (docs/explanation/security.md).
-from test_least_privilege import app_role, as_role  # noqa: F401
 
 from pgqueue import JobContext, PgQueue
 from pgqueue.admin import JobFilter
