@@ -323,7 +323,8 @@ def test_bulk_cancel_and_delete_keep_limit_counters_tickets_and_dependents(
         assert states_of(pgq, queued) == {}
         assert admin.bulk_delete(JobFilter(queue="lim")).count == 6
         assert _running_counter(engine, "lim") == 0
-        assert [r.action for r in _audit_rows(engine)] == ["cancel", "cancel", "delete", "delete"]
+        actions = [r.action for r in _audit_rows(engine)]
+        assert actions == ["set_queue_limit", "cancel", "cancel", "delete", "delete"]
 
 
 def test_a_role_with_dml_rights_only_runs_a_bulk_action(

@@ -18,6 +18,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 from flask import Flask
 from sqlalchemy.engine import URL
 from werkzeug.serving import make_server
@@ -124,6 +125,23 @@ class StandaloneProcess:
     process: subprocess.Popen[str]
     base: str
     printed: list[str]
+
+
+def standalone_login(
+    client: httpx.Client, headers: dict[str, str] | None = None, **form: str
+) -> httpx.Response:
+    """POST the standalone dashboard's login form as a browser does: fetch the form (and the
+    session cookie holding its CSRF token), then post ``form`` with that token. The session
+    cookie the form sets goes back as a header: ``client``'s jar keeps a Secure one (set over
+    TLS, as a trusted proxy's ``X-Forwarded-Proto`` says) for HTTPS only."""
+    page = client.get("/login", headers=headers)
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert found is not None, page.text
+    sent = dict(headers or {})
+    for header in page.headers.get_list("set-cookie"):
+        if header.startswith("pgqueue_dashboard="):
+            sent["Cookie"] = header.split(";")[0]
+    return client.post("/login", data={"csrf_token": found.group(1), **form}, headers=sent)
 
 
 def start_standalone(url: URL, directory: Path, *args: str) -> StandaloneProcess:
