@@ -42,14 +42,18 @@ def session_ended_before_its_first_job_read(engine: Engine, url: URL) -> Iterato
         event.remove(engine, "before_cursor_execute", end)
 
 
-def test_a_read_whose_session_the_server_ended_is_sent_again(
-    pgq: PgQueue, database_url: URL
-) -> None:
+def _queued_job(pgq: PgQueue) -> int:
     @pgq.task(name="read.retry")
     def noop() -> None:
         return None
 
-    job_id = noop.enqueue()
+    return noop.enqueue()
+
+
+def test_a_read_whose_session_the_server_ended_is_sent_again(
+    pgq: PgQueue, database_url: URL
+) -> None:
+    job_id = _queued_job(pgq)
     with session_ended_before_its_first_job_read(pgq.engine, database_url) as ended:
         job = pgq.admin.get_job(job_id)
         counts = pgq.admin.capped_counts()
@@ -61,11 +65,7 @@ def test_a_read_whose_session_the_server_ended_is_sent_again(
 def test_an_async_read_whose_session_the_server_ended_is_sent_again(
     pgq: PgQueue, database_url: URL
 ) -> None:
-    @pgq.task(name="read.retry")
-    def noop() -> None:
-        return None
-
-    job_id = noop.enqueue()
+    job_id = _queued_job(pgq)
 
     async def main() -> Any:
         engine = pgq.async_engine.sync_engine
