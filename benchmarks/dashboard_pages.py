@@ -3,9 +3,10 @@
 URL is a server's maintenance database (``postgresql+psycopg://.../postgres``). A fresh database
 is migrated and given 1,000,000 finished jobs by ``generate_series`` (four queues, six tasks,
 about 1 % failed and 1 % cancelled, 0.1 % running; finished evenly over the last ten days,
-each having waited 0 to 6 s past its ``run_at``) plus a few waiting and rare ones; then every
-dashboard page, and the live fragments the pages poll, is requested through Flask's test
-client, first with the table only analyzed (a busy table whose visibility map lags), then after
+each having waited 0 to 6 s past its ``run_at``) plus a few waiting and rare ones, four
+workers holding 40 of the running jobs, a workflow, a dozen audit records and a schedule; then
+every dashboard page (the job searches by argument, error text and time range among them), and
+the live fragments the pages poll, is requested through Flask's test client, first with the table only analyzed (a busy table whose visibility map lags), then after
 ``VACUUM`` (the steady state autovacuum keeps). Prints the median (p50) and the 95th percentile
 (p95) of the timed requests per page, in milliseconds, and writes them to
 ``benchmarks/results/<timestamp>-dashboard-pages.json``.
@@ -34,7 +35,7 @@ from sqlalchemy.engine import make_url
 
 from benchmarks.run import machine, write_json
 from pgqueue import PgQueue as CorePgQueue
-from pgqueue import Settings
+from pgqueue import Settings, chord
 from pgqueue.contrib.flask import PgQueue
 from pgqueue.contrib.flask.dashboard import init_dashboard
 from pgqueue.sql import history as history_sql
@@ -70,11 +71,19 @@ MOVED_SQL = text(
         where="i * :step > 60 AND i % 1009 <> 0",
     )
 )
-RARE_SQL = text(
-    """INSERT INTO pgqueue_jobs (task_name, queue, state, args)
-       SELECT 'rare.task', 'rare', 'queued', '[]' FROM generate_series(1, 3)"""
+WORKERS_SQL = text(
+    """INSERT INTO pgqueue_workers (id, host, pid, queues, concurrency, version)
+       SELECT 'bench-' || w, 'bench-host', 1000 + w, ARRAY['queue0', 'queue1', 'queue2', 'queue3'],
+              10, 'bench'
+       FROM generate_series(1, 4) AS w"""
 )
-
+# The 40 newest running jobs, held by those workers (10 each) under a lease that has not expired.
+LEASED_SQL = text(
+    """UPDATE pgqueue_jobs SET lease_owner = 'bench-' || (1 + id % 4),
+                              lease_expires_at = now() + interval '1 hour'
+       WHERE id IN (SELECT id FROM pgqueue_jobs WHERE state = 'running'
+                    ORDER BY id DESC LIMIT 40)"""
+)
 PAGES = [
     "/pgqueue/",
     "/pgqueue/jobs",
@@ -88,13 +97,25 @@ PAGES = [
     "/pgqueue/jobs?task=task.1&state=failed",
     "/pgqueue/jobs?state=running",
     "/pgqueue/jobs?queue=queue1&state=running",
-    "/pgqueue/jobs?queue=queue1&before=500000",
-    "/pgqueue/jobs/500000",
+    "/pgqueue/jobs?queue=queue1&before={middle}",
+    "/pgqueue/jobs/{middle}",
+    # Searches (the form's default 24-hour window): by an argument, found and not, by error text.
+    "/pgqueue/jobs?json=args.0%3D{recent}",
+    "/pgqueue/jobs?json=args.0%3D-1",
+    "/pgqueue/jobs?json=args%3D%5B{recent}%5D&match=contains",
+    "/pgqueue/jobs?error=no+such+error",
+    "/pgqueue/jobs?queue=queue1&since={two_hours_ago}&until={an_hour_ago}&time=finished_at",
+    "/pgqueue/queues",
+    "/pgqueue/workers",
+    "/pgqueue/schedules",
+    "/pgqueue/audit",
+    "/pgqueue/workflows/{workflow}",
     # What live.js polls every second on each page that is open.
     "/pgqueue/?fragment=overview",
     "/pgqueue/jobs?fragment=jobs",
     "/pgqueue/jobs?queue=queue1&state=failed&fragment=jobs",
-    "/pgqueue/jobs/500000?fragment=job",
+    "/pgqueue/jobs/{middle}?fragment=job",
+    "/pgqueue/workflows/{workflow}?fragment=workflow",
 ]
 
 
@@ -102,23 +123,68 @@ def _p95(samples: list[float]) -> float:
     return statistics.quantiles(samples, n=20, method="inclusive")[-1]
 
 
-def _time_pages(url: str, rounds: int, layout: str) -> dict[str, tuple[float, float]]:
+def _fill_the_other_pages(url: str, layout: str) -> int:
+    """What the pages besides the finished jobs show: three queued jobs of a rare task and
+    queue, four live workers holding running jobs, a workflow of three jobs, and a dozen
+    audited edits of the rare jobs. Returns the workflow's id."""
+    pgq = CorePgQueue(url, settings=Settings(history=layout))
+    rare = pgq.task(name="rare.task", queue="rare")(lambda: None)
+    part = pgq.task(name="bench.part", queue="queue0")(lambda n: n)
+    total = pgq.task(name="bench.total", queue="queue0")(lambda parts: sum(parts))
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as connection:
+            connection.execute(WORKERS_SQL)
+            connection.execute(LEASED_SQL)
+        rare_ids = [rare.enqueue() for _ in range(3)]
+        for round_ in range(4):
+            for job_id in rare_ids:
+                pgq.admin.set_priority(job_id, round_, actor="bench")
+        workflow = chord([part.s(n) for n in range(2)], total.s()).enqueue()
+        return workflow.id
+    finally:
+        pgq.dispose()
+        engine.dispose()
+
+
+def _pages(history: int, workflow: int) -> list[str]:
+    """``PAGES`` with their blanks filled: ``middle``, the job that finished five days ago;
+    ``recent``, one that finished 12 hours ago (in a search's default 24-hour window)."""
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0, tzinfo=None)
+    blanks = {
+        "middle": history // 2,
+        "recent": history // 20,
+        "workflow": workflow,
+        "two_hours_ago": (now - dt.timedelta(hours=2)).isoformat(),
+        "an_hour_ago": (now - dt.timedelta(hours=1)).isoformat(),
+    }
+    return [page.format(**blanks) for page in PAGES]
+
+
+def _time_pages(
+    url: str, rounds: int, layout: str, pages: list[str]
+) -> dict[str, tuple[float, float]]:
     pgq = PgQueue()
     app = Flask("dashboard_bench")
     app.config.update(SECRET_KEY="bench", PGQUEUE_DATABASE_URL=url, PGQUEUE_HISTORY=layout)
     pgq.init_app(app)
     init_dashboard(app, public=True)
+    # The schedules page lists the schedules of the code with their ticks.
+    core = pgq.state(app).queue
+    core.periodic("*/5 * * * *", tz="Europe/Oslo", name="bench.refresh")(
+        core.task(name="bench.refresh")(lambda: None)
+    )
     client = app.test_client()
     times: dict[str, tuple[float, float]] = {}
     try:
-        for page in PAGES:
-            assert client.get(page).status_code == 200, page  # warm the pool and caches
+        for page, shown in zip(PAGES, pages, strict=True):
+            assert client.get(shown).status_code == 200, shown  # warm the pool and caches
             samples = []
             for _ in range(rounds):
                 start = time.perf_counter()
-                response = client.get(page)
+                response = client.get(shown)
                 samples.append((time.perf_counter() - start) * 1000)
-                assert response.status_code == 200, page
+                assert response.status_code == 200, shown
             times[page] = (statistics.median(samples), _p95(samples))
     finally:
         pgq.state(app).queue.dispose()
@@ -197,15 +263,15 @@ def main() -> None:
             connection.execute(text("SELECT setval('pgqueue_jobs_id_seq', :n)"), fill)
         else:
             connection.execute(HISTORY_SQL, fill)
-        connection.execute(RARE_SQL)
         print(f"PostgreSQL {version}: {args.history:,} jobs in {time.perf_counter() - start:.1f} s")
         connection.execute(text("ANALYZE pgqueue_jobs"))
         connection.execute(text("ANALYZE pgqueue_job_history"))
-    analyzed = _time_pages(url, args.rounds, args.layout)
+    pages = _pages(args.history, _fill_the_other_pages(url, args.layout))
+    analyzed = _time_pages(url, args.rounds, args.layout, pages)
     with engine.connect() as connection:
         connection.execute(text("VACUUM ANALYZE pgqueue_jobs"))
         connection.execute(text("VACUUM ANALYZE pgqueue_job_history"))
-    vacuumed = _time_pages(url, args.rounds, args.layout)
+    vacuumed = _time_pages(url, args.rounds, args.layout, pages)
     print("| page | analyzed only: p50 / p95 ms | after VACUUM: p50 / p95 ms |")
     print("|---|---|---|")
     for page in PAGES:

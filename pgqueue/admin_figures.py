@@ -139,6 +139,7 @@ class Figures(AdminRunner):
                 claim_error=row[11],
                 seconds_failing=None if row[12] is None else float(row[12]),
                 tasks=None if row[13] is None else tuple(row[13]),
+                pool=row[14],
             )
             for row in rows
         ]

@@ -23,6 +23,18 @@ from pgqueue.errors import ValidationError
 __all__ = ["DEFAULT_AUDIT_PAGE", "AuditEntry", "AuditPage", "ScheduleInfo"]
 
 DEFAULT_AUDIT_PAGE: Final = 50
+# The audited switches of a queue or of the concurrency keys (``admin_queues``): their record
+# names the queue (``{"queue": ...}``) or the keys' prefix (``{"key_prefix": ...}``).
+SWITCH_ACTIONS: Final = frozenset(
+    {
+        "pause_queue",
+        "resume_queue",
+        "set_queue_limit",
+        "set_queue_max_depth",
+        "set_key_limit",
+        "set_rate_limit",
+    }
+)
 # A schedule's name as ``Schedule.create`` accepts it.
 MAX_SCHEDULE_NAME: Final = 200
 
@@ -31,10 +43,11 @@ MAX_SCHEDULE_NAME: Final = 200
 class AuditEntry:
     """One audited action: ``action`` (``retry``, ``cancel``, ``delete`` (of a bulk filter or
     one job), ``signal``, ``reschedule``, ``run_now``, ``set_priority``, ``pause_schedule``,
-    ``resume_schedule``, ``run_schedule``) taken at ``at`` (database clock) by ``actor`` from
-    ``source`` (``api``, ``cli``, ``dashboard``) on ``target``: a bulk action's filter, or
-    ``{"job_id": ...}`` / ``{"schedule": ...}`` with the values the action wrote; it changed
-    ``count`` jobs (1 for an action on one job or schedule)."""
+    ``resume_schedule``, ``run_schedule``, or a switch of ``SWITCH_ACTIONS``) taken at ``at``
+    (database clock) by ``actor`` from ``source`` (``api``, ``cli``, ``dashboard``) on
+    ``target``: a bulk action's filter, or ``{"job_id": ...}`` / ``{"schedule": ...}`` /
+    ``{"queue": ...}`` / ``{"key_prefix": ...}`` with the values the action wrote; it changed
+    ``count`` jobs (1 for an action on one job, schedule, queue or key prefix)."""
 
     id: int
     at: dt.datetime
@@ -49,6 +62,19 @@ class AuditEntry:
         """The job acted on, for an action on one job."""
         value = self.target.get("job_id")
         return value if isinstance(value, int) else None
+
+    @property
+    def queue(self) -> str | None:
+        """The queue a switch was thrown on (a bulk action's filter may name a queue too:
+        that is not this)."""
+        value = self.target.get("queue") if self.action in SWITCH_ACTIONS else None
+        return value if isinstance(value, str) else None
+
+    @property
+    def key_prefix(self) -> str | None:
+        """The concurrency keys' prefix a switch was thrown on."""
+        value = self.target.get("key_prefix") if self.action in SWITCH_ACTIONS else None
+        return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,8 +73,14 @@ class AdminRunner:
 
     def _read_session(self, work: SessionWork[T]) -> T:
         run = self._on_session(work)
-        with self._sessions()() as session:
-            return run(session)
+
+        def once() -> T:
+            with self._sessions()() as session:
+                return run(session)
+
+        # A read may run again: one whose pooled connection the server had ended (a restart, a
+        # failover, before the checkout's socket test could see it) is sent once more.
+        return uow.retrying(once)
 
     def _write_session(self, session: Session | None, work: SessionWork[T]) -> T:
         return uow.in_caller_or_own_transaction(session, self._sessions(), self._on_session(work))

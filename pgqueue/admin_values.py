@@ -186,7 +186,8 @@ class WorkerInfo(WorkerIdentity):
     number of RUNNING jobs it holds. ``claim_error`` is the error of its latest claim while its
     claims fail (it is alive but takes no work), and ``seconds_failing`` how long they have
     failed; both None while its claims work. ``tasks`` names the tasks it registers, the only
-    ones it claims (None for a worker of a version that did not record them).
+    ones it claims (None for a worker of a version that did not record them); ``pool`` is where
+    it runs sync handlers, ``thread`` or ``process`` (None likewise).
     """
 
     started_at: dt.datetime
@@ -197,6 +198,7 @@ class WorkerInfo(WorkerIdentity):
     claim_error: str | None = None
     seconds_failing: float | None = None
     tasks: tuple[str, ...] | None = None
+    pool: str | None = None
 
     @property
     def healthy(self) -> bool:

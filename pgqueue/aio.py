@@ -173,6 +173,11 @@ class AsyncDatabase:
         return await aretrying(once, DEFAULT_ATTEMPTS)
 
     async def read(self, work: Callable[[Session], T]) -> T:
-        """``work(session)`` in a session of its own, ended without a commit."""
-        async with self.sessions() as own:
-            return await own.run_sync(work)
+        """``work(session)`` in a session of its own, ended without a commit; sent again as
+        ``aretrying`` decides (a read is safe to repeat)."""
+
+        async def once() -> T:
+            async with self.sessions() as own:
+                return await own.run_sync(work)
+
+        return await aretrying(once)

@@ -222,12 +222,14 @@ class WorkerEntry(WorkerIdentity):
 
     ``started_at`` is None until its first registration returned the database's start time;
     ``claim_error`` is the error of its latest claim while its claims fail, None while they
-    work; ``tasks`` names the tasks it registers (the only ones it claims).
+    work; ``tasks`` names the tasks it registers (the only ones it claims); ``pool`` is where
+    it runs sync handlers (``Settings.pool``).
     """
 
     started_at: dt.datetime | None = None
     claim_error: str | None = None
     tasks: tuple[str, ...] = ()
+    pool: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

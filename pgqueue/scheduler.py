@@ -110,8 +110,10 @@ class Schedule:
         task.check_arguments(list(args), kw)
         return cls(schedule_name, cron, task, zone, tuple(args), kw, missed)  # type: ignore[arg-type]
 
-    def ticks_between(self, after: dt.datetime, until: dt.datetime) -> list[dt.datetime]:
-        """Cron instants in ``(after, until]``, in UTC, oldest first."""
+    def ticks_between(
+        self, after: dt.datetime, until: dt.datetime, limit: int = MAX_TICKS_PER_PASS
+    ) -> list[dt.datetime]:
+        """Cron instants in ``(after, until]``, in UTC, oldest first; the first ``limit``."""
         from croniter import croniter
 
         local_after = after.astimezone(self.tz)
@@ -131,7 +133,7 @@ class Schedule:
             previous_wall = wall
             if instant > after:
                 ticks.append(instant)
-            if len(ticks) >= MAX_TICKS_PER_PASS:
+            if len(ticks) >= limit:
                 return ticks
 
     def latest_between(self, after: dt.datetime, until: dt.datetime) -> dt.datetime | None:
@@ -158,7 +160,7 @@ class Schedule:
 
     def next_after(self, moment: dt.datetime) -> dt.datetime:
         """The first cron instant after ``moment`` (UTC)."""
-        return self.ticks_between(moment, moment + dt.timedelta(days=400))[0]
+        return self.ticks_between(moment, moment + dt.timedelta(days=400), limit=1)[0]
 
 
 class Scheduler:

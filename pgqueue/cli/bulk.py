@@ -20,6 +20,7 @@ import click
 from pgqueue.cli.reports import note_names_no_job_has
 from pgqueue.cli.shared import (
     CommandError,
+    actor_option,
     checked_name,
     database_option,
     echo,
@@ -81,9 +82,7 @@ def _bulk_options(function: Any) -> Any:
         click.option("--all-jobs", is_flag=True, help="Allow a filter that chooses every job."),
         click.option("--dry-run", is_flag=True, help="Only count the jobs; change nothing."),
         click.option("--yes", "-y", is_flag=True, help="Do it without asking."),
-        click.option(
-            "--actor", default=None, help="Who acts, for the audit record (default: user@host)."
-        ),
+        actor_option,
         json_option,
     ]
     for option in reversed(options):

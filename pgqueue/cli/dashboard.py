@@ -45,6 +45,19 @@ EXTRA_HINT = (
     "when nothing but that proxy can reach --bind.",
 )
 @click.option("--no-auth", is_flag=True, help="No login at all: only on a loopback --bind.")
+@click.option(
+    "--trusted-proxy",
+    metavar="ADDRESS",
+    help="The address the reverse proxy in front connects from ('*': any peer): believe its "
+    "X-Forwarded-Proto (cookies marked Secure behind TLS) and X-Forwarded-For (the client "
+    "address login throttling counts).",
+)
+@click.option(
+    "--secret-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Sign logins with the secret in this file (at least 32 bytes), so they survive a "
+    "restart and every process sharing it accepts them (default: a random one per start).",
+)
 @click.option("--read-only", is_flag=True, help="Show every page, refuse every action.")
 @click.option(
     "--threads", default=8, show_default=True, type=click.IntRange(1, 256), help="Pages at once."
@@ -61,6 +74,8 @@ def dashboard(
     auth_file: str | None,
     trust_header: str | None,
     no_auth: bool,
+    trusted_proxy: str | None,
+    secret_file: str | None,
     read_only: bool,
     threads: int,
     hash_password: str | None,
@@ -87,6 +102,7 @@ def dashboard(
     try:
         host, port = standalone.parse_bind(bind)
         users = passwords.Users.read(auth_file) if auth_file else None
+        secret = standalone.read_secret(secret_file) if secret_file else None
     except Exception as exc:
         raise CommandError(str(exc)) from exc
     if no_auth and not standalone.is_loopback(host):
@@ -97,9 +113,16 @@ def dashboard(
     token = None if (users or trust_header or no_auth) else secrets.token_urlsafe(24)
     auth = standalone.Auth(token=token, users=users, trust_header=trust_header)
     pgq = with_current_schema(load_app(app)) if app else queue_for(database_url)
-    wsgi = standalone.application(pgq, auth, read_only=read_only)
+    wsgi = standalone.application(pgq, auth, read_only=read_only, secret_key=secret)
     try:
-        server = create_server(wsgi, host=host, port=port, threads=threads, ident="pgqueue")
+        server = create_server(
+            wsgi,
+            host=host,
+            port=port,
+            threads=threads,
+            ident="pgqueue",
+            **standalone.server_options(trusted_proxy),
+        )
     except OSError as exc:
         raise CommandError(f"cannot listen on {bind}: {exc.strerror or exc}") from exc
     shown = f"[{host}]" if ":" in host else host

@@ -2,7 +2,8 @@
 set and remove the flow-control limits that operators change at run time.
 
 Each command shows the current settings when given no value, sets one with a value, and
-removes it with ``none``. Bad input (a count below 1, a window that is not a positive number
+removes it with ``none``; each change writes one audit record (actor: ``--actor``, default
+``user@host``; source ``cli``). Bad input (a count below 1, a window that is not a positive number
 of seconds, an empty key) is refused by the admin API's checks before anything is written,
 and reported as one line with exit code 2.
 """
@@ -16,6 +17,7 @@ import click
 from pgqueue.cli.queues import known_queue, new_option
 from pgqueue.cli.shared import (
     CommandError,
+    actor_option,
     console,
     database_option,
     echo,
@@ -46,9 +48,14 @@ def _refuse_unknown_options(*arguments: str | None) -> None:
 @click.argument("key_or_prefix", required=False)
 @click.argument("limit", required=False)
 @json_option
+@actor_option
 @database_option
 def key_limit(
-    key_or_prefix: str | None, limit: str | None, as_json: bool, database_url: str | None
+    key_or_prefix: str | None,
+    limit: str | None,
+    as_json: bool,
+    actor: str | None,
+    database_url: str | None,
 ) -> None:
     """At most LIMIT running jobs per concurrency key starting with KEY_OR_PREFIX (``none``
     removes the override); without LIMIT, show it; without arguments, list every override."""
@@ -74,7 +81,7 @@ def key_limit(
         # Removing what is not there changes nothing; saying "removed" would hide a typo.
         echo(f"keys {prefix}*: no limit override to remove (key-limit lists them)")
         return
-    pgq.admin.set_key_limit(prefix, value)
+    pgq.admin.set_key_limit(prefix, value, actor=actor, source="cli")
     echo(f"keys {prefix}*: limit {'removed' if value is None else value}")
 
 
@@ -84,6 +91,7 @@ def key_limit(
 @click.option("--per", default=None, metavar="SECONDS", help="The window, in seconds.")
 @new_option
 @json_option
+@actor_option
 @database_option
 def rate_limit(
     values: tuple[str, ...],
@@ -91,6 +99,7 @@ def rate_limit(
     per: str | None,
     new: bool,
     as_json: bool,
+    actor: str | None,
     database_url: str | None,
 ) -> None:
     """At most LIMIT jobs of QUEUE (or of each key starting with --key PREFIX) start in any
@@ -132,7 +141,7 @@ def rate_limit(
             validation.limit_count(value, what="rate limit")
             validation.rate_period(window)
         queue = known_queue(pgq, queue, new=new, doing="rate-limit")
-    pgq.admin.set_rate_limit(queue, value, per=window, key=key)
+    pgq.admin.set_rate_limit(queue, value, per=window, key=key, actor=actor, source="cli")
     shown = "removed" if value is None else _rate(value, window)
     echo(f"{target}: rate limit {shown}")
 

@@ -1,5 +1,6 @@
 """The commands about queues: pause and resume them, limit their running jobs, bound their
-depth; and the listing of the periodic schedules that feed them, which ``pgqueue schedules APP``
+depth, each switch writing one audit record (actor: ``--actor``, default ``user@host``; source
+``cli``); and the listing of the periodic schedules that feed them, which ``pgqueue schedules APP``
 (``cli.schedules``) and ``flask pgqueue schedules`` print.
 """
 
@@ -11,6 +12,7 @@ import click
 
 from pgqueue.cli.shared import (
     CommandError,
+    actor_option,
     console,
     database_option,
     did_you_mean,
@@ -74,29 +76,25 @@ def print_schedules(pgq: PgQueue) -> None:
 @click.command()
 @click.argument("queue")
 @new_option
+@actor_option
 @database_option
-def pause(queue: str, new: bool, database_url: str | None) -> None:
+def pause(queue: str, new: bool, actor: str | None, database_url: str | None) -> None:
     """Stop all workers from claiming QUEUE's jobs (running jobs finish)."""
-    pause_queue(queue_for(database_url), queue, new=new)
-
-
-def pause_queue(pgq: PgQueue, queue: str, *, new: bool = False) -> None:
-    """Pause ``queue`` (known, unless ``new``) and say so."""
-    pgq.admin.pause_queue(known_queue(pgq, queue, new=new, doing="pause"))
+    pgq = queue_for(database_url)
+    name = known_queue(pgq, queue, new=new, doing="pause")
+    pgq.admin.pause_queue(name, actor=actor, source="cli")
     echo(f"queue {queue} paused")
 
 
 @click.command()
 @click.argument("queue")
+@actor_option
 @database_option
-def resume(queue: str, database_url: str | None) -> None:
+def resume(queue: str, actor: str | None, database_url: str | None) -> None:
     """Let workers claim QUEUE's jobs again."""
-    resume_queue(queue_for(database_url), queue)
-
-
-def resume_queue(pgq: PgQueue, queue: str) -> None:
-    """Resume ``queue`` (known) and say so."""
-    pgq.admin.resume_queue(known_queue(pgq, queue, new=False, doing="resume"))
+    pgq = queue_for(database_url)
+    name = known_queue(pgq, queue, new=False, doing="resume")
+    pgq.admin.resume_queue(name, actor=actor, source="cli")
     echo(f"queue {queue} resumed")
 
 
@@ -104,12 +102,14 @@ def resume_queue(pgq: PgQueue, queue: str) -> None:
 @click.argument("queue")
 @click.argument("limit")
 @new_option
+@actor_option
 @database_option
-def limit(queue: str, limit: str, new: bool, database_url: str | None) -> None:
+def limit(queue: str, limit: str, new: bool, actor: str | None, database_url: str | None) -> None:
     """Allow at most LIMIT running jobs of QUEUE across all workers (``none`` removes it)."""
     pgq = queue_for(database_url)
     value = number_or_none(limit)
-    pgq.admin.set_queue_limit(known_queue(pgq, queue, new=new, doing="limit"), value)
+    name = known_queue(pgq, queue, new=new, doing="limit")
+    pgq.admin.set_queue_limit(name, value, actor=actor, source="cli")
     echo(f"queue {queue}: limit {'removed' if value is None else value}")
 
 
@@ -117,11 +117,15 @@ def limit(queue: str, limit: str, new: bool, database_url: str | None) -> None:
 @click.argument("queue")
 @click.argument("max_depth")
 @new_option
+@actor_option
 @database_option
-def max_depth(queue: str, max_depth: str, new: bool, database_url: str | None) -> None:
+def max_depth(
+    queue: str, max_depth: str, new: bool, actor: str | None, database_url: str | None
+) -> None:
     """Refuse enqueues that would take QUEUE above MAX_DEPTH waiting jobs (``none`` removes
     the bound)."""
     pgq = queue_for(database_url)
     value = number_or_none(max_depth)
-    pgq.admin.set_queue_max_depth(known_queue(pgq, queue, new=new, doing="bound"), value)
+    name = known_queue(pgq, queue, new=new, doing="bound")
+    pgq.admin.set_queue_max_depth(name, value, actor=actor, source="cli")
     echo(f"queue {queue}: max depth {'removed' if value is None else value}")

@@ -16,6 +16,7 @@ import click
 from pgqueue.cli.queues import print_schedules
 from pgqueue.cli.shared import (
     CommandError,
+    actor_option,
     database_option,
     did_you_mean,
     echo,
@@ -56,9 +57,6 @@ def list_schedules(app: str) -> None:
     print_schedules(load_app(app))
 
 
-_actor_option = click.option(
-    "--actor", default=None, help="Who acts, for the audit record (default: user@host)."
-)
 _app_option = click.option(
     "--app", default=None, help="The application (module:attribute) whose schedules NAME is of."
 )
@@ -90,7 +88,7 @@ def _switch(queue: tuple[PgQueue, bool], name: str, actor: str | None, *, paused
 @schedules.command()
 @click.argument("name")
 @_app_option
-@_actor_option
+@actor_option
 @database_option
 def pause(name: str, app: str | None, actor: str | None, database_url: str | None) -> None:
     """Stop schedule NAME from enqueueing its ticks (those that fall meanwhile are dropped)."""
@@ -100,7 +98,7 @@ def pause(name: str, app: str | None, actor: str | None, database_url: str | Non
 @schedules.command()
 @click.argument("name")
 @_app_option
-@_actor_option
+@actor_option
 @database_option
 def resume(name: str, app: str | None, actor: str | None, database_url: str | None) -> None:
     """Let schedule NAME enqueue again, from its next tick on."""
@@ -110,7 +108,7 @@ def resume(name: str, app: str | None, actor: str | None, database_url: str | No
 @schedules.command()
 @click.argument("app")
 @click.argument("name")
-@_actor_option
+@actor_option
 def run(app: str, name: str, actor: str | None) -> None:
     """Enqueue schedule NAME of the PgQueue at APP now, once (not counted as a tick)."""
     pgq = with_current_schema(load_app(app))

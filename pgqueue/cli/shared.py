@@ -453,6 +453,9 @@ class VisibleFormatter(logging.Formatter):
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON (stable keys) instead of a table."
 )
+actor_option = click.option(
+    "--actor", default=None, help="Who acts, for the audit record (default: user@host)."
+)
 
 
 def checked_name(context: click.Context, parameter: click.Parameter, value: Any) -> Any:

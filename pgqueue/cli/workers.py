@@ -405,14 +405,15 @@ def workers(include_stale: bool, as_json: bool, database_url: str | None) -> Non
                         None if w.seconds_failing is None else round(w.seconds_failing, 3)
                     ),
                     "tasks": None if w.tasks is None else list(w.tasks),
+                    "pool": w.pool,
                 }
                 for w in found
             ]
         )
         return
     table = new_table(f"pgqueue workers ({pgq.settings.worker_stale_seconds:g}s to stale)")
-    columns = ("id", "host", "pid", "queues", "concurrency", "running", "version", "started")
-    for column in (*columns, "last seen", "health"):
+    columns = ("id", "host", "pid", "queues", "concurrency", "pool", "running", "version")
+    for column in (*columns, "started", "last seen", "health"):
         table.add_column(column, justify="right" if column in ("pid", "running") else "left")
     for w in found:
         health = (
@@ -426,6 +427,7 @@ def workers(include_stale: bool, as_json: bool, database_url: str | None) -> Non
             str(w.pid),
             ",".join(w.queues) or "*",
             str(w.concurrency),
+            w.pool or "?",
             str(w.running),
             w.version,
             f"{w.started_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S}",

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Final
 
 from itsdangerous import URLSafeSerializer
 from jinja2 import Environment, PackageLoader, select_autoescape
-from werkzeug.exceptions import Forbidden, HTTPException, NotFound
+from sqlalchemy.exc import DBAPIError
+from werkzeug.exceptions import Forbidden, HTTPException, NotFound, ServiceUnavailable
 from werkzeug.routing import Map, Rule
 from werkzeug.utils import redirect, send_from_directory
 from werkzeug.wrappers import Request, Response
@@ -32,6 +33,7 @@ from pgqueue.dashboard import bulk, job_pages, ops_pages, pages, queue_pages, wo
 from pgqueue.dashboard.access import DashboardRequest, Role, check_options, role_of
 from pgqueue.dashboard.page import Page, Settings
 from pgqueue.errors import ConfigurationError
+from pgqueue.sqlstates import is_connection_error
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -151,6 +153,10 @@ class Dashboard:
             response = self._respond(page)
         except HTTPException as exc:
             response = exc.get_response(environ)
+        except DBAPIError as exc:
+            if not is_connection_error(exc):
+                raise
+            response = database_unreachable(exc).get_response(environ)
         page.session.save(response, request)
         response.headers.update(SECURITY_HEADERS)
         return response(environ, start_response)
@@ -184,3 +190,14 @@ class Dashboard:
         if view is None:
             raise NotFound()
         return view(page, **args)
+
+
+def database_unreachable(exc: DBAPIError) -> ServiceUnavailable:
+    """503 for a page whose database connection failed (a server down, restarting, failing
+    over): the driver's first line, which names where it went, and a ``Retry-After``; the
+    live parts' polling backs off on it and takes up again when the server is back."""
+    reason = str(exc.orig or exc).strip().splitlines()[0]
+    unavailable = ServiceUnavailable(
+        description=f"The jobs database cannot be reached now: {reason}", retry_after=5
+    )
+    return unavailable

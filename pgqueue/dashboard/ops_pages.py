@@ -89,9 +89,13 @@ def audit_list(page: Page) -> Response:
 
 
 def audit_details(entry: AuditEntry) -> str:
-    """What the record says beyond its job and schedule (a bulk action's filter, a new
-    ``run_at`` or priority), as compact JSON; empty when nothing."""
-    rest = {k: v for k, v in entry.target.items() if k not in {"job_id", "schedule"}}
+    """What the record says beyond the job, schedule, queue or key prefix it names (a bulk
+    action's filter, a new ``run_at``, priority or limit), as compact JSON; empty when
+    nothing."""
+    named = {"job_id", "schedule"}
+    if entry.queue is not None or entry.key_prefix is not None:
+        named |= {"queue", "key_prefix"}
+    rest = {k: v for k, v in entry.target.items() if k not in named}
     if not rest:
         return ""
     return json.dumps(rest, sort_keys=True, default=str, ensure_ascii=False)

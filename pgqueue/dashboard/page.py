@@ -71,6 +71,22 @@ class Session:
             self.modified = True
         return token
 
+    def csrf_matches(self, given: str) -> bool:
+        """Whether ``given`` (a form's token) is this session's CSRF token, compared in
+        constant time; false when the session has none."""
+        expected = self.data.get("csrf")
+        # As bytes: compare_digest refuses str holding non-ASCII characters (TypeError, a
+        # 500), and a forged token may hold anything.
+        return isinstance(expected, str) and hmac.compare_digest(
+            expected.encode("utf-8"), given.encode("utf-8", "surrogatepass")
+        )
+
+    def renew(self) -> None:
+        """Start afresh with a new CSRF token (at a login: a token planted before it is
+        worthless after)."""
+        self.data = {"csrf": secrets.token_urlsafe(32)}
+        self.modified = True
+
     def flash(self, message: str, category: str) -> None:
         self.data.setdefault("flashes", []).append([category, message])
         self.modified = True
@@ -89,10 +105,17 @@ class Session:
             SESSION_COOKIE,
             self._serializer.dumps(self.data),
             path=request.script_root + "/",
-            httponly=True,
-            secure=request.scheme == "https",
-            samesite="Lax",
+            **cookie_flags(request),
         )
+
+
+def cookie_flags(request: Request) -> dict[str, Any]:
+    """The attributes of every cookie the dashboard sets: out of scripts' reach, sent on no
+    other site's request but a top-level link (Lax: a link into the dashboard from a chat or a
+    mail still arrives logged in; every action is a POST carrying a CSRF token anyway), and
+    ``Secure`` when the request came over TLS (``wsgi.url_scheme``: behind a reverse proxy that
+    ends TLS, the scheme it forwards, once the server is told to believe it)."""
+    return {"httponly": True, "secure": request.scheme == "https", "samesite": "Lax"}
 
 
 class Page:
@@ -128,13 +151,7 @@ class Page:
         return str(user) if user else "dashboard"
 
     def check_csrf(self) -> None:
-        expected = self.session.data.get("csrf")
-        given = self.request.form.get(CSRF_FIELD, "")
-        # As bytes: compare_digest refuses str holding non-ASCII characters (TypeError, a
-        # 500), and a forged token may hold anything.
-        if not isinstance(expected, str) or not hmac.compare_digest(
-            expected.encode("utf-8"), given.encode("utf-8", "surrogatepass")
-        ):
+        if not self.session.csrf_matches(self.request.form.get(CSRF_FIELD, "")):
             raise BadRequest(description="CSRF token missing or invalid")
 
     def url_for(self, endpoint: str, **values: Any) -> str:

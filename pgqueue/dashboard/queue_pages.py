@@ -1,9 +1,11 @@
 """The dashboard's queue and worker pages: each queue's switches (pause and resume, concurrency
 limit, rate limit; its max depth and the concurrency keys' overrides shown), and the worker
-registry with each worker's health.
+registry with each worker's health and pool.
 
 The queue forms post the queue's name and their numbers as typed; a number the form cannot
-take re-shows the page with a 400 and the one-line problem, and writes nothing.
+take re-shows the page with a 400 and the one-line problem, and writes nothing. Each switch
+thrown goes through ``pgq.admin`` with the request's actor and ``source="dashboard"``, which
+writes its audit record in the same transaction.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ MAX_QUEUE_LIMIT: Final = 2**31 - 1
 # A rate limit's window, as pgq.admin.set_rate_limit takes it.
 MAX_RATE_SECONDS: Final = 86_400
 QUEUE_ACTIONS: Final = frozenset({"pause", "resume", "limit", "unlimit", "rate", "unrate"})
+# A worker's pool (Settings.pool) as its page names it.
+POOL_NAMES: Final = {"thread": "threads", "process": "processes"}
 
 
 def queue_list(page: Page, error: str | None = None, status: int = 200) -> Response:
@@ -50,21 +54,22 @@ def queue_action(page: Page, action: str) -> Response:
     admin = page.admin
     form = page.request.form
     name = form.get("queue", "")
+    actor = page.actor()
     try:
         if action == "pause":
-            admin.pause_queue(name)
+            admin.pause_queue(name, actor=actor, source="dashboard")
             page.flash(f"Queue {name} paused: workers claim none of its jobs until resumed.", "ok")
         elif action == "resume":
-            admin.resume_queue(name)
+            admin.resume_queue(name, actor=actor, source="dashboard")
             page.flash(f"Queue {name} resumed.", "ok")
         elif action == "limit":
             limit = _whole_number(form.get("limit", ""), "limit")
             if isinstance(limit, str):
                 return queue_list(page, error=f"Queue {name}: {limit}", status=400)
-            admin.set_queue_limit(name, limit)
+            admin.set_queue_limit(name, limit, actor=actor, source="dashboard")
             page.flash(f"Queue {name}: at most {limit:,} of its jobs run at once.", "ok")
         elif action == "unlimit":
-            admin.set_queue_limit(name, None)
+            admin.set_queue_limit(name, None, actor=actor, source="dashboard")
             page.flash(f"Queue {name}: limit removed.", "ok")
         elif action == "rate":
             rate = _whole_number(form.get("rate", ""), "rate limit")
@@ -73,10 +78,10 @@ def queue_action(page: Page, action: str) -> Response:
             if problem is not None:
                 return queue_list(page, error=f"Queue {name}: {problem}", status=400)
             assert isinstance(rate, int) and isinstance(per, float)
-            admin.set_rate_limit(name, rate, per=per)
+            admin.set_rate_limit(name, rate, per=per, actor=actor, source="dashboard")
             page.flash(f"Queue {name}: at most {rate:,} of its jobs start per {per:g}s.", "ok")
         else:
-            admin.set_rate_limit(name, None)
+            admin.set_rate_limit(name, None, actor=actor, source="dashboard")
             page.flash(f"Queue {name}: rate limit removed.", "ok")
     except ValidationError as exc:
         return queue_list(page, error=str(exc), status=400)
@@ -115,6 +120,7 @@ def worker_list(page: Page) -> Response:
     return page.render(
         "pgqueue/workers.html",
         workers=page.admin.list_workers(include_stale=True),
+        pool_names=POOL_NAMES,
         stale_seconds=page.queue.settings.worker_stale_seconds,
     )
 

@@ -56,5 +56,12 @@ def _refuse(db: Executor, job_id: int, action: str, edit: Edit) -> NoReturn:
             f"{prefix}: it is suspended (ctx.sleep or ctx.wait_for_signal) until its wake "
             "time; send it the signal it waits for, or cancel it"
         )
+    if JobState(state) in edit.sources:
+        # In an editable state, yet nothing was edited: a QUEUED or RETRYING row without the
+        # ticket the edit writes too.
+        raise InvalidStateTransition(
+            f"{prefix}: it {JobState(state).phrase} but has no ticket, so no worker can claim it "
+            "(its row was written or edited by hand): delete it and enqueue it again"
+        )
     allowed = ", ".join(sorted(s.value for s in edit.sources))
     raise InvalidStateTransition(f"{prefix}: it {JobState(state).phrase} (allowed from: {allowed})")

@@ -24,6 +24,7 @@ def worker_params(worker: WorkerEntry) -> dict[str, Any]:
         "worker_started_at": worker.started_at,
         "worker_claim_error": worker.claim_error,
         "worker_tasks": list(worker.tasks),
+        "worker_pool": worker.pool,
     }
 
 

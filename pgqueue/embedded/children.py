@@ -6,13 +6,11 @@ and gets SIGINT (PostgreSQL's fast shutdown) through ``PR_SET_PDEATHSIG`` when i
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import IO, Final, TypeVar
 
 from pgqueue.embedded.identity import RunAs, identity_kwargs
+from pgqueue.parent_death import set_parent_death_signal
 
 _T = TypeVar("_T")
 
@@ -27,24 +26,6 @@ _T = TypeVar("_T")
 # running as another user (whose /proc/<pid>/environ every process of that user can read), and PG*
 # variables would otherwise leak into initdb/postgres behaviour. LC_ALL=C matches --locale=C.
 CHILD_ENV: Final[Mapping[str, str]] = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "LANG": "C"}
-
-_PR_SET_PDEATHSIG: Final = 1
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None  # no parent-death signal elsewhere: atexit is the only safety net
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        function: Callable[..., int] = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    return function
-
-
-# Resolved in the parent: the preexec hook runs in a freshly forked child and should do as
-# little as possible there (no dlopen/dlsym).
-_PRCTL: Final = _load_prctl()
 
 
 def die_with_parent_hook(parent_pid: int) -> Callable[[], None]:
@@ -61,11 +42,7 @@ def die_with_parent_hook(parent_pid: int) -> Callable[[], None]:
     """
 
     def hook() -> None:
-        if _PRCTL is not None:
-            signal_number = ctypes.c_ulong(int(signal.SIGINT))
-            zero = ctypes.c_ulong(0)
-            if _PRCTL(_PR_SET_PDEATHSIG, signal_number, zero, zero, zero) != 0:
-                raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        set_parent_death_signal(signal.SIGINT)
         # The parent may have died between fork() and prctl(); the signal would never come.
         if os.getppid() != parent_pid:
             raise OSError(errno.ESRCH, "parent exited before the child started")

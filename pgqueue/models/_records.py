@@ -70,6 +70,9 @@ class WorkerRecord(Base):
     tasks: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
     """Names of the tasks it registers (it claims only jobs of these); null for a worker of a
     pgqueue version that did not record them, taken to register every task."""
+    pool: Mapped[str | None] = mapped_column(Text)
+    """Where it runs sync handlers (``Settings.pool``): ``thread`` or ``process``; null for a
+    worker of a pgqueue version that did not record it."""
 
 
 class AuditRecord(Base):
@@ -89,14 +92,16 @@ class AuditRecord(Base):
     source: Mapped[str] = mapped_column(Text)
     """Where it was taken: ``cli``, ``dashboard`` or ``api``."""
     action: Mapped[str] = mapped_column(Text)
-    """``retry``, ``cancel``, ``delete``, or an action on one job or schedule (``signal``,
+    """``retry``, ``cancel``, ``delete``, an action on one job or schedule (``signal``,
     ``reschedule``, ``run_now``, ``set_priority``, ``pause_schedule``, ``resume_schedule``,
-    ``run_schedule``)."""
+    ``run_schedule``), or a queue's or keys' switch (``admin_records.SWITCH_ACTIONS``)."""
     filter: Mapped[dict[str, Any]] = mapped_column(JSONB)
-    """What the action was taken on: a bulk action's filter, as given; for one job or schedule,
-    ``{"job_id": ...}`` or ``{"schedule": ...}`` with the values the action wrote."""
+    """What the action was taken on: a bulk action's filter, as given; for one job, schedule,
+    queue or key prefix, ``{"job_id": ...}``, ``{"schedule": ...}``, ``{"queue": ...}`` or
+    ``{"key_prefix": ...}`` with the values the action wrote."""
     count: Mapped[int] = mapped_column(Integer)
-    """How many jobs the action changed (1 for an action on one job or schedule)."""
+    """How many jobs the action changed (1 for an action on one job, schedule, queue or key
+    prefix)."""
 
 
 # --- finished jobs' history, partitioned by day (migration pgqueue_0013) -----------------------

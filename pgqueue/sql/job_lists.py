@@ -56,11 +56,12 @@ def _one_state(value: ColumnElement[Any], state: Any = Job.state) -> ColumnEleme
     return and_(state >= value, state <= value)
 
 
-def _distinct_queues(history: bool = False) -> Any:  # a CTE
+def _distinct_queues(history: bool = False, running_queues: Any = None) -> Any:  # a CTE
     """The queue names present in ``pgqueue_jobs``, by a loose index scan: one index probe per
     queue on the ``(queue, state, id)`` index (``min(queue) WHERE queue > previous``), never a
     pass over the history. That index leaves running jobs out, so the queues of the running
-    jobs (read off the lease index: as many jobs as the workers' slots) are added.
+    jobs (read off the lease index: as many jobs as the workers' slots; or the ``queue`` column
+    of ``running_queues``, a statement's own read of them) are added.
     ``history``: in ``pgqueue_job_history`` instead (its own ``(queue, state, id)`` index, and
     no running job)."""
     Job = job_model(history)
@@ -83,7 +84,12 @@ def _distinct_queues(history: bool = False) -> Any:  # a CTE
     walked = smallest.union_all(following)
     if history:
         return walked
-    with_running = union(select(walked.c.queue), select(Job.queue).where(running()))
+    of_running = (
+        select(Job.queue).where(running())
+        if running_queues is None
+        else select(running_queues.c.queue)
+    )
+    with_running = union(select(walked.c.queue), of_running)
     return with_running.cte("queues_with_jobs")
 
 
@@ -112,7 +118,20 @@ def capped_state_counts(history: bool = False) -> Select[str, str, int]:
     jobs, which that index leaves out, are counted per queue off the lease index.
     ``history``: the same over ``pgqueue_job_history``."""
     Job = job_model(history)
-    queues = _distinct_queues(history)
+    # Running jobs are not in that index: counted per queue in one pass over the lease index's
+    # entries, read once (MATERIALIZED) though both the queue list and each queue's count use it.
+    running_per_queue = (
+        None
+        if history
+        else select(
+            Job.queue, func.least(func.count(), bindparam("cap", type_=Integer)).label("count")
+        )
+        .where(running(Job))
+        .group_by(Job.queue)
+        .cte("running_per_queue")
+        .prefix_with("MATERIALIZED")
+    )
+    queues = _distinct_queues(history, running_per_queue)
     states = (
         func.unnest(array_param("states", Text)).table_valued("state").render_derived(name="states")
     )
@@ -131,15 +150,7 @@ def capped_state_counts(history: bool = False) -> Select[str, str, int]:
         .subquery("hits")
     )
     counted: ColumnElement[Any] = select(func.count()).select_from(hits).scalar_subquery()
-    if not history:
-        # Running jobs are not in that index: counted per queue in one pass over the lease
-        # index's entries.
-        running_per_queue = (
-            select(Job.queue, func.least(func.count(), cap).label("count"))
-            .where(running())
-            .group_by(Job.queue)
-            .cte("running_per_queue")
-        )
+    if running_per_queue is not None:
         running_count = (
             select(running_per_queue.c.count)
             .where(running_per_queue.c.queue == queues.c.queue)

@@ -70,44 +70,32 @@ def wait_percentiles(partitioned: bool = False) -> Select[str, int, int, float, 
 
 @cache
 def recent_activity() -> Any:  # a Select
-    """``(queue, state, buckets_ago, jobs, waited, p50, p95, width, window, shortened)``: one
-    walk of ``pgqueue_jobs``' ``finished_at`` index over the ``cap`` most recently finished
-    jobs, those of the last ``hour`` seconds counted per queue, state and bucket, and their
-    waits (``run_at`` to claim) summarised per queue and bucket (rows whose ``state`` is null:
-    ``waited`` jobs with a ``started_at``, their median and 95th percentile).
+    """``(queue, state, buckets_ago, jobs, waited, p50, p95, width, window, shortened)``: the
+    ``cap`` most recently finished jobs of ``pgqueue_jobs``, those of the last ``hour`` seconds
+    counted per queue, state and bucket, and their waits (``run_at`` to claim) summarised per
+    queue and bucket (rows whose ``state`` is null: ``waited`` jobs with a ``started_at``, their
+    median and 95th percentile).
 
-    The buckets are chosen from the same rows: when the hour holds ``cap`` jobs or more the
-    window shrinks to the ``cap`` newest (``shortened``), rounded up to whole buckets of the
-    first of ``widths`` that makes at most 60 of them (else the last); a full hour holding at
-    most ``quiet_jobs`` jobs has buckets of ``quiet_width`` seconds; any other hour, of 60.
-    Every row repeats ``width``, ``window`` and ``shortened``; rows of a bucket at or past the
-    window's far edge are left to the caller."""
-    recent = newest_finished(
-        Job := job_model(False), Job.queue, Job.state, Job.finished_at, Job.started_at, Job.run_at
-    )
-    # A claim never precedes run_at; the floor keeps a row edited by hand from reading negative.
-    waited = case(
-        (
-            recent.c.started_at.is_not(None),
-            func.greatest(
-                0.0,
-                func.date_part(
-                    literal_column("'epoch'"), recent.c.started_at - recent.c.run_at, type_=Float
-                ),
-            ),
-        ),
-    )
-    hour = (
+    The buckets come first, from the ``finished_at`` index alone (an index-only walk of ``cap``
+    entries): when the hour holds ``cap`` jobs or more the window shrinks to the ``cap`` newest
+    (``shortened``), rounded up to whole buckets of the first of ``widths`` that makes at most 60
+    of them (else the last); a full hour holding at most ``quiet_jobs`` jobs has buckets of
+    ``quiet_width`` seconds; any other hour, of 60. Then one walk of the same index reads the
+    rows of exactly as many jobs as the window holds, each once, and they are grouped by a
+    bucket width already known (a one-row plan, not a value carried by every row). Every row
+    repeats ``width``, ``window`` and ``shortened``; rows of a bucket at or past the window's
+    far edge are left to the caller."""
+    Job = job_model(False)
+    hour_start = func.now() - seconds(bindparam("hour", type_=Float))
+    indexed = newest_finished(Job, Job.finished_at)
+    edge = (
         select(
-            recent.c.queue,
-            recent.c.state,
-            seconds_ago(recent.c.finished_at).label("ago"),
-            waited.label("waited"),
+            func.count().label("n"),
+            func.coalesce(seconds_ago(func.min(indexed.c.finished_at)), 0.0).label("oldest"),
         )
-        .where(recent.c.finished_at >= func.now() - seconds(bindparam("hour", type_=Float)))
-        .cte("hour")
+        .where(indexed.c.finished_at >= hour_start)
+        .cte("edge")
     )
-    edge = select(func.count().label("n"), func.max(hour.c.ago).label("oldest")).cte("edge")
     offered = func.unnest(bindparam("widths", type_=ARRAY(Integer))).column_valued("w")
     fitting = select(func.min(offered)).where(offered * 60 >= edge.c.oldest).scalar_subquery()
     shortened = edge.c.n >= bindparam("cap", type_=Integer)
@@ -119,52 +107,63 @@ def recent_activity() -> Any:  # a Select
         ),
         else_=60,
     )
-    shape = select(
-        width.label("width"),
-        shortened.label("shortened"),
-    ).cte("shape")
+    shape = select(edge.c.n, edge.c.oldest, width.label("width"), shortened.label("shortened")).cte(
+        "shape"
+    )
     window = case(
         (
             shape.c.shortened,
-            cast(func.greatest(1, func.ceil(edge.c.oldest / cast(shape.c.width, Float))), Integer)
+            cast(func.greatest(1, func.ceil(shape.c.oldest / cast(shape.c.width, Float))), Integer)
             * shape.c.width,
         ),
         else_=cast(bindparam("hour", type_=Float), Integer),
-    ).label("window")
-    framed = (
-        select(
-            hour.c.queue,
-            hour.c.state,
-            hour.c.ago,
-            hour.c.waited,
-            shape.c.width,
-            window,
-            shape.c.shortened,
-        )
-        .select_from(hour.join(edge, literal_column("true")).join(shape, literal_column("true")))
-        .subquery("framed")
     )
-    buckets_ago = cast(func.floor(framed.c.ago / cast(framed.c.width, Float)), Integer).label(
+    frame = select(shape.c.n, shape.c.width, window.label("window"), shape.c.shortened).cte("frame")
+
+    def framed(column: Any) -> Any:
+        return select(column).scalar_subquery()
+
+    # A claim never precedes run_at; the floor keeps a row edited by hand from reading negative.
+    waited = case(
+        (
+            Job.started_at.is_not(None),
+            func.greatest(
+                0.0,
+                func.date_part(literal_column("'epoch'"), Job.started_at - Job.run_at, type_=Float),
+            ),
+        ),
+    )
+    # No range on finished_at: a LIMIT the planner cannot see keeps the ordered walk (see
+    # newest_finished), where a range would have it guess the window's size from statistics.
+    hour = (
+        select(
+            Job.queue,
+            Job.state,
+            seconds_ago(Job.finished_at).label("ago"),
+            waited.label("waited"),
+        )
+        .where(Job.finished_at.is_not(None))
+        .order_by(Job.finished_at.desc())
+        .limit(framed(frame.c.n))
+        .subquery("hour")
+    )
+    buckets_ago = cast(func.floor(hour.c.ago / cast(framed(frame.c.width), Float)), Integer).label(
         "buckets_ago"
     )
-    return (
-        select(
-            framed.c.queue,
-            framed.c.state,
-            buckets_ago,
-            func.count(),
-            func.count(framed.c.waited),
-            func.percentile_cont(0.5).within_group(framed.c.waited),
-            func.percentile_cont(0.95).within_group(framed.c.waited),
-            func.min(framed.c.width),
-            func.min(framed.c.window),
-            func.bool_or(framed.c.shortened),
-        )
-        .where(framed.c.ago < framed.c.window)
-        .group_by(
-            func.grouping_sets(
-                tuple_(framed.c.queue, framed.c.state, buckets_ago),
-                tuple_(framed.c.queue, buckets_ago),
-            )
+    return select(
+        hour.c.queue,
+        hour.c.state,
+        buckets_ago,
+        func.count(),
+        func.count(hour.c.waited),
+        func.percentile_cont(0.5).within_group(hour.c.waited),
+        func.percentile_cont(0.95).within_group(hour.c.waited),
+        framed(frame.c.width),
+        framed(frame.c.window),
+        framed(frame.c.shortened),
+    ).group_by(
+        func.grouping_sets(
+            tuple_(hour.c.queue, hour.c.state, buckets_ago),
+            tuple_(hour.c.queue, buckets_ago),
         )
     )

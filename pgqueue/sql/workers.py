@@ -72,9 +72,10 @@ def _seen_upsert() -> Insert:
     """Insert the worker's row, or refresh ``last_seen_at`` when it exists. Binds
     ``worker_id``, ``worker_host``, ``worker_pid``, ``worker_queues`` (empty: all queues),
     ``worker_concurrency``, ``worker_version``, ``worker_started_at`` (null: now),
-    ``worker_claim_error`` (null while its claims work) and ``worker_tasks`` (the task names
-    it registers; written on insert only, as they do not change while a worker runs). ``claim_failing_since`` is set when a
-    claim error is first written and kept while one is, so it says since when claims fail."""
+    ``worker_claim_error`` (null while its claims work), ``worker_tasks`` (the task names
+    it registers) and ``worker_pool``; the last two written on insert only, as they do not
+    change while a worker runs. ``claim_failing_since`` is set when a claim error is first
+    written and kept while one is, so it says since when claims fail."""
     claim_error = bindparam("worker_claim_error", type_=Text)
     statement = insert(WorkerRecord).values(
         id=bindparam("worker_id", type_=Text),
@@ -90,6 +91,7 @@ def _seen_upsert() -> Insert:
         claim_error=claim_error,
         claim_failing_since=case((claim_error.is_not(None), func.now())),
         tasks=array_param("worker_tasks", Text),
+        pool=bindparam("worker_pool", type_=Text),
     )
     written = statement.excluded.claim_error
     return statement.on_conflict_do_update(
@@ -158,8 +160,8 @@ def _seconds_since(column: Any) -> ColumnElement[Any]:
 def list_workers() -> Select[*tuple[Any, ...]]:
     """The registry's rows, live first by id, each with the seconds since it was seen,
     whether it is live, how many RUNNING jobs it holds, its claim error with the seconds
-    its claims have been failing (nulls while they work), and the tasks it registers. Binds ``stale_seconds`` and
-    ``include_stale`` (false: live rows only)."""
+    its claims have been failing (nulls while they work), the tasks it registers, and its
+    pool. Binds ``stale_seconds`` and ``include_stale`` (false: live rows only)."""
     running = _running_counts()
     live = is_live()
     return (
@@ -178,6 +180,7 @@ def list_workers() -> Select[*tuple[Any, ...]]:
             WorkerRecord.claim_error,
             _seconds_since(WorkerRecord.claim_failing_since),
             WorkerRecord.tasks,
+            WorkerRecord.pool,
         )
         .outerjoin(running, running.c.owner == WorkerRecord.id)
         .where(live | bindparam("include_stale", type_=Boolean))

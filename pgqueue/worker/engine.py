@@ -167,6 +167,7 @@ class Worker:
             stale_seconds=context.settings.worker_stale_seconds,
             claim_health=self.claim_health,
             task_names=context.registry.names,
+            pool=context.settings.pool,
         )
         self._slots = Slots(self.concurrency, self.prefetch)
         self.executor = Executor(

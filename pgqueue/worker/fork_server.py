@@ -7,6 +7,12 @@ forks: no lock another thread held at a fork can be found taken in a child. The 
 for a child over a Unix socket (``SOCK_SEQPACKET``: one message a request) and gets back its
 pid and, as an attached file descriptor, the worker's end of a socket pair whose other end the
 child holds; the server reaps each child that ends and sends its wait status.
+
+The children end with their worker, however it ends: the server ends when the worker's end of
+its socket closes (a worker killed or stopping) and kills the children still alive as it
+goes, and the kernel kills each child whose server ended (``PR_SET_PDEATHSIG``, on Linux), so
+no handler runs on after its worker's lease on the job ran out and the job ran again
+elsewhere.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Final
+
+from pgqueue.parent_death import set_parent_death_signal
 
 # How long the pool thread waits for the fork server's word on how a dead child ended.
 EXIT_STATUS_WAIT: Final = 5.0
@@ -123,38 +131,57 @@ class ForkServer:
 
 
 def _serve_forks(control: socket.socket, child_main: Callable[[socket.socket], None]) -> None:
-    """The fork server's loop: fork a child per request, report each child's end; return when
-    the worker closes its end."""
+    """The fork server's loop: fork a child per request, report each child's end; when the
+    worker closes its end, kill the children still alive and return."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides when the pool ends
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    while True:
-        readable, _, _ = select.select([control], [], [], 0.1)
-        _report_ended_children(control)
-        if not readable:
-            continue
-        try:
-            request = control.recv(_MESSAGE.size)
-        except OSError:
-            return
-        if not request:
-            return
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pid = os.fork()
-        if pid == 0:  # a child
-            control.close()
-            ours.close()
-            code = 0
+    server = os.getpid()
+    children: set[int] = set()  # forked, not yet reaped: their pids cannot be reused
+    try:
+        while True:
+            readable, _, _ = select.select([control], [], [], 0.1)
+            _report_ended_children(control, children)
+            if not readable:
+                continue
             try:
-                child_main(theirs)
-            except BaseException:
-                code = 1
-            os._exit(code)
-        theirs.close()
-        socket.send_fds(control, [_MESSAGE.pack(_FORKED, pid, 0)], [ours.fileno()])
-        ours.close()
+                request = control.recv(_MESSAGE.size)
+            except OSError:
+                return
+            if not request:
+                return
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            pid = os.fork()
+            if pid == 0:  # a child
+                control.close()
+                ours.close()
+                code = 0
+                try:
+                    _die_with(server)
+                    child_main(theirs)
+                except BaseException:
+                    code = 1
+                os._exit(code)
+            children.add(pid)
+            theirs.close()
+            socket.send_fds(control, [_MESSAGE.pack(_FORKED, pid, 0)], [ours.fileno()])
+            ours.close()
+    finally:
+        # A child busy with a handler reads nothing from its worker until the handler returns:
+        # without this it would run on, its job's lease lost with the worker.
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
-def _report_ended_children(control: socket.socket) -> None:
+def _die_with(server: int) -> None:
+    """Have the kernel kill this child when its fork server ends, however it ends (the server
+    kills its children as it returns, but a SIGKILL or the OOM killer may end it first)."""
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != server:  # it ended before the request: no signal would come
+        os._exit(1)
+
+
+def _report_ended_children(control: socket.socket, children: set[int]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -162,5 +189,6 @@ def _report_ended_children(control: socket.socket) -> None:
             return
         if pid == 0:
             return
+        children.discard(pid)
         with contextlib.suppress(OSError):
             control.send(_MESSAGE.pack(_EXITED, pid, status))

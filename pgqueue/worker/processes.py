@@ -12,7 +12,9 @@ worker before it commits whether its deadline passed. What a child buys over a t
   gone, so nothing the handler does after the deadline can happen; ``soft_timeout=`` raises
   ``SoftTimeout`` inside the handler first, so it can clean up;
 - containment: a child that dies (a segfault, ``os._exit``, the kernel's OOM killer) fails only
-  its attempt, with the exit code or signal named, and the slot gets a new child;
+  its attempt, with the exit code or signal named, and the slot gets a new child; a worker that
+  dies takes its children with it (``worker.fork_server``), so no handler runs on once the
+  worker's lease on its job is gone;
 - recycling: a child is replaced between attempts once it ran ``max_tasks_per_child`` of them
   or its resident memory reached ``max_memory_per_child`` MB (the attempt that crossed the line
   finishes normally).

@@ -8,7 +8,8 @@ deleted. A worker killed without one leaves its row until it goes stale
 (``Settings.worker_stale_seconds``, the rule in ``sql.workers.is_live``); maintenance then
 deletes it. A row deleted while its worker was only cut off comes back at its next heartbeat.
 The row names the tasks the worker registers (read when it registers), so operators' reads can
-tell a job that waits because no live worker registers its task.
+tell a job that waits because no live worker registers its task, and its pool (threads or
+processes).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class WorkerRegistry:
         stale_seconds: float,
         claim_health: ClaimHealth | None = None,
         task_names: Callable[[], Sequence[str]] = tuple,
+        pool: str | None = None,
     ) -> None:
         self._store = store
         self._task_names = task_names  # read at registration: tasks are added before the start
@@ -81,6 +83,7 @@ class WorkerRegistry:
             queues=tuple(queues or ()),
             concurrency=concurrency,
             version=pgqueue_version(),
+            pool=pool,
         )
 
     @property

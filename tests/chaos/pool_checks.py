@@ -172,9 +172,10 @@ def timeouts_stop_handlers(s: Snapshot, facts: Facts) -> list[Violation]:
     ``LATE_MARGIN`` s past its timeout); each hung attempt failed with a ``JobTimeout`` (naming
     the signal that stopped a child) or a fault's error; and a job never succeeds at an attempt
     that hangs. What pgqueue's worker cannot do is excused (``timeout_excuses`` lists it for the
-    report): stop anything while it is frozen, or decide a timeout while its heartbeat retries
-    through a database outage; nor does it stop the run of an attempt whose lease expired
-    (the rescuer took the job back, as after any lost lease)."""
+    report): stop anything while it is frozen; nor does it stop a thread's run of an attempt
+    whose lease expired (the rescuer took the job back, as after any lost lease). A child beating
+    on past its deadline has no other excuse than its worker's freeze: a live worker stops it
+    at the deadline whatever became of the lease, and a dead worker's children end with it."""
     from .invariants import Violation
 
     found = []
@@ -249,6 +250,9 @@ def _timeout_problems(s: Snapshot, facts: Facts) -> list[tuple[Any, Run, str, st
                 )
                 problems.append((job, run, problem, f"held back by {'; '.join(held)}"))
             if run.in_child and run.last_alive > stop_by:
+                # Never excused, not even by a lease that expired meanwhile: a live worker stops
+                # its child at the deadline whatever became of the lease (its deadlines thread
+                # sends no statement), and a dead one's children end with it.
                 problem = (
                     f"attempt {run.attempt} ran on in process-pool child {run.pid} until "
                     f"{clock(run.last_alive)}, {run.last_alive - run.started:.1f} s after it "
@@ -257,7 +261,7 @@ def _timeout_problems(s: Snapshot, facts: Facts) -> list[tuple[Any, Run, str, st
                     f"{run.holder} should have stopped it"
                     + (f" (held back by {'; '.join(held)})" if held else "")
                 )
-                problems.append((job, run, problem, excuse))
+                problems.append((job, run, problem, None))
             # A thread that returned before its worker could decide its timeout.
             returned_early = bool(held) and run.ended is not None and run.ended <= stop_by
             if excuse is None and returned_early:
@@ -283,9 +287,8 @@ def timeout_excuses(s: Snapshot, facts: Facts) -> list[str]:
     if not excused:
         return []
     return [
-        f"timeouts not held, excused ({len(excused)}): a worker does not stop the run of an "
-        "attempt whose lease expired, and decides no timeout while frozen or while its "
-        "heartbeat retries through an outage"
+        f"timeouts not held, excused ({len(excused)}): a worker does not stop a thread's run "
+        "of an attempt whose lease expired, and decides no timeout while frozen"
     ] + [f"  job {run.job_id}: {problem}; {why}" for run, problem, why in excused[:8]]
 
 

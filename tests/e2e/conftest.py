@@ -451,19 +451,30 @@ def app_factory() -> Callable[[Path, URL], contextlib.AbstractContextManager[App
 
 
 @pytest.fixture
-def bouncer(app: App, server_tcp_url: URL) -> Iterator[URL]:
+def bouncer_login(server_tcp_url: URL) -> URL:
+    """Who the ``bouncer`` logs in to the server as, and its clients as: the test server's own
+    user. A test module overrides this fixture to go through the pooler as another role."""
+    return server_tcp_url
+
+
+@pytest.fixture
+def bouncer(app: App, server_tcp_url: URL, bouncer_login: URL) -> Iterator[URL]:
     """A PgBouncer in transaction mode in front of the test database; yields its URL."""
     binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
     assert Path(binary).exists(), "install Debian's pgbouncer (.ci/run does)"
     # Over TCP: under root PgBouncer runs as nobody, which the server's socket does not admit.
     server = server_tcp_url.set(database=app.url.database)
+    user = bouncer_login.username
     port = free_port()
     directory = Path(tempfile.mkdtemp(prefix="pgqueue-bouncer-"))
     directory.chmod(0o755)
-    password = f" password={server.password}" if server.password else ""
+    password = f" password={bouncer_login.password}" if bouncer_login.password else ""
+    # server_round_robin: each transaction goes to the pool's next idle server session, as on a
+    # busy pool, not back to the one the client's last transaction used (PgBouncer's default),
+    # so whatever a transaction relies on from an earlier one's session fails here too.
     (directory / "pgbouncer.ini").write_text(
         f"""[databases]
-{server.database} = host={server.host or "127.0.0.1"} port={server.port} user={server.username}{password}
+{server.database} = host={server.host or "127.0.0.1"} port={server.port} user={user}{password}
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -472,11 +483,12 @@ unix_socket_dir =
 auth_type = trust
 auth_file = {directory}/users.txt
 pool_mode = transaction
+server_round_robin = 1
 max_client_conn = 200
 default_pool_size = 10
 """
     )
-    (directory / "users.txt").write_text(f'"{server.username}" ""\n')
+    (directory / "users.txt").write_text(f'"{user}" ""\n')
     as_nobody = {"user": "nobody", "group": "nogroup"} if os.geteuid() == 0 else {}
     process = subprocess.Popen(
         [binary, str(directory / "pgbouncer.ini")],
@@ -484,7 +496,7 @@ default_pool_size = 10
         stderr=(directory / "log").open("wb"),
         **as_nobody,  # type: ignore[arg-type]
     )
-    url = app.url.set(host="127.0.0.1", port=port, password=None, query={})
+    url = app.url.set(host="127.0.0.1", port=port, username=user, password=None, query={})
 
     def accepting() -> bool:
         if process.poll() is not None:

@@ -1,7 +1,9 @@
 """``pgqueue dashboard`` as a real process on a free port of 127.0.0.1, read over HTTP: with the
 token it prints (and an APP for task names from code), with an ``--auth-file`` (read-only),
-and behind a trusted proxy header; each mode one process for the module. Refused: a request
-without a login (401), an action in read-only mode (403)."""
+behind a trusted proxy header, and behind a trusted TLS proxy with a secret file shared by two
+processes; each mode one process for the module. Refused: a request without a login (401), a
+login without the form's CSRF token (400), an action in read-only mode (403), logins past the
+throttle (429)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from server_databases import create_database, drop_database
 from sqlalchemy import select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
-from support.dashboard import StandaloneProcess, start_standalone
+from support.dashboard import StandaloneProcess, standalone_login, start_standalone
 
 from pgqueue import PgQueue
 from pgqueue.cli import main
@@ -98,12 +100,14 @@ def test_log_in_with_the_printed_token_then_every_page_and_an_action(
         assert anonymous.headers["X-Frame-Options"] == "DENY"
         assert client.post(f"/jobs/{job_id}/cancel").status_code == 401
         assert client.get("/static/pgqueue.css").status_code == 200  # the login page's style
-        wrong = client.post("/login", data={"password": token + "x", "next": "/jobs"})
+        wrong = standalone_login(client, password=token + "x", next="/jobs")
         assert wrong.status_code == 401 and "Wrong user or password." in wrong.text
+        # A login without the form's CSRF token (posted from another site) logs nobody in.
+        assert client.post("/login", data={"password": token}).status_code == 400
         # A login never sends the browser to another site.
-        away = client.post("/login", data={"password": token, "next": "//evil.test/x"})
+        away = standalone_login(client, password=token, next="//evil.test/x")
         assert (away.status_code, away.headers["Location"]) == (303, "/")
-        login = client.post("/login", data={"password": token, "next": f"/jobs/{job_id}"})
+        login = standalone_login(client, password=token, next=f"/jobs/{job_id}")
         assert (login.status_code, login.headers["Location"]) == (303, f"/jobs/{job_id}")
         assert "HttpOnly" in login.headers["Set-Cookie"]
         for path in ("/", "/jobs", f"/jobs/{job_id}", "/queues", "/workers"):
@@ -157,9 +161,9 @@ def test_auth_file_users_log_in_and_read_only_refuses_actions(
         form = client.get("/")
         assert form.status_code == 401 and 'name="user"' in form.text
         for user, password in (("ada", "other"), ("eve", "s3cret"), ("ada", "")):
-            bad = client.post("/login", data={"user": user, "password": password})
+            bad = standalone_login(client, user=user, password=password)
             assert bad.status_code == 401, (user, password)
-        good = client.post("/login", data={"user": "ada", "password": "s3cret"})
+        good = standalone_login(client, user="ada", password="s3cret")
         assert good.status_code == 303
         page = client.get(f"/jobs/{job_id}")
         assert page.status_code == 200
@@ -183,3 +187,60 @@ def test_a_trusted_proxy_header_names_the_user(
         assert "/logout" not in page.text
         # The header is the login: no form to post a token to.
         assert client.post("/login", data={"password": "x"}).status_code == 401
+
+
+def _set_cookie(response: httpx.Response, name: str) -> str:
+    """The ``Set-Cookie`` header ``response`` sets ``name`` with."""
+    [header] = [h for h in response.headers.get_list("set-cookie") if h.startswith(f"{name}=")]
+    return header
+
+
+def _fail_logins(client: httpx.Client, count: int, addresses: list[str]) -> None:
+    for n in range(count):
+        forwarded = {"X-Forwarded-Proto": "https", "X-Forwarded-For": addresses[n % len(addresses)]}
+        assert standalone_login(client, forwarded, password="wrong").status_code == 401
+
+
+def test_a_trusted_tls_proxy_and_a_secret_file_shared_by_two_processes(
+    url: URL, directory: Path, serve: list[StandaloneProcess]
+) -> None:
+    secret = directory / "secret"
+    secret.write_text("0123456789abcdef" * 4 + "\n")
+    proxied = start_standalone(
+        url, directory, "--trusted-proxy", "127.0.0.1", "--secret-file", str(secret)
+    )
+    serve.append(proxied)
+    token = proxied.printed[-1].rsplit(" ", 1)[1]
+    with httpx.Client(base_url=proxied.base) as client:
+        # The client address counted is the one the proxy forwards.
+        _fail_logins(client, 6, ["203.0.113.9"])
+        tls = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}
+        held = standalone_login(client, tls, password=token)
+        assert held.status_code == 429 and held.headers["Retry-After"] == "1"
+        tls["X-Forwarded-For"] = "203.0.113.10"
+        login = standalone_login(client, tls, password=token)
+        assert login.status_code == 303
+        cookie = _set_cookie(login, "pgqueue_login")
+        for flag in ("; Secure", "; HttpOnly", "; SameSite=Lax", "; Path=/"):
+            assert flag in cookie, (flag, cookie)
+    logged_in = {"Cookie": cookie.split(";")[0]}
+
+    # Another process with the same secret (a restart, or a second one behind a load
+    # balancer) accepts the login; it was told of no proxy, so forwarded headers count for
+    # nothing there: every failure is 127.0.0.1's, and no cookie is Secure over plain HTTP.
+    same_secret = start_standalone(url, directory, "--secret-file", str(secret))
+    serve.append(same_secret)
+    with httpx.Client(base_url=same_secret.base) as client:
+        assert client.get("/", headers=logged_in).status_code == 200
+        _fail_logins(client, 6, [f"198.51.100.{n}" for n in range(6)])
+        elsewhere = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.99"}
+        assert standalone_login(client, elsewhere, password="x").status_code == 429
+        client.cookies.clear()
+        form = client.get("/login", headers=elsewhere)
+        assert "Secure" not in _set_cookie(form, "pgqueue_dashboard")
+
+    # A process with a random secret of its own does not.
+    own_secret = start_standalone(url, directory)
+    serve.append(own_secret)
+    with httpx.Client(base_url=own_secret.base) as client:
+        assert client.get("/", headers=logged_in).status_code == 401

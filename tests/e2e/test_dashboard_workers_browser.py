@@ -65,10 +65,11 @@ def test_workers_page_in_a_browser(served: tuple[Flask, str], tmp_path: Path) ->
             expect(mail).to_contain_text(socket.gethostname())
             expect(mail.locator("td").nth(2)).to_have_text(str(os.getpid()))
             expect(mail.locator("td").nth(3)).to_have_text("mail")
-            expect(mail.locator("td").nth(5)).to_have_text("1")
+            expect(mail.locator("td").nth(5)).to_have_text("threads")
+            expect(mail.locator("td").nth(6)).to_have_text("1")
             expect(reports.locator("td").nth(3)).to_have_text("reports, exports")
             expect(reports.locator("td").nth(4)).to_have_text("8")
-            expect(reports.locator("td").nth(5)).to_have_text("0")
+            expect(reports.locator("td").nth(6)).to_have_text("0")
             screenshot = tmp_path / "dashboard-workers.png"
             page.screenshot(path=str(screenshot), full_page=True)
             target = os.environ.get("PGQUEUE_WORKERS_SCREENSHOT")
@@ -76,7 +77,7 @@ def test_workers_page_in_a_browser(served: tuple[Flask, str], tmp_path: Path) ->
                 shutil.copyfile(screenshot, target)
 
             # The running count leads to the running jobs, and the job names its worker.
-            mail.locator("td").nth(5).locator("a").click()
+            mail.locator("td").nth(6).locator("a").click()
             page.click(f'tr[data-job-id="{job_id}"] a')
             expect(page.locator("#job-holder")).to_contain_text(workers[0].worker_id)
             expect(page.locator("#job-holder")).to_contain_text(

@@ -67,6 +67,7 @@ def test_workers_lists_two_workers_and_drops_a_killed_one_once_stale(app: App) -
         (host, ("reports",), 5, True),
     }
     assert both[first.pid]["id"].startswith(f"{host}:{first.pid}:")
+    assert {w["pool"] for w in both.values()} == {"thread"}  # the default pool, recorded
 
     # The plain table names both, in full (output is not a terminal: no cut columns).
     table = pgqueue_cli(app, "workers")

@@ -22,10 +22,8 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 from support.processes import run_pgqueue
+from support.roles import app_role, as_role  # noqa: F401  (app_role: a fixture)
 from support.workers import in_thread
-
-# Imported for its fixture: a login role holding only the documented grants (docs/explanation/security.md).
-from test_least_privilege import app_role, as_role  # noqa: F401
 
 from pgqueue import JobContext, PgQueue
 from pgqueue.admin import JobFilter
@@ -325,7 +323,8 @@ def test_bulk_cancel_and_delete_keep_limit_counters_tickets_and_dependents(
         assert states_of(pgq, queued) == {}
         assert admin.bulk_delete(JobFilter(queue="lim")).count == 6
         assert _running_counter(engine, "lim") == 0
-        assert [r.action for r in _audit_rows(engine)] == ["cancel", "cancel", "delete", "delete"]
+        actions = [r.action for r in _audit_rows(engine)]
+        assert actions == ["set_queue_limit", "cancel", "cancel", "delete", "delete"]
 
 
 def test_a_role_with_dml_rights_only_runs_a_bulk_action(

@@ -12,7 +12,7 @@ from click.testing import Result
 from flask import Flask
 from sqlalchemy import create_engine
 from sqlalchemy.engine import URL
-from test_least_privilege import app_role, as_role
+from support.roles import app_role, as_role
 from test_migration_safety import BEFORE_INDEXES, lock_held
 
 from pgqueue import migrations

@@ -1,7 +1,7 @@
 """The dashboard's Queues and Workers pages through the core's WSGI test client on a real
 database: a queue's switches as the page shows them (limit, max depth, rate, key overrides),
 its rate limit set and cleared from the page, bad rates refused with nothing written, and the
-workers' health summary and tasks."""
+workers' health summary, tasks and pools."""
 
 from __future__ import annotations
 
@@ -107,10 +107,11 @@ def test_the_workers_page_sums_up_health_and_names_tasks(pgq: PgQueue) -> None:
         connection.execute(
             text(
                 "INSERT INTO pgqueue_workers (id, host, pid, queues, concurrency, version,"
-                " last_seen_at, claim_error, claim_failing_since, tasks) VALUES"
-                " ('ok', 'a', 1, '{}', 2, '1', now(), NULL, NULL, '{t.one,t.two}'),"
-                " ('failing', 'a', 2, '{}', 2, '1', now(), 'boom', now(), '{t.one}'),"
-                " ('gone', 'b', 3, '{}', 2, '1', now() - interval '1 hour', NULL, NULL, NULL)"
+                " last_seen_at, claim_error, claim_failing_since, tasks, pool) VALUES"
+                " ('ok', 'a', 1, '{}', 2, '1', now(), NULL, NULL, '{t.one,t.two}', 'thread'),"
+                " ('failing', 'a', 2, '{}', 2, '1', now(), 'boom', now(), '{t.one}', 'process'),"
+                " ('gone', 'b', 3, '{}', 2, '1', now() - interval '1 hour', NULL, NULL, NULL,"
+                " NULL)"
             )
         )
     page = _client(pgq).get("/workers").text
@@ -122,6 +123,12 @@ def test_the_workers_page_sums_up_health_and_names_tasks(pgq: PgQueue) -> None:
         return row.split('<td class="tasks">')[1].split("</td>")[0]
 
     assert tasks("ok") == '<span title="t.one, t.two">2 tasks</span>'
+    pools = {
+        w: page.split(f'data-worker-id="{w}"')[1].split('<td class="pool">')[1].split("</td>")[0]
+        for w in ("ok", "failing", "gone")
+    }
+    assert ">threads</span>" in pools["ok"] and ">processes</span>" in pools["failing"]
+    assert "did not record its pool" in pools["gone"]
     assert tasks("failing") == '<span title="t.one">1 task</span>'
     assert "all</span>" in tasks("gone")
     health = {

@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlalchemy.engine import URL
 from support.polling import wait_until
+from support.roles import app_role, as_role  # noqa: F401  (app_role: a fixture)
 from support.workers import in_thread
 from test_explain import explain_lines
-from test_least_privilege import app_role, as_role  # noqa: F401  (app_role: a fixture)
 
 from pgqueue import (
     InvalidStateTransition,

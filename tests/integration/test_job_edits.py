@@ -137,6 +137,33 @@ def test_edits_are_refused_for_running_finished_missing_and_suspended_jobs(
     ] == ["set_priority"]
 
 
+def test_a_queued_row_without_a_ticket_is_refused_naming_the_missing_ticket(
+    pgq: PgQueue, engine: Engine
+) -> None:
+    with engine.begin() as connection:
+        job_id = connection.execute(
+            text(
+                "INSERT INTO pgqueue_jobs (task_name, queue, state, args) "
+                "VALUES ('by.hand', 'default', 'queued', '[]') RETURNING id"
+            )
+        ).scalar_one()
+    held = pgq.get_job(job_id)
+    for edit in (
+        lambda: pgq.admin.run_now(job_id),
+        lambda: pgq.admin.set_priority(job_id, 4),
+        lambda: pgq.admin.reschedule(job_id, dt.datetime.now(UTC) + dt.timedelta(hours=1)),
+    ):
+        with pytest.raises(InvalidStateTransition, match="it is queued but has no ticket"):
+            edit()
+    job = pgq.get_job(job_id)
+    assert (job.run_at, job.priority, job.updated_at) == (
+        held.run_at,
+        held.priority,
+        held.updated_at,
+    )
+    assert audit_rows(engine, "action") == []
+
+
 def test_bad_arguments_are_refused_before_any_sql(pgq: PgQueue, engine: Engine) -> None:
     @pgq.task(name="edits.any")
     def any_task() -> None:

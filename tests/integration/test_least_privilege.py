@@ -26,10 +26,8 @@ leaves the database as it was.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -37,7 +35,6 @@ import textwrap
 import threading
 import time
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +45,7 @@ from sqlalchemy.engine import URL
 from support.dashboard import dashboard_app
 from support.polling import wait_until
 from support.processes import pgqueue_env, run_pgqueue
+from support.roles import app_role, as_role, readme_sql
 from support.workers import in_thread
 
 from pgqueue import JobContext, PgQueue, QueueFull, Retry, Settings, Snooze
@@ -60,11 +58,9 @@ from pgqueue.states import JobState
 from pgqueue.testing import ConcurrencyProbe, states_of, wait_for_states
 from pgqueue.worker import Worker
 
-# The documentation page whose SQL block these tests run.
-SECURITY_PAGE = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "security.md"
-PASSWORD = "pgqueue-app-secret"
+__all__ = ["app_role"]  # the fixture, used by name
+
 DML: frozenset[str] = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
-_counter = itertools.count()
 
 
 def pgqueue_tables() -> list[str]:
@@ -72,72 +68,8 @@ def pgqueue_tables() -> list[str]:
     return sorted(t.name for t in metadata.sorted_tables)
 
 
-def readme_sql() -> list[str]:
-    """The statements of the SQL block of the "Security and least privilege" page, comments
-    dropped and whitespace collapsed, exactly as documented (role ``app``, database ``mydb``,
-    password ``'...'``)."""
-    page = SECURITY_PAGE.read_text(encoding="utf-8")
-    assert page.startswith("# Security and least privilege\n"), f"{SECURITY_PAGE} has moved"
-    section = page.split("\n## ", 1)[0]
-    block = re.search(r"```sql\n(.*?)```", section, re.DOTALL)
-    assert block is not None, "the least-privilege page has no ```sql block before its sections"
-    lines = [line for line in block.group(1).splitlines() if not line.lstrip().startswith("--")]
-    return [" ".join(s.split()) for s in "\n".join(lines).split(";") if s.strip()]
-
-
-def grant_statements(role: str, database: str) -> list[str]:
-    """The documented statements for ``role`` on ``database``."""
-    statements = []
-    for statement in readme_sql():
-        statement = re.sub(r"\bapp\b", role, statement)
-        statement = re.sub(r"\bmydb\b", f'"{database}"', statement)
-        statements.append(statement.replace("'...'", f"'{PASSWORD}'"))
-    return statements
-
-
 def _admin(url: URL) -> Engine:
     return create_engine(url, isolation_level="AUTOCOMMIT")
-
-
-@pytest.fixture
-def app_role(database_url: URL, empty_database_url: URL) -> Iterator[str]:
-    """A login role holding only the documented grants on ``database_url``."""
-    role = f"pgqueue_app_{os.getpid()}_{next(_counter)}"
-    assert re.fullmatch(r"[a-z0-9_]+", role)  # interpolated as an identifier below
-    admin = _admin(database_url)
-    with admin.connect() as connection:
-        # What PostgreSQL 15+ does by default, done explicitly so the test means the same on 14;
-        # and no TEMP or CONNECT through PUBLIC: the role gets only what the documentation grants.
-        connection.execute(text("REVOKE CREATE ON SCHEMA public FROM PUBLIC"))
-        connection.execute(text(f'REVOKE ALL ON DATABASE "{database_url.database}" FROM PUBLIC'))
-        for statement in grant_statements(role, str(database_url.database)):
-            connection.execute(text(statement))
-    empty_admin = _admin(empty_database_url)
-    with empty_admin.connect() as connection:
-        connection.execute(text("REVOKE CREATE ON SCHEMA public FROM PUBLIC"))
-        connection.execute(
-            text(f'GRANT CONNECT ON DATABASE "{empty_database_url.database}" TO {role}')
-        )
-    try:
-        yield role
-    finally:
-        for engine in (admin, empty_admin):
-            with engine.connect() as connection:
-                connection.execute(
-                    text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"
-                    ),
-                    {"r": role},
-                )
-                connection.execute(text(f"DROP OWNED BY {role}"))
-            engine.dispose()
-        with admin.connect() as connection:
-            connection.execute(text(f"DROP ROLE {role}"))
-        admin.dispose()
-
-
-def as_role(url: URL, role: str) -> URL:
-    return url.set(username=role, password=PASSWORD)
 
 
 def test_the_readme_grants_exactly_dml_rights(database_url: URL, app_role: str) -> None:

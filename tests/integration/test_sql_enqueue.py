@@ -36,7 +36,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from support.examples import examples
 from support.locks import wait_for_lock_waiters
-from test_least_privilege import app_role, as_role  # noqa: F401
+from support.roles import app_role, as_role  # noqa: F401
 
 from pgqueue import PgQueue, QueueFull, Settings, codec, migrations, validation
 from pgqueue.errors import PgQueueError

@@ -63,6 +63,15 @@ def test_a_worker_registers_before_claiming_and_removes_its_row_at_a_clean_stop(
     assert pgq.admin.list_workers(include_stale=True) == []
 
 
+def test_a_worker_records_its_pool(pgq: PgQueue) -> None:
+    threads = Worker(pgq, queues=["t"], concurrency=1, maintenance=False)
+    processes = Worker(pgq, queues=["p"], concurrency=1, maintenance=False, pool="process")
+    with in_thread(threads), in_thread(processes):
+        wait_until(lambda: len(pgq.admin.list_workers()) == 2, 20, "both workers registered")
+        pools = {w.id: w.pool for w in pgq.admin.list_workers()}
+    assert pools == {threads.worker_id: "thread", processes.worker_id: "process"}
+
+
 def test_an_idle_worker_and_a_busy_one_refresh_their_rows(pgq: PgQueue) -> None:
     # Stale after 1.5 s: refreshed at least every 0.5 s whether or not leases are extended.
     pgq.settings = pgq.settings.replace(worker_stale_seconds=1.5)

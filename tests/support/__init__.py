@@ -12,8 +12,9 @@
   behind undone;
 - ``locks``: the sessions waiting for a lock, and waiting until one does;
 - ``network``: a free TCP port;
-- ``dashboard``: the Flask dashboard on a test database, served over real HTTP, and the headless
-  Chromium that reads it;
+- ``dashboard``: the Flask dashboard on a test database, served over real HTTP, the headless
+  Chromium that reads it, and a page's forms as a browser submits them;
+- ``roles``: the role with DML rights only that the documentation has operators create;
 - ``migration_runs``: ``pgqueue migrate`` as a user runs it, and a lock held beside it;
 - ``examples``: how many examples a Hypothesis property runs (fewer in the quick loop);
 - ``docs_pages``, ``flow_checks``, ``host_alembic``, ``json_rows``, ``same_values``,

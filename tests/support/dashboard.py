@@ -1,7 +1,8 @@
 """The pgqueue dashboard as the tests read it: a Flask app serving it on a test database, a real
 HTTP server for that app, and the headless Chromium (Debian's, driven by Playwright) that
-browses it; and the standalone ``pgqueue dashboard`` as a process. For the tests that read its
-pages through Flask's test client or a browser."""
+browses it; the standalone ``pgqueue dashboard`` as a process; and the forms of a page as a
+browser would submit them. For the tests that read its pages through a test client or a
+browser."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 from flask import Flask
 from sqlalchemy.engine import URL
 from werkzeug.serving import make_server
@@ -124,6 +127,23 @@ class StandaloneProcess:
     printed: list[str]
 
 
+def standalone_login(
+    client: httpx.Client, headers: dict[str, str] | None = None, **form: str
+) -> httpx.Response:
+    """POST the standalone dashboard's login form as a browser does: fetch the form (and the
+    session cookie holding its CSRF token), then post ``form`` with that token. The session
+    cookie the form sets goes back as a header: ``client``'s jar keeps a Secure one (set over
+    TLS, as a trusted proxy's ``X-Forwarded-Proto`` says) for HTTPS only."""
+    page = client.get("/login", headers=headers)
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert found is not None, page.text
+    sent = dict(headers or {})
+    for header in page.headers.get_list("set-cookie"):
+        if header.startswith("pgqueue_dashboard="):
+            sent["Cookie"] = header.split(";")[0]
+    return client.post("/login", data={"csrf_token": found.group(1), **form}, headers=sent)
+
+
 def start_standalone(url: URL, directory: Path, *args: str) -> StandaloneProcess:
     """``pgqueue dashboard ARGS`` on a free port of 127.0.0.1, in ``directory``, on ``url``;
     returned once it printed its address."""
@@ -153,3 +173,62 @@ def start_standalone(url: URL, directory: Path, *args: str) -> StandaloneProcess
                 return StandaloneProcess(process, found.group(1), printed)
     process.kill()
     raise AssertionError(f"no address printed: {printed}")
+
+
+@dataclass
+class Form:
+    """A form of a page as a browser submits it untouched: its method, where it goes, and each
+    field's value (a select's selected option, else its first)."""
+
+    method: str
+    action: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+class _FormReader(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.forms: list[Form] = []
+        self._open: Form | None = None
+        self._select: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = {name: value or "" for name, value in attrs}
+        name = attributes.get("name")
+        if tag == "form":
+            method = attributes.get("method", "get").lower()
+            self._open = Form(method, attributes.get("action", ""))
+            self.forms.append(self._open)
+        elif self._open is None or (name is None and tag != "option"):
+            return
+        elif tag == "input" and name is not None:
+            # The dashboard's forms have text, hidden, number and time inputs, and no boxes.
+            if attributes.get("type", "text").lower() not in ("submit", "button", "reset"):
+                self._open.fields[name] = attributes.get("value", "")
+        elif tag == "select":
+            self._select = name
+        elif tag == "option" and self._select is not None:
+            # The first option is the default; one marked selected takes its place.
+            chosen = self._select not in self._open.fields or "selected" in attributes
+            if chosen:
+                self._open.fields[self._select] = attributes.get("value", "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._open = None
+        elif tag == "select":
+            self._select = None
+
+
+def page_form(html: str, action: str, **fields: str) -> Form:
+    """The one form of the page ``html`` that goes to ``action`` with ``fields`` among its
+    values (e.g. the pause form of one queue's row)."""
+    reader = _FormReader()
+    reader.feed(html)
+    found = [
+        form
+        for form in reader.forms
+        if form.action == action and all(form.fields.get(k) == v for k, v in fields.items())
+    ]
+    assert len(found) == 1, f"{len(found)} forms to {action} with {fields} on the page"
+    return found[0]

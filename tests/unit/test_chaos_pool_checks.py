@@ -1,8 +1,9 @@
 """The fault harness's checks of timeouts and of the process pool (invariants 22 to 25), on
 made-up snapshots: a retry that waited for its timed-out run holds and one beside it does not
 (unless a lease expired); a hung child stopped at its deadline holds, one beating on does not
-(unless its worker was frozen, and only until it resumed); a session row of a hung attempt is
-found; a crash recorded with its exit holds, one recorded otherwise does not; a run begun in a
+(unless its worker was frozen, and only until it resumed; a lease that expired excuses nothing,
+and a child ends with its killed worker); a session row of a hung attempt is found (excused
+for a thread whose lease expired); a crash recorded with its exit holds, one recorded otherwise does not; a run begun in a
 child over the memory cap, a child running too many jobs and an idle child seen over the cap
 are found."""
 
@@ -142,12 +143,37 @@ def test_a_freeze_ended_before_the_run_began_excuses_nothing() -> None:
     assert len(timeouts_stop_handlers(_snapshot(job, [hung]), Facts(events=[frozen]))) == 1
 
 
-def test_a_child_left_running_after_its_lease_expired_is_excused_and_reported() -> None:
-    # Its worker was cut off past its lease: the rescuer took the job back, and the worker
-    # never stopped the child (its retry ran meanwhile).
+def test_a_child_beating_on_after_its_lease_expired_is_found() -> None:
+    # Its worker was cut off past its lease and the rescuer took the job back: the worker still
+    # stops the child at the deadline (its deadlines thread sends no statement).
     job = _job("hang", "failed", {1: "lease expired (worker lost)"}, hang_until=3, attempts=1)
     hung = _run(1, 5, 0, alive_at=20.0)
     snapshot = _snapshot(job, [hung])
+    found = timeouts_stop_handlers(snapshot, Facts())
+    assert len(found) == 1 and "ran on in process-pool child 5" in found[0].message
+    assert timeout_excuses(snapshot, Facts()) == []
+
+
+def test_a_child_ends_with_its_killed_worker() -> None:
+    job = _job("hang", "failed", {1: "lease expired (worker lost)"}, hang_until=3, attempts=1)
+    facts = Facts(killed={WORKER: T0 + 1.0})
+    gone_with_it = _run(1, 5, 0, alive_at=1.2)
+    assert timeouts_stop_handlers(_snapshot(job, [gone_with_it]), facts) == []
+    beating_on = _run(1, 5, 0, alive_at=20.0)
+    found = timeouts_stop_handlers(_snapshot(job, [beating_on]), facts)
+    assert len(found) == 1 and "19.0 s after its worker 100 should have stopped it" in (
+        found[0].message
+    )
+
+
+def test_a_threads_commit_after_its_lease_expired_is_excused_and_reported() -> None:
+    # Its worker was cut off past its lease: the rescuer took the job back, and the thread,
+    # which nothing can stop, returned and committed its session.
+    job = _job("hang_shared", "succeeded", {1: "lease expired (worker lost)"}, hang_until=1)
+    thread = _run(1, 7, 0, holder=7, ended=4.5, outcome="hung")
+    retry = _run(2, 8, 5.0, holder=8, ended=5.1, outcome="ok")
+    row = Run(90, 1, 1, "hang_shared", "session", 7, T0 + 0.1, None, None)
+    snapshot = _snapshot(job, [thread, retry], [row])
     assert timeouts_stop_handlers(snapshot, Facts()) == []
     (headline, line) = timeout_excuses(snapshot, Facts())
     assert headline.startswith("timeouts not held, excused (1)")

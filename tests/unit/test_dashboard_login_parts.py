@@ -1,6 +1,8 @@
 """The standalone dashboard's parts that need no server: password hashes and auth files, the
-bind address, where a login may send the browser, and the refusal to serve without
-authentication off loopback (one line, exit 2, before any database is reached)."""
+bind address, where a login may send the browser, the signing secret read from a file (a short
+one refused), what waitress is told of a trusted proxy, and the refusals to serve without
+authentication off loopback or with a short secret (one line, exit 2, before any database is
+reached)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,14 @@ from click.testing import CliRunner
 
 from pgqueue.cli import main
 from pgqueue.dashboard.passwords import Users, hash_password, matches
-from pgqueue.dashboard.standalone import is_loopback, local_target, parse_bind
+from pgqueue.dashboard.standalone import (
+    MIN_SECRET_BYTES,
+    is_loopback,
+    local_target,
+    parse_bind,
+    read_secret,
+    server_options,
+)
 from pgqueue.errors import ConfigurationError
 
 
@@ -87,6 +96,37 @@ def test_a_login_sends_the_browser_to_this_dashboard_only(target: str, sent_to: 
     assert local_target(target, "/") == sent_to
 
 
+def test_a_secret_file_gives_its_bytes_and_a_short_one_is_refused(tmp_path: Path) -> None:
+    good = tmp_path / "secret"
+    good.write_bytes(b"  " + b"k" * MIN_SECRET_BYTES + b"\n")
+    assert read_secret(good) == b"k" * MIN_SECRET_BYTES
+    short = tmp_path / "short"
+    short.write_text("k" * (MIN_SECRET_BYTES - 1) + "\n" * 5)
+    with pytest.raises(
+        ConfigurationError, match=r"the secret is 31 bytes, too short .* at least 32"
+    ):
+        read_secret(short)
+
+
+def test_a_trusted_proxy_is_believed_for_the_scheme_and_the_client_address_only() -> None:
+    from waitress.adjustments import Adjustments
+
+    assert server_options(None) == {}
+    options = server_options("10.0.0.5")
+    adjusted = Adjustments(**options)  # waitress accepts them as they are
+    assert adjusted.trusted_proxy == "10.0.0.5" and adjusted.trusted_proxy_count == 1
+    assert adjusted.trusted_proxy_headers == {"x-forwarded-proto", "x-forwarded-for"}
+
+
+def _dashboard_refusal(args: list[str]) -> None:
+    refused = CliRunner().invoke(
+        main, ["dashboard", *args], env={"PGQUEUE_DATABASE_URL": "postgresql+psycopg://x@nowhere/y"}
+    )
+    assert refused.exit_code == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), refused.stderr
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -96,9 +136,10 @@ def test_a_login_sends_the_browser_to_this_dashboard_only(target: str, sent_to: 
     ],
 )
 def test_no_unauthenticated_dashboard_off_loopback(args: list[str]) -> None:
-    refused = CliRunner().invoke(
-        main, ["dashboard", *args], env={"PGQUEUE_DATABASE_URL": "postgresql+psycopg://x@nowhere/y"}
-    )
-    assert refused.exit_code == 2
-    lines = refused.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), refused.stderr
+    _dashboard_refusal(args)
+
+
+def test_no_dashboard_with_a_short_secret(tmp_path: Path) -> None:
+    short = tmp_path / "secret"
+    short.write_text("changeme\n")
+    _dashboard_refusal(["--secret-file", str(short)])

@@ -55,3 +55,20 @@ def test_latest_of_a_month_of_minutes_is_found_without_walking_it() -> None:
     until = dt.datetime(2025, 1, 31, 0, 1, 35, tzinfo=UTC)
     assert schedule.latest_between(after, until) == dt.datetime(2025, 1, 31, 0, 1, tzinfo=UTC)
     assert schedule.latest_between(after, after + dt.timedelta(seconds=59)) is None
+
+
+def test_next_tick_steps_the_cron_iterator_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from croniter import croniter
+
+    steps: list[object] = []
+    step = croniter.get_next
+
+    def counted(self: croniter, *args: object, **kwargs: object) -> object:
+        steps.append(args)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(croniter, "get_next", counted)
+    schedule = Schedule.create("*/5 * * * *", noop, tz="Europe/Oslo", name="five")
+    moment = dt.datetime(2025, 1, 1, 0, 1, tzinfo=UTC)
+    assert schedule.next_after(moment) == dt.datetime(2025, 1, 1, 0, 5, tzinfo=UTC)
+    assert len(steps) == 1
