@@ -44,6 +44,13 @@ RETIRE_GRACE = 5.0
 # rescue of an expired lease, an outcome the database refused, a child the faults killed.
 FAULT_ERRORS = (LEASE_EXPIRED, "OutcomeNotRecorded")
 KILLED_CHILD = "ChildProcessDied: the process running the handler killed by signal SIGKILL (9)"
+# What a handler's traceback names when the faults ended its connection (a backend terminated,
+# the server restarted): nothing else in the harness loses a connection.
+LOST_CONNECTION = (
+    "psycopg.errors.AdminShutdown",
+    "psycopg.OperationalError",
+    "sqlalchemy.exc.OperationalError",
+)
 
 
 @dataclass
@@ -149,8 +156,12 @@ def runs_never_overlap(s: Snapshot, facts: Facts) -> list[Violation]:
 
 def _fault_ended(error: str, run: Run, facts: Facts) -> bool:
     """Whether ``error`` (of ``run``'s attempt) is a fault's: a lease the rescue took back, an
-    outcome the database refused, or the SIGKILL the faults sent the run's child."""
+    outcome the database refused, a handler's own write whose connection the faults ended
+    (before the handler reached its crash or its hang), or the SIGKILL the faults sent the
+    run's child."""
     if error.startswith(FAULT_ERRORS):
+        return True
+    if error.startswith("Traceback") and any(lost in error for lost in LOST_CONNECTION):
         return True
     killed = facts.killed.get(run.pid)
     return error.startswith(KILLED_CHILD) and killed is not None and killed >= run.started - 1

@@ -239,6 +239,23 @@ def test_a_crash_recorded_with_another_end_is_found() -> None:
     assert crashes_contained(_snapshot(job, [crashed]), Facts(killed={5: T0 + 0.12})) == []
 
 
+def test_a_crash_whose_own_write_lost_its_connection_first_holds() -> None:
+    # The faults ended the handler's connection before it reached its crash: the attempt
+    # failed with that traceback, and the ledger's mark was written by its ``finally``.
+    lost = (
+        'Traceback (most recent call last):\n  File "sqlalchemy/engine/base.py", line 1, in '
+        "_exec\nsqlalchemy.exc.OperationalError: (psycopg.errors.AdminShutdown) terminating "
+        "connection due to administrator command"
+    )
+    job = _job("crash", "failed", {1: lost}, crash_until=1, attempts=1)
+    crashed = _run(1, 5, 0, ended=1.1, outcome="crash exit 1", kind="crash")
+    assert crashes_contained(_snapshot(job, [crashed]), Facts()) == []
+    # Any other traceback in its place is still found.
+    other = "Traceback (most recent call last):\nValueError: not a lost connection"
+    job = _job("crash", "failed", {1: other}, crash_until=1, attempts=1)
+    assert len(crashes_contained(_snapshot(job, [crashed]), Facts())) == 1
+
+
 def test_a_process_only_kind_in_its_workers_own_process_is_found() -> None:
     job = _job("hog", "failed", {1: "RuntimeError: chaos: a leak outside ..."}, attempts=1)
     found = crashes_contained(_snapshot(job, [_run(1, 7, 0, holder=7, kind="hog")]), Facts())
