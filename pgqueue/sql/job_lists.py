@@ -118,14 +118,13 @@ def capped_state_counts(history: bool = False) -> Select[str, str, int]:
     jobs, which that index leaves out, are counted per queue off the lease index.
     ``history``: the same over ``pgqueue_job_history``."""
     Job = job_model(history)
+    cap = bindparam("cap", type_=Integer)
     # Running jobs are not in that index: counted per queue in one pass over the lease index's
     # entries, read once (MATERIALIZED) though both the queue list and each queue's count use it.
     running_per_queue = (
         None
         if history
-        else select(
-            Job.queue, func.least(func.count(), bindparam("cap", type_=Integer)).label("count")
-        )
+        else select(Job.queue, func.least(func.count(), cap).label("count"))
         .where(running(Job))
         .group_by(Job.queue)
         .cte("running_per_queue")
@@ -135,7 +134,6 @@ def capped_state_counts(history: bool = False) -> Select[str, str, int]:
     states = (
         func.unnest(array_param("states", Text)).table_valued("state").render_derived(name="states")
     )
-    cap = bindparam("cap", type_=Integer)
     hits = (
         select(literal(1).label("hit"))
         .where(

@@ -367,8 +367,8 @@ def test_await_job_waits_without_blocking_the_event_loop(
     assert [(job.id, job.state, job.result) for job in jobs] == [
         (job_id, JobState.SUCCEEDED, n) for n, job_id in enumerate(ids)
     ]
-    # The loop ran on through a second's wait: a tick every 10 ms when the machine is idle, 10
-    # at a load average of 16 on two cores; a wait that held the loop leaves one or none.
+    # The loop ran on through a second's wait: a tick every 10 ms on an idle machine, fewer on a
+    # loaded one; a wait that held the loop leaves one or none.
     assert ticks >= 5, ticks
     slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
     assert slow == []
